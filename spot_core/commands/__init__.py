@@ -1,0 +1,1 @@
+"""Subcommands of `spot-pipelines`; each module has ``register(subparsers)``."""

@@ -1,0 +1,376 @@
+"""The job's data model: pools, offers, leases, attempts and the JobRecord.
+
+Everything here is a frozen dataclass with a lossless JSON round trip, because the
+record lives in the workflow engine (Airflow's task state store and XCom, Prefect's
+results and artifacts) and never on the node that can vanish. Times are POSIX seconds
+(floats); money is US dollars; durations are seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Mapping
+
+from spot_core.errors import ConfigError
+
+RECORD_SCHEMA_VERSION = 1
+
+
+class Market(StrEnum):
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+class Outcome(StrEnum):
+    """How an attempt ended. Only ``USER_FAILED`` consumes the engine's own retries."""
+
+    SUCCEEDED = "succeeded"
+    PREEMPTED = "preempted"
+    CAPACITY_UNAVAILABLE = "capacity_unavailable"
+    USER_FAILED = "user_failed"
+    INFRASTRUCTURE_FAILED = "infrastructure_failed"
+
+    @property
+    def consumes_user_retry(self) -> bool:
+        return self is Outcome.USER_FAILED
+
+
+class JobStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEADLINE_MISSED = "deadline_missed"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One kind of capacity: where it is, what it is, and which market it is bought on."""
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    market: Market = Market.SPOT
+
+    @property
+    def key(self) -> str:
+        return f"{self.cloud}/{self.region}/{self.zone}/{self.instance_type}/{self.market}"
+
+    @property
+    def is_spot(self) -> bool:
+        return self.market is Market.SPOT
+
+    def on(self, market: Market) -> Pool:
+        """The same place and instance type on another market."""
+        return dataclasses.replace(self, market=Market(market))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cloud": self.cloud, "region": self.region, "zone": self.zone,
+                "instance_type": self.instance_type, "market": str(self.market)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Pool:
+        return cls(cloud=data["cloud"], region=data["region"], zone=data["zone"],
+                   instance_type=data["instance_type"], market=Market(data["market"]))
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a market says about a pool at one moment: price and whether it has capacity."""
+
+    pool: Pool
+    price_per_hour: float
+    on_demand_price_per_hour: float
+    available: bool
+    observed_at: float
+    interruption_band: str | None = None
+
+    @property
+    def discount(self) -> float:
+        """Fraction saved against on-demand (0.7 means 70% cheaper)."""
+        if self.on_demand_price_per_hour <= 0:
+            return 0.0
+        return 1.0 - self.price_per_hour / self.on_demand_price_per_hour
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One piece of capacity held for one attempt of one job."""
+
+    lease_id: str
+    pool: Pool
+    job_id: str
+    attempt: int
+    started_at: float
+    price_per_hour: float
+    details: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lease_id": self.lease_id, "pool": self.pool.to_dict(), "job_id": self.job_id,
+                "attempt": self.attempt, "started_at": self.started_at,
+                "price_per_hour": self.price_per_hour, "details": dict(self.details)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Lease:
+        return cls(lease_id=data["lease_id"], pool=Pool.from_dict(data["pool"]),
+                   job_id=data["job_id"], attempt=int(data["attempt"]),
+                   started_at=float(data["started_at"]),
+                   price_per_hour=float(data["price_per_hour"]),
+                   details=dict(data.get("details", {})))
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """Names one committed checkpoint in a store; enough to load it from anywhere."""
+
+    store_uri: str
+    checkpoint_id: str
+    step: int
+    attempt: int
+    created_at: float
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"store_uri": self.store_uri, "checkpoint_id": self.checkpoint_id,
+                "step": self.step, "attempt": self.attempt, "created_at": self.created_at,
+                "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CheckpointRef:
+        return cls(store_uri=data["store_uri"], checkpoint_id=data["checkpoint_id"],
+                   step=int(data["step"]), attempt=int(data["attempt"]),
+                   created_at=float(data["created_at"]), metadata=dict(data.get("metadata", {})))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a job on one lease, from launch to its outcome."""
+
+    number: int
+    pool: Pool
+    started_at: float
+    lease_id: str | None = None
+    ended_at: float | None = None
+    outcome: Outcome | None = None
+    cost: float = 0.0
+    on_demand_cost: float = 0.0
+    checkpoint_step_start: int | None = None
+    checkpoint_step_end: int | None = None
+    lost_work_seconds: float = 0.0
+    checkpoint_overhead_seconds: float = 0.0
+    message: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["pool"] = self.pool.to_dict()
+        data["outcome"] = None if self.outcome is None else str(self.outcome)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Attempt:
+        values = dict(data)
+        values["pool"] = Pool.from_dict(values["pool"])
+        values["outcome"] = None if values.get("outcome") is None else Outcome(values["outcome"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class CostLedger:
+    """Money and time accounting for one job, summed over its attempts."""
+
+    spent: float = 0.0
+    on_demand_equivalent: float = 0.0
+    lost_work_seconds: float = 0.0
+    checkpoint_overhead_seconds: float = 0.0
+    data_transfer_cost: float = 0.0
+
+    @property
+    def saved(self) -> float:
+        return self.on_demand_equivalent - self.spent
+
+    @property
+    def savings_fraction(self) -> float:
+        if self.on_demand_equivalent <= 0:
+            return 0.0
+        return self.saved / self.on_demand_equivalent
+
+    def add(self, attempt: Attempt) -> CostLedger:
+        return dataclasses.replace(
+            self,
+            spent=self.spent + attempt.cost,
+            on_demand_equivalent=self.on_demand_equivalent + attempt.on_demand_cost,
+            lost_work_seconds=self.lost_work_seconds + attempt.lost_work_seconds,
+            checkpoint_overhead_seconds=self.checkpoint_overhead_seconds
+            + attempt.checkpoint_overhead_seconds,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["saved"] = self.saved
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostLedger:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: float(v) for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """Everything any decision about a job needs; lives in the engine between attempts."""
+
+    job_id: str
+    created_at: float
+    status: JobStatus = JobStatus.PENDING
+    attempts: tuple[Attempt, ...] = ()
+    preemptions: int = 0
+    user_failures: int = 0
+    infrastructure_failures: int = 0
+    capacity_misses: int = 0
+    latest_checkpoint: CheckpointRef | None = None
+    ledger: CostLedger = field(default_factory=CostLedger)
+    deadline: float | None = None
+    checkpoint_uri: str | None = None
+
+    # -- derived views -------------------------------------------------------------
+    @property
+    def current_attempt(self) -> Attempt | None:
+        if self.attempts and not self.attempts[-1].finished:
+            return self.attempts[-1]
+        return None
+
+    @property
+    def next_attempt_number(self) -> int:
+        return len(self.attempts) + 1
+
+    @property
+    def fallbacks(self) -> int:
+        """How many times the job moved from spot to on-demand."""
+        markets = [a.pool.market for a in self.attempts]
+        return sum(1 for prev, cur in zip(markets, markets[1:])
+                   if prev is Market.SPOT and cur is Market.ON_DEMAND)
+
+    # -- transitions (pure: each returns a new record) -----------------------------
+    def start_attempt(self, attempt: Attempt) -> JobRecord:
+        if self.current_attempt is not None:
+            raise ValueError(f"job {self.job_id}: attempt {self.current_attempt.number} "
+                             "is still running; finish it before starting another")
+        return dataclasses.replace(self, attempts=self.attempts + (attempt,),
+                                   status=JobStatus.RUNNING)
+
+    def finish_attempt(self, finished: Attempt) -> JobRecord:
+        """Close the running attempt and update counters and the ledger."""
+        if self.current_attempt is None or self.current_attempt.number != finished.number:
+            raise ValueError(f"job {self.job_id}: attempt {finished.number} is not running")
+        if finished.outcome is None:
+            raise ValueError("a finished attempt needs an outcome")
+        counters = {
+            Outcome.PREEMPTED: "preemptions",
+            Outcome.USER_FAILED: "user_failures",
+            Outcome.INFRASTRUCTURE_FAILED: "infrastructure_failures",
+            Outcome.CAPACITY_UNAVAILABLE: "capacity_misses",
+        }
+        changes: dict[str, Any] = {"attempts": self.attempts[:-1] + (finished,),
+                                   "ledger": self.ledger.add(finished)}
+        if finished.outcome in counters:
+            name = counters[finished.outcome]
+            changes[name] = getattr(self, name) + 1
+        if finished.outcome is Outcome.SUCCEEDED:
+            changes["status"] = JobStatus.SUCCEEDED
+        return dataclasses.replace(self, **changes)
+
+    def with_checkpoint(self, ref: CheckpointRef) -> JobRecord:
+        if self.latest_checkpoint is not None and ref.step < self.latest_checkpoint.step:
+            return self
+        return dataclasses.replace(self, latest_checkpoint=ref)
+
+    def with_status(self, status: JobStatus) -> JobRecord:
+        return dataclasses.replace(self, status=JobStatus(status))
+
+    # -- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "job_id": self.job_id,
+            "created_at": self.created_at,
+            "status": str(self.status),
+            "attempts": [a.to_dict() for a in self.attempts],
+            "preemptions": self.preemptions,
+            "user_failures": self.user_failures,
+            "infrastructure_failures": self.infrastructure_failures,
+            "capacity_misses": self.capacity_misses,
+            "latest_checkpoint": None if self.latest_checkpoint is None
+            else self.latest_checkpoint.to_dict(),
+            "ledger": self.ledger.to_dict(),
+            "deadline": self.deadline,
+            "checkpoint_uri": self.checkpoint_uri,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
+        version = data.get("schema_version")
+        if version != RECORD_SCHEMA_VERSION:
+            raise ConfigError(f"JobRecord schema_version {version!r} is not supported (this "
+                              f"spot-pipelines reads version {RECORD_SCHEMA_VERSION}); upgrade "
+                              "spot-pipelines or start the job afresh")
+        try:
+            checkpoint = data.get("latest_checkpoint")
+            return cls(
+                job_id=data["job_id"],
+                created_at=float(data["created_at"]),
+                status=JobStatus(data["status"]),
+                attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
+                preemptions=int(data["preemptions"]),
+                user_failures=int(data["user_failures"]),
+                infrastructure_failures=int(data["infrastructure_failures"]),
+                capacity_misses=int(data["capacity_misses"]),
+                latest_checkpoint=None if checkpoint is None else CheckpointRef.from_dict(checkpoint),
+                ledger=CostLedger.from_dict(data["ledger"]),
+                deadline=data.get("deadline"),
+                checkpoint_uri=data.get("checkpoint_uri"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"JobRecord is malformed ({type(exc).__name__}: {exc}); it was not "
+                              "written by spot-pipelines or was edited by hand") from exc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobRecord:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"JobRecord is not valid JSON ({exc}); pass the text that "
+                              "JobRecord.to_json() produced") from exc
+        return cls.from_dict(data)
+
+    def summary(self) -> dict[str, Any]:
+        """The small view an engine shows in its UI and passes downstream."""
+        resumed = [a.checkpoint_step_start for a in self.attempts[1:]
+                   if a.checkpoint_step_start is not None]
+        return {
+            "job_id": self.job_id,
+            "status": str(self.status),
+            "attempts": len(self.attempts),
+            "preemptions": self.preemptions,
+            "user_failures": self.user_failures,
+            "fallbacks": self.fallbacks,
+            "resumed_from_steps": resumed,
+            "spot_cost": round(self.ledger.spent, 6),
+            "on_demand_cost": round(self.ledger.on_demand_equivalent, 6),
+            "saved": round(self.ledger.saved, 6),
+            "savings_fraction": round(self.ledger.savings_fraction, 6),
+            "lost_work_seconds": round(self.ledger.lost_work_seconds, 3),
+            "checkpoint_overhead_seconds": round(self.ledger.checkpoint_overhead_seconds, 3),
+            "latest_checkpoint_step": None if self.latest_checkpoint is None
+            else self.latest_checkpoint.step,
+        }
