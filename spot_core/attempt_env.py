@@ -44,3 +44,7 @@ class AttemptEnv:
                  ATTEMPT: str(self.attempt), METADATA_ENDPOINT: self.metadata_endpoint,
                  CLOUD: self.cloud, NOTICE_FILE: self.notice_file}
         return {k: v for k, v in pairs.items() if v is not None}
+
+# A step that saved its emergency checkpoint and stopped on a notice exits like a process
+# ended by SIGTERM (128 + 15), which is what a shell or an engine would report anyway.
+PREEMPTED_EXIT_CODE = 143

@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench`. Figures are ratios measured side by side in one run."""

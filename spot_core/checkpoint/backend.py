@@ -1,0 +1,54 @@
+"""The small object-store interface the checkpoint commit protocol is written against.
+
+The protocol in ``store.py`` only needs what S3 offers natively (whole-object
+atomic PUT, GET, LIST, DELETE), so an S3 backend can slot in beside ``FileBackend``
+without touching the commit logic. Keys are relative POSIX paths ("a/b/c").
+A missing key is reported as ``FileNotFoundError`` by every backend.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Iterable, Iterator, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ObjectBackend(Protocol):
+    """Whole-object, atomically visible storage under one root.
+
+    Every ``put_*`` is atomic and durable when it returns: readers see either no
+    object or the complete one, never a prefix of it.
+    """
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` atomically and durably."""
+
+    def put_stream(self, key: str, chunks: Iterable[bytes | memoryview]) -> int:
+        """Store the concatenated ``chunks`` under ``key``; return bytes written.
+
+        If iterating ``chunks`` raises, nothing becomes visible under ``key``.
+        """
+
+    def get_bytes(self, key: str) -> bytes:
+        """Return the whole object (FileNotFoundError if absent)."""
+
+    def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
+        """Yield the object in chunks, so large objects can be hashed in bounded memory."""
+
+    def size(self, key: str) -> int:
+        """Return the object's size in bytes (FileNotFoundError if absent)."""
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored under ``key``."""
+
+    def children(self, prefix: str) -> list[str]:
+        """Names directly below ``prefix`` (like S3 LIST with delimiter '/'), sorted."""
+
+    def delete(self, key: str) -> None:
+        """Remove one object; a missing object is not an error."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove every object under ``prefix`` (including partial uploads)."""
+
+    def lock(self) -> AbstractContextManager[None]:
+        """Exclusive section across processes for check-then-commit steps."""

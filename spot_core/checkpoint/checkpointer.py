@@ -1,0 +1,200 @@
+"""Checkpointing for training loops: scheduled saves, emergency save on notice, restore.
+
+Convention: ``step`` is the number of completed steps the saved state reflects, so
+after ``restore()`` the loop continues at ``start_step``::
+
+    ckpt = Checkpointer.from_env(every_seconds=600)
+    restored = ckpt.restore()
+    for step in range(ckpt.start_step, total):
+        train_one(step)
+        ckpt.maybe_save(step + 1, lambda: make_payload())   # may raise Preempted
+
+A notice (SIGTERM forwarded by ``spot-pipelines watch``, the notice file, or a
+watcher thread calling ``request_emergency_save``) makes the next ``maybe_save``
+save at once and raise ``Preempted``, so the loop stops at a step boundary with
+its state durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any, Callable, Mapping
+
+from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
+from spot_core.checkpoint.store import CheckpointStore
+from spot_core.errors import ConfigError, Preempted
+from spot_core.model import CheckpointRef
+
+log = logging.getLogger(__name__)
+
+PayloadFactory = Callable[[], Mapping[str, Any]]
+
+
+class Checkpointer:
+    """Decides when a training loop saves, and measures what saving costs."""
+
+    def __init__(self, store: CheckpointStore, *, attempt: int = 1,
+                 every_seconds: float | None = None, every_steps: int | None = None,
+                 keep: int = 3, clock: Callable[[], float] = time.monotonic,
+                 notice_file: str | None = None) -> None:
+        _check_interval("every_seconds", every_seconds)
+        _check_interval("every_steps", every_steps)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ConfigError(f"keep must be an int >= 1, got {keep!r}")
+        self.store, self.attempt, self.keep = store, attempt, keep
+        self.every_seconds, self.every_steps = every_seconds, every_steps
+        self.notice_file = notice_file
+        self._clock = clock
+        self._last_save_time = clock()
+        self._last_saved_step: int | None = None
+        self._emergency_reason: str | None = None  # plain attribute: safe in signal handlers
+        self._old_handlers: dict[int, Any] = {}
+        self.restored: CheckpointRef | None = None
+        self.last_ref: CheckpointRef | None = None
+        self.last_save_seconds = 0.0
+        self.total_save_seconds = 0.0
+        self.saves = 0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Checkpointer:
+        """Build from SPOT_CHECKPOINT_URI / SPOT_ATTEMPT and fence out older attempts."""
+        from spot_core.checkpoint import open_store
+
+        env = AttemptEnv.from_environ(environ)
+        if not env.checkpoint_uri:
+            raise ConfigError(f"{CHECKPOINT_URI} is not set; run the step under spot-pipelines "
+                              "or set it to file:///absolute/path")
+        store = open_store(env.checkpoint_uri)
+        store.fence(env.attempt)
+        kwargs.setdefault("notice_file", env.notice_file)
+        return cls(store, attempt=env.attempt, **kwargs)
+
+    # -- restore ---------------------------------------------------------------------
+    def restore(self) -> tuple[int, dict[str, bytes]] | None:
+        """(step, payload) of the newest valid checkpoint, or None on a fresh start."""
+        ref = self.store.latest()
+        if ref is None:
+            return None
+        payload = self.store.load(ref)
+        self.restored = ref
+        self._last_saved_step = ref.step
+        self._last_save_time = self._clock()
+        log.info("restored checkpoint %s at step %d", ref.checkpoint_id, ref.step)
+        return ref.step, payload
+
+    @property
+    def start_step(self) -> int:
+        """The step to continue from: the restored step, or 0."""
+        return 0 if self.restored is None else self.restored.step
+
+    # -- saving ----------------------------------------------------------------------
+    def maybe_save(self, step: int, make_payload: PayloadFactory,
+                   metadata: Mapping[str, Any] | None = None) -> CheckpointRef | None:
+        """Save if a schedule is due; on a pending notice save now and raise Preempted."""
+        reason = self._pending_notice()
+        if reason is not None:
+            self._emergency_save(step, make_payload, metadata, reason)
+        if not self._due(step):
+            return None
+        return self.save_now(step, make_payload, metadata)
+
+    def save_now(self, step: int, make_payload: PayloadFactory,
+                 metadata: Mapping[str, Any] | None = None) -> CheckpointRef:
+        """Serialise and save right away; the measured time includes serialisation.
+
+        The metadata carries ``checkpoint_seconds_total`` and ``checkpoint_saves`` so the
+        controller can charge checkpoint overhead to the attempt from the store alone;
+        the total covers earlier saves plus this one's serialisation (its own write
+        time cannot be known before its manifest is written).
+        """
+        started = time.perf_counter()
+        payload = make_payload()
+        ledger = {"checkpoint_seconds_total": self.total_save_seconds
+                  + (time.perf_counter() - started), "checkpoint_saves": self.saves + 1}
+        ref = self.store.save(step, payload, {**(metadata or {}), **ledger}, attempt=self.attempt)
+        self._record(ref, time.perf_counter() - started)
+        self._prune()
+        return ref
+
+    def _emergency_save(self, step: int, make_payload: PayloadFactory,
+                        metadata: Mapping[str, Any] | None, reason: str) -> None:
+        log.warning("emergency checkpoint at step %d: %s", step, reason)
+        try:
+            if self._last_saved_step != step:
+                self.save_now(step, make_payload, {**(metadata or {}), "emergency": reason})
+        except Exception as exc:
+            raise Preempted(f"preempted ({reason}); the emergency checkpoint at step {step} "
+                            f"failed: {exc}") from exc
+        raise Preempted(f"preempted ({reason}); state saved at step {step}")
+
+    def _due(self, step: int) -> bool:
+        last = 0 if self._last_saved_step is None else self._last_saved_step
+        if self.every_steps is not None and step - last >= self.every_steps:
+            return True
+        if self.every_seconds is not None:
+            return self._clock() - self._last_save_time >= self.every_seconds
+        return False
+
+    def _record(self, ref: CheckpointRef, seconds: float) -> None:
+        self.last_ref = ref
+        self._last_saved_step = ref.step
+        self._last_save_time = self._clock()
+        self.last_save_seconds = seconds
+        self.total_save_seconds += seconds
+        self.saves += 1
+
+    def _prune(self) -> None:
+        try:
+            self.store.prune(keep=self.keep)
+        except Exception as exc:  # a failed prune costs disk, never progress
+            log.warning("could not prune %s: %s", self.store.uri, exc)
+
+    # -- notices ---------------------------------------------------------------------
+    def request_emergency_save(self, reason: str = "interruption notice") -> None:
+        """Ask the next ``maybe_save`` to save and stop. Safe from signal handlers and threads."""
+        self._emergency_reason = reason
+
+    @property
+    def emergency_requested(self) -> bool:
+        return self._pending_notice() is not None
+
+    def _pending_notice(self) -> str | None:
+        if self._emergency_reason is None and self.notice_file and os.path.exists(self.notice_file):
+            self._emergency_reason = f"notice file {self.notice_file}"
+        return self._emergency_reason
+
+    def attach_signals(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> Checkpointer:
+        """Turn ``signals`` into emergency-save requests until ``close()``; main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigError("attach_signals() must be called from the main thread; from "
+                              "other threads call request_emergency_save() instead")
+        for signum in signals:
+            self._old_handlers[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_emergency_save(f"received {signal.Signals(signum).name}")
+
+    def close(self) -> None:
+        """Restore the signal handlers that ``attach_signals`` replaced."""
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        self._old_handlers.clear()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_interval(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name} must be a positive number or None, got {value!r}")

@@ -1,0 +1,180 @@
+"""Local-filesystem object backend with S3-like atomic whole-object writes.
+
+Every object is written to a temporary name in its final directory, fsynced,
+renamed into place and the directory fsynced: after a crash (or SIGKILL) a key is
+either absent or complete. Temporary names start with ``TEMP_PREFIX`` and are
+invisible to ``children``; ``delete_prefix`` sweeps them with the rest.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import time
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+from spot_core.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".spot-tmp-"
+LOCK_NAME = ".spot-lock"
+
+
+class FileBackend:
+    """Objects as files under ``root``; keys are relative POSIX paths."""
+
+    def __init__(self, root: str, *, lock_timeout: float = 120.0) -> None:
+        self.root = os.path.abspath(root)
+        self.lock_timeout = lock_timeout
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise ConfigError(f"checkpoint store path {self.root} exists and is not a "
+                              "directory; point the store URI at a directory") from exc
+        except PermissionError as exc:
+            raise ConfigError(f"cannot create checkpoint store directory {self.root} "
+                              f"({exc.strerror}); choose a writable path") from exc
+
+    def __repr__(self) -> str:
+        return f"FileBackend({self.root!r})"
+
+    # -- writes ------------------------------------------------------------------
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.put_stream(key, (data,))
+
+    def put_stream(self, key: str, chunks: Iterable[bytes | memoryview]) -> int:
+        path = self._path(key)
+        directory = os.path.dirname(path)
+        self._makedirs_durable(directory)
+        tmp = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(6)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            written = _write_all(fd, chunks)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        _fsync_dir(directory)
+        return written
+
+    def delete(self, key: str) -> None:
+        _unlink_quietly(self._path(key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        path = self._path(prefix)
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            _unlink_quietly(path)
+        if os.path.isdir(os.path.dirname(path)):
+            _fsync_dir(os.path.dirname(path))
+
+    # -- reads -------------------------------------------------------------------
+    def get_bytes(self, key: str) -> bytes:
+        with open(self._path(key), "rb") as fh:
+            return fh.read()
+
+    def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
+        with open(self._path(key), "rb", buffering=0) as fh:
+            while chunk := fh.read(chunk_size):
+                yield chunk
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        if os.path.isdir(path):
+            raise FileNotFoundError(errno.ENOENT, "is a directory, not an object", path)
+        return os.stat(path).st_size
+
+    def exists(self, key: str) -> bool:
+        return os.path.isfile(self._path(key))
+
+    def children(self, prefix: str) -> list[str]:
+        try:
+            names = os.listdir(self._path(prefix) if prefix else self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(n for n in names if not n.startswith((TEMP_PREFIX, LOCK_NAME)))
+
+    # -- locking -----------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """``flock`` on a lock file; bounded wait so a hung holder cannot block forever."""
+        fd = os.open(os.path.join(self.root, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self._acquire(fd)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def _acquire(self, fd: int) -> None:
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise CheckpointError(
+                        f"timed out after {self.lock_timeout:.0f}s waiting for the lock on "
+                        f"{self.root}; another process holds it (is a writer hung?)",
+                        retryable=True) from None
+                time.sleep(0.005)
+
+    # -- helpers -----------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        parts = key.strip("/").split("/") if key else []
+        if any(p in ("", ".", "..") or "\x00" in p for p in parts):
+            raise ValueError(f"invalid object key {key!r}")
+        return os.path.join(self.root, *parts)
+
+    def _makedirs_durable(self, directory: str) -> None:
+        """Create missing directories and fsync each parent so the new entry survives a crash."""
+        if os.path.isdir(directory):
+            return
+        parent = os.path.dirname(directory)
+        self._makedirs_durable(parent)
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            return
+        _fsync_dir(parent)
+
+
+def _write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
+    written = 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+            written += n
+    return written
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)

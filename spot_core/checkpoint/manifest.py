@@ -1,0 +1,139 @@
+"""The checkpoint manifest: the one object whose presence commits a checkpoint.
+
+The manifest lists every payload file with its size and sha256, and carries a
+sha256 of its own canonical body, so a torn, truncated or hand-edited manifest is
+detected instead of trusted. Checkpoint ids sort by step and attempt and end in a
+random suffix, so two saves of the same step never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from spot_core.errors import ConfigError, CorruptCheckpoint
+from spot_core.model import CheckpointRef
+
+MANIFEST_NAME = "MANIFEST.json"
+FORMAT = "spot-pipelines/checkpoint"
+FORMAT_VERSION = 1
+CHECKPOINTS_PREFIX = "checkpoints"
+_ID_RE = re.compile(r"^step-(\d{12,})-attempt-(\d{4,})-([0-9a-f]{8})$")
+
+
+def new_checkpoint_id(step: int, attempt: int) -> str:
+    """A lexically sortable, collision-free id such as ``step-000000000010-attempt-0002-1a2b3c4d``."""
+    return f"step-{step:012d}-attempt-{attempt:04d}-{secrets.token_hex(4)}"
+
+
+def parse_checkpoint_id(checkpoint_id: str) -> tuple[int, int] | None:
+    """(step, attempt) encoded in an id this module made, or None for foreign names."""
+    match = _ID_RE.match(checkpoint_id)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def checkpoint_key(checkpoint_id: str, name: str = "") -> str:
+    """Object key of a checkpoint's directory (``name`` empty) or of one of its files."""
+    base = f"{CHECKPOINTS_PREFIX}/{checkpoint_id}"
+    return f"{base}/{name}" if name else base
+
+
+def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Round-trip metadata through strict JSON, so what is saved is what loads back."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise ConfigError(f"checkpoint metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        return json.loads(json.dumps(dict(metadata), allow_nan=False, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"checkpoint metadata is not JSON-serialisable ({exc}); use only "
+                          "dicts with str keys, lists, str, int, finite float, bool and None"
+                          ) from exc
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a reader needs to verify and load one checkpoint."""
+
+    checkpoint_id: str
+    step: int
+    attempt: int
+    created_at: float
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    files: Mapping[str, FileEntry] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": FORMAT_VERSION,
+                "checkpoint_id": self.checkpoint_id, "step": self.step,
+                "attempt": self.attempt, "created_at": self.created_at,
+                "metadata": dict(self.metadata),
+                "files": {n: {"size": e.size, "sha256": e.sha256} for n, e in self.files.items()}}
+
+    def encode(self) -> bytes:
+        body = self.body()
+        return json.dumps({**body, "body_sha256": _body_digest(body)},
+                          sort_keys=True, indent=1).encode()
+
+    def to_ref(self, store_uri: str) -> CheckpointRef:
+        return CheckpointRef(store_uri=store_uri, checkpoint_id=self.checkpoint_id,
+                             step=self.step, attempt=self.attempt,
+                             created_at=self.created_at, metadata=dict(self.metadata))
+
+    @property
+    def order_key(self) -> tuple[int, int, float, str]:
+        """Newest-last ordering: step, then attempt, then creation time."""
+        return (self.step, self.attempt, self.created_at, self.checkpoint_id)
+
+    @classmethod
+    def decode(cls, data: bytes, checkpoint_id: str) -> Manifest:
+        """Parse and self-verify; raise CorruptCheckpoint naming what is wrong."""
+        where = f"checkpoint {checkpoint_id}: {MANIFEST_NAME}"
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptCheckpoint(f"{where} is not valid JSON ({exc}); torn or edited") from exc
+        if not isinstance(doc, dict) or "body_sha256" not in doc:
+            raise CorruptCheckpoint(f"{where} has no body_sha256; not a spot-pipelines manifest")
+        claimed = doc.pop("body_sha256")
+        if claimed != _body_digest(doc):
+            raise CorruptCheckpoint(f"{where} fails its own sha256; it was torn or edited")
+        _check_header(doc, where, checkpoint_id)
+        return _from_body(doc, where)
+
+
+def _body_digest(body: Mapping[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _check_header(doc: Mapping[str, Any], where: str, checkpoint_id: str) -> None:
+    if doc.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{where} has format {doc.get('format')!r}, expected {FORMAT!r}")
+    if doc.get("version") != FORMAT_VERSION:
+        raise CorruptCheckpoint(f"{where} has format version {doc.get('version')!r}; this "
+                                f"spot-pipelines reads version {FORMAT_VERSION} (upgrade it)")
+    if doc.get("checkpoint_id") != checkpoint_id:
+        raise CorruptCheckpoint(f"{where} names checkpoint {doc.get('checkpoint_id')!r}; "
+                                "it was copied from another checkpoint")
+
+
+def _from_body(doc: Mapping[str, Any], where: str) -> Manifest:
+    try:
+        files = {str(n): FileEntry(size=int(e["size"]), sha256=str(e["sha256"]))
+                 for n, e in doc["files"].items()}
+        return Manifest(checkpoint_id=doc["checkpoint_id"], step=int(doc["step"]),
+                        attempt=int(doc["attempt"]), created_at=float(doc["created_at"]),
+                        metadata=dict(doc["metadata"]), files=files)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptCheckpoint(f"{where} is missing or mistypes a field ({exc!r})") from exc

@@ -1,0 +1,339 @@
+"""The checkpoint commit protocol, written once against any ``ObjectBackend``.
+
+A save writes every payload object first and the manifest LAST; the manifest's
+presence is the commit. Readers trust nothing they have not verified: ``latest``
+hashes every file of the checkpoint it returns, ``load`` re-hashes what it reads.
+Fencing stops a zombie writer on a reclaimed node from committing over the
+progress of the attempt that resumed the job elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import numbers
+import os
+import time
+from typing import Any, Mapping
+
+from spot_core.checkpoint.backend import ObjectBackend
+from spot_core.checkpoint.manifest import (
+    CHECKPOINTS_PREFIX, MANIFEST_NAME, FileEntry, Manifest, checkpoint_key, encode_metadata,
+    new_checkpoint_id, parse_checkpoint_id,
+)
+from spot_core.checkpoint.payload import CHUNK_SIZE, HashingStream, PayloadItem, prepare_payload
+from spot_core.errors import (
+    CheckpointError, CheckpointNotFound, ConfigError, CorruptCheckpoint, FencedOut,
+)
+from spot_core.model import CheckpointRef
+
+log = logging.getLogger(__name__)
+
+FENCE_KEY = "FENCE.json"
+
+
+class CheckpointStore:
+    """Durable, atomic, versioned checkpoints of one job in one backend."""
+
+    def __init__(self, backend: ObjectBackend, uri: str, *, chunk_size: int = CHUNK_SIZE) -> None:
+        self.backend = backend
+        self.uri = uri
+        self.chunk_size = chunk_size
+        self._warned: set[str] = set()
+        self._verified: set[str] = set()  # ids this instance wrote or fully hashed
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.uri!r})"
+
+    # -- save ------------------------------------------------------------------------
+    def save(self, step: int, payload: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
+             *, attempt: int = 1) -> CheckpointRef:
+        """Write ``payload`` as the checkpoint of ``step``; atomic: all of it or nothing.
+
+        Values are bytes-like, or a path / binary file object streamed in chunks.
+        Raises ConfigError for bad input (before writing), FencedOut if a newer
+        attempt has started or committed, CheckpointError if the backend fails.
+        """
+        step = _check_count("step", step, minimum=0)
+        attempt = _check_count("attempt", attempt, minimum=0)
+        items = prepare_payload(payload)
+        meta = encode_metadata(metadata)
+        self._check_fence(attempt)
+        checkpoint_id = new_checkpoint_id(step, attempt)
+        manifest = self._write_and_commit(checkpoint_id, step, attempt, meta, items)
+        self._verified.add(checkpoint_id)
+        log.info("saved checkpoint %s (%d files, %d bytes) to %s", checkpoint_id,
+                 len(manifest.files), sum(e.size for e in manifest.files.values()), self.uri)
+        return manifest.to_ref(self.uri)
+
+    def _write_and_commit(self, checkpoint_id: str, step: int, attempt: int,
+                          meta: dict[str, Any], items: list[PayloadItem]) -> Manifest:
+        """Payload first, manifest last; on any failure remove what this save wrote."""
+        committed = False
+        try:
+            files = {item.name: self._write_file(checkpoint_id, item) for item in items}
+            manifest = Manifest(checkpoint_id=checkpoint_id, step=step, attempt=attempt,
+                                created_at=time.time(), metadata=meta, files=files)
+            committed = self._commit(manifest)
+            return manifest
+        except OSError as exc:
+            raise CheckpointError(f"could not save checkpoint {checkpoint_id} to {self.uri}: "
+                                  f"{exc}; check free space and permissions",
+                                  retryable=True) from exc
+        finally:
+            if not committed:
+                self._discard(checkpoint_id)
+
+    def _write_file(self, checkpoint_id: str, item: PayloadItem) -> FileEntry:
+        stream = HashingStream(item, self.chunk_size)
+        try:
+            self.backend.put_stream(checkpoint_key(checkpoint_id, item.name), stream)
+        except BaseException:
+            stream.finish(check=False)  # keep the original error
+            raise
+        stream.finish()
+        return FileEntry(size=stream.size, sha256=stream.sha256)
+
+    def _commit(self, manifest: Manifest) -> bool:
+        """Under the store lock: re-check the fence, check the files, write the manifest."""
+        with self.backend.lock():
+            self._check_fence(manifest.attempt)
+            self._check_sizes(manifest)
+            key = checkpoint_key(manifest.checkpoint_id, MANIFEST_NAME)
+            self.backend.put_bytes(key, manifest.encode())
+        return True
+
+    def _discard(self, checkpoint_id: str) -> None:
+        try:
+            self.backend.delete_prefix(checkpoint_key(checkpoint_id))
+        except Exception as exc:  # cleanup must not hide the original error
+            log.warning("could not remove partial checkpoint %s: %s", checkpoint_id, exc)
+
+    # -- fencing ---------------------------------------------------------------------
+    def fence(self, attempt: int) -> None:
+        """Refuse saves from attempts below ``attempt`` from now on.
+
+        The controller (or ``Checkpointer.from_env``) calls this when attempt N
+        starts, before N has saved anything. Raises FencedOut if ``attempt`` is itself
+        already stale.
+        """
+        attempt = _check_count("attempt", attempt, minimum=0)
+        with self.backend.lock():
+            self._check_fence(attempt)
+            if attempt > self._fence_object():
+                doc = {"attempt": attempt, "fenced_at": time.time()}
+                self.backend.put_bytes(FENCE_KEY, json.dumps(doc).encode())
+                log.info("fenced %s: attempts below %d can no longer save", self.uri, attempt)
+
+    def fence_level(self) -> int:
+        """The lowest attempt still allowed to save: max of the fence and committed attempts."""
+        committed = [m.attempt for m in self._committed()]
+        return max([self._fence_object(), *committed])
+
+    def _check_fence(self, attempt: int) -> None:
+        level = self.fence_level()
+        if attempt < level:
+            raise FencedOut(f"attempt {attempt} may not write to {self.uri}: attempt {level} "
+                            "has started or committed there, so this writer is stale (its "
+                            "capacity was reclaimed); stop it instead of retrying")
+
+    def _fence_object(self) -> int:
+        try:
+            doc = json.loads(self.backend.get_bytes(FENCE_KEY))
+            return int(doc["attempt"])
+        except FileNotFoundError:
+            return 0
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpoint(f"{self.uri}/{FENCE_KEY} is unreadable ({exc!r}); delete it "
+                                    "and call store.fence(<current attempt>)") from exc
+
+    # -- read ------------------------------------------------------------------------
+    def list(self) -> list[CheckpointRef]:
+        """Committed checkpoints, oldest to newest.
+
+        Cheap: each manifest is parsed and self-verified, but payload files are not
+        hashed (``latest`` and ``load`` do that), so a listed checkpoint may still
+        fail to load if a payload file was damaged after the commit.
+        """
+        return [m.to_ref(self.uri) for m in self._committed()]
+
+    def latest(self) -> CheckpointRef | None:
+        """The newest checkpoint that fully verifies (manifest and every file hashed), or None."""
+        for manifest in reversed(self._committed()):
+            try:
+                self._check_files(manifest, hash_files=True)
+            except CorruptCheckpoint as exc:
+                self._warn_once(manifest.checkpoint_id, exc)
+                continue
+            self._verified.add(manifest.checkpoint_id)
+            return manifest.to_ref(self.uri)
+        return None
+
+    def load(self, ref: CheckpointRef) -> dict[str, bytes]:
+        """Every payload file of ``ref``, re-verified; CorruptCheckpoint names the bad file."""
+        manifest = self._manifest_for(ref)
+        return {name: self._read_verified(manifest, name, entry)
+                for name, entry in manifest.files.items()}
+
+    def load_to_dir(self, ref: CheckpointRef, directory: str | os.PathLike[str]) -> dict[str, str]:
+        """Stream every file of ``ref`` into ``directory`` (verified), for payloads too big for RAM."""
+        manifest = self._manifest_for(ref)
+        out: dict[str, str] = {}
+        for name, entry in manifest.files.items():
+            out[name] = self._copy_verified(manifest, name, entry, os.fspath(directory))
+        return out
+
+    def _manifest_for(self, ref: CheckpointRef) -> Manifest:
+        checkpoint_id = ref.checkpoint_id
+        if parse_checkpoint_id(checkpoint_id) is None:
+            raise CheckpointNotFound(f"{checkpoint_id!r} is not a checkpoint id of {self.uri}")
+        try:
+            data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
+        except FileNotFoundError:
+            raise CheckpointNotFound(f"checkpoint {checkpoint_id} is not in {self.uri} (pruned "
+                                     "or never committed); use store.latest()") from None
+        return Manifest.decode(data, checkpoint_id)
+
+    def _read_verified(self, manifest: Manifest, name: str, entry: FileEntry) -> bytes:
+        try:
+            data = self.backend.get_bytes(checkpoint_key(manifest.checkpoint_id, name))
+        except FileNotFoundError:
+            raise _corrupt(manifest, name, "is missing") from None
+        if len(data) != entry.size:
+            raise _corrupt(manifest, name, f"has {len(data)} bytes, manifest says {entry.size}")
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise _corrupt(manifest, name, "fails its sha256 check")
+        return data
+
+    def _copy_verified(self, manifest: Manifest, name: str, entry: FileEntry, directory: str) -> str:
+        target = os.path.join(directory, *name.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        partial = f"{target}.partial"
+        digest, size = hashlib.sha256(), 0
+        with open(partial, "wb") as out:
+            for chunk in self._chunks(manifest, name):
+                digest.update(chunk)
+                size += out.write(chunk)
+        if size != entry.size or digest.hexdigest() != entry.sha256:
+            os.unlink(partial)
+            raise _corrupt(manifest, name, "fails its size or sha256 check")
+        os.replace(partial, target)
+        return target
+
+    def _chunks(self, manifest: Manifest, name: str):  # type: ignore[no-untyped-def]
+        try:
+            yield from self.backend.iter_chunks(checkpoint_key(manifest.checkpoint_id, name),
+                                                self.chunk_size)
+        except FileNotFoundError:
+            raise _corrupt(manifest, name, "is missing") from None
+
+    # -- verification helpers ----------------------------------------------------------
+    def _committed(self) -> list[Manifest]:
+        """Self-verified manifests, oldest to newest; torn saves (no manifest) are skipped."""
+        manifests = []
+        for checkpoint_id in self._checkpoint_ids():
+            try:
+                data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
+                manifests.append(Manifest.decode(data, checkpoint_id))
+            except FileNotFoundError:
+                log.debug("checkpoint %s has no manifest (torn or in progress)", checkpoint_id)
+            except CorruptCheckpoint as exc:
+                self._warn_once(checkpoint_id, exc)
+        return sorted(manifests, key=lambda m: m.order_key)
+
+    def _checkpoint_ids(self) -> list[str]:
+        return [c for c in self.backend.children(CHECKPOINTS_PREFIX)
+                if parse_checkpoint_id(c) is not None]
+
+    def _check_files(self, manifest: Manifest, *, hash_files: bool) -> None:
+        for name, entry in manifest.files.items():
+            if hash_files:
+                digest, size = hashlib.sha256(), 0
+                for chunk in self._chunks(manifest, name):
+                    digest.update(chunk)
+                    size += len(chunk)
+                if size != entry.size or digest.hexdigest() != entry.sha256:
+                    raise _corrupt(manifest, name, "fails its size or sha256 check")
+            else:
+                self._check_size(manifest, name, entry)
+
+    def _check_sizes(self, manifest: Manifest) -> None:
+        try:
+            self._check_files(manifest, hash_files=False)
+        except CorruptCheckpoint as exc:
+            raise CheckpointError(f"{exc} before its manifest was written (removed by a "
+                                  "concurrent prune?); save again", retryable=True) from exc
+
+    def _check_size(self, manifest: Manifest, name: str, entry: FileEntry) -> None:
+        try:
+            size = self.backend.size(checkpoint_key(manifest.checkpoint_id, name))
+        except FileNotFoundError:
+            raise _corrupt(manifest, name, "is missing") from None
+        if size != entry.size:
+            raise _corrupt(manifest, name, f"has {size} bytes, manifest says {entry.size}")
+
+    def _warn_once(self, checkpoint_id: str, exc: Exception) -> None:
+        if checkpoint_id not in self._warned:
+            self._warned.add(checkpoint_id)
+            log.warning("skipping checkpoint %s in %s: %s", checkpoint_id, self.uri, exc)
+
+    # -- prune -----------------------------------------------------------------------
+    def prune(self, keep: int = 3) -> list[str]:
+        """Delete all but the newest ``keep`` committed checkpoints; return deleted ids.
+
+        The newest checkpoint that fully verifies is always kept, even when newer
+        (damaged) ones fill ``keep``. Leftovers of torn saves (no or corrupt manifest)
+        older than the newest commit are deleted too; newer ones may be saves in
+        progress and are left alone.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ConfigError(f"prune(keep={keep!r}): keep must be an int >= 1 (the newest "
+                              "valid checkpoint is never deleted)")
+        with self.backend.lock():
+            doomed = self._prune_candidates(keep)
+            for checkpoint_id in doomed:
+                self.backend.delete_prefix(checkpoint_key(checkpoint_id))
+        if doomed:
+            log.info("pruned %d checkpoint(s) from %s", len(doomed), self.uri)
+        return doomed
+
+    def _prune_candidates(self, keep: int) -> list[str]:
+        committed = self._committed()
+        if not committed:
+            return []
+        kept = {m.checkpoint_id for m in committed[-keep:]}
+        newest_valid = self._newest_valid(committed)
+        if newest_valid is not None:
+            kept.add(newest_valid)
+        committed_ids = {m.checkpoint_id for m in committed}
+        doomed = [m.checkpoint_id for m in committed if m.checkpoint_id not in kept]
+        newest = (committed[-1].step, committed[-1].attempt)
+        torn = [c for c in self._checkpoint_ids()
+                if c not in committed_ids and parse_checkpoint_id(c) < newest]  # type: ignore[operator]
+        return doomed + torn
+
+    def _newest_valid(self, committed: list[Manifest]) -> str | None:
+        """Like ``latest`` but trusts files this instance already hashed (sizes still checked)."""
+        for manifest in reversed(committed):
+            known = manifest.checkpoint_id in self._verified
+            try:
+                self._check_files(manifest, hash_files=not known)
+            except CorruptCheckpoint as exc:
+                self._warn_once(manifest.checkpoint_id, exc)
+                continue
+            self._verified.add(manifest.checkpoint_id)
+            return manifest.checkpoint_id
+        return None
+
+
+def _corrupt(manifest: Manifest, name: str, problem: str) -> CorruptCheckpoint:
+    return CorruptCheckpoint(f"checkpoint {manifest.checkpoint_id} (step {manifest.step}): "
+                             f"payload file {name!r} {problem}")
+
+
+def _check_count(what: str, value: object, *, minimum: int) -> int:
+    """Accept any integral (also numpy ints), never bools or floats; return a plain int."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return int(value)

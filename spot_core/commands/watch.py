@@ -1,0 +1,213 @@
+"""`spot-pipelines watch`: print interruption notices, and pass them on to a command.
+
+Without a command it prints one JSON line per notice until the first interruption
+(exit 0). With ``-- CMD ...`` it runs CMD in its own process group, and on an
+interruption writes the notice file, sends SIGTERM, and sends SIGKILL if the child
+outlives the notice deadline (or ``--grace-seconds``); it exits with the child's code.
+SIGTERM to the watcher itself counts as an interruption (that is how Kubernetes and
+``spot-pipelines run`` announce one); SIGINT is forwarded, a second one kills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from spot_core import attempt_env
+from spot_core.errors import ConfigError
+from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector, detector_for
+from spot_core.interruption.base import Detector
+from spot_core.interruption.forward import ChildForwarder, exit_code
+from spot_core.interruption.notice_file import write_notice
+from spot_core.interruption.selection import CHOICES, normalize_cloud
+
+logger = logging.getLogger(__name__)
+
+TICK = 0.05
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    cloud: str
+    endpoint: str | None
+    poll_interval: float
+    timeout: float
+    notice_file: str | None
+    grace_seconds: float | None
+    command: tuple[str, ...]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "watch", help="watch for spot interruption notices (and forward them to a command)",
+        description=__doc__.split("\n\n")[1])
+    parser.add_argument("--cloud", help=f"{'|'.join(CHOICES)} (default: $"
+                        f"{attempt_env.CLOUD} or auto)")
+    parser.add_argument("--endpoint", help="metadata service URL (default: $"
+                        f"{attempt_env.METADATA_ENDPOINT} or the cloud's own)")
+    parser.add_argument("--poll-interval", default="1.0", metavar="S",
+                        help="seconds between polls (default 1)")
+    parser.add_argument("--timeout", default="1.0", metavar="S",
+                        help="seconds each metadata request may take (default 1)")
+    parser.add_argument("--notice-file", metavar="PATH", help="where to write the notice "
+                        f"(default: ${attempt_env.NOTICE_FILE}, or a temp file for CMD)")
+    parser.add_argument("--grace-seconds", metavar="S", help="SIGKILL the command this long "
+                        "after the notice if it is still running (default: the deadline)")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    detectors = _detectors(settings)
+    try:
+        if settings.command:
+            return _supervise(settings, detectors)
+        return _watch(settings, detectors)
+    finally:
+        for detector in detectors:
+            getattr(detector, "close", lambda: None)()
+
+
+def settings_from_args(args: argparse.Namespace) -> WatchSettings:
+    """Validate everything up front, so a typo is one line on stderr, not a traceback."""
+    command = list(args.cmd or [])
+    if command[:1] == ["--"]:
+        command = command[1:]
+    grace = args.grace_seconds
+    return WatchSettings(
+        cloud=normalize_cloud(args.cloud or os.environ.get(attempt_env.CLOUD) or "auto"),
+        endpoint=args.endpoint,
+        poll_interval=_seconds("--poll-interval", args.poll_interval, "e.g. 1"),
+        timeout=_seconds("--timeout", args.timeout, "e.g. 1"),
+        notice_file=args.notice_file or os.environ.get(attempt_env.NOTICE_FILE) or None,
+        grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
+                                                          "e.g. 30", allow_zero=True),
+        command=tuple(command))
+
+
+def _seconds(option: str, text: str, example: str, allow_zero: bool = False) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{option} must be a number of seconds {bound}, got {text!r}: "
+                          f"use {option} {example.removeprefix('e.g. ')}")
+    return value
+
+
+def _detectors(settings: WatchSettings) -> list[Detector]:
+    """The cloud's detector, plus SIGTERM (unless that already is the detector)."""
+    detector = detector_for(settings.cloud, settings.endpoint, timeout=settings.timeout)
+    if isinstance(detector, SignalDetector):
+        return [detector]
+    return [SignalDetector(), detector]
+
+
+def _print_event(notice: Notice) -> None:
+    try:
+        print(notice.to_json(), flush=True)
+    except OSError as exc:  # stdout closed: the notice still reaches the child
+        logger.warning("could not print event: %s", exc)
+
+
+def _watch(settings: WatchSettings, detectors: list[Detector]) -> int:
+    """No command: print events until the first interruption (bounded waits, Ctrl-C ends)."""
+    watcher = InterruptionWatcher(detectors, settings.poll_interval)
+    watcher.add_handler(_print_event)
+    if settings.notice_file:
+        watcher.add_handler(lambda notice: write_notice(settings.notice_file, notice))
+    with watcher:
+        while watcher.wait(timeout=1.0) is None:
+            pass
+    return 0
+
+
+def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
+    notice_file, scratch = _notice_path(settings.notice_file)
+    try:
+        child = _spawn(settings.command, notice_file)
+        forwarder = ChildForwarder(child, notice_file, settings.grace_seconds)
+        watcher = InterruptionWatcher(detectors, settings.poll_interval)
+        watcher.add_handler(_print_event)
+        watcher.add_handler(forwarder.on_notice)
+        with watcher, _ForwardSigint() as sigint:
+            returncode = _babysit(forwarder, sigint)
+        return exit_code(returncode)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _notice_path(configured: str | None) -> tuple[str, str | None]:
+    """(notice file, scratch dir to delete); a stale notice from a past run is removed."""
+    if configured:
+        Path(configured).unlink(missing_ok=True)
+        return configured, None
+    scratch = tempfile.mkdtemp(prefix="spot-notice-")
+    return os.path.join(scratch, "notice.json"), scratch
+
+
+def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen:
+    env = {**os.environ, attempt_env.NOTICE_FILE: notice_file}
+    try:
+        return subprocess.Popen(list(command), env=env, start_new_session=True)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise ConfigError(f"cannot run {command[0]!r}: {exc.strerror}; check the command "
+                          "after --") from exc
+
+
+def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint) -> int:
+    """Until the child exits: forward Ctrl-C, SIGKILL past the deadline. Then its code."""
+    try:
+        while (returncode := forwarder.poll()) is None:
+            sigint.forward(forwarder)
+            forwarder.enforce()
+            time.sleep(TICK)
+        return returncode
+    finally:
+        if forwarder.poll() is None:  # we are leaving abnormally: leave no orphan
+            forwarder.signal(signal.SIGKILL)
+            forwarder.child.wait(timeout=5)
+
+
+class _ForwardSigint:
+    """Collects SIGINTs (the handler only appends: no locks in signal context)."""
+
+    def __init__(self) -> None:
+        self._pending: collections.deque[int] = collections.deque()
+        self._count = 0
+        self._previous: object = None
+
+    def __enter__(self) -> _ForwardSigint:
+        self._previous = signal.signal(signal.SIGINT, lambda s, f: self._pending.append(s))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+
+    def forward(self, forwarder: ChildForwarder) -> None:
+        """First Ctrl-C goes to the child as SIGINT; any further one is SIGKILL."""
+        while self._pending:
+            self._pending.popleft()
+            self._count += 1
+            forwarder.signal(signal.SIGINT if self._count == 1 else signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    from spot_core.cli import main
+
+    sys.exit(main(["watch", *sys.argv[1:]]))

@@ -1,0 +1,95 @@
+"""Choosing a detector by cloud name, or by asking which metadata service answers.
+
+``auto`` probes the three services in parallel with a short timeout (off-cloud, the
+link-local addresses just time out) and prefers AWS, then GCE, then Azure when more
+than one answers; when none does, SIGTERM is the only notice there will be.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from typing import Callable
+
+from spot_core import attempt_env
+from spot_core.errors import ConfigError
+from spot_core.interruption import aws, azure, gce
+from spot_core.interruption.base import Detector
+from spot_core.interruption.endpoint import DEFAULT_TIMEOUT
+from spot_core.interruption.signals import SignalDetector
+
+CLOUDS = ("aws", "gcp", "azure", "signal")
+CHOICES = (*CLOUDS, "auto")
+ALIASES = {"gce": "gcp", "ec2": "aws"}
+DEFAULT_ENDPOINTS = {"aws": aws.ENDPOINT, "gcp": gce.ENDPOINT, "azure": azure.ENDPOINT}
+PROBES: dict[str, Callable[[str, float], bool]] = {
+    "aws": aws.probe, "gcp": gce.probe, "azure": azure.probe}
+PROBE_TIMEOUT = 0.4
+
+
+def normalize_cloud(cloud: str) -> str:
+    """Lower-case and de-alias a cloud name; ConfigError naming the valid choices."""
+    name = ALIASES.get(cloud.strip().lower(), cloud.strip().lower())
+    if name not in CHOICES:
+        raise ConfigError(f"unknown cloud {cloud!r}: choose one of {', '.join(CHOICES)}")
+    return name
+
+
+def validate_endpoint(endpoint: str) -> str:
+    """An endpoint is ``http(s)://HOST[:PORT]``; ConfigError saying so otherwise."""
+    parts = urllib.parse.urlsplit(endpoint.strip())
+    try:
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok \
+            or parts.query or parts.fragment:
+        raise ConfigError(f"malformed metadata endpoint {endpoint!r}: use "
+                          "http://HOST[:PORT], e.g. http://169.254.169.254")
+    return endpoint.strip().rstrip("/")
+
+
+def resolve_endpoint(endpoint: str | None) -> str | None:
+    """An explicit endpoint wins, then SPOT_METADATA_ENDPOINT, else each cloud's default."""
+    chosen = endpoint or os.environ.get(attempt_env.METADATA_ENDPOINT) or None
+    return None if chosen is None else validate_endpoint(chosen)
+
+
+def detector_for(cloud: str, endpoint: str | None = None, *,
+                 timeout: float = DEFAULT_TIMEOUT,
+                 probe_timeout: float = PROBE_TIMEOUT) -> Detector:
+    """The detector for ``cloud``; ``auto`` probes, falling back to SIGTERM only.
+
+    A ``signal`` detector installs a SIGTERM handler, so call this in the main thread.
+    """
+    name = normalize_cloud(cloud)
+    url = resolve_endpoint(endpoint)
+    if not timeout > 0:
+        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if name == "auto":
+        name = probe_cloud(url, probe_timeout) or "signal"
+    if name == "signal":
+        return SignalDetector()
+    target = url or DEFAULT_ENDPOINTS[name]
+    factories = {"aws": aws.AwsDetector, "gcp": gce.GceDetector,
+                 "azure": azure.AzureDetector}
+    return factories[name](target, timeout=timeout)
+
+
+def probe_cloud(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Which metadata service answers (``aws``, ``gcp``, ``azure``), or None.
+
+    The probes run in parallel, so this takes at most about one ``timeout``.
+    """
+    answers: dict[str, bool] = {}
+
+    def ask(name: str) -> None:
+        answers[name] = PROBES[name](endpoint or DEFAULT_ENDPOINTS[name], timeout)
+
+    threads = [threading.Thread(target=ask, args=(name,), daemon=True) for name in PROBES]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout * 3 + 1.0)
+    return next((name for name in PROBES if answers.get(name)), None)

@@ -1,0 +1,1 @@
+"""Simulation: metadata emulator, local spot cloud, trace replay and the policy simulator."""

@@ -1,0 +1,174 @@
+"""Checkpointer: schedules, emergency save on notice, restore, and a real SIGTERM resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spot_core.checkpoint import Checkpointer, CheckpointStore, open_store
+from spot_core.errors import ConfigError, FencedOut, Preempted
+
+TRAIN_LOOP = Path(__file__).with_name("checkpoint_train_loop.py")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> CheckpointStore:
+    return open_store(f"file://{tmp_path}/store")
+
+
+def _payload(step: int):
+    return lambda: {"state": str(step).encode()}
+
+
+def test_step_schedule(store: CheckpointStore) -> None:
+    ckpt = Checkpointer(store, every_steps=10, keep=2)
+    saved = [s for s in range(1, 36) if ckpt.maybe_save(s, _payload(s)) is not None]
+    assert saved == [10, 20, 30]
+    assert [r.step for r in store.list()] == [20, 30]  # keep=2 prunes as it goes
+    assert ckpt.saves == 3 and ckpt.total_save_seconds >= ckpt.last_save_seconds > 0
+    meta = store.latest().metadata
+    assert meta["checkpoint_saves"] == 3
+    assert 0 < meta["checkpoint_seconds_total"] <= ckpt.total_save_seconds
+
+
+def test_time_schedule_with_injected_clock(store: CheckpointStore) -> None:
+    clock = FakeClock()
+    ckpt = Checkpointer(store, every_seconds=60, clock=clock)
+    calls = []
+
+    def make() -> dict[str, bytes]:
+        calls.append(1)
+        return {"s": b"x"}
+
+    assert ckpt.maybe_save(1, make) is None
+    clock.now += 59.9
+    assert ckpt.maybe_save(2, make) is None and calls == []  # not serialised when not due
+    clock.now += 0.1
+    assert ckpt.maybe_save(3, make).step == 3
+    clock.now += 30
+    assert ckpt.maybe_save(4, make) is None
+    clock.now += 30
+    assert ckpt.maybe_save(5, make).step == 5 and len(calls) == 2
+
+
+@pytest.mark.parametrize("kwargs", [{"every_seconds": 0}, {"every_seconds": -1},
+                                    {"every_steps": 0}, {"every_steps": -5},
+                                    {"every_seconds": float("nan")}, {"keep": 0}])
+def test_bad_intervals(store: CheckpointStore, kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        Checkpointer(store, **kwargs)
+
+
+def test_emergency_save_then_preempted(store: CheckpointStore) -> None:
+    ckpt = Checkpointer(store, every_steps=1000)
+    assert ckpt.maybe_save(7, _payload(7)) is None
+    ckpt.request_emergency_save("spot interruption notice")
+    assert ckpt.emergency_requested
+    with pytest.raises(Preempted, match="step 8"):
+        ckpt.maybe_save(8, _payload(8))
+    ref = store.latest()
+    assert ref.step == 8 and ref.metadata["emergency"] == "spot interruption notice"
+    assert store.load(ref) == {"state": b"8"}
+
+
+def test_emergency_from_watcher_thread(store: CheckpointStore) -> None:
+    ckpt = Checkpointer(store, every_steps=10**6)
+    watcher = threading.Timer(0.05, ckpt.request_emergency_save, args=("rebalance",))
+    watcher.start()
+    step = 0
+    with pytest.raises(Preempted):
+        while step < 10**6:
+            step += 1
+            time.sleep(0.001)
+            ckpt.maybe_save(step, _payload(step))
+    assert store.latest().step == step
+
+
+def test_notice_file_triggers_emergency(store: CheckpointStore, tmp_path: Path) -> None:
+    notice = tmp_path / "notice.json"
+    ckpt = Checkpointer(store, every_steps=100, notice_file=str(notice))
+    assert ckpt.maybe_save(1, _payload(1)) is None
+    notice.write_text('{"action": "terminate"}')
+    with pytest.raises(Preempted):
+        ckpt.maybe_save(2, _payload(2))
+    assert store.latest().step == 2
+
+
+def test_restore_on_start(store: CheckpointStore) -> None:
+    assert Checkpointer(store).restore() is None
+    first = Checkpointer(store, every_steps=5)
+    for step in range(1, 13):
+        first.maybe_save(step, _payload(step))
+    second = Checkpointer(store, every_steps=5)
+    assert second.start_step == 0
+    assert second.restore() == (10, {"state": b"10"})
+    assert second.start_step == 10
+    assert second.maybe_save(14, _payload(14)) is None and second.maybe_save(15, _payload(15))
+
+
+def test_save_now_and_sigterm_handler(store: CheckpointStore) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with Checkpointer(store).attach_signals() as ckpt:
+        assert ckpt.save_now(3, _payload(3)).step == 3
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert ckpt.emergency_requested
+        with pytest.raises(Preempted, match="SIGTERM"):
+            ckpt.maybe_save(4, _payload(4))
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_from_env_fences_older_attempts(store: CheckpointStore) -> None:
+    zombie = Checkpointer(store, attempt=1)
+    zombie.save_now(5, _payload(5))
+    env = {"SPOT_CHECKPOINT_URI": store.uri, "SPOT_ATTEMPT": "2"}
+    resumed = Checkpointer.from_env(env, every_steps=10)
+    assert resumed.attempt == 2 and resumed.restore()[0] == 5
+    with pytest.raises(FencedOut):
+        zombie.save_now(6, _payload(6))
+    with pytest.raises(ConfigError, match="SPOT_CHECKPOINT_URI"):
+        Checkpointer.from_env({})
+
+
+def _run_loop(uri: str, attempt: int, total: int, sigterm_after: float | None):
+    env = {**os.environ, "SPOT_CHECKPOINT_URI": uri, "SPOT_ATTEMPT": str(attempt)}
+    proc = subprocess.Popen([sys.executable, str(TRAIN_LOOP), str(total), "0.002"], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    ready = proc.stdout.readline()
+    if sigterm_after is not None:
+        time.sleep(sigterm_after)
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, ready + out
+
+
+def test_sigterm_emergency_checkpoint_and_identical_resume(tmp_path: Path) -> None:
+    total = 400
+    code, out = _run_loop(f"file://{tmp_path}/clean", 1, total, None)
+    assert code == 0
+    clean_final = out.split("final ")[1].strip()
+
+    uri = f"file://{tmp_path}/interrupted"
+    code, out = _run_loop(uri, 1, total, sigterm_after=0.3)
+    assert code == 3 and "preempted" in out, out
+    ref = open_store(uri).latest()
+    assert ref.metadata["emergency"] == "received SIGTERM" and 0 < ref.step < total
+
+    code, out = _run_loop(uri, 2, total, None)
+    assert code == 0 and out.startswith(f"ready {ref.step}")
+    assert out.split("final ")[1].strip() == clean_final

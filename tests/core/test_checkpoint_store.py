@@ -1,0 +1,290 @@
+"""The checkpoint store contract: save/latest/load/list/prune, input validation, fencing."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from spot_core.checkpoint import CheckpointRef, CheckpointStore, open_store
+from spot_core.errors import CheckpointNotFound, ConfigError, FencedOut
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> CheckpointStore:
+    return open_store(f"file://{tmp_path}/store")
+
+
+def _files_on_disk(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                  and p.name != ".spot-lock")
+
+
+# -- open_store ----------------------------------------------------------------------
+@pytest.mark.parametrize("uri, words", [
+    ("", "empty"),
+    ("file://relative/dir", "three slashes"),
+    ("/abs/path", "file:///abs/path"),
+    ("relative", "no scheme"),
+    ("gs://bucket/x", "unsupported scheme"),
+    ("file:///", "absolute"),
+    ("file:///tmp/x?y=1", "query"),
+    ("s3://", "bucket"),
+])
+def test_bad_uris_name_the_fix(uri: str, words: str) -> None:
+    with pytest.raises(ConfigError, match="file:///|s3://bucket") as info:
+        open_store(uri)
+    assert words in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_s3_is_not_available_yet() -> None:
+    with pytest.raises(ConfigError, match="aws"):
+        open_store("s3://bucket/prefix")
+
+
+def test_store_path_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        open_store(f"file://{tmp_path}/f")
+
+
+# -- save / latest / load / list -----------------------------------------------------
+def test_empty_store_has_no_latest(store: CheckpointStore) -> None:
+    assert store.latest() is None and store.list() == []
+
+
+def test_round_trip_with_metadata(store: CheckpointStore) -> None:
+    meta = {"loss": 0.25, "tags": ["a", "b"], "nested": {"lr": 1e-3, "ok": True, "none": None}}
+    payload = {"model.bin": os.urandom(5000), "optim/state.bin": bytearray(b"opt"),
+               "view.bin": memoryview(b"abcdef")[1:4], "empty": b""}
+    ref = store.save(step=10, payload=payload, metadata=meta, attempt=2)
+    assert isinstance(ref, CheckpointRef)
+    assert (ref.step, ref.attempt, ref.metadata) == (10, 2, meta)
+    latest = store.latest()
+    assert latest == ref and CheckpointRef.from_dict(latest.to_dict()) == ref
+    loaded = store.load(latest)
+    assert loaded == {k: bytes(v) for k, v in payload.items()}
+
+
+def test_latest_orders_by_step_then_attempt(store: CheckpointStore) -> None:
+    store.save(5, {"a": b"5"}, attempt=1)
+    store.save(3, {"a": b"3"}, attempt=1)
+    assert store.latest().step == 5
+    store.save(5, {"a": b"5b"}, attempt=2)
+    ref = store.latest()
+    assert (ref.step, ref.attempt) == (5, 2) and store.load(ref) == {"a": b"5b"}
+    assert [(r.step, r.attempt) for r in store.list()] == [(3, 1), (5, 1), (5, 2)]
+
+
+def test_same_step_twice_does_not_collide(store: CheckpointStore) -> None:
+    first = store.save(7, {"a": b"1"})
+    second = store.save(7, {"a": b"2"})
+    assert first.checkpoint_id != second.checkpoint_id
+    assert store.load(first) == {"a": b"1"} and store.load(second) == {"a": b"2"}
+    assert store.latest() == second
+
+
+def test_streams_files_and_file_objects(store: CheckpointStore, tmp_path: Path) -> None:
+    big = os.urandom((9 << 20) + 17)  # several chunks, odd tail
+    path = tmp_path / "big.bin"
+    path.write_bytes(big)
+    ref = store.save(1, {"path": path, "str_path": str(path), "fileobj": io.BytesIO(big[:12345])})
+    loaded = store.load(ref)
+    assert loaded == {"path": big, "str_path": big, "fileobj": big[:12345]}
+
+
+def test_load_to_dir_streams_verified_files(store: CheckpointStore, tmp_path: Path) -> None:
+    ref = store.save(1, {"a/b.bin": b"x" * 100, "c": b"y"})
+    out = store.load_to_dir(ref, tmp_path / "restore")
+    assert Path(out["a/b.bin"]).read_bytes() == b"x" * 100 and Path(out["c"]).read_bytes() == b"y"
+
+
+def test_load_of_pruned_checkpoint_is_not_found(store: CheckpointStore) -> None:
+    old = store.save(1, {"a": b"1"})
+    store.save(2, {"a": b"2"})
+    store.prune(keep=1)
+    with pytest.raises(CheckpointNotFound, match=old.checkpoint_id):
+        store.load(old)
+
+
+def test_refs_from_another_process_load_here(store: CheckpointStore) -> None:
+    ref = store.save(4, {"a": b"data"}, {"k": "v"})
+    again = open_store(store.uri)
+    assert again.load(CheckpointRef.from_dict(ref.to_dict())) == {"a": b"data"}
+
+
+# -- validation: nothing is written ------------------------------------------------------
+@pytest.mark.parametrize("name, words", [
+    ("../x", ".."), ("a/../../x", ".."), ("/abs", "absolute"), ("", "empty"),
+    ("a\\b", "backslash"), ("MANIFEST.json", "manifest"), ("a\x00b", "NUL"),
+    ("a//b", "empty part"), ("dir/", "empty part"), ("./a", "'.'"),
+    (".spot-tmp-x", "reserved"), (3, "int"),
+])
+def test_bad_payload_names_write_nothing(store: CheckpointStore, name: object, words: str) -> None:
+    root = Path(store.backend.root)
+    with pytest.raises(ConfigError, match="relative POSIX paths") as info:
+        store.save(1, {"ok.bin": b"fine", name: b"x"})
+    assert words in str(info.value)
+    assert _files_on_disk(root) == []
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"step": -1}, "step"), ({"step": 1.5}, "step"), ({"step": True}, "step"),
+    ({"attempt": -2}, "attempt"), ({"payload": {}}, "non-empty"),
+    ({"payload": {"a": "text"}}, "not an existing file"),
+    ({"payload": {"a": 42}}, "int"),
+    ({"payload": {"a": b"1", "a/b": b"2"}}, "collide"),
+    ({"metadata": {"when": object()}}, "JSON"),
+    ({"metadata": {"x": float("nan")}}, "JSON"),
+    ({"metadata": ["not", "a", "dict"]}, "dict"),
+])
+def test_bad_save_arguments_write_nothing(store: CheckpointStore, kwargs: dict, words: str) -> None:
+    store.save(1, {"a": b"keep"})
+    before = _files_on_disk(Path(store.backend.root))
+    args = {"step": 2, "payload": {"a": b"new"}, **kwargs}
+    with pytest.raises(ConfigError, match=words):
+        store.save(**args)
+    assert _files_on_disk(Path(store.backend.root)) == before
+    assert [r.step for r in store.list()] == [1]
+
+
+class _ExplodingReader(io.RawIOBase):
+    """A streamed source that fails after a few MiB, like a dying network mount."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if self.sent > 6 << 20:
+            raise OSError("source device went away")
+        self.sent += size
+        return b"z" * size
+
+
+def test_failed_streamed_save_leaves_no_partial_checkpoint(store: CheckpointStore) -> None:
+    good = store.save(1, {"a": b"keep"})
+    before = _files_on_disk(Path(store.backend.root))
+    with pytest.raises(Exception, match="source device went away"):
+        store.save(2, {"first": os.urandom(1000), "stream": _ExplodingReader()})
+    assert _files_on_disk(Path(store.backend.root)) == before
+    assert store.list() == [good] and store.latest() == good
+    assert store.load(good) == {"a": b"keep"}
+
+
+def test_exception_class_from_source_propagates(store: CheckpointStore) -> None:
+    class Boom(io.RawIOBase):
+        def read(self, size: int = -1) -> bytes:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.save(1, {"x": Boom()})
+    assert _files_on_disk(Path(store.backend.root)) == []
+
+
+# -- prune -------------------------------------------------------------------------------
+def test_prune_keeps_newest(store: CheckpointStore) -> None:
+    refs = [store.save(s, {"a": str(s).encode()}) for s in range(1, 7)]
+    deleted = store.prune(keep=3)
+    assert sorted(deleted) == sorted(r.checkpoint_id for r in refs[:3])
+    assert store.list() == refs[3:]
+    assert store.prune(keep=3) == []
+
+
+@pytest.mark.parametrize("keep", [0, -1, 1.5, True])
+def test_prune_rejects_bad_keep(store: CheckpointStore, keep: object) -> None:
+    store.save(1, {"a": b"1"})
+    with pytest.raises(ConfigError, match="keep"):
+        store.prune(keep=keep)
+    assert len(store.list()) == 1
+
+
+def test_prune_removes_old_torn_saves_but_not_newer_ones(store: CheckpointStore) -> None:
+    root = Path(store.backend.root) / "checkpoints"
+    old_torn = root / "step-000000000001-attempt-0001-0badc0de"
+    new_torn = root / "step-000000000009-attempt-0001-0badc0de"
+    for torn in (old_torn, new_torn):
+        torn.mkdir(parents=True)
+        (torn / "model.bin").write_bytes(b"half")
+    store.save(5, {"a": b"5"})
+    assert [r.step for r in store.list()] == [5]
+    store.prune(keep=1)
+    assert not old_torn.exists() and new_torn.exists()
+
+
+# -- fencing -----------------------------------------------------------------------------
+def test_older_attempt_is_fenced_out_after_newer_commit(store: CheckpointStore) -> None:
+    store.save(10, {"a": b"a1"}, attempt=1)
+    store.save(12, {"a": b"a2"}, attempt=2)
+    with pytest.raises(FencedOut, match="attempt 1 may not write"):
+        store.save(20, {"a": b"zombie"}, attempt=1)
+    latest = store.latest()
+    assert (latest.step, latest.attempt) == (12, 2)
+    assert all(r.attempt == 2 or r.step == 10 for r in store.list())
+    assert not any("attempt-0001" in p and "step-000000000020" in p
+                   for p in _files_on_disk(Path(store.backend.root)))
+
+
+def test_fence_refuses_old_attempt_before_new_one_saves(store: CheckpointStore) -> None:
+    store.save(10, {"a": b"a1"}, attempt=1)
+    store.fence(2)
+    with pytest.raises(FencedOut):
+        store.save(11, {"a": b"zombie"}, attempt=1)
+    with pytest.raises(FencedOut):
+        store.fence(1)
+    store.fence(2)  # idempotent
+    assert store.save(11, {"a": b"new"}, attempt=2).attempt == 2
+    assert store.fence_level() == 2
+
+
+ZOMBIE = textwrap.dedent("""
+    import sys, time
+    from spot_core.checkpoint import open_store
+    from spot_core.errors import FencedOut
+    store = open_store(sys.argv[1])
+    step = 1000
+    while True:
+        try:
+            store.save(step, {"a": b"zombie"}, {"writer": "zombie"}, attempt=1)
+        except FencedOut:
+            print("fenced", step, flush=True)
+            sys.exit(0)
+        step += 1
+        time.sleep(0.002)
+""")
+
+
+def _zombie_is_refused(store: CheckpointStore, fence_it) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE, store.uri], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(r.attempt == 1 for r in store.list()):
+            assert time.monotonic() < deadline and proc.poll() is None, "zombie never saved"
+            time.sleep(0.01)
+        fence_it()
+        committed_at_fence = {r.checkpoint_id for r in store.list() if r.attempt == 1}
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert out.startswith("fenced")
+    assert {r.checkpoint_id for r in store.list() if r.attempt == 1} <= committed_at_fence
+
+
+def test_zombie_process_is_fenced_by_new_attempts_commit(store: CheckpointStore) -> None:
+    _zombie_is_refused(store, lambda: store.save(10**6, {"a": b"resumed"}, attempt=2))
+    assert store.latest().attempt == 2
+    assert store.load(store.latest()) == {"a": b"resumed"}
+
+
+def test_zombie_process_is_fenced_by_fence_call(store: CheckpointStore) -> None:
+    _zombie_is_refused(store, lambda: store.fence(2))
