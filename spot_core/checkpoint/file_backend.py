@@ -37,7 +37,7 @@ class FileBackend:
         except (FileExistsError, NotADirectoryError) as exc:
             raise ConfigError(f"checkpoint store path {self.root} exists and is not a "
                               "directory; point the store URI at a directory") from exc
-        except PermissionError as exc:
+        except OSError as exc:  # permission, read-only or pseudo file system, no space
             raise ConfigError(f"cannot create checkpoint store directory {self.root} "
                               f"({exc.strerror}); choose a writable path") from exc
 

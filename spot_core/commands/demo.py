@@ -1,10 +1,8 @@
-"""`spot-pipelines demo`: the main job, end to end, with a report.
+"""`spot-pipelines demo`: the main job, an ML pipeline surviving real-trace preemptions.
 
-Until the trace-driven local spot cloud lands, this is the foundation walkthrough: a
-training step on local capacity receives an AWS-shaped interruption notice from the
-metadata emulator, saves an emergency checkpoint, stops, and a second attempt resumes
-from it and finishes with weights identical to an uninterrupted run. Cost fields are
-null here because no market prices this capacity yet; they are never invented.
+prepare data -> train on the trace-driven local spot cloud -> evaluate, then a report:
+attempts, preemptions, resumed-from steps, spot cost, on-demand equivalent, savings,
+lost work, and the final weights' SHA-256 next to an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -12,46 +10,70 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 from spot_core.errors import ConfigError
 
+ENGINES = ("none", "airflow", "prefect")
+
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="run the main job: a preempted training step "
-                                   "that checkpoints, resumes and finishes")
-    parser.add_argument("--engine", choices=["none", "airflow", "prefect"], default="none",
+    parser = subparsers.add_parser("demo", help="run the main job: an ML pipeline whose training "
+                                   "step is preempted, resumes from checkpoints and finishes")
+    parser.add_argument("--engine", choices=ENGINES, default="none",
                         help="workflow engine to run the pipeline in (default: none)")
     parser.add_argument("--workdir", type=Path, default=None,
-                        help="where checkpoints and results go (default: a temporary folder)")
-    parser.add_argument("--steps", type=int, default=300,
-                        help="training steps (default %(default)s)")
+                        help="where data, checkpoints and lease logs go (default: a temp folder)")
+    parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
+    parser.add_argument("--start-tick", type=int, default=None,
+                        help="trace tick the pipeline starts at (default: the demo's)")
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from spot_core.sim.demo_pipeline import DemoConfig
+
     if args.engine != "none":
         raise ConfigError(f"--engine {args.engine} needs the {args.engine} adapter, which is not "
                           "built yet; run `spot-pipelines demo --engine none`")
     if args.steps < 200:
-        raise ConfigError("--steps must be at least 200 so the notice can arrive mid-run")
-    from spot_core.sim.walkthrough import WalkthroughConfig, run_walkthrough
-
-    cfg = WalkthroughConfig(steps=args.steps)
-    if args.workdir is None:
-        with tempfile.TemporaryDirectory(prefix="spot-demo-") as tmp:
-            report = run_walkthrough(Path(tmp), cfg)
+        raise ConfigError(f"--steps must be at least 200 (got {args.steps}) so the training step "
+                          "lives long enough to be preempted")
+    defaults = DemoConfig()
+    cfg = DemoConfig(steps=args.steps, start_tick=defaults.start_tick if args.start_tick is None
+                     else args.start_tick)
+    if args.workdir is not None:
+        report = _run(args.workdir, cfg)
     else:
-        report = run_walkthrough(args.workdir, cfg)
+        with tempfile.TemporaryDirectory(prefix="spot-demo-") as tmp:
+            report = _run(Path(tmp), cfg)
     _print_report(report)
     if args.json:
-        print(json.dumps(demo_json(report)))
-    return 0 if report.final and report.final["weights_sha256"] == report.uninterrupted_sha256 else 1
+        print(json.dumps(demo_json(report)), flush=True)
+    return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
+
+
+def _run(workdir: Path, cfg):
+    from spot_core.sim.demo_pipeline import run_demo
+
+    print(f"pipeline: prepare data -> train ({cfg.steps} steps on spot, local cloud replaying "
+          f"a real AWS V100 trace at 1 s = {cfg.time_scale / 3600:g} h) -> evaluate", flush=True)
+    started = time.monotonic()
+
+    def listener(kind: str, record, detail: str) -> None:
+        attempt = record.attempts[-1] if record.attempts else None
+        where = attempt.pool.key if attempt is not None else "-"
+        number = attempt.number if attempt is not None else 0
+        print(f"  [{time.monotonic() - started:5.1f}s] attempt {number} {kind:<20} {where}  "
+              f"{detail[:90]}", flush=True)
+
+    return run_demo(workdir, cfg, listener)
 
 
 def demo_json(report) -> dict:
-    """The stable JSON contract of `spot-pipelines demo --json`."""
+    """The stable JSON contract of `spot-pipelines demo --json` (DESIGN.md)."""
     summary = report.record.summary()
     return {
         "engine": "none",
@@ -59,36 +81,21 @@ def demo_json(report) -> dict:
         "preemptions": summary["preemptions"],
         "fallbacks": summary["fallbacks"],
         "resumed_from_steps": summary["resumed_from_steps"],
-        "spot_cost": None,
-        "on_demand_cost": None,
-        "savings_fraction": None,
+        "spot_cost": summary["spot_cost"],
+        "on_demand_cost": summary["on_demand_cost"],
+        "savings_fraction": summary["savings_fraction"],
         "lost_work_seconds": summary["lost_work_seconds"],
-        "final_weights_sha256": report.final["weights_sha256"] if report.final else None,
-        "uninterrupted_weights_sha256": report.uninterrupted_sha256,
-        "accuracy": report.final["accuracy"] if report.final else None,
+        "final_weights_sha256": report.final_weights_sha256,
+        "uninterrupted_weights_sha256": report.uninterrupted_weights_sha256,
+        "accuracy": report.accuracy,
     }
 
 
 def _print_report(report) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from spot_core.report import print_record
 
-    console = Console(stderr=False, highlight=False)
-    table = Table(title=f"job {report.record.job_id}")
-    for column in ("attempt", "pool", "outcome", "resumed from step", "last checkpoint step",
-                   "lost work (s)", "seconds"):
-        table.add_column(column)
-    for a in report.record.attempts:
-        table.add_row(str(a.number), a.pool.key, str(a.outcome), _dash(a.checkpoint_step_start),
-                      _dash(a.checkpoint_step_end), f"{a.lost_work_seconds:.2f}",
-                      f"{(a.ended_at or a.started_at) - a.started_at:.1f}")
-    console.print(table)
-    for notice in report.notices:
-        console.print(f"notice: {json.dumps(notice)}")
-    same = report.final and report.final["weights_sha256"] == report.uninterrupted_sha256
-    console.print(f"final weights equal the uninterrupted run's: {'yes' if same else 'NO'}; "
-                  f"accuracy {report.final['accuracy'] if report.final else float('nan'):.3f}")
-
-
-def _dash(value) -> str:
-    return "-" if value is None else str(value)
+    print_record(report.record, report.time_scale)
+    same = report.final_weights_sha256 == report.uninterrupted_weights_sha256
+    print(f"final weights  {report.final_weights_sha256}\n"
+          f"uninterrupted  {report.uninterrupted_weights_sha256}  "
+          f"{'(equal)' if same else '(DIFFERENT)'}\naccuracy {report.accuracy:.3f}", flush=True)

@@ -7,8 +7,11 @@ bit-identical whether or not it was interrupted. Determinism across restarts com
 drawing each step's mini-batch from a generator seeded by (seed, step), so no RNG state
 has to survive the node.
 
-Run as ``python -m spot_core.workloads.softmax_regression --steps 300 --output w.npz``
-with ``SPOT_CHECKPOINT_URI`` (and ``SPOT_ATTEMPT``) set by whoever launches it.
+As a pipeline: ``prepare_dataset`` writes the data set, the training step runs as a spot
+job (``python -m spot_core.workloads.softmax_regression --data D --steps N`` with
+``SPOT_CHECKPOINT_URI`` and ``SPOT_ATTEMPT`` set by the provider) and leaves its final
+weights as the newest checkpoint (metadata ``final: true``), and ``evaluate`` reads them
+back from the store. Nothing the next step needs stays on the node.
 """
 
 from __future__ import annotations
@@ -61,6 +64,20 @@ def make_dataset(cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return points[:cut], labels[:cut], points[cut:], labels[cut:]
 
 
+def prepare_dataset(cfg: TrainConfig, path: Path) -> Path:
+    """The pipeline's first step: write the data set where every later step can read it."""
+    x_train, y_train, x_test, y_test = make_dataset(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        np.savez(handle, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return path
+
+
+def load_dataset(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+
+
 def initial_state(cfg: TrainConfig) -> dict[str, np.ndarray]:
     return {"W": np.zeros((cfg.features, cfg.classes)), "b": np.zeros(cfg.classes)}
 
@@ -93,14 +110,16 @@ def weights_sha256(state: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def train(cfg: TrainConfig, checkpointer=None) -> TrainResult:
+def train(cfg: TrainConfig, checkpointer=None, data: Path | None = None) -> TrainResult:
     """Train to ``cfg.steps``, resuming from and saving to ``checkpointer`` if given.
 
-    Raises ``Preempted`` after an emergency save when the checkpointer was asked for one.
+    The final state is saved as the newest checkpoint (``final: true``) so the evaluation
+    step can read it from the store. Raises ``Preempted`` after an emergency save when
+    the checkpointer was asked for one.
     """
     from spot_core.checkpoint.state import arrays_from_bytes, arrays_to_bytes
 
-    x_train, y_train, x_test, y_test = make_dataset(cfg)
+    x_train, y_train, x_test, y_test = make_dataset(cfg) if data is None else load_dataset(data)
     state, start = initial_state(cfg), 0
     restored = checkpointer.restore() if checkpointer is not None else None
     if restored is not None:
@@ -112,6 +131,9 @@ def train(cfg: TrainConfig, checkpointer=None) -> TrainResult:
             time.sleep(cfg.step_seconds)
         if checkpointer is not None:
             checkpointer.maybe_save(step + 1, lambda: {STATE_FILE: arrays_to_bytes(state)})
+    if checkpointer is not None:
+        checkpointer.save_now(cfg.steps, lambda: {STATE_FILE: arrays_to_bytes(state)},
+                              {"final": True, "accuracy": accuracy(state, x_test, y_test)})
     return TrainResult(
         steps_done=cfg.steps,
         resumed_from_step=None if restored is None else start,
@@ -122,11 +144,25 @@ def train(cfg: TrainConfig, checkpointer=None) -> TrainResult:
     )
 
 
+def evaluate(store, data: Path) -> tuple[str, float]:
+    """The pipeline's last step: (weights sha256, test accuracy) of the final checkpoint."""
+    from spot_core.checkpoint.state import arrays_from_bytes
+
+    ref = store.latest()
+    if ref is None or not ref.metadata.get("final"):
+        raise ValueError("the training step left no final checkpoint; run it to completion first")
+    state = arrays_from_bytes(store.load(ref)[STATE_FILE])
+    _, _, x_test, y_test = load_dataset(data)
+    return weights_sha256(state), accuracy(state, x_test, y_test)
+
+
 def _parse(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="data set written by prepare_dataset (default: generate it)")
     parser.add_argument("--checkpoint-every-steps", type=int, default=None)
     parser.add_argument("--checkpoint-every-seconds", type=float, default=None)
     parser.add_argument("--result", type=Path, default=None,
@@ -143,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                                          every_seconds=args.checkpoint_every_seconds)
     with checkpointer.attach_signals():
         try:
-            result = train(cfg, checkpointer)
+            result = train(cfg, checkpointer, args.data)
         except Preempted as exc:
             print(json.dumps({"preempted": True, "reason": str(exc)}), flush=True)
             return PREEMPTED_EXIT_CODE

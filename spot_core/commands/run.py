@@ -1,0 +1,174 @@
+"""`spot-pipelines run`: one job under the controller, from the command line.
+
+Like ``sky jobs launch`` for any command that uses the Checkpointer: the command runs on
+spot capacity, is relaunched from its latest checkpoint after each preemption, moves to
+on-demand when the preemption budget is spent or spot capacity runs out, and the
+JobRecord summary is printed at the end. Every lease is terminated on every exit path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from spot_core.errors import ConfigError
+
+PROVIDERS = ("local", "ec2", "kubernetes")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="run one command as a spot job under the controller")
+    parser.add_argument("--provider", choices=PROVIDERS, default="local")
+    parser.add_argument("--pools", default=None, help="comma-separated zones or trace names to "
+                        "run in (default: every pool the provider knows)")
+    parser.add_argument("--trace", action="append", type=Path, default=None, metavar="PATH",
+                        help="local provider: availability trace(s) to replay, one per zone "
+                        "(default: the shipped AWS V100 excerpt)")
+    parser.add_argument("--prices", type=Path, default=None, help="local provider: per-tick "
+                        "spot price file {zone: [...]} for CSV traces")
+    parser.add_argument("--time-scale", type=float, default=3600.0, help="local provider: trace "
+                        "seconds per wall second (default 3600: one trace hour per second)")
+    parser.add_argument("--start-tick", type=int, default=0, help="local provider: trace tick "
+                        "to start at (default 0)")
+    parser.add_argument("--max-preemptions", type=int, default=3, help="preemptions tolerated "
+                        "before the job moves to on-demand (default 3; never a user retry)")
+    parser.add_argument("--max-user-retries", type=int, default=0,
+                        help="retries when the command itself fails (default 0)")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="never use on-demand; wait (bounded) for spot capacity instead")
+    parser.add_argument("--deadline", default=None, help="finish by: a duration of capacity "
+                        "time such as 90m or 12h, or an ISO time such as 2026-12-01T08:00Z")
+    parser.add_argument("--checkpoint-uri", default=None, help="where the job checkpoints "
+                        "(default: file://./.spot-runs/JOB_ID/checkpoints)")
+    parser.add_argument("--job-id", default=None, help="job id (default: generated)")
+    parser.add_argument("--json", action="store_true", help="end with the JobRecord as JSON")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spot_core.controller import Controller, JobSpec
+    from spot_core.policy.retry import RetryPolicy
+    from spot_core.report import print_record
+
+    command = _command(args.cmd)
+    job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
+    checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
+    policy = RetryPolicy(max_preemptions=_non_negative("--max-preemptions", args.max_preemptions),
+                         max_user_retries=_non_negative("--max-user-retries", args.max_user_retries),
+                         on_demand_fallback=not args.no_fallback, capacity_wait_seconds=1.0,
+                         max_capacity_waits=30)
+    with _provider(args) as provider:
+        spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
+                       pools=_pools(provider, args.pools),
+                       deadline=_deadline(args.deadline, provider))
+        controller = Controller(provider, provider.market, policy, listener=_print_event)
+        record = controller.run(spec)
+    print_record(record, provider.market.time_scale)
+    if args.json:
+        print(record.to_json(), flush=True)
+    return 0 if str(record.status) == "succeeded" else 1
+
+
+def _print_event(kind: str, record, detail: str) -> None:
+    attempt = record.attempts[-1] if record.attempts else None
+    where = "" if attempt is None else f"attempt {attempt.number} {attempt.pool.key}"
+    print(f"{dt.datetime.now():%H:%M:%S} {kind:<20} {where}  {detail[:100]}", flush=True)
+
+
+def _command(words: list[str]) -> tuple[str, ...]:
+    command = words[1:] if words[:1] == ["--"] else words
+    if not command:
+        raise ConfigError("no command to run: put it after --, e.g. "
+                          "`spot-pipelines run -- python train.py`")
+    if shutil.which(command[0]) is None and not os.access(command[0], os.X_OK):
+        raise ConfigError(f"command {command[0]!r} was not found on PATH and is not an "
+                          "executable file; check the command after --")
+    return tuple(command)
+
+
+def _checkpoint_uri(uri: str | None, job_id: str) -> str:
+    from spot_core.checkpoint import open_store
+
+    if uri is None:
+        uri = (Path.cwd() / ".spot-runs" / job_id / "checkpoints").as_uri()
+    open_store(uri)  # validates the form; raises ConfigError naming the fix
+    if uri.startswith("file://"):
+        _check_writable(Path(uri.removeprefix("file://")))
+    return uri
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"checkpoint folder {path} is not writable ({exc.strerror}); pass "
+                          "--checkpoint-uri with a folder you can write to") from exc
+
+
+def _non_negative(option: str, value: int) -> int:
+    if value < 0:
+        raise ConfigError(f"{option} must be 0 or more, got {value}")
+    return value
+
+
+def _provider(args: argparse.Namespace):
+    if args.provider != "local":
+        raise ConfigError(f"the {args.provider} provider is not built yet; use --provider local")
+    from spot_core.market.trace import load_traces
+    from spot_core.providers.local import LocalProvider
+
+    if not args.time_scale > 0:
+        raise ConfigError(f"--time-scale must be > 0, got {args.time_scale}")
+    traces = None if not args.trace else load_traces(args.trace, prices=args.prices)
+    return LocalProvider.from_traces(traces, time_scale=args.time_scale,
+                                     start_tick=args.start_tick)
+
+
+def _pools(provider, names: str | None):
+    pools = provider.pools()
+    if not names:
+        return pools
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {name: p for p in pools for name in (p.zone, p.key)}
+    for trace in provider.market.traces:
+        known.setdefault(trace.name, next(p for p in pools if p.zone == trace.zone))
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ConfigError(f"unknown pool(s) {', '.join(unknown)}; choose from "
+                          f"{', '.join(sorted(p.zone for p in pools))}")
+    return tuple(dict.fromkeys(known[n] for n in wanted))
+
+
+def _deadline(text: str | None, provider) -> float | None:
+    """A duration counts in capacity time (scaled on the local cloud); an ISO time is wall time."""
+    if text is None:
+        return None
+    match = _DURATION.match(text.strip())
+    if match:
+        capacity = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        return time.time() + capacity / provider.market.time_scale
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--deadline {text!r} is neither a duration (90m, 12h, 2d) nor an "
+                          "ISO time (2026-12-01T08:00Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
+
+
+def record_json(record) -> str:
+    return json.dumps(record.summary())

@@ -1,0 +1,196 @@
+"""Observe -> decide -> apply for one job, until it succeeds, fails or misses its deadline.
+
+The controller is the only loop in the system. It reads the market, asks the pure
+retry policy what to do with the JobRecord, applies the decision through a provider,
+classifies how the attempt ended, keeps the cost ledger, and hands the record to a
+persistence callback after every change (engine adapters plug their state stores in
+there). It holds exactly one lease at a time and terminates it on every exit path,
+including exceptions, cancellation and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from spot_core.checkpoint import open_store
+from spot_core.errors import CapacityUnavailable
+from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
+from spot_core.policy.retry import Decision, RetryPolicy, decide_next
+from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus, Provider
+
+log = logging.getLogger(__name__)
+
+Persist = Callable[[JobRecord], None]
+Listener = Callable[[str, JobRecord, str], None]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: what to run, where it may run, where it checkpoints, and by when."""
+
+    job_id: str
+    command: tuple[str, ...]
+    checkpoint_uri: str
+    pools: tuple[Pool, ...]
+    deadline: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def candidate_pools(self) -> tuple[Pool, ...]:
+        """The spot pools and their on-demand counterparts, without duplicates."""
+        on_demand = tuple(p.on(Market.ON_DEMAND) for p in self.pools if p.is_spot)
+        return tuple(dict.fromkeys(self.pools + on_demand))
+
+
+def classify(status: LeaseStatus) -> Outcome:
+    """How an ended lease's attempt ended. A notice or a reclaim is never a failure."""
+    if status.exit_code == 0:
+        return Outcome.SUCCEEDED
+    if status.state is LeaseState.RECLAIMED or status.notice_at is not None:
+        return Outcome.PREEMPTED
+    if status.state is LeaseState.TERMINATED or status.exit_code is None or status.exit_code < 0:
+        return Outcome.INFRASTRUCTURE_FAILED
+    return Outcome.USER_FAILED
+
+
+class Controller:
+    """Runs one job under a provider, a market and a retry policy."""
+
+    def __init__(self, provider: Provider, market, policy: RetryPolicy = RetryPolicy(), *,
+                 persist: Persist | None = None, listener: Listener | None = None,
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep,
+                 poll_interval: float = 0.1) -> None:
+        self.provider = provider
+        self.market = market
+        self.policy = policy
+        self._persist = persist or (lambda record: None)
+        self._listener = listener or (lambda kind, record, detail: None)
+        self._clock = clock
+        self._sleep = sleep
+        self._poll_interval = poll_interval
+
+    def new_record(self, spec: JobSpec) -> JobRecord:
+        return JobRecord(job_id=spec.job_id, created_at=self._clock(), deadline=spec.deadline,
+                         checkpoint_uri=spec.checkpoint_uri)
+
+    def run(self, spec: JobSpec, record: JobRecord | None = None) -> JobRecord:
+        """Drive the job to a final status and return its record."""
+        record = record or self.new_record(spec)
+        while record.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
+                                    JobStatus.DEADLINE_MISSED):
+            record = self.step(spec, record)
+        return record
+
+    def step(self, spec: JobSpec, record: JobRecord) -> JobRecord:
+        """One observe -> decide -> apply round."""
+        now = self._clock()
+        offers = self.market.offers(spec.candidate_pools(), now)
+        decision = decide_next(record, offers, self.policy, now=now)
+        if decision.action == "done":
+            return self._save(record.with_status(JobStatus.SUCCEEDED), "done", decision.reason)
+        if decision.action == "fail":
+            missed = record.deadline is not None and now >= record.deadline
+            status = JobStatus.DEADLINE_MISSED if missed else JobStatus.FAILED
+            return self._save(record.with_status(status), "failed", decision.reason)
+        if decision.action == "wait":
+            self._listener("wait", record, decision.reason)
+            self._sleep(decision.wait_seconds)
+            return record
+        return self._attempt(spec, record, decision)
+
+    # -- apply ---------------------------------------------------------------------------
+    def _attempt(self, spec: JobSpec, record: JobRecord, decision: Decision) -> JobRecord:
+        number = record.next_attempt_number
+        store = open_store(spec.checkpoint_uri)
+        store.fence(number)  # from now on, a zombie of an older attempt cannot commit
+        start_ref = store.latest()
+        launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
+                            checkpoint_uri=spec.checkpoint_uri, env=spec.env)
+        lease, errors = self._launch_first(decision.pools, launch)
+        start_step = None if start_ref is None else start_ref.step
+        if lease is None:
+            return self._record_no_capacity(record, number, decision, start_step, errors)
+        attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
+                          lease_id=lease.lease_id, checkpoint_step_start=start_step)
+        record = self._save(record.start_attempt(attempt), "launched", decision.reason)
+        try:
+            status = self._wait_for_end(lease, record.deadline)
+        finally:
+            self.provider.terminate(lease)
+        return self._close_attempt(record, lease, status, store)
+
+    def _launch_first(self, pools, launch: LaunchSpec) -> tuple[Lease | None, list[str]]:
+        """Try the ranked pools in order; the first with capacity wins."""
+        errors = []
+        for pool in pools:
+            try:
+                return self.provider.launch(launch, pool), errors
+            except CapacityUnavailable as exc:
+                errors.append(f"{pool.key}: {exc}")
+        return None, errors
+
+    def _record_no_capacity(self, record, number, decision, start_step, errors) -> JobRecord:
+        now = self._clock()
+        pool = decision.pools[0] if decision.pools else None
+        running = Attempt(number=number, pool=pool, started_at=now, checkpoint_step_start=start_step)
+        finished = dataclasses.replace(running, ended_at=now, outcome=Outcome.CAPACITY_UNAVAILABLE,
+                                       checkpoint_step_end=start_step,
+                                       message="; ".join(errors)[:500])
+        record = record.start_attempt(running).finish_attempt(finished)
+        return self._save(record, "capacity_unavailable", finished.message)
+
+    def _wait_for_end(self, lease: Lease, deadline: float | None) -> LeaseStatus:
+        """Poll the lease until it ends (bounded by the job's deadline, if it has one)."""
+        while True:
+            status = self.provider.observe([lease])[lease.lease_id]
+            if status.ended:
+                return status
+            if deadline is not None and self._clock() >= deadline:
+                self.provider.terminate(lease)
+                return LeaseStatus(LeaseState.TERMINATED, ended_at=self._clock(),
+                                   message="stopped: the job's deadline passed")
+            self._sleep(self._poll_interval)
+
+    def _close_attempt(self, record: JobRecord, lease: Lease, status: LeaseStatus,
+                       store) -> JobRecord:
+        ended_at = status.ended_at or self._clock()
+        end_ref = store.latest()
+        outcome = classify(status)
+        bill = self.provider.bill(lease, ended_at)
+        finished = dataclasses.replace(
+            record.current_attempt, ended_at=ended_at, outcome=outcome, cost=bill.cost,
+            on_demand_cost=bill.on_demand_cost,
+            checkpoint_step_end=None if end_ref is None else end_ref.step,
+            lost_work_seconds=self._lost_work(outcome, lease, end_ref, ended_at),
+            checkpoint_overhead_seconds=self.provider.capacity_seconds(
+                _checkpoint_seconds(end_ref, lease.attempt)),
+            message=status.message)
+        record = record.finish_attempt(finished)
+        if end_ref is not None:
+            record = record.with_checkpoint(end_ref)
+        return self._save(record, str(outcome), status.message)
+
+    def _lost_work(self, outcome: Outcome, lease: Lease, end_ref, ended_at: float) -> float:
+        """Work done after the last durable checkpoint, which the next attempt must redo."""
+        if outcome is Outcome.SUCCEEDED:
+            return 0.0
+        saved_at = lease.started_at
+        if end_ref is not None and end_ref.attempt == lease.attempt:
+            saved_at = max(saved_at, end_ref.created_at)
+        return self.provider.capacity_seconds(max(0.0, ended_at - saved_at))
+
+    def _save(self, record: JobRecord, kind: str, detail: str) -> JobRecord:
+        self._persist(record)
+        self._listener(kind, record, detail)
+        return record
+
+
+def _checkpoint_seconds(ref, attempt: int) -> float:
+    """Save time the attempt's Checkpointer reported in its newest checkpoint's metadata."""
+    if ref is None or ref.attempt != attempt:
+        return 0.0
+    return float(ref.metadata.get("checkpoint_seconds_total", 0.0))

@@ -1,0 +1,85 @@
+"""The provider protocol: the only way the controller touches capacity.
+
+A provider turns a ranked pool and a launch spec into a ``Lease``, reports what became
+of its leases (batched, so a cloud provider can answer many leases with one describe
+call), bills them, and terminates them. Launch failures for lack of capacity raise
+``CapacityUnavailable``; everything else is translated at the edge into a ``SpotError``
+whose message says what to fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Mapping, Protocol, Sequence
+
+from spot_core.model import Lease, Pool
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to run for one attempt, and what it needs to know about itself."""
+
+    job_id: str
+    attempt: int
+    command: tuple[str, ...]
+    checkpoint_uri: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+
+
+class LeaseState(StrEnum):
+    RUNNING = "running"
+    EXITED = "exited"          # the step's process ended by itself (any exit code)
+    RECLAIMED = "reclaimed"    # the capacity was taken away after its notice period
+    TERMINATED = "terminated"  # we terminated it
+
+
+@dataclass(frozen=True)
+class LeaseStatus:
+    """What a provider observed of one lease at one moment."""
+
+    state: LeaseState
+    exit_code: int | None = None
+    notice_at: float | None = None   # when an interruption notice was first served, if ever
+    ended_at: float | None = None
+    message: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state is not LeaseState.RUNNING
+
+
+@dataclass(frozen=True)
+class Bill:
+    """Cost of a lease over its life, and what on-demand would have cost for the same time.
+
+    ``capacity_seconds`` is the lease's duration in the provider's clock (the local spot
+    cloud replays traces faster than real time; a cloud provider's scale is 1).
+    """
+
+    cost: float
+    on_demand_cost: float
+    capacity_seconds: float
+
+
+class Provider(Protocol):
+    name: str
+
+    def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
+        """Start the attempt on ``pool``; raise ``CapacityUnavailable`` if it has none."""
+
+    def observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
+        """Status per lease id, for many leases at once."""
+
+    def bill(self, lease: Lease, ended_at: float) -> Bill:
+        """What the lease cost from its start to ``ended_at`` (wall-clock POSIX seconds)."""
+
+    def capacity_seconds(self, wall_seconds: float) -> float:
+        """Convert a wall-clock duration into the provider's capacity time."""
+
+    def terminate(self, lease: Lease) -> None:
+        """Release the lease; idempotent; never raises for an already-gone lease."""
+
+    def close(self) -> None:
+        """Terminate every lease this provider launched and release its resources."""

@@ -1,0 +1,132 @@
+"""The local provider: leases on the trace-driven local spot cloud (no cloud account).
+
+It is to ``LocalSpotCloud`` what the EC2 provider is to the EC2 API: it wraps the step in
+``spot-pipelines watch`` (as EC2 user-data does), tells it about its attempt through
+environment variables, turns instance state into lease status, and bills each lease
+from the trace's prices over the capacity time it held.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Sequence
+
+from spot_core.attempt_env import METADATA_ENDPOINT, AttemptEnv
+from spot_core.errors import ConfigError
+from spot_core.market.fixtures import default_traces
+from spot_core.market.trace import ZoneTrace
+from spot_core.market.trace_market import TraceMarket
+from spot_core.model import Lease, Pool
+from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
+from spot_core.sim.local_cloud import EMULATED_CLOUDS, LocalCloudConfig, LocalSpotCloud
+
+DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
+
+
+class LocalProvider:
+    """Provider protocol over a ``LocalSpotCloud``."""
+
+    name = "local"
+
+    def __init__(self, cloud: LocalSpotCloud, *, watch_poll_interval: float = 0.1) -> None:
+        self.cloud = cloud
+        self.market = cloud.market
+        self._watch_poll = watch_poll_interval
+
+    @classmethod
+    def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *,
+                    time_scale: float = DEFAULT_TIME_SCALE, start_tick: int = 0,
+                    workdir: str | Path | None = None, config: LocalCloudConfig | None = None,
+                    clock=time.time) -> LocalProvider:
+        """A cloud replaying ``traces`` (default: the shipped excerpt) from ``start_tick`` now."""
+        traces = list(traces) if traces is not None else default_traces()
+        if start_tick < 0:
+            raise ConfigError(f"start_tick must be >= 0, got {start_tick}")
+        origin = clock() - start_tick * traces[0].tick_seconds / time_scale
+        market = TraceMarket(traces, tick_origin=origin, time_scale=time_scale)
+        workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="spot-local-cloud-"))
+        cloud = LocalSpotCloud(market=market, workdir=workdir,
+                               config=config or LocalCloudConfig(), clock=clock)
+        return cls(cloud)
+
+    def pools(self) -> tuple[Pool, ...]:
+        return self.market.pools()
+
+    def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
+        cloud = EMULATED_CLOUDS.get(pool.cloud, "aws")
+        command = (sys.executable, "-m", "spot_core.cli", "watch", "--cloud", cloud,
+                   "--poll-interval", str(self._watch_poll), "--", *spec.command)
+        attempt = AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
+                             attempt=spec.attempt, metadata_endpoint=None, cloud=cloud,
+                             notice_file=None)
+        env = {**_inherited_env(), **spec.env, **attempt.to_environ()}
+        view = self.cloud.run_instance(pool, command, env, endpoint_env=METADATA_ENDPOINT)
+        price = self.market.offers([pool], self.cloud.clock())[0].price_per_hour
+        return Lease(lease_id=view.instance_id, pool=pool, job_id=spec.job_id,
+                     attempt=spec.attempt, started_at=self.cloud.clock(), price_per_hour=price,
+                     details={"log": str(self.cloud.workdir / f"{view.instance_id}.log"),
+                              "tags": f"spot-pipelines:job={spec.job_id},attempt={spec.attempt}"})
+
+    def observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
+        views = self.cloud.describe([lease.lease_id for lease in leases])
+        return {lease_id: _status(view, self.cloud.log_tail(lease_id))
+                for lease_id, view in views.items()}
+
+    def bill(self, lease: Lease, ended_at: float) -> Bill:
+        """Per-second billing at the trace's price of each tick the lease spanned."""
+        capacity = self.capacity_seconds(max(0.0, ended_at - lease.started_at))
+        on_demand = self.market.offers([lease.pool], lease.started_at)[0].on_demand_price_per_hour
+        if not lease.pool.is_spot:
+            cost = on_demand * capacity / 3600.0
+        else:
+            cost = self._spot_cost(lease.pool, lease.started_at, ended_at)
+        return Bill(cost=cost, on_demand_cost=on_demand * capacity / 3600.0,
+                    capacity_seconds=capacity)
+
+    def _spot_cost(self, pool: Pool, start: float, end: float) -> float:
+        market, cost = self.market, 0.0
+        for tick in range(market.tick_at(start), market.tick_at(end) + 1):
+            low, high = max(start, market.wall_time(tick)), min(end, market.wall_time(tick + 1))
+            if high > low:
+                price = market.offers([pool], low)[0].price_per_hour
+                cost += price * self.capacity_seconds(high - low) / 3600.0
+        return cost
+
+    def capacity_seconds(self, wall_seconds: float) -> float:
+        return wall_seconds * self.market.time_scale
+
+    def terminate(self, lease: Lease) -> None:
+        self.cloud.terminate_instance(lease.lease_id)
+
+    def close(self) -> None:
+        self.cloud.shutdown()
+
+    def __enter__(self) -> LocalProvider:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _status(view, log_tail: str) -> LeaseStatus:
+    if view.running:
+        return LeaseStatus(LeaseState.RUNNING, notice_at=view.notice_at)
+    state = (LeaseState.TERMINATED if view.terminated and not view.reclaimed
+             else LeaseState.RECLAIMED if view.reclaimed else LeaseState.EXITED)
+    message = "" if view.exit_code == 0 else log_tail.splitlines()[-1] if log_tail else ""
+    return LeaseStatus(state, exit_code=view.exit_code, notice_at=view.notice_at,
+                       ended_at=view.ended_at, message=message[:300])
+
+
+def _inherited_env() -> dict[str, str]:
+    """The launching environment, minus anything that would confuse the step."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SPOT_")}
+
+
+def new_job_id(prefix: str = "job") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"

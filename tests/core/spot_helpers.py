@@ -1,0 +1,56 @@
+"""Shared builders for the local-cloud tests: traces from strings, the training command."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spot_core.market.trace import ZoneTrace
+from spot_core.sim.lease_processes import LEASE_MARKER
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+
+def trace(name: str, pattern: str, *, tick_seconds: float = 60.0, price: float = 0.9,
+          on_demand: float = 3.06) -> ZoneTrace:
+    """A zone whose availability per tick is ``pattern`` ('1' available, '0' not)."""
+    available = np.array([c == "1" for c in pattern], dtype=bool)
+    return ZoneTrace(name=name, tick_seconds=tick_seconds, available=available,
+                     spot_price=np.full(available.size, price), on_demand_price=on_demand,
+                     start_time=None, source="test")
+
+
+def train_command(steps: int = 300, step_seconds: float = 0.01, seed: int = 7,
+                  every_steps: int = 20) -> tuple[str, ...]:
+    return (sys.executable, "-m", "spot_core.workloads.softmax_regression", "--steps",
+            str(steps), "--step-seconds", str(step_seconds), "--seed", str(seed),
+            "--checkpoint-every-steps", str(every_steps))
+
+
+def marked_processes() -> list[int]:
+    """Every live process that belongs to any local lease (the process table check)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if f"{LEASE_MARKER}=".encode() in environ and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,122 @@
+"""The trace-driven local spot cloud reclaims capacity the way a cloud does."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+
+import pytest
+
+from spot_core.errors import CapacityUnavailable
+from spot_core.model import Market, Pool
+from spot_core.providers.base import LaunchSpec, LeaseState
+from spot_core.providers.local import LocalProvider
+from spot_core.sim.local_cloud import LocalCloudConfig
+
+from spot_helpers import marked_processes, trace, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _provider(tmp_path, *patterns, start_tick=0, **config):
+    traces = [trace(f"us-east-1{chr(ord('a') + i)}_v100_1", p) for i, p in enumerate(patterns)]
+    cfg = LocalCloudConfig(min_notice_wall_seconds=config.pop("notice", 0.5),
+                           grace_wall_seconds=config.pop("grace", 0.5))
+    return LocalProvider.from_traces(traces, time_scale=60.0, start_tick=start_tick,
+                                     workdir=tmp_path / "cloud", config=cfg)
+
+
+def _spec(tmp_path, *command):
+    return LaunchSpec(job_id="job-1", attempt=1, command=command,
+                      checkpoint_uri=(tmp_path / "ckpt").as_uri())
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "step.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_launch_into_unavailable_pool_fails_as_capacity_unavailable(tmp_path):
+    with _provider(tmp_path, "0" * 50) as provider:
+        pool = provider.pools()[0]
+        with pytest.raises(CapacityUnavailable, match="no spot capacity"):
+            provider.launch(_spec(tmp_path, "true"), pool)
+        lease = provider.launch(_spec(tmp_path, sys.executable, "-c", "pass"),
+                                pool.on(Market.ON_DEMAND))  # on-demand is always there
+        assert wait_until(lambda: provider.observe([lease])[lease.lease_id].ended)
+        assert provider.observe([lease])[lease.lease_id].exit_code == 0
+
+
+def test_reclaim_serves_notice_then_sigterm_then_sigkill(tmp_path):
+    """A step that ignores its notice is killed with everything it started."""
+    step = _script(tmp_path, """
+        import signal, subprocess, sys, time, os
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        subprocess.Popen([sys.executable, "-c", "import time, signal; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
+                         start_new_session=True)
+        time.sleep(60)
+    """)
+    # Available for two ticks (2 s at 60x on 60 s ticks), then gone.
+    with _provider(tmp_path, "11" + "0" * 60) as provider:
+        lease = provider.launch(_spec(tmp_path, sys.executable, step), provider.pools()[0])
+        assert wait_until(lambda: len(marked_processes()) >= 3)
+        assert wait_until(lambda: provider.observe([lease])[lease.lease_id].notice_at is not None,
+                          timeout=5)
+        assert wait_until(lambda: provider.observe([lease])[lease.lease_id].ended, timeout=10)
+        status = provider.observe([lease])[lease.lease_id]
+        assert status.state is LeaseState.RECLAIMED
+        assert wait_until(lambda: not marked_processes(), timeout=5)
+
+
+def test_step_under_watch_sees_the_notice_and_exits_cleanly(tmp_path):
+    step = _script(tmp_path, """
+        import os, signal, sys, time, json
+        got = []
+        signal.signal(signal.SIGTERM, lambda *a: got.append(1))
+        while not got:
+            time.sleep(0.02)
+        notice = json.load(open(os.environ["SPOT_NOTICE_FILE"]))
+        sys.exit(143 if notice["event"] == "interruption" else 1)
+    """)
+    with _provider(tmp_path, "11" + "0" * 60, notice=3.0) as provider:
+        lease = provider.launch(_spec(tmp_path, sys.executable, step), provider.pools()[0])
+        assert wait_until(lambda: provider.observe([lease])[lease.lease_id].ended, timeout=10)
+        status = provider.observe([lease])[lease.lease_id]
+        assert status.state is LeaseState.EXITED and status.exit_code == 143
+        assert status.notice_at is not None
+
+
+def test_on_demand_lease_is_never_reclaimed_and_bills_on_demand(tmp_path):
+    with _provider(tmp_path, "1" + "0" * 60) as provider:
+        pool = provider.pools()[0].on(Market.ON_DEMAND)
+        lease = provider.launch(_spec(tmp_path, sys.executable, "-c", "import time; time.sleep(2.5)"),
+                                pool)
+        assert wait_until(lambda: provider.observe([lease])[lease.lease_id].ended, timeout=10)
+        status = provider.observe([lease])[lease.lease_id]
+        assert status.exit_code == 0 and status.notice_at is None
+        bill = provider.bill(lease, status.ended_at)
+        assert bill.cost == pytest.approx(bill.on_demand_cost)
+        assert bill.capacity_seconds == pytest.approx((status.ended_at - lease.started_at) * 60)
+
+
+def test_spot_bill_follows_the_trace_price_per_tick(tmp_path):
+    with _provider(tmp_path, "1" * 100) as provider:
+        pool = provider.pools()[0]
+        lease = provider.launch(_spec(tmp_path, sys.executable, "-c", "pass"), pool)
+        bill = provider.bill(lease, lease.started_at + 3.0)  # 3 wall s = 3 trace minutes
+        assert bill.capacity_seconds == pytest.approx(180.0)
+        assert bill.cost == pytest.approx(0.9 * 180 / 3600)
+        assert bill.on_demand_cost == pytest.approx(3.06 * 180 / 3600)
+
+
+def test_terminate_and_close_leave_no_process(tmp_path):
+    with _provider(tmp_path, "1" * 100) as provider:
+        leases = [provider.launch(_spec(tmp_path, sys.executable, "-c", "import time; time.sleep(60)"),
+                                  provider.pools()[0]) for _ in range(2)]
+        assert wait_until(lambda: len(marked_processes()) >= 4)
+        provider.terminate(leases[0])
+        assert provider.observe(leases)[leases[0].lease_id].state is LeaseState.TERMINATED
+    assert wait_until(lambda: not marked_processes(), timeout=5)
