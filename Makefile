@@ -18,8 +18,14 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-core test-airflow test-prefect bench envs clean lock
 
-demo: $(CORE)/.synced
-	$(CORE)/bin/spot-pipelines demo --engine $(ENGINE)
+# `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
+DEMO_ENV_none := $(CORE)
+DEMO_ENV_airflow := $(AIRFLOW)
+DEMO_ENV_prefect := $(PREFECT)
+DEMO_ENV := $(DEMO_ENV_$(ENGINE))
+
+demo: $(DEMO_ENV)/.synced
+	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE)
 
 test: test-core test-airflow test-prefect
 
@@ -45,7 +51,7 @@ $(UV):
 	$(TOOLS)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
 
 $(CORE)/.synced: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --python $(PYTHON) --group test
+	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --python $(PYTHON) --group test --extra aws
 	touch $@
 
 # The pinned CPU build: pip takes it from this machine's disk; uv would fetch a CUDA build.

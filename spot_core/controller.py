@@ -86,24 +86,48 @@ class Controller:
         return record
 
     def step(self, spec: JobSpec, record: JobRecord) -> JobRecord:
-        """One observe -> decide -> apply round."""
-        now = self._clock()
-        offers = self.market.offers(spec.candidate_pools(), now)
-        decision = decide_next(record, offers, self.policy, now=now)
-        if decision.action == "done":
-            return self._save(record.with_status(JobStatus.SUCCEEDED), "done", decision.reason)
-        if decision.action == "fail":
-            missed = record.deadline is not None and now >= record.deadline
-            status = JobStatus.DEADLINE_MISSED if missed else JobStatus.FAILED
-            return self._save(record.with_status(status), "failed", decision.reason)
+        """One observe -> decide -> apply round (synchronous: waits for the attempt to end)."""
+        decision = self.decide(spec, record)
+        settled = self.settle(record, decision)
+        if settled is not None:
+            return settled
         if decision.action == "wait":
             self._listener("wait", record, decision.reason)
             self._sleep(decision.wait_seconds)
             return record
-        return self._attempt(spec, record, decision)
+        record, lease = self.start_attempt(spec, record, decision)
+        if lease is None:
+            return record
+        try:
+            status = self.wait_for_end(lease, record.deadline)
+        finally:
+            self.provider.terminate(lease)
+        return self.finish_attempt(spec, record, lease, status)
 
-    # -- apply ---------------------------------------------------------------------------
-    def _attempt(self, spec: JobSpec, record: JobRecord, decision: Decision) -> JobRecord:
+    # -- the steps, public so that engine adapters can run them across processes ----------
+    def decide(self, spec: JobSpec, record: JobRecord) -> Decision:
+        """Observe the market and ask the policy what the job does next."""
+        now = self._clock()
+        offers = self.market.offers(spec.candidate_pools(), now)
+        return decide_next(record, offers, self.policy, now=now)
+
+    def settle(self, record: JobRecord, decision: Decision) -> JobRecord | None:
+        """The final record if ``decision`` ends the job, else None."""
+        if decision.action == "done":
+            return self._save(record.with_status(JobStatus.SUCCEEDED), "done", decision.reason)
+        if decision.action == "fail":
+            missed = record.deadline is not None and self._clock() >= record.deadline
+            status = JobStatus.DEADLINE_MISSED if missed else JobStatus.FAILED
+            return self._save(record.with_status(status), "failed", decision.reason)
+        return None
+
+    def start_attempt(self, spec: JobSpec, record: JobRecord,
+                      decision: Decision) -> tuple[JobRecord, Lease | None]:
+        """Fence the store, launch in the first ranked pool with capacity, record it.
+
+        Returns the lease, or None (with a ``capacity_unavailable`` attempt recorded)
+        when no pool had capacity.
+        """
         number = record.next_attempt_number
         store = open_store(spec.checkpoint_uri)
         store.fence(number)  # from now on, a zombie of an older attempt cannot commit
@@ -113,16 +137,29 @@ class Controller:
         lease, errors = self._launch_first(decision.pools, launch)
         start_step = None if start_ref is None else start_ref.step
         if lease is None:
-            return self._record_no_capacity(record, number, decision, start_step, errors)
+            return self._record_no_capacity(record, number, decision, start_step, errors), None
         attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
                           lease_id=lease.lease_id, checkpoint_step_start=start_step)
-        record = self._save(record.start_attempt(attempt), "launched", decision.reason)
-        try:
-            status = self._wait_for_end(lease, record.deadline)
-        finally:
-            self.provider.terminate(lease)
-        return self._close_attempt(record, lease, status, store)
+        return self._save(record.start_attempt(attempt), "launched", decision.reason), lease
 
+    def wait_for_end(self, lease: Lease, deadline: float | None) -> LeaseStatus:
+        """Poll the lease until it ends (bounded by the job's deadline, if it has one)."""
+        while True:
+            status = self.provider.observe([lease])[lease.lease_id]
+            if status.ended:
+                return status
+            if deadline is not None and self._clock() >= deadline:
+                self.provider.terminate(lease)
+                return LeaseStatus(LeaseState.TERMINATED, ended_at=self._clock(),
+                                   message="stopped: the job's deadline passed")
+            self._sleep(self._poll_interval)
+
+    def finish_attempt(self, spec: JobSpec, record: JobRecord, lease: Lease,
+                       status: LeaseStatus) -> JobRecord:
+        """Classify the ended attempt, bill it, and note its last durable checkpoint."""
+        return self._close_attempt(record, lease, status, open_store(spec.checkpoint_uri))
+
+    # -- helpers -------------------------------------------------------------------------
     def _launch_first(self, pools, launch: LaunchSpec) -> tuple[Lease | None, list[str]]:
         """Try the ranked pools in order; the first with capacity wins."""
         errors = []
@@ -142,18 +179,6 @@ class Controller:
                                        message="; ".join(errors)[:500])
         record = record.start_attempt(running).finish_attempt(finished)
         return self._save(record, "capacity_unavailable", finished.message)
-
-    def _wait_for_end(self, lease: Lease, deadline: float | None) -> LeaseStatus:
-        """Poll the lease until it ends (bounded by the job's deadline, if it has one)."""
-        while True:
-            status = self.provider.observe([lease])[lease.lease_id]
-            if status.ended:
-                return status
-            if deadline is not None and self._clock() >= deadline:
-                self.provider.terminate(lease)
-                return LeaseStatus(LeaseState.TERMINATED, ended_at=self._clock(),
-                                   message="stopped: the job's deadline passed")
-            self._sleep(self._poll_interval)
 
     def _close_attempt(self, record: JobRecord, lease: Lease, status: LeaseStatus,
                        store) -> JobRecord:
