@@ -26,6 +26,7 @@ from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
 from spot_core.sim.local_cloud import EMULATED_CLOUDS, LocalCloudConfig, LocalSpotCloud
 
 DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
+LOCAL_CLOUD_URL = "SPOT_LOCAL_CLOUD_URL"
 
 
 class LocalProvider:
@@ -33,10 +34,39 @@ class LocalProvider:
 
     name = "local"
 
-    def __init__(self, cloud: LocalSpotCloud, *, watch_poll_interval: float = 0.1) -> None:
+    def __init__(self, cloud: LocalSpotCloud, *, watch_poll_interval: float = 0.1,
+                 options: dict | None = None) -> None:
         self.cloud = cloud
         self.market = cloud.market
         self._watch_poll = watch_poll_interval
+        # JSON-able: `open_provider("local", **options)` reopens this provider elsewhere.
+        self.options = options or {}
+
+    @classmethod
+    def connect(cls, url: str) -> LocalProvider:
+        """A provider over a running local cloud server (leases outlive this process)."""
+        from spot_core.sim.cloud_client import RemoteLocalCloud
+
+        return cls(RemoteLocalCloud(url), options={"url": url})
+
+    @classmethod
+    def from_options(cls, *, url: str | None = None, traces: Sequence[str] | None = None,
+                     prices: str | None = None, time_scale: float = DEFAULT_TIME_SCALE,
+                     start_tick: int = 0, workdir: str | None = None) -> LocalProvider:
+        """From plain options: a server's ``url`` (or ``$SPOT_LOCAL_CLOUD_URL``), else a
+        cloud in this process replaying ``traces`` (paths; default the shipped excerpt)."""
+        url = url or os.environ.get(LOCAL_CLOUD_URL)
+        if url:
+            return cls.connect(url)
+        from spot_core.market.trace import load_traces
+
+        loaded = None if not traces else load_traces(traces, prices=prices)
+        provider = cls.from_traces(loaded, time_scale=time_scale, start_tick=start_tick,
+                                   workdir=workdir)
+        provider.options = {"traces": list(traces or []), "prices": prices,
+                            "time_scale": time_scale, "start_tick": start_tick,
+                            "workdir": str(provider.cloud.workdir)}
+        return provider
 
     @classmethod
     def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *,
@@ -104,6 +134,8 @@ class LocalProvider:
         self.cloud.terminate_instance(lease.lease_id)
 
     def close(self) -> None:
+        """In-process: terminate every lease. Over a server: nothing, since leases there
+        outlive this process by design (each is terminated explicitly when its attempt ends)."""
         self.cloud.shutdown()
 
     def __enter__(self) -> LocalProvider:

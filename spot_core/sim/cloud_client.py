@@ -1,0 +1,83 @@
+"""A client of the local cloud server with the same face as an in-process LocalSpotCloud.
+
+The provider cannot tell the two apart: it launches, describes and terminates through
+either, and prices with a TraceMarket rebuilt from the server's own configuration, so
+every process that talks to one server sees the same trace at the same moment.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
+from spot_core.market.trace_market import TraceMarket
+from spot_core.model import Pool
+from spot_core.sim.cloud_server import trace_from_dict
+from spot_core.sim.local_cloud import InstanceView
+
+TIMEOUT_SECONDS = 10.0
+
+
+class RemoteLocalCloud:
+    """Talks to ``spot_core.sim.cloud_server`` at ``url``."""
+
+    def __init__(self, url: str, *, timeout: float = TIMEOUT_SECONDS) -> None:
+        if not url.startswith("http://"):
+            raise ConfigError(f"local cloud URL {url!r} must look like http://127.0.0.1:PORT")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.clock = time.time
+        config = self._call("GET", "/config")
+        self.market = TraceMarket([trace_from_dict(t) for t in config["traces"]],
+                                  tick_origin=config["tick_origin"],
+                                  time_scale=config["time_scale"])
+        self.workdir = Path(config["workdir"])
+
+    def run_instance(self, pool: Pool, command: Sequence[str], env: Mapping[str, str],
+                     endpoint_env: str) -> InstanceView:
+        body = {"pool": pool.to_dict(), "command": list(command), "env": dict(env),
+                "endpoint_env": endpoint_env}
+        return InstanceView(**self._call("POST", "/instances", body))
+
+    def describe(self, instance_ids: Sequence[str]) -> dict[str, InstanceView]:
+        views = self._call("POST", "/instances/describe", {"ids": list(instance_ids)})
+        return {i: InstanceView(**v) for i, v in views.items()}
+
+    def terminate_instance(self, instance_id: str) -> None:
+        self._call("POST", f"/instances/{instance_id}/terminate", {})
+
+    def log_tail(self, instance_id: str, lines: int = 5) -> str:
+        return self._call("GET", f"/instances/{instance_id}/log?lines={lines}")["log"]
+
+    def shutdown(self) -> None:
+        """Nothing to do: instances belong to the server and outlive this client."""
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = _error_body(exc)
+            if exc.code == 409 and detail.get("error") == "capacity_unavailable":
+                raise CapacityUnavailable(detail.get("message", "no capacity")) from None
+            raise InfrastructureError(f"local cloud {self.url} answered {exc.code} to {method} "
+                                      f"{path}: {detail.get('message', '')}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise InfrastructureError(f"local cloud {self.url} is not reachable ({exc}); start "
+                                      "it with `python -m spot_core.sim.cloud_server --workdir "
+                                      "DIR`") from None
+
+
+def _error_body(exc: urllib.error.HTTPError) -> dict[str, Any]:
+    try:
+        return json.loads(exc.read())
+    except (ValueError, OSError):
+        return {}
