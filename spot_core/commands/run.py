@@ -51,6 +51,21 @@ def register(subparsers) -> None:
                         "(default: file://./.spot-runs/JOB_ID/checkpoints)")
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
     parser.add_argument("--json", action="store_true", help="end with the JobRecord as JSON")
+    ec2 = parser.add_argument_group("ec2 provider (see docs/aws.md)")
+    ec2.add_argument("--region", default=None, help="ec2: region of the subnets (default: "
+                     "$AWS_REGION / $AWS_DEFAULT_REGION)")
+    ec2.add_argument("--endpoint-url", default=None, help="ec2: EC2/S3/SQS endpoint (an "
+                     "emulator such as moto; default: AWS)")
+    ec2.add_argument("--subnets", default=None, help="ec2: comma-separated subnet ids, one "
+                     "per availability zone to use")
+    ec2.add_argument("--instance-types", default=None, help="ec2: comma-separated instance "
+                     "types, e.g. g5.xlarge,g4dn.xlarge")
+    ec2.add_argument("--image-id", default=None, help="ec2: AMI with spot-pipelines installed")
+    ec2.add_argument("--instance-profile", default=None, help="ec2: IAM instance profile "
+                     "(name or ARN) that gives the step access to the checkpoint bucket")
+    ec2.add_argument("--ec2-option", action="append", default=[], metavar="KEY=JSON",
+                     help="ec2: any other Ec2Provider option, e.g. launch_mode=\"fleet\" "
+                     "or security_group_ids='[\"sg-1\"]' (repeatable)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     parser.set_defaults(handler=run)
 
@@ -125,6 +140,8 @@ def _non_negative(option: str, value: int) -> int:
 
 
 def _provider(args: argparse.Namespace):
+    if args.provider == "ec2":
+        return _ec2_provider(args)
     if args.provider != "local":
         raise ConfigError(f"the {args.provider} provider is not built yet; use --provider local")
     from spot_core.market.trace import load_traces
@@ -137,13 +154,46 @@ def _provider(args: argparse.Namespace):
                                      start_tick=args.start_tick)
 
 
+def _ec2_provider(args: argparse.Namespace):
+    from spot_core.providers.ec2 import Ec2Provider
+
+    options: dict = {}
+    for item in args.ec2_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--ec2-option {item!r} is not KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value  # a bare string
+    missing = [flag for flag, value in (("--subnets", args.subnets),
+                                        ("--instance-types", args.instance_types),
+                                        ("--image-id", args.image_id)) if not value]
+    if missing:
+        raise ConfigError(f"--provider ec2 needs {', '.join(missing)} (see docs/aws.md)")
+    if args.checkpoint_uri is None or not args.checkpoint_uri.startswith("s3://"):
+        raise ConfigError("--provider ec2 needs --checkpoint-uri s3://bucket/prefix: the "
+                          "instances cannot see this machine's disk")
+    region = args.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if args.endpoint_url:
+        os.environ.setdefault("SPOT_S3_ENDPOINT_URL", args.endpoint_url)
+    return Ec2Provider.from_options(
+        region=region, endpoint_url=args.endpoint_url, subnets=_words(args.subnets),
+        instance_types=_words(args.instance_types), image_id=args.image_id,
+        instance_profile=args.instance_profile, **options)
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip() for w in text.split(",") if w.strip()]
+
+
 def _pools(provider, names: str | None):
     pools = provider.pools()
     if not names:
         return pools
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     known = {name: p for p in pools for name in (p.zone, p.key)}
-    for trace in provider.market.traces:
+    for trace in getattr(provider.market, "traces", ()):
         known.setdefault(trace.name, next(p for p in pools if p.zone == trace.zone))
     unknown = [n for n in wanted if n not in known]
     if unknown:

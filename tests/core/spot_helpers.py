@@ -31,8 +31,10 @@ def train_command(steps: int = 300, step_seconds: float = 0.01, seed: int = 7,
             "--checkpoint-every-steps", str(every_steps))
 
 
-def marked_processes() -> list[int]:
-    """Every live process that belongs to any local lease (the process table check)."""
+def marked_processes(containing: str | None = None) -> list[int]:
+    """Every live process that belongs to a local lease (the process table check); with
+    ``containing``, only those whose environment mentions it (e.g. a test's tmp_path),
+    so that tests running beside other work check only their own leases."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -42,7 +44,8 @@ def marked_processes() -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue
-        if f"{LEASE_MARKER}=".encode() in environ and state != "Z":
+        mine = containing is None or containing.encode() in environ
+        if f"{LEASE_MARKER}=".encode() in environ and state != "Z" and mine:
             found.append(int(entry.name))
     return found
 

@@ -44,9 +44,11 @@ def test_bad_uris_name_the_fix(uri: str, words: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_s3_is_not_available_yet() -> None:
-    with pytest.raises(ConfigError, match="aws"):
-        open_store("s3://bucket/prefix")
+def test_s3_uri_opens_an_s3_store_without_touching_the_network() -> None:
+    pytest.importorskip("boto3")
+    store = open_store("s3://bucket/prefix/", endpoint_url="http://127.0.0.1:9")
+    assert store.uri == "s3://bucket/prefix"
+    assert type(store.backend).__name__ == "S3Backend"
 
 
 def test_store_path_that_is_a_file(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def test_a_lease_launched_by_one_client_is_watched_and_ended_by_others(tmp_path)
         assert watcher.observe([lease])[lease.lease_id].state is LeaseState.RUNNING
         open_provider("local", url=server.url).terminate(lease)
         assert watcher.observe([lease])[lease.lease_id].state is LeaseState.TERMINATED
-    assert wait_until(lambda: not marked_processes(), timeout=5)
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
 
 
 def test_capacity_errors_cross_the_wire(tmp_path):

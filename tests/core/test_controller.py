@@ -67,7 +67,7 @@ def test_preempted_job_resumes_and_matches_uninterrupted_run(tmp_path, seed, tra
     assert _final_sha(tmp_path) == train(TrainConfig(steps=900, seed=seed)).weights_sha256
     assert saved[-1] == record and len(saved) >= 2 * len(record.attempts)
     assert record.ledger.spent < record.ledger.on_demand_equivalent
-    assert not marked_processes()
+    assert not marked_processes(str(tmp_path))
 
 
 def test_falls_back_to_on_demand_after_the_preemption_budget(tmp_path):
@@ -142,11 +142,11 @@ def test_ctrl_c_on_run_leaves_no_process_behind(tmp_path):
          (tmp_path / "ckpt").as_uri(), "--", *train_command(steps=5000, step_seconds=0.02)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        assert wait_until(lambda: len(marked_processes()) >= 2, timeout=20)
+        assert wait_until(lambda: len(marked_processes(str(tmp_path))) >= 2, timeout=20)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stderr
-    assert wait_until(lambda: not marked_processes(), timeout=5)
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)

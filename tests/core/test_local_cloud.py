@@ -62,13 +62,13 @@ def test_reclaim_serves_notice_then_sigterm_then_sigkill(tmp_path):
     # Available for two ticks (2 s at 60x on 60 s ticks), then gone.
     with _provider(tmp_path, "11" + "0" * 60) as provider:
         lease = provider.launch(_spec(tmp_path, sys.executable, step), provider.pools()[0])
-        assert wait_until(lambda: len(marked_processes()) >= 3)
+        assert wait_until(lambda: len(marked_processes(str(tmp_path))) >= 3)
         assert wait_until(lambda: provider.observe([lease])[lease.lease_id].notice_at is not None,
                           timeout=5)
         assert wait_until(lambda: provider.observe([lease])[lease.lease_id].ended, timeout=10)
         status = provider.observe([lease])[lease.lease_id]
         assert status.state is LeaseState.RECLAIMED
-        assert wait_until(lambda: not marked_processes(), timeout=5)
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
 
 
 def test_step_under_watch_sees_the_notice_and_exits_cleanly(tmp_path):
@@ -116,7 +116,7 @@ def test_terminate_and_close_leave_no_process(tmp_path):
     with _provider(tmp_path, "1" * 100) as provider:
         leases = [provider.launch(_spec(tmp_path, sys.executable, "-c", "import time; time.sleep(60)"),
                                   provider.pools()[0]) for _ in range(2)]
-        assert wait_until(lambda: len(marked_processes()) >= 4)
+        assert wait_until(lambda: len(marked_processes(str(tmp_path))) >= 4)
         provider.terminate(leases[0])
         assert provider.observe(leases)[leases[0].lease_id].state is LeaseState.TERMINATED
-    assert wait_until(lambda: not marked_processes(), timeout=5)
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)

@@ -1,0 +1,318 @@
+"""S3 object backend: the file store's contract on ``s3://bucket/prefix``.
+
+The commit protocol in ``store.py`` needs whole-object atomic PUT, GET, LIST and
+DELETE, which S3 has natively: a PUT (or a completed multipart upload) is visible all
+at once or not at all. What S3 lacks is a lock; ``lock()`` builds one from a
+conditional write (``PUT ... If-None-Match: *`` on ``.spot-lock``, which S3 has honoured
+since August 2024 and answers with 412 when the key exists), with an expiry so that a
+holder that died does not block the store for ever.
+
+The window, stated plainly: a lock holder that stalls for longer than ``lock_ttl``
+between taking the lock and writing its manifest can have the lock taken over, and then
+two writers' check-then-commit sections may overlap. The critical sections are a few
+requests long (read the fence, HEAD the payload objects, PUT the manifest), and the
+default TTL is 60 s, so this needs a stall of a minute inside those requests. The
+manifest PUT is itself conditional (``If-None-Match: *``), so a commit can never
+overwrite another one; the damage the window allows is a stale attempt's manifest
+landing after a newer attempt's fence, which ``latest()`` then still ranks below every
+newer attempt's checkpoint (order is step, then attempt).
+
+Large payloads go up as multipart uploads through boto3's transfer manager (parts in
+parallel); an upload that fails half-way, also because the payload source failed, is
+aborted, so nothing becomes visible. Every PUT asks for server-side
+encryption (SSE-S3 by default, SSE-KMS with a key id, or off with ``sse=None``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import secrets
+import time
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+from spot_core.errors import CheckpointError, ConfigError
+from spot_core.providers import aws_adaptor as aws
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".spot-lock"
+DEFAULT_PART_SIZE = 8 << 20
+MIN_PART_SIZE = 5 << 20
+SSE_CHOICES = ("AES256", "aws:kms", None)
+DEFAULT_LOCK_TTL = 60.0
+LOCK_TTL_ENV = "SPOT_S3_LOCK_TTL"
+
+
+class S3Backend:
+    """Objects under ``s3://bucket/prefix``; keys are relative POSIX paths."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str | None = None, sse: str | None = "AES256",
+                 sse_kms_key_id: str | None = None, part_size: int = DEFAULT_PART_SIZE,
+                 max_concurrency: int = 8, lock_ttl: float | None = None, lock_timeout: float = 120.0,
+                 client: Any = None) -> None:
+        if sse not in SSE_CHOICES:
+            raise ConfigError(f"sse={sse!r} is not one of {SSE_CHOICES}; use 'AES256' (SSE-S3), "
+                              "'aws:kms' with sse_kms_key_id, or None to turn it off")
+        if part_size < MIN_PART_SIZE:
+            raise ConfigError(f"part_size {part_size} is below S3's 5 MiB minimum part size")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.endpoint_url = aws.s3_endpoint(endpoint_url)
+        self.region = region or os.environ.get("AWS_REGION") or os.environ.get(
+            "AWS_DEFAULT_REGION") or "us-east-1"
+        self.sse, self.sse_kms_key_id = sse, sse_kms_key_id
+        self.part_size, self.max_concurrency = part_size, max(1, max_concurrency)
+        self.lock_ttl = float(lock_ttl or os.environ.get(LOCK_TTL_ENV) or DEFAULT_LOCK_TTL)
+        self.lock_timeout = lock_timeout
+        self.client = client or aws.make_client(
+            "s3", region=self.region, endpoint_url=self.endpoint_url,
+            max_pool_connections=max(10, self.max_concurrency + 2), retry_attempts=5)
+
+    def __repr__(self) -> str:
+        return f"S3Backend('s3://{self.bucket}/{self.prefix}')"
+
+    # -- writes ------------------------------------------------------------------
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._call("put", self.client.put_object, Bucket=self.bucket, Key=self._key(key),
+                   Body=bytes(data), **self._sse())
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """PUT only if nothing is stored under ``key``; False if something was."""
+        try:
+            self._call("put", self.client.put_object, Bucket=self.bucket, Key=self._key(key),
+                       Body=bytes(data), IfNoneMatch="*", **self._sse())
+            return True
+        except _Conflict:
+            return False
+
+    def put_stream(self, key: str, chunks: Iterable[bytes | memoryview]) -> int:
+        full, buffer = self._key(key), bytearray()
+        iterator = iter(chunks)
+        for chunk in iterator:
+            buffer += chunk
+            if len(buffer) >= self.part_size:
+                return self._multipart(full, buffer, iterator)
+        self._call("put", self.client.put_object, Bucket=self.bucket, Key=full,
+                   Body=bytes(buffer), **self._sse())
+        return len(buffer)
+
+    def _multipart(self, key: str, buffer: bytearray, rest: Iterator[bytes | memoryview]) -> int:
+        """Hand the stream to boto3's transfer manager: parallel parts, and the upload is
+        aborted (nothing visible) if reading the source or any part fails."""
+        from boto3.s3.transfer import TransferConfig
+
+        reader = _ChunkReader(buffer, rest)
+        config = TransferConfig(multipart_threshold=self.part_size,
+                                multipart_chunksize=self.part_size,
+                                max_concurrency=self.max_concurrency, use_threads=True)
+        self._call("multipart upload", self.client.upload_fileobj, reader, self.bucket, key,
+                   ExtraArgs=self._sse(), Config=config)
+        return reader.consumed
+
+    def _abort(self, key: str, upload: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+        except Exception as exc:  # cleanup must not hide the original error
+            log.warning("could not abort multipart upload of %s: %s", key, exc)
+
+    def delete(self, key: str) -> None:
+        self._call("delete", self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Every object under ``prefix``, and any multipart upload left there by a crash."""
+        full = self._key(prefix) + "/"
+        keys = [o["Key"] for o in self._list(full, delimiter=None)]
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start:start + 1000]]
+            self._call("delete", self.client.delete_objects, Bucket=self.bucket,
+                       Delete={"Objects": batch, "Quiet": True})
+        uploads = self._call("list uploads", self.client.list_multipart_uploads,
+                             Bucket=self.bucket, Prefix=full).get("Uploads", [])
+        for upload in uploads:
+            self._abort(upload["Key"], upload["UploadId"])
+
+    # -- reads -------------------------------------------------------------------
+    def get_bytes(self, key: str) -> bytes:
+        return self._get(key)["Body"].read()
+
+    def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
+        body = self._get(key)["Body"]
+        try:
+            yield from body.iter_chunks(chunk_size)
+        finally:
+            body.close()
+
+    def size(self, key: str) -> int:
+        return int(self._head(key)["ContentLength"])
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head(key)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def children(self, prefix: str) -> list[str]:
+        full = (self._key(prefix) + "/") if prefix else (self.prefix + "/" if self.prefix else "")
+        names: set[str] = set()
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = self._call("list", lambda: list(paginator.paginate(
+            Bucket=self.bucket, Prefix=full, Delimiter="/")))
+        for page in pages:
+            names.update(p["Prefix"][len(full):].rstrip("/") for p in page.get("CommonPrefixes", []))
+            names.update(o["Key"][len(full):] for o in page.get("Contents", []))
+        return sorted(n for n in names if n and not n.startswith(LOCK_NAME))
+
+    def prefix_size(self, prefix: str) -> int:
+        """Total bytes stored under ``prefix`` (one LIST; no object is read)."""
+        return sum(int(o["Size"]) for o in self._list(self._key(prefix) + "/", delimiter=None))
+
+    def _get(self, key: str) -> dict:
+        return self._call("get", self.client.get_object, Bucket=self.bucket, Key=self._key(key),
+                          missing=key)
+
+    def _head(self, key: str) -> dict:
+        return self._call("head", self.client.head_object, Bucket=self.bucket, Key=self._key(key),
+                          missing=key)
+
+    def _list(self, full_prefix: str, delimiter: str | None) -> list[dict]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        extra = {"Delimiter": delimiter} if delimiter else {}
+        pages = self._call("list", lambda: list(paginator.paginate(
+            Bucket=self.bucket, Prefix=full_prefix, **extra)))
+        return [o for page in pages for o in page.get("Contents", [])]
+
+    # -- locking -----------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive section across processes and machines (see the module docstring)."""
+        token = secrets.token_hex(8)
+        self._acquire(token)
+        try:
+            yield
+        finally:
+            self._release(token)
+
+    def _acquire(self, token: str) -> None:
+        deadline, wait = time.monotonic() + self.lock_timeout, 0.005
+        body = json.dumps({"owner": token, "expires_at": time.time() + self.lock_ttl}).encode()
+        while not self.put_if_absent(LOCK_NAME, body):
+            self._break_if_expired()
+            if time.monotonic() >= deadline:
+                raise CheckpointError(
+                    f"timed out after {self.lock_timeout:.0f}s waiting for the lock on "
+                    f"s3://{self.bucket}/{self.prefix}; another writer holds it (is one hung? "
+                    f"a stale lock expires after {self.lock_ttl:.0f}s)", retryable=True)
+            time.sleep(wait)
+            wait = min(wait * 2, 0.1)
+
+    def _break_if_expired(self) -> None:
+        try:
+            doc = json.loads(self.get_bytes(LOCK_NAME))
+            expired = float(doc["expires_at"]) < time.time()
+        except FileNotFoundError:
+            return
+        except (ValueError, KeyError, TypeError):
+            expired = True  # unreadable: a torn lock from a foreign writer
+        if expired:
+            log.warning("breaking an expired lock on s3://%s/%s", self.bucket, self.prefix)
+            self.delete(LOCK_NAME)
+
+    def _release(self, token: str) -> None:
+        try:
+            doc = json.loads(self.get_bytes(LOCK_NAME))
+            if doc.get("owner") == token:
+                self.delete(LOCK_NAME)
+        except FileNotFoundError:
+            log.warning("the lock on s3://%s/%s expired while held", self.bucket, self.prefix)
+        except (ValueError, CheckpointError) as exc:
+            log.warning("could not release the lock on s3://%s/%s: %s", self.bucket,
+                        self.prefix, exc)
+
+    # -- helpers -----------------------------------------------------------------
+    def _key(self, key: str) -> str:
+        parts = key.strip("/").split("/") if key else []
+        if any(p in ("", ".", "..") or "\x00" in p for p in parts):
+            raise ValueError(f"invalid object key {key!r}")
+        return "/".join([self.prefix, *parts] if self.prefix else parts)
+
+    def _sse(self) -> dict[str, str]:
+        if self.sse is None:
+            return {}
+        extra = {"ServerSideEncryption": self.sse}
+        if self.sse == "aws:kms" and self.sse_kms_key_id:
+            extra["SSEKMSKeyId"] = self.sse_kms_key_id
+        return extra
+
+    def _call(self, what: str, fn, *args: Any, missing: str | None = None, **kwargs: Any):
+        """One S3 call: throttling backed off; 404 -> FileNotFoundError; 412 -> _Conflict;
+        anything else -> CheckpointError (an OSError subclass is not used: the store's
+        save path would mislabel it as a disk problem)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return aws.call_raw(fn, *args, **kwargs)
+        except ClientError as exc:
+            code = aws.error_code(exc)
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket"):
+                raise FileNotFoundError(2, "no such object", missing or what) from None
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                raise _Conflict(code) from None
+            error = aws.translate(exc, f"S3 {what} on s3://{self.bucket}/{self.prefix}")
+            raise CheckpointError(str(error), retryable=error.retryable) from exc
+        except BotoCoreError as exc:
+            raise CheckpointError(f"S3 {what} on s3://{self.bucket}/{self.prefix} failed: {exc}; "
+                                  "check the endpoint URL, network and credentials",
+                                  retryable=True) from exc
+
+
+class _ChunkReader(io.RawIOBase):
+    """A read-only, non-seekable file over an iterator of chunks (what upload_fileobj reads)."""
+
+    def __init__(self, head: bytearray, rest: Iterator[bytes | memoryview]) -> None:
+        super().__init__()
+        self._pending = memoryview(bytes(head))
+        self._rest = rest
+        self.consumed = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target) -> int:  # type: ignore[no-untyped-def]
+        while not self._pending:
+            chunk = next(self._rest, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk).cast("B")
+        n = min(len(target), len(self._pending))
+        target[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        self.consumed += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return b"".join(iter(lambda: self.read(1 << 20), b""))
+        pieces, wanted = [], size
+        while wanted > 0:
+            if not self._pending:
+                chunk = next(self._rest, None)
+                if chunk is None:
+                    break
+                self._pending = memoryview(chunk).cast("B")
+            take = min(wanted, len(self._pending))
+            pieces.append(self._pending[:take])
+            self._pending = self._pending[take:]
+            wanted -= take
+        out = b"".join(pieces)  # the one copy
+        self.consumed += len(out)
+        return out
+
+
+class _Conflict(Exception):
+    """A conditional S3 write found the key already there (412) or raced another (409)."""

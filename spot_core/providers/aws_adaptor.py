@@ -1,0 +1,149 @@
+"""The AWS edge: lazy boto3, client construction, error translation, bounded backoff.
+
+Like SkyPilot's ``adaptors/aws.py``: nothing else in ``spot_core`` imports boto3, so the
+core installs without it, and every AWS error crosses into spot-pipelines here, as a
+``SpotError`` whose class says what the controller should do (``CapacityUnavailable``
+moves on to the next pool; ``InfrastructureError`` is retryable; ``ConfigError`` is not)
+and whose message says what to fix. Throttling (``RequestLimitExceeded`` and friends) is
+retried with jittered exponential backoff, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, TypeVar
+
+from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError, SpotError
+
+T = TypeVar("T")
+
+S3_ENDPOINT_ENV = "SPOT_S3_ENDPOINT_URL"
+EC2_ENDPOINT_ENV = "SPOT_EC2_ENDPOINT_URL"
+
+CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
+    "InsufficientCapacity", "InsufficientHostCapacity", "Unsupported",
+    "InstanceLimitExceeded", "VcpuLimitExceeded",
+})
+THROTTLE_CODES = frozenset({
+    "RequestLimitExceeded", "Throttling", "ThrottlingException", "SlowDown",
+    "RequestThrottled", "TooManyRequestsException",
+})
+CONFIG_CODES = {
+    "UnauthorizedOperation": "the controller's IAM role lacks this action; attach the policy "
+                             "in docs/aws-iam-policy.json",
+    "AccessDenied": "the IAM role lacks this action; attach the policy in "
+                    "docs/aws-iam-policy.json",
+    "AuthFailure": "AWS rejected the credentials; check the controller's role or profile",
+    "InvalidAMIID.NotFound": "the image id does not exist in this region; pass image_id "
+                             "of an AMI in the pool's region",
+    "InvalidAMIID.Malformed": "the image id is malformed; pass an id like ami-0123456789abcdef0",
+    "InvalidSubnetID.NotFound": "a subnet does not exist; check the subnets option",
+    "InvalidParameterValue": "a launch parameter was rejected; check instance type, image "
+                             "and subnet for this region",
+    "InvalidParameterCombination": "these launch parameters cannot be combined; check "
+                                   "the instance type against the image",
+    "NoSuchBucket": "the checkpoint bucket does not exist; create it or fix the s3:// URI",
+}
+
+
+def boto3():  # noqa: ANN201 - the module
+    """Import boto3 on first use, with a message that names the extra."""
+    try:
+        import boto3 as module
+    except ImportError as exc:
+        raise ConfigError("the ec2 provider and s3:// checkpoint stores need boto3: "
+                          "pip install 'spot-pipelines[aws]'") from exc
+    return module
+
+
+def client_error_class() -> type[Exception]:
+    from botocore.exceptions import ClientError
+
+    return ClientError
+
+
+def error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def make_client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
+                max_pool_connections: int = 10, retry_attempts: int = 1, **extra: Any):
+    """A boto3 client; botocore's own retries off by default (backoff is ours, bounded
+    and visible), on (bounded) where boto3's transfer manager makes the calls."""
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": retry_attempts, "mode": "standard"},
+                    max_pool_connections=max_pool_connections,
+                    connect_timeout=10, read_timeout=60, **extra)
+    return boto3().session.Session().client(service, region_name=region,
+                                            endpoint_url=endpoint_url or None, config=config)
+
+
+def s3_endpoint(explicit: str | None = None) -> str | None:
+    """Explicit wins, then SPOT_S3_ENDPOINT_URL, then boto3's own AWS_ENDPOINT_URL_S3."""
+    return explicit or os.environ.get(S3_ENDPOINT_ENV) or None
+
+
+def translate(exc: BaseException, action: str) -> SpotError:
+    """One AWS error -> the SpotError that says what it means and what to do."""
+    code = error_code(exc)
+    message = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
+    if code in CAPACITY_CODES:
+        return CapacityUnavailable(f"{action}: {code} ({message}); trying the next pool")
+    if code in THROTTLE_CODES:
+        return InfrastructureError(f"{action}: AWS kept throttling ({code}) after bounded "
+                                   "backoff; lower the poll rate or raise the account's API "
+                                   "limits", retryable=True)
+    hint = CONFIG_CODES.get(code)
+    if hint is not None:
+        return ConfigError(f"{action}: {code} ({message}); {hint}")
+    return InfrastructureError(f"{action}: AWS answered {code or type(exc).__name__} "
+                               f"({message}); retry, and check the AWS status page if it "
+                               "persists")
+
+
+def is_throttle(exc: BaseException) -> bool:
+    return error_code(exc) in THROTTLE_CODES
+
+
+THROTTLE_ATTEMPTS = 5
+THROTTLE_MAX_WAIT = 8.0
+
+
+def call_raw(fn: Callable[..., T], *args: Any, attempts: int = THROTTLE_ATTEMPTS,
+             max_wait: float = THROTTLE_MAX_WAIT, **kwargs: Any) -> T:
+    """Call ``fn``, retrying throttling errors with bounded, jittered exponential backoff."""
+    import tenacity
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_throttle),
+        wait=tenacity.wait_random_exponential(multiplier=0.2, max=max_wait),
+        stop=tenacity.stop_after_attempt(attempts), reraise=True)
+    return retrying(fn, *args, **kwargs)
+
+
+def call(action: str, fn: Callable[..., T], *args: Any, attempts: int = THROTTLE_ATTEMPTS,
+         max_wait: float = THROTTLE_MAX_WAIT, **kwargs: Any) -> T:
+    """``call_raw``, and every AWS error translated into a SpotError saying what to do."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return call_raw(fn, *args, attempts=attempts, max_wait=max_wait, **kwargs)
+    except ClientError as exc:
+        raise translate(exc, action) from exc
+    except BotoCoreError as exc:  # endpoint down, no credentials, ...
+        raise InfrastructureError(f"{action}: {type(exc).__name__}: {exc}; check the endpoint "
+                                  "URL, network and credentials") from exc
+
+
+def translated(action: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorator form of ``call`` for methods that make one AWS call."""
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> T:
+            return call(action, fn, *args, **kwargs)
+        return inner
+    return wrap

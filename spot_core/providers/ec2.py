@@ -1,0 +1,597 @@
+"""The EC2 provider: leases are EC2 instances, spot or on-demand, in ranked pools.
+
+A pool is (region, availability zone, instance type, market). ``launch`` starts one
+instance with ``run_instances`` (spot through ``InstanceMarketOptions``), or, in
+``launch_mode="fleet"``, through an ``instant`` ``create_fleet`` whose overrides are every
+subnet of the pool's zone; ``launch_any`` asks one fleet for any of several pools of a
+region at once (allocation strategy ``price-capacity-optimized`` by default, or
+``capacity-optimized``), which is how EC2 itself prefers to diversify.
+
+Every instance:
+- runs the step under ``spot-pipelines watch -- CMD`` from user-data (``ec2_agent``),
+  with the attempt's variables exported and nothing secret in it (names that look like
+  credentials are refused; the instance profile provides access);
+- requires IMDSv2 (``HttpTokens=required``) and terminates itself when the step ends
+  (``InstanceInitiatedShutdownBehavior=terminate``);
+- carries ``spot-pipelines:managed=true``, ``spot-pipelines:job`` and
+  ``spot-pipelines:attempt`` on the instance and its volumes (cost allocation, orphan
+  cleanup), plus ``Name`` and any extra tags.
+
+Capacity errors (``InsufficientInstanceCapacity``, ``SpotMaxPriceTooLow``,
+``MaxSpotInstanceCountExceeded``, ...) become ``CapacityUnavailable`` so the controller
+moves on to the next pool; throttling is backed off (bounded) in ``aws_adaptor``.
+
+``observe`` answers any number of leases with one ``describe_instances`` per region per
+500 instances, one ``describe_spot_instance_requests`` for the spot ones still running,
+an optional drain of an EventBridge SQS queue, and, only for instances that have ended,
+a read of the status object the on-instance agent wrote next to the checkpoints.
+
+Cross-region: the checkpoint stays where it was written (``checkpoint_region``); an
+attempt in another region reads it from there, and the bytes of the checkpoint it resumes
+from are billed at ``data_transfer_price_per_gb`` into that lease's ``Bill.cost`` (and
+shown in ``lease.details``).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+from spot_core import attempt_env
+from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
+from spot_core.market.ec2 import Ec2Market
+from spot_core.model import Lease, Market, Pool
+from spot_core.providers import aws_adaptor as aws
+from spot_core.providers import ec2_agent
+from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
+
+log = logging.getLogger(__name__)
+
+CLOUD = "aws"
+TAG_MANAGED = "spot-pipelines:managed"
+TAG_JOB = "spot-pipelines:job"
+TAG_ATTEMPT = "spot-pipelines:attempt"
+DESCRIBE_BATCH = 500
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+NOTICE_CODES = frozenset({"marked-for-termination", "marked-for-stop", "marked-for-hibernation"})
+RECLAIM_CODES = frozenset({"instance-terminated-by-price", "instance-terminated-no-capacity",
+                           "instance-terminated-capacity-oversubscribed",
+                           "instance-terminated-launch-group-constraint",
+                           "instance-stopped-by-price", "instance-stopped-no-capacity"})
+SPOT_RECLAIM_REASON = "Server.SpotInstanceTermination"
+GB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Ec2Options:
+    """Everything the provider needs, as plain JSON-able values (see ``from_options``)."""
+
+    subnets: Mapping[str, Sequence[str]]        # region -> subnet ids
+    instance_types: tuple[str, ...]
+    image_id: Mapping[str, str]                 # region -> AMI id
+    instance_profile: str | None = None         # name or ARN
+    security_group_ids: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    endpoint_url: str | None = None
+    checkpoint_region: str | None = None
+    launch_mode: str = "instance"               # instance | fleet
+    allocation_strategy: str = "price-capacity-optimized"
+    spot_max_price: float | None = None
+    watch_command: str = "spot-pipelines"
+    agent_python: str = "python3"
+    watch_poll_interval: float = 1.0
+    sqs_queue_url: str | None = None
+    advisor_path: str | None = None
+    on_demand_prices: Mapping[str, Any] = field(default_factory=dict)
+    extra_tags: Mapping[str, str] = field(default_factory=dict)
+    data_transfer_price_per_gb: float = 0.02
+    price_refresh_seconds: float = 300.0
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return tuple(self.subnets)
+
+    def to_options(self) -> dict[str, Any]:
+        """Plain JSON-able keyword arguments for ``Ec2Provider.from_options``."""
+        def plain(value: Any) -> Any:
+            if isinstance(value, Mapping):
+                return {str(k): plain(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [plain(v) for v in value]
+            return value
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+
+
+class Ec2Provider:
+    """Provider protocol over the EC2 API (and anything that speaks it, such as moto)."""
+
+    name = "ec2"
+
+    def __init__(self, options: Ec2Options, *, clients: Mapping[str, Any] | None = None,
+                 sqs_client: Any = None, clock=time.time) -> None:
+        _validate(options)
+        self.config = options
+        # JSON-able: `open_provider("ec2", **provider.options)` reopens this provider elsewhere.
+        self.options = options.to_options()
+        self.clock = clock
+        self.clients = dict(clients or {r: aws.make_client("ec2", region=r,
+                                                           endpoint_url=options.endpoint_url)
+                                        for r in options.regions})
+        self._zones = self._resolve_subnets()
+        from spot_core.market.advisor import load_advisor
+
+        self.market = Ec2Market(self.clients, self._spot_pools(), load_advisor(options.advisor_path),
+                                on_demand_prices=options.on_demand_prices,
+                                refresh_seconds=options.price_refresh_seconds, clock=clock)
+        self._events = None
+        if options.sqs_queue_url:
+            from spot_core.interruption.eventbridge import EventQueue
+
+            sqs = sqs_client or aws.make_client("sqs", region=options.regions[0],
+                                                endpoint_url=options.endpoint_url)
+            self._events = EventQueue(sqs, options.sqs_queue_url)
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        self._terminated: set[str] = set()
+        self._notices: dict[str, float] = {}
+
+    @classmethod
+    def from_options(cls, *, region: str | None = None, endpoint_url: str | None = None,
+                     subnets: Sequence[str] | Mapping[str, Sequence[str]] = (),
+                     instance_types: Sequence[str] = (), image_id: str | Mapping[str, str] = "",
+                     instance_profile: str | None = None,
+                     security_group_ids: Sequence[str] | Mapping[str, Sequence[str]] = (),
+                     checkpoint_region: str | None = None, **rest: Any) -> Ec2Provider:
+        """Build from plain JSON-able options (what engine adapters store and pass).
+
+        ``subnets``: a list of subnet ids in ``region``, or ``{region: [subnet ids]}`` for
+        several regions. ``image_id``: one AMI id, or ``{region: ami}``. ``security_group_ids``
+        likewise. Any other ``Ec2Options`` field may be given by name.
+        """
+        known = {f.name for f in fields(Ec2Options)}
+        unknown = sorted(set(rest) - known)
+        if unknown:
+            raise ConfigError(f"unknown ec2 provider option(s) {unknown}; choose from "
+                              f"{sorted(known | {'region'})}")
+        by_region = _per_region(subnets, region, "subnets")
+        images = _per_region_scalar(image_id, by_region, "image_id")
+        groups = _per_region(security_group_ids, region, "security_group_ids") \
+            if security_group_ids else {}
+        for key in ("extra_tags", "on_demand_prices"):
+            if key in rest:
+                rest[key] = dict(rest[key])
+        options = Ec2Options(subnets={r: tuple(s) for r, s in by_region.items()},
+                             instance_types=tuple(instance_types), image_id=images,
+                             instance_profile=instance_profile,
+                             security_group_ids={r: tuple(g) for r, g in groups.items()},
+                             endpoint_url=endpoint_url,
+                             checkpoint_region=checkpoint_region or next(iter(by_region), None),
+                             **rest)
+        return cls(options)
+
+    # -- pools --------------------------------------------------------------------------
+    def _resolve_subnets(self) -> dict[str, dict[str, tuple[str, ...]]]:
+        """region -> zone -> subnet ids, from one describe_subnets per region."""
+        zones: dict[str, dict[str, tuple[str, ...]]] = {}
+        for region, subnet_ids in self.config.subnets.items():
+            answer = aws.call(f"ec2:DescribeSubnets in {region}",
+                              self.clients[region].describe_subnets, SubnetIds=list(subnet_ids))
+            per_zone: dict[str, list[str]] = {}
+            for subnet in sorted(answer["Subnets"], key=lambda s: list(subnet_ids).index(s["SubnetId"])):
+                per_zone.setdefault(subnet["AvailabilityZone"], []).append(subnet["SubnetId"])
+            zones[region] = {z: tuple(s) for z, s in per_zone.items()}
+        return zones
+
+    def _spot_pools(self) -> tuple[Pool, ...]:
+        return tuple(Pool(CLOUD, region, zone, instance_type, Market.SPOT)
+                     for region, zones in self._zones.items() for zone in zones
+                     for instance_type in self.config.instance_types)
+
+    def pools(self) -> tuple[Pool, ...]:
+        return self._spot_pools()
+
+    # -- launch -------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
+        """One instance in ``pool``; CapacityUnavailable if EC2 has none there."""
+        subnets = self._subnets_for(pool)
+        if self.config.launch_mode == "fleet":
+            return self._launch_fleet(spec, [pool], subnets_by_pool={pool.key: subnets})
+        errors = []
+        for subnet in subnets:
+            try:
+                return self._run_instance(spec, pool, subnet)
+            except CapacityUnavailable as exc:
+                errors.append(str(exc))
+        self.market.note_capacity_miss(pool, self.clock())
+        raise CapacityUnavailable(f"no {pool.market} capacity for {pool.instance_type} in "
+                                  f"{pool.zone}: {'; '.join(errors)}")
+
+    def launch_any(self, spec: LaunchSpec, pools: Sequence[Pool]) -> Lease:
+        """One instance from any of ``pools`` (same region and market) via one instant fleet."""
+        if not pools or len({(p.region, p.market) for p in pools}) != 1:
+            raise ConfigError("launch_any needs pools of one region and one market")
+        return self._launch_fleet(spec, list(pools),
+                                  subnets_by_pool={p.key: self._subnets_for(p) for p in pools})
+
+    def _subnets_for(self, pool: Pool) -> tuple[str, ...]:
+        try:
+            return self._zones[pool.region][pool.zone]
+        except KeyError:
+            raise ConfigError(f"pool {pool.key} is not one this provider offers: no subnet in "
+                              f"{pool.zone}; add one to the subnets option") from None
+
+    def _run_instance(self, spec: LaunchSpec, pool: Pool, subnet: str) -> Lease:
+        request = self._instance_request(spec, pool)
+        request.update(ImageId=self.config.image_id[pool.region], InstanceType=pool.instance_type,
+                       MinCount=1, MaxCount=1, SubnetId=subnet,
+                       ClientToken=f"{spec.job_id}-{spec.attempt}-{pool.zone}-"
+                                   f"{pool.instance_type}-{pool.market}"[:64])
+        if pool.is_spot:
+            spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            if self.config.spot_max_price is not None:
+                spot["MaxPrice"] = f"{self.config.spot_max_price:.4f}"
+            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+        answer = aws.call(f"ec2:RunInstances {pool.market} {pool.instance_type} in {pool.zone}",
+                          self.clients[pool.region].run_instances, **request)
+        return self._lease(spec, pool, answer["Instances"][0])
+
+    def _instance_request(self, spec: LaunchSpec, pool: Pool) -> dict[str, Any]:
+        """The launch parameters every instance shares (run_instances and launch templates)."""
+        request: dict[str, Any] = {
+            "UserData": self._user_data(spec),
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                                "HttpPutResponseHopLimit": 2},
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "TagSpecifications": [{"ResourceType": kind, "Tags": self._tags(spec)}
+                                  for kind in ("instance", "volume")],
+        }
+        profile = self.config.instance_profile
+        if profile:
+            request["IamInstanceProfile"] = {"Arn": profile} if profile.startswith("arn:") \
+                else {"Name": profile}
+        groups = self.config.security_group_ids.get(pool.region)
+        if groups:
+            request["SecurityGroupIds"] = list(groups)
+        return request
+
+    def _launch_fleet(self, spec: LaunchSpec, pools: list[Pool],
+                      subnets_by_pool: Mapping[str, Sequence[str]]) -> Lease:
+        region, market = pools[0].region, pools[0].market
+        client = self.clients[region]
+        template = self._instance_request(spec, pools[0])
+        template.pop("InstanceInitiatedShutdownBehavior")  # not a launch-template field for fleets
+        template["ImageId"] = self.config.image_id[region]
+        # run_instances base64-encodes user-data itself; launch template data must carry it so.
+        template["UserData"] = base64.b64encode(template["UserData"].encode()).decode()
+        name = f"spot-pipelines-{spec.job_id}-{spec.attempt}-{int(self.clock() * 1000)}"[:128]
+        created = aws.call(f"ec2:CreateLaunchTemplate in {region}", client.create_launch_template,
+                           LaunchTemplateName=name, LaunchTemplateData=template,
+                           TagSpecifications=[{"ResourceType": "launch-template",
+                                               "Tags": self._tags(spec)}])
+        template_id = created["LaunchTemplate"]["LaunchTemplateId"]
+        try:
+            overrides = [{"InstanceType": p.instance_type, "SubnetId": s, "Priority": float(rank)}
+                         for rank, p in enumerate(pools) for s in subnets_by_pool[p.key]]
+            capacity = "spot" if market is Market.SPOT else "on-demand"
+            answer = aws.call(f"ec2:CreateFleet {capacity} in {region}", client.create_fleet,
+                              Type="instant",
+                              LaunchTemplateConfigs=[{"LaunchTemplateSpecification": {
+                                  "LaunchTemplateId": template_id, "Version": "$Latest"},
+                                  "Overrides": overrides}],
+                              TargetCapacitySpecification={"TotalTargetCapacity": 1,
+                                                           "DefaultTargetCapacityType": capacity},
+                              SpotOptions={"AllocationStrategy": self.config.allocation_strategy},
+                              OnDemandOptions={"AllocationStrategy": "prioritized"},
+                              TagSpecifications=[{"ResourceType": "fleet", "Tags": self._tags(spec)}])
+        finally:
+            self._delete_template(client, template_id)
+        instance_ids = [i for group in answer.get("Instances", []) for i in group["InstanceIds"]]
+        if not instance_ids:
+            codes = sorted({e.get("ErrorCode", "?") for e in answer.get("Errors", [])})
+            for pool in pools:
+                self.market.note_capacity_miss(pool, self.clock())
+            raise CapacityUnavailable(f"fleet found no {capacity} capacity in {region} for "
+                                      f"{[p.key for p in pools]} ({', '.join(codes) or 'no reason'})")
+        extra = instance_ids[1:]
+        if extra:  # never more than one lease per attempt
+            self._terminate_ids(region, extra)
+        described = self._describe(region, instance_ids[:1]).get(instance_ids[0])
+        if described is None:
+            raise InfrastructureError(f"fleet reported {instance_ids[0]} but describe_instances "
+                                      "does not know it; retry")
+        pool = next((p for p in pools if p.instance_type == described["InstanceType"]
+                     and p.zone == described.get("Placement", {}).get("AvailabilityZone")), pools[0])
+        return self._lease(spec, pool, described)
+
+    def _delete_template(self, client: Any, template_id: str) -> None:
+        try:
+            aws.call("ec2:DeleteLaunchTemplate", client.delete_launch_template,
+                     LaunchTemplateId=template_id)
+        except Exception as exc:  # a leftover template costs nothing; say so and go on
+            log.warning("could not delete launch template %s: %s", template_id, exc)
+
+    def _lease(self, spec: LaunchSpec, pool: Pool, instance: Mapping[str, Any]) -> Lease:
+        now = self.clock()
+        offer = self.market.offers([pool], now)[0]
+        transfer_bytes = self._transfer_bytes(spec, pool)
+        details = {"region": pool.region, "subnet": str(instance.get("SubnetId", "")),
+                   "checkpoint_uri": spec.checkpoint_uri,
+                   "checkpoint_region": str(self.config.checkpoint_region or pool.region),
+                   "data_transfer_bytes": str(transfer_bytes),
+                   "data_transfer_cost": f"{transfer_bytes / GB * self.config.data_transfer_price_per_gb:.6f}",
+                   "tags": f"{TAG_JOB}={spec.job_id},{TAG_ATTEMPT}={spec.attempt}"}
+        if instance.get("SpotInstanceRequestId"):
+            details["spot_request_id"] = instance["SpotInstanceRequestId"]
+        lease = Lease(lease_id=instance["InstanceId"], pool=pool, job_id=spec.job_id,
+                      attempt=spec.attempt, started_at=now, price_per_hour=offer.price_per_hour,
+                      details=details)
+        with self._lock:
+            self._leases[lease.lease_id] = lease
+        log.info("launched %s (%s) for %s attempt %d", lease.lease_id, pool.key, spec.job_id,
+                 spec.attempt)
+        return lease
+
+    def _transfer_bytes(self, spec: LaunchSpec, pool: Pool) -> int:
+        """Bytes of the checkpoint this attempt resumes from, if it must cross regions."""
+        home = self.config.checkpoint_region
+        if home is None or home == pool.region or not spec.checkpoint_uri.startswith("s3://"):
+            return 0
+        from spot_core.checkpoint import open_store
+
+        store = open_store(spec.checkpoint_uri, endpoint_url=aws.s3_endpoint(
+            self.config.endpoint_url), region=home)
+        refs = store.list()
+        if not refs:
+            return 0
+        return store.backend.prefix_size(f"checkpoints/{refs[-1].checkpoint_id}")
+
+    def _user_data(self, spec: LaunchSpec) -> str:
+        env = dict(spec.env)
+        secrets = ec2_agent.secret_names(env)
+        if secrets:
+            raise ConfigError(f"env {secrets} look like credentials and would be written into "
+                              "EC2 user-data, which anyone with ec2:DescribeInstanceAttribute "
+                              "can read; grant access through the instance profile (or read "
+                              "the secret from Secrets Manager in the step) instead")
+        attempt = attempt_env.AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
+                                         attempt=spec.attempt, metadata_endpoint=None,
+                                         cloud=CLOUD, notice_file=None)
+        env.update(attempt.to_environ())
+        return ec2_agent.user_data(command=spec.command, environ=env,
+                                   watch_command=self.config.watch_command,
+                                   agent_python=self.config.agent_python,
+                                   poll_interval=self.config.watch_poll_interval)
+
+    def _tags(self, spec: LaunchSpec) -> list[dict[str, str]]:
+        tags = {**self.config.extra_tags, "Name": f"spot-pipelines {spec.job_id} #{spec.attempt}",
+                TAG_MANAGED: "true", TAG_JOB: spec.job_id, TAG_ATTEMPT: str(spec.attempt)}
+        return [{"Key": k, "Value": str(v)} for k, v in tags.items()]
+
+    # -- observe ------------------------------------------------------------------------
+    def observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
+        self._drain_events()
+        by_region: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_region.setdefault(lease.pool.region, []).append(lease)
+        out: dict[str, LeaseStatus] = {}
+        for region, group in by_region.items():
+            described = self._describe(region, [lease.lease_id for lease in group])
+            spot_codes = self._spot_codes(region, [described[l.lease_id] for l in group
+                                                   if l.lease_id in described])
+            for lease in group:
+                out[lease.lease_id] = self._status(lease, described.get(lease.lease_id),
+                                                   spot_codes)
+        return out
+
+    def _drain_events(self) -> None:
+        if self._events is None:
+            return
+        try:
+            for event in self._events.poll():
+                if event.kind == "interruption":
+                    self._notices.setdefault(event.instance_id, event.at)
+        except Exception as exc:  # the queue is a hint; describe_instances is the truth
+            log.warning("could not read interruption events: %s", exc)
+
+    def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict]:
+        found: dict[str, dict] = {}
+        for start in range(0, len(instance_ids), DESCRIBE_BATCH):
+            found.update(self._describe_batch(region, list(instance_ids[start:start + DESCRIBE_BATCH])))
+        return found
+
+    def _describe_batch(self, region: str, ids: list[str]) -> dict[str, dict]:
+        if not ids:
+            return {}
+        client = self.clients[region]
+        try:
+            pages = aws.call_raw(lambda: list(client.get_paginator("describe_instances")
+                                              .paginate(InstanceIds=ids)))
+        except aws.client_error_class() as exc:
+            if aws.error_code(exc) != "InvalidInstanceID.NotFound":
+                raise aws.translate(exc, f"ec2:DescribeInstances in {region}") from exc
+            if len(ids) == 1:
+                return {}
+            half = len(ids) // 2  # find the unknown ids by halving; rare
+            return {**self._describe_batch(region, ids[:half]),
+                    **self._describe_batch(region, ids[half:])}
+        return {i["InstanceId"]: i for page in pages for r in page["Reservations"]
+                for i in r["Instances"]}
+
+    def _spot_codes(self, region: str, instances: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """instance id -> spot request status code, for spot instances that have a request."""
+        requests = [i["SpotInstanceRequestId"] for i in instances if i.get("SpotInstanceRequestId")]
+        if not requests:
+            return {}
+        answer = aws.call(f"ec2:DescribeSpotInstanceRequests in {region}",
+                          self.clients[region].describe_spot_instance_requests,
+                          SpotInstanceRequestIds=requests)
+        return {r.get("InstanceId", ""): r.get("Status", {}).get("Code", "")
+                for r in answer.get("SpotInstanceRequests", [])}
+
+    def _status(self, lease: Lease, instance: Mapping[str, Any] | None,
+                spot_codes: Mapping[str, str]) -> LeaseStatus:
+        code = spot_codes.get(lease.lease_id, "")
+        if code in NOTICE_CODES:
+            self._notices.setdefault(lease.lease_id, self.clock())
+        notice = self._notices.get(lease.lease_id)
+        state = (instance or {}).get("State", {}).get("Name", "terminated")
+        if state in ("pending", "running"):
+            return LeaseStatus(LeaseState.RUNNING, notice_at=notice)
+        return self._ended_status(lease, instance or {}, code, notice)
+
+    def _ended_status(self, lease: Lease, instance: Mapping[str, Any], code: str,
+                      notice: float | None) -> LeaseStatus:
+        reason = instance.get("StateReason", {}).get("Code", "")
+        agent = self._agent_report(lease)
+        ended = float(agent.get("ended_at") or self.clock())
+        exit_code = agent.get("exit_code")
+        notice = notice or agent.get("notice_at")
+        by_aws = reason == SPOT_RECLAIM_REASON or code in RECLAIM_CODES
+        if exit_code == 0:
+            return LeaseStatus(LeaseState.EXITED, 0, notice, ended)
+        if by_aws:
+            return LeaseStatus(LeaseState.RECLAIMED, exit_code, notice or ended, ended,
+                               message=f"spot capacity reclaimed ({reason or code})")
+        if exit_code is not None:
+            why = "after an interruption notice" if notice is not None else "on its own"
+            return LeaseStatus(LeaseState.EXITED, int(exit_code), notice, ended,
+                               message=f"the step exited with code {exit_code} {why} on "
+                                       f"{lease.lease_id}")
+        if lease.lease_id in self._terminated:
+            return LeaseStatus(LeaseState.TERMINATED, None, notice, ended, "terminated by the controller")
+        if notice is not None:
+            return LeaseStatus(LeaseState.RECLAIMED, None, notice, ended,
+                               message="reclaimed after an interruption notice")
+        return LeaseStatus(LeaseState.TERMINATED, None, None, ended,
+                           message=f"{lease.lease_id} ended ({reason or 'no reason given'}) "
+                                   "without a status report from its agent")
+
+    def _agent_report(self, lease: Lease) -> dict[str, Any]:
+        uri = lease.details.get("checkpoint_uri")
+        if not uri:
+            return {}
+        import json
+
+        from spot_core.checkpoint import open_store
+
+        try:
+            options = {}
+            if uri.startswith("s3://"):
+                options = {"endpoint_url": aws.s3_endpoint(self.config.endpoint_url),
+                           "region": lease.details.get("checkpoint_region")}
+            store = open_store(uri, **options)
+            return json.loads(store.backend.get_bytes(ec2_agent.status_key(lease.attempt)))
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:  # a missing report only makes the outcome less precise
+            log.warning("could not read the status report of %s: %s", lease.lease_id, exc)
+            return {}
+
+    # -- money --------------------------------------------------------------------------
+    def bill(self, lease: Lease, ended_at: float) -> Bill:
+        """Per-second billing at the price seen at launch, plus cross-region data transfer."""
+        seconds = max(0.0, ended_at - lease.started_at)
+        on_demand = self.market.on_demand_price(lease.pool.region, lease.pool.instance_type)
+        rate = lease.price_per_hour if lease.pool.is_spot else on_demand
+        transfer = float(lease.details.get("data_transfer_cost", 0.0) or 0.0)
+        return Bill(cost=rate * seconds / 3600.0 + transfer,
+                    on_demand_cost=on_demand * seconds / 3600.0, capacity_seconds=seconds)
+
+    def capacity_seconds(self, wall_seconds: float) -> float:
+        return wall_seconds
+
+    # -- terminate ----------------------------------------------------------------------
+    def terminate(self, lease: Lease) -> None:
+        with self._lock:
+            self._terminated.add(lease.lease_id)
+        self._terminate_ids(lease.pool.region, [lease.lease_id])
+
+    def _terminate_ids(self, region: str, ids: Sequence[str]) -> None:
+        for start in range(0, len(ids), 1000):
+            batch = list(ids[start:start + 1000])
+            try:
+                aws.call(f"ec2:TerminateInstances in {region}",
+                         self.clients[region].terminate_instances, InstanceIds=batch)
+            except InfrastructureError as exc:
+                if "InvalidInstanceID.NotFound" not in str(exc):
+                    raise
+                for one in batch if len(batch) > 1 else ():
+                    self._terminate_ids(region, [one])
+
+    def close(self) -> None:
+        """Terminate every instance this provider launched (idempotent)."""
+        with self._lock:
+            leases = list(self._leases.values())
+            self._terminated.update(l.lease_id for l in leases)
+        by_region: dict[str, list[str]] = {}
+        for lease in leases:
+            by_region.setdefault(lease.pool.region, []).append(lease.lease_id)
+        for region, ids in by_region.items():
+            self._terminate_ids(region, ids)
+
+    def cleanup_orphans(self, job_id: str | None = None) -> list[str]:
+        """Terminate every live instance tagged ``spot-pipelines:managed=true`` (of
+        ``job_id`` only, if given) in this provider's regions; return their ids."""
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                   {"Name": "instance-state-name", "Values": list(LIVE_STATES)}]
+        if job_id is not None:
+            filters.append({"Name": f"tag:{TAG_JOB}", "Values": [job_id]})
+        doomed: list[str] = []
+        for region, client in self.clients.items():
+            pages = aws.call(f"ec2:DescribeInstances in {region}", lambda: list(
+                client.get_paginator("describe_instances").paginate(Filters=filters)))
+            ids = [i["InstanceId"] for page in pages for r in page["Reservations"]
+                   for i in r["Instances"]]
+            if ids:
+                self._terminate_ids(region, ids)
+                doomed += ids
+        if doomed:
+            shown = ", ".join(doomed[:10]) + (f" and {len(doomed) - 10} more" if len(doomed) > 10 else "")
+            log.warning("terminated %d orphaned instance(s): %s", len(doomed), shown)
+        return doomed
+
+    def __enter__(self) -> Ec2Provider:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- option helpers ------------------------------------------------------------------------
+def _validate(options: Ec2Options) -> None:
+    if not options.subnets or not all(options.subnets.values()):
+        raise ConfigError("the ec2 provider needs subnets: subnets=['subnet-...'] (one per "
+                          "availability zone to use) or {region: [subnet ids]}")
+    if not options.instance_types:
+        raise ConfigError("the ec2 provider needs instance_types, e.g. ['g5.xlarge', 'g4dn.xlarge']")
+    missing = [r for r in options.regions if not options.image_id.get(r)]
+    if missing:
+        raise ConfigError(f"no image_id for region(s) {missing}; pass image_id='ami-...' or "
+                          "{region: 'ami-...'} (an AMI with spot-pipelines installed)")
+    if options.launch_mode not in ("instance", "fleet"):
+        raise ConfigError(f"launch_mode {options.launch_mode!r} is not 'instance' or 'fleet'")
+    if options.allocation_strategy not in ("price-capacity-optimized", "capacity-optimized",
+                                           "lowest-price", "diversified"):
+        raise ConfigError(f"allocation_strategy {options.allocation_strategy!r} is not one of "
+                          "price-capacity-optimized, capacity-optimized, lowest-price, diversified")
+
+
+def _per_region(value: Sequence[str] | Mapping[str, Sequence[str]], region: str | None,
+                what: str) -> dict[str, list[str]]:
+    if isinstance(value, Mapping):
+        return {str(r): list(v) for r, v in value.items()}
+    if isinstance(value, str):
+        value = [value]
+    if not region:
+        raise ConfigError(f"{what} given as a list needs region=...; or pass {{region: [...]}}")
+    return {region: list(value)}
+
+
+def _per_region_scalar(value: str | Mapping[str, str], regions: Mapping[str, Any],
+                       what: str) -> dict[str, str]:
+    if isinstance(value, Mapping):
+        return {str(r): str(v) for r, v in value.items()}
+    return {r: str(value) for r in regions} if value else {}

@@ -1,0 +1,120 @@
+"""The on-instance half of the EC2 provider: user-data, and the attempt's status object.
+
+User-data (``user_data``) exports the attempt's variables, runs the step under
+``spot-pipelines watch -- CMD`` (which forwards the interruption notice from IMDSv2 to
+the step), then reports how the step ended (``python -m spot_core.providers.ec2_agent
+report``), and powers the instance off (``InstanceInitiatedShutdownBehavior=terminate``
+makes that a termination, so a finished attempt stops costing money even if the
+controller is gone).
+
+The report is a small JSON object written next to the checkpoints, at
+``status/attempt-NNNNNN.json``: exit code, when the watcher saw a notice, when the step
+ended. The controller reads it once the instance is gone; it is how the provider tells
+"the step exited 0" from "the node was reclaimed" when EC2's own state reason is
+ambiguous. It needs ``s3:PutObject`` on the checkpoint prefix, which the instance profile
+has anyway; no credential ever appears in user-data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from typing import Mapping, Sequence
+
+from spot_core import attempt_env
+
+STATUS_PREFIX = "status"
+WATCH_LOG = "/var/log/spot-pipelines-watch.log"
+SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.I)
+
+
+def status_key(attempt: int) -> str:
+    return f"{STATUS_PREFIX}/attempt-{attempt:06d}.json"
+
+
+def secret_names(env: Mapping[str, str]) -> list[str]:
+    """Names that look like credentials; they must never go into user-data."""
+    return sorted(name for name in env if SECRET_NAME.search(name))
+
+
+def user_data(*, command: Sequence[str], environ: Mapping[str, str], watch_command: str,
+              agent_python: str, poll_interval: float = 1.0) -> str:
+    """The cloud-init shell script that runs one attempt (no credentials in it, ever)."""
+    exports = "\n".join(f"export {name}={shlex.quote(value)}"
+                        for name, value in sorted(environ.items()))
+    step = " ".join(shlex.quote(word) for word in command)
+    return f"""#!/bin/bash
+# spot-pipelines attempt launcher. Credentials come from the instance profile, never from here.
+set -u
+# On SIGTERM (the instance shutting down) keep going long enough to report how the step
+# ended; a trap with a command, unlike an ignored signal, is not inherited by the step.
+trap 'true' TERM
+{exports}
+LOG="${{SPOT_WATCH_LOG:-{WATCH_LOG}}}"
+{watch_command} watch --cloud aws --poll-interval {poll_interval:g} -- {step} 2>&1 | tee -a "$LOG"
+rc=${{PIPESTATUS[0]}}
+{shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report --exit-code "$rc" --watch-log "$LOG" || true
+${{SPOT_SHUTDOWN_COMMAND:-shutdown -h now}}
+"""
+
+
+def first_notice(log_path: str) -> float | None:
+    """When the watcher printed its first interruption event, from its JSON lines."""
+    try:
+        with open(log_path, errors="replace") as fh:
+            for line in fh:
+                if not line.startswith("{"):
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == "interruption":
+                    return _seconds(event.get("detected_at"))
+    except OSError:
+        return None
+    return None
+
+
+def _seconds(value: object) -> float:
+    """The watcher's ``detected_at`` (RFC 3339 text or POSIX seconds) as POSIX seconds."""
+    from datetime import datetime
+
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
+
+
+def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None) -> dict:
+    from spot_core.checkpoint import open_store
+
+    env = attempt_env.AttemptEnv.from_environ(environ)
+    doc = {"job_id": env.job_id, "attempt": env.attempt, "exit_code": exit_code,
+           "notice_at": first_notice(watch_log) if watch_log else None, "ended_at": time.time()}
+    store = open_store(env.checkpoint_uri)
+    store.backend.put_bytes(status_key(env.attempt), json.dumps(doc).encode())
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spot_core.providers.ec2_agent")
+    sub = parser.add_subparsers(dest="what", required=True)
+    rep = sub.add_parser("report", help="write the attempt's status object to its store")
+    rep.add_argument("--exit-code", type=int, required=True)
+    rep.add_argument("--watch-log", default=None)
+    args = parser.parse_args(argv)
+    doc = report(args.exit_code, args.watch_log, os.environ)
+    print(json.dumps(doc), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

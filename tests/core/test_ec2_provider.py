@@ -1,0 +1,236 @@
+"""The EC2 provider against moto in server mode, with the instance runtime harness.
+
+Jobs launched by the provider run their user-data as local processes (the harness), are
+preempted (notice through IMDSv2 and EventBridge/SQS, then termination in moto), resume
+from the S3 checkpoint on a new instance, fall back to on-demand after N preemptions and
+finish. Launch parameters are checked on what moto recorded; capacity errors and
+throttling are injected in front of the real client. After every test, moto shows no
+running instance tagged by the project.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+
+import pytest
+
+from aws_helpers import (client, count_calls, inject_errors, make_network,
+                         managed_live_instances, preempt_after_checkpoints, unique)
+from spot_core.controller import Controller, JobSpec
+from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
+from spot_core.model import Market
+from spot_core.policy.retry import RetryPolicy
+from spot_core.providers.base import LaunchSpec, LeaseState
+from spot_core.providers.ec2 import Ec2Provider
+from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_helpers import train_command
+
+pytestmark = pytest.mark.timeout(120)
+BUCKET = "ckpt"  # plus a per-test suffix: see the net fixture
+
+
+@pytest.fixture
+def net(aws_env, monkeypatch):
+    name = unique("ckpt")
+    monkeypatch.setattr(sys.modules[__name__], "BUCKET", name)
+    client("s3", aws_env).create_bucket(Bucket=name)
+    network = make_network(aws_env)
+    yield network
+    assert managed_live_instances(aws_env, ("us-east-1", "us-west-2")) == [], "orphans left"
+
+
+def _provider(endpoint, net, **extra) -> Ec2Provider:
+    return Ec2Provider.from_options(
+        region="us-east-1", endpoint_url=endpoint, subnets=net["subnets"],
+        instance_types=["g4dn.xlarge", "g5.xlarge"], image_id=net["image_id"],
+        instance_profile=net["instance_profile"], agent_python=sys.executable,
+        watch_poll_interval=0.1, **extra)
+
+
+def _spec(job="job-1", attempt=1, command=("true",), env=None) -> LaunchSpec:
+    return LaunchSpec(job_id=job, attempt=attempt, command=tuple(command),
+                      checkpoint_uri=f"s3://{BUCKET}/{job}", env=env or {})
+
+
+def _described(endpoint, instance_id, region="us-east-1") -> dict:
+    ec2 = client("ec2", endpoint, region)
+    return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+
+
+def test_launch_parameters_as_moto_recorded_them(aws_env, net):
+    with _provider(aws_env, net) as provider:
+        pool = provider.pools()[0]
+        lease = provider.launch(_spec(command=("python", "train.py", "--lr", "0.1"),
+                                      env={"WANDB_MODE": "offline"}), pool)
+        got = _described(aws_env, lease.lease_id)
+        assert got["InstanceLifecycle"] == "spot"
+        assert got["MetadataOptions"]["HttpTokens"] == "required"
+        assert got["InstanceType"] == pool.instance_type
+        assert got["Placement"]["AvailabilityZone"] == pool.zone
+        assert got["IamInstanceProfile"]["Arn"].endswith("/spot-pipelines-step")
+        tags = {t["Key"]: t["Value"] for t in got["Tags"]}
+        assert tags["spot-pipelines:managed"] == "true"
+        assert (tags["spot-pipelines:job"], tags["spot-pipelines:attempt"]) == ("job-1", "1")
+        ec2 = client("ec2", aws_env)
+        volumes = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
+                                                 "Values": [lease.lease_id]}])["Volumes"]
+        assert volumes and all({"Key": "spot-pipelines:job", "Value": "job-1"} in v.get("Tags", [])
+                               for v in volumes)
+        raw = ec2.describe_instance_attribute(InstanceId=lease.lease_id, Attribute="userData")
+        script = base64.b64decode(raw["UserData"]["Value"]).decode()
+        assert "spot-pipelines watch --cloud aws" in script and "train.py --lr 0.1" in script
+        assert "SPOT_ATTEMPT=1" in script and f"s3://{BUCKET}/job-1" in script
+        assert "WANDB_MODE=offline" in script
+        for secret in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "testing"):
+            assert secret not in script
+        with pytest.raises(ConfigError, match="credentials"):
+            provider.launch(_spec(job="job-2", env={"HF_TOKEN": "hf_abc"}), pool)
+        on_demand = provider.launch(_spec(job="job-3"), pool.on(Market.ON_DEMAND))
+        assert "InstanceLifecycle" not in _described(aws_env, on_demand.lease_id)
+    assert all(_described(aws_env, i)["State"]["Name"] == "terminated"
+               for i in (lease.lease_id, on_demand.lease_id)), "close() terminates every lease"
+
+
+def test_capacity_errors_move_the_job_to_the_next_pool(aws_env, net, tmp_path):
+    with _provider(aws_env, net) as provider, _runtime(aws_env, tmp_path) as runtime:
+        first = provider.pools()[0]
+        failed = inject_errors(provider.clients["us-east-1"], "RunInstances",
+                               "InsufficientInstanceCapacity",
+                               when=lambda p: p["InstanceType"] == first.instance_type)
+        record = _run(provider, train_command(steps=60, step_seconds=0.0), pools=provider.pools())
+    assert record.status == "succeeded" and failed
+    assert record.attempts[-1].pool.instance_type != first.instance_type
+    assert runtime.instances, "the job ran on an instance the harness booted"
+
+
+@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "SpotMaxPriceTooLow",
+                                  "MaxSpotInstanceCountExceeded"])
+def test_capacity_codes_are_capacity_unavailable_in_every_subnet(aws_env, net, code):
+    with _provider(aws_env, net) as provider:
+        pool = provider.pools()[0]
+        failed = inject_errors(provider.clients["us-east-1"], "RunInstances", code)
+        with pytest.raises(CapacityUnavailable, match=code):
+            provider.launch(_spec(), pool)
+        assert len(failed) == 1, "one subnet per zone here, so one try"
+
+
+def test_no_capacity_anywhere_is_capacity_unavailable(aws_env, net):
+    with _provider(aws_env, net) as provider:
+        inject_errors(provider.clients["us-east-1"], "RunInstances", "InsufficientInstanceCapacity")
+        with pytest.raises(CapacityUnavailable, match="InsufficientInstanceCapacity"):
+            provider.launch(_spec(), provider.pools()[0])
+        assert not provider.market.offers([provider.pools()[0]], time.time())[0].available
+
+
+def test_throttling_is_backed_off_and_bounded(aws_env, net):
+    with _provider(aws_env, net) as provider:
+        ec2 = provider.clients["us-east-1"]
+        throttled = inject_errors(ec2, "RunInstances", "RequestLimitExceeded", times=2)
+        lease = provider.launch(_spec(), provider.pools()[0])
+        assert len(throttled) == 2 and lease.lease_id.startswith("i-")
+        inject_errors(ec2, "DescribeInstances", "RequestLimitExceeded")
+        started = time.monotonic()
+        with pytest.raises(InfrastructureError, match="throttling"):
+            provider.observe([lease])
+        assert time.monotonic() - started < 15, "backoff is bounded"
+
+
+def test_preempted_job_resumes_from_s3_then_falls_back_to_on_demand(aws_env, net, tmp_path):
+    sqs = client("sqs", aws_env)
+    queue = sqs.create_queue(QueueName=unique("spot-events"))["QueueUrl"]
+    with _provider(aws_env, net, sqs_queue_url=queue) as provider, \
+            _runtime(aws_env, tmp_path, sqs_queue_url=queue) as runtime:
+        preempt_after_checkpoints(runtime, f"s3://{BUCKET}/run", attempts=(1, 2))
+        record = _run(provider, train_command(steps=200, step_seconds=0.01, every_steps=20),
+                      pools=provider.pools(), max_preemptions=2)
+    assert record.status == "succeeded", record.summary()
+    assert record.preemptions == 2 and record.fallbacks == 1
+    markets = [a.pool.market for a in record.attempts]
+    assert markets == [Market.SPOT, Market.SPOT, Market.ON_DEMAND]
+    resumed = record.summary()["resumed_from_steps"]
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 200
+    assert len({a.lease_id for a in record.attempts}) == 3, "each attempt on a new instance"
+    assert len(runtime.preempted) == 2
+    final_log = (tmp_path / "runtime" / f"{record.attempts[-1].lease_id}.log").read_text()
+    assert f'"resumed_from_step": {resumed[1]}' in final_log
+
+
+def test_observe_batches_many_leases_into_few_calls(aws_env, net):
+    with _provider(aws_env, net) as provider:
+        leases = [provider.launch(_spec(job=f"job-{i}"), provider.pools()[i % 4]) for i in range(12)]
+        counts = count_calls(provider.clients["us-east-1"])
+        statuses = provider.observe(leases)
+        assert {s.state for s in statuses.values()} == {LeaseState.RUNNING}
+        assert counts == {"DescribeInstances": 1}
+        provider.terminate(leases[0])
+        provider.terminate(leases[0])  # idempotent
+        assert provider.observe(leases[:1])[leases[0].lease_id].state is LeaseState.TERMINATED
+
+
+def test_cleanup_orphans_terminates_what_is_tagged(aws_env, net):
+    with _provider(aws_env, net) as launcher:
+        ids = {job: launcher.launch(_spec(job=job), launcher.pools()[0]).lease_id
+               for job in ("job-a", "job-b")}
+        other = _provider(aws_env, net)  # e.g. after the controller's process died
+        assert other.cleanup_orphans(job_id="job-a") == [ids["job-a"]]
+        assert managed_live_instances(aws_env) == [ids["job-b"]]
+        assert other.cleanup_orphans() == [ids["job-b"]]
+        assert managed_live_instances(aws_env) == []
+
+
+def test_fleet_launch_diversifies_over_pools(aws_env, net):
+    with _provider(aws_env, net, launch_mode="fleet") as provider:
+        pools = provider.pools()
+        lease = provider.launch_any(_spec(), pools)
+        got = _described(aws_env, lease.lease_id)
+        assert lease.pool in pools and got["InstanceType"] == lease.pool.instance_type
+        tags = {t["Key"]: t["Value"] for t in got.get("Tags", [])}
+        assert tags.get("spot-pipelines:managed") == "true"
+        assert not client("ec2", aws_env).describe_launch_templates()["LaunchTemplates"]
+        single = provider.launch(_spec(job="job-9"), pools[1])
+        assert single.pool == pools[1]
+
+
+def test_cross_region_attempt_counts_the_checkpoint_transfer(aws_env, net):
+    west = make_network(aws_env, region="us-west-2", zones=1)
+    from spot_core.checkpoint import open_store
+
+    open_store(f"s3://{BUCKET}/job-x").save(5, {"w.bin": b"x" * 3_000_000})
+    provider = Ec2Provider.from_options(
+        endpoint_url=aws_env, subnets={"us-east-1": net["subnets"][:1],
+                                       "us-west-2": west["subnets"]},
+        instance_types=["g5.xlarge"], image_id={"us-east-1": net["image_id"],
+                                                "us-west-2": west["image_id"]},
+        checkpoint_region="us-east-1", data_transfer_price_per_gb=0.02)
+    with provider:
+        assert {p.region for p in provider.pools()} == {"us-east-1", "us-west-2"}
+        [west_pool] = [p for p in provider.pools() if p.region == "us-west-2"]
+        lease = provider.launch(_spec(job="job-x"), west_pool)
+        assert int(lease.details["data_transfer_bytes"]) > 3_000_000
+        bill = provider.bill(lease, lease.started_at)
+        assert bill.cost == pytest.approx(3_000_000 / (1 << 30) * 0.02, rel=0.01)
+        home = provider.launch(_spec(job="job-x", attempt=2),
+                               [p for p in provider.pools() if p.region == "us-east-1"][0])
+        assert home.details["data_transfer_bytes"] == "0"
+        reopened = Ec2Provider.from_options(**json.loads(json.dumps(provider.options)))
+        assert reopened.pools() == provider.pools()
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _runtime(endpoint, tmp_path, *, preempt_after=None, max_preemptions=0, sqs_queue_url=None):
+    return Ec2InstanceRuntime(endpoint, tmp_path / "runtime", ("us-east-1",),
+                              default_instance_env(endpoint, "us-east-1"),
+                              preempt_spot_after=preempt_after,
+                              max_auto_preemptions=max_preemptions, notice_seconds=2.0,
+                              sqs_queue_url=sqs_queue_url)
+
+
+def _run(provider, command, *, pools, max_preemptions=3):
+    policy = RetryPolicy(max_preemptions=max_preemptions, capacity_wait_seconds=1.0,
+                         max_capacity_waits=5)
+    spec = JobSpec(job_id=f"job-{int(time.time() * 1000) % 10**8}", command=tuple(command),
+                   checkpoint_uri=f"s3://{BUCKET}/run", pools=tuple(pools))
+    return Controller(provider, provider.market, policy, poll_interval=0.2).run(spec)
