@@ -16,7 +16,7 @@ PREFECT := .venv-prefect
 ENGINE ?= none
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-core test-airflow test-prefect bench envs clean lock
+.PHONY: demo test test-core test-airflow test-prefect bench bench-policies bench-aws envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -40,6 +40,14 @@ test-prefect: $(PREFECT)/.synced
 
 bench: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.foundation
+
+# Deadline policies on the evaluation traces; writes bench/tables/policies.md (long: see bench/README.md).
+bench-policies: $(CORE)/.synced
+	$(CORE)/bin/python -m bench.policies
+
+# S3 checkpoint save vs plain upload, and EC2 API calls when watching 1,000 leases (moto server).
+bench-aws: $(CORE)/.synced
+	$(CORE)/bin/python -m bench.aws
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 

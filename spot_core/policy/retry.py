@@ -39,6 +39,7 @@ from typing import Literal, Sequence
 from spot_core.errors import ConfigError
 from spot_core.market.base import PoolStats
 from spot_core.model import Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool
+from spot_core.policy.deadline_live import DeadlineWork
 from spot_core.policy.ranking import RankingConfig, rank_pools
 from spot_core.policy.registry import Registry
 
@@ -105,16 +106,22 @@ class Decision:
 
 def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy, *,
                 now: float, stats: PoolStats | None = None,
-                ranking: RankingConfig | None = None) -> Decision:
-    """The next step for ``record`` given what the market offers at ``now``."""
+                ranking: RankingConfig | None = None,
+                work: DeadlineWork | None = None) -> Decision:
+    """The next step for ``record`` given what the market offers at ``now``.
+
+    ``work``: the work left and restart overhead of a deadline-bound job; with it and
+    ``record.deadline``, the deadline policies' safety net decides when spot is no
+    longer safe (see ``spot_core.policy.deadline_live``).
+    """
     settled = _settled(record, policy, now)
     if settled is not None:
         return settled
     spot = _spot_candidates(record, offers, now, stats, ranking)
     running = record.current_attempt
     if running is not None:
-        return _while_running(record, running, spot, policy, now)
-    return _next_launch(record, spot, _on_demand_candidates(offers), policy, now)
+        return _while_running(record, running, spot, policy, now, work)
+    return _next_launch(record, spot, _on_demand_candidates(offers), policy, now, work)
 
 
 # -- terminal states and budgets ---------------------------------------------------------------
@@ -167,7 +174,7 @@ def _on_demand_candidates(offers: Sequence[Offer]) -> tuple[Pool, ...]:
 
 # -- choosing a market --------------------------------------------------------------------------
 def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolicy,
-                   now: float) -> tuple[str, str] | None:
+                   now: float, work: DeadlineWork | None = None) -> tuple[str, str] | None:
     """(kind, reason) for not using spot now, or None when spot is fine."""
     last = _last_finished(record)
     if record.preemptions >= policy.max_preemptions:
@@ -176,6 +183,9 @@ def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolic
     if policy.on_demand_fallback and _near_deadline(record, policy, now):
         return "deadline", (f"the deadline ({_when(record.deadline)}) is less than "
                             f"{policy.deadline_safety_seconds:g} s away")
+    if policy.on_demand_fallback and _work_forces_on_demand(record, work, now):
+        return "deadline", (f"{work.work_left_seconds:.0f} s of work and two restarts no longer "
+                            f"fit before the deadline ({_when(record.deadline)}) on spot")
     if policy.on_demand_fallback and last and not last.pool.is_spot and not policy.return_to_spot:
         return "sticky", "the job fell back to on-demand and return_to_spot is off"
     if last and last.pool.is_spot and _recent_capacity_miss(last, policy, now):
@@ -186,8 +196,8 @@ def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolic
 
 
 def _next_launch(record: JobRecord, spot: tuple[Pool, ...], on_demand: tuple[Pool, ...],
-                 policy: RetryPolicy, now: float) -> Decision:
-    why = _why_on_demand(record, spot, policy, now)
+                 policy: RetryPolicy, now: float, work: DeadlineWork | None = None) -> Decision:
+    why = _why_on_demand(record, spot, policy, now, work)
     if why is None:
         return _launch(Market.SPOT, spot, _spot_reason(record, spot, policy))
     kind, reason = why
@@ -206,7 +216,7 @@ def _next_launch(record: JobRecord, spot: tuple[Pool, ...], on_demand: tuple[Poo
 
 
 def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
-                   policy: RetryPolicy, now: float) -> Decision:
+                   policy: RetryPolicy, now: float, work: DeadlineWork | None = None) -> Decision:
     """Keep a running attempt, unless an on-demand one may move back to spot."""
     keep = Decision("wait", wait_seconds=policy.capacity_wait_seconds,
                     reason=f"attempt {running.number} is running on {running.pool.market} "
@@ -214,6 +224,8 @@ def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
     if running.pool.is_spot or not (policy.return_to_spot and spot):
         return keep
     if record.preemptions >= policy.max_preemptions or _near_deadline(record, policy, now):
+        return keep
+    if _work_forces_on_demand(record, work, now):
         return keep
     if now - running.started_at < policy.min_on_demand_seconds:
         return keep
@@ -281,6 +293,12 @@ def _recent_capacity_miss(attempt: Attempt, policy: RetryPolicy, now: float) -> 
 def _last_finished(record: JobRecord) -> Attempt | None:
     finished = [a for a in record.attempts if a.finished]
     return finished[-1] if finished else None
+
+
+def _work_forces_on_demand(record: JobRecord, work: DeadlineWork | None, now: float) -> bool:
+    """The deadline policies' safety net: spot is no longer safe for this job."""
+    return (work is not None and record.deadline is not None
+            and work.forces_on_demand(record.deadline, now))
 
 
 def _near_deadline(record: JobRecord, policy: RetryPolicy, now: float) -> bool:

@@ -1,0 +1,17 @@
+"""Deadline policies by name: what ``spot-pipelines simulate --policy`` and the controller
+choose from. ``default`` always answers with the project's best (today ``forecast-dp``);
+``optimal`` is not here because it is an offline bound, not a policy a live job can run
+(the simulator answers it by name)."""
+
+from __future__ import annotations
+
+from spot_core.policy.deadline import AlwaysOnDemand, DeadlinePolicy, Greedy, UniformProgress
+from spot_core.policy.deadline_mdp import ForecastDP
+from spot_core.policy.registry import Registry
+
+DEADLINE_POLICIES: Registry[DeadlinePolicy] = Registry("deadline policy")
+DEADLINE_POLICIES.register("on-demand", AlwaysOnDemand())
+DEADLINE_POLICIES.register("greedy", Greedy())
+DEADLINE_POLICIES.register("uniform-progress", UniformProgress())
+DEADLINE_POLICIES.register("forecast-dp", ForecastDP())
+DEADLINE_POLICIES.register("default", DEADLINE_POLICIES.get("forecast-dp"))

@@ -1,0 +1,161 @@
+"""The policy simulator and the deadline policies on hand-built traces with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spot_core.market.trace import ZoneTrace
+from spot_core.policy.deadline import IDLE, ON_DEMAND, Job, UniformProgress, Window
+from spot_core.policy.deadline_optimal import optimal_cost
+from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+from spot_core.sim.simulator import Replay, run_window, simulate
+
+HOUR = 3600.0
+
+
+def _replay(*zones: tuple[list[int], float], od: float = 10.0) -> Replay:
+    traces = [ZoneTrace(f"zone{i}_x", HOUR, np.array(avail, dtype=bool),
+                        np.full(len(avail), price), od, None, "test")
+              for i, (avail, price) in enumerate(zones)]
+    return Replay.from_traces(traces)
+
+
+def _costs(replay: Replay, job: Job) -> dict[str, float]:
+    names = ["on-demand", "greedy", "uniform-progress", "default", "optimal"]
+    return {n: simulate(replay, job, n, [0]).costs[0] for n in names}
+
+
+def test_waiting_for_spot_beats_uniform_progress_without_overhead():
+    # spot arrives at tick 2; UP goes on-demand at tick 1 (behind its line) and its
+    # hysteresis keeps it there one more tick; greedy and the optimum simply wait.
+    costs = _costs(_replay(([0, 0, 1, 1, 1, 1], 1.0)), Job.from_hours(3, 6, 0))
+    assert costs["on-demand"] == pytest.approx(30.0)
+    assert costs["greedy"] == pytest.approx(3.0)
+    assert costs["uniform-progress"] == pytest.approx(21.0)
+    assert costs["optimal"] == pytest.approx(3.0)
+    assert costs["default"] == pytest.approx(3.0)
+
+
+def test_restart_overhead_and_safety_net():
+    # 0.5 h overhead per new instance; spot for 3 ticks, an outage of 2, spot again.
+    # The optimum restarts on spot after the outage (5 $); greedy and UP idle through
+    # the outage, then the two-overhead safety net puts them on on-demand (23 $).
+    replay = _replay(([1, 1, 1, 0, 0, 1, 1, 1], 1.0))
+    job = Job.from_hours(4, 8, 0.5)
+    costs = _costs(replay, job)
+    assert costs["on-demand"] == pytest.approx(50.0)  # ceil(4.5 h) ticks at 10 $/h
+    assert costs["greedy"] == pytest.approx(23.0)
+    assert costs["uniform-progress"] == pytest.approx(23.0)
+    assert costs["optimal"] == pytest.approx(5.0)
+    assert costs["optimal"] <= costs["default"] <= costs["greedy"]
+    result = run_window(replay.window(0, job), DEADLINE_POLICIES.get("greedy").plan(
+        replay.window(0, job)))
+    assert (result.preemptions, result.restarts, result.spot_ticks, result.on_demand_ticks) == (
+        1, 2, 3, 2)
+
+
+def test_multi_zone_costs():
+    # zone 0 at 1 $/h comes and goes, zone 1 at 2 $/h stays: the optimum idles a tick to
+    # use zone 0 again (4 $); greedy and UP hop to zone 1 and stay (5 $).
+    replay = _replay(([1, 0, 0, 1], 1.0), ([1, 1, 1, 1], 2.0))
+    costs = _costs(replay, Job.from_hours(3, 4, 0))
+    assert costs["on-demand"] == pytest.approx(30.0)
+    assert costs["greedy"] == pytest.approx(5.0)
+    assert costs["uniform-progress"] == pytest.approx(5.0)
+    assert costs["optimal"] == pytest.approx(4.0)
+    assert costs["optimal"] <= costs["default"] <= costs["greedy"]
+
+
+def test_billing_is_per_whole_tick_and_overhead_in_seconds():
+    # 195 s ticks, 180 s overhead: the first tick makes 15 s of progress.
+    trace = ZoneTrace("z_x", 195.0, np.ones(40, dtype=bool), np.full(40, 1.0), 3.06, None, "t")
+    replay = Replay.from_traces([trace])
+    job = Job(task_seconds=195.0 * 3, deadline_seconds=195.0 * 40, overhead_seconds=180.0)
+    result = run_window(replay.window(0, job), DEADLINE_POLICIES.get("greedy").plan(
+        replay.window(0, job)))
+    assert result.finish_tick == 3 and result.spot_ticks == 4  # 15 + 195 + 195 + 195 s
+    assert result.cost == pytest.approx(4 * 195 / 3600)
+    assert optimal_cost(replay.window(0, job)) == pytest.approx(result.cost)
+
+
+def test_optimal_is_a_lower_bound_on_random_traces():
+    rng = np.random.default_rng(7)
+    for _ in range(15):
+        zones = [(list(rng.random(30) < rng.uniform(0.3, 0.9)), float(rng.uniform(0.5, 3)))
+                 for _ in range(int(rng.integers(1, 4)))]
+        replay = _replay(*zones)
+        job = Job.from_hours(float(rng.integers(8, 20)), 28, float(rng.choice([0, 0.5, 1.5])))
+        costs = _costs(replay, job)
+        assert costs["optimal"] <= min(costs.values()) + 1e-9
+        for name in ("greedy", "uniform-progress", "default"):
+            assert simulate(replay, job, name, [0]).deadline_misses == 0
+
+
+def test_policies_never_read_the_future():
+    rng = np.random.default_rng(3)
+    avail = rng.random((2, 60)) < 0.6
+    replay = Replay.from_traces([ZoneTrace(f"z{i}_x", HOUR, avail[i], np.full(60, 1.0 + i), 10.0,
+                                           None, "t") for i in range(2)])
+    job = Job.from_hours(40, 55, 0.5)
+    for name in ("greedy", "uniform-progress", "default"):
+        base = _actions(replay.window(0, job), name)
+        changed = avail.copy()
+        changed[:, 30:] = ~changed[:, 30:]
+        other = Replay.from_traces([ZoneTrace(f"z{i}_x", HOUR, changed[i], np.full(60, 1.0 + i),
+                                              10.0, None, "t") for i in range(2)])
+        assert _actions(other.window(0, job), name)[:30] == base[:30], name
+
+
+def _actions(window: Window, name: str) -> list[int]:
+    decide = DEADLINE_POLICIES.get(name).plan(window)
+    seen: list[int] = []
+
+    def record(t, progress, current, left):
+        seen.append(decide(t, progress, current, left))
+        return seen[-1]
+    run_window(window, record)
+    return seen
+
+
+# -- uniform progress, rule by rule -------------------------------------------------------------
+def _up_window(avail: list[int], task: float = 4.0, deadline: float = 8.0,
+               overhead: float = 0.5) -> tuple[Window, object]:
+    replay = _replay((avail, 1.0))
+    window = replay.window(0, Job.from_hours(task, deadline, overhead))
+    return window, UniformProgress().plan(window)
+
+
+def test_up_takes_spot_whenever_available_even_when_behind():
+    _, decide = _up_window([0, 0, 1, 1, 1, 1, 1, 1])
+    assert decide(2, 0.0, IDLE, 0.0) == 0
+
+
+def test_up_idles_when_ahead_and_uses_on_demand_when_behind():
+    _, decide = _up_window([0] * 8)
+    assert decide(0, 0.0, IDLE, 0.0) == IDLE            # on the line counts as ahead
+    assert decide(2, 1.0 * HOUR, IDLE, 0.0) == IDLE     # target 1.0 h: on it
+    assert decide(2, 0.9 * HOUR, IDLE, 0.0) == ON_DEMAND
+
+
+def test_up_hysteresis_keeps_on_demand_until_ahead_of_target_two_overheads_on():
+    _, decide = _up_window([1] * 8)
+    # at t = 2 h the target in 2R = 1 h is 0.5 * 3 h = 1.5 h
+    assert decide(2, 1.5 * HOUR, ON_DEMAND, 0.0) == ON_DEMAND
+    assert decide(2, 1.6 * HOUR, ON_DEMAND, 0.0) == 0
+
+
+def test_up_safety_net_two_overheads_when_not_on_spot():
+    _, decide = _up_window([1] * 8)
+    # 4 whole ticks left, 2.5 h of work: ceil((2.5 + 1) / 1) = 4 -> on-demand, even with
+    # spot available and progress far ahead of the line
+    assert decide(4, 1.5 * HOUR, IDLE, 0.0) == ON_DEMAND
+    assert decide(4, 1.5 * HOUR, 0, 0.0) == 0  # a running spot instance may stay
+
+
+def test_up_safety_net_one_overhead_only_spot_past_its_overhead_continues():
+    _, decide = _up_window([1] * 8)
+    # 4 ticks left, 3.5 h of work: ceil((3.5 + 0.5) / 1) = 4
+    assert decide(4, 0.5 * HOUR, 0, 0.0) == 0
+    assert decide(4, 0.5 * HOUR, 0, 0.3 * HOUR) == ON_DEMAND
+    assert decide(4, 0.5 * HOUR, IDLE, 0.0) == ON_DEMAND
