@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 from spot_core.checkpoint import open_store
 from spot_core.errors import CapacityUnavailable
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
+from spot_core.policy.deadline_live import DeadlineWork
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus, Provider
 
@@ -38,6 +39,11 @@ class JobSpec:
     pools: tuple[Pool, ...]
     deadline: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    # What a deadline-bound job needs, in capacity seconds, so the policy can tell when
+    # spot no longer fits before the deadline; progress comes from checkpoint steps.
+    work_seconds: float | None = None
+    total_steps: int | None = None
+    restart_overhead_seconds: float = 300.0
 
     def candidate_pools(self) -> tuple[Pool, ...]:
         """The spot pools and their on-demand counterparts, without duplicates."""
@@ -109,7 +115,21 @@ class Controller:
         """Observe the market and ask the policy what the job does next."""
         now = self._clock()
         offers = self.market.offers(spec.candidate_pools(), now)
-        return decide_next(record, offers, self.policy, now=now)
+        return decide_next(record, offers, self.policy, now=now,
+                           work=self._deadline_work(spec, record))
+
+    def _deadline_work(self, spec: JobSpec, record: JobRecord) -> DeadlineWork | None:
+        """Work left and restart overhead in wall seconds, for a job with a deadline."""
+        if record.deadline is None or spec.work_seconds is None:
+            return None
+        done = 0.0
+        if spec.total_steps and record.latest_checkpoint is not None:
+            done = min(1.0, record.latest_checkpoint.step / spec.total_steps)
+        scale = self.provider.capacity_seconds(1.0)  # capacity seconds per wall second
+        tick = getattr(self.market, "tick_seconds", 60.0)
+        return DeadlineWork(work_left_seconds=spec.work_seconds * (1.0 - done) / scale,
+                            restart_overhead_seconds=spec.restart_overhead_seconds / scale,
+                            tick_seconds=tick / scale)
 
     def settle(self, record: JobRecord, decision: Decision) -> JobRecord | None:
         """The final record if ``decision`` ends the job, else None."""

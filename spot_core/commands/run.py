@@ -47,6 +47,11 @@ def register(subparsers) -> None:
                         help="never use on-demand; wait (bounded) for spot capacity instead")
     parser.add_argument("--deadline", default=None, help="finish by: a duration of capacity "
                         "time such as 90m or 12h, or an ISO time such as 2026-12-01T08:00Z")
+    parser.add_argument("--work", default=None, help="with --deadline: compute the job needs "
+                        "(a duration such as 10h); the job moves to on-demand when work left "
+                        "plus two restarts no longer fits before the deadline on spot")
+    parser.add_argument("--total-steps", type=int, default=None, help="with --work: the step "
+                        "count at which the job is done, so checkpoint steps measure progress")
     parser.add_argument("--checkpoint-uri", default=None, help="where the job checkpoints "
                         "(default: file://./.spot-runs/JOB_ID/checkpoints)")
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
@@ -85,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     with _provider(args) as provider:
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
                        pools=_pools(provider, args.pools),
-                       deadline=_deadline(args.deadline, provider))
+                       deadline=_deadline(args.deadline, provider),
+                       work_seconds=_duration("--work", args.work),
+                       total_steps=args.total_steps)
         controller = Controller(provider, provider.market, policy, listener=_print_event)
         record = controller.run(spec)
     print_record(record, provider.market.time_scale)
@@ -200,6 +207,15 @@ def _pools(provider, names: str | None):
         raise ConfigError(f"unknown pool(s) {', '.join(unknown)}; choose from "
                           f"{', '.join(sorted(p.zone for p in pools))}")
     return tuple(dict.fromkeys(known[n] for n in wanted))
+
+
+def _duration(option: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise ConfigError(f"{option} {text!r} is not a duration; write it like 90m, 12h or 2d")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 def _deadline(text: str | None, provider) -> float | None:

@@ -150,3 +150,31 @@ def test_ctrl_c_on_run_leaves_no_process_behind(tmp_path):
             proc.kill()
     assert proc.returncode == 130, stderr
     assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
+
+
+def test_a_deadline_too_close_for_spot_goes_straight_to_on_demand(tmp_path):
+    """Spot is available, but work left plus two restarts no longer fits on spot."""
+    provider = LocalProvider.from_traces([trace("us-east-1a_v100_1", "1" * 400)],
+                                         time_scale=60.0, workdir=tmp_path / "cloud", config=FAST)
+    work, overhead = 120.0, 60.0  # capacity seconds: 2 s and 1 s of wall time at 60x
+    spec = JobSpec(job_id="job-deadline", command=train_command(steps=100, step_seconds=0.0),
+                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
+                   deadline=time.time() + (work + 1.5 * overhead) / 60.0, work_seconds=work,
+                   total_steps=100, restart_overhead_seconds=overhead)
+    with provider:
+        record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.05).run(spec)
+    assert record.attempts[0].pool.market is Market.ON_DEMAND
+    assert record.status is JobStatus.SUCCEEDED
+
+
+def test_a_roomy_deadline_still_takes_spot(tmp_path):
+    provider = LocalProvider.from_traces([trace("us-east-1a_v100_1", "1" * 400)],
+                                         time_scale=60.0, workdir=tmp_path / "cloud", config=FAST)
+    spec = JobSpec(job_id="job-roomy", command=train_command(steps=100, step_seconds=0.0),
+                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
+                   deadline=time.time() + 60.0, work_seconds=120.0, total_steps=100,
+                   restart_overhead_seconds=60.0)
+    with provider:
+        record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.05).run(spec)
+    assert record.attempts[0].pool.market is Market.SPOT
+    assert record.status is JobStatus.SUCCEEDED

@@ -38,6 +38,7 @@ def test_run_finishes_a_preempted_job_and_prints_its_record(tmp_path):
     (["--checkpoint-uri", "ftp://x/y", "--", "true"], "file://"),
     (["--trace", "/nonexistent/trace.csv", "--", "true"], "does not exist"),
     (["--deadline", "soonish", "--", "true"], "--deadline"),
+    (["--work", "lots", "--", "true"], "--work"),
     (["--provider", "ec2", "--", "true"], "--subnets"),
     ([], "no command"),
 ])
