@@ -1,0 +1,283 @@
+"""``SpotTaskRunner``: each task a job on spot capacity, under the controller.
+
+It wraps Prefect's thread pool the way ``prefect_ray`` wraps Ray: the task run itself
+(states, retries, caching, logs) stays in the flow's process, and the task's function
+is replaced by a call that runs it as a spot job. The controller launches the function
+in a fresh process on a lease, relaunches it from its latest checkpoint on another pool
+(or on on-demand) when the capacity is reclaimed, and keeps the JobRecord; the future
+resolves with the function's return value.
+
+A function that declares ``checkpointer=None`` receives a ``Checkpointer`` restored
+from the job's latest checkpoint; its ``maybe_save`` saves on schedule and, after an
+interruption notice, saves at once and ends the attempt as a preemption.
+
+Budgets are separate: preemptions spend the configuration's ``max_preemptions``; the
+function's own errors fail the task run, so Prefect's ``retries`` apply to them (and a
+retry resumes from the same checkpoints).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import os
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+import cloudpickle
+from prefect.futures import PrefectConcurrentFuture, PrefectFuture, PrefectFutureList
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+from spot_core.errors import SpotError
+from spot_core.model import JobRecord, JobStatus, Outcome
+
+from prefect_spot import _jobs, artifacts
+from prefect_spot._remote import wants_checkpointer
+from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration, resolve_config,
+                                 resolve_storage)
+
+# Records by task run id, for every SpotTaskRunner in this process (runners are
+# duplicated per flow run, so this cannot live on one instance).
+_RECORDS: dict[uuid.UUID, JobRecord] = {}
+_RECORDS_LOCK = threading.Lock()
+
+
+class SpotJobFailed(SpotError):
+    """The job ended without success for a reason other than the function's own error."""
+
+
+def spot_record(future_or_task_run_id: PrefectFuture[Any] | uuid.UUID) -> JobRecord | None:
+    """The JobRecord of a task submitted to a SpotTaskRunner in this process."""
+    key = getattr(future_or_task_run_id, "task_run_id", future_or_task_run_id)
+    with _RECORDS_LOCK:
+        return _RECORDS.get(key)
+
+
+class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
+    """Runs tasks as spot jobs; see the module docstring.
+
+    Args:
+        config: a ``SpotConfiguration``, the name of a saved one, or None for defaults.
+        checkpoint_storage: a ``CheckpointStorage``, a saved block's name, or a store
+            URI; each task run gets a folder under it (default: a folder in ``workdir``).
+        spot_tag: if set, only tasks with this tag run on spot; others run in threads here.
+        checkpoint_every_seconds / checkpoint_every_steps: the Checkpointer's schedule.
+        workdir: where call payloads, results and (default) checkpoints go.
+        max_workers: how many tasks run (and hold leases) at once.
+    """
+
+    def __init__(self, config: SpotConfiguration | str | None = None, *,
+                 checkpoint_storage: CheckpointStorage | str | None = None,
+                 spot_tag: str | None = None, checkpoint_every_seconds: float | None = None,
+                 checkpoint_every_steps: int | None = None, workdir: str | Path | None = None,
+                 max_workers: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.checkpoint_storage = checkpoint_storage
+        self.spot_tag = spot_tag
+        self.checkpoint_every_seconds = checkpoint_every_seconds
+        self.checkpoint_every_steps = checkpoint_every_steps
+        self.workdir = None if workdir is None else str(workdir)
+        self.max_workers = max_workers
+        self._threads = ThreadPoolTaskRunner(max_workers=max_workers)
+        self._provider = None
+        self._provider_lock = threading.Lock()
+        self._resolved: tuple[SpotConfiguration, CheckpointStorage | None] | None = None
+        self._own_workdir: tempfile.TemporaryDirectory | None = None
+
+    def duplicate(self) -> SpotTaskRunner:
+        return type(self)(self.config, checkpoint_storage=self.checkpoint_storage,
+                          spot_tag=self.spot_tag,
+                          checkpoint_every_seconds=self.checkpoint_every_seconds,
+                          checkpoint_every_steps=self.checkpoint_every_steps,
+                          workdir=self.workdir, max_workers=self.max_workers)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SpotTaskRunner) and self._settings() == other._settings()
+
+    def _settings(self) -> tuple:
+        return (self.config, self.checkpoint_storage, self.spot_tag,
+                self.checkpoint_every_seconds, self.checkpoint_every_steps, self.workdir,
+                self.max_workers)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Runners are cloudpickled when a flow run goes to a subprocess: ship the
+        # configuration, not the lock, the provider or the scratch folder.
+        state = self.__dict__.copy()
+        for name in ("_provider_lock", "_provider", "_own_workdir", "_resolved"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._provider_lock = threading.Lock()
+        self._provider = self._resolved = self._own_workdir = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> SpotTaskRunner:
+        super().__enter__()
+        self._threads.__enter__()
+        if self.workdir is None:
+            self._own_workdir = tempfile.TemporaryDirectory(prefix="spot-task-runner-")
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        try:
+            self._threads.__exit__(exc_type, exc_value, traceback)
+        finally:
+            with self._provider_lock:
+                provider, self._provider = self._provider, None
+            if provider is not None:
+                provider.close()  # terminates every lease it launched
+            if self._own_workdir is not None:
+                self._own_workdir.cleanup()
+                self._own_workdir = None
+            super().__exit__(exc_type, exc_value, traceback)
+
+    @property
+    def _root(self) -> Path:
+        return Path(self.workdir if self.workdir is not None else self._own_workdir.name)
+
+    def _resolve(self) -> tuple[SpotConfiguration, CheckpointStorage | None]:
+        if self._resolved is None:
+            self._resolved = (resolve_config(self.config),
+                              resolve_storage(self.checkpoint_storage))
+        return self._resolved
+
+    def provider(self):
+        """The provider, opened on first use (a cloud replaying a trace starts then)."""
+        with self._provider_lock:
+            if self._provider is None:
+                config, _ = self._resolve()
+                self._provider = _jobs.open_configured_provider(
+                    config, workdir=str(self._root / "cloud"))
+            return self._provider
+
+    # -- submission ---------------------------------------------------------------------------
+    def submit(self, task, parameters: dict[str, Any],
+               wait_for: Iterable[PrefectFuture[Any]] | None = None,
+               dependencies: dict[str, set[Any]] | None = None) -> PrefectConcurrentFuture[Any]:
+        if not self._started:
+            raise RuntimeError("The task runner must be started before submitting work.")
+        if self.spot_tag is None or self.spot_tag in task.tags:
+            task = self._on_spot(task)
+        return self._threads.submit(task, parameters, wait_for, dependencies)
+
+    def map(self, task, parameters: dict[str, Any],
+            wait_for: Iterable[PrefectFuture[Any]] | None = None,
+            ) -> PrefectFutureList[PrefectConcurrentFuture[Any]]:
+        return super().map(task, parameters, wait_for)
+
+    def _on_spot(self, task):
+        """A copy of ``task`` whose function runs as a spot job."""
+        fn = task.fn
+        runner = self
+
+        @functools.wraps(fn)
+        def run_on_spot(*args: Any, **kwargs: Any) -> Any:
+            return runner._run_job(task, fn, args, kwargs)
+
+        run_on_spot.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+        spot = copy.copy(task)
+        spot.fn = run_on_spot
+        spot.isasync = False
+        return spot
+
+    def _run_job(self, task, fn, args: tuple, kwargs: dict) -> Any:
+        from prefect.context import TaskRunContext
+
+        context = TaskRunContext.get()
+        task_run = context.task_run
+        config, storage = self._resolve()
+        provider = self.provider()
+        job_id = f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}"
+        job_dir = self._root / "jobs" / job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        paths = {name: job_dir / f"{name}.pkl" for name in ("payload", "result", "error")}
+        paths["payload"].write_bytes(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
+        paths["error"].unlink(missing_ok=True)
+        checkpoint_uri = (storage.job_uri(job_id) if storage is not None
+                          else (job_dir / "checkpoints").resolve().as_uri())
+        spec = _jobs.job_spec(
+            config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
+            command=(sys.executable, "-m", "prefect_spot._remote",
+                     *(str(paths[n]) for n in ("payload", "result", "error"))),
+            env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        record = self._record_for_try(task_run.id)
+        related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
+                    "prefect.resource.role": "task-run"}]
+        controller = _jobs.controller_for(
+            config, provider, max_user_retries=0 if record is None else record.user_failures,
+            persist=lambda r: _remember(task_run.id, r), related=related)
+        record = controller.run(spec, record)
+        _remember(task_run.id, record)
+        artifacts.publish(record)
+        return _outcome(record, paths)
+
+    def _record_for_try(self, task_run_id: uuid.UUID) -> JobRecord | None:
+        """The record of an earlier try of this task run (a Prefect retry), reopened."""
+        record = spot_record(task_run_id)
+        if record is None or record.status is not JobStatus.FAILED:
+            return record
+        return record.with_status(JobStatus.RUNNING)
+
+    def _checkpointer_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.checkpoint_every_seconds is not None:
+            kwargs["every_seconds"] = self.checkpoint_every_seconds
+        if self.checkpoint_every_steps is not None:
+            kwargs["every_steps"] = self.checkpoint_every_steps
+        return kwargs
+
+
+def _remember(task_run_id: uuid.UUID, record: JobRecord) -> None:
+    with _RECORDS_LOCK:
+        _RECORDS[task_run_id] = record
+
+
+def _pickle_call(fn, args: tuple, kwargs: dict, checkpointer: dict[str, Any]) -> bytes:
+    """Pickle the call; functions of modules a fresh interpreter cannot import go by value."""
+    module = sys.modules.get(fn.__module__)
+    by_value = module is not None and _needs_pickle_by_value(module)
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        if wants_checkpointer(fn):
+            bound = inspect.signature(fn).bind_partial(*args, **kwargs)
+            bound.arguments.pop("checkpointer", None)
+            args, kwargs = bound.args, bound.kwargs
+        return cloudpickle.dumps({"fn": fn, "args": args, "kwargs": kwargs,
+                                  "checkpointer": checkpointer})
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _needs_pickle_by_value(module) -> bool:
+    name = module.__name__
+    if name == "__main__":
+        return True
+    top = name.split(".")[0]
+    if top in ("spot_core", "prefect_spot", "prefect"):
+        return False
+    path = getattr(module, "__file__", None) or ""
+    return "site-packages" not in path and name not in sys.stdlib_module_names
+
+
+def _outcome(record: JobRecord, paths: dict[str, Path]) -> Any:
+    if record.status is JobStatus.SUCCEEDED:
+        return cloudpickle.loads(paths["result"].read_bytes())
+    last = record.attempts[-1] if record.attempts else None
+    if last is not None and last.outcome is Outcome.USER_FAILED and paths["error"].exists():
+        report = cloudpickle.loads(paths["error"].read_bytes())
+        if report["error"] is not None:
+            raise report["error"]
+        raise SpotJobFailed(f"the task failed on spot capacity:\n{report['traceback']}")
+    raise SpotJobFailed(f"spot job {record.job_id} ended {record.status} after "
+                        f"{len(record.attempts)} attempt(s): "
+                        f"{last.message if last is not None else 'no attempt ran'}")

@@ -1,0 +1,393 @@
+"""``SpotWorker`` (type ``spot``): runs flow runs on spot capacity and recovers them.
+
+Each flow run is one job under the controller. The worker launches the flow run's
+command on a lease in the best-ranked pool (pool diversification, a spot price cap, a
+preemption budget, on-demand fallback); the lease id is the run's infrastructure id.
+When the capacity is reclaimed, the worker does not leave the run ``Crashed``: it
+records the preemption and reschedules the run (``AwaitingRetry``), so the work pool
+hands it out again and the next attempt resumes from the run's checkpoint store
+(``SPOT_CHECKPOINT_URI``: ``checkpoint_root``/<flow run id>; a ``spot_task`` in the flow
+restores from it).
+
+The JobRecord lives in Prefect: a variable ``spot-record-<flow run id>`` holds it
+between attempts (so another worker can continue the job), and a table artifact of the
+attempts plus a markdown summary are attached to the flow run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import anyio
+import anyio.to_thread
+from pydantic import Field, field_validator
+from prefect.client.schemas.objects import FlowRun
+from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
+
+from spot_core.attempt_env import PREEMPTED_EXIT_CODE
+from spot_core.checkpoint import parse_store_uri
+from spot_core.errors import ConfigError
+from spot_core.model import JobRecord, JobStatus, Lease, Outcome
+from spot_core.providers.base import LeaseStatus
+
+from prefect_spot import _jobs
+from prefect_spot.artifacts import artifact_key, attempts_table, summary_markdown
+from prefect_spot.blocks import SpotConfiguration
+
+RECORD_VARIABLE = "spot-record-{flow_run_id}"
+RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED)
+
+
+def _check_store_uri(value: str | None) -> str | None:
+    if value in (None, ""):
+        return None
+    try:
+        return parse_store_uri(value).uri
+    except ConfigError as exc:
+        raise ValueError(f"checkpoint_root: {exc}") from exc
+
+
+class _SpotFields:
+    """Field definitions shared by the variables (the UI form) and the job configuration."""
+
+    provider = Field(default="local", description="Capacity provider. `local` is the "
+                     "trace-driven local spot cloud (no cloud account needed).")
+    provider_options = Field(default_factory=dict, description="Provider options, e.g. "
+                             "`url` of a running local cloud server, or `time_scale` and "
+                             "`start_tick` for one inside the worker.")
+    zones = Field(default_factory=list, description="Zones to spread flow runs over (pool "
+                  "diversification). Empty: every zone the provider offers.")
+    instance_types = Field(default_factory=list, description="Instance types allowed. "
+                           "Empty: every type the provider offers.")
+    max_price_per_hour = Field(default=None, gt=0, description="Highest spot price in USD per "
+                               "hour; dearer spot pools count as full. Empty: no cap.")
+    max_preemptions = Field(default=3, ge=0, description="Preemption budget per flow run; "
+                            "after that the run continues on on-demand (if fallback is on). "
+                            "Never consumes the flow's retries.")
+    on_demand_fallback = Field(default=True, description="Fall back to on-demand when spot "
+                               "is exhausted or scarce.")
+    return_to_spot = Field(default=True, description="Move back to spot when capacity "
+                           "returns (within the preemption budget).")
+    min_on_demand_seconds = Field(default=600.0, ge=0, description="Capacity seconds an "
+                                  "on-demand attempt runs before the run may return to spot.")
+    capacity_wait_seconds = Field(default=5.0, gt=0, description="Seconds between launches "
+                                  "while no pool has capacity.")
+    max_capacity_waits = Field(default=20, ge=1, description="Launches without capacity "
+                               "before the flow run fails.")
+    checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
+                            "or `s3://bucket/prefix`); each flow run gets a folder, passed "
+                            "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker.")
+
+
+class SpotJobConfiguration(BaseJobConfiguration):
+    provider: Literal["local"] = _SpotFields.provider
+    provider_options: dict[str, Any] = _SpotFields.provider_options
+    zones: list[str] = _SpotFields.zones
+    instance_types: list[str] = _SpotFields.instance_types
+    max_price_per_hour: Optional[float] = _SpotFields.max_price_per_hour
+    max_preemptions: int = _SpotFields.max_preemptions
+    on_demand_fallback: bool = _SpotFields.on_demand_fallback
+    return_to_spot: bool = _SpotFields.return_to_spot
+    min_on_demand_seconds: float = _SpotFields.min_on_demand_seconds
+    capacity_wait_seconds: float = _SpotFields.capacity_wait_seconds
+    max_capacity_waits: int = _SpotFields.max_capacity_waits
+    checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
+
+    _check_root = field_validator("checkpoint_root")(classmethod(
+        lambda cls, value: _check_store_uri(value)))
+
+    def spot_configuration(self) -> SpotConfiguration:
+        return SpotConfiguration(
+            provider=self.provider, provider_options=self.provider_options, zones=self.zones,
+            instance_types=self.instance_types, max_price_per_hour=self.max_price_per_hour,
+            max_preemptions=self.max_preemptions, on_demand_fallback=self.on_demand_fallback,
+            return_to_spot=self.return_to_spot, min_on_demand_seconds=self.min_on_demand_seconds,
+            capacity_wait_seconds=self.capacity_wait_seconds,
+            max_capacity_waits=self.max_capacity_waits)
+
+    def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None,
+                             worker_name=None, worker_id=None) -> None:
+        # The engine in the lease's main process, so a spot_task can turn the notice's
+        # SIGTERM into an emergency checkpoint.
+        self.command = self.command or f"{shlex.quote(sys.executable)} -m prefect.engine"
+        super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name,
+                                     worker_id)
+
+
+class SpotJobVariables(BaseVariables):
+    provider: Literal["local"] = _SpotFields.provider
+    provider_options: dict[str, Any] = _SpotFields.provider_options
+    zones: list[str] = _SpotFields.zones
+    instance_types: list[str] = _SpotFields.instance_types
+    max_price_per_hour: Optional[float] = _SpotFields.max_price_per_hour
+    max_preemptions: int = _SpotFields.max_preemptions
+    on_demand_fallback: bool = _SpotFields.on_demand_fallback
+    return_to_spot: bool = _SpotFields.return_to_spot
+    min_on_demand_seconds: float = _SpotFields.min_on_demand_seconds
+    capacity_wait_seconds: float = _SpotFields.capacity_wait_seconds
+    max_capacity_waits: int = _SpotFields.max_capacity_waits
+    checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
+
+    _check_root = field_validator("checkpoint_root")(classmethod(
+        lambda cls, value: _check_store_uri(value)))
+
+
+class SpotWorkerResult(BaseWorkerResult):
+    """The lease of the last attempt, its exit code, and the job's record summary."""
+
+    record: Optional[dict[str, Any]] = None
+
+
+class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerResult]):
+    type = "spot"
+    job_configuration = SpotJobConfiguration
+    job_configuration_variables = SpotJobVariables
+    _description = ("Run flow runs on spot capacity: pool diversification, price cap, "
+                    "preemption budget, on-demand fallback; preempted runs are rescheduled "
+                    "and resume from their checkpoints.")
+    _documentation_url = "https://github.com/spot-pipelines/spot-pipelines/blob/main/docs/prefect.md"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._providers: dict[str, Any] = {}
+        self._providers_lock = threading.Lock()
+        self._records: dict[str, JobRecord] = {}
+        self._scratch: tempfile.TemporaryDirectory | None = None
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await super().__aexit__(*exc_info)
+        finally:
+            await anyio.to_thread.run_sync(self._close_providers)
+
+    def _close_providers(self) -> None:
+        with self._providers_lock:
+            providers, self._providers = list(self._providers.values()), {}
+        for provider in providers:
+            provider.close()  # terminates every lease still held
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+    def _scratch_dir(self) -> Path:
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="spot-worker-")
+        return Path(self._scratch.name)
+
+    def _provider(self, configuration: SpotJobConfiguration):
+        """One provider per distinct provider configuration, for the worker's lifetime."""
+        config = configuration.spot_configuration()
+        key = f"{config.provider}:{sorted(config.provider_options.items())!r}"
+        with self._providers_lock:
+            if key not in self._providers:
+                self._providers[key] = _jobs.open_configured_provider(
+                    config, workdir=str(self._scratch_dir() / f"cloud-{len(self._providers)}"))
+            return self._providers[key]
+
+    # -- running a flow run -------------------------------------------------------------------
+    async def run(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
+                  task_status: Optional[anyio.abc.TaskStatus[str]] = None) -> SpotWorkerResult:
+        logger = self.get_flow_run_logger(flow_run)
+        config = configuration.spot_configuration()
+        provider = await anyio.to_thread.run_sync(self._provider, configuration)
+        spec = _jobs.job_spec(config, provider, job_id=f"flow-run-{flow_run.id}",
+                              command=shlex.split(configuration.command),
+                              checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
+                              env={k: v for k, v in configuration.env.items() if v is not None})
+        record = await self._load_record(flow_run)
+        related = [{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+                    "prefect.resource.role": "flow-run"}]
+        controller = _jobs.controller_for(config, provider, related=related,
+                                          persist=lambda r: self._remember(flow_run, r))
+        record = record or controller.new_record(spec)
+        started = False
+        while True:
+            decision = await anyio.to_thread.run_sync(controller.decide, spec, record)
+            final = await anyio.to_thread.run_sync(controller.settle, record, decision)
+            if final is not None:
+                return await self._finish(flow_run, final, task_status, started)
+            if decision.action == "wait":
+                logger.info("no capacity: %s", decision.reason)
+                await anyio.sleep(decision.wait_seconds)
+                continue
+            record, lease = await anyio.to_thread.run_sync(controller.start_attempt, spec,
+                                                           record, decision)
+            if lease is None:
+                continue
+            logger.info("attempt %d on %s (lease %s): %s", lease.attempt, lease.pool.key,
+                        lease.lease_id, decision.reason)
+            if task_status is not None and not started:
+                task_status.started(lease.lease_id)
+                started = True
+            record = await self._wait_and_close(controller, spec, record, lease, flow_run)
+            last = record.attempts[-1]
+            logger.info("attempt %d ended %s: %s", last.number, last.outcome, last.message)
+            if last.outcome in RESCHEDULE_AFTER:
+                if await self._cancelled(flow_run):
+                    return SpotWorkerResult(identifier=lease.lease_id, status_code=0,
+                                            record=record.summary())
+                decision = await anyio.to_thread.run_sync(controller.decide, spec, record)
+                if decision.action in ("launch", "wait"):
+                    await self._reschedule(flow_run, record, last)
+                    await self._publish(flow_run, record)
+                    return SpotWorkerResult(identifier=lease.lease_id, status_code=0,
+                                            record=record.summary())
+
+    async def _wait_and_close(self, controller, spec, record: JobRecord, lease: Lease,
+                              flow_run: FlowRun) -> JobRecord:
+        try:
+            status = await anyio.to_thread.run_sync(controller.wait_for_end, lease,
+                                                    record.deadline)
+        finally:
+            await anyio.to_thread.run_sync(controller.provider.terminate, lease)
+        status = await self._with_flow_outcome(flow_run, status)
+        return await anyio.to_thread.run_sync(controller.finish_attempt, spec, record, lease,
+                                              status)
+
+    async def _with_flow_outcome(self, flow_run: FlowRun, status: LeaseStatus) -> LeaseStatus:
+        """The lease's status, corrected by what the flow run reported.
+
+        Prefect's engine exits 0 once it has reported a failed flow run, so an exit code
+        of 0 alone does not mean success: a run that is not Completed failed, and one
+        that failed after an interruption notice was preempted.
+        """
+        if status.exit_code != 0:
+            return status
+        state = (await self.client.read_flow_run(flow_run.id)).state
+        if state is not None and state.is_completed():
+            return status
+        code = PREEMPTED_EXIT_CODE if status.notice_at is not None else 1
+        message = (state.message if state is not None and state.message
+                   else "the flow run did not complete")
+        return dataclasses.replace(status, exit_code=code, message=message[:300])
+
+    def _checkpoint_uri(self, configuration: SpotJobConfiguration, flow_run: FlowRun) -> str:
+        root = configuration.checkpoint_root or (self._scratch_dir() / "checkpoints").as_uri()
+        return f"{root.rstrip('/')}/{flow_run.id}"
+
+    async def _cancelled(self, flow_run: FlowRun) -> bool:
+        """A run the user cancelled (its lease killed by kill_infrastructure) stays so."""
+        from prefect.states import Cancelled
+
+        state = (await self.client.read_flow_run(flow_run.id)).state
+        if state is None or not (state.is_cancelling() or state.is_cancelled()):
+            return False
+        if state.is_cancelling():
+            await self.client.set_flow_run_state(
+                flow_run.id, Cancelled(message="cancelled; its spot lease was terminated"),
+                force=True)
+        return True
+
+    async def _reschedule(self, flow_run: FlowRun, record: JobRecord, last) -> None:
+        """Put the flow run back in the queue instead of leaving it Crashed."""
+        from prefect.states import AwaitingRetry
+
+        step = record.latest_checkpoint.step if record.latest_checkpoint else None
+        message = (f"spot capacity {last.outcome} on {last.pool.zone} {last.pool.instance_type} "
+                   f"(attempt {last.number}); rescheduled to resume from checkpoint step "
+                   f"{step if step is not None else '- (none yet)'}")
+        await self.client.set_flow_run_state(flow_run.id, AwaitingRetry(message=message),
+                                             force=True)
+        self.get_flow_run_logger(flow_run).info(message)
+        from prefect_spot.events import emit_job_event
+
+        emit_job_event("rescheduled", record, message, related=[
+            {"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+             "prefect.resource.role": "flow-run"}])
+
+    async def _finish(self, flow_run: FlowRun, record: JobRecord, task_status,
+                      started: bool) -> SpotWorkerResult:
+        last = record.attempts[-1] if record.attempts else None
+        if task_status is not None and not started:
+            task_status.started(last.lease_id if last and last.lease_id else "")
+        if record.status is not JobStatus.SUCCEEDED:
+            await self._fail_unless_final(flow_run, record)
+        await self._publish(flow_run, record)
+        code = 0 if record.status is JobStatus.SUCCEEDED else 1
+        return SpotWorkerResult(identifier=(last.lease_id or "") if last else "",
+                                status_code=code, record=record.summary())
+
+    async def _fail_unless_final(self, flow_run: FlowRun, record: JobRecord) -> None:
+        from prefect.states import Failed
+
+        current = await self.client.read_flow_run(flow_run.id)
+        if current.state is not None and current.state.is_final() \
+                and not current.state.is_crashed():
+            return
+        await self.client.set_flow_run_state(
+            flow_run.id, Failed(message=f"spot job ended {record.status}: "
+                                        f"{record.attempts[-1].message if record.attempts else ''}"),
+            force=True)
+
+    # -- the record in Prefect -------------------------------------------------------------------
+    def _remember(self, flow_run: FlowRun, record: JobRecord) -> None:
+        self._records[str(flow_run.id)] = record
+        try:
+            from prefect.variables import Variable
+
+            Variable.set(RECORD_VARIABLE.format(flow_run_id=flow_run.id), record.to_dict(),
+                         overwrite=True, _sync=True)
+        except Exception:  # noqa: BLE001 - the in-memory record still drives this worker
+            self._logger.warning("could not persist the record of %s", flow_run.id,
+                                 exc_info=True)
+
+    async def _load_record(self, flow_run: FlowRun) -> JobRecord | None:
+        record = self._records.get(str(flow_run.id))
+        if record is not None:
+            return record
+        from prefect.variables import Variable
+
+        stored = await Variable.aget(RECORD_VARIABLE.format(flow_run_id=flow_run.id))
+        return None if stored is None else JobRecord.from_dict(stored)
+
+    async def _publish(self, flow_run: FlowRun, record: JobRecord) -> None:
+        from prefect.client.schemas.actions import ArtifactCreate
+
+        key = artifact_key(record)
+        for artifact in (
+            ArtifactCreate(key=key, type="table", data=json.dumps(attempts_table(record)),
+                           description=f"Attempts of flow run {flow_run.name} on spot",
+                           flow_run_id=flow_run.id),
+            ArtifactCreate(key=f"{key}-summary", type="markdown",
+                           data=summary_markdown(record), flow_run_id=flow_run.id,
+                           description=f"Cost and recovery of flow run {flow_run.name}"),
+        ):
+            try:
+                await self.client.create_artifact(artifact)
+            except Exception:  # noqa: BLE001 - the UI view must not fail the run
+                self._logger.warning("could not create artifact %s", artifact.key,
+                                     exc_info=True)
+
+    # -- cancellation ---------------------------------------------------------------------------
+    async def kill_infrastructure(self, infrastructure_pid: str,
+                                  configuration: SpotJobConfiguration,
+                                  grace_seconds: int = 30) -> None:
+        """Terminate the lease whose id is the flow run's infrastructure id."""
+        from prefect.exceptions import InfrastructureNotFound
+
+        if not infrastructure_pid:
+            raise InfrastructureNotFound("the flow run has no lease id")
+        provider = await anyio.to_thread.run_sync(self._provider, configuration)
+        status = await anyio.to_thread.run_sync(_observe_by_id, provider, infrastructure_pid)
+        if status is None:
+            raise InfrastructureNotFound(f"lease {infrastructure_pid} is unknown to the "
+                                         f"{provider.name} provider")
+        await anyio.to_thread.run_sync(provider.terminate, _lease_stub(provider,
+                                                                       infrastructure_pid))
+
+
+def _lease_stub(provider, lease_id: str) -> Lease:
+    pool = provider.pools()[0]
+    return Lease(lease_id=lease_id, pool=pool, job_id="", attempt=0, started_at=0.0,
+                 price_per_hour=0.0)
+
+
+def _observe_by_id(provider, lease_id: str):
+    return provider.observe([_lease_stub(provider, lease_id)]).get(lease_id)

@@ -1,0 +1,109 @@
+"""SpotTaskRunner against a real Prefect server and the trace-driven local spot cloud."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prefect import flow, task
+
+from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
+from spot_core.model import Market, Outcome
+
+# In the shipped trace, us-east-2a loses its capacity about 74 ticks (4 s at one trace
+# hour per second) after tick 450, and us-west-2b stays up for 12 s more.
+PREEMPT_SOON = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 3600.0},
+                                 max_preemptions=2, capacity_wait_seconds=0.5,
+                                 min_on_demand_seconds=1e9)
+
+
+@task
+def count_to(total: int, pause: float, checkpointer=None) -> dict:
+    """A resumable loop: its state is the step counter in the checkpoint."""
+    start = 0 if checkpointer.restored is None else checkpointer.restored.step
+    for step in range(start, total):
+        time.sleep(pause)
+        checkpointer.maybe_save(step + 1, lambda: {"n": str(step + 1).encode()})
+    return {"total": total, "started_at": start}
+
+
+@task
+def square(x: int) -> int:
+    return x * x
+
+
+@task(retries=1, retry_delay_seconds=0)
+def fails_once(marker: str) -> str:
+    from pathlib import Path
+
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("failed once")
+        raise ValueError("the step's own bug, first time only")
+    return "second try worked"
+
+
+@task(retries=0)
+def always_fails() -> None:
+    raise KeyError("no such column: price")
+
+
+def test_preempted_task_resumes_from_its_checkpoint(prefect_api, tmp_path):
+    @flow(task_runner=SpotTaskRunner(PREEMPT_SOON, checkpoint_every_steps=10,
+                                     workdir=tmp_path))
+    def pipeline():
+        future = count_to.submit(400, 0.02)
+        return future.result(), spot_record(future)
+
+    result, record = pipeline()
+    assert result["total"] == 400
+    assert record.preemptions >= 1
+    assert record.attempts[0].outcome is Outcome.PREEMPTED
+    assert record.attempts[0].pool.zone == "us-east-2a"
+    assert record.attempts[-1].outcome is Outcome.SUCCEEDED
+    resumed = record.summary()["resumed_from_steps"]
+    assert resumed and resumed[0] > 0
+    assert result["started_at"] == record.attempts[-1].checkpoint_step_start
+    assert record.user_failures == 0
+
+
+def test_futures_resolve_with_results_and_map(prefect_api, tmp_path):
+    config = SpotConfiguration(provider_options={"start_tick": 600}, zones=["us-west-2b"])
+
+    @flow(task_runner=SpotTaskRunner(config, workdir=tmp_path))
+    def pipeline():
+        futures = square.map([1, 2, 3])
+        return [f.result() for f in futures], [spot_record(f) for f in futures]
+
+    values, records = pipeline()
+    assert values == [1, 4, 9]
+    assert all(r.attempts[-1].pool.zone == "us-west-2b" for r in records)
+    assert all(r.attempts[-1].pool.market is Market.SPOT for r in records)
+
+
+def test_user_error_uses_the_tasks_own_retries(prefect_api, tmp_path):
+    config = SpotConfiguration(provider_options={"start_tick": 600})
+
+    @flow(task_runner=SpotTaskRunner(config, workdir=tmp_path))
+    def pipeline():
+        ok = fails_once.submit(str(tmp_path / "marker"))
+        bad = always_fails.submit()
+        return ok.result(), spot_record(ok), bad.wait() or bad.state, spot_record(bad)
+
+    value, ok_record, bad_state, bad_record = pipeline()
+    assert value == "second try worked"
+    assert ok_record.user_failures == 1 and ok_record.preemptions == 0
+    assert [a.outcome for a in ok_record.attempts] == [Outcome.USER_FAILED, Outcome.SUCCEEDED]
+    assert bad_state.is_failed()
+    with pytest.raises(KeyError, match="no such column"):
+        bad_state.result()
+    assert bad_record.user_failures == 1 and len(bad_record.attempts) == 1
+
+
+def test_runner_pickles_and_duplicates_with_its_configuration():
+    import cloudpickle
+
+    runner = SpotTaskRunner(PREEMPT_SOON, spot_tag="spot", checkpoint_every_steps=5)
+    assert cloudpickle.loads(cloudpickle.dumps(runner)) == runner
+    assert runner.duplicate() == runner
+    assert runner.duplicate() != SpotTaskRunner(PREEMPT_SOON)

@@ -1,0 +1,235 @@
+"""The spot worker: job variables validated; end to end, a preempted flow run is
+rescheduled and resumes from its checkpoint instead of ending Crashed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
+from spot_core.model import JobRecord, Outcome
+
+FLOWS = Path(__file__).resolve().parents[2] / "flows"
+PREFECT = Path(sys.executable).with_name("prefect")
+
+
+def test_worker_type_is_discoverable_as_spot():
+    from prefect.workers.base import BaseWorker
+
+    assert BaseWorker.get_worker_class_from_type("spot") is SpotWorker
+    proc = subprocess.run([str(PREFECT), "worker", "start", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0
+
+
+def test_base_job_template_describes_every_variable():
+    template = SpotWorker.get_default_base_job_template()
+    properties = template["variables"]["properties"]
+    for name in ("zones", "instance_types", "max_price_per_hour", "max_preemptions",
+                 "on_demand_fallback", "checkpoint_root", "provider_options"):
+        assert properties[name]["description"], name
+        assert template["job_configuration"][name] == "{{ " + name + " }}"
+    assert properties["max_preemptions"]["minimum"] == 0
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"max_preemptions": -1}, "max_preemptions\n  Input should be greater than or equal to 0"),
+    ({"max_price_per_hour": 0}, "max_price_per_hour\n  Input should be greater than 0"),
+    ({"checkpoint_root": "ftp://host/ckpt"}, "pass file:///absolute/path or s3://"),
+    ({"provider": "azure-batch"}, "provider\n  Input should be 'local'"),
+    ({"max_capacity_waits": 0}, "max_capacity_waits"),
+])
+def test_bad_job_variables_are_rejected_with_clear_messages(values, message):
+    with pytest.raises(ValidationError, match=message):
+        SpotJobVariables(**values)
+    with pytest.raises(ValidationError, match=message):
+        SpotJobConfiguration(**values)
+
+
+def test_server_rejects_a_deployment_with_bad_job_variables(prefect_api):
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(
+            name="spot-validation", type="spot",
+            base_job_template=SpotWorker.get_default_base_job_template()), overwrite=True)
+        flow_id = client.create_flow_from_name("validation-flow")
+        with pytest.raises(Exception, match="max_preemptions|-1"):
+            client.create_deployment(flow_id=flow_id, name="bad", work_pool_name="spot-validation",
+                                     job_variables={"max_preemptions": -1},
+                                     entrypoint="x.py:f")
+
+
+def _wait_completed(client, flow_run_id, timeout: float):
+    """The flow run once Completed (a Crashed state on the way may still be rescheduled
+    by the worker), or as it is at the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = client.read_flow_run(flow_run_id)
+        if run.state is not None and run.state.is_completed():
+            return run
+        time.sleep(1)
+    return client.read_flow_run(flow_run_id)
+
+
+def _final_record(flow_run_id, timeout: float = 60) -> JobRecord:
+    """The record the worker keeps in a Prefect variable, once the job has ended."""
+    from prefect.variables import Variable
+
+    deadline = time.monotonic() + timeout
+    while True:
+        record = JobRecord.from_dict(Variable.get(f"spot-record-{flow_run_id}"))
+        if record.status.value != "running" or time.monotonic() > deadline:
+            return record
+        time.sleep(0.5)
+
+
+def _artifacts_of(flow_run_id, record: JobRecord, timeout: float = 30) -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    deadline, found = time.monotonic() + timeout, []
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            if _final_table(found, record) is not None:
+                return found
+            time.sleep(0.5)
+    return found
+
+
+def _rows(artifact) -> list[dict]:
+    return json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+
+
+def _final_table(artifacts: list, record: JobRecord):
+    """The table artifact version that shows every attempt (earlier versions show fewer)."""
+    return next((a for a in artifacts if a.type == "table"
+                 and len(_rows(a)) == len(record.attempts)), None)
+
+
+def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(
+        prefect_api, tmp_path):
+    from prefect import flow
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.deployments import run_deployment
+    from prefect import get_client
+    from prefect.settings import get_current_settings
+    pool = "spot-e2e"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(
+            name=pool, type="spot",
+            base_job_template=SpotWorker.get_default_base_job_template()), overwrite=True)
+    # us-west-2b keeps its capacity for about 30 s after trace tick 479 at half an hour
+    # per second (the trace starts when the worker opens its cloud, at its first run),
+    # then loses it: the flow run is preempted in the middle of training, with room for
+    # a slow flow-run start on a busy machine.
+    job_variables = {"zones": ["us-west-2b"], "max_preemptions": 1,
+                     "provider_options": {"start_tick": 479, "time_scale": 1800.0},
+                     "checkpoint_root": (tmp_path / "ckpt").as_uri(),
+                     "capacity_wait_seconds": 0.5}
+    source = flow.from_source(source=str(FLOWS),
+                              entrypoint="spot_ml_pipeline.py:spot_ml_pipeline_on_worker")
+    deployment_id = source.deploy(name="e2e", work_pool_name=pool, job_variables=job_variables,
+                                  build=False, push=False, print_next_steps=False)
+
+    env = {**os.environ, "PREFECT_API_URL": get_current_settings().api.url,
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "PREFECT_LOGGING_LEVEL": "INFO"}
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([str(PREFECT), "worker", "start", "--pool", pool, "--type",
+                               "spot", "--limit", "2"], env=env, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        run = run_deployment(deployment_id, timeout=0, parameters={
+            "workdir": str(tmp_path / "work"), "steps": 4000, "step_seconds": 0.01})
+        with get_client(sync_client=True) as client:
+            run = _wait_completed(client, run.id, timeout=240)
+            states = client.read_flow_run_states(run.id)
+        record = _final_record(run.id)
+        found = _artifacts_of(run.id, record)  # the worker publishes them as it finishes
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        log.close()
+    logs = (tmp_path / "worker.log").read_text(errors="replace")
+    assert run.state.is_completed(), f"{run.state!r}\n{logs[-4000:]}"
+    names = [s.name for s in states]
+    assert "AwaitingRetry" in names and "Crashed" not in names[-1:], names
+    assert record.preemptions >= 1
+    assert record.attempts[0].outcome is Outcome.PREEMPTED
+    assert record.attempts[-1].outcome is Outcome.SUCCEEDED
+    resumed = record.summary()["resumed_from_steps"]
+    assert resumed and resumed[-1] > 0
+    rows = _rows(_final_table(found, record))
+    assert any(a.type == "markdown" and "preemptions" in a.data for a in found)
+    assert [row["outcome"] for row in rows] == [str(a.outcome) for a in record.attempts]
+    assert rows[-1]["resumed_from_step"] == resumed[-1]
+
+
+def test_kill_infrastructure_terminates_the_lease(prefect_api, tmp_path):
+    import anyio
+
+    from spot_core.providers.base import LaunchSpec
+
+    configuration = SpotJobConfiguration(zones=["us-west-2b"],
+                                         provider_options={"start_tick": 600})
+
+    async def scenario():
+        async with SpotWorker(work_pool_name="spot-kill", create_pool_if_not_found=True) as worker:
+            provider = worker._provider(configuration)
+            pool = next(p for p in provider.pools() if p.zone == "us-west-2b")
+            lease = provider.launch(LaunchSpec(
+                job_id="kill-me", attempt=1, command=(sys.executable, "-c",
+                                                      "import time; time.sleep(120)"),
+                checkpoint_uri=(tmp_path / "ckpt").as_uri()), pool)
+            assert not provider.observe([lease])[lease.lease_id].ended
+            await worker.kill_infrastructure(lease.lease_id, configuration, grace_seconds=1)
+            status = provider.observe([lease])[lease.lease_id]
+            from prefect.exceptions import InfrastructureNotFound
+
+            with pytest.raises(InfrastructureNotFound):
+                await worker.kill_infrastructure("i-local-nope", configuration)
+            return status
+
+    status = anyio.run(scenario)
+    assert status.ended and status.state.value == "terminated"
+
+
+def test_kill_infrastructure_reaches_a_lease_launched_by_another_process(prefect_api, tmp_path):
+    """With a shared local cloud server, the lease outlives the process that launched it
+    and the worker terminates it by id (as on cancellation from the UI)."""
+    import anyio
+
+    from spot_core.providers import open_provider
+    from spot_core.providers.base import LaunchSpec
+    from spot_core.sim.cloud_server import LocalCloudServer
+
+    with LocalCloudServer.from_traces(workdir=tmp_path / "cloud", start_tick=600) as server:
+        launcher = open_provider("local", url=server.url)  # stands in for another process
+        pool = next(p for p in launcher.pools() if p.zone == "us-west-2b")
+        lease = launcher.launch(LaunchSpec(
+            job_id="remote", attempt=1, command=(sys.executable, "-c",
+                                                 "import time; time.sleep(120)"),
+            checkpoint_uri=(tmp_path / "ckpt").as_uri()), pool)
+        configuration = SpotJobConfiguration(provider_options={"url": server.url})
+
+        async def kill():
+            async with SpotWorker(work_pool_name="spot-kill-remote") as worker:
+                await worker.kill_infrastructure(lease.lease_id, configuration)
+
+        anyio.run(kill)
+        status = launcher.observe([lease])[lease.lease_id]
+    assert status.ended and status.state.value == "terminated"
