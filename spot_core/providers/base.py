@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from spot_core.model import Lease, Pool
 
@@ -64,7 +64,15 @@ class Bill:
 
 
 class Provider(Protocol):
+    """``market`` answers offers for the provider's pools (a trace market, the EC2 market);
+    ``options`` are JSON-able and reopen the provider elsewhere via ``open_provider``."""
+
     name: str
+    market: Any
+    options: Mapping[str, Any]
+
+    def pools(self) -> tuple[Pool, ...]:
+        """The spot pools this provider can launch in, ranked by nothing in particular."""
 
     def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
         """Start the attempt on ``pool``; raise ``CapacityUnavailable`` if it has none."""
