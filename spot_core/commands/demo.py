@@ -60,11 +60,13 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
     from importlib.metadata import entry_points
 
     found = [ep for ep in entry_points(group="spot_pipelines.demos") if ep.name == args.engine]
-    if not found:
-        raise ConfigError(f"--engine {args.engine} needs the {args.engine} adapter in this "
+    try:
+        run_demo = found[0].load()
+    except (IndexError, ImportError) as exc:
+        raise ConfigError(f"--engine {args.engine} needs {args.engine} and its adapter in this "
                           f"environment: run `make demo ENGINE={args.engine}` (or install "
-                          f"spot-pipelines[{args.engine}])")
-    report = found[0].load()(workdir=args.workdir, steps=args.steps)
+                          f"spot-pipelines[{args.engine}])") from exc
+    report = run_demo(workdir=args.workdir, steps=args.steps)
     if args.json:
         print(json.dumps(report), flush=True)
     return 0 if report["final_weights_sha256"] == report["uninterrupted_weights_sha256"] else 1
