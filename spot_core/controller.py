@@ -79,6 +79,11 @@ class Controller:
         self._sleep = sleep
         self._poll_interval = poll_interval
 
+    def persist(self, record: JobRecord) -> JobRecord:
+        """Hand ``record`` to the persistence callback (e.g. a new record before launch)."""
+        self._persist(record)
+        return record
+
     def new_record(self, spec: JobSpec) -> JobRecord:
         return JobRecord(job_id=spec.job_id, created_at=self._clock(), deadline=spec.deadline,
                          checkpoint_uri=spec.checkpoint_uri)

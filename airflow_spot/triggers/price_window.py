@@ -1,0 +1,115 @@
+"""The trigger behind ``SpotPriceWindowSensor``: wait, in the triggerer, for a cheap moment.
+
+It fires once: when the price-window policy says the planned start has come, when a
+pool's spot price is at or below ``max_price``, or at ``latest_start`` at the latest
+(every wait is bounded). The decision itself is ``window_decision``, a pure function
+the sensor's poke mode shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_spot.hooks.spot import SpotHook
+from spot_core.model import Offer
+
+
+@dataclass(frozen=True)
+class WindowDecision:
+    start: bool
+    zone: str | None
+    pool: dict[str, Any] | None
+    price: float | None
+    reason: str
+    recheck_at: float
+
+
+def window_decision(*, now: float, offers: Sequence[Offer], profile: Mapping[str, Any] | None,
+                    job_hours: float, window_start: float, window_end: float,
+                    max_price: float | None, poll_interval: float) -> WindowDecision:
+    """Start now or not, and where: threshold first, then the profile's plan, then the limit."""
+    spot = sorted((o for o in offers if o.pool.is_spot and o.available),
+                  key=lambda o: (o.price_per_hour, o.pool.key))
+    latest = window_end - job_hours * 3600.0
+    if max_price is not None and spot and spot[0].price_per_hour <= max_price:
+        best = spot[0]
+        return WindowDecision(True, best.pool.zone, best.pool.to_dict(), best.price_per_hour,
+                              f"spot in {best.pool.zone} costs {best.price_per_hour:.3f} $/h, at "
+                              f"or below max_price {max_price:g}", now)
+    if profile is not None:
+        from spot_core.policy.price_window import HourOfWeekProfile, plan_start, start_now
+
+        plan = plan_start(HourOfWeekProfile.from_dict(profile), job_hours=job_hours,
+                          window_start=window_start, window_end=window_end, now=now,
+                          current_offers=offers)
+        if start_now(plan, now, tolerance_seconds=min(60.0, poll_interval)):
+            pick = next((o for o in spot if o.pool.zone == plan.zone), spot[0] if spot else None)
+            return WindowDecision(True, plan.zone, None if pick is None else pick.pool.to_dict(),
+                                  None if pick is None else pick.price_per_hour, plan.reason, now)
+        if now < latest:
+            return WindowDecision(False, plan.zone, None, None, plan.reason,
+                                  min(plan.start_at, latest, now + poll_interval))
+    if now >= latest:
+        best = spot[0] if spot else None
+        return WindowDecision(True, None if best is None else best.pool.zone,
+                              None if best is None else best.pool.to_dict(),
+                              None if best is None else best.price_per_hour,
+                              "the latest start that still ends inside the window has come", now)
+    return WindowDecision(False, None, None, None, "waiting for a cheaper moment",
+                          min(latest, now + poll_interval))
+
+
+class SpotPriceWindowTrigger(BaseTrigger):
+    """Fires ``{"status": "start", "zone", "pool", "price", "reason"}`` once it is time."""
+
+    def __init__(self, *, provider: str, provider_options: Mapping[str, Any],
+                 zones: Sequence[str] | None, profile: Mapping[str, Any] | None,
+                 job_hours: float, window_start: float, window_end: float,
+                 max_price: float | None = None, poll_interval: float = 60.0) -> None:
+        super().__init__()
+        self.provider = provider
+        self.provider_options = dict(provider_options)
+        self.zones = None if zones is None else list(zones)
+        self.profile = None if profile is None else dict(profile)
+        self.job_hours = float(job_hours)
+        self.window_start = float(window_start)
+        self.window_end = float(window_end)
+        self.max_price = None if max_price is None else float(max_price)
+        self.poll_interval = float(poll_interval)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
+            "provider": self.provider, "provider_options": self.provider_options,
+            "zones": self.zones, "profile": self.profile, "job_hours": self.job_hours,
+            "window_start": self.window_start, "window_end": self.window_end,
+            "max_price": self.max_price, "poll_interval": self.poll_interval,
+        })
+
+    def decide(self, hook: SpotHook, now: float) -> WindowDecision:
+        provider = hook.get_provider()
+        offers = provider.market.offers(hook.pools(self.zones), now)
+        return window_decision(now=now, offers=offers, profile=self.profile,
+                               job_hours=self.job_hours, window_start=self.window_start,
+                               window_end=self.window_end, max_price=self.max_price,
+                               poll_interval=self.poll_interval)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = SpotHook(self.provider, self.provider_options)
+        while True:
+            now = time.time()
+            try:
+                decision = await asyncio.to_thread(self.decide, hook, now)
+            except Exception as exc:  # noqa: BLE001 - reported to the sensor
+                yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+                return
+            if decision.start:
+                yield TriggerEvent({"status": "start", "zone": decision.zone,
+                                    "pool": decision.pool, "price": decision.price,
+                                    "reason": decision.reason})
+                return
+            await asyncio.sleep(max(0.05, decision.recheck_at - time.time()))

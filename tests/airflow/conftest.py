@@ -1,0 +1,87 @@
+"""Real Airflow 3.3 on SQLite in a throw-away AIRFLOW_HOME, and one local spot cloud server.
+
+AIRFLOW_HOME must be set before anything imports ``airflow`` (its configuration is read
+at import), so it is set when this conftest is imported; the session fixtures migrate
+the database once, start the local cloud once, and run the example DAG once for every
+test that asserts on it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
+# The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.
+DAGS = _HOME / "dags"
+DAGS.mkdir()
+for _dag_file in [REPO / "dags" / "spot_ml_pipeline.py", *(Path(__file__).parent / "dags").glob("*.py")]:
+    (DAGS / _dag_file.name).symlink_to(_dag_file)
+TEST_DIR = _HOME / "task-tests"
+TEST_DIR.mkdir()
+os.environ.update({
+    "AIRFLOW_HOME": str(_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+    "SPOT_TEST_DIR": str(TEST_DIR),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_HOME}/airflow.db",
+    "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_HOME, ignore_errors=True)
+
+
+def load_dag(dag_id: str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags[dag_id]
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """A migrated SQLite metadata database in the session's AIRFLOW_HOME."""
+    airflow = Path(sys.executable).parent / "airflow"
+    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True,
+                   timeout=300, env=os.environ.copy())
+    shutil.copy(_HOME / "airflow.db", _HOME / "airflow.db.pristine")  # for test_standalone
+    return _HOME
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("spot-pipeline")
+
+
+@pytest.fixture(scope="session")
+def cloud_url(workdir, airflow_home):
+    """The local spot cloud as a server; its URL is exported as SPOT_LOCAL_CLOUD_URL."""
+    from airflow_spot.demo import cloud_server
+
+    with cloud_server(workdir / "cloud") as url:
+        os.environ["SPOT_LOCAL_CLOUD_URL"] = url
+        os.environ["SPOT_PIPELINE_WORKDIR"] = str(workdir)
+        yield url
+        os.environ.pop("SPOT_LOCAL_CLOUD_URL", None)
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(cloud_url, workdir):
+    """The example DAG run once under dag.test(): (dag run, task instances, report.json)."""
+    import json
+
+    dag = load_dag("spot_ml_pipeline")
+    run = dag.test(run_conf={"workdir": str(workdir), "steps": 2000})
+    reports = list((workdir / "runs").glob("*/report.json"))
+    report = json.loads(reports[0].read_text()) if reports else None
+    return run, {(ti.task_id, ti.map_index): ti for ti in run.get_task_instances()}, report

@@ -1,0 +1,102 @@
+"""SpotJobOperator's non-deferrable loop against a real local cloud server.
+
+The context holds what the Task SDK gives an operator: a task state store (here a dict
+with the accessor's get/set) and a task instance that takes XComs.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+
+import pytest
+
+from airflow.sdk import DAG
+
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
+from spot_core.model import JobRecord
+
+
+class StateStore:
+    def __init__(self):
+        self.data = {}
+
+    def get(self, key, default=None):
+        return self.data.get(key, default)
+
+    def set(self, key, value, *, retention=None):
+        assert value is not None
+        self.data[key] = value
+
+
+class TI:
+    dag_id, task_id, run_id, map_index = "d", "t", "manual__1", -1
+
+    def __init__(self):
+        self.xcom = {}
+
+    def xcom_push(self, key, value):
+        self.xcom[key] = value
+
+
+def _operator(cloud_url, tmp_path, script: str) -> SpotJobOperator:
+    with DAG("worker_mode", schedule=None, start_date=datetime(2026, 1, 1)):
+        return SpotJobOperator(task_id="t", command=[sys.executable, "-c", script],
+                               checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+                               provider_options={"url": cloud_url}, deferrable=False,
+                               poll_interval=0.1, capacity_wait_seconds=0.5, on_demand_fallback=True)
+
+
+def test_non_deferrable_run_succeeds_and_keeps_the_record(cloud_url, tmp_path):
+    store, ti = StateStore(), TI()
+    op = _operator(cloud_url, tmp_path, "print('done')")
+    summary = op.execute({"task_state_store": store, "ti": ti})
+    assert summary["status"] == "succeeded" and summary["attempts"] >= 1
+    record = JobRecord.from_dict(store.data[RECORD_KEY])
+    assert record.attempts[-1].outcome == "succeeded"
+    assert ti.xcom[RECORD_KEY]["status"] == "succeeded"
+    assert ti.xcom["spot_checkpoint_link"].startswith("file://")
+
+
+def test_user_failure_raises_and_the_next_try_resumes_the_same_record(cloud_url, tmp_path):
+    store, ti = StateStore(), TI()
+    flag = tmp_path / "fail-once"
+    flag.write_text("x")
+    script = (f"import os, sys; p = {str(flag)!r}\n"
+              "if os.path.exists(p):\n    os.remove(p); sys.exit(3)\n")
+    op = _operator(cloud_url, tmp_path, script)
+    with pytest.raises(SpotUserStepFailed, match="exit code 3"):
+        op.execute({"task_state_store": store, "ti": ti})
+    first = JobRecord.from_dict(store.data[RECORD_KEY])
+    assert first.user_failures == 1 and first.attempts[-1].outcome == "user_failed"
+    summary = op.execute({"task_state_store": store, "ti": ti})  # Airflow's retry
+    assert summary["status"] == "succeeded" and summary["user_failures"] == 1
+    assert summary["job_id"] == first.job_id
+
+
+def test_on_kill_terminates_the_running_lease(cloud_url, tmp_path):
+    import threading
+    import time
+
+    store, ti = StateStore(), TI()
+    op = _operator(cloud_url, tmp_path, "import time; time.sleep(60)")
+    errors = []
+    worker = threading.Thread(target=lambda: _run_catching(op, store, ti, errors), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while op._lease is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lease = op._lease
+    assert lease is not None
+    op.on_kill()
+    provider = op.hook.get_provider()
+    assert provider.observe([lease])[lease.lease_id].ended
+    worker.join(timeout=30)
+    assert not worker.is_alive() and "killed" in str(errors[0])
+
+
+def _run_catching(op, store, ti, errors):
+    try:
+        op.execute({"task_state_store": store, "ti": ti})
+    except Exception as exc:  # noqa: BLE001 - the killed lease ends the job one way or another
+        errors.append(exc)
