@@ -59,8 +59,12 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
     entry point so that spot_core never imports an engine."""
     from importlib.metadata import entry_points
 
+    from importlib.util import find_spec
+
     found = [ep for ep in entry_points(group="spot_pipelines.demos") if ep.name == args.engine]
     try:
+        if find_spec(args.engine) is None:  # the engine itself, not just our adapter
+            raise ImportError(f"no module named {args.engine!r}")
         run_demo = found[0].load()
     except (IndexError, ImportError) as exc:
         raise ConfigError(f"--engine {args.engine} needs {args.engine} and its adapter in this "
