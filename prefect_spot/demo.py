@@ -74,18 +74,8 @@ def _run(workdir: Path, steps: int) -> dict:
 
 
 def demo_json(record, result: dict, uninterrupted_sha: str) -> dict:
-    summary = record.summary()
-    return {
-        "engine": "prefect",
-        "attempts": summary["attempts"],
-        "preemptions": summary["preemptions"],
-        "fallbacks": summary["fallbacks"],
-        "resumed_from_steps": summary["resumed_from_steps"],
-        "spot_cost": summary["spot_cost"],
-        "on_demand_cost": summary["on_demand_cost"],
-        "savings_fraction": summary["savings_fraction"],
-        "lost_work_seconds": summary["lost_work_seconds"],
-        "final_weights_sha256": result["final_weights_sha256"],
-        "uninterrupted_weights_sha256": uninterrupted_sha,
-        "accuracy": result["accuracy"],
-    }
+    from spot_core.report import demo_report
+
+    return demo_report("prefect", record, final_weights_sha256=result["final_weights_sha256"],
+                       uninterrupted_weights_sha256=uninterrupted_sha,
+                       accuracy=result["accuracy"])

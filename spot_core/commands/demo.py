@@ -95,21 +95,11 @@ def _run(workdir: Path, cfg):
 
 def demo_json(report) -> dict:
     """The stable JSON contract of `spot-pipelines demo --json` (DESIGN.md)."""
-    summary = report.record.summary()
-    return {
-        "engine": "none",
-        "attempts": summary["attempts"],
-        "preemptions": summary["preemptions"],
-        "fallbacks": summary["fallbacks"],
-        "resumed_from_steps": summary["resumed_from_steps"],
-        "spot_cost": summary["spot_cost"],
-        "on_demand_cost": summary["on_demand_cost"],
-        "savings_fraction": summary["savings_fraction"],
-        "lost_work_seconds": summary["lost_work_seconds"],
-        "final_weights_sha256": report.final_weights_sha256,
-        "uninterrupted_weights_sha256": report.uninterrupted_weights_sha256,
-        "accuracy": report.accuracy,
-    }
+    from spot_core.report import demo_report
+
+    return demo_report("none", report.record, final_weights_sha256=report.final_weights_sha256,
+                       uninterrupted_weights_sha256=report.uninterrupted_weights_sha256,
+                       accuracy=report.accuracy)
 
 
 def _print_report(report) -> None:
