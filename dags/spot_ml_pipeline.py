@@ -28,6 +28,13 @@ DATA = RUN_DIR + "/data/dataset.npz"
 MODEL_URI = "file://" + RUN_DIR + "/checkpoints/train"
 
 
+# The same spot settings for training and every inference shard: the local cloud, two
+# preemptions before on-demand, bounded waits, and the triggerer watching each lease.
+SPOT = dict(provider="local", max_preemptions=2, capacity_wait_seconds=0.5,
+            max_capacity_waits=20, poll_interval=0.2, attempt_timeout=timedelta(minutes=10),
+            deferrable=True)
+
+
 def _pathsafe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", str(text)).strip("-")
 
@@ -63,13 +70,7 @@ with DAG(
         command=train_command(DATA, "{{ params.steps }}", "{{ params.step_seconds }}",
                               "{{ params.checkpoint_every_seconds }}"),
         checkpoint_uri=MODEL_URI,
-        provider="local",
-        max_preemptions=2,
-        capacity_wait_seconds=0.5,
-        max_capacity_waits=20,
-        poll_interval=0.2,
-        attempt_timeout=timedelta(minutes=10),
-        deferrable=True,
+        **SPOT,
     )
 
     @task
@@ -88,13 +89,7 @@ with DAG(
     inference = SpotJobOperator.partial(
         task_id="batch_inference",
         checkpoint_uri="file://" + RUN_DIR + "/checkpoints/infer-{{ ti.map_index }}",
-        provider="local",
-        max_preemptions=2,
-        capacity_wait_seconds=0.5,
-        max_capacity_waits=20,
-        poll_interval=0.2,
-        attempt_timeout=timedelta(minutes=10),
-        deferrable=True,
+        **SPOT,
     ).expand(command=shard_commands())
 
     @task

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -57,3 +58,22 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool
             return True
         time.sleep(interval)
     return predicate()
+
+
+# A writer from a reclaimed node that keeps saving as attempt 1 until it is fenced out;
+# argv[1] is the store URI (file:// or s3://, with the endpoint in the environment).
+ZOMBIE_WRITER = textwrap.dedent("""
+    import sys, time
+    from spot_core.checkpoint import open_store
+    from spot_core.errors import FencedOut
+    store = open_store(sys.argv[1])
+    step = 1000
+    while True:
+        try:
+            store.save(step, {"a": b"zombie"}, {"writer": "zombie"}, attempt=1)
+        except FencedOut:
+            print("fenced", step, flush=True)
+            sys.exit(0)
+        step += 1
+        time.sleep(0.002)
+""")

@@ -6,11 +6,12 @@ import io
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+from spot_helpers import ZOMBIE_WRITER
 
 from spot_core.checkpoint import CheckpointRef, CheckpointStore, open_store
 from spot_core.errors import CheckpointNotFound, ConfigError, FencedOut
@@ -248,25 +249,10 @@ def test_fence_refuses_old_attempt_before_new_one_saves(store: CheckpointStore) 
     assert store.fence_level() == 2
 
 
-ZOMBIE = textwrap.dedent("""
-    import sys, time
-    from spot_core.checkpoint import open_store
-    from spot_core.errors import FencedOut
-    store = open_store(sys.argv[1])
-    step = 1000
-    while True:
-        try:
-            store.save(step, {"a": b"zombie"}, {"writer": "zombie"}, attempt=1)
-        except FencedOut:
-            print("fenced", step, flush=True)
-            sys.exit(0)
-        step += 1
-        time.sleep(0.002)
-""")
 
 
 def _zombie_is_refused(store: CheckpointStore, fence_it) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE, store.uri], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_WRITER, store.uri], stdout=subprocess.PIPE,
                             text=True)
     try:
         deadline = time.monotonic() + 20

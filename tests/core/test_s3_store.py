@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from spot_helpers import ZOMBIE_WRITER
+
 from aws_helpers import client, unique
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.s3_backend import LOCK_NAME
@@ -149,24 +151,10 @@ def test_stale_lock_of_a_dead_writer_expires(s3):
     assert store.latest().step == 1
 
 
-ZOMBIE = """
-import sys, time
-from spot_core.checkpoint import open_store
-from spot_core.errors import FencedOut
-store = open_store(sys.argv[1])
-step = 1000
-while True:
-    try:
-        store.save(step, {"a": b"zombie"}, {"writer": "zombie"}, attempt=1)
-    except FencedOut:
-        print("fenced", step, flush=True)
-        sys.exit(0)
-    step += 1
-"""
 
 
 def test_zombie_writer_process_is_fenced_by_the_new_attempt(store):
-    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE, store.uri], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_WRITER, store.uri], stdout=subprocess.PIPE,
                             text=True)
     try:
         deadline = time.monotonic() + 30
