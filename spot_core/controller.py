@@ -44,6 +44,8 @@ class JobSpec:
     work_seconds: float | None = None
     total_steps: int | None = None
     restart_overhead_seconds: float = 300.0
+    # Run ``command`` in this container image (see ``spot_core.container``).
+    image: str | None = None
 
     def candidate_pools(self) -> tuple[Pool, ...]:
         """The spot pools and their on-demand counterparts, without duplicates."""
@@ -158,7 +160,7 @@ class Controller:
         store.fence(number)  # from now on, a zombie of an older attempt cannot commit
         start_ref = store.latest()
         launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
-                            checkpoint_uri=spec.checkpoint_uri, env=spec.env)
+                            checkpoint_uri=spec.checkpoint_uri, env=spec.env, image=spec.image)
         lease, errors = self._launch_first(decision.pools, launch)
         start_step = None if start_ref is None else start_ref.step
         if lease is None:

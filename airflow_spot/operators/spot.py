@@ -76,7 +76,8 @@ class SpotJobOperator(BaseOperator):
     :param provider: capacity provider: ``local`` (trace-driven local spot cloud), ``ec2``.
     :param provider_options: options for the provider, e.g. ``{"url": ...}`` of a local
         cloud server or the EC2 region and image (templated).
-    :param image: container image for providers that run containers (not ``local``).
+    :param image: run ``command`` in this container image (Docker on the machine that runs
+        the step: the EC2 instance's AMI, or this machine for ``local``) (templated).
     :param zones: restrict the job to these zones (default: every pool the provider has).
     :param env: extra environment for the step (templated).
     :param max_preemptions: preemptions on spot before the rest runs on on-demand.
@@ -147,9 +148,11 @@ class SpotJobOperator(BaseOperator):
         if not isinstance(uri, str) or not (_is_template(uri) or uri.startswith(CHECKPOINT_SCHEMES)):
             raise ValueError(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// or "
                              "s3://, e.g. file:///data/checkpoints/train or s3://bucket/train")
-        if self.image is not None and self.provider == "local":
-            raise ValueError(f"{self.task_id}: image= needs a container provider; the local "
-                             "provider runs command on this machine, so drop image=")
+        image = self.image
+        if image is not None and not (isinstance(image, str) and image.strip()
+                                      and (_is_template(image) or not any(c.isspace() for c in image))):
+            raise ValueError(f"{self.task_id}: image={image!r} is not an image reference; pass "
+                             "one like 'ghcr.io/acme/train:1.4' or drop image=")
         if self.zones is not None and (not self.zones or not all(isinstance(z, str) for z in self.zones)):
             raise ValueError(f"{self.task_id}: zones must be a non-empty list of zone names "
                              f"such as ['us-east-2a'], got {self.zones!r}")
@@ -195,7 +198,7 @@ class SpotJobOperator(BaseOperator):
                                        f"{self.zones}; check zones= against the provider")
         return JobSpec(job_id=record.job_id, command=tuple(command),
                        checkpoint_uri=self.checkpoint_uri, pools=pools,
-                       deadline=record.deadline, env=self.env)
+                       deadline=record.deadline, env=self.env, image=self.image or None)
 
     def _job_id(self, context) -> str:
         ti = context["ti"]

@@ -55,6 +55,8 @@ def register(subparsers) -> None:
     parser.add_argument("--checkpoint-uri", default=None, help="where the job checkpoints "
                         "(default: file://./.spot-runs/JOB_ID/checkpoints)")
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
+    parser.add_argument("--image", default=None, help="run CMD in this container image "
+                        "(Docker on the machine that runs the step, e.g. the EC2 AMI)")
     parser.add_argument("--json", action="store_true", help="end with the JobRecord as JSON")
     ec2 = parser.add_argument_group("ec2 provider (see docs/aws.md)")
     ec2.add_argument("--region", default=None, help="ec2: region of the subnets (default: "
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from spot_core.policy.retry import RetryPolicy
     from spot_core.report import print_record
 
-    command = _command(args.cmd)
+    command = _command(args.cmd, in_image=args.image is not None)
     job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
     checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
     policy = RetryPolicy(max_preemptions=_non_negative("--max-preemptions", args.max_preemptions),
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                        pools=_pools(provider, args.pools),
                        deadline=_deadline(args.deadline, provider),
                        work_seconds=_duration("--work", args.work),
-                       total_steps=args.total_steps)
+                       total_steps=args.total_steps, image=args.image)
         controller = Controller(provider, provider.market, policy, listener=_print_event)
         record = controller.run(spec)
     print_record(record, provider.market.time_scale)
@@ -107,11 +109,13 @@ def _print_event(kind: str, record, detail: str) -> None:
     print(f"{dt.datetime.now():%H:%M:%S} {kind:<20} {where}  {detail[:100]}", flush=True)
 
 
-def _command(words: list[str]) -> tuple[str, ...]:
+def _command(words: list[str], in_image: bool = False) -> tuple[str, ...]:
     command = words[1:] if words[:1] == ["--"] else words
     if not command:
         raise ConfigError("no command to run: put it after --, e.g. "
                           "`spot-pipelines run -- python train.py`")
+    if in_image:  # the command lives in the image, not on this machine
+        return tuple(command)
     if shutil.which(command[0]) is None and not os.access(command[0], os.X_OK):
         raise ConfigError(f"command {command[0]!r} was not found on PATH and is not an "
                           "executable file; check the command after --")

@@ -18,7 +18,11 @@ from spot_core.model import Lease, Pool
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """What to run for one attempt, and what it needs to know about itself."""
+    """What to run for one attempt, and what it needs to know about itself.
+
+    ``image``: run ``command`` in this container image (Docker on the machine that runs
+    the step; see ``spot_core.container``) instead of directly on the machine.
+    """
 
     job_id: str
     attempt: int
@@ -26,6 +30,7 @@ class LaunchSpec:
     checkpoint_uri: str
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str | None = None
+    image: str | None = None
 
 
 class LeaseState(StrEnum):

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
-from spot_core import attempt_env
+from spot_core import attempt_env, container
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.ec2 import Ec2Market
 from spot_core.model import Lease, Market, Pool
@@ -360,7 +360,11 @@ class Ec2Provider:
                                          attempt=spec.attempt, metadata_endpoint=None,
                                          cloud=CLOUD, notice_file=None)
         env.update(attempt.to_environ())
-        return ec2_agent.user_data(command=spec.command, environ=env,
+        command = spec.command
+        if spec.image:
+            command = container.wrap(spec.image, spec.command, tuple(spec.env),
+                                     python=self.config.agent_python)
+        return ec2_agent.user_data(command=command, environ=env,
                                    watch_command=self.config.watch_command,
                                    agent_python=self.config.agent_python,
                                    poll_interval=self.config.watch_poll_interval)

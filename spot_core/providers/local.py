@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Sequence
 
+from spot_core import container
 from spot_core.attempt_env import METADATA_ENDPOINT, AttemptEnv
 from spot_core.errors import ConfigError
 from spot_core.market.fixtures import default_traces
@@ -89,8 +90,12 @@ class LocalProvider:
 
     def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
         cloud = EMULATED_CLOUDS.get(pool.cloud, "aws")
+        step = spec.command
+        if spec.image:
+            container.require_engine()
+            step = container.wrap(spec.image, spec.command, tuple(spec.env))
         command = (sys.executable, "-m", "spot_core.cli", "watch", "--cloud", cloud,
-                   "--poll-interval", str(self._watch_poll), "--", *spec.command)
+                   "--poll-interval", str(self._watch_poll), "--", *step)
         attempt = AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                              attempt=spec.attempt, metadata_endpoint=None, cloud=cloud,
                              notice_file=None)

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The engine-agnostic tests' helpers (moto server, instance runtime, train command).
+sys.path.insert(0, str(REPO / "tests" / "core"))
+from aws_helpers import aws_env, moto_server  # noqa: E402,F401  (pytest fixtures)
 _HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
 # The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.
 DAGS = _HOME / "dags"

@@ -11,6 +11,7 @@ running instance tagged by the project.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import sys
 import time
@@ -92,6 +93,22 @@ def test_launch_parameters_as_moto_recorded_them(aws_env, net):
         assert "InstanceLifecycle" not in _described(aws_env, on_demand.lease_id)
     assert all(_described(aws_env, i)["State"]["Name"] == "terminated"
                for i in (lease.lease_id, on_demand.lease_id)), "close() terminates every lease"
+
+
+def test_an_image_job_runs_under_docker_from_user_data(aws_env, net):
+    with _provider(aws_env, net) as provider:
+        spec = dataclasses.replace(_spec(job="job-img", command=("python", "train.py"),
+                                         env={"WANDB_MODE": "offline"}),
+                                   image="ghcr.io/acme/train:1.4")
+        lease = provider.launch(spec, provider.pools()[0])
+        raw = client("ec2", aws_env).describe_instance_attribute(InstanceId=lease.lease_id,
+                                                                 Attribute="userData")
+        script = base64.b64decode(raw["UserData"]["Value"]).decode()
+        step = (f"{sys.executable} -m spot_core.container --image ghcr.io/acme/train:1.4 "
+                "--env WANDB_MODE -- python train.py")
+        assert f"spot-pipelines watch --cloud aws --poll-interval 0.1 -- {step}" in script
+        for secret in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "testing"):
+            assert secret not in script
 
 
 def test_capacity_errors_move_the_job_to_the_next_pool(aws_env, net, tmp_path):

@@ -1,0 +1,63 @@
+"""Image + command jobs: how a step reaches ``docker run``, and the error without Docker."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from spot_core import container
+from spot_core.errors import ConfigError
+
+
+def test_docker_argv_passes_names_not_values_and_mounts_what_the_step_reads(tmp_path):
+    notice = tmp_path / "notice" / "notice.json"
+    store = tmp_path / "ckpt"
+    environ = {"SPOT_CHECKPOINT_URI": store.as_uri(), "SPOT_ATTEMPT": "2",
+               "SPOT_NOTICE_FILE": str(notice), "WANDB_MODE": "offline",
+               "HOME": "/root", "PATH": "/usr/bin"}
+    argv = container.docker_argv("ghcr.io/acme/train:1.4", ["python", "train.py"], environ,
+                                 ["WANDB_MODE"])
+    assert argv[:6] == ["docker", "run", "--rm", "--init", "--network", "host"]
+    assert argv[-3:] == ["ghcr.io/acme/train:1.4", "python", "train.py"]
+    passed = {argv[i + 1] for i, word in enumerate(argv) if word == "-e"}
+    assert passed == {"SPOT_CHECKPOINT_URI", "SPOT_ATTEMPT", "SPOT_NOTICE_FILE", "WANDB_MODE"}
+    assert "offline" not in argv and "/root" not in argv, "values stay in the environment"
+    mounts = {argv[i + 1] for i, word in enumerate(argv) if word == "-v"}
+    assert mounts == {f"{notice.parent}:{notice.parent}", f"{store}:{store}"}
+
+
+def test_s3_store_needs_no_mount():
+    argv = container.docker_argv("img:1", ["run"], {"SPOT_CHECKPOINT_URI": "s3://b/p"})
+    assert "-v" not in argv
+
+
+def test_wrap_runs_the_shim_under_the_given_python():
+    wrapped = container.wrap("img:1", ("python", "train.py"), ("B", "A"), python="python3")
+    assert wrapped == ("python3", "-m", "spot_core.container", "--image", "img:1",
+                       "--env", "A", "--env", "B", "--", "python", "train.py")
+    with pytest.raises(ConfigError, match="not an image reference"):
+        container.wrap("my image", ("true",), ())
+
+
+def _engine_answers() -> bool:
+    try:
+        container.require_engine(timeout=5)
+    except ConfigError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_engine_answers(), reason="a Docker engine answers here")
+def test_run_with_an_image_and_no_docker_engine_is_one_clear_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "run", "--image",
+                           "python:3.11-slim", "--pools", "us-east-2a", "--",
+                           "python", "-c", "print(1)"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Docker" in lines[0] and "drop image=" in lines[0], proc.stderr
+    expected = "no 'docker' is on PATH" if shutil.which("docker") is None else "docker info"
+    assert expected in lines[0]
