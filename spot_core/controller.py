@@ -215,7 +215,7 @@ class Controller:
         bill = self.provider.bill(lease, ended_at)
         finished = dataclasses.replace(
             record.current_attempt, ended_at=ended_at, outcome=outcome, cost=bill.cost,
-            on_demand_cost=bill.on_demand_cost,
+            on_demand_cost=bill.on_demand_cost, data_transfer_cost=bill.data_transfer_cost,
             checkpoint_step_end=None if end_ref is None else end_ref.step,
             lost_work_seconds=self._lost_work(outcome, lease, end_ref, ended_at),
             checkpoint_overhead_seconds=self.provider.capacity_seconds(

@@ -163,6 +163,8 @@ class Attempt:
     lost_work_seconds: float = 0.0
     checkpoint_overhead_seconds: float = 0.0
     message: str = ""
+    # Part of ``cost``: moving the checkpoint to this attempt's region (cross-region moves).
+    data_transfer_cost: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -210,6 +212,7 @@ class CostLedger:
             lost_work_seconds=self.lost_work_seconds + attempt.lost_work_seconds,
             checkpoint_overhead_seconds=self.checkpoint_overhead_seconds
             + attempt.checkpoint_overhead_seconds,
+            data_transfer_cost=self.data_transfer_cost + attempt.data_transfer_cost,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -371,6 +374,7 @@ class JobRecord:
             "savings_fraction": round(self.ledger.savings_fraction, 6),
             "lost_work_seconds": round(self.ledger.lost_work_seconds, 3),
             "checkpoint_overhead_seconds": round(self.ledger.checkpoint_overhead_seconds, 3),
+            "data_transfer_cost": round(self.ledger.data_transfer_cost, 6),
             "latest_checkpoint_step": None if self.latest_checkpoint is None
             else self.latest_checkpoint.step,
         }

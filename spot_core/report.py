@@ -25,10 +25,12 @@ def ledger_lines(record: JobRecord, time_scale: float = 1.0) -> str:
     ledger = record.ledger
     clock = "" if time_scale == 1 else (f" (capacity time; the local cloud replays 1 s as "
                                         f"{time_scale / 3600:g} h)")
+    transfer = (f" (incl. ${ledger.data_transfer_cost:.2f} cross-region data transfer)"
+                if ledger.data_transfer_cost > 0 else "")
     return (f"preemptions {record.preemptions}, user failures {record.user_failures}, fallbacks "
             f"to on-demand {record.fallbacks}, resumed from steps "
             f"{record.summary()['resumed_from_steps']}\n"
-            f"spot cost ${ledger.spent:.2f} vs on-demand ${ledger.on_demand_equivalent:.2f}: saved "
+            f"spot cost ${ledger.spent:.2f}{transfer} vs on-demand ${ledger.on_demand_equivalent:.2f}: saved "
             f"${ledger.saved:.2f} ({ledger.savings_fraction:.0%}); lost work "
             f"{ledger.lost_work_seconds / 3600:.2f} h; checkpoint overhead "
             f"{ledger.checkpoint_overhead_seconds / 3600:.2f} h{clock}")

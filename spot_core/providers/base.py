@@ -61,11 +61,14 @@ class Bill:
 
     ``capacity_seconds`` is the lease's duration in the provider's clock (the local spot
     cloud replays traces faster than real time; a cloud provider's scale is 1).
+    ``data_transfer_cost`` is the part of ``cost`` paid to move data to the lease (a
+    checkpoint read from another region), shown on its own in the ledger.
     """
 
     cost: float
     on_demand_cost: float
     capacity_seconds: float
+    data_transfer_cost: float = 0.0
 
 
 class Provider(Protocol):

@@ -28,8 +28,8 @@ a read of the status object the on-instance agent wrote next to the checkpoints.
 
 Cross-region: the checkpoint stays where it was written (``checkpoint_region``); an
 attempt in another region reads it from there, and the bytes of the checkpoint it resumes
-from are billed at ``data_transfer_price_per_gb`` into that lease's ``Bill.cost`` (and
-shown in ``lease.details``).
+from are billed at ``data_transfer_price_per_gb`` into that lease's ``Bill.cost``, itemised as
+``Bill.data_transfer_cost`` (the ledger's ``data_transfer_cost``) and in ``lease.details``.
 """
 
 from __future__ import annotations
@@ -502,7 +502,8 @@ class Ec2Provider:
         rate = lease.price_per_hour if lease.pool.is_spot else on_demand
         transfer = float(lease.details.get("data_transfer_cost", 0.0) or 0.0)
         return Bill(cost=rate * seconds / 3600.0 + transfer,
-                    on_demand_cost=on_demand * seconds / 3600.0, capacity_seconds=seconds)
+                    on_demand_cost=on_demand * seconds / 3600.0, capacity_seconds=seconds,
+                    data_transfer_cost=transfer)
 
     def capacity_seconds(self, wall_seconds: float) -> float:
         return wall_seconds

@@ -229,6 +229,7 @@ def test_cross_region_attempt_counts_the_checkpoint_transfer(aws_env, net):
         assert int(lease.details["data_transfer_bytes"]) > 3_000_000
         bill = provider.bill(lease, lease.started_at)
         assert bill.cost == pytest.approx(3_000_000 / (1 << 30) * 0.02, rel=0.01)
+        assert bill.data_transfer_cost == bill.cost, "itemised for the ledger"
         home = provider.launch(_spec(job="job-x", attempt=2),
                                [p for p in provider.pools() if p.region == "us-east-1"][0])
         assert home.details["data_transfer_bytes"] == "0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -95,3 +96,17 @@ def test_ledger_savings_fraction():
     ledger = CostLedger(spent=1.0, on_demand_equivalent=4.0)
     assert ledger.savings_fraction == 0.75
     assert CostLedger().savings_fraction == 0.0
+
+
+def test_data_transfer_is_itemised_in_the_ledger_and_old_records_still_load():
+    running = Attempt(1, SPOT, 0.0)
+    cross = dataclasses.replace(running, ended_at=10.0, outcome=Outcome.SUCCEEDED, cost=0.5,
+                                on_demand_cost=1.0, data_transfer_cost=0.2)
+    record = JobRecord("j", 0.0).start_attempt(running).finish_attempt(cross)
+    assert record.ledger.spent == 0.5 and record.ledger.data_transfer_cost == 0.2
+    assert record.summary()["data_transfer_cost"] == 0.2
+    old = json.loads(record.to_json())
+    for attempt in old["attempts"]:
+        del attempt["data_transfer_cost"]
+    del old["ledger"]["data_transfer_cost"]
+    assert JobRecord.from_dict(old).attempts[0].data_transfer_cost == 0.0
