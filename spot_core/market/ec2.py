@@ -165,6 +165,20 @@ class Ec2Market:
                 if entry.get("ProductDescription", PRODUCT) in PRODUCTS
                 and entry.get("AvailabilityZone", zone) == zone]
 
+    def spot_cost(self, pool: Pool, start: float, end: float, launch_price: float) -> float:
+        """Dollars for a spot instance held from ``start`` to ``end``, at the price in effect
+        each second (EC2 bills spot per second at the current price, not the launch price).
+        Without history (an API error, an emulator's empty answer) the launch price holds."""
+        try:
+            history = self.price_history(pool.region, pool.instance_type, pool.zone,
+                                         start=start, end=end)
+        except SpotError as exc:
+            log.warning("spot price history for %s unavailable, billing at the launch price: "
+                        "%s", pool.key, exc)
+            history = []
+        changes = [(_timestamp(e), float(e["SpotPrice"])) for e in history]
+        return integrate_prices(changes, start, end, launch_price)
+
     def history_document(self, start: float, end: float) -> dict[str, list[dict[str, Any]]]:
         """All offered pools' history as one ``describe_spot_price_history``-shaped document,
         ready for ``load_spot_price_history`` (the simulator's input)."""
@@ -205,6 +219,26 @@ class Ec2Market:
                 zone = entry.get("AvailabilityZone") or _zone_of(entry, zones)
                 if zone in zones:
                     self._scores[(region, zone, instance_type)] = int(entry["Score"])
+
+
+def integrate_prices(changes: Sequence[tuple[float, float]], start: float, end: float,
+                     initial: float) -> float:
+    """Dollars over [start, end] of a $/h step function: ``initial`` until the first change,
+    then each ``(time, price)`` from its time on (changes before ``start`` set the price
+    in effect at ``start``)."""
+    if end <= start:
+        return 0.0
+    ordered = sorted(changes)
+    price = initial
+    for at, value in ordered:
+        if at <= start:
+            price = value
+    total, cursor = 0.0, start
+    for at, value in ordered:
+        if start < at < end:
+            total += price * (at - cursor)
+            cursor, price = at, value
+    return (total + price * (end - cursor)) / 3600.0
 
 
 def _zone_of(entry: Mapping[str, Any], zones: set[str]) -> str | None:

@@ -496,12 +496,17 @@ class Ec2Provider:
 
     # -- money --------------------------------------------------------------------------
     def bill(self, lease: Lease, ended_at: float) -> Bill:
-        """Per-second billing at the price seen at launch, plus cross-region data transfer."""
+        """Per-second billing at the spot price in effect each second, plus cross-region
+        data transfer (costs one DescribeSpotPriceHistory call per ended spot attempt)."""
         seconds = max(0.0, ended_at - lease.started_at)
         on_demand = self.market.on_demand_price(lease.pool.region, lease.pool.instance_type)
-        rate = lease.price_per_hour if lease.pool.is_spot else on_demand
         transfer = float(lease.details.get("data_transfer_cost", 0.0) or 0.0)
-        return Bill(cost=rate * seconds / 3600.0 + transfer,
+        if lease.pool.is_spot:
+            capacity_cost = self.market.spot_cost(lease.pool, lease.started_at,
+                                                  lease.started_at + seconds, lease.price_per_hour)
+        else:
+            capacity_cost = on_demand * seconds / 3600.0
+        return Bill(cost=capacity_cost + transfer,
                     on_demand_cost=on_demand * seconds / 3600.0, capacity_seconds=seconds,
                     data_transfer_cost=transfer)
 

@@ -112,3 +112,24 @@ def test_eventbridge_events_from_sqs(aws_env):
     assert events[0].action == "terminate"
     assert EventQueue(sqs, url).poll() == [], "read messages are deleted"
     assert parse_event(json.dumps({"source": "aws.s3", "detail-type": "x"})) is None
+
+
+def test_price_integration_follows_each_change():
+    from spot_core.market.ec2 import integrate_prices
+
+    # 1 h at the price set before the start (0.5), then 30 min at 1.0, then 30 min at 0.2.
+    changes = [(-100.0, 0.5), (3600.0, 1.0), (5400.0, 0.2), (9000.0, 9.9)]
+    assert integrate_prices(changes, 0.0, 7200.0, initial=7.0) == pytest.approx(0.5 + 0.5 + 0.1)
+    assert integrate_prices([], 0.0, 1800.0, initial=0.8) == pytest.approx(0.4)
+    assert integrate_prices(changes, 10.0, 10.0, initial=1.0) == 0.0
+
+
+def test_spot_is_billed_at_the_market_price_not_the_launch_price(market):
+    pool = market.pools()[0]
+    now = time.time()
+    history = market.price_history(pool.region, pool.instance_type, pool.zone,
+                                   start=now - 86400, end=now)
+    prices = {float(e["SpotPrice"]) for e in history}
+    assert len(prices) == 1, "moto serves one price per pool"
+    cost = market.spot_cost(pool, now - 3600, now, launch_price=99.0)
+    assert cost == pytest.approx(prices.pop())
