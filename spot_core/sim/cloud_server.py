@@ -14,6 +14,10 @@ API, this server owns the instances and answers any client on 127.0.0.1 over JSO
 
 Run ``python -m spot_core.sim.cloud_server --workdir D`` (prints its URL first), or use
 ``LocalCloudServer`` in-process. Stopping the server terminates every instance.
+
+``--start-on-first-client`` holds the replay at ``--start-tick`` until the first client
+asks for the configuration or launches: an engine that takes a variable time to start
+(Airflow, Prefect) then meets the trace at the same tick on every run.
 """
 
 from __future__ import annotations
@@ -57,21 +61,26 @@ def trace_from_dict(data: dict[str, Any]) -> ZoneTrace:
 class LocalCloudServer:
     """Serves one ``LocalSpotCloud`` on 127.0.0.1."""
 
-    def __init__(self, cloud: LocalSpotCloud, *, port: int = 0) -> None:
+    def __init__(self, cloud: LocalSpotCloud, *, port: int = 0,
+                 start_on_first_client: bool = False) -> None:
         self.cloud = cloud
         self._port = port
+        self._waiting_for_client = start_on_first_client
+        self._created_at = cloud.clock()
+        self._anchor_lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @classmethod
     def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *, workdir: str | Path,
                     time_scale: float = 3600.0, start_tick: int = 0,
-                    config: LocalCloudConfig | None = None, port: int = 0) -> LocalCloudServer:
+                    config: LocalCloudConfig | None = None, port: int = 0,
+                    start_on_first_client: bool = False) -> LocalCloudServer:
         from spot_core.providers.local import LocalProvider
 
         provider = LocalProvider.from_traces(traces, time_scale=time_scale, start_tick=start_tick,
                                              workdir=workdir, config=config)
-        return cls(provider.cloud, port=port)
+        return cls(provider.cloud, port=port, start_on_first_client=start_on_first_client)
 
     @property
     def url(self) -> str:
@@ -81,12 +90,21 @@ class LocalCloudServer:
         server = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)
         server.daemon_threads = True
         server.cloud = self.cloud  # type: ignore[attr-defined]
+        server.first_client = self.first_client  # type: ignore[attr-defined]
         self._port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True,
                                         name=f"local-cloud-{self._port}")
         self._thread.start()
         return self
+
+    def first_client(self) -> None:
+        """With ``start_on_first_client``: the replay's clock starts now, at the start tick."""
+        with self._anchor_lock:
+            if not self._waiting_for_client:
+                return
+            self._waiting_for_client = False
+            self.cloud.market.tick_origin += self.cloud.clock() - self._created_at
 
     def stop(self) -> None:
         """Stop serving and terminate every instance the cloud started."""
@@ -120,6 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         parts = url.path.strip("/").split("/")
         if url.path == "/config":
+            self.server.first_client()  # type: ignore[attr-defined]
             return self._send(200, config_of(self.cloud))
         if len(parts) == 3 and parts[0] == "instances" and parts[2] == "log":
             lines = int(parse_qs(url.query).get("lines", ["5"])[0])
@@ -131,6 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
             if parts == ["instances"]:
+                self.server.first_client()  # type: ignore[attr-defined]
                 view = self.cloud.run_instance(Pool.from_dict(body["pool"]), body["command"],
                                                body["env"], body["endpoint_env"])
                 return self._send(200, dataclasses.asdict(view))
@@ -170,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=3600.0)
     parser.add_argument("--start-tick", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--start-on-first-client", action="store_true",
+                        help="hold the replay at --start-tick until the first client connects")
     args = parser.parse_args(argv)
     from spot_core.market.trace import load_traces
 
@@ -177,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         traces = None if not args.trace else load_traces(args.trace, prices=args.prices)
         server = LocalCloudServer.from_traces(traces, workdir=args.workdir,
                                               time_scale=args.time_scale,
-                                              start_tick=args.start_tick, port=args.port).start()
+                                              start_tick=args.start_tick, port=args.port,
+                                              start_on_first_client=args.start_on_first_client
+                                              ).start()
     except ConfigError as exc:
         print(f"cloud_server: error: {exc}", file=sys.stderr)
         return 2

@@ -71,7 +71,7 @@ def cloud_url(workdir, airflow_home):
     """The local spot cloud as a server; its URL is exported as SPOT_LOCAL_CLOUD_URL."""
     from airflow_spot.demo import cloud_server
 
-    with cloud_server(workdir / "cloud") as url:
+    with cloud_server(workdir / "cloud", start_tick=300) as url:  # timing known to preempt twice
         os.environ["SPOT_LOCAL_CLOUD_URL"] = url
         os.environ["SPOT_PIPELINE_WORKDIR"] = str(workdir)
         yield url

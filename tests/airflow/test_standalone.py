@@ -158,7 +158,7 @@ def standalone(tmp_path_factory, airflow_home):
     import shutil
 
     shutil.copy(airflow_home / "airflow.db.pristine", home / "airflow.db")  # migrated, unused
-    with cloud_server(work / "cloud") as url:
+    with cloud_server(work / "cloud", start_tick=300) as url:
         env["SPOT_LOCAL_CLOUD_URL"] = url
         airflow = Standalone(home, env, port)
         log = open(home / "standalone.log", "wb")

@@ -74,3 +74,20 @@ def test_server_as_a_subprocess_and_a_clear_error_when_it_is_gone(tmp_path):
         proc.wait(timeout=10)
     with pytest.raises(InfrastructureError, match="not reachable"):
         open_provider("local", url=url)
+
+
+def test_replay_starts_at_the_start_tick_when_the_first_client_connects(tmp_path):
+    import time
+
+    traces = [trace("zone-a", "1" * 200, tick_seconds=60.0)]
+    with LocalCloudServer.from_traces(traces, workdir=tmp_path / "held", time_scale=600.0,
+                                      start_tick=50, start_on_first_client=True) as held, \
+            LocalCloudServer.from_traces(traces, workdir=tmp_path / "free", time_scale=600.0,
+                                         start_tick=50) as free:
+        time.sleep(1.0)  # 10 ticks of replay at 600x, while no client is connected
+        held_market = open_provider("local", url=held.url).market
+        free_market = open_provider("local", url=free.url).market
+        now = time.time()
+        assert held_market.tick_at(now) == 50, "held at the start tick until a client came"
+        assert free_market.tick_at(now) >= 59, "an unheld replay runs from its start"
+        assert held.cloud.market.tick_origin == held_market.tick_origin, "clients agree"
