@@ -83,7 +83,9 @@ class SpotJobOperator(BaseOperator):
     :param max_preemptions: preemptions on spot before the rest runs on on-demand.
     :param on_demand_fallback: allow on-demand when spot is spent, scarce or too late.
     :param return_to_spot: move back to spot when capacity returns after a fallback.
-    :param capacity_wait_seconds: how long one wait for capacity lasts.
+    :param max_spot_price: $/h above which spot pools are left alone: the job waits
+        (bounded, like a capacity wait) for a cheaper window, then falls back to on-demand.
+    :param capacity_wait_seconds: how long one wait for capacity (or a price window) lasts.
     :param max_capacity_waits: waits (or launches without capacity) before giving up.
     :param max_infrastructure_retries: failures outside the step's code to absorb.
     :param deadline: time the job may take from its first try (the policy moves to
@@ -105,7 +107,7 @@ class SpotJobOperator(BaseOperator):
                  image: str | None = None, zones: Sequence[str] | None = None,
                  env: Mapping[str, str] | None = None, max_preemptions: int = 3,
                  on_demand_fallback: bool = True, return_to_spot: bool = True,
-                 capacity_wait_seconds: float = 60.0, max_capacity_waits: int = 10,
+                 max_spot_price: float | None = None, capacity_wait_seconds: float = 60.0, max_capacity_waits: int = 10,
                  max_infrastructure_retries: int = 3, deadline: timedelta | float | None = None,
                  attempt_timeout: timedelta | float = timedelta(hours=24),
                  poll_interval: float = 5.0,
@@ -128,7 +130,7 @@ class SpotJobOperator(BaseOperator):
         self._validate_static()
         self.policy = self._policy(max_preemptions, on_demand_fallback, return_to_spot,
                                    capacity_wait_seconds, max_capacity_waits,
-                                   max_infrastructure_retries)
+                                   max_infrastructure_retries, max_spot_price)
         self._lease: Lease | None = None
         self._killed = False
         self._hook: SpotHook | None = None
@@ -160,8 +162,8 @@ class SpotJobOperator(BaseOperator):
             raise ValueError(f"{self.task_id}: env must map strings to strings; quote numbers")
 
     def _policy(self, max_preemptions, on_demand_fallback, return_to_spot,
-                capacity_wait_seconds, max_capacity_waits, max_infrastructure_retries
-                ) -> RetryPolicy:
+                capacity_wait_seconds, max_capacity_waits, max_infrastructure_retries,
+                max_spot_price) -> RetryPolicy:
         try:
             return RetryPolicy(max_preemptions=max_preemptions,
                                max_user_retries=UNLIMITED_USER_RETRIES,
@@ -169,7 +171,8 @@ class SpotJobOperator(BaseOperator):
                                on_demand_fallback=on_demand_fallback,
                                return_to_spot=return_to_spot,
                                capacity_wait_seconds=capacity_wait_seconds,
-                               max_capacity_waits=max_capacity_waits)
+                               max_capacity_waits=max_capacity_waits,
+                               max_spot_price=max_spot_price)
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: {str(exc).replace('RetryPolicy.', '')}") from exc
 

@@ -43,6 +43,9 @@ def register(subparsers) -> None:
                         "before the job moves to on-demand (default 3; never a user retry)")
     parser.add_argument("--max-user-retries", type=int, default=0,
                         help="retries when the command itself fails (default 0)")
+    parser.add_argument("--max-spot-price", type=float, default=None, metavar="USD_PER_HOUR",
+                        help="leave spot pools dearer than this alone: wait (bounded) for a "
+                        "cheaper window, then fall back to on-demand")
     parser.add_argument("--no-fallback", action="store_true",
                         help="never use on-demand; wait (bounded) for spot capacity instead")
     parser.add_argument("--deadline", default=None, help="finish by: a duration of capacity "
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     policy = RetryPolicy(max_preemptions=_non_negative("--max-preemptions", args.max_preemptions),
                          max_user_retries=_non_negative("--max-user-retries", args.max_user_retries),
                          on_demand_fallback=not args.no_fallback, capacity_wait_seconds=1.0,
+                         max_spot_price=args.max_spot_price,
                          max_capacity_waits=30)
     with _provider(args) as provider:
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,

@@ -20,7 +20,12 @@ the controller applies its ``Decision``. The rules, in order:
    lost work, and returning would let the job churn without bound. A running on-demand
    attempt is moved back only after ``min_on_demand_seconds``, so a flickering zone
    cannot make the job flap between markets (each move costs a restart).
-6. With no capacity anywhere usable, the job waits ``capacity_wait_seconds`` at a time,
+6. **Price cap.** With ``max_spot_price`` set, spot pools dearer than it count as
+   having no capacity for this job; when that is the only reason spot is out, the job
+   waits for a cheaper window (bounded like a capacity wait) instead of paying even
+   more for on-demand, and falls back to on-demand only when the waits run out (or
+   when the deadline or the preemption budget say so, which come first).
+7. With no capacity anywhere usable, the job waits ``capacity_wait_seconds`` at a time,
    and fails after ``max_capacity_waits`` waits' worth of time or consecutive failed
    launches: every wait is bounded. Without fallback, a spent preemption budget fails at
    once, since waiting cannot refill it.
@@ -59,6 +64,7 @@ class RetryPolicy:
     max_capacity_waits: int = 10
     deadline_safety_seconds: float = 0.0
     min_on_demand_seconds: float = 600.0
+    max_spot_price: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_preemptions", "max_user_retries", "max_infrastructure_retries"):
@@ -74,6 +80,10 @@ class RetryPolicy:
         for name in ("deadline_safety_seconds", "min_on_demand_seconds"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"RetryPolicy.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.max_spot_price is not None and not (
+                isinstance(self.max_spot_price, (int, float)) and self.max_spot_price > 0):
+            raise ConfigError("RetryPolicy.max_spot_price must be a price in $/h > 0 (or None "
+                              f"for no cap), got {self.max_spot_price!r}")
 
     @property
     def max_total_wait_seconds(self) -> float:
@@ -117,11 +127,12 @@ def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy,
     settled = _settled(record, policy, now)
     if settled is not None:
         return settled
-    spot = _spot_candidates(record, offers, now, stats, ranking)
+    spot, priced_out = _spot_candidates(record, offers, now, stats, ranking, policy.max_spot_price)
     running = record.current_attempt
     if running is not None:
         return _while_running(record, running, spot, policy, now, work)
-    return _next_launch(record, spot, _on_demand_candidates(offers), policy, now, work)
+    return _next_launch(record, spot, _on_demand_candidates(offers), policy, now, work,
+                        priced_out)
 
 
 # -- terminal states and budgets ---------------------------------------------------------------
@@ -152,13 +163,17 @@ def _settled(record: JobRecord, policy: RetryPolicy, now: float) -> Decision | N
 
 # -- candidates ---------------------------------------------------------------------------------
 def _spot_candidates(record: JobRecord, offers: Sequence[Offer], now: float,
-                     stats: PoolStats | None, ranking: RankingConfig | None) -> tuple[Pool, ...]:
-    """Ranked spot pools with capacity now; the pool that just let the job down goes last."""
-    ranked = [o.pool for o in rank_pools(offers, stats, now=now, config=ranking)]
+                     stats: PoolStats | None, ranking: RankingConfig | None,
+                     max_price: float | None = None) -> tuple[tuple[Pool, ...], float | None]:
+    """Ranked spot pools with capacity now, at or below ``max_price``; the pool that just
+    let the job down goes last. Also the cheapest price of those the cap left out."""
+    usable = rank_pools(offers, stats, now=now, config=ranking)
+    dear = [o.price_per_hour for o in usable if max_price is not None and o.price_per_hour > max_price]
+    ranked = [o.pool for o in usable if max_price is None or o.price_per_hour <= max_price]
     last = _last_finished(record)
     if last and last.outcome in (Outcome.PREEMPTED, Outcome.CAPACITY_UNAVAILABLE):
         ranked.sort(key=lambda pool: pool == last.pool)
-    return tuple(ranked)
+    return tuple(ranked), (min(dear) if dear else None)
 
 
 def _on_demand_candidates(offers: Sequence[Offer]) -> tuple[Pool, ...]:
@@ -196,11 +211,18 @@ def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolic
 
 
 def _next_launch(record: JobRecord, spot: tuple[Pool, ...], on_demand: tuple[Pool, ...],
-                 policy: RetryPolicy, now: float, work: DeadlineWork | None = None) -> Decision:
+                 policy: RetryPolicy, now: float, work: DeadlineWork | None = None,
+                 priced_out: float | None = None) -> Decision:
     why = _why_on_demand(record, spot, policy, now, work)
     if why is None:
         return _launch(Market.SPOT, spot, _spot_reason(record, spot, policy))
     kind, reason = why
+    if kind == "capacity" and not spot and priced_out is not None:
+        waiting = _wait(record, policy, now, f"spot costs ${priced_out:.4g}/h, above "
+                        f"max_spot_price ${policy.max_spot_price:.4g}/h", "a cheaper window")
+        if waiting.action == "wait" or not (policy.on_demand_fallback and on_demand):
+            return waiting
+        reason = f"{waiting.reason}; the price window did not come"
     if policy.on_demand_fallback and on_demand:
         last = _last_finished(record)
         if last and not last.pool.is_spot and _recent_capacity_miss(last, policy, now):
@@ -249,7 +271,8 @@ def _spot_reason(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolicy)
 
 
 # -- bounded waiting -----------------------------------------------------------------------------
-def _wait(record: JobRecord, policy: RetryPolicy, now: float, reason: str) -> Decision:
+def _wait(record: JobRecord, policy: RetryPolicy, now: float, reason: str,
+          what: str = "capacity") -> Decision:
     """Wait for capacity, never longer in total than ``max_capacity_waits`` waits."""
     waited = now - _idle_since(record)
     limit = policy.max_total_wait_seconds
@@ -264,7 +287,7 @@ def _wait(record: JobRecord, policy: RetryPolicy, now: float, reason: str) -> De
     if record.deadline is not None:
         seconds = min(seconds, record.deadline - now)
     return Decision("wait", wait_seconds=max(seconds, 1e-3),
-                    reason=f"{reason}; waiting {seconds:.0f} s for capacity")
+                    reason=f"{reason}; waiting {seconds:.0f} s for {what}")
 
 
 def _trailing_capacity_misses(record: JobRecord) -> int:

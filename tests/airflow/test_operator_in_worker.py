@@ -7,6 +7,7 @@ with the accessor's get/set) and a task instance that takes XComs.
 from __future__ import annotations
 
 import sys
+import time
 from datetime import datetime
 
 import pytest
@@ -100,3 +101,19 @@ def _run_catching(op, store, ti, errors):
         op.execute({"task_state_store": store, "ti": ti})
     except Exception as exc:  # noqa: BLE001 - the killed lease ends the job one way or another
         errors.append(exc)
+
+
+def test_a_price_cap_waits_for_a_cheaper_window_then_falls_back(cloud_url, tmp_path):
+    store, ti = StateStore(), TI()
+    with DAG("worker_mode_cap", schedule=None, start_date=datetime(2026, 1, 1)):
+        op = SpotJobOperator(task_id="t", command=[sys.executable, "-c", "print('done')"],
+                             checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+                             provider_options={"url": cloud_url}, deferrable=False,
+                             poll_interval=0.1, max_spot_price=0.01,  # below every trace price
+                             capacity_wait_seconds=0.5, max_capacity_waits=2)
+    started = time.monotonic()
+    summary = op.execute({"task_state_store": store, "ti": ti})
+    record = JobRecord.from_dict(store.data[RECORD_KEY])
+    assert summary["status"] == "succeeded"
+    assert [str(a.pool.market) for a in record.attempts] == ["on-demand"]
+    assert time.monotonic() - started >= 1.0, "it waited for a cheaper window first"

@@ -28,6 +28,7 @@ BAD_CASES = [
     ({"max_preemptions": 1.5}, "max_preemptions must be a whole number >= 0"),
     ({"max_infrastructure_retries": -2}, "max_infrastructure_retries must be a whole number"),
     ({"capacity_wait_seconds": 0}, "capacity_wait_seconds must be > 0"),
+    ({"max_spot_price": -0.5}, "max_spot_price must be a price in \\$/h > 0"),
     ({"max_capacity_waits": 0}, "max_capacity_waits must be a whole number >= 1"),
     ({"deadline": timedelta(0)}, "deadline must be a positive timedelta"),
     ({"attempt_timeout": -5}, "attempt_timeout must be a positive timedelta"),

@@ -161,7 +161,7 @@ def test_decide_next_is_pure():
 @pytest.mark.parametrize("kwargs", [
     {"max_preemptions": -1}, {"max_user_retries": 1.5}, {"max_infrastructure_retries": True},
     {"capacity_wait_seconds": 0}, {"max_capacity_waits": 0}, {"deadline_safety_seconds": -1},
-    {"min_on_demand_seconds": float("nan")},
+    {"min_on_demand_seconds": float("nan")}, {"max_spot_price": 0}, {"max_spot_price": "1"},
 ])
 def test_bad_policy(kwargs):
     with pytest.raises(ConfigError):
@@ -180,3 +180,31 @@ def test_registry_of_retry_policies():
     assert "spot-only" in RETRY_POLICIES and not RETRY_POLICIES.get("spot-only").on_demand_fallback
     with pytest.raises(ConfigError, match="unknown retry policy 'yolo'"):
         RETRY_POLICIES.get("yolo")
+
+
+CAPPED = RetryPolicy(max_spot_price=0.95, capacity_wait_seconds=60, max_capacity_waits=3)
+
+
+def test_price_cap_picks_the_pool_under_it():
+    decision = decide_next(record(), [Offer(A, 1.0, 3.06, True, T0), Offer(B, 0.9, 3.06, False, T0)]
+                           + offers()[2:], CAPPED, now=T0)
+    assert (decision.action, decision.market) == ("wait", None), "B is down, A is too dear"
+    assert "above max_spot_price $0.95/h" in decision.reason and "cheaper window" in decision.reason
+    decision = decide_next(record(), offers(), CAPPED, now=T0)
+    assert decision.action == "launch" and decision.pools == (B,)
+
+
+def test_a_price_wait_is_bounded_then_on_demand_or_fail():
+    dear = [Offer(A, 1.2, 3.06, True, T0), Offer(B, 1.1, 3.06, True, T0)]
+    late = T0 + 1000  # the job has been idle longer than 3 waits of 60 s
+    decision = decide_next(record(), dear + offers()[2:], CAPPED, now=late)
+    assert decision.action == "launch" and decision.market is Market.ON_DEMAND
+    assert "the price window did not come" in decision.reason
+    no_fallback = dataclasses.replace(CAPPED, on_demand_fallback=False)
+    assert decide_next(record(), dear, no_fallback, now=late).action == "fail"
+
+
+def test_budget_and_deadline_come_before_the_price_window():
+    dear = [Offer(A, 1.2, 3.06, True, T0), Offer(B, 1.1, 3.06, True, T0)] + offers()[2:]
+    spent = decide_next(record(*[(B, P)] * 3), dear, CAPPED, now=T0)
+    assert spent.market is Market.ON_DEMAND and "budget is spent" in spent.reason
