@@ -19,37 +19,27 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
 
 from aws_helpers import (bucket, client, make_network, managed_live_instances,  # noqa: F401
-                         preempt_after_checkpoints)
+                         preempt_after_checkpoints, unique)
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
 from spot_core.model import JobRecord
 from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import train_command
+from task_context import TI, StateStore
 
 pytestmark = pytest.mark.timeout(240)
-
-
-class StateStore(dict):
-    def set(self, key, value, *, retention=None):
-        self[key] = value
-
-
-class TI:
-    dag_id, task_id, run_id, map_index = "ec2_dag", "train", "manual__1", -1
-
-    def __init__(self):
-        self.xcom = {}
-
-    def xcom_push(self, key, value):
-        self.xcom[key] = value
 
 
 @pytest.fixture
 def ec2(aws_env, bucket, tmp_path):
     net = make_network(aws_env)
+    # Interruption warnings go to an EventBridge-fed SQS queue too, as in a real account, so
+    # a reclaim is recognised even if the agent's report is slow on a loaded machine.
+    queue = client("sqs", aws_env).create_queue(QueueName=unique("spot-events"))["QueueUrl"]
     runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", ("us-east-1",),
-                                 default_instance_env(aws_env, "us-east-1"))
+                                 default_instance_env(aws_env, "us-east-1"),
+                                 sqs_queue_url=queue, notice_seconds=10.0)
     with runtime:
-        yield aws_env, net, bucket, runtime
+        yield aws_env, {**net, "queue": queue}, bucket, runtime
     assert managed_live_instances(aws_env) == [], "orphans left"
 
 
@@ -57,7 +47,7 @@ def _operator(endpoint, net, **kwargs) -> SpotJobOperator:
     options = {"region": "us-east-1", "endpoint_url": endpoint, "subnets": net["subnets"],
                "instance_types": ["g4dn.xlarge"], "image_id": net["image_id"],
                "instance_profile": net["instance_profile"], "agent_python": sys.executable,
-               "watch_poll_interval": 0.1}
+               "watch_poll_interval": 0.1, "sqs_queue_url": net["queue"]}
     with DAG("ec2_dag", schedule=None, start_date=datetime(2026, 1, 1)):
         return SpotJobOperator(task_id="train", provider="ec2", provider_options=options,
                                poll_interval=0.2, capacity_wait_seconds=1.0, **kwargs)
@@ -92,7 +82,7 @@ def test_deferrable_ec2_job_is_preempted_and_resumes_from_s3_on_demand(ec2):
     preempt_after_checkpoints(runtime, uri, attempts=(1,))
     summary = _drive(op, {"task_state_store": store, "ti": ti})
     assert summary["status"] == "succeeded" and summary["preemptions"] == 1, summary
-    record = JobRecord.from_dict(store[RECORD_KEY])
+    record = JobRecord.from_dict(store.data[RECORD_KEY])
     assert [str(a.pool.market) for a in record.attempts] == ["spot", "on-demand"]
     assert record.attempts[1].checkpoint_step_start > 0, "resumed from the S3 checkpoint"
     assert all(a.cost > 0 for a in record.attempts)
@@ -111,7 +101,7 @@ def test_image_reaches_the_instance_and_a_failing_container_is_a_user_failure(ec
     # No Docker engine here: the container cannot start, which is the step failing.
     with pytest.raises(SpotUserStepFailed):
         op.execute({"task_state_store": store, "ti": ti})
-    record = JobRecord.from_dict(store[RECORD_KEY])
+    record = JobRecord.from_dict(store.data[RECORD_KEY])
     raw = client("ec2", endpoint).describe_instance_attribute(
         InstanceId=record.attempts[0].lease_id, Attribute="userData")
     script = base64.b64decode(raw["UserData"]["Value"]).decode()

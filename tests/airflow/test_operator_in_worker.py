@@ -1,7 +1,6 @@
 """SpotJobOperator's non-deferrable loop against a real local cloud server.
 
-The context holds what the Task SDK gives an operator: a task state store (here a dict
-with the accessor's get/set) and a task instance that takes XComs.
+The context holds what the Task SDK gives an operator (``task_context``).
 """
 
 from __future__ import annotations
@@ -16,28 +15,7 @@ from airflow.sdk import DAG
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
 from spot_core.model import JobRecord
-
-
-class StateStore:
-    def __init__(self):
-        self.data = {}
-
-    def get(self, key, default=None):
-        return self.data.get(key, default)
-
-    def set(self, key, value, *, retention=None):
-        assert value is not None
-        self.data[key] = value
-
-
-class TI:
-    dag_id, task_id, run_id, map_index = "d", "t", "manual__1", -1
-
-    def __init__(self):
-        self.xcom = {}
-
-    def xcom_push(self, key, value):
-        self.xcom[key] = value
+from task_context import TI, StateStore
 
 
 def _operator(cloud_url, tmp_path, script: str) -> SpotJobOperator:
