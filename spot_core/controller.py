@@ -1,11 +1,12 @@
 """Observe -> decide -> apply for one job, until it succeeds, fails or misses its deadline.
 
 The controller is the only loop in the system. It reads the market, asks the pure
-retry policy what to do with the JobRecord, applies the decision through a provider,
-classifies how the attempt ended, keeps the cost ledger, and hands the record to a
-persistence callback after every change (engine adapters plug their state stores in
-there). It holds exactly one lease at a time and terminates it on every exit path,
-including exceptions, cancellation and Ctrl-C.
+retry policy what to do with the JobRecord (and, for a job with a ``deadline_policy`` on
+a trace market, the deadline policy's plan: ``spot_core.policy.deadline_planner``),
+applies the decision through a provider, classifies how the attempt ended, keeps the
+cost ledger, and hands the record to a persistence callback after every change (engine
+adapters plug their state stores in there). It holds exactly one lease at a time and
+terminates it on every exit path, including exceptions, cancellation and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from spot_core.checkpoint import open_store
-from spot_core.errors import CapacityUnavailable
+from spot_core.errors import CapacityUnavailable, ConfigError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
 from spot_core.policy.deadline_live import DeadlineWork
+from spot_core.policy.deadline_planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus, Provider
 
@@ -46,6 +48,19 @@ class JobSpec:
     restart_overhead_seconds: float = 300.0
     # Run ``command`` in this container image (see ``spot_core.container``).
     image: str | None = None
+    # A deadline policy by name (``spot_core.policy.deadline_policies``: greedy,
+    # uniform-progress, default, ...) that decides spot / on-demand / wait between attempts
+    # on a trace market (see ``spot_core.policy.deadline_planner``); None: only the safety
+    # net (go on-demand once the work and two restarts no longer fit), as on EC2.
+    deadline_policy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.deadline_policy is None:
+            return
+        check_deadline_policy(self.deadline_policy)
+        if self.deadline is None or self.work_seconds is None:
+            raise ConfigError(f"deadline policy {self.deadline_policy!r} needs the job's "
+                              "deadline and work_seconds (--deadline and --work)")
 
     def candidate_pools(self) -> tuple[Pool, ...]:
         """The spot pools and their on-demand counterparts, without duplicates."""
@@ -80,6 +95,7 @@ class Controller:
         self._clock = clock
         self._sleep = sleep
         self._poll_interval = poll_interval
+        self._plans: dict[tuple, DeadlinePlan | None] = {}
 
     def persist(self, record: JobRecord) -> JobRecord:
         """Hand ``record`` to the persistence callback (e.g. a new record before launch)."""
@@ -122,8 +138,30 @@ class Controller:
         """Observe the market and ask the policy what the job does next."""
         now = self._clock()
         offers = self.market.offers(spec.candidate_pools(), now)
-        return decide_next(record, offers, self.policy, now=now,
-                           work=self._deadline_work(spec, record))
+        decision = decide_next(record, offers, self.policy, now=now,
+                               work=self._deadline_work(spec, record))
+        plan = self._deadline_plan(spec, record)
+        if plan is None:
+            return decision
+        return plan.decide(record, offers, self.policy, decision, now=now)
+
+    def _deadline_plan(self, spec: JobSpec, record: JobRecord) -> DeadlinePlan | None:
+        """The job's window planned once by its deadline policy (trace markets only)."""
+        if spec.deadline_policy is None or record.deadline is None or spec.work_seconds is None:
+            return None
+        key = (spec.job_id, record.created_at, record.deadline, spec.deadline_policy)
+        if key not in self._plans:
+            plan = plan_job(self.market, policy=spec.deadline_policy, pools=spec.pools,
+                            created_at=record.created_at, deadline=record.deadline,
+                            work_seconds=spec.work_seconds,
+                            restart_overhead_seconds=spec.restart_overhead_seconds,
+                            total_steps=spec.total_steps)
+            if plan is None:
+                log.info("job %s: deadline policy %s does not apply here (no trace market or "
+                         "no room); the safety net alone decides", spec.job_id,
+                         spec.deadline_policy)
+            self._plans[key] = plan
+        return self._plans[key]
 
     def _deadline_work(self, spec: JobSpec, record: JobRecord) -> DeadlineWork | None:
         """Work left and restart overhead in wall seconds, for a job with a deadline."""

@@ -55,6 +55,14 @@ def register(subparsers) -> None:
                         "plus two restarts no longer fits before the deadline on spot")
     parser.add_argument("--total-steps", type=int, default=None, help="with --work: the step "
                         "count at which the job is done, so checkpoint steps measure progress")
+    parser.add_argument("--restart-overhead", default=None, metavar="DURATION", help="with "
+                        "--work: capacity time a new instance takes before the job makes "
+                        "progress again (default 5m), as `simulate --restart-overhead-hours`")
+    parser.add_argument("--deadline-policy", default=None, metavar="NAME", help="with --deadline "
+                        "and --work: a deadline policy (greedy, uniform-progress, default, ...) "
+                        "that decides spot, on-demand or wait between attempts on the local "
+                        "cloud's traces, as `spot-pipelines simulate --policy NAME` does "
+                        "(default: none, only the on-demand safety net)")
     parser.add_argument("--checkpoint-uri", default=None, help="where the job checkpoints "
                         "(default: file://./.spot-runs/JOB_ID/checkpoints)")
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
@@ -85,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from spot_core.policy.retry import RetryPolicy
     from spot_core.report import print_record
 
+    deadline_policy = _deadline_policy(args)
+    overhead = _overhead(args.restart_overhead)
     command = _command(args.cmd, in_image=args.image is not None)
     job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
     checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
@@ -98,13 +108,32 @@ def run(args: argparse.Namespace) -> int:
                        pools=_pools(provider, args.pools),
                        deadline=_deadline(args.deadline, provider),
                        work_seconds=_duration("--work", args.work),
-                       total_steps=args.total_steps, image=args.image)
+                       total_steps=args.total_steps, image=args.image,
+                       deadline_policy=deadline_policy, **overhead)
         controller = Controller(provider, provider.market, policy, listener=_print_event)
         record = controller.run(spec)
     print_record(record, provider.market.time_scale)
     if args.json:
         print(record.to_json(), flush=True)
     return 0 if str(record.status) == "succeeded" else 1
+
+
+def _deadline_policy(args: argparse.Namespace) -> str | None:
+    """The --deadline-policy name, checked against the registry before anything starts."""
+    if args.deadline_policy is None:
+        return None
+    from spot_core.policy.deadline_planner import check_deadline_policy
+
+    check_deadline_policy(args.deadline_policy)
+    if args.deadline is None or args.work is None:
+        raise ConfigError(f"--deadline-policy {args.deadline_policy} needs --deadline and "
+                          "--work (and --total-steps, so checkpoints measure progress)")
+    return args.deadline_policy
+
+
+def _overhead(text: str | None) -> dict[str, float]:
+    seconds = _duration("--restart-overhead", text)
+    return {} if seconds is None else {"restart_overhead_seconds": seconds}
 
 
 def _print_event(kind: str, record, detail: str) -> None:

@@ -7,6 +7,10 @@ work left and restart overhead ``R``, a job that is not on spot must go on-deman
 the time left is no more than ``w + 2R`` (rounded up to whole ticks), because a spot
 attempt started later could be reclaimed and still need one more restart on on-demand.
 ``spot_core.policy.retry.decide_next`` consults it when it is told the work left.
+
+That rule is all a job gets on markets without traces (EC2). On a trace market, a job
+that names a ``deadline_policy`` is run by that policy itself, planned on the same window
+the simulator would cut (``spot_core.policy.deadline_planner``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,222 @@
+"""Deadline policies for live jobs: the simulator's policies, run by the controller.
+
+On a market that replays traces (the local spot cloud's ``TraceMarket``), a deadline-bound
+job is planned once, exactly as ``spot-pipelines simulate`` plans a window: the window
+starts at the trace tick in which the job was created (``record.created_at``), holds the
+whole ticks that end by the job's deadline, sees the history before its start, and the
+job's work and restart overhead are its capacity seconds (capacity time *is* trace time on
+the local cloud). The window is cut by the simulator's own builder
+(:meth:`spot_core.sim.simulator.Replay.window`), so the policy sees the same arrays
+whether it is simulated or run for real.
+
+At each decision point (no attempt running) the plan asks the policy's
+``decide(t, progress, IDLE, 0)`` for the current tick ``t`` with the progress the
+checkpoints prove (``latest step / total_steps * work``) and maps its answer:
+
+- a zone index: launch spot in that zone's pool (first; the other spot pools with capacity
+  follow it, as fallbacks should the zone go away between the look and the launch);
+- ``ON_DEMAND``: launch on-demand (cheapest on-demand pool first);
+- ``IDLE``: wait until the next tick boundary (never longer than one tick, never past the
+  deadline), then ask again. Every registered policy has the safety nets, so an idle job
+  is always sent to on-demand in time.
+
+What stays with the retry policy (``spot_core.policy.retry``): done / failed / deadline
+passed, the user and infrastructure budgets, the preemption budget (after
+``max_preemptions`` the job goes on-demand whatever the deadline policy says, as
+DESIGN.md's outcome rules want), jobs that may not use on-demand
+(``on_demand_fallback=False``: the deadline policy is not consulted), and any moment
+outside the planned window.
+
+**Limitation: decisions only between attempts.** The simulator's policy is asked at every
+tick, also while the job runs, and may move a running job (e.g. ``uniform-progress`` leaves
+on-demand for spot once it is ahead; ``default`` may switch zones). The controller cannot:
+an attempt ends only as one of DESIGN.md's five outcomes (succeeded, preempted,
+user_failed, infrastructure_failed, capacity_unavailable), there is no "moved" outcome,
+so a running attempt (spot or on-demand) is kept until it ends. For ``greedy`` (which
+never leaves a running instance voluntarily) live and simulated choices are the same;
+for policies that do move, the live job can cost more than the simulator reports.
+
+Pure, like the rest of ``spot_core.policy``: the plan is built from trace data and the
+market's tick arithmetic, then each decision is a function of the record, the offers
+and ``now``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from spot_core.errors import ConfigError
+from spot_core.model import Attempt, JobRecord, Market, Offer, Outcome, Pool
+from spot_core.policy.deadline import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
+from spot_core.policy.ranking import rank_pools
+from spot_core.policy.retry import Decision, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+TICK_EPSILON_WALL_SECONDS = 1e-3
+"""How far past a tick boundary an idle wait ends, so the next look is in the next tick."""
+
+
+def check_deadline_policy(name: str) -> str:
+    """``name`` if registered, else a one-line ``ConfigError`` listing the valid names
+    (``optimal`` is an offline bound, not a policy a live job can run)."""
+    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+
+    DEADLINE_POLICIES.get(name)
+    return name
+
+
+def is_trace_market(market: object) -> bool:
+    """True for markets that replay traces on a tick clock (``TraceMarket``)."""
+    return all(hasattr(market, name) for name in ("traces", "tick_at", "wall_time",
+                                                  "tick_seconds", "trace"))
+
+
+@dataclass(frozen=True, eq=False)
+class DeadlinePlan:
+    """One job's window, planned once by a deadline policy, and the live mapping of its
+    actions onto controller decisions (see the module docstring)."""
+
+    policy: str
+    window: Window
+    decide_tick: Decide
+    start_tick: int
+    pools: tuple[Pool, ...]  # the spot pool of each window zone, in zone order
+    work_seconds: float
+    total_steps: int | None
+    tick_at: Callable[[float], int]
+    wall_time: Callable[[int], float]
+
+    # -- observations -------------------------------------------------------------------
+    def tick(self, now: float) -> int:
+        """The window tick at wall time ``now`` (may be < 0 or >= ``window.ticks``)."""
+        return self.tick_at(now) - self.start_tick
+
+    def progress_seconds(self, record: JobRecord) -> float:
+        """Work done as the latest durable checkpoint proves it, in trace seconds."""
+        if not self.total_steps or record.latest_checkpoint is None:
+            return 0.0
+        return self.work_seconds * min(1.0, record.latest_checkpoint.step / self.total_steps)
+
+    def action(self, record: JobRecord, now: float) -> int | None:
+        """The policy's action at ``now`` for a job on no instance; None outside the window."""
+        t = self.tick(now)
+        if not 0 <= t < self.window.ticks:
+            return None
+        return int(self.decide_tick(t, self.progress_seconds(record), IDLE, 0.0))
+
+    # -- the decision -------------------------------------------------------------------
+    def decide(self, record: JobRecord, offers: Sequence[Offer], retry: RetryPolicy,
+               fallback: Decision, *, now: float) -> Decision:
+        """What the job does next; ``fallback`` is the retry policy's own answer, used
+        whenever the deadline policy has no say (see the module docstring)."""
+        if fallback.action in ("done", "fail") or record.current_attempt is not None:
+            return fallback
+        if not retry.on_demand_fallback or record.preemptions >= retry.max_preemptions:
+            return fallback
+        t = self.tick(now)
+        if not 0 <= t < self.window.ticks:
+            return fallback
+        last = _last_finished(record)
+        if (last is not None and last.outcome is Outcome.CAPACITY_UNAVAILABLE
+                and last.ended_at is not None and self.tick(last.ended_at) == t):
+            return self._wait(record, t, now, "the last launch found no capacity in this tick")
+        progress = self.progress_seconds(record)
+        action = int(self.decide_tick(t, progress, IDLE, 0.0))
+        where = (f"tick {t} of {self.window.ticks}, "
+                 f"{progress / self.window.job.task_seconds:.0%} of the work done")
+        if action == IDLE:
+            return self._wait(record, t, now, f"deadline policy {self.policy} waits ({where})")
+        if action == ON_DEMAND:
+            on_demand = _on_demand_pools(offers)
+            if not on_demand:
+                return fallback
+            return Decision("launch", market=Market.ON_DEMAND, pools=on_demand,
+                            reason=f"deadline policy {self.policy}: on-demand in "
+                                   f"{on_demand[0].zone} ({where})")
+        if not 0 <= action < len(self.pools):
+            raise ValueError(f"deadline policy {self.policy} answered {action}, which is no "
+                             f"zone of its {len(self.pools)}-zone window")
+        chosen = self.pools[action]
+        others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
+        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others,
+                        reason=f"deadline policy {self.policy}: spot in {chosen.zone} ({where})")
+
+    def _wait(self, record: JobRecord, t: int, now: float, reason: str) -> Decision:
+        """Wait until the next tick boundary: bounded by one tick and by the deadline."""
+        until = self.wall_time(self.start_tick + t + 1) + TICK_EPSILON_WALL_SECONDS
+        if record.deadline is not None:
+            until = min(until, record.deadline)
+        seconds = max(until - now, TICK_EPSILON_WALL_SECONDS)
+        return Decision("wait", wait_seconds=seconds,
+                        reason=f"{reason}; waiting {seconds:.2f} s for the next tick")
+
+
+def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: float,
+             deadline: float, work_seconds: float, restart_overhead_seconds: float,
+             total_steps: int | None) -> DeadlinePlan | None:
+    """Plan a deadline-bound job's window on a trace market; None when the deadline policy
+    cannot apply (not a trace market, no spot pool, or a deadline that leaves no window
+    the work fits in: the retry policy's safety net then decides, as without a policy)."""
+    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+    from spot_core.sim.simulator import Replay
+
+    chosen = DEADLINE_POLICIES.get(policy)
+    spot = tuple(dict.fromkeys(p for p in pools if p.is_spot))
+    if not is_trace_market(market) or not spot:
+        return None
+    tick = float(market.tick_seconds)
+    start = int(market.tick_at(created_at))
+    ticks = int(market.tick_at(deadline)) - start
+    job = Job(float(work_seconds), ticks * tick, float(restart_overhead_seconds))
+    if ticks < 1 or ticks * tick < job.task_seconds + job.overhead_seconds - 1e-6:
+        log.info("deadline policy %s: %d whole tick(s) before the deadline cannot hold the "
+                 "work plus one restart; leaving the job to the retry policy", policy, ticks)
+        return None
+    past = max(0, start - int(HISTORY_HOURS * 3600 / tick))
+    traces = [_unrolled(market, market.trace(p.zone, p.instance_type), past, start + ticks)
+              for p in spot]
+    try:
+        window = Replay.from_traces(traces).window(start - past, job)
+    except ConfigError as exc:
+        log.info("deadline policy %s cannot plan this job (%s); leaving it to the retry "
+                 "policy", policy, exc)
+        return None
+    return DeadlinePlan(policy=policy, window=window, decide_tick=chosen.plan(window),
+                        start_tick=start, pools=spot, work_seconds=float(work_seconds),
+                        total_steps=total_steps, tick_at=market.tick_at,
+                        wall_time=market.wall_time)
+
+
+def _unrolled(market, trace, first: int, end: int):
+    """Absolute market ticks ``[first, end)`` of ``trace`` as the market replays them
+    (wrapping around, or holding the last tick, past the trace's end)."""
+    ticks = np.arange(first, end)
+    n = trace.n_ticks
+    index = ticks % n if getattr(market, "wrap", True) else np.minimum(ticks, n - 1)
+    return dataclasses.replace(trace, available=trace.available[index],
+                               spot_price=trace.spot_price[index])
+
+
+def _on_demand_pools(offers: Sequence[Offer]) -> tuple[Pool, ...]:
+    """On-demand pools the market offers, cheapest first (derived from spot offers if none)."""
+    explicit = sorted((o for o in offers if not o.pool.is_spot and o.available),
+                      key=lambda o: (o.price_per_hour, o.pool.key))
+    if explicit:
+        return tuple(dict.fromkeys(o.pool for o in explicit))
+    derived = sorted((o for o in offers if o.pool.is_spot),
+                     key=lambda o: (o.on_demand_price_per_hour, o.pool.key))
+    return tuple(dict.fromkeys(o.pool.on(Market.ON_DEMAND) for o in derived))
+
+
+def _last_finished(record: JobRecord) -> Attempt | None:
+    finished = [a for a in record.attempts if a.finished]
+    return finished[-1] if finished else None
+
+
+__all__ = ["DeadlinePlan", "check_deadline_policy", "is_trace_market", "plan_job"]
