@@ -8,7 +8,9 @@ every transition. Both the task runner and the worker go through here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 from typing import Any, Callable, Sequence
 
 from spot_core.controller import Controller, JobSpec
@@ -19,20 +21,40 @@ from prefect_spot.blocks import SpotConfiguration
 from prefect_spot.events import emit_job_event
 
 
-def open_configured_provider(config: SpotConfiguration, **defaults: Any):
-    """The provider ``config`` names; its options override ``defaults``.
+LOCAL_PROVIDER = "local"
+# Names a lease's environment must never carry off the local machine: Prefect's own API
+# credentials, and anything the EC2 provider would refuse to write into user-data.
+PREFECT_SECRETS = ("PREFECT_API_KEY", "PREFECT_API_AUTH_STRING")
 
-    Uses ``spot_core.providers.open_provider`` when the core has it (so a running local
-    cloud server can be shared across processes), else an in-process local cloud.
+
+def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
+    """The provider ``config`` names; its options override ``local_defaults``.
+
+    ``local_defaults`` (a scratch ``workdir`` for an in-process cloud) apply to the local
+    provider only; other providers get exactly their ``provider_options`` (the ec2
+    provider's ``region`` defaults to ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, and its
+    ``instance_types`` to the configuration's). Uses ``spot_core.providers.open_provider``
+    when the core has it (so a running local cloud server can be shared across
+    processes), else an in-process local cloud.
     """
-    options = {**defaults, **config.provider_options}
+    check_provider_options(config.provider, config.provider_options, config.instance_types)
+    if config.provider == LOCAL_PROVIDER:
+        options = {**local_defaults, **config.provider_options}
+    else:
+        options = dict(config.provider_options)
+    if config.provider == "ec2":
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region and "region" not in options:
+            options["region"] = region
+        if config.instance_types and not options.get("instance_types"):
+            options["instance_types"] = list(config.instance_types)
     try:
         from spot_core.providers import open_provider  # type: ignore[attr-defined]
     except ImportError:
         open_provider = None
     if open_provider is not None:
         return open_provider(config.provider, **options)
-    if config.provider != "local":
+    if config.provider != LOCAL_PROVIDER:
         raise ConfigError(f"provider {config.provider!r} is not available here; use 'local'")
     if options.get("url"):
         raise ConfigError("provider_options.url needs spot_core.providers.open_provider "
@@ -44,6 +66,81 @@ def open_configured_provider(config: SpotConfiguration, **defaults: Any):
     if unknown:
         raise ConfigError(f"unknown local provider options {unknown}; use {sorted(allowed)}")
     return LocalProvider.from_traces(**options)
+
+
+EC2_REQUIRED = ("subnets", "image_id")
+
+
+def check_provider_options(provider: str, options: dict[str, Any],
+                           instance_types: Sequence[str] = ()) -> None:
+    """Check ``provider_options`` without touching the cloud; ConfigError says what to fix.
+
+    For ``ec2``: every name must be an ``Ec2Provider`` option (or ``region``), and
+    ``subnets``, ``image_id`` and ``instance_types`` (here or in the configuration's
+    ``instance_types``) are required. The local provider checks its own options when
+    it opens.
+    """
+    if provider != "ec2":
+        return
+    from dataclasses import fields
+
+    from spot_core.providers.ec2 import Ec2Options
+
+    known = {f.name for f in fields(Ec2Options)} | {"region"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown ec2 provider option(s) {unknown} in provider_options; "
+                          f"choose from {sorted(known)} (credentials never go here: the "
+                          "instances use their instance profile)")
+    missing = [name for name in EC2_REQUIRED if not options.get(name)]
+    if not options.get("instance_types") and not instance_types:
+        missing.append("instance_types")
+    if missing:
+        raise ConfigError(f"provider 'ec2' needs provider_options {missing}, e.g. "
+                          "{'region': 'us-east-1', 'subnets': ['subnet-...'], 'image_id': "
+                          "'ami-...', 'instance_types': ['g5.xlarge'], 'instance_profile': "
+                          "'spot-step'} (see docs/prefect.md)")
+
+
+def check_store_for(provider: str, store_uri: str | None, what: str) -> None:
+    """A provider whose leases are remote needs a store they can reach (``s3://``)."""
+    if provider == LOCAL_PROVIDER:
+        return
+    if store_uri is None or not store_uri.startswith("s3://"):
+        shown = "none (a folder on this machine)" if store_uri is None else repr(store_uri)
+        raise ConfigError(f"provider {provider!r} needs {what} 's3://bucket/prefix': its "
+                          f"instances cannot see this machine's disk (got {shown})")
+
+
+def lease_python(provider: str, options: dict[str, Any]) -> str:
+    """The Python that runs a step on a lease of ``provider``.
+
+    A local lease is a process on this machine: this interpreter. A remote one has its
+    own: ``provider_options["agent_python"]`` (the option the ec2 provider already uses
+    for its on-instance agent), default ``python3``.
+    """
+    if provider == LOCAL_PROVIDER:
+        return sys.executable
+    return str(options.get("agent_python") or "python3")
+
+
+def lease_env(provider: str, env: dict[str, str], logger=None) -> dict[str, str]:
+    """``env`` as it may go to a lease of ``provider``.
+
+    Off this machine (any provider but local) names that look like credentials are
+    dropped with a warning: a remote instance gets its access from its instance profile
+    (or its image), and the EC2 provider writes the environment into user-data.
+    """
+    if provider == LOCAL_PROVIDER:
+        return dict(env)
+    from spot_core.providers.ec2_agent import secret_names
+
+    dropped = sorted(set(secret_names(env)) | {n for n in PREFECT_SECRETS if n in env})
+    if dropped and logger is not None:
+        logger.warning("not passing %s to the %s lease: credentials never go into its "
+                       "environment; provide them on the instance (image, instance profile "
+                       "or a secrets manager)", ", ".join(dropped), provider)
+    return {k: v for k, v in env.items() if k not in dropped}
 
 
 def provider_market(provider):

@@ -19,7 +19,7 @@ from spot_core.checkpoint import CheckpointStore, open_store, parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
 
-PROVIDERS = ("local",)  # ec2 and kubernetes plug in here when their providers land
+PROVIDERS = ("local", "ec2")  # kubernetes plugs in here when its provider lands
 
 
 class SpotConfiguration(Block):
@@ -30,13 +30,16 @@ class SpotConfiguration(Block):
     _description = ("Spot capacity for ML pipeline steps: pool diversification, max price, "
                     "preemption budget and on-demand fallback.")
 
-    provider: Literal["local"] = Field(
+    provider: Literal["local", "ec2"] = Field(
         default="local", description="Capacity provider. `local` is the trace-driven local "
-        "spot cloud (no cloud account needed).")
+        "spot cloud (no cloud account needed); `ec2` is AWS EC2 (needs an `s3://` "
+        "checkpoint storage).")
     provider_options: dict[str, Any] = Field(
         default_factory=dict, description="Options for the provider, e.g. for `local`: "
         "`url` of a running local cloud server, or `time_scale` and `start_tick` for an "
-        "in-process one.")
+        "in-process one; for `ec2`: `region`, `subnets`, `image_id`, `instance_types`, "
+        "`instance_profile`, `agent_python` (the Python on the instance, default "
+        "`python3`), `endpoint_url`, ... (never credentials).")
     zones: list[str] = Field(
         default_factory=list, description="Zones to spread over (pool diversification). "
         "Empty: every zone the provider offers.")
@@ -71,6 +74,12 @@ class SpotConfiguration(Block):
     @model_validator(mode="after")
     def _check_policy(self) -> SpotConfiguration:
         self.retry_policy()  # RetryPolicy re-validates and names the bad field
+        from prefect_spot._jobs import check_provider_options
+
+        try:
+            check_provider_options(self.provider, self.provider_options, self.instance_types)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
         return self
 
     def retry_policy(self, max_user_retries: int = 0) -> RetryPolicy:

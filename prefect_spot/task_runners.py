@@ -37,7 +37,7 @@ from spot_core.errors import SpotError
 from spot_core.model import JobRecord, JobStatus, Outcome
 
 from prefect_spot import _jobs, artifacts
-from prefect_spot._remote import wants_checkpointer
+from prefect_spot._remote import CallExchange, call_uri, wants_checkpointer
 from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration, resolve_config,
                                  resolve_storage)
 
@@ -67,7 +67,10 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             URI; each task run gets a folder under it (default: a folder in ``workdir``).
         spot_tag: if set, only tasks with this tag run on spot; others run in threads here.
         checkpoint_every_seconds / checkpoint_every_steps: the Checkpointer's schedule.
-        workdir: where call payloads, results and (default) checkpoints go.
+        workdir: where the local cloud and (without ``checkpoint_storage``) the jobs'
+            checkpoints and call payloads go. The call, its result and its error are
+            exchanged through the job's checkpoint store (under ``<job uri>/call``), so
+            with ``provider="ec2"`` and an ``s3://`` storage the task runs on EC2.
         max_workers: how many tasks run (and hold leases) at once.
     """
 
@@ -194,20 +197,24 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         context = TaskRunContext.get()
         task_run = context.task_run
         config, storage = self._resolve()
+        _jobs.check_store_for(config.provider, None if storage is None else storage.uri,
+                              "checkpoint_storage")
         provider = self.provider()
         job_id = f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}"
-        job_dir = self._root / "jobs" / job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
-        paths = {name: job_dir / f"{name}.pkl" for name in ("payload", "result", "error")}
-        paths["payload"].write_bytes(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
-        paths["error"].unlink(missing_ok=True)
-        checkpoint_uri = (storage.job_uri(job_id) if storage is not None
-                          else (job_dir / "checkpoints").resolve().as_uri())
+        if storage is not None:
+            checkpoint_uri, store_options = storage.job_uri(job_id), dict(storage.options)
+        else:
+            job_dir = self._root / "jobs" / job_id
+            checkpoint_uri, store_options = (job_dir / "checkpoints").resolve().as_uri(), {}
+        # The call goes through the job's object store, not a local folder, so a lease on
+        # another machine (an EC2 instance) reads it and writes its result back there.
+        exchange = CallExchange.open(call_uri(checkpoint_uri), **store_options)
+        exchange.put_payload(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
         spec = _jobs.job_spec(
             config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
-            command=(sys.executable, "-m", "prefect_spot._remote",
-                     *(str(paths[n]) for n in ("payload", "result", "error"))),
-            env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+            command=(_jobs.lease_python(config.provider, config.provider_options),
+                     "-m", "prefect_spot._remote", exchange.uri),
+            env=self._lease_env(config))
         record = self._record_for_try(task_run.id)
         related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
                     "prefect.resource.role": "task-run"}]
@@ -217,7 +224,15 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         record = controller.run(spec, record)
         _remember(task_run.id, record)
         artifacts.publish(record)
-        return _outcome(record, paths)
+        return _outcome(record, exchange)
+
+    @staticmethod
+    def _lease_env(config: SpotConfiguration) -> dict[str, str]:
+        """A local lease imports what this process imports; a remote one has its own
+        Python and packages (this machine's paths mean nothing there)."""
+        if config.provider == _jobs.LOCAL_PROVIDER:
+            return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        return {}
 
     def _record_for_try(self, task_run_id: uuid.UUID) -> JobRecord | None:
         """The record of an earlier try of this task run (a Prefect retry), reopened."""
@@ -269,12 +284,18 @@ def _needs_pickle_by_value(module) -> bool:
     return "site-packages" not in path and name not in sys.stdlib_module_names
 
 
-def _outcome(record: JobRecord, paths: dict[str, Path]) -> Any:
-    if record.status is JobStatus.SUCCEEDED:
-        return cloudpickle.loads(paths["result"].read_bytes())
+def _outcome(record: JobRecord, exchange: CallExchange) -> Any:
     last = record.attempts[-1] if record.attempts else None
-    if last is not None and last.outcome is Outcome.USER_FAILED and paths["error"].exists():
-        report = cloudpickle.loads(paths["error"].read_bytes())
+    if record.status is JobStatus.SUCCEEDED and last is not None:
+        try:
+            return exchange.result(last.number)
+        except FileNotFoundError:
+            raise SpotJobFailed(f"spot job {record.job_id} succeeded but attempt {last.number} "
+                                f"wrote no result to {exchange.uri}") from None
+    report = None
+    if last is not None and last.outcome is Outcome.USER_FAILED:
+        report = exchange.error(last.number)
+    if report is not None:
         if report["error"] is not None:
             raise report["error"]
         raise SpotJobFailed(f"the task failed on spot capacity:\n{report['traceback']}")

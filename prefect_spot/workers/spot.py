@@ -27,7 +27,7 @@ from typing import Any, Literal, Optional
 
 import anyio
 import anyio.to_thread
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from prefect.client.schemas.objects import FlowRun
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 
@@ -54,14 +54,30 @@ def _check_store_uri(value: str | None) -> str | None:
         raise ValueError(f"checkpoint_root: {exc}") from exc
 
 
+def _check_provider(values):
+    """Provider options checked without touching the cloud; a remote provider needs an
+    ``s3://`` checkpoint_root (its instances cannot see the worker's disk)."""
+    try:
+        _jobs.check_provider_options(values.provider, values.provider_options,
+                                     values.instance_types)
+        _jobs.check_store_for(values.provider, values.checkpoint_root, "checkpoint_root")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from exc
+    return values
+
+
 class _SpotFields:
     """Field definitions shared by the variables (the UI form) and the job configuration."""
 
     provider = Field(default="local", description="Capacity provider. `local` is the "
-                     "trace-driven local spot cloud (no cloud account needed).")
+                     "trace-driven local spot cloud (no cloud account needed); `ec2` is AWS "
+                     "EC2 (needs an `s3://` checkpoint_root).")
     provider_options = Field(default_factory=dict, description="Provider options, e.g. "
                              "`url` of a running local cloud server, or `time_scale` and "
-                             "`start_tick` for one inside the worker.")
+                             "`start_tick` for one inside the worker; for `ec2`: `region`, "
+                             "`subnets`, `image_id`, `instance_types`, `instance_profile`, "
+                             "`agent_python` (the instance's Python, default `python3`), "
+                             "... (never credentials).")
     zones = Field(default_factory=list, description="Zones to spread flow runs over (pool "
                   "diversification). Empty: every zone the provider offers.")
     instance_types = Field(default_factory=list, description="Instance types allowed. "
@@ -83,11 +99,12 @@ class _SpotFields:
                                "before the flow run fails.")
     checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
                             "or `s3://bucket/prefix`); each flow run gets a folder, passed "
-                            "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker.")
+                            "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
+                            "(local provider only; `ec2` needs `s3://`).")
 
 
 class SpotJobConfiguration(BaseJobConfiguration):
-    provider: Literal["local"] = _SpotFields.provider
+    provider: Literal["local", "ec2"] = _SpotFields.provider
     provider_options: dict[str, Any] = _SpotFields.provider_options
     zones: list[str] = _SpotFields.zones
     instance_types: list[str] = _SpotFields.instance_types
@@ -102,6 +119,7 @@ class SpotJobConfiguration(BaseJobConfiguration):
 
     _check_root = field_validator("checkpoint_root")(classmethod(
         lambda cls, value: _check_store_uri(value)))
+    _check_provider_fields = model_validator(mode="after")(lambda self: _check_provider(self))
 
     def spot_configuration(self) -> SpotConfiguration:
         return SpotConfiguration(
@@ -116,13 +134,15 @@ class SpotJobConfiguration(BaseJobConfiguration):
                              worker_name=None, worker_id=None) -> None:
         # The engine in the lease's main process, so a spot_task can turn the notice's
         # SIGTERM into an emergency checkpoint.
-        self.command = self.command or f"{shlex.quote(sys.executable)} -m prefect.engine"
+        # On a remote lease (ec2) the instance's own Python runs it (`agent_python`).
+        python = _jobs.lease_python(self.provider, self.provider_options)
+        self.command = self.command or f"{shlex.quote(python)} -m prefect.engine"
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name,
                                      worker_id)
 
 
 class SpotJobVariables(BaseVariables):
-    provider: Literal["local"] = _SpotFields.provider
+    provider: Literal["local", "ec2"] = _SpotFields.provider
     provider_options: dict[str, Any] = _SpotFields.provider_options
     zones: list[str] = _SpotFields.zones
     instance_types: list[str] = _SpotFields.instance_types
@@ -137,6 +157,7 @@ class SpotJobVariables(BaseVariables):
 
     _check_root = field_validator("checkpoint_root")(classmethod(
         lambda cls, value: _check_store_uri(value)))
+    _check_provider_fields = model_validator(mode="after")(lambda self: _check_provider(self))
 
 
 class SpotWorkerResult(BaseWorkerResult):
@@ -200,7 +221,9 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         spec = _jobs.job_spec(config, provider, job_id=f"flow-run-{flow_run.id}",
                               command=shlex.split(configuration.command),
                               checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
-                              env={k: v for k, v in configuration.env.items() if v is not None})
+                              env=_jobs.lease_env(config.provider, {
+                                  k: v for k, v in configuration.env.items() if v is not None},
+                                  logger))
         record = await self._load_record(flow_run)
         related = [{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
                     "prefect.resource.role": "flow-run"}]
@@ -375,19 +398,30 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         if not infrastructure_pid:
             raise InfrastructureNotFound("the flow run has no lease id")
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
-        status = await anyio.to_thread.run_sync(_observe_by_id, provider, infrastructure_pid)
-        if status is None:
+        found = await anyio.to_thread.run_sync(_observe_by_id, provider, infrastructure_pid)
+        if not found:
             raise InfrastructureNotFound(f"lease {infrastructure_pid} is unknown to the "
                                          f"{provider.name} provider")
-        await anyio.to_thread.run_sync(provider.terminate, _lease_stub(provider,
-                                                                       infrastructure_pid))
+        for stub, status in found:
+            if not status.ended or len(found) == 1:
+                await anyio.to_thread.run_sync(provider.terminate, stub)
 
 
-def _lease_stub(provider, lease_id: str) -> Lease:
-    pool = provider.pools()[0]
-    return Lease(lease_id=lease_id, pool=pool, job_id="", attempt=0, started_at=0.0,
-                 price_per_hour=0.0)
+def _lease_stubs(provider, lease_id: str) -> list[Lease]:
+    """A stand-in lease per region the provider covers: the id alone does not say where
+    an EC2 instance runs, and terminating in the wrong region would leave it running."""
+    by_region: dict[str, Any] = {}
+    for pool in provider.pools():
+        by_region.setdefault(pool.region, pool)
+    return [Lease(lease_id=lease_id, pool=pool, job_id="", attempt=0, started_at=0.0,
+                  price_per_hour=0.0) for pool in by_region.values()]
 
 
-def _observe_by_id(provider, lease_id: str):
-    return provider.observe([_lease_stub(provider, lease_id)]).get(lease_id)
+def _observe_by_id(provider, lease_id: str) -> list[tuple[Lease, LeaseStatus]]:
+    """(stub, status) for every region in which the provider reports the lease."""
+    found = []
+    for stub in _lease_stubs(provider, lease_id):
+        status = provider.observe([stub]).get(lease_id)
+        if status is not None:
+            found.append((stub, status))
+    return found

@@ -1,0 +1,179 @@
+"""SpotTaskRunner with provider="ec2": against a real Prefect server, moto in server mode and
+the instance runtime harness (each instance moto reports running runs its user-data as a
+local process with its own IMDSv2 emulator and the env an instance profile would give).
+
+The call, its result and its error go through the job's S3 store, not a local folder; a
+task preempted after its first checkpoint resumes from the S3 checkpoint on a new
+instance; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+from prefect import flow, task
+
+from aws_helpers import client, make_network, managed_live_instances, preempt_after_checkpoints
+from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
+from spot_core.errors import ConfigError
+from spot_core.model import Market, Outcome
+from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.sim.lease_processes import LEASE_MARKER
+
+pytestmark = pytest.mark.timeout(240)
+REGION = "us-east-1"
+
+
+@task
+def count_to(total: int, pause: float, checkpointer=None) -> dict:
+    """A resumable loop: its state is the step counter in the checkpoint."""
+    start = 0 if checkpointer.restored is None else checkpointer.restored.step
+    for step in range(start, total):
+        time.sleep(pause)
+        checkpointer.maybe_save(step + 1, lambda: {"n": str(step + 1).encode()})
+    return {"total": total, "started_at": start, "instance": os.environ.get(LEASE_MARKER)}
+
+
+@task(retries=0)
+def bad_column() -> None:
+    raise KeyError("no such column: price")
+
+
+@pytest.fixture
+def ec2(aws_env, bucket, tmp_path):
+    """(endpoint, network, bucket, runtime); afterwards moto shows no live instance."""
+    net = make_network(aws_env)
+    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", (REGION,),
+                                 default_instance_env(aws_env, REGION))
+    with runtime:
+        yield aws_env, net, bucket, runtime
+    assert managed_live_instances(aws_env) == [], "orphans left"
+
+
+def ec2_config(endpoint: str, net: dict, **fields) -> SpotConfiguration:
+    options = {"endpoint_url": endpoint, "region": REGION, "subnets": net["subnets"],
+               "instance_types": ["g4dn.xlarge"], "image_id": net["image_id"],
+               "instance_profile": net["instance_profile"], "agent_python": sys.executable,
+               "watch_poll_interval": 0.1}
+    return SpotConfiguration(provider="ec2", provider_options=options,
+                             capacity_wait_seconds=0.5, poll_interval_seconds=0.2, **fields)
+
+
+def preempt_first_attempt(runtime, endpoint: str, bucket: str, prefix: str) -> threading.Thread:
+    """Find the job's store from its call payload in S3 (the job id holds the task run id),
+    then reclaim attempt 1's instance once it has committed a checkpoint."""
+    s3 = client("s3", endpoint)
+
+    def run():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
+            payloads = [o["Key"] for o in listed.get("Contents", [])
+                        if o["Key"].endswith("/call/payload.pkl")]
+            if payloads:
+                job = payloads[0][:-len("/call/payload.pkl")]
+                preempt_after_checkpoints(runtime, f"s3://{bucket}/{job}", attempts=(1,)).join()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=run, daemon=True, name="find-and-preempt")
+    thread.start()
+    return thread
+
+
+def test_task_preempted_on_ec2_resumes_from_s3_checkpoint_on_a_new_instance(
+        prefect_api, ec2, tmp_path):
+    endpoint, net, bucket, runtime = ec2
+    config = ec2_config(endpoint, net, max_preemptions=1)
+    workdir = tmp_path / "runner"
+
+    @flow(task_runner=SpotTaskRunner(config, checkpoint_storage=f"s3://{bucket}/tasks",
+                                     checkpoint_every_steps=10, workdir=workdir))
+    def pipeline():
+        future = count_to.submit(300, 0.02)
+        return future.result(), spot_record(future)
+
+    preempter = preempt_first_attempt(runtime, endpoint, bucket, "tasks")
+    result, record = pipeline()
+    preempter.join(timeout=5)
+
+    assert managed_live_instances(endpoint) == [], "the runner terminated every instance"
+    assert result["total"] == 300
+    assert record.preemptions == 1
+    first, last = record.attempts[0], record.attempts[-1]
+    assert first.outcome is Outcome.PREEMPTED and first.pool.market is Market.SPOT
+    assert last.outcome is Outcome.SUCCEEDED
+    assert first.lease_id.startswith("i-") and last.lease_id.startswith("i-")
+    assert last.lease_id != first.lease_id
+    # The function ran on the (harness's) instance and resumed from the S3 checkpoint.
+    assert result["instance"] == last.lease_id
+    assert result["started_at"] > 0 and result["started_at"] == last.checkpoint_step_start
+
+    # The call went through the job's store; nothing was exchanged through a local folder.
+    job = record.job_id
+    keys = {o["Key"] for o in client("s3", endpoint).list_objects_v2(
+        Bucket=bucket, Prefix=f"tasks/{job}/call/").get("Contents", [])}
+    assert {f"tasks/{job}/call/payload.pkl",
+            f"tasks/{job}/call/attempt-{last.number:06d}/result.pkl"} <= keys
+    assert not (workdir / "jobs").exists()
+    # What went to the instances: the instance's own Python, no credentials, no local paths.
+    scripts = [p.read_text() for p in (tmp_path / "runtime").glob("*.user-data.sh")]
+    assert len(scripts) == len(record.attempts)
+    for script in scripts:
+        assert "prefect_spot._remote" in script and f"s3://{bucket}/tasks/{job}/call" in script
+        assert "AWS_SECRET_ACCESS_KEY" not in script and "AWS_ACCESS_KEY_ID" not in script
+        assert "PYTHONPATH" not in script
+
+
+def test_task_error_on_ec2_reaches_prefect_through_s3(prefect_api, ec2):
+    endpoint, net, bucket, runtime = ec2
+    config = ec2_config(endpoint, net, max_preemptions=0)
+
+    @flow(task_runner=SpotTaskRunner(config, checkpoint_storage=f"s3://{bucket}/errors"))
+    def pipeline():
+        future = bad_column.submit()
+        return future.wait() or future.state, spot_record(future)
+
+    state, record = pipeline()
+    assert state.is_failed()
+    with pytest.raises(KeyError, match="no such column"):
+        state.result()
+    assert record.user_failures == 1 and len(record.attempts) == 1
+    assert record.attempts[0].lease_id.startswith("i-")
+    assert managed_live_instances(endpoint) == []
+
+
+def test_ec2_runner_needs_an_s3_store(prefect_api, aws_env):
+    config = SpotConfiguration(provider="ec2", provider_options={
+        "region": REGION, "subnets": ["subnet-1"], "instance_types": ["g4dn.xlarge"],
+        "image_id": "ami-1"})
+
+    @flow(task_runner=SpotTaskRunner(config))
+    def pipeline():
+        return bad_column.submit().result()
+
+    with pytest.raises(ConfigError, match="needs checkpoint_storage 's3://bucket/prefix'"):
+        pipeline()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"subnets": ["subnet-1"], "image_id": "ami-1", "instance_types": ["g5.xlarge"],
+      "aws_secret_access_key": "x"}, r"unknown ec2 provider option\(s\) \['aws_secret_access_key'\]"),
+    ({"image_id": "ami-1", "instance_types": ["g5.xlarge"]}, r"needs provider_options \['subnets'\]"),
+    ({"subnets": ["subnet-1"], "image_id": "ami-1"}, r"\['instance_types'\]"),
+])
+def test_bad_ec2_configuration_is_rejected_up_front(options, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        SpotConfiguration(provider="ec2", provider_options=options)
+
+
+def test_ec2_instance_types_may_come_from_the_configuration():
+    config = SpotConfiguration(provider="ec2", instance_types=["g5.xlarge"],
+                               provider_options={"subnets": ["subnet-1"], "image_id": "ami-1"})
+    assert config.provider == "ec2"
