@@ -30,7 +30,8 @@ from spot_core import attempt_env
 
 STATUS_PREFIX = "status"
 WATCH_LOG = "/var/log/spot-pipelines-watch.log"
-SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.I)
+SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|"
+                         r"API_KEY|APIKEY|AUTH)", re.I)
 
 
 def status_key(attempt: int) -> str:

@@ -87,8 +87,9 @@ def test_launch_parameters_as_moto_recorded_them(aws_env, net):
         assert "WANDB_MODE=offline" in script
         for secret in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "testing"):
             assert secret not in script
-        with pytest.raises(ConfigError, match="credentials"):
-            provider.launch(_spec(job="job-2", env={"HF_TOKEN": "hf_abc"}), pool)
+        for name in ("HF_TOKEN", "PREFECT_API_KEY", "WANDB_API_KEY", "PREFECT_API_AUTH_STRING"):
+            with pytest.raises(ConfigError, match="credentials"):
+                provider.launch(_spec(job="job-2", env={name: "s3cr3t"}), pool)
         on_demand = provider.launch(_spec(job="job-3"), pool.on(Market.ON_DEMAND))
         assert "InstanceLifecycle" not in _described(aws_env, on_demand.lease_id)
     assert all(_described(aws_env, i)["State"]["Name"] == "terminated"
