@@ -17,6 +17,7 @@ parameters were chosen on the development set only (see bench/README.md).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import time
@@ -31,6 +32,7 @@ from spot_core.sim.simulator import Replay, random_starts, simulate
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 EVALUATION = "aws-v100-2023-02"
+DEVELOPMENT = ("gcp-h100-2025-10", "aws-v100-4node-600s")
 POLICIES = ("on-demand", "greedy", "uniform-progress", "default", "optimal")
 CONFIGS = ((52.0, 0.05), (52.0, 0.2), (70.0, 0.05), (70.0, 0.2))
 TASK_HOURS = 48.0
@@ -46,28 +48,81 @@ def zone_groups(folder: Path) -> dict[str, list[Path]]:
     return groups
 
 
-def run_case(args: tuple[str, list[Path], float, float, int]) -> dict[str, object]:
-    """Every policy on the same windows of one (zones, deadline, overhead) case."""
-    name, paths, deadline, overhead, windows = args
+def dev_groups(root: Path) -> dict[str, list[Path]]:
+    """The development set: each zone of both dev sets alone, and each set as one market."""
+    groups: dict[str, list[Path]] = {}
+    for folder in DEVELOPMENT:
+        paths = sorted((root / folder).glob("*.json"))
+        short = folder.split("-")[0] + "-" + folder.split("-")[1]
+        groups.update({f"{short}/{p.stem.split('_', 1)[0]}": [p] for p in paths})
+        groups[f"{short} ({len(paths)} zones)"] = paths
+    return groups
+
+
+def run_case(args: tuple) -> dict[str, object]:
+    """Every policy on the same windows of one (zones, deadline, overhead) case.
+
+    With a cache file, the baselines' per-window costs (everything but ``default``,
+    which is what changes while a policy is developed) are read from and added to it.
+    """
+    name, paths, deadline, overhead, windows, cache, *only = args
     started = time.perf_counter()
+    _override_default()
     replay = Replay.from_traces(load_traces(paths))
     job = Job.from_hours(TASK_HOURS, deadline, overhead)
     starts = random_starts(replay.n_ticks, replay.deadline_ticks(job), windows, SEED)
-    reports = {p: simulate(replay, job, p, starts) for p in POLICIES}
-    return {"zones": name, "deadline": deadline, "overhead": overhead,
-            "mean": {p: r.mean_cost for p, r in reports.items()},
-            "misses": {p: r.deadline_misses for p, r in reports.items()},
-            "seconds": time.perf_counter() - started}
+    stored = _read_cache(cache)
+    mean, misses = {}, {}
+    for p in only[0] if only else POLICIES:
+        key = f"{'|'.join(str(x) for x in paths)}|{deadline}|{overhead}|{windows}|{SEED}|{p}"
+        if p == "default" or key not in stored:
+            report = simulate(replay, job, p, starts)
+            stored[key] = [report.mean_cost, report.deadline_misses]
+            if p != "default" and cache is not None:
+                _write_cache(cache, key, stored[key])
+        mean[p], misses[p] = stored[key]
+    return {"zones": name, "deadline": deadline, "overhead": overhead, "mean": mean,
+            "misses": misses, "seconds": time.perf_counter() - started}
 
 
-def table(rows: list[dict[str, object]], windows: int, seconds: float) -> str:
+def _override_default() -> None:
+    """``BENCH_DEFAULT='{"param": value}'``: run ``default`` with other ForecastDP
+    parameters (how the development-set sweeps in bench/README.md were run)."""
+    params = os.environ.get("BENCH_DEFAULT")
+    if params:
+        from spot_core.policy.deadline_mdp import ForecastDP
+        from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(params).items()}
+        DEADLINE_POLICIES.register("default", ForecastDP(**values), replace=True)
+
+
+def _read_cache(cache: Path | None) -> dict[str, list]:
+    if cache is None or not cache.exists():
+        return {}
+    out = {}
+    for line in cache.read_text().splitlines():
+        if line.strip():
+            key, value = json.loads(line)
+            out[key] = value
+    return out
+
+
+def _write_cache(cache: Path, key: str, value: list) -> None:
+    with cache.open("a") as f:  # one line per entry: appends from two processes do not mix
+        f.write(json.dumps([key, value]) + "\n")
+
+
+def table(rows: list[dict[str, object]], windows: int, seconds: float,
+          title: str = f"the evaluation set ({EVALUATION})",
+          command: str | None = None, note: str = "") -> str:
     head = ["zones", "D h", "R h"] + [f"{p} $ (misses)" for p in POLICIES] + [
         "default / UP", "default / optimal", "gap UP->opt closed"]
-    lines = [f"# Deadline policies on the evaluation set ({EVALUATION})", "",
+    command = command or f"python -m bench.policies --windows {windows}"
+    lines = [f"# Deadline policies on {title}", "",
              f"Task {TASK_HOURS:g} h, {windows} random windows per row (seed {SEED}), same windows "
              "for every policy; cost = mean $ per job; misses = windows past the deadline.",
              "UP = uniform-progress. Gap closed = (UP - default) / (UP - optimal).",
-             f"Produced by `python -m bench.policies --windows {windows}` in {seconds:.0f} s.", "",
+             f"Produced by `{command}` in {seconds:.0f} s.{note}", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         mean, misses = row["mean"], row["misses"]
@@ -78,7 +133,31 @@ def table(rows: list[dict[str, object]], windows: int, seconds: float) -> str:
         cells += [f"{mean[p]:.2f} ({misses[p]})" for p in POLICIES]
         cells += [f"{dflt / up:.3f}", f"{dflt / opt:.3f}", closed]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + summary(rows) + "\n"
+
+
+def summary(rows: list[dict[str, object]]) -> str:
+    """How many rows meet the issue's aims, and the default's totals."""
+    half = sum(1 for r in rows if _closed(r) >= 0.5)
+    misses = sum(int(r["misses"]["default"]) for r in rows)
+    worse_up = sum(1 for r in rows if r["mean"]["default"] > r["mean"]["uniform-progress"] + 1e-9)
+    closed = [min(max(_closed(r), -1.0), 1.0) for r in rows]
+    ratio = [r["mean"]["default"] / r["mean"]["optimal"] for r in rows]
+    multi = [r for r in rows if "zones" in str(r["zones"])]
+    text = (f"Summary: gap closed >= 0.5 in {half} of {len(rows)} rows; default misses {misses}; "
+            f"default worse than UP in {worse_up} rows; mean gap closed (clipped to [-1, 1]) "
+            f"{np.mean(closed):.3f}; mean default / optimal {np.mean(ratio):.4f}.")
+    for r in multi:
+        m = r["mean"]
+        text += (f"\n- {r['zones']} {r['deadline']:g} h / {r['overhead']:g} h: default / optimal "
+                 f"{m['default'] / m['optimal']:.4f}, default / greedy {m['default'] / m['greedy']:.4f}")
+    return text
+
+
+def _closed(row: dict[str, object]) -> float:
+    mean = row["mean"]
+    gap = mean["uniform-progress"] - mean["optimal"]
+    return 1.0 if gap <= 1e-9 else (mean["uniform-progress"] - mean["default"]) / gap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,11 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--traces", type=Path, default=TRACES)
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "tables" / "policies.md")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default bench/tables/policies.md (evaluation set only)")
+    parser.add_argument("--dev", action="store_true",
+                        help="the development set instead (tuning); prints, writes only --out")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="file that keeps the baselines' results between runs")
+    parser.add_argument("--baselines-only", action="store_true",
+                        help="only fill --cache with the baselines' results (no table)")
     parser.add_argument("--price-window-only", action="store_true",
                         help="only the price-window table (seconds), appended to --out")
     args = parser.parse_args(argv)
+    if args.out is None and not args.dev:
+        args.out = Path(__file__).parent / "tables" / "policies.md"
+    if args.dev:
+        return _run_dev(args)
     if args.price_window_only:
         text = price_window_table(args.traces / EVALUATION)
         with args.out.open("a") as out:
@@ -98,20 +187,53 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     groups = zone_groups(args.traces / EVALUATION)
-    cases = [(name, paths, d, r, args.windows) for name, paths in groups.items()
+    cases = [(name, paths, d, r, args.windows, args.cache) for name, paths in groups.items()
              for d, r in CONFIGS]
     started = time.perf_counter()
+    if args.baselines_only:
+        if args.cache is None:
+            parser.error("--baselines-only needs --cache")
+        baselines = tuple(p for p in POLICIES if p != "default")
+        with ProcessPoolExecutor(args.jobs) as pool:
+            list(pool.map(run_case, [c + (baselines,) for c in cases]))
+        print(f"baselines cached in {args.cache} in {time.perf_counter() - started:.0f} s")
+        return 0
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(run_case, sorted(cases, key=lambda c: -len(c[1]))))
     order = {name: i for i, name in enumerate(groups)}
     rows.sort(key=lambda r: (order[r["zones"]], r["deadline"], r["overhead"]))
-    text = table(rows, args.windows, time.perf_counter() - started)
+    command = "python -m bench.policies" + " ".join(
+        [""] + [a for a in (argv if argv is not None else __import__("sys").argv[1:])])
+    note = "" if args.cache is None else (
+        " The baselines' results (every policy but default) came from the cache file, filled "
+        "beforehand for the same windows by the same command with `--baselines-only`; "
+        "the time is this run's only (default, plus any baseline not cached).")
+    text = table(rows, args.windows, time.perf_counter() - started, command=command, note=note)
     text += "\n" + price_window_table(args.traces / EVALUATION)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
     return 0
 
+
+def _run_dev(args: argparse.Namespace) -> int:
+    """The same table on the development set: what the default's design was tuned on."""
+    groups = dev_groups(args.traces)
+    cases = [(name, paths, d, r, args.windows, args.cache) for name, paths in groups.items()
+             for d, r in CONFIGS]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(run_case, sorted(cases, key=lambda c: -len(c[1]))))
+    order = {name: i for i, name in enumerate(groups)}
+    rows.sort(key=lambda r: (order[r["zones"]], r["deadline"], r["overhead"]))
+    text = table(rows, args.windows, time.perf_counter() - started,
+                 title="the development set (" + ", ".join(DEVELOPMENT) + ")",
+                 command=f"python -m bench.policies --dev --windows {args.windows}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(text)
+    return 0
 
 
 # -- price-window start ---------------------------------------------------------------------------

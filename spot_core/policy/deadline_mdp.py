@@ -6,20 +6,28 @@ policy answers it by dynamic programming against a *forecast* of the market, not
 market itself, so it never peeks at the future it is replayed on:
 
 1. From the history before the window (up to a week, ``HISTORY_HOURS``) it fits a
-   small Markov model of spot capacity: from each tick to the next, does capacity
-   anywhere come or go, and does the zone a job sits in keep it, lose it while another
-   zone still has some (a *hop*: one restart), or lose it with every zone gone? A
-   short history is padded with a weak prior.
+   small *semi-Markov* model of spot capacity: the state is whether some zone has
+   capacity and how long that has lasted (the age of the current run or outage, in a few
+   log-spaced buckets), with the chances per tick of moving between these states
+   counted in the history; and, for a spot job, whether its own zone keeps capacity or
+   it must *hop* (one restart) to another. A short history is padded with a weak prior.
+   Why ages: run lengths are heavy-tailed (many short flickers, a few runs of many
+   hours), so a run that has just begun is far likelier to end soon than one that has
+   lasted an hour; a memoryless (Markov) forecast cannot tell them apart, and at a large
+   restart overhead it takes short runs whose restart is never repaid, or leaves
+   on-demand for spot too eagerly.
 2. It solves the model exactly: expected cost to finish by the deadline, backwards over
-   (tick, progress, instance, capacity now), with the README's billing, restarts and
-   preemption rules, and with any risk of missing the deadline priced at infinity, so
+   (tick, progress, instance, capacity state), with the README's billing, restarts and
+   preemption rules, and with any risk of missing the deadline priced prohibitively, so
    the plan never gambles the deadline (the safety nets still run first, belt and
    braces).
 3. At each tick it looks up the best action for the state it observes (where progress
-   actually is, whether capacity is there now, which instance it is on and whether its
-   restart is over). Spot goes to the zone it is in while that lasts, else to the
-   zone with the best price for its expected run length (long runs beat a cheap price:
-   each preemption costs restarts).
+   actually is, the capacity state and age, which instance it is on and whether its
+   restart is over). Spot goes to the zone with the best price per unit of progress
+   over the run each zone is expected still to have given its age (Young/Daly: a run of
+   expected length E costs a restart per E), and a job on spot moves to another zone
+   when that saving, over the other zone's expected run, repays the restart
+   ``switch_margin`` times (and the slack leaves room for this restart and two more).
 
 Why a model rather than more rules: the trade-offs (wait or pay now, bridge an outage
 on on-demand or idle through it, leave on-demand when spot returns) all depend on how
@@ -42,22 +50,57 @@ _IDLE, _OD, _SPOT = 0, 1, 2
 """Action codes in the decision table."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MarketModel:
-    """Per-tick transition probabilities of spot capacity, and the prices planned with.
+    """A semi-Markov forecast of spot capacity, and the prices planned with.
 
-    ``up_from_down``/``up_from_up``: capacity somewhere next tick, given none / some now.
-    ``stay``/``hop``/``drop``: for a spot job, its zone keeps capacity / loses it while
-    another zone has some / every zone is gone (they sum to one).
+    The capacity state is "some zone has capacity now or not" together with how long
+    that has lasted (the *age* of the current run or outage, in a few log-spaced
+    buckets): states ``0 .. n_up - 1`` are up with increasing age, the rest down with
+    increasing age. ``trans[i, j]`` is the chance to move from state i to state j in a
+    tick. Why ages: real run lengths are heavy-tailed (many short flickers, a few very
+    long runs), so a run that has just begun is far likelier to end soon than one that
+    has lasted hours; a memoryless model cannot tell them apart and takes short runs
+    whose restart overhead is never repaid. ``keep``: for a spot job, the chance its own
+    zone keeps capacity given some zone still has it (1 with one zone; else a *hop*, one
+    restart).
     """
 
-    up_from_down: float
-    up_from_up: float
-    stay: float
-    hop: float
-    drop: float
+    trans: np.ndarray
+    n_up: int
+    keep: float
     spot_price: float
     on_demand_price: float
+    up_edges: tuple[float, ...]
+    down_edges: tuple[float, ...]
+
+    @property
+    def n_states(self) -> int:
+        return int(self.trans.shape[0])
+
+    def states(self, available: np.ndarray) -> np.ndarray:
+        """The capacity state at each tick of a (zones x ticks) availability array, from
+        that tick and the ones before it only."""
+        return capacity_states(available.any(axis=0), self.up_edges, self.down_edges)
+
+
+def capacity_states(anywhere: np.ndarray, up_edges: tuple[float, ...],
+                    down_edges: tuple[float, ...]) -> np.ndarray:
+    """State index per tick: the up/down bucket of the age of the run the tick is in.
+
+    Edges are in ticks; age 0 is the first tick of a run (a run already going when the
+    array starts counts from there, so ages are never overstated).
+    """
+    n = anywhere.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    index = np.arange(n)
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = anywhere[1:] != anywhere[:-1]
+    age = index - np.maximum.accumulate(np.where(starts, index, 0))
+    up = np.searchsorted(np.asarray(up_edges, dtype=float), age, side="right")
+    down = np.searchsorted(np.asarray(down_edges, dtype=float), age, side="right")
+    return np.where(anywhere, up, len(up_edges) + 1 + down).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -69,11 +112,14 @@ class ForecastDP:
     ``history_hours``: how far back the fit looks. ``replan_hours``: re-fit and re-solve
     this often with the window so far added to the history (0: plan once; re-planning
     did not pay on the development set and costs a solve each time).
-    ``churn_factor``: scales the fitted loss-of-capacity rates (1: as measured).
     ``max_band`` / ``coarse_band``: progress cells of the plan's table and of the
     tier-choosing plans (coarser is faster, finer closer to exact).
     ``tier_tolerance``: zones priced within this fraction of a tier's cheapest belong to
     it. ``tier_margin``: a smaller zone set must be forecast this much cheaper to win.
+    ``up_edges_hours`` / ``down_edges_hours``: the age buckets of the semi-Markov
+    forecast (empty: the memoryless Markov model). ``zone_weight``: restarts counted per
+    expected run when ranking zones; ``switch_margin``: a voluntary move to another zone
+    must save this many times its restart (``inf``: never move while the zone lasts).
     All defaults were chosen on the development set (bench/README.md).
     """
 
@@ -85,8 +131,11 @@ class ForecastDP:
     max_band: int = 300
     coarse_band: int = 80
     tier_tolerance: float = 0.1
-    churn_factor: float = 1.0
     tier_margin: float = 0.02
+    zone_weight: float = 0.5
+    switch_margin: float = 8.0
+    up_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
+    down_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
 
     def __post_init__(self) -> None:
         if not (self.prior_ticks > 0 and self.prior_run_hours > 0
@@ -99,13 +148,19 @@ class ForecastDP:
         every = (max(1, round(self.replan_hours * 3600 / window.tick_seconds))
                  if self.replan_hours > 0 else window.ticks)
         tables: dict[str, _Table] = {}
-        chooser = _ZoneChooser(sub)
+        chooser = _ZoneChooser(sub, self.zone_weight)
+        model0 = fit_model(sub, self)
+        history = sub.past_available.shape[1]
+        # state at tick t from ticks <= t only (history included, for the age of the run)
+        states = model0.states(np.concatenate([sub.past_available, sub.available], axis=1))
+        states = states[history:]
 
         def table_at(t: int) -> _Table:
             """Re-fit and re-solve every ``replan_hours`` with what has been seen by tick t."""
             if t % every == 0 or "now" not in tables:
-                model = fit_model(seen_by(sub, t), self)
-                tables["now"] = _Table.solve(sub, model, self.max_band, first=t)[0]
+                model = model0 if t == 0 else fit_model(seen_by(sub, t), self)
+                tables["now"] = _Table.solve(sub, model, self.max_band, first=t,
+                                             state0=int(states[t]))[0]
             return tables["now"]
 
         def decide(t: int, progress: float, current: int, left: float) -> int:
@@ -115,12 +170,20 @@ class ForecastDP:
                 return forced
             up = bool(sub.available[:, t].any())
             mine = zones.index(current) if current >= 0 else current
-            action = table.action(t, up, progress, mine, left)
+            action = table.action(t, int(states[t]), progress, mine, left)
             if action == _IDLE:
                 return IDLE
             if action == _OD or not up:
                 return ON_DEMAND
-            return current if current >= 0 else zones[chooser.best(t)]
+            if current < 0:
+                return zones[chooser.best(t)]
+            job = window.job
+            spare = (window.ticks - t) * window.tick_seconds - (job.task_seconds - progress)
+            if left <= 1e-9 and spare > 3 * job.overhead_seconds + window.tick_seconds:
+                # room for this restart and two more: a voluntary move cannot cost the deadline
+                return zones[chooser.switch(t, mine, job.task_seconds - progress,
+                                            self.switch_margin)]
+            return current
         return decide
 
     def choose_zones(self, window: Window) -> list[int]:
@@ -137,7 +200,10 @@ class ForecastDP:
         best: tuple[float, list[int]] | None = None
         for size in reversed(_tier_sizes(window, order, self.tier_tolerance)):
             sub = restrict(window, order[:size])
-            _, value = _Table.solve(sub, fit_model(sub, self), self.coarse_band)
+            model = fit_model(sub, self)
+            seen = np.concatenate([sub.past_available, sub.available[:, :1]], axis=1)
+            _, value = _Table.solve(sub, model, self.coarse_band,
+                                    state0=int(model.states(seen)[-1]))
             if best is None or value < best[0] * (1 - self.tier_margin):
                 best = (value, order[:size])
         return sorted(best[1]) if best is not None else order
@@ -191,28 +257,46 @@ def _tier_sizes(window: Window, order: list[int], tolerance: float) -> list[int]
 
 # -- fitting the forecast -----------------------------------------------------------------------
 def fit_model(window: Window, config: ForecastDP) -> MarketModel:
-    """Transition counts from the history before the window, plus a weak prior."""
+    """Transition counts between age-bucketed capacity states in the history before the
+    window, plus a weak prior (geometric runs of ``prior_run_hours`` and outages of
+    ``prior_outage_hours``, ``prior_ticks`` pseudo-observations per state)."""
     tick_hours = window.tick_seconds / 3600
-    keep = int(config.history_hours / tick_hours)
-    past = window.past_available[:, -keep:] if keep > 0 else window.past_available[:, :0]
+    keep_ticks = int(config.history_hours / tick_hours)
+    past = window.past_available[:, -keep_ticks:] if keep_ticks > 0 else \
+        window.past_available[:, :0]
     prices = window.past_price[:, past.shape[1] and -past.shape[1]:]
-    counts = _follow_counts(past, prices) if past.shape[1] > 1 else np.zeros(6)
-    weight = config.prior_ticks
-    p_drop = tick_hours / config.prior_run_hours
-    p_up = tick_hours / config.prior_outage_hours
-    hop_share = 0.0 if window.n_zones == 1 else 0.5
-    down_up, down_down, up_up, up_down, stay, hop = counts
-    up_from_down = (down_up + weight * p_up) / (down_up + down_down + weight)
-    up_from_up = (up_up + weight * (1 - p_drop * (1 - hop_share))) / (up_up + up_down + weight)
-    moved = stay + hop + up_down
-    stay_p = (stay + weight * (1 - p_drop)) / (moved + weight)
-    hop_p = (hop + weight * p_drop * hop_share) / (moved + weight)
-    lost = min(1.0, (1 - stay_p) * config.churn_factor)
-    hop_p = lost * hop_p / max(1 - stay_p, 1e-12)
-    up_from_up = 1 - min(1.0, (1 - up_from_up) * config.churn_factor)
-    price = _planned_spot_price(window)
-    return MarketModel(_clip(up_from_down), _clip(up_from_up), _clip(1 - lost), _clip(hop_p),
-                       _clip(lost - hop_p), price, window.on_demand_price)
+    up_edges = tuple(e / tick_hours for e in config.up_edges_hours)
+    down_edges = tuple(e / tick_hours for e in config.down_edges_hours)
+    n_up, n_down = len(up_edges) + 1, len(down_edges) + 1
+    k = n_up + n_down
+    counts = np.zeros((k, k))
+    if past.shape[1] > 1:
+        states = capacity_states(past.any(axis=0), up_edges, down_edges)
+        np.add.at(counts, (states[:-1], states[1:]), 1.0)
+    p_drop = min(1.0, tick_hours / config.prior_run_hours)
+    p_up = min(1.0, tick_hours / config.prior_outage_hours)
+    prior = np.zeros((k, k))
+    for edges, first, n, other, p_leave in ((up_edges, 0, n_up, n_up, p_drop),
+                                            (down_edges, n_up, n_down, 0, p_up)):
+        bounds = (0.0,) + edges
+        for b in range(n):
+            state = first + b
+            prior[state, other] = p_leave
+            advance = 0.0
+            if b + 1 < n:
+                advance = (1 - p_leave) / max(1.0, bounds[b + 1] - bounds[b])
+                prior[state, state + 1] = advance
+            prior[state, state] = 1 - p_leave - advance
+    trans = counts + config.prior_ticks * prior
+    trans = trans / trans.sum(axis=1, keepdims=True)
+    keep = 1.0
+    if window.n_zones > 1:
+        follow = _follow_counts(past, prices) if past.shape[1] > 1 else np.zeros(6)
+        stay, hop = follow[4], follow[5]
+        weight = config.prior_ticks
+        keep = (stay + weight * (1 - p_drop)) / (stay + hop + weight * (1 - p_drop / 2))
+    return MarketModel(trans, n_up, _clip(keep), _planned_spot_price(window),
+                       window.on_demand_price, up_edges, down_edges)
 
 
 def _clip(p: float) -> float:
@@ -258,40 +342,71 @@ def _planned_spot_price(window: Window) -> float:
 # -- solving the plan -----------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class _Table:
-    """The DP's best action per (tick, capacity now, instance state, progress cell)."""
+    """The DP's best action per (tick, capacity state, instance state, progress cell)."""
 
     window: Window
     unit: float
     step: int
     work: int
     phases: int
-    actions: np.ndarray  # (ticks, 2, 1 + 2 * phases, width) uint8
+    actions: np.ndarray  # (ticks, states, 1 + 2 * phases, width) uint8
 
     @classmethod
     def solve(cls, window: Window, model: MarketModel, max_band: int,
-              first: int = 0) -> tuple[_Table, float]:
+              first: int = 0, state0: int | None = None) -> tuple[_Table, float]:
         """Backwards from the deadline down to tick ``first``; returns the table and the
-        expected cost from tick ``first`` idle at the least progress band's top."""
+        expected cost from tick ``first`` idle at the least progress band's top, in
+        capacity state ``state0`` (default: the youngest up or down state seen then)."""
         unit, step, work, gains = _grid(window, max_band)
         phases = len(gains) - 1
         width = max(0, window.ticks * step - work) + 1
-        actions = np.zeros((window.ticks, 2, 1 + 2 * phases, width), dtype=np.uint8)
-        values = _terminal(phases, width)
+        k = model.n_states
+        actions = np.zeros((window.ticks, k, 1 + 2 * phases, width), dtype=np.uint8)
+        idle = np.full((k, width), _LOST)
+        od = np.full((k, phases, width), _LOST)
+        spot = np.full((k, phases, width), _LOST)
         shifts = _Shifts.build(gains, step, width)
+        hours = window.tick_seconds / 3600
+        od_price, spot_price = model.on_demand_price * hours, model.spot_price * hours
+        n_up, trans = model.n_up, model.trans
+        to_up, to_down = trans[:n_up, :n_up], trans[:n_up, n_up:]
         for t in range(window.ticks - 1, first - 1, -1):
             remaining = (window.ticks - t) * step
-            values = [_solve_tick(values, model, window, shifts, remaining, up, actions[t, up])
-                      for up in (0, 1)]
-        start = values[int(window.available[:, first].any())][0][-1]
-        return cls(window, unit, step, work, phases, actions), float(start)
+            e_idle = _expect(trans, idle)
+            e_od = _expect(trans, od)
+            e_spot = (model.keep * _expect(to_up, spot[:n_up])
+                      + ((1 - model.keep) * _expect(to_up, idle[:n_up])
+                         + _expect(to_down, idle[n_up:]))[:, None])
+            od_runs = shifts.runs(e_od, od_price, remaining)
+            spot_runs = shifts.runs(e_spot, spot_price, remaining)
+            spot_new = np.full((k, width), _LOST)
+            spot_new[:n_up] = spot_runs[:, 0]
+            wait, run_od = shifts.idle(e_idle, remaining), od_runs[:, 0]
+            paid = np.minimum(run_od, spot_new)
+            best = np.minimum(wait, paid)
+            # ties go to the cheaper-to-hold action: idle, then on-demand, then spot
+            choice = np.where(wait <= paid, np.uint8(_IDLE),
+                              np.where(run_od <= spot_new, np.uint8(_OD), np.uint8(_SPOT)))
+            out = actions[t]
+            out[:, 0] = choice
+            od, out[:, 1:phases + 1] = _keep_if_better(best, choice, od_runs[:, 1:], _OD)
+            spot = np.broadcast_to(best[:, None], (k, phases, width)).copy()
+            out[:, phases + 1:] = choice[:, None]
+            spot[:n_up], out[:n_up, phases + 1:] = _keep_if_better(
+                best[:n_up], choice[:n_up], spot_runs[:, 1:], _SPOT)
+            idle = best
+        if state0 is None:
+            state0 = 0 if window.available[:, first].any() else n_up
+        start = float(idle[state0][-1])
+        return cls(window, unit, step, work, phases, actions), start if start < 1e20 else math.inf
 
-    def action(self, t: int, up: bool, progress: float, current: int, left: float) -> int:
+    def action(self, t: int, state: int, progress: float, current: int, left: float) -> int:
         offset = math.floor(progress / self.unit + 1e-9) - (self.work - (self.window.ticks - t)
                                                              * self.step)
         if offset < 0:
             return _OD
         offset = min(offset, self.actions.shape[-1] - 1)
-        return int(self.actions[t, int(up), self._state(current, left), offset])
+        return int(self.actions[t, state, self._state(current, left), offset])
 
     def _state(self, current: int, left: float) -> int:
         """0 idle; 1..P on-demand in phase p; P+1..2P spot in phase p (p ticks since launch)."""
@@ -318,107 +433,134 @@ def _grid(window: Window, max_band: int) -> tuple[float, int, int, list[int]]:
             [math.floor(g / unit + 1e-9) for g in gains])
 
 
-def _terminal(phases: int, width: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    unfinished = np.full(width, np.inf)
-    stack = np.full((phases, width), np.inf)
-    return [(unfinished, stack, stack), (unfinished, stack, stack)]
-
-
-def _solve_tick(values, model: MarketModel, window: Window, shifts: _Shifts, remaining: int,
-                up: int, out: np.ndarray):
-    """Values at this tick for capacity state ``up``; writes the best actions into ``out``.
-
-    Ties go to the cheaper-to-hold action in the order idle, on-demand, spot.
-    """
-    (idle0, od0, spot0), (idle1, od1, spot1) = values
-    p_up = model.up_from_up if up else model.up_from_down
-    hours = window.tick_seconds / 3600
-    e_idle = p_up * idle1 + (1 - p_up) * idle0
-    od_runs = shifts.runs(p_up * od1 + (1 - p_up) * od0, model.on_demand_price * hours, remaining)
-    options = [shifts.idle(e_idle, remaining), od_runs[0]]
-    if up:
-        e_spot = model.stay * spot1 + model.hop * idle1 + model.drop * idle0
-        spot_runs = shifts.runs(e_spot, model.spot_price * hours, remaining)
-        options.append(spot_runs[0])
-    stacked = np.stack(options)
-    pick = np.argmin(stacked, axis=0)
-    best = np.take_along_axis(stacked, pick[None, :], axis=0)[0]
-    choice = _CODES[pick]
-    phases = od_runs.shape[0] - 1
-    out[0] = choice
-    od_states, out[1:phases + 1] = _keep_if_better(best, choice, od_runs[1:], _OD)
-    if up:
-        spot_states, out[phases + 1:] = _keep_if_better(best, choice, spot_runs[1:], _SPOT)
-    else:
-        spot_states = np.broadcast_to(best, od_states.shape)
-        out[phases + 1:] = choice
-    return best, od_states, spot_states
-
-
 _CODES = np.array([_IDLE, _OD, _SPOT], dtype=np.uint8)
 
 
+_LOST = 1e30
+"""The value of a lost deadline: finite so that a zero chance of it costs exactly zero in
+the expectations, and so large that any positive chance of it (the fitted chances are
+never below ~1e-6 a tick) outweighs every saving."""
+
+
+def _expect(trans: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``trans @ values`` over the first axis."""
+    flat = values.reshape(values.shape[0], -1)
+    return (trans @ flat).reshape((trans.shape[0],) + values.shape[1:])
+
+
 def _keep_if_better(best: np.ndarray, choice: np.ndarray, runs: np.ndarray, code: int):
-    """Continuing the running instance where that beats the best fresh choice."""
-    wins = runs < best
-    return np.where(wins, runs, best), np.where(wins, np.uint8(code), choice)
+    """Continuing the running instance where that beats the best fresh choice.
+
+    ``best``/``choice``: (states, width); ``runs``: (states, phases, width)."""
+    wins = runs < best[:, None]
+    return (np.minimum(runs, best[:, None]),
+            np.where(wins, np.uint8(code), choice[:, None]))
 
 
 @dataclass(frozen=True, eq=False)
 class _Shifts:
-    """Index tables that move a value row to the next tick's progress cells in one gather.
+    """Moves value rows to the next tick's progress cells, one slice per phase.
 
     Running in phase ``p`` gains ``gains[p]`` units while the progress floor rises by
     ``step``: cell ``o`` reads cell ``o + gain - step`` of the next phase's row (below
-    zero: the deadline is lost, inf); from ``o + gain >= remaining`` on, the job is done.
+    zero: the deadline is lost); from ``o + gain >= remaining`` on, the job is done.
     """
 
-    rows: np.ndarray
-    cols: np.ndarray
-    reach: np.ndarray
+    gains: tuple[int, ...]
+    rows: tuple[int, ...]
     step: int
+    width: int
 
     @classmethod
     def build(cls, gains: list[int], step: int, width: int) -> _Shifts:
         phases = len(gains) - 1
-        cells = np.arange(width)[None, :]
-        gain = np.array(gains)[:, None]
-        rows = np.array([min(p + 1, phases) - 1 for p in range(phases + 1)])[:, None]
-        return cls(rows, cells + gain, cells + gain, step)
+        rows = tuple(min(p + 1, phases) - 1 for p in range(phases + 1))
+        return cls(tuple(gains), rows, step, width)
 
     def runs(self, values: np.ndarray, price: float, remaining: int) -> np.ndarray:
-        padded = np.concatenate([np.full((values.shape[0], self.step), np.inf), values], axis=1)
-        out = padded[self.rows, self.cols]
-        out[self.reach >= remaining] = 0.0
-        return out + price
+        """(states, phases, width) next-tick values -> (states, phases + 1, width)."""
+        width, step = self.width, self.step
+        out = np.full((values.shape[0], len(self.gains), width), _LOST)
+        for p, (gain, row) in enumerate(zip(self.gains, self.rows)):
+            shift = step - gain  # cell o reads cell o - shift
+            if shift < width:
+                out[:, p, shift:] = values[:, row, :width - shift]
+            out[:, p, max(0, remaining - gain):] = 0.0
+        out += price
+        return out
 
     def idle(self, values: np.ndarray, remaining: int) -> np.ndarray:
-        width = values.size
-        out = np.full(width, np.inf)
+        width = values.shape[-1]
+        out = np.full(values.shape, _LOST)
         if self.step < width:
-            out[self.step:] = values[:width - self.step]
-        out[remaining:] = 0.0
+            out[:, self.step:] = values[:, :width - self.step]
+        out[:, remaining:] = 0.0
         return out
 
 
 class _ZoneChooser:
-    """Which zone to start spot in: the best price for the expected run length."""
+    """Which zone to run spot in: the best price per unit of progress over the run a zone
+    is expected still to have (the Young/Daly view: a run of expected length E costs a
+    restart R per E of it), judged from the age of each zone's current run.
 
-    def __init__(self, window: Window) -> None:
-        self.window = window
+    Run lengths are heavy-tailed, so the expected rest of a run grows with its age: it is
+    estimated from the zone's completed runs (history and window so far) that outlasted
+    the current age; with none, as long again as it has lasted (at least its mean run).
+    """
+
+    def __init__(self, window: Window, weight: float = 0.5) -> None:
+        self.window, self.weight = window, weight
         full = np.concatenate([window.past_available, window.available], axis=1)
         self.offset = window.past_available.shape[1]
         ends = np.zeros(full.shape, dtype=np.int64)
         ends[:, 1:] = full[:, :-1] & ~full[:, 1:]
         self.ends = np.cumsum(ends, axis=1)
         self.up = np.cumsum(full, axis=1)
+        index = np.arange(full.shape[1])
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []  # per zone: (end column, length)
+        self.age = np.zeros(full.shape, dtype=np.int64)
+        for z in range(full.shape[0]):
+            row = full[z]
+            starts = np.ones(row.size, dtype=bool)
+            starts[1:] = row[1:] != row[:-1]
+            begin = np.maximum.accumulate(np.where(starts, index, 0))
+            self.age[z] = index - begin
+            last = np.flatnonzero(row[:-1] & ~row[1:])  # last up column of each completed run
+            complete = begin[last] > 0  # a run cut off by the start of the array is not
+            self.runs.append((last[complete] + 1, (last - begin[last] + 1)[complete]))
 
     def mean_run(self, zone: int, t: int) -> float:
         col = self.offset + t
         return float(self.up[zone, col]) * self.window.tick_seconds / (self.ends[zone, col] + 1)
 
-    def best(self, t: int) -> int:
+    def rest(self, zone: int, t: int) -> float:
+        """Expected seconds left of the zone's current run at tick t (seen by t only)."""
+        col = self.offset + t
+        age = int(self.age[zone, col]) + 1
+        done_at, length = self.runs[zone]
+        longer = length[(done_at <= col) & (length > age)]
+        tick = self.window.tick_seconds
+        if longer.size:
+            return float(longer.mean() - age) * tick
+        return max(age * tick, self.mean_run(zone, t))
+
+    def score(self, zone: int, t: int) -> float:
         overhead = self.window.job.overhead_seconds
-        scores = [(self.window.price[z, t] * (1 + 2 * overhead / max(self.mean_run(z, t), 1.0)), z)
-                  for z in np.flatnonzero(self.window.available[:, t])]
+        return float(self.window.price[zone, t]) * (
+            1 + self.weight * overhead / max(self.rest(zone, t), 1.0))
+
+    def best(self, t: int) -> int:
+        scores = [(self.score(z, t), z) for z in np.flatnonzero(self.window.available[:, t])]
         return int(min(scores)[1])
+
+    def switch(self, t: int, zone: int, work_left: float, margin: float) -> int:
+        """Move to another zone when the saving over its expected run repays a restart
+        ``margin`` times over; else stay."""
+        column = self.window.available[:, t]
+        if margin == math.inf or column.sum() < 2:
+            return zone
+        other = min((self.score(z, t), z) for z in np.flatnonzero(column) if z != zone)[1]
+        stay = self.score(zone, t)
+        gain = (stay - self.score(other, t)) * min(self.rest(other, t), work_left) / 3600
+        cost = float(self.window.price[other, t]) * self.window.job.overhead_seconds / 3600
+        return int(other) if gain > margin * cost else zone

@@ -159,3 +159,72 @@ def test_up_safety_net_one_overhead_only_spot_past_its_overhead_continues():
     assert decide(4, 0.5 * HOUR, 0, 0.0) == 0
     assert decide(4, 0.5 * HOUR, 0, 0.3 * HOUR) == ON_DEMAND
     assert decide(4, 0.5 * HOUR, IDLE, 0.0) == ON_DEMAND
+
+
+# -- the default's forecast: run ages, zone choice ----------------------------------------------
+def _with_history(avail: list[list[int]], past: list[list[int]], prices: list[float],
+                  job: Job) -> Window:
+    """A one-hour-tick window with the given history before it (zones x ticks)."""
+    a, h = np.array(avail, dtype=bool), np.array(past, dtype=bool)
+    price = np.array(prices, dtype=float)[:, None]
+    ticks = int(job.deadline_seconds // HOUR)
+    return Window(0, ticks, HOUR, job, a[:, :ticks], np.repeat(price, ticks, 1), 10.0, h,
+                  np.repeat(price, h.shape[1], 1), tuple(f"z{i}" for i in range(len(avail))))
+
+
+def test_capacity_states_are_age_buckets_of_the_current_run():
+    from spot_core.policy.deadline_mdp import capacity_states
+    anywhere = np.array([1, 1, 1, 1, 0, 0, 1], dtype=bool)
+    # up ages 0,1 -> bucket 0, 2+ -> 1; down age 0 -> state 2, 1+ -> state 3
+    assert capacity_states(anywhere, (2.0,), (1.0,)).tolist() == [0, 0, 1, 1, 2, 3, 0]
+
+
+FLICKERS = ([1, 0, 0] * 4 + [1] * 12 + [0, 0]) * 8  # 1-tick flickers, then 12-tick runs
+
+
+def test_semi_markov_forecast_learns_that_young_runs_end_soon():
+    from spot_core.policy.deadline_mdp import ForecastDP, fit_model
+    job = Job.from_hours(10, 40, 1.5)
+    window = _with_history([[0] * 40], [FLICKERS], [1.0], job)
+    model = fit_model(window, ForecastDP(up_edges_hours=(1.0,), down_edges_hours=()))
+    assert model.n_up == 2 and model.n_states == 3
+    young_drop, old_drop = model.trans[0, 2], model.trans[1, 2]
+    assert young_drop > 0.5 and old_drop < 0.15 and young_drop > 3 * old_drop
+
+
+def test_default_waits_out_flickers_a_restart_cannot_repay():
+    # a 1.5 h restart on 1 h ticks: a 1-tick run gives no progress at all. The history
+    # says fresh runs mostly die after a tick, runs past one tick last; the window
+    # repeats that. The semi-Markov default starts spot only on runs a tick old (12 $);
+    # the memoryless forecast takes every flicker (15 $).
+    from spot_core.policy.deadline_mdp import ForecastDP
+    job = Job.from_hours(10, 60, 1.5)
+    avail = [1, 0, 0, 1, 0, 0, 1, 0, 0] + [1] * 51
+    window = _with_history([avail], [FLICKERS], [1.0], job)
+    decide = ForecastDP(up_edges_hours=(1.0,), down_edges_hours=()).plan(window)
+    seen: list[int] = []
+
+    def record(t, progress, current, left):
+        seen.append(decide(t, progress, current, left))
+        return seen[-1]
+    result = run_window(window, record)
+    assert result.finished and result.preemptions == 0 and result.cost == pytest.approx(12.0)
+    assert seen[:10] == [IDLE] * 10 and seen[10] == 0
+    memoryless = ForecastDP(up_edges_hours=(), down_edges_hours=()).plan(window)
+    assert run_window(window, memoryless).cost == pytest.approx(15.0)
+
+
+def test_zone_chooser_expects_old_runs_to_last_and_moves_for_a_real_saving():
+    from spot_core.policy.deadline_mdp import _ZoneChooser
+    job = Job.from_hours(10, 30, 0.5)
+    history = [FLICKERS, [1] * len(FLICKERS), [1] * len(FLICKERS)]
+    window = _with_history([[1] * 30] * 3, history, [2.0, 1.0, 1.02], job)
+    chooser = _ZoneChooser(window)
+    # zone 0's run starts at the window: of its past runs, only the 12-tick ones lasted
+    # past one tick, so 11 more ticks are expected, not the mean run (flickers included)
+    assert chooser.rest(0, 0) == pytest.approx(11 * HOUR)
+    assert chooser.mean_run(0, 0) < 4 * HOUR
+    assert chooser.best(0) == 1  # the cheapest, on a long run
+    assert chooser.switch(0, 0, 10 * HOUR, margin=1.0) == 1  # half the price: worth a restart
+    assert chooser.switch(0, 2, 10 * HOUR, margin=1.0) == 2  # 2% dearer: not worth one
+    assert chooser.switch(0, 0, 10 * HOUR, margin=float("inf")) == 0
