@@ -28,7 +28,7 @@ import asyncio
 import inspect
 import sys
 import traceback
-from typing import Any
+from typing import Any, Iterable
 
 import cloudpickle
 
@@ -94,6 +94,13 @@ class CallExchange:
     def result(self, attempt: int) -> Any:
         """Attempt ``attempt``'s return value (FileNotFoundError if it wrote none)."""
         return cloudpickle.loads(self.backend.get_bytes(result_key(attempt)))
+
+    def clear(self, attempts: Iterable[int]) -> None:
+        """Delete the payload (the pickled arguments) and these attempts' reports, once the
+        runner has what it needs: they would otherwise sit next to the checkpoints."""
+        self.backend.delete(PAYLOAD_KEY)
+        for attempt in attempts:
+            self.backend.delete_prefix(f"attempt-{attempt:06d}")
 
     def error(self, attempt: int) -> dict[str, Any] | None:
         """Attempt ``attempt``'s error report ({"error", "traceback"}), or None."""

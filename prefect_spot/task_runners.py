@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 import os
 import sys
 import tempfile
@@ -40,6 +41,8 @@ from prefect_spot import _jobs, artifacts
 from prefect_spot._remote import CallExchange, call_uri, wants_checkpointer
 from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration, resolve_config,
                                  resolve_storage)
+
+logger = logging.getLogger(__name__)
 
 # Records by task run id, for every SpotTaskRunner in this process (runners are
 # duplicated per flow run, so this cannot live on one instance).
@@ -224,7 +227,12 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         record = controller.run(spec, record)
         _remember(task_run.id, record)
         artifacts.publish(record)
-        return _outcome(record, exchange)
+        value = _outcome(record, exchange)
+        try:
+            exchange.clear(a.number for a in record.attempts)
+        except Exception as exc:  # noqa: BLE001 - leftovers cost storage, not the result
+            logger.warning("could not delete the call objects under %s: %s", exchange.uri, exc)
+        return value
 
     @staticmethod
     def _lease_env(config: SpotConfiguration) -> dict[str, str]:

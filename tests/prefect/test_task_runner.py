@@ -77,6 +77,10 @@ def test_futures_resolve_with_results_and_map(prefect_api, tmp_path):
 
     values, records = pipeline()
     assert values == [1, 4, 9]
+    calls = list(tmp_path.glob("jobs/*/checkpoints/call"))
+    assert len(calls) == 3, "one call folder per mapped task"
+    leftovers = [p for call in calls for p in call.rglob("*") if p.is_file()]
+    assert leftovers == [], "the pickled call and its result are deleted once read"
     assert all(r.attempts[-1].pool.zone == "us-west-2b" for r in records)
     assert all(r.attempts[-1].pool.market is Market.SPOT for r in records)
 
