@@ -33,7 +33,9 @@ from spot_core.providers.base import LeaseState, LeaseStatus
 
 RECORD_KEY = "spot_job_record"
 CHECKPOINT_SCHEMES = ("file://", "s3://")
-MIN_DEFER_SECONDS = 5.0  # a trigger holds its event this long (see SpotJobTrigger.not_before)
+NOTICE_WATCH_SECONDS = 180.0  # after a notice: the longest notice (120 s) plus grace
+MIN_DEFER_SECONDS = 15.0  # a trigger holds its event this long (see SpotJobTrigger.not_before);
+# the deferring process can take several seconds to be reported gone on a busy machine
 MAX_ROUNDS = 1000  # decide -> apply rounds per try; the policy's budgets end a job far sooner
 # A user failure never spends a policy budget: Airflow's own retries are its budget.
 UNLIMITED_USER_RETRIES = 1_000_000
@@ -275,10 +277,12 @@ class SpotJobOperator(BaseOperator):
         return self._advance(context, controller, self._close(controller, record, lease, status))
 
     def _wait_for_end(self, context, controller: Controller, record: JobRecord,
-                      lease: Lease) -> LeaseStatus:
-        """Defer (deferrable) or poll here until the lease ends, bounded by attempt_timeout."""
-        end_by = self._end_by(lease)
-        if self.deferrable:
+                      lease: Lease, *, end_by: float | None = None,
+                      defer: bool = True) -> LeaseStatus:
+        """Defer (deferrable) or poll here until the lease ends, bounded by attempt_timeout
+        (or ``end_by``)."""
+        end_by = self._end_by(lease) if end_by is None else end_by
+        if self.deferrable and defer:
             self._defer(record, lease, end_by)
         self._lease = lease
         try:
@@ -323,9 +327,17 @@ class SpotJobOperator(BaseOperator):
             self.hook.terminate(lease)
             raise AirflowException(f"watching lease {lease.lease_id} failed: {event['message']}")
         if event["status"] == "notice":
+            # The lease ends within its notice period (at most 2 minutes on any cloud). Watch
+            # that here rather than deferring again: a trigger that fires seconds after a
+            # deferral can race Airflow's report of the deferring process's exit and cost
+            # the task a try.
             self.log.warning("attempt %d got an interruption notice; the step saves an emergency "
                              "checkpoint", lease.attempt)
-            self._defer(record, lease, self._end_by(lease), return_on_notice=False)
+            end_by = min(self._end_by(lease), time.time() + NOTICE_WATCH_SECONDS)
+            status = self._wait_for_end(context, controller, record, lease, end_by=end_by,
+                                        defer=False)
+            return self._advance(context, controller, self._close(controller, record, lease,
+                                                                  status))
         status = status_from_dict(event["lease_status"])
         return self._advance(context, controller, self._close(controller, record, lease, status))
 

@@ -178,3 +178,22 @@ def test_a_roomy_deadline_still_takes_spot(tmp_path):
         record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.05).run(spec)
     assert record.attempts[0].pool.market is Market.SPOT
     assert record.status is JobStatus.SUCCEEDED
+
+
+def test_a_price_cap_waits_for_a_cheaper_window_then_falls_back(tmp_path):
+    events = []
+    provider = LocalProvider.from_traces([trace("us-east-1a_v100_1", "1" * 200, price=0.9)],
+                                         time_scale=60.0, workdir=tmp_path / "cloud", config=FAST)
+    spec = JobSpec(job_id="job-cap", command=(sys.executable, "-c", "print('done')"),
+                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools())
+    policy = RetryPolicy(max_spot_price=0.5, capacity_wait_seconds=0.4, max_capacity_waits=2)
+    controller = Controller(provider, provider.market, policy, poll_interval=0.05,
+                            listener=lambda kind, record, detail: events.append((kind, detail)))
+    started = time.monotonic()
+    with provider:
+        record = controller.run(spec)
+    assert record.status is JobStatus.SUCCEEDED
+    assert [a.pool.market for a in record.attempts] == [Market.ON_DEMAND]
+    waits = [detail for kind, detail in events if kind == "wait"]
+    assert waits and all("above max_spot_price $0.5/h" in w for w in waits)
+    assert time.monotonic() - started >= 0.8, "it waited two windows before paying on-demand"
