@@ -51,13 +51,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def _kill_tree(pid: int) -> None:
-    """SIGTERM a process we started and its children, then SIGKILL what is left."""
+    """SIGTERM a process we started, its children and everything still in its session
+    (the test SIGKILLs a triggerer, whose orphaned log server then hangs off init but
+    keeps the session), then SIGKILL what is left."""
     try:
         parent = psutil.Process(pid)
     except psutil.NoSuchProcess:
-        return
-    procs = [parent, *parent.children(recursive=True)]
+        parent = None
+    procs = [] if parent is None else [parent, *parent.children(recursive=True)]
+    procs += [p for p in psutil.process_iter() if p not in procs and _session_of(p.pid) == pid]
     for proc in procs:
         try:
             proc.send_signal(signal.SIGTERM)
