@@ -22,9 +22,6 @@ from prefect_spot.events import emit_job_event
 
 
 LOCAL_PROVIDER = "local"
-# Names a lease's environment must never carry off the local machine: Prefect's own API
-# credentials, and anything the EC2 provider would refuse to write into user-data.
-PREFECT_SECRETS = ("PREFECT_API_KEY", "PREFECT_API_AUTH_STRING")
 
 
 def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
@@ -40,14 +37,10 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
     check_provider_options(config.provider, config.provider_options, config.instance_types)
     if config.provider == LOCAL_PROVIDER:
         options = {**local_defaults, **config.provider_options}
+    elif config.provider == "ec2":
+        options = _ec2_defaults(config.provider_options, config.instance_types)
     else:
         options = dict(config.provider_options)
-    if config.provider == "ec2":
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region and "region" not in options:
-            options["region"] = region
-        if config.instance_types and not options.get("instance_types"):
-            options["instance_types"] = list(config.instance_types)
     try:
         from spot_core.providers import open_provider  # type: ignore[attr-defined]
     except ImportError:
@@ -75,23 +68,17 @@ def check_provider_options(provider: str, options: dict[str, Any],
                            instance_types: Sequence[str] = ()) -> None:
     """Check ``provider_options`` without touching the cloud; ConfigError says what to fix.
 
-    For ``ec2``: every name must be an ``Ec2Provider`` option (or ``region``), and
-    ``subnets``, ``image_id`` and ``instance_types`` (here or in the configuration's
-    ``instance_types``) are required. The local provider checks its own options when
-    it opens.
+    For ``ec2``: every name must be an ec2 provider option (the provider's own check),
+    and ``subnets``, ``image_id`` and ``instance_types`` (here or in the configuration's
+    ``instance_types``) must be there. The region may come from the environment of the
+    process that opens the provider, so it is not required here. The local provider
+    checks its own options when it opens.
     """
     if provider != "ec2":
         return
-    from dataclasses import fields
+    from spot_core.providers.ec2 import check_option_names
 
-    from spot_core.providers.ec2 import Ec2Options
-
-    known = {f.name for f in fields(Ec2Options)} | {"region"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"unknown ec2 provider option(s) {unknown} in provider_options; "
-                          f"choose from {sorted(known)} (credentials never go here: the "
-                          "instances use their instance profile)")
+    check_option_names(options)
     missing = [name for name in EC2_REQUIRED if not options.get(name)]
     if not options.get("instance_types") and not instance_types:
         missing.append("instance_types")
@@ -100,6 +87,18 @@ def check_provider_options(provider: str, options: dict[str, Any],
                           "{'region': 'us-east-1', 'subnets': ['subnet-...'], 'image_id': "
                           "'ami-...', 'instance_types': ['g5.xlarge'], 'instance_profile': "
                           "'spot-step'} (see docs/prefect.md)")
+
+
+def _ec2_defaults(options: dict[str, Any], instance_types: Sequence[str]) -> dict[str, Any]:
+    """``options`` with the region from the environment and the configuration's
+    instance types where they are not given."""
+    options = dict(options)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region and "region" not in options:
+        options["region"] = region
+    if instance_types and not options.get("instance_types"):
+        options["instance_types"] = list(instance_types)
+    return options
 
 
 def check_store_for(provider: str, store_uri: str | None, what: str) -> None:
@@ -135,7 +134,7 @@ def lease_env(provider: str, env: dict[str, str], logger=None) -> dict[str, str]
         return dict(env)
     from spot_core.providers.ec2_agent import secret_names
 
-    dropped = sorted(set(secret_names(env)) | {n for n in PREFECT_SECRETS if n in env})
+    dropped = secret_names(env)  # PREFECT_API_KEY and PREFECT_API_AUTH_STRING among them
     if dropped and logger is not None:
         logger.warning("not passing %s to the %s lease: credentials never go into its "
                        "environment; provide them on the instance (image, instance profile "

@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from spot_core import attempt_env, container
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
@@ -68,7 +68,7 @@ GB = 1 << 30
 
 @dataclass(frozen=True)
 class Ec2Options:
-    """Everything the provider needs, as plain JSON-able values (see ``from_options``)."""
+    """Everything the provider needs, as plain JSON-able values (see ``from_plain``)."""
 
     subnets: Mapping[str, Sequence[str]]        # region -> subnet ids
     instance_types: tuple[str, ...]
@@ -89,6 +89,37 @@ class Ec2Options:
     extra_tags: Mapping[str, str] = field(default_factory=dict)
     data_transfer_price_per_gb: float = 0.02
     price_refresh_seconds: float = 300.0
+
+    @classmethod
+    def from_plain(cls, *, region: str | None = None, endpoint_url: str | None = None,
+                   subnets: Sequence[str] | Mapping[str, Sequence[str]] = (),
+                   instance_types: Sequence[str] = (), image_id: str | Mapping[str, str] = "",
+                   instance_profile: str | None = None,
+                   security_group_ids: Sequence[str] | Mapping[str, Sequence[str]] = (),
+                   checkpoint_region: str | None = None, **rest: Any) -> Ec2Options:
+        """Checked options from plain JSON-able values, without any AWS call.
+
+        ``subnets``: a list of subnet ids in ``region``, or ``{region: [subnet ids]}`` for
+        several regions. ``image_id``: one AMI id, or ``{region: ami}``. ``security_group_ids``
+        likewise. Any other ``Ec2Options`` field may be given by name.
+        """
+        check_option_names(rest)
+        by_region = _per_region(subnets, region, "subnets")
+        images = _per_region_scalar(image_id, by_region, "image_id")
+        groups = _per_region(security_group_ids, region, "security_group_ids") \
+            if security_group_ids else {}
+        for key in ("extra_tags", "on_demand_prices"):
+            if key in rest:
+                rest[key] = dict(rest[key])
+        options = cls(subnets={r: tuple(s) for r, s in by_region.items()},
+                      instance_types=tuple(instance_types), image_id=images,
+                      instance_profile=instance_profile,
+                      security_group_ids={r: tuple(g) for r, g in groups.items()},
+                      endpoint_url=endpoint_url,
+                      checkpoint_region=checkpoint_region or next(iter(by_region), None),
+                      **rest)
+        _validate(options)
+        return options
 
     @property
     def regions(self) -> tuple[str, ...]:
@@ -139,38 +170,10 @@ class Ec2Provider:
         self._notices: dict[str, float] = {}
 
     @classmethod
-    def from_options(cls, *, region: str | None = None, endpoint_url: str | None = None,
-                     subnets: Sequence[str] | Mapping[str, Sequence[str]] = (),
-                     instance_types: Sequence[str] = (), image_id: str | Mapping[str, str] = "",
-                     instance_profile: str | None = None,
-                     security_group_ids: Sequence[str] | Mapping[str, Sequence[str]] = (),
-                     checkpoint_region: str | None = None, **rest: Any) -> Ec2Provider:
-        """Build from plain JSON-able options (what engine adapters store and pass).
-
-        ``subnets``: a list of subnet ids in ``region``, or ``{region: [subnet ids]}`` for
-        several regions. ``image_id``: one AMI id, or ``{region: ami}``. ``security_group_ids``
-        likewise. Any other ``Ec2Options`` field may be given by name.
-        """
-        known = {f.name for f in fields(Ec2Options)}
-        unknown = sorted(set(rest) - known)
-        if unknown:
-            raise ConfigError(f"unknown ec2 provider option(s) {unknown}; choose from "
-                              f"{sorted(known | {'region'})}")
-        by_region = _per_region(subnets, region, "subnets")
-        images = _per_region_scalar(image_id, by_region, "image_id")
-        groups = _per_region(security_group_ids, region, "security_group_ids") \
-            if security_group_ids else {}
-        for key in ("extra_tags", "on_demand_prices"):
-            if key in rest:
-                rest[key] = dict(rest[key])
-        options = Ec2Options(subnets={r: tuple(s) for r, s in by_region.items()},
-                             instance_types=tuple(instance_types), image_id=images,
-                             instance_profile=instance_profile,
-                             security_group_ids={r: tuple(g) for r, g in groups.items()},
-                             endpoint_url=endpoint_url,
-                             checkpoint_region=checkpoint_region or next(iter(by_region), None),
-                             **rest)
-        return cls(options)
+    def from_options(cls, **options: Any) -> Ec2Provider:
+        """Build from plain JSON-able options (what engine adapters store and pass); see
+        ``Ec2Options.from_plain``."""
+        return cls(Ec2Options.from_plain(**options))
 
     # -- pools --------------------------------------------------------------------------
     def _resolve_subnets(self) -> dict[str, dict[str, tuple[str, ...]]]:
@@ -571,6 +574,16 @@ class Ec2Provider:
 
 
 # -- option helpers ------------------------------------------------------------------------
+def check_option_names(names: Iterable[str]) -> None:
+    """ConfigError naming the valid choices if any of ``names`` is not an ec2 provider
+    option (engine adapters call it to reject a configuration before anything opens)."""
+    known = {f.name for f in fields(Ec2Options)} | {"region"}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ConfigError(f"unknown ec2 provider option(s) {unknown}; choose from "
+                          f"{sorted(known)}")
+
+
 def _validate(options: Ec2Options) -> None:
     if not options.subnets or not all(options.subnets.values()):
         raise ConfigError("the ec2 provider needs subnets: subnets=['subnet-...'] (one per "

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from prefect import flow, task
 
+from prefect_helpers import count_to
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.model import Market, Outcome
 
@@ -15,16 +14,6 @@ from spot_core.model import Market, Outcome
 PREEMPT_SOON = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 3600.0},
                                  max_preemptions=2, capacity_wait_seconds=0.5,
                                  min_on_demand_seconds=1e9)
-
-
-@task
-def count_to(total: int, pause: float, checkpointer=None) -> dict:
-    """A resumable loop: its state is the step counter in the checkpoint."""
-    start = 0 if checkpointer.restored is None else checkpointer.restored.step
-    for step in range(start, total):
-        time.sleep(pause)
-        checkpointer.maybe_save(step + 1, lambda: {"n": str(step + 1).encode()})
-    return {"total": total, "started_at": start}
 
 
 @task

@@ -9,7 +9,6 @@ instance; nothing is left running.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -18,24 +17,14 @@ import pytest
 from prefect import flow, task
 
 from aws_helpers import client, make_network, managed_live_instances, preempt_after_checkpoints
+from prefect_helpers import count_to
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
 from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
-from spot_core.sim.lease_processes import LEASE_MARKER
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"
-
-
-@task
-def count_to(total: int, pause: float, checkpointer=None) -> dict:
-    """A resumable loop: its state is the step counter in the checkpoint."""
-    start = 0 if checkpointer.restored is None else checkpointer.restored.step
-    for step in range(start, total):
-        time.sleep(pause)
-        checkpointer.maybe_save(step + 1, lambda: {"n": str(step + 1).encode()})
-    return {"total": total, "started_at": start, "instance": os.environ.get(LEASE_MARKER)}
 
 
 @task(retries=0)

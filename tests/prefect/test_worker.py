@@ -4,20 +4,18 @@ rescheduled and resumes from its checkpoint instead of ending Crashed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from prefect_helpers import (PREFECT, deploy_example_flow, final_record, running_worker,
+                             wait_completed)
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
 from spot_core.model import JobRecord, Outcome
 
-FLOWS = Path(__file__).resolve().parents[2] / "flows"
-PREFECT = Path(sys.executable).with_name("prefect")
 
 
 def test_worker_type_is_discoverable_as_spot():
@@ -68,30 +66,6 @@ def test_server_rejects_a_deployment_with_bad_job_variables(prefect_api):
                                      entrypoint="x.py:f")
 
 
-def _wait_completed(client, flow_run_id, timeout: float):
-    """The flow run once Completed (a Crashed state on the way may still be rescheduled
-    by the worker), or as it is at the timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run = client.read_flow_run(flow_run_id)
-        if run.state is not None and run.state.is_completed():
-            return run
-        time.sleep(1)
-    return client.read_flow_run(flow_run_id)
-
-
-def _final_record(flow_run_id, timeout: float = 60) -> JobRecord:
-    """The record the worker keeps in a Prefect variable, once the job has ended."""
-    from prefect.variables import Variable
-
-    deadline = time.monotonic() + timeout
-    while True:
-        record = JobRecord.from_dict(Variable.get(f"spot-record-{flow_run_id}"))
-        if record.status.value != "running" or time.monotonic() > deadline:
-            return record
-        time.sleep(0.5)
-
-
 def _artifacts_of(flow_run_id, record: JobRecord, timeout: float = 30) -> list:
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
@@ -119,51 +93,26 @@ def _final_table(artifacts: list, record: JobRecord):
 
 def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(
         prefect_api, tmp_path):
-    from prefect import flow
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.deployments import run_deployment
     from prefect import get_client
-    from prefect.settings import get_current_settings
+    from prefect.deployments import run_deployment
+
     pool = "spot-e2e"
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(
-            name=pool, type="spot",
-            base_job_template=SpotWorker.get_default_base_job_template()), overwrite=True)
     # us-west-2b keeps its capacity for about 30 s after trace tick 479 at half an hour
     # per second (the trace starts when the worker opens its cloud, at its first run),
     # then loses it: the flow run is preempted in the middle of training, with room for
     # a slow flow-run start on a busy machine.
-    job_variables = {"zones": ["us-west-2b"], "max_preemptions": 1,
-                     "provider_options": {"start_tick": 479, "time_scale": 1800.0},
-                     "checkpoint_root": (tmp_path / "ckpt").as_uri(),
-                     "capacity_wait_seconds": 0.5}
-    source = flow.from_source(source=str(FLOWS),
-                              entrypoint="spot_ml_pipeline.py:spot_ml_pipeline_on_worker")
-    deployment_id = source.deploy(name="e2e", work_pool_name=pool, job_variables=job_variables,
-                                  build=False, push=False, print_next_steps=False)
-
-    env = {**os.environ, "PREFECT_API_URL": get_current_settings().api.url,
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-           "PREFECT_LOGGING_LEVEL": "INFO"}
-    log = open(tmp_path / "worker.log", "wb")
-    worker = subprocess.Popen([str(PREFECT), "worker", "start", "--pool", pool, "--type",
-                               "spot", "--limit", "2"], env=env, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    deployment_id = deploy_example_flow(pool, "e2e", {
+        "zones": ["us-west-2b"], "max_preemptions": 1,
+        "provider_options": {"start_tick": 479, "time_scale": 1800.0},
+        "checkpoint_root": (tmp_path / "ckpt").as_uri(), "capacity_wait_seconds": 0.5})
+    with running_worker(pool, tmp_path / "worker.log"):
         run = run_deployment(deployment_id, timeout=0, parameters={
             "workdir": str(tmp_path / "work"), "steps": 4000, "step_seconds": 0.01})
         with get_client(sync_client=True) as client:
-            run = _wait_completed(client, run.id, timeout=240)
+            run = wait_completed(client, run.id, timeout=240)
             states = client.read_flow_run_states(run.id)
-        record = _final_record(run.id)
+        record = final_record(run.id)
         found = _artifacts_of(run.id, record)  # the worker publishes them as it finishes
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-        log.close()
     logs = (tmp_path / "worker.log").read_text(errors="replace")
     assert run.state.is_completed(), f"{run.state!r}\n{logs[-4000:]}"
     names = [s.name for s in states]

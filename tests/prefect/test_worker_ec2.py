@@ -96,67 +96,38 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
         prefect_api, aws_env, bucket, tmp_path):
     """End to end: the flow run itself on an (emulated) EC2 instance; reclaimed after its
     first S3 checkpoint, rescheduled, resumed from S3 on a new instance, completed."""
-    import os
-    import subprocess
-
-    from prefect import flow, get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import get_current_settings
 
     from aws_helpers import preempt_after_checkpoints
+    from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
     from spot_core.model import Outcome
     from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
-    from test_worker import FLOWS, PREFECT, _final_record, _wait_completed
 
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(
-            name=pool, type="spot",
-            base_job_template=SpotWorker.get_default_base_job_template()), overwrite=True)
-    job_variables = {
+    deployment_id = deploy_example_flow(pool, "ec2-e2e", {
         "provider": "ec2", "max_preemptions": 1, "capacity_wait_seconds": 0.5,
         "checkpoint_root": f"s3://{bucket}/flows",
         "provider_options": {"endpoint_url": aws_env, "region": REGION,
                              "subnets": net["subnets"], "instance_types": ["g4dn.xlarge"],
                              "image_id": net["image_id"],
                              "instance_profile": net["instance_profile"],
-                             "agent_python": sys.executable, "watch_poll_interval": 0.1}}
-    source = flow.from_source(source=str(FLOWS),
-                              entrypoint="spot_ml_pipeline.py:spot_ml_pipeline_on_worker")
-    deployment_id = source.deploy(name="ec2-e2e", work_pool_name=pool,
-                                  job_variables=job_variables, build=False, push=False,
-                                  print_next_steps=False)
-    env = {**os.environ, "PREFECT_API_URL": get_current_settings().api.url,
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-           "PREFECT_LOGGING_LEVEL": "INFO"}
+                             "agent_python": sys.executable, "watch_poll_interval": 0.1}})
     # A notice long enough for the flow run's engine to save, report its state and exit,
     # and for the on-instance agent to write its status report (EC2 gives two minutes).
     runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", (REGION,),
                                  default_instance_env(aws_env, REGION), notice_seconds=10.0,
                                  grace_seconds=5.0)
-    log = open(tmp_path / "worker.log", "wb")
-    with runtime:
-        worker = subprocess.Popen([str(PREFECT), "worker", "start", "--pool", pool, "--type",
-                                   "spot", "--limit", "2"], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            run = run_deployment(deployment_id, timeout=0, parameters={
-                "workdir": str(tmp_path / "work"), "steps": 600, "step_seconds": 0.01})
-            preempt_after_checkpoints(runtime, f"s3://{bucket}/flows/{run.id}", attempts=(1,),
-                                      timeout=150)
-            with get_client(sync_client=True) as client:
-                run = _wait_completed(client, run.id, timeout=240)
-                states = client.read_flow_run_states(run.id)
-            record = _final_record(run.id)
-        finally:
-            worker.terminate()
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-            log.close()
+    with runtime, running_worker(pool, tmp_path / "worker.log"):
+        run = run_deployment(deployment_id, timeout=0, parameters={
+            "workdir": str(tmp_path / "work"), "steps": 600, "step_seconds": 0.01})
+        preempt_after_checkpoints(runtime, f"s3://{bucket}/flows/{run.id}", attempts=(1,),
+                                  timeout=150)
+        with get_client(sync_client=True) as client:
+            run = wait_completed(client, run.id, timeout=240)
+            states = client.read_flow_run_states(run.id)
+        record = final_record(run.id)
     logs = (tmp_path / "worker.log").read_text(errors="replace")
     instance_logs = "\n".join(p.read_text(errors="replace")[-1500:]
                               for p in (tmp_path / "runtime").glob("i-*.log"))
