@@ -51,10 +51,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spot_core.errors import ConfigError
-from spot_core.model import Attempt, JobRecord, Market, Offer, Outcome, Pool
+from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
 from spot_core.policy.deadline import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
 from spot_core.policy.ranking import rank_pools
-from spot_core.policy.retry import Decision, RetryPolicy
+from spot_core.policy.retry import Decision, RetryPolicy, last_finished, on_demand_candidates
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class DeadlinePlan:
         t = self.tick(now)
         if not 0 <= t < self.window.ticks:
             return fallback
-        last = _last_finished(record)
+        last = last_finished(record)
         if (last is not None and last.outcome is Outcome.CAPACITY_UNAVAILABLE
                 and last.ended_at is not None and self.tick(last.ended_at) == t):
             return self._wait(record, t, now, "the last launch found no capacity in this tick")
@@ -133,7 +133,7 @@ class DeadlinePlan:
         if action == IDLE:
             return self._wait(record, t, now, f"deadline policy {self.policy} waits ({where})")
         if action == ON_DEMAND:
-            on_demand = _on_demand_pools(offers)
+            on_demand = on_demand_candidates(offers)
             if not on_demand:
                 return fallback
             return Decision("launch", market=Market.ON_DEMAND, pools=on_demand,
@@ -201,22 +201,6 @@ def _unrolled(market, trace, first: int, end: int):
     index = ticks % n if getattr(market, "wrap", True) else np.minimum(ticks, n - 1)
     return dataclasses.replace(trace, available=trace.available[index],
                                spot_price=trace.spot_price[index])
-
-
-def _on_demand_pools(offers: Sequence[Offer]) -> tuple[Pool, ...]:
-    """On-demand pools the market offers, cheapest first (derived from spot offers if none)."""
-    explicit = sorted((o for o in offers if not o.pool.is_spot and o.available),
-                      key=lambda o: (o.price_per_hour, o.pool.key))
-    if explicit:
-        return tuple(dict.fromkeys(o.pool for o in explicit))
-    derived = sorted((o for o in offers if o.pool.is_spot),
-                     key=lambda o: (o.on_demand_price_per_hour, o.pool.key))
-    return tuple(dict.fromkeys(o.pool.on(Market.ON_DEMAND) for o in derived))
-
-
-def _last_finished(record: JobRecord) -> Attempt | None:
-    finished = [a for a in record.attempts if a.finished]
-    return finished[-1] if finished else None
 
 
 __all__ = ["DeadlinePlan", "check_deadline_policy", "is_trace_market", "plan_job"]

@@ -131,13 +131,13 @@ def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy,
     running = record.current_attempt
     if running is not None:
         return _while_running(record, running, spot, policy, now, work)
-    return _next_launch(record, spot, _on_demand_candidates(offers), policy, now, work,
+    return _next_launch(record, spot, on_demand_candidates(offers), policy, now, work,
                         priced_out)
 
 
 # -- terminal states and budgets ---------------------------------------------------------------
 def _settled(record: JobRecord, policy: RetryPolicy, now: float) -> Decision | None:
-    last = _last_finished(record)
+    last = last_finished(record)
     if record.status is JobStatus.SUCCEEDED or (last and last.outcome is Outcome.SUCCEEDED):
         return Decision("done", reason=f"the job succeeded after {len(record.attempts)} attempt(s)")
     if record.status in (JobStatus.FAILED, JobStatus.DEADLINE_MISSED):
@@ -170,13 +170,13 @@ def _spot_candidates(record: JobRecord, offers: Sequence[Offer], now: float,
     usable = rank_pools(offers, stats, now=now, config=ranking)
     dear = [o.price_per_hour for o in usable if max_price is not None and o.price_per_hour > max_price]
     ranked = [o.pool for o in usable if max_price is None or o.price_per_hour <= max_price]
-    last = _last_finished(record)
+    last = last_finished(record)
     if last and last.outcome in (Outcome.PREEMPTED, Outcome.CAPACITY_UNAVAILABLE):
         ranked.sort(key=lambda pool: pool == last.pool)
     return tuple(ranked), (min(dear) if dear else None)
 
 
-def _on_demand_candidates(offers: Sequence[Offer]) -> tuple[Pool, ...]:
+def on_demand_candidates(offers: Sequence[Offer]) -> tuple[Pool, ...]:
     """On-demand offers the market made, cheapest first; else derived from the spot offers."""
     explicit = [o for o in offers if not o.pool.is_spot and o.available]
     if explicit:
@@ -191,7 +191,7 @@ def _on_demand_candidates(offers: Sequence[Offer]) -> tuple[Pool, ...]:
 def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolicy,
                    now: float, work: DeadlineWork | None = None) -> tuple[str, str] | None:
     """(kind, reason) for not using spot now, or None when spot is fine."""
-    last = _last_finished(record)
+    last = last_finished(record)
     if record.preemptions >= policy.max_preemptions:
         return "budget", (f"the spot preemption budget is spent ({record.preemptions} of "
                           f"{policy.max_preemptions} preemptions)")
@@ -224,7 +224,7 @@ def _next_launch(record: JobRecord, spot: tuple[Pool, ...], on_demand: tuple[Poo
             return waiting
         reason = f"{waiting.reason}; the price window did not come"
     if policy.on_demand_fallback and on_demand:
-        last = _last_finished(record)
+        last = last_finished(record)
         if last and not last.pool.is_spot and _recent_capacity_miss(last, policy, now):
             return _wait(record, policy, now, f"{reason}, and on-demand had no capacity at the "
                          "last launch")
@@ -260,7 +260,7 @@ def _launch(market: Market, pools: tuple[Pool, ...], reason: str) -> Decision:
 
 
 def _spot_reason(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolicy) -> str:
-    last = _last_finished(record)
+    last = last_finished(record)
     where = f"{spot[0].zone} {spot[0].instance_type}"
     if last and not last.pool.is_spot:
         return (f"spot capacity is back; returning to spot in {where} ({record.preemptions} of "
@@ -281,7 +281,7 @@ def _wait(record: JobRecord, policy: RetryPolicy, now: float, reason: str,
                                        f"(max_capacity_waits={policy.max_capacity_waits} x "
                                        f"{policy.capacity_wait_seconds:g} s)")
     seconds = min(policy.capacity_wait_seconds, limit - waited)
-    last = _last_finished(record)
+    last = last_finished(record)
     if last and _recent_capacity_miss(last, policy, now):
         seconds = min(seconds, last.ended_at + policy.capacity_wait_seconds - now)
     if record.deadline is not None:
@@ -313,7 +313,7 @@ def _recent_capacity_miss(attempt: Attempt, policy: RetryPolicy, now: float) -> 
 
 
 # -- small helpers -------------------------------------------------------------------------------
-def _last_finished(record: JobRecord) -> Attempt | None:
+def last_finished(record: JobRecord) -> Attempt | None:
     finished = [a for a in record.attempts if a.finished]
     return finished[-1] if finished else None
 
