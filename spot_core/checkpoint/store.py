@@ -110,6 +110,30 @@ class CheckpointStore:
         except Exception as exc:  # cleanup must not hide the original error
             log.warning("could not remove partial checkpoint %s: %s", checkpoint_id, exc)
 
+    # -- the job's other objects -------------------------------------------------------
+    # Status reports, the call exchange and the driver's heartbeat live beside the
+    # checkpoints (one place the instance profile already grants), but outside the commit
+    # protocol: each is one small object, written whole. Keys are relative to the store
+    # and must not fall under the checkpoints' own prefix.
+    def put_object(self, key: str, data: bytes) -> None:
+        """Write one whole object (atomic on every backend: a reader sees old or new)."""
+        self.backend.put_bytes(_object_key(key), data)
+
+    def get_object(self, key: str) -> bytes | None:
+        """The object's bytes, or None when there is none."""
+        try:
+            return self.backend.get_bytes(_object_key(key))
+        except FileNotFoundError:
+            return None
+
+    def delete_object(self, key: str) -> None:
+        """Remove the object; a missing one is not an error."""
+        self.backend.delete(_object_key(key))
+
+    def size_of(self, ref: CheckpointRef) -> int:
+        """Payload bytes of checkpoint ``ref`` (what a resume reads), from its manifest."""
+        return sum(entry.size for entry in self._manifest_for(ref).files.values())
+
     # -- fencing ---------------------------------------------------------------------
     def fence(self, attempt: int) -> None:
         """Refuse saves from attempts below ``attempt`` from now on.
@@ -325,6 +349,15 @@ class CheckpointStore:
             self._verified.add(manifest.checkpoint_id)
             return manifest.checkpoint_id
         return None
+
+
+def _object_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts) \
+            or parts[0] in (CHECKPOINTS_PREFIX, FENCE_KEY):
+        raise ConfigError(f"object key {key!r} is not a plain relative key outside "
+                          f"{CHECKPOINTS_PREFIX}/; use one like 'status/attempt-000001.json'")
+    return key
 
 
 def _corrupt(manifest: Manifest, name: str, problem: str) -> CorruptCheckpoint:

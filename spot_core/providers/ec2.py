@@ -347,9 +347,7 @@ class Ec2Provider:
         store = open_store(spec.checkpoint_uri, endpoint_url=aws.s3_endpoint(
             self.config.endpoint_url), region=home)
         refs = store.list()
-        if not refs:
-            return 0
-        return store.backend.prefix_size(f"checkpoints/{refs[-1].checkpoint_id}")
+        return store.size_of(refs[-1]) if refs else 0
 
     def _user_data(self, spec: LaunchSpec) -> str:
         env = dict(spec.env)
@@ -490,7 +488,7 @@ class Ec2Provider:
                 options = {"endpoint_url": aws.s3_endpoint(self.config.endpoint_url),
                            "region": lease.details.get("checkpoint_region")}
             store = open_store(uri, **options)
-            return json.loads(store.backend.get_bytes(ec2_agent.status_key(lease.attempt)))
+            return json.loads(store.get_object(ec2_agent.status_key(lease.attempt)) or b"{}")
         except FileNotFoundError:
             return {}
         except Exception as exc:  # a missing report only makes the outcome less precise

@@ -101,7 +101,7 @@ def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | N
     doc = {"job_id": env.job_id, "attempt": env.attempt, "exit_code": exit_code,
            "notice_at": first_notice(watch_log) if watch_log else None, "ended_at": time.time()}
     store = open_store(env.checkpoint_uri)
-    store.backend.put_bytes(status_key(env.attempt), json.dumps(doc).encode())
+    store.put_object(status_key(env.attempt), json.dumps(doc).encode())
     return doc
 
 

@@ -227,7 +227,7 @@ def test_cross_region_attempt_counts_the_checkpoint_transfer(aws_env, net):
         assert {p.region for p in provider.pools()} == {"us-east-1", "us-west-2"}
         [west_pool] = [p for p in provider.pools() if p.region == "us-west-2"]
         lease = provider.launch(_spec(job="job-x"), west_pool)
-        assert int(lease.details["data_transfer_bytes"]) > 3_000_000
+        assert int(lease.details["data_transfer_bytes"]) >= 3_000_000
         bill = provider.bill(lease, lease.started_at)
         assert bill.cost == pytest.approx(3_000_000 / (1 << 30) * 0.02, rel=0.01)
         assert bill.data_transfer_cost == bill.cost, "itemised for the ledger"
