@@ -284,6 +284,29 @@ class Controller:
         now = self._clock() if now is None else now
         return self.on_lease_end(spec, record, _stopped(now, reason), now)
 
+    def adopt(self, spec: JobSpec, record: JobRecord, lease_for: Callable[[int, float], Lease],
+              now: float | None = None) -> tuple[JobRecord, Lease]:
+        """Open an attempt on capacity the driver already runs on (``@task.spot``,
+        ``spot_task``): close one a vanished earlier run left open, fence the store, and
+        record the new attempt on the lease ``lease_for(number, now)`` describes. Its end is
+        reported with ``on_lease_end`` like any other."""
+        now = self._clock() if now is None else now
+        if record.current_attempt is not None:  # the earlier worker vanished mid-call
+            record = self.on_lease_end(spec, record, LeaseStatus(
+                LeaseState.RECLAIMED, ended_at=now, notice_at=now,
+                message="the worker vanished without a report (killed or reclaimed)"), now)
+        store = open_store(spec.checkpoint_uri)
+        number = max(record.next_attempt_number, store.fence_level() + 1)
+        store.fence(number)
+        start_ref = store.latest()
+        lease = lease_for(number, now)
+        attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
+                          lease_id=lease.lease_id, lease=lease.to_dict(),
+                          checkpoint_step_start=None if start_ref is None else start_ref.step)
+        if start_ref is not None:
+            record = record.with_checkpoint(start_ref)
+        return self._save(record.start_attempt(attempt), "launched", "in place"), lease
+
     # -- deciding ----------------------------------------------------------------------------
     def decide(self, spec: JobSpec, record: JobRecord, now: float | None = None) -> Decision:
         """Observe the market and ask the policy what the job does next (no side effect)."""
