@@ -3,13 +3,11 @@
 ``SpotHook`` opens a capacity provider by name (``local`` now; ``ec2`` and
 ``kubernetes`` through the same ``open_provider`` registry) from JSON-able options, so
 the worker that launches a lease and the triggerer that watches it can each open the
-same provider in their own process. It also builds the controller, and turns leases and
-lease statuses into the plain dicts that travel through trigger kwargs and events.
+same provider in their own process. It also builds the controller both of them drive.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from typing import Any, Mapping, Sequence
@@ -20,7 +18,7 @@ from spot_core.controller import Controller, Persist
 from spot_core.model import Lease, Pool
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import PROVIDER_NAMES, open_provider
-from spot_core.providers.base import LeaseState, LeaseStatus, Provider
+from spot_core.providers.base import Provider
 
 PROVIDERS = PROVIDER_NAMES
 
@@ -76,28 +74,17 @@ class SpotHook(BaseHook):
             pools = tuple(p for p in pools if p.zone in set(zones))
         return pools
 
-    def controller(self, policy: RetryPolicy, persist: Persist | None = None,
-                   poll_interval: float = 0.2) -> Controller:
+    def controller(self, policy: RetryPolicy = RetryPolicy(), persist: Persist | None = None,
+                   **options: Any) -> Controller:
+        """The controller over this provider; ``options`` are the Controller's keyword
+        options (poll_interval, attempt_timeout, heartbeat_timeout, observe_failure_timeout),
+        the same in the worker that launches and the triggerer that watches."""
         provider = self.get_provider()
-        return Controller(provider, provider.market, policy, persist=persist,
-                          poll_interval=poll_interval)
+        return Controller(provider, provider.market, policy, persist=persist, **options)
 
     # -- leases -----------------------------------------------------------------------------
-    def observe(self, lease: Lease) -> LeaseStatus:
-        status = self.get_provider().observe([lease]).get(lease.lease_id)
-        if status is None:  # the provider no longer knows it: it ended without us
-            return LeaseStatus(LeaseState.TERMINATED, message="the provider lost track of the lease")
-        return status
-
-    async def aobserve(self, lease: Lease) -> LeaseStatus:
-        """``observe`` off the event loop (providers make blocking calls)."""
-        return await asyncio.to_thread(self.observe, lease)
-
     def terminate(self, lease: Lease) -> None:
         self.get_provider().terminate(lease)
-
-    async def aterminate(self, lease: Lease) -> None:
-        await asyncio.to_thread(self.terminate, lease)
 
     def close(self) -> None:
         with _OPEN_LOCK:
@@ -105,24 +92,3 @@ class SpotHook(BaseHook):
         if provider is not None:
             provider.close()
 
-
-def status_to_dict(status: LeaseStatus) -> dict[str, Any]:
-    return {"state": str(status.state), "exit_code": status.exit_code,
-            "notice_at": status.notice_at, "ended_at": status.ended_at,
-            "message": status.message}
-
-
-def status_from_dict(data: Mapping[str, Any]) -> LeaseStatus:
-    return LeaseStatus(LeaseState(data["state"]), exit_code=data.get("exit_code"),
-                       notice_at=data.get("notice_at"), ended_at=data.get("ended_at"),
-                       message=data.get("message") or "")
-
-
-def lease_from_attempt(record_job_id: str, attempt, details: Mapping[str, str] | None = None
-                       ) -> Lease | None:
-    """A Lease for a recorded, unfinished attempt (enough to observe, bill and terminate it)."""
-    if attempt is None or attempt.lease_id is None:
-        return None
-    return Lease(lease_id=attempt.lease_id, pool=attempt.pool, job_id=record_job_id,
-                 attempt=attempt.number, started_at=attempt.started_at, price_per_hour=0.0,
-                 details=dict(details or {}))

@@ -1,11 +1,14 @@
 """``SpotJobOperator``: one pipeline step run to completion on spot capacity.
 
-Each Airflow try runs the job's attempts under the controller: decide (spot pool,
-on-demand, wait or stop), launch, wait for the lease to end, classify and bill it, and
-again, until the job succeeds. Preemptions are handled inside the try (relaunch and
-defer again), so they never spend Airflow ``retries``; a failure of the step's own code
-raises, so Airflow's retries apply, and the next try resumes from the latest checkpoint
-with the JobRecord read back from the task state store.
+The operator is a thin driver of the controller's lifecycle (``spot_core.controller``):
+``advance`` says finished / sleep until T / watch lease L; a sleep defers to a timer
+(deferrable) or sleeps; a watch defers to ``SpotJobTrigger`` (deferrable) or calls
+``check`` here every poll interval; an ended attempt goes back to ``advance``. The
+controller alone classifies, bills, closes and terminates. Preemptions are absorbed
+inside the try (the controller relaunches), so they never spend Airflow ``retries``; an
+attempt that ended ``user_failed`` raises, so Airflow's retries apply (the only place
+they are spent), and the next try resumes from the latest checkpoint with the JobRecord
+read back from the task state store (a running attempt is reattached, not relaunched).
 
 Where state lives: the JobRecord is written to ``context["task_state_store"]`` after
 every change (it survives retries and worker loss), travels in the trigger's kwargs
@@ -23,13 +26,12 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_spot.hooks.spot import (PROVIDERS, SpotHook, lease_from_attempt, status_from_dict)
+from airflow_spot.hooks.spot import PROVIDERS, SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
-from spot_core.controller import Controller, JobSpec
+from spot_core.controller import Controller, JobSpec, Next
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.policy.retry import RetryPolicy
-from spot_core.providers.base import LeaseState, LeaseStatus
 
 RECORD_KEY = "spot_job_record"
 CHECKPOINT_SCHEMES = ("file://", "s3://")
@@ -94,6 +96,10 @@ class SpotJobOperator(BaseOperator):
         on-demand near it; past it the task fails without retry).
     :param attempt_timeout: longest one attempt may run before it is terminated.
     :param poll_interval: seconds between lease observations.
+    :param heartbeat_timeout: how long a lease outlives a driver (worker or triggerer) that
+        died without stopping it: the node's watcher ends it then (None: never).
+    :param observe_failure_timeout: how long observing a lease may keep failing before the
+        attempt ends as infrastructure_failed.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
         ``[operators] default_deferrable``).
     """
@@ -113,6 +119,8 @@ class SpotJobOperator(BaseOperator):
                  max_infrastructure_retries: int = 3, deadline: timedelta | float | None = None,
                  attempt_timeout: timedelta | float = timedelta(hours=24),
                  poll_interval: float = 5.0,
+                 heartbeat_timeout: timedelta | float | None = timedelta(minutes=5),
+                 observe_failure_timeout: timedelta | float = timedelta(minutes=3),
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",
                                                     fallback=False),
                  **kwargs: Any) -> None:
@@ -133,7 +141,10 @@ class SpotJobOperator(BaseOperator):
         self.policy = self._policy(max_preemptions, on_demand_fallback, return_to_spot,
                                    capacity_wait_seconds, max_capacity_waits,
                                    max_infrastructure_retries, max_spot_price)
-        self._lease: Lease | None = None
+        self.heartbeat_timeout_seconds = _positive_seconds("heartbeat_timeout", heartbeat_timeout)
+        self.observe_failure_timeout_seconds = _positive_seconds(
+            "observe_failure_timeout", observe_failure_timeout, allow_none=False)
+        self._watching: tuple[Controller, JobSpec, Next] | None = None  # while watching here
         self._killed = False
         self._hook: SpotHook | None = None
 
@@ -185,6 +196,13 @@ class SpotJobOperator(BaseOperator):
             self._hook = SpotHook(self.provider, self.provider_options)
         return self._hook
 
+    def controller_options(self) -> dict[str, Any]:
+        """The Controller's options, the same in the worker and in the trigger."""
+        return {"poll_interval": self.poll_interval,
+                "attempt_timeout": self.attempt_timeout_seconds,
+                "heartbeat_timeout": self.heartbeat_timeout_seconds,
+                "observe_failure_timeout": self.observe_failure_timeout_seconds}
+
     def _controller(self, context) -> Controller:
         store = context.get("task_state_store")
 
@@ -192,8 +210,7 @@ class SpotJobOperator(BaseOperator):
             if store is not None:
                 store.set(RECORD_KEY, record.to_dict())
 
-        return self.hook.controller(self.policy, persist=persist,
-                                    poll_interval=min(self.poll_interval, 1.0))
+        return self.hook.controller(self.policy, persist=persist, **self.controller_options())
 
     def _spec(self, record: JobRecord) -> JobSpec:
         command = shlex.split(self.command) if isinstance(self.command, str) else self.command
@@ -231,132 +248,117 @@ class SpotJobOperator(BaseOperator):
                                         else JobStatus.PENDING)
         return record
 
-    # -- execution ----------------------------------------------------------------------------
+    # -- execution: a driver of the controller's lifecycle --------------------------------------
     def execute(self, context) -> dict[str, Any]:
         controller = self._controller(context)
         record = self._load_record(context, controller)
         SpotCheckpointLink.persist(context, SpotCheckpointLink.url_for(self.checkpoint_uri))
         SpotEc2InstanceLink.persist(context, "")  # filled in when an attempt runs on EC2
-        running = record.current_attempt
-        if running is not None:  # an earlier try left its attempt behind: reattach
-            lease = lease_from_attempt(record.job_id, running)
+        if record.current_attempt is not None:  # an earlier try left it running: reattach
             self.log.info("reattaching to attempt %d (lease %s) left by an earlier try",
-                          running.number, running.lease_id)
-            return self._wait(context, controller, record, lease)
-        return self._advance(context, controller, record)
-
-    def _advance(self, context, controller: Controller, record: JobRecord) -> dict[str, Any]:
-        """Decide -> apply until the job ends or the task defers."""
+                          record.current_attempt.number, record.current_attempt.lease_id)
         spec = self._spec(record)
-        for _ in range(MAX_ROUNDS):
-            if self._killed:
-                raise AirflowException(f"job {record.job_id}: the task was killed")
-            decision = controller.decide(spec, record)
-            final = controller.settle(record, decision)
-            if final is not None:
-                return self._finish(context, final, decision.reason)
-            if decision.action == "wait":
-                self.log.info("waiting %.1f s: %s", decision.wait_seconds, decision.reason)
-                if self.deferrable:
-                    self._defer(record, None, time.time() + decision.wait_seconds)
-                time.sleep(decision.wait_seconds)
-                continue
-            record, lease = controller.start_attempt(spec, record, decision)
-            if lease is None:
-                self.log.warning("no capacity: %s", record.attempts[-1].message)
-                continue
-            self.log.info("attempt %d launched on %s (lease %s)%s: %s", lease.attempt,
-                          lease.pool.key, lease.lease_id, self._trace_position(), decision.reason)
-            self._persist_instance_link(context, lease)
-            record = self._close(controller, record, lease,
-                                 self._wait_for_end(context, controller, record, lease))
-        raise SpotJobFailed(f"job {record.job_id} did not settle in {MAX_ROUNDS} rounds")
-
-    def _wait(self, context, controller, record, lease) -> dict[str, Any]:
-        status = self._wait_for_end(context, controller, record, lease)
-        return self._advance(context, controller, self._close(controller, record, lease, status))
-
-    def _wait_for_end(self, context, controller: Controller, record: JobRecord,
-                      lease: Lease, *, end_by: float | None = None,
-                      defer: bool = True) -> LeaseStatus:
-        """Defer (deferrable) or poll here until the lease ends, bounded by attempt_timeout
-        (or ``end_by``)."""
-        end_by = self._end_by(lease) if end_by is None else end_by
-        if self.deferrable and defer:
-            self._defer(record, lease, end_by)
-        self._lease = lease
-        try:
-            while True:
-                status = self.hook.observe(lease)
-                if status.ended:
-                    return status
-                if time.time() >= end_by:
-                    self.hook.terminate(lease)
-                    return LeaseStatus(LeaseState.TERMINATED, ended_at=time.time(),
-                                       message="stopped: the attempt's time limit passed")
-                time.sleep(self.poll_interval)
-        except BaseException:
-            self.hook.terminate(lease)
-            raise
-
-    def _end_by(self, lease: Lease) -> float:
-        return lease.started_at + self.attempt_timeout_seconds
-
-    def _defer(self, record: JobRecord, lease: Lease | None, end_by: float,
-               return_on_notice: bool = True) -> None:
-        trigger = SpotJobTrigger(provider=self.provider, provider_options=self.hook.reopen_options,
-                                 record=record.to_dict(),
-                                 lease=None if lease is None else lease.to_dict(),
-                                 end_by=end_by, poll_interval=self.poll_interval,
-                                 return_on_notice=return_on_notice,
-                                 not_before=time.time() + MIN_DEFER_SECONDS)
-        # Airflow's own bound sits past the trigger's, which terminates the lease first.
-        timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)
-        self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
+        return self._drive(context, controller, spec, controller.advance(spec, record))
 
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Back from the trigger: close the attempt, then decide what comes next."""
+        """Back from the trigger: keep its record, then go on driving from its Next."""
         if not isinstance(event, Mapping) or event.get("status") not in EVENT_STATUSES:
             raise AirflowException(f"unexpected trigger event {event!r}")
         controller = self._controller(context)
-        record = JobRecord.from_dict(event["record"])
+        nxt = Next.from_dict(event["next"])
+        controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
+        spec = self._spec(nxt.record)
+        if event["status"] == "error":  # the next try reattaches to the recorded attempt
+            raise AirflowException(f"job {nxt.record.job_id}: the trigger failed: "
+                                   f"{event.get('message')}")
         if event["status"] == "wake":
-            return self._advance(context, controller, record)
-        lease = Lease.from_dict(event["lease"])
-        if event["status"] == "error":
-            self.hook.terminate(lease)
-            raise AirflowException(f"watching lease {lease.lease_id} failed: {event['message']}")
-        if event["status"] == "notice":
-            # The lease ends within its notice period (at most 2 minutes on any cloud). Watch
-            # that here rather than deferring again: a trigger that fires seconds after a
-            # deferral can race Airflow's report of the deferring process's exit and cost
-            # the task a try.
+            nxt = controller.advance(spec, nxt.record)
+        elif event["status"] == "notice":
             self.log.warning("attempt %d got an interruption notice; the step saves an emergency "
-                             "checkpoint", lease.attempt)
-            end_by = min(self._end_by(lease), time.time() + NOTICE_WATCH_SECONDS)
-            status = self._wait_for_end(context, controller, record, lease, end_by=end_by,
-                                        defer=False)
-            return self._advance(context, controller, self._close(controller, record, lease,
-                                                                  status))
-        status = status_from_dict(event["lease_status"])
-        return self._advance(context, controller, self._close(controller, record, lease, status))
+                             "checkpoint", nxt.lease.attempt)
+        return self._drive(context, controller, spec, nxt)
 
-    def _close(self, controller: Controller, record: JobRecord, lease: Lease,
-               status: LeaseStatus) -> JobRecord:
-        """Terminate (idempotent), classify and bill the attempt; raise on a user failure."""
-        self.hook.terminate(lease)
-        self._lease = None
-        record = controller.finish_attempt(self._spec(record), record, lease, status)
+    def _drive(self, context, controller: Controller, spec: JobSpec, nxt: Next) -> dict[str, Any]:
+        """Follow the controller's answers until the job finishes or the task defers."""
+        for _ in range(MAX_ROUNDS):
+            if self._killed:
+                raise AirflowException(f"job {spec.job_id}: the task was killed")
+            if nxt.action == "finished":
+                return self._finish(context, nxt.record, nxt.reason)
+            if nxt.action == "ended":
+                self._after_attempt(nxt.record)
+                nxt = controller.advance(spec, nxt.record)
+            elif nxt.action == "sleep":
+                self.log.info("waiting until %s: %s", time.ctime(nxt.until), nxt.reason)
+                if self.deferrable:
+                    self._defer(spec, nxt)
+                time.sleep(max(0.0, nxt.until - time.time()))
+                nxt = controller.advance(spec, nxt.record)
+            else:  # watch
+                self._persist_instance_link(context, nxt.lease)
+                if self.deferrable and not self._notice_pending(nxt):
+                    self.log.info("watching attempt %d on %s (lease %s)%s from the triggerer: %s",
+                                  nxt.lease.attempt, nxt.lease.pool.key, nxt.lease.lease_id,
+                                  self._trace_position(), nxt.reason)
+                    self._defer(spec, nxt)
+                nxt = self._watch_here(controller, spec, nxt)
+        raise SpotJobFailed(f"job {spec.job_id} did not settle in {MAX_ROUNDS} rounds")
+
+    @staticmethod
+    def _notice_pending(nxt: Next) -> bool:
+        """After a notice the lease ends within its notice period (at most 2 minutes on any
+        cloud). That end is watched here rather than by deferring again: a trigger that
+        fires seconds after a deferral can race Airflow 3.3's report of the deferring
+        process's exit and cost the task a try (see ``MIN_DEFER_SECONDS``)."""
+        return nxt.notice_at is not None and time.time() < nxt.notice_at + NOTICE_WATCH_SECONDS
+
+    def _watch_here(self, controller: Controller, spec: JobSpec, nxt: Next) -> Next:
+        """``check`` every poll interval in this worker until the watch changes; a kill
+        (or any exception) stops the lease through the controller."""
+        self._watching = (controller, spec, nxt)
+        try:
+            while nxt.action == "watch" and not (self.deferrable and not self._notice_pending(nxt)):
+                time.sleep(self.poll_interval)
+                if self._killed:
+                    raise AirflowException(f"job {spec.job_id}: the task was killed")
+                nxt = controller.check(spec, nxt)
+                self._watching = (controller, spec, nxt) if nxt.action == "watch" else None
+            return nxt
+        except BaseException:
+            self._stop_watched("stopped: the task was killed or failed while watching")
+            raise
+        finally:
+            self._watching = None
+
+    def _stop_watched(self, reason: str) -> None:
+        """Stop (terminate and close through the controller) the attempt this worker watches."""
+        watching, self._watching = self._watching, None  # on_kill runs in another thread
+        if watching is not None:
+            controller, spec, nxt = watching
+            controller.stop(spec, nxt.record, reason)
+
+    def _after_attempt(self, record: JobRecord) -> None:
+        """Log how the attempt ended; a failure of the step's own code spends an Airflow try."""
         attempt = record.attempts[-1]
+        pool = attempt.pool.key if attempt.pool is not None else "-"
         self.log.info("attempt %d ended %s on %s (checkpoint %s -> %s) %s", attempt.number,
-                      attempt.outcome, attempt.pool.key, attempt.checkpoint_step_start,
+                      attempt.outcome, pool, attempt.checkpoint_step_start,
                       attempt.checkpoint_step_end, attempt.message)
         if attempt.outcome is Outcome.USER_FAILED:
-            raise SpotUserStepFailed(f"the step failed on attempt {attempt.number} (exit code "
-                                     f"{status.exit_code}): {attempt.message}; the next try "
-                                     "resumes from checkpoint step "
+            why = attempt.message or "it exited with a non-zero code"
+            raise SpotUserStepFailed(f"the step's own code failed on attempt {attempt.number} "
+                                     f"({why}); the next try resumes from checkpoint step "
                                      f"{attempt.checkpoint_step_end}")
-        return record
+
+    def _defer(self, spec: JobSpec, nxt: Next) -> None:
+        trigger = SpotJobTrigger(provider=self.provider, provider_options=self.hook.reopen_options,
+                                 next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
+                                 controller_options=self.controller_options(),
+                                 not_before=time.time() + MIN_DEFER_SECONDS)
+        # Airflow's own bound sits past the controller's (attempt limit, observe failures).
+        end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.observe_failure_timeout_seconds
+        timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
 
     def _finish(self, context, record: JobRecord, reason: str) -> dict[str, Any]:
         summary = record.summary()
@@ -380,8 +382,13 @@ class SpotJobOperator(BaseOperator):
                 lease.pool.region, lease.lease_id))
 
     def on_kill(self) -> None:
-        """Airflow is killing the task: release the lease it holds in this process."""
+        """Airflow is killing the task: stop the attempt this worker watches (a deferred
+        task's lease is stopped by its trigger's ``on_kill`` / ``cleanup``)."""
         self._killed = True
-        if self._lease is not None:
-            self.hook.terminate(self._lease)
-            self._lease = None
+        self._stop_watched("stopped: the task was killed")
+
+    @property
+    def _lease(self) -> Lease | None:
+        """The lease this worker watches now, if any."""
+        watching = self._watching
+        return None if watching is None else watching[2].lease

@@ -1,14 +1,21 @@
-"""The trigger that watches one spot lease from the triggerer, without holding a worker slot.
+"""The trigger that drives one watched attempt from the triggerer, without a worker slot.
 
-It carries everything it needs in its kwargs, the JobRecord included, so a triggerer
-that restarts (or another triggerer that picks the trigger up) resumes watching the
-same lease: nothing lives in the triggerer's memory. It fires once, when the lease
-ends (finished, failed, reclaimed), when an interruption notice is first seen, or when
-its bounded wait runs out (it then terminates the lease first). With no lease it is a
-bounded timer, used while the job waits for capacity.
+It is a thin driver of the controller: its kwargs carry the controller's ``Next`` (the
+JobRecord and the watched lease included) and what reopens the provider and controller,
+so a triggerer that restarts (or another one that picks the trigger up) resumes from
+the kwargs alone. Every poll interval it calls ``Controller.check`` in a thread: the
+controller renews the driver heartbeat in the job's store, absorbs failed observations
+until ``observe_failure_timeout``, and classifies, bills and closes the attempt when it
+ends. The trigger fires once: on ``ended`` (the closed record is in the event), on the
+first interruption notice (``return_on_notice``), or, with a ``sleep`` Next, when the
+sleep is over.
 
-It never terminates the lease in ``cleanup()``: cleanup also runs when a triggerer
-restarts, and a restart must not cost the training run its node.
+Kill safety. A user who marks the deferred task failed or success, or clears it, makes
+Airflow 3.3 cancel the trigger with ``on_kill()``: the lease is stopped through
+``Controller.stop``. ``cleanup()`` also runs on every triggerer restart, so it stops the
+lease only when the task instance is no longer ``deferred`` (read through the Task SDK,
+as cncf-kubernetes' pod trigger does), never on a mere restart. If the triggerer dies
+outright, the node's heartbeat watch ends the lease once nobody renews the heartbeat.
 """
 
 from __future__ import annotations
@@ -19,82 +26,144 @@ from typing import Any, AsyncIterator, Mapping
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_spot.hooks.spot import SpotHook, status_to_dict
-from spot_core.model import Lease
-from spot_core.providers.base import LeaseState, LeaseStatus
+from airflow_spot.hooks.spot import SpotHook
+from spot_core.controller import Controller, JobSpec, Next
 
-EVENT_STATUSES = ("ended", "notice", "timeout", "wake", "error")
+EVENT_STATUSES = ("ended", "notice", "wake", "error")
+KILLED = "stopped: the task was marked failed, cleared or killed while deferred"
 
 
 class SpotJobTrigger(BaseTrigger):
-    """Watch ``lease`` until it ends or ``end_by`` (POSIX seconds) passes.
+    """Drive ``next`` (a ``watch`` or ``sleep`` Next as a dict) until it changes.
 
     :param provider: capacity provider name (``local``, ``ec2``, ``kubernetes``).
     :param provider_options: JSON-able options that reopen the provider in the triggerer.
-    :param record: the job's JobRecord as a dict (``JobRecord.to_dict()``).
-    :param lease: the lease to watch as a dict (``Lease.to_dict()``), or None to sleep.
-    :param end_by: POSIX time at which the wait ends (a sleep wakes; a watch terminates).
-    :param poll_interval: seconds between observations.
-    :param return_on_notice: fire as soon as an interruption notice is served.
+    :param next: ``Next.to_dict()`` of the controller's last answer.
+    :param checkpoint_uri: the job's store (the controller renews its heartbeat there).
+    :param controller_options: the Controller's keyword options (poll_interval,
+        attempt_timeout, heartbeat_timeout, observe_failure_timeout), as the worker used.
+    :param return_on_notice: fire as soon as an interruption notice is seen.
     :param not_before: POSIX time before which no event fires. Airflow 3.3 can resume a
         task whose trigger fires before the executor has reported the deferring process's
         exit, then retry it as a zombie; holding the event a few seconds avoids that race.
     """
 
     def __init__(self, *, provider: str, provider_options: Mapping[str, Any],
-                 record: Mapping[str, Any], end_by: float, lease: Mapping[str, Any] | None = None,
-                 poll_interval: float = 5.0, return_on_notice: bool = True,
-                 not_before: float = 0.0) -> None:
+                 next: Mapping[str, Any], checkpoint_uri: str,  # noqa: A002 - the Next
+                 controller_options: Mapping[str, Any] | None = None,
+                 return_on_notice: bool = True, not_before: float = 0.0) -> None:
         super().__init__()
-        if not poll_interval > 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         self.provider = provider
         self.provider_options = dict(provider_options)
-        self.record = dict(record)
-        self.lease = None if lease is None else dict(lease)
-        self.end_by = float(end_by)
-        self.poll_interval = float(poll_interval)
+        self.next = dict(next)
+        self.checkpoint_uri = checkpoint_uri
+        self.controller_options = dict(controller_options or {})
+        poll = self.controller_options.get("poll_interval", 5.0)
+        if not poll > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll!r}")
         self.return_on_notice = bool(return_on_notice)
         self.not_before = float(not_before)
+        self._current: Next | None = None  # the latest Next, for on_kill / cleanup
+        self._done = False                 # an event fired or the lease was stopped
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
             "provider": self.provider, "provider_options": self.provider_options,
-            "record": self.record, "lease": self.lease, "end_by": self.end_by,
-            "poll_interval": self.poll_interval, "return_on_notice": self.return_on_notice,
-            "not_before": self.not_before,
+            "next": self.next, "checkpoint_uri": self.checkpoint_uri,
+            "controller_options": self.controller_options,
+            "return_on_notice": self.return_on_notice, "not_before": self.not_before,
         })
 
-    def _event(self, status: str, lease_status: LeaseStatus | None = None,
-               message: str = "") -> TriggerEvent:
-        return TriggerEvent({"status": status, "record": self.record, "lease": self.lease,
-                             "lease_status": None if lease_status is None
-                             else status_to_dict(lease_status), "message": message})
+    # -- what the controller needs -----------------------------------------------------------
+    def _spec(self, nxt: Next) -> JobSpec:
+        """``check`` and ``stop`` read only the job id and its store from the spec."""
+        return JobSpec(job_id=nxt.record.job_id, command=(), checkpoint_uri=self.checkpoint_uri,
+                       pools=())
 
+    def _controller(self) -> Controller:
+        return SpotHook(self.provider, self.provider_options).controller(
+            **self.controller_options)
+
+    @property
+    def poll_interval(self) -> float:
+        return float(self.controller_options.get("poll_interval", 5.0))
+
+    # -- running -----------------------------------------------------------------------------
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        if self.lease is None:
-            await asyncio.sleep(max(0.0, max(self.end_by, self.not_before) - time.time()))
-            yield self._event("wake")
+        nxt = Next.from_dict(self.next)
+        self._current = nxt
+        if nxt.action == "sleep":
+            await asyncio.sleep(max(0.0, max(nxt.until, self.not_before) - time.time()))
+            self._done = True
+            yield TriggerEvent({"status": "wake", "next": nxt.to_dict()})
             return
         try:
-            event = await self._watch(SpotHook(self.provider, self.provider_options),
-                                      Lease.from_dict(self.lease))
-        except Exception as exc:  # noqa: BLE001 - reported to the operator, which terminates
-            self.log.exception("watching lease %s failed", self.lease.get("lease_id"))
-            event = self._event("error", message=f"{type(exc).__name__}: {exc}")
+            status = await self._watch(self._controller(), nxt)
+            message = ""
+        except Exception as exc:  # noqa: BLE001 - the operator persists the record and fails the try
+            self.log.exception("driving job %s failed", nxt.record.job_id)
+            status, message = "error", f"{type(exc).__name__}: {exc}"
         await asyncio.sleep(max(0.0, self.not_before - time.time()))
-        yield event
+        self._done = True
+        yield TriggerEvent({"status": status, "next": self._current.to_dict(),
+                            "message": message})
 
-    async def _watch(self, hook: SpotHook, lease: Lease) -> TriggerEvent:
+    async def _watch(self, controller: Controller, nxt: Next) -> str:
+        spec = self._spec(nxt)
         while True:
-            status = await hook.aobserve(lease)
-            if status.ended:
-                return self._event("ended", status, status.message)
-            if self.return_on_notice and status.notice_at is not None:
-                return self._event("notice", status, "interruption notice served")
-            if time.time() >= self.end_by:
-                await hook.aterminate(lease)
-                stopped = LeaseStatus(LeaseState.TERMINATED, ended_at=time.time(),
-                                      message="stopped: the attempt's time limit passed")
-                return self._event("timeout", stopped, stopped.message)
-            await asyncio.sleep(min(self.poll_interval, max(0.05, self.end_by - time.time())))
+            nxt = await asyncio.to_thread(controller.check, spec, nxt)
+            self._current = nxt
+            if nxt.action != "watch":
+                return "ended"
+            if self.return_on_notice and nxt.notice_at is not None:
+                return "notice"
+            await asyncio.sleep(self.poll_interval)
+
+    # -- kill safety -------------------------------------------------------------------------
+    async def on_kill(self) -> None:
+        """Airflow 3.3: the user marked the deferred task failed/success or cleared it."""
+        await self._stop_lease()
+
+    async def cleanup(self) -> None:
+        """Runs on every exit, triggerer restarts included: stop the lease only when the
+        task instance has left ``deferred`` (on Airflow < 3.3, the only kill hook)."""
+        if self._done or self._watched() is None:
+            return
+        try:
+            state = await self._task_state()
+        except Exception:  # noqa: BLE001 - unknown: keep the lease (the heartbeat is the backstop)
+            self.log.warning("could not read the task state; leaving the lease running",
+                             exc_info=True)
+            return
+        if state is not None and str(state) != "deferred":
+            self.log.info("task instance is %s, no longer deferred: stopping its lease", state)
+            await self._stop_lease()
+
+    def _watched(self) -> Next | None:
+        nxt = self._current
+        if nxt is None or nxt.action != "watch" or nxt.record.current_attempt is None:
+            return None
+        return nxt
+
+    async def _stop_lease(self) -> None:
+        nxt = self._watched()
+        if self._done or nxt is None:
+            return
+        self._done = True
+        self.log.warning("stopping lease %s of job %s: %s", nxt.lease and nxt.lease.lease_id,
+                         nxt.record.job_id, KILLED)
+        await asyncio.to_thread(self._controller().stop, self._spec(nxt), nxt.record, KILLED)
+
+    async def _task_state(self) -> str | None:
+        """The task instance's state through the Task SDK (None without a task instance)."""
+        ti = self.task_instance
+        if ti is None:
+            return None
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        states = await asyncio.to_thread(RuntimeTaskInstance.get_task_states, dag_id=ti.dag_id,
+                                         task_ids=[ti.task_id], run_ids=[ti.run_id],
+                                         map_index=ti.map_index)
+        key = f"{ti.task_id}_{ti.map_index}" if ti.map_index is not None and ti.map_index >= 0 \
+            else ti.task_id
+        return (states.get(ti.run_id) or {}).get(key)

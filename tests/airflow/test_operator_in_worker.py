@@ -44,7 +44,7 @@ def test_user_failure_raises_and_the_next_try_resumes_the_same_record(cloud_url,
     script = (f"import os, sys; p = {str(flag)!r}\n"
               "if os.path.exists(p):\n    os.remove(p); sys.exit(3)\n")
     op = _operator(cloud_url, tmp_path, script)
-    with pytest.raises(SpotUserStepFailed, match="exit code 3"):
+    with pytest.raises(SpotUserStepFailed, match="own code failed on attempt 1"):
         op.execute({"task_state_store": store, "ti": ti})
     first = JobRecord.from_dict(store.data[RECORD_KEY])
     assert first.user_failures == 1 and first.attempts[-1].outcome == "user_failed"
