@@ -1,10 +1,13 @@
-"""Every trigger round-trips serialize -> recreate, and the spot trigger watches a real lease."""
+"""Every trigger round-trips serialize -> recreate; the spot trigger drives the controller's
+``check`` over a real lease on the local cloud (through a failing proxy, too)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import sys
+import threading
 import time
 
 import pytest
@@ -13,7 +16,11 @@ from airflow.triggers.base import BaseTrigger
 
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger, window_decision
 from airflow_spot.triggers.spot import SpotJobTrigger
-from spot_core.model import JobRecord, Market, Offer, Pool
+from spot_core.controller import JobSpec, Next
+from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
+
+from fault_proxy import FaultProxy
+from spot_helpers import marked_processes, wait_until
 
 
 def _recreate(trigger: BaseTrigger) -> BaseTrigger:
@@ -29,12 +36,16 @@ def _record() -> dict:
 LEASE = {"lease_id": "i-local-1", "pool": Pool("aws", "us-east-2", "us-east-2a", "p3.2xlarge").to_dict(),
          "job_id": "dag.train.run", "attempt": 1, "started_at": 1.0e9, "price_per_hour": 0.9,
          "details": {"log": "/tmp/x.log"}}
+WATCH = {"action": "watch", "record": _record(), "until": 2.0e9, "lease": LEASE, "reason": "",
+         "failing_since": None, "notice_at": None}
+SLEEP = {**WATCH, "action": "sleep", "lease": None}
 
 TRIGGERS = [
     SpotJobTrigger(provider="local", provider_options={"url": "http://127.0.0.1:1"},
-                   record=_record(), lease=LEASE, end_by=2.0e9, poll_interval=0.5,
+                   next=WATCH, checkpoint_uri="file:///c",
+                   controller_options={"poll_interval": 0.5, "heartbeat_timeout": 60.0},
                    return_on_notice=False, not_before=1.0e9 + 3),
-    SpotJobTrigger(provider="local", provider_options={}, record=_record(), end_by=2.0e9),
+    SpotJobTrigger(provider="local", provider_options={}, next=SLEEP, checkpoint_uri="file:///c"),
     SpotPriceWindowTrigger(provider="local", provider_options={"url": "http://127.0.0.1:1"},
                            zones=["us-east-2a"], profile=None, job_hours=2.0,
                            window_start=1.0e9, window_end=1.0e9 + 8 * 3600, max_price=0.5,
@@ -60,58 +71,110 @@ def test_trigger_kwargs_survive_airflow_serialization():
         assert BaseSerialization.deserialize(BaseSerialization.serialize(kwargs)) == kwargs
 
 
-def test_job_record_rides_in_the_trigger_kwargs():
+def test_the_controllers_next_rides_in_the_trigger_kwargs():
     _, kwargs = TRIGGERS[0].serialize()
-    assert JobRecord.from_dict(kwargs["record"]).job_id == "dag.train.run"
+    nxt = Next.from_dict(kwargs["next"])
+    assert nxt.record.job_id == "dag.train.run" and nxt.lease.lease_id == "i-local-1"
 
 
-def _run(trigger) -> dict:
+def _run(trigger, timeout: float = 60) -> dict:
     async def first():
         async for event in trigger.run():
             return event.payload
-    return asyncio.run(asyncio.wait_for(first(), timeout=60))
+    return asyncio.run(asyncio.wait_for(first(), timeout=timeout))
 
 
-def test_spot_trigger_reports_a_lease_that_ends(cloud_url):
+OPTIONS = {"poll_interval": 0.1, "heartbeat_timeout": 60.0, "observe_failure_timeout": 60.0}
+
+
+def _launch(url: str, tmp_path, script: str, **options):
+    """A watch Next from the controller: one on-demand attempt running ``script``."""
     from airflow_spot.hooks.spot import SpotHook
-    from spot_core.providers.base import LaunchSpec
 
-    hook = SpotHook("local", {"url": cloud_url})
+    hook = SpotHook("local", {"url": url})
     provider = hook.get_provider()
-    pool = next(p for p in provider.pools()
-                if provider.market.offers([p], time.time())[0].available or not p.is_spot)
-    lease = provider.launch(LaunchSpec(job_id="t", attempt=1, command=(
-        sys.executable, "-c", "raise SystemExit(3)"), checkpoint_uri="file:///tmp/t"),
-        pool.on(Market.ON_DEMAND))
-    trigger = _recreate(SpotJobTrigger(provider="local", provider_options=hook.reopen_options,
-                                       record=_record(), lease=lease.to_dict(),
-                                       end_by=time.time() + 60, poll_interval=0.1))
+    pools = tuple(p.on(Market.ON_DEMAND) for p in provider.pools()[:1])
+    spec = JobSpec(job_id=f"trig-{tmp_path.name}", command=(sys.executable, "-c", script),
+                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=pools)
+    controller = hook.controller(**{**OPTIONS, **options})
+    nxt = controller.advance(spec, controller.new_record(spec))
+    assert nxt.action == "watch", nxt
+    trigger = SpotJobTrigger(provider="local", provider_options=hook.reopen_options,
+                             next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
+                             controller_options={**OPTIONS, **options})
+    return _recreate(trigger), nxt, provider
+
+
+def test_spot_trigger_fires_with_the_closed_record_when_the_lease_ends(cloud_url, tmp_path):
+    trigger, nxt, _ = _launch(cloud_url, tmp_path, "raise SystemExit(3)")
     event = _run(trigger)
     assert event["status"] == "ended"
-    assert event["lease_status"]["exit_code"] == 3
-    assert event["record"]["job_id"] == "dag.train.run"
+    record = Next.from_dict(event["next"]).record
+    assert [a.outcome for a in record.attempts] == [Outcome.USER_FAILED]
+    assert record.current_attempt is None and record.attempts[0].ended_at is not None
 
 
-def test_spot_trigger_terminates_the_lease_when_its_time_is_up(cloud_url):
-    from airflow_spot.hooks.spot import SpotHook
-    from spot_core.providers.base import LaunchSpec
-
-    hook = SpotHook("local", {"url": cloud_url})
-    provider = hook.get_provider()
-    pool = provider.pools()[0].on(Market.ON_DEMAND)
-    lease = provider.launch(LaunchSpec(job_id="t2", attempt=1, command=(
-        sys.executable, "-c", "import time; time.sleep(60)"), checkpoint_uri="file:///tmp/t"), pool)
-    event = _run(SpotJobTrigger(provider="local", provider_options=hook.reopen_options,
-                                record=_record(), lease=lease.to_dict(),
-                                end_by=time.time() + 1.0, poll_interval=0.1))
-    assert event["status"] == "timeout"
-    assert provider.observe([lease])[lease.lease_id].ended
+def test_spot_trigger_ends_the_attempt_at_its_time_limit(cloud_url, tmp_path):
+    trigger, nxt, provider = _launch(cloud_url, tmp_path, "import time; time.sleep(60)",
+                                     attempt_timeout=1.0)
+    event = _run(trigger)
+    record = Next.from_dict(event["next"]).record
+    assert event["status"] == "ended" and "time limit" in record.attempts[-1].message
+    assert provider.observe([nxt.lease])[nxt.lease.lease_id].ended
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
 
 
-def test_wait_trigger_wakes_after_its_bounded_sleep():
+def test_transient_observe_errors_do_not_end_the_attempt(cloud_url, tmp_path):
+    """503s and reset connections while the trigger watches: the controller absorbs them
+    (within observe_failure_timeout) and the attempt still ends as the step ends."""
+    with FaultProxy(cloud_url, match="/describe") as proxy:
+        trigger, nxt, _ = _launch(proxy.url, tmp_path, "import time; time.sleep(4)")
+
+        def faults():
+            for mode in ("503", "reset"):
+                proxy.mode = mode
+                time.sleep(1.0)
+            proxy.mode = None
+
+        injector = threading.Thread(target=faults, daemon=True)
+        injector.start()
+        event = _run(trigger)
+        injector.join(timeout=10)
+    record = Next.from_dict(event["next"]).record
+    assert proxy.failed >= 4, "the faults never reached the trigger's observations"
+    assert event["status"] == "ended"
+    assert [a.outcome for a in record.attempts] == [Outcome.SUCCEEDED]
+
+
+def test_killing_the_trigger_stops_its_lease_but_a_restart_does_not(cloud_url, tmp_path):
+    """``on_kill`` (mark failed / clear) stops the lease; ``cleanup`` alone (a triggerer
+    restart: no task instance state that left ``deferred``) leaves it running."""
+    trigger, nxt, provider = _launch(cloud_url, tmp_path, "import time; time.sleep(60)")
+
+    asyncio.run(asyncio.wait_for(_cancel_then(trigger, trigger.cleanup), 30))  # a restart
+    assert not provider.observe([nxt.lease])[nxt.lease.lease_id].ended
+    restarted = _recreate(trigger)  # what the next triggerer runs, from the kwargs alone
+    asyncio.run(asyncio.wait_for(_cancel_then(restarted, restarted.on_kill, restarted.cleanup), 30))
+    assert provider.observe([nxt.lease])[nxt.lease.lease_id].ended
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
+
+
+async def _cancel_then(trigger, *hooks):
+    """Run the trigger a moment, cancel it as the triggerer does, then call ``hooks``."""
+    task = asyncio.create_task(anext(trigger.run()))
+    await asyncio.sleep(1.0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    for hook in hooks:
+        await hook()
+
+
+def test_sleep_trigger_wakes_after_its_bounded_sleep():
     started = time.monotonic()
-    event = _run(SpotJobTrigger(provider="local", provider_options={}, record=_record(),
-                                end_by=time.time() + 0.3))
+    nxt = Next("sleep", JobRecord.from_dict(_record()), until=time.time() + 0.3)
+    event = _run(SpotJobTrigger(provider="local", provider_options={}, next=nxt.to_dict(),
+                                checkpoint_uri="file:///c"))
     assert event["status"] == "wake" and time.monotonic() - started >= 0.25
 
 
