@@ -4,38 +4,47 @@ The callable receives a ``Checkpointer`` already restored from the job's newest
 checkpoint (``checkpointer`` and ``restored`` keyword arguments, if its signature
 takes them). While it runs, an interruption watcher polls the node's metadata service
 (or SIGTERM); on a notice the checkpointer's next ``maybe_save`` writes an emergency
-checkpoint and raises ``Preempted``, and this operator records the preemption in the
-task state store and raises a retryable error, so Airflow's next try (on another
-worker) resumes from that checkpoint. A worker killed without notice leaves its
-attempt open in the task state store; the next try closes it as lost and resumes from
-the last periodic checkpoint.
+checkpoint and raises ``Preempted``.
 
-Unlike ``SpotJobOperator`` (which relaunches inside one try), the in-place decorator
-cannot outlive its own node, so each preemption is one Airflow try; ``retries`` defaults
-to ``max_preemptions`` so that the preemption budget is what bounds them.
+It is a thin driver of the controller: ``Controller.adopt`` opens each attempt on the
+worker this call runs on (``InPlaceProvider``), ``Controller.on_lease_end`` closes it
+(classified, billed, recorded), and the JobRecord lives in the task state store.
+
+Budgets. A preemption does not spend an Airflow try: the task raises
+``AirflowRescheduleException`` and goes ``up_for_reschedule``, which Airflow 3.3 re-queues
+(on any worker) with the same ``try_number``. ``max_preemptions`` bounds these reruns;
+past it a preemption fails the try like any error, and Airflow's ``retries`` apply. A
+failure of the callable's own code spends a try. A worker killed without notice fails
+its try (Airflow's supervisor decides that); the next try closes the vanished attempt as
+preempted and resumes from the last periodic checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import socket
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Sequence
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowRescheduleException
 
+from spot_core.controller import Controller, JobSpec
 from spot_core.errors import Preempted
-from spot_core.model import Attempt, JobRecord, Market, Outcome, Pool
+from spot_core.model import JobRecord, JobStatus
+from spot_core.policy.retry import RetryPolicy
+from spot_core.providers.base import LeaseState, LeaseStatus
+from spot_core.providers.in_place import InPlaceProvider
 
 RECORD_KEY = "spot_task_record"
+# How soon a preempted task is re-queued: long enough for Airflow to see it go.
+RESCHEDULE_DELAY_SECONDS = 1.0
 CLOUDS = ("auto", "aws", "gcp", "azure", "signal")
 
 
 class SpotTaskPreempted(AirflowException):
-    """The worker's spot capacity is going away; the state is saved; retry elsewhere."""
+    """Preempted past ``max_preemptions``: the state is saved; Airflow's retries apply."""
 
     retryable = True
 
@@ -54,7 +63,6 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                  checkpoint_every_steps: int | None = None, keep_checkpoints: int = 3,
                  notice_poll_interval: float = 1.0, max_preemptions: int = 3,
                  **kwargs: Any) -> None:
-        kwargs.setdefault("retries", max_preemptions)
         super().__init__(kwargs_to_upstream={"python_callable": python_callable,
                                              "op_args": op_args, "op_kwargs": op_kwargs},
                          python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs,
@@ -88,84 +96,86 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                 or self.max_preemptions < 0:
             raise ValueError(f"{self.task_id}: max_preemptions must be a whole number >= 0")
 
-    # -- the record in the task state store ------------------------------------------------
-    def _load(self, context) -> JobRecord:
+    # -- the record in the task state store, the attempt through the controller ---------------
+    def _controller(self, context, provider: InPlaceProvider) -> Controller:
+        store = context.get("task_state_store")
+
+        def persist(record: JobRecord) -> None:
+            if store is not None:
+                store.set(RECORD_KEY, record.to_dict())
+
+        policy = RetryPolicy(max_preemptions=self.max_preemptions)
+        return Controller(provider, provider.market, policy, persist=persist,
+                          heartbeat_timeout=None)  # the engine owns the worker
+
+    def _spec(self, context, provider: InPlaceProvider) -> JobSpec:
+        ti = context["ti"]
+        index = getattr(ti, "map_index", -1)
+        suffix = "" if index is None or index < 0 else f".{index}"
+        return JobSpec(job_id=f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}", command=(),
+                       checkpoint_uri=self.checkpoint_uri, pools=provider.pools())
+
+    @staticmethod
+    def _load(context, controller: Controller, spec: JobSpec) -> JobRecord:
         store = context.get("task_state_store")
         stored = None if store is None else store.get(RECORD_KEY)
         if stored is not None:
             return JobRecord.from_dict(stored)
-        ti = context["ti"]
-        return JobRecord(job_id=f"{ti.dag_id}.{ti.task_id}.{ti.run_id}", created_at=time.time(),
-                         checkpoint_uri=self.checkpoint_uri)
-
-    @staticmethod
-    def _save(context, record: JobRecord) -> None:
-        store = context.get("task_state_store")
-        if store is not None:
-            store.set(RECORD_KEY, record.to_dict())
-
-    def _close_lost_attempt(self, record: JobRecord, checkpoints) -> JobRecord:
-        """An earlier try vanished mid-run (worker killed without notice)."""
-        lost = record.current_attempt
-        if lost is None:
-            return record
-        ref = checkpoints.latest()
-        saved_at = ref.created_at if ref is not None and ref.attempt == lost.number else lost.started_at
-        now = time.time()
-        finished = dataclasses.replace(
-            lost, ended_at=now, outcome=Outcome.PREEMPTED,
-            checkpoint_step_end=None if ref is None else ref.step,
-            lost_work_seconds=max(0.0, now - saved_at),
-            message="the worker vanished without a notice (killed or reclaimed)")
-        self.log.warning("attempt %d was lost without a notice; resuming from checkpoint step %s",
-                         lost.number, finished.checkpoint_step_end)
-        record = record.finish_attempt(finished)
-        return record if ref is None else record.with_checkpoint(ref)
-
-    def _pool(self) -> Pool:
-        return Pool(cloud=self.cloud, region="-", zone=socket.gethostname(),
-                    instance_type="airflow-worker", market=Market.SPOT)
+        return controller.persist(controller.new_record(spec))
 
     # -- execution ------------------------------------------------------------------------------
     def execute(self, context) -> Any:
         from spot_core.checkpoint import Checkpointer, open_store
 
-        checkpoints = open_store(self.checkpoint_uri)
-        record = self._close_lost_attempt(self._load(context), checkpoints)
-        number = record.next_attempt_number
-        checkpoints.fence(number)
-        checkpointer = Checkpointer(checkpoints, attempt=number,
+        provider = InPlaceProvider(cloud=self.cloud)
+        controller = self._controller(context, provider)
+        spec = self._spec(context, provider)
+        record, lease = controller.adopt(spec, self._load(context, controller, spec),
+                                         lambda number, now: provider.adopt(spec.job_id, number, now))
+        checkpointer = Checkpointer(open_store(self.checkpoint_uri), attempt=lease.attempt,
                                     every_seconds=self.checkpoint_every_seconds,
                                     every_steps=self.checkpoint_every_steps,
                                     keep=self.keep_checkpoints)
         restored = checkpointer.restore()
-        start_step = None if restored is None else restored[0]
-        record = record.start_attempt(Attempt(number=number, pool=self._pool(),
-                                              started_at=time.time(),
-                                              checkpoint_step_start=start_step))
-        self._save(context, record)
-        self.log.info("attempt %d starts from checkpoint step %s (%d preemption(s) so far)",
-                      number, start_step, record.preemptions)
+        self.log.info("attempt %d starts from checkpoint step %s (%d preemption(s) so far, "
+                      "try %s)", lease.attempt, None if restored is None else restored[0],
+                      record.preemptions, context["ti"].try_number)
         self._inject(checkpointer, restored)
         watcher = self._watcher(checkpointer)
         try:
             result = super().execute(context)
         except Preempted as exc:
-            record = self._finish(context, record, checkpoints, Outcome.PREEMPTED, str(exc))
-            raise SpotTaskPreempted(f"{exc}; preemption {record.preemptions} of "
-                                    f"{self.max_preemptions}: the next try resumes from "
-                                    f"checkpoint step {record.latest_checkpoint and record.latest_checkpoint.step}"
-                                    ) from exc
+            now = time.time()
+            record = controller.on_lease_end(spec, record, LeaseStatus(
+                LeaseState.RECLAIMED, ended_at=now, notice_at=now, message=str(exc)[:300]))
+            self._rerun_elsewhere(record, exc)
         except BaseException as exc:
-            self._finish(context, record, checkpoints, Outcome.USER_FAILED,
-                         f"{type(exc).__name__}: {exc}")
+            controller.on_lease_end(spec, record, LeaseStatus(
+                LeaseState.EXITED, exit_code=1, ended_at=time.time(),
+                message=f"{type(exc).__name__}: {exc}"[:300]))
             raise
         finally:
             watcher.close()
             checkpointer.close()
-        record = self._finish(context, record, checkpoints, Outcome.SUCCEEDED, "")
+        record = controller.on_lease_end(spec, record, LeaseStatus(
+            LeaseState.EXITED, exit_code=0, ended_at=time.time()))
+        record = controller.persist(record.with_status(JobStatus.SUCCEEDED))
         context["ti"].xcom_push(key=RECORD_KEY, value=record.summary())
         return result
+
+    def _rerun_elsewhere(self, record: JobRecord, exc: Preempted) -> None:
+        """Within the preemption budget: reschedule (same try number, another worker);
+        past it: fail the try, so Airflow's own retries decide."""
+        step = record.latest_checkpoint and record.latest_checkpoint.step
+        if record.preemptions <= self.max_preemptions:
+            self.log.warning("preemption %d of %d: rescheduled without spending a try; the "
+                             "rerun resumes from checkpoint step %s", record.preemptions,
+                             self.max_preemptions, step)
+            raise AirflowRescheduleException(
+                datetime.now(timezone.utc) + timedelta(seconds=RESCHEDULE_DELAY_SECONDS)) from exc
+        raise SpotTaskPreempted(f"{exc}; preemption {record.preemptions} is past "
+                                f"max_preemptions={self.max_preemptions}: the try fails and "
+                                f"Airflow's retries apply (checkpoint step {step} is kept)") from exc
 
     def _inject(self, checkpointer, restored) -> None:
         parameters = inspect.signature(self.python_callable).parameters
@@ -187,23 +197,6 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         watcher.add_handler(on_notice)
         return watcher.start()
 
-    def _finish(self, context, record: JobRecord, checkpoints, outcome: Outcome,
-                message: str) -> JobRecord:
-        ref = checkpoints.latest()
-        now = time.time()
-        running = record.current_attempt
-        saved_at = ref.created_at if ref is not None and ref.attempt == running.number \
-            else running.started_at
-        finished = dataclasses.replace(
-            running, ended_at=now, outcome=outcome, message=message[:300],
-            checkpoint_step_end=None if ref is None else ref.step,
-            lost_work_seconds=0.0 if outcome is Outcome.SUCCEEDED else max(0.0, now - saved_at))
-        record = record.finish_attempt(finished)
-        if ref is not None:
-            record = record.with_checkpoint(ref)
-        self._save(context, record)
-        return record
-
 
 def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | None = None,
               **kwargs: Any):
@@ -213,7 +206,7 @@ def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | 
     :param cloud: notice source: ``auto`` (probe), ``aws``, ``gcp``, ``azure`` or ``signal``.
     :param metadata_endpoint: metadata service URL (default: the cloud's own).
     :param checkpoint_every_seconds / checkpoint_every_steps: periodic checkpoint schedule.
-    :param max_preemptions: preemptions to absorb; the default for ``retries``.
+    :param max_preemptions: preemptions rerun without spending an Airflow try.
     """
     return task_decorator_factory(python_callable=python_callable,
                                   multiple_outputs=multiple_outputs,

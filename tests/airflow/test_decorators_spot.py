@@ -1,4 +1,5 @@
-"""``@task.spot`` under real Airflow: a notice leads to a retry from the emergency checkpoint."""
+"""``@task.spot`` under real Airflow: a notice reruns the task from its emergency checkpoint
+without spending a try, within the preemption budget."""
 
 from __future__ import annotations
 
@@ -45,27 +46,33 @@ def test_task_spot_rejects_bad_parameters_at_parse_time():
             task.spot(checkpoint_uri="file:///x", checkpoint_every_seconds=0)(step)()
 
 
-def test_notice_mid_run_leads_to_a_retry_from_the_emergency_checkpoint(airflow_home,
-                                                                       monkeypatch):
+def _run_with_notices(dag_id: str, at_steps: list[int], monkeypatch):
+    """Run ``dag_id`` under dag.test() and serve an interruption notice once the step
+    reaches each of ``at_steps``; returns (dag run, emergency checkpoint steps)."""
     from conftest import TEST_DIR, load_dag
 
-    dag_id = "spot_task_notice"
     emulator = MetadataEmulator(clouds=("aws",)).start()
     monkeypatch.setenv("SPOT_TEST_METADATA_URL", emulator.url)
     store = open_store((TEST_DIR / f"ckpt-{dag_id}").as_uri())
     progress = TEST_DIR / f"progress-{dag_id}"
     emergency: list[int] = []
 
-    def preempt_once() -> None:
-        _wait_for(lambda: progress.exists() and progress.read_text().startswith("1 ")
-                  and int(progress.read_text().split()[1]) >= 25, 120, "try 1 at step 25")
-        emulator.schedule_interruption(notice_seconds=30)
-        ref = _wait_for(lambda: (r := store.latest()) and r.metadata.get("emergency") and r,
-                        60, "the emergency checkpoint")
-        emergency.append(ref.step)
-        emulator.clear()  # the retry runs on fresh capacity
+    def step() -> int:
+        try:
+            return int(progress.read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # not there yet, or caught mid-write
+            return 0
 
-    helper = threading.Thread(target=preempt_once, daemon=True)
+    def preempt() -> None:
+        for at in at_steps:
+            _wait_for(lambda: step() >= at, 120, f"step {at}")
+            emulator.schedule_interruption(notice_seconds=30)
+            ref = _wait_for(lambda: (r := store.latest()) and r.metadata.get("emergency")
+                            and r.step >= at and r, 60, "the emergency checkpoint")
+            emergency.append(ref.step)
+            emulator.clear()  # the rerun runs on fresh capacity
+
+    helper = threading.Thread(target=preempt, daemon=True)
     try:
         dag = load_dag(dag_id)
         helper.start()
@@ -73,15 +80,33 @@ def test_notice_mid_run_leads_to_a_retry_from_the_emergency_checkpoint(airflow_h
         helper.join(timeout=5)
     finally:
         emulator.stop()
+    return run, emergency
 
+
+def test_a_preemption_reruns_from_the_emergency_checkpoint_without_spending_a_try(
+        airflow_home, monkeypatch):
+    run, emergency = _run_with_notices("spot_task_notice", [25], monkeypatch)
     (ti,) = run.get_task_instances()
-    assert run.state == "success" and ti.try_number == 2
+    assert run.state == "success"
+    assert ti.try_number == 1, "the preemption spent an Airflow try"
     assert emergency and emergency[0] >= 25
     result = ti.xcom_pull(task_ids="crunch", key="return_value")
-    assert result == {"start": emergency[0], "try": 2}
+    assert result == {"start": emergency[0], "try": 1}
     summary = ti.xcom_pull(task_ids="crunch", key="spot_task_record")
     assert summary["preemptions"] == 1 and summary["attempts"] == 2
-    assert summary["resumed_from_steps"] == [emergency[0]]
+    assert summary["user_failures"] == 0 and summary["resumed_from_steps"] == [emergency[0]]
+
+
+def test_max_preemptions_bounds_the_free_reruns(airflow_home, monkeypatch):
+    """Within the budget a preemption keeps the try; past it, Airflow's retries apply."""
+    run, emergency = _run_with_notices("spot_task_budget", [25, 50], monkeypatch)
+    (ti,) = run.get_task_instances()
+    assert run.state == "success" and len(emergency) == 2
+    assert ti.try_number == 2, "only the preemption past max_preemptions=1 spends a try"
+    assert ti.xcom_pull(task_ids="crunch_budget", key="return_value") == {
+        "start": emergency[1], "try": 2}
+    summary = ti.xcom_pull(task_ids="crunch_budget", key="spot_task_record")
+    assert summary["preemptions"] == 2 and summary["resumed_from_steps"] == emergency
 
 
 # SIGKILL of the task process needs a real supervisor and executor: see

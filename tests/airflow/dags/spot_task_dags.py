@@ -44,6 +44,18 @@ with DAG("spot_task_notice", schedule=None, start_date=datetime(2026, 1, 1), cat
     crunch()
 
 
+with DAG("spot_task_budget", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+
+    @task.spot(checkpoint_uri=(TEST_DIR / "ckpt-spot_task_budget").as_uri(), cloud="aws",
+               metadata_endpoint=os.environ.get("SPOT_TEST_METADATA_URL", "http://127.0.0.1:9"),
+               checkpoint_every_steps=10, notice_poll_interval=0.05, max_preemptions=1,
+               retries=1, retry_delay=timedelta(seconds=1))
+    def crunch_budget(checkpointer=None, restored=None, ti=None):
+        return _crunch("spot_task_budget", checkpointer, restored, ti, kill_at=None)
+
+    crunch_budget()
+
+
 with DAG("spot_task_sigkill", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
 
     @task.spot(checkpoint_uri=(TEST_DIR / "ckpt-spot_task_sigkill").as_uri(), cloud="signal",
