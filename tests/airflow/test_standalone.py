@@ -272,3 +272,34 @@ def test_sigkilled_task_spot_resumes_from_the_last_periodic_checkpoint(standalon
     summary = json.loads(summary) if isinstance(summary, str) else summary
     assert summary["preemptions"] == 1 and summary["resumed_from_steps"] == [30]
     assert summary["lost_work_seconds"] > 0
+
+
+def _api(standalone: Standalone, method: str, path: str, body: dict | None = None) -> dict:
+    """One call to the standalone's REST API with a token (all users are admins here)."""
+    base = f"http://127.0.0.1:{standalone.port}"
+    with urllib.request.urlopen(f"{base}/auth/token", timeout=30) as response:
+        token = json.loads(response.read())["access_token"]
+    request = urllib.request.Request(f"{base}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {token}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def test_a_deferred_spot_task_marked_failed_leaves_no_lease(standalone):
+    """Marking the deferred task failed cancels its trigger; the trigger stops the lease."""
+    from conftest import TEST_DIR
+    from spot_helpers import marked_processes, wait_until
+
+    dag_id, task_id = "spot_job_mark_failed", "long_step"
+    mine = str(TEST_DIR / f"ckpt-{dag_id}")
+    run_id = standalone.trigger(dag_id)
+    assert wait_until(lambda: standalone.state(dag_id)["tis"].get(f"{task_id}:-1", [None])[0]
+                      == "deferred" and marked_processes(mine), timeout=240, interval=2), \
+        f"the task never deferred with a running lease: {standalone.state(dag_id)}"
+    _api(standalone, "PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
+         {"new_state": "failed"})
+    assert wait_until(lambda: not marked_processes(mine), timeout=90, interval=1), \
+        "the lease of the task marked failed is still running"
+    assert standalone.state(dag_id)["tis"][f"{task_id}:-1"][0] == "failed"
