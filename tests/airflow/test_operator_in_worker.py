@@ -95,3 +95,20 @@ def test_a_price_cap_reaches_the_policy_and_the_job_still_finishes(cloud_url, tm
     record = JobRecord.from_dict(store.data[RECORD_KEY])
     assert summary["status"] == "succeeded"
     assert [str(a.pool.market) for a in record.attempts] == ["on-demand"], "never spot above the cap"
+
+
+def test_a_new_try_reattaches_to_the_attempt_an_earlier_try_left_running(cloud_url, tmp_path):
+    """A worker lost mid-attempt leaves the attempt (and its lease) in the record; the
+    next try watches that lease to its end instead of launching another."""
+    store, ti = StateStore(), TI()
+    op = _operator(cloud_url, tmp_path, "import time; time.sleep(2)")
+    context = {"task_state_store": store, "ti": ti}
+    controller = op._controller(context)
+    record = op._load_record(context, controller)
+    left = controller.advance(op._spec(record), record)  # launched, then the worker vanished
+    assert left.action == "watch"
+    assert JobRecord.from_dict(store.data[RECORD_KEY]).current_attempt is not None
+    summary = op.execute(context)
+    record = JobRecord.from_dict(store.data[RECORD_KEY])
+    assert summary["status"] == "succeeded" and summary["attempts"] == 1
+    assert record.attempts[0].lease_id == left.lease.lease_id
