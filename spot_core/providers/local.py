@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from spot_core import container
-from spot_core.attempt_env import METADATA_ENDPOINT, AttemptEnv
+from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
 from spot_core.errors import ConfigError
 from spot_core.market.fixtures import default_traces
 from spot_core.market.trace import ZoneTrace
@@ -28,6 +28,8 @@ from spot_core.sim.local_cloud import EMULATED_CLOUDS, LocalCloudConfig, LocalSp
 
 DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
 LOCAL_CLOUD_URL = "SPOT_LOCAL_CLOUD_URL"
+DRIVER_LOST_MESSAGE = ("the lease ended itself: its driver stopped renewing the heartbeat "
+                       "for longer than the heartbeat timeout (killed or lost)")
 
 
 class LocalProvider:
@@ -98,7 +100,7 @@ class LocalProvider:
                    "--poll-interval", str(self._watch_poll), "--", *step)
         attempt = AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                              attempt=spec.attempt, metadata_endpoint=None, cloud=cloud,
-                             notice_file=None)
+                             notice_file=None, heartbeat_timeout=spec.heartbeat_timeout)
         env = {**_inherited_env(), **spec.env, **attempt.to_environ()}
         view = self.cloud.run_instance(pool, command, env, endpoint_env=METADATA_ENDPOINT)
         price = self.market.offers([pool], self.cloud.clock())[0].price_per_hour
@@ -153,6 +155,12 @@ class LocalProvider:
 def _status(view, log_tail: str) -> LeaseStatus:
     if view.running:
         return LeaseStatus(LeaseState.RUNNING, notice_at=view.notice_at)
+    if view.exit_code == DRIVER_LOST_EXIT_CODE and not (view.reclaimed or view.terminated):
+        # The watcher ended the lease itself: its driver stopped renewing the heartbeat.
+        # Neither a reclaim nor the step's own failure; whoever reads this is a new driver.
+        return LeaseStatus(LeaseState.TERMINATED, exit_code=view.exit_code,
+                           notice_at=view.notice_at, ended_at=view.ended_at,
+                           message=DRIVER_LOST_MESSAGE)
     state = (LeaseState.TERMINATED if view.terminated and not view.reclaimed
              else LeaseState.RECLAIMED if view.reclaimed else LeaseState.EXITED)
     message = "" if view.exit_code == 0 else log_tail.splitlines()[-1] if log_tail else ""
