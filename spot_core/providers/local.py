@@ -8,7 +8,9 @@ from the trace's prices over the capacity time it held.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -24,7 +26,11 @@ from spot_core.market.trace import ZoneTrace
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Lease, Pool
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
-from spot_core.sim.local_cloud import EMULATED_CLOUDS, LocalCloudConfig, LocalSpotCloud
+from spot_core.sim.lease_processes import lease_pids, live_leases, signal_lease
+from spot_core.sim.local_cloud import (EMULATED_CLOUDS, INSTANCE_PREFIX, LocalCloudConfig,
+                                       LocalSpotCloud)
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
 LOCAL_CLOUD_URL = "SPOT_LOCAL_CLOUD_URL"
@@ -139,6 +145,33 @@ class LocalProvider:
 
     def terminate(self, lease: Lease) -> None:
         self.cloud.terminate_instance(lease.lease_id)
+
+    def cleanup_orphans(self, job_id: str | None = None, *,
+                        grace_seconds: float = 2.0) -> list[str]:
+        """End every local lease still running on this machine (of ``job_id`` only, if
+        given) and return their ids: the local cloud's twin of the EC2 provider's.
+
+        A lease whose driver died renews no heartbeat and ends itself once its heartbeat
+        timeout passes; this finds the rest (a lease launched without a timeout, or one
+        whose driver died before the first beat). A lease of this provider's cloud is
+        terminated through it; a lease left by a dead process (found by its marker in
+        ``/proc``) gets SIGTERM, then SIGKILL after ``grace_seconds``. Only for when no
+        live job owns them: it does not ask."""
+        orphans = sorted(live_leases(INSTANCE_PREFIX, job_id))
+        known = set(self.cloud.describe(orphans)) if orphans else set()
+        for lease_id in orphans:
+            if lease_id in known:
+                self.cloud.terminate_instance(lease_id)
+            else:
+                signal_lease(lease_id, signal.SIGTERM)
+        give_up = time.monotonic() + grace_seconds
+        while any(map(lease_pids, orphans)) and time.monotonic() < give_up:
+            time.sleep(0.05)
+        for lease_id in orphans:  # whatever outlived the grace, as a reclaimed node would
+            signal_lease(lease_id, signal.SIGKILL)
+        if orphans:
+            log.warning("ended %d orphaned local lease(s): %s", len(orphans), ", ".join(orphans))
+        return orphans
 
     def close(self) -> None:
         """In-process: terminate every lease. Over a server: nothing, since leases there
