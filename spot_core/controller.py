@@ -1,12 +1,25 @@
-"""Observe -> decide -> apply for one job, until it succeeds, fails or misses its deadline.
+"""The one attempt lifecycle: decide, launch, watch, classify, bill, close, record.
 
-The controller is the only loop in the system. It reads the market, asks the pure
-retry policy what to do with the JobRecord (and, for a job with a ``deadline_policy`` on
-a trace market, the deadline policy's plan: ``spot_core.policy.deadline_planner``),
-applies the decision through a provider, classifies how the attempt ended, keeps the
-cost ledger, and hands the record to a persistence callback after every change (engine
-adapters plug their state stores in there). It holds exactly one lease at a time and
-terminates it on every exit path, including exceptions, cancellation and Ctrl-C.
+Every driver (``spot-pipelines run``, the Airflow operator and trigger, ``@task.spot``,
+the Prefect task runner, worker and ``spot_task``) runs a job through this resumable API
+and nothing else::
+
+    nxt = controller.advance(spec, record)          # finished | sleep until T | watch lease L
+    while nxt.action == "watch":
+        nxt = controller.check(spec, nxt)            # one observation; "ended" once it closed
+    record = nxt.record
+
+``advance`` reads the market, asks the pure retry policy (and, for a job with a
+``deadline_policy`` on a trace market, the deadline policy's plan) what the JobRecord
+does next and applies it: it fences the store, launches in the first ranked pool with
+capacity and records the attempt (lease included, so any process can pick it up).
+``check`` observes the watched lease once, renews the driver's heartbeat in the job's
+store, tolerates failed observations until they have lasted ``observe_failure_timeout``,
+and ends the attempt at ``attempt_timeout``. ``on_lease_end`` (a driver that observed
+the end itself, such as a trigger) and ``stop`` (a driver told to stop) close the attempt
+the same way. The record goes to the persistence callback after every change, before
+anything acts on it. State lives only in the record and the job's store, so a driver
+can die between any two calls and another resumes from the record.
 """
 
 from __future__ import annotations
@@ -15,15 +28,16 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Literal, Mapping
 
 from spot_core.checkpoint import open_store
-from spot_core.errors import CapacityUnavailable, ConfigError
+from spot_core.checkpoint.heartbeat import Heartbeat
+from spot_core.errors import ConfigError, SpotError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
 from spot_core.policy.deadline_live import DeadlineWork
 from spot_core.policy.deadline_planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
-from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus, Provider
+from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus, Provider
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +82,50 @@ class JobSpec:
         return tuple(dict.fromkeys(self.pools + on_demand))
 
 
+FINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEADLINE_MISSED)
+NextAction = Literal["finished", "sleep", "watch", "ended"]
+
+
+@dataclass(frozen=True)
+class Next:
+    """What a driver does now, with the record it must keep.
+
+    ``finished``: the job settled (``record.status`` says how). ``sleep``: call
+    ``advance`` again at ``until``. ``watch``: the attempt runs on ``lease``; call
+    ``check`` every ``poll_interval`` (its bound is ``until``, the attempt's time limit).
+    ``ended``: the watched attempt just closed (``record.attempts[-1]`` says how); call
+    ``advance`` for what comes next.
+    """
+
+    action: NextAction
+    record: JobRecord
+    until: float = 0.0
+    lease: Lease | None = None
+    reason: str = ""
+    failing_since: float | None = None  # watch: start of a run of failed observations
+    notice_at: float | None = None      # watch: first interruption notice seen
+
+    @property
+    def last_attempt(self) -> Attempt | None:
+        return self.record.attempts[-1] if self.record.attempts else None
+
+    def to_dict(self) -> dict:
+        """JSON-able, so a driver can carry it across processes (a trigger's kwargs)."""
+        return {"action": self.action, "record": self.record.to_dict(), "until": self.until,
+                "lease": None if self.lease is None else self.lease.to_dict(),
+                "reason": self.reason, "failing_since": self.failing_since,
+                "notice_at": self.notice_at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Next":
+        lease = data.get("lease")
+        return cls(action=data["action"], record=JobRecord.from_dict(data["record"]),
+                   until=float(data.get("until") or 0.0),
+                   lease=None if lease is None else Lease.from_dict(lease),
+                   reason=str(data.get("reason") or ""),
+                   failing_since=data.get("failing_since"), notice_at=data.get("notice_at"))
+
+
 def classify(status: LeaseStatus) -> Outcome:
     """How an ended lease's attempt ended. A notice or a reclaim is never a failure."""
     if status.exit_code == 0:
@@ -80,22 +138,41 @@ def classify(status: LeaseStatus) -> Outcome:
 
 
 class Controller:
-    """Runs one job under a provider, a market and a retry policy."""
+    """Runs one job's attempts under a provider, a market and a retry policy.
+
+    ``poll_interval``: seconds between observations in ``run`` (drivers that watch
+    elsewhere choose their own). ``attempt_timeout``: the longest one attempt may run.
+    ``heartbeat_timeout``: how long a lease outlives a driver that stopped renewing its
+    heartbeat (passed to the node's watcher; None: never). ``observe_failure_timeout``:
+    how long observing a lease may keep failing before the attempt ends as
+    ``infrastructure_failed`` (its lease is still terminated).
+    """
 
     def __init__(self, provider: Provider, market, policy: RetryPolicy = RetryPolicy(), *,
                  persist: Persist | None = None, listener: Listener | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
-                 poll_interval: float = 0.1) -> None:
+                 poll_interval: float = 5.0, attempt_timeout: float = 24 * 3600.0,
+                 heartbeat_timeout: float | None = 300.0,
+                 observe_failure_timeout: float = 180.0) -> None:
+        for name, value in (("poll_interval", poll_interval), ("attempt_timeout", attempt_timeout),
+                            ("observe_failure_timeout", observe_failure_timeout),
+                            ("heartbeat_timeout", heartbeat_timeout)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
         self.provider = provider
         self.market = market
         self.policy = policy
+        self.poll_interval = poll_interval
+        self.attempt_timeout = attempt_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.observe_failure_timeout = observe_failure_timeout
         self._persist = persist or (lambda record: None)
         self._listener = listener or (lambda kind, record, detail: None)
         self._clock = clock
         self._sleep = sleep
-        self._poll_interval = poll_interval
         self._plans: dict[tuple, DeadlinePlan | None] = {}
+        self._beats: dict[str, float] = {}  # job id -> when this process last renewed
 
     def persist(self, record: JobRecord) -> JobRecord:
         """Hand ``record`` to the persistence callback (e.g. a new record before launch)."""
@@ -106,37 +183,134 @@ class Controller:
         return JobRecord(job_id=spec.job_id, created_at=self._clock(), deadline=spec.deadline,
                          checkpoint_uri=spec.checkpoint_uri)
 
+    # -- the synchronous driver -------------------------------------------------------------
     def run(self, spec: JobSpec, record: JobRecord | None = None) -> JobRecord:
-        """Drive the job to a final status and return its record."""
-        record = record or self.new_record(spec)
-        while record.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
-                                    JobStatus.DEADLINE_MISSED):
-            record = self.step(spec, record)
-        return record
+        """Drive the job to a final status in this process (``spot-pipelines run``).
 
-    def step(self, spec: JobSpec, record: JobRecord) -> JobRecord:
-        """One observe -> decide -> apply round (synchronous: waits for the attempt to end)."""
-        decision = self.decide(spec, record)
-        settled = self.settle(record, decision)
-        if settled is not None:
-            return settled
-        if decision.action == "wait":
-            self._listener("wait", record, decision.reason)
-            self._sleep(decision.wait_seconds)
-            return record
-        record, lease = self.start_attempt(spec, record, decision)
-        if lease is None:
-            return record
+        Any exception (Ctrl-C, SIGTERM turned into one by the caller) stops the running
+        attempt: its lease is terminated and the attempt closed before it propagates.
+        """
+        nxt = self.advance(spec, record or self.persist(self.new_record(spec)))
+        while nxt.action != "finished":
+            try:
+                nxt = self._drive(spec, nxt)
+            except BaseException:
+                if nxt.action == "watch" and nxt.lease is not None:
+                    self.stop(spec, nxt.record, "stopped: the driver was interrupted")
+                raise
+        return nxt.record
+
+    def _drive(self, spec: JobSpec, nxt: Next) -> Next:
+        if nxt.action == "sleep":
+            self._sleep(max(0.0, nxt.until - self._clock()))
+            return self.advance(spec, nxt.record)
+        if nxt.action == "watch":
+            self._sleep(self.poll_interval)
+            return self.check(spec, nxt)
+        return self.advance(spec, nxt.record)  # ended
+
+    # -- the resumable API --------------------------------------------------------------------
+    def advance(self, spec: JobSpec, record: JobRecord, now: float | None = None) -> Next:
+        """What the job does next, applied: finished, sleep until T, or watch a lease.
+
+        A record with a running attempt (left by a driver that died or handed over) is
+        watched again, not relaunched.
+        """
+        now = self._clock() if now is None else now
+        if record.status in FINAL_STATUSES:
+            return Next("finished", record, reason=str(record.status))
+        running = record.current_attempt
+        if running is not None:
+            return self._watch_running(spec, record, running, now)
+        for _ in range(max(2, len(spec.candidate_pools()) + 1)):
+            decision = self.decide(spec, record, now)
+            settled = self._settle(record, decision, now)
+            if settled is not None:
+                return Next("finished", settled, reason=decision.reason)
+            if decision.action == "wait":
+                self._listener("wait", record, decision.reason)
+                return Next("sleep", record, until=now + decision.wait_seconds,
+                            reason=decision.reason)
+            record, lease = self._start_attempt(spec, record, decision, now)
+            if lease is not None:
+                return Next("watch", record, until=self._end_by(lease), lease=lease,
+                            reason=decision.reason)
+            now = self._clock()
+        return Next("sleep", record, until=now + self.policy.capacity_wait_seconds,
+                    reason="no pool had capacity in this round")
+
+    def check(self, spec: JobSpec, watch: Next, now: float | None = None) -> Next:
+        """Observe the watched lease once; the same ``watch`` (updated) or ``ended``."""
+        now = self._clock() if now is None else now
+        lease, record = watch.lease, watch.record
+        if watch.action != "watch" or lease is None:
+            raise ValueError(f"check() needs a Next that watches a lease, got {watch.action!r}")
+        self._renew_heartbeat(spec, lease, now)
         try:
-            status = self.wait_for_end(lease, record.deadline)
-        finally:
-            self.provider.terminate(lease)
-        return self.finish_attempt(spec, record, lease, status)
+            status = self.provider.observe([lease]).get(lease.lease_id)
+            if status is None:
+                raise SpotError(f"the {self.provider.name} provider does not know lease "
+                                f"{lease.lease_id}", retryable=True)
+        except Exception as exc:  # noqa: BLE001 - read as data: retryable or not
+            return self._observe_failed(spec, watch, exc, now)
+        if status.ended:
+            if status.notice_at is None and watch.notice_at is not None:
+                status = dataclasses.replace(status, notice_at=watch.notice_at)
+            return self._ended(spec, record, lease, status, now)
+        if now >= watch.until:
+            return self._ended(spec, record, lease, _stopped(
+                now, f"stopped: the attempt's time limit ({self.attempt_timeout:g} s) passed"), now)
+        if record.deadline is not None and now >= record.deadline:
+            return self._ended(spec, record, lease, _stopped(
+                now, "stopped: the job's deadline passed"), now)
+        notice_at = watch.notice_at if watch.notice_at is not None else status.notice_at
+        if notice_at is not None and watch.notice_at is None:
+            self._listener("notice", record, f"interruption notice on {lease.pool.key}")
+        return dataclasses.replace(watch, failing_since=None, notice_at=notice_at)
 
-    # -- the steps, public so that engine adapters can run them across processes ----------
-    def decide(self, spec: JobSpec, record: JobRecord) -> Decision:
-        """Observe the market and ask the policy what the job does next."""
-        now = self._clock()
+    def on_lease_end(self, spec: JobSpec, record: JobRecord, status: LeaseStatus,
+                     now: float | None = None) -> JobRecord:
+        """Close the running attempt whose lease ended as ``status`` (observed elsewhere)."""
+        now = self._clock() if now is None else now
+        lease = self._running_lease(record)
+        return self._ended(spec, record, lease, status, now).record
+
+    def stop(self, spec: JobSpec, record: JobRecord, reason: str,
+             now: float | None = None) -> JobRecord:
+        """The driver was told to stop (killed, cancelled, marked failed): terminate the
+        running attempt's lease and close the attempt. A record with none is returned as is."""
+        if record.current_attempt is None:
+            return record
+        now = self._clock() if now is None else now
+        return self.on_lease_end(spec, record, _stopped(now, reason), now)
+
+    def adopt(self, spec: JobSpec, record: JobRecord, lease_for: Callable[[int, float], Lease],
+              now: float | None = None) -> tuple[JobRecord, Lease]:
+        """Open an attempt on capacity the driver already runs on (``@task.spot``,
+        ``spot_task``): close one a vanished earlier run left open, fence the store, and
+        record the new attempt on the lease ``lease_for(number, now)`` describes. Its end is
+        reported with ``on_lease_end`` like any other."""
+        now = self._clock() if now is None else now
+        if record.current_attempt is not None:  # the earlier worker vanished mid-call
+            record = self.on_lease_end(spec, record, LeaseStatus(
+                LeaseState.RECLAIMED, ended_at=now, notice_at=now,
+                message="the worker vanished without a report (killed or reclaimed)"), now)
+        store = open_store(spec.checkpoint_uri)
+        number = max(record.next_attempt_number, store.fence_level() + 1)
+        store.fence(number)
+        start_ref = store.latest()
+        lease = lease_for(number, now)
+        attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
+                          lease_id=lease.lease_id, lease=lease.to_dict(),
+                          checkpoint_step_start=None if start_ref is None else start_ref.step)
+        if start_ref is not None:
+            record = record.with_checkpoint(start_ref)
+        return self._save(record.start_attempt(attempt), "launched", "in place"), lease
+
+    # -- deciding ----------------------------------------------------------------------------
+    def decide(self, spec: JobSpec, record: JobRecord, now: float | None = None) -> Decision:
+        """Observe the market and ask the policy what the job does next (no side effect)."""
+        now = self._clock() if now is None else now
         offers = self.market.offers(spec.candidate_pools(), now)
         decision = decide_next(record, offers, self.policy, now=now,
                                work=self._deadline_work(spec, record))
@@ -176,100 +350,162 @@ class Controller:
                             restart_overhead_seconds=spec.restart_overhead_seconds / scale,
                             tick_seconds=tick / scale)
 
-    def settle(self, record: JobRecord, decision: Decision) -> JobRecord | None:
+    def _settle(self, record: JobRecord, decision: Decision, now: float) -> JobRecord | None:
         """The final record if ``decision`` ends the job, else None."""
         if decision.action == "done":
             return self._save(record.with_status(JobStatus.SUCCEEDED), "done", decision.reason)
         if decision.action == "fail":
-            missed = record.deadline is not None and self._clock() >= record.deadline
+            missed = record.deadline is not None and now >= record.deadline
             status = JobStatus.DEADLINE_MISSED if missed else JobStatus.FAILED
             return self._save(record.with_status(status), "failed", decision.reason)
         return None
 
-    def start_attempt(self, spec: JobSpec, record: JobRecord,
-                      decision: Decision) -> tuple[JobRecord, Lease | None]:
-        """Fence the store, launch in the first ranked pool with capacity, record it.
-
-        Returns the lease, or None (with a ``capacity_unavailable`` attempt recorded)
-        when no pool had capacity.
-        """
-        number = record.next_attempt_number
+    # -- launching ---------------------------------------------------------------------------
+    def _start_attempt(self, spec: JobSpec, record: JobRecord, decision: Decision,
+                       now: float) -> tuple[JobRecord, Lease | None]:
+        """Fence the store above every attempt it has seen, launch in the first ranked pool
+        with capacity, and record the attempt (or a ``capacity_unavailable`` one)."""
         store = open_store(spec.checkpoint_uri)
-        store.fence(number)  # from now on, a zombie of an older attempt cannot commit
+        # A re-run of a job id (its record lost with a killed driver) continues above the
+        # dead run's attempts, so the dead run's zombie is the one refused.
+        number = max(record.next_attempt_number, store.fence_level() + 1)
+        store.fence(number)
         start_ref = store.latest()
-        launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
-                            checkpoint_uri=spec.checkpoint_uri, env=spec.env, image=spec.image)
-        lease, errors = self._launch_first(decision.pools, launch)
         start_step = None if start_ref is None else start_ref.step
+        if self.heartbeat_timeout is not None:
+            Heartbeat(store).renew(number, now)  # the node's watcher must see one at once
+            self._beats[spec.job_id] = now
+        launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
+                            checkpoint_uri=spec.checkpoint_uri, env=spec.env, image=spec.image,
+                            heartbeat_timeout=self.heartbeat_timeout)
+        lease, problems, failure = self._launch_first(decision.pools, launch)
         if lease is None:
-            return self._record_no_capacity(record, number, decision, start_step, errors), None
+            outcome = Outcome.INFRASTRUCTURE_FAILED if failure else Outcome.CAPACITY_UNAVAILABLE
+            return self._record_no_lease(record, number, decision, start_step, problems,
+                                         outcome, now), None
         attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
-                          lease_id=lease.lease_id, checkpoint_step_start=start_step)
+                          lease_id=lease.lease_id, checkpoint_step_start=start_step,
+                          lease=lease.to_dict())
+        if start_ref is not None:
+            record = record.with_checkpoint(start_ref)
         return self._save(record.start_attempt(attempt), "launched", decision.reason), lease
 
-    def wait_for_end(self, lease: Lease, deadline: float | None) -> LeaseStatus:
-        """Poll the lease until it ends (bounded by the job's deadline, if it has one)."""
-        while True:
-            status = self.provider.observe([lease])[lease.lease_id]
-            if status.ended:
-                return status
-            if deadline is not None and self._clock() >= deadline:
-                self.provider.terminate(lease)
-                return LeaseStatus(LeaseState.TERMINATED, ended_at=self._clock(),
-                                   message="stopped: the job's deadline passed")
-            self._sleep(self._poll_interval)
+    def _launch_first(self, pools, launch: LaunchSpec) -> tuple[Lease | None, list[str], bool]:
+        """Try the ranked pools in order; the first with capacity wins.
 
-    def finish_attempt(self, spec: JobSpec, record: JobRecord, lease: Lease,
-                       status: LeaseStatus) -> JobRecord:
-        """Classify the ended attempt, bill it, and note its last durable checkpoint."""
-        return self._close_attempt(record, lease, status, open_store(spec.checkpoint_uri))
-
-    # -- helpers -------------------------------------------------------------------------
-    def _launch_first(self, pools, launch: LaunchSpec) -> tuple[Lease | None, list[str]]:
-        """Try the ranked pools in order; the first with capacity wins."""
-        errors = []
+        Errors are read as data: a capacity miss moves to the next pool, another retryable
+        error (a cloud API failure) too, but marks the round an infrastructure failure; a
+        non-retryable one (bad configuration) is raised: no pool can fix it.
+        """
+        problems: list[str] = []
+        failure = False
         for pool in pools:
             try:
-                return self.provider.launch(launch, pool), errors
-            except CapacityUnavailable as exc:
-                errors.append(f"{pool.key}: {exc}")
-        return None, errors
+                return self.provider.launch(launch, pool), problems, failure
+            except SpotError as exc:
+                if not exc.retryable:
+                    raise
+                failure = failure or exc.outcome != str(Outcome.CAPACITY_UNAVAILABLE)
+                problems.append(f"{pool.key}: {exc}")
+        return None, problems, failure
 
-    def _record_no_capacity(self, record, number, decision, start_step, errors) -> JobRecord:
-        now = self._clock()
+    def _record_no_lease(self, record, number, decision, start_step, problems, outcome,
+                         now) -> JobRecord:
         pool = decision.pools[0] if decision.pools else None
         running = Attempt(number=number, pool=pool, started_at=now, checkpoint_step_start=start_step)
-        finished = dataclasses.replace(running, ended_at=now, outcome=Outcome.CAPACITY_UNAVAILABLE,
+        finished = dataclasses.replace(running, ended_at=now, outcome=outcome,
                                        checkpoint_step_end=start_step,
-                                       message="; ".join(errors)[:500])
+                                       message="; ".join(problems)[:500])
         record = record.start_attempt(running).finish_attempt(finished)
-        return self._save(record, "capacity_unavailable", finished.message)
+        return self._save(record, str(outcome), finished.message)
 
-    def _close_attempt(self, record: JobRecord, lease: Lease, status: LeaseStatus,
-                       store) -> JobRecord:
-        ended_at = status.ended_at or self._clock()
-        end_ref = store.latest()
+    # -- watching ----------------------------------------------------------------------------
+    def _watch_running(self, spec, record: JobRecord, running: Attempt, now: float) -> Next:
+        lease = self._running_lease(record)
+        if lease is None:  # recorded without a lease (cannot happen for launched attempts)
+            return self._ended(spec, record, None, _stopped(now, "the attempt had no lease"), now)
+        return Next("watch", record, until=self._end_by(lease), lease=lease,
+                    reason=f"watching attempt {running.number} on {lease.pool.key}")
+
+    def _running_lease(self, record: JobRecord) -> Lease | None:
+        running = record.current_attempt
+        if running is None:
+            raise ValueError(f"job {record.job_id} has no running attempt to close")
+        return running.lease_of(record.job_id)
+
+    def _end_by(self, lease: Lease) -> float:
+        return lease.started_at + self.attempt_timeout
+
+    def _renew_heartbeat(self, spec: JobSpec, lease: Lease, now: float) -> None:
+        """Tell the node's watcher a driver still watches (throttled; never fatal)."""
+        if self.heartbeat_timeout is None:
+            return
+        every = min(self.heartbeat_timeout / 4, 30.0)
+        if now - self._beats.get(spec.job_id, float("-inf")) < every:
+            return
+        try:
+            Heartbeat(open_store(spec.checkpoint_uri)).renew(lease.attempt, now)
+            self._beats[spec.job_id] = now
+        except Exception as exc:  # noqa: BLE001 - the next check tries again
+            log.warning("job %s: could not renew the heartbeat: %s", spec.job_id, exc)
+
+    def _observe_failed(self, spec: JobSpec, watch: Next, exc: Exception, now: float) -> Next:
+        """A failed observation is not a lease end; only a sustained failure is."""
+        since = watch.failing_since if watch.failing_since is not None else now
+        retryable = getattr(exc, "retryable", True) is not False
+        message = f"{type(exc).__name__}: {exc}"
+        if retryable and now - since < self.observe_failure_timeout:
+            log.warning("job %s: observing lease %s failed (%s); retrying for up to %g s",
+                        spec.job_id, watch.lease.lease_id, message, self.observe_failure_timeout)
+            return dataclasses.replace(watch, failing_since=since)
+        why = (f"could not observe the lease for {now - since:.0f} s" if retryable
+               else "observing the lease failed for good")
+        return self._ended(spec, watch.record, watch.lease,
+                           _stopped(now, f"stopped: {why}: {message}"[:500]), now)
+
+    def _ended(self, spec: JobSpec, record: JobRecord, lease: Lease | None,
+               status: LeaseStatus, now: float) -> Next:
+        """Terminate (idempotent), classify, bill and close the running attempt."""
+        if lease is not None:
+            self._terminate(lease)
+        record = self._close_attempt(spec, record, lease, status, now)
+        return Next("ended", record, reason=status.message)
+
+    def _terminate(self, lease: Lease) -> None:
+        try:
+            self.provider.terminate(lease)
+        except Exception:  # noqa: BLE001 - logged; cleanup_orphans and the heartbeat remain
+            log.exception("could not terminate lease %s; the node's heartbeat watch ends it",
+                          lease.lease_id)
+
+    # -- closing -----------------------------------------------------------------------------
+    def _close_attempt(self, spec: JobSpec, record: JobRecord, lease: Lease | None,
+                       status: LeaseStatus, now: float) -> JobRecord:
+        ended_at = status.ended_at or now
+        end_ref = open_store(spec.checkpoint_uri).latest()
         outcome = classify(status)
-        bill = self.provider.bill(lease, ended_at)
+        running = record.current_attempt
+        bill = (self.provider.bill(lease, ended_at) if lease is not None
+                else Bill(cost=0.0, on_demand_cost=0.0, capacity_seconds=0.0))
         finished = dataclasses.replace(
-            record.current_attempt, ended_at=ended_at, outcome=outcome, cost=bill.cost,
+            running, ended_at=ended_at, outcome=outcome, cost=bill.cost,
             on_demand_cost=bill.on_demand_cost, data_transfer_cost=bill.data_transfer_cost,
             checkpoint_step_end=None if end_ref is None else end_ref.step,
-            lost_work_seconds=self._lost_work(outcome, lease, end_ref, ended_at),
+            lost_work_seconds=self._lost_work(outcome, running, end_ref, ended_at),
             checkpoint_overhead_seconds=self.provider.capacity_seconds(
-                _checkpoint_seconds(end_ref, lease.attempt)),
+                _checkpoint_seconds(end_ref, running.number)),
             message=status.message)
         record = record.finish_attempt(finished)
         if end_ref is not None:
             record = record.with_checkpoint(end_ref)
         return self._save(record, str(outcome), status.message)
 
-    def _lost_work(self, outcome: Outcome, lease: Lease, end_ref, ended_at: float) -> float:
+    def _lost_work(self, outcome: Outcome, running: Attempt, end_ref, ended_at: float) -> float:
         """Work done after the last durable checkpoint, which the next attempt must redo."""
         if outcome is Outcome.SUCCEEDED:
             return 0.0
-        saved_at = lease.started_at
-        if end_ref is not None and end_ref.attempt == lease.attempt:
+        saved_at = running.started_at
+        if end_ref is not None and end_ref.attempt == running.number:
             saved_at = max(saved_at, end_ref.created_at)
         return self.provider.capacity_seconds(max(0.0, ended_at - saved_at))
 
@@ -277,6 +513,10 @@ class Controller:
         self._persist(record)
         self._listener(kind, record, detail)
         return record
+
+
+def _stopped(now: float, message: str) -> LeaseStatus:
+    return LeaseStatus(LeaseState.TERMINATED, ended_at=now, message=message)
 
 
 def _checkpoint_seconds(ref, attempt: int) -> float:

@@ -165,15 +165,28 @@ class Attempt:
     message: str = ""
     # Part of ``cost``: moving the checkpoint to this attempt's region (cross-region moves).
     data_transfer_cost: float = 0.0
+    # The lease as launched (``Lease.to_dict()``): any driver, in any process, can watch,
+    # bill and terminate the attempt from the record alone.
+    lease: Mapping[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
         return self.outcome is not None
 
+    def lease_of(self, job_id: str) -> Lease | None:
+        """The attempt's lease (rebuilt from the record), or None if it never had one."""
+        if self.lease is not None:
+            return Lease.from_dict(self.lease)
+        if self.lease_id is None:
+            return None
+        return Lease(lease_id=self.lease_id, pool=self.pool, job_id=job_id, attempt=self.number,
+                     started_at=self.started_at, price_per_hour=0.0)
+
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["pool"] = self.pool.to_dict()
         data["outcome"] = None if self.outcome is None else str(self.outcome)
+        data["lease"] = None if self.lease is None else dict(self.lease)
         return data
 
     @classmethod
@@ -252,7 +265,7 @@ class JobRecord:
 
     @property
     def next_attempt_number(self) -> int:
-        return len(self.attempts) + 1
+        return max((a.number for a in self.attempts), default=0) + 1
 
     @property
     def fallbacks(self) -> int:

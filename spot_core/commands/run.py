@@ -9,11 +9,13 @@ JobRecord summary is printed at the end. Every lease is terminated on every exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import re
 import shutil
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -68,6 +70,10 @@ def register(subparsers) -> None:
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
     parser.add_argument("--image", default=None, help="run CMD in this container image "
                         "(Docker on the machine that runs the step, e.g. the EC2 AMI)")
+    parser.add_argument("--heartbeat-timeout", default="5m", metavar="DURATION", help="how "
+                        "long the running step outlives this command if it dies without "
+                        "cleaning up (SIGKILL, a lost machine): the node's watcher saves an "
+                        "emergency checkpoint and ends the lease (default 5m)")
     parser.add_argument("--json", action="store_true", help="end with the JobRecord as JSON")
     ec2 = parser.add_argument_group("ec2 provider (see docs/aws.md)")
     ec2.add_argument("--region", default=None, help="ec2: region of the subnets (default: "
@@ -103,19 +109,41 @@ def run(args: argparse.Namespace) -> int:
                          on_demand_fallback=not args.no_fallback, capacity_wait_seconds=1.0,
                          max_spot_price=args.max_spot_price,
                          max_capacity_waits=30)
-    with _provider(args) as provider:
+    heartbeat_timeout = _duration("--heartbeat-timeout", args.heartbeat_timeout)
+    if not heartbeat_timeout > 0:
+        raise ConfigError("--heartbeat-timeout must be longer than 0s, e.g. 5m")
+    with _stop_on_signals(), _provider(args) as provider:
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
                        pools=_pools(provider, args.pools),
                        deadline=_deadline(args.deadline, provider),
                        work_seconds=_duration("--work", args.work),
                        total_steps=args.total_steps, image=args.image,
                        deadline_policy=deadline_policy, **overhead)
-        controller = Controller(provider, provider.market, policy, listener=_print_event)
+        controller = Controller(provider, provider.market, policy, listener=_print_event,
+                                poll_interval=0.1, heartbeat_timeout=heartbeat_timeout)
         record = controller.run(spec)
     print_record(record, provider.market.time_scale)
     if args.json:
         print(record.to_json(), flush=True)
     return 0 if str(record.status) == "succeeded" else 1
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: stop like Ctrl-C (the controller terminates the running lease)."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGTERM and SIGHUP clean up exactly as SIGINT does; the old handlers come back after."""
+    def stop(signum, frame):
+        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _deadline_policy(args: argparse.Namespace) -> str | None:

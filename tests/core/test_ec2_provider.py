@@ -281,3 +281,29 @@ def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path
         assert status.state is LeaseState.TERMINATED, status
         assert status.exit_code == DRIVER_LOST_EXIT_CODE and "heartbeat" in status.message
         assert managed_live_instances(aws_env) == []
+
+
+@pytest.mark.parametrize("mode", ["503", "reset"])
+def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_path, mode):
+    """EC2 answering 503 (or dropping connections) to DescribeInstances for a while: botocore's
+    standard retries and the controller's observe tolerance keep the attempt alive."""
+    from fault_proxy import FaultProxy
+
+    with FaultProxy(aws_env, match="Action=DescribeInstances") as proxy, \
+            _provider(proxy.url, net) as provider, _runtime(aws_env, tmp_path) as runtime:
+        spec = JobSpec(job_id=unique("job-flaky"), checkpoint_uri=f"s3://{BUCKET}/flaky",
+                       command=(sys.executable, "-c", "import time; time.sleep(6)"),
+                       pools=provider.pools()[:1])
+        controller = Controller(provider, provider.market, RetryPolicy(max_infrastructure_retries=0),
+                                poll_interval=0.2, observe_failure_timeout=60.0)
+        nxt = controller.advance(spec, controller.new_record(spec))
+        proxy.mode = mode
+        flaky_until = time.monotonic() + 4
+        while nxt.action == "watch":
+            if time.monotonic() > flaky_until:
+                proxy.mode = None
+            time.sleep(0.2)
+            nxt = controller.check(spec, nxt)
+        assert proxy.failed > 0
+        record = nxt.record
+        assert [str(a.outcome) for a in record.attempts] == ["succeeded"], record.attempts[-1].message

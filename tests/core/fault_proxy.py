@@ -1,0 +1,79 @@
+"""A real HTTP proxy that can fail on purpose: 503 answers or reset connections.
+
+It stands between a client library and a real server (the local cloud server, moto), so
+the client meets the same transient failures a cloud API gives: the code under test is
+unmodified, and so is the server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+
+class FaultProxy:
+    """Forwards to ``upstream``; requests whose path or body contains ``match`` (e.g.
+    ``/describe``, or ``Action=DescribeInstances`` for EC2's query API) fail while ``mode``
+    is ``"503"`` (Service Unavailable) or ``"reset"`` (TCP reset, no answer)."""
+
+    def __init__(self, upstream: str, match: str = "") -> None:
+        self.upstream = urlsplit(upstream)
+        self.match = match
+        self.mode: str | None = None
+        self.failed = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy.mode and (proxy.match in self.path
+                                   or proxy.match.encode() in body):
+                    proxy.failed += 1
+                    if proxy.mode == "reset":
+                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                   struct.pack("ii", 1, 0))
+                        self.close_connection = True
+                        return
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,
+                                                  timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
