@@ -146,3 +146,5 @@ def test_sigkill_of_run_on_ec2_leaves_no_running_instance_after_the_timeout(ec2_
         assert not runtime.live_pids(), "the instance's processes went with it"
         emergency = [r for r in store.list() if r.metadata.get("emergency")]
         assert emergency, "the step saved on its way out"
+        logs = [p.read_text() for p in (tmp_path / "runtime").glob("*.watch.log")]
+        assert any('"event": "driver_lost"' in text for text in logs), logs
