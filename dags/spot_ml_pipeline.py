@@ -4,7 +4,7 @@ prepare data -> train (SpotJobOperator on the local spot cloud replaying a real 
 availability trace; preempted, resumes from checkpoints, falls back to on-demand) ->
 evaluate -> batch inference mapped over shards (each shard its own spot job) -> report.
 
-The local cloud is a server (``python -m spot_core.sim.cloud_server``) whose URL is in
+The local cloud is a server (``python -m spot_core.localcloud.server``) whose URL is in
 ``SPOT_LOCAL_CLOUD_URL``, so the worker that launches a lease and the triggerer that
 watches it see the same instances. ``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints
 and predictions go.
@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_spot.example_pipeline import evaluate, infer_command, train_command
+from spot_core.workloads.example_pipeline import evaluate, infer_command, train_command
 from airflow_spot.operators.spot import SpotJobOperator
 
 WORKDIR = os.environ.get("SPOT_PIPELINE_WORKDIR", "/tmp/spot-ml-pipeline")

@@ -17,6 +17,7 @@ from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Offer, Pool
 
+from prefect_spot._options import check_provider_options
 from prefect_spot.blocks import SpotConfiguration
 from prefect_spot.events import emit_job_event
 
@@ -59,34 +60,6 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
     if unknown:
         raise ConfigError(f"unknown local provider options {unknown}; use {sorted(allowed)}")
     return LocalProvider.from_traces(**options)
-
-
-EC2_REQUIRED = ("subnets", "image_id")
-
-
-def check_provider_options(provider: str, options: dict[str, Any],
-                           instance_types: Sequence[str] = ()) -> None:
-    """Check ``provider_options`` without touching the cloud; ConfigError says what to fix.
-
-    For ``ec2``: every name must be an ec2 provider option (the provider's own check),
-    and ``subnets``, ``image_id`` and ``instance_types`` (here or in the configuration's
-    ``instance_types``) must be there. The region may come from the environment of the
-    process that opens the provider, so it is not required here. The local provider
-    checks its own options when it opens.
-    """
-    if provider != "ec2":
-        return
-    from spot_core.providers.ec2 import check_option_names
-
-    check_option_names(options)
-    missing = [name for name in EC2_REQUIRED if not options.get(name)]
-    if not options.get("instance_types") and not instance_types:
-        missing.append("instance_types")
-    if missing:
-        raise ConfigError(f"provider 'ec2' needs provider_options {missing}, e.g. "
-                          "{'region': 'us-east-1', 'subnets': ['subnet-...'], 'image_id': "
-                          "'ami-...', 'instance_types': ['g5.xlarge'], 'instance_profile': "
-                          "'spot-step'} (see docs/prefect.md)")
 
 
 def _ec2_defaults(options: dict[str, Any], instance_types: Sequence[str]) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from spot_core.checkpoint import CheckpointStore, open_store, parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
 
+from prefect_spot._options import check_provider_options
+
 PROVIDERS = ("local", "ec2")  # kubernetes plugs in here when its provider lands
 
 
@@ -74,8 +76,6 @@ class SpotConfiguration(Block):
     @model_validator(mode="after")
     def _check_policy(self) -> SpotConfiguration:
         self.retry_policy()  # RetryPolicy re-validates and names the bad field
-        from prefect_spot._jobs import check_provider_options
-
         try:
             check_provider_options(self.provider, self.provider_options, self.instance_types)
         except ConfigError as exc:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from spot_core.checkpoint import open_store
-from spot_core.sim.metadata_emulator import MetadataEmulator
+from spot_core.emulators.metadata import MetadataEmulator
 
 
 def _wait_for(predicate, timeout: float, what: str):

@@ -16,8 +16,8 @@ from spot_core.controller import Controller, JobSpec, Next
 from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
-from spot_core.sim.cloud_server import LocalCloudServer
-from spot_core.sim.local_cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.localcloud.cloud import LocalCloudConfig
 
 from fault_proxy import FaultProxy
 from spot_helpers import marked_processes, trace, train_command, wait_until

@@ -21,7 +21,7 @@ from prefect_helpers import count_to
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
-from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"

@@ -164,7 +164,7 @@ def test_kill_infrastructure_reaches_a_lease_launched_by_another_process(prefect
 
     from spot_core.providers import open_provider
     from spot_core.providers.base import LaunchSpec
-    from spot_core.sim.cloud_server import LocalCloudServer
+    from spot_core.localcloud.server import LocalCloudServer
 
     with LocalCloudServer.from_traces(workdir=tmp_path / "cloud", start_tick=600) as server:
         launcher = open_provider("local", url=server.url)  # stands in for another process

@@ -102,7 +102,7 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
     from aws_helpers import preempt_after_checkpoints
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
     from spot_core.model import Outcome
-    from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+    from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"
