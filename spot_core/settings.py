@@ -311,8 +311,10 @@ def resolve_aliases(values: dict[str, Any], *, where: str = "") -> dict[str, Any
         if name in out:
             raise ConfigError(f"{_prefix(where)}{alias} is the old name of {name}; pass only "
                               f"{name}")
-        warnings.warn(f"{_prefix(where)}{alias} is deprecated; use {name} (durations accept "
-                      "seconds, a timedelta or '5m')", DeprecationWarning, stacklevel=3)
+        hint = (" (seconds, a timedelta or a string such as '5m')"
+                if KNOBS_BY_NAME[name].kind == "duration" else "")
+        warnings.warn(f"{_prefix(where)}{alias} is deprecated; use {name}{hint}",
+                      DeprecationWarning, stacklevel=3)
         out[name] = out.pop(alias)
     return out
 
