@@ -136,7 +136,7 @@ class SpotJobOperator(BaseOperator):
         self.deferrable = deferrable
         self._validate_static()
         self.settings = self._settings({
-            "provider": provider, "provider_options": dict(provider_options or {}),
+            "provider": provider, "provider_options": {} if provider_options is None else provider_options,
             "image": image, "zones": () if zones is None else zones,
             "max_preemptions": max_preemptions, "on_demand_fallback": on_demand_fallback,
             "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
