@@ -68,10 +68,6 @@ class SpotJobOperator(BaseOperator):
         (templated).
     :param checkpoint_uri: ``file:///abs/path`` or ``s3://bucket/prefix`` where the step
         checkpoints; each attempt resumes from its newest checkpoint (templated).
-    Every spot setting (provider, budgets, waits, timeouts) has the meaning, default and
-    check of its knob in ``spot_core.settings``; durations take seconds, a ``timedelta``
-    or a string such as ``"5m"``. The validated values are ``self.settings``.
-
     :param provider: capacity provider: ``local`` (trace-driven local spot cloud), ``ec2``.
     :param provider_options: options for the provider, e.g. ``{"url": ...}`` of a local
         cloud server or the EC2 region and image (templated).
@@ -98,6 +94,11 @@ class SpotJobOperator(BaseOperator):
         attempt ends as infrastructure_failed.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
         ``[operators] default_deferrable``).
+
+    Every spot setting (provider, budgets, waits, timeouts) has the meaning, default and
+    check of its knob in ``spot_core.settings``; durations take seconds, a ``timedelta``
+    or a string such as ``"5m"``. The validated values are ``self.settings`` (templated
+    fields as written, before rendering).
     """
 
     template_fields: Sequence[str] = ("command", "checkpoint_uri", "provider_options", "env",
@@ -136,7 +137,8 @@ class SpotJobOperator(BaseOperator):
         self.deferrable = deferrable
         self._validate_static()
         self.settings = self._settings({
-            "provider": provider, "provider_options": {} if provider_options is None else provider_options,
+            "provider": provider,
+            "provider_options": {} if provider_options is None else provider_options,
             "image": image, "zones": () if zones is None else zones,
             "max_preemptions": max_preemptions, "on_demand_fallback": on_demand_fallback,
             "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
