@@ -43,20 +43,24 @@ def provider_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def check_provider(name: str, options: Mapping[str, Any] | None = None,
-                   instance_types: Sequence[str] = ()) -> None:
-    """One-line ConfigError if ``name`` is not built or ``options`` do not suit it."""
+def _entry(name: str) -> ProviderEntry:
     entry = _REGISTRY.get(name)
     if entry is None:
         raise ConfigError(f"provider {name!r} is not built; choose one of "
                           f"{', '.join(_REGISTRY)}")
-    entry.check_options(dict(options or {}), tuple(instance_types or ()))
+    return entry
+
+
+def check_provider(name: str, options: Mapping[str, Any] | None = None,
+                   instance_types: Sequence[str] = ()) -> None:
+    """One-line ConfigError if ``name`` is not built or ``options`` do not suit it."""
+    _entry(name).check_options(dict(options or {}), tuple(instance_types or ()))
 
 
 def open_provider(name: str = "local", **options: Any) -> Provider:
-    """The provider called ``name``, configured by ``options``."""
-    check_provider(name)
-    return _REGISTRY[name].open(**options)
+    """The provider called ``name``, configured by ``options`` (the provider checks them
+    as it opens; callers that hold options separately run ``check_provider`` first)."""
+    return _entry(name).open(**options)
 
 
 # -- local: the trace-driven local spot cloud --------------------------------------------------
