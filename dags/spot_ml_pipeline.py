@@ -30,7 +30,7 @@ MODEL_URI = "file://" + RUN_DIR + "/checkpoints/train"
 
 # The same spot settings for training and every inference shard: the local cloud, two
 # preemptions before on-demand, bounded waits, and the triggerer watching each lease.
-SPOT = dict(provider="local", max_preemptions=2, capacity_wait_seconds=0.5,
+SPOT = dict(provider="local", max_preemptions=2, capacity_wait=0.5,
             max_capacity_waits=20, poll_interval=0.2, attempt_timeout=timedelta(minutes=10),
             deferrable=True)
 

@@ -50,7 +50,7 @@ def _operator(endpoint, net, **kwargs) -> SpotJobOperator:
                "watch_poll_interval": 0.1, "sqs_queue_url": net["queue"]}
     with DAG("ec2_dag", schedule=None, start_date=datetime(2026, 1, 1)):
         return SpotJobOperator(task_id="train", provider="ec2", provider_options=options,
-                               poll_interval=0.2, capacity_wait_seconds=1.0, **kwargs)
+                               poll_interval=0.2, capacity_wait=1.0, **kwargs)
 
 
 async def _first_event(trigger):

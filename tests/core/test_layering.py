@@ -31,6 +31,7 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core.policy", "spot_core.container", "spot_core.workloads", "spot_core.emulators"),
     ("spot_core.localcloud",),                                     # nodes are emulators
     ("spot_core.providers",),                                      # local one uses localcloud
+    ("spot_core.settings",),                                       # checks provider/policy names
     ("spot_core.controller",),
     ("spot_core.sim", "spot_core.demo", "spot_core.report"),
     (("spot_core.cli", "spot_core.commands"),),                    # cli loads commands by name

@@ -49,7 +49,7 @@ def ec2_config(endpoint: str, net: dict, **fields) -> SpotConfiguration:
                "instance_profile": net["instance_profile"], "agent_python": sys.executable,
                "watch_poll_interval": 0.1}
     return SpotConfiguration(provider="ec2", provider_options=options,
-                             capacity_wait_seconds=0.5, poll_interval_seconds=0.2, **fields)
+                             capacity_wait=0.5, poll_interval=0.2, **fields)
 
 
 def preempt_first_attempt(runtime, endpoint: str, bucket: str, prefix: str) -> threading.Thread:

@@ -107,7 +107,7 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"
     deployment_id = deploy_example_flow(pool, "ec2-e2e", {
-        "provider": "ec2", "max_preemptions": 1, "capacity_wait_seconds": 0.5,
+        "provider": "ec2", "max_preemptions": 1, "capacity_wait": 0.5,
         "checkpoint_root": f"s3://{bucket}/flows",
         "provider_options": {"endpoint_url": aws_env, "region": REGION,
                              "subnets": net["subnets"], "instance_types": ["g4dn.xlarge"],
