@@ -23,6 +23,6 @@ with DAG("spot_job_mark_failed", schedule=None, start_date=datetime(2026, 1, 1),
     SpotJobOperator(task_id="long_step", command=[sys.executable, "-c",
                                                   "import time; time.sleep(600)"],
                     checkpoint_uri=(TEST_DIR / "ckpt-spot_job_mark_failed").as_uri(),
-                    provider="local", on_demand_fallback=True, capacity_wait_seconds=0.5,
+                    provider="local", on_demand_fallback=True, capacity_wait=0.5,
                     poll_interval=0.5, attempt_timeout=timedelta(minutes=15),
                     deferrable=True, retries=0)
