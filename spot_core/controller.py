@@ -496,7 +496,7 @@ class Controller:
             lost_work_seconds=self._lost_work(outcome, running, end_ref, ended_at),
             checkpoint_overhead_seconds=self.provider.capacity_seconds(
                 _checkpoint_seconds(end_ref, running.number)),
-            message=status.message)
+            message=_message(outcome, status))
         record = record.finish_attempt(finished)
         if end_ref is not None:
             record = record.with_checkpoint(end_ref)
@@ -515,6 +515,13 @@ class Controller:
         self._persist(record)
         self._listener(kind, record, detail)
         return record
+
+
+def _message(outcome: Outcome, status: LeaseStatus) -> str:
+    """The provider's message; for the step's own failure, led by its exit code."""
+    if outcome is Outcome.USER_FAILED and status.exit_code is not None:
+        return f"exit code {status.exit_code}" + (f": {status.message}" if status.message else "")
+    return status.message
 
 
 def _stopped(now: float, message: str) -> LeaseStatus:
