@@ -84,12 +84,13 @@ def wait_completed(client, flow_run_id, timeout: float):
 
 
 def final_record(flow_run_id, timeout: float = 60) -> JobRecord:
-    """The record the worker keeps in a Prefect variable, once the job has ended."""
-    from prefect.variables import Variable
+    """The record the worker keeps in a keyed artifact, once the job has ended."""
+    from prefect_spot.artifacts import load_record, record_key
 
     deadline = time.monotonic() + timeout
     while True:
-        record = JobRecord.from_dict(Variable.get(f"spot-record-{flow_run_id}"))
-        if record.status.value != "running" or time.monotonic() > deadline:
+        record = load_record(record_key(flow_run_id))
+        if (record is not None and record.status.value != "running") \
+                or time.monotonic() > deadline:
             return record
         time.sleep(0.5)
