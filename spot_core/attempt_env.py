@@ -6,9 +6,12 @@ interruption watcher read them. Nothing the next attempt needs lives on the node
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
+
+from spot_core.errors import ConfigError
 
 CHECKPOINT_URI = "SPOT_CHECKPOINT_URI"
 JOB_ID = "SPOT_JOB_ID"
@@ -16,6 +19,8 @@ ATTEMPT = "SPOT_ATTEMPT"
 METADATA_ENDPOINT = "SPOT_METADATA_ENDPOINT"
 CLOUD = "SPOT_CLOUD"
 NOTICE_FILE = "SPOT_NOTICE_FILE"
+# Seconds the node's watcher lets the step run without a renewed driver heartbeat.
+HEARTBEAT_TIMEOUT = "SPOT_HEARTBEAT_TIMEOUT"
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class AttemptEnv:
     metadata_endpoint: str | None
     cloud: str | None
     notice_file: str | None
+    heartbeat_timeout: float | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> AttemptEnv:
@@ -37,14 +43,36 @@ class AttemptEnv:
             metadata_endpoint=env.get(METADATA_ENDPOINT) or None,
             cloud=env.get(CLOUD) or None,
             notice_file=env.get(NOTICE_FILE) or None,
+            heartbeat_timeout=heartbeat_seconds(env.get(HEARTBEAT_TIMEOUT)),
         )
 
     def to_environ(self) -> dict[str, str]:
         pairs = {CHECKPOINT_URI: self.checkpoint_uri, JOB_ID: self.job_id,
                  ATTEMPT: str(self.attempt), METADATA_ENDPOINT: self.metadata_endpoint,
-                 CLOUD: self.cloud, NOTICE_FILE: self.notice_file}
+                 CLOUD: self.cloud, NOTICE_FILE: self.notice_file,
+                 HEARTBEAT_TIMEOUT: None if self.heartbeat_timeout is None
+                 else f"{self.heartbeat_timeout:g}"}
         return {k: v for k, v in pairs.items() if v is not None}
 
 # A step that saved its emergency checkpoint and stopped on a notice exits like a process
 # ended by SIGTERM (128 + 15), which is what a shell or an engine would report anyway.
 PREEMPTED_EXIT_CODE = 143
+
+# `spot-pipelines watch` stopped the step because the driver's heartbeat went stale (the
+# process that watched the lease is gone): EX_TEMPFAIL from sysexits.h, "try again later",
+# which is what a re-run of the job does. No other exit path of the project uses it.
+DRIVER_LOST_EXIT_CODE = 75
+
+
+def heartbeat_seconds(text: str | None) -> float | None:
+    """``$SPOT_HEARTBEAT_TIMEOUT`` as seconds > 0; empty means no heartbeat check."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{HEARTBEAT_TIMEOUT}={text!r} is not a number of seconds > 0; "
+                          f"set it like {HEARTBEAT_TIMEOUT}=300 or unset it")
+    return value

@@ -6,6 +6,13 @@ interruption writes the notice file, sends SIGTERM, and sends SIGKILL if the chi
 outlives the notice deadline (or ``--grace-seconds``); it exits with the child's code.
 SIGTERM to the watcher itself counts as an interruption (that is how Kubernetes and
 ``spot-pipelines run`` announce one); SIGINT is forwarded, a second one kills.
+
+With ``--heartbeat-timeout`` (default ``$SPOT_HEARTBEAT_TIMEOUT``, which every provider
+sets from the job's setting) it also reads the driver's heartbeat from the job's store at
+``$SPOT_CHECKPOINT_URI``; when the beat has not changed for that long (by this machine's
+clock, counted from the watcher's start; unreadable counts as unchanged) it prints a
+``driver_lost`` event, stops the command exactly as on an interruption, and exits 75
+(``DRIVER_LOST_EXIT_CODE``), which ends the lease.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +36,7 @@ from spot_core import attempt_env
 from spot_core.errors import ConfigError
 from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector, detector_for
 from spot_core.interruption.base import Detector
+from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
 from spot_core.interruption.notice_file import write_notice
 from spot_core.interruption.selection import CHOICES, normalize_cloud
@@ -35,6 +44,8 @@ from spot_core.interruption.selection import CHOICES, normalize_cloud
 logger = logging.getLogger(__name__)
 
 TICK = 0.05
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smh]?)$")
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,9 @@ class WatchSettings:
     notice_file: str | None
     grace_seconds: float | None
     command: tuple[str, ...]
+    heartbeat_timeout: float | None = None
+    checkpoint_uri: str | None = None
+    attempt: int | None = None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,6 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"(default: ${attempt_env.NOTICE_FILE}, or a temp file for CMD)")
     parser.add_argument("--grace-seconds", metavar="S", help="SIGKILL the command this long "
                         "after the notice if it is still running (default: the deadline)")
+    parser.add_argument("--heartbeat-timeout", metavar="DURATION", help="with CMD: stop it "
+                        "(as on an interruption) and exit 75 when the driver's heartbeat in "
+                        f"${attempt_env.CHECKPOINT_URI} has not changed for this long, e.g. "
+                        f"300, 90s or 5m (default: ${attempt_env.HEARTBEAT_TIMEOUT}; unset: "
+                        "never)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     parser.set_defaults(handler=run)
 
@@ -86,6 +105,13 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
     if command[:1] == ["--"]:
         command = command[1:]
     grace = args.grace_seconds
+    timeout = _heartbeat_timeout(args.heartbeat_timeout, bool(command))
+    uri = os.environ.get(attempt_env.CHECKPOINT_URI) or None
+    if timeout is not None and uri is None:
+        raise ConfigError(f"--heartbeat-timeout needs the job's store in "
+                          f"${attempt_env.CHECKPOINT_URI} (the driver's heartbeat lives "
+                          "there); set it, or drop the timeout")
+    attempt = os.environ.get(attempt_env.ATTEMPT)
     return WatchSettings(
         cloud=normalize_cloud(args.cloud or os.environ.get(attempt_env.CLOUD) or "auto"),
         endpoint=args.endpoint,
@@ -94,7 +120,24 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
         notice_file=args.notice_file or os.environ.get(attempt_env.NOTICE_FILE) or None,
         grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
                                                           "e.g. 30", allow_zero=True),
-        command=tuple(command))
+        command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
+        attempt=int(attempt) if attempt and attempt.isdigit() else None)
+
+
+def _heartbeat_timeout(text: str | None, has_command: bool) -> float | None:
+    """The flag (seconds or 90s/5m/1h), else the environment's; only with a command."""
+    if text is None:
+        return attempt_env.heartbeat_seconds(os.environ.get(attempt_env.HEARTBEAT_TIMEOUT)) \
+            if has_command else None
+    match = _DURATION.match(text.strip())
+    value = float(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match else 0.0
+    if value <= 0:
+        raise ConfigError(f"--heartbeat-timeout {text!r} is not a duration > 0; write it "
+                          "like 300, 90s or 5m")
+    if not has_command:
+        raise ConfigError("--heartbeat-timeout stops a command: put it after --, e.g. "
+                          "`spot-pipelines watch --heartbeat-timeout 5m -- python train.py`")
+    return value
 
 
 def _seconds(option: str, text: str, example: str, allow_zero: bool = False) -> float:
@@ -138,6 +181,7 @@ def _watch(settings: WatchSettings, detectors: list[Detector]) -> int:
 
 def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
     notice_file, scratch = _notice_path(settings.notice_file)
+    monitor = _driver_monitor(settings)  # its clock starts before the step does
     try:
         child = _spawn(settings.command, notice_file)
         forwarder = ChildForwarder(child, notice_file, settings.grace_seconds)
@@ -145,11 +189,27 @@ def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
         watcher.add_handler(_print_event)
         watcher.add_handler(forwarder.on_notice)
         with watcher, _ForwardSigint() as sigint:
-            returncode = _babysit(forwarder, sigint)
+            returncode = _babysit(forwarder, sigint, monitor)
+        if monitor is not None and monitor.lost is not None:
+            return attempt_env.DRIVER_LOST_EXIT_CODE
         return exit_code(returncode)
     finally:
+        if monitor is not None:
+            monitor.stop()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
+    """Started only with a heartbeat timeout: without one the store is never read."""
+    if settings.heartbeat_timeout is None:
+        return None
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.heartbeat import Heartbeat
+
+    heartbeat = Heartbeat(open_store(settings.checkpoint_uri))
+    return DriverMonitor(heartbeat.read, settings.heartbeat_timeout,
+                         attempt=settings.attempt).start()
 
 
 def _notice_path(configured: str | None) -> tuple[str, str | None]:
@@ -170,11 +230,14 @@ def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen:
                           "after --") from exc
 
 
-def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint) -> int:
-    """Until the child exits: forward Ctrl-C, SIGKILL past the deadline. Then its code."""
+def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint,
+             monitor: DriverMonitor | None = None) -> int:
+    """Until the child exits: forward Ctrl-C, stop it when the driver is lost, SIGKILL
+    past the deadline. Then its code."""
     try:
         while (returncode := forwarder.poll()) is None:
             sigint.forward(forwarder)
+            _check_driver(monitor, forwarder)
             forwarder.enforce()
             time.sleep(TICK)
         return returncode
@@ -182,6 +245,16 @@ def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint) -> int:
         if forwarder.poll() is None:  # we are leaving abnormally: leave no orphan
             forwarder.signal(signal.SIGKILL)
             forwarder.child.wait(timeout=5)
+
+
+def _check_driver(monitor: DriverMonitor | None, forwarder: ChildForwarder) -> None:
+    """On the first stale verdict: print the event and stop the step as a notice would."""
+    if monitor is None or monitor.lost is not None:
+        return
+    notice = monitor.expired()
+    if notice is not None:
+        _print_event(notice)
+        forwarder.on_notice(notice)
 
 
 class _ForwardSigint:

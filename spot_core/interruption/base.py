@@ -15,7 +15,10 @@ from typing import Any, Hashable, Protocol, runtime_checkable
 
 INTERRUPTION = "interruption"
 REBALANCE = "rebalance"
-KINDS = (INTERRUPTION, REBALANCE)
+# Not from a cloud: the node's watcher lost the driver's heartbeat and stops the step as an
+# interruption would (see ``spot_core.interruption.driver``).
+DRIVER_LOST = "driver_lost"
+KINDS = (INTERRUPTION, REBALANCE, DRIVER_LOST)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,11 @@ class Notice:
     @property
     def is_interruption(self) -> bool:
         return self.kind == INTERRUPTION
+
+    @property
+    def stops_step(self) -> bool:
+        """The step must save and stop: capacity is going away, or nobody watches it."""
+        return self.kind in (INTERRUPTION, DRIVER_LOST)
 
     @property
     def key(self) -> Hashable:

@@ -44,8 +44,9 @@ class ChildForwarder:
         self._killed = False
 
     def on_notice(self, notice: Notice) -> None:
-        """Interruption: write the file, SIGTERM once, arm SIGKILL. Rebalance: file only."""
-        if not notice.is_interruption:
+        """Interruption (or driver lost): write the file, SIGTERM once, arm SIGKILL.
+        Rebalance: file only."""
+        if not notice.stops_step:
             if not self._interrupted:
                 write_notice(self.notice_file, notice)
             return

@@ -4,8 +4,9 @@ Like SkyPilot's ``adaptors/aws.py``: nothing else in ``spot_core`` imports boto3
 core installs without it, and every AWS error crosses into spot-pipelines here, as a
 ``SpotError`` whose class says what the controller should do (``CapacityUnavailable``
 moves on to the next pool; ``InfrastructureError`` is retryable; ``ConfigError`` is not)
-and whose message says what to fix. Throttling (``RequestLimitExceeded`` and friends) is
-retried with jittered exponential backoff, a bounded number of times.
+and whose message says what to fix. Clients use botocore's bounded ``standard`` retry
+mode (transient 5xx, connection errors, throttling); throttling that outlives it
+(``RequestLimitExceeded`` and friends) gets a few more jittered rounds, also bounded.
 """
 
 from __future__ import annotations
@@ -69,10 +70,16 @@ def error_code(exc: BaseException) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
+RETRY_ATTEMPTS = 5  # botocore "standard" mode: 4 retries, jittered backoff capped at 20 s
+
+
 def make_client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
-                max_pool_connections: int = 10, retry_attempts: int = 1, **extra: Any):
-    """A boto3 client; botocore's own retries off by default (backoff is ours, bounded
-    and visible), on (bounded) where boto3's transfer manager makes the calls."""
+                max_pool_connections: int = 10, retry_attempts: int = RETRY_ATTEMPTS,
+                **extra: Any):
+    """A boto3 client with botocore's bounded ``standard`` retries: transient errors (5xx,
+    reset or refused connections, timeouts) and throttling are retried with backoff
+    before anything reaches the controller, which then tolerates the rest for its
+    ``observe_failure_timeout``."""
     from botocore.config import Config
 
     config = Config(retries={"max_attempts": retry_attempts, "mode": "standard"},
@@ -109,7 +116,8 @@ def is_throttle(exc: BaseException) -> bool:
     return error_code(exc) in THROTTLE_CODES
 
 
-THROTTLE_ATTEMPTS = 5
+# Throttling that outlived botocore's own retries gets a few more, slower rounds.
+THROTTLE_ATTEMPTS = 3
 THROTTLE_MAX_WAIT = 8.0
 
 

@@ -359,7 +359,8 @@ class Ec2Provider:
                               "the secret from Secrets Manager in the step) instead")
         attempt = attempt_env.AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                                          attempt=spec.attempt, metadata_endpoint=None,
-                                         cloud=CLOUD, notice_file=None)
+                                         cloud=CLOUD, notice_file=None,
+                                         heartbeat_timeout=spec.heartbeat_timeout)
         env.update(attempt.to_environ())
         command = spec.command
         if spec.image:
@@ -460,6 +461,10 @@ class Ec2Provider:
         if by_aws:
             return LeaseStatus(LeaseState.RECLAIMED, exit_code, notice or ended, ended,
                                message=f"spot capacity reclaimed ({reason or code})")
+        if exit_code == attempt_env.DRIVER_LOST_EXIT_CODE and notice is None:
+            return LeaseStatus(LeaseState.TERMINATED, int(exit_code), None, ended,
+                               message=f"{lease.lease_id} ended itself: its driver stopped "
+                                       "renewing the heartbeat for longer than the timeout")
         if exit_code is not None:
             why = "after an interruption notice" if notice is not None else "on its own"
             return LeaseStatus(LeaseState.EXITED, int(exit_code), notice, ended,

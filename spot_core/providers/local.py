@@ -8,7 +8,9 @@ from the trace's prices over the capacity time it held.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -17,17 +19,23 @@ from pathlib import Path
 from typing import Sequence
 
 from spot_core import container
-from spot_core.attempt_env import METADATA_ENDPOINT, AttemptEnv
+from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
 from spot_core.errors import ConfigError
 from spot_core.market.fixtures import default_traces
 from spot_core.market.trace import ZoneTrace
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Lease, Pool
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
-from spot_core.sim.local_cloud import EMULATED_CLOUDS, LocalCloudConfig, LocalSpotCloud
+from spot_core.sim.lease_processes import lease_pids, live_leases, signal_lease
+from spot_core.sim.local_cloud import (EMULATED_CLOUDS, INSTANCE_PREFIX, LocalCloudConfig,
+                                       LocalSpotCloud)
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
 LOCAL_CLOUD_URL = "SPOT_LOCAL_CLOUD_URL"
+DRIVER_LOST_MESSAGE = ("the lease ended itself: its driver stopped renewing the heartbeat "
+                       "for longer than the heartbeat timeout (killed or lost)")
 
 
 class LocalProvider:
@@ -98,7 +106,7 @@ class LocalProvider:
                    "--poll-interval", str(self._watch_poll), "--", *step)
         attempt = AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                              attempt=spec.attempt, metadata_endpoint=None, cloud=cloud,
-                             notice_file=None)
+                             notice_file=None, heartbeat_timeout=spec.heartbeat_timeout)
         env = {**_inherited_env(), **spec.env, **attempt.to_environ()}
         view = self.cloud.run_instance(pool, command, env, endpoint_env=METADATA_ENDPOINT)
         price = self.market.offers([pool], self.cloud.clock())[0].price_per_hour
@@ -138,6 +146,33 @@ class LocalProvider:
     def terminate(self, lease: Lease) -> None:
         self.cloud.terminate_instance(lease.lease_id)
 
+    def cleanup_orphans(self, job_id: str | None = None, *,
+                        grace_seconds: float = 2.0) -> list[str]:
+        """End every local lease still running on this machine (of ``job_id`` only, if
+        given) and return their ids: the local cloud's twin of the EC2 provider's.
+
+        A lease whose driver died renews no heartbeat and ends itself once its heartbeat
+        timeout passes; this finds the rest (a lease launched without a timeout, or one
+        whose driver died before the first beat). A lease of this provider's cloud is
+        terminated through it; a lease left by a dead process (found by its marker in
+        ``/proc``) gets SIGTERM, then SIGKILL after ``grace_seconds``. Only for when no
+        live job owns them: it does not ask."""
+        orphans = sorted(live_leases(INSTANCE_PREFIX, job_id))
+        known = set(self.cloud.describe(orphans)) if orphans else set()
+        for lease_id in orphans:
+            if lease_id in known:
+                self.cloud.terminate_instance(lease_id)
+            else:
+                signal_lease(lease_id, signal.SIGTERM)
+        give_up = time.monotonic() + grace_seconds
+        while any(map(lease_pids, orphans)) and time.monotonic() < give_up:
+            time.sleep(0.05)
+        for lease_id in orphans:  # whatever outlived the grace, as a reclaimed node would
+            signal_lease(lease_id, signal.SIGKILL)
+        if orphans:
+            log.warning("ended %d orphaned local lease(s): %s", len(orphans), ", ".join(orphans))
+        return orphans
+
     def close(self) -> None:
         """In-process: terminate every lease. Over a server: nothing, since leases there
         outlive this process by design (each is terminated explicitly when its attempt ends)."""
@@ -153,6 +188,12 @@ class LocalProvider:
 def _status(view, log_tail: str) -> LeaseStatus:
     if view.running:
         return LeaseStatus(LeaseState.RUNNING, notice_at=view.notice_at)
+    if view.exit_code == DRIVER_LOST_EXIT_CODE and not (view.reclaimed or view.terminated):
+        # The watcher ended the lease itself: its driver stopped renewing the heartbeat.
+        # Neither a reclaim nor the step's own failure; whoever reads this is a new driver.
+        return LeaseStatus(LeaseState.TERMINATED, exit_code=view.exit_code,
+                           notice_at=view.notice_at, ended_at=view.ended_at,
+                           message=DRIVER_LOST_MESSAGE)
     state = (LeaseState.TERMINATED if view.terminated and not view.reclaimed
              else LeaseState.RECLAIMED if view.reclaimed else LeaseState.EXITED)
     message = "" if view.exit_code == 0 else log_tail.splitlines()[-1] if log_tail else ""

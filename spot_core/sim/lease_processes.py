@@ -33,6 +33,27 @@ def lease_pids(lease_id: str) -> list[int]:
     return found
 
 
+def live_leases(prefix: str = "", job_id: str | None = None) -> dict[str, list[int]]:
+    """Lease id -> its live processes, for every lease on this machine whose id starts
+    with ``prefix`` (and whose processes carry ``SPOT_JOB_ID=job_id``, if given)."""
+    marker, job = f"{LEASE_MARKER}=".encode(), f"SPOT_JOB_ID={job_id}".encode()
+    found: dict[str, list[int]] = {}
+    for entry in _PROC.iterdir() if _PROC.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        lease = next((v[len(marker):].decode(errors="replace") for v in environ
+                      if v.startswith(marker)), None)
+        if (lease is None or not lease.startswith(prefix) or _is_zombie(entry)
+                or (job_id is not None and job not in environ)):
+            continue
+        found.setdefault(lease, []).append(int(entry.name))
+    return found
+
+
 def _is_zombie(entry: Path) -> bool:
     try:
         stat = (entry / "stat").read_text()

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # What each cloud promises between notice and reclaim, in capacity (trace) seconds.
 NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 EMULATED_CLOUDS = {"aws": "aws", "gcp": "gcp", "gce": "gcp", "azure": "azure"}
+INSTANCE_PREFIX = "i-local-"
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class LocalSpotCloud:
         if pool.is_spot and not self.market.is_available(pool.zone, now):
             raise CapacityUnavailable(f"no spot capacity in {pool.key} at trace tick "
                                       f"{self.market.tick_at(now)} (InsufficientInstanceCapacity)")
-        instance_id = f"i-local-{uuid.uuid4().hex[:12]}"
+        instance_id = f"{INSTANCE_PREFIX}{uuid.uuid4().hex[:12]}"
         emulator = MetadataEmulator(clouds=(self._emulated_cloud(pool),), zone=pool.zone,
                                     instance_id=instance_id, instance_type=pool.instance_type)
         emulator.start()

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 
 class FaultProxy:
-    """Forwards to ``upstream``; requests whose path contains ``match`` fail while ``mode``
+    """Forwards to ``upstream``; requests whose path or body contains ``match`` (e.g.
+    ``/describe``, or ``Action=DescribeInstances`` for EC2's query API) fail while ``mode``
     is ``"503"`` (Service Unavailable) or ``"reset"`` (TCP reset, no answer)."""
 
     def __init__(self, upstream: str, match: str = "") -> None:
@@ -32,7 +33,8 @@ class FaultProxy:
 
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if proxy.mode and proxy.match in self.path:
+                if proxy.mode and (proxy.match in self.path
+                                   or proxy.match.encode() in body):
                     proxy.failed += 1
                     if proxy.mode == "reset":
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,

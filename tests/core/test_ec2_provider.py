@@ -253,3 +253,57 @@ def _run(provider, command, *, pools, max_preemptions=3):
     spec = JobSpec(job_id=f"job-{int(time.time() * 1000) % 10**8}", command=tuple(command),
                    checkpoint_uri=f"s3://{BUCKET}/run", pools=tuple(pools))
     return Controller(provider, provider.market, policy, poll_interval=0.2).run(spec)
+
+
+def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path):
+    """No renewed heartbeat for the job's timeout: the instance's watcher stops the step,
+    user-data reports and powers off, and the lease reads as terminated, not as a failure
+    of the step or a reclaim."""
+    from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.heartbeat import Heartbeat
+
+    spec = dataclasses.replace(_spec(job=unique("job-hb"), command=(
+        sys.executable, "-c", "import time; time.sleep(120)")), heartbeat_timeout=2.0)
+    Heartbeat(open_store(spec.checkpoint_uri)).renew(1, time.time())  # then silence
+    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", ("us-east-1",),
+                                 default_instance_env(aws_env, "us-east-1"))
+    with runtime, _provider(aws_env, net) as provider:
+        lease = provider.launch(spec, provider.pools()[0])
+        raw = client("ec2", aws_env).describe_instance_attribute(InstanceId=lease.lease_id,
+                                                                 Attribute="userData")
+        assert "SPOT_HEARTBEAT_TIMEOUT=2" in base64.b64decode(raw["UserData"]["Value"]).decode()
+        started = time.monotonic()
+        assert runtime.wait_for(lambda rt: lease.lease_id in rt.instances and rt.instances[
+            lease.lease_id].done, timeout=40)
+        assert time.monotonic() - started < 30
+        status = provider.observe([lease])[lease.lease_id]
+        assert status.state is LeaseState.TERMINATED, status
+        assert status.exit_code == DRIVER_LOST_EXIT_CODE and "heartbeat" in status.message
+        assert managed_live_instances(aws_env) == []
+
+
+@pytest.mark.parametrize("mode", ["503", "reset"])
+def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_path, mode):
+    """EC2 answering 503 (or dropping connections) to DescribeInstances for a while: botocore's
+    standard retries and the controller's observe tolerance keep the attempt alive."""
+    from fault_proxy import FaultProxy
+
+    with FaultProxy(aws_env, match="Action=DescribeInstances") as proxy, \
+            _provider(proxy.url, net) as provider, _runtime(aws_env, tmp_path) as runtime:
+        spec = JobSpec(job_id=unique("job-flaky"), checkpoint_uri=f"s3://{BUCKET}/flaky",
+                       command=(sys.executable, "-c", "import time; time.sleep(6)"),
+                       pools=provider.pools()[:1])
+        controller = Controller(provider, provider.market, RetryPolicy(max_infrastructure_retries=0),
+                                poll_interval=0.2, observe_failure_timeout=60.0)
+        nxt = controller.advance(spec, controller.new_record(spec))
+        proxy.mode = mode
+        flaky_until = time.monotonic() + 4
+        while nxt.action == "watch":
+            if time.monotonic() > flaky_until:
+                proxy.mode = None
+            time.sleep(0.2)
+            nxt = controller.check(spec, nxt)
+        assert proxy.failed > 0
+        record = nxt.record
+        assert [str(a.outcome) for a in record.attempts] == ["succeeded"], record.attempts[-1].message

@@ -120,3 +120,68 @@ def test_terminate_and_close_leave_no_process(tmp_path):
         provider.terminate(leases[0])
         assert provider.observe(leases)[leases[0].lease_id].state is LeaseState.TERMINATED
     assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
+
+
+def test_a_lease_whose_driver_stops_renewing_ends_itself(tmp_path):
+    """The driver renews the heartbeat, then goes silent: the watcher ends the lease."""
+    from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.heartbeat import Heartbeat
+
+    spec = LaunchSpec(job_id="job-hb", attempt=1, heartbeat_timeout=1.5,
+                      command=(sys.executable, "-c", "import time; time.sleep(60)"),
+                      checkpoint_uri=(tmp_path / "ckpt").as_uri())
+    heartbeat = Heartbeat(open_store(spec.checkpoint_uri))
+    with _provider(tmp_path, "1" * 100) as provider:
+        heartbeat.renew(1, time.time())
+        lease = provider.launch(spec, provider.pools()[0])
+        renew_until = time.monotonic() + 4.0
+        while time.monotonic() < renew_until:  # renewed: alive well past the timeout
+            heartbeat.renew(1, time.time())
+            time.sleep(0.2)
+        assert not provider.observe([lease])[lease.lease_id].ended
+        assert wait_until(lambda: provider.observe([lease])[lease.lease_id].ended, timeout=10)
+        status = provider.observe([lease])[lease.lease_id]
+        assert status.state is LeaseState.TERMINATED
+        assert status.exit_code == DRIVER_LOST_EXIT_CODE and "heartbeat" in status.message
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=10)
+
+
+ORPHAN_MAKER = textwrap.dedent("""
+    import sys
+    from spot_core.providers.base import LaunchSpec
+    from spot_core.providers.local import LocalProvider
+    provider = LocalProvider.from_traces(workdir=sys.argv[1])
+    spec = LaunchSpec(job_id=sys.argv[2], attempt=1, checkpoint_uri=sys.argv[3],
+                      command=(sys.executable, "-c", "import time; time.sleep(120)"))
+    print(provider.launch(spec, provider.pools()[0].on("on-demand")).lease_id, flush=True)
+    sys.stdin.read()  # until the test SIGKILLs this process: its lease stays behind
+""")
+
+
+def test_cleanup_orphans_ends_the_leases_a_dead_process_left(tmp_path):
+    """(Always with a job id here: other work on this machine may run local leases.)"""
+    import os
+    import subprocess
+
+    dead, other = f"job-dead-{os.getpid()}", f"job-other-{os.getpid()}"
+    makers = {job: subprocess.Popen([sys.executable, "-c", ORPHAN_MAKER,
+                                     str(tmp_path / f"cloud-{job}"), job,
+                                     (tmp_path / job).as_uri()],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+              for job in (dead, other)}
+    try:
+        leases = {job: proc.stdout.readline().strip() for job, proc in makers.items()}
+        for proc in makers.values():
+            proc.kill()
+            proc.wait(timeout=10)
+        assert wait_until(lambda: len(marked_processes(str(tmp_path))) >= 4)
+        with _provider(tmp_path, "1" * 100) as provider:
+            assert provider.cleanup_orphans(job_id=dead) == [leases[dead]]
+            assert wait_until(lambda: not marked_processes(str(tmp_path / dead)))
+            assert marked_processes(str(tmp_path / other)), "another job's lease stays"
+            assert provider.cleanup_orphans(job_id=other) == [leases[other]]
+        assert wait_until(lambda: not marked_processes(str(tmp_path)))
+    finally:
+        for proc in makers.values():
+            proc.kill()

@@ -203,6 +203,10 @@ def test_without_a_command_prints_the_event_and_exits_zero(emulator, cloud, tmp_
     (["--endpoint", "169.254.169.254"], "http://HOST"),
     (["--cloud", "aws", "--endpoint", "http://127.0.0.1:9", "--", "/no/such/cmd"],
      "/no/such/cmd"),
+    (["--heartbeat-timeout", "soon", "--", "true"], "--heartbeat-timeout"),
+    (["--heartbeat-timeout", "0", "--", "true"], "--heartbeat-timeout"),
+    (["--heartbeat-timeout", "5m"], "put it after --"),
+    (["--heartbeat-timeout", "5", "--", "true"], "SPOT_CHECKPOINT_URI"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     proc = start([sys.executable, "-m", "spot_core.cli", "watch", *args])
