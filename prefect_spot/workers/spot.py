@@ -292,7 +292,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         last = record.attempts[-1]
         self.get_flow_run_logger(flow_run).info("attempt %d ended %s: %s", last.number,
                                                 last.outcome, last.message)
-        if await self._cancelled(flow_run):
+        if await self._cancelled(flow_run, since=last.started_at):
             await self._publish(flow_run, record)
             return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
                                     record=record.summary())
@@ -331,14 +331,20 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         state = (await self.client.read_flow_run(flow_run.id)).state
         return state is not None and (state.is_cancelling() or state.is_cancelled())
 
-    async def _cancelled(self, flow_run: FlowRun) -> bool:
-        """A run the user cancelled (its lease killed by kill_infrastructure) stays so."""
+    async def _cancelled(self, flow_run: FlowRun, since: float) -> bool:
+        """Was the run cancelled since ``since`` (the attempt's start)? Then it stays so.
+
+        Read from the run's state history, not its current state: the engine killed with
+        its lease may have reported ``Crashed`` after the ``Cancelling``."""
+        from prefect.client.schemas.objects import StateType
         from prefect.states import Cancelled
 
-        state = (await self.client.read_flow_run(flow_run.id)).state
-        if state is None or not (state.is_cancelling() or state.is_cancelled()):
+        history = await self.client.read_flow_run_states(flow_run.id)
+        if not any(s.type in (StateType.CANCELLING, StateType.CANCELLED)
+                   and s.timestamp.timestamp() >= since - 1.0 for s in history):
             return False
-        if state.is_cancelling():
+        current = (await self.client.read_flow_run(flow_run.id)).state
+        if current is None or not current.is_cancelled():
             await self.client.set_flow_run_state(
                 flow_run.id, Cancelled(message="cancelled; its spot lease was terminated"),
                 force=True)

@@ -91,3 +91,33 @@ def test_transient_observe_errors_do_not_end_the_attempt(prefect_api, tmp_path):
     assert proxy.failed > 0, "the proxy never failed a describe call"
     assert run.state.is_completed(), f"{run.state!r}\n{logs[-3000:]}"
     assert [a.outcome for a in record.attempts] == [Outcome.SUCCEEDED], record.attempts
+
+
+def test_cancelling_a_flow_run_stops_its_attempt_and_lease(prefect_api, tmp_path):
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    from prefect_spot.artifacts import load_record, record_key
+
+    marks = tmp_path / "marks"
+    with _cloud(tmp_path, "1" * 5000, time_scale=60.0) as cloud:
+        deployment_id = deploy_example_flow("spot-cancel", "cancel", {
+            "provider_options": {"url": cloud.url},
+            "checkpoint_root": (tmp_path / "ckpt").as_uri()},
+            source=HERE, entrypoint="spot_test_flows.py:naps")
+        with running_worker("spot-cancel", tmp_path / "worker.log"):
+            run = run_deployment(deployment_id, timeout=0,
+                                 parameters={"seconds": 240.0, "marks": str(marks)})
+            assert wait_until(lambda: (marks / "started").exists(), timeout=120)
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(run.id, Cancelling(), force=True)
+                assert wait_until(
+                    lambda: client.read_flow_run(run.id).state.is_cancelled(), timeout=60)
+            assert wait_until(lambda: (load_record(record_key(run.id)).current_attempt
+                                       is None), timeout=30)
+            assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), \
+                "the cancelled flow run's lease is still running"
+            record = load_record(record_key(run.id))
+    assert len(record.attempts) == 1 and record.attempts[0].outcome is not None
+    assert record.attempts[0].outcome is not Outcome.SUCCEEDED
