@@ -54,9 +54,9 @@ def migrate(env: dict[str, str]) -> None:
 def cloud_server(workdir: Path, *, time_scale: float = TIME_SCALE,
                  start_tick: int = START_TICK, start_on_first_client: bool = False
                  ) -> Iterator[str]:
-    """``python -m spot_core.sim.cloud_server`` as a child; yields its URL; stops it."""
+    """``python -m spot_core.localcloud.server`` as a child; yields its URL; stops it."""
     anchor = ["--start-on-first-client"] if start_on_first_client else []
-    proc = subprocess.Popen([sys.executable, "-m", "spot_core.sim.cloud_server", "--workdir",
+    proc = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
                              str(workdir), "--time-scale", str(time_scale), "--start-tick",
                              str(start_tick), *anchor], stdout=subprocess.PIPE, text=True)
     try:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from spot_core.checkpoint import open_store
-from spot_core.interruption.latency import measure_detection_latency
+from spot_core.emulators.notice_latency import measure_detection_latency
 
 MIB = 1024 * 1024
 

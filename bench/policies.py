@@ -28,7 +28,8 @@ import numpy as np
 
 from spot_core.market.trace import load_traces
 from spot_core.policy.deadline import Job
-from spot_core.sim.simulator import Replay, random_starts, simulate
+from spot_core.policy.replay import Replay
+from spot_core.sim.simulator import random_starts, simulate
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 EVALUATION = "aws-v100-2023-02"

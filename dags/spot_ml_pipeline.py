@@ -4,7 +4,7 @@ prepare data -> train (SpotJobOperator on the local spot cloud replaying a real 
 availability trace; preempted, resumes from checkpoints, falls back to on-demand) ->
 evaluate -> batch inference mapped over shards (each shard its own spot job) -> report.
 
-The local cloud is a server (``python -m spot_core.sim.cloud_server``) whose URL is in
+The local cloud is a server (``python -m spot_core.localcloud.server``) whose URL is in
 ``SPOT_LOCAL_CLOUD_URL``, so the worker that launches a lease and the triggerer that
 watches it see the same instances. ``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints
 and predictions go.
@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_spot.example_pipeline import evaluate, infer_command, train_command
+from spot_core.workloads.example_pipeline import evaluate, infer_command, train_command
 from airflow_spot.operators.spot import SpotJobOperator
 
 WORKDIR = os.environ.get("SPOT_PIPELINE_WORKDIR", "/tmp/spot-ml-pipeline")
@@ -30,7 +30,7 @@ MODEL_URI = "file://" + RUN_DIR + "/checkpoints/train"
 
 # The same spot settings for training and every inference shard: the local cloud, two
 # preemptions before on-demand, bounded waits, and the triggerer watching each lease.
-SPOT = dict(provider="local", max_preemptions=2, capacity_wait_seconds=0.5,
+SPOT = dict(provider="local", max_preemptions=2, capacity_wait=0.5,
             max_capacity_waits=20, poll_interval=0.2, attempt_timeout=timedelta(minutes=10),
             deferrable=True)
 

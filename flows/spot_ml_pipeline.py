@@ -24,8 +24,8 @@ from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record, spot_ta
 # Where the pipeline starts in the shipped real trace (us-east-2a loses capacity about
 # 4 s in, us-west-2b about 16 s in, at one trace hour per second): the demo's timing.
 DEMO_SPOT = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 3600.0},
-                              max_preemptions=2, capacity_wait_seconds=0.5,
-                              max_capacity_waits=20, min_on_demand_seconds=1e9)
+                              max_preemptions=2, capacity_wait=0.5, poll_interval=0.1,
+                              max_capacity_waits=20, min_on_demand=1e9)
 CHECKPOINT_EVERY_SECONDS = 0.25  # Young/Daly for this trace's interruption rate, in wall s
 
 
@@ -50,7 +50,7 @@ def train_model(data: str, steps: int, step_seconds: float, checkpointer=None) -
 
 train_on_spot = task(train_model, name="train", tags=["spot"], retries=1)
 train_in_place = spot_task(train_model, name="train", retries=1, max_preemptions=3,
-                           checkpoint_every_seconds=CHECKPOINT_EVERY_SECONDS)
+                           checkpoint_every=CHECKPOINT_EVERY_SECONDS)
 
 
 @task
@@ -64,7 +64,7 @@ def evaluate_model(checkpoint_uri: str, data: str) -> dict:
 
 @flow(name="spot-ml-pipeline",
       task_runner=SpotTaskRunner(DEMO_SPOT, spot_tag="spot",
-                                 checkpoint_every_seconds=CHECKPOINT_EVERY_SECONDS))
+                                 checkpoint_every=CHECKPOINT_EVERY_SECONDS))
 def spot_ml_pipeline(workdir: str, steps: int = 2000, step_seconds: float = 0.01) -> dict:
     data = prepare_data(workdir)
     training = train_on_spot.submit(data, steps, step_seconds)

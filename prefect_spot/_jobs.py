@@ -1,13 +1,12 @@
 """Glue between a SpotConfiguration and the engine-agnostic controller.
 
 Opens the provider the configuration names, narrows its pools (zones, instance types),
-caps the spot price, and runs one job under the controller with Prefect events for
+and runs one job under the controller with Prefect events for
 every transition. Both the task runner and the worker go through here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import sys
@@ -15,7 +14,8 @@ from typing import Any, Callable, Sequence
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, Offer, Pool
+from spot_core.model import JobRecord, Pool
+from spot_core.providers import check_provider
 
 from prefect_spot.blocks import SpotConfiguration
 from prefect_spot.events import emit_job_event
@@ -61,32 +61,11 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
     return LocalProvider.from_traces(**options)
 
 
-EC2_REQUIRED = ("subnets", "image_id")
-
-
 def check_provider_options(provider: str, options: dict[str, Any],
                            instance_types: Sequence[str] = ()) -> None:
-    """Check ``provider_options`` without touching the cloud; ConfigError says what to fix.
-
-    For ``ec2``: every name must be an ec2 provider option (the provider's own check),
-    and ``subnets``, ``image_id`` and ``instance_types`` (here or in the configuration's
-    ``instance_types``) must be there. The region may come from the environment of the
-    process that opens the provider, so it is not required here. The local provider
-    checks its own options when it opens.
-    """
-    if provider != "ec2":
-        return
-    from spot_core.providers.ec2 import check_option_names
-
-    check_option_names(options)
-    missing = [name for name in EC2_REQUIRED if not options.get(name)]
-    if not options.get("instance_types") and not instance_types:
-        missing.append("instance_types")
-    if missing:
-        raise ConfigError(f"provider 'ec2' needs provider_options {missing}, e.g. "
-                          "{'region': 'us-east-1', 'subnets': ['subnet-...'], 'image_id': "
-                          "'ami-...', 'instance_types': ['g5.xlarge'], 'instance_profile': "
-                          "'spot-step'} (see docs/prefect.md)")
+    """Check ``provider_options`` without touching the cloud (the provider registry's
+    check); ConfigError says what to fix."""
+    check_provider(provider, options, instance_types)
 
 
 def _ec2_defaults(options: dict[str, Any], instance_types: Sequence[str]) -> dict[str, Any]:
@@ -161,34 +140,21 @@ def select_pools(config: SpotConfiguration, pools: Sequence[Pool]) -> tuple[Pool
     return chosen
 
 
-class PriceCappedMarket:
-    """A market view in which spot pools dearer than ``max_price`` have no capacity."""
-
-    def __init__(self, market, max_price: float | None) -> None:
-        self._market = market
-        self.max_price = max_price
-
-    def offers(self, pools: Sequence[Pool], now: float) -> list[Offer]:
-        offers = self._market.offers(pools, now)
-        if self.max_price is None:
-            return list(offers)
-        return [dataclasses.replace(o, available=False)
-                if o.pool.is_spot and o.price_per_hour > self.max_price else o for o in offers]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._market, name)
-
-
 def controller_for(config: SpotConfiguration, provider, *, max_user_retries: int = 0,
                    persist: Callable[[JobRecord], None] | None = None,
                    related: Sequence[dict[str, str]] = ()) -> Controller:
-    market = PriceCappedMarket(provider_market(provider), config.max_price_per_hour)
+    """A controller under ``config``'s settings. The price cap is the retry policy's
+    ``max_spot_price`` (wait for a cheaper window, then fall back), as on every surface;
+    the lifecycle's bounds (poll interval, attempt, heartbeat and observe-failure
+    timeouts) are the settings' ``controller_options``."""
+    settings = config.settings()
 
     def listener(kind: str, record: JobRecord, detail: str) -> None:
         emit_job_event(kind, record, detail, related=related)
 
-    return Controller(provider, market, config.retry_policy(max_user_retries), persist=persist,
-                      listener=listener, poll_interval=config.poll_interval_seconds)
+    return Controller(provider, provider_market(provider),
+                      settings.retry_policy(max_user_retries=max_user_retries),
+                      persist=persist, listener=listener, **settings.controller_options())
 
 
 def job_spec(config: SpotConfiguration, provider, *, job_id: str, command: Sequence[str],

@@ -10,7 +10,7 @@ Field descriptions are what the Prefect UI shows in the block form. Bad values r
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Optional
 
 from pydantic import Field, field_validator, model_validator
 from prefect.blocks.core import Block
@@ -18,81 +18,59 @@ from prefect.blocks.core import Block
 from spot_core.checkpoint import CheckpointStore, open_store, parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
+from spot_core.settings import BLOCK, SpotSettings, knobs_for
 
-PROVIDERS = ("local", "ec2")  # kubernetes plugs in here when its provider lands
+from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
+
+# The knobs a SpotConfiguration holds: the settings model's BLOCK surface.
+BLOCK_FIELDS = {k.name for k in knobs_for(BLOCK)}
 
 
 class SpotConfiguration(Block):
-    """Where spot work runs and how it recovers: pools, price cap, budgets, fallback."""
+    """Where spot work runs and how it recovers: pools, price cap, budgets, fallback,
+    timeouts. Each field is a knob of ``spot_core.settings`` (default, help, check)."""
 
     _block_type_name = "Spot Configuration"
     _block_type_slug = "spot-configuration"
     _description = ("Spot capacity for ML pipeline steps: pool diversification, max price, "
                     "preemption budget and on-demand fallback.")
 
-    provider: Literal["local", "ec2"] = Field(
-        default="local", description="Capacity provider. `local` is the trace-driven local "
-        "spot cloud (no cloud account needed); `ec2` is AWS EC2 (needs an `s3://` "
-        "checkpoint storage).")
-    provider_options: dict[str, Any] = Field(
-        default_factory=dict, description="Options for the provider, e.g. for `local`: "
-        "`url` of a running local cloud server, or `time_scale` and `start_tick` for an "
-        "in-process one; for `ec2`: `region`, `subnets`, `image_id`, `instance_types`, "
-        "`instance_profile`, `agent_python` (the Python on the instance, default "
-        "`python3`), `endpoint_url`, ... (never credentials).")
-    zones: list[str] = Field(
-        default_factory=list, description="Zones to spread over (pool diversification). "
-        "Empty: every zone the provider offers.")
-    instance_types: list[str] = Field(
-        default_factory=list, description="Instance types allowed. Empty: every type the "
-        "provider offers.")
-    max_price_per_hour: float | None = Field(
-        default=None, gt=0, description="Highest spot price (USD/hour) to pay; dearer spot "
-        "pools count as having no capacity. Empty: no cap.")
-    max_preemptions: int = Field(
-        default=3, ge=0, description="Preemption budget: after this many preemptions the "
-        "job runs on on-demand (if fallback is on). Never consumes the task's retries.")
-    on_demand_fallback: bool = Field(
-        default=True, description="Run on on-demand when spot is exhausted or scarce.")
-    return_to_spot: bool = Field(
-        default=True, description="Move back to spot when capacity returns (within the "
-        "preemption budget).")
-    min_on_demand_seconds: float = Field(
-        default=600.0, ge=0, description="Capacity seconds an on-demand attempt runs before "
-        "the job may move back to spot.")
-    capacity_wait_seconds: float = Field(
-        default=5.0, gt=0, description="Seconds to wait between launches when no pool has "
-        "capacity.")
-    max_capacity_waits: int = Field(
-        default=20, ge=1, description="How many such waits before the job fails.")
-    max_infrastructure_retries: int = Field(
-        default=3, ge=0, description="Attempts lost to infrastructure failures (not "
-        "preemptions, not the step's own errors) before the job fails.")
-    poll_interval_seconds: float = Field(
-        default=0.1, gt=0, description="How often a running lease is observed.")
+    provider: ProviderName = spot_field("provider")
+    provider_options: dict[str, Any] = spot_field("provider_options")
+    zones: list[str] = spot_field("zones")
+    instance_types: list[str] = spot_field("instance_types")
+    max_spot_price: Optional[float] = spot_field("max_spot_price")
+    max_preemptions: int = spot_field("max_preemptions")
+    on_demand_fallback: bool = spot_field("on_demand_fallback")
+    return_to_spot: bool = spot_field("return_to_spot")
+    min_on_demand: float = spot_field("min_on_demand")
+    capacity_wait: float = spot_field("capacity_wait")
+    max_capacity_waits: int = spot_field("max_capacity_waits")
+    max_infrastructure_retries: int = spot_field("max_infrastructure_retries")
+    attempt_timeout: float = spot_field("attempt_timeout")
+    poll_interval: float = spot_field("poll_interval")
+    heartbeat_timeout: float = spot_field("heartbeat_timeout")
+    observe_failure_timeout: float = spot_field("observe_failure_timeout")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, data: Any) -> Any:
+        return normalise(data, BLOCK_FIELDS, "SpotConfiguration")
 
     @model_validator(mode="after")
-    def _check_policy(self) -> SpotConfiguration:
-        self.retry_policy()  # RetryPolicy re-validates and names the bad field
-        from prefect_spot._jobs import check_provider_options
-
-        try:
-            check_provider_options(self.provider, self.provider_options, self.instance_types)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from exc
+    def _check_settings(self) -> SpotConfiguration:
+        self.settings()  # the provider's option check, and cross-field rules
         return self
 
+    def settings(self) -> SpotSettings:
+        """These values as the settings model (validated)."""
+        return settings_of(self, BLOCK_FIELDS, "SpotConfiguration")
+
     def retry_policy(self, max_user_retries: int = 0) -> RetryPolicy:
-        try:
-            return RetryPolicy(
-                max_preemptions=self.max_preemptions, max_user_retries=max_user_retries,
-                max_infrastructure_retries=self.max_infrastructure_retries,
-                on_demand_fallback=self.on_demand_fallback, return_to_spot=self.return_to_spot,
-                capacity_wait_seconds=self.capacity_wait_seconds,
-                max_capacity_waits=self.max_capacity_waits,
-                min_on_demand_seconds=self.min_on_demand_seconds)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from exc
+        return self.settings().retry_policy(max_user_retries=max_user_retries)
+
+    def controller_options(self) -> dict[str, float]:
+        return self.settings().controller_options()
 
 
 class CheckpointStorage(Block):

@@ -38,6 +38,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from spot_core.errors import SpotError
 from spot_core.model import JobRecord, JobStatus, Outcome
+from spot_core.settings import SpotSettings, default, pop_aliases
 
 from prefect_spot import _jobs, artifacts
 from prefect_spot._remote import CallExchange, call_uri, wants_checkpointer
@@ -65,7 +66,9 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         checkpoint_storage: a ``CheckpointStorage``, a saved block's name, or a store
             URI; each task run gets a folder under it (default: a folder in ``workdir``).
         spot_tag: if set, only tasks with this tag run on spot; others run in threads here.
-        checkpoint_every_seconds / checkpoint_every_steps: the Checkpointer's schedule.
+        checkpoint_every / checkpoint_every_steps: the Checkpointer's schedule
+            (``checkpoint_every``: seconds, a timedelta or "5m"; knobs of
+            ``spot_core.settings``).
         workdir: where the local cloud and (without ``checkpoint_storage``) the jobs'
             checkpoints and call payloads go. The call, its result and its error are
             exchanged through the job's checkpoint store (under ``<job uri>/call``), so
@@ -75,15 +78,23 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
     def __init__(self, config: SpotConfiguration | str | None = None, *,
                  checkpoint_storage: CheckpointStorage | str | None = None,
-                 spot_tag: str | None = None, checkpoint_every_seconds: float | None = None,
-                 checkpoint_every_steps: int | None = None, workdir: str | Path | None = None,
-                 max_workers: int | None = None) -> None:
+                 spot_tag: str | None = None,
+                 checkpoint_every: float | str | None = default("checkpoint_every"),
+                 checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+                 workdir: str | Path | None = None, max_workers: int | None = None,
+                 **deprecated: Any) -> None:
         super().__init__()
+        renamed = pop_aliases(deprecated, where="SpotTaskRunner")
+        if deprecated:
+            raise TypeError(f"SpotTaskRunner got unexpected argument(s) {sorted(deprecated)}")
+        schedule = SpotSettings.build(where="SpotTaskRunner", **{
+            "checkpoint_every": checkpoint_every,
+            "checkpoint_every_steps": checkpoint_every_steps, **renamed})
         self.config = config
         self.checkpoint_storage = checkpoint_storage
         self.spot_tag = spot_tag
-        self.checkpoint_every_seconds = checkpoint_every_seconds
-        self.checkpoint_every_steps = checkpoint_every_steps
+        self.checkpoint_every = schedule.checkpoint_every
+        self.checkpoint_every_steps = schedule.checkpoint_every_steps
         self.workdir = None if workdir is None else str(workdir)
         self.max_workers = max_workers
         self._threads = ThreadPoolTaskRunner(max_workers=max_workers)
@@ -95,7 +106,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
     def duplicate(self) -> SpotTaskRunner:
         return type(self)(self.config, checkpoint_storage=self.checkpoint_storage,
                           spot_tag=self.spot_tag,
-                          checkpoint_every_seconds=self.checkpoint_every_seconds,
+                          checkpoint_every=self.checkpoint_every,
                           checkpoint_every_steps=self.checkpoint_every_steps,
                           workdir=self.workdir, max_workers=self.max_workers)
 
@@ -104,7 +115,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
     def _settings(self) -> tuple:
         return (self.config, self.checkpoint_storage, self.spot_tag,
-                self.checkpoint_every_seconds, self.checkpoint_every_steps, self.workdir,
+                self.checkpoint_every, self.checkpoint_every_steps, self.workdir,
                 self.max_workers)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -252,8 +263,8 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
     def _checkpointer_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
-        if self.checkpoint_every_seconds is not None:
-            kwargs["every_seconds"] = self.checkpoint_every_seconds
+        if self.checkpoint_every is not None:
+            kwargs["every_seconds"] = self.checkpoint_every
         if self.checkpoint_every_steps is not None:
             kwargs["every_steps"] = self.checkpoint_every_steps
         return kwargs

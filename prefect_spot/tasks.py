@@ -3,7 +3,7 @@
 For tasks that run on spot workers (a flow run launched by the ``spot`` worker, or any
 process on spot capacity)::
 
-    @spot_task(retries=1, max_preemptions=3, checkpoint_every_seconds=300)
+    @spot_task(retries=1, max_preemptions=3, checkpoint_every="5m")
     def train(data: str, checkpointer) -> dict:
         restored = checkpointer.restore()            # the latest checkpoint, or None
         for step in range(checkpointer.start_step, total):
@@ -50,6 +50,7 @@ from spot_core.errors import ConfigError, Preempted
 from spot_core.model import JobRecord, Outcome
 from spot_core.providers.base import LeaseState, LeaseStatus
 from spot_core.providers.in_place import InPlaceProvider
+from spot_core.settings import SpotSettings, default, pop_aliases
 
 from prefect_spot._jobs import slug
 from prefect_spot._remote import CHECKPOINTER_PARAMETER
@@ -78,15 +79,28 @@ def preemptions_of(task_run_id: uuid.UUID) -> int:
     return 0 if record is None else record.preemptions
 
 
-def spot_task(__fn: Callable | None = None, *, retries: int = 0, max_preemptions: int = 3,
+def spot_task(__fn: Callable | None = None, *, retries: int = 0,
+              max_preemptions: int = default("max_preemptions"),
               checkpoint_storage: CheckpointStorage | str | None = None,
-              checkpoint_every_seconds: float | None = None,
-              checkpoint_every_steps: int | None = None, watch_poll_interval: float = 0.5,
+              checkpoint_every: float | str | None = default("checkpoint_every"),
+              checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+              notice_poll_interval: float | str = default("notice_poll_interval"),
               **task_kwargs: Any):
-    """Decorate a function as a spot task (see the module docstring)."""
-    for name, value in (("retries", retries), ("max_preemptions", max_preemptions)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"spot_task {name} must be a whole number >= 0, got {value!r}")
+    """Decorate a function as a spot task (see the module docstring).
+
+    ``max_preemptions``, ``checkpoint_every`` (seconds, a timedelta or ``"5m"``),
+    ``checkpoint_every_steps`` and ``notice_poll_interval`` are knobs of
+    ``spot_core.settings`` (their defaults and checks); the old names
+    ``checkpoint_every_seconds`` and ``watch_poll_interval`` still work, deprecated.
+    """
+    renamed = pop_aliases(task_kwargs, where="spot_task")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"spot_task retries must be a whole number >= 0, got {retries!r}")
+    settings = SpotSettings.build(where="spot_task", **{
+        "max_preemptions": max_preemptions, "checkpoint_every": checkpoint_every,
+        "checkpoint_every_steps": checkpoint_every_steps,
+        "notice_poll_interval": notice_poll_interval, **renamed})
+    max_preemptions = settings.max_preemptions
     if "retry_condition_fn" in task_kwargs:
         raise ConfigError("spot_task decides retries itself (preemptions under "
                           "max_preemptions, errors under retries); drop retry_condition_fn")
@@ -97,8 +111,8 @@ def spot_task(__fn: Callable | None = None, *, retries: int = 0, max_preemptions
         if CHECKPOINTER_PARAMETER not in inspect.signature(fn).parameters:
             raise ConfigError(f"spot_task {fn.__name__} needs a `checkpointer` parameter; "
                               "it receives the restored Checkpointer")
-        options = _Options(checkpoint_storage, checkpoint_every_seconds,
-                           checkpoint_every_steps, watch_poll_interval)
+        options = _Options(checkpoint_storage, settings.checkpoint_every,
+                           settings.checkpoint_every_steps, settings.notice_poll_interval)
         wrapper = _wrap(fn, options)
         return task(wrapper, retries=retries + max_preemptions,
                     retry_condition_fn=_retry_condition(retries, max_preemptions),

@@ -38,6 +38,7 @@ from spot_core.policy.deadline_live import DeadlineWork
 from spot_core.policy.deadline_planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus, Provider
+from spot_core.settings import default
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +153,10 @@ class Controller:
                  persist: Persist | None = None, listener: Listener | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
-                 poll_interval: float = 5.0, attempt_timeout: float = 24 * 3600.0,
-                 heartbeat_timeout: float | None = 300.0,
-                 observe_failure_timeout: float = 180.0) -> None:
+                 poll_interval: float = default("poll_interval"),
+                 attempt_timeout: float = default("attempt_timeout"),
+                 heartbeat_timeout: float | None = default("heartbeat_timeout"),
+                 observe_failure_timeout: float = default("observe_failure_timeout")) -> None:
         for name, value in (("poll_interval", poll_interval), ("attempt_timeout", attempt_timeout),
                             ("observe_failure_timeout", observe_failure_timeout),
                             ("heartbeat_timeout", heartbeat_timeout)):

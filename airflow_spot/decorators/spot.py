@@ -27,11 +27,12 @@ from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorato
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk.exceptions import AirflowException
 
-from spot_core.errors import Preempted
+from spot_core.errors import ConfigError, Preempted
 from spot_core.model import Attempt, JobRecord, Market, Outcome, Pool
+from spot_core.settings import SpotSettings, default, knob, pop_aliases
 
 RECORD_KEY = "spot_task_record"
-CLOUDS = ("auto", "aws", "gcp", "azure", "signal")
+CLOUDS = knob("cloud").allowed
 
 
 class SpotTaskPreempted(AirflowException):
@@ -49,44 +50,47 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
     custom_operator_name = "@task.spot"
 
     def __init__(self, *, python_callable: Callable, op_args, op_kwargs,
-                 checkpoint_uri: str, cloud: str = "auto", metadata_endpoint: str | None = None,
-                 checkpoint_every_seconds: float | None = None,
-                 checkpoint_every_steps: int | None = None, keep_checkpoints: int = 3,
-                 notice_poll_interval: float = 1.0, max_preemptions: int = 3,
+                 checkpoint_uri: str, cloud: str = default("cloud"),
+                 metadata_endpoint: str | None = None,
+                 checkpoint_every: float | str | None = default("checkpoint_every"),
+                 checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+                 keep_checkpoints: int = default("keep_checkpoints"),
+                 notice_poll_interval: float | str = default("notice_poll_interval"),
+                 max_preemptions: int = default("max_preemptions"),
                  **kwargs: Any) -> None:
-        kwargs.setdefault("retries", max_preemptions)
+        renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
+        kwargs.setdefault("retries", renamed.get("max_preemptions", max_preemptions))
         super().__init__(kwargs_to_upstream={"python_callable": python_callable,
                                              "op_args": op_args, "op_kwargs": op_kwargs},
                          python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs,
                          **kwargs)
         self.checkpoint_uri = checkpoint_uri
-        self.cloud = cloud
         self.metadata_endpoint = metadata_endpoint
-        self.checkpoint_every_seconds = checkpoint_every_seconds
-        self.checkpoint_every_steps = checkpoint_every_steps
-        self.keep_checkpoints = keep_checkpoints
-        self.notice_poll_interval = notice_poll_interval
-        self.max_preemptions = max_preemptions
         self._validate()
+        self.settings = self._settings({
+            "cloud": cloud, "checkpoint_every": checkpoint_every,
+            "checkpoint_every_steps": checkpoint_every_steps,
+            "keep_checkpoints": keep_checkpoints, "notice_poll_interval": notice_poll_interval,
+            "max_preemptions": max_preemptions, **renamed})
+        self.cloud = self.settings.cloud
+        self.checkpoint_every = self.settings.checkpoint_every
+        self.checkpoint_every_steps = self.settings.checkpoint_every_steps
+        self.keep_checkpoints = self.settings.keep_checkpoints
+        self.notice_poll_interval = self.settings.notice_poll_interval
+        self.max_preemptions = self.settings.max_preemptions
+
+    def _settings(self, values: dict[str, Any]) -> SpotSettings:
+        """The decorator's knobs checked by the settings model (one line naming the task)."""
+        try:
+            return SpotSettings.build(where=self.task_id, **values)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
     def _validate(self) -> None:
         uri = self.checkpoint_uri
         if not isinstance(uri, str) or not ("{{" in uri or uri.startswith(("file://", "s3://"))):
             raise ValueError(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// or "
                              "s3://, e.g. file:///data/checkpoints/etl")
-        if self.cloud not in CLOUDS:
-            raise ValueError(f"{self.task_id}: cloud={self.cloud!r} is unknown; use one of "
-                             f"{', '.join(CLOUDS)}")
-        for name in ("checkpoint_every_seconds", "checkpoint_every_steps"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not value > 0):
-                raise ValueError(f"{self.task_id}: {name} must be a positive number or None, "
-                                 f"got {value!r}")
-        if not (isinstance(self.notice_poll_interval, (int, float)) and self.notice_poll_interval > 0):
-            raise ValueError(f"{self.task_id}: notice_poll_interval must be > 0 seconds")
-        if isinstance(self.max_preemptions, bool) or not isinstance(self.max_preemptions, int) \
-                or self.max_preemptions < 0:
-            raise ValueError(f"{self.task_id}: max_preemptions must be a whole number >= 0")
 
     # -- the record in the task state store ------------------------------------------------
     def _load(self, context) -> JobRecord:
@@ -135,9 +139,7 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         number = record.next_attempt_number
         checkpoints.fence(number)
         checkpointer = Checkpointer(checkpoints, attempt=number,
-                                    every_seconds=self.checkpoint_every_seconds,
-                                    every_steps=self.checkpoint_every_steps,
-                                    keep=self.keep_checkpoints)
+                                    **self.settings.checkpointer_options())
         restored = checkpointer.restore()
         start_step = None if restored is None else restored[0]
         record = record.start_attempt(Attempt(number=number, pool=self._pool(),
@@ -212,8 +214,13 @@ def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | 
     :param checkpoint_uri: ``file://`` or ``s3://`` store for this task's checkpoints.
     :param cloud: notice source: ``auto`` (probe), ``aws``, ``gcp``, ``azure`` or ``signal``.
     :param metadata_endpoint: metadata service URL (default: the cloud's own).
-    :param checkpoint_every_seconds / checkpoint_every_steps: periodic checkpoint schedule.
+    :param checkpoint_every / checkpoint_every_steps: periodic checkpoint schedule
+        (``checkpoint_every`` takes seconds, a ``timedelta`` or ``"5m"``).
+    :param keep_checkpoints: checkpoints kept in the store.
+    :param notice_poll_interval: how often the metadata service is polled for a notice.
     :param max_preemptions: preemptions to absorb; the default for ``retries``.
+
+    Defaults and checks are the knobs' in ``spot_core.settings``.
     """
     return task_decorator_factory(python_callable=python_callable,
                                   multiple_outputs=multiple_outputs,

@@ -23,13 +23,14 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_spot.hooks.spot import (PROVIDERS, SpotHook, lease_from_attempt, status_from_dict)
+from airflow_spot.hooks.spot import SpotHook, lease_from_attempt, status_from_dict
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
 from spot_core.controller import Controller, JobSpec
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
-from spot_core.policy.retry import RetryPolicy
+from spot_core.errors import ConfigError
 from spot_core.providers.base import LeaseState, LeaseStatus
+from spot_core.settings import SpotSettings, default, pop_aliases
 
 RECORD_KEY = "spot_job_record"
 CHECKPOINT_SCHEMES = ("file://", "s3://")
@@ -49,19 +50,11 @@ class SpotJobFailed(AirflowException):
     """The policy gave up (budgets spent, no capacity for too long)."""
 
 
+Duration = timedelta | float | str  # seconds, a timedelta, or "90s" / "5m" / "2h" / "1d"
+
+
 def _is_template(value: Any) -> bool:
     return isinstance(value, str) and "{{" in value
-
-
-def _positive_seconds(name: str, value: timedelta | float | int | None, *,
-                      allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise ValueError(f"{name} must be a positive timedelta or number of seconds, got "
-                         f"{value!r}")
-    return float(seconds)
 
 
 def _safe_id(text: str) -> str:
@@ -85,17 +78,27 @@ class SpotJobOperator(BaseOperator):
     :param max_preemptions: preemptions on spot before the rest runs on on-demand.
     :param on_demand_fallback: allow on-demand when spot is spent, scarce or too late.
     :param return_to_spot: move back to spot when capacity returns after a fallback.
+    :param min_on_demand: how long an on-demand attempt runs before moving back to spot.
     :param max_spot_price: $/h above which spot pools are left alone: the job waits
         (bounded, like a capacity wait) for a cheaper window, then falls back to on-demand.
-    :param capacity_wait_seconds: how long one wait for capacity (or a price window) lasts.
+    :param capacity_wait: how long one wait for capacity (or a price window) lasts.
     :param max_capacity_waits: waits (or launches without capacity) before giving up.
     :param max_infrastructure_retries: failures outside the step's code to absorb.
     :param deadline: time the job may take from its first try (the policy moves to
         on-demand near it; past it the task fails without retry).
     :param attempt_timeout: longest one attempt may run before it is terminated.
-    :param poll_interval: seconds between lease observations.
+    :param poll_interval: time between lease observations.
+    :param heartbeat_timeout: how long a lease outlives a silent driver (a killed worker
+        or triggerer) before the node ends it.
+    :param observe_failure_timeout: how long observing a lease may keep failing before the
+        attempt ends as infrastructure_failed.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
         ``[operators] default_deferrable``).
+
+    Every spot setting (provider, budgets, waits, timeouts) has the meaning, default and
+    check of its knob in ``spot_core.settings``; durations take seconds, a ``timedelta``
+    or a string such as ``"5m"``. The validated values are ``self.settings`` (templated
+    fields as written, before rendering).
     """
 
     template_fields: Sequence[str] = ("command", "checkpoint_uri", "provider_options", "env",
@@ -105,43 +108,70 @@ class SpotJobOperator(BaseOperator):
     ui_color = "#f9d27a"
 
     def __init__(self, *, command: str | Sequence[str], checkpoint_uri: str,
-                 provider: str = "local", provider_options: Mapping[str, Any] | None = None,
-                 image: str | None = None, zones: Sequence[str] | None = None,
-                 env: Mapping[str, str] | None = None, max_preemptions: int = 3,
-                 on_demand_fallback: bool = True, return_to_spot: bool = True,
-                 max_spot_price: float | None = None, capacity_wait_seconds: float = 60.0, max_capacity_waits: int = 10,
-                 max_infrastructure_retries: int = 3, deadline: timedelta | float | None = None,
-                 attempt_timeout: timedelta | float = timedelta(hours=24),
-                 poll_interval: float = 5.0,
+                 provider: str = default("provider"),
+                 provider_options: Mapping[str, Any] | None = None,
+                 image: str | None = default("image"), zones: Sequence[str] = default("zones"),
+                 env: Mapping[str, str] | None = None,
+                 max_preemptions: int = default("max_preemptions"),
+                 on_demand_fallback: bool = default("on_demand_fallback"),
+                 return_to_spot: bool = default("return_to_spot"),
+                 min_on_demand: Duration = default("min_on_demand"),
+                 max_spot_price: float | None = default("max_spot_price"),
+                 capacity_wait: Duration = default("capacity_wait"),
+                 max_capacity_waits: int = default("max_capacity_waits"),
+                 max_infrastructure_retries: int = default("max_infrastructure_retries"),
+                 deadline: Duration | None = default("deadline"),
+                 attempt_timeout: Duration = default("attempt_timeout"),
+                 poll_interval: Duration = default("poll_interval"),
+                 heartbeat_timeout: Duration = default("heartbeat_timeout"),
+                 observe_failure_timeout: Duration = default("observe_failure_timeout"),
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",
                                                     fallback=False),
                  **kwargs: Any) -> None:
+        renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
         super().__init__(**kwargs)
         self.command = command
         self.checkpoint_uri = checkpoint_uri
-        self.provider = provider
-        self.provider_options = dict(provider_options or {})
-        self.image = image
-        self.zones = None if zones is None else list(zones)
         self.env = dict(env or {})
-        self.deadline_seconds = _positive_seconds("deadline", deadline)
-        self.attempt_timeout_seconds = _positive_seconds("attempt_timeout", attempt_timeout,
-                                                         allow_none=False)
-        self.poll_interval = _positive_seconds("poll_interval", poll_interval, allow_none=False)
+        self.image = image
         self.deferrable = deferrable
         self._validate_static()
-        self.policy = self._policy(max_preemptions, on_demand_fallback, return_to_spot,
-                                   capacity_wait_seconds, max_capacity_waits,
-                                   max_infrastructure_retries, max_spot_price)
+        self.settings = self._settings({
+            "provider": provider,
+            "provider_options": {} if provider_options is None else provider_options,
+            "image": image, "zones": () if zones is None else zones,
+            "max_preemptions": max_preemptions, "on_demand_fallback": on_demand_fallback,
+            "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
+            "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
+            "max_capacity_waits": max_capacity_waits,
+            "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
+            "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
+            "heartbeat_timeout": heartbeat_timeout,
+            "observe_failure_timeout": observe_failure_timeout, **renamed})
+        settings = self.settings
+        self.provider = settings.provider
+        self.provider_options = dict(settings.provider_options)
+        self.zones = list(settings.zones) or None
+        self.deadline_seconds = settings.deadline
+        self.attempt_timeout_seconds = settings.attempt_timeout
+        self.poll_interval = settings.poll_interval
+        # A user failure never spends a policy budget: Airflow's own retries are its budget.
+        self.policy = settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
         self._lease: Lease | None = None
         self._killed = False
         self._hook: SpotHook | None = None
 
     # -- parse-time validation --------------------------------------------------------------
+    def _settings(self, values: dict[str, Any]) -> SpotSettings:
+        """The spot settings, checked by the model; one line naming the task and the fix."""
+        if _is_template(values["image"]):
+            values = {**values, "image": None}  # checked by _validate_static, rendered later
+        try:
+            return SpotSettings.build(where=self.task_id, **values)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
     def _validate_static(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise ValueError(f"{self.task_id}: provider={self.provider!r} is unknown; use one of "
-                             f"{', '.join(PROVIDERS)}")
         if not self.command or (isinstance(self.command, str) and not self.command.strip()):
             raise ValueError(f"{self.task_id}: command is empty; pass the step's command, e.g. "
                              "command=['python', '-m', 'my.train']")
@@ -157,26 +187,8 @@ class SpotJobOperator(BaseOperator):
                                       and (_is_template(image) or not any(c.isspace() for c in image))):
             raise ValueError(f"{self.task_id}: image={image!r} is not an image reference; pass "
                              "one like 'ghcr.io/acme/train:1.4' or drop image=")
-        if self.zones is not None and (not self.zones or not all(isinstance(z, str) for z in self.zones)):
-            raise ValueError(f"{self.task_id}: zones must be a non-empty list of zone names "
-                             f"such as ['us-east-2a'], got {self.zones!r}")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             raise ValueError(f"{self.task_id}: env must map strings to strings; quote numbers")
-
-    def _policy(self, max_preemptions, on_demand_fallback, return_to_spot,
-                capacity_wait_seconds, max_capacity_waits, max_infrastructure_retries,
-                max_spot_price) -> RetryPolicy:
-        try:
-            return RetryPolicy(max_preemptions=max_preemptions,
-                               max_user_retries=UNLIMITED_USER_RETRIES,
-                               max_infrastructure_retries=max_infrastructure_retries,
-                               on_demand_fallback=on_demand_fallback,
-                               return_to_spot=return_to_spot,
-                               capacity_wait_seconds=capacity_wait_seconds,
-                               max_capacity_waits=max_capacity_waits,
-                               max_spot_price=max_spot_price)
-        except ValueError as exc:
-            raise ValueError(f"{self.task_id}: {str(exc).replace('RetryPolicy.', '')}") from exc
 
     # -- building blocks ----------------------------------------------------------------------
     @property

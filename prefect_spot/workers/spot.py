@@ -32,11 +32,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import anyio
 import anyio.to_thread
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect.client.schemas.objects import FlowRun
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 
@@ -44,11 +44,13 @@ from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.providers.base import LeaseStatus
+from spot_core.settings import WORKER, knobs_for
 
 from prefect_spot import _jobs
+from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import (artifact_key, attempts_table, load_record, record_key,
                                     save_record, summary_markdown)
-from prefect_spot.blocks import SpotConfiguration
+from prefect_spot.blocks import BLOCK_FIELDS, SpotConfiguration
 
 CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
 RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED)
@@ -63,12 +65,15 @@ def _check_store_uri(value: str | None) -> str | None:
         raise ValueError(f"checkpoint_root: {exc}") from exc
 
 
-def _check_provider(values):
-    """Provider options checked without touching the cloud; a remote provider needs an
-    ``s3://`` checkpoint_root (its instances cannot see the worker's disk)."""
+WORKER_FIELDS = {k.name for k in knobs_for(WORKER)}
+
+
+def _check_settings(values):
+    """The settings model's checks (the provider's options without touching the cloud);
+    a remote provider needs an ``s3://`` checkpoint_root (its instances cannot see the
+    worker's disk)."""
+    settings_of(values, WORKER_FIELDS, "spot worker")
     try:
-        _jobs.check_provider_options(values.provider, values.provider_options,
-                                     values.instance_types)
         _jobs.check_store_for(values.provider, values.checkpoint_root, "checkpoint_root")
     except ConfigError as exc:
         raise ValueError(str(exc)) from exc
@@ -76,69 +81,67 @@ def _check_provider(values):
 
 
 class _SpotFields:
-    """Field definitions shared by the variables (the UI form) and the job configuration."""
+    """Field definitions shared by the variables (the UI form) and the job configuration:
+    each a knob of ``spot_core.settings`` (its default and help), plus checkpoint_root."""
 
-    provider = Field(default="local", description="Capacity provider. `local` is the "
-                     "trace-driven local spot cloud (no cloud account needed); `ec2` is AWS "
-                     "EC2 (needs an `s3://` checkpoint_root).")
-    provider_options = Field(default_factory=dict, description="Provider options, e.g. "
-                             "`url` of a running local cloud server, or `time_scale` and "
-                             "`start_tick` for one inside the worker; for `ec2`: `region`, "
-                             "`subnets`, `image_id`, `instance_types`, `instance_profile`, "
-                             "`agent_python` (the instance's Python, default `python3`), "
-                             "... (never credentials).")
-    zones = Field(default_factory=list, description="Zones to spread flow runs over (pool "
-                  "diversification). Empty: every zone the provider offers.")
-    instance_types = Field(default_factory=list, description="Instance types allowed. "
-                           "Empty: every type the provider offers.")
-    max_price_per_hour = Field(default=None, gt=0, description="Highest spot price in USD per "
-                               "hour; dearer spot pools count as full. Empty: no cap.")
-    max_preemptions = Field(default=3, ge=0, description="Preemption budget per flow run; "
-                            "after that the run continues on on-demand (if fallback is on). "
-                            "Never consumes the flow's retries.")
-    on_demand_fallback = Field(default=True, description="Fall back to on-demand when spot "
-                               "is exhausted or scarce.")
-    return_to_spot = Field(default=True, description="Move back to spot when capacity "
-                           "returns (within the preemption budget).")
-    min_on_demand_seconds = Field(default=600.0, ge=0, description="Capacity seconds an "
-                                  "on-demand attempt runs before the run may return to spot.")
-    capacity_wait_seconds = Field(default=5.0, gt=0, description="Seconds between launches "
-                                  "while no pool has capacity.")
-    max_capacity_waits = Field(default=20, ge=1, description="Launches without capacity "
-                               "before the flow run fails.")
+    provider = spot_field("provider")
+    provider_options = spot_field("provider_options")
+    zones = spot_field("zones")
+    instance_types = spot_field("instance_types")
+    max_spot_price = spot_field("max_spot_price")
+    max_preemptions = spot_field("max_preemptions")
+    on_demand_fallback = spot_field("on_demand_fallback")
+    return_to_spot = spot_field("return_to_spot")
+    min_on_demand = spot_field("min_on_demand")
+    capacity_wait = spot_field("capacity_wait")
+    max_capacity_waits = spot_field("max_capacity_waits")
+    max_infrastructure_retries = spot_field("max_infrastructure_retries")
+    attempt_timeout = spot_field("attempt_timeout")
+    poll_interval = spot_field("poll_interval")
+    heartbeat_timeout = spot_field("heartbeat_timeout")
+    observe_failure_timeout = spot_field("observe_failure_timeout")
     checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
                             "or `s3://bucket/prefix`); each flow run gets a folder, passed "
                             "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
                             "(local provider only; `ec2` needs `s3://`).")
 
 
-class SpotJobConfiguration(BaseJobConfiguration):
-    provider: Literal["local", "ec2"] = _SpotFields.provider
+class _SpotValues(BaseModel):
+    """The spot fields, their checks and the SpotConfiguration they make (a mixin of the
+    job configuration and the variables)."""
+
+    provider: ProviderName = _SpotFields.provider
     provider_options: dict[str, Any] = _SpotFields.provider_options
     zones: list[str] = _SpotFields.zones
     instance_types: list[str] = _SpotFields.instance_types
-    max_price_per_hour: Optional[float] = _SpotFields.max_price_per_hour
+    max_spot_price: Optional[float] = _SpotFields.max_spot_price
     max_preemptions: int = _SpotFields.max_preemptions
     on_demand_fallback: bool = _SpotFields.on_demand_fallback
     return_to_spot: bool = _SpotFields.return_to_spot
-    min_on_demand_seconds: float = _SpotFields.min_on_demand_seconds
-    capacity_wait_seconds: float = _SpotFields.capacity_wait_seconds
+    min_on_demand: float = _SpotFields.min_on_demand
+    capacity_wait: float = _SpotFields.capacity_wait
     max_capacity_waits: int = _SpotFields.max_capacity_waits
+    max_infrastructure_retries: int = _SpotFields.max_infrastructure_retries
+    attempt_timeout: float = _SpotFields.attempt_timeout
+    poll_interval: float = _SpotFields.poll_interval
+    heartbeat_timeout: float = _SpotFields.heartbeat_timeout
+    observe_failure_timeout: float = _SpotFields.observe_failure_timeout
     checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, data: Any) -> Any:
+        return normalise(data, WORKER_FIELDS, "spot worker")
 
     _check_root = field_validator("checkpoint_root")(classmethod(
         lambda cls, value: _check_store_uri(value)))
-    _check_provider_fields = model_validator(mode="after")(lambda self: _check_provider(self))
+    _check_fields = model_validator(mode="after")(lambda self: _check_settings(self))
 
     def spot_configuration(self) -> SpotConfiguration:
-        return SpotConfiguration(
-            provider=self.provider, provider_options=self.provider_options, zones=self.zones,
-            instance_types=self.instance_types, max_price_per_hour=self.max_price_per_hour,
-            max_preemptions=self.max_preemptions, on_demand_fallback=self.on_demand_fallback,
-            return_to_spot=self.return_to_spot, min_on_demand_seconds=self.min_on_demand_seconds,
-            capacity_wait_seconds=self.capacity_wait_seconds,
-            max_capacity_waits=self.max_capacity_waits)
+        return SpotConfiguration(**{name: getattr(self, name) for name in BLOCK_FIELDS})
 
+
+class SpotJobConfiguration(_SpotValues, BaseJobConfiguration):
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None,
                              worker_name=None, worker_id=None) -> None:
         # The engine in the lease's main process, so a spot_task can turn the notice's
@@ -150,23 +153,8 @@ class SpotJobConfiguration(BaseJobConfiguration):
                                      worker_id)
 
 
-class SpotJobVariables(BaseVariables):
-    provider: Literal["local", "ec2"] = _SpotFields.provider
-    provider_options: dict[str, Any] = _SpotFields.provider_options
-    zones: list[str] = _SpotFields.zones
-    instance_types: list[str] = _SpotFields.instance_types
-    max_price_per_hour: Optional[float] = _SpotFields.max_price_per_hour
-    max_preemptions: int = _SpotFields.max_preemptions
-    on_demand_fallback: bool = _SpotFields.on_demand_fallback
-    return_to_spot: bool = _SpotFields.return_to_spot
-    min_on_demand_seconds: float = _SpotFields.min_on_demand_seconds
-    capacity_wait_seconds: float = _SpotFields.capacity_wait_seconds
-    max_capacity_waits: int = _SpotFields.max_capacity_waits
-    checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
-
-    _check_root = field_validator("checkpoint_root")(classmethod(
-        lambda cls, value: _check_store_uri(value)))
-    _check_provider_fields = model_validator(mode="after")(lambda self: _check_provider(self))
+class SpotJobVariables(_SpotValues, BaseVariables):
+    pass
 
 
 class SpotWorkerResult(BaseWorkerResult):

@@ -63,7 +63,7 @@ class Checkpointer:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Checkpointer:
         """Build from SPOT_CHECKPOINT_URI / SPOT_ATTEMPT and fence out older attempts."""
-        from spot_core.checkpoint import open_store
+        from spot_core.checkpoint.opening import open_store
 
         env = AttemptEnv.from_environ(environ)
         if not env.checkpoint_uri:

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 from spot_core.errors import CheckpointError, ConfigError
-from spot_core.providers import aws_adaptor as aws
+from spot_core.adaptors import aws
 
 log = logging.getLogger(__name__)
 

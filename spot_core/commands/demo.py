@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spot_core.sim.demo_pipeline import DemoConfig
+    from spot_core.demo.pipeline import DemoConfig
 
     if args.engine != "none":
         return _run_engine_demo(args)
@@ -77,7 +77,7 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
 
 
 def _run(workdir: Path, cfg):
-    from spot_core.sim.demo_pipeline import run_demo
+    from spot_core.demo.pipeline import run_demo
 
     print(f"pipeline: prepare data -> train ({cfg.steps} steps on spot, local cloud replaying "
           f"a real AWS V100 trace at 1 s = {cfg.time_scale / 3600:g} h) -> evaluate", flush=True)

@@ -13,7 +13,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import re
 import shutil
 import signal
 import time
@@ -21,15 +20,11 @@ import uuid
 from pathlib import Path
 
 from spot_core.errors import ConfigError
-
-PROVIDERS = ("local", "ec2", "kubernetes")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+from spot_core.settings import add_cli_arguments, cli_help, knob, parse_duration, settings_from_cli
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="run one command as a spot job under the controller")
-    parser.add_argument("--provider", choices=PROVIDERS, default="local")
     parser.add_argument("--pools", default=None, help="comma-separated zones or trace names to "
                         "run in (default: every pool the provider knows)")
     parser.add_argument("--trace", action="append", type=Path, default=None, metavar="PATH",
@@ -41,39 +36,18 @@ def register(subparsers) -> None:
                         "seconds per wall second (default 3600: one trace hour per second)")
     parser.add_argument("--start-tick", type=int, default=0, help="local provider: trace tick "
                         "to start at (default 0)")
-    parser.add_argument("--max-preemptions", type=int, default=3, help="preemptions tolerated "
-                        "before the job moves to on-demand (default 3; never a user retry)")
-    parser.add_argument("--max-user-retries", type=int, default=0,
-                        help="retries when the command itself fails (default 0)")
-    parser.add_argument("--max-spot-price", type=float, default=None, metavar="USD_PER_HOUR",
-                        help="leave spot pools dearer than this alone: wait (bounded) for a "
-                        "cheaper window, then fall back to on-demand")
-    parser.add_argument("--no-fallback", action="store_true",
-                        help="never use on-demand; wait (bounded) for spot capacity instead")
-    parser.add_argument("--deadline", default=None, help="finish by: a duration of capacity "
-                        "time such as 90m or 12h, or an ISO time such as 2026-12-01T08:00Z")
-    parser.add_argument("--work", default=None, help="with --deadline: compute the job needs "
-                        "(a duration such as 10h); the job moves to on-demand when work left "
-                        "plus two restarts no longer fits before the deadline on spot")
-    parser.add_argument("--total-steps", type=int, default=None, help="with --work: the step "
-                        "count at which the job is done, so checkpoint steps measure progress")
-    parser.add_argument("--restart-overhead", default=None, metavar="DURATION", help="with "
-                        "--work: capacity time a new instance takes before the job makes "
-                        "progress again (default 5m), as `simulate --restart-overhead-hours`")
-    parser.add_argument("--deadline-policy", default=None, metavar="NAME", help="with --deadline "
-                        "and --work: a deadline policy (greedy, uniform-progress, default, ...) "
-                        "that decides spot, on-demand or wait between attempts on the local "
-                        "cloud's traces, as `spot-pipelines simulate --policy NAME` does "
-                        "(default: none, only the on-demand safety net)")
+    # Budgets, waits, timeouts and the deadline policy: flags, defaults and help come
+    # from the settings model (spot_core.settings), like every other surface's.
+    add_cli_arguments(parser, skip=("deadline",))
+    parser.add_argument("--no-fallback", dest="on_demand_fallback", action="store_false",
+                        default=None, help="the same as --no-on-demand-fallback")
+    parser.add_argument("--deadline", default=None, help=cli_help(knob("deadline")).replace(
+                        "(a duration:", "(a duration of capacity time:").replace(
+                        "(default: none)", "or an ISO time such as 2026-12-01T08:00Z "
+                        "(default: none)"))
     parser.add_argument("--checkpoint-uri", default=None, help="where the job checkpoints "
                         "(default: file://./.spot-runs/JOB_ID/checkpoints)")
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
-    parser.add_argument("--image", default=None, help="run CMD in this container image "
-                        "(Docker on the machine that runs the step, e.g. the EC2 AMI)")
-    parser.add_argument("--heartbeat-timeout", default="5m", metavar="DURATION", help="how "
-                        "long the running step outlives this command if it dies without "
-                        "cleaning up (SIGKILL, a lost machine): the node's watcher saves an "
-                        "emergency checkpoint and ends the lease (default 5m)")
     parser.add_argument("--json", action="store_true", help="end with the JobRecord as JSON")
     ec2 = parser.add_argument_group("ec2 provider (see docs/aws.md)")
     ec2.add_argument("--region", default=None, help="ec2: region of the subnets (default: "
@@ -96,31 +70,21 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from spot_core.controller import Controller, JobSpec
-    from spot_core.policy.retry import RetryPolicy
     from spot_core.report import print_record
 
-    deadline_policy = _deadline_policy(args)
-    overhead = _overhead(args.restart_overhead)
-    command = _command(args.cmd, in_image=args.image is not None)
+    settings = _settings(args)
+    command = _command(args.cmd, in_image=settings.image is not None)
     job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
     checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
-    policy = RetryPolicy(max_preemptions=_non_negative("--max-preemptions", args.max_preemptions),
-                         max_user_retries=_non_negative("--max-user-retries", args.max_user_retries),
-                         on_demand_fallback=not args.no_fallback, capacity_wait_seconds=1.0,
-                         max_spot_price=args.max_spot_price,
-                         max_capacity_waits=30)
-    heartbeat_timeout = _duration("--heartbeat-timeout", args.heartbeat_timeout)
-    if not heartbeat_timeout > 0:
-        raise ConfigError("--heartbeat-timeout must be longer than 0s, e.g. 5m")
-    with _stop_on_signals(), _provider(args) as provider:
+    with _stop_on_signals(), _provider(args, settings) as provider:
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
                        pools=_pools(provider, args.pools),
                        deadline=_deadline(args.deadline, provider),
-                       work_seconds=_duration("--work", args.work),
-                       total_steps=args.total_steps, image=args.image,
-                       deadline_policy=deadline_policy, **overhead)
-        controller = Controller(provider, provider.market, policy, listener=_print_event,
-                                poll_interval=0.1, heartbeat_timeout=heartbeat_timeout)
+                       work_seconds=settings.work, total_steps=settings.total_steps,
+                       image=settings.image, deadline_policy=settings.deadline_policy,
+                       **_overhead(args, settings))
+        controller = Controller(provider, provider.market, settings.retry_policy(),
+                                listener=_print_event, **settings.controller_options())
         record = controller.run(spec)
     print_record(record, provider.market.time_scale)
     if args.json:
@@ -146,22 +110,31 @@ def _stop_on_signals():
             signal.signal(sig, handler)
 
 
-def _deadline_policy(args: argparse.Namespace) -> str | None:
-    """The --deadline-policy name, checked against the registry before anything starts."""
-    if args.deadline_policy is None:
-        return None
-    from spot_core.policy.deadline_planner import check_deadline_policy
-
-    check_deadline_policy(args.deadline_policy)
-    if args.deadline is None or args.work is None:
-        raise ConfigError(f"--deadline-policy {args.deadline_policy} needs --deadline and "
-                          "--work (and --total-steps, so checkpoints measure progress)")
-    return args.deadline_policy
+def _settings(args: argparse.Namespace):
+    """The flags checked by the settings model; ``--deadline`` (which may also be an ISO
+    time) enters it as the capacity time the job has."""
+    deadline = None
+    if args.deadline is not None:
+        deadline = _deadline_capacity_seconds(args.deadline)
+    return settings_from_cli(args, deadline=deadline)
 
 
-def _overhead(text: str | None) -> dict[str, float]:
-    seconds = _duration("--restart-overhead", text)
-    return {} if seconds is None else {"restart_overhead_seconds": seconds}
+def _deadline_capacity_seconds(text: str) -> float:
+    try:
+        return parse_duration(text, name="--deadline")
+    except ConfigError:
+        left = _iso_time(text) - time.time()
+        if left <= 0:
+            raise ConfigError(f"--deadline {text} has already passed; give a later time or a "
+                              "duration such as 12h") from None
+        return left
+
+
+def _overhead(args: argparse.Namespace, settings) -> dict[str, float]:
+    """The restart overhead, when the user set it (else JobSpec's own, the same 5m)."""
+    if args.restart_overhead is None:
+        return {}
+    return {"restart_overhead_seconds": settings.restart_overhead}
 
 
 def _print_event(kind: str, record, detail: str) -> None:
@@ -205,17 +178,9 @@ def _check_writable(path: Path) -> None:
                           "--checkpoint-uri with a folder you can write to") from exc
 
 
-def _non_negative(option: str, value: int) -> int:
-    if value < 0:
-        raise ConfigError(f"{option} must be 0 or more, got {value}")
-    return value
-
-
-def _provider(args: argparse.Namespace):
-    if args.provider == "ec2":
+def _provider(args: argparse.Namespace, settings):
+    if settings.provider == "ec2":
         return _ec2_provider(args)
-    if args.provider != "local":
-        raise ConfigError(f"the {args.provider} provider is not built yet; use --provider local")
     from spot_core.market.trace import load_traces
     from spot_core.providers.local import LocalProvider
 
@@ -274,23 +239,18 @@ def _pools(provider, names: str | None):
     return tuple(dict.fromkeys(known[n] for n in wanted))
 
 
-def _duration(option: str, text: str | None) -> float | None:
-    if text is None:
-        return None
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise ConfigError(f"{option} {text!r} is not a duration; write it like 90m, 12h or 2d")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-
-
 def _deadline(text: str | None, provider) -> float | None:
     """A duration counts in capacity time (scaled on the local cloud); an ISO time is wall time."""
     if text is None:
         return None
-    match = _DURATION.match(text.strip())
-    if match:
-        capacity = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        return time.time() + capacity / provider.market.time_scale
+    try:
+        capacity = parse_duration(text, name="--deadline")
+    except ConfigError:
+        return _iso_time(text)
+    return time.time() + capacity / provider.market.time_scale
+
+
+def _iso_time(text: str) -> float:
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -15,7 +15,8 @@ import math
 
 from spot_core.errors import ConfigError
 from spot_core.market.trace import load_traces
-from spot_core.sim.simulator import Replay, policy_names, random_starts, simulate
+from spot_core.policy.replay import Replay
+from spot_core.sim.simulator import policy_names, random_starts, simulate
 from spot_core.policy.deadline import Job
 
 

@@ -72,7 +72,7 @@ class EventQueue:
         self.max_batches, self.wait_seconds = max_batches, wait_seconds
 
     def poll(self) -> list[InstanceEvent]:
-        from spot_core.providers import aws_adaptor as aws
+        from spot_core.adaptors import aws
 
         events: list[InstanceEvent] = []
         for _ in range(self.max_batches):

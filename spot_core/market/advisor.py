@@ -146,7 +146,7 @@ def parse_advisor(data: Mapping[str, Any], source: str = "") -> SpotAdvisor:
 
 def default_advisor_path() -> Path:
     """The small excerpt of the feed shipped with the package (a few regions and types)."""
-    return Path(__file__).resolve().parent.parent / "sim" / "data" / "spot-advisor-excerpt.json"
+    return Path(__file__).resolve().parent / "data" / "spot-advisor-excerpt.json"
 
 
 def load_advisor(path: str | Path | Mapping[str, Any] | None = None) -> SpotAdvisor:

@@ -154,7 +154,7 @@ class Ec2Market:
     def price_history(self, region: str, instance_type: str, zone: str, *, start: float,
                       end: float) -> list[dict[str, Any]]:
         """Every ``Linux/UNIX`` price change of one type in one AZ between start and end."""
-        from spot_core.providers import aws_adaptor as aws
+        from spot_core.adaptors import aws
 
         paginator = self.clients[region].get_paginator("describe_spot_price_history")
         pages = aws.call(f"ec2:DescribeSpotPriceHistory {zone} {instance_type}", lambda: list(
@@ -200,7 +200,7 @@ class Ec2Market:
 
     def _fetch_scores(self, region: str) -> None:
         """One query per type (scores are per type set); degrade for good on any refusal."""
-        from spot_core.providers import aws_adaptor as aws
+        from spot_core.adaptors import aws
 
         types = sorted({p.instance_type for p in self.pools_offered if p.region == region})
         zones = {p.zone for p in self.pools_offered if p.region == region}

@@ -1,7 +1,7 @@
-"""The small real-trace excerpt shipped inside the package (``spot_core/sim/data``).
+"""The small real-trace excerpt shipped inside the package (``spot_core/market/data``).
 
 It keeps the demo, the simulator and the tests working where ``../shared/traces`` is
-absent (an installed wheel, a fresh clone). See ``spot_core/sim/data/NOTICE`` for which
+absent (an installed wheel, a fresh clone). See ``spot_core/market/data/NOTICE`` for which
 rows were copied from where.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from spot_core.market.trace import ZoneTrace, load_trace, load_traces
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "sim" / "data"
+DATA_DIR = Path(__file__).resolve().parent / "data"
 CSV_SET = DATA_DIR / "aws-v100-2023-02-excerpt"
 JSON_SET = DATA_DIR / "aws-v100-4node-600s-excerpt"
 

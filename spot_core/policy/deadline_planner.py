@@ -5,8 +5,8 @@ job is planned once, exactly as ``spot-pipelines simulate`` plans a window: the 
 starts at the trace tick in which the job was created (``record.created_at``), holds the
 whole ticks that end by the job's deadline, sees the history before its start, and the
 job's work and restart overhead are its capacity seconds (capacity time *is* trace time on
-the local cloud). The window is cut by the simulator's own builder
-(:meth:`spot_core.sim.simulator.Replay.window`), so the policy sees the same arrays
+the local cloud). The window is cut by the builder the simulator uses
+(:meth:`spot_core.policy.replay.Replay.window`), so the policy sees the same arrays
 whether it is simulated or run for real.
 
 At each decision point (no attempt running) the plan asks the policy's
@@ -164,7 +164,7 @@ def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: 
     cannot apply (not a trace market, no spot pool, or a deadline that leaves no window
     the work fits in: the retry policy's safety net then decides, as without a policy)."""
     from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-    from spot_core.sim.simulator import Replay
+    from spot_core.policy.replay import Replay
 
     chosen = DEADLINE_POLICIES.get(policy)
     spot = tuple(dict.fromkeys(p for p in pools if p.is_spot))

@@ -53,7 +53,11 @@ Action = Literal["launch", "wait", "fail", "done"]
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Budgets and fallback rules for one job (see the module docstring for the rules)."""
+    """Budgets and fallback rules for one job (see the module docstring for the rules).
+
+    Users set these through ``spot_core.settings`` (``SpotSettings.retry_policy()``);
+    the defaults here are the settings model's (a test holds them equal), in seconds.
+    """
 
     max_preemptions: int = 3
     max_user_retries: int = 0

@@ -19,7 +19,7 @@ Every instance:
 
 Capacity errors (``InsufficientInstanceCapacity``, ``SpotMaxPriceTooLow``,
 ``MaxSpotInstanceCountExceeded``, ...) become ``CapacityUnavailable`` so the controller
-moves on to the next pool; throttling is backed off (bounded) in ``aws_adaptor``.
+moves on to the next pool; throttling is backed off (bounded) in ``spot_core.adaptors.aws``.
 
 ``observe`` answers any number of leases with one ``describe_instances`` per region per
 500 instances, one ``describe_spot_instance_requests`` for the spot ones still running,
@@ -45,7 +45,7 @@ from spot_core import attempt_env, container
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.ec2 import Ec2Market
 from spot_core.model import Lease, Market, Pool
-from spot_core.providers import aws_adaptor as aws
+from spot_core.adaptors import aws
 from spot_core.providers import ec2_agent
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
 

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -21,18 +20,15 @@ from typing import Sequence
 from spot_core import container
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
 from spot_core.errors import ConfigError
-from spot_core.market.fixtures import default_traces
+from spot_core.localcloud.cloud import (DEFAULT_TIME_SCALE, EMULATED_CLOUDS, INSTANCE_PREFIX,
+                                         LocalCloudConfig, LocalSpotCloud)
 from spot_core.market.trace import ZoneTrace
-from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Lease, Pool
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
-from spot_core.sim.lease_processes import lease_pids, live_leases, signal_lease
-from spot_core.sim.local_cloud import (EMULATED_CLOUDS, INSTANCE_PREFIX, LocalCloudConfig,
-                                       LocalSpotCloud)
+from spot_core.emulators.lease_processes import lease_pids, live_leases, signal_lease
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
 LOCAL_CLOUD_URL = "SPOT_LOCAL_CLOUD_URL"
 DRIVER_LOST_MESSAGE = ("the lease ended itself: its driver stopped renewing the heartbeat "
                        "for longer than the heartbeat timeout (killed or lost)")
@@ -54,7 +50,7 @@ class LocalProvider:
     @classmethod
     def connect(cls, url: str) -> LocalProvider:
         """A provider over a running local cloud server (leases outlive this process)."""
-        from spot_core.sim.cloud_client import RemoteLocalCloud
+        from spot_core.localcloud.client import RemoteLocalCloud
 
         return cls(RemoteLocalCloud(url), options={"url": url})
 
@@ -83,15 +79,8 @@ class LocalProvider:
                     workdir: str | Path | None = None, config: LocalCloudConfig | None = None,
                     clock=time.time) -> LocalProvider:
         """A cloud replaying ``traces`` (default: the shipped excerpt) from ``start_tick`` now."""
-        traces = list(traces) if traces is not None else default_traces()
-        if start_tick < 0:
-            raise ConfigError(f"start_tick must be >= 0, got {start_tick}")
-        origin = clock() - start_tick * traces[0].tick_seconds / time_scale
-        market = TraceMarket(traces, tick_origin=origin, time_scale=time_scale)
-        workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="spot-local-cloud-"))
-        cloud = LocalSpotCloud(market=market, workdir=workdir,
-                               config=config or LocalCloudConfig(), clock=clock)
-        return cls(cloud)
+        return cls(LocalSpotCloud.from_traces(traces, time_scale=time_scale, start_tick=start_tick,
+                                              workdir=workdir, config=config, clock=clock))
 
     def pools(self) -> tuple[Pool, ...]:
         return self.market.pools()

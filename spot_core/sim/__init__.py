@@ -1,1 +1,1 @@
-"""Simulation: metadata emulator, local spot cloud, trace replay and the policy simulator."""
+"""The trace simulator alone: replays deadline policies on real traces (``spot-pipelines simulate``)."""

@@ -1,1 +1,2 @@
-"""Small, real training workloads the demo, tests and benchmarks run as spot jobs."""
+"""Step code: small, real ML workloads (training, batch inference) the demo, example
+pipelines, tests and benchmarks run as spot jobs. Engine-agnostic; runs on the node."""

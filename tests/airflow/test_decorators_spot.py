@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from spot_core.checkpoint import open_store
-from spot_core.sim.metadata_emulator import MetadataEmulator
+from spot_core.emulators.metadata import MetadataEmulator
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -39,9 +39,12 @@ def test_task_spot_rejects_bad_parameters_at_parse_time():
     with DAG("bad_spot_task", schedule=None, start_date=datetime(2026, 1, 1)):
         with pytest.raises(ValueError, match="must start with file:// or s3://"):
             task.spot(checkpoint_uri="relative/path")(step)()
-        with pytest.raises(ValueError, match="cloud='ibm' is unknown"):
+        with pytest.raises(ValueError, match="cloud='ibm' is not one of auto, aws"):
             task.spot(checkpoint_uri="file:///x", cloud="ibm")(step)()
-        with pytest.raises(ValueError, match="checkpoint_every_seconds must be a positive"):
+        with pytest.raises(ValueError, match="checkpoint_every=0 must be > 0s"):
+            task.spot(checkpoint_uri="file:///x", checkpoint_every=0)(step)()
+        with pytest.warns(DeprecationWarning, match="checkpoint_every_seconds is deprecated"), \
+                pytest.raises(ValueError, match="checkpoint_every=0 must be > 0s"):
             task.spot(checkpoint_uri="file:///x", checkpoint_every_seconds=0)(step)()
 
 

@@ -22,7 +22,7 @@ from aws_helpers import (bucket, client, make_network, managed_live_instances,  
                          preempt_after_checkpoints, unique)
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
 from spot_core.model import JobRecord
-from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import train_command
 from task_context import TI, StateStore
 
@@ -50,7 +50,7 @@ def _operator(endpoint, net, **kwargs) -> SpotJobOperator:
                "watch_poll_interval": 0.1, "sqs_queue_url": net["queue"]}
     with DAG("ec2_dag", schedule=None, start_date=datetime(2026, 1, 1)):
         return SpotJobOperator(task_id="train", provider="ec2", provider_options=options,
-                               poll_interval=0.2, capacity_wait_seconds=1.0, **kwargs)
+                               poll_interval=0.2, capacity_wait=1.0, **kwargs)
 
 
 async def _first_event(trigger):
@@ -112,7 +112,7 @@ def test_image_reaches_the_instance_and_a_failing_container_is_a_user_failure(ec
 def test_an_image_job_runs_in_its_container_on_the_instance(ec2, monkeypatch):
     import shutil
 
-    from spot_core.sim.docker_engine import FakeDockerEngine
+    from spot_core.emulators.docker_engine import FakeDockerEngine
 
     if shutil.which("docker") is None:
         pytest.skip("no docker CLI on PATH")

@@ -23,7 +23,7 @@ def _operator(cloud_url, tmp_path, script: str) -> SpotJobOperator:
         return SpotJobOperator(task_id="t", command=[sys.executable, "-c", script],
                                checkpoint_uri=(tmp_path / "ckpt").as_uri(),
                                provider_options={"url": cloud_url}, deferrable=False,
-                               poll_interval=0.1, capacity_wait_seconds=0.5, on_demand_fallback=True)
+                               poll_interval=0.1, capacity_wait=0.5, on_demand_fallback=True)
 
 
 def test_non_deferrable_run_succeeds_and_keeps_the_record(cloud_url, tmp_path):
@@ -89,7 +89,7 @@ def test_a_price_cap_reaches_the_policy_and_the_job_still_finishes(cloud_url, tm
                              checkpoint_uri=(tmp_path / "ckpt").as_uri(),
                              provider_options={"url": cloud_url}, deferrable=False,
                              poll_interval=0.1, max_spot_price=0.01,  # below every trace price
-                             capacity_wait_seconds=0.5, max_capacity_waits=2)
+                             capacity_wait=0.5, max_capacity_waits=2)
     assert op.policy.max_spot_price == 0.01
     summary = op.execute({"task_state_store": store, "ti": ti})
     record = JobRecord.from_dict(store.data[RECORD_KEY])

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from spot_core.market.trace import ZoneTrace
-from spot_core.sim.lease_processes import LEASE_MARKER
+from spot_core.emulators.lease_processes import LEASE_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TRACES = REPO.parent / "shared" / "traces"

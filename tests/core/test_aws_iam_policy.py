@@ -19,7 +19,7 @@ import pytest
 botocore = pytest.importorskip("botocore.session")
 
 REPO = Path(__file__).resolve().parents[2]
-CONTROLLER_MODULES = ["spot_core/providers/ec2.py", "spot_core/providers/aws_adaptor.py",
+CONTROLLER_MODULES = ["spot_core/providers/ec2.py", "spot_core/adaptors/aws.py",
                       "spot_core/providers/ec2_agent.py", "spot_core/market/ec2.py",
                       "spot_core/interruption/eventbridge.py", "spot_core/checkpoint/s3_backend.py"]
 INSTANCE_MODULES = ["spot_core/checkpoint/s3_backend.py", "spot_core/providers/ec2_agent.py"]

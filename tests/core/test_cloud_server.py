@@ -13,8 +13,8 @@ from spot_core.model import JobStatus
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
-from spot_core.sim.cloud_server import LocalCloudServer
-from spot_core.sim.local_cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.localcloud.cloud import LocalCloudConfig
 
 from spot_helpers import marked_processes, trace, train_command, wait_until
 
@@ -63,7 +63,7 @@ def test_controller_over_the_server_resumes_a_preempted_job(tmp_path):
 
 
 def test_server_as_a_subprocess_and_a_clear_error_when_it_is_gone(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "spot_core.sim.cloud_server", "--workdir",
+    proc = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
                              str(tmp_path / "cloud")], stdout=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()

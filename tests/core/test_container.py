@@ -70,7 +70,7 @@ def docker_engine(monkeypatch):
     """The real docker CLI against the Engine API emulator (no engine can run here)."""
     if shutil.which("docker") is None:
         pytest.skip("no docker CLI on PATH")
-    from spot_core.sim.docker_engine import FakeDockerEngine
+    from spot_core.emulators.docker_engine import FakeDockerEngine
 
     with FakeDockerEngine(["spot-pipelines/train:1"]) as engine:
         monkeypatch.setenv("DOCKER_HOST", engine.url)

@@ -18,7 +18,7 @@ from spot_core.market.trace_market import TraceMarket
 from spot_core.model import JobStatus, Market, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
-from spot_core.sim.local_cloud import LocalCloudConfig
+from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.workloads.softmax_regression import TrainConfig, train
 
 from spot_helpers import marked_processes, trace, train_command, wait_until

@@ -22,8 +22,9 @@ from spot_core.policy.deadline import IDLE, ON_DEMAND, Job
 from spot_core.policy.deadline_policies import DEADLINE_POLICIES
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
-from spot_core.sim.local_cloud import LocalCloudConfig
-from spot_core.sim.simulator import Replay, run_window
+from spot_core.localcloud.cloud import LocalCloudConfig
+from spot_core.policy.replay import Replay
+from spot_core.sim.simulator import run_window
 
 from spot_helpers import marked_processes, trace, train_command
 

@@ -26,7 +26,7 @@ from spot_core.model import Market
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.ec2 import Ec2Provider
-from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import train_command
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ import pytest
 
 from aws_helpers import (bucket, client, make_network, managed_live_instances,  # noqa: F401
                          preempt_after_checkpoints, unique)
-from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import train_command
 
 pytestmark = pytest.mark.timeout(150)

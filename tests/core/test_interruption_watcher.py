@@ -19,9 +19,9 @@ from spot_core.errors import ConfigError
 from spot_core.interruption import (AwsDetector, AzureDetector, GceDetector,
                                     InterruptionWatcher, Notice, SignalDetector,
                                     detector_for, probe_cloud)
-from spot_core.interruption.latency import measure_detection_latency
+from spot_core.emulators.notice_latency import measure_detection_latency
 from spot_core.interruption.notice_file import read_notice, write_notice
-from spot_core.sim.metadata_emulator import MetadataEmulator
+from spot_core.emulators.metadata import MetadataEmulator
 
 POLL = 0.05
 

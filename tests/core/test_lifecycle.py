@@ -16,8 +16,8 @@ from spot_core.controller import Controller, JobSpec, Next
 from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
-from spot_core.sim.cloud_server import LocalCloudServer
-from spot_core.sim.local_cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.localcloud.cloud import LocalCloudConfig
 
 from fault_proxy import FaultProxy
 from spot_helpers import marked_processes, trace, train_command, wait_until
@@ -182,3 +182,30 @@ def test_next_round_trips_through_json(tmp_path):
     record, seen, _ = run_row(tmp_path, UP, (sys.executable, "-c", "pass"), RetryPolicy())
     watch = next(n for n in seen if n.action == "watch")
     assert Next.from_dict(watch.to_dict()) == watch
+
+
+def test_row_heartbeat_expiry_ends_the_lease_and_the_next_driver_resumes(tmp_path):
+    """A driver that dies mid-watch stops renewing; the node ends the lease after the
+    heartbeat timeout; whoever picks the record up closes that attempt and resumes."""
+    with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", UP)], time_scale=60.0,
+                                      workdir=tmp_path / "cloud", config=FAST) as server:
+        saved = []
+        first = open_provider("local", url=server.url)
+        spec = JobSpec("job-heartbeat", train_command(steps=1500, step_seconds=0.01),
+                       (tmp_path / "ckpt").as_uri(), first.pools())
+        dead = Controller(first, first.market, RetryPolicy(max_infrastructure_retries=2),
+                          persist=saved.append, heartbeat_timeout=2.0)
+        nxt = dead.advance(spec, dead.new_record(spec))
+        assert nxt.action == "watch"  # ... and this driver is never heard of again
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), \
+            "the lease outlived its silent driver"
+        heir = open_provider("local", url=server.url)
+        again = Controller(heir, heir.market, RetryPolicy(max_infrastructure_retries=2),
+                           heartbeat_timeout=5.0)
+        record, _ = drive_from(again, spec, again.advance(spec, saved[-1]))
+    first_attempt, *rest = record.attempts
+    assert first_attempt.outcome is Outcome.INFRASTRUCTURE_FAILED
+    assert "heartbeat" in first_attempt.message
+    assert first_attempt.checkpoint_step_end, "the node saved before it stopped"
+    assert rest[-1].outcome is Outcome.SUCCEEDED
+    assert rest[0].checkpoint_step_start == first_attempt.checkpoint_step_end

@@ -12,7 +12,7 @@ from spot_core.errors import CapacityUnavailable
 from spot_core.model import Market, Pool
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.local import LocalProvider
-from spot_core.sim.local_cloud import LocalCloudConfig
+from spot_core.localcloud.cloud import LocalCloudConfig
 
 from spot_helpers import marked_processes, trace, wait_until
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from spot_core.sim.metadata_emulator import MetadataEmulator
+from spot_core.emulators.metadata import MetadataEmulator
 
 TTL = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN = "X-aws-ec2-metadata-token"
@@ -225,7 +225,7 @@ def test_request_log_records_what_clients_sent(emulator):
 
 
 def test_runs_as_a_subprocess_and_prints_its_url_first():
-    proc = subprocess.Popen([sys.executable, "-m", "spot_core.sim.metadata_emulator",
+    proc = subprocess.Popen([sys.executable, "-m", "spot_core.emulators.metadata",
                              "--port", "0", "--interrupt-after", "0"],
                             stdout=subprocess.PIPE, text=True)
     try:

@@ -9,7 +9,8 @@ from spot_core.market.trace import ZoneTrace
 from spot_core.policy.deadline import IDLE, ON_DEMAND, Job, UniformProgress, Window
 from spot_core.policy.deadline_optimal import optimal_cost
 from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.sim.simulator import Replay, run_window, simulate
+from spot_core.policy.replay import Replay
+from spot_core.sim.simulator import run_window, simulate
 
 HOUR = 3600.0
 

@@ -14,7 +14,8 @@ from spot_core.market.trace import load_traces
 from spot_core.market.trace_market import TraceMarket
 from spot_core.policy.deadline import Job
 from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.sim.simulator import Replay, random_starts, run_window, simulate
+from spot_core.policy.replay import Replay
+from spot_core.sim.simulator import random_starts, run_window, simulate
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from prefect import task
 
 from spot_core.model import JobRecord
-from spot_core.sim.lease_processes import LEASE_MARKER
+from spot_core.emulators.lease_processes import LEASE_MARKER
 
 FLOWS = Path(__file__).resolve().parents[2] / "flows"
 PREFECT = Path(sys.executable).with_name("prefect")

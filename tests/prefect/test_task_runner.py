@@ -12,8 +12,8 @@ from spot_core.model import Market, Outcome
 # In the shipped trace, us-east-2a loses its capacity about 74 ticks (4 s at one trace
 # hour per second) after tick 450, and us-west-2b stays up for 12 s more.
 PREEMPT_SOON = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 3600.0},
-                                 max_preemptions=2, capacity_wait_seconds=0.5,
-                                 min_on_demand_seconds=1e9)
+                                 max_preemptions=2, capacity_wait=0.5,
+                                 poll_interval=0.1, min_on_demand=1e9)
 
 
 @task

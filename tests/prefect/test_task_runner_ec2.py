@@ -21,7 +21,7 @@ from prefect_helpers import count_to
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
-from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"
@@ -49,7 +49,7 @@ def ec2_config(endpoint: str, net: dict, **fields) -> SpotConfiguration:
                "instance_profile": net["instance_profile"], "agent_python": sys.executable,
                "watch_poll_interval": 0.1}
     return SpotConfiguration(provider="ec2", provider_options=options,
-                             capacity_wait_seconds=0.5, poll_interval_seconds=0.2, **fields)
+                             capacity_wait=0.5, poll_interval=0.2, **fields)
 
 
 def preempt_first_attempt(runtime, endpoint: str, bucket: str, prefix: str) -> threading.Thread:

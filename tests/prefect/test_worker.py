@@ -30,7 +30,7 @@ def test_worker_type_is_discoverable_as_spot():
 def test_base_job_template_describes_every_variable():
     template = SpotWorker.get_default_base_job_template()
     properties = template["variables"]["properties"]
-    for name in ("zones", "instance_types", "max_price_per_hour", "max_preemptions",
+    for name in ("zones", "instance_types", "max_spot_price", "max_preemptions",
                  "on_demand_fallback", "checkpoint_root", "provider_options"):
         assert properties[name]["description"], name
         assert template["job_configuration"][name] == "{{ " + name + " }}"
@@ -38,11 +38,12 @@ def test_base_job_template_describes_every_variable():
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"max_preemptions": -1}, "max_preemptions\n  Input should be greater than or equal to 0"),
-    ({"max_price_per_hour": 0}, "max_price_per_hour\n  Input should be greater than 0"),
+    ({"max_preemptions": -1}, "spot worker: max_preemptions=-1 must be >= 0"),
+    ({"max_spot_price": 0}, "spot worker: max_spot_price=0 must be > 0 USD/h"),
     ({"checkpoint_root": "ftp://host/ckpt"}, "pass file:///absolute/path or s3://"),
-    ({"provider": "azure-batch"}, "provider\n  Input should be 'local'"),
-    ({"max_capacity_waits": 0}, "max_capacity_waits"),
+    ({"provider": "azure-batch"}, "provider='azure-batch' is not built; choose one of local"),
+    ({"max_capacity_waits": 0}, "max_capacity_waits=0 must be >= 1"),
+    ({"heartbeat_timeout": "soon"}, "heartbeat_timeout='soon' is not a duration"),
 ])
 def test_bad_job_variables_are_rejected_with_clear_messages(values, message):
     with pytest.raises(ValidationError, match=message):
@@ -104,7 +105,7 @@ def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(
     deployment_id = deploy_example_flow(pool, "e2e", {
         "zones": ["us-west-2b"], "max_preemptions": 1,
         "provider_options": {"start_tick": 479, "time_scale": 1800.0},
-        "checkpoint_root": (tmp_path / "ckpt").as_uri(), "capacity_wait_seconds": 0.5})
+        "checkpoint_root": (tmp_path / "ckpt").as_uri(), "capacity_wait": 0.5})
     with running_worker(pool, tmp_path / "worker.log"):
         run = run_deployment(deployment_id, timeout=0, parameters={
             "workdir": str(tmp_path / "work"), "steps": 4000, "step_seconds": 0.01})
@@ -164,7 +165,7 @@ def test_kill_infrastructure_reaches_a_lease_launched_by_another_process(prefect
 
     from spot_core.providers import open_provider
     from spot_core.providers.base import LaunchSpec
-    from spot_core.sim.cloud_server import LocalCloudServer
+    from spot_core.localcloud.server import LocalCloudServer
 
     with LocalCloudServer.from_traces(workdir=tmp_path / "cloud", start_tick=600) as server:
         launcher = open_provider("local", url=server.url)  # stands in for another process

@@ -39,7 +39,7 @@ def test_preemptions_leave_the_flows_retries_for_its_own_errors(prefect_api, tmp
     with _cloud(tmp_path, pattern, time_scale=60.0) as cloud:
         deployment_id = deploy_example_flow("spot-budgets", "budgets", {
             "provider_options": {"url": cloud.url}, "on_demand_fallback": False,
-            "max_preemptions": 3, "capacity_wait_seconds": 0.5, "max_capacity_waits": 200,
+            "max_preemptions": 3, "capacity_wait": 0.5, "max_capacity_waits": 200,
             "checkpoint_root": (tmp_path / "ckpt").as_uri()},
             source=HERE, entrypoint="spot_test_flows.py:preempted_twice_then_fails_once")
         with running_worker("spot-budgets", tmp_path / "worker.log"):

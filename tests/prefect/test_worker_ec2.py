@@ -102,12 +102,12 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
     from aws_helpers import preempt_after_checkpoints
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
     from spot_core.model import Outcome
-    from spot_core.sim.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+    from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"
     deployment_id = deploy_example_flow(pool, "ec2-e2e", {
-        "provider": "ec2", "max_preemptions": 1, "capacity_wait_seconds": 0.5,
+        "provider": "ec2", "max_preemptions": 1, "capacity_wait": 0.5,
         "checkpoint_root": f"s3://{bucket}/flows",
         "provider_options": {"endpoint_url": aws_env, "region": REGION,
                              "subnets": net["subnets"], "instance_types": ["g4dn.xlarge"],

@@ -61,7 +61,8 @@ def run_demo(workdir: Path, cfg: DemoConfig = DemoConfig(),
             cfg, data, every), checkpoint_uri=store_uri, pools=provider.pools())
         policy = RetryPolicy(max_preemptions=cfg.max_preemptions, capacity_wait_seconds=0.5,
                              max_capacity_waits=20, min_on_demand_seconds=1e9)
-        controller = Controller(provider, provider.market, policy, listener=listener)
+        controller = Controller(provider, provider.market, policy, listener=listener,
+                                poll_interval=0.1)  # a trace hour passes each wall second
         record = controller.run(spec)
     sha, accuracy = evaluate(open_store(store_uri), data)
     return DemoReport(record, sha, reference.weights_sha256, accuracy, every, cfg.time_scale)

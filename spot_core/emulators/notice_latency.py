@@ -13,10 +13,10 @@ import random
 import threading
 import time
 
+from spot_core.emulators.metadata import MetadataEmulator
 from spot_core.errors import SpotError
 from spot_core.interruption.aws import AwsDetector
 from spot_core.interruption.watcher import InterruptionWatcher
-from spot_core.sim.metadata_emulator import MetadataEmulator
 
 
 def measure_detection_latency(poll_interval: float = 1.0, trials: int = 10, *,

@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
+from spot_core.localcloud.cloud import InstanceView
+from spot_core.localcloud.server import trace_from_dict
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Pool
-from spot_core.sim.cloud_server import trace_from_dict
-from spot_core.sim.local_cloud import InstanceView
 
 TIMEOUT_SECONDS = 10.0
 
 
 class RemoteLocalCloud:
-    """Talks to ``spot_core.sim.cloud_server`` at ``url``."""
+    """Talks to ``spot_core.localcloud.server`` at ``url``."""
 
     def __init__(self, url: str, *, timeout: float = TIMEOUT_SECONDS) -> None:
         if not url.startswith("http://"):
@@ -72,7 +72,7 @@ class RemoteLocalCloud:
                                       f"{path}: {detail.get('message', '')}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise InfrastructureError(f"local cloud {self.url} is not reachable ({exc}); start "
-                                      "it with `python -m spot_core.sim.cloud_server --workdir "
+                                      "it with `python -m spot_core.localcloud.server --workdir "
                                       "DIR`") from None
 
 

@@ -12,7 +12,7 @@ API, this server owns the instances and answers any client on 127.0.0.1 over JSO
     POST /instances/<id>/terminate
     GET  /instances/<id>/log?lines=N
 
-Run ``python -m spot_core.sim.cloud_server --workdir D`` (prints its URL first), or use
+Run ``python -m spot_core.localcloud.server --workdir D`` (prints its URL first), or use
 ``LocalCloudServer`` in-process. Stopping the server terminates every instance.
 
 ``--start-on-first-client`` holds the replay at ``--start-tick`` until the first client
@@ -37,10 +37,10 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from spot_core.errors import CapacityUnavailable, ConfigError
+from spot_core.localcloud.cloud import LocalCloudConfig, LocalSpotCloud
 from spot_core.market.trace import ZoneTrace
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Pool
-from spot_core.sim.local_cloud import LocalCloudConfig, LocalSpotCloud
 
 
 def trace_to_dict(trace: ZoneTrace) -> dict[str, Any]:
@@ -76,11 +76,9 @@ class LocalCloudServer:
                     time_scale: float = 3600.0, start_tick: int = 0,
                     config: LocalCloudConfig | None = None, port: int = 0,
                     start_on_first_client: bool = False) -> LocalCloudServer:
-        from spot_core.providers.local import LocalProvider
-
-        provider = LocalProvider.from_traces(traces, time_scale=time_scale, start_tick=start_tick,
-                                             workdir=workdir, config=config)
-        return cls(provider.cloud, port=port, start_on_first_client=start_on_first_client)
+        cloud = LocalSpotCloud.from_traces(traces, time_scale=time_scale, start_tick=start_tick,
+                                           workdir=workdir, config=config)
+        return cls(cloud, port=port, start_on_first_client=start_on_first_client)
 
     @property
     def url(self) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -23,16 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from spot_core.emulators.lease_processes import LEASE_MARKER, signal_lease
+from spot_core.emulators.metadata import MetadataEmulator
 from spot_core.errors import CapacityUnavailable, ConfigError
+from spot_core.market.fixtures import default_traces
+from spot_core.market.trace import ZoneTrace
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Pool
-from spot_core.sim.lease_processes import LEASE_MARKER, signal_lease
-from spot_core.sim.metadata_emulator import MetadataEmulator
 
 log = logging.getLogger(__name__)
 
 # What each cloud promises between notice and reclaim, in capacity (trace) seconds.
 NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
 EMULATED_CLOUDS = {"aws": "aws", "gcp": "gcp", "gce": "gcp", "azure": "azure"}
 INSTANCE_PREFIX = "i-local-"
 
@@ -100,6 +104,24 @@ class LocalSpotCloud:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+
+    @classmethod
+    def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *,
+                    time_scale: float = DEFAULT_TIME_SCALE, start_tick: int = 0,
+                    workdir: str | Path | None = None, config: LocalCloudConfig | None = None,
+                    clock: Callable[[], float] = time.time) -> LocalSpotCloud:
+        """A cloud replaying ``traces`` (default: the shipped excerpt) from ``start_tick`` now.
+
+        Lives here, not in the provider, so the server builds its cloud without importing
+        the provider that is its client."""
+        traces = list(traces) if traces is not None else default_traces()
+        if start_tick < 0:
+            raise ConfigError(f"start_tick must be >= 0, got {start_tick}")
+        origin = clock() - start_tick * traces[0].tick_seconds / time_scale
+        market = TraceMarket(traces, tick_origin=origin, time_scale=time_scale)
+        workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="spot-local-cloud-"))
+        return cls(market=market, workdir=workdir, config=config or LocalCloudConfig(),
+                   clock=clock)
 
     # -- the "API" ------------------------------------------------------------------------
     def run_instance(self, pool: Pool, command: Sequence[str], env: Mapping[str, str],

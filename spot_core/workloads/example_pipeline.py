@@ -1,4 +1,5 @@
-"""The steps of the example ML pipeline (``dags/spot_ml_pipeline.py``), engine-side helpers.
+"""The steps of the example ML pipeline (``dags/spot_ml_pipeline.py``), step-side helpers.
+Engine-agnostic: the DAG only wires these commands into its tasks.
 
 Training is ``spot_core.workloads.softmax_regression`` run as a spot job. Batch
 inference is this module's CLI, also run as one spot job per shard: it loads the
@@ -31,7 +32,7 @@ def train_command(data: str, steps: int | str, step_seconds: float | str,
 
 def infer_command(model_uri: str, data: str, shard: int, shards: int, out: str,
                   chunk_seconds: float = 0.2) -> list[str]:
-    return [sys.executable, "-m", "airflow_spot.example_pipeline", "--model-uri", model_uri,
+    return [sys.executable, "-m", "spot_core.workloads.example_pipeline", "--model-uri", model_uri,
             "--data", data, "--shard", str(shard), "--shards", str(shards), "--out", out,
             "--chunk-seconds", str(chunk_seconds)]
 

@@ -1,0 +1,498 @@
+"""Every user-facing knob of a spot job, declared once.
+
+Each ``Knob`` has its name, type, default, unit, help text, validation and the surfaces
+that expose it. The CLI (``spot-pipelines run``), ``SpotJobOperator``, ``@task.spot``,
+Prefect's ``SpotConfiguration`` block, the ``spot`` worker's work-pool variables,
+``spot_task`` and ``SpotTaskRunner`` take their defaults, help and checks from here, and
+a table test per engine compares every surface with this model, so no default can drift.
+
+One unit convention: a duration knob accepts a number of seconds, a
+``datetime.timedelta`` or a string such as ``"90s"``, ``"5m"``, ``"2h"``, ``"1d"``,
+``"1h30m"`` (``parse_duration``, also the CLI's parser) and is stored as float seconds.
+Duration names carry no unit suffix; the old suffixed names (``capacity_wait_seconds``,
+``min_on_demand_seconds``, ...) and ``max_price_per_hour`` still work with a
+``DeprecationWarning``.
+
+    settings = SpotSettings.build(where="train", capacity_wait="2m", max_spot_price=0.9)
+    policy = settings.retry_policy()           # the pure policy's input
+    Controller(provider, market, policy, **settings.controller_options())
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass, field, fields, make_dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Mapping
+
+from spot_core.errors import ConfigError
+
+# Surfaces: where a knob can be set.
+CLI = "cli"                    # spot-pipelines run
+OPERATOR = "operator"          # SpotJobOperator
+DECORATOR = "decorator"        # @task.spot
+BLOCK = "block"                # prefect SpotConfiguration block (also SpotTaskRunner's config)
+WORKER = "worker"              # prefect spot worker: job variables and job configuration
+SPOT_TASK = "spot_task"        # prefect spot_task
+TASK_RUNNER = "task_runner"    # prefect SpotTaskRunner's own arguments
+SURFACES = (CLI, OPERATOR, DECORATOR, BLOCK, WORKER, SPOT_TASK, TASK_RUNNER)
+
+_ENGINE = frozenset({OPERATOR, BLOCK, WORKER})
+_JOB = frozenset({CLI}) | _ENGINE
+_IN_PLACE = frozenset({DECORATOR, SPOT_TASK, TASK_RUNNER})
+
+# -- durations ---------------------------------------------------------------------------------
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = r"(\d+(?:\.\d+)?)([smhd])"
+_DURATION = re.compile(rf"^(?:{_PART})+$")
+
+
+def parse_duration(value: Any, *, name: str = "duration") -> float:
+    """Seconds from a number, a ``timedelta`` or a string like ``90s``, ``5m``, ``1h30m``.
+
+    A bare number (or numeric string) is seconds. One-line ConfigError naming the fix.
+    """
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value):
+            return float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        if _DURATION.match(text):
+            return sum(float(n) * _UNIT_SECONDS[u] for n, u in re.findall(_PART, text))
+        try:
+            return parse_duration(float(text), name=name)
+        except ValueError:
+            pass
+    raise ConfigError(f"{name}={value!r} is not a duration; give seconds (90), a timedelta, "
+                      "or a string like '90s', '5m', '2h', '1d'")
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact form among d, h, m, s (for help texts and messages)."""
+    for unit in ("d", "h", "m"):
+        count = seconds / _UNIT_SECONDS[unit]
+        if count >= 1 and count == int(count):
+            return f"{int(count)}{unit}"
+    return f"{seconds:g}s"
+
+
+# -- knobs -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Knob:
+    """One setting: its type (``kind``), default, unit, help, checks and surfaces.
+
+    ``kind`` is one of int, number, bool, duration, text, names (a list of strings),
+    mapping. ``minimum`` is inclusive unless ``strict``. ``optional`` lets None through
+    (meaning "off" or "none"). ``choices`` is a tuple or a callable giving one (so the
+    provider registry, not this file, says which providers are built).
+    """
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    surfaces: frozenset[str]
+    unit: str = ""
+    minimum: float | None = None
+    strict: bool = False
+    optional: bool = False
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
+    aliases: tuple[str, ...] = ()
+    refusal: str = "is not one of"  # what an unknown choice is called in the error
+
+    @property
+    def allowed(self) -> tuple[str, ...] | None:
+        return self.choices() if callable(self.choices) else self.choices
+
+    def parse(self, value: Any) -> Any:
+        """``value`` checked and normalised (durations to float seconds, lists to tuples)."""
+        if value is None and (self.optional or self.default is None):
+            return None
+        parse = getattr(self, f"_parse_{self.kind}")
+        return parse(value)
+
+    def _fail(self, value: Any, what: str) -> ConfigError:
+        return ConfigError(f"{self.name}={value!r} {what}")
+
+    def _check_minimum(self, value: Any, number: float) -> None:
+        if self.minimum is None:
+            return
+        ok = number > self.minimum if self.strict else number >= self.minimum
+        if not ok:
+            bound = "> " if self.strict else ">= "
+            shown = (format_duration(self.minimum) if self.kind == "duration"
+                     else f"{self.minimum:g}")
+            raise self._fail(value, f"must be {bound}{shown}{self._unit_text}")
+
+    @property
+    def _unit_text(self) -> str:
+        return f" {self.unit}" if self.unit and self.kind != "duration" else ""
+
+    def _parse_int(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._fail(value, "must be a whole number")
+        self._check_minimum(value, value)
+        return value
+
+    def _parse_number(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise self._fail(value, f"must be a number{self._unit_text}")
+        self._check_minimum(value, value)
+        return float(value)
+
+    def _parse_bool(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self._fail(value, "must be True or False")
+        return value
+
+    def _parse_duration(self, value: Any) -> float:
+        seconds = parse_duration(value, name=self.name)
+        self._check_minimum(value, seconds)
+        return seconds
+
+    def _parse_text(self, value: Any) -> str:
+        allowed = self.allowed
+        if allowed is not None and value not in allowed:
+            raise self._fail(value, f"{self.refusal} {', '.join(allowed)}")
+        if not isinstance(value, str) or not value.strip():
+            raise self._fail(value, "must be a non-empty string")
+        return value
+
+    def _parse_names(self, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str) or not isinstance(value, Iterable) \
+                or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self._fail(value, "must be a list of names such as ['us-east-2a']")
+        return tuple(value)
+
+    def _parse_mapping(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise self._fail(value, "must be a mapping of option names to values")
+        return dict(value)
+
+
+def _provider_choices() -> tuple[str, ...]:
+    from spot_core.providers import provider_names
+
+    return provider_names()
+
+
+def _deadline_policy_choices() -> tuple[str, ...]:
+    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+
+    return tuple(n for n in DEADLINE_POLICIES.names() if n != "optimal")
+
+
+def _knob(name: str, kind: str, default: Any, help: str, surfaces: Iterable[str],
+          **extra: Any) -> Knob:
+    return Knob(name, kind, default, help, frozenset(surfaces), **extra)
+
+
+KNOBS: tuple[Knob, ...] = (
+    _knob("provider", "text", "local", "Capacity provider: `local` replays real spot traces "
+          "on this machine (no cloud account); `ec2` is AWS EC2 (needs an s3:// checkpoint "
+          "store).", _JOB, choices=_provider_choices,
+          refusal="is not built; choose one of"),
+    _knob("provider_options", "mapping", {}, "Options for the provider, e.g. for `local` the "
+          "`url` of a local cloud server or `time_scale`, `start_tick`; for `ec2` `region`, "
+          "`subnets`, `image_id`, `instance_types`, `instance_profile` (never credentials).",
+          _ENGINE),
+    _knob("zones", "names", (), "Zones to spread the job over (pool diversification). Empty: "
+          "every zone the provider offers.", _ENGINE),
+    _knob("instance_types", "names", (), "Instance types allowed. Empty: every type the "
+          "provider offers.", {BLOCK, WORKER}),
+    _knob("image", "text", None, "Run the command in this container image (Docker on the "
+          "machine that runs the step). Empty: run it directly.", {CLI, OPERATOR},
+          optional=True),
+    _knob("max_preemptions", "int", 3, "Preemptions tolerated before the rest runs on "
+          "on-demand; its own budget, never a retry of the step. 3 keeps most of the spot "
+          "savings while bounding the work lost to restarts.",
+          _JOB | {DECORATOR, SPOT_TASK}, minimum=0),
+    _knob("max_user_retries", "int", 0, "Retries when the command itself fails (the engines "
+          "use their own `retries`). 0: a bug fails fast.", {CLI}, minimum=0),
+    _knob("max_infrastructure_retries", "int", 3, "Attempts lost to failures outside the "
+          "step's code (not preemptions) before the job fails.", _JOB, minimum=0),
+    _knob("on_demand_fallback", "bool", True, "Run on on-demand when the preemption budget "
+          "is spent, spot is scarce or the deadline is near; off: wait (bounded) for spot.",
+          _JOB),
+    _knob("return_to_spot", "bool", True, "Move back to spot when capacity returns after a "
+          "fallback for lack of capacity (within the preemption budget).", _JOB),
+    _knob("min_on_demand", "duration", 600.0, "How long an on-demand attempt runs before "
+          "the job may move back to spot; 10m stops a flickering zone from making the job "
+          "flap between markets (each move costs a restart).", _JOB, minimum=0,
+          aliases=("min_on_demand_seconds",)),
+    _knob("capacity_wait", "duration", 60.0, "One wait for capacity or a cheaper price "
+          "window; 60s is about how often spot capacity and prices change.", _JOB,
+          minimum=0, strict=True, aliases=("capacity_wait_seconds",)),
+    _knob("max_capacity_waits", "int", 10, "Waits (or launches in a row without capacity) "
+          "before the job fails: with capacity_wait 60s, 10 bounds waiting at 10 minutes.",
+          _JOB, minimum=1),
+    _knob("max_spot_price", "number", None, "Highest spot price to pay: dearer spot pools "
+          "are left alone and the job waits (bounded like a capacity wait) for a cheaper "
+          "window, then falls back to on-demand. Empty: no cap.", _JOB, unit="USD/h",
+          minimum=0, strict=True, optional=True, aliases=("max_price_per_hour",)),
+    _knob("deadline", "duration", None, "Time the job may take from its start: near it the "
+          "job moves to on-demand; past it the job fails. Empty: no deadline.",
+          {CLI, OPERATOR}, minimum=0, strict=True, optional=True),
+    _knob("attempt_timeout", "duration", 86400.0, "Longest one attempt may run before it is "
+          "terminated; 24h bounds a hung step without cutting a long training run short.",
+          _JOB, minimum=0, strict=True),
+    _knob("poll_interval", "duration", 1.0, "How often a running lease is observed; each "
+          "observation is a cloud API call, so raise it for large fleets.", _JOB,
+          minimum=0, strict=True, aliases=("poll_interval_seconds",)),
+    _knob("heartbeat_timeout", "duration", 300.0, "How long a lease outlives a silent "
+          "driver: the node stops the step (after an emergency save) and ends the lease "
+          "when the driver's heartbeat is older than this; 5m rides out a driver restart "
+          "but leaks little capacity when a driver is killed.", _JOB, minimum=0, strict=True),
+    _knob("observe_failure_timeout", "duration", 180.0, "How long observing a lease may keep "
+          "failing (API errors, resets) before the attempt ends as infrastructure_failed "
+          "and its lease is terminated; 3m outlasts a transient cloud API outage.", _JOB,
+          minimum=0, strict=True),
+    _knob("checkpoint_every", "duration", None, "Save a checkpoint at most this often (time "
+          "based). Empty: only by steps and on an interruption notice.", _IN_PLACE,
+          minimum=0, strict=True, optional=True, aliases=("checkpoint_every_seconds",)),
+    _knob("checkpoint_every_steps", "int", None, "Save a checkpoint every this many steps. "
+          "Empty: only by time and on an interruption notice.", _IN_PLACE, minimum=1,
+          optional=True),
+    _knob("keep_checkpoints", "int", 3, "Checkpoints kept in the store (older ones are "
+          "pruned); more than one survives a corrupt newest one.", {DECORATOR}, minimum=1),
+    _knob("notice_poll_interval", "duration", 1.0, "How often the node's metadata service "
+          "is polled for an interruption notice; 1s leaves nearly all of a 2-minute notice "
+          "for the emergency save.", {DECORATOR, SPOT_TASK}, minimum=0, strict=True,
+          aliases=("watch_poll_interval",)),
+    _knob("cloud", "text", "auto", "Where interruption notices come from: `auto` probes, or "
+          "`aws`, `gcp`, `azure`, `signal` (SIGTERM only).", {DECORATOR},
+          choices=("auto", "aws", "gcp", "azure", "signal")),
+    _knob("work", "duration", None, "With a deadline: compute the job needs; the job moves "
+          "to on-demand when work left plus two restarts no longer fits on spot.", {CLI},
+          minimum=0, strict=True, optional=True),
+    _knob("total_steps", "int", None, "With work: the step count at which the job is done, "
+          "so checkpoint steps measure progress.", {CLI}, minimum=1, optional=True),
+    _knob("restart_overhead", "duration", 300.0, "With work: time a new instance takes "
+          "before the job makes progress again (5m covers boot, image pull and restore).",
+          {CLI}, minimum=0),
+    _knob("deadline_policy", "text", None, "With a deadline and work: the deadline policy "
+          "(greedy, uniform-progress, default, ...) that decides spot, on-demand or wait "
+          "between attempts. Empty: only the on-demand safety net.", {CLI}, optional=True,
+          choices=_deadline_policy_choices),
+)
+
+KNOBS_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+ALIASES: dict[str, str] = {alias: k.name for k in KNOBS for alias in k.aliases}
+
+
+def knob(name: str) -> Knob:
+    return KNOBS_BY_NAME[name]
+
+
+def default(name: str) -> Any:
+    """The model's default for ``name`` (a fresh copy for mutable ones)."""
+    value = KNOBS_BY_NAME[name].default
+    return dict(value) if isinstance(value, dict) else value
+
+
+def knobs_for(surface: str) -> tuple[Knob, ...]:
+    if surface not in SURFACES:
+        raise ValueError(f"unknown surface {surface!r}; one of {SURFACES}")
+    return tuple(k for k in KNOBS if surface in k.surfaces)
+
+
+def resolve_aliases(values: dict[str, Any], *, where: str = "") -> dict[str, Any]:
+    """``values`` with deprecated names renamed (a DeprecationWarning each); a value given
+    under both names is refused."""
+    out = dict(values)
+    for alias, name in ALIASES.items():
+        if alias not in out:
+            continue
+        if name in out:
+            raise ConfigError(f"{_prefix(where)}{alias} is the old name of {name}; pass only "
+                              f"{name}")
+        hint = (" (seconds, a timedelta or a string such as '5m')"
+                if KNOBS_BY_NAME[name].kind == "duration" else "")
+        warnings.warn(f"{_prefix(where)}{alias} is deprecated; use {name}{hint}",
+                      DeprecationWarning, stacklevel=3)
+        out[name] = out.pop(alias)
+    return out
+
+
+def pop_aliases(kwargs: dict[str, Any], *, where: str = "") -> dict[str, Any]:
+    """Remove deprecated names from ``kwargs`` (in place) and return them under the new
+    names, for callables that pass ``**kwargs`` on to a base class."""
+    found = {alias: kwargs.pop(alias) for alias in list(kwargs) if alias in ALIASES}
+    return resolve_aliases(found, where=where)
+
+
+def _prefix(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+# -- the model ---------------------------------------------------------------------------------
+class _SettingsMethods:
+    """Behaviour of ``SpotSettings`` (its fields are generated from ``KNOBS``)."""
+
+    def __post_init__(self) -> None:
+        for knob_ in KNOBS:
+            object.__setattr__(self, knob_.name, knob_.parse(getattr(self, knob_.name)))
+        if self.deadline_policy is not None and (self.deadline is None or self.work is None):
+            raise ConfigError(f"deadline_policy={self.deadline_policy!r} needs deadline and "
+                              "work (and total_steps, so checkpoints measure progress)")
+
+    def check_provider_options(self) -> None:
+        """The provider registry's check of ``provider_options`` (no cloud call)."""
+        from spot_core.providers import check_provider
+
+        check_provider(self.provider, self.provider_options, self.instance_types)
+
+    @classmethod
+    def build(cls, *, where: str = "", check_options: bool = True,
+              **values: Any) -> SpotSettings:
+        """Settings from keyword values (old names allowed); errors are one line, prefixed
+        with ``where`` (a task id, a block, a flag set) so the user knows what to fix.
+
+        ``check_options``: also check ``provider_options`` against the provider (off for
+        the CLI, whose ec2 options come from its own flags)."""
+        values = resolve_aliases(values, where=where)
+        unknown = sorted(set(values) - set(KNOBS_BY_NAME))
+        if unknown:
+            raise ConfigError(f"{_prefix(where)}unknown setting(s) {unknown}; choose from "
+                              f"{sorted(KNOBS_BY_NAME)}")
+        try:
+            settings = cls(**values)
+            if check_options:
+                settings.check_provider_options()
+            return settings
+        except ConfigError as exc:
+            raise ConfigError(f"{_prefix(where)}{exc}") from None
+
+    def replace(self, **values: Any) -> SpotSettings:
+        return type(self).build(**{**self.to_dict(), **values})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def retry_policy(self, *, max_user_retries: int | None = None,
+                     deadline_safety_seconds: float = 0.0):
+        """The pure policy's input. ``max_user_retries``: an engine passes its own (its
+        retries are the user-failure budget), the CLI uses the setting."""
+        from spot_core.policy.retry import RetryPolicy
+
+        return RetryPolicy(
+            max_preemptions=self.max_preemptions,
+            max_user_retries=self.max_user_retries if max_user_retries is None
+            else max_user_retries,
+            max_infrastructure_retries=self.max_infrastructure_retries,
+            on_demand_fallback=self.on_demand_fallback, return_to_spot=self.return_to_spot,
+            capacity_wait_seconds=self.capacity_wait, max_capacity_waits=self.max_capacity_waits,
+            deadline_safety_seconds=deadline_safety_seconds,
+            min_on_demand_seconds=self.min_on_demand, max_spot_price=self.max_spot_price)
+
+    def controller_options(self) -> dict[str, float]:
+        """Keyword arguments for ``Controller``: the lifecycle's bounds, in seconds."""
+        return {"poll_interval": self.poll_interval, "attempt_timeout": self.attempt_timeout,
+                "heartbeat_timeout": self.heartbeat_timeout,
+                "observe_failure_timeout": self.observe_failure_timeout}
+
+    def checkpointer_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``Checkpointer`` (its schedule and how many it keeps)."""
+        return {"every_seconds": self.checkpoint_every,
+                "every_steps": self.checkpoint_every_steps, "keep": self.keep_checkpoints}
+
+
+_TYPES = {"int": int, "number": float, "bool": bool, "duration": float, "text": str,
+          "names": tuple, "mapping": dict}
+
+
+def _field(knob_: Knob):
+    if isinstance(knob_.default, dict):
+        return field(default_factory=dict)
+    return field(default=knob_.default)
+
+
+SpotSettings = make_dataclass(
+    "SpotSettings",
+    [(k.name, _TYPES[k.kind] | None if k.default is None else _TYPES[k.kind], _field(k))
+     for k in KNOBS],
+    bases=(_SettingsMethods,), frozen=True)
+SpotSettings.__module__ = __name__  # so it pickles and prints as spot_core.settings.SpotSettings
+SpotSettings.__doc__ = ("Validated values of every knob in ``KNOBS`` (durations in float "
+                        "seconds). Build with ``SpotSettings.build(where=..., **values)``.")
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def cli_flag(knob_: Knob) -> str:
+    return "--" + knob_.name.replace("_", "-")
+
+
+def cli_value(knob_: Knob, text: Any) -> Any:
+    """The knob's value from a flag's text (one-line ConfigError naming the flag).
+
+    Flags are parsed here, after argparse, rather than as argparse ``type``s, so a bad
+    value ends the command with one line naming the fix instead of a usage block.
+    """
+    if not isinstance(text, str):  # a boolean flag, or a default
+        return knob_.parse(text)
+    try:
+        if knob_.kind == "int":
+            value: Any = int(text)
+        elif knob_.kind == "number":
+            value = float(text)
+        elif knob_.kind == "names":
+            value = tuple(w.strip() for w in text.split(",") if w.strip())
+        else:
+            value = text
+        return knob_.parse(value)
+    except (ValueError, ConfigError) as exc:
+        detail = str(exc) if isinstance(exc, ConfigError) else \
+            f"{text!r} is not a {'whole number' if knob_.kind == 'int' else 'number'}"
+        raise ConfigError(f"{cli_flag(knob_)}: {detail}") from None
+
+
+def cli_help(knob_: Knob) -> str:
+    shown = knob_.default
+    if knob_.kind == "duration" and shown is not None:
+        shown = format_duration(shown)
+    text = knob_.help.replace("%", "%%")
+    unit = " (a duration: 90s, 5m, 2h, 1d)" if knob_.kind == "duration" else ""
+    return f"{text}{unit} (default: {'none' if shown is None else shown})"
+
+
+def add_cli_arguments(parser, *, skip: Iterable[str] = ()) -> None:
+    """Add a flag for every CLI knob to an argparse parser (``dest`` = the knob's name;
+    None when not given, so the model's default applies in ``settings_from_cli``)."""
+    import argparse
+
+    skipped = set(skip)
+    for knob_ in knobs_for(CLI):
+        if knob_.name in skipped:
+            continue
+        if knob_.kind == "bool":
+            parser.add_argument(cli_flag(knob_), dest=knob_.name, default=None,
+                                action=argparse.BooleanOptionalAction, help=cli_help(knob_))
+            continue
+        metavar = {"duration": "DURATION", "int": "N", "text": "NAME"}.get(knob_.kind)
+        if knob_.name == "max_spot_price":
+            metavar = "USD_PER_HOUR"
+        elif knob_.allowed is not None and knob_.name != "deadline_policy":
+            metavar = "{" + ",".join(knob_.allowed) + "}"
+        parser.add_argument(cli_flag(knob_), dest=knob_.name, default=None, metavar=metavar,
+                            help=cli_help(knob_))
+
+
+def settings_from_cli(args, *, where: str = "", **overrides: Any) -> SpotSettings:
+    """SpotSettings from parsed CLI arguments (each CLI knob's ``dest``; None: not given)
+    and ``overrides`` (values a command computed itself)."""
+    values = {k.name: cli_value(k, getattr(args, k.name)) for k in knobs_for(CLI)
+              if getattr(args, k.name, None) is not None}
+    return SpotSettings.build(where=where, check_options=False, **{**values, **overrides})
+
+
+__all__ = ["ALIASES", "CLI", "DECORATOR", "BLOCK", "KNOBS", "KNOBS_BY_NAME", "Knob",
+           "OPERATOR", "SPOT_TASK", "SURFACES", "SpotSettings", "TASK_RUNNER", "WORKER",
+           "add_cli_arguments", "cli_flag", "cli_help", "cli_value", "default",
+           "format_duration", "knob", "knobs_for", "parse_duration", "pop_aliases",
+           "resolve_aliases", "settings_from_cli"]
