@@ -11,8 +11,8 @@ import pytest
 
 from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 from spot_core.model import Outcome
-from spot_core.sim.cloud_server import LocalCloudServer
-from spot_core.sim.local_cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.localcloud.cloud import LocalCloudConfig
 
 from fault_proxy import FaultProxy  # tests/core (on sys.path through conftest)
 from spot_helpers import marked_processes, trace, wait_until
