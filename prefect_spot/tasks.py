@@ -181,9 +181,13 @@ class _InPlaceAttempt:
         self._ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
         record = load_record(self.key) or self.controller.persist(
             self.controller.new_record(self.spec))
+        # Under the spot worker the capacity is its lease, already fenced as SPOT_ATTEMPT
+        # in the same store: the attempt keeps that number.
+        under_worker = bool(os.environ.get("SPOT_ATTEMPT")) and options.storage is None
         self.record, self.lease = self.controller.adopt(
             self.spec, record, lambda number, now: self.provider.adopt(self.spec.job_id,
-                                                                      number, now))
+                                                                      number, now),
+            attempt=self.env.attempt if under_worker else None)
 
     def _save(self, record: JobRecord) -> None:
         save_record(self.key, record, **self._ids)
