@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import sys
 import tempfile
 import threading
 import time
