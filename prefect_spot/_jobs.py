@@ -144,7 +144,9 @@ def controller_for(config: SpotConfiguration, provider, *, max_user_retries: int
                    persist: Callable[[JobRecord], None] | None = None,
                    related: Sequence[dict[str, str]] = ()) -> Controller:
     """A controller under ``config``'s settings. The price cap is the retry policy's
-    ``max_spot_price`` (wait for a cheaper window, then fall back), as on every surface."""
+    ``max_spot_price`` (wait for a cheaper window, then fall back), as on every surface;
+    the lifecycle's bounds (poll interval, attempt, heartbeat and observe-failure
+    timeouts) are the settings' ``controller_options``."""
     settings = config.settings()
 
     def listener(kind: str, record: JobRecord, detail: str) -> None:
@@ -152,7 +154,7 @@ def controller_for(config: SpotConfiguration, provider, *, max_user_retries: int
 
     return Controller(provider, provider_market(provider),
                       settings.retry_policy(max_user_retries=max_user_retries),
-                      persist=persist, listener=listener, poll_interval=settings.poll_interval)
+                      persist=persist, listener=listener, **settings.controller_options())
 
 
 def job_spec(config: SpotConfiguration, provider, *, job_id: str, command: Sequence[str],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from spot_core.model import JobRecord
@@ -58,3 +59,44 @@ def publish(record: JobRecord) -> tuple[Any, Any]:
     summary = create_markdown_artifact(markdown=summary_markdown(record), key=f"{key}-summary",
                                        description=f"Cost and recovery of {record.job_id}")
     return table, summary
+
+
+# -- the JobRecord itself, kept in Prefect -----------------------------------------------------
+RECORD_TYPE = "spot-record"
+
+
+def record_key(run_id: Any) -> str:
+    """The artifact key under which a flow run's or task run's JobRecord is kept.
+
+    An artifact, not a Variable: a variable's value has a size cap that a long job's
+    record (one entry per attempt) outgrows; each save is a new version of the key, and
+    the latest version is the record."""
+    return f"spot-record-{str(run_id).lower()}"
+
+
+def save_record(key: str, record: JobRecord, *, flow_run_id: Any = None,
+                task_run_id: Any = None) -> None:
+    """Write ``record`` as the newest version of ``key`` (before anything acts on it)."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    artifact = ArtifactCreate(key=key, type=RECORD_TYPE, data=record.to_dict(),
+                              description=f"JobRecord of spot job {record.job_id}",
+                              flow_run_id=flow_run_id, task_run_id=task_run_id)
+    with get_client(sync_client=True) as client:
+        client.create_artifact(artifact)
+
+
+def load_record(key: str) -> JobRecord | None:
+    """The newest record saved under ``key``, or None if the job has none yet."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (ArtifactCollectionFilter,
+                                                ArtifactCollectionFilterKey)
+
+    with get_client(sync_client=True) as client:
+        found = client.read_latest_artifacts(artifact_filter=ArtifactCollectionFilter(
+            key=ArtifactCollectionFilterKey(any_=[key])), limit=1)
+    if not found or found[0].data is None:
+        return None
+    data = found[0].data
+    return JobRecord.from_dict(json.loads(data) if isinstance(data, str) else data)

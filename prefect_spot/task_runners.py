@@ -11,9 +11,11 @@ A function that declares ``checkpointer=None`` receives a ``Checkpointer`` resto
 from the job's latest checkpoint; its ``maybe_save`` saves on schedule and, after an
 interruption notice, saves at once and ends the attempt as a preemption.
 
-Budgets are separate: preemptions spend the configuration's ``max_preemptions``; the
-function's own errors fail the task run, so Prefect's ``retries`` apply to them (and a
-retry resumes from the same checkpoints).
+Budgets are separate: preemptions spend the configuration's ``max_preemptions`` inside
+one Prefect try of the task run (its ``run_count`` does not move); the function's own
+errors fail the task run, so Prefect's ``retries`` apply to them (and a
+retry resumes from the same checkpoints and the same JobRecord, kept in a keyed
+artifact ``spot-record-<task run id>``).
 """
 
 from __future__ import annotations
@@ -45,21 +47,15 @@ from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration, resolve_c
 
 logger = logging.getLogger(__name__)
 
-# Records by task run id, for every SpotTaskRunner in this process (runners are
-# duplicated per flow run, so this cannot live on one instance).
-_RECORDS: dict[uuid.UUID, JobRecord] = {}
-_RECORDS_LOCK = threading.Lock()
-
-
 class SpotJobFailed(SpotError):
     """The job ended without success for a reason other than the function's own error."""
 
 
 def spot_record(future_or_task_run_id: PrefectFuture[Any] | uuid.UUID) -> JobRecord | None:
-    """The JobRecord of a task submitted to a SpotTaskRunner in this process."""
-    key = getattr(future_or_task_run_id, "task_run_id", future_or_task_run_id)
-    with _RECORDS_LOCK:
-        return _RECORDS.get(key)
+    """The JobRecord of a task run on a SpotTaskRunner, as kept in Prefect (a keyed
+    artifact ``spot-record-<task run id>``, any process can read it)."""
+    task_run_id = getattr(future_or_task_run_id, "task_run_id", future_or_task_run_id)
+    return artifacts.load_record(artifacts.record_key(task_run_id))
 
 
 class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
@@ -232,11 +228,16 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         record = self._record_for_try(task_run.id)
         related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
                     "prefect.resource.role": "task-run"}]
+        key = artifacts.record_key(task_run.id)
         controller = _jobs.controller_for(
             config, provider, max_user_retries=0 if record is None else record.user_failures,
-            persist=lambda r: _remember(task_run.id, r), related=related)
+            persist=lambda r: artifacts.save_record(key, r, flow_run_id=task_run.flow_run_id,
+                                                    task_run_id=task_run.id),
+            related=related)
+        # The controller drives the job here: preemptions are relaunched inside this
+        # one Prefect try (they never spend the task's retries); an exception (the flow
+        # cancelled, the process interrupted) stops the running attempt.
         record = controller.run(spec, record)
-        _remember(task_run.id, record)
         artifacts.publish(record)
         value = _outcome(record, exchange)
         try:
@@ -267,11 +268,6 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         if self.checkpoint_every_steps is not None:
             kwargs["every_steps"] = self.checkpoint_every_steps
         return kwargs
-
-
-def _remember(task_run_id: uuid.UUID, record: JobRecord) -> None:
-    with _RECORDS_LOCK:
-        _RECORDS[task_run_id] = record
 
 
 def _pickle_call(fn, args: tuple, kwargs: dict, checkpointer: dict[str, Any]) -> bytes:

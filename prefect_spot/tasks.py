@@ -17,10 +17,15 @@ runs, an interruption watcher polls the instance metadata endpoint
 watched too; a notice makes the next ``maybe_save`` save an emergency checkpoint and
 end the attempt as a preemption.
 
-Budgets are separate: a preemption is retried under ``max_preemptions`` and never
-consumes ``retries``; the function's own errors are retried under ``retries``. When the
-capacity itself goes away, the spot worker reschedules the flow run and this task
-resumes from the same store.
+Budgets are separate and live in Prefect: each call of the function is an attempt that
+the controller opens (``Controller.adopt`` on the worker this process runs on, an
+``InPlaceProvider`` lease) and closes (``on_lease_end``: classified, billed, recorded),
+and the JobRecord is kept in a keyed artifact per flow run and task
+(``spot-record-<flow run>-<task>-<dynamic key>``), written before the retry decision
+reads it. A preemption is retried under ``max_preemptions`` and never consumes
+``retries``; the function's own errors are retried under ``retries``. When the capacity
+itself goes away, the spot worker reschedules the flow run and this task resumes from
+the same store and the same record.
 
 Where checkpoints go: ``checkpoint_storage`` (a ``CheckpointStorage``, its block name or
 a URI; the task gets a folder under it keyed by flow run and task), else the store the
@@ -34,34 +39,44 @@ import inspect
 import os
 import signal
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spot_core.attempt_env import AttemptEnv
+from spot_core.attempt_env import PREEMPTED_EXIT_CODE, AttemptEnv
+from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError, Preempted
+from spot_core.model import JobRecord, Outcome
+from spot_core.providers.base import LeaseState, LeaseStatus
+from spot_core.providers.in_place import InPlaceProvider
 from spot_core.settings import SpotSettings, default, pop_aliases
 
 from prefect_spot._jobs import slug
 from prefect_spot._remote import CHECKPOINTER_PARAMETER
+from prefect_spot.artifacts import RECORD_TYPE, load_record, record_key, save_record
 from prefect_spot.blocks import CheckpointStorage, resolve_storage
 
 
-@dataclass
-class _Tally:
-    preemptions: int = 0
-    user_failures: int = 0
-    last: str = ""
+def record_of(task_run_id: uuid.UUID) -> JobRecord | None:
+    """The JobRecord a spot task run keeps in Prefect (None before its first call)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterTaskRunId,
+                                                ArtifactFilterType)
+    from prefect.client.schemas.sorting import ArtifactSort
 
-
-_TALLIES: dict[uuid.UUID, _Tally] = {}
-_LOCK = threading.Lock()
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]),
+            type=ArtifactFilterType(any_=[RECORD_TYPE])), sort=ArtifactSort.CREATED_DESC,
+            limit=1)
+    return None if not found else load_record(found[0].key)
 
 
 def preemptions_of(task_run_id: uuid.UUID) -> int:
-    """How many preemptions a spot task run has survived in this process."""
-    with _LOCK:
-        return _TALLIES.get(task_run_id, _Tally()).preemptions
+    """How many preemptions a spot task run has survived (read from its record)."""
+    record = record_of(task_run_id)
+    return 0 if record is None else record.preemptions
 
 
 def spot_task(__fn: Callable | None = None, *, retries: int = 0,
@@ -124,36 +139,80 @@ def _wrap(fn: Callable, options: _Options) -> Callable:
         from prefect.context import TaskRunContext
 
         context = TaskRunContext.get()
-        with _checkpointer(context, options) as checkpointer:
+        attempt = _InPlaceAttempt(context, options)
+        with _checkpointer(attempt, options) as checkpointer:
             kwargs[CHECKPOINTER_PARAMETER] = checkpointer
             try:
-                return fn(*args, **kwargs)
+                value = fn(*args, **kwargs)
             except Preempted as exc:
-                _count(context, "preempted", exc)
+                attempt.end(PREEMPTED_EXIT_CODE, exc, notice=True)
+                _emit_preempted(context, exc)
                 raise
             except Exception as exc:
-                _count(context, "user_failed", exc)
+                attempt.end(1, exc)
                 raise
+            except BaseException as exc:  # cancelled, interrupted: not the step's fault
+                attempt.end(None, exc)
+                raise
+        attempt.end(0, None)
+        return value
 
     run_spot_task.__signature__ = visible  # type: ignore[attr-defined]
     return run_spot_task
 
 
+class _InPlaceAttempt:
+    """One call of a spot task as an attempt the controller opens and closes.
+
+    The lease is the worker this process runs on (``InPlaceProvider``); the record is
+    read from and written to Prefect (a keyed artifact) by the controller's persistence
+    callback, before the task's retry condition reads it."""
+
+    def __init__(self, context, options: _Options) -> None:
+        self.env = AttemptEnv.from_environ()
+        task_run = context.task_run
+        self.key = _record_key(context.task.name, task_run)
+        self.spec = JobSpec(job_id=self.key.removeprefix("spot-record-"), command=(),
+                            checkpoint_uri=_store_uri(context, options.storage, self.env),
+                            pools=())
+        self.provider = InPlaceProvider()
+        self.controller = Controller(self.provider, None, persist=self._save,
+                                     heartbeat_timeout=None)
+        self._ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
+        record = load_record(self.key) or self.controller.persist(
+            self.controller.new_record(self.spec))
+        # Under the spot worker the capacity is its lease, already fenced as SPOT_ATTEMPT
+        # in the same store: the attempt keeps that number.
+        under_worker = bool(os.environ.get("SPOT_ATTEMPT")) and options.storage is None
+        self.record, self.lease = self.controller.adopt(
+            self.spec, record, lambda number, now: self.provider.adopt(self.spec.job_id,
+                                                                      number, now),
+            attempt=self.env.attempt if under_worker else None)
+
+    def _save(self, record: JobRecord) -> None:
+        save_record(self.key, record, **self._ids)
+
+    def end(self, exit_code: int | None, exc: BaseException | None, *,
+            notice: bool = False) -> None:
+        """Report how the call ended; the controller classifies, bills and records it."""
+        now = time.time()
+        state = LeaseState.EXITED if exit_code is not None else LeaseState.TERMINATED
+        message = "" if exc is None else f"{type(exc).__name__}: {exc}"[:300]
+        self.record = self.controller.on_lease_end(self.spec, self.record, LeaseStatus(
+            state, exit_code=exit_code, notice_at=now if notice else None, ended_at=now,
+            message=message), now)
+
+
 class _checkpointer:
     """A restored Checkpointer, with the watcher and the SIGTERM bridge around the call."""
 
-    def __init__(self, context, options: _Options) -> None:
+    def __init__(self, attempt: _InPlaceAttempt, options: _Options) -> None:
         from spot_core.checkpoint import Checkpointer, open_store
 
-        env = AttemptEnv.from_environ()
-        uri = _store_uri(context, options.storage, env)
-        run_count = max(1, int(getattr(context.task_run, "run_count", 1) or 1))
-        # Under the spot worker the attempt is the lease's (the worker fenced the store
-        # for it); in place, each Prefect run of the task is the next attempt.
-        attempt = env.attempt if os.environ.get("SPOT_ATTEMPT") else run_count
-        store = open_store(uri)
-        store.fence(attempt)
-        self.checkpointer = Checkpointer(store, attempt=attempt,
+        env = attempt.env
+        # The controller fenced the store for this attempt when it opened it.
+        self.checkpointer = Checkpointer(open_store(attempt.spec.checkpoint_uri),
+                                         attempt=attempt.lease.attempt,
                                          every_seconds=options.every_seconds,
                                          every_steps=options.every_steps,
                                          notice_file=env.notice_file)
@@ -199,18 +258,6 @@ def _store_uri(context, storage, env: AttemptEnv) -> str:
                       "spot worker, which sets SPOT_CHECKPOINT_URI")
 
 
-def _count(context, kind: str, exc: BaseException) -> None:
-    with _LOCK:
-        tally = _TALLIES.setdefault(context.task_run.id, _Tally())
-        if kind == "preempted":
-            tally.preemptions += 1
-        else:
-            tally.user_failures += 1
-        tally.last = kind
-    if kind == "preempted":
-        _emit_preempted(context, exc)
-
-
 def _emit_preempted(context, exc: BaseException) -> None:
     try:
         from prefect.events import emit_event
@@ -223,17 +270,27 @@ def _emit_preempted(context, exc: BaseException) -> None:
         pass
 
 
+def _record_key(task_name: str, task_run) -> str:
+    """One record per flow run and task call (the same across the flow run's reruns)."""
+    flow_run = str(task_run.flow_run_id or task_run.id)
+    return record_key(f"{flow_run}-{slug(task_name, 30)}-{slug(task_run.dynamic_key, 20)}")
+
+
 def _retry_condition(retries: int, max_preemptions: int):
     def should_retry(task, task_run, state) -> bool:
-        with _LOCK:
-            tally = _TALLIES.get(task_run.id, _Tally())
-        if tally.last == "preempted":
+        record = load_record(_record_key(task.name, task_run))
+        last = None if record is None or not record.attempts else record.attempts[-1]
+        if last is None:
+            return False
+        if last.outcome is Outcome.PREEMPTED:
             # The capacity itself is going away (the spot watcher served the notice
             # file): retrying here is pointless; the spot worker reschedules the run.
             if _capacity_going_away():
                 return False
-            return tally.preemptions <= max_preemptions
-        return tally.user_failures <= retries
+            return record.preemptions <= max_preemptions
+        if last.outcome is Outcome.USER_FAILED:
+            return record.user_failures <= retries
+        return False
 
     return should_retry
 

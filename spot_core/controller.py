@@ -287,18 +287,24 @@ class Controller:
         return self.on_lease_end(spec, record, _stopped(now, reason), now)
 
     def adopt(self, spec: JobSpec, record: JobRecord, lease_for: Callable[[int, float], Lease],
-              now: float | None = None) -> tuple[JobRecord, Lease]:
+              now: float | None = None, attempt: int | None = None) -> tuple[JobRecord, Lease]:
         """Open an attempt on capacity the driver already runs on (``@task.spot``,
         ``spot_task``): close one a vanished earlier run left open, fence the store, and
         record the new attempt on the lease ``lease_for(number, now)`` describes. Its end is
-        reported with ``on_lease_end`` like any other."""
+        reported with ``on_lease_end`` like any other.
+
+        ``attempt``: the number the capacity already runs as, when whoever launched it
+        fenced the store for it (a spot worker's lease, ``SPOT_ATTEMPT``): the attempt
+        takes that number (or the record's next, if higher) instead of one above the
+        fence, so the launcher's next attempt is not pushed up."""
         now = self._clock() if now is None else now
         if record.current_attempt is not None:  # the earlier worker vanished mid-call
             record = self.on_lease_end(spec, record, LeaseStatus(
                 LeaseState.RECLAIMED, ended_at=now, notice_at=now,
                 message="the worker vanished without a report (killed or reclaimed)"), now)
         store = open_store(spec.checkpoint_uri)
-        number = max(record.next_attempt_number, store.fence_level() + 1)
+        floor = store.fence_level() + 1 if attempt is None else attempt
+        number = max(record.next_attempt_number, floor)
         store.fence(number)
         start_ref = store.latest()
         lease = lease_for(number, now)

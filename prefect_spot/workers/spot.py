@@ -1,17 +1,25 @@
 """``SpotWorker`` (type ``spot``): runs flow runs on spot capacity and recovers them.
 
-Each flow run is one job under the controller. The worker launches the flow run's
-command on a lease in the best-ranked pool (pool diversification, a spot price cap, a
-preemption budget, on-demand fallback); the lease id is the run's infrastructure id.
-When the capacity is reclaimed, the worker does not leave the run ``Crashed``: it
-records the preemption and reschedules the run (``AwaitingRetry``), so the work pool
-hands it out again and the next attempt resumes from the run's checkpoint store
-(``SPOT_CHECKPOINT_URI``: ``checkpoint_root``/<flow run id>; a ``spot_task`` in the flow
-restores from it).
+Each flow run is one job, driven through the controller's lifecycle API (``advance`` /
+``check`` / ``stop``); the worker itself never classifies, bills or closes an attempt.
+The controller launches the flow run's command on a lease in the best-ranked pool (pool
+diversification, a spot price cap, a preemption budget, on-demand fallback); the lease
+id is the run's infrastructure id. When the capacity is reclaimed, the worker does not
+leave the run ``Crashed``: it reschedules it (``AwaitingRetry``) and gives back the flow
+retries the preempted runs used up, so the work pool hands it out again, the next
+attempt resumes from the run's checkpoint store (``SPOT_CHECKPOINT_URI``:
+``checkpoint_root``/<flow run id>) and ``@flow(retries=...)`` stays for the flow's own
+errors.
 
-The JobRecord lives in Prefect: a variable ``spot-record-<flow run id>`` holds it
-between attempts (so another worker can continue the job), and a table artifact of the
-attempts plus a markdown summary are attached to the flow run.
+Kills: a cancelled flow run's lease is terminated (``kill_infrastructure``, and the
+watching worker stops the attempt); a worker that is shut down stops the attempts it
+watches; a worker that is killed outright stops renewing the job's heartbeat, and the
+node's watcher ends the lease after the heartbeat timeout.
+
+The JobRecord lives in Prefect: a keyed artifact ``spot-record-<flow run id>`` (each
+save a new version, written before the controller acts on it) holds it between
+attempts, so another worker can continue the job; a table artifact of the attempts and
+a markdown summary are attached to the flow run.
 """
 
 from __future__ import annotations
@@ -19,9 +27,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,7 +39,6 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect.client.schemas.objects import FlowRun
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE
 from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
@@ -40,10 +47,11 @@ from spot_core.settings import WORKER, knobs_for
 
 from prefect_spot import _jobs
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
-from prefect_spot.artifacts import artifact_key, attempts_table, summary_markdown
+from prefect_spot.artifacts import (artifact_key, attempts_table, load_record, record_key,
+                                    save_record, summary_markdown)
 from prefect_spot.blocks import BLOCK_FIELDS, SpotConfiguration
 
-RECORD_VARIABLE = "spot-record-{flow_run_id}"
+CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
 RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED)
 
 
@@ -203,7 +211,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
     # -- running a flow run -------------------------------------------------------------------
     async def run(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
                   task_status: Optional[anyio.abc.TaskStatus[str]] = None) -> SpotWorkerResult:
-        logger = self.get_flow_run_logger(flow_run)
+        """Drive the flow run's job through the controller until it settles or is handed
+        back to the work pool (rescheduled after a preemption)."""
         config = configuration.spot_configuration()
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
         spec = _jobs.job_spec(config, provider, job_id=f"flow-run-{flow_run.id}",
@@ -211,86 +220,118 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                               checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
                               env=_jobs.lease_env(config.provider, {
                                   k: v for k, v in configuration.env.items() if v is not None},
-                                  logger))
-        record = await self._load_record(flow_run)
-        related = [{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
-                    "prefect.resource.role": "flow-run"}]
-        controller = _jobs.controller_for(config, provider, related=related,
-                                          persist=lambda r: self._remember(flow_run, r))
-        record = record or controller.new_record(spec)
-        started = False
-        while True:
-            decision = await anyio.to_thread.run_sync(controller.decide, spec, record)
-            final = await anyio.to_thread.run_sync(controller.settle, record, decision)
-            if final is not None:
-                return await self._finish(flow_run, final, task_status, started)
-            if decision.action == "wait":
-                logger.info("no capacity: %s", decision.reason)
-                await anyio.sleep(decision.wait_seconds)
-                continue
-            record, lease = await anyio.to_thread.run_sync(controller.start_attempt, spec,
-                                                           record, decision)
-            if lease is None:
-                continue
-            logger.info("attempt %d on %s (lease %s): %s", lease.attempt, lease.pool.key,
-                        lease.lease_id, decision.reason)
-            if task_status is not None and not started:
-                task_status.started(lease.lease_id)
-                started = True
-            record = await self._wait_and_close(controller, spec, record, lease, flow_run)
-            last = record.attempts[-1]
-            logger.info("attempt %d ended %s: %s", last.number, last.outcome, last.message)
-            if last.outcome in RESCHEDULE_AFTER:
-                if await self._cancelled(flow_run):
-                    return SpotWorkerResult(identifier=lease.lease_id, status_code=0,
-                                            record=record.summary())
-                decision = await anyio.to_thread.run_sync(controller.decide, spec, record)
-                if decision.action in ("launch", "wait"):
-                    await self._reschedule(flow_run, record, last)
-                    await self._publish(flow_run, record)
-                    return SpotWorkerResult(identifier=lease.lease_id, status_code=0,
-                                            record=record.summary())
-
-    async def _wait_and_close(self, controller, spec, record: JobRecord, lease: Lease,
-                              flow_run: FlowRun) -> JobRecord:
+                                  self.get_flow_run_logger(flow_run)))
+        controller = _jobs.controller_for(
+            config, _FlowRunExit(provider, flow_run.id), related=_related(flow_run),
+            persist=lambda r: self._remember(flow_run, r))
+        record = await anyio.to_thread.run_sync(self._load_record, flow_run)
+        if record is None:
+            record = controller.persist(controller.new_record(spec))
+        runs_before = (await self.client.read_flow_run(flow_run.id)).run_count
+        started = _Started(task_status)
+        nxt = await anyio.to_thread.run_sync(controller.advance, spec, record)
         try:
-            status = await anyio.to_thread.run_sync(controller.wait_for_end, lease,
-                                                    record.deadline)
-        finally:
-            await anyio.to_thread.run_sync(controller.provider.terminate, lease)
-        status = await self._with_flow_outcome(flow_run, status)
-        return await anyio.to_thread.run_sync(controller.finish_attempt, spec, record, lease,
-                                              status)
+            while nxt.action != "finished":
+                if nxt.action == "sleep":
+                    self.get_flow_run_logger(flow_run).info("waiting: %s", nxt.reason)
+                    await anyio.sleep(max(0.0, nxt.until - time.time()))
+                elif nxt.action == "watch":
+                    started(nxt.lease.lease_id)
+                    nxt = await self._watch(controller, spec, nxt, flow_run)
+                    continue
+                else:  # ended
+                    handed_back = await self._after_attempt(controller, spec, nxt.record,
+                                                            flow_run, runs_before)
+                    if handed_back is not None:
+                        started(handed_back.identifier)
+                        return handed_back
+                nxt = await anyio.to_thread.run_sync(controller.advance, spec, nxt.record)
+        except BaseException:
+            if nxt.action == "watch":  # the worker is stopping: end the attempt it runs
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        controller.stop, spec, nxt.record, "stopped: the worker shut down")
+            raise
+        started("")
+        return await self._finish(flow_run, nxt.record)
 
-    async def _with_flow_outcome(self, flow_run: FlowRun, status: LeaseStatus) -> LeaseStatus:
-        """The lease's status, corrected by what the flow run reported.
+    async def _watch(self, controller, spec, nxt, flow_run: FlowRun):
+        """Check the lease every poll interval until the attempt ends; a flow run
+        cancelled meanwhile stops the attempt (the controller terminates and closes it)."""
+        asked_at = time.monotonic()
+        while nxt.action == "watch":
+            await anyio.sleep(controller.poll_interval)
+            if time.monotonic() - asked_at >= CANCEL_CHECK_SECONDS:
+                asked_at = time.monotonic()
+                if await self._cancelling(flow_run):
+                    record = await anyio.to_thread.run_sync(
+                        controller.stop, spec, nxt.record,
+                        "stopped: the flow run was cancelled")
+                    return dataclasses.replace(nxt, action="ended", record=record,
+                                               lease=None, reason="cancelled")
+            nxt = await anyio.to_thread.run_sync(controller.check, spec, nxt)
+        return nxt
 
-        Prefect's engine exits 0 once it has reported a failed flow run, so an exit code
-        of 0 alone does not mean success: a run that is not Completed failed, and one
-        that failed after an interruption notice was preempted.
-        """
-        if status.exit_code != 0:
-            return status
-        state = (await self.client.read_flow_run(flow_run.id)).state
-        if state is not None and state.is_completed():
-            return status
-        code = PREEMPTED_EXIT_CODE if status.notice_at is not None else 1
-        message = (state.message if state is not None and state.message
-                   else "the flow run did not complete")
-        return dataclasses.replace(status, exit_code=code, message=message[:300])
+    async def _after_attempt(self, controller, spec, record: JobRecord, flow_run: FlowRun,
+                             runs_before: int) -> SpotWorkerResult | None:
+        """After an attempt closed: a result if the flow run leaves this worker now
+        (cancelled, or rescheduled for its next attempt), else None (advance here)."""
+        last = record.attempts[-1]
+        self.get_flow_run_logger(flow_run).info("attempt %d ended %s: %s", last.number,
+                                                last.outcome, last.message)
+        if await self._cancelled(flow_run, since=last.started_at):
+            await self._publish(flow_run, record)
+            return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
+                                    record=record.summary())
+        if last.outcome not in RESCHEDULE_AFTER:
+            return None
+        following = await anyio.to_thread.run_sync(controller.decide, spec, record)
+        if following.action not in ("launch", "wait"):
+            return None  # advance settles the job (budget spent)
+        await self._refund_flow_retries(flow_run, runs_before)
+        await self._reschedule(flow_run, record, last)
+        await self._publish(flow_run, record)
+        return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
+                                record=record.summary())
+
+    async def _refund_flow_retries(self, flow_run: FlowRun, runs_before: int) -> None:
+        """Give back the flow's ``retries`` that the preempted attempt's runs used up.
+
+        Every start of a flow run raises its ``run_count``, and Prefect retries a failed
+        flow run while ``run_count`` <= ``empirical_policy.retries`` (its
+        RetryFailedFlows rule; the engine copies ``@flow(retries=...)`` there only while
+        it is unset). Raising ``retries`` by the runs this attempt spent keeps the user's
+        retries for the flow's own errors."""
+        current = await self.client.read_flow_run(flow_run.id)
+        spent = max(0, current.run_count - runs_before)
+        policy = current.empirical_policy
+        if spent == 0 or policy.retries is None:
+            return
+        policy = policy.model_copy(update={"retries": policy.retries + spent})
+        await self.client.update_flow_run(flow_run.id, empirical_policy=policy)
 
     def _checkpoint_uri(self, configuration: SpotJobConfiguration, flow_run: FlowRun) -> str:
         root = configuration.checkpoint_root or (self._scratch_dir() / "checkpoints").as_uri()
         return f"{root.rstrip('/')}/{flow_run.id}"
 
-    async def _cancelled(self, flow_run: FlowRun) -> bool:
-        """A run the user cancelled (its lease killed by kill_infrastructure) stays so."""
+    async def _cancelling(self, flow_run: FlowRun) -> bool:
+        state = (await self.client.read_flow_run(flow_run.id)).state
+        return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+    async def _cancelled(self, flow_run: FlowRun, since: float) -> bool:
+        """Was the run cancelled since ``since`` (the attempt's start)? Then it stays so.
+
+        Read from the run's state history, not its current state: the engine killed with
+        its lease may have reported ``Crashed`` after the ``Cancelling``."""
+        from prefect.client.schemas.objects import StateType
         from prefect.states import Cancelled
 
-        state = (await self.client.read_flow_run(flow_run.id)).state
-        if state is None or not (state.is_cancelling() or state.is_cancelled()):
+        history = await self.client.read_flow_run_states(flow_run.id)
+        if not any(s.type in (StateType.CANCELLING, StateType.CANCELLED)
+                   and s.timestamp.timestamp() >= since - 1.0 for s in history):
             return False
-        if state.is_cancelling():
+        current = (await self.client.read_flow_run(flow_run.id)).state
+        if current is None or not current.is_cancelled():
             await self.client.set_flow_run_state(
                 flow_run.id, Cancelled(message="cancelled; its spot lease was terminated"),
                 force=True)
@@ -309,15 +350,10 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self.get_flow_run_logger(flow_run).info(message)
         from prefect_spot.events import emit_job_event
 
-        emit_job_event("rescheduled", record, message, related=[
-            {"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
-             "prefect.resource.role": "flow-run"}])
+        emit_job_event("rescheduled", record, message, related=_related(flow_run))
 
-    async def _finish(self, flow_run: FlowRun, record: JobRecord, task_status,
-                      started: bool) -> SpotWorkerResult:
+    async def _finish(self, flow_run: FlowRun, record: JobRecord) -> SpotWorkerResult:
         last = record.attempts[-1] if record.attempts else None
-        if task_status is not None and not started:
-            task_status.started(last.lease_id if last and last.lease_id else "")
         if record.status is not JobStatus.SUCCEEDED:
             await self._fail_unless_final(flow_run, record)
         await self._publish(flow_run, record)
@@ -339,24 +375,18 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
 
     # -- the record in Prefect -------------------------------------------------------------------
     def _remember(self, flow_run: FlowRun, record: JobRecord) -> None:
+        """Keep the record in a keyed artifact of the flow run (any worker can resume the
+        job from it) before the controller acts on it; in memory too, for this worker."""
         self._records[str(flow_run.id)] = record
         try:
-            from prefect.variables import Variable
-
-            Variable.set(RECORD_VARIABLE.format(flow_run_id=flow_run.id), record.to_dict(),
-                         overwrite=True, _sync=True)
+            save_record(record_key(flow_run.id), record, flow_run_id=flow_run.id)
         except Exception:  # noqa: BLE001 - the in-memory record still drives this worker
             self._logger.warning("could not persist the record of %s", flow_run.id,
                                  exc_info=True)
 
-    async def _load_record(self, flow_run: FlowRun) -> JobRecord | None:
+    def _load_record(self, flow_run: FlowRun) -> JobRecord | None:
         record = self._records.get(str(flow_run.id))
-        if record is not None:
-            return record
-        from prefect.variables import Variable
-
-        stored = await Variable.aget(RECORD_VARIABLE.format(flow_run_id=flow_run.id))
-        return None if stored is None else JobRecord.from_dict(stored)
+        return record if record is not None else load_record(record_key(flow_run.id))
 
     async def _publish(self, flow_run: FlowRun, record: JobRecord) -> None:
         from prefect.client.schemas.actions import ArtifactCreate
@@ -393,6 +423,56 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         for stub, status in found:
             if not status.ended or len(found) == 1:
                 await anyio.to_thread.run_sync(provider.terminate, stub)
+
+
+def _related(flow_run: FlowRun) -> list[dict[str, str]]:
+    return [{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+             "prefect.resource.role": "flow-run"}]
+
+
+class _Started:
+    """Reports the infrastructure id (the first lease) to Prefect once."""
+
+    def __init__(self, task_status) -> None:
+        self._task_status = task_status
+
+    def __call__(self, identifier: str) -> None:
+        if self._task_status is not None:
+            self._task_status.started(identifier)
+            self._task_status = None
+
+
+class _FlowRunExit:
+    """The provider, with each lease's exit code read together with its flow run's state.
+
+    Prefect's engine exits 0 once it has reported a failed flow run, so an exit code of 0
+    alone does not say the step succeeded: the process's exit status is 0 only if the
+    flow run Completed. The controller then classifies the end as usual (a failure after
+    an interruption notice is a preemption)."""
+
+    def __init__(self, provider, flow_run_id) -> None:
+        self._provider = provider
+        self._flow_run_id = flow_run_id
+
+    def observe(self, leases):
+        statuses = self._provider.observe(leases)
+        return {lease_id: self._corrected(status) for lease_id, status in statuses.items()}
+
+    def _corrected(self, status: LeaseStatus) -> LeaseStatus:
+        if not status.ended or status.exit_code != 0:
+            return status
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(self._flow_run_id).state
+        if state is not None and state.is_completed():
+            return status
+        message = (state.message if state is not None and state.message
+                   else "the flow run did not complete")
+        return dataclasses.replace(status, exit_code=1, message=message[:300])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._provider, name)
 
 
 def _lease_stubs(provider, lease_id: str) -> list[Lease]:

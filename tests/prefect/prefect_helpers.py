@@ -31,8 +31,11 @@ def count_to(total: int, pause: float, checkpointer=None) -> dict:
     return {"total": total, "started_at": start, "instance": os.environ.get(LEASE_MARKER)}
 
 
-def deploy_example_flow(pool: str, name: str, job_variables: dict[str, Any]):
-    """A ``spot`` work pool and the example flow deployed to it; the deployment id."""
+def deploy_example_flow(pool: str, name: str, job_variables: dict[str, Any],
+                        source: Path = FLOWS,
+                        entrypoint: str = "spot_ml_pipeline.py:spot_ml_pipeline_on_worker"):
+    """A ``spot`` work pool and a flow (the example flow unless told) deployed to it;
+    the deployment id."""
     from prefect import flow, get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
@@ -42,9 +45,8 @@ def deploy_example_flow(pool: str, name: str, job_variables: dict[str, Any]):
         client.create_work_pool(WorkPoolCreate(
             name=pool, type="spot",
             base_job_template=SpotWorker.get_default_base_job_template()), overwrite=True)
-    source = flow.from_source(source=str(FLOWS),
-                              entrypoint="spot_ml_pipeline.py:spot_ml_pipeline_on_worker")
-    return source.deploy(name=name, work_pool_name=pool, job_variables=job_variables,
+    deployable = flow.from_source(source=str(source), entrypoint=entrypoint)
+    return deployable.deploy(name=name, work_pool_name=pool, job_variables=job_variables,
                          build=False, push=False, print_next_steps=False)
 
 
@@ -84,12 +86,13 @@ def wait_completed(client, flow_run_id, timeout: float):
 
 
 def final_record(flow_run_id, timeout: float = 60) -> JobRecord:
-    """The record the worker keeps in a Prefect variable, once the job has ended."""
-    from prefect.variables import Variable
+    """The record the worker keeps in a keyed artifact, once the job has ended."""
+    from prefect_spot.artifacts import load_record, record_key
 
     deadline = time.monotonic() + timeout
     while True:
-        record = JobRecord.from_dict(Variable.get(f"spot-record-{flow_run_id}"))
-        if record.status.value != "running" or time.monotonic() > deadline:
+        record = load_record(record_key(flow_run_id))
+        if (record is not None and record.status.value != "running") \
+                or time.monotonic() > deadline:
             return record
         time.sleep(0.5)

@@ -11,7 +11,8 @@ import pytest
 from prefect import flow
 
 from prefect_spot import spot_task
-from prefect_spot.tasks import preemptions_of
+from prefect_spot.tasks import preemptions_of, record_of
+from spot_core.model import Outcome
 from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError, Preempted
 
@@ -47,6 +48,9 @@ def test_notice_saves_and_the_retry_resumes_without_using_user_retries(prefect_a
     assert pipeline() == 100
     assert seen == [0, 58]  # the emergency checkpoint at step 58 was resumed from
     assert preemptions_of(train.last_run) == 1
+    record = record_of(train.last_run)
+    assert [a.outcome for a in record.attempts] == [Outcome.PREEMPTED, Outcome.SUCCEEDED]
+    assert record.user_failures == 0 and record.attempts[1].checkpoint_step_start == 58
     stores = list(tmp_path.glob("*-train-*"))
     assert len(stores) == 1
     ref = open_store(stores[0].as_uri()).latest()

@@ -42,9 +42,9 @@ def test_preempted_task_resumes_from_its_checkpoint(prefect_api, tmp_path):
                                      workdir=tmp_path))
     def pipeline():
         future = count_to.submit(400, 0.02)
-        return future.result(), spot_record(future)
+        return future.result(), spot_record(future), future.task_run_id
 
-    result, record = pipeline()
+    result, record, task_run_id = pipeline()
     assert result["total"] == 400
     assert record.preemptions >= 1
     assert record.attempts[0].outcome is Outcome.PREEMPTED
@@ -54,6 +54,12 @@ def test_preempted_task_resumes_from_its_checkpoint(prefect_api, tmp_path):
     assert resumed and resumed[0] > 0
     assert result["started_at"] == record.attempts[-1].checkpoint_step_start
     assert record.user_failures == 0
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        task_run = client.read_task_run(task_run_id)
+    assert task_run.run_count == 1, "a preemption spent one of the task's Prefect runs"
+    assert task_run.state.is_completed()
 
 
 def test_futures_resolve_with_results_and_map(prefect_api, tmp_path):
