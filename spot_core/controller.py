@@ -286,6 +286,13 @@ class Controller:
         now = self._clock() if now is None else now
         return self.on_lease_end(spec, record, _stopped(now, reason), now)
 
+    def cancel(self, spec: JobSpec, record: JobRecord, reason: str,
+               now: float | None = None) -> JobRecord:
+        """The user cancelled the job (a cancelled flow run): stop its running attempt and
+        settle the record as failed, with ``reason`` on the last attempt."""
+        record = self.stop(spec, record, reason, now)
+        return self._save(record.with_status(JobStatus.FAILED), "cancelled", reason)
+
     def adopt(self, spec: JobSpec, record: JobRecord, lease_for: Callable[[int, float], Lease],
               now: float | None = None, attempt: int | None = None) -> tuple[JobRecord, Lease]:
         """Open an attempt on capacity the driver already runs on (``@task.spot``,

@@ -265,7 +265,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                 asked_at = time.monotonic()
                 if await self._cancelling(flow_run):
                     record = await anyio.to_thread.run_sync(
-                        controller.stop, spec, nxt.record,
+                        controller.cancel, spec, nxt.record,
                         "stopped: the flow run was cancelled")
                     return dataclasses.replace(nxt, action="ended", record=record,
                                                lease=None, reason="cancelled")
@@ -280,6 +280,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self.get_flow_run_logger(flow_run).info("attempt %d ended %s: %s", last.number,
                                                 last.outcome, last.message)
         if await self._cancelled(flow_run, since=last.started_at):
+            record = await anyio.to_thread.run_sync(controller.cancel, spec, record,
+                                                    "the flow run was cancelled")
             await self._publish(flow_run, record)
             return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
                                     record=record.summary())
