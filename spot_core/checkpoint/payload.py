@@ -21,6 +21,7 @@ from spot_core.checkpoint.manifest import MANIFEST_NAME
 from spot_core.errors import ConfigError
 
 CHUNK_SIZE = 4 << 20
+MAX_PART_BYTES = 255  # NAME_MAX of common file systems
 _NAME_RULES = ("payload names are relative POSIX paths like 'model.bin' or 'optim/state.pt': "
                "non-empty parts separated by '/', no '..' or '.', no backslash or NUL, "
                f"not {MANIFEST_NAME!r}")
@@ -61,17 +62,21 @@ def validate_name(name: object) -> str:
     """Return ``name`` if it is a safe relative POSIX path, else raise ConfigError saying why."""
     if not isinstance(name, str):
         raise ConfigError(f"payload name {name!r} is a {type(name).__name__}; {_NAME_RULES}")
-    problem = _name_problem(name)
+    problem = name_problem(name)
     if problem:
         raise ConfigError(f"payload name {name!r} {problem}; {_NAME_RULES}")
     return name
 
 
-def _name_problem(name: str) -> str | None:
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a safe payload name, or None. Also how readers judge a manifest's
+    names, so a forged one cannot make ``load_to_dir`` write outside its directory."""
     if not name:
         return "is empty"
     if "\x00" in name:
         return "contains a NUL character"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "contains a control character"
     if "\\" in name:
         return "contains a backslash (use '/' to separate directories)"
     if name.startswith("/"):
@@ -81,6 +86,8 @@ def _name_problem(name: str) -> str | None:
         return "contains a '.' or '..' part (it would escape the checkpoint directory)"
     if any(not p for p in parts):
         return "has an empty part ('//' or a trailing '/')"
+    if any(len(p.encode("utf-8", "surrogatepass")) > MAX_PART_BYTES for p in parts):
+        return f"has a part longer than {MAX_PART_BYTES} bytes (file systems refuse it)"
     if name == MANIFEST_NAME:
         return "is reserved for the checkpoint manifest (rename the entry)"
     if any(p.startswith(TEMP_PREFIX) for p in parts):

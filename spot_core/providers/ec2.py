@@ -483,8 +483,6 @@ class Ec2Provider:
         uri = lease.details.get("checkpoint_uri")
         if not uri:
             return {}
-        import json
-
         from spot_core.checkpoint import open_store
 
         try:
@@ -493,7 +491,7 @@ class Ec2Provider:
                 options = {"endpoint_url": aws.s3_endpoint(self.config.endpoint_url),
                            "region": lease.details.get("checkpoint_region")}
             store = open_store(uri, **options)
-            return json.loads(store.get_object(ec2_agent.status_key(lease.attempt)) or b"{}")
+            return ec2_agent.parse_report(store.get_object(ec2_agent.status_key(lease.attempt)))
         except FileNotFoundError:
             return {}
         except Exception as exc:  # a missing report only makes the outcome less precise

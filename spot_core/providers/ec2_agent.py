@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -62,6 +63,30 @@ rc=${{PIPESTATUS[0]}}
 {shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report --exit-code "$rc" --watch-log "$LOG" || true
 ${{SPOT_SHUTDOWN_COMMAND:-shutdown -h now}}
 """
+
+
+def parse_report(data: bytes | None) -> dict:
+    """The typed fields of a status report (``exit_code`` int, ``notice_at`` and ``ended_at``
+    finite seconds); anything else, or an unreadable object, is dropped as corrupt.
+
+    The node writes the report into a store others can write too, so what is read back is
+    judged, never trusted: a forged or torn report only makes the outcome less precise."""
+    try:
+        doc = json.loads(data or b"{}", parse_constant=float)
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    out: dict = {}
+    code = doc.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool) and -255 <= code <= 255:
+        out["exit_code"] = code
+    for key in ("notice_at", "ended_at"):
+        value = doc.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value >= 0:
+            out[key] = float(value)
+    return out
 
 
 def first_notice(log_path: str) -> float | None:
