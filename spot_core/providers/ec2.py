@@ -351,12 +351,14 @@ class Ec2Provider:
 
     def _user_data(self, spec: LaunchSpec) -> str:
         env = dict(spec.env)
-        secrets = ec2_agent.secret_names(env)
-        if secrets:
-            raise ConfigError(f"env {secrets} look like credentials and would be written into "
+        found = ec2_agent.credential_findings(env)
+        if found:
+            which = ", ".join(f"{name} ({why})" for name, why in sorted(found.items()))
+            raise ConfigError(f"env {which} looks like credentials and would be written into "
                               "EC2 user-data, which anyone with ec2:DescribeInstanceAttribute "
                               "can read; grant access through the instance profile (or read "
-                              "the secret from Secrets Manager in the step) instead")
+                              "the secret from Secrets Manager in the step) instead, or "
+                              "rename a variable that holds no secret")
         attempt = attempt_env.AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                                          attempt=spec.attempt, metadata_endpoint=None,
                                          cloud=CLOUD, notice_file=None,
