@@ -16,10 +16,10 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from spot_core.checkpoint.names import MANIFEST_NAME, name_problem
 from spot_core.errors import ConfigError, CorruptCheckpoint
 from spot_core.model import CheckpointRef
 
-MANIFEST_NAME = "MANIFEST.json"
 FORMAT = "spot-pipelines/checkpoint"
 FORMAT_VERSION = 1
 CHECKPOINTS_PREFIX = "checkpoints"
@@ -187,8 +187,6 @@ def _from_body(doc: Mapping[str, Any], where: str) -> Manifest:
 def _file_name(name: object, where: str) -> str:
     """A payload name a save could have written; anything else (``..``, absolute, control
     characters) would let a forged manifest reach outside the checkpoint on load."""
-    from spot_core.checkpoint.payload import name_problem  # payload imports this module
-
     problem = "is not a string" if not isinstance(name, str) else name_problem(name)
     if problem:
         raise CorruptCheckpoint(f"{where} lists payload file {str(name)[:80]!r}, which "
