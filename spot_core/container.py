@@ -37,16 +37,28 @@ DOCKER_INFO_TIMEOUT_SECONDS = 10.0
 def wrap(image: str, command: Sequence[str], env_names: Sequence[str], *,
          python: str = sys.executable) -> tuple[str, ...]:
     """The command a provider launches for ``image`` + ``command`` (runs this shim)."""
-    if not image or any(c.isspace() for c in image):
-        raise ConfigError(f"container image {image!r} is not an image reference; pass one like "
-                          "'ghcr.io/acme/train:1.4'")
+    check_image(image)
     names = [arg for name in sorted(set(env_names)) for arg in ("--env", name)]
     return (python, "-m", "spot_core.container", "--image", image, *names, "--", *command)
+
+
+def check_image(image: object) -> str:
+    """Refuse what is not an image reference before it reaches ``docker run``: a leading
+    '-' would be read as a flag (``-v/:/host``, ``--privileged``), whitespace or control
+    characters as more words."""
+    if not isinstance(image, str) or not image or image.startswith("-") \
+            or any(c.isspace() or not c.isprintable() for c in image):
+        shown = image if isinstance(image, str) and image.isprintable() else repr(image)
+        raise ConfigError(f"container image {shown[:100]!r} is not an image reference (empty, "
+                          "a leading '-', whitespace or control characters); pass one like "
+                          "'ghcr.io/acme/train:1.4'")
+    return image
 
 
 def docker_argv(image: str, command: Sequence[str], environ: Mapping[str, str],
                 env_names: Sequence[str] = ()) -> list[str]:
     """``docker run`` for one attempt; values stay in ``environ``, never on the line."""
+    check_image(image)
     names = sorted({n for n in environ if n.startswith("SPOT_")} | set(env_names))
     argv = [DOCKER, "run", "--rm", "--init", "--network", "host"]
     for name in names:
@@ -96,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    argv_ = docker_argv(args.image, command, os.environ, args.env)
+    try:
+        argv_ = docker_argv(args.image, command, os.environ, args.env)
+    except ConfigError as exc:
+        parser.error(str(exc))  # one line, exit 2
     if shutil.which(DOCKER) is None:
         print("spot-pipelines: no 'docker' on PATH; the image's step cannot start",
               file=sys.stderr)

@@ -15,6 +15,7 @@ early or keep one alive.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 HEARTBEAT_KEY = "heartbeat/driver.json"
@@ -34,11 +35,14 @@ class Beat:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Beat | None":
+        """None for anything a driver did not write (garbage, NaN, deep nesting): an
+        unreadable beat is no beat, never an exception in the node's watcher."""
         try:
-            doc = json.loads(data)
-            return cls(int(doc["attempt"]), float(doc["renewed_at"]), int(doc["sequence"]))
-        except (ValueError, KeyError, TypeError):
+            doc = json.loads(data, parse_constant=_refuse_constant)
+            beat = cls(int(doc["attempt"]), float(doc["renewed_at"]), int(doc["sequence"]))
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError, OverflowError):
             return None
+        return beat if math.isfinite(beat.renewed_at) else None
 
 
 class Heartbeat:
@@ -60,3 +64,7 @@ class Heartbeat:
         """The newest beat, or None when there is none (or it is unreadable)."""
         data = self.store.get_object(HEARTBEAT_KEY)
         return None if data is None else Beat.from_bytes(data)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from spot_core.checkpoint.names import MANIFEST_NAME, name_problem
 from spot_core.errors import ConfigError, CorruptCheckpoint
 from spot_core.model import CheckpointRef
 
-MANIFEST_NAME = "MANIFEST.json"
 FORMAT = "spot-pipelines/checkpoint"
 FORMAT_VERSION = 1
 CHECKPOINTS_PREFIX = "checkpoints"
 _ID_RE = re.compile(r"^step-(\d{12,})-attempt-(\d{4,})-([0-9a-f]{8})$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_MANIFEST_BYTES = 64 << 20  # a million files' entries fit; more is not a manifest
+MAX_DEPTH = 64  # metadata nesting a save accepts, so a reader can bound what it parses
 
 
 def new_checkpoint_id(step: int, attempt: int) -> str:
@@ -49,11 +53,14 @@ def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(metadata, Mapping):
         raise ConfigError(f"checkpoint metadata must be a dict, got {type(metadata).__name__}")
     try:
-        return json.loads(json.dumps(dict(metadata), allow_nan=False, sort_keys=True))
-    except (TypeError, ValueError) as exc:
+        encoded = json.loads(json.dumps(dict(metadata), allow_nan=False, sort_keys=True))
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"checkpoint metadata is not JSON-serialisable ({exc}); use only "
                           "dicts with str keys, lists, str, int, finite float, bool and None"
                           ) from exc
+    if _deeper_than(encoded, MAX_DEPTH):
+        raise ConfigError(f"checkpoint metadata nests deeper than {MAX_DEPTH} levels; flatten it")
+    return encoded
 
 
 @dataclass(frozen=True)
@@ -99,10 +106,7 @@ class Manifest:
     def decode(cls, data: bytes, checkpoint_id: str) -> Manifest:
         """Parse and self-verify; raise CorruptCheckpoint naming what is wrong."""
         where = f"checkpoint {checkpoint_id}: {MANIFEST_NAME}"
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptCheckpoint(f"{where} is not valid JSON ({exc}); torn or edited") from exc
+        doc = _strict_json(data, where)
         if not isinstance(doc, dict) or "body_sha256" not in doc:
             raise CorruptCheckpoint(f"{where} has no body_sha256; not a spot-pipelines manifest")
         claimed = doc.pop("body_sha256")
@@ -110,6 +114,43 @@ class Manifest:
             raise CorruptCheckpoint(f"{where} fails its own sha256; it was torn or edited")
         _check_header(doc, where, checkpoint_id)
         return _from_body(doc, where)
+
+
+def _strict_json(data: bytes, where: str) -> Any:
+    """Parse what a writer of this module could have produced: strict JSON, nothing deep.
+
+    Manifests come from a store that other processes (a reclaimed node, another job, a
+    hand) can write, so NaN, Infinity and nesting deep enough to exhaust the parser's
+    recursion are corruption like any other, never an exception that escapes ``latest``.
+    """
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise CorruptCheckpoint(f"{where} is {len(data)} bytes, over the {MAX_MANIFEST_BYTES} "
+                                "a manifest can have; not a spot-pipelines manifest")
+    try:
+        doc = json.loads(data, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptCheckpoint(f"{where} is not strict JSON ({type(exc).__name__}: "
+                                f"{str(exc)[:120]}); torn or edited") from exc
+    if _deeper_than(doc, MAX_DEPTH + 1):  # the body holds metadata one level down
+        raise CorruptCheckpoint(f"{where} nests deeper than {MAX_DEPTH} levels; torn or edited")
+    return doc
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels (iterative: no recursion to exhaust)."""
+    stack = [(doc, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth >= limit:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _body_digest(body: Mapping[str, Any]) -> str:
@@ -130,10 +171,43 @@ def _check_header(doc: Mapping[str, Any], where: str, checkpoint_id: str) -> Non
 
 def _from_body(doc: Mapping[str, Any], where: str) -> Manifest:
     try:
-        files = {str(n): FileEntry(size=int(e["size"]), sha256=str(e["sha256"]))
-                 for n, e in doc["files"].items()}
-        return Manifest(checkpoint_id=doc["checkpoint_id"], step=int(doc["step"]),
-                        attempt=int(doc["attempt"]), created_at=float(doc["created_at"]),
-                        metadata=dict(doc["metadata"]), files=files)
+        files = {_file_name(n, where): _file_entry(e) for n, e in doc["files"].items()}
+        manifest = Manifest(checkpoint_id=doc["checkpoint_id"], step=_count(doc["step"]),
+                            attempt=_count(doc["attempt"]),
+                            created_at=_finite(doc["created_at"]),
+                            metadata=dict(doc["metadata"]), files=files)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CorruptCheckpoint(f"{where} is missing or mistypes a field ({exc!r})") from exc
+    if parse_checkpoint_id(manifest.checkpoint_id) != (manifest.step, manifest.attempt):
+        raise CorruptCheckpoint(f"{where} claims step {manifest.step} attempt "
+                                f"{manifest.attempt}, which its id does not encode; edited")
+    return manifest
+
+
+def _file_name(name: object, where: str) -> str:
+    """A payload name a save could have written; anything else (``..``, absolute, control
+    characters) would let a forged manifest reach outside the checkpoint on load."""
+    problem = "is not a string" if not isinstance(name, str) else name_problem(name)
+    if problem:
+        raise CorruptCheckpoint(f"{where} lists payload file {str(name)[:80]!r}, which "
+                                f"{problem}; forged or edited")
+    return name  # type: ignore[return-value]
+
+
+def _file_entry(entry: Mapping[str, Any]) -> FileEntry:
+    sha256 = entry["sha256"]
+    if not isinstance(sha256, str) or not _SHA256_RE.match(sha256):
+        raise ValueError(f"sha256 {str(sha256)[:80]!r} is not 64 hex digits")
+    return FileEntry(size=_count(entry["size"]), sha256=sha256)
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{str(value)[:40]!r} is not an int >= 0")
+    return value
+
+
+def _finite(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{str(value)[:40]!r} is not a finite number")
+    return float(value)

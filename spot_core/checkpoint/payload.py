@@ -16,8 +16,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Mapping
 
-from spot_core.checkpoint.file_backend import TEMP_PREFIX
 from spot_core.checkpoint.manifest import MANIFEST_NAME
+from spot_core.checkpoint.names import name_problem
 from spot_core.errors import ConfigError
 
 CHUNK_SIZE = 4 << 20
@@ -61,31 +61,10 @@ def validate_name(name: object) -> str:
     """Return ``name`` if it is a safe relative POSIX path, else raise ConfigError saying why."""
     if not isinstance(name, str):
         raise ConfigError(f"payload name {name!r} is a {type(name).__name__}; {_NAME_RULES}")
-    problem = _name_problem(name)
+    problem = name_problem(name)
     if problem:
         raise ConfigError(f"payload name {name!r} {problem}; {_NAME_RULES}")
     return name
-
-
-def _name_problem(name: str) -> str | None:
-    if not name:
-        return "is empty"
-    if "\x00" in name:
-        return "contains a NUL character"
-    if "\\" in name:
-        return "contains a backslash (use '/' to separate directories)"
-    if name.startswith("/"):
-        return "is absolute (drop the leading '/')"
-    parts = name.split("/")
-    if any(p in (".", "..") for p in parts):
-        return "contains a '.' or '..' part (it would escape the checkpoint directory)"
-    if any(not p for p in parts):
-        return "has an empty part ('//' or a trailing '/')"
-    if name == MANIFEST_NAME:
-        return "is reserved for the checkpoint manifest (rename the entry)"
-    if any(p.startswith(TEMP_PREFIX) for p in parts):
-        return f"starts with the reserved prefix {TEMP_PREFIX!r}"
-    return None
 
 
 def _check_no_nesting(names: list[str]) -> None:

@@ -9,6 +9,7 @@ progress of the attempt that resumed the job elsewhere.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -140,15 +141,20 @@ class CheckpointStore:
 
         The controller (or ``Checkpointer.from_env``) calls this when attempt N
         starts, before N has saved anything. Raises FencedOut if ``attempt`` is itself
-        already stale.
+        already stale, and CheckpointError (not a raw OSError) when the store cannot be
+        written: the fence object is replaced whole, so a full or read-only store keeps
+        its old fence and every checkpoint as they were.
         """
         attempt = _check_count("attempt", attempt, minimum=0)
-        with self.backend.lock():
-            self._check_fence(attempt)
-            if attempt > self._fence_object():
-                doc = {"attempt": attempt, "fenced_at": time.time()}
-                self.backend.put_bytes(FENCE_KEY, json.dumps(doc).encode())
-                log.info("fenced %s: attempts below %d can no longer save", self.uri, attempt)
+        try:
+            with self.backend.lock():
+                self._check_fence(attempt)
+                if attempt > self._fence_object():
+                    doc = {"attempt": attempt, "fenced_at": time.time()}
+                    self.backend.put_bytes(FENCE_KEY, json.dumps(doc).encode())
+                    log.info("fenced %s: attempts below %d can no longer save", self.uri, attempt)
+        except OSError as exc:
+            raise _unwritable(self.uri, f"fence attempt {attempt}", exc) from exc
 
     def fence_level(self) -> int:
         """The lowest attempt still allowed to save: max of the fence and committed attempts."""
@@ -163,14 +169,21 @@ class CheckpointStore:
                             "capacity was reclaimed); stop it instead of retrying")
 
     def _fence_object(self) -> int:
+        """The attempt in FENCE.json; 0 when absent or unreadable.
+
+        An unreadable fence is skipped as corrupt (warned once) rather than blocking every
+        resume: committed attempts still fence, and the next ``fence()`` rewrites it.
+        """
         try:
-            doc = json.loads(self.backend.get_bytes(FENCE_KEY))
-            return int(doc["attempt"])
-        except FileNotFoundError:
+            data = self.backend.get_bytes(FENCE_KEY)
+        except (FileNotFoundError, IsADirectoryError):
             return 0
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptCheckpoint(f"{self.uri}/{FENCE_KEY} is unreadable ({exc!r}); delete it "
-                                    "and call store.fence(<current attempt>)") from exc
+        attempt = _fence_attempt(data)
+        if attempt is None:
+            self._warn_once(FENCE_KEY, CorruptCheckpoint(
+                f"{FENCE_KEY} is not a fence object; the next fence() replaces it"))
+            return 0
+        return attempt
 
     # -- read ------------------------------------------------------------------------
     def list(self) -> list[CheckpointRef]:
@@ -203,18 +216,21 @@ class CheckpointStore:
     def load_to_dir(self, ref: CheckpointRef, directory: str | os.PathLike[str]) -> dict[str, str]:
         """Stream every file of ``ref`` into ``directory`` (verified), for payloads too big for RAM."""
         manifest = self._manifest_for(ref)
-        out: dict[str, str] = {}
-        for name, entry in manifest.files.items():
-            out[name] = self._copy_verified(manifest, name, entry, os.fspath(directory))
-        return out
+        targets = _targets_inside(manifest, os.fspath(directory))  # before creating anything
+        return {name: self._copy_verified(manifest, name, entry, targets[name])
+                for name, entry in manifest.files.items()}
 
     def _manifest_for(self, ref: CheckpointRef) -> Manifest:
-        checkpoint_id = ref.checkpoint_id
-        if parse_checkpoint_id(checkpoint_id) is None:
+        if ref is None:
+            raise CheckpointNotFound(f"no checkpoint to load: {self.uri} has no verified "
+                                     "checkpoint (store.latest() returned None); check for None "
+                                     "and start from scratch")
+        checkpoint_id = getattr(ref, "checkpoint_id", None)
+        if not isinstance(checkpoint_id, str) or parse_checkpoint_id(checkpoint_id) is None:
             raise CheckpointNotFound(f"{checkpoint_id!r} is not a checkpoint id of {self.uri}")
         try:
             data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             raise CheckpointNotFound(f"checkpoint {checkpoint_id} is not in {self.uri} (pruned "
                                      "or never committed); use store.latest()") from None
         return Manifest.decode(data, checkpoint_id)
@@ -230,8 +246,7 @@ class CheckpointStore:
             raise _corrupt(manifest, name, "fails its sha256 check")
         return data
 
-    def _copy_verified(self, manifest: Manifest, name: str, entry: FileEntry, directory: str) -> str:
-        target = os.path.join(directory, *name.split("/"))
+    def _copy_verified(self, manifest: Manifest, name: str, entry: FileEntry, target: str) -> str:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         partial = f"{target}.partial"
         digest, size = hashlib.sha256(), 0
@@ -249,8 +264,8 @@ class CheckpointStore:
         try:
             yield from self.backend.iter_chunks(checkpoint_key(manifest.checkpoint_id, name),
                                                 self.chunk_size)
-        except FileNotFoundError:
-            raise _corrupt(manifest, name, "is missing") from None
+        except (FileNotFoundError, IsADirectoryError):
+            raise _corrupt(manifest, name, "is missing (or not a file)") from None
 
     # -- verification helpers ----------------------------------------------------------
     def _committed(self) -> list[Manifest]:
@@ -260,6 +275,8 @@ class CheckpointStore:
             try:
                 data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
                 manifests.append(Manifest.decode(data, checkpoint_id))
+            except IsADirectoryError:
+                self._warn_once(checkpoint_id, CorruptCheckpoint(f"{MANIFEST_NAME} is a folder"))
             except FileNotFoundError:
                 log.debug("checkpoint %s has no manifest (torn or in progress)", checkpoint_id)
             except CorruptCheckpoint as exc:
@@ -358,6 +375,41 @@ def _object_key(key: str) -> str:
         raise ConfigError(f"object key {key!r} is not a plain relative key outside "
                           f"{CHECKPOINTS_PREFIX}/; use one like 'status/attempt-000001.json'")
     return key
+
+
+def _fence_attempt(data: bytes) -> int | None:
+    """The attempt a fence object holds, or None if it is not one (any JSON, any depth)."""
+    try:
+        doc = json.loads(data, parse_constant=float)
+        attempt = doc["attempt"]
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        return None
+    return attempt
+
+
+def _targets_inside(manifest: Manifest, directory: str) -> dict[str, str]:
+    """Each payload file's path under ``directory``; refuses any that would land outside.
+
+    Manifest names are already checked on decode; this is the last line on the local
+    disk (a symlink inside ``directory`` pointing elsewhere counts as outside)."""
+    root = os.path.realpath(directory)
+    targets = {}
+    for name in manifest.files:
+        target = os.path.join(root, *name.split("/"))
+        if os.path.commonpath([root, os.path.realpath(target)]) != root:
+            raise _corrupt(manifest, name, f"would be written outside {directory}; refused")
+        targets[name] = target
+    return targets
+
+
+def _unwritable(uri: str, what: str, exc: OSError) -> CheckpointError:
+    """A full, read-only or unreachable store as one line that names the fix."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    fix = "free space on it" if full else "make it writable or point the store URI elsewhere"
+    return CheckpointError(f"could not {what} in {uri}: {exc.strerror or exc}; {fix} (existing "
+                           "checkpoints are untouched)", retryable=full)
 
 
 def _corrupt(manifest: Manifest, name: str, problem: str) -> CorruptCheckpoint:

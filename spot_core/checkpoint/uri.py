@@ -48,7 +48,7 @@ def parse_store_uri(uri: object) -> StoreLocation:
 
 
 def _parse_file(text: str, host: str, raw_path: str) -> StoreLocation:
-    if host not in ("", "localhost"):
+    if host.lower() not in ("", "localhost"):  # RFC 8089: localhost is this machine
         raise ConfigError(f"file URI {text!r} names host {host!r}: a file store needs an "
                           f"absolute path with three slashes, e.g. file:///{host}{raw_path}")
     path = unquote(raw_path)

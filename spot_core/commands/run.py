@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -157,14 +158,28 @@ def _command(words: list[str], in_image: bool = False) -> tuple[str, ...]:
 
 
 def _checkpoint_uri(uri: str | None, job_id: str) -> str:
-    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint import open_store, parse_store_uri
 
+    _check_job_id(job_id)
     if uri is None:
         uri = (Path.cwd() / ".spot-runs" / job_id / "checkpoints").as_uri()
-    open_store(uri)  # validates the form; raises ConfigError naming the fix
-    if uri.startswith("file://"):
-        _check_writable(Path(uri.removeprefix("file://")))
+    location = parse_store_uri(uri)  # validates the form; raises ConfigError naming the fix
+    if location.scheme == "file":  # the decoded path: file://localhost/x and %20 included
+        _check_writable(Path(location.path))
+    open_store(uri)
     return uri
+
+
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+=@-]{0,127}")
+
+
+def _check_job_id(job_id: str) -> None:
+    """The id names a folder under .spot-runs/ (and tags leases): a plain name, nothing
+    that could climb out of that folder or break a path."""
+    if not JOB_ID_RE.fullmatch(job_id):
+        raise ConfigError(f"--job-id {job_id[:80]!r} is not a plain name; use 1-128 letters, "
+                          "digits and . _ : + = @ - starting with a letter or digit (no '/', "
+                          "'..' or control characters)")
 
 
 def _check_writable(path: Path) -> None:

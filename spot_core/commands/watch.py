@@ -38,7 +38,7 @@ from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector, 
 from spot_core.interruption.base import Detector
 from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
-from spot_core.interruption.notice_file import write_notice
+from spot_core.interruption.notice_file import check_notice_path, is_notice_file, write_notice
 from spot_core.interruption.selection import CHOICES, normalize_cloud
 
 logger = logging.getLogger(__name__)
@@ -117,11 +117,19 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
         endpoint=args.endpoint,
         poll_interval=_seconds("--poll-interval", args.poll_interval, "e.g. 1"),
         timeout=_seconds("--timeout", args.timeout, "e.g. 1"),
-        notice_file=args.notice_file or os.environ.get(attempt_env.NOTICE_FILE) or None,
+        notice_file=_notice_file(args.notice_file),
         grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
                                                           "e.g. 30", allow_zero=True),
         command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
         attempt=int(attempt) if attempt and attempt.isdigit() else None)
+
+
+def _notice_file(flag: str | None) -> str | None:
+    """The flag's path, else the environment's; never one holding a user's file."""
+    if flag:
+        return check_notice_path(flag)
+    env = os.environ.get(attempt_env.NOTICE_FILE)
+    return check_notice_path(env, f"${attempt_env.NOTICE_FILE}") if env else None
 
 
 def _heartbeat_timeout(text: str | None, has_command: bool) -> float | None:
@@ -215,7 +223,8 @@ def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
 def _notice_path(configured: str | None) -> tuple[str, str | None]:
     """(notice file, scratch dir to delete); a stale notice from a past run is removed."""
     if configured:
-        Path(configured).unlink(missing_ok=True)
+        if is_notice_file(configured):  # checked at start: a user's file never gets here
+            Path(configured).unlink(missing_ok=True)
         return configured, None
     scratch = tempfile.mkdtemp(prefix="spot-notice-")
     return os.path.join(scratch, "notice.json"), scratch

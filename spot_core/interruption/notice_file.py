@@ -14,7 +14,44 @@ from pathlib import Path
 from typing import Any
 
 from spot_core import attempt_env
+from spot_core.errors import ConfigError
 from spot_core.interruption.base import Notice
+
+NOTICE_EVENTS = ("interruption", "rebalance")
+_MAX_NOTICE_BYTES = 64 * 1024  # an event is ~200 bytes; anything far bigger is someone's file
+
+
+def is_notice_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file holding one event a watcher wrote (so replacing
+    or removing it loses nothing of the user's)."""
+    target = Path(path)
+    try:
+        if not target.is_file() or target.stat().st_size > _MAX_NOTICE_BYTES:
+            return False
+        doc = json.loads(target.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("event") in NOTICE_EVENTS and "detected_at" in doc
+
+
+def check_notice_path(path: str, option: str = "--notice-file") -> str:
+    """Refuse, in one line, a notice path the watcher would damage or cannot write.
+
+    The watcher replaces the file on a notice and removes a stale one at start: both are
+    safe only for a path that is free or holds a notice it wrote, never a user's file.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{option} {path} is a directory; pass a file path such as "
+                          f"{target / 'notice.json'}")
+    if os.path.lexists(target) and not is_notice_file(target):
+        raise ConfigError(f"{option} {path} already exists and is not a notice file; pass "
+                          "a path that does not exist yet (the watcher replaces that file)")
+    parent = target.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{option} {path}: {parent} is not a directory; pass a path in "
+                          "a directory")
+    return path
 
 
 def write_notice(path: str | os.PathLike[str], notice: Notice) -> None:

@@ -14,12 +14,14 @@ second), so notice periods are scaled too, with a floor that still lets a step s
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -96,10 +98,15 @@ class LocalSpotCloud:
     workdir: Path
     config: LocalCloudConfig = field(default_factory=LocalCloudConfig)
     clock: Callable[[], float] = time.time
+    owns_workdir: bool = False  # a temp folder this cloud made, so it removes it too
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # shutdown() removes it; the finalizer covers a cloud that is only garbage
+        # collected or alive at interpreter exit, so no run leaves a temp folder behind.
+        self._remove_workdir = weakref.finalize(
+            self, shutil.rmtree, str(self.workdir), True) if self.owns_workdir else None
         self._instances: dict[str, _Instance] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -119,9 +126,10 @@ class LocalSpotCloud:
             raise ConfigError(f"start_tick must be >= 0, got {start_tick}")
         origin = clock() - start_tick * traces[0].tick_seconds / time_scale
         market = TraceMarket(traces, tick_origin=origin, time_scale=time_scale)
+        owns = not workdir
         workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="spot-local-cloud-"))
         return cls(market=market, workdir=workdir, config=config or LocalCloudConfig(),
-                   clock=clock)
+                   clock=clock, owns_workdir=owns)
 
     # -- the "API" ------------------------------------------------------------------------
     def run_instance(self, pool: Pool, command: Sequence[str], env: Mapping[str, str],
@@ -181,12 +189,15 @@ class LocalSpotCloud:
         return "\n".join(instance.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def shutdown(self) -> None:
-        """Terminate every instance this cloud ever started; stop the monitor."""
+        """Terminate every instance this cloud ever started; stop the monitor; remove the
+        temp folder if this cloud made it."""
         self._stop.set()
         for instance_id in list(self._instances):
             self.terminate_instance(instance_id)
         if self._monitor is not None:
             self._monitor.join(timeout=5)
+        if self._remove_workdir is not None:
+            self._remove_workdir()  # instance logs go with it; their tails are in the record
 
     # -- the trace replay ------------------------------------------------------------------
     def _ensure_monitor(self) -> None:

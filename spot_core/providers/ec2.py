@@ -351,12 +351,14 @@ class Ec2Provider:
 
     def _user_data(self, spec: LaunchSpec) -> str:
         env = dict(spec.env)
-        secrets = ec2_agent.secret_names(env)
-        if secrets:
-            raise ConfigError(f"env {secrets} look like credentials and would be written into "
+        found = ec2_agent.credential_findings(env)
+        if found:
+            which = ", ".join(f"{name} ({why})" for name, why in sorted(found.items()))
+            raise ConfigError(f"env {which} looks like credentials and would be written into "
                               "EC2 user-data, which anyone with ec2:DescribeInstanceAttribute "
                               "can read; grant access through the instance profile (or read "
-                              "the secret from Secrets Manager in the step) instead")
+                              "the secret from Secrets Manager in the step) instead, or "
+                              "rename a variable that holds no secret")
         attempt = attempt_env.AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                                          attempt=spec.attempt, metadata_endpoint=None,
                                          cloud=CLOUD, notice_file=None,
@@ -483,8 +485,6 @@ class Ec2Provider:
         uri = lease.details.get("checkpoint_uri")
         if not uri:
             return {}
-        import json
-
         from spot_core.checkpoint import open_store
 
         try:
@@ -493,7 +493,7 @@ class Ec2Provider:
                 options = {"endpoint_url": aws.s3_endpoint(self.config.endpoint_url),
                            "region": lease.details.get("checkpoint_region")}
             store = open_store(uri, **options)
-            return json.loads(store.get_object(ec2_agent.status_key(lease.attempt)) or b"{}")
+            return ec2_agent.parse_report(store.get_object(ec2_agent.status_key(lease.attempt)))
         except FileNotFoundError:
             return {}
         except Exception as exc:  # a missing report only makes the outcome less precise

@@ -150,7 +150,8 @@ def test_child_killed_by_a_signal_exits_like_a_shell_reports_it(emulator, child,
 
 def test_given_notice_file_and_rebalance_does_not_sigterm(emulator, child, tmp_path):
     ready, notice_file = tmp_path / "out", tmp_path / "notice.json"
-    notice_file.write_text('{"stale": true}')
+    notice_file.write_text('{"event": "interruption", "action": "terminate", "deadline": null, '
+                           '"detected_at": "2026-01-01T00:00:00Z", "cloud": "aws"}')  # stale
     proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(ready),
                   "wait-file"], env={"SPOT_NOTICE_FILE": str(notice_file)})
     wait_for_file(ready, proc)
