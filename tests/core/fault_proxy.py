@@ -16,9 +16,11 @@ from urllib.parse import urlsplit
 
 
 class FaultProxy:
-    """Forwards to ``upstream``; requests whose path or body contains ``match`` (e.g.
-    ``/describe``, or ``Action=DescribeInstances`` for EC2's query API) fail while ``mode``
-    is ``"503"`` (Service Unavailable) or ``"reset"`` (TCP reset, no answer)."""
+    """Forwards to ``upstream``; requests whose request line or body contains ``match``
+    (e.g. ``/describe``, ``POST /instances ``, or ``Action=DescribeInstances`` for EC2's
+    query API) fail while ``mode``
+    is ``"503"`` (Service Unavailable), ``"reset"`` (TCP reset, no answer) or
+    ``"capacity"`` (the local cloud server's own 409 no-capacity answer)."""
 
     def __init__(self, upstream: str, match: str = "") -> None:
         self.upstream = urlsplit(upstream)
@@ -33,7 +35,7 @@ class FaultProxy:
 
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if proxy.mode and (proxy.match in self.path
+                if proxy.mode and (proxy.match in self.requestline
                                    or proxy.match.encode() in body):
                     proxy.failed += 1
                     if proxy.mode == "reset":
@@ -41,9 +43,17 @@ class FaultProxy:
                                                    struct.pack("ii", 1, 0))
                         self.close_connection = True
                         return
-                    self.send_response(503)
-                    self.send_header("Content-Length", "0")
+                    if proxy.mode == "capacity":
+                        data = (b'{"error": "capacity_unavailable", "message": '
+                                b'"InsufficientInstanceCapacity (injected)"}')
+                        self.send_response(409)
+                        self.send_header("Content-Type", "application/json")
+                    else:
+                        data = b""
+                        self.send_response(503)
+                    self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
+                    self.wfile.write(data)
                     return
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,
                                                   timeout=30)

@@ -108,6 +108,26 @@ def test_row_no_capacity_waits_bounded_then_launches(tmp_path):
     assert record.attempts[0].started_at - record.created_at > 1.5  # after the 3 empty ticks
 
 
+def test_row_capacity_miss_at_launch_is_recorded_and_retried(tmp_path):
+    """The market said yes, the launch said no (a stale offer): a capacity_unavailable
+    attempt, then a bounded wait, then the launch that succeeds."""
+    with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", UP)], time_scale=60.0,
+                                      workdir=tmp_path / "cloud", config=FAST) as server, \
+            FaultProxy(server.url, match="POST /instances ") as proxy:
+        provider = open_provider("local", url=proxy.url)
+        spec = JobSpec("job-miss", (sys.executable, "-c", "pass"), (tmp_path / "ckpt").as_uri(),
+                       provider.pools())
+        controller = Controller(provider, provider.market, RetryPolicy(
+            on_demand_fallback=False, capacity_wait_seconds=0.3), heartbeat_timeout=None)
+        proxy.mode = "capacity"
+        first = controller.advance(spec, controller.new_record(spec))
+        proxy.mode = None
+        record, _ = drive_from(controller, spec, first)
+    assert first.action == "sleep"
+    assert outcomes(record) == [Outcome.CAPACITY_UNAVAILABLE, Outcome.SUCCEEDED]
+    assert "InsufficientInstanceCapacity" in record.attempts[0].message
+
+
 def test_row_no_capacity_for_too_long_fails_the_job(tmp_path):
     record, seen, _ = run_row(tmp_path, "0" * 400, (sys.executable, "-c", "pass"),
                               RetryPolicy(on_demand_fallback=False, capacity_wait_seconds=0.3,
