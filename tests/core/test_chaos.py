@@ -26,12 +26,15 @@ import pytest
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.state import arrays_from_bytes
-from spot_core.controller import Controller, JobSpec, Next
+from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE, PREEMPTED_EXIT_CODE, step_exit_code
+from spot_core.controller import Controller, JobSpec, Next, classify
+from spot_core.errors import CheckpointError, FencedOut, Preempted
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
+from spot_core.providers.base import LeaseState, LeaseStatus
 from spot_core.workloads.softmax_regression import (STATE_FILE, TrainConfig, train,
                                                    weights_sha256)
 
@@ -39,8 +42,8 @@ from aws_helpers import client, unique
 from fault_proxy import FaultProxy
 from spot_helpers import marked_processes, trace, train_command, wait_until
 
-STEPS, STEP_SECONDS, EVERY = 400, 0.01, 25
-QUICK_SEEDS = (3, 4, 12, 20)  # file store; failing puts; a sustained outage; s3
+STEPS, STEP_SECONDS, EVERY = 300, 0.01, 60
+QUICK_SEEDS = (3, 4, 20, 30)  # file store; failing puts; s3; a sustained outage
 SLOW_SEEDS = tuple(range(100, 150))
 DRIVE_LIMIT = 150.0
 ZONES = ("us-east-1a_v100_1", "us-west-2b_v100_1")
@@ -289,6 +292,19 @@ def run_seed(seed: int, tmp_path, moto_endpoint: str) -> None:
     scene = scenario(seed)
     final, uri = run_scenario(scene, tmp_path, moto_endpoint)
     check(scene, final, uri)
+
+
+def test_a_store_outage_on_the_node_is_not_the_steps_fault():
+    """The exit codes a step ends with, and how the controller reads them back."""
+    outage = CheckpointError("S3 put failed: 503", retryable=True)
+    assert step_exit_code(outage) == INFRASTRUCTURE_EXIT_CODE
+    assert step_exit_code(Preempted("notice")) == PREEMPTED_EXIT_CODE
+    assert step_exit_code(FencedOut("stale writer")) is None  # not retryable
+    assert step_exit_code(ValueError("the step's own bug")) is None
+    ended = LeaseStatus(LeaseState.EXITED, exit_code=INFRASTRUCTURE_EXIT_CODE, ended_at=1.0)
+    assert classify(ended) is Outcome.INFRASTRUCTURE_FAILED
+    assert classify(LeaseStatus(LeaseState.EXITED, exit_code=1, ended_at=1.0)) \
+        is Outcome.USER_FAILED
 
 
 def test_scenarios_come_from_the_seed_alone():
