@@ -43,7 +43,7 @@ from fault_proxy import FaultProxy
 from spot_helpers import marked_processes, trace, train_command, wait_until
 
 STEPS, STEP_SECONDS, EVERY = 300, 0.01, 60
-QUICK_SEEDS = (3, 4, 20, 30)  # file store; failing puts; s3; a sustained outage
+QUICK_SEEDS = (3, 4, 20, 12)  # file store; failing puts; s3; a sustained outage
 SLOW_SEEDS = tuple(range(100, 150))
 DRIVE_LIMIT = 150.0
 ZONES = ("us-east-1a_v100_1", "us-west-2b_v100_1")
