@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from spot_core.errors import ConfigError
+from spot_core.errors import CheckpointError, ConfigError, Preempted, SpotError
 
 CHECKPOINT_URI = "SPOT_CHECKPOINT_URI"
 JOB_ID = "SPOT_JOB_ID"
@@ -62,6 +62,25 @@ PREEMPTED_EXIT_CODE = 143
 # process that watched the lease is gone): EX_TEMPFAIL from sysexits.h, "try again later",
 # which is what a re-run of the job does. No other exit path of the project uses it.
 DRIVER_LOST_EXIT_CODE = 75
+
+
+# The step could not reach what the node depends on (its checkpoint store stayed down
+# through the client's own retries): EX_IOERR from sysexits.h. The controller classifies it
+# as ``infrastructure_failed``, so a store outage spends the infrastructure budget, never
+# the user's retries. A step's own code should not exit 74 for its own errors.
+INFRASTRUCTURE_EXIT_CODE = 74
+
+
+def step_exit_code(exc: BaseException) -> int | None:
+    """The exit code a step ends with for ``exc``, when it is not the step's own fault:
+    143 for a preemption, 74 for a retryable failure of the infrastructure (a checkpoint
+    store that stayed unreachable); None for anything else (the step's own error)."""
+    if isinstance(exc, Preempted):
+        return PREEMPTED_EXIT_CODE
+    if isinstance(exc, SpotError) and exc.retryable and (
+            isinstance(exc, CheckpointError) or exc.outcome == "infrastructure_failed"):
+        return INFRASTRUCTURE_EXIT_CODE
+    return None
 
 
 def heartbeat_seconds(text: str | None) -> float | None:

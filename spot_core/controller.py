@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
+from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.errors import ConfigError, SpotError
@@ -133,6 +134,8 @@ def classify(status: LeaseStatus) -> Outcome:
         return Outcome.SUCCEEDED
     if status.state is LeaseState.RECLAIMED or status.notice_at is not None:
         return Outcome.PREEMPTED
+    if status.exit_code == INFRASTRUCTURE_EXIT_CODE:  # the step's store stayed unreachable
+        return Outcome.INFRASTRUCTURE_FAILED
     if status.state is LeaseState.TERMINATED or status.exit_code is None or status.exit_code < 0:
         return Outcome.INFRASTRUCTURE_FAILED
     return Outcome.USER_FAILED

@@ -182,6 +182,15 @@ class LocalSpotCloud:
         self._reap(instance)
         instance.emulator.stop()
 
+    def metadata_emulator(self, instance_id: str) -> MetadataEmulator:
+        """The instance's own metadata service, for tests that make it misbehave (5xx,
+        revoked tokens, garbage, hangs) the way a real node's IMDS can."""
+        with self._lock:
+            instance = self._instances.get(instance_id)
+        if instance is None:
+            raise KeyError(f"no instance {instance_id} in this local cloud")
+        return instance.emulator
+
     def log_tail(self, instance_id: str, lines: int = 5) -> str:
         instance = self._instances.get(instance_id)
         if instance is None or not instance.log_path.exists():

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE
-from spot_core.errors import Preempted
+from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
+from spot_core.errors import SpotError
 
 STATE_FILE = "state.npz"
 
@@ -175,14 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     from spot_core.checkpoint import Checkpointer
 
     cfg, args = _parse(argv)
-    checkpointer = Checkpointer.from_env(every_steps=args.checkpoint_every_steps,
-                                         every_seconds=args.checkpoint_every_seconds)
-    with checkpointer.attach_signals():
-        try:
+    try:
+        checkpointer = Checkpointer.from_env(every_steps=args.checkpoint_every_steps,
+                                             every_seconds=args.checkpoint_every_seconds)
+        with checkpointer.attach_signals():
             result = train(cfg, checkpointer, args.data)
-        except Preempted as exc:
-            print(json.dumps({"preempted": True, "reason": str(exc)}), flush=True)
-            return PREEMPTED_EXIT_CODE
+    except SpotError as exc:  # a preemption or an unreachable store: not this step's fault
+        code = step_exit_code(exc)
+        if code is None:
+            raise
+        kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
+        print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
+        return code
     text = json.dumps(result.__dict__)
     if args.result is not None:
         args.result.write_text(text)

@@ -1,4 +1,4 @@
-"""A real HTTP proxy that can fail on purpose: 503 answers or reset connections.
+"""A real HTTP proxy that can fail on purpose: 503 answers, reset connections or slow ones.
 
 It stands between a client library and a real server (the local cloud server, moto), so
 the client meets the same transient failures a cloud API gives: the code under test is
@@ -11,6 +11,7 @@ import http.client
 import socket
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -18,32 +19,46 @@ from urllib.parse import urlsplit
 class FaultProxy:
     """Forwards to ``upstream``; requests whose request line or body contains ``match``
     (e.g. ``/describe``, ``POST /instances ``, or ``Action=DescribeInstances`` for EC2's
-    query API) fail while ``mode``
-    is ``"503"`` (Service Unavailable), ``"reset"`` (TCP reset, no answer) or
-    ``"capacity"`` (the local cloud server's own 409 no-capacity answer)."""
+    query API), and whose method is in ``methods`` (all when None), fail while ``mode`` is
+    ``"503"`` (Service Unavailable), ``"reset"`` (TCP reset, no answer) or ``"capacity"``
+    (the local cloud server's own 409 no-capacity answer), or are held ``delay`` seconds
+    before they are forwarded while ``mode`` is ``"slow"``."""
 
-    def __init__(self, upstream: str, match: str = "") -> None:
+    def __init__(self, upstream: str, match: str = "", methods: tuple[str, ...] | None = None,
+                 delay: float = 0.5) -> None:
         self.upstream = urlsplit(upstream)
         self.match = match
+        self.methods = methods
+        self.delay = delay
         self.mode: str | None = None
         self.failed = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1 answers a client's "Expect: 100-continue" (boto3's PUTs) at once,
+            # instead of leaving it to wait a second for a go-ahead before every upload.
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, *args) -> None:
                 pass
 
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if proxy.mode and (proxy.match in self.requestline
-                                   or proxy.match.encode() in body):
+                mode = proxy.mode
+                if not (proxy.methods is None or self.command in proxy.methods) or not (
+                        proxy.match in self.requestline or proxy.match.encode() in body):
+                    mode = None
+                if mode:
                     proxy.failed += 1
-                    if proxy.mode == "reset":
+                if mode == "slow":
+                    time.sleep(proxy.delay)
+                elif mode:
+                    if mode == "reset":
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                    struct.pack("ii", 1, 0))
                         self.close_connection = True
                         return
-                    if proxy.mode == "capacity":
+                    if mode == "capacity":
                         data = (b'{"error": "capacity_unavailable", "message": '
                                 b'"InsufficientInstanceCapacity (injected)"}')
                         self.send_response(409)
@@ -57,17 +72,22 @@ class FaultProxy:
                     return
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,
                                                   timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "expect")}
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 answer = conn.getresponse()
                 data = answer.read()
                 self.send_response(answer.status)
+                # A HEAD answer has no body but tells the length of the object (S3's size check).
+                length = (answer.getheader("Content-Length", "0") if self.command == "HEAD"
+                          else str(len(data)))
                 for key, value in answer.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", length)
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
                 conn.close()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
