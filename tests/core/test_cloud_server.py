@@ -13,7 +13,7 @@ from spot_core.model import JobStatus
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
-from spot_core.localcloud.server import LocalCloudServer
+from spot_core.localcloud.server import TOKEN_FILE, LocalCloudServer, client_environ
 from spot_core.localcloud.cloud import LocalCloudConfig
 
 from spot_helpers import marked_processes, trace, train_command, wait_until
@@ -29,7 +29,7 @@ def _server(tmp_path, pattern):
 
 def test_a_lease_launched_by_one_client_is_watched_and_ended_by_others(tmp_path):
     with _server(tmp_path, "1" * 200) as server:
-        launcher = open_provider("local", url=server.url)
+        launcher = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         pool = launcher.pools()[0]
         spec = LaunchSpec("job", 1, (sys.executable, "-c", "import time; time.sleep(60)"),
                           (tmp_path / "ckpt").as_uri())
@@ -37,14 +37,14 @@ def test_a_lease_launched_by_one_client_is_watched_and_ended_by_others(tmp_path)
         launcher.close()  # the launching process goes away (an Airflow worker deferring)
         watcher = open_provider(**{"name": "local", **launcher.options})
         assert watcher.observe([lease])[lease.lease_id].state is LeaseState.RUNNING
-        open_provider("local", url=server.url).terminate(lease)
+        open_provider("local", url=server.url, workdir=server.cloud.workdir).terminate(lease)
         assert watcher.observe([lease])[lease.lease_id].state is LeaseState.TERMINATED
     assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
 
 
 def test_capacity_errors_cross_the_wire(tmp_path):
     with _server(tmp_path, "0" * 200) as server:
-        client = open_provider("local", url=server.url)
+        client = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         with pytest.raises(CapacityUnavailable, match="no spot capacity"):
             client.launch(LaunchSpec("job", 1, ("true",), (tmp_path / "c").as_uri()),
                           client.pools()[0])
@@ -52,7 +52,7 @@ def test_capacity_errors_cross_the_wire(tmp_path):
 
 def test_controller_over_the_server_resumes_a_preempted_job(tmp_path):
     with _server(tmp_path, "1110" * 80) as server:
-        provider = open_provider("local", url=server.url)
+        provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         spec = JobSpec("job-remote", train_command(steps=400), (tmp_path / "ckpt").as_uri(),
                        provider.pools())
         record = Controller(provider, provider.market, RetryPolicy(
@@ -62,16 +62,19 @@ def test_controller_over_the_server_resumes_a_preempted_job(tmp_path):
     assert 0 < record.ledger.spent < record.ledger.on_demand_equivalent
 
 
-def test_server_as_a_subprocess_and_a_clear_error_when_it_is_gone(tmp_path):
+def test_server_as_a_subprocess_and_a_clear_error_when_it_is_gone(tmp_path, monkeypatch):
     proc = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
                              str(tmp_path / "cloud")], stdout=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()
-        client = open_provider("local", url=url)
+        for name, value in client_environ(url, tmp_path / "cloud").items():
+            monkeypatch.setenv(name, value)  # as a triggerer or a worker is given them
+        client = open_provider("local")
         assert [p.zone for p in client.pools()] == ["us-east-1d", "us-east-2a", "us-west-2b"]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+    assert not (tmp_path / "cloud" / TOKEN_FILE).exists(), "a stopped server left its token"
     with pytest.raises(InfrastructureError, match="not reachable"):
         open_provider("local", url=url)
 
@@ -85,8 +88,8 @@ def test_replay_starts_at_the_start_tick_when_the_first_client_connects(tmp_path
             LocalCloudServer.from_traces(traces, workdir=tmp_path / "free", time_scale=600.0,
                                          start_tick=50) as free:
         time.sleep(1.0)  # 10 ticks of replay at 600x, while no client is connected
-        held_market = open_provider("local", url=held.url).market
-        free_market = open_provider("local", url=free.url).market
+        held_market = open_provider("local", url=held.url, workdir=held.cloud.workdir).market
+        free_market = open_provider("local", url=free.url, workdir=free.cloud.workdir).market
         now = time.time()
         assert held_market.tick_at(now) == 50, "held at the start tick until a client came"
         assert free_market.tick_at(now) >= 59, "an unheld replay runs from its start"
