@@ -136,9 +136,17 @@ def price_array(values: Any, where: str) -> np.ndarray:
     bad = next((v for v in items if isinstance(v, bool) or not isinstance(
         v, (int, float, np.number)) or not math.isfinite(v) or v < 0), None)
     if bad is not None or any(v is None for v in items):
-        raise ConfigError(f"{where} hold {bad!r}; every price must be a finite number of $/h "
-                          ">= 0; check the file")
+        raise ConfigError(f"{where} hold {_as_json(bad)}; every price must be a finite number "
+                          "of $/h >= 0; check the file")
     return np.asarray(items, dtype=float)
+
+
+def _as_json(value: Any) -> str:
+    """A value as the file spells it (NaN, Infinity, null, "text")."""
+    try:
+        return json.dumps(value.item() if isinstance(value, np.generic) else value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def count_preemptions(available: np.ndarray) -> int:
