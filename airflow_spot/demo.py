@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from spot_core.localcloud.server import client_environ
+
 DAG_ID = "spot_ml_pipeline"
 DAGS_FOLDER = Path(__file__).resolve().parent.parent / "dags"
 # The local cloud replays 1 s as half a trace hour, and its replay starts when the
@@ -54,7 +56,9 @@ def migrate(env: dict[str, str]) -> None:
 def cloud_server(workdir: Path, *, time_scale: float = TIME_SCALE,
                  start_tick: int = START_TICK, start_on_first_client: bool = False
                  ) -> Iterator[str]:
-    """``python -m spot_core.localcloud.server`` as a child; yields its URL; stops it."""
+    """``python -m spot_core.localcloud.server`` as a child; yields its URL; stops it.
+
+    Its token is in ``workdir`` (``client_environ(url, workdir)`` gives both)."""
     anchor = ["--start-on-first-client"] if start_on_first_client else []
     proc = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
                              str(workdir), "--time-scale", str(time_scale), "--start-tick",
@@ -84,9 +88,12 @@ def _first_line(proc: subprocess.Popen, timeout: float) -> str:
     return url
 
 
-def run_pipeline(workdir: Path, steps: int, *, url: str) -> dict[str, Any]:
-    """Run the example DAG once under ``dag.test()``; return its report.json."""
-    os.environ["SPOT_LOCAL_CLOUD_URL"] = url
+def run_pipeline(workdir: Path, steps: int, *, url: str, cloud_workdir: Path) -> dict[str, Any]:
+    """Run the example DAG once under ``dag.test()``; return its report.json.
+
+    The server at ``url`` (running in ``cloud_workdir``) is named to the tasks and the
+    triggerer by environment: its URL and token (never in task arguments or logs)."""
+    os.environ.update(client_environ(url, cloud_workdir))
     os.environ["SPOT_PIPELINE_WORKDIR"] = str(workdir)
     from airflow.dag_processing.dagbag import DagBag
 
@@ -121,7 +128,7 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
     started = time.monotonic()
     migrate(env)
     with cloud_server(workdir / "cloud", start_on_first_client=True) as url:
-        report = run_pipeline(workdir, steps, url=url)
+        report = run_pipeline(workdir, steps, url=url, cloud_workdir=workdir / "cloud")
     _print(report, time.monotonic() - started)
     result = report["result"]
     return {key: result[key] for key in RESULT_KEYS}

@@ -5,8 +5,8 @@ availability trace; preempted, resumes from checkpoints, falls back to on-demand
 evaluate -> batch inference mapped over shards (each shard its own spot job) -> report.
 
 The local cloud is a server (``python -m spot_core.localcloud.server``) whose URL is in
-``SPOT_LOCAL_CLOUD_URL``, so the worker that launches a lease and the triggerer that
-watches it see the same instances. ``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints
+``SPOT_LOCAL_CLOUD_URL`` and token in ``SPOT_LOCAL_CLOUD_TOKEN``, so the worker that
+launches a lease and the triggerer that watches it see the same instances. ``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints
 and predictions go.
 """
 

@@ -35,7 +35,9 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
     processes), else an in-process local cloud.
     """
     check_provider_options(config.provider, config.provider_options, config.instance_types)
-    if config.provider == LOCAL_PROVIDER:
+    if config.provider == LOCAL_PROVIDER and config.provider_options.get("url"):
+        options = dict(config.provider_options)  # a server's; its workdir is the server's
+    elif config.provider == LOCAL_PROVIDER:
         options = {**local_defaults, **config.provider_options}
     elif config.provider == "ec2":
         options = _ec2_defaults(config.provider_options, config.instance_types)

@@ -19,8 +19,16 @@ from spot_core.errors import SpotError
 COMMANDS = ("demo", "run", "simulate", "watch")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the flag (exit 2), not a usage block;
+    subcommand parsers inherit it (``add_subparsers`` builds them with this class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spot-pipelines",
         description="Run ML pipeline steps on spot capacity, safely.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -40,13 +48,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
+        return code
     except SpotError as exc:
-        print(f"spot-pipelines {args.command}: error: {exc}", file=sys.stderr)
+        print(f"spot-pipelines {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"spot-pipelines {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _one_line(exc: Exception) -> str:
+    """The error's text on one line (a file's bad row may carry a newline)."""
+    return " ".join(str(exc).split())
+
+
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (``| head``): quiet, like other Unix tools.
+
+    Python would print a second BrokenPipeError while flushing stdout at exit, so stdout
+    is pointed at /dev/null first."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a reader that left early
 
 
 if __name__ == "__main__":

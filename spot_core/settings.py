@@ -62,7 +62,9 @@ def parse_duration(value: Any, *, name: str = "duration") -> float:
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         if _DURATION.match(text):
-            return sum(float(n) * _UNIT_SECONDS[u] for n, u in re.findall(_PART, text))
+            seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in re.findall(_PART, text))
+            if math.isfinite(seconds):  # 400 digits of hours overflow to inf
+                return seconds
         try:
             return parse_duration(float(text), name=name)
         except ValueError:
@@ -337,6 +339,9 @@ class _SettingsMethods:
     def __post_init__(self) -> None:
         for knob_ in KNOBS:
             object.__setattr__(self, knob_.name, knob_.parse(getattr(self, knob_.name)))
+        if self.work is not None and self.deadline is None:
+            raise ConfigError(f"work={format_duration(self.work)} needs deadline=DURATION "
+                              "too (the work is planned against it); set one, or drop work")
         if self.deadline_policy is not None and (self.deadline is None or self.work is None):
             raise ConfigError(f"deadline_policy={self.deadline_policy!r} needs deadline and "
                               "work (and total_steps, so checkpoints measure progress)")
@@ -488,7 +493,16 @@ def settings_from_cli(args, *, where: str = "", **overrides: Any) -> SpotSetting
     and ``overrides`` (values a command computed itself)."""
     values = {k.name: cli_value(k, getattr(args, k.name)) for k in knobs_for(CLI)
               if getattr(args, k.name, None) is not None}
-    return SpotSettings.build(where=where, check_options=False, **{**values, **overrides})
+    try:
+        return SpotSettings.build(where=where, check_options=False, **{**values, **overrides})
+    except ConfigError as exc:  # a check across knobs: say it in flags, as the user wrote it
+        raise ConfigError(_in_flags(str(exc))) from None
+
+
+def _in_flags(message: str) -> str:
+    """``work=2h needs deadline=...`` as ``--work 2h needs --deadline ...``."""
+    names = "|".join(sorted((k.name for k in knobs_for(CLI)), key=len, reverse=True))
+    return re.sub(rf"\b({names})=", lambda m: cli_flag(KNOBS_BY_NAME[m[1]]) + " ", message)
 
 
 __all__ = ["ALIASES", "CLI", "DECORATOR", "BLOCK", "KNOBS", "KNOBS_BY_NAME", "Knob",

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                           "lives long enough to be preempted")
     defaults = DemoConfig()
     cfg = DemoConfig(steps=args.steps, start_tick=defaults.start_tick if args.start_tick is None
-                     else args.start_tick)
+                     else _start_tick(args.start_tick))
     if args.workdir is not None:
         report = _run(args.workdir, cfg)
     else:
@@ -52,6 +52,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(demo_json(report)), flush=True)
     return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
+
+
+def _start_tick(tick: int) -> int:
+    """Checked before anything runs: the demo replays the shipped traces from this tick."""
+    from spot_core.market.fixtures import default_traces
+
+    ticks = min(t.n_ticks for t in default_traces())
+    if not 0 <= tick < ticks:
+        raise ConfigError(f"--start-tick {tick} is outside the demo's traces ({ticks} ticks); "
+                          f"give a tick from 0 to {ticks - 1}, or drop it for the default")
+    return tick
 
 
 def _run_engine_demo(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import re
 import shutil
@@ -76,11 +77,14 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     command = _command(args.cmd, in_image=settings.image is not None)
     job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
-    checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
+    wanted = _pool_names(args.pools)
     with _stop_on_signals(), _provider(args, settings) as provider:
+        pools = _pools(provider, wanted)
+        deadline = _deadline(args.deadline, provider)
+        # Last of the checks: it creates the checkpoint folder, so a bad flag leaves none.
+        checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
-                       pools=_pools(provider, args.pools),
-                       deadline=_deadline(args.deadline, provider),
+                       pools=pools, deadline=deadline,
                        work_seconds=settings.work, total_steps=settings.total_steps,
                        image=settings.image, deadline_policy=settings.deadline_policy,
                        **_overhead(args, settings))
@@ -196,12 +200,18 @@ def _check_writable(path: Path) -> None:
 def _provider(args: argparse.Namespace, settings):
     if settings.provider == "ec2":
         return _ec2_provider(args)
+    from spot_core.market.fixtures import default_traces
     from spot_core.market.trace import load_traces
     from spot_core.providers.local import LocalProvider
 
-    if not args.time_scale > 0:
-        raise ConfigError(f"--time-scale must be > 0, got {args.time_scale}")
-    traces = None if not args.trace else load_traces(args.trace, prices=args.prices)
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise ConfigError(f"--time-scale must be a finite number > 0 (trace seconds per wall "
+                          f"second), got {args.time_scale}; e.g. --time-scale 3600")
+    traces = load_traces(args.trace, prices=args.prices) if args.trace else default_traces()
+    ticks = min(t.n_ticks for t in traces)
+    if not 0 <= args.start_tick < ticks:
+        raise ConfigError(f"--start-tick {args.start_tick} is outside the traces' {ticks} "
+                          f"ticks; give a tick from 0 to {ticks - 1}")
     return LocalProvider.from_traces(traces, time_scale=args.time_scale,
                                      start_tick=args.start_tick)
 
@@ -239,11 +249,22 @@ def _words(text: str) -> list[str]:
     return [w.strip() for w in text.split(",") if w.strip()]
 
 
-def _pools(provider, names: str | None):
+def _pool_names(text: str | None) -> list[str] | None:
+    """``--pools`` as names; None when not given. Given but naming nothing is an error,
+    never "no pools" (which would only wait, bounded but pointlessly, for capacity)."""
+    if text is None:
+        return None
+    wanted = _words(text)
+    if not wanted:
+        raise ConfigError(f"--pools {text!r} names no pool; give comma-separated zones such "
+                          "as us-east-2a,us-west-2b, or drop --pools to use every pool")
+    return wanted
+
+
+def _pools(provider, wanted: list[str] | None):
     pools = provider.pools()
-    if not names:
+    if wanted is None:
         return pools
-    wanted = [n.strip() for n in names.split(",") if n.strip()]
     known = {name: p for p in pools for name in (p.zone, p.key)}
     for trace in getattr(provider.market, "traces", ()):
         known.setdefault(trace.name, next(p for p in pools if p.zone == trace.zone))

@@ -55,6 +55,25 @@ def _number(text: str) -> float:
     return value
 
 
+def _check_hours(args: argparse.Namespace) -> None:
+    """Each hours flag on its own, so the line names the one to fix."""
+    if not args.task_hours > 0:
+        raise ConfigError(f"--task-hours must be > 0, got {args.task_hours:g}")
+    if not args.deadline_hours > 0:
+        raise ConfigError(f"--deadline-hours must be > 0, got {args.deadline_hours:g}")
+    if args.restart_overhead_hours < 0:
+        raise ConfigError(f"--restart-overhead-hours must be >= 0, got "
+                          f"{args.restart_overhead_hours:g}")
+
+
+def _check_start_ticks(ticks, last: int) -> None:
+    """A window must fit in the traces from its first tick to its deadline."""
+    for tick in ticks:
+        if not 0 <= tick <= last:
+            raise ConfigError(f"--start-tick {tick} leaves no room for the deadline's window "
+                              f"in the traces; give a start tick from 0 to {last}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.windows is not None and args.start_tick:
         raise ConfigError("pass either --windows N or --start-tick T, not both")
@@ -62,9 +81,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no windows to simulate: pass --windows N (N >= 1) or --start-tick T")
     if args.on_demand_price is not None and not args.on_demand_price > 0:
         raise ConfigError(f"--on-demand-price must be > 0, got {args.on_demand_price:g}")
+    _check_hours(args)
     job = Job.from_hours(args.task_hours, args.deadline_hours, args.restart_overhead_hours)
     traces = load_traces(args.trace, prices=args.prices, on_demand_price=args.on_demand_price)
     replay = Replay.from_traces(traces, args.on_demand_price)
+    _check_start_ticks(args.start_tick or (), replay.n_ticks - replay.deadline_ticks(job))
     starts = args.start_tick or random_starts(replay.n_ticks, replay.deadline_ticks(job),
                                               args.windows, args.seed)
     report = simulate(replay, job, args.policy, starts)

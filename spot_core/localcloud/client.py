@@ -3,11 +3,16 @@
 The provider cannot tell the two apart: it launches, describes and terminates through
 either, and prices with a TraceMarket rebuilt from the server's own configuration, so
 every process that talks to one server sees the same trace at the same moment.
+
+The server answers only with its token: given here, else ``$SPOT_LOCAL_CLOUD_TOKEN``,
+else read from the server's ``workdir``. It is sent in a header and kept out of
+``repr``, options and logs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.localcloud.cloud import InstanceView
-from spot_core.localcloud.server import trace_from_dict
+from spot_core.localcloud.server import TOKEN_ENV, TOKEN_FILE, read_token, trace_from_dict
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Pool
 
@@ -26,11 +31,13 @@ TIMEOUT_SECONDS = 10.0
 class RemoteLocalCloud:
     """Talks to ``spot_core.localcloud.server`` at ``url``."""
 
-    def __init__(self, url: str, *, timeout: float = TIMEOUT_SECONDS) -> None:
-        if not url.startswith("http://"):
+    def __init__(self, url: str, *, token: str | None = None, workdir: str | Path | None = None,
+                 timeout: float = TIMEOUT_SECONDS) -> None:
+        if not isinstance(url, str) or not url.startswith("http://"):
             raise ConfigError(f"local cloud URL {url!r} must look like http://127.0.0.1:PORT")
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._token = _token(self.url, token, workdir)
         self.clock = time.time
         config = self._call("GET", "/config")
         self.market = TraceMarket([trace_from_dict(t) for t in config["traces"]],
@@ -57,10 +64,13 @@ class RemoteLocalCloud:
     def shutdown(self) -> None:
         """Nothing to do: instances belong to the server and outlive this client."""
 
+    def __repr__(self) -> str:  # never the token
+        return f"RemoteLocalCloud({self.url!r})"
+
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {self._token}"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
@@ -68,12 +78,29 @@ class RemoteLocalCloud:
             detail = _error_body(exc)
             if exc.code == 409 and detail.get("error") == "capacity_unavailable":
                 raise CapacityUnavailable(detail.get("message", "no capacity")) from None
+            if exc.code == 401:
+                raise ConfigError(f"local cloud {self.url} refused our token (401): use the "
+                                  f"token of the server at this URL (its workdir's {TOKEN_FILE}"
+                                  f", or ${TOKEN_ENV})") from None
             raise InfrastructureError(f"local cloud {self.url} answered {exc.code} to {method} "
                                       f"{path}: {detail.get('message', '')}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise InfrastructureError(f"local cloud {self.url} is not reachable ({exc}); start "
                                       "it with `python -m spot_core.localcloud.server --workdir "
                                       "DIR`") from None
+
+
+def _token(url: str, token: str | None, workdir: str | Path | None) -> str:
+    """The explicit token, else ``$SPOT_LOCAL_CLOUD_TOKEN``, else the server's token file."""
+    found = token or os.environ.get(TOKEN_ENV)
+    if found:
+        return found.strip()
+    if workdir is not None and (Path(workdir) / TOKEN_FILE).is_file():
+        return read_token(workdir)
+    where = "" if workdir is None else f" (no {TOKEN_FILE} in {workdir})"
+    raise ConfigError(f"local cloud {url} needs its token{where}: set ${TOKEN_ENV}, or give "
+                      f"the server's workdir (provider option workdir=..., where it wrote "
+                      f"{TOKEN_FILE})")
 
 
 def _error_body(exc: urllib.error.HTTPError) -> dict[str, Any]:

@@ -122,8 +122,11 @@ class LocalSpotCloud:
         Lives here, not in the provider, so the server builds its cloud without importing
         the provider that is its client."""
         traces = list(traces) if traces is not None else default_traces()
-        if start_tick < 0:
-            raise ConfigError(f"start_tick must be >= 0, got {start_tick}")
+        ticks = min(t.n_ticks for t in traces) if traces else 0
+        if isinstance(start_tick, bool) or not isinstance(start_tick, int) \
+                or not 0 <= start_tick < max(ticks, 1):
+            raise ConfigError(f"start_tick={start_tick!r} must be a whole tick from 0 to "
+                              f"{ticks - 1} (the traces have {ticks} ticks)")
         origin = clock() - start_tick * traces[0].tick_seconds / time_scale
         market = TraceMarket(traces, tick_origin=origin, time_scale=time_scale)
         owns = not workdir

@@ -15,6 +15,13 @@ API, this server owns the instances and answers any client on 127.0.0.1 over JSO
 Run ``python -m spot_core.localcloud.server --workdir D`` (prints its URL first), or use
 ``LocalCloudServer`` in-process. Stopping the server terminates every instance.
 
+It runs commands, so it answers only its owner: at start it draws a random token (32
+bytes) and writes it to ``D/server.token``, readable by its owner alone (mode 0600).
+Every request must carry ``Authorization: Bearer TOKEN`` (else 401), and every POST a
+``Content-Type: application/json`` body (else 415), so a web page's cross-origin
+"simple" POST (text/plain, no custom header) cannot launch anything. Clients find the
+token in ``$SPOT_LOCAL_CLOUD_TOKEN`` or in the server's workdir (``client_environ``).
+
 ``--start-on-first-client`` holds the replay at ``--start-tick`` until the first client
 asks for the configuration or launches: an engine that takes a variable time to start
 (Airflow, Prefect) then meets the trace at the same tick on every run.
@@ -24,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hmac
 import json
+import os
+import secrets
 import signal
 import sys
 import threading
@@ -41,6 +51,42 @@ from spot_core.localcloud.cloud import LocalCloudConfig, LocalSpotCloud
 from spot_core.market.trace import ZoneTrace
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Pool
+
+
+TOKEN_FILE = "server.token"
+TOKEN_ENV = "SPOT_LOCAL_CLOUD_TOKEN"
+URL_ENV = "SPOT_LOCAL_CLOUD_URL"
+
+
+def token_path(workdir: str | Path) -> Path:
+    return Path(workdir) / TOKEN_FILE
+
+
+def read_token(workdir: str | Path) -> str:
+    """The token a server running in ``workdir`` wrote (ConfigError naming the fix)."""
+    path = token_path(workdir)
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the local cloud token {path} ({exc}); give the "
+                          f"workdir of a running server, or set ${TOKEN_ENV}") from None
+
+
+def client_environ(url: str, workdir: str | Path) -> dict[str, str]:
+    """What a process (an Airflow triggerer, a Prefect worker) needs in its environment to
+    open ``open_provider("local")`` on this server: its URL and its token."""
+    return {URL_ENV: url, TOKEN_ENV: read_token(workdir)}
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only (0600 from creation, never wider),
+    replacing any older file atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as file:
+        file.write(text)
+    os.replace(scratch, path)
 
 
 def trace_to_dict(trace: ZoneTrace) -> dict[str, Any]:
@@ -70,6 +116,11 @@ class LocalCloudServer:
         self._anchor_lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.token = secrets.token_urlsafe(32)  # 32 random bytes; printed nowhere
+
+    @property
+    def token_file(self) -> Path:
+        return token_path(self.cloud.workdir)
 
     @classmethod
     def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *, workdir: str | Path,
@@ -85,9 +136,11 @@ class LocalCloudServer:
         return f"http://127.0.0.1:{self._port}"
 
     def start(self) -> LocalCloudServer:
+        _write_private(self.token_file, self.token)  # before the first request can come
         server = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)
         server.daemon_threads = True
         server.cloud = self.cloud  # type: ignore[attr-defined]
+        server.token = self.token  # type: ignore[attr-defined]
         server.first_client = self.first_client  # type: ignore[attr-defined]
         self._port = server.server_address[1]
         self._server = server
@@ -110,7 +163,16 @@ class LocalCloudServer:
         if server is not None:
             server.shutdown()
             server.server_close()
+            self._forget_token()
         self.cloud.shutdown()
+
+    def _forget_token(self) -> None:
+        """Remove the token file if it is still ours (a newer server may own the workdir)."""
+        try:
+            if self.token_file.read_text(encoding="ascii").strip() == self.token:
+                self.token_file.unlink()
+        except (OSError, UnicodeDecodeError):
+            pass
 
     def __enter__(self) -> LocalCloudServer:
         return self.start()
@@ -132,7 +194,31 @@ class _Handler(BaseHTTPRequestHandler):
     def cloud(self) -> LocalSpotCloud:
         return self.server.cloud  # type: ignore[attr-defined]
 
+    def _authorized(self) -> bool:
+        """The bearer token, compared in constant time; else a 401 is sent."""
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        expected = self.server.token  # type: ignore[attr-defined]
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                              expected.encode()):
+            return True
+        self._send(401, {"error": "unauthorized", "message": "send the server's token as "
+                         f"'Authorization: Bearer TOKEN' (it is in the server's workdir, "
+                         f"{TOKEN_FILE})"}, extra={"WWW-Authenticate": "Bearer"})
+        return False
+
+    def _json_body_declared(self) -> bool:
+        """Only ``application/json`` bodies: a browser cannot send that cross-origin
+        without a preflight this server never grants. Else a 415 is sent."""
+        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if kind == "application/json":
+            return True
+        self._send(415, {"error": "unsupported_media_type", "message": "POST bodies must be "
+                         f"Content-Type: application/json (got {kind or 'none'!r})"})
+        return False
+
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        if not self._authorized():
+            return
         url = urlparse(self.path)
         parts = url.path.strip("/").split("/")
         if url.path == "/config":
@@ -144,6 +230,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, {"error": "not_found", "message": f"no route {url.path}"})
 
     def do_POST(self) -> None:  # noqa: N802
+        if not self._authorized() or not self._json_body_declared():
+            return
         parts = urlparse(self.path).path.strip("/").split("/")
         try:
             body = self._body()
@@ -168,11 +256,14 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(length) or b"{}")
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
+    def _send(self, status: int, payload: dict[str, Any],
+              extra: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 

@@ -107,15 +107,16 @@ class SpotAdvisor:
         if region not in self.entries:
             raise ConfigError(f"spot advisor has no region {region!r} (it has "
                               f"{', '.join(self.regions()[:6])}, ...); check the region name")
-        types = self.entries[region].get(os, {})
-        if instance_type not in types:
+        types = self.entries[region].get(os, {}) if isinstance(self.entries[region],
+                                                                Mapping) else {}
+        if not isinstance(types, Mapping) or instance_type not in types:
             raise ConfigError(f"spot advisor lists no {os} {instance_type!r} in {region}; "
                               "check the instance type, or rank this pool without a prior")
         return types[instance_type]
 
     def interruption_band(self, region: str, instance_type: str, os: str = "Linux") -> Band:
         """The band AWS currently puts this instance type in, in this region."""
-        index = int(self._entry(region, instance_type, os)["r"])
+        index = self._number(region, instance_type, os, "r")
         if not 0 <= index < len(self.bands):
             raise ConfigError(f"spot advisor entry for {instance_type} in {region} names band "
                               f"{index}, but the feed defines {len(self.bands)}; the file is "
@@ -131,7 +132,16 @@ class SpotAdvisor:
 
     def savings(self, region: str, instance_type: str, os: str = "Linux") -> float:
         """Advertised saving of spot over on-demand, as a fraction (0.8 = 80% cheaper)."""
-        return float(self._entry(region, instance_type, os)["s"]) / 100
+        return self._number(region, instance_type, os, "s") / 100
+
+    def _number(self, region: str, instance_type: str, os: str, key: str) -> int:
+        """One whole-number field of an entry; a missing or odd one is a corrupt feed."""
+        value = self._entry(region, instance_type, os).get(key) if isinstance(
+            self._entry(region, instance_type, os), Mapping) else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"spot advisor entry for {instance_type} in {region} has "
+                              f"{key}={value!r}, not a whole number; the file is corrupt")
+        return value
 
 
 def parse_advisor(data: Mapping[str, Any], source: str = "") -> SpotAdvisor:
@@ -139,9 +149,17 @@ def parse_advisor(data: Mapping[str, Any], source: str = "") -> SpotAdvisor:
     if not isinstance(data, Mapping) or "spot_advisor" not in data:
         raise ConfigError(f"{source or 'spot advisor data'} has no 'spot_advisor' key; pass "
                           "the AWS Spot Advisor feed (spot-advisor-data.json)")
-    ranges = sorted(data.get("ranges") or STANDARD_RANGES, key=lambda e: int(e["index"]))
-    return SpotAdvisor(bands=tuple(band_from_range(e) for e in ranges),
-                       entries=data["spot_advisor"], source=source)
+    try:
+        ranges = sorted(data.get("ranges") or STANDARD_RANGES, key=lambda e: int(e["index"]))
+        bands = tuple(band_from_range(e) for e in ranges)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{source or 'spot advisor data'}: 'ranges' is not a list of "
+                          f"{{index, label}} entries ({type(exc).__name__}: {exc}); pass the "
+                          "feed unchanged") from None
+    if not isinstance(data["spot_advisor"], Mapping):
+        raise ConfigError(f"{source or 'spot advisor data'}: 'spot_advisor' must be an object "
+                          "of regions; pass the feed unchanged")
+    return SpotAdvisor(bands=bands, entries=data["spot_advisor"], source=source)
 
 
 def default_advisor_path() -> Path:
@@ -155,7 +173,13 @@ def load_advisor(path: str | Path | Mapping[str, Any] | None = None) -> SpotAdvi
         return parse_advisor(path, "<dict>")
     file = Path(path) if path is not None else default_advisor_path()
     try:
-        data = json.loads(file.read_text())
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"spot advisor file {file} is not UTF-8 text; download the feed "
+                          "again") from None
+    except IsADirectoryError:
+        raise ConfigError(f"spot advisor file {file} is a folder; pass the path of "
+                          "spot-advisor-data.json") from None
     except FileNotFoundError as exc:
         raise ConfigError(f"spot advisor file {file} does not exist; pass the path of "
                           "spot-advisor-data.json") from exc

@@ -55,12 +55,15 @@ class ZoneTrace:
 
     def __post_init__(self) -> None:
         available = np.asarray(self.available, dtype=bool)
-        price = np.asarray(self.spot_price, dtype=float)
+        price = price_array(self.spot_price, f"trace {self.name}'s spot prices")
         if available.ndim != 1 or price.shape != available.shape or available.size == 0:
             raise ConfigError(f"trace {self.name}: availability ({available.size} ticks) and "
                               f"spot prices ({price.size}) must be equally long and non-empty")
-        if not self.tick_seconds > 0 or not self.on_demand_price > 0:
-            raise ConfigError(f"trace {self.name}: tick_seconds and on_demand_price must be > 0")
+        for what, value in (("tick_seconds", self.tick_seconds),
+                            ("on_demand_price", self.on_demand_price)):
+            if not _positive_number(value):
+                raise ConfigError(f"trace {self.name}: {what} must be a finite number > 0, "
+                                  f"got {value!r}; check the file")
         available.setflags(write=False)
         price.setflags(write=False)
         object.__setattr__(self, "available", available)
@@ -116,6 +119,34 @@ class ZoneTrace:
         moved = None if self.start_time is None else self.start_time + start * self.tick_seconds
         return dataclasses.replace(self, available=self.available[start:stop],
                                    spot_price=self.spot_price[start:stop], start_time=moved)
+
+
+def _positive_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
+def price_array(values: Any, where: str) -> np.ndarray:
+    """``values`` as $/h floats: a flat list of finite numbers >= 0, else a one-line
+    ConfigError. JSON allows strings, NaN and Infinity; none of them is a price."""
+    items = values.tolist() if isinstance(values, np.ndarray) else values
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise ConfigError(f"{where} must be a list of $/h numbers, got {type(items).__name__}")
+    items = list(items)
+    bad = next((v for v in items if isinstance(v, bool) or not isinstance(
+        v, (int, float, np.number)) or not math.isfinite(v) or v < 0), None)
+    if bad is not None or any(v is None for v in items):
+        raise ConfigError(f"{where} hold {_as_json(bad)}; every price must be a finite number "
+                          "of $/h >= 0; check the file")
+    return np.asarray(items, dtype=float)
+
+
+def _as_json(value: Any) -> str:
+    """A value as the file spells it (NaN, Infinity, null, "text")."""
+    try:
+        return json.dumps(value.item() if isinstance(value, np.generic) else value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def count_preemptions(available: np.ndarray) -> int:
@@ -201,8 +232,21 @@ def _csv_tick(times: np.ndarray) -> float:
     return CSV_TICK_SECONDS if abs(median / CSV_TICK_SECONDS - 1) <= 0.02 else median
 
 
+def _read_text(file: Path) -> str:
+    """The file as UTF-8 text; a binary or differently encoded file is one clear line."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file} is not UTF-8 text (byte {exc.start} cannot be decoded); "
+                          "pass a CSV or JSON trace, not a binary file") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{file} does not exist; check the path") from None
+    except OSError as exc:
+        raise ConfigError(f"{file} cannot be read ({exc.strerror}); check the path") from None
+
+
 def _read_csv_rows(file: Path) -> tuple[np.ndarray, np.ndarray]:
-    lines = file.read_text().strip().splitlines()
+    lines = _read_text(file).strip().splitlines()
     if not lines or [h.strip() for h in lines[0].split(",")] != ["date", "availability"]:
         raise ConfigError(f"{file} is not a 'date,availability' CSV trace (header "
                           f"{lines[0] if lines else '<empty>'!r}); check the file")
@@ -224,16 +268,28 @@ def _load_json(file: Path, prices: Any, on_demand_price: float | None) -> ZoneTr
     if not {"metadata", "data"} <= set(data):
         raise ConfigError(f"{file} is neither an availability trace ({{metadata, data, prices}}) "
                           "nor a SpotPriceHistory; check the file")
-    meta = data["metadata"] or {}
-    flags = np.asarray(data["data"])
-    if flags.size == 0 or not np.isin(flags, (0, 1)).all():
-        raise ConfigError(f"{file}: 'data' must be 0/1 per tick (1 = preempted / unavailable)")
-    available = flags == 0  # this format counts 1 as *preempted*: flip to 1 = available
-    info = meta.get("price_info") or {}
+    meta = _object(data["metadata"] or {}, f"{file}: metadata")
+    flags = data["data"]
+    if not isinstance(flags, list) or not flags or not all(
+            type(f) is int and f in (0, 1) for f in flags):
+        raise ConfigError(f"{file}: 'data' must be a list of 0/1 per tick (1 = preempted / "
+                          "unavailable)")
+    available = np.asarray(flags) == 0  # this format counts 1 as *preempted*: flip it
+    info = _object(meta.get("price_info") or {}, f"{file}: metadata.price_info")
     spot = _json_prices(file, data, info, prices, available.size)
     od = _on_demand(on_demand_price, info.get("on_demand_price"), file.stem)
-    return ZoneTrace(file.stem, float(meta.get("gap_seconds", 0)), available, spot, od,
-                     _posix(meta.get("start_time")), str(file))
+    gap = meta.get("gap_seconds")
+    if not _positive_number(gap):
+        raise ConfigError(f"{file}: metadata.gap_seconds must be a finite number of seconds "
+                          f"> 0 (the tick length), got {gap!r}")
+    return ZoneTrace(file.stem, float(gap), available, spot, od,
+                     _posix(meta.get("start_time"), f"{file}: metadata.start_time"), str(file))
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _json_prices(file: Path, data: Mapping[str, Any], info: Mapping[str, Any],
@@ -241,18 +297,17 @@ def _json_prices(file: Path, data: Mapping[str, Any], info: Mapping[str, Any],
     if prices is not None and _price_key(_as_price_table(prices), file.stem) is not None:
         return _price_series(prices, file.stem, n)
     if data.get("prices") is not None:
-        return _checked_length(np.asarray(data["prices"], dtype=float), n, file.stem, str(file))
+        return _checked_length(price_array(data["prices"], f"{file}: 'prices'"), n, file.stem,
+                               str(file))
     if info.get("price") is not None:
-        return np.full(n, float(info["price"]))
+        return np.full(n, price_array([info["price"]], f"{file}: price_info.price")[0])
     raise ConfigError(f"{file} has no 'prices' and no metadata.price_info.price; pass prices=")
 
 
 # -- prices ---------------------------------------------------------------------------------
 def _read_json(file: Path) -> dict[str, Any]:
     try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{file} does not exist; check the path") from exc
+        data = json.loads(_read_text(file))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{file} is not valid JSON ({exc}); check the file") from exc
     if not isinstance(data, dict):
@@ -283,7 +338,8 @@ def _price_series(prices: Any, stem: str, n: int) -> np.ndarray:
         known = ", ".join(sorted(table)[:5])
         raise ConfigError(f"spot prices have no entry for {stem!r} (keys: {known}, ...); key "
                           "them by trace file stem or zone name")
-    return _checked_length(np.asarray(table[key], dtype=float), n, stem, "the price file")
+    return _checked_length(price_array(table[key], f"the prices for {key!r}"), n, stem,
+                           "the price file")
 
 
 def _checked_length(series: np.ndarray, n: int, stem: str, where: str) -> np.ndarray:
@@ -294,10 +350,13 @@ def _checked_length(series: np.ndarray, n: int, stem: str, where: str) -> np.nda
 
 
 def _on_demand(given: float | None, from_file: Any, stem: str) -> float:
-    if given is not None:
-        return float(given)
-    if from_file is not None:
-        return float(from_file)
+    for value, where in ((given, "on_demand_price"), (from_file, "price_info.on_demand_price")):
+        if value is None:
+            continue
+        if not _positive_number(value):
+            raise ConfigError(f"trace {stem}: {where} must be a finite number of $/h > 0, got "
+                              f"{value!r}")
+        return float(value)
     hint = stem.split("_")[1] if "_" in stem else stem
     if hint in DEFAULT_ON_DEMAND:
         return DEFAULT_ON_DEMAND[hint]
@@ -305,14 +364,18 @@ def _on_demand(given: float | None, from_file: Any, stem: str) -> float:
                       "(or --on-demand-price) in $/h")
 
 
-def _posix(value: Any) -> float | None:
+def _posix(value: Any, where: str = "a timestamp") -> float | None:
     """ISO-8601 (naive = UTC), a datetime, or POSIX seconds -> POSIX seconds."""
     if value is None:
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(
-        str(value).replace("Z", "+00:00"))
+    try:
+        moment = value if isinstance(value, datetime) else datetime.fromisoformat(
+            value.replace("Z", "+00:00"))
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigError(f"{where} {value!r} is not an ISO time (2023-02-01T00:00:00Z) nor "
+                          "POSIX seconds; check the file") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
@@ -354,10 +417,17 @@ def _group_history(entries: list[Mapping[str, Any]], product: str | None
                    ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
     grouped: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for e in entries:
-        if product is not None and e.get("ProductDescription", product) != product:
-            continue
-        key = (str(e["AvailabilityZone"]), str(e["InstanceType"]))
-        grouped.setdefault(key, []).append((_posix(e["Timestamp"]), float(e["SpotPrice"])))
+        try:
+            if product is not None and e.get("ProductDescription", product) != product:
+                continue
+            key = (str(e["AvailabilityZone"]), str(e["InstanceType"]))
+            price = float(price_array([float(e["SpotPrice"])], "SpotPrice")[0])
+            grouped.setdefault(key, []).append((_posix(e["Timestamp"], "Timestamp"), price))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"spot price history entry {str(e)[:120]} is not an "
+                              "AvailabilityZone/InstanceType/Timestamp/SpotPrice record "
+                              f"({type(exc).__name__}: {exc}); pass the API's answer "
+                              "unchanged") from None
     if not grouped:
         raise ConfigError(f"spot price history has no {product!r} entries; pass product=None "
                           "or the product description you asked the API for")

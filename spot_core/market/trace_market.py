@@ -29,9 +29,10 @@ class TraceMarket:
                  advisor: SpotAdvisor | None = None) -> None:
         if not traces:
             raise ConfigError("TraceMarket needs at least one trace; load some with load_traces()")
-        if not time_scale > 0 or not lookback_hours > 0:
-            raise ConfigError(f"time_scale ({time_scale}) and lookback_hours ({lookback_hours}) "
-                              "must be > 0")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+                   for v in (time_scale, lookback_hours)):
+            raise ConfigError(f"time_scale ({time_scale!r}) and lookback_hours "
+                              f"({lookback_hours!r}) must be finite numbers > 0")
         check_compatible(traces)
         self.traces = tuple(traces)
         self.tick_origin = float(tick_origin)

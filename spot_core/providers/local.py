@@ -48,21 +48,28 @@ class LocalProvider:
         self.options = options or {}
 
     @classmethod
-    def connect(cls, url: str) -> LocalProvider:
-        """A provider over a running local cloud server (leases outlive this process)."""
+    def connect(cls, url: str, *, workdir: str | Path | None = None,
+                token: str | None = None) -> LocalProvider:
+        """A provider over a running local cloud server (leases outlive this process).
+
+        Its token comes from ``token``, else ``$SPOT_LOCAL_CLOUD_TOKEN``, else the
+        server's ``workdir``. The reopen ``options`` name the URL and the workdir, never
+        the token: they travel in trigger kwargs and job variables, which are logged."""
         from spot_core.localcloud.client import RemoteLocalCloud
 
-        return cls(RemoteLocalCloud(url), options={"url": url})
+        options = {"url": url} if workdir is None else {"url": url, "workdir": str(workdir)}
+        return cls(RemoteLocalCloud(url, token=token, workdir=workdir), options=options)
 
     @classmethod
     def from_options(cls, *, url: str | None = None, traces: Sequence[str] | None = None,
                      prices: str | None = None, time_scale: float = DEFAULT_TIME_SCALE,
                      start_tick: int = 0, workdir: str | None = None) -> LocalProvider:
-        """From plain options: a server's ``url`` (or ``$SPOT_LOCAL_CLOUD_URL``), else a
-        cloud in this process replaying ``traces`` (paths; default the shipped excerpt)."""
+        """From plain options: a server's ``url`` (or ``$SPOT_LOCAL_CLOUD_URL``; its token
+        from ``$SPOT_LOCAL_CLOUD_TOKEN`` or the server's ``workdir``), else a cloud in this
+        process replaying ``traces`` (paths; default the shipped excerpt) in ``workdir``."""
         url = url or os.environ.get(LOCAL_CLOUD_URL)
         if url:
-            return cls.connect(url)
+            return cls.connect(url, workdir=workdir)
         from spot_core.market.trace import load_traces
 
         loaded = None if not traces else load_traces(traces, prices=prices)

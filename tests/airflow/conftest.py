@@ -68,14 +68,18 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def cloud_url(workdir, airflow_home):
-    """The local spot cloud as a server; its URL is exported as SPOT_LOCAL_CLOUD_URL."""
+    """The local spot cloud as a server; its URL and token are exported as
+    SPOT_LOCAL_CLOUD_URL and SPOT_LOCAL_CLOUD_TOKEN (the triggerer opens it from those)."""
     from airflow_spot.demo import cloud_server
+    from spot_core.localcloud.server import client_environ
 
     with cloud_server(workdir / "cloud", start_tick=300) as url:  # timing known to preempt twice
-        os.environ["SPOT_LOCAL_CLOUD_URL"] = url
+        environ = client_environ(url, workdir / "cloud")
+        os.environ.update(environ)
         os.environ["SPOT_PIPELINE_WORKDIR"] = str(workdir)
         yield url
-        os.environ.pop("SPOT_LOCAL_CLOUD_URL", None)
+        for name in environ:
+            os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="session")

@@ -141,6 +141,7 @@ def standalone(tmp_path_factory, airflow_home):
     from conftest import DAGS, TEST_DIR
 
     from airflow_spot.demo import cloud_server
+    from spot_core.localcloud.server import client_environ
 
     home = tmp_path_factory.mktemp("standalone-home")
     work = tmp_path_factory.mktemp("standalone-work")
@@ -169,7 +170,7 @@ def standalone(tmp_path_factory, airflow_home):
 
     shutil.copy(airflow_home / "airflow.db.pristine", home / "airflow.db")  # migrated, unused
     with cloud_server(work / "cloud", start_tick=300) as url:
-        env["SPOT_LOCAL_CLOUD_URL"] = url
+        env.update(client_environ(url, work / "cloud"))
         airflow = Standalone(home, env, port)
         log = open(home / "standalone.log", "wb")
         airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env,

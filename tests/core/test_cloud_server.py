@@ -8,12 +8,13 @@ import sys
 import pytest
 
 from spot_core.controller import Controller, JobSpec
-from spot_core.errors import CapacityUnavailable, InfrastructureError
+from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.model import JobStatus
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
-from spot_core.localcloud.server import LocalCloudServer
+from spot_core.localcloud.server import (TOKEN_ENV, TOKEN_FILE, LocalCloudServer,
+                                         client_environ)
 from spot_core.localcloud.cloud import LocalCloudConfig
 
 from spot_helpers import marked_processes, trace, train_command, wait_until
@@ -29,7 +30,7 @@ def _server(tmp_path, pattern):
 
 def test_a_lease_launched_by_one_client_is_watched_and_ended_by_others(tmp_path):
     with _server(tmp_path, "1" * 200) as server:
-        launcher = open_provider("local", url=server.url)
+        launcher = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         pool = launcher.pools()[0]
         spec = LaunchSpec("job", 1, (sys.executable, "-c", "import time; time.sleep(60)"),
                           (tmp_path / "ckpt").as_uri())
@@ -37,14 +38,14 @@ def test_a_lease_launched_by_one_client_is_watched_and_ended_by_others(tmp_path)
         launcher.close()  # the launching process goes away (an Airflow worker deferring)
         watcher = open_provider(**{"name": "local", **launcher.options})
         assert watcher.observe([lease])[lease.lease_id].state is LeaseState.RUNNING
-        open_provider("local", url=server.url).terminate(lease)
+        open_provider("local", url=server.url, workdir=server.cloud.workdir).terminate(lease)
         assert watcher.observe([lease])[lease.lease_id].state is LeaseState.TERMINATED
     assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
 
 
 def test_capacity_errors_cross_the_wire(tmp_path):
     with _server(tmp_path, "0" * 200) as server:
-        client = open_provider("local", url=server.url)
+        client = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         with pytest.raises(CapacityUnavailable, match="no spot capacity"):
             client.launch(LaunchSpec("job", 1, ("true",), (tmp_path / "c").as_uri()),
                           client.pools()[0])
@@ -52,7 +53,7 @@ def test_capacity_errors_cross_the_wire(tmp_path):
 
 def test_controller_over_the_server_resumes_a_preempted_job(tmp_path):
     with _server(tmp_path, "1110" * 80) as server:
-        provider = open_provider("local", url=server.url)
+        provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         spec = JobSpec("job-remote", train_command(steps=400), (tmp_path / "ckpt").as_uri(),
                        provider.pools())
         record = Controller(provider, provider.market, RetryPolicy(
@@ -62,16 +63,19 @@ def test_controller_over_the_server_resumes_a_preempted_job(tmp_path):
     assert 0 < record.ledger.spent < record.ledger.on_demand_equivalent
 
 
-def test_server_as_a_subprocess_and_a_clear_error_when_it_is_gone(tmp_path):
+def test_server_as_a_subprocess_and_a_clear_error_when_it_is_gone(tmp_path, monkeypatch):
     proc = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
                              str(tmp_path / "cloud")], stdout=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()
-        client = open_provider("local", url=url)
+        for name, value in client_environ(url, tmp_path / "cloud").items():
+            monkeypatch.setenv(name, value)  # as a triggerer or a worker is given them
+        client = open_provider("local")
         assert [p.zone for p in client.pools()] == ["us-east-1d", "us-east-2a", "us-west-2b"]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+    assert not (tmp_path / "cloud" / TOKEN_FILE).exists(), "a stopped server left its token"
     with pytest.raises(InfrastructureError, match="not reachable"):
         open_provider("local", url=url)
 
@@ -85,9 +89,89 @@ def test_replay_starts_at_the_start_tick_when_the_first_client_connects(tmp_path
             LocalCloudServer.from_traces(traces, workdir=tmp_path / "free", time_scale=600.0,
                                          start_tick=50) as free:
         time.sleep(1.0)  # 10 ticks of replay at 600x, while no client is connected
-        held_market = open_provider("local", url=held.url).market
-        free_market = open_provider("local", url=free.url).market
+        held_market = open_provider("local", url=held.url, workdir=held.cloud.workdir).market
+        free_market = open_provider("local", url=free.url, workdir=free.cloud.workdir).market
         now = time.time()
         assert held_market.tick_at(now) == 50, "held at the start tick until a client came"
         assert free_market.tick_at(now) >= 59, "an unheld replay runs from its start"
         assert held.cloud.market.tick_origin == held_market.tick_origin, "clients agree"
+
+
+# -- the server answers only its owner ----------------------------------------------------------
+def _raw(url, method="GET", body=None, headers=None):
+    """One request with exactly these headers: (status, JSON answer)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _launch_body(tmp_path):
+    import json
+
+    marker = str(tmp_path / "launched")
+    return json.dumps({"pool": {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a",
+                                "instance_type": "p3.2xlarge", "market": "spot"},
+                       "command": ["touch", marker], "env": {},
+                       "endpoint_env": "X"}).encode(), tmp_path / "launched"
+
+
+def test_the_server_refuses_requests_without_its_token_and_non_json_posts(tmp_path):
+    with _server(tmp_path, "1" * 200) as server:
+        body, launched = _launch_body(tmp_path)
+        good = {"Authorization": f"Bearer {server.token}"}
+        assert _raw(server.url + "/config")[0] == 401
+        status, answer = _raw(server.url + "/config", headers={"Authorization": "Bearer nope"})
+        assert status == 401 and answer["error"] == "unauthorized"
+        # A web page's cross-origin "simple" POST: text/plain, no Authorization header.
+        assert _raw(server.url + "/instances", "POST", body,
+                    {"Content-Type": "text/plain"})[0] == 401
+        status, answer = _raw(server.url + "/instances", "POST", body,
+                              {**good, "Content-Type": "text/plain"})
+        assert status == 415 and answer["error"] == "unsupported_media_type"
+        assert _raw(server.url + "/instances", "POST", body, good)[0] == 415  # none declared
+        assert not wait_until(launched.exists, timeout=1.0), "a refused request launched"
+        status, view = _raw(server.url + "/instances", "POST", body,
+                            {**good, "Content-Type": "application/json"})
+        assert status == 200 and wait_until(launched.exists, timeout=10), view
+
+
+def test_the_token_file_is_private_and_random(tmp_path):
+    import stat
+
+    with _server(tmp_path, "1" * 200) as server, \
+            LocalCloudServer.from_traces(workdir=tmp_path / "other") as other:
+        mode = stat.S_IMODE(server.token_file.stat().st_mode)
+        assert mode == 0o600, oct(mode)
+        assert server.token_file.read_text() == server.token
+        assert len(server.token) >= 43 and server.token != other.token  # 32 random bytes
+
+
+def test_a_lease_launched_with_the_token_never_sees_it(tmp_path, monkeypatch):
+    with _server(tmp_path, "1" * 200) as server:
+        monkeypatch.setenv(TOKEN_ENV, server.token)  # the launching process holds it
+        provider = open_provider("local", url=server.url)
+        spec = LaunchSpec("job", 1, (sys.executable, "-c", "import os; print(dict(os.environ))"),
+                          (tmp_path / "ckpt").as_uri())
+        lease = provider.launch(spec, provider.pools()[0])
+        assert wait_until(lambda: provider.observe([lease])[lease.lease_id].ended, timeout=30)
+        log = open(lease.details["log"]).read()
+        assert "LEASE_MARKER" in log or "SPOT_" in log, log[-500:]
+        assert server.token not in log, "the token reached the lease's environment"
+        assert server.token not in repr(provider.options) + repr(provider.cloud)
+
+
+def test_a_client_without_the_token_or_with_a_wrong_one_gets_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with _server(tmp_path, "1" * 200) as server:
+        with pytest.raises(ConfigError, match=TOKEN_ENV):
+            open_provider("local", url=server.url)
+        monkeypatch.setenv(TOKEN_ENV, "not-the-token")
+        with pytest.raises(ConfigError, match="refused our token"):
+            open_provider("local", url=server.url)

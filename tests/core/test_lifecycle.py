@@ -54,7 +54,7 @@ def run_row(tmp_path, pattern, command, policy, *, proxy_match="/describe", duri
     with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", pattern)], time_scale=60.0,
                                       workdir=tmp_path / "cloud", config=FAST) as server, \
             FaultProxy(server.url, match=proxy_match) as proxy:
-        provider = open_provider("local", url=proxy.url)
+        provider = open_provider("local", url=proxy.url, workdir=server.cloud.workdir)
         spec = JobSpec("job-row", command, (tmp_path / "ckpt").as_uri(), provider.pools())
         options = {"heartbeat_timeout": None, **controller_options}
         controller = Controller(provider, provider.market, policy, **options)
@@ -173,14 +173,14 @@ def test_a_driver_that_died_mid_watch_is_replaced_from_the_record_alone(tmp_path
     with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", UP)], time_scale=60.0,
                                       workdir=tmp_path / "cloud", config=FAST) as server:
         saved = []
-        first = open_provider("local", url=server.url)
+        first = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         spec = JobSpec("job-handover", (sys.executable, "-c", "import time; time.sleep(1.5)"),
                        (tmp_path / "ckpt").as_uri(), first.pools())
         controller = Controller(first, first.market, RetryPolicy(), persist=saved.append,
                                 heartbeat_timeout=None)
         nxt = controller.advance(spec, controller.new_record(spec))
         assert nxt.action == "watch"
-        second = open_provider("local", url=server.url)  # knows nothing but the record
+        second = open_provider("local", url=server.url, workdir=server.cloud.workdir)  # knows nothing but the record
         again = Controller(second, second.market, RetryPolicy(), heartbeat_timeout=None)
         resumed = again.advance(spec, saved[-1])
         assert resumed.action == "watch" and resumed.lease.lease_id == nxt.lease.lease_id
@@ -210,7 +210,7 @@ def test_row_heartbeat_expiry_ends_the_lease_and_the_next_driver_resumes(tmp_pat
     with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", UP)], time_scale=60.0,
                                       workdir=tmp_path / "cloud", config=FAST) as server:
         saved = []
-        first = open_provider("local", url=server.url)
+        first = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         spec = JobSpec("job-heartbeat", train_command(steps=1500, step_seconds=0.01),
                        (tmp_path / "ckpt").as_uri(), first.pools())
         dead = Controller(first, first.market, RetryPolicy(max_infrastructure_retries=2),
@@ -219,7 +219,7 @@ def test_row_heartbeat_expiry_ends_the_lease_and_the_next_driver_resumes(tmp_pat
         assert nxt.action == "watch"  # ... and this driver is never heard of again
         assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), \
             "the lease outlived its silent driver"
-        heir = open_provider("local", url=server.url)
+        heir = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         again = Controller(heir, heir.market, RetryPolicy(max_infrastructure_retries=2),
                            heartbeat_timeout=5.0)
         record, _ = drive_from(again, spec, again.advance(spec, saved[-1]))

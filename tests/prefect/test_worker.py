@@ -168,13 +168,14 @@ def test_kill_infrastructure_reaches_a_lease_launched_by_another_process(prefect
     from spot_core.localcloud.server import LocalCloudServer
 
     with LocalCloudServer.from_traces(workdir=tmp_path / "cloud", start_tick=600) as server:
-        launcher = open_provider("local", url=server.url)  # stands in for another process
+        launcher = open_provider("local", url=server.url, workdir=server.cloud.workdir)  # stands in for another process
         pool = next(p for p in launcher.pools() if p.zone == "us-west-2b")
         lease = launcher.launch(LaunchSpec(
             job_id="remote", attempt=1, command=(sys.executable, "-c",
                                                  "import time; time.sleep(120)"),
             checkpoint_uri=(tmp_path / "ckpt").as_uri()), pool)
-        configuration = SpotJobConfiguration(provider_options={"url": server.url})
+        configuration = SpotJobConfiguration(provider_options={
+            "url": server.url, "workdir": str(server.cloud.workdir)})
 
         async def kill():
             async with SpotWorker(work_pool_name="spot-kill-remote") as worker:

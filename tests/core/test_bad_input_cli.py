@@ -1,0 +1,117 @@
+"""Every command's bad flags: exit code 2, one line on stderr naming the flag, no
+traceback, and nothing created where the command ran (no checkpoint folder, no file).
+
+Each row runs the real `spot-pipelines` in a fresh, empty working folder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from spot_core.market import fixture_trace_paths
+
+pytestmark = pytest.mark.timeout(120)
+
+TRACE = str(fixture_trace_paths()[0])
+SIM = ("--trace", TRACE, "--task-hours", "2", "--deadline-hours", "4",
+       "--restart-overhead-hours", "0.1")
+
+RUN_ROWS = [
+    (["--max-spot-price", "nan"], "--max-spot-price"),
+    (["--max-spot-price", "-1"], "--max-spot-price"),
+    (["--max-spot-price", "inf"], "--max-spot-price"),
+    (["--max-spot-price", "cheap"], "--max-spot-price"),
+    (["--pools", ",,"], "--pools"),
+    (["--pools", " , "], "--pools"),
+    (["--deadline", "0s"], "--deadline"),
+    (["--deadline", "2020-01-01T00:00Z"], "--deadline"),
+    (["--deadline", "inf"], "--deadline"),
+    (["--deadline", "9" * 400 + "h"], "--deadline"),
+    (["--work", "2h"], "--work"),
+    (["--deadline-policy", "greedy"], "--deadline-policy"),
+    (["--total-steps", "-5"], "--total-steps"),
+    (["--total-steps", "1.5"], "--total-steps"),
+    (["--start-tick", "99999999"], "--start-tick"),
+    (["--start-tick", "-1"], "--start-tick"),
+    (["--start-tick", "x"], "--start-tick"),
+    (["--time-scale", "inf"], "--time-scale"),
+    (["--time-scale", "nan"], "--time-scale"),
+    (["--time-scale", "1e400"], "--time-scale"),
+    (["--time-scale", "0"], "--time-scale"),
+    (["--capacity-wait", "inf"], "--capacity-wait"),
+    (["--capacity-wait", "-5s"], "--capacity-wait"),
+    (["--heartbeat-timeout", "0"], "--heartbeat-timeout"),
+    (["--max-capacity-waits", "0"], "--max-capacity-waits"),
+    (["--attempt-timeout", "nan"], "--attempt-timeout"),
+]
+
+SIMULATE_ROWS = [
+    (["--task-hours", "nan"], "--task-hours"),
+    (["--task-hours", "x"], "--task-hours"),
+    (["--task-hours", "-1"], "--task-hours"),
+    (["--deadline-hours", "inf"], "--deadline-hours"),
+    (["--restart-overhead-hours", "-1"], "--restart-overhead-hours"),
+    (["--on-demand-price", "cheap"], "--on-demand-price"),
+    (["--on-demand-price", "-3"], "--on-demand-price"),
+    (["--windows", "0"], "--windows"),
+    (["--windows", "2", "--seed", "x"], "--seed"),
+    (["--start-tick", "99999999"], "--start-tick"),
+    (["--start-tick", "-1"], "--start-tick"),
+    (["--windows", "2", "--start-tick", "0"], "--start-tick"),
+]
+
+WATCH_ROWS = [
+    (["--poll-interval", "inf"], "--poll-interval"),
+    (["--poll-interval", "-1"], "--poll-interval"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--grace-seconds", "inf"], "--grace-seconds"),
+    (["--heartbeat-timeout", "inf"], "--heartbeat-timeout"),
+    (["--cloud", "nope"], "cloud 'nope'"),
+]
+
+DEMO_ROWS = [
+    (["--steps", "-5"], "--steps"),
+    (["--steps", "1e3"], "--steps"),
+    (["--start-tick", "99999"], "--start-tick"),
+    (["--start-tick", "-1"], "--start-tick"),
+    (["--engine", "nope"], "--engine"),
+]
+
+
+def _windows(args: list[str]) -> list[str]:
+    """Simulate needs windows: rows about other flags get two random ones."""
+    return args if {"--windows", "--start-tick"} & set(args) else [*args, "--windows", "2"]
+
+
+ROWS = ([("run", a, ["--", "true"], w) for a, w in RUN_ROWS]
+        + [("simulate", a, [*SIM, *_windows(a)], w) for a, w in SIMULATE_ROWS]
+        + [("watch", a, ["--", "true"], w) for a, w in WATCH_ROWS]
+        + [("demo", a, [], w) for a, w in DEMO_ROWS])
+
+
+@pytest.mark.parametrize("command, args, more, flag", ROWS,
+                         ids=[f"{c} {' '.join(a)[:40]}" for c, a, _, _ in ROWS])
+def test_a_bad_flag_is_one_line_naming_it_exit_2_and_nothing_created(tmp_path, command,
+                                                                       args, more, flag):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    words = [*more] if command == "simulate" else [*args, *more]
+    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", command, *words],
+                          capture_output=True, text=True, timeout=100, cwd=cwd)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert flag in lines[0] and f"spot-pipelines {command}" in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not list(cwd.iterdir()), f"left behind: {sorted(p.name for p in cwd.iterdir())}"
+
+
+def test_a_closed_stdout_ends_quietly(tmp_path):
+    """`spot-pipelines simulate ... | head -c1`: no BrokenPipeError traceback. The reader
+    here (`true`) leaves before the simulation prints, so the pipe is surely closed."""
+    proc = subprocess.run(f"{sys.executable} -m spot_core.cli simulate {' '.join(SIM)} "
+                          "--windows 3 | true", shell=True, capture_output=True,
+                          text=True, timeout=100, cwd=tmp_path)
+    assert proc.stderr == "", proc.stderr
