@@ -114,7 +114,7 @@ def test_row_capacity_miss_at_launch_is_recorded_and_retried(tmp_path):
     with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", UP)], time_scale=60.0,
                                       workdir=tmp_path / "cloud", config=FAST) as server, \
             FaultProxy(server.url, match="POST /instances ") as proxy:
-        provider = open_provider("local", url=proxy.url)
+        provider = open_provider("local", url=proxy.url, workdir=server.cloud.workdir)
         spec = JobSpec("job-miss", (sys.executable, "-c", "pass"), (tmp_path / "ckpt").as_uri(),
                        provider.pools())
         controller = Controller(provider, provider.market, RetryPolicy(
@@ -180,7 +180,8 @@ def test_a_driver_that_died_mid_watch_is_replaced_from_the_record_alone(tmp_path
                                 heartbeat_timeout=None)
         nxt = controller.advance(spec, controller.new_record(spec))
         assert nxt.action == "watch"
-        second = open_provider("local", url=server.url, workdir=server.cloud.workdir)  # knows nothing but the record
+        # the second driver knows nothing but the record
+        second = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         again = Controller(second, second.market, RetryPolicy(), heartbeat_timeout=None)
         resumed = again.advance(spec, saved[-1])
         assert resumed.action == "watch" and resumed.lease.lease_id == nxt.lease.lease_id
