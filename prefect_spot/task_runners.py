@@ -43,8 +43,9 @@ from spot_core.settings import SpotSettings, default, pop_aliases
 from prefect_spot import _jobs, artifacts
 from prefect_spot._remote import (CALL_KEY_ENV, CallExchange, call_uri, new_call_key,
                                   wants_checkpointer)
-from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration, resolve_config,
-                                 resolve_storage)
+from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration,
+                                 check_config_argument, resolve_config, resolve_storage,
+                                 storage_from_uri)
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         renamed = pop_aliases(deprecated, where="SpotTaskRunner")
         if deprecated:
             raise TypeError(f"SpotTaskRunner got unexpected argument(s) {sorted(deprecated)}")
+        check_runner_arguments(config, checkpoint_storage, spot_tag, max_workers)
         schedule = SpotSettings.build(where="SpotTaskRunner", **{
             "checkpoint_every": checkpoint_every,
             "checkpoint_every_steps": checkpoint_every_steps, **renamed})
@@ -278,6 +280,19 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         if self.checkpoint_every_steps is not None:
             kwargs["every_steps"] = self.checkpoint_every_steps
         return kwargs
+
+
+def check_runner_arguments(config: Any, storage: Any, spot_tag: Any, max_workers: Any) -> None:
+    """SpotTaskRunner's own arguments, checked where they are written (one line each)."""
+    check_config_argument(config, "SpotTaskRunner")
+    storage_from_uri(storage, "SpotTaskRunner")
+    if spot_tag is not None and (not isinstance(spot_tag, str) or not spot_tag.strip()):
+        raise ConfigError(f"SpotTaskRunner spot_tag={spot_tag!r} must be a tag name (tasks "
+                          "with it run on spot) or None (every task runs on spot)")
+    if max_workers is not None and (isinstance(max_workers, bool)
+                                    or not isinstance(max_workers, int) or max_workers < 1):
+        raise ConfigError(f"SpotTaskRunner max_workers={max_workers!r} must be a whole number "
+                          ">= 1 (tasks holding leases at once) or None for the default")
 
 
 def check_key_channel(provider: str) -> None:
