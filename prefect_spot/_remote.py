@@ -8,9 +8,7 @@ it. Exit codes: 0 success, 143 preempted after the emergency save, 1 the functio
 (or its call could not be loaded here).
 
 ``CALL_URI`` is a store location (``file:///abs/path`` or ``s3://bucket/prefix``, by
-default ``<job checkpoint URI>/call``), so the same exchange works on a local lease and on
-an EC2 instance, which reaches S3 through its instance profile (no credential is ever
-passed to it). Under it:
+default ``<job checkpoint URI>/call``). Under it:
 
 - ``payload.pkl``: the cloudpickled call, written by the runner before the job starts;
 - ``attempt-NNNNNN/result.pkl`` or ``attempt-NNNNNN/error.pkl``: what attempt N

@@ -73,8 +73,9 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             ``spot_core.settings``).
         workdir: where the local cloud and (without ``checkpoint_storage``) the jobs'
             checkpoints and call payloads go. The call, its result and its error are
-            exchanged through the job's checkpoint store (under ``<job uri>/call``), so
-            with ``provider="ec2"`` and an ``s3://`` storage the task runs on EC2.
+            exchanged through the job's checkpoint store (under ``<job uri>/call``),
+            signed with a per-call key that only this process and its (local) lease
+            hold; ``provider="ec2"`` is refused (``check_key_channel``).
         max_workers: how many tasks run (and hold leases) at once.
     """
 
