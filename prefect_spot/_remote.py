@@ -8,9 +8,7 @@ it. Exit codes: 0 success, 143 preempted after the emergency save, 1 the functio
 (or its call could not be loaded here).
 
 ``CALL_URI`` is a store location (``file:///abs/path`` or ``s3://bucket/prefix``, by
-default ``<job checkpoint URI>/call``), so the same exchange works on a local lease and on
-an EC2 instance, which reaches S3 through its instance profile (no credential is ever
-passed to it). Under it:
+default ``<job checkpoint URI>/call``). Under it:
 
 - ``payload.pkl``: the cloudpickled call, written by the runner before the job starts;
 - ``attempt-NNNNNN/result.pkl`` or ``attempt-NNNNNN/error.pkl``: what attempt N
@@ -20,12 +18,24 @@ passed to it). Under it:
 Every write is a backend ``put_bytes``, which is atomic (rename into place for files,
 a single PUT for S3). Prefect is not imported here, so a relaunch costs a Python start,
 NumPy and the user's own imports.
+
+Nothing is unpickled that this job's engine or its own lease did not write: anyone who
+can write to the store (a reclaimed node, another job's step) could otherwise run code
+in the flow runner or in the step. Every object carries an HMAC-SHA256 of its location
+and bytes under a random per-job key (``new_call_key``) that the runner holds in memory
+and hands to a local lease in its environment (``SPOT_CALL_KEY``), never to the store;
+an object that does not verify is refused (``UntrustedObject``) before ``pickle`` sees
+it. The threat model is in docs/reliability.md ("Prefect").
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import inspect
+import os
+import secrets
 import sys
 import traceback
 from typing import Any, Iterable
@@ -33,11 +43,66 @@ from typing import Any, Iterable
 import cloudpickle
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, AttemptEnv
-from spot_core.errors import Preempted
+from spot_core.errors import ConfigError, Preempted, SpotError
 
 CHECKPOINTER_PARAMETER = "checkpointer"
 CALL_PREFIX = "call"
 PAYLOAD_KEY = "payload.pkl"
+CALL_KEY_ENV = "SPOT_CALL_KEY"  # the per-job key, hex, in a local lease's environment
+SIGNED_MAGIC = b"spot-hmac-sha256:"
+TAG_BYTES = hashlib.sha256().digest_size
+KEY_BYTES = 32
+
+
+class UntrustedObject(SpotError):
+    """An object in the call exchange that this job's engine or lease did not write
+    (no signature, a wrong one, or one made for another object): never unpickled."""
+
+
+def new_call_key() -> bytes:
+    """A fresh random key for one job's call exchange (held by the engine only)."""
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def key_from_environ(environ=None) -> bytes:
+    """The lease's copy of the job's key (``SPOT_CALL_KEY``), removed from the
+    environment so the step's own child processes do not inherit it."""
+    environ = os.environ if environ is None else environ
+    text = environ.pop(CALL_KEY_ENV, "")
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise ConfigError(f"{CALL_KEY_ENV} is missing or not {KEY_BYTES} bytes of hex: this "
+                          "lease cannot verify its call; run it through SpotTaskRunner, "
+                          "which sets it")
+    return key
+
+
+def _tag(key: bytes, name: str, data: bytes) -> bytes:
+    """The HMAC of ``data`` bound to its location, so a signed result cannot be replayed
+    as another attempt's result, as an error or as the payload."""
+    return hmac.new(key, name.encode() + b"\0" + data, hashlib.sha256).digest()
+
+
+def seal(key: bytes, name: str, data: bytes) -> bytes:
+    return SIGNED_MAGIC + _tag(key, name, data) + data
+
+
+def unseal(key: bytes, name: str, blob: bytes, where: str) -> bytes:
+    """The signed bytes of ``blob`` if its HMAC verifies for ``name``, else UntrustedObject."""
+    head = len(SIGNED_MAGIC) + TAG_BYTES
+    if not blob.startswith(SIGNED_MAGIC) or len(blob) < head:
+        raise UntrustedObject(f"{where}/{name} is not signed by this job: refused unread "
+                              "(someone else wrote it to the store); check who can write "
+                              "there (docs/aws.md, instance policy)")
+    tag, data = blob[len(SIGNED_MAGIC):head], blob[head:]
+    if not hmac.compare_digest(tag, _tag(key, name, data)):
+        raise UntrustedObject(f"{where}/{name} does not verify with this job's key: refused "
+                              "unread (tampered with, or written by another job or run); "
+                              "check who can write there (docs/aws.md, instance policy)")
+    return data
 
 
 def wants_checkpointer(fn) -> bool:
@@ -58,42 +123,57 @@ def error_key(attempt: int) -> str:
 
 
 class CallExchange:
-    """The payload, results and errors of one job's call, in an object backend."""
+    """The payload, results and errors of one job's call, in an object backend, each
+    signed with the job's key and verified before it is unpickled."""
 
-    def __init__(self, backend, uri: str) -> None:
+    def __init__(self, backend, uri: str, key: bytes) -> None:
+        if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+            raise ConfigError(f"a call exchange needs the job's {KEY_BYTES}-byte key "
+                              "(prefect_spot._remote.new_call_key())")
         self.backend = backend
         self.uri = uri
+        self._key = key
 
     @classmethod
-    def open(cls, uri: str, **options: Any) -> CallExchange:
-        """The exchange at ``uri``; ``options`` go to the S3 backend (endpoint, region...)."""
+    def open(cls, uri: str, key: bytes, **options: Any) -> CallExchange:
+        """The exchange at ``uri`` under the job's ``key``; ``options`` go to the S3
+        backend (endpoint, region...)."""
         from spot_core.checkpoint import open_store
 
         store = open_store(uri, **options)
-        return cls(store.backend, store.uri)
+        return cls(store.backend, store.uri, key)
 
     def __repr__(self) -> str:
-        return f"CallExchange({self.uri!r})"
+        return f"CallExchange({self.uri!r})"  # never the key
+
+    def _put(self, name: str, data: bytes) -> None:
+        self.backend.put_bytes(name, seal(self._key, name, data))
+
+    def _load(self, name: str) -> Any:
+        """Verify, then unpickle (FileNotFoundError if there is nothing at ``name``)."""
+        data = unseal(self._key, name, self.backend.get_bytes(name), self.uri)
+        return cloudpickle.loads(data)
 
     def put_payload(self, data: bytes) -> None:
-        self.backend.put_bytes(PAYLOAD_KEY, data)
+        self._put(PAYLOAD_KEY, data)
 
     def load_payload(self) -> dict[str, Any]:
-        return cloudpickle.loads(self.backend.get_bytes(PAYLOAD_KEY))
+        return self._load(PAYLOAD_KEY)
 
     def put_result(self, attempt: int, value: Any) -> None:
-        self.backend.put_bytes(result_key(attempt), cloudpickle.dumps(value))
+        self._put(result_key(attempt), cloudpickle.dumps(value))
 
     def put_error(self, attempt: int, exc: BaseException | None, text: str) -> None:
         try:
             blob = cloudpickle.dumps({"error": exc, "traceback": text})
         except Exception:  # noqa: BLE001 - an unpicklable error still reports its text
             blob = cloudpickle.dumps({"error": None, "traceback": text})
-        self.backend.put_bytes(error_key(attempt), blob)
+        self._put(error_key(attempt), blob)
 
     def result(self, attempt: int) -> Any:
-        """Attempt ``attempt``'s return value (FileNotFoundError if it wrote none)."""
-        return cloudpickle.loads(self.backend.get_bytes(result_key(attempt)))
+        """Attempt ``attempt``'s return value (FileNotFoundError if it wrote none;
+        UntrustedObject if what is there does not verify)."""
+        return self._load(result_key(attempt))
 
     def clear(self, attempts: Iterable[int]) -> None:
         """Delete the payload (the pickled arguments) and these attempts' reports, once the
@@ -105,10 +185,12 @@ class CallExchange:
     def error(self, attempt: int) -> dict[str, Any] | None:
         """Attempt ``attempt``'s error report ({"error", "traceback"}), or None."""
         try:
-            blob = self.backend.get_bytes(error_key(attempt))
+            report = self._load(error_key(attempt))
         except FileNotFoundError:
             return None
-        return cloudpickle.loads(blob)
+        if not isinstance(report, dict) or "traceback" not in report:
+            raise UntrustedObject(f"{self.uri}/{error_key(attempt)} is not an error report")
+        return report
 
 
 def call(fn, args, kwargs, checkpointer):
@@ -134,9 +216,18 @@ def main(argv: list[str]) -> int:
         print("usage: python -m prefect_spot._remote CALL_URI", file=sys.stderr)
         return 2
     attempt = AttemptEnv.from_environ().attempt
-    exchange = CallExchange.open(argv[0])
+    try:
+        key = key_from_environ()
+    except ConfigError as exc:  # nothing can be verified or signed: no report either
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    exchange = CallExchange.open(argv[0], key)
     try:
         call_spec = exchange.load_payload()
+    except UntrustedObject as exc:  # refused unread: say so, and run nothing
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        exchange.put_error(attempt, exc, str(exc))
+        return 1
     except Exception as exc:  # noqa: BLE001 - e.g. a module the lease's Python lacks
         return _report_error(exchange, attempt, exc)
     fn, args, kwargs = call_spec["fn"], call_spec["args"], call_spec["kwargs"]
@@ -160,4 +251,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Run the imported module's main, so the errors it reports pickle by reference
+    # (prefect_spot._remote.UntrustedObject), not as classes of __main__.
+    from prefect_spot._remote import main as _main
+
+    sys.exit(_main(sys.argv[1:]))

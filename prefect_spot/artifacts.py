@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from spot_core.errors import SpotError
 from spot_core.model import JobRecord
 
 from prefect_spot._jobs import slug
@@ -65,6 +66,18 @@ def publish(record: JobRecord) -> tuple[Any, Any]:
 RECORD_TYPE = "spot-record"
 
 
+class RecordNotSaved(SpotError):
+    """The JobRecord could not be written to Prefect: the driver stops instead of acting
+    on a record no other process can see (which would restart the budgets there)."""
+
+    retryable = True
+
+
+class CorruptRecord(SpotError):
+    """The record read back from Prefect is damaged: one clear error, never a fresh
+    start, which would silently reset the job's preemption and retry budgets."""
+
+
 def record_key(run_id: Any) -> str:
     """The artifact key under which a flow run's or task run's JobRecord is kept.
 
@@ -76,19 +89,30 @@ def record_key(run_id: Any) -> str:
 
 def save_record(key: str, record: JobRecord, *, flow_run_id: Any = None,
                 task_run_id: Any = None) -> None:
-    """Write ``record`` as the newest version of ``key`` (before anything acts on it)."""
+    """Write ``record`` as the newest version of ``key`` (before anything acts on it).
+
+    Raises RecordNotSaved (one line naming the fix) if Prefect does not take it."""
     from prefect import get_client
     from prefect.client.schemas.actions import ArtifactCreate
 
     artifact = ArtifactCreate(key=key, type=RECORD_TYPE, data=record.to_dict(),
                               description=f"JobRecord of spot job {record.job_id}",
                               flow_run_id=flow_run_id, task_run_id=task_run_id)
-    with get_client(sync_client=True) as client:
-        client.create_artifact(artifact)
+    try:
+        with get_client(sync_client=True) as client:
+            client.create_artifact(artifact)
+    except Exception as exc:  # noqa: BLE001 - any failure means the record is not kept
+        raise RecordNotSaved(
+            f"could not save the JobRecord of spot job {record.job_id} to Prefect (artifact "
+            f"{key!r}): {type(exc).__name__}: {str(exc)[:200]}; the job stops rather than "
+            "act on an unsaved record: check that the Prefect API (PREFECT_API_URL) is "
+            "reachable and run it again") from exc
 
 
 def load_record(key: str) -> JobRecord | None:
-    """The newest record saved under ``key``, or None if the job has none yet."""
+    """The newest record saved under ``key``, or None if the job has none yet.
+
+    A damaged one (not JSON, not a record, edited by hand) is CorruptRecord."""
     from prefect import get_client
     from prefect.client.schemas.filters import (ArtifactCollectionFilter,
                                                 ArtifactCollectionFilterKey)
@@ -98,5 +122,20 @@ def load_record(key: str) -> JobRecord | None:
             key=ArtifactCollectionFilterKey(any_=[key])), limit=1)
     if not found or found[0].data is None:
         return None
-    data = found[0].data
-    return JobRecord.from_dict(json.loads(data) if isinstance(data, str) else data)
+    return parse_record(key, found[0].data)
+
+
+def parse_record(key: str, data: Any) -> JobRecord:
+    """``data`` (an artifact's JSON or its text) as a JobRecord, or CorruptRecord."""
+    try:
+        if isinstance(data, (str, bytes)):
+            data = json.loads(data)
+        if not isinstance(data, dict):
+            raise ValueError(f"a {type(data).__name__}, not an object")
+        return JobRecord.from_dict(data)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        reason = str(exc).split(";")[0][:160]
+        raise CorruptRecord(
+            f"the JobRecord in Prefect artifact {key!r} is damaged ({reason}); the job does "
+            f"not restart its budgets from nothing: run `prefect artifact delete {key}` to "
+            "start it afresh") from None

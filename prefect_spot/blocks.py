@@ -55,7 +55,9 @@ class SpotConfiguration(Block):
     @model_validator(mode="before")
     @classmethod
     def _normalise(cls, data: Any) -> Any:
-        return normalise(data, BLOCK_FIELDS, "SpotConfiguration")
+        data = normalise(data, BLOCK_FIELDS, "SpotConfiguration")
+        refuse_unknown(data, cls.model_fields, "SpotConfiguration")
+        return data
 
     @model_validator(mode="after")
     def _check_settings(self) -> SpotConfiguration:
@@ -94,6 +96,11 @@ class CheckpointStorage(Block):
         except ConfigError as exc:
             raise ValueError(str(exc)) from exc
 
+    @model_validator(mode="after")
+    def _check_options(self) -> CheckpointStorage:
+        check_store_options(self.uri, self.options)
+        return self
+
     def job_uri(self, job_key: str) -> str:
         """The store URI of one job under this storage."""
         return f"{self.uri.rstrip('/')}/{job_key}"
@@ -101,6 +108,49 @@ class CheckpointStorage(Block):
     def open(self, job_key: str | None = None) -> CheckpointStore:
         uri = self.uri if job_key is None else self.job_uri(job_key)
         return open_store(uri, **self.options)
+
+
+# The S3 backend's options a block may set; credentials never (they would be saved in
+# the block document: use the environment, a profile or an instance role).
+S3_STORE_OPTIONS = ("endpoint_url", "region", "sse", "sse_kms_key_id", "part_size",
+                    "max_concurrency", "lock_ttl", "lock_timeout")
+
+
+def refuse_unknown(data: Any, fields: Any, where: str) -> None:
+    """A misspelt field is refused in one line, not silently dropped."""
+    if not isinstance(data, dict):
+        return
+    unknown = sorted(k for k in data if not str(k).startswith("_") and k not in fields)
+    if unknown:
+        known = sorted(k for k in fields if not k.startswith("_"))
+        raise ValueError(f"{where}: unknown field(s) {unknown}; choose from {known}")
+
+
+def check_store_options(uri: str, options: dict[str, Any]) -> None:
+    """Options only for s3:// stores, only the S3 backend's, and no credentials."""
+    if not options:
+        return
+    if not uri.startswith("s3://"):
+        raise ValueError(f"options {sorted(options)} apply to s3:// stores only; {uri} is a "
+                         "file store: remove them")
+    unknown = sorted(set(options) - set(S3_STORE_OPTIONS))
+    if any("key" in k.lower() and k != "sse_kms_key_id" or "secret" in k.lower()
+           or "token" in k.lower() or "password" in k.lower() for k in unknown):
+        raise ValueError(f"CheckpointStorage options {unknown} look like credentials, which "
+                         "would be saved in the block: give them through the environment, "
+                         "an AWS profile or an instance role")
+    if unknown:
+        raise ValueError(f"unknown CheckpointStorage option(s) {unknown}; choose from "
+                         f"{list(S3_STORE_OPTIONS)}")
+
+
+def _one_line(exc: Exception) -> str:
+    """A pydantic ValidationError's first message, without the pydantic boilerplate."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return str(first.get("ctx", {}).get("error") or first.get("msg"))
+    return str(exc)
 
 
 def resolve_config(value: SpotConfiguration | str | None) -> SpotConfiguration:
@@ -112,10 +162,36 @@ def resolve_config(value: SpotConfiguration | str | None) -> SpotConfiguration:
     return value
 
 
+def check_config_argument(value: Any, where: str) -> None:
+    """``config=`` is a SpotConfiguration, a saved block's name, or None."""
+    if value is None or isinstance(value, SpotConfiguration):
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} config={value!r} must be a SpotConfiguration, the name of "
+                          "a saved one, or None for the defaults")
+
+
+def storage_from_uri(value: Any, where: str) -> CheckpointStorage | None:
+    """``checkpoint_storage=`` checked where it is given: a CheckpointStorage, a store URI
+    (parsed now, one line if bad), a block name (loaded on use) or None."""
+    if value is None or isinstance(value, CheckpointStorage):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} checkpoint_storage={value!r} must be a CheckpointStorage, "
+                          "a saved block's name, or a store URI (file:///abs/path, "
+                          "s3://bucket/prefix)")
+    if "://" not in value:
+        return None  # a block name: loaded when the job runs
+    try:
+        return CheckpointStorage(uri=value)
+    except ValueError as exc:
+        raise ConfigError(f"{where} checkpoint_storage: {_one_line(exc)}") from None
+
+
 def resolve_storage(value: CheckpointStorage | str | None) -> CheckpointStorage | None:
     """A CheckpointStorage from an instance, a block name or a store URI."""
     if value is None or isinstance(value, CheckpointStorage):
         return value
     if "://" in value:
-        return CheckpointStorage(uri=value)
+        return storage_from_uri(value, "checkpoint_storage")
     return CheckpointStorage.load(value)

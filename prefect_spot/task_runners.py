@@ -36,14 +36,16 @@ import cloudpickle
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from spot_core.errors import SpotError
+from spot_core.errors import ConfigError, SpotError
 from spot_core.model import JobRecord, JobStatus, Outcome
 from spot_core.settings import SpotSettings, default, pop_aliases
 
 from prefect_spot import _jobs, artifacts
-from prefect_spot._remote import CallExchange, call_uri, wants_checkpointer
-from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration, resolve_config,
-                                 resolve_storage)
+from prefect_spot._remote import (CALL_KEY_ENV, CallExchange, call_uri, new_call_key,
+                                  wants_checkpointer)
+from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration,
+                                 check_config_argument, resolve_config, resolve_storage,
+                                 storage_from_uri)
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +73,9 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             ``spot_core.settings``).
         workdir: where the local cloud and (without ``checkpoint_storage``) the jobs'
             checkpoints and call payloads go. The call, its result and its error are
-            exchanged through the job's checkpoint store (under ``<job uri>/call``), so
-            with ``provider="ec2"`` and an ``s3://`` storage the task runs on EC2.
+            exchanged through the job's checkpoint store (under ``<job uri>/call``),
+            signed with a per-call key that only this process and its (local) lease
+            hold; ``provider="ec2"`` is refused (``check_key_channel``).
         max_workers: how many tasks run (and hold leases) at once.
     """
 
@@ -87,6 +90,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         renamed = pop_aliases(deprecated, where="SpotTaskRunner")
         if deprecated:
             raise TypeError(f"SpotTaskRunner got unexpected argument(s) {sorted(deprecated)}")
+        check_runner_arguments(config, checkpoint_storage, spot_tag, max_workers)
         schedule = SpotSettings.build(where="SpotTaskRunner", **{
             "checkpoint_every": checkpoint_every,
             "checkpoint_every_steps": checkpoint_every_steps, **renamed})
@@ -207,6 +211,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         context = TaskRunContext.get()
         task_run = context.task_run
         config, storage = self._resolve()
+        check_key_channel(config.provider)
         _jobs.check_store_for(config.provider, None if storage is None else storage.uri,
                               "checkpoint_storage")
         provider = self.provider()
@@ -218,13 +223,15 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             checkpoint_uri, store_options = (job_dir / "checkpoints").resolve().as_uri(), {}
         # The call goes through the job's object store, not a local folder, so a lease on
         # another machine (an EC2 instance) reads it and writes its result back there.
-        exchange = CallExchange.open(call_uri(checkpoint_uri), **store_options)
+        # Every object in it is signed with a key only this call and its lease hold.
+        key = new_call_key()
+        exchange = CallExchange.open(call_uri(checkpoint_uri), key, **store_options)
         exchange.put_payload(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
         spec = _jobs.job_spec(
             config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
             command=(_jobs.lease_python(config.provider, config.provider_options),
                      "-m", "prefect_spot._remote", exchange.uri),
-            env=self._lease_env(config))
+            env={**self._lease_env(config), CALL_KEY_ENV: key.hex()})
         record = self._record_for_try(task_run.id)
         related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
                     "prefect.resource.role": "task-run"}]
@@ -234,6 +241,12 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             persist=lambda r: artifacts.save_record(key, r, flow_run_id=task_run.flow_run_id,
                                                     task_run_id=task_run.id),
             related=related)
+        if record is not None and record.current_attempt is not None:
+            # A lease an earlier process launched holds that process's key, which died
+            # with it: its result could never verify. Stop it; the next attempt resumes
+            # from the checkpoints under this call's key.
+            record = controller.stop(spec, record,
+                                     "stopped: launched by a runner process that is gone")
         # The controller drives the job here: preemptions are relaunched inside this
         # one Prefect try (they never spend the task's retries); an exception (the flow
         # cancelled, the process interrupted) stops the running attempt.
@@ -268,6 +281,34 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         if self.checkpoint_every_steps is not None:
             kwargs["every_steps"] = self.checkpoint_every_steps
         return kwargs
+
+
+def check_runner_arguments(config: Any, storage: Any, spot_tag: Any, max_workers: Any) -> None:
+    """SpotTaskRunner's own arguments, checked where they are written (one line each)."""
+    check_config_argument(config, "SpotTaskRunner")
+    storage_from_uri(storage, "SpotTaskRunner")
+    if spot_tag is not None and (not isinstance(spot_tag, str) or not spot_tag.strip()):
+        raise ConfigError(f"SpotTaskRunner spot_tag={spot_tag!r} must be a tag name (tasks "
+                          "with it run on spot) or None (every task runs on spot)")
+    if max_workers is not None and (isinstance(max_workers, bool)
+                                    or not isinstance(max_workers, int) or max_workers < 1):
+        raise ConfigError(f"SpotTaskRunner max_workers={max_workers!r} must be a whole number "
+                          ">= 1 (tasks holding leases at once) or None for the default")
+
+
+def check_key_channel(provider: str) -> None:
+    """Refuse a provider whose leases the per-job call key cannot reach safely.
+
+    A local lease gets the key in its process environment. A remote one (ec2) could only
+    get it through user-data (readable with DescribeInstanceAttribute) or the store
+    (which is what the key protects against), so the runner does not start it; see
+    docs/reliability.md ("Prefect") for the Secrets Manager design that would."""
+    if provider != _jobs.LOCAL_PROVIDER:
+        raise ConfigError(
+            f"SpotTaskRunner cannot run tasks on provider {provider!r}: the key that "
+            "authenticates the pickled call and its result would have to travel in "
+            "user-data or the store; use provider='local', or run the flow on the spot "
+            "worker (work pool type 'spot') with spot_task, which exchanges no pickles")
 
 
 def _pickle_call(fn, args: tuple, kwargs: dict, checkpointer: dict[str, Any]) -> bytes:

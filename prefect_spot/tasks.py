@@ -55,7 +55,7 @@ from spot_core.settings import SpotSettings, default, pop_aliases
 from prefect_spot._jobs import slug
 from prefect_spot._remote import CHECKPOINTER_PARAMETER
 from prefect_spot.artifacts import RECORD_TYPE, load_record, record_key, save_record
-from prefect_spot.blocks import CheckpointStorage, resolve_storage
+from prefect_spot.blocks import CheckpointStorage, resolve_storage, storage_from_uri
 
 
 def record_of(task_run_id: uuid.UUID) -> JobRecord | None:
@@ -101,6 +101,7 @@ def spot_task(__fn: Callable | None = None, *, retries: int = 0,
         "checkpoint_every_steps": checkpoint_every_steps,
         "notice_poll_interval": notice_poll_interval, **renamed})
     max_preemptions = settings.max_preemptions
+    storage_from_uri(checkpoint_storage, "spot_task")  # a bad URI fails here, not at run time
     if "retry_condition_fn" in task_kwargs:
         raise ConfigError("spot_task decides retries itself (preemptions under "
                           "max_preemptions, errors under retries); drop retry_condition_fn")

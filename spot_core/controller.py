@@ -406,7 +406,12 @@ class Controller:
                           lease=lease.to_dict())
         if start_ref is not None:
             record = record.with_checkpoint(start_ref)
-        return self._save(record.start_attempt(attempt), "launched", decision.reason), lease
+        try:
+            return self._save(record.start_attempt(attempt), "launched", decision.reason), lease
+        except BaseException:
+            # Unrecorded, nobody could ever stop it: a lease must not outlive a failed save.
+            self._terminate(lease)
+            raise
 
     def _launch_first(self, pools, launch: LaunchSpec) -> tuple[Lease | None, list[str], bool]:
         """Try the ranked pools in order; the first with capacity wins.

@@ -379,12 +379,14 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
     def _remember(self, flow_run: FlowRun, record: JobRecord) -> None:
         """Keep the record in a keyed artifact of the flow run (any worker can resume the
         job from it) before the controller acts on it; in memory too, for this worker."""
-        self._records[str(flow_run.id)] = record
         try:
             save_record(record_key(flow_run.id), record, flow_run_id=flow_run.id)
-        except Exception:  # noqa: BLE001 - the in-memory record still drives this worker
-            self._logger.warning("could not persist the record of %s", flow_run.id,
-                                 exc_info=True)
+        except Exception as exc:
+            # An error, not a warning: another worker reading the older record would
+            # restart the budgets. The controller terminates a lease it cannot record.
+            self.get_flow_run_logger(flow_run).error("%s", exc)
+            raise
+        self._records[str(flow_run.id)] = record
 
     def _load_record(self, flow_run: FlowRun) -> JobRecord | None:
         record = self._records.get(str(flow_run.id))

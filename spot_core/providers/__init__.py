@@ -12,6 +12,7 @@ when it is built, not when capacity is launched.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -79,6 +80,15 @@ def _check_local(options: Mapping[str, Any], instance_types: Sequence[str]) -> N
     if unknown:
         raise ConfigError(f"unknown local provider option(s) {unknown}; choose from "
                           f"{sorted(known)}")
+    scale = options.get("time_scale")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ConfigError(f"local provider option time_scale={scale!r} must be a finite "
+                          "number > 0 (trace seconds per wall second, e.g. 3600)")
+    tick = options.get("start_tick")
+    if tick is not None and (isinstance(tick, bool) or not isinstance(tick, int) or tick < 0):
+        raise ConfigError(f"local provider option start_tick={tick!r} must be a whole number "
+                          ">= 0 (the trace row to start at)")
 
 
 # -- ec2 -------------------------------------------------------------------------------------------

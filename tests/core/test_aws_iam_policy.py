@@ -100,3 +100,18 @@ def test_terminate_is_scoped_to_managed_instances(document):
                    if s["Action"] == "ec2:TerminateInstances"]
     assert statement["Condition"]["StringEquals"] == {
         "aws:ResourceTag/spot-pipelines:managed": "true"}
+
+
+def test_the_instance_policy_reaches_only_the_checkpoint_prefix(document):
+    """A node may touch objects under PREFIX/ only (docs/aws.md, "Scoping the instance
+    policy per job"): no bucket-wide or account-wide resource, listing only by prefix."""
+    for statement in document["InstancePolicy"]["Statement"]:
+        resources = statement["Resource"]
+        resources = [resources] if isinstance(resources, str) else resources
+        actions = statement["Action"]
+        actions = [actions] if isinstance(actions, str) else actions
+        if any(a.startswith("s3:List") for a in actions):
+            assert resources == ["arn:aws:s3:::BUCKET"]
+            assert statement["Condition"]["StringLike"]["s3:prefix"] == ["PREFIX/*"]
+        else:
+            assert all(r.startswith("arn:aws:s3:::BUCKET/PREFIX/") for r in resources), resources

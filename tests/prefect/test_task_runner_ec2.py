@@ -1,26 +1,24 @@
 """SpotTaskRunner with provider="ec2": against a real Prefect server, moto in server mode and
-the instance runtime harness (each instance moto reports running runs its user-data as a
-local process with its own IMDSv2 emulator and the env an instance profile would give).
+the instance runtime harness.
 
-The call, its result and its error go through the job's S3 store, not a local folder; a
-task preempted after its first checkpoint resumes from the S3 checkpoint on a new
-instance; nothing is left running.
+The runner exchanges a pickled call with its lease, authenticated with a per-job key; no
+channel to an EC2 instance carries that key safely (user-data is readable with
+DescribeInstanceAttribute, the store is what the key protects against), so the runner
+refuses ec2 in one line before anything is launched or written. EC2 flows run on the
+spot worker (tests/prefect/test_worker_ec2.py).
 """
 
 from __future__ import annotations
 
 import sys
-import threading
-import time
 
 import pytest
 from prefect import flow, task
 
-from aws_helpers import client, make_network, managed_live_instances, preempt_after_checkpoints
+from aws_helpers import client, make_network, managed_live_instances
 from prefect_helpers import count_to
-from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
+from prefect_spot import SpotConfiguration, SpotTaskRunner
 from spot_core.errors import ConfigError
-from spot_core.model import Market, Outcome
 from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
@@ -52,91 +50,30 @@ def ec2_config(endpoint: str, net: dict, **fields) -> SpotConfiguration:
                              capacity_wait=0.5, poll_interval=0.2, **fields)
 
 
-def preempt_first_attempt(runtime, endpoint: str, bucket: str, prefix: str) -> threading.Thread:
-    """Find the job's store from its call payload in S3 (the job id holds the task run id),
-    then reclaim attempt 1's instance once it has committed a checkpoint."""
-    s3 = client("s3", endpoint)
-
-    def run():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
-            payloads = [o["Key"] for o in listed.get("Contents", [])
-                        if o["Key"].endswith("/call/payload.pkl")]
-            if payloads:
-                job = payloads[0][:-len("/call/payload.pkl")]
-                preempt_after_checkpoints(runtime, f"s3://{bucket}/{job}", attempts=(1,)).join()
-                return
-            time.sleep(0.1)
-
-    thread = threading.Thread(target=run, daemon=True, name="find-and-preempt")
-    thread.start()
-    return thread
-
-
-def test_task_preempted_on_ec2_resumes_from_s3_checkpoint_on_a_new_instance(
-        prefect_api, ec2, tmp_path):
+def test_the_runner_refuses_ec2_before_anything_is_launched_or_written(prefect_api, ec2,
+                                                                      tmp_path):
+    """The per-job key that authenticates the pickled call could only reach an EC2
+    instance through user-data or the store: refused in one line, nothing launched, no
+    pickle in S3 (docs/reliability.md, "Prefect")."""
     endpoint, net, bucket, runtime = ec2
     config = ec2_config(endpoint, net, max_preemptions=1)
-    workdir = tmp_path / "runner"
 
     @flow(task_runner=SpotTaskRunner(config, checkpoint_storage=f"s3://{bucket}/tasks",
-                                     checkpoint_every_steps=10, workdir=workdir))
+                                     workdir=tmp_path / "runner"))
     def pipeline():
-        future = count_to.submit(300, 0.02)
-        return future.result(), spot_record(future)
+        return count_to.submit(10, 0.0).result()
 
-    preempter = preempt_first_attempt(runtime, endpoint, bucket, "tasks")
-    result, record = pipeline()
-    preempter.join(timeout=5)
-
-    assert managed_live_instances(endpoint) == [], "the runner terminated every instance"
-    assert result["total"] == 300
-    assert record.preemptions == 1
-    first, last = record.attempts[0], record.attempts[-1]
-    assert first.outcome is Outcome.PREEMPTED and first.pool.market is Market.SPOT
-    assert last.outcome is Outcome.SUCCEEDED
-    assert first.lease_id.startswith("i-") and last.lease_id.startswith("i-")
-    assert last.lease_id != first.lease_id
-    # The function ran on the (harness's) instance and resumed from the S3 checkpoint.
-    assert result["instance"] == last.lease_id
-    assert result["started_at"] > 0 and result["started_at"] == last.checkpoint_step_start
-
-    # The call went through the job's store (the preempter found its payload there while
-    # the task ran), was deleted once the result was read, and no local folder was used.
-    job = record.job_id
-    keys = {o["Key"] for o in client("s3", endpoint).list_objects_v2(
-        Bucket=bucket, Prefix=f"tasks/{job}/call/").get("Contents", [])}
-    assert keys == set(), "the pickled call and its result are deleted once read"
-    assert not (workdir / "jobs").exists()
-    # What went to the instances: the instance's own Python, no credentials, no local paths.
-    scripts = [p.read_text() for p in (tmp_path / "runtime").glob("*.user-data.sh")]
-    assert len(scripts) == len(record.attempts)
-    for script in scripts:
-        assert "prefect_spot._remote" in script and f"s3://{bucket}/tasks/{job}/call" in script
-        assert "AWS_SECRET_ACCESS_KEY" not in script and "AWS_ACCESS_KEY_ID" not in script
-        assert "PYTHONPATH" not in script
-
-
-def test_task_error_on_ec2_reaches_prefect_through_s3(prefect_api, ec2):
-    endpoint, net, bucket, runtime = ec2
-    config = ec2_config(endpoint, net, max_preemptions=0)
-
-    @flow(task_runner=SpotTaskRunner(config, checkpoint_storage=f"s3://{bucket}/errors"))
-    def pipeline():
-        future = bad_column.submit()
-        return future.wait() or future.state, spot_record(future)
-
-    state, record = pipeline()
-    assert state.is_failed()
-    with pytest.raises(KeyError, match="no such column"):
-        state.result()
-    assert record.user_failures == 1 and len(record.attempts) == 1
-    assert record.attempts[0].lease_id.startswith("i-")
+    with pytest.raises(ConfigError) as caught:
+        pipeline()
+    message = str(caught.value)
+    assert "\n" not in message and "provider 'ec2'" in message
+    assert "provider='local'" in message and "spot worker" in message
     assert managed_live_instances(endpoint) == []
+    assert client("s3", endpoint).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    assert not list((tmp_path / "runtime").glob("*.user-data.sh"))
 
 
-def test_ec2_runner_needs_an_s3_store(prefect_api, aws_env):
+def test_the_refusal_comes_before_the_store_check(prefect_api, aws_env):
     config = SpotConfiguration(provider="ec2", provider_options={
         "region": REGION, "subnets": ["subnet-1"], "instance_types": ["g4dn.xlarge"],
         "image_id": "ami-1"})
@@ -145,7 +82,7 @@ def test_ec2_runner_needs_an_s3_store(prefect_api, aws_env):
     def pipeline():
         return bad_column.submit().result()
 
-    with pytest.raises(ConfigError, match="needs checkpoint_storage 's3://bucket/prefix'"):
+    with pytest.raises(ConfigError, match="SpotTaskRunner cannot run tasks on provider 'ec2'"):
         pipeline()
 
 
