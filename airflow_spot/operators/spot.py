@@ -210,7 +210,7 @@ class SpotJobOperator(BaseOperator):
             raise ValueError(f"{self.task_id}: image={image!r} is not an image reference; pass "
                              "one like 'ghcr.io/acme/train:1.4' or drop image=")
         if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in self.env.items()):
-            raise ValueError(f"{self.task_id}: env must map names to strings; quote numbers")
+            raise ValueError(f"{self.task_id}: env must map strings to strings; quote numbers")
 
     def _check_uri(self, uri: Any, error: type[Exception]) -> None:
         """The store's own URI check (``file://host/x``, no bucket, a query, ...) in one line
