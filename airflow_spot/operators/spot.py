@@ -298,8 +298,11 @@ class SpotJobOperator(BaseOperator):
                 f"{RECORD_KEY}) to start the job afresh from its newest checkpoint") from None
 
     def _load_record(self, context, controller: Controller,
-                     stored: JobRecord | None) -> JobRecord:
-        """The record from the task state store (an earlier try), or a new one."""
+                     stored: JobRecord | None = None) -> JobRecord:
+        """The record from the task state store (an earlier try, read by
+        ``_stored_record``), or a new one."""
+        if stored is None:
+            stored = self._stored_record(context)
         if stored is None:
             now = time.time()
             record = JobRecord(job_id=self._job_id(context), created_at=now,

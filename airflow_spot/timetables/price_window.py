@@ -56,8 +56,8 @@ class PriceWindowTimetable(Timetable):
                              "end_hour <= 24")
         if isinstance(job_hours, bool) or not isinstance(job_hours, (int, float)) \
                 or not 0 < job_hours <= end_hour - start_hour:
-            raise ValueError(f"PriceWindowTimetable: job_hours={job_hours!r} must be a number "
-                             f"of hours > 0 that fits in the {end_hour - start_hour} h window")
+            raise ValueError(f"PriceWindowTimetable: job_hours={job_hours!r} must be > 0 and "
+                             f"fit in the {end_hour - start_hour} h window (a number of hours)")
         self.job_hours = float(job_hours)
         self.start_hour = start_hour
         self.end_hour = end_hour

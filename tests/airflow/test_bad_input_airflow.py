@@ -117,7 +117,7 @@ SENSOR_CASES = [
 ]
 TIMETABLE_CASES = [
     ("job_hours", "float('nan')", "job_hours"), ("job_hours", "True", "job_hours"),
-    ("job_hours", "9", "fits"), ("job_hours", "0", "job_hours"),
+    ("job_hours", "9", "fit in the 8 h window"), ("job_hours", "0", "job_hours"),
     ("start_hour", "True", "whole hours"), ("start_hour", "-1", "whole hours"),
     ("end_hour", "25", "whole hours"), ("end_hour", "8.5", "whole hours"),
     ("profile", "{'zone_prices': 1}", "profile"), ("profile", "None", "profile"),
