@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
@@ -86,6 +87,7 @@ class JobSpec:
 
 FINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEADLINE_MISSED)
 NextAction = Literal["finished", "sleep", "watch", "ended"]
+NEXT_ACTIONS = ("finished", "sleep", "watch", "ended")
 
 
 @dataclass(frozen=True)
@@ -120,12 +122,29 @@ class Next:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Next":
-        lease = data.get("lease")
-        return cls(action=data["action"], record=JobRecord.from_dict(data["record"]),
-                   until=float(data.get("until") or 0.0),
-                   lease=None if lease is None else Lease.from_dict(lease),
-                   reason=str(data.get("reason") or ""),
-                   failing_since=data.get("failing_since"), notice_at=data.get("notice_at"))
+        """``to_dict()``'s output back; anything else is one ConfigError (a trigger's kwargs
+        or event read back can be truncated or forged)."""
+        try:
+            if data.get("action") not in NEXT_ACTIONS:
+                raise ValueError(f"action={data.get('action')!r} is not one of "
+                                 f"{', '.join(NEXT_ACTIONS)}")
+            times = {name: data.get(name) for name in ("until", "failing_since", "notice_at")}
+            for name, value in times.items():
+                if value is not None and (isinstance(value, bool) or not isinstance(
+                        value, (int, float)) or not math.isfinite(value)):
+                    raise ValueError(f"{name}={value!r} is not a finite time")
+            lease = data.get("lease")
+            record = JobRecord.from_dict(data["record"])
+            return cls(action=data["action"], record=record,
+                       until=float(times["until"] or 0.0),
+                       lease=None if lease is None else Lease.from_dict(lease),
+                       reason=str(data.get("reason") or ""),
+                       failing_since=times["failing_since"], notice_at=times["notice_at"])
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"the controller's Next is malformed ({type(exc).__name__}: "
+                              f"{exc}); it was not written by spot-pipelines") from None
 
 
 def classify(status: LeaseStatus) -> Outcome:

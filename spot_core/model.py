@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Mapping
@@ -194,7 +195,36 @@ class Attempt:
         values = dict(data)
         values["pool"] = Pool.from_dict(values["pool"])
         values["outcome"] = None if values.get("outcome") is None else Outcome(values["outcome"])
+        for name in _ATTEMPT_REALS:
+            if name in values:
+                values[name] = _real(values[name], name, optional=name == "ended_at")
+        for name in _ATTEMPT_WHOLES:
+            if name in values:
+                values[name] = _whole(values[name], name, optional=name != "number")
         return cls(**values)
+
+
+_ATTEMPT_REALS = ("started_at", "ended_at", "cost", "on_demand_cost", "lost_work_seconds",
+                  "checkpoint_overhead_seconds", "data_transfer_cost")
+_ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
+
+
+def _real(value: Any, name: str, *, optional: bool = False) -> float | None:
+    """A finite number read back from a record (no strings, bools, NaN or Infinity)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} is not a finite number")
+    return float(value)
+
+
+def _whole(value: Any, name: str, *, optional: bool = False) -> int | None:
+    """A whole number read back from a record (no strings, bools or fractions)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} is not a whole number")
+    return value
 
 
 @dataclass(frozen=True)
@@ -236,7 +266,7 @@ class CostLedger:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostLedger:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: float(v) for k, v in data.items() if k in names})
+        return cls(**{k: _real(v, f"ledger.{k}") for k, v in data.items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -332,6 +362,11 @@ class JobRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
+        """The record from ``to_dict()``'s output. Anything else (another schema version,
+        a truncated or hand-edited record, NaN) is one ConfigError naming what is wrong."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"JobRecord is a {type(data).__name__}, not a mapping; it was "
+                              "not written by spot-pipelines (pass JobRecord.to_dict())")
         version = data.get("schema_version")
         if version != RECORD_SCHEMA_VERSION:
             raise ConfigError(f"JobRecord schema_version {version!r} is not supported (this "
@@ -341,19 +376,20 @@ class JobRecord:
             checkpoint = data.get("latest_checkpoint")
             return cls(
                 job_id=data["job_id"],
-                created_at=float(data["created_at"]),
+                created_at=_real(data["created_at"], "created_at"),
                 status=JobStatus(data["status"]),
                 attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
-                preemptions=int(data["preemptions"]),
-                user_failures=int(data["user_failures"]),
-                infrastructure_failures=int(data["infrastructure_failures"]),
-                capacity_misses=int(data["capacity_misses"]),
+                preemptions=_whole(data["preemptions"], "preemptions"),
+                user_failures=_whole(data["user_failures"], "user_failures"),
+                infrastructure_failures=_whole(data["infrastructure_failures"],
+                                               "infrastructure_failures"),
+                capacity_misses=_whole(data["capacity_misses"], "capacity_misses"),
                 latest_checkpoint=None if checkpoint is None else CheckpointRef.from_dict(checkpoint),
                 ledger=CostLedger.from_dict(data["ledger"]),
-                deadline=data.get("deadline"),
+                deadline=_real(data.get("deadline"), "deadline", optional=True),
                 checkpoint_uri=data.get("checkpoint_uri"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"JobRecord is malformed ({type(exc).__name__}: {exc}); it was not "
                               "written by spot-pipelines or was edited by hand") from exc
 

@@ -105,6 +105,9 @@ class Knob:
     choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
     aliases: tuple[str, ...] = ()
     refusal: str = "is not one of"  # what an unknown choice is called in the error
+    # A check of the parsed value that its kind cannot express (an image reference):
+    # raises a one-line ConfigError; run on every value but None.
+    check: Callable[[Any], None] | None = None
 
     @property
     def allowed(self) -> tuple[str, ...] | None:
@@ -114,8 +117,13 @@ class Knob:
         """``value`` checked and normalised (durations to float seconds, lists to tuples)."""
         if value is None and (self.optional or self.default is None):
             return None
-        parse = getattr(self, f"_parse_{self.kind}")
-        return parse(value)
+        parsed = getattr(self, f"_parse_{self.kind}")(value)
+        if self.check is not None:
+            try:
+                self.check(parsed)
+            except ConfigError as exc:
+                raise self._fail(value, f"is refused: {exc}") from None
+        return parsed
 
     def _fail(self, value: Any, what: str) -> ConfigError:
         return ConfigError(f"{self.name}={value!r} {what}")
@@ -166,7 +174,7 @@ class Knob:
         return value
 
     def _parse_names(self, value: Any) -> tuple[str, ...]:
-        if isinstance(value, str) or not isinstance(value, Iterable) \
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable) \
                 or not all(isinstance(v, str) and v.strip() for v in value):
             raise self._fail(value, "must be a list of names such as ['us-east-2a']")
         return tuple(value)
@@ -181,6 +189,13 @@ def _provider_choices() -> tuple[str, ...]:
     from spot_core.providers import provider_names
 
     return provider_names()
+
+
+def _check_image(image: str) -> None:
+    """The container shim's check: nothing that ``docker run`` would read as a flag."""
+    from spot_core.container import check_image
+
+    check_image(image)
 
 
 def _deadline_policy_choices() -> tuple[str, ...]:
@@ -209,7 +224,7 @@ KNOBS: tuple[Knob, ...] = (
           "provider offers.", {BLOCK, WORKER}),
     _knob("image", "text", None, "Run the command in this container image (Docker on the "
           "machine that runs the step). Empty: run it directly.", {CLI, OPERATOR},
-          optional=True),
+          optional=True, check=_check_image),
     _knob("max_preemptions", "int", 3, "Preemptions tolerated before the rest runs on "
           "on-demand; its own budget, never a retry of the step. 3 keeps most of the spot "
           "savings while bounding the work lost to restarts.",

@@ -28,8 +28,10 @@ from typing import Any, Callable, Sequence
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk.exceptions import AirflowException, AirflowRescheduleException
+from airflow.sdk.exceptions import (AirflowException, AirflowFailException,
+                                    AirflowRescheduleException)
 
+from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError, Preempted
 from spot_core.model import JobRecord, JobStatus
@@ -94,11 +96,24 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
 
-    def _validate(self) -> None:
+    def _validate(self, error: type[Exception] = ValueError) -> None:
+        """checkpoint_uri and metadata_endpoint, by the store's own URI check; a templated
+        value is checked as rendered (``error``: ValueError at parse time, a failure
+        without retries at run time)."""
         uri = self.checkpoint_uri
-        if not isinstance(uri, str) or not ("{{" in uri or uri.startswith(("file://", "s3://"))):
-            raise ValueError(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// or "
-                             "s3://, e.g. file:///data/checkpoints/etl")
+        if not (isinstance(uri, str) and "{{" in uri):
+            try:
+                parse_store_uri(uri)
+            except ConfigError as exc:
+                raise error(f"{self.task_id}: checkpoint_uri: {exc}") from None
+            if not str(uri).startswith(("file://", "s3://")):
+                raise error(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// "
+                            "or s3://, e.g. file:///data/checkpoints/etl")
+        endpoint = self.metadata_endpoint
+        if endpoint is not None and not (isinstance(endpoint, str) and (
+                "{{" in endpoint or endpoint.startswith(("http://", "https://")))):
+            raise error(f"{self.task_id}: metadata_endpoint={endpoint!r} must be an http:// "
+                        "URL (e.g. http://169.254.169.254) or None for the cloud's own")
 
     # -- the record in the task state store, the attempt through the controller ---------------
     def _controller(self, context, provider: InPlaceProvider) -> Controller:
@@ -118,18 +133,27 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         return JobSpec(job_id=f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}", command=(),
                        checkpoint_uri=self.checkpoint_uri, pools=provider.pools())
 
-    @staticmethod
-    def _load(context, controller: Controller, spec: JobSpec) -> JobRecord:
+    def _load(self, context, controller: Controller, spec: JobSpec) -> JobRecord:
+        """The record an earlier run left, or a new one. One that cannot be read fails the
+        task without retries and is left as it is (see SpotJobOperator._stored_record)."""
         store = context.get("task_state_store")
         stored = None if store is None else store.get(RECORD_KEY)
-        if stored is not None:
+        if stored is None:
+            return controller.persist(controller.new_record(spec))
+        try:
             return JobRecord.from_dict(stored)
-        return controller.persist(controller.new_record(spec))
+        except ConfigError as exc:
+            raise AirflowFailException(
+                f"{self.task_id}: the JobRecord in the task state store (key {RECORD_KEY!r}) "
+                f"cannot be read: {exc}. Upgrade spot-pipelines if it is newer, or delete the "
+                "key (REST API: DELETE .../taskInstances/{task_id}/state-store/"
+                f"{RECORD_KEY}) to start afresh from the newest checkpoint") from None
 
     # -- execution ------------------------------------------------------------------------------
     def execute(self, context) -> Any:
         from spot_core.checkpoint import Checkpointer, open_store
 
+        self._validate(AirflowFailException)  # templated fields as rendered for this run
         provider = InPlaceProvider(cloud=self.cloud)
         controller = self._controller(context, provider)
         spec = self._spec(context, provider)

@@ -17,6 +17,7 @@ while the task is deferred, and its summary is the task's XCom return value.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import time
@@ -29,10 +30,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
+from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
-from spot_core.settings import SpotSettings, default, pop_aliases
+from spot_core.providers import check_provider
+from spot_core.settings import SpotSettings, default, knob, pop_aliases
 
 RECORD_KEY = "spot_job_record"
 CHECKPOINT_SCHEMES = ("file://", "s3://")
@@ -134,8 +137,13 @@ class SpotJobOperator(BaseOperator):
         super().__init__(**kwargs)
         self.command = command
         self.checkpoint_uri = checkpoint_uri
+        if env is not None and not isinstance(env, Mapping):
+            raise ValueError(f"{self.task_id}: env={env!r} must be a mapping of variable "
+                             "names to strings, e.g. {'MODEL': 'resnet'}")
         self.env = dict(env or {})
         self.image = image
+        if not isinstance(deferrable, bool):
+            raise ValueError(f"{self.task_id}: deferrable={deferrable!r} must be True or False")
         self.deferrable = deferrable
         self._validate_static()
         self.settings = self._settings({
@@ -169,28 +177,69 @@ class SpotJobOperator(BaseOperator):
         if _is_template(values["image"]):
             values = {**values, "image": None}  # checked by _validate_static, rendered later
         try:
-            return SpotSettings.build(where=self.task_id, **values)
+            settings = SpotSettings.build(where=self.task_id, **values)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        try:  # what the provider refuses in the step's environment (ec2: credentials)
+            check_provider(settings.provider, settings.provider_options,
+                           env={k: v for k, v in self.env.items() if not _is_template(v)})
+        except ConfigError as exc:
+            raise ValueError(f"{self.task_id}: {exc}") from None
+        try:  # trigger kwargs and the task state store hold them as JSON
+            json.dumps(settings.provider_options, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.task_id}: provider_options must be JSON-able (strings, "
+                             f"finite numbers, lists, mappings): {exc}") from None
+        return settings
 
     def _validate_static(self) -> None:
-        if not self.command or (isinstance(self.command, str) and not self.command.strip()):
-            raise ValueError(f"{self.task_id}: command is empty; pass the step's command, e.g. "
-                             "command=['python', '-m', 'my.train']")
-        if not isinstance(self.command, str) and not all(isinstance(a, str) for a in self.command):
-            raise ValueError(f"{self.task_id}: command must be a string or a list of strings, "
-                             f"got {self.command!r}")
-        uri = self.checkpoint_uri
-        if not isinstance(uri, str) or not (_is_template(uri) or uri.startswith(CHECKPOINT_SCHEMES)):
-            raise ValueError(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// or "
-                             "s3://, e.g. file:///data/checkpoints/train or s3://bucket/train")
+        """The Airflow-side arguments, as written (templates are checked once rendered)."""
+        command = self.command
+        if isinstance(command, str):
+            if not command.strip():
+                raise ValueError(f"{self.task_id}: command is empty; pass the step's command, "
+                                 "e.g. command=['python', '-m', 'my.train']")
+        elif not isinstance(command, (list, tuple)) or not command \
+                or not all(isinstance(a, str) for a in command):
+            raise ValueError(f"{self.task_id}: command={command!r} must be a non-empty string "
+                             "or list of strings, e.g. ['python', '-m', 'my.train']")
+        self._check_uri(self.checkpoint_uri, ValueError)
         image = self.image
         if image is not None and not (isinstance(image, str) and image.strip()
                                       and (_is_template(image) or not any(c.isspace() for c in image))):
             raise ValueError(f"{self.task_id}: image={image!r} is not an image reference; pass "
                              "one like 'ghcr.io/acme/train:1.4' or drop image=")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+        if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in self.env.items()):
             raise ValueError(f"{self.task_id}: env must map strings to strings; quote numbers")
+
+    def _check_uri(self, uri: Any, error: type[Exception]) -> None:
+        """The store's own URI check (``file://host/x``, no bucket, a query, ...) in one line
+        naming the task; a templated URI is checked as rendered."""
+        if isinstance(uri, str) and _is_template(uri):
+            return
+        try:
+            parse_store_uri(uri)
+        except ConfigError as exc:
+            raise error(f"{self.task_id}: checkpoint_uri: {exc}") from None
+        if not str(uri).startswith(CHECKPOINT_SCHEMES):
+            raise error(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// or "
+                        "s3://, e.g. file:///data/checkpoints/train or s3://bucket/train")
+
+    def _validate_rendered(self) -> None:
+        """Templated fields as rendered for this run: the same checks as at parse time,
+        failing the task without retries (a retry renders the same value)."""
+        self._check_uri(self.checkpoint_uri, AirflowFailException)
+        try:
+            knob("image").parse(self.image or None)
+            if not isinstance(self.provider_options, Mapping):
+                raise ConfigError(f"provider_options rendered as {self.provider_options!r}, "
+                                  "not a mapping")
+            if not isinstance(self.env, Mapping) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+                raise ConfigError(f"env rendered as {self.env!r}; it must map names to strings")
+            check_provider(self.provider, self.provider_options, env=self.env)
+        except ConfigError as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
     # -- building blocks ----------------------------------------------------------------------
     @property
@@ -215,9 +264,12 @@ class SpotJobOperator(BaseOperator):
     def _spec(self, record: JobRecord) -> JobSpec:
         command = shlex.split(self.command) if isinstance(self.command, str) else self.command
         pools = self.hook.pools(self.zones)
-        if not pools:
-            raise AirflowFailException(f"provider {self.provider!r} has no pools in zones "
-                                       f"{self.zones}; check zones= against the provider")
+        offered = sorted({p.zone for p in self.hook.pools()})
+        missing = sorted(set(self.zones or ()) - set(offered))
+        if missing or not pools:
+            raise AirflowFailException(f"{self.task_id}: provider {self.provider!r} has no zone(s) "
+                                       f"{missing or self.zones}; set zones= to some of "
+                                       f"{', '.join(offered) or 'its zones'}, or drop zones=")
         return JobSpec(job_id=record.job_id, command=tuple(command),
                        checkpoint_uri=self.checkpoint_uri, pools=pools,
                        deadline=record.deadline, env=self.env, image=self.image or None)
@@ -228,10 +280,29 @@ class SpotJobOperator(BaseOperator):
         suffix = "" if index is None or index < 0 else f".{index}"
         return _safe_id(f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}")
 
-    def _load_record(self, context, controller: Controller) -> JobRecord:
-        """The record from the task state store (an earlier try), or a new one."""
+    def _stored_record(self, context) -> JobRecord | None:
+        """The record an earlier try left in the task state store, if any. One that cannot
+        be read (another schema version, truncated, NaN, not a record) fails the task
+        without retries and is left as it is: nothing overwrites it, nothing launches."""
         store = context.get("task_state_store")
         stored = None if store is None else store.get(RECORD_KEY)
+        if stored is None:
+            return None
+        try:
+            return JobRecord.from_dict(stored)
+        except ConfigError as exc:
+            raise AirflowFailException(
+                f"{self.task_id}: the JobRecord in the task state store (key {RECORD_KEY!r}) "
+                f"cannot be read: {exc}. Upgrade spot-pipelines if it is newer, or delete the "
+                "key (REST API: DELETE .../taskInstances/{task_id}/state-store/"
+                f"{RECORD_KEY}) to start the job afresh from its newest checkpoint") from None
+
+    def _load_record(self, context, controller: Controller,
+                     stored: JobRecord | None = None) -> JobRecord:
+        """The record from the task state store (an earlier try, read by
+        ``_stored_record``), or a new one."""
+        if stored is None:
+            stored = self._stored_record(context)
         if stored is None:
             now = time.time()
             record = JobRecord(job_id=self._job_id(context), created_at=now,
@@ -240,7 +311,7 @@ class SpotJobOperator(BaseOperator):
                                else now + self.deadline_seconds)
             controller.persist(record)
             return record
-        record = JobRecord.from_dict(stored)
+        record = stored
         self.log.info("resuming job %s from the task state store: %s", record.job_id,
                       record.summary())
         if record.status is JobStatus.FAILED:  # a new Airflow try is a new chance
@@ -250,8 +321,10 @@ class SpotJobOperator(BaseOperator):
 
     # -- execution: a driver of the controller's lifecycle --------------------------------------
     def execute(self, context) -> dict[str, Any]:
+        self._validate_rendered()
+        stored = self._stored_record(context)  # a corrupt record stops before anything opens
         controller = self._controller(context)
-        record = self._load_record(context, controller)
+        record = self._load_record(context, controller, stored)
         SpotCheckpointLink.persist(context, SpotCheckpointLink.url_for(self.checkpoint_uri))
         SpotEc2InstanceLink.persist(context, "")  # filled in when an attempt runs on EC2
         if record.current_attempt is not None:  # an earlier try left it running: reattach
@@ -262,10 +335,8 @@ class SpotJobOperator(BaseOperator):
 
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Back from the trigger: keep its record, then go on driving from its Next."""
-        if not isinstance(event, Mapping) or event.get("status") not in EVENT_STATUSES:
-            raise AirflowException(f"unexpected trigger event {event!r}")
+        nxt = self._event_next(event)
         controller = self._controller(context)
-        nxt = Next.from_dict(event["next"])
         controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
         spec = self._spec(nxt.record)
         if event["status"] == "error":  # the next try reattaches to the recorded attempt
@@ -277,6 +348,20 @@ class SpotJobOperator(BaseOperator):
             self.log.warning("attempt %d got an interruption notice; the step saves an emergency "
                              "checkpoint", nxt.lease.attempt)
         return self._drive(context, controller, spec, nxt)
+
+    def _event_next(self, event: Any) -> Next:
+        """The Next a trigger event carries. An event that cannot be read is one line and
+        persists nothing: the retry resumes from the record already in the task state store."""
+        status = event.get("status") if isinstance(event, Mapping) else None
+        if status not in EVENT_STATUSES:
+            raise AirflowException(f"{self.task_id}: unexpected trigger event (status "
+                                   f"{status!r}, expected one of {', '.join(EVENT_STATUSES)}); "
+                                   "the next try resumes from the task state store")
+        try:
+            return Next.from_dict(event.get("next"))
+        except ConfigError as exc:
+            raise AirflowException(f"{self.task_id}: the trigger's event cannot be read: {exc}; "
+                                   "the next try resumes from the task state store") from None
 
     def _drive(self, context, controller: Controller, spec: JobSpec, nxt: Next) -> dict[str, Any]:
         """Follow the controller's answers until the job finishes or the task defers."""

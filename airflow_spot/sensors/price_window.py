@@ -16,8 +16,10 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseSensorOperator, conf
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_spot.hooks.spot import PROVIDERS, SpotHook
-from airflow_spot.triggers.price_window import SpotPriceWindowTrigger, window_decision
+from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.triggers.price_window import (SpotPriceWindowTrigger, check_window_arguments,
+                                                window_decision)
+from spot_core.errors import ConfigError
 
 POOL_KEY = "spot_pool"
 
@@ -48,21 +50,24 @@ class SpotPriceWindowSensor(BaseSensorOperator):
         if profile is None and max_price is None:
             raise ValueError(f"{self.task_id}: pass profile= (an HourOfWeekProfile from "
                              "build_profile) or max_price= (a $/h threshold), or both")
-        if isinstance(job_hours, bool) or not isinstance(job_hours, (int, float)) or not job_hours > 0:
-            raise ValueError(f"{self.task_id}: job_hours must be a positive number of hours")
+        profile = profile.to_dict() if hasattr(profile, "to_dict") else profile
+        try:
+            check_window_arguments(provider=provider, provider_options=provider_options or {},
+                                   zones=zones, profile=profile, job_hours=job_hours,
+                                   max_price=max_price)
+        except ConfigError as exc:
+            raise ValueError(f"{self.task_id}: {exc}") from None
         if not isinstance(window_end, (datetime, timedelta)):
-            raise ValueError(f"{self.task_id}: window_end must be a datetime or a timedelta")
+            raise ValueError(f"{self.task_id}: window_end={window_end!r} must be a datetime or "
+                             "a timedelta")
         if isinstance(window_end, timedelta) and window_end.total_seconds() < job_hours * 3600:
             raise ValueError(f"{self.task_id}: a {job_hours:g} h job cannot finish within "
                              f"window_end={window_end}; widen the window or shorten job_hours")
-        if max_price is not None and not max_price > 0:
-            raise ValueError(f"{self.task_id}: max_price must be a positive $/h")
-        if provider not in PROVIDERS:
-            raise ValueError(f"{self.task_id}: provider={provider!r} is unknown; use one of "
-                             f"{', '.join(PROVIDERS)}")
+        if not isinstance(deferrable, bool):
+            raise ValueError(f"{self.task_id}: deferrable={deferrable!r} must be True or False")
         self.job_hours = float(job_hours)
         self.window_end = window_end
-        self.profile = profile.to_dict() if hasattr(profile, "to_dict") else profile
+        self.profile = profile
         self.max_price = max_price
         self.provider = provider
         self.provider_options = dict(provider_options or {})

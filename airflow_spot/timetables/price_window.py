@@ -11,7 +11,7 @@ deserialise it.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Mapping
 
 from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
 
@@ -36,18 +36,28 @@ class PriceWindowTimetable(Timetable):
 
     def __init__(self, *, profile: Any, job_hours: float, start_hour: int = 0,
                  end_hour: int = 8) -> None:
+        from spot_core.errors import ConfigError
         from spot_core.policy.price_window import HourOfWeekProfile
 
-        data = profile.to_dict() if hasattr(profile, "to_dict") else dict(profile)
-        self._profile = HourOfWeekProfile.from_dict(data)
-        self.profile = data
-        if not (isinstance(start_hour, int) and isinstance(end_hour, int)
+        data = profile.to_dict() if hasattr(profile, "to_dict") else profile
+        if not isinstance(data, Mapping):
+            raise ValueError(f"PriceWindowTimetable: profile={type(data).__name__} is not an "
+                             "HourOfWeekProfile or its to_dict(); build one with build_profile()")
+        try:
+            self._profile = HourOfWeekProfile.from_dict(data)
+        except ConfigError as exc:
+            raise ValueError(f"PriceWindowTimetable: profile: {exc}") from None
+        self.profile = dict(data)
+        hours = (start_hour, end_hour)
+        if not (all(isinstance(h, int) and not isinstance(h, bool) for h in hours)
                 and 0 <= start_hour < end_hour <= 24):
-            raise ValueError(f"the window {start_hour}-{end_hour} h is not inside one day; use "
-                             "whole hours with 0 <= start_hour < end_hour <= 24")
-        if not (isinstance(job_hours, (int, float)) and 0 < job_hours <= end_hour - start_hour):
-            raise ValueError(f"job_hours={job_hours!r} must be > 0 and fit in the "
-                             f"{end_hour - start_hour} h window")
+            raise ValueError(f"PriceWindowTimetable: the window {start_hour!r}-{end_hour!r} h "
+                             "is not inside one day; use whole hours with 0 <= start_hour < "
+                             "end_hour <= 24")
+        if isinstance(job_hours, bool) or not isinstance(job_hours, (int, float)) \
+                or not 0 < job_hours <= end_hour - start_hour:
+            raise ValueError(f"PriceWindowTimetable: job_hours={job_hours!r} must be > 0 and "
+                             f"fit in the {end_hour - start_hour} h window (a number of hours)")
         self.job_hours = float(job_hours)
         self.start_hour = start_hour
         self.end_hour = end_hour

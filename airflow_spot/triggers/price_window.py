@@ -16,7 +16,40 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_spot.hooks.spot import SpotHook
+from spot_core.errors import ConfigError
 from spot_core.model import Offer
+from spot_core.providers import check_provider
+from spot_core.settings import Knob, knob
+
+# The window's numbers, checked like the settings model's knobs (finite, in range).
+_HOURS = Knob("job_hours", "number", None, "", frozenset(), unit="h", minimum=0, strict=True)
+_TIME = Knob("window time", "number", None, "", frozenset(), unit="(POSIX seconds)", minimum=0)
+_MAX_PRICE = Knob("max_price", "number", None, "", frozenset(), unit="USD/h", minimum=0,
+                  strict=True, optional=True)
+_POLL = Knob("poll_interval", "number", None, "", frozenset(), unit="s", minimum=0, strict=True)
+
+
+def check_window_arguments(*, provider: Any, provider_options: Any, zones: Any, profile: Any,
+                           job_hours: Any, max_price: Any) -> None:
+    """One ConfigError line for what the sensor and its trigger share: where prices are
+    read (the provider registry's checks), the zones, the profile, the job and the price."""
+    if not isinstance(provider_options, Mapping):
+        raise ConfigError(f"provider_options={provider_options!r} must be a mapping")
+    check_provider(provider, provider_options)
+    if zones is not None and not (isinstance(zones, str) and "{{" in zones):
+        knob("zones").parse(zones)
+    if profile is not None:
+        from spot_core.policy.price_window import HourOfWeekProfile
+
+        if not isinstance(profile, Mapping):
+            raise ConfigError(f"profile={type(profile).__name__} is not an HourOfWeekProfile "
+                              "or its to_dict(); build one with build_profile()")
+        try:
+            HourOfWeekProfile.from_dict(profile)
+        except ConfigError as exc:
+            raise ConfigError(f"profile: {exc}") from None
+    _HOURS.parse(job_hours)
+    _MAX_PRICE.parse(max_price)
 
 
 @dataclass(frozen=True)
@@ -72,6 +105,18 @@ class SpotPriceWindowTrigger(BaseTrigger):
                  job_hours: float, window_start: float, window_end: float,
                  max_price: float | None = None, poll_interval: float = 60.0) -> None:
         super().__init__()
+        try:
+            check_window_arguments(provider=provider, provider_options=provider_options,
+                                   zones=zones, profile=profile, job_hours=job_hours,
+                                   max_price=max_price)
+            _TIME.parse(window_start)
+            _TIME.parse(window_end)
+            _POLL.parse(poll_interval)
+            if not window_end > window_start:
+                raise ConfigError(f"window_end={window_end!r} must be after "
+                                  f"window_start={window_start!r}")
+        except ConfigError as exc:
+            raise ValueError(f"SpotPriceWindowTrigger: {exc}") from None
         self.provider = provider
         self.provider_options = dict(provider_options)
         self.zones = None if zones is None else list(zones)

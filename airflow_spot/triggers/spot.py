@@ -28,8 +28,15 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_spot.hooks.spot import SpotHook
 from spot_core.controller import Controller, JobSpec, Next
+from spot_core.errors import ConfigError
+from spot_core.providers import check_provider
+from spot_core.checkpoint.uri import parse_store_uri
+from spot_core.settings import Knob, knob
 
 EVENT_STATUSES = ("ended", "notice", "wake", "error")
+CONTROLLER_OPTIONS = ("poll_interval", "attempt_timeout", "heartbeat_timeout",
+                      "observe_failure_timeout")
+_NOT_BEFORE = Knob("not_before", "number", 0.0, "POSIX time", frozenset(), minimum=0)
 KILLED = "stopped: the task was marked failed, cleared or killed while deferred"
 
 
@@ -53,18 +60,44 @@ class SpotJobTrigger(BaseTrigger):
                  controller_options: Mapping[str, Any] | None = None,
                  return_on_notice: bool = True, not_before: float = 0.0) -> None:
         super().__init__()
+        self._check(provider, provider_options, next, checkpoint_uri, controller_options,
+                    return_on_notice, not_before)
         self.provider = provider
         self.provider_options = dict(provider_options)
         self.next = dict(next)
         self.checkpoint_uri = checkpoint_uri
         self.controller_options = dict(controller_options or {})
-        poll = self.controller_options.get("poll_interval", 5.0)
-        if not poll > 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll!r}")
-        self.return_on_notice = bool(return_on_notice)
+        self.return_on_notice = return_on_notice
         self.not_before = float(not_before)
         self._current: Next | None = None  # the latest Next, for on_kill / cleanup
         self._done = False                 # an event fired or the lease was stopped
+
+    @staticmethod
+    def _check(provider, provider_options, nxt, checkpoint_uri, controller_options,
+               return_on_notice, not_before) -> None:
+        """Kwargs as the operator writes them; anything else (a forged or truncated row in
+        the trigger table) is one ValueError line here, before anything is watched."""
+        try:
+            if not isinstance(provider_options, Mapping):
+                raise ConfigError(f"provider_options={provider_options!r} is not a mapping")
+            check_provider(provider, provider_options)
+            parse_store_uri(checkpoint_uri)
+            options = dict(controller_options or {})
+            unknown = sorted(set(options) - set(CONTROLLER_OPTIONS))
+            if unknown:
+                raise ConfigError(f"unknown controller_options {unknown}; choose from "
+                                  f"{', '.join(CONTROLLER_OPTIONS)}")
+            for name, value in options.items():
+                knob(name).parse(value)  # the settings model's checks (finite, > 0, ...)
+            if not isinstance(return_on_notice, bool):
+                raise ConfigError(f"return_on_notice={return_on_notice!r} must be True or False")
+            _NOT_BEFORE.parse(not_before)
+            parsed = Next.from_dict(nxt)
+            if parsed.action not in ("watch", "sleep"):
+                raise ConfigError(f"next.action={parsed.action!r}: a trigger watches or "
+                                  "sleeps only")
+        except ConfigError as exc:
+            raise ValueError(f"SpotJobTrigger: {exc}") from None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {

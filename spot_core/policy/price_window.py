@@ -80,7 +80,7 @@ class HourOfWeekProfile:
             return cls(zone_prices=dict(data["zone_prices"]),
                        zone_availability=dict(data["zone_availability"]),
                        on_demand_price=float(data["on_demand_price"]))
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"HourOfWeekProfile dict is malformed ({type(exc).__name__}: "
                               f"{exc}); pass what HourOfWeekProfile.to_dict() produced") from exc
 

@@ -29,14 +29,18 @@ class ProviderEntry:
     name: str
     open: Callable[..., Provider]
     check_options: OptionCheck
+    # What the provider refuses in the step's environment (ec2: credentials, which would
+    # land in user-data); None: any environment.
+    check_env: Callable[[Mapping[str, str]], None] | None = None
 
 
 _REGISTRY: dict[str, ProviderEntry] = {}
 
 
-def register_provider(name: str, opener: Callable[..., Provider], check: OptionCheck) -> None:
+def register_provider(name: str, opener: Callable[..., Provider], check: OptionCheck,
+                      check_env: Callable[[Mapping[str, str]], None] | None = None) -> None:
     """Make ``name`` a provider every surface (CLI, operator, block, worker) accepts."""
-    _REGISTRY[name] = ProviderEntry(name, opener, check)
+    _REGISTRY[name] = ProviderEntry(name, opener, check, check_env)
 
 
 def provider_names() -> tuple[str, ...]:
@@ -53,9 +57,51 @@ def _entry(name: str) -> ProviderEntry:
 
 
 def check_provider(name: str, options: Mapping[str, Any] | None = None,
-                   instance_types: Sequence[str] = ()) -> None:
-    """One-line ConfigError if ``name`` is not built or ``options`` do not suit it."""
-    _entry(name).check_options(dict(options or {}), tuple(instance_types or ()))
+                   instance_types: Sequence[str] = (),
+                   env: Mapping[str, str] | None = None) -> None:
+    """One-line ConfigError if ``name`` is not built, ``options`` do not suit it or hold a
+    credential, or ``env`` (the step's environment, when known) is refused by it."""
+    entry = _entry(name)
+    options = dict(options or {})
+    refuse_credentials(options)
+    entry.check_options(options, tuple(instance_types or ()))
+    if env and entry.check_env is not None:
+        entry.check_env(env)
+
+
+def refuse_credentials(options: Mapping[str, Any]) -> None:
+    """Provider options travel in plain sight (trigger kwargs, job variables, logs), so a
+    credential there, by option name or by value at any depth, is one line naming where
+    it is (never the value) and the fix."""
+    from spot_core.providers.ec2_agent import SECRET_NAME, SECRET_VALUES
+
+    for name in options:
+        if isinstance(name, str) and SECRET_NAME.search(name):
+            raise ConfigError(f"provider_options[{name!r}] looks like a credential; never put "
+                              "credentials in provider_options (they are stored and logged "
+                              "in plain text): use the instance profile, the environment "
+                              "of the process that opens the provider, or a secrets manager")
+    for where, text in _strings(options, "provider_options"):
+        kind = next((what for pattern, what in SECRET_VALUES if pattern.search(text)), None)
+        if kind:
+            raise ConfigError(f"{where} holds {kind}; never put credentials in "
+                              "provider_options (they are stored and logged in plain "
+                              "text): use the instance profile or a secrets manager")
+
+
+def _strings(value: Any, where: str, depth: int = 0):
+    """(where, text) of every string in a JSON-like value, keys included."""
+    if depth > 32:
+        return
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _strings(key, where, depth + 1)
+            yield from _strings(item, f"{where}[{key!r}]", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _strings(item, f"{where}[{index}]", depth + 1)
 
 
 def open_provider(name: str = "local", **options: Any) -> Provider:
@@ -80,15 +126,32 @@ def _check_local(options: Mapping[str, Any], instance_types: Sequence[str]) -> N
     if unknown:
         raise ConfigError(f"unknown local provider option(s) {unknown}; choose from "
                           f"{sorted(known)}")
-    scale = options.get("time_scale")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale) or scale <= 0):
-        raise ConfigError(f"local provider option time_scale={scale!r} must be a finite "
+    for name, value in options.items():
+        _check_local_value(name, value)
+
+
+def _check_local_value(name: str, value: Any) -> None:
+    """Each local option's type and range, so a bad one fails where it is written. A
+    value still holding a template (``{{ ... }}``, Airflow's and Prefect's) is checked by
+    the opener once rendered."""
+    if value is None or (isinstance(value, str) and "{{" in value):
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name == "time_scale" and not (number and math.isfinite(value) and value > 0):
+        raise ConfigError(f"local provider option time_scale={value!r} must be a finite "
                           "number > 0 (trace seconds per wall second, e.g. 3600)")
-    tick = options.get("start_tick")
-    if tick is not None and (isinstance(tick, bool) or not isinstance(tick, int) or tick < 0):
-        raise ConfigError(f"local provider option start_tick={tick!r} must be a whole number "
-                          ">= 0 (the trace row to start at)")
+    if name == "start_tick" and not (number and isinstance(value, int) and value >= 0):
+        raise ConfigError(f"local provider option start_tick={value!r} must be a whole "
+                          "number >= 0 (a row of the traces)")
+    if name in ("url", "prices", "workdir") and not (isinstance(value, str) and value.strip()):
+        raise ConfigError(f"local provider option {name}={value!r} must be a non-empty string")
+    if name == "url" and not value.startswith(("http://", "https://")):
+        raise ConfigError(f"local provider option url={value!r} must be the server's "
+                          "http:// URL, e.g. http://127.0.0.1:8765")
+    if name == "traces" and (isinstance(value, str) or not isinstance(value, (list, tuple))
+                             or not all(isinstance(t, str) and t.strip() for t in value)):
+        raise ConfigError(f"local provider option traces={value!r} must be a list of trace "
+                          "file paths")
 
 
 # -- ec2 -------------------------------------------------------------------------------------------
@@ -121,12 +184,18 @@ def _check_ec2(options: Mapping[str, Any], instance_types: Sequence[str]) -> Non
                           "'spot-step'} (see docs/aws.md)")
 
 
+def _check_ec2_env(env: Mapping[str, str]) -> None:
+    from spot_core.providers.ec2 import refuse_credentials_in_env
+
+    refuse_credentials_in_env(env)
+
+
 register_provider("local", _open_local, _check_local)
-register_provider("ec2", _open_ec2, _check_ec2)
+register_provider("ec2", _open_ec2, _check_ec2, _check_ec2_env)
 
 # Kept for callers that list the names; the registry is the source.
 PROVIDER_NAMES = provider_names()
 
 __all__ = ["Bill", "LaunchSpec", "LeaseState", "LeaseStatus", "Provider", "PROVIDER_NAMES",
            "ProviderEntry", "check_provider", "open_provider", "provider_names",
-           "register_provider"]
+           "refuse_credentials", "register_provider"]

@@ -351,14 +351,7 @@ class Ec2Provider:
 
     def _user_data(self, spec: LaunchSpec) -> str:
         env = dict(spec.env)
-        found = ec2_agent.credential_findings(env)
-        if found:
-            which = ", ".join(f"{name} ({why})" for name, why in sorted(found.items()))
-            raise ConfigError(f"env {which} looks like credentials and would be written into "
-                              "EC2 user-data, which anyone with ec2:DescribeInstanceAttribute "
-                              "can read; grant access through the instance profile (or read "
-                              "the secret from Secrets Manager in the step) instead, or "
-                              "rename a variable that holds no secret")
+        refuse_credentials_in_env(env)
         attempt = attempt_env.AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                                          attempt=spec.attempt, metadata_endpoint=None,
                                          cloud=CLOUD, notice_file=None,
@@ -585,6 +578,19 @@ def check_option_names(names: Iterable[str]) -> None:
     if unknown:
         raise ConfigError(f"unknown ec2 provider option(s) {unknown}; choose from "
                           f"{sorted(known)}")
+
+
+def refuse_credentials_in_env(env: Mapping[str, str]) -> None:
+    """The step's environment goes into EC2 user-data: one line naming each variable that
+    looks like a credential (by name or value, never quoting it) and the fix."""
+    found = ec2_agent.credential_findings(env)
+    if found:
+        which = ", ".join(f"{name} ({why})" for name, why in sorted(found.items()))
+        raise ConfigError(f"env {which} looks like credentials and would be written into "
+                          "EC2 user-data, which anyone with ec2:DescribeInstanceAttribute "
+                          "can read; grant access through the instance profile (or read "
+                          "the secret from Secrets Manager in the step) instead, or "
+                          "rename a variable that holds no secret")
 
 
 def _validate(options: Ec2Options) -> None:

@@ -38,7 +38,7 @@ def test_task_spot_rejects_bad_parameters_at_parse_time():
         return 1
 
     with DAG("bad_spot_task", schedule=None, start_date=datetime(2026, 1, 1)):
-        with pytest.raises(ValueError, match="must start with file:// or s3://"):
+        with pytest.raises(ValueError, match="'relative/path' has no scheme; pass file:///"):
             task.spot(checkpoint_uri="relative/path")(step)()
         with pytest.raises(ValueError, match="cloud='ibm' is not one of auto, aws"):
             task.spot(checkpoint_uri="file:///x", cloud="ibm")(step)()
