@@ -243,7 +243,7 @@ def run_scenario(scene: Scenario, tmp_path, moto_endpoint: str):
             FaultProxy(moto_endpoint, methods=("PUT", "POST")) as proxy:
         if scene.store == "s3":
             env["SPOT_S3_ENDPOINT_URL"] = proxy.url  # the nodes' puts go through the faults
-        provider = open_provider("local", url=server.url)
+        provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         spec = JobSpec(f"chaos-{scene.seed}", train_command(STEPS, STEP_SECONDS, 7, EVERY), uri,
                        provider.pools(), env=env)
         controller = Controller(provider, provider.market, scene.policy, heartbeat_timeout=None,
