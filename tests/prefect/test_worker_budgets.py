@@ -38,7 +38,8 @@ def test_preemptions_leave_the_flows_retries_for_its_own_errors(prefect_api, tmp
     pattern = "1" * 25 + "0" * 3 + "1" * 25 + "0" * 3 + "1" * 2000
     with _cloud(tmp_path, pattern, time_scale=60.0) as cloud:
         deployment_id = deploy_example_flow("spot-budgets", "budgets", {
-            "provider_options": {"url": cloud.url}, "on_demand_fallback": False,
+            "provider_options": {"url": cloud.url, "workdir": str(cloud.cloud.workdir)},
+            "on_demand_fallback": False,
             "max_preemptions": 3, "capacity_wait": 0.5, "max_capacity_waits": 200,
             "checkpoint_root": (tmp_path / "ckpt").as_uri()},
             source=HERE, entrypoint="spot_test_flows.py:preempted_twice_then_fails_once")
@@ -73,7 +74,7 @@ def test_transient_observe_errors_do_not_end_the_attempt(prefect_api, tmp_path):
     with _cloud(tmp_path, "1" * 5000, time_scale=60.0) as cloud, \
             FaultProxy(cloud.url, match="/describe") as proxy:
         deployment_id = deploy_example_flow("spot-flaky", "flaky", {
-            "provider_options": {"url": proxy.url},
+            "provider_options": {"url": proxy.url, "workdir": str(cloud.cloud.workdir)},
             "checkpoint_root": (tmp_path / "ckpt").as_uri()},
             source=HERE, entrypoint="spot_test_flows.py:naps")
         with running_worker("spot-flaky", tmp_path / "worker.log"):
@@ -103,7 +104,7 @@ def test_cancelling_a_flow_run_stops_its_attempt_and_lease(prefect_api, tmp_path
     marks = tmp_path / "marks"
     with _cloud(tmp_path, "1" * 5000, time_scale=60.0) as cloud:
         deployment_id = deploy_example_flow("spot-cancel", "cancel", {
-            "provider_options": {"url": cloud.url},
+            "provider_options": {"url": cloud.url, "workdir": str(cloud.cloud.workdir)},
             "checkpoint_root": (tmp_path / "ckpt").as_uri()},
             source=HERE, entrypoint="spot_test_flows.py:naps")
         with running_worker("spot-cancel", tmp_path / "worker.log"):
