@@ -1,4 +1,4 @@
-"""The simulator on the shared real traces: published reference figures, the default's
+"""The simulator on the real traces in traces/: published reference figures, the default's
 deadline guarantee on the development set, and agreement with the trace market that the
 local spot cloud replays."""
 
@@ -16,14 +16,12 @@ from spot_core.policy.deadline import Job
 from spot_core.policy.deadline_policies import DEADLINE_POLICIES
 from spot_core.policy.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window, simulate
+from spot_helpers import TRACES
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
 @pytest.fixture(scope="module")
 def traces_dir() -> Path:
-    if not TRACES.is_dir():
-        pytest.skip("the shared traces are not beside this clone")
     return TRACES
 
 
