@@ -31,7 +31,7 @@ from spot_core.policy.deadline import Job
 from spot_core.policy.replay import Replay
 from spot_core.sim.simulator import random_starts, simulate
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "traces"  # the repository's real traces
 EVALUATION = "aws-v100-2023-02"
 DEVELOPMENT = ("gcp-h100-2025-10", "aws-v100-4node-600s")
 POLICIES = ("on-demand", "greedy", "uniform-progress", "default", "optimal")

@@ -1,8 +1,8 @@
 """The small real-trace excerpt shipped inside the package (``spot_core/market/data``).
 
-It keeps the demo, the simulator and the tests working where ``../shared/traces`` is
-absent (an installed wheel, a fresh clone). See ``spot_core/market/data/NOTICE`` for which
-rows were copied from where.
+It keeps the demo and the simulator working where the repository's ``traces/`` folder is
+absent: an installed wheel carries this excerpt, not the 6.6 MB of full trace sets. See
+``spot_core/market/data/NOTICE`` for which rows were copied from where.
 """
 
 from __future__ import annotations

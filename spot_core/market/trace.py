@@ -1,6 +1,6 @@
 """Real spot-market traces, loaded from every shipped format into one normalised form.
 
-Three formats exist (see ``../shared/traces/README.md``) and they disagree on what a 1
+Three formats exist (see the repository's ``traces/README.md``) and they disagree on what a 1
 means, which is the classic silent bug of trace replay:
 
 - CSV ``date,availability``: **1 = available**, ~195 s ticks with jittered timestamps;
@@ -172,7 +172,7 @@ def load_trace(path: str | Path, *, prices: Any = None,
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"trace file {file} does not exist; pass a path from "
-                          "../shared/traces/ or spot_core.market.fixture_trace_paths()")
+                          "the repository's traces/ or spot_core.market.fixture_trace_paths()")
     suffix = file.suffix.lower()
     if suffix == ".csv":
         return _load_csv(file, prices, on_demand_price)

@@ -1,6 +1,6 @@
 """Deadline policies: spot, on-demand or idle, tick by tick, so a job finishes by its deadline.
 
-The setting is the NSDI'24 "Can't Be Late" one (see ``../shared/traces/README.md``): a
+The setting is the NSDI'24 "Can't Be Late" one (see ``traces/README.md`` in the repository): a
 job needs ``C`` seconds of work by deadline ``D``; spot is cheap but comes and goes,
 on-demand is dear and always there, and every new instance costs a restart overhead
 ``R``. A policy ``plan``s one :class:`Window` and returns ``decide(t, progress, current,

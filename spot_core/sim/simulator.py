@@ -1,6 +1,6 @@
 """The policy simulator: replay deadline policies on real spot traces, tick by tick.
 
-The model is the one in ``../shared/traces/README.md`` (the NSDI'24 paper's):
+The model is the one in the repository's ``traces/README.md`` (the NSDI'24 paper's):
 
 - time moves in ticks; in each tick the job is idle, on on-demand (always there) or on
   spot in one zone (only where that zone is available in that tick);

@@ -51,11 +51,17 @@ def test_task_spot_rejects_bad_parameters_at_parse_time():
 
 def _run_with_notices(dag_id: str, at_steps: list[int], monkeypatch):
     """Run ``dag_id`` under dag.test() and serve an interruption notice once the step
-    reaches each of ``at_steps``; returns (dag run, emergency checkpoint steps)."""
+    reaches each of ``at_steps``; returns (dag run, emergency checkpoint steps).
+
+    The step holds at each of ``at_steps`` until its notice arrives
+    (``SPOT_TEST_HOLD_AT_STEPS``), so the notice does not race the end of the loop however
+    slowly this thread runs; the notice is withdrawn as soon as it has been served once,
+    well before the rerun (1 s later at least) asks for it on "fresh capacity"."""
     from conftest import TEST_DIR, load_dag
 
     emulator = MetadataEmulator(clouds=("aws",)).start()
     monkeypatch.setenv("SPOT_TEST_METADATA_URL", emulator.url)
+    monkeypatch.setenv("SPOT_TEST_HOLD_AT_STEPS", ",".join(map(str, at_steps)))
     store = open_store((TEST_DIR / f"ckpt-{dag_id}").as_uri())
     progress = TEST_DIR / f"progress-{dag_id}"
     emergency: list[int] = []
@@ -69,11 +75,14 @@ def _run_with_notices(dag_id: str, at_steps: list[int], monkeypatch):
     def preempt() -> None:
         for at in at_steps:
             _wait_for(lambda: step() >= at, 120, f"step {at}")
+            emulator.clear_log()
             emulator.schedule_interruption(notice_seconds=30)
+            _wait_for(lambda: any(r.path.endswith("/spot/instance-action") and r.status == 200
+                                  for r in emulator.requests), 60, f"the notice at step {at}")
+            emulator.clear()  # served once: the rerun runs on fresh capacity
             ref = _wait_for(lambda: (r := store.latest()) and r.metadata.get("emergency")
                             and r.step >= at and r, 60, "the emergency checkpoint")
             emergency.append(ref.step)
-            emulator.clear()  # the rerun runs on fresh capacity
 
     helper = threading.Thread(target=preempt, daemon=True)
     try:
@@ -92,7 +101,7 @@ def test_a_preemption_reruns_from_the_emergency_checkpoint_without_spending_a_tr
     (ti,) = run.get_task_instances()
     assert run.state == "success"
     assert ti.try_number == 1, "the preemption spent an Airflow try"
-    assert emergency and emergency[0] >= 25
+    assert emergency == [25], "the step held at 25 until the notice stopped it there"
     result = ti.xcom_pull(task_ids="crunch", key="return_value")
     assert result == {"start": emergency[0], "try": 1}
     summary = ti.xcom_pull(task_ids="crunch", key="spot_task_record")
@@ -104,7 +113,7 @@ def test_max_preemptions_bounds_the_free_reruns(airflow_home, monkeypatch):
     """Within the budget a preemption keeps the try; past it, Airflow's retries apply."""
     run, emergency = _run_with_notices("spot_task_budget", [25, 50], monkeypatch)
     (ti,) = run.get_task_instances()
-    assert run.state == "success" and len(emergency) == 2
+    assert run.state == "success" and emergency == [25, 50]
     assert ti.try_number == 2, "only the preemption past max_preemptions=1 spends a try"
     assert ti.xcom_pull(task_ids="crunch_budget", key="return_value") == {
         "start": emergency[1], "try": 2}

@@ -221,16 +221,21 @@ def test_pipeline_survives_a_triggerer_restart_mid_training(standalone, runs):
     work = Path(standalone.env["SPOT_PIPELINE_WORKDIR"])
     run_id = runs[dag_id]
     runs = work / "runs"
+    # Kill the triggerer while it watches the lease: past step 100 and deferred at the same
+    # moment. Between attempts (after a preemption) the task is briefly running again, so
+    # the two are awaited together rather than the state asserted once at step 100.
     deadline = time.monotonic() + 240
-    step_at_kill = None
+    step_at_kill, step, ti = None, 0, None
     while time.monotonic() < deadline and step_at_kill is None:
-        for store_dir in runs.glob("*/checkpoints/train"):
-            ref = open_store(store_dir.as_uri()).latest()
-            if ref is not None and ref.step >= 100:
-                step_at_kill = ref.step
+        refs = [open_store(d.as_uri()).latest() for d in runs.glob("*/checkpoints/train")]
+        step = max((ref.step for ref in refs if ref is not None), default=0)
+        if step >= 100:
+            ti = standalone.state(dag_id)["tis"].get("train:-1")
+            if ti is not None and ti[0] == "deferred":
+                step_at_kill = step
+                break
         time.sleep(0.5)
-    assert step_at_kill is not None, "training never got going"
-    assert standalone.state(dag_id)["tis"]["train:-1"][0] == "deferred"
+    assert step_at_kill is not None, f"train never deferred past step 100 (step {step}, {ti})"
 
     pids = standalone.triggerer_pids()
     assert pids, "no triggerer process found"

@@ -78,14 +78,15 @@ def test_timetable_rejects_bad_windows(kwargs, message):
 
 
 def test_sensor_poke_pushes_the_chosen_pool(cloud_url):
+    import json
+
     from airflow.sdk import DAG
 
     from airflow_spot.sensors.price_window import POOL_KEY, SpotPriceWindowSensor
+    from spot_core.market import fixture_prices_path
 
-    with DAG("sensor", schedule=None, start_date=datetime(2026, 1, 1)):
-        sensor = SpotPriceWindowSensor(task_id="wait", job_hours=1, window_end=timedelta(hours=8),
-                                       max_price=1000.0, provider_options={"url": cloud_url})
-
+    # The local cloud replays the shipped excerpt: its spot prices bound the thresholds.
+    prices = [p for zone in json.loads(fixture_prices_path().read_text()).values() for p in zone]
     pushed = {}
 
     class TI:
@@ -94,5 +95,15 @@ def test_sensor_poke_pushes_the_chosen_pool(cloud_url):
         def xcom_push(self, key, value):
             pushed[key] = value
 
-    assert sensor.poke({"ti": TI()}) is True
+    def poke(task_id: str, max_price: float) -> bool:
+        with DAG(f"sensor_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
+            sensor = SpotPriceWindowSensor(task_id=task_id, job_hours=1,
+                                           window_end=timedelta(hours=8), max_price=max_price,
+                                           provider_options={"url": cloud_url})
+        return sensor.poke({"ti": TI()})
+
+    assert poke("dear", 0.9 * min(prices)) is False, "every pool is above max_price: wait"
+    assert pushed == {}
+    assert poke("cheap", max(prices)) is True
     assert pushed[POOL_KEY]["pool"]["market"] == "spot"
+    assert min(prices) <= pushed[POOL_KEY]["price"] <= max(prices)

@@ -193,13 +193,37 @@ def test_window_decision_starts_at_a_low_price_and_never_after_the_latest_start(
     assert late.start and "latest start" in late.reason
 
 
-def test_price_window_trigger_fires_when_the_local_market_is_cheap(cloud_url):
+def _trace_prices() -> list[float]:
+    """Every spot price of the trace the local cloud replays (the shipped excerpt)."""
+    import json
+
+    from spot_core.market import fixture_prices_path
+
+    return [p for zone in json.loads(fixture_prices_path().read_text()).values() for p in zone]
+
+
+def _window_trigger(cloud_url, max_price: float, window_end: float) -> SpotPriceWindowTrigger:
     from airflow_spot.hooks.spot import SpotHook
 
     hook = SpotHook("local", {"url": cloud_url})
-    now = time.time()
-    event = _run(SpotPriceWindowTrigger(provider="local", provider_options=hook.reopen_options,
-                                        zones=None, profile=None, job_hours=1.0,
-                                        window_start=now, window_end=now + 8 * 3600,
-                                        max_price=1000.0, poll_interval=0.2))
+    return SpotPriceWindowTrigger(provider="local", provider_options=hook.reopen_options,
+                                  zones=None, profile=None, job_hours=1.0,
+                                  window_start=time.time(), window_end=window_end,
+                                  max_price=max_price, poll_interval=0.2)
+
+
+def test_price_window_trigger_fires_when_the_local_market_is_cheap(cloud_url):
+    ceiling = max(_trace_prices())  # every spot price of the trace is at or below it
+    event = _run(_window_trigger(cloud_url, ceiling, time.time() + 8 * 3600))
     assert event["status"] == "start" and event["pool"]["market"] == "spot"
+    assert min(_trace_prices()) <= event["price"] <= ceiling
+    assert "at or below max_price" in event["reason"]
+
+
+def test_price_window_trigger_above_max_price_waits_for_the_latest_start(cloud_url):
+    """Dearer than max_price everywhere: no start until only job_hours are left."""
+    started = time.time()
+    event = _run(_window_trigger(cloud_url, 0.9 * min(_trace_prices()),
+                                 started + 3600 + 2.0))  # latest start 2 s from now
+    assert event["status"] == "start" and "latest start" in event["reason"], event
+    assert time.time() - started >= 1.9, "started before the latest start, above max_price"

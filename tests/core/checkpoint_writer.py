@@ -4,14 +4,19 @@ Payloads are derived deterministically from the step, so the parent can recomput
 exactly what a checkpoint of a given step must contain. Usage:
     python checkpoint_writer.py URI [ATTEMPT]
 Prints "ready <start step>" once the store is open, then saves steps start, start+1,
-... and prunes every third save, until it is killed.
+... (printing "saved <step>" when each save has returned) and prunes every third save,
+until it is killed. The parent waits for a chosen number of returned saves before its
+random kill delay, so how much a trial commits depends on the seed, not on the machine's
+load, and every returned save must survive the kill.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
+import threading
 
 
 def payload_for(step: int) -> dict[str, bytes]:
@@ -25,6 +30,22 @@ def payload_for(step: int) -> dict[str, bytes]:
     }
 
 
+def wait_for_saves(proc: subprocess.Popen[str], count: int, timeout: float = 60.0) -> int:
+    """Read the writer's lines until ``count`` saves have returned; the last step saved
+    (0 if ``count`` is 0). Bounded: a writer that stalls is killed after ``timeout``."""
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    try:
+        step = 0
+        for _ in range(count):
+            line = proc.stdout.readline()
+            assert line.startswith("saved "), f"writer stopped before {count} saves: {line!r}"
+            step = int(line.split()[1])
+        return step
+    finally:
+        watchdog.cancel()
+
+
 def main(uri: str, attempt: int) -> None:
     from spot_core.checkpoint import open_store
 
@@ -34,6 +55,7 @@ def main(uri: str, attempt: int) -> None:
     print(f"ready {step}", flush=True)
     while True:
         store.save(step, payload_for(step), {"step": step}, attempt=attempt)
+        print(f"saved {step}", flush=True)
         if step % 3 == 0:
             store.prune(keep=3)
         step += 1

@@ -13,7 +13,7 @@ from spot_core.market.trace import ZoneTrace
 from spot_core.emulators.lease_processes import LEASE_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_TRACES = REPO.parent / "shared" / "traces"
+TRACES = REPO / "traces"  # the real trace sets, in the repository (traces/README.md)
 
 
 def trace(name: str, pattern: str, *, tick_seconds: float = 60.0, price: float = 0.9,

@@ -37,17 +37,24 @@ def _start_writer(uri: str) -> subprocess.Popen[str]:
 
 
 def _kill_trials(tmp_path: Path, trials: int, max_delay: float) -> None:
-    payload_for = _writer_module().payload_for
+    writer = _writer_module()
+    payload_for = writer.payload_for
     uri = f"file://{tmp_path}/store"
     store = open_store(uri)
     rng = random.Random(1234)
-    newest_seen, progressed = 0, 0
+    newest_seen, progressed, committing = 0, 0, 0
     for _ in range(trials):
         proc = _start_writer(uri)
+        # Half the trials let 1-2 saves return first, so the kills land both before the
+        # first commit and in the middle of later saves, whatever the machine's load.
+        saves = rng.choice((0, 0, 1, 2))
+        returned = writer.wait_for_saves(proc, saves)
+        committing += saves > 0
         time.sleep(rng.uniform(0, max_delay))
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=10) == -signal.SIGKILL
         ref = store.latest()
+        assert (ref.step if ref else 0) >= returned, f"returned save {returned} was lost"
         if ref is None:
             continue
         assert store.load(ref) == payload_for(ref.step), f"step {ref.step} payload differs"
@@ -57,7 +64,7 @@ def _kill_trials(tmp_path: Path, trials: int, max_delay: float) -> None:
         newest_seen = ref.step
     steps = [r.step for r in store.list()]
     assert steps == sorted(steps) and len(steps) == len(set(steps))
-    assert progressed > trials // 10, f"the writer committed in only {progressed} trials"
+    assert progressed >= committing > trials // 4, (progressed, committing)
 
 
 def test_sigkill_at_random_moments_never_leaves_a_bad_latest(tmp_path: Path) -> None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from spot_core.errors import ConfigError
 from spot_core.market.advisor import (Band, band_for_label, band_from_range, load_advisor)
+from spot_helpers import TRACES
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-FEED = SHARED / "aws-spot-advisor" / "spot-advisor-data.json"
+FEED = TRACES / "aws-spot-advisor" / "spot-advisor-data.json"
 
 
 @pytest.mark.parametrize("entry,band", [
@@ -48,8 +47,7 @@ def test_shipped_excerpt():
         advisor.interruption_band("us-east-1", "x9.huge")
 
 
-@pytest.mark.skipif(not FEED.is_file(), reason=f"{FEED} is absent")
-def test_full_feed_from_shared_traces():
+def test_full_feed_from_the_repository_traces():
     advisor = load_advisor(FEED)
     assert len(advisor.regions()) == 33
     assert [b.label for b in advisor.bands] == ["<5%", "5-10%", "10-15%", "15-20%", ">20%"]

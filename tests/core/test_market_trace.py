@@ -2,7 +2,7 @@
 
 The convention flip between the CSV (1 = available) and JSON (1 = preempted) sets is the
 classic silent bug, so it is checked against the availability figures published in
-../shared/traces/README.md, not against our own reading of the files.
+traces/README.md, not against our own reading of the files.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from spot_core.market import (default_json_trace, default_traces, fixture_json_t
                               fixture_prices_path, fixture_trace_paths, load_spot_price_history,
                               load_trace, load_traces)
 from spot_core.market.trace import ZoneTrace, zone_region
+from spot_helpers import TRACES
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")
 
-README_AVAILABILITY = {  # ../shared/traces/README.md, "Observed availability of the AWS V100 zones"
+README_AVAILABILITY = {  # traces/README.md, "Observed availability of the AWS V100 zones"
     "us-east-1a": 0.167, "us-east-1c": 0.467, "us-east-1d": 0.447, "us-east-1f": 0.591,
     "us-east-2a": 0.759, "us-east-2b": 0.682, "us-west-2a": 0.883, "us-west-2b": 0.905,
     "us-west-2c": 0.891,
@@ -32,20 +31,16 @@ README_AVAILABILITY = {  # ../shared/traces/README.md, "Observed availability of
 
 @pytest.fixture(scope="module")
 def aws_csv() -> dict[str, ZoneTrace]:
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent")
-    paths = sorted((SHARED / "aws-v100-2023-02").glob("*_v100_1.csv"))
+    paths = sorted((TRACES / "aws-v100-2023-02").glob("*_v100_1.csv"))
     return {t.zone: t for t in load_traces(paths)}
 
 
-# -- the shared sets ---------------------------------------------------------------------------
-@needs_shared
+# -- the full sets ------------------------------------------------------------------------------
 @pytest.mark.parametrize("zone,expected", sorted(README_AVAILABILITY.items()))
 def test_csv_availability_matches_readme(aws_csv, zone, expected):
     assert aws_csv[zone].availability_fraction == pytest.approx(expected, abs=0.005)
 
 
-@needs_shared
 def test_csv_set_shape_ticks_and_prices(aws_csv):
     trace = aws_csv["us-east-1a"]
     assert trace.n_ticks == 20158
@@ -57,7 +52,6 @@ def test_csv_set_shape_ticks_and_prices(aws_csv):
     assert (trace.instance_type, trace.region, trace.cloud) == ("p3.2xlarge", "us-east-1", "aws")
 
 
-@needs_shared
 def test_csv_prices_stay_within_the_public_archive_range(aws_csv):
     # price_archive_summary.csv: us-east-2 and us-west-2 zones never went below 0.918 $/h.
     for zone in ("us-east-2a", "us-east-2b", "us-west-2a", "us-west-2b", "us-west-2c"):
@@ -65,13 +59,12 @@ def test_csv_prices_stay_within_the_public_archive_range(aws_csv):
         assert prices.min() >= 0.918 - 1e-9 and prices.max() < 1.2
 
 
-@needs_shared
 def test_json_4node_set_reads_one_as_preempted(aws_csv):
     """Read as 1 = preempted, the 4-node zones rank like the same zones in the CSV set.
 
     Read the other way round the order would invert (us-east-1f would look best).
     """
-    folder = SHARED / "aws-v100-4node-600s"
+    folder = TRACES / "aws-v100-4node-600s"
     four = {t.zone: t for t in load_traces(sorted(folder.glob("*.json")))}
     assert four["us-east-1f"].availability_fraction == pytest.approx(0.388, abs=0.005)
     assert four["us-east-2a"].availability_fraction == pytest.approx(0.622, abs=0.005)
@@ -83,9 +76,8 @@ def test_json_4node_set_reads_one_as_preempted(aws_csv):
     assert four["us-west-2c"].tick_seconds == 600 and four["us-west-2c"].start_time is None
 
 
-@needs_shared
 def test_gcp_set_loads_with_prices_and_start_time():
-    traces = load_traces(sorted((SHARED / "gcp-h100-2025-10").glob("*.json")))
+    traces = load_traces(sorted((TRACES / "gcp-h100-2025-10").glob("*.json")))
     assert len(traces) == 13
     for trace in traces:
         assert trace.cloud == "gcp" and trace.instance_type == "a3-highgpu-8g"

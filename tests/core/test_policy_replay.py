@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,8 @@ from spot_core.market import (TraceMarket, ZoneTrace, default_json_trace, defaul
                               load_traces)
 from spot_core.model import Attempt, JobRecord, Market, Outcome
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
+from spot_helpers import TRACES
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 ORIGIN = 1_700_000_000.0
 
 
@@ -161,10 +160,9 @@ def test_replay_of_the_json_format_excerpt():
     assert any(a.pool.is_spot for a in state.record.attempts)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent")
 @pytest.mark.parametrize("start", [0, 5000, 12000])
 def test_replay_on_the_full_evaluation_set(start):
-    folder = SHARED / "aws-v100-2023-02"
+    folder = TRACES / "aws-v100-2023-02"
     names = ("us-east-1a", "us-east-1c", "us-east-2b")
     traces = [t.slice(start, start + 1200)
               for t in load_traces([folder / f"{z}_v100_1.csv" for z in names])]

@@ -137,8 +137,5 @@ def test_plan_on_real_trace_never_reads_the_future(traces_dir):
 
 @pytest.fixture
 def traces_dir():
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-    if not path.is_dir():
-        pytest.skip("shared traces are not beside the clone")
-    return path
+    from spot_helpers import TRACES
+    return TRACES

@@ -192,17 +192,24 @@ def test_sigkill_hundred_trials(store, monkeypatch):
 def _kill_trials(store, monkeypatch, trials: int) -> None:
     # A killed writer leaves its lock behind until it expires; keep that short here.
     monkeypatch.setenv("SPOT_S3_LOCK_TTL", "0.5")
-    payload_for = _writer_module().payload_for
+    writer = _writer_module()
+    payload_for = writer.payload_for
     rng = random.Random(99)
-    newest_seen, progressed = 0, 0
+    newest_seen, progressed, committing = 0, 0, 0
     for _ in range(trials):
         proc = subprocess.Popen([sys.executable, str(HERE / "checkpoint_writer.py"), store.uri],
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().startswith("ready")
+        # Half the trials let a save return first (kills then land in a later save),
+        # whatever the machine's load; a returned save must survive the kill.
+        saves = rng.choice((0, 0, 1, 2))
+        returned = writer.wait_for_saves(proc, saves)
+        committing += saves > 0
         time.sleep(rng.uniform(0, 0.8))
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=10) == -signal.SIGKILL
         ref = store.latest()
+        assert (ref.step if ref else 0) >= returned, f"returned save {returned} was lost"
         if ref is None:
             continue
         assert store.load(ref) == payload_for(ref.step), f"step {ref.step} payload differs"
@@ -211,4 +218,4 @@ def _kill_trials(store, monkeypatch, trials: int) -> None:
         newest_seen = ref.step
     steps = [r.step for r in store.list()]
     assert steps == sorted(steps) and len(steps) == len(set(steps))
-    assert progressed > trials // 10, f"the writer committed in only {progressed} trials"
+    assert progressed >= committing > trials // 4, (progressed, committing)

@@ -1,10 +1,9 @@
-"""The simulator on the shared real traces: published reference figures, the default's
+"""The simulator on the real traces in traces/: published reference figures, the default's
 deadline guarantee on the development set, and agreement with the trace market that the
 local spot cloud replays."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +15,12 @@ from spot_core.policy.deadline import Job
 from spot_core.policy.deadline_policies import DEADLINE_POLICIES
 from spot_core.policy.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window, simulate
+from spot_helpers import TRACES
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
 @pytest.fixture(scope="module")
 def traces_dir() -> Path:
-    if not TRACES.is_dir():
-        pytest.skip("the shared traces are not beside this clone")
     return TRACES
 
 
@@ -105,12 +102,24 @@ def _simulated_preemptions(window) -> list[int]:
 
 
 def test_uniform_progress_saves_about_half_on_the_evaluation_zones(traces_dir):
-    """The paper's headline: ~55% saved against on-demand (48 h of work, 52 h deadline)."""
-    paths = sorted((traces_dir / "aws-v100-2023-02").glob("us-*.csv"))
-    savings = []
-    for path in paths[3:6]:
-        replay = Replay.from_traces(load_traces([path]))
-        job = Job.from_hours(48, 52, 0.05)
-        starts = random_starts(replay.n_ticks, replay.deadline_ticks(job), 4, 0)
-        savings.append(1 - simulate(replay, job, "uniform-progress", starts).mean_cost_vs_on_demand)
-    assert 0.2 < float(np.mean(savings)) < 0.8 and not math.isnan(savings[0])
+    """The paper's headline: ~55% saved against on-demand (48 h of work, 52 h deadline),
+    27-84% across settings, no deadline missed, and more saved than greedy.
+
+    The five zones where spot is up most of the time (README availability 0.68-0.91), 10
+    seeded windows each. Measured (deterministic): 0.46-0.56 per zone, mean 0.51; greedy
+    0.30-0.47. A sign flip, a bill off by a restart per tick or a policy that misses its
+    deadline falls outside these bounds.
+    """
+    job = Job.from_hours(48, 52, 0.05)
+    savings, greedy = {}, {}
+    for zone in ("us-east-2a", "us-east-2b", "us-west-2a", "us-west-2b", "us-west-2c"):
+        replay = Replay.from_traces(load_traces(
+            [traces_dir / "aws-v100-2023-02" / f"{zone}_v100_1.csv"]))
+        starts = random_starts(replay.n_ticks, replay.deadline_ticks(job), 10, 0)
+        report = simulate(replay, job, "uniform-progress", starts)
+        assert report.deadline_misses == 0, zone
+        savings[zone] = 1 - report.mean_cost_vs_on_demand
+        greedy[zone] = 1 - simulate(replay, job, "greedy", starts).mean_cost_vs_on_demand
+    assert all(0.27 <= saved <= 0.84 for saved in savings.values()), savings
+    assert 0.45 <= float(np.mean(list(savings.values()))) <= 0.65, savings
+    assert all(savings[zone] > greedy[zone] for zone in savings), (savings, greedy)

@@ -9,9 +9,12 @@ from prefect_helpers import count_to
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.model import Market, Outcome
 
-# In the shipped trace, us-east-2a loses its capacity about 74 ticks (4 s at one trace
-# hour per second) after tick 450, and us-west-2b stays up for 12 s more.
-PREEMPT_SOON = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 3600.0},
+# In the shipped trace, us-east-2a loses its capacity 74 ticks (14,430 trace seconds)
+# after tick 450: 12 s of wall time at 1,200 trace seconds per second, a bound a loaded
+# 2-core machine meets for starting the step and saving its first checkpoints (at one
+# trace hour per second it was 4 s, less than a step's start-up under load). us-west-2b
+# stays up for 37 s more. The step computes for 20 s, so the preemption still comes.
+PREEMPT_SOON = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 1200.0},
                                  max_preemptions=2, capacity_wait=0.5,
                                  poll_interval=0.1, min_on_demand=1e9)
 
@@ -41,7 +44,7 @@ def test_preempted_task_resumes_from_its_checkpoint(prefect_api, tmp_path):
     @flow(task_runner=SpotTaskRunner(PREEMPT_SOON, checkpoint_every_steps=10,
                                      workdir=tmp_path))
     def pipeline():
-        future = count_to.submit(400, 0.02)
+        future = count_to.submit(400, 0.05)
         return future.result(), spot_record(future), future.task_run_id
 
     result, record, task_run_id = pipeline()
