@@ -41,7 +41,8 @@ from spot_core.model import JobRecord, JobStatus, Outcome
 from spot_core.settings import SpotSettings, default, pop_aliases
 
 from prefect_spot import _jobs, artifacts
-from prefect_spot._remote import (CALL_KEY_ENV, CallExchange, call_uri, new_call_key,
+from prefect_spot._remote import (CALL_KEY_ENV, CALL_PUBKEY_ENV, PUBKEY_TAG, CallExchange,
+                                  Ed25519Seal, UntrustedObject, call_uri, new_call_key,
                                   wants_checkpointer)
 from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration,
                                  check_config_argument, resolve_config, resolve_storage,
@@ -74,8 +75,10 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         workdir: where the local cloud and (without ``checkpoint_storage``) the jobs'
             checkpoints and call payloads go. The call, its result and its error are
             exchanged through the job's checkpoint store (under ``<job uri>/call``),
-            signed with a per-call key that only this process and its (local) lease
-            hold; ``provider="ec2"`` is refused (``check_key_channel``).
+            each object signed by its writer: with a per-call HMAC key that only this
+            process and its local lease hold, or, on EC2, with Ed25519 keys whose public
+            halves travel in user-data (the runner's) and in a tag on the lease's own
+            instance (the lease's); see ``prefect_spot._remote``.
         max_workers: how many tasks run (and hold leases) at once.
     """
 
@@ -223,15 +226,15 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             checkpoint_uri, store_options = (job_dir / "checkpoints").resolve().as_uri(), {}
         # The call goes through the job's object store, not a local folder, so a lease on
         # another machine (an EC2 instance) reads it and writes its result back there.
-        # Every object in it is signed with a key only this call and its lease hold.
-        key = new_call_key()
-        exchange = CallExchange.open(call_uri(checkpoint_uri), key, **store_options)
+        # Every object in it is signed by its writer and verified before it is unpickled.
+        signer, key_env = _call_keys(config.provider)
+        exchange = CallExchange.open(call_uri(checkpoint_uri), signer, **store_options)
         exchange.put_payload(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
         spec = _jobs.job_spec(
             config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
             command=(_jobs.lease_python(config.provider, config.provider_options),
                      "-m", "prefect_spot._remote", exchange.uri),
-            env={**self._lease_env(config), CALL_KEY_ENV: key.hex()})
+            env={**self._lease_env(config), **key_env})
         record = self._record_for_try(task_run.id)
         related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
                     "prefect.resource.role": "task-run"}]
@@ -242,7 +245,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
                                                     task_run_id=task_run.id),
             related=related)
         if record is not None and record.current_attempt is not None:
-            # A lease an earlier process launched holds that process's key, which died
+            # A lease an earlier process launched answers to that process's key, which died
             # with it: its result could never verify. Stop it; the next attempt resumes
             # from the checkpoints under this call's key.
             record = controller.stop(spec, record,
@@ -252,6 +255,8 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         # cancelled, the process interrupted) stops the running attempt.
         record = controller.run(spec, record)
         artifacts.publish(record)
+        if config.provider != _jobs.LOCAL_PROVIDER:
+            exchange = _verifying_with_lease_key(provider, record, exchange)
         value = _outcome(record, exchange)
         try:
             exchange.clear(a.number for a in record.attempts)
@@ -297,18 +302,49 @@ def check_runner_arguments(config: Any, storage: Any, spot_tag: Any, max_workers
 
 
 def check_key_channel(provider: str) -> None:
-    """Refuse a provider whose leases the per-job call key cannot reach safely.
+    """Refuse a provider whose leases have no safe way to authenticate the call.
 
-    A local lease gets the key in its process environment. A remote one (ec2) could only
-    get it through user-data (readable with DescribeInstanceAttribute) or the store
-    (which is what the key protects against), so the runner does not start it; see
-    docs/reliability.md ("Prefect") for the Secrets Manager design that would."""
-    if provider != _jobs.LOCAL_PROVIDER:
+    A local lease gets the HMAC key in its process environment; an EC2 lease needs no
+    secret (Ed25519: public keys in user-data and in a tag on its own instance). A
+    provider registered later has neither channel until it is given one."""
+    if provider not in (_jobs.LOCAL_PROVIDER, "ec2"):
         raise ConfigError(
-            f"SpotTaskRunner cannot run tasks on provider {provider!r}: the key that "
-            "authenticates the pickled call and its result would have to travel in "
-            "user-data or the store; use provider='local', or run the flow on the spot "
-            "worker (work pool type 'spot') with spot_task, which exchanges no pickles")
+            f"SpotTaskRunner cannot run tasks on provider {provider!r}: it has no channel "
+            "to authenticate the pickled call and its result; use provider='local' or "
+            "'ec2', or run the flow on the spot worker with spot_task")
+
+
+def _call_keys(provider: str) -> tuple[Any, dict[str, str]]:
+    """(what signs the payload, what the lease's environment gets to verify it).
+
+    Local: a per-call HMAC key, in the lease's process environment. Remote: a per-call
+    Ed25519 private key kept in this process's memory; only its public half goes to the
+    lease (user-data is readable with DescribeInstanceAttribute, so no secret may)."""
+    if provider == _jobs.LOCAL_PROVIDER:
+        key = new_call_key()
+        return key, {CALL_KEY_ENV: key.hex()}
+    signer = Ed25519Seal.generate()
+    return signer, {CALL_PUBKEY_ENV: signer.public_hex()}
+
+
+def _verifying_with_lease_key(provider, record: JobRecord, exchange: CallExchange) -> CallExchange:
+    """The exchange reading the last attempt's result or error with the public key its
+    lease published on its own instance (tag ``spot-pipelines/call-pubkey``), which only
+    that instance could set: a result another node wrote cannot verify."""
+    last = record.attempts[-1] if record.attempts else None
+    if last is None or last.outcome not in (Outcome.SUCCEEDED, Outcome.USER_FAILED):
+        return exchange  # nothing will be read
+    public = provider.instance_tag(last.pool.region, last.lease_id, PUBKEY_TAG)
+    if public is None:
+        raise UntrustedObject(
+            f"attempt {last.number}'s instance {last.lease_id} published no {PUBKEY_TAG} "
+            f"tag: its result or error under {exchange.uri} is refused unread; let the "
+            "instance role tag its own instance (docs/aws-iam-policy.json, InstancePolicy)")
+    try:
+        verifier = Ed25519Seal.from_public_hex(public, f"tag {PUBKEY_TAG} of {last.lease_id}")
+    except ConfigError as exc:
+        raise UntrustedObject(f"{exc}; its result is refused unread") from None
+    return exchange.verifying_with(verifier)
 
 
 def _pickle_call(fn, args: tuple, kwargs: dict, checkpointer: dict[str, Any]) -> bytes:

@@ -94,6 +94,11 @@ def s3_endpoint(explicit: str | None = None) -> str | None:
     return explicit or os.environ.get(S3_ENDPOINT_ENV) or None
 
 
+def ec2_endpoint(explicit: str | None = None) -> str | None:
+    """Explicit wins, then SPOT_EC2_ENDPOINT_URL, then boto3's own AWS_ENDPOINT_URL_EC2."""
+    return explicit or os.environ.get(EC2_ENDPOINT_ENV) or None
+
+
 def translate(exc: BaseException, action: str) -> SpotError:
     """One AWS error -> the SpotError that says what it means and what to do."""
     code = error_code(exc)

@@ -264,6 +264,7 @@ def default_instance_env(endpoint_url: str, region: str) -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
             "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
             "AWS_DEFAULT_REGION": region, "SPOT_S3_ENDPOINT_URL": endpoint_url,
+            "SPOT_EC2_ENDPOINT_URL": endpoint_url,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 

@@ -304,6 +304,7 @@ class MetadataEmulator:
             "/latest/meta-data/instance-id": self.instance_id,
             "/latest/meta-data/instance-type": self.instance_type,
             "/latest/meta-data/placement/availability-zone": self.zone,
+            "/latest/meta-data/placement/region": self.zone.rstrip("abcdefghijklmnopqrstuvwxyz"),
         }
         if path in fixed:
             return fixed[path]

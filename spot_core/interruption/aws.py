@@ -69,6 +69,12 @@ class AwsDetector(HttpDetector):
         return [Notice(REBALANCE, "aws", "rebalance", None, now, raw=doc,
                        identity=notice_time)]
 
+    def metadata(self, path: str) -> str:
+        """One metadata value (e.g. ``/latest/meta-data/instance-id``), with the token."""
+        resp = self._get(path)
+        check_status(f"aws {path}", resp)
+        return resp.body.strip()
+
     def _get(self, path: str) -> Response:
         """GET with the session token; one retry with a fresh token on 401."""
         resp = self.fetch("GET", path, {TOKEN_HEADER: self._current_token()})

@@ -421,6 +421,17 @@ class Ec2Provider:
         return {i["InstanceId"]: i for page in pages for r in page["Reservations"]
                 for i in r["Instances"]}
 
+    def instance_tag(self, region: str, instance_id: str, key: str) -> str | None:
+        """The value of tag ``key`` on an instance (terminated ones stay describable for
+        a while), or None if it has no such tag or is unknown."""
+        client = self.clients.get(region)
+        if client is None:
+            raise ConfigError(f"instance {instance_id} is in region {region!r}, which this "
+                              f"provider does not use ({list(self.clients)})")
+        instance = self._describe_batch(region, [instance_id]).get(instance_id) or {}
+        return next((t.get("Value") for t in instance.get("Tags", []) if t.get("Key") == key),
+                    None)
+
     def _spot_codes(self, region: str, instances: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """instance id -> spot request status code, for spot instances that have a request."""
         requests = [i["SpotInstanceRequestId"] for i in instances if i.get("SpotInstanceRequestId")]

@@ -162,6 +162,31 @@ def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | N
     return doc
 
 
+def own_instance(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(instance id, region) of the instance this runs on, from IMDSv2 (bounded
+    timeouts; ``SPOT_METADATA_ENDPOINT`` points elsewhere in tests)."""
+    from spot_core.interruption.aws import ENDPOINT, AwsDetector
+
+    env = os.environ if environ is None else environ
+    imds = AwsDetector(env.get(attempt_env.METADATA_ENDPOINT) or ENDPOINT)
+    return (imds.metadata("/latest/meta-data/instance-id"),
+            imds.metadata("/latest/meta-data/placement/region"))
+
+
+def tag_own_instance(key: str, value: str, environ: Mapping[str, str] | None = None) -> str:
+    """Tag the instance this runs on (``ec2:CreateTags``, which the instance policy allows
+    only on the calling instance itself, so no other node can set this tag here); the
+    instance id. The call's lease publishes its public key this way (prefect_spot)."""
+    from spot_core.adaptors import aws
+
+    instance_id, region = own_instance(environ)
+    client = aws.make_client("ec2", region=region, endpoint_url=aws.ec2_endpoint())
+    aws.call(f"ec2:CreateTags on {instance_id} (its own instance)",
+             lambda: client.create_tags(Resources=[instance_id],
+                                        Tags=[{"Key": key, "Value": value}]))
+    return instance_id
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spot_core.providers.ec2_agent")
     sub = parser.add_subparsers(dest="what", required=True)

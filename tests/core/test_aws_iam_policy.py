@@ -5,7 +5,8 @@ AWS modules that is an operation of EC2, S3 or SQS (botocore's own service model
 which names are operations). Each operation maps to its IAM action; a few actions are
 required by AWS for a call without being calls themselves (tagging and passing a role at
 launch). The controller policy must equal that set; the instance policy must equal what
-the on-instance side (the S3 store) calls.
+the on-instance side calls (the S3 store, and the one EC2 call a lease makes: tagging its
+own instance with its call key, which no other instance may do).
 """
 
 from __future__ import annotations
@@ -91,8 +92,20 @@ def test_controller_policy_is_exactly_what_the_code_calls(document):
 
 def test_instance_policy_is_exactly_what_the_step_side_calls(document):
     called = _called(INSTANCE_MODULES)
-    assert not any(a.startswith("ec2:") for a in called)
+    assert {a for a in called if a.startswith("ec2:")} == {"ec2:CreateTags"}
     assert _policy_actions(document["InstancePolicy"]) == called
+
+
+def test_an_instance_may_tag_only_itself_and_only_with_its_call_key(document):
+    """The lease publishes its public key on its own instance (prefect_spot._remote); if a
+    node could tag another instance, another job's node could forge this call's result."""
+    [statement] = [s for s in document["InstancePolicy"]["Statement"]
+                   if s["Action"] == "ec2:CreateTags"]
+    assert statement["Resource"] == "arn:aws:ec2:*:ACCOUNT:instance/*"
+    assert statement["Condition"]["ArnEquals"] == {
+        "ec2:SourceInstanceARN": "arn:aws:ec2:*:ACCOUNT:instance/${ec2:InstanceID}"}
+    assert statement["Condition"]["ForAllValues:StringEquals"] == {
+        "aws:TagKeys": ["spot-pipelines/call-pubkey"]}
 
 
 def test_terminate_is_scoped_to_managed_instances(document):
@@ -106,6 +119,8 @@ def test_the_instance_policy_reaches_only_the_checkpoint_prefix(document):
     """A node may touch objects under PREFIX/ only (docs/aws.md, "Scoping the instance
     policy per job"): no bucket-wide or account-wide resource, listing only by prefix."""
     for statement in document["InstancePolicy"]["Statement"]:
+        if statement["Action"] == "ec2:CreateTags":
+            continue  # its own instance only: test_an_instance_may_tag_only_itself...
         resources = statement["Resource"]
         resources = [resources] if isinstance(resources, str) else resources
         actions = statement["Action"]

@@ -13,8 +13,10 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from prefect_spot._remote import (CALL_KEY_ENV, PAYLOAD_KEY, CallExchange, UntrustedObject,
-                                  call_uri, error_key, main, new_call_key, result_key, seal)
+from prefect_spot._remote import (CALL_KEY_ENV, CALL_PUBKEY_ENV, PAYLOAD_KEY, CallExchange,
+                                  Ed25519Seal, UntrustedObject, call_uri, error_key,
+                                  lease_seals, main, new_call_key, result_key, seal)
+from spot_core.errors import ConfigError
 
 KEY = new_call_key()
 
@@ -161,3 +163,54 @@ def test_the_key_is_not_in_the_store_nor_passed_to_the_steps_children(tmp_path, 
             data = path.read_bytes()
             assert KEY not in data and KEY.hex().encode() not in data
     assert "SPOT_CALL_KEY" not in repr(exchange) and KEY.hex() not in repr(exchange)
+
+
+def _ed25519_exchange(tmp_path, signer, verifier=None) -> CallExchange:
+    return CallExchange.open(call_uri((tmp_path / "ckpt").as_uri()), signer,
+                             verify_with=verifier)
+
+
+def test_remote_leases_need_no_secret_each_side_verifies_the_others_public_key(tmp_path):
+    """EC2 scheme: the runner keeps its private key and sends the public half; the lease
+    publishes its own public key (here to a list, on EC2 as a tag on its instance)."""
+    runner = Ed25519Seal.generate()
+    runner_side = _ed25519_exchange(tmp_path, runner)
+    runner_side.put_payload(cloudpickle.dumps({"fn": len, "args": ("abc",), "kwargs": {}}))
+    published: list[str] = []
+    environ = {CALL_PUBKEY_ENV: runner.public_hex()}
+    signer, verifier = lease_seals(environ, publish=published.append)
+    assert CALL_PUBKEY_ENV not in environ and len(published) == 1
+    lease_side = _ed25519_exchange(tmp_path, signer, verifier)
+    assert lease_side.load_payload()["args"] == ("abc",)
+    lease_side.put_result(1, 3)
+    reading = runner_side.verifying_with(Ed25519Seal.from_public_hex(published[0], "tag"))
+    assert reading.result(1) == 3
+    with pytest.raises(UntrustedObject, match="does not verify"):
+        runner_side.verifying_with(Ed25519Seal.generate()).result(1)
+
+
+@pytest.mark.parametrize("how", ["unsigned", "another key", "hmac", "replayed", "bytes changed"])
+def test_a_forged_ed25519_object_is_refused_before_unpickling(tmp_path, how):
+    lease = Ed25519Seal.generate()
+    reading = _ed25519_exchange(tmp_path, Ed25519Seal.generate(),
+                                Ed25519Seal.from_public_hex(lease.public_hex(), "tag"))
+    marker, name = tmp_path / "marker", result_key(2)
+    evil = pickle.dumps(WritesMarker(marker))
+    blob = {"unsigned": lambda: evil,
+            "another key": lambda: Ed25519Seal.generate().sign(name, evil),
+            "hmac": lambda: seal(KEY, name, evil),
+            "replayed": lambda: lease.sign(result_key(1), evil),
+            "bytes changed": lambda: lease.sign(name, pickle.dumps("fine"))[:-3] + b"xx."}[how]()
+    reading.backend.put_bytes(name, blob)
+    with pytest.raises(UntrustedObject, match="refused unread") as caught:
+        reading.result(2)
+    assert not marker.exists() and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({}, "SPOT_CALL_KEY is missing and so is SPOT_CALL_PUBKEY"),
+    ({CALL_PUBKEY_ENV: "zz"}, "SPOT_CALL_PUBKEY is missing or not a 32-byte Ed25519"),
+])
+def test_a_lease_without_a_usable_key_says_which(environ, message):
+    with pytest.raises(ConfigError, match=message):
+        lease_seals(environ, publish=lambda _: None)
