@@ -31,6 +31,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk.exceptions import (AirflowException, AirflowFailException,
                                     AirflowRescheduleException)
 
+from airflow_spot.records import persister, stored_record
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError, Preempted
@@ -117,13 +118,8 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
 
     # -- the record in the task state store, the attempt through the controller ---------------
     def _controller(self, context, provider: InPlaceProvider) -> Controller:
-        store = context.get("task_state_store")
-
-        def persist(record: JobRecord) -> None:
-            if store is not None:
-                store.set(RECORD_KEY, record.to_dict())
-
-        return Controller(provider, provider.market, self.settings.retry_policy(), persist=persist,
+        return Controller(provider, provider.market, self.settings.retry_policy(),
+                          persist=persister(context, RECORD_KEY),
                           heartbeat_timeout=None)  # the engine owns the worker
 
     def _spec(self, context, provider: InPlaceProvider) -> JobSpec:
@@ -134,20 +130,9 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                        checkpoint_uri=self.checkpoint_uri, pools=provider.pools())
 
     def _load(self, context, controller: Controller, spec: JobSpec) -> JobRecord:
-        """The record an earlier run left, or a new one. One that cannot be read fails the
-        task without retries and is left as it is (see SpotJobOperator._stored_record)."""
-        store = context.get("task_state_store")
-        stored = None if store is None else store.get(RECORD_KEY)
-        if stored is None:
-            return controller.persist(controller.new_record(spec))
-        try:
-            return JobRecord.from_dict(stored)
-        except ConfigError as exc:
-            raise AirflowFailException(
-                f"{self.task_id}: the JobRecord in the task state store (key {RECORD_KEY!r}) "
-                f"cannot be read: {exc}. Upgrade spot-pipelines if it is newer, or delete the "
-                "key (REST API: DELETE .../taskInstances/{task_id}/state-store/"
-                f"{RECORD_KEY}) to start afresh from the newest checkpoint") from None
+        """The record an earlier run left, or a new one (``airflow_spot.records``)."""
+        stored = stored_record(context, RECORD_KEY, self.task_id)
+        return controller.persist(controller.new_record(spec)) if stored is None else stored
 
     # -- execution ------------------------------------------------------------------------------
     def execute(self, context) -> Any:

@@ -29,6 +29,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
+from airflow_spot.records import persister, stored_record
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
@@ -253,13 +254,8 @@ class SpotJobOperator(BaseOperator):
         return self.settings.controller_options()
 
     def _controller(self, context) -> Controller:
-        store = context.get("task_state_store")
-
-        def persist(record: JobRecord) -> None:
-            if store is not None:
-                store.set(RECORD_KEY, record.to_dict())
-
-        return self.hook.controller(self.policy, persist=persist, **self.controller_options())
+        return self.hook.controller(self.policy, persist=persister(context, RECORD_KEY),
+                                    **self.controller_options())
 
     def _spec(self, record: JobRecord) -> JobSpec:
         command = shlex.split(self.command) if isinstance(self.command, str) else self.command
@@ -281,21 +277,8 @@ class SpotJobOperator(BaseOperator):
         return _safe_id(f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}")
 
     def _stored_record(self, context) -> JobRecord | None:
-        """The record an earlier try left in the task state store, if any. One that cannot
-        be read (another schema version, truncated, NaN, not a record) fails the task
-        without retries and is left as it is: nothing overwrites it, nothing launches."""
-        store = context.get("task_state_store")
-        stored = None if store is None else store.get(RECORD_KEY)
-        if stored is None:
-            return None
-        try:
-            return JobRecord.from_dict(stored)
-        except ConfigError as exc:
-            raise AirflowFailException(
-                f"{self.task_id}: the JobRecord in the task state store (key {RECORD_KEY!r}) "
-                f"cannot be read: {exc}. Upgrade spot-pipelines if it is newer, or delete the "
-                "key (REST API: DELETE .../taskInstances/{task_id}/state-store/"
-                f"{RECORD_KEY}) to start the job afresh from its newest checkpoint") from None
+        """The record an earlier try left in the task state store, if any."""
+        return stored_record(context, RECORD_KEY, self.task_id)
 
     def _load_record(self, context, controller: Controller,
                      stored: JobRecord | None = None) -> JobRecord:
