@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +39,11 @@ from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
 from spot_core.interruption.notice_file import check_notice_path, is_notice_file, write_notice
 from spot_core.interruption.selection import CHOICES, normalize_cloud
+from spot_core.settings import parse_duration
 
 logger = logging.getLogger(__name__)
 
 TICK = 0.05
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smh]?)$")
-_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -137,8 +135,10 @@ def _heartbeat_timeout(text: str | None, has_command: bool) -> float | None:
     if text is None:
         return attempt_env.heartbeat_seconds(os.environ.get(attempt_env.HEARTBEAT_TIMEOUT)) \
             if has_command else None
-    match = _DURATION.match(text.strip())
-    value = float(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match else 0.0
+    try:
+        value = parse_duration(text, name="--heartbeat-timeout")
+    except ConfigError:
+        value = 0.0
     if value <= 0:
         raise ConfigError(f"--heartbeat-timeout {text!r} is not a duration > 0; write it "
                           "like 300, 90s or 5m")
