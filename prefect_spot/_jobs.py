@@ -113,7 +113,7 @@ def lease_env(provider: str, env: dict[str, str], logger=None) -> dict[str, str]
     """
     if provider == LOCAL_PROVIDER:
         return dict(env)
-    from spot_core.providers.ec2_agent import secret_names
+    from spot_core.credentials import secret_names
 
     dropped = secret_names(env)  # PREFECT_API_KEY and PREFECT_API_AUTH_STRING among them
     if dropped and logger is not None:

@@ -73,7 +73,7 @@ def refuse_credentials(options: Mapping[str, Any]) -> None:
     """Provider options travel in plain sight (trigger kwargs, job variables, logs), so a
     credential there, by option name or by value at any depth, is one line naming where
     it is (never the value) and the fix."""
-    from spot_core.providers.ec2_agent import SECRET_NAME, SECRET_VALUES
+    from spot_core.credentials import SECRET_NAME, value_kind
 
     for name in options:
         if isinstance(name, str) and SECRET_NAME.search(name):
@@ -82,7 +82,7 @@ def refuse_credentials(options: Mapping[str, Any]) -> None:
                               "in plain text): use the instance profile, the environment "
                               "of the process that opens the provider, or a secrets manager")
     for where, text in _strings(options, "provider_options"):
-        kind = next((what for pattern, what in SECRET_VALUES if pattern.search(text)), None)
+        kind = value_kind(text)
         if kind:
             raise ConfigError(f"{where} holds {kind}; never put credentials in "
                               "provider_options (they are stored and logged in plain "

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 from spot_core import attempt_env, container
+from spot_core.credentials import credential_findings
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.ec2 import Ec2Market
 from spot_core.model import Lease, Market, Pool
@@ -594,7 +595,7 @@ def check_option_names(names: Iterable[str]) -> None:
 def refuse_credentials_in_env(env: Mapping[str, str]) -> None:
     """The step's environment goes into EC2 user-data: one line naming each variable that
     looks like a credential (by name or value, never quoting it) and the fix."""
-    found = ec2_agent.credential_findings(env)
+    found = credential_findings(env)
     if found:
         which = ", ".join(f"{name} ({why})" for name, why in sorted(found.items()))
         raise ConfigError(f"env {which} looks like credentials and would be written into "

@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import sys
 import time
@@ -31,49 +30,10 @@ from spot_core import attempt_env
 
 STATUS_PREFIX = "status"
 WATCH_LOG = "/var/log/spot-pipelines-watch.log"
-SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|"
-                         r"API_KEY|APIKEY|AUTH|WEBHOOK)|(^|_)(PAT|KEY|DSN)(_|$)", re.I)
-# Credential shapes, each with what it is; the value itself is never shown.
-SECRET_VALUES = (
-    (re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@", re.I), "a URL with a password"),
-    (re.compile(r"-----BEGIN [A-Z0-9 ]*-----"), "a PEM block"),
-    (re.compile(r"\b(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}"), "a GitHub token"),
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), "a GitHub token"),
-    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), "a GitLab token"),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), "an OpenAI-style secret key"),
-    (re.compile(r"hooks\.slack\.com/(services|workflows|triggers)/", re.I), "a Slack webhook"),
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "a Slack token"),
-    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
-    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), "a Google API key"),
-    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "a Hugging Face token"),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\."), "a JSON web token"),
-)
 
 
 def status_key(attempt: int) -> str:
     return f"{STATUS_PREFIX}/attempt-{attempt:06d}.json"
-
-
-def secret_names(env: Mapping[str, str]) -> list[str]:
-    """Names of variables that look like credentials, by name or by value; they must never
-    go into user-data (anyone with ec2:DescribeInstanceAttribute can read it)."""
-    return sorted(credential_findings(env))
-
-
-def credential_findings(env: Mapping[str, str]) -> dict[str, str]:
-    """Each suspicious variable's name -> why (its name, or the kind of value it holds).
-
-    Values are judged too, because a harmless name (DATABASE_URL, MODEL_REPO) can hold a
-    password or a token. The reason never quotes the value, so it is safe to print."""
-    found = {}
-    for name, value in env.items():
-        if SECRET_NAME.search(name):
-            found[name] = "its name"
-            continue
-        kind = next((what for pattern, what in SECRET_VALUES if pattern.search(str(value))), None)
-        if kind:
-            found[name] = f"holds {kind}"
-    return found
 
 
 def user_data(*, command: Sequence[str], environ: Mapping[str, str], watch_command: str,

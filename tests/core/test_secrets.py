@@ -20,7 +20,7 @@ from spot_core import container
 from spot_core.errors import ConfigError
 from spot_core.providers.base import LaunchSpec
 from spot_core.providers.ec2 import Ec2Provider
-from spot_core.providers.ec2_agent import credential_findings
+from spot_core.credentials import credential_findings
 
 pytestmark = pytest.mark.timeout(120)
 
