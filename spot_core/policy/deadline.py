@@ -6,7 +6,9 @@ on-demand is dear and always there, and every new instance costs a restart overh
 ``R``. A policy ``plan``s one :class:`Window` and returns ``decide(t, progress, current,
 overhead_left) -> action`` with the action ``IDLE``, ``ON_DEMAND`` or a zone index (spot
 there). At tick ``t`` a policy reads the window's arrays only up to column ``t``, plus
-the history before the window, so it can run unchanged on a live market.
+the history before the window, so it can run unchanged on a live market; the simulator and
+the live planner enforce it (:mod:`spot_core.policy.causal`: a read past the current tick
+raises).
 
 Policies here:
 

@@ -83,6 +83,42 @@ class MarketModel:
         that tick and the ones before it only."""
         return capacity_states(available.any(axis=0), self.up_edges, self.down_edges)
 
+    def state(self, up: bool, age: int) -> int:
+        """The capacity state of one tick: up or down, ``age`` ticks into its run."""
+        if up:
+            return int(np.searchsorted(self.up_edges, age, side="right"))
+        return self.n_up + int(np.searchsorted(self.down_edges, age, side="right"))
+
+
+class _SeenStates:
+    """The capacity state at each window tick, folded in one tick at a time as the
+    policy reaches it (the same states as :meth:`MarketModel.states` over the history
+    and the window, without reading a tick before its time)."""
+
+    def __init__(self, model: MarketModel, window: Window) -> None:
+        self.model, self.window = model, window
+        anywhere = window.past_available.any(axis=0)
+        self.up: bool | None = bool(anywhere[-1]) if anywhere.size else None
+        self.age = _run_age(anywhere)
+        self.seen: list[int] = []
+
+    def at(self, t: int) -> int:
+        while len(self.seen) <= t:
+            up = bool(self.window.available[:, len(self.seen)].any())
+            self.age = self.age + 1 if up == self.up else 0
+            self.up = up
+            self.seen.append(self.model.state(up, self.age))
+        return self.seen[t]
+
+
+def _run_age(anywhere: np.ndarray) -> int:
+    """Ticks since the run in progress at the end of ``anywhere`` began (0: just began)."""
+    if anywhere.size == 0:
+        return 0
+    changes = np.flatnonzero(anywhere[1:] != anywhere[:-1])
+    begin = int(changes[-1]) + 1 if changes.size else 0
+    return anywhere.size - 1 - begin
+
 
 def capacity_states(anywhere: np.ndarray, up_edges: tuple[float, ...],
                     down_edges: tuple[float, ...]) -> np.ndarray:
@@ -150,17 +186,14 @@ class ForecastDP:
         tables: dict[str, _Table] = {}
         chooser = _ZoneChooser(sub, self.zone_weight)
         model0 = fit_model(sub, self)
-        history = sub.past_available.shape[1]
-        # state at tick t from ticks <= t only (history included, for the age of the run)
-        states = model0.states(np.concatenate([sub.past_available, sub.available], axis=1))
-        states = states[history:]
+        states = _SeenStates(model0, sub)
 
         def table_at(t: int) -> _Table:
             """Re-fit and re-solve every ``replan_hours`` with what has been seen by tick t."""
             if t % every == 0 or "now" not in tables:
                 model = model0 if t == 0 else fit_model(seen_by(sub, t), self)
                 tables["now"] = _Table.solve(sub, model, self.max_band, first=t,
-                                             state0=int(states[t]))[0]
+                                             state0=states.at(t))[0]
             return tables["now"]
 
         def decide(t: int, progress: float, current: int, left: float) -> int:
@@ -170,7 +203,7 @@ class ForecastDP:
                 return forced
             up = bool(sub.available[:, t].any())
             mine = zones.index(current) if current >= 0 else current
-            action = table.action(t, int(states[t]), progress, mine, left)
+            action = table.action(t, states.at(t), progress, mine, left)
             if action == _IDLE:
                 return IDLE
             if action == _OD or not up:
@@ -506,39 +539,66 @@ class _ZoneChooser:
     Run lengths are heavy-tailed, so the expected rest of a run grows with its age: it is
     estimated from the zone's completed runs (history and window so far) that outlasted
     the current age; with none, as long again as it has lasted (at least its mean run).
+    The window's ticks are folded in one at a time as the policy reaches them, so the
+    chooser never reads a tick before its time.
     """
 
     def __init__(self, window: Window, weight: float = 0.5) -> None:
         self.window, self.weight = window, weight
-        full = np.concatenate([window.past_available, window.available], axis=1)
-        self.offset = window.past_available.shape[1]
-        ends = np.zeros(full.shape, dtype=np.int64)
-        ends[:, 1:] = full[:, :-1] & ~full[:, 1:]
-        self.ends = np.cumsum(ends, axis=1)
-        self.up = np.cumsum(full, axis=1)
-        index = np.arange(full.shape[1])
-        self.runs: list[tuple[np.ndarray, np.ndarray]] = []  # per zone: (end column, length)
-        self.age = np.zeros(full.shape, dtype=np.int64)
-        for z in range(full.shape[0]):
-            row = full[z]
+        past = window.past_available
+        self.offset = past.shape[1]
+        self.folded = -1  # the last window tick folded in
+        n = window.n_zones
+        self.value = past[:, -1].copy() if self.offset else np.zeros(n, dtype=bool)
+        self.up = past.sum(axis=1).astype(np.int64)
+        self.ends = (past[:, :-1] & ~past[:, 1:]).sum(axis=1).astype(np.int64)
+        self.begin = np.zeros(n, dtype=np.int64)
+        self.runs: list[tuple[list[int], list[int]]] = []  # per zone: (end column, length)
+        index = np.arange(self.offset)
+        for z in range(n):
+            row = past[z]
             starts = np.ones(row.size, dtype=bool)
             starts[1:] = row[1:] != row[:-1]
             begin = np.maximum.accumulate(np.where(starts, index, 0))
-            self.age[z] = index - begin
+            self.begin[z] = begin[-1] if row.size else 0
             last = np.flatnonzero(row[:-1] & ~row[1:])  # last up column of each completed run
             complete = begin[last] > 0  # a run cut off by the start of the array is not
-            self.runs.append((last[complete] + 1, (last - begin[last] + 1)[complete]))
+            self.runs.append(([int(c) for c in last[complete] + 1],
+                              [int(c) for c in (last - begin[last] + 1)[complete]]))
+
+    def _fold(self, t: int) -> None:
+        """Fold window ticks up to ``t`` into the per-zone counts."""
+        if t < self.folded:
+            raise ValueError(f"the zone chooser is at tick {self.folded}; it cannot go back "
+                             f"to tick {t}")
+        while self.folded < t:
+            self.folded += 1
+            col = self.offset + self.folded
+            now = np.asarray(self.window.available[:, self.folded], dtype=bool)
+            if col == 0:
+                self.value = now.copy()
+                self.up += now
+                continue
+            fell = self.value & ~now
+            for z in np.flatnonzero(fell):
+                if self.begin[z] > 0:
+                    self.runs[z][0].append(col)
+                    self.runs[z][1].append(col - int(self.begin[z]))
+            self.ends += fell
+            self.begin[self.value != now] = col
+            self.up += now
+            self.value = now.copy()
 
     def mean_run(self, zone: int, t: int) -> float:
-        col = self.offset + t
-        return float(self.up[zone, col]) * self.window.tick_seconds / (self.ends[zone, col] + 1)
+        self._fold(t)
+        return float(self.up[zone]) * self.window.tick_seconds / (self.ends[zone] + 1)
 
     def rest(self, zone: int, t: int) -> float:
         """Expected seconds left of the zone's current run at tick t (seen by t only)."""
-        col = self.offset + t
-        age = int(self.age[zone, col]) + 1
-        done_at, length = self.runs[zone]
-        longer = length[(done_at <= col) & (length > age)]
+        self._fold(t)
+        age = self.offset + t - int(self.begin[zone]) + 1
+        length = np.asarray(self.runs[zone][1], dtype=np.int64)
+        longer = length[length > age]
         tick = self.window.tick_seconds
         if longer.size:
             return float(longer.mean() - age) * tick

@@ -52,6 +52,7 @@ import numpy as np
 
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
+from spot_core.policy.causal import causal_plan
 from spot_core.policy.deadline import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
 from spot_core.policy.ranking import rank_pools
 from spot_core.policy.retry import Decision, RetryPolicy, last_finished, on_demand_candidates
@@ -187,7 +188,7 @@ def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: 
         log.info("deadline policy %s cannot plan this job (%s); leaving it to the retry "
                  "policy", policy, exc)
         return None
-    return DeadlinePlan(policy=policy, window=window, decide_tick=chosen.plan(window),
+    return DeadlinePlan(policy=policy, window=window, decide_tick=causal_plan(chosen, window),
                         start_tick=start, pools=spot, work_seconds=float(work_seconds),
                         total_steps=total_steps, tick_at=market.tick_at,
                         wall_time=market.wall_time)

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from spot_core.errors import ConfigError
+from spot_core.policy.causal import causal_plan
 from spot_core.policy.deadline import IDLE, Decide, Job, Window
 from spot_core.policy.deadline_policies import DEADLINE_POLICIES
 from spot_core.policy.deadline_optimal import optimal_cost
@@ -144,7 +145,7 @@ def window_cost(window: Window, policy: str) -> tuple[float, bool]:
     if policy == OPTIMAL:
         cost = optimal_cost(window)
         return cost, math.isfinite(cost)
-    result = run_window(window, DEADLINE_POLICIES.get(policy).plan(window))
+    result = run_window(window, causal_plan(DEADLINE_POLICIES.get(policy), window))
     return result.cost, result.finished
 
 
