@@ -16,15 +16,19 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from spot_core.checkpoint.digests import DIGESTS
 from spot_core.checkpoint.names import MANIFEST_NAME, name_problem
 from spot_core.errors import ConfigError, CorruptCheckpoint
 from spot_core.model import CheckpointRef
 
 FORMAT = "spot-pipelines/checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version 2 names each file's digest (``blake3`` for new saves); version 1 always held
+``sha256``. Both are read."""
+READABLE_VERSIONS = (1, 2)
 CHECKPOINTS_PREFIX = "checkpoints"
 _ID_RE = re.compile(r"^step-(\d{12,})-attempt-(\d{4,})-([0-9a-f]{8})$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_MANIFEST_BYTES = 64 << 20  # a million files' entries fit; more is not a manifest
 MAX_DEPTH = 64  # metadata nesting a save accepts, so a reader can bound what it parses
 
@@ -65,8 +69,12 @@ def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One payload file: its size and its digest, with the name of the digest's algorithm
+    (one of ``spot_core.checkpoint.digests.DIGESTS``; older manifests hold ``sha256``)."""
+
     size: int
-    sha256: str
+    digest: str
+    algorithm: str = "sha256"
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,8 @@ class Manifest:
                 "checkpoint_id": self.checkpoint_id, "step": self.step,
                 "attempt": self.attempt, "created_at": self.created_at,
                 "metadata": dict(self.metadata),
-                "files": {n: {"size": e.size, "sha256": e.sha256} for n, e in self.files.items()}}
+                "files": {n: {"size": e.size, e.algorithm: e.digest}
+                          for n, e in self.files.items()}}
 
     def encode(self) -> bytes:
         body = self.body()
@@ -161,9 +170,9 @@ def _body_digest(body: Mapping[str, Any]) -> str:
 def _check_header(doc: Mapping[str, Any], where: str, checkpoint_id: str) -> None:
     if doc.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{where} has format {doc.get('format')!r}, expected {FORMAT!r}")
-    if doc.get("version") != FORMAT_VERSION:
+    if doc.get("version") not in READABLE_VERSIONS:
         raise CorruptCheckpoint(f"{where} has format version {doc.get('version')!r}; this "
-                                f"spot-pipelines reads version {FORMAT_VERSION} (upgrade it)")
+                                f"spot-pipelines reads versions {READABLE_VERSIONS} (upgrade it)")
     if doc.get("checkpoint_id") != checkpoint_id:
         raise CorruptCheckpoint(f"{where} names checkpoint {doc.get('checkpoint_id')!r}; "
                                 "it was copied from another checkpoint")
@@ -195,10 +204,15 @@ def _file_name(name: object, where: str) -> str:
 
 
 def _file_entry(entry: Mapping[str, Any]) -> FileEntry:
-    sha256 = entry["sha256"]
-    if not isinstance(sha256, str) or not _SHA256_RE.match(sha256):
-        raise ValueError(f"sha256 {str(sha256)[:80]!r} is not 64 hex digits")
-    return FileEntry(size=_count(entry["size"]), sha256=sha256)
+    """size plus exactly one known digest, named by its key (``sha256``, ``blake3``)."""
+    named = [name for name in DIGESTS if name in entry]
+    if len(named) != 1 or set(entry) != {"size", named[0]}:
+        raise ValueError(f"file entry keys {sorted(entry)[:5]} are not 'size' and one digest "
+                         f"of {sorted(DIGESTS)}")
+    value = entry[named[0]]
+    if not isinstance(value, str) or not _HEX64_RE.match(value):
+        raise ValueError(f"{named[0]} {str(value)[:80]!r} is not 64 hex digits")
+    return FileEntry(size=_count(entry["size"]), digest=value, algorithm=named[0])
 
 
 def _count(value: object) -> int:

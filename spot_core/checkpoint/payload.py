@@ -4,18 +4,20 @@ Names are checked before anything is written so bad input never leaves a partial
 checkpoint behind. Values may be bytes-like (written without copying) or a file
 (a path, or a binary file object) that is streamed in chunks, so a large payload is
 never held twice in memory. Hashing runs on a helper thread beside the write
-(hashlib releases the GIL), which keeps sha256 off the critical path of large saves.
+(hashlib and blake3 release the GIL), which keeps the digest off the critical path of large
+saves; the digest is ``spot_core.checkpoint.digests.DEFAULT_DIGEST`` unless a store asks
+for another.
 """
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Mapping
 
+from spot_core.checkpoint.digests import DEFAULT_DIGEST, new_digest
 from spot_core.checkpoint.manifest import MANIFEST_NAME
 from spot_core.checkpoint.names import name_problem
 from spot_core.errors import ConfigError
@@ -108,7 +110,7 @@ def _read_chunks(fh: BinaryIO, chunk_size: int, name: str) -> Iterator[bytes]:
 
 
 class HashingStream:
-    """Iterate a payload's chunks while computing its sha256 and size.
+    """Iterate a payload's chunks while computing its digest and size.
 
     Large bytes-like and path sources are hashed on a helper thread that reads the
     same bytes independently of the writer (hashlib and file reads release the
@@ -119,17 +121,19 @@ class HashingStream:
     the same number of bytes (a source modified mid-save is an error).
     """
 
-    def __init__(self, item: PayloadItem, chunk_size: int = CHUNK_SIZE) -> None:
+    def __init__(self, item: PayloadItem, chunk_size: int = CHUNK_SIZE,
+                 algorithm: str = DEFAULT_DIGEST) -> None:
         self._item = item
         self._chunk_size = chunk_size
-        self._hash = hashlib.sha256()
+        self.algorithm = algorithm
+        self._hash = new_digest(algorithm)
         self._hashed = 0
         self._helper: threading.Thread | None = None
         self._helper_error: BaseException | None = None
         self.size = 0
 
     @property
-    def sha256(self) -> str:
+    def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
     def __iter__(self) -> Iterator[bytes | memoryview]:

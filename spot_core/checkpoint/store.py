@@ -10,7 +10,6 @@ progress of the attempt that resumed the job elsewhere.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import numbers
@@ -19,6 +18,7 @@ import time
 from typing import Any, Mapping
 
 from spot_core.checkpoint.backend import ObjectBackend
+from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
     CHECKPOINTS_PREFIX, MANIFEST_NAME, FileEntry, Manifest, checkpoint_key, encode_metadata,
     new_checkpoint_id, parse_checkpoint_id,
@@ -37,10 +37,14 @@ FENCE_KEY = "FENCE.json"
 class CheckpointStore:
     """Durable, atomic, versioned checkpoints of one job in one backend."""
 
-    def __init__(self, backend: ObjectBackend, uri: str, *, chunk_size: int = CHUNK_SIZE) -> None:
+    def __init__(self, backend: ObjectBackend, uri: str, *, chunk_size: int = CHUNK_SIZE,
+                 digest: str = DEFAULT_DIGEST) -> None:
+        new_digest(digest)  # an unknown name fails here, not halfway through a save
         self.backend = backend
         self.uri = uri
         self.chunk_size = chunk_size
+        # What new saves record per file; reads verify whatever each manifest names.
+        self.digest = digest
         self._warned: set[str] = set()
         self._verified: set[str] = set()  # ids this instance wrote or fully hashed
 
@@ -87,14 +91,14 @@ class CheckpointStore:
                 self._discard(checkpoint_id)
 
     def _write_file(self, checkpoint_id: str, item: PayloadItem) -> FileEntry:
-        stream = HashingStream(item, self.chunk_size)
+        stream = HashingStream(item, self.chunk_size, self.digest)
         try:
             self.backend.put_stream(checkpoint_key(checkpoint_id, item.name), stream)
         except BaseException:
             stream.finish(check=False)  # keep the original error
             raise
         stream.finish()
-        return FileEntry(size=stream.size, sha256=stream.sha256)
+        return FileEntry(size=stream.size, digest=stream.hexdigest, algorithm=stream.algorithm)
 
     def _commit(self, manifest: Manifest) -> bool:
         """Under the store lock: re-check the fence, check the files, write the manifest."""
@@ -242,21 +246,21 @@ class CheckpointStore:
             raise _corrupt(manifest, name, "is missing") from None
         if len(data) != entry.size:
             raise _corrupt(manifest, name, f"has {len(data)} bytes, manifest says {entry.size}")
-        if hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise _corrupt(manifest, name, "fails its sha256 check")
+        if hex_of(entry.algorithm, data) != entry.digest:
+            raise _corrupt(manifest, name, f"fails its {entry.algorithm} check")
         return data
 
     def _copy_verified(self, manifest: Manifest, name: str, entry: FileEntry, target: str) -> str:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         partial = f"{target}.partial"
-        digest, size = hashlib.sha256(), 0
+        digest, size = new_digest(entry.algorithm), 0
         with open(partial, "wb") as out:
             for chunk in self._chunks(manifest, name):
                 digest.update(chunk)
                 size += out.write(chunk)
-        if size != entry.size or digest.hexdigest() != entry.sha256:
+        if size != entry.size or digest.hexdigest() != entry.digest:
             os.unlink(partial)
-            raise _corrupt(manifest, name, "fails its size or sha256 check")
+            raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
         os.replace(partial, target)
         return target
 
@@ -290,12 +294,12 @@ class CheckpointStore:
     def _check_files(self, manifest: Manifest, *, hash_files: bool) -> None:
         for name, entry in manifest.files.items():
             if hash_files:
-                digest, size = hashlib.sha256(), 0
+                digest, size = new_digest(entry.algorithm), 0
                 for chunk in self._chunks(manifest, name):
                     digest.update(chunk)
                     size += len(chunk)
-                if size != entry.size or digest.hexdigest() != entry.sha256:
-                    raise _corrupt(manifest, name, "fails its size or sha256 check")
+                if size != entry.size or digest.hexdigest() != entry.digest:
+                    raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
             else:
                 self._check_size(manifest, name, entry)
 

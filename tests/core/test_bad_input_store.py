@@ -81,11 +81,19 @@ BAD_MANIFESTS = {
     "empty file name": _with_files(""),
     "very long file name": _with_files("x" * 300),
     "size is a string": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": "6", "sha256": doc["files"]["model.bin"]["sha256"]}}}),
+        "model.bin": {"size": "6", "blake3": doc["files"]["model.bin"]["blake3"]}}}),
     "negative size": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": -1, "sha256": doc["files"]["model.bin"]["sha256"]}}}),
+        "model.bin": {"size": -1, "blake3": doc["files"]["model.bin"]["blake3"]}}}),
+    "digest not hex": lambda doc: _signed({**doc, "files": {
+        "model.bin": {"size": 6, "blake3": "z" * 64}}}),
     "sha256 not hex": lambda doc: _signed({**doc, "files": {
         "model.bin": {"size": 6, "sha256": "z" * 64}}}),
+    "unknown digest": lambda doc: _signed({**doc, "files": {
+        "model.bin": {"size": 6, "md5": "0" * 64}}}),
+    "two digests": lambda doc: _signed({**doc, "files": {
+        "model.bin": {"size": 6, "blake3": doc["files"]["model.bin"]["blake3"],
+                      "sha256": hashlib.sha256(b"forged").hexdigest()}}}),
+    "format version from the future": lambda doc: _signed({**doc, "version": 3}),
     "files is a list": lambda doc: _signed({**doc, "files": []}),
     "step disagrees with the id": lambda doc: _signed({**doc, "step": 10**9}),
     "manifest is a JSON list": lambda doc: json.dumps([doc]),

@@ -276,3 +276,59 @@ def test_zombie_process_is_fenced_by_new_attempts_commit(store: CheckpointStore)
 
 def test_zombie_process_is_fenced_by_fence_call(store: CheckpointStore) -> None:
     _zombie_is_refused(store, lambda: store.fence(2))
+
+
+# -- digests: new saves record blake3; version-1 manifests (sha256) still verify ------------
+def _as_version_1(store, ref) -> None:
+    """Rewrite a saved checkpoint's manifest as spot-pipelines 0.1 wrote it: format
+    version 1 and a sha256 per file."""
+    import hashlib
+    import json as _json
+
+    from spot_core.checkpoint.manifest import _body_digest
+
+    folder = Path(store.backend.root) / "checkpoints" / ref.checkpoint_id
+    doc = _json.loads((folder / "MANIFEST.json").read_text())
+    doc.pop("body_sha256")
+    doc["version"] = 1
+    doc["files"] = {name: {"size": entry["size"],
+                           "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()}
+                    for name, entry in doc["files"].items()}
+    (folder / "MANIFEST.json").write_text(_json.dumps({**doc, "body_sha256": _body_digest(doc)}))
+
+
+def test_new_saves_name_blake3_and_verify(tmp_path: Path) -> None:
+    import json as _json
+
+    from blake3 import blake3
+
+    store = open_store(f"file://{tmp_path}/s")
+    payload = {"model.bin": os.urandom(9 << 20), "small.json": b"{}"}
+    ref = store.save(1, payload)
+    folder = Path(store.backend.root) / "checkpoints" / ref.checkpoint_id
+    files = _json.loads((folder / "MANIFEST.json").read_text())["files"]
+    assert files["model.bin"] == {"size": 9 << 20,
+                                  "blake3": blake3(payload["model.bin"]).hexdigest()}
+    assert store.load(store.latest()) == payload
+
+
+def test_a_version_1_sha256_checkpoint_still_verifies_and_loads(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/s")
+    old = store.save(1, {"model.bin": b"from 0.1" * 1000})
+    _as_version_1(store, old)
+    assert store.latest().step == 1
+    assert store.load(store.latest()) == {"model.bin": b"from 0.1" * 1000}
+    out = store.load_to_dir(store.latest(), tmp_path / "restore")
+    assert Path(out["model.bin"]).read_bytes() == b"from 0.1" * 1000
+    store.save(2, {"model.bin": b"new"})
+    assert [r.step for r in store.list()] == [1, 2]
+
+
+def test_a_version_1_checkpoint_with_damaged_bytes_is_skipped(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/s")
+    store.save(1, {"model.bin": b"good"})
+    old = store.save(2, {"model.bin": b"from 0.1"})
+    _as_version_1(store, old)
+    (Path(store.backend.root) / "checkpoints" / old.checkpoint_id / "model.bin").write_bytes(
+        b"from 0.X")
+    assert store.latest().step == 1
