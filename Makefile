@@ -7,6 +7,10 @@
 # prefect. uv builds each from uv.lock in seconds.
 
 PYTHON ?= python3
+# Tests start many Python processes (steps, watchers, engine servers): let them keep their
+# bytecode (some shells set PYTHONDONTWRITEBYTECODE) and compile the environments' packages
+# once at install, instead of recompiling numpy or Airflow in every process.
+unexport PYTHONDONTWRITEBYTECODE
 UV_VERSION := 0.13.9
 TOOLS := .venv-tools
 UV := $(TOOLS)/bin/uv
@@ -16,7 +20,7 @@ PREFECT := .venv-prefect
 ENGINE ?= none
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-core test-airflow test-prefect test-chaos bench bench-policies bench-aws envs clean lock
+.PHONY: demo test test-core test-airflow test-prefect test-chaos bench bench-policies bench-aws bench-interval envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -50,6 +54,10 @@ bench: $(CORE)/.synced
 bench-policies: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.policies
 
+# Young/Daly interval per attempt vs fixed intervals on the traces; writes bench/tables/checkpoint_interval.md.
+bench-interval: $(CORE)/.synced
+	$(CORE)/bin/python -m bench.checkpoint_interval
+
 # S3 checkpoint save vs plain upload, and EC2 API calls when watching 1,000 leases (moto server).
 bench-aws: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.aws
@@ -64,7 +72,7 @@ $(UV):
 	$(TOOLS)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
 
 $(CORE)/.synced: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --python $(PYTHON) --group test --extra aws
+	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --extra aws
 	touch $@
 
 # The pinned CPU build: pip takes it from this machine's disk; uv would fetch a CUDA build.
@@ -73,11 +81,11 @@ $(CORE)/.torch: $(CORE)/.synced
 	touch $@
 
 $(AIRFLOW)/.synced: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(AIRFLOW) $(UV) sync --frozen --python $(PYTHON) --group test --extra airflow --extra aws --extra kubernetes
+	UV_PROJECT_ENVIRONMENT=$(AIRFLOW) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --extra airflow --extra aws --extra kubernetes
 	touch $@
 
 $(PREFECT)/.synced: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(PREFECT) $(UV) sync --frozen --python $(PYTHON) --group test --extra prefect --extra aws --extra kubernetes
+	UV_PROJECT_ENVIRONMENT=$(PREFECT) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --extra prefect --extra aws --extra kubernetes
 	touch $@
 
 clean:

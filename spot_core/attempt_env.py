@@ -21,6 +21,9 @@ CLOUD = "SPOT_CLOUD"
 NOTICE_FILE = "SPOT_NOTICE_FILE"
 # Seconds the node's watcher lets the step run without a renewed driver heartbeat.
 HEARTBEAT_TIMEOUT = "SPOT_HEARTBEAT_TIMEOUT"
+# Wall seconds between the step's time-based checkpoints, chosen by the controller for the
+# attempt's pool; ``Checkpointer.from_env`` uses it unless the step asks for another.
+CHECKPOINT_INTERVAL = "SPOT_CHECKPOINT_INTERVAL"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class AttemptEnv:
     cloud: str | None
     notice_file: str | None
     heartbeat_timeout: float | None = None
+    checkpoint_interval: float | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> AttemptEnv:
@@ -44,6 +48,8 @@ class AttemptEnv:
             cloud=env.get(CLOUD) or None,
             notice_file=env.get(NOTICE_FILE) or None,
             heartbeat_timeout=heartbeat_seconds(env.get(HEARTBEAT_TIMEOUT)),
+            checkpoint_interval=positive_seconds(env.get(CHECKPOINT_INTERVAL),
+                                                 CHECKPOINT_INTERVAL, example="600"),
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -51,7 +57,9 @@ class AttemptEnv:
                  ATTEMPT: str(self.attempt), METADATA_ENDPOINT: self.metadata_endpoint,
                  CLOUD: self.cloud, NOTICE_FILE: self.notice_file,
                  HEARTBEAT_TIMEOUT: None if self.heartbeat_timeout is None
-                 else f"{self.heartbeat_timeout:g}"}
+                 else f"{self.heartbeat_timeout:g}",
+                 CHECKPOINT_INTERVAL: None if self.checkpoint_interval is None
+                 else f"{self.checkpoint_interval:.6g}"}
         return {k: v for k, v in pairs.items() if v is not None}
 
 # A step that saved its emergency checkpoint and stopped on a notice exits like a process
@@ -85,6 +93,11 @@ def step_exit_code(exc: BaseException) -> int | None:
 
 def heartbeat_seconds(text: str | None) -> float | None:
     """``$SPOT_HEARTBEAT_TIMEOUT`` as seconds > 0; empty means no heartbeat check."""
+    return positive_seconds(text, HEARTBEAT_TIMEOUT, example="300")
+
+
+def positive_seconds(text: str | None, variable: str, *, example: str) -> float | None:
+    """An environment variable holding seconds > 0; empty or unset means None."""
     if text is None or not str(text).strip():
         return None
     try:
@@ -92,6 +105,6 @@ def heartbeat_seconds(text: str | None) -> float | None:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{HEARTBEAT_TIMEOUT}={text!r} is not a number of seconds > 0; "
-                          f"set it like {HEARTBEAT_TIMEOUT}=300 or unset it")
+        raise ConfigError(f"{variable}={text!r} is not a number of seconds > 0; "
+                          f"set it like {variable}={example} or unset it")
     return value

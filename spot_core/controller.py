@@ -31,11 +31,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
-from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE
+from spot_core.attempt_env import CHECKPOINT_INTERVAL, INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
+from spot_core.policy.checkpoint_interval import (CheckpointBounds, mean_save_seconds,
+                                                  pool_checkpoint_interval)
 from spot_core.policy.deadline_live import DeadlineWork
 from spot_core.policy.deadline_planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
@@ -178,12 +180,22 @@ class Controller:
                  poll_interval: float = default("poll_interval"),
                  attempt_timeout: float = default("attempt_timeout"),
                  heartbeat_timeout: float | None = default("heartbeat_timeout"),
-                 observe_failure_timeout: float = default("observe_failure_timeout")) -> None:
+                 observe_failure_timeout: float = default("observe_failure_timeout"),
+                 checkpoint_cost: float = default("checkpoint_cost"),
+                 checkpoint_interval_min: float = default("checkpoint_interval_min"),
+                 checkpoint_interval_max: float = default("checkpoint_interval_max")) -> None:
         for name, value in (("poll_interval", poll_interval), ("attempt_timeout", attempt_timeout),
                             ("observe_failure_timeout", observe_failure_timeout),
-                            ("heartbeat_timeout", heartbeat_timeout)):
+                            ("heartbeat_timeout", heartbeat_timeout),
+                            ("checkpoint_cost", checkpoint_cost),
+                            ("checkpoint_interval_min", checkpoint_interval_min),
+                            ("checkpoint_interval_max", checkpoint_interval_max)):
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+        if checkpoint_interval_min > checkpoint_interval_max:
+            raise ConfigError(f"checkpoint_interval_min ({checkpoint_interval_min:g} s) exceeds "
+                              f"checkpoint_interval_max ({checkpoint_interval_max:g} s); lower "
+                              "the minimum or raise the maximum")
         self.provider = provider
         self.market = market
         self.policy = policy
@@ -191,6 +203,8 @@ class Controller:
         self.attempt_timeout = attempt_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.observe_failure_timeout = observe_failure_timeout
+        self.checkpoint_bounds = CheckpointBounds(checkpoint_cost, checkpoint_interval_min,
+                                                  checkpoint_interval_max)
         self._persist = persist or (lambda record: None)
         self._listener = listener or (lambda kind, record, detail: None)
         self._clock = clock
@@ -415,14 +429,17 @@ class Controller:
         launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
                             checkpoint_uri=spec.checkpoint_uri, env=spec.env, image=spec.image,
                             heartbeat_timeout=self.heartbeat_timeout)
-        lease, problems, failure = self._launch_first(decision.pools, launch)
+        intervals = {pool.key: self._checkpoint_interval(pool, start_ref, now)
+                     for pool in decision.pools}
+        lease, problems, failure = self._launch_first(decision.pools, launch, intervals)
         if lease is None:
             outcome = Outcome.INFRASTRUCTURE_FAILED if failure else Outcome.CAPACITY_UNAVAILABLE
             return self._record_no_lease(record, number, decision, start_step, problems,
                                          outcome, now), None
         attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
                           lease_id=lease.lease_id, checkpoint_step_start=start_step,
-                          lease=lease.to_dict())
+                          lease=lease.to_dict(),
+                          checkpoint_interval_seconds=intervals.get(lease.pool.key))
         if start_ref is not None:
             record = record.with_checkpoint(start_ref)
         try:
@@ -432,7 +449,27 @@ class Controller:
             self._terminate(lease)
             raise
 
-    def _launch_first(self, pools, launch: LaunchSpec) -> tuple[Lease | None, list[str], bool]:
+    def _checkpoint_interval(self, pool: Pool, start_ref, now: float) -> float:
+        """The attempt's time-based checkpoint interval on ``pool``, in capacity seconds:
+        Young/Daly from the pool's interruption rate (0 on on-demand) and the job's mean
+        measured save, else the configured cost. A market that cannot say counts as no
+        interruptions seen (the notice remains the first line of defence)."""
+        rate = 0.0
+        if pool.is_spot:
+            try:
+                stat = self.market.stats([pool], now).get(pool.key)
+                rate = 0.0 if stat is None else float(stat.interruptions_per_hour)
+            except Exception as exc:  # noqa: BLE001 - an interval is advice, not a launch
+                log.warning("no interruption rate for %s (%s); checkpoint interval at its "
+                            "maximum", pool.key, exc)
+        measured = mean_save_seconds(start_ref)
+        cost = (self.provider.capacity_seconds(measured) if measured
+                else self.checkpoint_bounds.cost)
+        return pool_checkpoint_interval(rate, cost, self.checkpoint_bounds)
+
+    def _launch_first(self, pools, launch: LaunchSpec,
+                      intervals: Mapping[str, float] | None = None,
+                      ) -> tuple[Lease | None, list[str], bool]:
         """Try the ranked pools in order; the first with capacity wins.
 
         Errors are read as data: a capacity miss moves to the next pool, another retryable
@@ -443,13 +480,24 @@ class Controller:
         failure = False
         for pool in pools:
             try:
-                return self.provider.launch(launch, pool), problems, failure
+                return self.provider.launch(self._with_interval(launch, pool, intervals),
+                                            pool), problems, failure
             except SpotError as exc:
                 if not exc.retryable:
                     raise
                 failure = failure or exc.outcome != str(Outcome.CAPACITY_UNAVAILABLE)
                 problems.append(f"{pool.key}: {exc}")
         return None, problems, failure
+
+    def _with_interval(self, launch: LaunchSpec, pool: Pool,
+                       intervals: Mapping[str, float] | None) -> LaunchSpec:
+        """``launch`` telling the step its checkpoint interval on ``pool`` in wall seconds
+        (the step's clock), unless the job's own environment already sets one."""
+        interval = (intervals or {}).get(pool.key)
+        if interval is None or CHECKPOINT_INTERVAL in launch.env:
+            return launch
+        wall = interval / max(self.provider.capacity_seconds(1.0), 1e-12)
+        return dataclasses.replace(launch, env={**launch.env, CHECKPOINT_INTERVAL: f"{wall:.6g}"})
 
     def _record_no_lease(self, record, number, decision, start_step, problems, outcome,
                          now) -> JobRecord:

@@ -169,6 +169,10 @@ class Attempt:
     # The lease as launched (``Lease.to_dict()``): any driver, in any process, can watch,
     # bill and terminate the attempt from the record alone.
     lease: Mapping[str, Any] | None = None
+    # The time-based checkpoint interval the attempt was given for its pool (Young/Daly
+    # from the pool's interruption rate and the job's measured save cost), in the pool's
+    # capacity seconds like ``lost_work_seconds``; None: none was given.
+    checkpoint_interval_seconds: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -197,7 +201,8 @@ class Attempt:
         values["outcome"] = None if values.get("outcome") is None else Outcome(values["outcome"])
         for name in _ATTEMPT_REALS:
             if name in values:
-                values[name] = _real(values[name], name, optional=name == "ended_at")
+                values[name] = _real(values[name], name,
+                                     optional=name in ("ended_at", "checkpoint_interval_seconds"))
         for name in _ATTEMPT_WHOLES:
             if name in values:
                 values[name] = _whole(values[name], name, optional=name != "number")
@@ -205,7 +210,8 @@ class Attempt:
 
 
 _ATTEMPT_REALS = ("started_at", "ended_at", "cost", "on_demand_cost", "lost_work_seconds",
-                  "checkpoint_overhead_seconds", "data_transfer_cost")
+                  "checkpoint_overhead_seconds", "data_transfer_cost",
+                  "checkpoint_interval_seconds")
 _ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
 
 

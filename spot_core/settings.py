@@ -269,6 +269,17 @@ KNOBS: tuple[Knob, ...] = (
           "failing (API errors, resets) before the attempt ends as infrastructure_failed "
           "and its lease is terminated; 3m outlasts a transient cloud API outage.", _JOB,
           minimum=0, strict=True),
+    _knob("checkpoint_cost", "duration", 60.0, "What one checkpoint save is taken to cost "
+          "until the job's own saves have been measured (their mean is used after). With "
+          "the pool's interruption rate it sets the Young/Daly interval each attempt is "
+          "given in SPOT_CHECKPOINT_INTERVAL.", {CLI}, minimum=0, strict=True),
+    _knob("checkpoint_interval_min", "duration", 60.0, "Shortest time-based checkpoint "
+          "interval an attempt is given, however often its pool is interrupted: 1m keeps a "
+          "burst of interruptions from making the step spend its time saving.", {CLI},
+          minimum=0, strict=True),
+    _knob("checkpoint_interval_max", "duration", 3600.0, "Longest time-based checkpoint "
+          "interval an attempt is given (on-demand, or a pool never seen interrupted): the "
+          "most work a missed notice may cost.", {CLI}, minimum=0, strict=True),
     _knob("checkpoint_every", "duration", None, "Save a checkpoint at most this often (time "
           "based). Empty: only by steps and on an interruption notice.", _IN_PLACE,
           minimum=0, strict=True, optional=True, aliases=("checkpoint_every_seconds",)),
@@ -414,7 +425,10 @@ class _SettingsMethods:
         """Keyword arguments for ``Controller``: the lifecycle's bounds, in seconds."""
         return {"poll_interval": self.poll_interval, "attempt_timeout": self.attempt_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
-                "observe_failure_timeout": self.observe_failure_timeout}
+                "observe_failure_timeout": self.observe_failure_timeout,
+                "checkpoint_cost": self.checkpoint_cost,
+                "checkpoint_interval_min": self.checkpoint_interval_min,
+                "checkpoint_interval_max": self.checkpoint_interval_max}
 
     def checkpointer_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Checkpointer`` (its schedule and how many it keeps)."""

@@ -62,7 +62,11 @@ class Checkpointer:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Checkpointer:
-        """Build from SPOT_CHECKPOINT_URI / SPOT_ATTEMPT and fence out older attempts."""
+        """Build from SPOT_CHECKPOINT_URI / SPOT_ATTEMPT and fence out older attempts.
+
+        Without ``every_seconds``, saves follow ``SPOT_CHECKPOINT_INTERVAL``: the interval
+        the controller chose for the attempt's pool (Young/Daly from its interruption rate
+        and the job's measured save cost), the safety net for a notice that never comes."""
         from spot_core.checkpoint.opening import open_store
 
         env = AttemptEnv.from_environ(environ)
@@ -72,6 +76,9 @@ class Checkpointer:
         store = open_store(env.checkpoint_uri)
         store.fence(env.attempt)
         kwargs.setdefault("notice_file", env.notice_file)
+        if env.checkpoint_interval is not None:
+            # the controller's interval for this attempt's pool, unless the step chose one
+            kwargs.setdefault("every_seconds", env.checkpoint_interval)
         return cls(store, attempt=env.attempt, **kwargs)
 
     # -- restore ---------------------------------------------------------------------

@@ -13,7 +13,8 @@ this interval is the safety net for notices that are missed or too short.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from spot_core.errors import ConfigError
 from spot_core.policy.registry import Registry
@@ -70,3 +71,39 @@ def checkpoint_interval(checkpoint_seconds: float, interruptions_per_hour: float
         return float(max_seconds)
     tau = FORMULAS.get(formula)(checkpoint_seconds, 3600.0 / interruptions_per_hour)
     return float(min(max(tau, min_seconds), max_seconds))
+
+
+# -- per attempt: what the controller gives each attempt for its pool --------------------------
+@dataclass(frozen=True)
+class CheckpointBounds:
+    """The settings that shape an attempt's interval (capacity seconds): the save cost
+    assumed until one is measured, and the interval's floor and ceiling."""
+
+    cost: float
+    min_seconds: float
+    max_seconds: float
+
+
+def mean_save_seconds(ref: Any) -> float | None:
+    """The job's mean measured save, from the ledger a ``Checkpointer`` writes into each
+    checkpoint's metadata (``checkpoint_seconds_total`` over ``checkpoint_saves``, wall
+    seconds on the node); None before any save or for a checkpoint written without it."""
+    metadata = getattr(ref, "metadata", None) or {}
+    total, saves = metadata.get("checkpoint_seconds_total"), metadata.get("checkpoint_saves")
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (total, saves))
+    if not numbers or not saves > 0 or not math.isfinite(total) or not total > 0:
+        return None
+    return float(total) / float(saves)
+
+
+def pool_checkpoint_interval(interruptions_per_hour: float, save_seconds: float,
+                             bounds: CheckpointBounds) -> float:
+    """Seconds between an attempt's time-based saves on a pool interrupting at
+    ``interruptions_per_hour`` when a save costs ``save_seconds`` (all capacity time).
+
+    Why per pool and per attempt: pools differ by an order of magnitude in how often they
+    are reclaimed, and a job's own saves tell its real cost; a fixed interval is either
+    wasteful on a quiet pool or loses work on a busy one."""
+    rate = interruptions_per_hour if math.isfinite(interruptions_per_hour) else 0.0
+    return checkpoint_interval(max(save_seconds, 1e-3), max(rate, 0.0),
+                               min_seconds=bounds.min_seconds, max_seconds=bounds.max_seconds)

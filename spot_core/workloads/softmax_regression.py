@@ -176,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg, args = _parse(argv)
     try:
-        checkpointer = Checkpointer.from_env(every_steps=args.checkpoint_every_steps,
-                                             every_seconds=args.checkpoint_every_seconds)
+        chosen = {"every_steps": args.checkpoint_every_steps,
+                  "every_seconds": args.checkpoint_every_seconds}
+        checkpointer = Checkpointer.from_env(**{k: v for k, v in chosen.items() if v is not None})
         with checkpointer.attach_signals():
             result = train(cfg, checkpointer, args.data)
     except SpotError as exc:  # a preemption or an unreachable store: not this step's fault

@@ -106,7 +106,8 @@ def test_builders_carry_every_knob_in_seconds():
                                   capacity_wait=timedelta(seconds=30), max_capacity_waits=7,
                                   max_spot_price=1.25, attempt_timeout="2h",
                                   poll_interval="5s", heartbeat_timeout="4m",
-                                  observe_failure_timeout=90)
+                                  observe_failure_timeout=90, checkpoint_cost="45s",
+                                  checkpoint_interval_min="2m", checkpoint_interval_max="30m")
     assert settings.retry_policy() == RetryPolicy(
         max_preemptions=1, max_user_retries=2, max_infrastructure_retries=4,
         on_demand_fallback=False, return_to_spot=False, min_on_demand_seconds=900.0,
@@ -114,7 +115,10 @@ def test_builders_carry_every_knob_in_seconds():
     assert settings.retry_policy(max_user_retries=9).max_user_retries == 9
     assert settings.controller_options() == {"poll_interval": 5.0, "attempt_timeout": 7200.0,
                                              "heartbeat_timeout": 240.0,
-                                             "observe_failure_timeout": 90.0}
+                                             "observe_failure_timeout": 90.0,
+                                             "checkpoint_cost": 45.0,
+                                             "checkpoint_interval_min": 120.0,
+                                             "checkpoint_interval_max": 1800.0}
 
 
 def test_the_provider_registry_refuses_what_is_not_built():
