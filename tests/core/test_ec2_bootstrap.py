@@ -19,9 +19,10 @@ import pytest
 
 from aws_helpers import client, make_network, managed_live_instances, unique
 from dist_helpers import clean_venv, locked_requirements, uv_install
-from spot_core.controller import Controller, JobSpec
+from spot_core.controller import Controller, JobSpec, classify
 from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import ConfigError
+from spot_core.model import Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import check_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
@@ -116,6 +117,7 @@ def test_a_failed_bootstrap_powers_the_instance_off_and_says_why(
                                 and rt.instances[lease.lease_id].done, timeout=60)
         status = provider.observe([lease])[lease.lease_id]
     assert status.state is LeaseState.TERMINATED and "without a status report" in status.message
+    assert classify(status) is Outcome.INFRASTRUCTURE_FAILED, "retried on new capacity"
     console = (tmp_path / "runtime" / f"{lease.lease_id}.log").read_text()
     assert "spot-pipelines bootstrap failed" in console
     assert "404" in (tmp_path / "runtime" / f"{lease.lease_id}.bootstrap.log").read_text()
