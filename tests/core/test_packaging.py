@@ -40,9 +40,10 @@ def _python_json(python: Path, code: str, home: Path) -> dict:
 
 
 def _installed(tmp_path: Path, wheel: Path, extra: str) -> Path:
+    """A clean venv with ``wheel[extra]``, every dependency at uv.lock's version."""
     python = clean_venv(tmp_path / f"venv-{extra}")
-    uv_install(python, f"{wheel}[{extra}]",
-               constraints=locked_requirements(tmp_path, extra, "aws", "kubernetes"))
+    extras = sorted({extra, "aws", "kubernetes"})
+    uv_install(python, f"{wheel}[{extra}]", constraints=locked_requirements(tmp_path, *extras))
     return python
 
 
@@ -74,6 +75,16 @@ def test_the_wheel_declares_open_engine_bounds_and_carries_its_data(built_dist):
             "prefect_spot/example_flows/spot_ml_pipeline.py",
             "spot_core/market/data/aws-v100-2023-02-excerpt/spot_prices.json",
             "spot_core/market/data/NOTICE"} <= names
+
+
+def test_the_demo_runs_from_the_installed_wheel_alone(built_dist, tmp_path):
+    """The main job with nothing but the wheel: its trace excerpt is package data."""
+    python = _installed(tmp_path, built_dist[1], "aws")
+    out = run(python.parent / "spot-pipelines", "demo", "--json", cwd=tmp_path,
+              env=_isolated_env(tmp_path), timeout=240)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["preemptions"] >= 1 and result["attempts"] >= 2
+    assert result["final_weights_sha256"] == result["uninterrupted_weights_sha256"]
 
 
 def test_the_airflow_extra_installs_clean_lists_the_provider_and_parses_the_dag(
