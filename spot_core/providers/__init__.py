@@ -169,7 +169,7 @@ def _open_ec2(**options: Any) -> Provider:
 
 def _check_ec2(options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
     """Every name an ec2 option; ``subnets``, ``image_id`` and ``instance_types`` (in the
-    options or the configuration's own list) present. The region may come from the
+    options or the configuration's own list) present; a ``bootstrap`` well formed. The region may come from the
     environment of the process that opens the provider, so it is not required here."""
     from spot_core.providers.ec2 import check_option_names
 
