@@ -115,9 +115,11 @@ class Ec2Options:
         images = _per_region_scalar(image_id, by_region, "image_id")
         groups = _per_region(security_group_ids, region, "security_group_ids") \
             if security_group_ids else {}
-        for key in ("extra_tags", "on_demand_prices", "bootstrap"):
-            if isinstance(rest.get(key), Mapping):
+        for key in ("extra_tags", "on_demand_prices"):
+            if key in rest:
                 rest[key] = dict(rest[key])
+        if isinstance(rest.get("bootstrap"), Mapping):  # anything else: Bootstrap says why
+            rest["bootstrap"] = dict(rest["bootstrap"])
         options = cls(subnets={r: tuple(s) for r, s in by_region.items()},
                       instance_types=tuple(instance_types), image_id=images,
                       instance_profile=instance_profile,

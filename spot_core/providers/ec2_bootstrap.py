@@ -89,7 +89,8 @@ class Bootstrap:
         return boot
 
     def _check(self) -> None:
-        if self.pip is not None and _rendered(self.pip) and not PINNED.fullmatch(self.pip.strip()):
+        if self.pip is not None and _rendered(self.pip) and not (
+                isinstance(self.pip, str) and PINNED.fullmatch(self.pip.strip())):
             raise ConfigError(f"bootstrap pip={self.pip!r} must pin spot-pipelines, e.g. "
                               "'spot-pipelines[aws]==0.1.0' (the same version as the driver's)")
         if self.wheel is not None and _rendered(self.wheel):
@@ -141,7 +142,7 @@ class Bootstrap:
         put the environment first on PATH; on failure say so and power off."""
         body = "\n".join(f"    {line}" for line in ["set -euo pipefail", *self.install_lines()])
         seconds = f"{self.timeout_seconds:g}"
-        return f"""# Bootstrap: install {self.pip or self.wheel} (the machine image lacks spot-pipelines).
+        return f"""# Bootstrap: install spot-pipelines (the machine image lacks it).
 spot_bootstrap() {{
 {body}
 }}
@@ -162,8 +163,10 @@ def _rendered(text: Any) -> bool:
 
 
 def _check_wheel_uri(uri: Any) -> None:
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise ConfigError(f"bootstrap wheel={uri!r} must be an s3:// URI of a wheel, e.g. "
+    if not isinstance(uri, str) or not uri.startswith("s3://") \
+            or any(c.isspace() or not c.isprintable() for c in uri):
+        raise ConfigError(f"bootstrap wheel={uri!r} must be an s3:// URI of a wheel (no "
+                          "spaces or control characters), e.g. "
                           "'s3://bucket/dist/spot_pipelines-0.1.0-py3-none-any.whl'")
     bucket, _, key = uri[len("s3://"):].partition("/")
     if not bucket or not WHEEL_NAME.fullmatch(PurePosixPath(key).name or "-"):
