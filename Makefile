@@ -3,7 +3,7 @@
 #   make test    creates the engine environments and runs every test
 #
 # Airflow 3.3 and Prefect 3.9 cannot share one environment (disjoint FastAPI pins), so
-# there are three: core (engine-agnostic tests, the demo, PyTorch CPU build), airflow and
+# there are three: core (engine-agnostic tests, the demo, PyTorch's CPU build), airflow and
 # prefect. uv builds each from uv.lock in seconds.
 
 PYTHON ?= python3
@@ -75,9 +75,19 @@ $(CORE)/.synced: $(UV) uv.lock pyproject.toml
 	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --extra aws
 	touch $@
 
-# The pinned CPU build: pip takes it from this machine's disk; uv would fetch a CUDA build.
+# PyTorch's CPU build (no test needs a GPU), with pip: on Linux PyPI's torch wheel pulls
+# the multi-GB CUDA libraries, so the CPU build `torch==X+cpu` comes from PyTorch's CPU
+# index. A CPU build pip already reaches (a wheel in its find-links, a mirror) is taken
+# first without asking that index; on macOS PyPI's wheels are the CPU build and the
+# `+cpu` pin falls through to the plain one. README "PyTorch" has the details.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIP = $(PYTHON) -m pip --python $(CORE)/bin/python install --quiet
+
 $(CORE)/.torch: $(CORE)/.synced
-	$(PYTHON) -m pip --python $(CORE)/bin/python install --quiet torch==2.13.0
+	$(TORCH_PIP) "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+		|| { echo "torch $(TORCH_VERSION)+cpu is not reachable as configured: from $(TORCH_INDEX)"; \
+		     $(TORCH_PIP) --extra-index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)"; }
 	touch $@
 
 $(AIRFLOW)/.synced: $(UV) uv.lock pyproject.toml

@@ -24,7 +24,10 @@ from typing import Any, Iterator
 from spot_core.localcloud.server import client_environ
 
 DAG_ID = "spot_ml_pipeline"
-DAGS_FOLDER = Path(__file__).resolve().parent.parent / "dags"
+# An installed wheel carries dags/ as airflow_spot/example_dags (pyproject's force-include);
+# a clone has it at its top.
+_PACKAGED_DAGS = Path(__file__).resolve().parent / "example_dags"
+DAGS_FOLDER = _PACKAGED_DAGS if _PACKAGED_DAGS.is_dir() else Path(__file__).resolve().parent.parent / "dags"
 # The local cloud replays 1 s as half a trace hour, and its replay starts when the
 # training step first connects (however long Airflow took to get there), at tick 420 of
 # the shipped excerpt: the ~60 s training run then loses us-east-2a (tick 524) and

@@ -17,14 +17,18 @@ from types import ModuleType
 
 from spot_core.errors import ConfigError
 
-FLOW_FILE = Path(__file__).resolve().parents[1] / "flows" / "spot_ml_pipeline.py"
+# An installed wheel carries flows/ as prefect_spot/example_flows (pyproject's force-include);
+# a clone has it at its top.
+_PACKAGED_FLOWS = Path(__file__).resolve().parent / "example_flows"
+FLOW_FILE = (_PACKAGED_FLOWS if _PACKAGED_FLOWS.is_dir()
+             else Path(__file__).resolve().parents[1] / "flows") / "spot_ml_pipeline.py"
 
 
 def load_example_flows(path: Path = FLOW_FILE) -> ModuleType:
     """The example flow module, loaded from its file (it is an example, not a package)."""
     if not path.exists():
-        raise ConfigError(f"the example flow {path} is missing; run the demo from a clone of "
-                          "spot-pipelines (`make demo ENGINE=prefect`)")
+        raise ConfigError(f"the example flow {path} is missing; reinstall spot-pipelines[prefect] "
+                          "or run the demo from a clone (`make demo ENGINE=prefect`)")
     if "spot_ml_pipeline" in sys.modules:
         return sys.modules["spot_ml_pipeline"]
     spec = importlib.util.spec_from_file_location("spot_ml_pipeline", path)

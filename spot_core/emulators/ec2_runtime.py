@@ -221,6 +221,7 @@ class Ec2InstanceRuntime:
         env.update(self.instance_env)
         env.update({METADATA_ENDPOINT: emulator.url, LEASE_MARKER: instance_id,
                     "SPOT_WATCH_LOG": str(self.workdir / f"{instance_id}.watch.log"),
+                    "SPOT_BOOTSTRAP_LOG": str(self.workdir / f"{instance_id}.bootstrap.log"),
                     "SPOT_SHUTDOWN_COMMAND": "true"})
         with open(log_path, "wb") as out:
             process = subprocess.Popen(["bash", str(script_path)], env=env, stdout=out,

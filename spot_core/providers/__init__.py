@@ -169,11 +169,14 @@ def _open_ec2(**options: Any) -> Provider:
 
 def _check_ec2(options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
     """Every name an ec2 option; ``subnets``, ``image_id`` and ``instance_types`` (in the
-    options or the configuration's own list) present. The region may come from the
+    options or the configuration's own list) present; a ``bootstrap`` well formed. The region may come from the
     environment of the process that opens the provider, so it is not required here."""
     from spot_core.providers.ec2 import check_option_names
 
+    from spot_core.providers.ec2_bootstrap import Bootstrap
+
     check_option_names(options)
+    Bootstrap.from_plain(options.get("bootstrap"))
     missing = [name for name in EC2_REQUIRED if not options.get(name)]
     if not options.get("instance_types") and not instance_types:
         missing.append("instance_types")

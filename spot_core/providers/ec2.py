@@ -10,7 +10,9 @@ region at once (allocation strategy ``price-capacity-optimized`` by default, or
 Every instance:
 - runs the step under ``spot-pipelines watch -- CMD`` from user-data (``ec2_agent``),
   with the attempt's variables exported and nothing secret in it (names that look like
-  credentials are refused; the instance profile provides access);
+  credentials are refused; the instance profile provides access), after installing a
+  pinned spot-pipelines if the ``bootstrap`` option says the image lacks it
+  (``ec2_bootstrap``);
 - requires IMDSv2 (``HttpTokens=required``) and terminates itself when the step ends
   (``InstanceInitiatedShutdownBehavior=terminate``);
 - carries ``spot-pipelines:managed=true``, ``spot-pipelines:job`` and
@@ -48,6 +50,7 @@ from spot_core.market.ec2 import Ec2Market
 from spot_core.model import Lease, Market, Pool
 from spot_core.adaptors import aws
 from spot_core.providers import ec2_agent
+from spot_core.providers.ec2_bootstrap import Bootstrap
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,9 @@ class Ec2Options:
     extra_tags: Mapping[str, str] = field(default_factory=dict)
     data_transfer_price_per_gb: float = 0.02
     price_refresh_seconds: float = 300.0
+    # Install a pinned spot-pipelines at boot when image_id lacks it (ec2_bootstrap):
+    # {"pip": "spot-pipelines[aws]==0.1.0"} or {"wheel": "s3://bucket/....whl"}.
+    bootstrap: Mapping[str, Any] | None = None
 
     @classmethod
     def from_plain(cls, *, region: str | None = None, endpoint_url: str | None = None,
@@ -112,6 +118,8 @@ class Ec2Options:
         for key in ("extra_tags", "on_demand_prices"):
             if key in rest:
                 rest[key] = dict(rest[key])
+        if isinstance(rest.get("bootstrap"), Mapping):  # anything else: Bootstrap says why
+            rest["bootstrap"] = dict(rest["bootstrap"])
         options = cls(subnets={r: tuple(s) for r, s in by_region.items()},
                       instance_types=tuple(instance_types), image_id=images,
                       instance_profile=instance_profile,
@@ -365,7 +373,8 @@ class Ec2Provider:
         return ec2_agent.user_data(command=command, environ=env,
                                    watch_command=self.config.watch_command,
                                    agent_python=self.config.agent_python,
-                                   poll_interval=self.config.watch_poll_interval)
+                                   poll_interval=self.config.watch_poll_interval,
+                                   bootstrap=Bootstrap.from_plain(self.config.bootstrap))
 
     def _tags(self, spec: LaunchSpec) -> list[dict[str, str]]:
         tags = {**self.config.extra_tags, "Name": f"spot-pipelines {spec.job_id} #{spec.attempt}",
@@ -614,7 +623,9 @@ def _validate(options: Ec2Options) -> None:
     missing = [r for r in options.regions if not options.image_id.get(r)]
     if missing:
         raise ConfigError(f"no image_id for region(s) {missing}; pass image_id='ami-...' or "
-                          "{region: 'ami-...'} (an AMI with spot-pipelines installed)")
+                          "{region: 'ami-...'} (an AMI with spot-pipelines installed, or "
+                          "one with Python 3.11+ and the bootstrap option)")
+    Bootstrap.from_plain(options.bootstrap)
     if options.launch_mode not in ("instance", "fleet"):
         raise ConfigError(f"launch_mode {options.launch_mode!r} is not 'instance' or 'fleet'")
     if options.allocation_strategy not in ("price-capacity-optimized", "capacity-optimized",

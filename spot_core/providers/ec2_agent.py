@@ -27,9 +27,13 @@ import time
 from typing import Mapping, Sequence
 
 from spot_core import attempt_env
+from spot_core.providers.ec2_bootstrap import Bootstrap
 
 STATUS_PREFIX = "status"
 WATCH_LOG = "/var/log/spot-pipelines-watch.log"
+# Powers the instance off (a termination, by the launch's shutdown behaviour); the
+# instance runtime emulator replaces it.
+SHUTDOWN = "${SPOT_SHUTDOWN_COMMAND:-shutdown -h now}"
 
 
 def status_key(attempt: int) -> str:
@@ -37,8 +41,10 @@ def status_key(attempt: int) -> str:
 
 
 def user_data(*, command: Sequence[str], environ: Mapping[str, str], watch_command: str,
-              agent_python: str, poll_interval: float = 1.0) -> str:
-    """The cloud-init shell script that runs one attempt (no credentials in it, ever)."""
+              agent_python: str, poll_interval: float = 1.0,
+              bootstrap: Bootstrap | None = None) -> str:
+    """The cloud-init shell script that runs one attempt (no credentials in it, ever);
+    with ``bootstrap``, it first installs spot-pipelines (``ec2_bootstrap``)."""
     exports = "\n".join(f"export {name}={shlex.quote(value)}"
                         for name, value in sorted(environ.items()))
     step = " ".join(shlex.quote(word) for word in command)
@@ -49,11 +55,11 @@ set -u
 # ended; a trap with a command, unlike an ignored signal, is not inherited by the step.
 trap 'true' TERM
 {exports}
-LOG="${{SPOT_WATCH_LOG:-{WATCH_LOG}}}"
+{bootstrap.shell(SHUTDOWN) if bootstrap else ""}LOG="${{SPOT_WATCH_LOG:-{WATCH_LOG}}}"
 {watch_command} watch --cloud aws --poll-interval {poll_interval:g} -- {step} 2>&1 | tee -a "$LOG"
 rc=${{PIPESTATUS[0]}}
 {shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report --exit-code "$rc" --watch-log "$LOG" || true
-${{SPOT_SHUTDOWN_COMMAND:-shutdown -h now}}
+{SHUTDOWN}
 """
 
 

@@ -1,3 +1,12 @@
 """Shared fixtures for tests/core."""
 
+import pytest
+
 from aws_helpers import aws_env, moto_server  # noqa: F401  (pytest fixtures)
+from dist_helpers import build_dist
+
+
+@pytest.fixture(scope="session")
+def built_dist(tmp_path_factory):
+    """(sdist, wheel) of this repository, built once per session with `uv build`."""
+    return build_dist(tmp_path_factory.mktemp("dist"))
