@@ -211,6 +211,7 @@ class Controller:
         self._sleep = sleep
         self._plans: dict[tuple, DeadlinePlan | None] = {}
         self._beats: dict[str, float] = {}  # job id -> when this process last renewed
+        self._drain_looks: dict[str, float] = {}  # job id -> when a drain was last considered
 
     def persist(self, record: JobRecord) -> JobRecord:
         """Hand ``record`` to the persistence callback (e.g. a new record before launch)."""
@@ -304,7 +305,48 @@ class Controller:
         notice_at = watch.notice_at if watch.notice_at is not None else status.notice_at
         if notice_at is not None and watch.notice_at is None:
             self._listener("notice", record, f"interruption notice on {lease.pool.key}")
-        return dataclasses.replace(watch, failing_since=None, notice_at=notice_at)
+        watch = dataclasses.replace(watch, failing_since=None, notice_at=notice_at)
+        if notice_at is None:
+            return self._maybe_drain(spec, watch, now)
+        return watch
+
+    # -- voluntary drain: back to spot mid-run -------------------------------------------------
+    def _maybe_drain(self, spec: JobSpec, watch: Next, now: float) -> Next:
+        """Move a running on-demand attempt back to spot when the policy says so.
+
+        At most once per market tick (or ``capacity_wait``), the job's policy is asked what
+        it would do now, with the progress its store proves. When that is a launch on spot
+        (``decide_next``'s return-to-spot rule, or the deadline policy's plan), the attempt
+        is marked ``drain_requested_at`` and persisted first, then its lease is terminated
+        gracefully: the step's watcher forwards SIGTERM, the step saves an emergency
+        checkpoint and stops, and the attempt closes as ``drained`` (no budget spent)."""
+        running = watch.record.current_attempt
+        if (running is None or running.pool.is_spot or running.drain_requested_at is not None
+                or now - self._drain_looks.get(spec.job_id, -math.inf) < self._drain_every()):
+            return watch
+        self._drain_looks[spec.job_id] = now
+        try:
+            record = watch.record
+            latest = open_store(spec.checkpoint_uri).latest()
+            if latest is not None:
+                record = record.with_checkpoint(latest)
+            decision = self.decide(spec, record, now)
+        except Exception as exc:  # noqa: BLE001 - a missed look costs savings, not the job
+            log.warning("job %s: could not look for spot to move back to (%s)", spec.job_id, exc)
+            return watch
+        if decision.action != "launch" or decision.market is not Market.SPOT:
+            return watch
+        record = self._save(record.with_running(drain_requested_at=now), "draining",
+                            decision.reason)
+        self._terminate(watch.lease)
+        return dataclasses.replace(watch, record=record)
+
+    def _drain_every(self) -> float:
+        """Seconds between looks: one market tick in wall time, at most ``capacity_wait``."""
+        tick = getattr(self.market, "tick_seconds", None)
+        scale = getattr(self.market, "time_scale", 1.0) or 1.0
+        every = self.policy.capacity_wait_seconds
+        return min(every, tick / scale) if tick else every
 
     def on_lease_end(self, spec: JobSpec, record: JobRecord, status: LeaseStatus,
                      now: float | None = None) -> JobRecord:
@@ -573,8 +615,10 @@ class Controller:
                        status: LeaseStatus, now: float) -> JobRecord:
         ended_at = status.ended_at or now
         end_ref = open_store(spec.checkpoint_uri).latest()
-        outcome = classify(status)
         running = record.current_attempt
+        outcome = classify(status)
+        if running.drain_requested_at is not None and outcome is not Outcome.SUCCEEDED:
+            outcome = Outcome.DRAINED  # the controller stopped it to move the job
         bill = (self.provider.bill(lease, ended_at) if lease is not None
                 else Bill(cost=0.0, on_demand_cost=0.0, capacity_seconds=0.0))
         finished = dataclasses.replace(
@@ -607,6 +651,8 @@ class Controller:
 
 def _message(outcome: Outcome, status: LeaseStatus) -> str:
     """The provider's message; for the step's own failure, led by its exit code."""
+    if outcome is Outcome.DRAINED:
+        return "drained: stopped with a checkpoint to move the job back to spot"
     if outcome is Outcome.USER_FAILED and status.exit_code is not None:
         return f"exit code {status.exit_code}" + (f": {status.message}" if status.message else "")
     return status.message

@@ -33,6 +33,9 @@ class Outcome(StrEnum):
     CAPACITY_UNAVAILABLE = "capacity_unavailable"
     USER_FAILED = "user_failed"
     INFRASTRUCTURE_FAILED = "infrastructure_failed"
+    # The controller ended the attempt itself, with an emergency checkpoint, to move the
+    # job somewhere cheaper (back to spot from on-demand): counted in no budget.
+    DRAINED = "drained"
 
     @property
     def consumes_user_retry(self) -> bool:
@@ -173,6 +176,9 @@ class Attempt:
     # from the pool's interruption rate and the job's measured save cost), in the pool's
     # capacity seconds like ``lost_work_seconds``; None: none was given.
     checkpoint_interval_seconds: float | None = None
+    # When the controller asked the attempt to checkpoint and stop so the job could move
+    # (a voluntary drain); its end is then ``drained``, whatever the lease reports.
+    drain_requested_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -202,7 +208,8 @@ class Attempt:
         for name in _ATTEMPT_REALS:
             if name in values:
                 values[name] = _real(values[name], name,
-                                     optional=name in ("ended_at", "checkpoint_interval_seconds"))
+                                     optional=name in ("ended_at", "checkpoint_interval_seconds",
+                                                       "drain_requested_at"))
         for name in _ATTEMPT_WHOLES:
             if name in values:
                 values[name] = _whole(values[name], name, optional=name != "number")
@@ -211,7 +218,7 @@ class Attempt:
 
 _ATTEMPT_REALS = ("started_at", "ended_at", "cost", "on_demand_cost", "lost_work_seconds",
                   "checkpoint_overhead_seconds", "data_transfer_cost",
-                  "checkpoint_interval_seconds")
+                  "checkpoint_interval_seconds", "drain_requested_at")
 _ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
 
 
@@ -338,6 +345,14 @@ class JobRecord:
         if finished.outcome is Outcome.SUCCEEDED:
             changes["status"] = JobStatus.SUCCEEDED
         return dataclasses.replace(self, **changes)
+
+    def with_running(self, **changes: Any) -> JobRecord:
+        """The running attempt with ``changes`` (e.g. a drain request) recorded."""
+        running = self.current_attempt
+        if running is None:
+            raise ValueError(f"job {self.job_id}: no attempt is running")
+        return dataclasses.replace(
+            self, attempts=self.attempts[:-1] + (dataclasses.replace(running, **changes),))
 
     def with_checkpoint(self, ref: CheckpointRef) -> JobRecord:
         if self.latest_checkpoint is not None and ref.step < self.latest_checkpoint.step:

@@ -52,7 +52,7 @@ from prefect_spot.artifacts import (artifact_key, attempts_table, load_record, r
 from prefect_spot.blocks import BLOCK_FIELDS, SpotConfiguration
 
 CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
-RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED)
+RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED)
 
 
 def _check_store_uri(value: str | None) -> str | None:

@@ -27,14 +27,15 @@ DESIGN.md's outcome rules want), jobs that may not use on-demand
 (``on_demand_fallback=False``: the deadline policy is not consulted), and any moment
 outside the planned window.
 
-**Limitation: decisions only between attempts.** The simulator's policy is asked at every
-tick, also while the job runs, and may move a running job (e.g. ``uniform-progress`` leaves
-on-demand for spot once it is ahead; ``default`` may switch zones). The controller cannot:
-an attempt ends only as one of DESIGN.md's five outcomes (succeeded, preempted,
-user_failed, infrastructure_failed, capacity_unavailable), there is no "moved" outcome,
-so a running attempt (spot or on-demand) is kept until it ends. For ``greedy`` (which
-never leaves a running instance voluntarily) live and simulated choices are the same;
-for policies that do move, the live job can cost more than the simulator reports.
+**While an attempt runs.** The simulator's policy is asked at every tick, also while the
+job runs, and may move a running job (``uniform-progress`` leaves on-demand for spot once
+it is ahead). The controller asks the plan once per tick while an on-demand attempt runs
+(``_while_running``: the policy sees ``current=ON_DEMAND`` and the restart overhead still
+left, as in the simulator); when it names a zone with capacity, the controller *drains*
+the attempt (an emergency checkpoint, the sixth outcome ``drained``, no budget spent) and
+the next attempt starts on spot there. Not done live: moves between spot zones and from
+spot to on-demand while on spot (the simulator's ``default`` may switch zones), so a policy
+that makes them can still cost a little more live than simulated.
 
 Pure, like the rest of ``spot_core.policy``: the plan is built from trace data and the
 market's tick arithmetic, then each decision is a function of the record, the offers
@@ -116,8 +117,11 @@ class DeadlinePlan:
                fallback: Decision, *, now: float) -> Decision:
         """What the job does next; ``fallback`` is the retry policy's own answer, used
         whenever the deadline policy has no say (see the module docstring)."""
-        if fallback.action in ("done", "fail") or record.current_attempt is not None:
+        if fallback.action in ("done", "fail"):
             return fallback
+        running = record.current_attempt
+        if running is not None:
+            return self._while_running(record, running, offers, retry, now)
         if not retry.on_demand_fallback or record.preemptions >= retry.max_preemptions:
             return fallback
         t = self.tick(now)
@@ -147,6 +151,35 @@ class DeadlinePlan:
         others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
         return Decision("launch", market=Market.SPOT, pools=(chosen,) + others,
                         reason=f"deadline policy {self.policy}: spot in {chosen.zone} ({where})")
+
+    def _while_running(self, record: JobRecord, running, offers: Sequence[Offer],
+                       retry: RetryPolicy, now: float) -> Decision:
+        """A running on-demand attempt moves to spot when the policy, asked as the
+        simulator asks it (on on-demand, with the restart overhead still left), names a
+        zone the market has capacity in; anything else keeps the attempt running."""
+        keep = Decision("wait", wait_seconds=retry.capacity_wait_seconds,
+                        reason=f"attempt {running.number} keeps running on "
+                               f"{running.pool.market} in {running.pool.zone}")
+        if (running.pool.is_spot or not retry.return_to_spot
+                or record.preemptions >= retry.max_preemptions):
+            return keep
+        t = self.tick(now)
+        if not 0 <= t < self.window.ticks:
+            return keep
+        ran = max(0, t - self.tick(running.started_at)) * self.window.tick_seconds
+        left = max(0.0, self.window.job.overhead_seconds - ran)
+        progress = self.progress_seconds(record)
+        action = int(self.decide_tick(t, progress, ON_DEMAND, left))
+        if not 0 <= action < len(self.pools):
+            return keep
+        chosen = self.pools[action]
+        if not any(o.pool == chosen and o.available for o in offers):
+            return keep
+        others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
+        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others,
+                        reason=f"deadline policy {self.policy}: spot is back in {chosen.zone}; "
+                               f"move from on-demand (tick {t} of {self.window.ticks}, "
+                               f"{progress / self.window.job.task_seconds:.0%} of the work done)")
 
     def _wait(self, record: JobRecord, t: int, now: float, reason: str) -> Decision:
         """Wait until the next tick boundary: bounded by one tick and by the deadline."""

@@ -134,7 +134,7 @@ def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy,
     spot, priced_out = _spot_candidates(record, offers, now, stats, ranking, policy.max_spot_price)
     running = record.current_attempt
     if running is not None:
-        return _while_running(record, running, spot, policy, now, work)
+        return _while_running(record, running, spot, policy, now, work, offers)
     return _next_launch(record, spot, on_demand_candidates(offers), policy, now, work,
                         priced_out)
 
@@ -242,8 +242,10 @@ def _next_launch(record: JobRecord, spot: tuple[Pool, ...], on_demand: tuple[Poo
 
 
 def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
-                   policy: RetryPolicy, now: float, work: DeadlineWork | None = None) -> Decision:
-    """Keep a running attempt, unless an on-demand one may move back to spot."""
+                   policy: RetryPolicy, now: float, work: DeadlineWork | None = None,
+                   offers: Sequence[Offer] = ()) -> Decision:
+    """Keep a running attempt, unless an on-demand one may move back to spot (the
+    controller then drains it: an emergency checkpoint, and the next attempt on spot)."""
     keep = Decision("wait", wait_seconds=policy.capacity_wait_seconds,
                     reason=f"attempt {running.number} is running on {running.pool.market} "
                            f"in {running.pool.zone}")
@@ -255,8 +257,32 @@ def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
         return keep
     if now - running.started_at < policy.min_on_demand_seconds:
         return keep
+    if not _move_pays(running, spot[0], offers, work):
+        return keep
     return _launch(Market.SPOT, spot, f"spot capacity is back in {spot[0].zone}; move the job "
                                       f"from on-demand back to spot ({_progress(record)})")
+
+
+MOVE_MARGIN = 2.0
+"""A move back to spot must save this many times what its restart costs."""
+
+
+def _move_pays(running: Attempt, target: Pool, offers: Sequence[Offer],
+               work: DeadlineWork | None) -> bool:
+    """Whether the saving over the work left repays the restart (``MOVE_MARGIN`` times):
+    ``(on-demand - spot) * work left > margin * on-demand * restart overhead``. Unknown
+    work left (no ``work``): the move is taken, as ``min_on_demand_seconds`` already kept
+    the job on on-demand long enough not to flap."""
+    if work is None:
+        return True
+    prices = {o.pool.key: o.price_per_hour for o in offers}
+    spot_price = prices.get(target.key)
+    on_demand = prices.get(running.pool.key, next(
+        (o.on_demand_price_per_hour for o in offers if o.pool.key == target.key), None))
+    if spot_price is None or on_demand is None:
+        return True
+    saving = (on_demand - spot_price) * work.work_left_seconds
+    return saving > MOVE_MARGIN * on_demand * work.restart_overhead_seconds
 
 
 def _launch(market: Market, pools: tuple[Pool, ...], reason: str) -> Decision:
