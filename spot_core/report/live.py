@@ -12,6 +12,7 @@ import time
 from typing import Callable
 
 from spot_core.model import JobRecord
+from spot_core.report.progress import attempt_line, saving_line
 
 
 class LiveProgress:
@@ -38,32 +39,12 @@ class LiveProgress:
 
         record = self.record
         if record is None:
-            return Panel(Text(self.last), title=self.title)
-        lines = [Text(self._attempt_line(record)), Text(self._saving_line(record))]
+            return Panel(Text(self.last), title=Text(self.title))
+        lines = [Text(attempt_line(record, self.clock())), Text(saving_line(record))]
         step = record.latest_checkpoint.step if record.latest_checkpoint else 0
         if self.total_steps:
             lines.append(Text(f"checkpointed step {step} of {self.total_steps}"))
-            lines.append(ProgressBar(total=self.total_steps, completed=min(step, self.total_steps),
-                                     width=60))
+            lines.append(ProgressBar(total=self.total_steps,
+                                     completed=min(step, self.total_steps), width=60))
         lines.append(Text(f"last: {self.last}"[:160], style="dim"))
-        return Panel(Group(*lines), title=f"{self.title} {record.job_id}")
-
-    def _attempt_line(self, record: JobRecord) -> str:
-        attempt = record.attempts[-1] if record.attempts else None
-        if attempt is None:
-            return "no attempt yet"
-        pool = attempt.pool
-        if attempt.outcome is None:
-            price = (attempt.lease or {}).get("price_per_hour")
-            rate = f" at ${price:.3f}/h" if isinstance(price, (int, float)) else ""
-            running = max(0.0, self.clock() - attempt.started_at)
-            return (f"attempt {attempt.number} running on {pool.zone} {pool.instance_type} "
-                    f"({pool.market}){rate} for {running:.0f} s")
-        return f"attempt {attempt.number} on {pool.zone} ({pool.market}) ended {attempt.outcome}"
-
-    @staticmethod
-    def _saving_line(record: JobRecord) -> str:
-        ledger = record.ledger
-        return (f"preemptions {record.preemptions}, fallbacks {record.fallbacks}; spent "
-                f"${ledger.spent:.2f} vs on-demand ${ledger.on_demand_equivalent:.2f}: saved so "
-                f"far ${ledger.saved:.2f} ({ledger.savings_fraction:.0%})")
+        return Panel(Group(*lines), title=Text(f"{self.title} {record.job_id}"))
