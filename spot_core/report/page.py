@@ -14,7 +14,7 @@ STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#212121}
 h1{font-size:20px;margin:0 0 4px}p.ledger{white-space:pre-line;margin:8px 0 16px}
 table{border-collapse:collapse;margin:8px 0 20px;font-size:13px}
-th,td{border:1px solid #e0e0e0;padding:4px 8px}th{background:#f5f5f5}
+th,td{border:1px solid #e0e0e0;padding:4px 8px;white-space:nowrap}th{background:#f5f5f5}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{margin:0 0 20px}
 """
