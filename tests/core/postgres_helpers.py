@@ -57,6 +57,11 @@ def with_database(url: str, database: str, driver: str | None = None) -> str:
     return urlunsplit((scheme, parts.netloc, f"/{database}", parts.query, ""))
 
 
+def with_driver(url: str, driver: str) -> str:
+    """``url`` for SQLAlchemy with ``driver`` (``postgresql+psycopg2``, ...)."""
+    return urlunsplit((driver, *urlsplit(url)[1:]))
+
+
 def psql(url: str, *args: str, timeout: float = 60) -> str:
     """Run psql against ``url`` (the libpq URL, no SQLAlchemy driver), failing loudly."""
     binary = pg_binary("psql") or "psql"
