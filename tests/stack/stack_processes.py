@@ -40,6 +40,7 @@ IMAGE_ENVS = {"spot-pipelines-airflow": ".venv-airflow", "spot-pipelines-prefect
               "spot-pipelines-step": ".venv-airflow", "motoserver/moto": ".venv-airflow"}
 READY_TIMEOUT = 180.0
 INIT_TIMEOUT = 300.0
+STOP_TIMEOUT = 15.0  # compose's default stop grace is 10 s
 
 
 def image_env(image: str) -> Path:
@@ -225,30 +226,34 @@ class Stack:
         return done.returncode == 0
 
     def close(self) -> None:
-        """SIGTERM every process we started and its descendants (leases included: they
-        are the spot cloud's children), SIGKILL what outlives 20 s, then PostgreSQL."""
-        procs = []
-        for proc in self.procs.values():
-            try:
-                parent = psutil.Process(proc.pid)
-                procs += [parent, *parent.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-            procs += [p for p in psutil.process_iter() if p not in procs
-                      and _session_of(p.pid) == proc.pid]
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=20)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=10)
+        """Stop the services in reverse start order, as compose does (dependents first, so
+        none sees its dependencies vanish): SIGTERM each one's process tree and session
+        (leases are the spot cloud's children), SIGKILL what outlives STOP_TIMEOUT; then
+        PostgreSQL."""
+        for name in reversed(list(self.procs)):
+            _stop_tree(self.procs[name].pid)
         self.exits.close()
+
+
+def _stop_tree(pid: int) -> None:
+    try:
+        parent = psutil.Process(pid)
+        procs = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    procs += [p for p in psutil.process_iter() if p not in procs and _session_of(p.pid) == pid]
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _volume_parts(volume) -> tuple[str, str]:

@@ -39,7 +39,9 @@ def stack(tmp_path_factory):
         yield stack
     finally:
         before = {p.pid for p in stack_processes_of(stack)}
+        began = time.monotonic()
         stack.close()
+        print(f"stopped in {time.monotonic() - began:.0f} s")
         left = [pid for pid in before if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert not left, f"processes left running: {left}"
@@ -99,6 +101,7 @@ def _start_prefect_run(stack: Stack, tmp: Path) -> subprocess.Popen:
                              "workdir": env["SPOT_LOCAL_CLOUD_WORKDIR"]},
         "checkpoint_root": env["SPOT_CHECKPOINT_ROOT"] + "/prefect",
         "capacity_wait": 0.5,
+        "max_preemptions": 1,  # then on-demand: preemptions are tested elsewhere
     }
     parameters = {"workdir": str(tmp / "prefect-work"), "steps": 400, "step_seconds": 0.01}
     python = image_env("spot-pipelines-prefect:latest") / "python"
