@@ -1,4 +1,5 @@
-"""Real Airflow 3.3 on SQLite (PostgreSQL for the standalone end-to-end test) in a throw-away AIRFLOW_HOME, and one local spot cloud server.
+"""Real Airflow 3.3 on SQLite in a throw-away AIRFLOW_HOME (the standalone end-to-end
+test runs on PostgreSQL: tests/core/postgres_helpers.py), and one local spot cloud server.
 
 AIRFLOW_HOME must be set before anything imports ``airflow`` (its configuration is read
 at import), so it is set when this conftest is imported; the session fixtures migrate
