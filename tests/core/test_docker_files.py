@@ -151,3 +151,37 @@ def test_helm_values_use_the_airflow_image_and_secrets_by_name():
     assert all(entry["secretName"] and entry["secretKey"] for entry in values["secret"])
     for entry in values["env"]:
         assert not SECRET_NAME.search(entry["name"]), entry
+
+
+def test_the_step_image_runs_its_command_under_the_watcher():
+    """The step image's ENTRYPOINT + a step's CMD, run as the image would (spot-pipelines
+    from this environment): SIGTERM to the container (how Kubernetes and a spot
+    reclaim announce the end) reaches the step as an interruption it checkpoints on."""
+    import json
+    import os
+    import signal
+    import time
+
+    line = next(l for l in (DOCKER / "step" / "Dockerfile").read_text().splitlines()
+                if l.startswith("ENTRYPOINT "))
+    entrypoint = json.loads(line.split(" ", 1)[1])
+    step = ("import signal, sys, time\n"
+            "def stop(*_):\n"
+            "    print('emergency checkpoint saved', flush=True); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "print('training', flush=True)\n"
+            "time.sleep(60)\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([*entrypoint, sys.executable, "-c", step], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert "emergency checkpoint saved" in out, out
+    assert proc.returncode == 0, out
