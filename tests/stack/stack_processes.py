@@ -144,6 +144,8 @@ class Stack:
                # What the images set themselves: Airflow's and Prefect's homes.
                "AIRFLOW_HOME": str(home / "airflow"), "PREFECT_HOME": str(home / "prefect")}
         (self.root / "tmp").mkdir(exist_ok=True)
+        # This machine's facts, not the service's: BLAS settings some CPUs here need.
+        env.update({k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")})
         env.update({key: self._map(value, name) for key, value in service.environment.items()})
         argv = [self._map(arg, name) for arg in service.argv]
         if (bin_dir / argv[0]).exists():
