@@ -159,3 +159,21 @@ def test_a_spot_dag_and_a_spot_flow_run_to_success_on_the_stack(stack, tmp_path)
     assert result["state"] == "COMPLETED", (
         f"{result}\n{err[-2000:]}\n--- prefect-worker\n{stack.log('prefect-worker')[-3000:]}")
     assert _bucket_keys(stack, "prefect/"), "no checkpoint of the flow run in the bucket"
+    # Both engines kept their state in the stack's PostgreSQL.
+    assert _sql(stack, "airflow", f"SELECT state FROM dag_run WHERE run_id = '{run_id}'") \
+        == "success"
+    assert _sql(stack, "prefect", "SELECT state_type FROM flow_run WHERE id = "
+                f"'{result['flow_run_id']}'") == "COMPLETED"
+
+
+def _sql(stack: Stack, database: str, query: str) -> str:
+    """One value from a database of the stack's PostgreSQL, as its superuser."""
+    from urllib.parse import quote
+
+    from postgres_helpers import psql
+
+    env = stack.services["postgres"].environment
+    url = (f"postgresql://{quote(env['POSTGRES_USER'])}:"
+           f"{quote(env['POSTGRES_PASSWORD'], safe='')}@127.0.0.1:"
+           f"{stack.ports[('postgres', 5432)]}/{database}")
+    return psql(url, "-c", query).strip()
