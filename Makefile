@@ -20,7 +20,7 @@ PREFECT := .venv-prefect
 ENGINE ?= none
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-core test-airflow test-prefect test-chaos bench bench-policies bench-aws bench-interval envs clean lock
+.PHONY: demo test test-core test-airflow test-prefect test-stack test-chaos bench bench-policies bench-aws bench-interval envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -31,7 +31,7 @@ DEMO_ENV := $(DEMO_ENV_$(ENGINE))
 demo: $(DEMO_ENV)/.synced
 	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE)
 
-test: test-core test-airflow test-prefect
+test: test-core test-airflow test-prefect test-stack
 
 test-core: $(CORE)/.torch
 	$(CORE)/bin/python -m pytest tests/core $(PYTEST_ARGS)
@@ -46,6 +46,10 @@ test-airflow: $(AIRFLOW)/.synced
 
 test-prefect: $(PREFECT)/.synced
 	$(PREFECT)/bin/python -m pytest tests/prefect $(PYTEST_ARGS)
+
+# docker/compose.yaml's services run as processes against PostgreSQL (both engines' envs).
+test-stack: $(AIRFLOW)/.synced $(PREFECT)/.synced
+	$(AIRFLOW)/bin/python -m pytest tests/stack $(PYTEST_ARGS)
 
 bench: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.foundation

@@ -53,6 +53,7 @@ from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Pool
 
 
+LOOPBACK = "127.0.0.1"
 TOKEN_FILE = "server.token"
 TOKEN_ENV = "SPOT_LOCAL_CLOUD_TOKEN"
 URL_ENV = "SPOT_LOCAL_CLOUD_URL"
@@ -105,11 +106,13 @@ def trace_from_dict(data: dict[str, Any]) -> ZoneTrace:
 
 
 class LocalCloudServer:
-    """Serves one ``LocalSpotCloud`` on 127.0.0.1."""
+    """Serves one ``LocalSpotCloud`` on 127.0.0.1, or on ``host`` (a container's
+    ``0.0.0.0``, so that the stack's other containers reach it; the token still guards it)."""
 
-    def __init__(self, cloud: LocalSpotCloud, *, port: int = 0,
+    def __init__(self, cloud: LocalSpotCloud, *, port: int = 0, host: str = LOOPBACK,
                  start_on_first_client: bool = False) -> None:
         self.cloud = cloud
+        self._host = host
         self._port = port
         self._waiting_for_client = start_on_first_client
         self._created_at = cloud.clock()
@@ -126,18 +129,21 @@ class LocalCloudServer:
     def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *, workdir: str | Path,
                     time_scale: float = 3600.0, start_tick: int = 0,
                     config: LocalCloudConfig | None = None, port: int = 0,
+                    host: str = LOOPBACK,
                     start_on_first_client: bool = False) -> LocalCloudServer:
         cloud = LocalSpotCloud.from_traces(traces, time_scale=time_scale, start_tick=start_tick,
                                            workdir=workdir, config=config)
-        return cls(cloud, port=port, start_on_first_client=start_on_first_client)
+        return cls(cloud, port=port, host=host, start_on_first_client=start_on_first_client)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
+        """Where this machine reaches it (the loopback address when bound to all)."""
+        host = LOOPBACK if self._host in ("0.0.0.0", "") else self._host
+        return f"http://{host}:{self._port}"
 
     def start(self) -> LocalCloudServer:
         _write_private(self.token_file, self.token)  # before the first request can come
-        server = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)
+        server = ThreadingHTTPServer((self._host, self._port), _Handler)
         server.daemon_threads = True
         server.cloud = self.cloud  # type: ignore[attr-defined]
         server.token = self.token  # type: ignore[attr-defined]
@@ -279,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=3600.0)
     parser.add_argument("--start-tick", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--host", default=LOOPBACK,
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
     parser.add_argument("--start-on-first-client", action="store_true",
                         help="hold the replay at --start-tick until the first client connects")
     args = parser.parse_args(argv)
@@ -289,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         server = LocalCloudServer.from_traces(traces, workdir=args.workdir,
                                               time_scale=args.time_scale,
                                               start_tick=args.start_tick, port=args.port,
+                                              host=args.host,
                                               start_on_first_client=args.start_on_first_client
                                               ).start()
     except ConfigError as exc:

@@ -1,4 +1,5 @@
-"""Real Airflow 3.3 on SQLite in a throw-away AIRFLOW_HOME, and one local spot cloud server.
+"""Real Airflow 3.3 on SQLite in a throw-away AIRFLOW_HOME (the standalone end-to-end
+test runs on PostgreSQL: tests/core/postgres_helpers.py), and one local spot cloud server.
 
 AIRFLOW_HOME must be set before anything imports ``airflow`` (its configuration is read
 at import), so it is set when this conftest is imported; the session fixtures migrate
@@ -21,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The engine-agnostic tests' helpers (moto server, instance runtime, train command).
 sys.path.insert(0, str(REPO / "tests" / "core"))
 from aws_helpers import aws_env, moto_server  # noqa: E402,F401  (pytest fixtures)
+from postgres_helpers import postgres_url  # noqa: E402,F401  (pytest fixture)
 _HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
 # The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.
 DAGS = _HOME / "dags"
@@ -57,7 +59,6 @@ def airflow_home() -> Path:
     airflow = Path(sys.executable).parent / "airflow"
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True,
                    timeout=300, env=os.environ.copy())
-    shutil.copy(_HOME / "airflow.db", _HOME / "airflow.db.pristine")  # for test_standalone
     return _HOME
 
 

@@ -19,6 +19,7 @@ def test_example_dag_imports_with_zero_import_errors(airflow_home):
     assert {t.task_id for t in dag.tasks} == {"prepare", "train", "evaluate_model",
                                              "shard_commands", "batch_inference", "report"}
     assert dag.get_task("train").deferrable
+    assert bag.dags["spot_first_task"].get_task("train").deferrable  # the docker/ stack's
 
 
 def test_pipeline_succeeds_with_preemptions_and_no_retry_spent(pipeline_run):

@@ -1,7 +1,8 @@
 """End to end under ``airflow standalone`` (api-server, scheduler, dag-processor, triggerer).
 
-One standalone Airflow for this module, in its own AIRFLOW_HOME on SQLite, bound to
-127.0.0.1 on free ports, with its own local cloud server. Tests trigger DAG runs with
+One standalone Airflow for this module, in its own AIRFLOW_HOME, on PostgreSQL as in
+production (a fresh database on the session's server: tests/core/postgres_helpers.py),
+bound to 127.0.0.1 on free ports, with its own local cloud server. Tests trigger DAG runs with
 the CLI and read the outcome from the metadata database in a subprocess (the test
 process's own Airflow points at the session's other AIRFLOW_HOME).
 """
@@ -137,8 +138,9 @@ class Standalone:
 
 
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory, airflow_home):
+def standalone(tmp_path_factory, postgres_url):
     from conftest import DAGS, TEST_DIR
+    from postgres_helpers import fresh_database, with_driver
 
     from airflow_spot.demo import cloud_server
     from spot_core.localcloud.server import client_environ
@@ -153,7 +155,6 @@ def standalone(tmp_path_factory, airflow_home):
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
@@ -166,10 +167,10 @@ def standalone(tmp_path_factory, airflow_home):
         "SPOT_TEST_DIR": str(TEST_DIR),
         "SPOT_PIPELINE_WORKDIR": str(work),
     })
-    import shutil
-
-    shutil.copy(airflow_home / "airflow.db.pristine", home / "airflow.db")  # migrated, unused
-    with cloud_server(work / "cloud", start_tick=300) as url:
+    with fresh_database(postgres_url, "spot_airflow_standalone") as database, \
+            cloud_server(work / "cloud", start_tick=300) as url:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database,
+                                                                 "postgresql+psycopg2")
         env.update(client_environ(url, work / "cloud"))
         airflow = Standalone(home, env, port)
         log = open(home / "standalone.log", "wb")

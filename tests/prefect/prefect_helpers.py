@@ -73,6 +73,25 @@ def running_worker(pool: str, log_path: Path) -> Iterator[subprocess.Popen]:
                 worker.wait(timeout=10)
 
 
+def wait_healthy(api_url: str, server: subprocess.Popen, log_path: Path,
+                 timeout: float) -> None:
+    """Until ``API/health`` answers (bounded); the server's log tail if it exits first."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log_path.read_text(errors="replace")[-3000:]
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"the Prefect server at {api_url} was not healthy in {timeout} s: "
+                         + log_path.read_text(errors="replace")[-3000:])
+
+
 def wait_completed(client, flow_run_id, timeout: float):
     """The flow run once Completed (a Crashed state on the way may still be rescheduled
     by the worker), or as it is at the timeout."""

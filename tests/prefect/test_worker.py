@@ -1,5 +1,6 @@
-"""The spot worker: job variables validated; end to end, a preempted flow run is
-rescheduled and resumes from its checkpoint instead of ending Crashed."""
+"""The spot worker: job variables validated; end to end (on a Prefect server backed by
+PostgreSQL), a preempted flow run is rescheduled and resumes from its checkpoint instead
+of ending Crashed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from prefect_helpers import (PREFECT, deploy_example_flow, final_record, running
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
 from spot_core.model import JobRecord, Outcome
 
+
+@pytest.fixture
+def prefect_api(prefect_server_on_postgres):
+    """This module's tests talk to a Prefect server on PostgreSQL, as production runs."""
+    yield
 
 
 def test_worker_type_is_discoverable_as_spot():

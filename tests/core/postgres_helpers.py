@@ -1,0 +1,182 @@
+"""A real PostgreSQL for the tests that run Airflow or Prefect as production does.
+
+CI (``.ci/run``) installs Debian's ``postgresql``, starts its cluster on 127.0.0.1 and
+exports ``SPOT_TEST_POSTGRES_URL`` (a role that may create databases). Elsewhere the
+``postgres_url`` session fixture starts a private cluster itself when the server's
+binaries are installed (``initdb`` into a temp dir, ``pg_ctl start`` on a free port,
+stopped at the end), so ``make test`` works on a developer machine too. Each test gets
+its own database from ``fresh_database``, dropped afterwards.
+
+PostgreSQL refuses to run as root: as root the cluster runs as the ``postgres`` user the
+Debian package creates.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+
+URL_ENV = "SPOT_TEST_POSTGRES_URL"
+START_TIMEOUT = 60
+
+
+def pg_binary(name: str) -> str | None:
+    """A PostgreSQL server program: on PATH, else the newest Debian install."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+                        key=lambda p: int(Path(p).parts[-3]))
+    return candidates[-1] if candidates else None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def with_database(url: str, database: str, driver: str | None = None) -> str:
+    """``url`` pointing at ``database`` (and, if given, SQLAlchemy's ``driver``:
+    ``postgresql+psycopg2``, ``postgresql+asyncpg``)."""
+    parts = urlsplit(url)
+    scheme = driver or parts.scheme
+    return urlunsplit((scheme, parts.netloc, f"/{database}", parts.query, ""))
+
+
+def with_driver(url: str, driver: str) -> str:
+    """``url`` for SQLAlchemy with ``driver`` (``postgresql+psycopg2``, ...)."""
+    return urlunsplit((driver, *urlsplit(url)[1:]))
+
+
+def psql(url: str, *args: str, timeout: float = 60) -> str:
+    """Run psql against ``url`` (the libpq URL, no SQLAlchemy driver), failing loudly."""
+    binary = pg_binary("psql") or "psql"
+    done = subprocess.run([binary, "--no-psqlrc", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-A",
+                           "-t", "-d", url, *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"psql failed: {done.stderr.strip()}"
+    return done.stdout
+
+
+@contextmanager
+def fresh_database(admin_url: str, prefix: str) -> Iterator[str]:
+    """A new empty database on the server of ``admin_url``; its libpq URL. Dropped after
+    (WITH (FORCE): the engines' servers may still hold connections)."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    psql(admin_url, "-c", f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        psql(admin_url, "-c", f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class Cluster:
+    """A private PostgreSQL cluster (data directory, port), as its own OS user."""
+
+    datadir: Path
+    port: int
+    superuser: str
+    password: str
+    os_user: str | None  # run the server as this user (we are root), else as ourselves
+
+    @property
+    def url(self) -> str:
+        return (f"postgresql://{quote(self.superuser)}:{quote(self.password, safe='')}"
+                f"@127.0.0.1:{self.port}/postgres")
+
+    def _run(self, *argv: str, timeout: float) -> None:
+        command = list(argv) if self.os_user is None else ["runuser", "-u", self.os_user,
+                                                           "--", *argv]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              cwd=self.datadir.parent)
+        assert done.returncode == 0, f"{argv[0]} failed: {done.stdout}\n{done.stderr}"
+
+    def init(self) -> None:
+        pwfile = self.datadir.parent / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        self._own(pwfile)
+        try:
+            self._run(pg_binary("initdb"), "-D", str(self.datadir), "-U", self.superuser,
+                      f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8",
+                      "--no-instructions", timeout=120)
+        finally:
+            pwfile.unlink()
+
+    def start(self) -> None:
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.datadir.parent} -F"
+        self._run(pg_binary("pg_ctl"), "-D", str(self.datadir), "-l",
+                  str(self.datadir.parent / "postgres.log"), "-o", options, "-w",
+                  "-t", str(START_TIMEOUT), "start", timeout=START_TIMEOUT + 10)
+
+    def stop(self) -> None:
+        self._run(pg_binary("pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "-t", "30",
+                  "stop", timeout=40)
+
+    def _own(self, path: Path) -> None:
+        if self.os_user is not None:
+            entry = pwd.getpwnam(self.os_user)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def server_os_user() -> str | None:
+    """The user the server must run as: None (ourselves) unless we are root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.fail("running as root, PostgreSQL needs the 'postgres' OS user: install "
+                    "Debian's postgresql package (apt-get install postgresql)")
+    return "postgres"
+
+
+@contextmanager
+def private_cluster(superuser: str = "spot_test", password: str | None = None,
+                    port: int | None = None) -> Iterator[Cluster]:
+    """initdb + pg_ctl start on 127.0.0.1 (a free port unless given); stopped and removed
+    on exit. Skips (a failure under CI) when the server's binaries are missing."""
+    if pg_binary("initdb") is None or pg_binary("pg_ctl") is None:
+        pytest.skip(f"no PostgreSQL server binaries (initdb, pg_ctl): install PostgreSQL "
+                    f"(Debian: apt-get install postgresql) or set {URL_ENV}")
+    os_user = server_os_user()
+    root = Path(tempfile.mkdtemp(prefix="spot-pg-"))
+    cluster = Cluster(root / "data", port or free_port(), superuser,
+                      password or secrets.token_urlsafe(16), os_user)
+    cluster._own(root)
+    try:
+        cluster.init()
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server's URL whose role may create databases: CI's (``$SPOT_TEST_
+    POSTGRES_URL``), else a private cluster for this session."""
+    url = os.environ.get(URL_ENV)
+    if url:
+        psql(url, "-c", "SELECT 1")  # reachable, or one clear failure here
+        yield url
+        return
+    with private_cluster() as cluster:
+        yield cluster.url

