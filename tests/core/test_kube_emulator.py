@@ -234,6 +234,19 @@ def test_graceful_delete_sends_sigterm_and_waits_for_the_process(kube_client, ku
     assert marker.read_text() == "TERM"
 
 
+def test_a_force_delete_removes_the_object_at_once_and_still_stops_the_process(
+        kube_client, kube_namespace, tmp_path):
+    v1 = core(kube_client)
+    marker = tmp_path / "term"
+    v1.create_namespaced_pod(kube_namespace, pod_body(
+        "forced", [sys.executable, "-c", SIGTERM_SCRIPT, str(marker)]))
+    wait_for(lambda: v1.read_namespaced_pod("forced", kube_namespace).status.phase == "Running"
+             and "ready" in v1.read_namespaced_pod_log("forced", kube_namespace), 30, "run")
+    v1.delete_namespaced_pod("forced", kube_namespace, grace_period_seconds=0)
+    assert gone(v1, kube_namespace, "forced")
+    wait_for(marker.exists, 10, "SIGTERM to reach the force-deleted pod's process")
+
+
 # -- scheduling --------------------------------------------------------------------------------
 def test_scheduler_honours_affinity_taints_and_tolerations(kube_client, kube_cluster,
                                                          kube_namespace):

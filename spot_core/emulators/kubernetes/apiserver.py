@@ -157,8 +157,6 @@ class ApiServer:
         obj.clear()
         obj.update(copy.deepcopy(new))
         obj.setdefault("metadata", {}).update(kept_meta)
-        obj["metadata"].pop("resourceVersion", None)
-        obj["metadata"]["resourceVersion"] = "0"
         if resource in STATUS_OWNED:
             obj["status"] = status
             if obj["status"] is None:
@@ -203,10 +201,10 @@ class ApiServer:
         pod = self.store.get("pods", namespace, name)
         options = body.get("deleteOptions") or {}
         self._check_preconditions("pods", pod, options.get("preconditions") or {})
-        if pod["status"].get("phase") in TERMINAL or not pod["spec"].get("nodeName"):
+        if pod["status"].get("phase") in TERMINAL:
             self.cluster.delete_pod(namespace, name, options.get("gracePeriodSeconds"))
             return status_object(201, failure=False)
-        if not pod["metadata"].get("deletionTimestamp"):
+        if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
             self._check_budgets(pod)
         self.cluster.mark_disruption(namespace, name, "EvictionByEvictionAPI",
                                      EVICTION_MESSAGE)

@@ -20,6 +20,7 @@ Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported
 logger = logging.getLogger(__name__)
 TAINT_MANAGER_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 POD_GC_MESSAGE = "PodGC: node no longer exists"
+MIN_KILL_GRACE = 2.0          # the kubelet's minimumGracePeriodInSeconds
 RETRY_UNSCHEDULABLE = 10.0     # seconds between FailedScheduling reports of one message
 
 
@@ -118,7 +119,7 @@ class ControlLoop:
             if meta.get("deletionTimestamp"):
                 if worker is None:
                     self.cluster.finish_deletion(meta["namespace"], meta["name"], meta["uid"])
-                elif not worker.terminating:
+                else:       # a second, shorter delete shortens the grace of the first
                     worker.request_termination(float(meta.get("deletionGracePeriodSeconds", 0)))
             elif worker is None and pod["status"].get("phase") not in TERMINAL:
                 self.cluster.start_worker(pod)
@@ -126,7 +127,9 @@ class ControlLoop:
             if uid in present:
                 continue
             if not worker.done.is_set():
-                worker.kill_now()
+                # Force-deleted (or garbage-collected): the kubelet still stops the
+                # containers with its minimum grace before forgetting them.
+                worker.request_termination(MIN_KILL_GRACE, delete=False)
             else:
                 self.cluster.workers.pop(uid, None)
 

@@ -17,6 +17,7 @@ from .quantity import parse_quantity
 from .selectors import Requirement
 
 TERMINAL = ("Succeeded", "Failed")
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,8 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
 
 def _filter(pod, node, bound: list[Mapping[str, Any]]) -> str | None:
     """The first failing filter's reason for this node, or None if the pod fits."""
-    if node["spec"].get("unschedulable") and not any(
-            t.get("key") == "node.kubernetes.io/unschedulable" and t.get("operator") == "Exists"
-            for t in pod["spec"].get("tolerations") or []):
+    if node["spec"].get("unschedulable") and not tolerates(
+            pod["spec"].get("tolerations") or [], UNSCHEDULABLE_TAINT):
         return "node(s) were unschedulable"
     taint = untolerated_taint(pod, node)
     if taint is not None:
