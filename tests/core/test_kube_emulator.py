@@ -175,6 +175,16 @@ def test_a_pod_runs_its_command_with_its_env_and_its_logs_come_back(kube_client,
     assert reasons[:1] == ["Scheduled"] and "Started" in reasons
 
 
+def test_a_pods_commands_resolve_to_the_emulators_venv(kube_client, kube_namespace):
+    v1 = core(kube_client)
+    v1.create_namespaced_pod(kube_namespace, pod_body("venv", [
+        "sh", "-c", "command -v spot-pipelines; python -c 'import sys; print(sys.prefix)'"]))
+    wait_phase(v1, kube_namespace, "venv", ("Succeeded",))
+    found, prefix = v1.read_namespaced_pod_log("venv", kube_namespace).split()
+    assert found == os.path.join(os.path.dirname(sys.executable), "spot-pipelines")
+    assert prefix == sys.prefix
+
+
 def test_follow_streams_the_log_until_the_container_ends(kube_client, kube_namespace):
     v1 = core(kube_client)
     script = "import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.1)"
@@ -205,6 +215,19 @@ def test_watch_from_a_resource_version_with_selectors(kube_client, kube_namespac
     done = v1.list_namespaced_pod(kube_namespace, field_selector="status.phase=Succeeded,"
                                   "metadata.name=watched")
     assert [p.metadata.name for p in done.items] == ["watched"]
+
+
+def test_lists_page_with_limit_and_continue(kube_client, kube_namespace):
+    v1 = core(kube_client)
+    for index in range(5):
+        v1.create_namespaced_config_map(kube_namespace, {"metadata": {"name": f"cm-{index}"}})
+    first = v1.list_namespaced_config_map(kube_namespace, limit=2)
+    assert [c.metadata.name for c in first.items] == ["cm-0", "cm-1"]
+    assert first.metadata.remaining_item_count == 3
+    rest = v1.list_namespaced_config_map(kube_namespace, limit=10,
+                                         _continue=first.metadata._continue)
+    assert [c.metadata.name for c in rest.items] == ["cm-2", "cm-3", "cm-4"]
+    assert rest.metadata._continue is None
 
 
 def test_patch_labels_and_cordon_a_node(kube_client, kube_cluster, kube_namespace):

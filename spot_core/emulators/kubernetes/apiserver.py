@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from typing import Any, Mapping
 
 from . import pod_defaults, pod_status as ps
@@ -42,14 +43,28 @@ class ApiServer:
         return self.store.get(resource, namespace, name)
 
     def list(self, resource: str, namespace: str | None, label_selector: str | None = None,
-             field_selector: str | None = None) -> dict[str, Any]:
+             field_selector: str | None = None, limit: int | None = None,
+             continue_token: str | None = None) -> dict[str, Any]:
+        """A list, paged with ``limit`` and ``continue`` as the API server pages it (the
+        token carries the position; a token from another list is 400)."""
         items, rv = self.store.list(resource, namespace or None)
         keep = self.matcher(resource, label_selector, field_selector)
         res = RESOURCES[resource]
         items = sorted((i for i in items if keep(i)), key=lambda o: (
             o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        start = _continue_position(continue_token, resource) if continue_token else None
+        if start is not None:
+            items = [i for i in items if (i["metadata"].get("namespace", ""),
+                                          i["metadata"]["name"]) > start]
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if limit and limit > 0 and len(items) > limit:
+            last = items[limit - 1]["metadata"]
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                [resource, last.get("namespace", ""), last["name"]]).encode()).decode()
+            meta["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
         return {"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                "metadata": {"resourceVersion": str(rv)}, "items": items}
+                "metadata": meta, "items": items}
 
     def matcher(self, resource: str, label_selector: str | None, field_selector: str | None):
         labels = parse_label_selector(label_selector)
@@ -237,6 +252,17 @@ class ApiServer:
             raise invalid("Binding", name, [("target.name", "Required value")])
         self.cluster.bind(namespace, name, target["name"])
         return status_object(201, failure=False)
+
+
+def _continue_position(token: str, resource: str) -> tuple[str, str]:
+    try:
+        kind, namespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError):
+        raise ApiError(400, "continue key is not valid: incorrect encoded start "
+                            "resourceVersion (version meta.k8s.io/v1)") from None
+    if kind != resource:
+        raise ApiError(400, "continue key is not valid: it was issued for another list")
+    return namespace, name
 
 
 def _healthy(pod: Mapping[str, Any]) -> bool:

@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -278,10 +279,13 @@ class KubeCluster:
         return str(self.workdir / "pods" / uid)
 
     def base_env(self, pod: dict[str, Any]) -> dict[str, str]:
-        """What every container sees besides its spec's env: this machine's PATH (so
-        ``spot-pipelines`` is the emulator's venv's), the in-cluster service variables and,
+        """What every container sees besides its spec's env: this machine's PATH with the
+        emulator's interpreter directory first (so ``spot-pipelines`` and ``python`` are
+        the emulator's venv's even when it was not activated), the in-cluster service
+        variables and,
         as the stand-in for a mounted service-account token, ``KUBECONFIG``."""
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
+        env = {"PATH": _interpreter_first(os.environ.get("PATH", "")),
+               "HOME": os.environ.get("HOME", "/"),
                "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
                str(self.kubeconfig_path)}
@@ -332,3 +336,9 @@ class KubeCluster:
 
     def cleanup_workdir(self) -> None:
         shutil.rmtree(self.workdir / "pods", ignore_errors=True)
+
+
+def _interpreter_first(path: str) -> str:
+    here = os.path.dirname(sys.executable)
+    rest = [p for p in path.split(os.pathsep) if p and p != here]
+    return os.pathsep.join([here, *rest])

@@ -126,9 +126,12 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and _flag(query, "watch"):
                 return self._watch(resource, namespace, query)
             if method == "GET":
+                limit = query.get("limit", "")
                 return self._json(200, api.list(resource, namespace or None,
                                                 query.get("labelSelector"),
-                                                query.get("fieldSelector")))
+                                                query.get("fieldSelector"),
+                                                int(limit) if limit.isdigit() else None,
+                                                query.get("continue")))
             if method == "POST":
                 return self._json(201, api.create(resource, namespace, body))
             raise ApiError(405, f"{method} is not supported on a collection here")
