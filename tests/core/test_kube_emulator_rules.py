@@ -8,6 +8,7 @@ import pytest
 from spot_core.emulators.kubernetes import store as store_module
 from spot_core.emulators.kubernetes.errors import ApiError
 from spot_core.emulators.kubernetes.patch import MERGE, STRATEGIC, apply_patch
+from spot_core.emulators.kubernetes.pools import NodePool
 from spot_core.emulators.kubernetes.quantity import parse_quantity
 from spot_core.emulators.kubernetes.scheduler import place
 from spot_core.emulators.kubernetes.selectors import matches_all, parse_label_selector
@@ -126,3 +127,33 @@ def test_a_watch_from_a_version_the_history_no_longer_holds_is_410(monkeypatch):
         store.events_after(first, "namespaces")
     assert (caught.value.code, caught.value.reason) == (410, "Expired")
     assert len(store.events_after(store.resource_version - 2, "namespaces")) == 2
+
+
+@pytest.mark.parametrize("pool, labels, taints", [
+    (NodePool("ng", "eks", "spot"), {"eks.amazonaws.com/capacityType": "SPOT",
+                                     "eks.amazonaws.com/nodegroup": "ng"}, []),
+    (NodePool("ng", "eks", "on-demand"), {"eks.amazonaws.com/capacityType": "ON_DEMAND"}, []),
+    (NodePool("np", "karpenter", "spot"), {"karpenter.sh/capacity-type": "spot",
+                                           "karpenter.sh/nodepool": "np"}, []),
+    (NodePool("gp", "gke", "spot", "us-central1-a"), {
+        "cloud.google.com/gke-spot": "true", "cloud.google.com/gke-nodepool": "gp",
+        "topology.kubernetes.io/region": "us-central1"}, []),
+    (NodePool("gp", "gke", "preemptible", "us-central1-a"), {
+        "cloud.google.com/gke-preemptible": "true"}, []),
+    (NodePool("ap", "aks", "spot", "eastus-1"), {
+        "kubernetes.azure.com/scalesetpriority": "spot", "kubernetes.azure.com/agentpool": "ap",
+        "topology.kubernetes.io/region": "eastus"},
+     [{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"}]),
+])
+def test_each_flavours_nodes_carry_its_labels_and_taints(pool, labels, taints):
+    node = pool.node_object()
+    assert labels.items() <= node["metadata"]["labels"].items()
+    assert node["spec"]["taints"] == taints
+    assert "cloud.google.com/gke-spot" not in node["metadata"]["labels"] or pool.flavour == "gke"
+
+
+def test_a_bad_pool_is_one_clear_error():
+    with pytest.raises(ValueError, match="capacity_type preemptible is GKE's"):
+        NodePool("p", "eks", "preemptible")
+    with pytest.raises(ValueError, match="unknown node pool keys"):
+        NodePool.from_dict({"name": "p", "flavour": "eks", "size": 3})
