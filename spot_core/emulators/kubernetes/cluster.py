@@ -254,10 +254,6 @@ class KubeCluster:
         namespace = self.store.update("namespaces", "", name, lambda ns: (
             ns["metadata"].update(deletion_fields(now, 0)), ns["status"].update(
                 phase="Terminating")))
-        for resource in ("events", "secrets", "configmaps", "serviceaccounts",
-                         "poddisruptionbudgets"):
-            for obj in self.store.list(resource, name)[0]:
-                self.store.delete(resource, name, obj["metadata"]["name"])
         for pod in self.store.list("pods", name)[0]:
             self.delete_pod(name, pod["metadata"]["name"])
         return namespace

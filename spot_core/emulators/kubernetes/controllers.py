@@ -20,6 +20,8 @@ Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported
 logger = logging.getLogger(__name__)
 TAINT_MANAGER_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 POD_GC_MESSAGE = "PodGC: node no longer exists"
+NAMESPACED_LEFTOVERS = ("events", "secrets", "configmaps", "serviceaccounts",
+                        "poddisruptionbudgets")
 MIN_KILL_GRACE = 2.0          # the kubelet's minimumGracePeriodInSeconds
 RETRY_UNSCHEDULABLE = 10.0     # seconds between FailedScheduling reports of one message
 
@@ -210,14 +212,23 @@ class ControlLoop:
                 self.cluster.add_node(pool)
 
     def _finish_namespaces(self, pods: list[dict[str, Any]]) -> None:
+        """A terminating namespace goes once its pods are gone, with whatever was still
+        created in it meanwhile (the kubelets' last events)."""
         for namespace in self.store.all("namespaces"):
             name = namespace["metadata"]["name"]
-            if namespace["metadata"].get("deletionTimestamp") and not any(
+            if not namespace["metadata"].get("deletionTimestamp") or any(
                     p["metadata"]["namespace"] == name for p in pods):
-                try:
-                    self.store.delete("namespaces", "", name)
-                except ApiError:
-                    pass
+                continue
+            for resource in NAMESPACED_LEFTOVERS:
+                for obj in self.store.list(resource, name)[0]:
+                    try:
+                        self.store.delete(resource, name, obj["metadata"]["name"])
+                    except ApiError:
+                        pass
+            try:
+                self.store.delete("namespaces", "", name)
+            except ApiError:
+                pass
 
 
 def _parse_time(text: str | None) -> float | None:

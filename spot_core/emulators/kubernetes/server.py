@@ -8,6 +8,7 @@ has a Content-Length, every stream is chunked and ends with the zero-length chun
 
 from __future__ import annotations
 
+import calendar
 import hmac
 import json
 import logging
@@ -160,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _watch(self, resource: str, namespace: str, query: dict[str, str]) -> None:
         store, api = self.cluster.store, self.cluster.api
         keep = api.matcher(resource, query.get("labelSelector"), query.get("fieldSelector"))
-        timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_SECONDS),
+        timeout = min(_number(query, "timeoutSeconds") or MAX_WATCH_SECONDS,
                       MAX_WATCH_SECONDS)
         bookmarks = _flag(query, "allowWatchBookmarks")
         start = query.get("resourceVersion") or "0"
@@ -220,12 +221,10 @@ class _Handler(BaseHTTPRequestHandler):
                                 f"{reason}")
         since = None
         if query.get("sinceSeconds"):
-            since = time.time() - int(query["sinceSeconds"])
+            since = time.time() - _number(query, "sinceSeconds")
         elif query.get("sinceTime"):
-            import calendar
-            since = float(calendar.timegm(time.strptime(query["sinceTime"][:19],
-                                                        "%Y-%m-%dT%H:%M:%S")))
-        tail = int(query["tailLines"]) if query.get("tailLines") else None
+            since = _rfc3339(query["sinceTime"])
+        tail = int(_number(query, "tailLines")) if query.get("tailLines") else None
         timestamps = _flag(query, "timestamps")
         if _flag(query, "follow"):
             self._start_stream("text/plain")
@@ -234,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(data)
             self._end_stream()
             return
-        limit = int(query["limitBytes"]) if query.get("limitBytes") else None
+        limit = int(_number(query, "limitBytes")) if query.get("limitBytes") else None
         self._send(200, log.read(timestamps=timestamps, since=since, tail=tail,
                                  limit_bytes=limit), "text/plain")
 
@@ -259,7 +258,7 @@ class _Handler(BaseHTTPRequestHandler):
                 except ValueError as exc:
                     raise ApiError(400, str(exc)) from None
                 if _flag(query, "wait"):
-                    reclaim.wait(float(query.get("timeoutSeconds") or 120))
+                    reclaim.wait(_number(query, "timeoutSeconds") or 120.0)
                 return self._json(202, reclaim.as_dict())
             if parts[3] == "taint":
                 from .reclaim import add_taint
@@ -324,6 +323,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+def _rfc3339(text: str) -> float:
+    try:
+        return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        raise ApiError(400, f'sinceTime must be an RFC 3339 time, got "{text}"') from None
+
+
+def _number(query: dict[str, str], name: str) -> float:
+    """A numeric query parameter; 400 naming it when it is not a number."""
+    raw = query.get(name, "")
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise ApiError(400, f'{name} must be a number, got "{raw}"') from None
+
+
 def _flag(query: dict[str, str], name: str) -> bool:
     """A boolean query parameter as Go's strconv.ParseBool reads it (1, t, true, True...)."""
     return query.get(name, "").strip() in ("1", "t", "T", "true", "TRUE", "True")
@@ -363,7 +378,7 @@ def _watch_type(event, keep) -> str | None:
 def _delete_options(query: dict[str, str], body: Any) -> dict[str, Any]:
     options = dict(body) if isinstance(body, dict) else {}
     if "gracePeriodSeconds" in query:
-        options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+        options["gracePeriodSeconds"] = int(_number(query, "gracePeriodSeconds"))
     if "propagationPolicy" in query:
         options["propagationPolicy"] = query["propagationPolicy"]
     if query.get("dryRun"):
