@@ -17,7 +17,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 

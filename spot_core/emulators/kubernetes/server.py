@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from .errors import ApiError, status_object
+from .errors import ApiError
 from .pools import NodePool
 from .resources import RESOURCES, resource_list
 
