@@ -216,7 +216,7 @@ def test_watch_from_a_resource_version_with_selectors(kube_client, kube_namespac
     assert [p.metadata.name for p in done.items] == ["watched"]
 
 
-def test_lists_page_with_limit_and_continue(kube_client, kube_namespace):
+def test_lists_page_with_limit_and_continue_and_delete_by_selector(kube_client, kube_namespace):
     v1 = core(kube_client)
     for index in range(5):
         v1.create_namespaced_config_map(kube_namespace, {"metadata": {"name": f"cm-{index}"}})
@@ -227,6 +227,10 @@ def test_lists_page_with_limit_and_continue(kube_client, kube_namespace):
                                          _continue=first.metadata._continue)
     assert [c.metadata.name for c in rest.items] == ["cm-2", "cm-3", "cm-4"]
     assert rest.metadata._continue is None
+    v1.delete_collection_namespaced_config_map(kube_namespace,
+                                               field_selector="metadata.name!=cm-0")
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(kube_namespace).items] == [
+        "cm-0"]
 
 
 def test_patch_labels_and_cordon_a_node(kube_client, kube_cluster, kube_namespace):

@@ -198,6 +198,24 @@ class ApiServer:
             return self.cluster.delete_namespace(name)
         return self.store.delete(resource, namespace, name)
 
+    def delete_collection(self, resource: str, namespace: str | None,
+                          label_selector: str | None, field_selector: str | None,
+                          options: Mapping[str, Any]) -> dict[str, Any]:
+        """``deletecollection``: each selected object deleted as a single delete would."""
+        listed = self.list(resource, namespace, label_selector, field_selector)
+        deleted = []
+        for obj in listed["items"]:
+            meta = obj["metadata"]
+            try:
+                deleted.append(self.delete(resource, meta.get("namespace", ""), meta["name"],
+                                           {k: v for k, v in options.items()
+                                            if k != "preconditions"}))
+            except ApiError as exc:
+                if exc.code != 404:
+                    raise
+        listed["items"] = deleted
+        return listed
+
     def _check_preconditions(self, resource: str, obj: Mapping[str, Any],
                              preconditions: Mapping[str, Any]) -> None:
         meta = obj["metadata"]

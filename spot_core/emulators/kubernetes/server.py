@@ -135,6 +135,10 @@ class _Handler(BaseHTTPRequestHandler):
                                                 query.get("continue")))
             if method == "POST":
                 return self._json(201, api.create(resource, namespace, body))
+            if method == "DELETE":
+                return self._json(200, api.delete_collection(
+                    resource, namespace or None, query.get("labelSelector"),
+                    query.get("fieldSelector"), _delete_options(query, body)))
             raise ApiError(405, f"{method} is not supported on a collection here")
         if sub == "log" and resource == "pods" and method == "GET":
             return self._log(namespace, name, query)
