@@ -579,3 +579,37 @@ def _imds(endpoint: str, token: str, path: str) -> str | None:
         return urllib.request.urlopen(request, timeout=5).read().decode()
     except urllib.error.HTTPError:
         return None
+
+
+def test_node_watch_sees_the_taint_then_the_deletion(kube_client, kube_cluster):
+    v1 = core(kube_client)
+    _, (node,) = add_test_pool(kube_cluster, "karpenter")
+    listed = v1.list_node()
+    reclaim = kube_cluster.reclaim(node)
+    seen = []
+    stream = watch.Watch()
+    for event in stream.stream(v1.list_node, field_selector=f"metadata.name={node}",
+                               resource_version=listed.metadata.resource_version,
+                               timeout_seconds=30):
+        taints = [(t.key, t.effect, t.time_added is not None)
+                  for t in event["object"].spec.taints or []]
+        seen.append((event["type"], taints))
+        if event["type"] == "DELETED":
+            stream.stop()
+    assert reclaim.wait(10)
+    assert seen[0] == ("MODIFIED", [("karpenter.sh/disrupted", "NoSchedule", True)])
+    assert seen[-1][0] == "DELETED"
+
+
+def test_namespaces_and_budgets_deserialize(kube_client, kube_namespace):
+    v1, policy = core(kube_client), k8s.PolicyV1Api(kube_client)
+    namespace = v1.read_namespace(kube_namespace)
+    assert namespace.status.phase == "Active"
+    assert kube_namespace in [n.metadata.name for n in v1.list_namespace().items]
+    budget = policy.create_namespaced_pod_disruption_budget(kube_namespace, {
+        "metadata": {"name": "b"}, "spec": {"maxUnavailable": "50%",
+                                             "selector": {"matchLabels": {"a": "b"}}}})
+    assert budget.spec.max_unavailable == "50%"
+    secret = v1.create_namespaced_secret(kube_namespace, {"metadata": {"name": "s"},
+                                                          "stringData": {"k": "v"}})
+    assert secret.data == {"k": "dg=="} and secret.type == "Opaque"
