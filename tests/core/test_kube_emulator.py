@@ -242,6 +242,10 @@ def test_patch_labels_and_cordon_a_node(kube_client, kube_cluster, kube_namespac
     _, (node,) = add_test_pool(kube_cluster, "eks")
     cordoned = v1.patch_node(node, {"spec": {"unschedulable": True}})
     assert cordoned.spec.unschedulable is True
+    wait_for(lambda: [t.key for t in v1.read_node(node).spec.taints or []] == [
+        "node.kubernetes.io/unschedulable"], 10, "the cordon taint")
+    v1.patch_node(node, {"spec": {"unschedulable": None}})
+    wait_for(lambda: not v1.read_node(node).spec.taints, 10, "the cordon taint to go")
 
 
 def test_graceful_delete_sends_sigterm_and_waits_for_the_process(kube_client, kube_cluster,

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from .errors import ApiError
-from .scheduler import TERMINAL, place, tolerates, untolerated_taint
+from .scheduler import TERMINAL, UNSCHEDULABLE_TAINT, place, tolerates, untolerated_taint
+from .timefmt import rfc3339
 
 Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
 
@@ -60,6 +61,7 @@ class ControlLoop:
     def reconcile(self) -> None:
         nodes = {n["metadata"]["name"]: n for n in self.store.all("nodes")}
         self._notice_node_changes(nodes)
+        self._taint_cordoned(nodes)
         pods = list(self.store.all("pods"))
         self._schedule(nodes, pods)
         pods = list(self.store.all("pods"))
@@ -201,6 +203,27 @@ class ControlLoop:
                 del self._known_nodes[name]
                 self.cluster.node_deleted(node)
         self._known_nodes.update(nodes)
+
+    def _taint_cordoned(self, nodes: dict[str, Any]) -> None:
+        """The node lifecycle controller's TaintNodesByCondition for a cordon: the
+        ``node.kubernetes.io/unschedulable:NoSchedule`` taint follows spec.unschedulable."""
+        stamp = rfc3339(self.cluster.clock())
+        for name, node in nodes.items():
+            taints = node["spec"].get("taints") or []
+            has = any(t.get("key") == UNSCHEDULABLE_TAINT["key"] for t in taints)
+            if bool(node["spec"].get("unschedulable")) == has:
+                continue
+
+            def mutate(obj: dict[str, Any]) -> None:
+                kept = [t for t in obj["spec"].get("taints") or []
+                        if t.get("key") != UNSCHEDULABLE_TAINT["key"]]
+                if obj["spec"].get("unschedulable"):
+                    kept.append({**UNSCHEDULABLE_TAINT, "timeAdded": stamp})
+                obj["spec"]["taints"] = kept
+            try:
+                nodes[name] = self.store.update("nodes", "", name, mutate)
+            except ApiError:
+                pass
 
     def _replace_nodes(self) -> None:
         now = time.monotonic()
