@@ -112,7 +112,7 @@ def test_requests_without_the_token_get_a_401_status(kube_cluster):
 def test_discovery_version_and_nodes_deserialize(kube_client, kube_cluster):
     assert k8s.VersionApi(kube_client).get_code().major == "1"
     groups = k8s.ApisApi(kube_client).get_api_versions()
-    assert [g.name for g in groups.groups] == ["policy"]
+    assert [g.name for g in groups.groups] == ["policy", "scheduling.k8s.io"]
     resources = k8s.CoreV1Api(kube_client).get_api_resources()
     assert {"pods", "pods/eviction", "pods/log", "nodes"} <= {r.name for r in resources.resources}
     nodes = core(kube_client).list_node().items
@@ -617,3 +617,28 @@ def test_namespaces_and_budgets_deserialize(kube_client, kube_namespace):
     secret = v1.create_namespaced_secret(kube_namespace, {"metadata": {"name": "s"},
                                                           "stringData": {"k": "v"}})
     assert secret.data == {"k": "dg=="} and secret.type == "Opaque"
+
+
+def test_a_higher_priority_pod_preempts_a_lower_one(kube_client, kube_cluster, kube_namespace,
+                                                   tmp_path):
+    v1, scheduling = core(kube_client), k8s.SchedulingV1Api(kube_client)
+    name = f"high-{kube_namespace}"
+    scheduling.create_priority_class({"metadata": {"name": name}, "value": 1000})
+    pool, (node,) = add_test_pool(kube_cluster, "gke", zone="us-central1-c", pods=1)
+    marker = tmp_path / "term"
+    pods = PodWatch(kube_client, kube_namespace)
+    _running_sigterm_pod(v1, kube_namespace, "low", pool, marker)
+    high = pod_body("high", [sys.executable, "-c", "print('mine now')"], pool=pool,
+                    priorityClassName=name)
+    created = v1.create_namespaced_pod(kube_namespace, high)
+    assert created.spec.priority == 1000
+    done = wait_phase(v1, kube_namespace, "high", ("Succeeded",))
+    assert done.spec.node_name == node
+    assert marker.read_text() == "TERM"
+    assert ("DisruptionTarget", "True", "PreemptionByScheduler") in pods.conditions("low")
+    assert gone(v1, kube_namespace, "low")
+    unknown = pod_body("nobody", [sys.executable, "-c", "pass"], priorityClassName="missing")
+    with pytest.raises(ApiException) as refused:
+        v1.create_namespaced_pod(kube_namespace, unknown)
+    assert refused.value.status == 403
+    scheduling.delete_priority_class(name)

@@ -10,7 +10,7 @@ from spot_core.emulators.kubernetes.errors import ApiError
 from spot_core.emulators.kubernetes.patch import MERGE, STRATEGIC, apply_patch
 from spot_core.emulators.kubernetes.pools import NodePool
 from spot_core.emulators.kubernetes.quantity import parse_quantity
-from spot_core.emulators.kubernetes.scheduler import place
+from spot_core.emulators.kubernetes.scheduler import place, preempt
 from spot_core.emulators.kubernetes.selectors import matches_all, parse_label_selector
 from spot_core.emulators.kubernetes.store import Store
 
@@ -157,3 +157,25 @@ def test_a_bad_pool_is_one_clear_error():
         NodePool("p", "eks", "preemptible")
     with pytest.raises(ValueError, match="unknown node pool keys"):
         NodePool.from_dict({"name": "p", "flavour": "eks", "size": 3})
+
+
+def _running(name, node, prio, deleting=False):
+    meta = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": node, "priority": prio,
+                                       "containers": [{"name": "c"}]},
+            "status": {"phase": "Running"}}
+
+
+def test_preemption_takes_the_fewest_lowest_priority_victims():
+    nodes = [_node("one", pods="1"), _node("two", pods="2"), _node("tainted", {}, [SPOT_TAINT],
+                                                                  pods="1")]
+    pods = [_running("a", "one", 5), _running("b", "two", 1), _running("c", "two", 2),
+            _running("d", "tainted", 0)]
+    choice = preempt(_pod(priority=10), nodes, pods)
+    assert (choice.node, [v["metadata"]["name"] for v in choice.victims]) == ("two", ["b"])
+    assert preempt(_pod(priority=1), nodes, pods) is None   # no usable node has a lower pod
+    assert preempt(_pod(priority=10, preemptionPolicy="Never"), nodes, pods) is None
+    going = [_running("a", "one", 5, deleting=True)]
+    assert preempt(_pod(priority=10), [nodes[0]], going) is None   # already being freed

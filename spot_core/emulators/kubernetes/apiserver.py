@@ -100,8 +100,37 @@ class ApiServer:
 
     def _admit_pods(self, pod: dict[str, Any]) -> None:
         pod_defaults.validate_pod(pod)
+        self._admit_priority(pod)
         pod_defaults.default_pod(pod)
         pod["metadata"]["generation"] = 1
+
+    def _admit_priority(self, pod: dict[str, Any]) -> None:
+        """The Priority admission plugin: spec.priority from the pod's PriorityClass (or
+        the global default one); an unknown class is refused."""
+        spec, name = pod["spec"], pod["metadata"]["name"]
+        classes = self.store.list("priorityclasses")[0]
+        wanted = spec.get("priorityClassName")
+        found = next((c for c in classes if c["metadata"]["name"] == wanted), None) \
+            if wanted else next((c for c in classes if c.get("globalDefault")), None)
+        if wanted and found is None:
+            raise ApiError(403, f'pods "{name}" is forbidden: no PriorityClass with name '
+                                f"{wanted} was found", "Forbidden")
+        value = int(found.get("value", 0)) if found else 0
+        if spec.get("priority") is not None and spec["priority"] != value:
+            raise ApiError(403, f'pods "{name}" is forbidden: the integer value of priority '
+                                f"({spec['priority']}) must not be provided in pod spec; "
+                                "priority admission controller computed "
+                                f"{value} from the given PriorityClass name", "Forbidden")
+        spec["priority"] = value
+        if found:
+            spec["priorityClassName"] = found["metadata"]["name"]
+            spec.setdefault("preemptionPolicy",
+                            found.get("preemptionPolicy") or "PreemptLowerPriority")
+
+    def _admit_priorityclasses(self, klass: dict[str, Any]) -> None:
+        if not isinstance(klass.get("value"), int):
+            raise invalid("PriorityClass", klass["metadata"]["name"],
+                          [("value", "Required value")])
 
     def _admit_namespaces(self, namespace: dict[str, Any]) -> None:
         namespace["spec"] = {"finalizers": ["kubernetes"]}

@@ -36,6 +36,8 @@ from .store import Store
 from .timefmt import rfc3339
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000,
+                           "system-node-critical": 2000001000}
 
 
 class KubeCluster:
@@ -72,6 +74,11 @@ class KubeCluster:
         for account_ns in SYSTEM_NAMESPACES:
             self.store.create("serviceaccounts", {"metadata": {"name": "default",
                                                                "namespace": account_ns}})
+        for name, value in SYSTEM_PRIORITY_CLASSES.items():
+            self.api.create("priorityclasses", "", {"metadata": {"name": name},
+                                                    "value": value, "description": "Used "
+                                                    "for system critical pods that must run "
+                                                    "in the cluster."})
         for pool in self.config.pools:
             self.add_pool(pool)
         self._server = serve(self, self._port)

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from .errors import ApiError
-from .scheduler import TERMINAL, UNSCHEDULABLE_TAINT, place, tolerates, untolerated_taint
+from .scheduler import (TERMINAL, UNSCHEDULABLE_TAINT, place, preempt, priority, tolerates,
+                        untolerated_taint)
 from .timefmt import rfc3339
 
 Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
@@ -21,6 +22,7 @@ Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported
 logger = logging.getLogger(__name__)
 TAINT_MANAGER_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 POD_GC_MESSAGE = "PodGC: node no longer exists"
+PREEMPTION_MESSAGE = "default-scheduler: preempting to accommodate a higher priority pod"
 NAMESPACED_LEFTOVERS = ("events", "secrets", "configmaps", "serviceaccounts",
                         "poddisruptionbudgets")
 MIN_KILL_GRACE = 2.0          # the kubelet's minimumGracePeriodInSeconds
@@ -77,7 +79,7 @@ class ControlLoop:
                           and not p["metadata"].get("deletionTimestamp")
                           and p["spec"].get("schedulerName", "default-scheduler")
                           == "default-scheduler"),
-                         key=lambda p: p["metadata"]["creationTimestamp"])
+                         key=lambda p: (-priority(p), p["metadata"]["creationTimestamp"]))
         live = [n for n in nodes.values() if not n["metadata"].get("deletionTimestamp")]
         for pod in pending:
             placement = place(pod, live, pods)
@@ -91,6 +93,36 @@ class ControlLoop:
                 pods = list(self.store.all("pods"))
                 continue
             self._report_unschedulable(pod, placement.message)
+            self._preempt(pod, live, pods)
+
+    def _preempt(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
+                 pods: list[dict[str, Any]]) -> None:
+        """Evict lower-priority pods for ``pod`` (DisruptionTarget PreemptionByScheduler)
+        and nominate the node; nothing more while earlier victims are still going."""
+        nominated = pod["status"].get("nominatedNodeName")
+        if nominated and any(p["spec"].get("nodeName") == nominated
+                             and p["metadata"].get("deletionTimestamp") for p in pods):
+            return
+        choice = preempt(pod, nodes, pods)
+        if choice is None:
+            return
+        meta = pod["metadata"]
+        for victim in choice.victims:
+            vmeta = victim["metadata"]
+            try:
+                self.cluster.mark_disruption(vmeta["namespace"], vmeta["name"],
+                                             "PreemptionByScheduler", PREEMPTION_MESSAGE)
+                self.cluster.event(victim, "Normal", "Preempted", f"Preempted by pod "
+                                   f"{meta['uid']} on node {choice.node}",
+                                   component="default-scheduler")
+                self.cluster.delete_pod(vmeta["namespace"], vmeta["name"])
+            except ApiError:
+                continue
+        try:
+            self.store.update("pods", meta["namespace"], meta["name"], lambda p: p[
+                "status"].update(nominatedNodeName=choice.node))
+        except ApiError:
+            pass
 
     def _report_unschedulable(self, pod: dict[str, Any], message: str) -> None:
         from . import pod_status as ps

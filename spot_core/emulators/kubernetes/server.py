@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from .errors import ApiError
 from .pools import NodePool
-from .resources import RESOURCES, resource_list
+from .resources import GROUPS, RESOURCES, api_group, group_list, resource_list
 
 Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
 
@@ -106,13 +106,13 @@ class _Handler(BaseHTTPRequestHandler):
                                         "clientCIDR": "0.0.0.0/0",
                                         "serverAddress": self.cluster.url[7:]}]})
         if parts == ["apis"]:
-            return self._json(200, _group_list())
-        if parts == ["apis", "policy"]:
-            return self._json(200, _group_list()["groups"][0])
+            return self._json(200, group_list())
+        if len(parts) == 2 and parts[0] == "apis" and parts[1] in GROUPS:
+            return self._json(200, api_group(parts[1]))
         if parts[:2] == ["api", "v1"]:
             group, rest = "", parts[2:]
-        elif len(parts) >= 3 and parts[0] == "apis" and parts[1:3] == ["policy", "v1"]:
-            group, rest = "policy", parts[3:]
+        elif len(parts) >= 3 and parts[0] == "apis" and parts[1] in GROUPS and parts[2] == "v1":
+            group, rest = parts[1], parts[3:]
         else:
             raise ApiError(404, "the server could not find the requested resource")
         if not rest:
@@ -413,10 +413,3 @@ def _waiting_reason(pod: dict[str, Any], container: str) -> str:
             return (status.get("state", {}).get("waiting") or {}).get("reason",
                                                                        "ContainerCreating")
     return "ContainerCreating"
-
-
-def _group_list() -> dict[str, Any]:
-    version = {"groupVersion": "policy/v1", "version": "v1"}
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-        {"kind": "APIGroup", "apiVersion": "v1", "name": "policy", "versions": [version],
-         "preferredVersion": version}]}
