@@ -373,6 +373,18 @@ def test_a_missing_secret_is_create_container_config_error_until_it_exists(kube_
     assert v1.read_namespaced_pod_log("config", kube_namespace) == "value\n"
 
 
+def test_a_failed_container_reports_its_exit_code_and_log_tail(kube_client, kube_namespace):
+    v1 = core(kube_client)
+    script = "import sys; print('loss exploded', file=sys.stderr); sys.exit(3)"
+    v1.create_namespaced_pod(kube_namespace, pod_body(
+        "broken", [sys.executable, "-c", script],
+        container={"terminationMessagePolicy": "FallbackToLogsOnError"}))
+    pod = wait_phase(v1, kube_namespace, "broken", ("Failed", "Succeeded"))
+    terminated = pod.status.container_statuses[0].state.terminated
+    assert (pod.status.phase, terminated.exit_code, terminated.reason) == ("Failed", 3, "Error")
+    assert terminated.message == "loss exploded\n"
+
+
 def test_memory_above_the_limit_is_oom_killed(kube_client, kube_namespace):
     v1 = core(kube_client)
     script = "import time\nblocks = []\nwhile True:\n    blocks.append(bytearray(8 << 20))\n" \

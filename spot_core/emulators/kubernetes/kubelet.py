@@ -274,8 +274,12 @@ class PodWorker:
         name = container["name"]
         code = process.exit_code if process.exit_code is not None else 137
         reason = "OOMKilled" if process.oom_killed else ("Completed" if code == 0 else "Error")
+        message = None
+        if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = process.log.read(tail=80)[-2048:].decode(errors="replace") or None
         state = ps.terminated_state(process.container_id, code, reason, process.started_at,
-                                    process.finished_at or time.time(), process.signal)
+                                    process.finished_at or time.time(), process.signal,
+                                    message)
         previous = self.statuses.get(name, {})
         self._set(name, ps.terminated(name, container["image"], process.container_id, state,
                                       previous.get("restartCount", 0),
