@@ -76,7 +76,7 @@ $(UV):
 	$(TOOLS)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
 
 $(CORE)/.synced: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --extra aws
+	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --extra aws --extra kubernetes
 	touch $@
 
 # PyTorch's CPU build (no test needs a GPU), with pip: on Linux PyPI's torch wheel pulls

@@ -4,6 +4,7 @@ import pytest
 
 from aws_helpers import aws_env, moto_server  # noqa: F401  (pytest fixtures)
 from dist_helpers import build_dist
+from kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: F401,E402
 
 
 @pytest.fixture(scope="session")
