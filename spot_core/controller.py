@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
 from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE
-from spot_core.checkpoint import open_store
+from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
@@ -168,11 +168,15 @@ class Controller:
     ``heartbeat_timeout``: how long a lease outlives a driver that stopped renewing its
     heartbeat (passed to the node's watcher; None: never). ``observe_failure_timeout``:
     how long observing a lease may keep failing before the attempt ends as
-    ``infrastructure_failed`` (its lease is still terminated).
+    ``infrastructure_failed`` (its lease is still terminated). ``stores``: opens a job's
+    checkpoint store by URI; by default the provider's ``open_store`` (it reaches the
+    store with the provider's own credentials) if it has one, else ``open_store`` with
+    boto3's default chain.
     """
 
     def __init__(self, provider: Provider, market, policy: RetryPolicy = RetryPolicy(), *,
                  persist: Persist | None = None, listener: Listener | None = None,
+                 stores: Callable[[str], CheckpointStore] | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
                  poll_interval: float = default("poll_interval"),
@@ -187,6 +191,7 @@ class Controller:
         self.provider = provider
         self.market = market
         self.policy = policy
+        self.stores = stores or getattr(provider, "open_store", None) or open_store
         self.poll_interval = poll_interval
         self.attempt_timeout = attempt_timeout
         self.heartbeat_timeout = heartbeat_timeout
@@ -331,7 +336,7 @@ class Controller:
             record = self.on_lease_end(spec, record, LeaseStatus(
                 LeaseState.RECLAIMED, ended_at=now, notice_at=now,
                 message="the worker vanished without a report (killed or reclaimed)"), now)
-        store = open_store(spec.checkpoint_uri)
+        store = self.stores(spec.checkpoint_uri)
         floor = store.fence_level() + 1 if attempt is None else attempt
         number = max(record.next_attempt_number, floor)
         store.fence(number)
@@ -402,7 +407,7 @@ class Controller:
                        now: float) -> tuple[JobRecord, Lease | None]:
         """Fence the store above every attempt it has seen, launch in the first ranked pool
         with capacity, and record the attempt (or a ``capacity_unavailable`` one)."""
-        store = open_store(spec.checkpoint_uri)
+        store = self.stores(spec.checkpoint_uri)
         # A re-run of a job id (its record lost with a killed driver) continues above the
         # dead run's attempts, so the dead run's zombie is the one refused.
         number = max(record.next_attempt_number, store.fence_level() + 1)
@@ -486,7 +491,7 @@ class Controller:
         if now - self._beats.get(spec.job_id, float("-inf")) < every:
             return
         try:
-            Heartbeat(open_store(spec.checkpoint_uri)).renew(lease.attempt, now)
+            Heartbeat(self.stores(spec.checkpoint_uri)).renew(lease.attempt, now)
             self._beats[spec.job_id] = now
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the heartbeat: %s", spec.job_id, exc)
@@ -524,7 +529,7 @@ class Controller:
     def _close_attempt(self, spec: JobSpec, record: JobRecord, lease: Lease | None,
                        status: LeaseStatus, now: float) -> JobRecord:
         ended_at = status.ended_at or now
-        end_ref = open_store(spec.checkpoint_uri).latest()
+        end_ref = self.stores(spec.checkpoint_uri).latest()
         outcome = classify(status)
         running = record.current_attempt
         bill = (self.provider.bill(lease, ended_at) if lease is not None
