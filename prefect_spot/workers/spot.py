@@ -50,7 +50,7 @@ from prefect_spot import _jobs
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import (artifact_key, attempts_table, load_record, record_key,
                                     save_record, summary_markdown)
-from prefect_spot.blocks import BLOCK_FIELDS, SpotConfiguration, aws_field
+from prefect_spot.blocks import AWS_FIELD_HELP, BLOCK_FIELDS, SpotConfiguration
 from prefect_spot.credentials import fingerprint
 
 CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
@@ -101,9 +101,12 @@ class _SpotFields:
     poll_interval = spot_field("poll_interval")
     heartbeat_timeout = spot_field("heartbeat_timeout")
     observe_failure_timeout = spot_field("observe_failure_timeout")
-    aws_credentials = aws_field("EC2, SQS and the checkpoint_root store; in a deployment's "
-                                "job variables reference the saved block (`{\"$ref\": "
-                                "{\"block_document_id\": ...}}`), never its keys")
+    # As prefect-aws' ECS worker: an empty block (the default) is boto3's default chain.
+    aws_credentials = Field(default_factory=AwsCredentials, title="AWS Credentials",
+                            description=AWS_FIELD_HELP.format(
+                                what="EC2, SQS and the checkpoint_root store; in a "
+                                "deployment's job variables reference the saved block "
+                                "(`{\"$ref\": {\"block_document_id\": ...}}`), never its keys"))
     checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
                             "or `s3://bucket/prefix`); each flow run gets a folder, passed "
                             "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
@@ -131,7 +134,7 @@ class _SpotValues(BaseModel):
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
     observe_failure_timeout: float = _SpotFields.observe_failure_timeout
     checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
-    aws_credentials: Optional[AwsCredentials] = _SpotFields.aws_credentials
+    aws_credentials: AwsCredentials = _SpotFields.aws_credentials
 
     @model_validator(mode="before")
     @classmethod
