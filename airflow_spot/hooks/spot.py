@@ -24,7 +24,8 @@ from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, Persist
 from spot_core.model import Lease, Pool
 from spot_core.policy.retry import RetryPolicy
-from spot_core.providers import PROVIDER_NAMES, open_provider
+from spot_core.errors import ConfigError
+from spot_core.providers import PROVIDER_NAMES, open_provider, takes_session
 from spot_core.providers.base import Provider
 
 PROVIDERS = PROVIDER_NAMES
@@ -70,6 +71,11 @@ class SpotHook(BaseHook):
     def _session(self) -> Any:
         """What the provider reaches its cloud with, from this process's connections."""
         if self.provider_name == "kubernetes" and self.kubernetes_conn_id is not None:
+            if not takes_session("kubernetes"):  # never ignore a connection silently
+                raise ConfigError(f"kubernetes_conn_id={self.kubernetes_conn_id!r}: this "
+                                  "build's kubernetes provider takes no API client; drop "
+                                  "kubernetes_conn_id (the provider's kubeconfig options "
+                                  "apply) or upgrade spot-pipelines")
             return kubernetes_client(self.kubernetes_conn_id)
         return self.aws
 

@@ -48,6 +48,11 @@ def register_provider(name: str, opener: Callable[..., Provider], check: OptionC
     _REGISTRY[name] = ProviderEntry(name, opener, check, check_env, takes_session)
 
 
+def takes_session(name: str) -> bool:
+    """Whether provider ``name``'s opener accepts ``session=`` (see ``open_provider``)."""
+    return _entry(name).takes_session
+
+
 def provider_names() -> tuple[str, ...]:
     """The providers that are built, in registration order."""
     return tuple(_REGISTRY)
@@ -213,4 +218,4 @@ PROVIDER_NAMES = provider_names()
 
 __all__ = ["Bill", "LaunchSpec", "LeaseState", "LeaseStatus", "Provider", "PROVIDER_NAMES",
            "ProviderEntry", "check_provider", "open_provider", "provider_names",
-           "refuse_credentials", "register_provider"]
+           "refuse_credentials", "register_provider", "takes_session"]

@@ -184,3 +184,24 @@ def test_a_bad_connection_id_fails_at_parse_time(bad):
         with pytest.raises(ValueError, match="aws_conn_id=.* must be an Airflow connection id"):
             SpotJobOperator(task_id="t", command="true", checkpoint_uri="file:///tmp/x",
                             aws_conn_id=bad)
+
+
+def test_a_kubernetes_connection_becomes_the_api_client_of_its_kubeconfig(monkeypatch):
+    """cncf-kubernetes' hook turns the connection (an inline kubeconfig and a context in
+    its extra) into the API client the kubernetes provider is opened with."""
+    from airflow_spot.hooks.connections import kubernetes_client
+
+    kubeconfig = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "other",
+        "clusters": [{"name": "spot", "cluster": {"server": "https://spot.example:6443",
+                                                  "insecure-skip-tls-verify": True}},
+                     {"name": "other", "cluster": {"server": "https://other.example"}}],
+        "users": [{"name": "ci", "user": {"token": "k8s-token-not-a-real-one"}}],
+        "contexts": [{"name": "spot", "context": {"cluster": "spot", "user": "ci"}},
+                     {"name": "other", "context": {"cluster": "other", "user": "ci"}}]}
+    conn = Connection(conn_id="k8s_spot", conn_type="kubernetes", extra=json.dumps(
+        {"kube_config": json.dumps(kubeconfig), "cluster_context": "spot"}))
+    monkeypatch.setenv("AIRFLOW_CONN_K8S_SPOT", conn.get_uri())
+    api = kubernetes_client("k8s_spot")
+    assert api.configuration.host == "https://spot.example:6443"
+    assert api.configuration.api_key["BearerToken"] == "Bearer k8s-token-not-a-real-one"
