@@ -205,3 +205,47 @@ def test_a_kubernetes_connection_becomes_the_api_client_of_its_kubeconfig(monkey
     api = kubernetes_client("k8s_spot")
     assert api.configuration.host == "https://spot.example:6443"
     assert api.configuration.api_key["BearerToken"] == "Bearer k8s-token-not-a-real-one"
+
+
+def test_task_spot_checkpoints_to_s3_through_the_connection(airflow_home, connected, monkeypatch):
+    """``@task.spot(aws_conn_id=...)`` under dag.test(): the restored Checkpointer's store
+    and the attempt's fencing reach S3 with the connection's assumed role."""
+    from conftest import load_dag
+
+    endpoint, net, bucket, role_arn = connected
+    prefix = unique("task-spot")
+    monkeypatch.setenv("SPOT_TEST_CONN_STORE", f"s3://{bucket}/{prefix}")
+    run = load_dag("spot_task_s3_conn").test()
+    (ti,) = run.get_task_instances()
+    assert run.state == "success", ti.state
+    assert ti.xcom_pull(task_ids="crunch_on_s3", key="return_value") == {"start": 0}
+    keys = [o["Key"] for o in client("s3", endpoint).list_objects_v2(
+        Bucket=bucket, Prefix=f"{prefix}/").get("Contents", [])]
+    assert any(k.endswith("FENCE.json") for k in keys) and len(keys) > 3, keys
+
+
+def test_the_sensor_reads_ec2_prices_through_the_connection(connected):
+    from datetime import timedelta
+
+    from airflow_spot.sensors.price_window import POOL_KEY, SpotPriceWindowSensor
+
+    endpoint, net, bucket, role_arn = connected
+    pushed = {}
+
+    class SensorTI:
+        start_date = datetime.now()
+
+        def xcom_push(self, key, value):
+            pushed[key] = value
+
+    options = {"subnets": net["subnets"], "instance_types": ["g4dn.xlarge"],
+               "image_id": net["image_id"]}
+    with DAG("conn_sensor", schedule=None, start_date=datetime(2026, 1, 1)):
+        sensor = SpotPriceWindowSensor(task_id="cheap", job_hours=1, max_price=1000.0,
+                                       window_end=timedelta(hours=8), provider="ec2",
+                                       provider_options=options, aws_conn_id="aws_spot")
+    assert sensor.poke({"ti": SensorTI()}) is True
+    assert pushed[POOL_KEY]["pool"]["region"] == "us-east-1" and pushed[POOL_KEY]["price"] > 0
+    kwargs = sensor._trigger({"ti": SensorTI()}).serialize()[1]
+    assert kwargs["aws_conn_id"] == "aws_spot"
+    assert SECRET_KEY not in json.dumps(kwargs) and ACCESS_KEY not in json.dumps(kwargs)
