@@ -158,3 +158,40 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_ec2_with_it(b
 
     anyio.run(scenario)
     assert not [k for k in os.environ if k.startswith(("AWS_ACCESS", "AWS_SECRET"))]
+
+
+@pytest.mark.timeout(420)
+def test_the_spot_worker_runs_a_flow_run_on_ec2_with_the_block_only(block_only, tmp_path):
+    """End to end: ``prefect worker start --type spot`` with no AWS credentials in its
+    environment runs a flow run on an (emulated) EC2 instance, launching, watching,
+    renewing the heartbeat in S3 and billing with the block the work pool references."""
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect_aws import AwsCredentials
+
+    from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
+    from prefect_spot.workers import SpotWorker
+
+    endpoint, net, bucket, name = block_only
+    reference = {"$ref": {"block_document_id": str(AwsCredentials.load(name)._block_document_id)}}
+    template = SpotWorker.get_default_base_job_template()
+    template["variables"]["properties"]["aws_credentials"]["default"] = reference
+    pool = unique("spot-block-e2e")
+    deployment_id = deploy_example_flow(pool, "block-e2e", {
+        "provider": "ec2", "capacity_wait": 0.5, "checkpoint_root": f"s3://{bucket}/flows",
+        "provider_options": _provider_options(net)}, base_job_template=template)
+    log = tmp_path / "worker.log"
+    with running_worker(pool, log):
+        run = run_deployment(deployment_id, timeout=0, parameters={
+            "workdir": str(tmp_path / "work"), "steps": 200, "step_seconds": 0.01})
+        with get_client(sync_client=True) as client:
+            run = wait_completed(client, run.id, timeout=300)
+            variables = client.read_flow_run(run.id).job_variables
+        record = final_record(run.id)
+    logs = log.read_text(errors="replace")
+    assert run.state.is_completed(), f"{run.state!r}\n{logs[-3000:]}"
+    assert record.attempts[-1].outcome is Outcome.SUCCEEDED
+    assert record.attempts[-1].lease_id.startswith("i-") and record.attempts[-1].cost > 0
+    assert not _no_secret_in(json.dumps(variables or {})) and not _no_secret_in(logs)
+    scripts = [p.read_text() for p in (tmp_path / "runtime").glob("*.user-data.sh")]
+    assert scripts and not [s for s in scripts if _no_secret_in(s)]
