@@ -641,7 +641,8 @@ def _per_region(value: Sequence[str] | Mapping[str, Sequence[str]], region: str 
     if isinstance(value, str):
         value = [value]
     if not region:
-        raise ConfigError(f"{what} given as a list needs region=...; or pass {{region: [...]}}")
+        raise ConfigError(f"{what} given as a list needs region=... (or a region on the AWS "
+                          f"connection / credentials block); or pass {{region: [...]}}")
     return {region: list(value)}
 
 
