@@ -30,18 +30,22 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
 
     ``local_defaults`` (a scratch ``workdir`` for an in-process cloud) apply to the local
     provider only; other providers get exactly their ``provider_options`` (the ec2
-    provider's ``region`` defaults to ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, and its
-    ``instance_types`` to the configuration's). Uses ``spot_core.providers.open_provider``
+    provider's ``region`` defaults to its ``aws_credentials`` block's region, then
+    ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, and its ``instance_types`` to the
+    configuration's). The provider reaches AWS with the configuration's
+    ``aws_credentials`` block (boto3's default chain without one). Uses ``spot_core.providers.open_provider``
     when the core has it (so a running local cloud server can be shared across
     processes), else an in-process local cloud.
     """
     check_provider_options(config.provider, config.provider_options, config.instance_types)
+    session = config.aws_session()  # the AwsCredentials block's, resolved here
     if config.provider == LOCAL_PROVIDER and config.provider_options.get("url"):
         options = dict(config.provider_options)  # a server's; its workdir is the server's
     elif config.provider == LOCAL_PROVIDER:
         options = {**local_defaults, **config.provider_options}
     elif config.provider == "ec2":
-        options = _ec2_defaults(config.provider_options, config.instance_types)
+        options = _ec2_defaults(config.provider_options, config.instance_types,
+                                None if session is None else session.region)
     else:
         options = dict(config.provider_options)
     try:
@@ -49,7 +53,7 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
     except ImportError:
         open_provider = None
     if open_provider is not None:
-        return open_provider(config.provider, **options)
+        return open_provider(config.provider, session=session, **options)
     if config.provider != LOCAL_PROVIDER:
         raise ConfigError(f"provider {config.provider!r} is not available here; use 'local'")
     if options.get("url"):
@@ -71,11 +75,13 @@ def check_provider_options(provider: str, options: dict[str, Any],
     check_provider(provider, options, instance_types)
 
 
-def _ec2_defaults(options: dict[str, Any], instance_types: Sequence[str]) -> dict[str, Any]:
-    """``options`` with the region from the environment and the configuration's
-    instance types where they are not given."""
+def _ec2_defaults(options: dict[str, Any], instance_types: Sequence[str],
+                  credentials_region: str | None = None) -> dict[str, Any]:
+    """``options`` with the region (the credentials block's, else the environment's) and
+    the configuration's instance types where they are not given."""
     options = dict(options)
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    region = credentials_region or os.environ.get("AWS_REGION") or \
+        os.environ.get("AWS_DEFAULT_REGION")
     if region and "region" not in options:
         options["region"] = region
     if instance_types and not options.get("instance_types"):
@@ -146,9 +152,11 @@ def select_pools(config: SpotConfiguration, pools: Sequence[Pool]) -> tuple[Pool
 def controller_for(config: SpotConfiguration, provider, *, max_user_retries: int = 0,
                    persist: Callable[[JobRecord], None] | None = None,
                    related: Sequence[dict[str, str]] = (),
-                   progress: Listener | None = None) -> Controller:
+                   progress: Listener | None = None,
+                   stores: Callable[[str], Any] | None = None) -> Controller:
     """A controller under ``config``'s settings. The price cap is the retry policy's
     ``max_spot_price`` (wait for a cheaper window, then fall back), as on every surface;
+    ``stores`` opens the job's store (default: the provider's, with its credentials);
     the lifecycle's bounds (poll interval, attempt, heartbeat and observe-failure
     timeouts) are the settings' ``controller_options``. Each transition becomes a
     ``spot.job.*`` event, updates ``progress`` (the job's progress artifact) and checks
@@ -164,7 +172,8 @@ def controller_for(config: SpotConfiguration, provider, *, max_user_retries: int
             progress(kind, record, detail)
 
     return Controller(provider, market, settings.retry_policy(max_user_retries=max_user_retries),
-                      persist=persist, listener=listener, **settings.controller_options())
+                      persist=persist, listener=listener, stores=stores,
+                      **settings.controller_options())
 
 
 def job_spec(config: SpotConfiguration, provider, *, job_id: str, command: Sequence[str],

@@ -1,8 +1,12 @@
 """Blocks: the spot configuration and the checkpoint storage, saved and loaded by name.
 
-    SpotConfiguration(max_preemptions=2, zones=["us-east-2a"]).save("training-spot")
-    CheckpointStorage(uri="s3://ckpt-bucket/jobs").save("training-ckpt")
+    aws = AwsCredentials.load("ml-account")        # prefect-aws, saved once
+    SpotConfiguration(provider="ec2", aws_credentials=aws, ...).save("training-spot")
+    CheckpointStorage(uri="s3://ckpt-bucket/jobs", aws_credentials=aws).save("training-ckpt")
     SpotTaskRunner(config="training-spot", checkpoint_storage="training-ckpt")
+
+A saved ``AwsCredentials`` block nested in a saved block is stored as a reference to it,
+so its secrets live in that one block document and nowhere else.
 
 Field descriptions are what the Prefect UI shows in the block form. Bad values raise
 ``ValueError`` (pydantic ``ValidationError``) with a message that says what to fix.
@@ -14,6 +18,7 @@ from typing import Any, Optional
 
 from pydantic import Field, field_validator, model_validator
 from prefect.blocks.core import Block
+from prefect_aws import AwsCredentials
 
 from spot_core.checkpoint import CheckpointStore, open_store, parse_store_uri
 from spot_core.errors import ConfigError
@@ -21,6 +26,17 @@ from spot_core.policy.retry import RetryPolicy
 from spot_core.settings import BLOCK, SpotSettings, knobs_for
 
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
+from prefect_spot.credentials import aws_access
+
+AWS_FIELD_HELP = ("A saved prefect-aws AwsCredentials block (keys, or a profile that "
+                  "may assume a role; region; endpoint in its client parameters) used "
+                  "for {what}. Empty: boto3's default chain on the machine that runs "
+                  "the work (environment, profile, instance role).")
+
+
+def aws_field(what: str) -> Any:
+    return Field(default=None, description=AWS_FIELD_HELP.format(what=what))
+
 
 # The knobs a SpotConfiguration holds: the settings model's BLOCK surface.
 BLOCK_FIELDS = {k.name for k in knobs_for(BLOCK)}
@@ -53,6 +69,8 @@ class SpotConfiguration(Block):
     observe_failure_timeout: float = spot_field("observe_failure_timeout")
     alert_interruption_rate: Optional[float] = spot_field("alert_interruption_rate")
     alert_spot_price: Optional[float] = spot_field("alert_spot_price")
+    aws_credentials: Optional[AwsCredentials] = aws_field(
+        "EC2 (launch, observe, price history), SQS and the jobs' S3 checkpoint stores")
 
     @model_validator(mode="before")
     @classmethod
@@ -76,6 +94,10 @@ class SpotConfiguration(Block):
     def controller_options(self) -> dict[str, float]:
         return self.settings().controller_options()
 
+    def aws_session(self):
+        """The credentials block as spot_core's ``AwsAccess`` (None: boto3's chain)."""
+        return aws_access(self.aws_credentials)
+
 
 class CheckpointStorage(Block):
     """A durable checkpoint store (`file:///abs/path` or `s3://bucket/prefix`)."""
@@ -89,6 +111,7 @@ class CheckpointStorage(Block):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Options for S3 stores (`endpoint_url`, `region`, "
         "`sse`, ...).")
+    aws_credentials: Optional[AwsCredentials] = aws_field("an s3:// store")
 
     @field_validator("uri")
     @classmethod
@@ -109,11 +132,19 @@ class CheckpointStorage(Block):
 
     def open(self, job_key: str | None = None) -> CheckpointStore:
         uri = self.uri if job_key is None else self.job_uri(job_key)
-        return open_store(uri, **self.options)
+        return self.open_uri(uri)
+
+    def open_uri(self, uri: str) -> CheckpointStore:
+        """A store under this storage, with its options and credentials."""
+        return open_store(uri, session=self.aws_session(), **self.options)
+
+    def aws_session(self):
+        """The credentials block as spot_core's ``AwsAccess`` (None: boto3's chain)."""
+        return aws_access(self.aws_credentials)
 
 
 # The S3 backend's options a block may set; credentials never (they would be saved in
-# the block document: use the environment, a profile or an instance role).
+# the block document in plain sight: use aws_credentials, a profile or an instance role).
 S3_STORE_OPTIONS = ("endpoint_url", "region", "sse", "sse_kms_key_id", "part_size",
                     "max_concurrency", "lock_ttl", "lock_timeout")
 
@@ -139,8 +170,9 @@ def check_store_options(uri: str, options: dict[str, Any]) -> None:
     if any("key" in k.lower() and k != "sse_kms_key_id" or "secret" in k.lower()
            or "token" in k.lower() or "password" in k.lower() for k in unknown):
         raise ValueError(f"CheckpointStorage options {unknown} look like credentials, which "
-                         "would be saved in the block: give them through the environment, "
-                         "an AWS profile or an instance role")
+                         "would be saved in the block in plain text: give them through "
+                         "aws_credentials (a saved AwsCredentials block), an AWS profile or "
+                         "an instance role")
     if unknown:
         raise ValueError(f"unknown CheckpointStorage option(s) {unknown}; choose from "
                          f"{list(S3_STORE_OPTIONS)}")

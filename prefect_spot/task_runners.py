@@ -36,6 +36,7 @@ import cloudpickle
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import JobRecord, JobStatus, Outcome
 from spot_core.settings import SpotSettings, default, pop_aliases
@@ -221,6 +222,8 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         job_id = f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}"
         if storage is not None:
             checkpoint_uri, store_options = storage.job_uri(job_id), dict(storage.options)
+            # The storage's credentials, else the configuration's (one account, usually).
+            store_options["session"] = storage.aws_session() or config.aws_session()
         else:
             job_dir = self._root / "jobs" / job_id
             checkpoint_uri, store_options = (job_dir / "checkpoints").resolve().as_uri(), {}
@@ -244,7 +247,8 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             persist=lambda r: artifacts.save_record(key, r, flow_run_id=task_run.flow_run_id,
                                                     task_run_id=task_run.id),
             related=related, progress=artifacts.JobProgress(
-                flow_run_id=task_run.flow_run_id, task_run_id=task_run.id))
+                flow_run_id=task_run.flow_run_id, task_run_id=task_run.id),
+            stores=None if storage is None else functools.partial(open_store, **store_options))
         if record is not None and record.current_attempt is not None:
             # A lease an earlier process launched answers to that process's key, which died
             # with it: its result could never verify. Stop it; the next attempt resumes

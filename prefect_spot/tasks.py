@@ -177,13 +177,15 @@ class _InPlaceAttempt:
         self.spec = JobSpec(job_id=self.key.removeprefix("spot-record-"), command=(),
                             checkpoint_uri=_store_uri(context, options.storage, self.env),
                             pools=())
+        self.open_store = _store_opener(options.storage)
         self.provider = InPlaceProvider()
         self._ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
         self._related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
                           "prefect.resource.role": "task-run"}]
         self._progress = JobProgress(**self._ids)
         self.controller = Controller(self.provider, None, persist=self._save,
-                                     listener=self._transition, heartbeat_timeout=None)
+                                     listener=self._transition, stores=self.open_store,
+                                     heartbeat_timeout=None)
         record = load_record(self.key) or self.controller.persist(
             self.controller.new_record(self.spec))
         # Under the spot worker the capacity is its lease, already fenced as SPOT_ATTEMPT
@@ -218,11 +220,11 @@ class _checkpointer:
     """A restored Checkpointer, with the watcher and the SIGTERM bridge around the call."""
 
     def __init__(self, attempt: _InPlaceAttempt, options: _Options) -> None:
-        from spot_core.checkpoint import Checkpointer, open_store
+        from spot_core.checkpoint import Checkpointer
 
         env = attempt.env
         # The controller fenced the store for this attempt when it opened it.
-        self.checkpointer = Checkpointer(open_store(attempt.spec.checkpoint_uri),
+        self.checkpointer = Checkpointer(attempt.open_store(attempt.spec.checkpoint_uri),
                                          attempt=attempt.lease.attempt,
                                          every_seconds=options.every_seconds,
                                          every_steps=options.every_steps,
@@ -253,6 +255,17 @@ class _checkpointer:
         if self._watcher is not None:
             self._watcher.close()
         self.checkpointer.close()
+
+
+def _store_opener(storage):
+    """Opens the job's store: with the storage block's options and credentials, or (under
+    the spot worker, on the lease) with the machine's own (its instance role)."""
+    resolved = resolve_storage(storage)
+    if resolved is not None:
+        return resolved.open_uri
+    from spot_core.checkpoint import open_store
+
+    return open_store
 
 
 def _store_uri(context, storage, env: AttemptEnv) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, INFRASTRUCTURE_EXIT_CODE
-from spot_core.checkpoint import open_store
+from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
@@ -170,11 +170,15 @@ class Controller:
     ``heartbeat_timeout``: how long a lease outlives a driver that stopped renewing its
     heartbeat (passed to the node's watcher; None: never). ``observe_failure_timeout``:
     how long observing a lease may keep failing before the attempt ends as
-    ``infrastructure_failed`` (its lease is still terminated).
+    ``infrastructure_failed`` (its lease is still terminated). ``stores``: opens a job's
+    checkpoint store by URI; by default the provider's ``open_store`` (it reaches the
+    store with the provider's own credentials) if it has one, else ``open_store`` with
+    boto3's default chain.
     """
 
     def __init__(self, provider: Provider, market, policy: RetryPolicy = RetryPolicy(), *,
                  persist: Persist | None = None, listener: Listener | None = None,
+                 stores: Callable[[str], CheckpointStore] | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
                  poll_interval: float = default("poll_interval"),
@@ -199,6 +203,7 @@ class Controller:
         self.provider = provider
         self.market = market
         self.policy = policy
+        self.stores = stores or getattr(provider, "open_store", None) or open_store
         self.poll_interval = poll_interval
         self.attempt_timeout = attempt_timeout
         self.heartbeat_timeout = heartbeat_timeout
@@ -327,7 +332,7 @@ class Controller:
         self._drain_looks[spec.job_id] = now
         try:
             record = watch.record
-            latest = open_store(spec.checkpoint_uri).latest()
+            latest = self.stores(spec.checkpoint_uri).latest()
             if latest is not None:
                 record = record.with_checkpoint(latest)
             decision = self.decide(spec, record, now)
@@ -387,7 +392,7 @@ class Controller:
             record = self.on_lease_end(spec, record, LeaseStatus(
                 LeaseState.RECLAIMED, ended_at=now, notice_at=now,
                 message="the worker vanished without a report (killed or reclaimed)"), now)
-        store = open_store(spec.checkpoint_uri)
+        store = self.stores(spec.checkpoint_uri)
         floor = store.fence_level() + 1 if attempt is None else attempt
         number = max(record.next_attempt_number, floor)
         store.fence(number)
@@ -458,7 +463,7 @@ class Controller:
                        now: float) -> tuple[JobRecord, Lease | None]:
         """Fence the store above every attempt it has seen, launch in the first ranked pool
         with capacity, and record the attempt (or a ``capacity_unavailable`` one)."""
-        store = open_store(spec.checkpoint_uri)
+        store = self.stores(spec.checkpoint_uri)
         # A re-run of a job id (its record lost with a killed driver) continues above the
         # dead run's attempts, so the dead run's zombie is the one refused.
         number = max(record.next_attempt_number, store.fence_level() + 1)
@@ -576,7 +581,7 @@ class Controller:
         if now - self._beats.get(spec.job_id, float("-inf")) < every:
             return
         try:
-            Heartbeat(open_store(spec.checkpoint_uri)).renew(lease.attempt, now)
+            Heartbeat(self.stores(spec.checkpoint_uri)).renew(lease.attempt, now)
             self._beats[spec.job_id] = now
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the heartbeat: %s", spec.job_id, exc)
@@ -614,7 +619,7 @@ class Controller:
     def _close_attempt(self, spec: JobSpec, record: JobRecord, lease: Lease | None,
                        status: LeaseStatus, now: float) -> JobRecord:
         ended_at = status.ended_at or now
-        end_ref = open_store(spec.checkpoint_uri).latest()
+        end_ref = self.stores(spec.checkpoint_uri).latest()
         running = record.current_attempt
         outcome = classify(status)
         if running.drain_requested_at is not None and outcome is not Outcome.SUCCEEDED:

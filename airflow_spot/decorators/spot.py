@@ -31,6 +31,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk.exceptions import (AirflowException, AirflowFailException,
                                     AirflowRescheduleException)
 
+from airflow_spot.hooks.connections import aws_access, check_conn_id
 from airflow_spot.records import persister, stored_record
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec
@@ -68,8 +69,10 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                  keep_checkpoints: int = default("keep_checkpoints"),
                  notice_poll_interval: float | str = default("notice_poll_interval"),
                  max_preemptions: int = default("max_preemptions"),
+                 aws_conn_id: str | None = None,
                  **kwargs: Any) -> None:
         # No ``retries`` default from max_preemptions: preemptions reschedule without a try.
+        check_conn_id(aws_conn_id, "aws_conn_id", kwargs.get("task_id", "@task.spot"))
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
         super().__init__(kwargs_to_upstream={"python_callable": python_callable,
                                              "op_args": op_args, "op_kwargs": op_kwargs},
@@ -77,6 +80,8 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                          **kwargs)
         self.checkpoint_uri = checkpoint_uri
         self.metadata_endpoint = metadata_endpoint
+        self.aws_conn_id = aws_conn_id
+        self._aws = None  # the AWS connection's access, resolved on the worker when used
         self._validate()
         self.settings = self._settings({
             "cloud": cloud, "checkpoint_every": checkpoint_every,
@@ -117,9 +122,19 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                         "URL (e.g. http://169.254.169.254) or None for the cloud's own")
 
     # -- the record in the task state store, the attempt through the controller ---------------
+    def _open_store(self, uri: str):
+        """The task's store, reached with the AWS connection (boto3's chain without one)."""
+        from spot_core.checkpoint import open_store
+
+        if self.aws_conn_id is None:
+            return open_store(uri)
+        if self._aws is None:
+            self._aws = aws_access(self.aws_conn_id)
+        return open_store(uri, session=self._aws)
+
     def _controller(self, context, provider: InPlaceProvider) -> Controller:
         return Controller(provider, provider.market, self.settings.retry_policy(),
-                          persist=persister(context, RECORD_KEY),
+                          persist=persister(context, RECORD_KEY), stores=self._open_store,
                           heartbeat_timeout=None)  # the engine owns the worker
 
     def _spec(self, context, provider: InPlaceProvider) -> JobSpec:
@@ -136,7 +151,7 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
 
     # -- execution ------------------------------------------------------------------------------
     def execute(self, context) -> Any:
-        from spot_core.checkpoint import Checkpointer, open_store
+        from spot_core.checkpoint import Checkpointer
 
         self._validate(AirflowFailException)  # templated fields as rendered for this run
         provider = InPlaceProvider(cloud=self.cloud)
@@ -144,7 +159,7 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         spec = self._spec(context, provider)
         record, lease = controller.adopt(spec, self._load(context, controller, spec),
                                          lambda number, now: provider.adopt(spec.job_id, number, now))
-        checkpointer = Checkpointer(open_store(self.checkpoint_uri), attempt=lease.attempt,
+        checkpointer = Checkpointer(self._open_store(self.checkpoint_uri), attempt=lease.attempt,
                                     **self.settings.checkpointer_options())
         restored = checkpointer.restore()
         self.log.info("attempt %d starts from checkpoint step %s (%d preemption(s) so far, "
@@ -221,6 +236,8 @@ def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | 
     :param notice_poll_interval: how often the metadata service is polled for a notice.
     :param max_preemptions: preemptions rerun (rescheduled) without spending an Airflow try;
         past it a preemption fails the try and ``retries`` apply.
+    :param aws_conn_id: Airflow AWS connection for an ``s3://`` checkpoint store (resolved
+        through the amazon provider's hook on the worker); None: boto3's default chain.
 
     Defaults and checks are the knobs' in ``spot_core.settings``.
     """

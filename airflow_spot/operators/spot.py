@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
 from airflow_spot.records import persister, stored_record
@@ -100,6 +101,12 @@ class SpotJobOperator(BaseOperator):
         attempt ends as infrastructure_failed.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
         ``[operators] default_deferrable``).
+    :param aws_conn_id: Airflow AWS connection for EC2, S3 and SQS (keys, profile or
+        role assumption, region and ``endpoint_url`` in its extra), resolved through the
+        amazon provider's hook in the worker and again, by id, in the triggerer. None:
+        boto3's default chain (environment, instance role).
+    :param kubernetes_conn_id: Airflow Kubernetes connection for the kubernetes provider,
+        resolved through cncf-kubernetes' hook. None: the provider's default.
 
     Every spot setting (provider, budgets, waits, timeouts) has the meaning, default and
     check of its knob in ``spot_core.settings``; durations take seconds, a ``timedelta``
@@ -133,9 +140,14 @@ class SpotJobOperator(BaseOperator):
                  observe_failure_timeout: Duration = default("observe_failure_timeout"),
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",
                                                     fallback=False),
+                 aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None,
                  **kwargs: Any) -> None:
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
         super().__init__(**kwargs)
+        check_conn_id(aws_conn_id, "aws_conn_id", self.task_id)
+        check_conn_id(kubernetes_conn_id, "kubernetes_conn_id", self.task_id)
+        self.aws_conn_id = aws_conn_id
+        self.kubernetes_conn_id = kubernetes_conn_id
         self.command = command
         self.checkpoint_uri = checkpoint_uri
         if env is not None and not isinstance(env, Mapping):
@@ -246,7 +258,9 @@ class SpotJobOperator(BaseOperator):
     @property
     def hook(self) -> SpotHook:
         if self._hook is None:
-            self._hook = SpotHook(self.provider, self.provider_options)
+            self._hook = SpotHook(self.provider, self.provider_options,
+                                  aws_conn_id=self.aws_conn_id,
+                                  kubernetes_conn_id=self.kubernetes_conn_id)
         return self._hook
 
     def controller_options(self) -> dict[str, Any]:
@@ -422,7 +436,9 @@ class SpotJobOperator(BaseOperator):
         trigger = SpotJobTrigger(provider=self.provider, provider_options=self.hook.reopen_options,
                                  next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
                                  controller_options=self.controller_options(),
-                                 not_before=time.time() + MIN_DEFER_SECONDS)
+                                 not_before=time.time() + MIN_DEFER_SECONDS,
+                                 aws_conn_id=self.aws_conn_id,
+                                 kubernetes_conn_id=self.kubernetes_conn_id)
         # Airflow's own bound sits past the controller's (attempt limit, observe failures).
         end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.settings.observe_failure_timeout
         timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseSensorOperator, conf
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.triggers.price_window import (SpotPriceWindowTrigger, check_window_arguments,
                                                 window_decision)
@@ -33,6 +34,8 @@ class SpotPriceWindowSensor(BaseSensorOperator):
     :param profile: an ``HourOfWeekProfile`` (or its ``to_dict()``) to plan the start with.
     :param max_price: start as soon as a pool's spot price is at or below this ($/h).
     :param provider / provider_options / zones: where prices are read (as SpotJobOperator).
+    :param aws_conn_id: Airflow AWS connection the ec2 market reads prices with (resolved
+        on the worker and again, by id, in the triggerer); None: boto3's default chain.
     """
 
     template_fields: Sequence[str] = ("provider_options", "zones")
@@ -44,9 +47,12 @@ class SpotPriceWindowSensor(BaseSensorOperator):
                  zones: Sequence[str] | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",
                                                     fallback=False),
+                 aws_conn_id: str | None = None,
                  **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", 60.0)
         super().__init__(**kwargs)
+        check_conn_id(aws_conn_id, "aws_conn_id", self.task_id)
+        self.aws_conn_id = aws_conn_id
         if profile is None and max_price is None:
             raise ValueError(f"{self.task_id}: pass profile= (an HourOfWeekProfile from "
                              "build_profile) or max_price= (a $/h threshold), or both")
@@ -85,11 +91,13 @@ class SpotPriceWindowSensor(BaseSensorOperator):
     def _trigger(self, context) -> SpotPriceWindowTrigger:
         start, end = self._window(context)
         return SpotPriceWindowTrigger(
-            provider=self.provider, provider_options=SpotHook(
-                self.provider, self.provider_options).reopen_options,
+            provider=self.provider, provider_options=self._hook().reopen_options,
             zones=self.zones, profile=self.profile, job_hours=self.job_hours,
             window_start=start, window_end=end, max_price=self.max_price,
-            poll_interval=float(self.poke_interval))
+            poll_interval=float(self.poke_interval), aws_conn_id=self.aws_conn_id)
+
+    def _hook(self) -> SpotHook:
+        return SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id)
 
     def execute(self, context) -> Any:
         if self.deferrable:
@@ -100,7 +108,7 @@ class SpotPriceWindowSensor(BaseSensorOperator):
 
     def poke(self, context) -> bool:
         trigger = self._trigger(context)
-        decision = trigger.decide(SpotHook(self.provider, self.provider_options), time.time())
+        decision = trigger.decide(self._hook(), time.time())
         self.log.info("%s: %s", "start" if decision.start else "wait", decision.reason)
         if decision.start:
             self._push(context, {"zone": decision.zone, "pool": decision.pool,

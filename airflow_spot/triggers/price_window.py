@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from spot_core.errors import ConfigError
 from spot_core.model import Offer
@@ -103,8 +104,11 @@ class SpotPriceWindowTrigger(BaseTrigger):
     def __init__(self, *, provider: str, provider_options: Mapping[str, Any],
                  zones: Sequence[str] | None, profile: Mapping[str, Any] | None,
                  job_hours: float, window_start: float, window_end: float,
-                 max_price: float | None = None, poll_interval: float = 60.0) -> None:
+                 max_price: float | None = None, poll_interval: float = 60.0,
+                 aws_conn_id: str | None = None) -> None:
         super().__init__()
+        check_conn_id(aws_conn_id, "aws_conn_id", "SpotPriceWindowTrigger")
+        self.aws_conn_id = aws_conn_id  # by id only: resolved here, in the triggerer
         try:
             check_window_arguments(provider=provider, provider_options=provider_options,
                                    zones=zones, profile=profile, job_hours=job_hours,
@@ -133,6 +137,7 @@ class SpotPriceWindowTrigger(BaseTrigger):
             "zones": self.zones, "profile": self.profile, "job_hours": self.job_hours,
             "window_start": self.window_start, "window_end": self.window_end,
             "max_price": self.max_price, "poll_interval": self.poll_interval,
+            "aws_conn_id": self.aws_conn_id,
         })
 
     def decide(self, hook: SpotHook, now: float) -> WindowDecision:
@@ -144,7 +149,7 @@ class SpotPriceWindowTrigger(BaseTrigger):
                                poll_interval=self.poll_interval)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        hook = SpotHook(self.provider, self.provider_options)
+        hook = SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id)
         while True:
             now = time.time()
             try:

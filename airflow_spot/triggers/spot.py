@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Mapping
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
@@ -54,15 +55,23 @@ class SpotJobTrigger(BaseTrigger):
     :param not_before: POSIX time before which no event fires. Airflow 3.3 can resume a
         task whose trigger fires before the executor has reported the deferring process's
         exit, then retry it as a zombie; holding the event a few seconds avoids that race.
+    :param aws_conn_id / kubernetes_conn_id: the connections the operator used, by id
+        only: the triggerer resolves them itself (its secrets backend or
+        ``AIRFLOW_CONN_<ID>``), so no credential is ever in these kwargs.
     """
 
     def __init__(self, *, provider: str, provider_options: Mapping[str, Any],
                  next: Mapping[str, Any], checkpoint_uri: str,  # noqa: A002 - the Next
                  controller_options: Mapping[str, Any] | None = None,
-                 return_on_notice: bool = True, not_before: float = 0.0) -> None:
+                 return_on_notice: bool = True, not_before: float = 0.0,
+                 aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None) -> None:
         super().__init__()
         self._check(provider, provider_options, next, checkpoint_uri, controller_options,
                     return_on_notice, not_before)
+        check_conn_id(aws_conn_id, "aws_conn_id", "SpotJobTrigger")
+        check_conn_id(kubernetes_conn_id, "kubernetes_conn_id", "SpotJobTrigger")
+        self.aws_conn_id = aws_conn_id
+        self.kubernetes_conn_id = kubernetes_conn_id
         self.provider = provider
         self.provider_options = dict(provider_options)
         self.next = dict(next)
@@ -106,6 +115,7 @@ class SpotJobTrigger(BaseTrigger):
             "next": self.next, "checkpoint_uri": self.checkpoint_uri,
             "controller_options": self.controller_options,
             "return_on_notice": self.return_on_notice, "not_before": self.not_before,
+            "aws_conn_id": self.aws_conn_id, "kubernetes_conn_id": self.kubernetes_conn_id,
         })
 
     # -- what the controller needs -----------------------------------------------------------
@@ -115,7 +125,10 @@ class SpotJobTrigger(BaseTrigger):
                        pools=())
 
     def _controller(self) -> Controller:
-        return SpotHook(self.provider, self.provider_options).controller(
+        """Blocking (it resolves the connections and may open the provider): call it
+        from a thread, never on the triggerer's event loop."""
+        return SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id,
+                        kubernetes_conn_id=self.kubernetes_conn_id).controller(
             **self.controller_options)
 
     @property
@@ -132,7 +145,7 @@ class SpotJobTrigger(BaseTrigger):
             yield TriggerEvent({"status": "wake", "next": nxt.to_dict()})
             return
         try:
-            status = await self._watch(self._controller(), nxt)
+            status = await self._watch(await asyncio.to_thread(self._controller), nxt)
             message = ""
         except Exception as exc:  # noqa: BLE001 - the operator persists the record and fails the try
             self.log.exception("driving job %s failed", nxt.record.job_id)
@@ -186,7 +199,8 @@ class SpotJobTrigger(BaseTrigger):
         self._done = True
         self.log.warning("stopping lease %s of job %s: %s", nxt.lease and nxt.lease.lease_id,
                          nxt.record.job_id, KILLED)
-        await asyncio.to_thread(self._controller().stop, self._spec(nxt), nxt.record, KILLED)
+        await asyncio.to_thread(
+            lambda: self._controller().stop(self._spec(nxt), nxt.record, KILLED))
 
     async def _task_state(self) -> str | None:
         """The task instance's state through the Task SDK (None without a task instance)."""

@@ -38,6 +38,7 @@ import anyio.to_thread
 from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect.client.schemas.objects import FlowRun
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
+from prefect_aws import AwsCredentials
 
 from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
@@ -48,7 +49,8 @@ from spot_core.settings import WORKER, knobs_for
 from prefect_spot import _jobs
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
-from prefect_spot.blocks import BLOCK_FIELDS, SpotConfiguration
+from prefect_spot.blocks import AWS_FIELD_HELP, BLOCK_FIELDS, SpotConfiguration
+from prefect_spot.credentials import fingerprint
 
 CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
 RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED)
@@ -100,6 +102,12 @@ class _SpotFields:
     observe_failure_timeout = spot_field("observe_failure_timeout")
     alert_interruption_rate = spot_field("alert_interruption_rate")
     alert_spot_price = spot_field("alert_spot_price")
+    # As prefect-aws' ECS worker: an empty block (the default) is boto3's default chain.
+    aws_credentials = Field(default_factory=AwsCredentials, title="AWS Credentials",
+                            description=AWS_FIELD_HELP.format(
+                                what="EC2, SQS and the checkpoint_root store; in a "
+                                "deployment's job variables reference the saved block "
+                                "(`{\"$ref\": {\"block_document_id\": ...}}`), never its keys"))
     checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
                             "or `s3://bucket/prefix`); each flow run gets a folder, passed "
                             "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
@@ -129,6 +137,7 @@ class _SpotValues(BaseModel):
     alert_interruption_rate: Optional[float] = _SpotFields.alert_interruption_rate
     alert_spot_price: Optional[float] = _SpotFields.alert_spot_price
     checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
+    aws_credentials: AwsCredentials = _SpotFields.aws_credentials
 
     @model_validator(mode="before")
     @classmethod
@@ -140,7 +149,8 @@ class _SpotValues(BaseModel):
     _check_fields = model_validator(mode="after")(lambda self: _check_settings(self))
 
     def spot_configuration(self) -> SpotConfiguration:
-        return SpotConfiguration(**{name: getattr(self, name) for name in BLOCK_FIELDS})
+        return SpotConfiguration(**{name: getattr(self, name) for name in BLOCK_FIELDS},
+                                 aws_credentials=self.aws_credentials)
 
 
 class SpotJobConfiguration(_SpotValues, BaseJobConfiguration):
@@ -204,7 +214,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
     def _provider(self, configuration: SpotJobConfiguration):
         """One provider per distinct provider configuration, for the worker's lifetime."""
         config = configuration.spot_configuration()
-        key = f"{config.provider}:{sorted(config.provider_options.items())!r}"
+        key = (f"{config.provider}:{sorted(config.provider_options.items())!r}:"
+               f"{fingerprint(config.aws_credentials)}")
         with self._providers_lock:
             if key not in self._providers:
                 self._providers[key] = _jobs.open_configured_provider(

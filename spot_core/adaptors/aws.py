@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, TypeVar
 
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError, SpotError
 
@@ -73,20 +74,74 @@ def error_code(exc: BaseException) -> str:
 RETRY_ATTEMPTS = 5  # botocore "standard" mode: 4 retries, jittered backoff capped at 20 s
 
 
+@dataclass(frozen=True)
+class AwsAccess:
+    """How this process reaches AWS: where its clients get credentials and endpoints.
+
+    Built by an engine adapter from the engine's own place for credentials (an Airflow
+    connection through the amazon provider's hook, a Prefect ``AwsCredentials`` block)
+    and handed to the provider and the stores as an object, never as options: it holds a
+    boto3 ``Session`` (keys, a profile, or a role the session assumes and refreshes), so
+    it is never serialised and its repr shows no credential. The default, ``AwsAccess()``,
+    is boto3's own chain (environment, profile, instance role).
+
+    ``region``: the region of clients asked for none. ``endpoint_url``: the endpoint of
+    every service (an emulator, a VPC endpoint); ``service_endpoints`` per service
+    (``{"s3": ...}``) win over it; an endpoint the caller names wins over both.
+    """
+
+    session: Any = field(default=None, repr=False)
+    region: str | None = None
+    endpoint_url: str | None = None
+    service_endpoints: Mapping[str, str] = field(default_factory=dict)
+    verify: bool | str | None = None
+
+    def endpoint(self, service: str, explicit: str | None = None) -> str | None:
+        """The endpoint for ``service``: the caller's, this access's for the service, or
+        this access's for every service (None: boto3 decides)."""
+        return explicit or self.service_endpoints.get(service) or self.endpoint_url or None
+
+    def client(self, service: str, *, region: str | None = None,
+               endpoint_url: str | None = None, config: Any = None) -> Any:
+        session = self.session if self.session is not None else boto3().session.Session()
+        extra = {} if self.verify is None else {"verify": self.verify}
+        return session.client(service, region_name=region or self.region,
+                              endpoint_url=self.endpoint(service, endpoint_url),
+                              config=config, **extra)
+
+
+Access = Any  # an AwsAccess, a boto3 Session, or None (boto3's default chain)
+
+
+def access_of(value: Access) -> AwsAccess:
+    """An ``AwsAccess`` from what a caller injected: one already, a boto3 ``Session``
+    (its region becomes the default), or None for boto3's default chain."""
+    if value is None:
+        return AwsAccess()
+    if isinstance(value, AwsAccess):
+        return value
+    if not callable(getattr(value, "client", None)):
+        raise ConfigError(f"session={type(value).__name__} is not a boto3 Session or an "
+                          "AwsAccess; pass boto3.Session(...) or leave it out for boto3's "
+                          "default credentials")
+    return AwsAccess(session=value, region=getattr(value, "region_name", None))
+
+
 def make_client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
-                max_pool_connections: int = 10, retry_attempts: int = RETRY_ATTEMPTS,
-                **extra: Any):
+                session: Access = None, max_pool_connections: int = 10,
+                retry_attempts: int = RETRY_ATTEMPTS, **extra: Any):
     """A boto3 client with botocore's bounded ``standard`` retries: transient errors (5xx,
     reset or refused connections, timeouts) and throttling are retried with backoff
     before anything reaches the controller, which then tolerates the rest for its
-    ``observe_failure_timeout``."""
+    ``observe_failure_timeout``. ``session``: where credentials come from (see
+    ``AwsAccess``; None: boto3's default chain)."""
     from botocore.config import Config
 
     config = Config(retries={"max_attempts": retry_attempts, "mode": "standard"},
                     max_pool_connections=max_pool_connections,
                     connect_timeout=10, read_timeout=60, **extra)
-    return boto3().session.Session().client(service, region_name=region,
-                                            endpoint_url=endpoint_url or None, config=config)
+    return access_of(session).client(service, region=region, endpoint_url=endpoint_url,
+                                     config=config)
 
 
 def s3_endpoint(explicit: str | None = None) -> str | None:

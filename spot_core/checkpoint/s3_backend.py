@@ -54,22 +54,23 @@ class S3Backend:
                  region: str | None = None, sse: str | None = "AES256",
                  sse_kms_key_id: str | None = None, part_size: int = DEFAULT_PART_SIZE,
                  max_concurrency: int = 8, lock_ttl: float | None = None, lock_timeout: float = 120.0,
-                 client: Any = None) -> None:
+                 client: Any = None, session: aws.Access = None) -> None:
         if sse not in SSE_CHOICES:
             raise ConfigError(f"sse={sse!r} is not one of {SSE_CHOICES}; use 'AES256' (SSE-S3), "
                               "'aws:kms' with sse_kms_key_id, or None to turn it off")
         if part_size < MIN_PART_SIZE:
             raise ConfigError(f"part_size {part_size} is below S3's 5 MiB minimum part size")
         self.bucket, self.prefix = bucket, prefix.strip("/")
-        self.endpoint_url = aws.s3_endpoint(endpoint_url)
-        self.region = region or os.environ.get("AWS_REGION") or os.environ.get(
-            "AWS_DEFAULT_REGION") or "us-east-1"
+        access = aws.access_of(session)  # the engine's credentials, or boto3's chain
+        self.endpoint_url = access.endpoint("s3", endpoint_url) or aws.s3_endpoint()
+        self.region = region or access.region or os.environ.get("AWS_REGION") or \
+            os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         self.sse, self.sse_kms_key_id = sse, sse_kms_key_id
         self.part_size, self.max_concurrency = part_size, max(1, max_concurrency)
         self.lock_ttl = float(lock_ttl or os.environ.get(LOCK_TTL_ENV) or DEFAULT_LOCK_TTL)
         self.lock_timeout = lock_timeout
         self.client = client or aws.make_client(
-            "s3", region=self.region, endpoint_url=self.endpoint_url,
+            "s3", region=self.region, endpoint_url=self.endpoint_url, session=access,
             max_pool_connections=max(10, self.max_concurrency + 2), retry_attempts=5)
 
     def __repr__(self) -> str:

@@ -32,15 +32,25 @@ class ProviderEntry:
     # What the provider refuses in the step's environment (ec2: credentials, which would
     # land in user-data); None: any environment.
     check_env: Callable[[Mapping[str, str]], None] | None = None
+    # The opener takes ``session=``: how this process reaches the provider's cloud (ec2: a
+    # boto3 Session or AwsAccess), resolved from the engine's connection or block.
+    takes_session: bool = False
 
 
 _REGISTRY: dict[str, ProviderEntry] = {}
 
 
 def register_provider(name: str, opener: Callable[..., Provider], check: OptionCheck,
-                      check_env: Callable[[Mapping[str, str]], None] | None = None) -> None:
-    """Make ``name`` a provider every surface (CLI, operator, block, worker) accepts."""
-    _REGISTRY[name] = ProviderEntry(name, opener, check, check_env)
+                      check_env: Callable[[Mapping[str, str]], None] | None = None, *,
+                      takes_session: bool = False) -> None:
+    """Make ``name`` a provider every surface (CLI, operator, block, worker) accepts;
+    ``takes_session``: its opener accepts ``session=`` (see ``open_provider``)."""
+    _REGISTRY[name] = ProviderEntry(name, opener, check, check_env, takes_session)
+
+
+def takes_session(name: str) -> bool:
+    """Whether provider ``name``'s opener accepts ``session=`` (see ``open_provider``)."""
+    return _entry(name).takes_session
 
 
 def provider_names() -> tuple[str, ...]:
@@ -104,10 +114,20 @@ def _strings(value: Any, where: str, depth: int = 0):
             yield from _strings(item, f"{where}[{index}]", depth + 1)
 
 
-def open_provider(name: str = "local", **options: Any) -> Provider:
+def open_provider(name: str = "local", *, session: Any = None, **options: Any) -> Provider:
     """The provider called ``name``, configured by ``options`` (the provider checks them
-    as it opens; callers that hold options separately run ``check_provider`` first)."""
-    return _entry(name).open(**options)
+    as it opens; callers that hold options separately run ``check_provider`` first).
+
+    ``session``: how this process reaches the provider's cloud, resolved by the engine
+    adapter from its own place for credentials (an Airflow connection, a Prefect block)
+    in each process that opens the provider, never carried in ``options`` (for ec2 a
+    boto3 ``Session`` or ``spot_core.adaptors.aws.AwsAccess``; None: the SDK's default
+    chain). A provider that reaches no cloud (local) ignores it.
+    """
+    entry = _entry(name)
+    if session is not None and entry.takes_session:
+        return entry.open(session=session, **options)
+    return entry.open(**options)
 
 
 # -- local: the trace-driven local spot cloud --------------------------------------------------
@@ -194,11 +214,11 @@ def _check_ec2_env(env: Mapping[str, str]) -> None:
 
 
 register_provider("local", _open_local, _check_local)
-register_provider("ec2", _open_ec2, _check_ec2, _check_ec2_env)
+register_provider("ec2", _open_ec2, _check_ec2, _check_ec2_env, takes_session=True)
 
 # Kept for callers that list the names; the registry is the source.
 PROVIDER_NAMES = provider_names()
 
 __all__ = ["Bill", "LaunchSpec", "LeaseState", "LeaseStatus", "Provider", "PROVIDER_NAMES",
            "ProviderEntry", "check_provider", "open_provider", "provider_names",
-           "refuse_credentials", "register_provider"]
+           "refuse_credentials", "register_provider", "takes_session"]

@@ -78,7 +78,11 @@ class Bill:
 
 class Provider(Protocol):
     """``market`` answers offers for the provider's pools (a trace market, the EC2 market);
-    ``options`` are JSON-able and reopen the provider elsewhere via ``open_provider``."""
+    ``options`` are JSON-able, hold no credential, and reopen the provider elsewhere via
+    ``open_provider`` (with that process's own ``session``, resolved from the engine's
+    connection or block). A provider that reaches its cloud with particular credentials
+    may also have ``open_store(uri)``, which the controller then uses for its jobs'
+    checkpoint stores."""
 
     name: str
     market: Any

@@ -151,14 +151,18 @@ class Ec2Provider:
     name = "ec2"
 
     def __init__(self, options: Ec2Options, *, clients: Mapping[str, Any] | None = None,
-                 sqs_client: Any = None, clock=time.time) -> None:
+                 sqs_client: Any = None, session: aws.Access = None, clock=time.time) -> None:
         _validate(options)
         self.config = options
-        # JSON-able: `open_provider("ec2", **provider.options)` reopens this provider elsewhere.
+        # JSON-able and credential-free: `open_provider("ec2", session=..., **provider.options)`
+        # reopens this provider elsewhere, with that process's own session (its engine
+        # resolves the same connection or block again).
         self.options = options.to_options()
+        self.access = aws.access_of(session)
         self.clock = clock
         self.clients = dict(clients or {r: aws.make_client("ec2", region=r,
-                                                           endpoint_url=options.endpoint_url)
+                                                           endpoint_url=options.endpoint_url,
+                                                           session=self.access)
                                         for r in options.regions})
         self._zones = self._resolve_subnets()
         from spot_core.market.advisor import load_advisor
@@ -171,7 +175,8 @@ class Ec2Provider:
             from spot_core.interruption.eventbridge import EventQueue
 
             sqs = sqs_client or aws.make_client("sqs", region=options.regions[0],
-                                                endpoint_url=options.endpoint_url)
+                                                endpoint_url=options.endpoint_url,
+                                                session=self.access)
             self._events = EventQueue(sqs, options.sqs_queue_url)
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
@@ -179,10 +184,25 @@ class Ec2Provider:
         self._notices: dict[str, float] = {}
 
     @classmethod
-    def from_options(cls, **options: Any) -> Ec2Provider:
-        """Build from plain JSON-able options (what engine adapters store and pass); see
-        ``Ec2Options.from_plain``."""
-        return cls(Ec2Options.from_plain(**options))
+    def from_options(cls, *, session: aws.Access = None, **options: Any) -> Ec2Provider:
+        """Build from plain JSON-able options (what engine adapters store and pass; see
+        ``Ec2Options.from_plain``) and the process's ``session`` (a boto3 Session or
+        ``AwsAccess`` from the engine's connection or block; None: boto3's default
+        chain). The session's region is the default ``region``."""
+        access = aws.access_of(session)
+        if access.region and not options.get("region"):
+            options = {**options, "region": access.region}
+        return cls(Ec2Options.from_plain(**options), session=access)
+
+    def open_store(self, uri: str, region: str | None = None):
+        """The job's checkpoint store, reached with this provider's credentials and
+        endpoint (the controller opens every store of its jobs through here)."""
+        from spot_core.checkpoint import open_store
+
+        if not uri.startswith("s3://"):
+            return open_store(uri)
+        return open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
+                          region=region or self.config.checkpoint_region)
 
     # -- pools --------------------------------------------------------------------------
     def _resolve_subnets(self) -> dict[str, dict[str, tuple[str, ...]]]:
@@ -351,10 +371,7 @@ class Ec2Provider:
         home = self.config.checkpoint_region
         if home is None or home == pool.region or not spec.checkpoint_uri.startswith("s3://"):
             return 0
-        from spot_core.checkpoint import open_store
-
-        store = open_store(spec.checkpoint_uri, endpoint_url=aws.s3_endpoint(
-            self.config.endpoint_url), region=home)
+        store = self.open_store(spec.checkpoint_uri, region=home)
         refs = store.list()
         return store.size_of(refs[-1]) if refs else 0
 
@@ -499,14 +516,8 @@ class Ec2Provider:
         uri = lease.details.get("checkpoint_uri")
         if not uri:
             return {}
-        from spot_core.checkpoint import open_store
-
         try:
-            options = {}
-            if uri.startswith("s3://"):
-                options = {"endpoint_url": aws.s3_endpoint(self.config.endpoint_url),
-                           "region": lease.details.get("checkpoint_region")}
-            store = open_store(uri, **options)
+            store = self.open_store(uri, region=lease.details.get("checkpoint_region"))
             return ec2_agent.parse_report(store.get_object(ec2_agent.status_key(lease.attempt)))
         except FileNotFoundError:
             return {}
@@ -641,7 +652,8 @@ def _per_region(value: Sequence[str] | Mapping[str, Sequence[str]], region: str 
     if isinstance(value, str):
         value = [value]
     if not region:
-        raise ConfigError(f"{what} given as a list needs region=...; or pass {{region: [...]}}")
+        raise ConfigError(f"{what} given as a list needs region=... (or a region on the AWS "
+                          f"connection / credentials block); or pass {{region: [...]}}")
     return {region: list(value)}
 
 

@@ -91,9 +91,12 @@ def bucket(aws_env) -> str:
 
 
 def client(service: str, endpoint: str, region: str = REGION):
+    """The tests' own (administrator's) client: moto's throwaway keys given explicitly,
+    so it works in tests whose process has no AWS credentials at all."""
     import boto3
 
-    return boto3.client(service, region_name=region, endpoint_url=endpoint)
+    return boto3.client(service, region_name=region, endpoint_url=endpoint,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
 def managed_live_instances(endpoint: str, regions=(REGION,)) -> list[str]:

@@ -33,9 +33,10 @@ def count_to(total: int, pause: float, checkpointer=None) -> dict:
 
 def deploy_example_flow(pool: str, name: str, job_variables: dict[str, Any],
                         source: Path = FLOWS,
-                        entrypoint: str = "spot_ml_pipeline.py:spot_ml_pipeline_on_worker"):
-    """A ``spot`` work pool and a flow (the example flow unless told) deployed to it;
-    the deployment id."""
+                        entrypoint: str = "spot_ml_pipeline.py:spot_ml_pipeline_on_worker",
+                        base_job_template: dict[str, Any] | None = None):
+    """A ``spot`` work pool (the worker's default template unless given) and a flow (the
+    example flow unless told) deployed to it; the deployment id."""
     from prefect import flow, get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
@@ -44,7 +45,8 @@ def deploy_example_flow(pool: str, name: str, job_variables: dict[str, Any],
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(
             name=pool, type="spot",
-            base_job_template=SpotWorker.get_default_base_job_template()), overwrite=True)
+            base_job_template=base_job_template or SpotWorker.get_default_base_job_template()),
+            overwrite=True)
     deployable = flow.from_source(source=str(source), entrypoint=entrypoint)
     return deployable.deploy(name=name, work_pool_name=pool, job_variables=job_variables,
                          build=False, push=False, print_next_steps=False)

@@ -87,3 +87,18 @@ with DAG("spot_task_sigkill", schedule=None, start_date=datetime(2026, 1, 1), ca
         return _crunch("spot_task_sigkill", checkpointer, restored, ti, kill_at=37)
 
     crunch_killed()
+
+
+with DAG("spot_task_s3_conn", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+
+    # The store is S3 and its credentials come only from the AWS connection
+    # (tests/airflow/test_connections.py sets both).
+    @task.spot(checkpoint_uri=os.environ.get("SPOT_TEST_CONN_STORE", "s3://unset/store"),
+               aws_conn_id="aws_spot", cloud="signal", checkpoint_every_steps=5)
+    def crunch_on_s3(checkpointer=None, restored=None):
+        start = 0 if restored is None else restored[0]
+        for step in range(start, 20):
+            checkpointer.maybe_save(step + 1, lambda: {"step": str(step + 1).encode()})
+        return {"start": start}
+
+    crunch_on_s3()
