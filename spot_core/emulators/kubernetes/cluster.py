@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,6 +36,8 @@ from .store import Store
 from .timefmt import rfc3339
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000,
+                           "system-node-critical": 2000001000}
 
 
 class KubeCluster:
@@ -71,6 +74,11 @@ class KubeCluster:
         for account_ns in SYSTEM_NAMESPACES:
             self.store.create("serviceaccounts", {"metadata": {"name": "default",
                                                                "namespace": account_ns}})
+        for name, value in SYSTEM_PRIORITY_CLASSES.items():
+            self.api.create("priorityclasses", "", {"metadata": {"name": name},
+                                                    "value": value, "description": "Used "
+                                                    "for system critical pods that must run "
+                                                    "in the cluster."})
         for pool in self.config.pools:
             self.add_pool(pool)
         self._server = serve(self, self._port)
@@ -253,10 +261,6 @@ class KubeCluster:
         namespace = self.store.update("namespaces", "", name, lambda ns: (
             ns["metadata"].update(deletion_fields(now, 0)), ns["status"].update(
                 phase="Terminating")))
-        for resource in ("events", "secrets", "configmaps", "serviceaccounts",
-                         "poddisruptionbudgets"):
-            for obj in self.store.list(resource, name)[0]:
-                self.store.delete(resource, name, obj["metadata"]["name"])
         for pod in self.store.list("pods", name)[0]:
             self.delete_pod(name, pod["metadata"]["name"])
         return namespace
@@ -278,10 +282,13 @@ class KubeCluster:
         return str(self.workdir / "pods" / uid)
 
     def base_env(self, pod: dict[str, Any]) -> dict[str, str]:
-        """What every container sees besides its spec's env: this machine's PATH (so
-        ``spot-pipelines`` is the emulator's venv's), the in-cluster service variables and,
+        """What every container sees besides its spec's env: this machine's PATH with the
+        emulator's interpreter directory first (so ``spot-pipelines`` and ``python`` are
+        the emulator's venv's even when it was not activated), the in-cluster service
+        variables and,
         as the stand-in for a mounted service-account token, ``KUBECONFIG``."""
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
+        env = {"PATH": _interpreter_first(os.environ.get("PATH", "")),
+               "HOME": os.environ.get("HOME", "/"),
                "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
                str(self.kubeconfig_path)}
@@ -332,3 +339,9 @@ class KubeCluster:
 
     def cleanup_workdir(self) -> None:
         shutil.rmtree(self.workdir / "pods", ignore_errors=True)
+
+
+def _interpreter_first(path: str) -> str:
+    here = os.path.dirname(sys.executable)
+    rest = [p for p in path.split(os.pathsep) if p and p != here]
+    return os.pathsep.join([here, *rest])
