@@ -193,7 +193,11 @@ class KubernetesProvider:
         """Poll the new pod until its step started (or ended); every way out is bounded."""
         started = self.clock()
         while True:
-            pod = k8s.raw(f"get pod {name}", self.api.read_namespaced_pod, name, namespace)
+            try:
+                pod = k8s.raw(f"get pod {name}", self.api.read_namespaced_pod, name, namespace)
+            except k8s.NotFound:  # deleted or evicted before it started: try again elsewhere
+                raise InfrastructureError(f"pod {name} was deleted before its step started "
+                                          "(evicted, or deleted by someone else)") from None
             problem = pods.waiting_problem(pod)
             if problem is not None:
                 raise ConfigError(f"pod {name} cannot start its step: {problem}; fix the "
