@@ -36,6 +36,7 @@ from .store import Store
 from .timefmt import rfc3339
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+NUMERIC_ENV_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "GOTO_", "BLIS_")
 SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000,
                            "system-node-critical": 2000001000}
 
@@ -285,13 +286,17 @@ class KubeCluster:
         """What every container sees besides its spec's env: this machine's PATH with the
         emulator's interpreter directory first (so ``spot-pipelines`` and ``python`` are
         the emulator's venv's even when it was not activated), the in-cluster service
-        variables and,
-        as the stand-in for a mounted service-account token, ``KUBECONFIG``."""
-        env = {"PATH": _interpreter_first(os.environ.get("PATH", "")),
-               "HOME": os.environ.get("HOME", "/"),
-               "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-               "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
-               str(self.kubeconfig_path)}
+        variables and, as the stand-in for a mounted service-account token, ``KUBECONFIG``.
+        The machine's BLAS / OpenMP settings (``OPENBLAS_CORETYPE``, ``OMP_NUM_THREADS``,
+        ...) pass through as a real node's image bakes in its own: they choose the numeric
+        kernels, so a step resumed in a pod computes bit for bit what the same step
+        computes outside one."""
+        env = {k: v for k, v in os.environ.items() if k.startswith(NUMERIC_ENV_PREFIXES)}
+        env |= {"PATH": _interpreter_first(os.environ.get("PATH", "")),
+                "HOME": os.environ.get("HOME", "/"),
+                "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
+                str(self.kubeconfig_path)}
         emulator = self.metadata.get(pod["spec"].get("nodeName", ""))
         if emulator is not None:
             env[METADATA_ENDPOINT] = emulator.url
@@ -312,7 +317,7 @@ class KubeCluster:
                         count=e.get("count", 1) + 1, lastTimestamp=rfc3339(now)))
                     return
                 except ApiError:
-                    pass
+                    self._events.pop(key, None)     # expired, or its namespace went
             namespace = meta.get("namespace") or "default"
             name = f"{meta['name']}.{time.time_ns():x}"
             involved = {"kind": obj["kind"], "name": meta["name"], "uid": meta["uid"],
