@@ -18,6 +18,7 @@ CORE := .venv-core
 AIRFLOW := .venv-airflow
 PREFECT := .venv-prefect
 ENGINE ?= none
+PROVIDER ?= local
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-core test-airflow test-prefect test-stack test-chaos bench bench-policies bench-aws bench-interval envs clean lock
@@ -29,7 +30,7 @@ DEMO_ENV_prefect := $(PREFECT)
 DEMO_ENV := $(DEMO_ENV_$(ENGINE))
 
 demo: $(DEMO_ENV)/.synced
-	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE)
+	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE) --provider $(PROVIDER)
 
 test: test-core test-airflow test-prefect test-stack
 
