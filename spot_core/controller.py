@@ -502,9 +502,10 @@ class Controller:
         measured save, else the configured cost. A market that cannot say counts as no
         interruptions seen (the notice remains the first line of defence)."""
         rate = 0.0
-        if pool.is_spot:
+        stats = getattr(self.market, "stats", None)  # a market without a feed has none
+        if pool.is_spot and stats is not None:
             try:
-                stat = self.market.stats([pool], now).get(pool.key)
+                stat = stats([pool], now).get(pool.key)
                 rate = 0.0 if stat is None else float(stat.interruptions_per_hour)
             except Exception as exc:  # noqa: BLE001 - an interval is advice, not a launch
                 log.warning("no interruption rate for %s (%s); checkpoint interval at its "
