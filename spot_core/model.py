@@ -169,6 +169,8 @@ class Attempt:
     # The lease as launched (``Lease.to_dict()``): any driver, in any process, can watch,
     # bill and terminate the attempt from the record alone.
     lease: Mapping[str, Any] | None = None
+    # When the first interruption notice was seen (POSIX time), if any: the UI's notice mark.
+    notice_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -197,7 +199,7 @@ class Attempt:
         values["outcome"] = None if values.get("outcome") is None else Outcome(values["outcome"])
         for name in _ATTEMPT_REALS:
             if name in values:
-                values[name] = _real(values[name], name, optional=name == "ended_at")
+                values[name] = _real(values[name], name, optional=name in _ATTEMPT_OPTIONAL)
         for name in _ATTEMPT_WHOLES:
             if name in values:
                 values[name] = _whole(values[name], name, optional=name != "number")
@@ -205,7 +207,8 @@ class Attempt:
 
 
 _ATTEMPT_REALS = ("started_at", "ended_at", "cost", "on_demand_cost", "lost_work_seconds",
-                  "checkpoint_overhead_seconds", "data_transfer_cost")
+                  "checkpoint_overhead_seconds", "data_transfer_cost", "notice_at")
+_ATTEMPT_OPTIONAL = ("ended_at", "notice_at")
 _ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
 
 

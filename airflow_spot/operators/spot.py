@@ -29,7 +29,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
-from airflow_spot.records import persister, stored_record
+from airflow_spot.records import JOB_RECORD_KEY, persister, stored_record
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
@@ -38,7 +38,7 @@ from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.providers import check_provider
 from spot_core.settings import SpotSettings, default, knob, pop_aliases
 
-RECORD_KEY = "spot_job_record"
+RECORD_KEY = JOB_RECORD_KEY
 CHECKPOINT_SCHEMES = ("file://", "s3://")
 NOTICE_WATCH_SECONDS = 180.0  # after a notice: the longest notice (120 s) plus grace
 MIN_DEFER_SECONDS = 15.0  # a trigger holds its event this long (see SpotJobTrigger.not_before);
