@@ -269,6 +269,14 @@ KNOBS: tuple[Knob, ...] = (
           "failing (API errors, resets) before the attempt ends as infrastructure_failed "
           "and its lease is terminated; 3m outlasts a transient cloud API outage.", _JOB,
           minimum=0, strict=True),
+    _knob("alert_interruption_rate", "number", 0.25, "Raise a pool alert (the Prefect event "
+          "`spot.pool.alert`, the Airflow Spot jobs page) when a spot pool's observed "
+          "interruptions per hour pass this; 0.25 (one every 4 h) is where restarts start to "
+          "eat the savings of a long step. Empty: no rate alert.", {BLOCK, WORKER},
+          unit="per hour", minimum=0, strict=True, optional=True),
+    _knob("alert_spot_price", "number", None, "Raise a pool alert when a spot pool's price "
+          "passes this. Empty: no price alert (prices differ by instance type).", {BLOCK, WORKER},
+          unit="USD/h", minimum=0, strict=True, optional=True),
     _knob("checkpoint_every", "duration", None, "Save a checkpoint at most this often (time "
           "based). Empty: only by steps and on an interruption notice.", _IN_PLACE,
           minimum=0, strict=True, optional=True, aliases=("checkpoint_every_seconds",)),
@@ -415,6 +423,11 @@ class _SettingsMethods:
         return {"poll_interval": self.poll_interval, "attempt_timeout": self.attempt_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
                 "observe_failure_timeout": self.observe_failure_timeout}
+
+    def alert_thresholds(self) -> dict[str, float | None]:
+        """Keyword arguments for ``spot_core.policy.alerts.pool_alerts``."""
+        return {"max_interruption_rate": self.alert_interruption_rate,
+                "max_spot_price": self.alert_spot_price}
 
     def checkpointer_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Checkpointer`` (its schedule and how many it keeps)."""

@@ -99,6 +99,8 @@ class _SpotFields:
     poll_interval = spot_field("poll_interval")
     heartbeat_timeout = spot_field("heartbeat_timeout")
     observe_failure_timeout = spot_field("observe_failure_timeout")
+    alert_interruption_rate = spot_field("alert_interruption_rate")
+    alert_spot_price = spot_field("alert_spot_price")
     checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
                             "or `s3://bucket/prefix`); each flow run gets a folder, passed "
                             "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
@@ -125,6 +127,8 @@ class _SpotValues(BaseModel):
     poll_interval: float = _SpotFields.poll_interval
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
     observe_failure_timeout: float = _SpotFields.observe_failure_timeout
+    alert_interruption_rate: Optional[float] = _SpotFields.alert_interruption_rate
+    alert_spot_price: Optional[float] = _SpotFields.alert_spot_price
     checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
 
     @model_validator(mode="before")

@@ -28,7 +28,8 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     (("spot_core.model", "spot_core.attempt_env"),),
     ("spot_core.adaptors",),                                       # lazy cloud SDKs
     ("spot_core.checkpoint", "spot_core.market", "spot_core.interruption"),
-    ("spot_core.policy", "spot_core.container", "spot_core.workloads", "spot_core.emulators"),
+    ("spot_core.policy", "spot_core.container", "spot_core.workloads", "spot_core.emulators",
+     "spot_core.charts"),                                          # charts: model -> SVG
     ("spot_core.localcloud",),                                     # nodes are emulators
     ("spot_core.providers",),                                      # local one uses localcloud
     ("spot_core.settings",),                                       # checks provider/policy names
