@@ -12,7 +12,6 @@ from airflow_spot.ui.jobs import SpotJob
 from spot_core.charts import attempt_timeline, cost_chart, lost_work_chart, savings_over_time
 from spot_core.fleet import day_of, pool_figures, savings_by
 from spot_core.model import Attempt, JobRecord
-from spot_core.report.rows import COLUMNS, attempt_cells
 
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:16px;color:#212121}
@@ -24,8 +23,9 @@ figure{margin:0 0 16px}
 """
 # Inside Airflow's iframe: no script, nothing from elsewhere, inline styles only.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
-EXTRA_COLUMNS = ("started (UTC)", "ended (UTC)", "notice (UTC)", "ckpt overhead s",
-                 "data transfer $", "message")
+ATTEMPT_COLUMNS = ("#", "pool", "market", "outcome", "started (UTC)", "ended (UTC)",
+                   "notice (UTC)", "resumed from step", "last checkpoint", "cost $",
+                   "on-demand $", "lost work s", "ckpt overhead s", "data transfer $", "message")
 
 
 def page(title: str, body: Iterable[str]) -> str:
@@ -93,15 +93,22 @@ def ledger_table(record: JobRecord) -> str:
 
 
 def attempts_table(record: JobRecord) -> str:
-    """The report's attempt columns (``spot_core.report.rows``) plus times and overheads."""
-    headings = [h for h, _ in COLUMNS] + list(EXTRA_COLUMNS)
-    return table(headings, (attempt_cells(a) + _extra_cells(a) for a in record.attempts),
-                 "attempts", "attempt-row")
+    """The attempt timeline as a table: one row per attempt."""
+    return table(ATTEMPT_COLUMNS, (_attempt_cells(a) for a in record.attempts), "attempts",
+                 "attempt-row")
 
 
-def _extra_cells(a: Attempt) -> tuple[str, ...]:
-    return (when(a.started_at), when(a.ended_at), when(a.notice_at),
-            f"{a.checkpoint_overhead_seconds:.1f}", f"{a.data_transfer_cost:.4f}", a.message)
+def _attempt_cells(a: Attempt) -> tuple[str, ...]:
+    return (str(a.number), f"{a.pool.zone} {a.pool.instance_type}", str(a.pool.market),
+            "running" if a.outcome is None else str(a.outcome), when(a.started_at),
+            when(a.ended_at), when(a.notice_at), _dash(a.checkpoint_step_start),
+            _dash(a.checkpoint_step_end), f"{a.cost:.4f}", f"{a.on_demand_cost:.4f}",
+            f"{a.lost_work_seconds:.1f}", f"{a.checkpoint_overhead_seconds:.1f}",
+            f"{a.data_transfer_cost:.4f}", a.message)
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
 
 
 # -- the Spot jobs page --------------------------------------------------------------------
