@@ -25,6 +25,8 @@ import pytest
 
 BIN = Path(sys.executable).parent
 READY_TIMEOUT = 180.0
+# (username, simple auth manager role, password) of the standalone's users.
+USERS = (("admin", "admin", "spot-admin-pw"), ("viewer", "viewer", "spot-viewer-pw"))
 
 QUERY = r"""
 import json, sys
@@ -118,6 +120,16 @@ class Standalone:
         raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout} s: "
                              f"{self.state(dag_id)}")
 
+    def token(self, username: str = "admin") -> str:
+        """A JWT for one of ``USERS`` from ``POST /auth/token``, as a script would get it."""
+        password = next(p for u, _, p in USERS if u == username)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/auth/token", method="POST",
+            data=json.dumps({"username": username, "password": password}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["access_token"]
+
     def triggerer_pids(self) -> list[int]:
         found = []
         roots = [self.proc.pid, *(p.pid for p in self.extra)]
@@ -156,7 +168,11 @@ def standalone(tmp_path_factory, airflow_home, statsd):
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        # Real logins (the Spot UI test logs in; no token is a 401): the simple auth
+        # manager's users with passwords the tests know.
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r, _ in USERS),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
@@ -174,7 +190,10 @@ def standalone(tmp_path_factory, airflow_home, statsd):
     import shutil
 
     shutil.copy(airflow_home / "airflow.db.pristine", home / "airflow.db")  # migrated, unused
-    with cloud_server(work / "cloud", start_tick=300) as url:
+    (home / "passwords.json").write_text(json.dumps({u: p for u, _, p in USERS}))
+    # The trace's clock starts at the first launch (the train task's), as in `make demo`, so
+    # training meets the demo's preemptions however long Airflow took to start.
+    with cloud_server(work / "cloud", start_on_first_client=True) as url:
         env.update(client_environ(url, work / "cloud"))
         airflow = Standalone(home, env, port)
         log = open(home / "standalone.log", "wb")
@@ -215,7 +234,7 @@ def runs(standalone) -> dict[str, str]:
     """Both DAG runs at once (they run side by side; the tests look at them in turn)."""
     work = standalone.env["SPOT_PIPELINE_WORKDIR"]
     return {"spot_ml_pipeline": standalone.trigger("spot_ml_pipeline",
-                                                   {"workdir": work, "steps": 1000}),
+                                                   {"workdir": work, "steps": 2000}),
             "spot_task_sigkill": standalone.trigger("spot_task_sigkill")}
 
 

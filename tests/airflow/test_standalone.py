@@ -92,10 +92,9 @@ def test_sigkilled_task_spot_resumes_from_the_last_periodic_checkpoint(standalon
 
 
 def _api(standalone: Standalone, method: str, path: str, body: dict | None = None) -> dict:
-    """One call to the standalone's REST API with a token (all users are admins here)."""
+    """One call to the standalone's REST API with the admin's token."""
     base = f"http://127.0.0.1:{standalone.port}"
-    with urllib.request.urlopen(f"{base}/auth/token", timeout=30) as response:
-        token = json.loads(response.read())["access_token"]
+    token = standalone.token()
     request = urllib.request.Request(f"{base}{path}", method=method,
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"Authorization": f"Bearer {token}",

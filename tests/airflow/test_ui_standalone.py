@@ -1,8 +1,8 @@
 """The Spot view and the spot metrics end to end, on the session's ``airflow standalone``
 after it ran the example DAG with preemptions (``standalone_server.py``).
 
-Headless Chromium (Debian's ``chromium``, driven by Playwright) opens the Airflow UI,
-which logs in (the simple auth manager), then the train task's Spot tab and the Spot
+Headless Chromium (Debian's ``chromium``, driven by Playwright) logs in to the Airflow UI
+(the simple auth manager's form), then opens the train task's Spot tab and the Spot
 jobs page, each the plugin's page in Airflow's iframe; screenshots go to
 ``$SPOT_TEST_ARTIFACTS`` (default ``tests/artifacts/``, git-ignored). The StatsD lines
 Airflow's processes sent to the test's UDP listener carry the provider's metrics.
@@ -44,14 +44,27 @@ def finished(standalone, runs) -> dict:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(standalone):
+    """Chromium with a fresh profile, logged in to the UI as the admin through its form."""
     from playwright.sync_api import sync_playwright
+
+    from standalone_server import USERS
 
     with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         context = playwright.chromium.launch_persistent_context(
             profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
             viewport={"width": 1500, "height": 1100})
         try:
+            page = context.new_page()
+            page.goto(f"http://127.0.0.1:{standalone.port}/", timeout=PAGE_TIMEOUT_MS)
+            page.wait_for_url("**/auth/login**", timeout=PAGE_TIMEOUT_MS)
+            _shot(page, "login.png")
+            page.fill('input[name="username"]', USERS[0][0])
+            page.fill('input[name="password"]', USERS[0][2])
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url(lambda url: "/auth/" not in url, timeout=PAGE_TIMEOUT_MS)
+            assert any(c["name"] == "_token" for c in context.cookies())
+            page.close()
             yield context
         finally:
             context.close()
@@ -86,7 +99,7 @@ def test_the_spot_tab_of_the_train_task_in_chromium(standalone, finished, browse
     page = browser.new_page()
     base = f"http://127.0.0.1:{standalone.port}"
     page.goto(f"{base}/dags/spot_ml_pipeline/runs/{quote(finished['run_id'], safe='')}"
-              "/tasks/train/plugin/spot", timeout=PAGE_TIMEOUT_MS)  # logs in on the way
+              "/tasks/train/plugin/spot", timeout=PAGE_TIMEOUT_MS)
     try:
         frame = _plugin_frame(page, "/spot/ti/spot_ml_pipeline/")
         rows = frame.locator("table.attempts tr.attempt-row")
