@@ -19,8 +19,9 @@ h1{font-size:18px;margin:0 0 8px}h2{font-size:15px;margin:20px 0 6px}
 table{border-collapse:collapse;margin:6px 0 14px;font-size:13px}
 th,td{border:1px solid #e0e0e0;padding:3px 8px;vertical-align:top}th{background:#f5f5f5}
 td.num{text-align:right;font-variant-numeric:tabular-nums}p.note{color:#616161;font-size:12px}
-figure{margin:0 0 16px}
+figure{margin:0 0 16px}table.attempts td{max-width:26em;overflow-wrap:anywhere}
 """
+MESSAGE_CHARS = 240  # an attempt's message in the table (the chart's tooltip has it too)
 # Inside Airflow's iframe: no script, nothing from elsewhere, inline styles only.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 ATTEMPT_COLUMNS = ("#", "pool", "market", "outcome", "started (UTC)", "ended (UTC)",
@@ -104,7 +105,11 @@ def _attempt_cells(a: Attempt) -> tuple[str, ...]:
             when(a.ended_at), when(a.notice_at), _dash(a.checkpoint_step_start),
             _dash(a.checkpoint_step_end), f"{a.cost:.4f}", f"{a.on_demand_cost:.4f}",
             f"{a.lost_work_seconds:.1f}", f"{a.checkpoint_overhead_seconds:.1f}",
-            f"{a.data_transfer_cost:.4f}", a.message)
+            f"{a.data_transfer_cost:.4f}", _shorten(a.message))
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS - 1] + "\u2026"
 
 
 def _dash(value) -> str:

@@ -113,6 +113,11 @@ def test_the_spot_tab_of_the_train_task_in_chromium(standalone, finished, browse
         assert re.search(r"preemptions\s+%d" % record["preemptions"], ledger)
     finally:
         _shot(page, "spot-tab.png")
+    tab = browser.new_page()  # the tab's own page, whole (the iframe scrolls inside Airflow)
+    tab.goto(base + page.locator('iframe[src*="/spot/ti/"]').get_attribute("src"),
+             timeout=PAGE_TIMEOUT_MS)
+    assert tab.locator("svg.spot-timeline rect.attempt").count() == len(attempts)
+    _shot(tab, "spot-tab-page.png")
 
 
 def test_the_spot_jobs_page_in_chromium(standalone, finished, browser):
