@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.progress import run_rows
 from spot_core.market.trace import load_traces
 from spot_core.policy.deadline import Job
 from spot_core.policy.replay import Replay
@@ -84,6 +85,10 @@ def run_case(args: tuple) -> dict[str, object]:
         mean[p], misses[p] = stored[key]
     return {"zones": name, "deadline": deadline, "overhead": overhead, "mean": mean,
             "misses": misses, "seconds": time.perf_counter() - started}
+
+
+def _row_name(row: dict[str, object]) -> str:
+    return f"{row['zones']} D={row['deadline']:g} h R={row['overhead']:g} h"
 
 
 def _override_default() -> None:
@@ -196,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--baselines-only needs --cache")
         baselines = tuple(p for p in POLICIES if p != "default")
         with ProcessPoolExecutor(args.jobs) as pool:
-            list(pool.map(run_case, [c + (baselines,) for c in cases]))
+            run_rows(pool, run_case, [c + (baselines,) for c in cases], label="baselines",
+                     name=_row_name)
         print(f"baselines cached in {args.cache} in {time.perf_counter() - started:.0f} s")
         return 0
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run_case, sorted(cases, key=lambda c: -len(c[1]))))
+        rows = run_rows(pool, run_case, sorted(cases, key=lambda c: -len(c[1])),
+                        label="rows", name=_row_name)
     order = {name: i for i, name in enumerate(groups)}
     rows.sort(key=lambda r: (order[r["zones"]], r["deadline"], r["overhead"]))
     command = "python -m bench.policies" + " ".join(
@@ -224,7 +231,8 @@ def _run_dev(args: argparse.Namespace) -> int:
              for d, r in CONFIGS]
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run_case, sorted(cases, key=lambda c: -len(c[1]))))
+        rows = run_rows(pool, run_case, sorted(cases, key=lambda c: -len(c[1])),
+                        label="dev rows", name=_row_name)
     order = {name: i for i, name in enumerate(groups)}
     rows.sort(key=lambda r: (order[r["zones"]], r["deadline"], r["overhead"]))
     text = table(rows, args.windows, time.perf_counter() - started,

@@ -1,8 +1,8 @@
 """Glue between a SpotConfiguration and the engine-agnostic controller.
 
 Opens the provider the configuration names, narrows its pools (zones, instance types),
-and runs one job under the controller with Prefect events for
-every transition. Both the task runner and the worker go through here.
+and runs one job under the controller with Prefect events, pool alerts and a progress
+artifact for every transition. Both the task runner and the worker go through here.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import re
 import sys
 from typing import Any, Callable, Sequence
 
-from spot_core.controller import Controller, JobSpec
+from spot_core.controller import Controller, JobSpec, Listener
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Pool
 from spot_core.providers import check_provider
 
+from prefect_spot.alerts import PoolAlerts
 from prefect_spot.blocks import SpotConfiguration
 from prefect_spot.events import emit_job_event
 
@@ -144,18 +145,25 @@ def select_pools(config: SpotConfiguration, pools: Sequence[Pool]) -> tuple[Pool
 
 def controller_for(config: SpotConfiguration, provider, *, max_user_retries: int = 0,
                    persist: Callable[[JobRecord], None] | None = None,
-                   related: Sequence[dict[str, str]] = ()) -> Controller:
+                   related: Sequence[dict[str, str]] = (),
+                   progress: Listener | None = None) -> Controller:
     """A controller under ``config``'s settings. The price cap is the retry policy's
     ``max_spot_price`` (wait for a cheaper window, then fall back), as on every surface;
     the lifecycle's bounds (poll interval, attempt, heartbeat and observe-failure
-    timeouts) are the settings' ``controller_options``."""
+    timeouts) are the settings' ``controller_options``. Each transition becomes a
+    ``spot.job.*`` event, updates ``progress`` (the job's progress artifact) and checks
+    the pool against the alert thresholds."""
     settings = config.settings()
+    market = provider_market(provider)
+    alerts = PoolAlerts(market, related=related, **settings.alert_thresholds())
 
     def listener(kind: str, record: JobRecord, detail: str) -> None:
         emit_job_event(kind, record, detail, related=related)
+        alerts(kind, record, detail)
+        if progress is not None:
+            progress(kind, record, detail)
 
-    return Controller(provider, provider_market(provider),
-                      settings.retry_policy(max_user_retries=max_user_retries),
+    return Controller(provider, market, settings.retry_policy(max_user_retries=max_user_retries),
                       persist=persist, listener=listener, **settings.controller_options())
 
 

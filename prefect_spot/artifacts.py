@@ -1,14 +1,26 @@
-"""A job's record in the Prefect UI: a table of attempts and a markdown summary."""
+"""A job in the Prefect UI: a progress artifact updated as its attempts start and end,
+and at the end a table of attempts, a markdown summary and a chart (the attempt timeline
+and cost against on-demand, SVG images inlined as data URIs, so the UI needs no other
+server). All keyed by the job (``spot-job-<job id>``, ``-summary``, ``-chart``,
+``-progress``); the JobRecord itself is kept under ``spot-record-<run id>``.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+import time
 from typing import Any
 
+from spot_core.charts import attempt_timeline, cost_chart
 from spot_core.errors import SpotError
 from spot_core.model import JobRecord
+from spot_core.report import attempt_line, progress_percent, saving_line
 
 from prefect_spot._jobs import slug
+
+log = logging.getLogger(__name__)
 
 
 def attempts_table(record: JobRecord) -> list[dict[str, Any]]:
@@ -46,20 +58,98 @@ def summary_markdown(record: JobRecord) -> str:
     ])
 
 
+def svg_data_uri(svg: str) -> str:
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode("ascii")
+
+
+def chart_markdown(record: JobRecord) -> str:
+    """The attempt timeline and the cost chart as markdown images (no remote URL)."""
+    return "\n".join([
+        f"### Spot job `{record.job_id}`",
+        "",
+        f"![Attempt timeline]({svg_data_uri(attempt_timeline(record))})",
+        "",
+        f"![Cost against on-demand]({svg_data_uri(cost_chart(record))})",
+    ])
+
+
 def artifact_key(record: JobRecord) -> str:
     return f"spot-job-{slug(record.job_id, 60)}"
 
 
-def publish(record: JobRecord) -> tuple[Any, Any]:
-    """Create the table and markdown artifacts (in the current run's context, if any)."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+def publish(record: JobRecord, *, flow_run_id: Any = None, task_run_id: Any = None,
+            what: str | None = None) -> list[Any]:
+    """Create the table, summary and chart artifacts of ``record`` on the given run (the
+    UI's view: a failure is logged, never raised into the job)."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
 
-    key = artifact_key(record)
-    table = create_table_artifact(table=attempts_table(record), key=key,
-                                  description=f"Attempts of spot job {record.job_id}")
-    summary = create_markdown_artifact(markdown=summary_markdown(record), key=f"{key}-summary",
-                                       description=f"Cost and recovery of {record.job_id}")
-    return table, summary
+    key, what = artifact_key(record), what or f"spot job {record.job_id}"
+    wanted = [
+        ("table", key, json.dumps(attempts_table(record)), f"Attempts of {what}"),
+        ("markdown", f"{key}-summary", summary_markdown(record), f"Cost and recovery of {what}"),
+        ("markdown", f"{key}-chart", chart_markdown(record), f"Attempts and cost of {what}"),
+    ]
+    created = []
+    with get_client(sync_client=True) as client:
+        for kind, name, data, description in wanted:
+            try:
+                created.append(client.create_artifact(ArtifactCreate(
+                    key=name, type=kind, data=data, description=description,
+                    flow_run_id=flow_run_id, task_run_id=task_run_id)))
+            except Exception:  # noqa: BLE001 - the UI view must not fail the run
+                log.warning("could not create artifact %s", name, exc_info=True)
+    return created
+
+
+class JobProgress:
+    """The job's progress artifact (``spot-job-<job id>-progress``), as a controller
+    listener: created at the first transition this process sees (or found by its key,
+    when another worker process ran the earlier attempts) and updated at every one.
+
+    The percentage is the last durable checkpoint's share of ``total_steps`` (100 once
+    the job succeeded; 0 while the job's length is unknown); the description says which
+    attempt runs where and what the job has saved so far."""
+
+    def __init__(self, *, flow_run_id: Any = None, task_run_id: Any = None,
+                 total_steps: int | None = None) -> None:
+        self.flow_run_id, self.task_run_id = flow_run_id, task_run_id
+        self.total_steps = total_steps
+        self.artifact_id: Any = None
+
+    def __call__(self, kind: str, record: JobRecord, detail: str = "") -> None:
+        try:
+            self._show(record)
+        except Exception:  # noqa: BLE001 - as for every UI view
+            log.warning("could not update the progress artifact of %s", record.job_id,
+                        exc_info=True)
+
+    def _show(self, record: JobRecord) -> None:
+        from prefect import get_client
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+
+        progress = progress_percent(record, self.total_steps)
+        description = f"{attempt_line(record, time.time())}; {saving_line(record)}"
+        key = f"{artifact_key(record)}-progress"
+        with get_client(sync_client=True) as client:
+            if self.artifact_id is None:
+                self.artifact_id = _latest_id(client, key)
+            if self.artifact_id is None:
+                self.artifact_id = client.create_artifact(ArtifactCreate(
+                    key=key, type="progress", data=progress, description=description,
+                    flow_run_id=self.flow_run_id, task_run_id=self.task_run_id)).id
+            else:
+                client.update_artifact(self.artifact_id, ArtifactUpdate(
+                    data=progress, description=description))
+
+
+def _latest_id(client, key: str) -> Any:
+    from prefect.client.schemas.filters import (ArtifactCollectionFilter,
+                                                ArtifactCollectionFilterKey)
+
+    found = client.read_latest_artifacts(artifact_filter=ArtifactCollectionFilter(
+        key=ArtifactCollectionFilterKey(any_=[key])), limit=1)
+    return found[0].latest_id if found else None
 
 
 # -- the JobRecord itself, kept in Prefect -----------------------------------------------------

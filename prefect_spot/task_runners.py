@@ -243,7 +243,8 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             config, provider, max_user_retries=0 if record is None else record.user_failures,
             persist=lambda r: artifacts.save_record(key, r, flow_run_id=task_run.flow_run_id,
                                                     task_run_id=task_run.id),
-            related=related)
+            related=related, progress=artifacts.JobProgress(
+                flow_run_id=task_run.flow_run_id, task_run_id=task_run.id))
         if record is not None and record.current_attempt is not None:
             # A lease an earlier process launched answers to that process's key, which died
             # with it: its result could never verify. Stop it; the next attempt resumes
@@ -254,7 +255,8 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         # one Prefect try (they never spend the task's retries); an exception (the flow
         # cancelled, the process interrupted) stops the running attempt.
         record = controller.run(spec, record)
-        artifacts.publish(record)
+        artifacts.publish(record, flow_run_id=task_run.flow_run_id, task_run_id=task_run.id,
+                          what=f"task run {task_run.name} on spot")
         if config.provider != _jobs.LOCAL_PROVIDER:
             exchange = _verifying_with_lease_key(provider, record, exchange)
         value = _outcome(record, exchange)

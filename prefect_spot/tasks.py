@@ -54,8 +54,10 @@ from spot_core.settings import SpotSettings, default, pop_aliases
 
 from prefect_spot._jobs import slug
 from prefect_spot._remote import CHECKPOINTER_PARAMETER
-from prefect_spot.artifacts import RECORD_TYPE, load_record, record_key, save_record
+from prefect_spot.artifacts import (RECORD_TYPE, JobProgress, load_record, publish,
+                                    record_key, save_record)
 from prefect_spot.blocks import CheckpointStorage, resolve_storage, storage_from_uri
+from prefect_spot.events import emit_job_event
 
 
 def record_of(task_run_id: uuid.UUID) -> JobRecord | None:
@@ -147,7 +149,6 @@ def _wrap(fn: Callable, options: _Options) -> Callable:
                 value = fn(*args, **kwargs)
             except Preempted as exc:
                 attempt.end(PREEMPTED_EXIT_CODE, exc, notice=True)
-                _emit_preempted(context, exc)
                 raise
             except Exception as exc:
                 attempt.end(1, exc)
@@ -177,9 +178,12 @@ class _InPlaceAttempt:
                             checkpoint_uri=_store_uri(context, options.storage, self.env),
                             pools=())
         self.provider = InPlaceProvider()
-        self.controller = Controller(self.provider, None, persist=self._save,
-                                     heartbeat_timeout=None)
         self._ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
+        self._related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
+                          "prefect.resource.role": "task-run"}]
+        self._progress = JobProgress(**self._ids)
+        self.controller = Controller(self.provider, None, persist=self._save,
+                                     listener=self._transition, heartbeat_timeout=None)
         record = load_record(self.key) or self.controller.persist(
             self.controller.new_record(self.spec))
         # Under the spot worker the capacity is its lease, already fenced as SPOT_ATTEMPT
@@ -193,6 +197,11 @@ class _InPlaceAttempt:
     def _save(self, record: JobRecord) -> None:
         save_record(self.key, record, **self._ids)
 
+    def _transition(self, kind: str, record: JobRecord, detail: str) -> None:
+        """The same ``spot.job.*`` events and progress artifact as a task runner's job."""
+        emit_job_event(kind, record, detail, related=self._related)
+        self._progress(kind, record, detail)
+
     def end(self, exit_code: int | None, exc: BaseException | None, *,
             notice: bool = False) -> None:
         """Report how the call ended; the controller classifies, bills and records it."""
@@ -202,6 +211,7 @@ class _InPlaceAttempt:
         self.record = self.controller.on_lease_end(self.spec, self.record, LeaseStatus(
             state, exit_code=exit_code, notice_at=now if notice else None, ended_at=now,
             message=message), now)
+        publish(self.record, **self._ids, what=f"spot task {self.spec.job_id}")
 
 
 class _checkpointer:
@@ -257,18 +267,6 @@ def _store_uri(context, storage, env: AttemptEnv) -> str:
     raise ConfigError("spot_task has nowhere to checkpoint: pass checkpoint_storage= (a "
                       "CheckpointStorage, its block name, or a URI) or run it under the "
                       "spot worker, which sets SPOT_CHECKPOINT_URI")
-
-
-def _emit_preempted(context, exc: BaseException) -> None:
-    try:
-        from prefect.events import emit_event
-
-        emit_event(event="spot.job.preempted",
-                   resource={"prefect.resource.id": f"prefect.task-run.{context.task_run.id}",
-                             "prefect.resource.name": context.task_run.name},
-                   payload={"detail": str(exc)[:500], "in_place": True})
-    except Exception:  # noqa: BLE001 - events never break the task
-        pass
 
 
 def _record_key(task_name: str, task_run) -> str:

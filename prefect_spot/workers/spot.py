@@ -25,7 +25,7 @@ a markdown summary are attached to the flow run.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import shlex
 import tempfile
 import threading
@@ -47,8 +47,7 @@ from spot_core.settings import WORKER, knobs_for
 
 from prefect_spot import _jobs
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
-from prefect_spot.artifacts import (artifact_key, attempts_table, load_record, record_key,
-                                    save_record, summary_markdown)
+from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
 from prefect_spot.blocks import BLOCK_FIELDS, SpotConfiguration
 
 CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
@@ -227,7 +226,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                                   self.get_flow_run_logger(flow_run)))
         controller = _jobs.controller_for(
             config, _FlowRunExit(provider, flow_run.id), related=_related(flow_run),
-            persist=lambda r: self._remember(flow_run, r))
+            persist=lambda r: self._remember(flow_run, r),
+            progress=JobProgress(flow_run_id=flow_run.id))
         record = await anyio.to_thread.run_sync(self._load_record, flow_run)
         if record is None:
             record = controller.persist(controller.new_record(spec))
@@ -397,22 +397,10 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         return record if record is not None else load_record(record_key(flow_run.id))
 
     async def _publish(self, flow_run: FlowRun, record: JobRecord) -> None:
-        from prefect.client.schemas.actions import ArtifactCreate
-
-        key = artifact_key(record)
-        for artifact in (
-            ArtifactCreate(key=key, type="table", data=json.dumps(attempts_table(record)),
-                           description=f"Attempts of flow run {flow_run.name} on spot",
-                           flow_run_id=flow_run.id),
-            ArtifactCreate(key=f"{key}-summary", type="markdown",
-                           data=summary_markdown(record), flow_run_id=flow_run.id,
-                           description=f"Cost and recovery of flow run {flow_run.name}"),
-        ):
-            try:
-                await self.client.create_artifact(artifact)
-            except Exception:  # noqa: BLE001 - the UI view must not fail the run
-                self._logger.warning("could not create artifact %s", artifact.key,
-                                     exc_info=True)
+        """The job's table, summary and chart on the flow run (a failure is logged)."""
+        await anyio.to_thread.run_sync(functools.partial(
+            publish, record, flow_run_id=flow_run.id,
+            what=f"flow run {flow_run.name} on spot"))
 
     # -- cancellation ---------------------------------------------------------------------------
     async def kill_infrastructure(self, infrastructure_pid: str,

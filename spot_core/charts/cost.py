@@ -31,7 +31,8 @@ def cost_chart(record: JobRecord, *, width: int = WIDTH) -> str:
         body += [
             text(8, y + 17, label, font_weight="600" if number is None else None),
             rect(LABEL_WIDTH, y + 2, on_demand * scale, 12,
-                 f"{label}: on-demand {money(on_demand)}", fill=ON_DEMAND_COLOUR, class_="on-demand-cost", data_attempt=number),
+                 f"{label}: on-demand {money(on_demand)}", fill=ON_DEMAND_COLOUR,
+                 class_="on-demand-cost", data_attempt=number),
             rect(LABEL_WIDTH, y + 15, paid * scale, 12, f"{label}: paid {money(paid)}",
                  fill=SPOT_COLOUR, class_="paid-cost", data_attempt=number),
             text(LABEL_WIDTH + max(paid, on_demand) * scale + 6, y + 20,

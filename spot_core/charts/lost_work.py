@@ -31,7 +31,7 @@ def lost_work_chart(record: JobRecord, *, width: int = WIDTH) -> str:
             rect(LABEL_WIDTH + lost, y + 3, overhead, 16, f"attempt {a.number}: checkpointing "
                  f"{hours(a.checkpoint_overhead_seconds)}", fill=OVERHEAD_COLOUR,
                  class_="checkpoint-overhead", data_attempt=a.number),
-            text(LABEL_WIDTH + lost + overhead + 6, y + 15, hours(a.lost_work_seconds),
+            text(LABEL_WIDTH + lost + overhead + 6, y + 15, f"lost {hours(a.lost_work_seconds)}",
                  fill="#333", font_size=11),
         ]
     height = TOP + ROW * max(len(record.attempts), 1) + 8

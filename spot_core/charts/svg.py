@@ -58,11 +58,15 @@ def line(x1: float, y1: float, x2: float, y2: float, **values: object) -> str:
 
 
 def document(width: int, height: int, title: object, body: list[str], **values: object) -> str:
-    """The ``<svg>`` element: its own size, an accessible title, the shared font."""
+    """The ``<svg>`` element: its own size, an accessible title, the shared font, and a
+    text colour of its own (``fill``) so a dark page does not hide the labels."""
     head = {"xmlns": "http://www.w3.org/2000/svg", "width": width, "height": height,
-            "viewBox": f"0 0 {width} {height}", "role": "img", "style": FONT,
+            "viewBox": f"0 0 {width} {height}", "role": "img", "style": FONT, "fill": "#212121",
             **_dashed(values)}
-    return (f"<svg{attrs(head)}><title>{escape(_text(title))}</title>"
+    # An opaque background: the charts stay readable on a dark theme (Prefect's, Airflow's).
+    background = element("rect", {"width": "100%", "height": "100%", "fill": "#fff",
+                                  "class": "background"})
+    return (f"<svg{attrs(head)}><title>{escape(_text(title))}</title>{background}"
             + "".join(body) + "</svg>")
 
 

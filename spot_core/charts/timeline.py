@@ -26,7 +26,7 @@ def attempt_timeline(record: JobRecord, *, now: float | None = None,
         return document(width, height, title, body, class_="spot-chart spot-timeline")
     start = min(a.started_at for a in attempts)
     end = max([_end(a, now) for a in attempts] + [start + 1.0])
-    scale = (width - LABEL_WIDTH - 24) / (end - start)
+    scale = (width - LABEL_WIDTH - 36) / (end - start)
     for row, attempt in enumerate(attempts):
         body += _row(attempt, TOP + row * ROW, LABEL_WIDTH + (attempt.started_at - start) * scale,
                      max(2.0, (_end(attempt, now) - attempt.started_at) * scale))
@@ -78,7 +78,7 @@ def _axis(start: float, end: float, y: float, scale: float, width: int) -> list[
     """Elapsed time below the bars, in the unit that suits the span."""
     span = end - start
     unit, name = (3600.0, "h") if span >= 3 * 3600 else (60.0, "min") if span >= 180 else (1.0, "s")
-    parts = [line(LABEL_WIDTH, y, width - 24, y, stroke="#9e9e9e")]
+    parts = [line(LABEL_WIDTH, y, width - 36, y, stroke="#9e9e9e")]
     for i in range(5):
         offset = span * i / 4
         x = LABEL_WIDTH + offset * scale

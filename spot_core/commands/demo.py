@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from spot_core.errors import ConfigError
 
 ENGINES = ("none", "airflow", "prefect")
+RECORD_FILE = "record.json"  # the training job's JobRecord, in --workdir
 
 
 def register(subparsers) -> None:
@@ -43,12 +45,19 @@ def run(args: argparse.Namespace) -> int:
     defaults = DemoConfig()
     cfg = DemoConfig(steps=args.steps, start_tick=defaults.start_tick if args.start_tick is None
                      else _start_tick(args.start_tick))
+    # A live display only for a person at a terminal; piped and --json output stay the
+    # plain lines (the JSON contract in DESIGN.md is the last line either way).
+    live = sys.stdout.isatty() and not args.json
+    run_in = _run_live if live else _run
     if args.workdir is not None:
-        report = _run(args.workdir, cfg)
+        report = run_in(args.workdir, cfg)
     else:
         with tempfile.TemporaryDirectory(prefix="spot-demo-") as tmp:
-            report = _run(Path(tmp), cfg)
+            report = run_in(Path(tmp), cfg)
     _print_report(report)
+    if live and args.workdir is not None:
+        print(f"record {args.workdir / RECORD_FILE}  (spot-pipelines report it --html "
+              "report.html)", flush=True)
     if args.json:
         print(json.dumps(demo_json(report)), flush=True)
     return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
@@ -90,18 +99,54 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
 def _run(workdir: Path, cfg):
     from spot_core.demo.pipeline import run_demo
 
-    print(f"pipeline: prepare data -> train ({cfg.steps} steps on spot, local cloud replaying "
-          f"a real AWS V100 trace at 1 s = {cfg.time_scale / 3600:g} h) -> evaluate", flush=True)
+    print(_header(cfg), flush=True)
     started = time.monotonic()
 
     def listener(kind: str, record, detail: str) -> None:
-        attempt = record.attempts[-1] if record.attempts else None
-        where = attempt.pool.key if attempt is not None else "-"
-        number = attempt.number if attempt is not None else 0
-        print(f"  [{time.monotonic() - started:5.1f}s] attempt {number} {kind:<20} {where}  "
-              f"{detail[:90]}", flush=True)
+        print(_event_line(time.monotonic() - started, kind, record, detail), flush=True)
 
-    return run_demo(workdir, cfg, listener)
+    return _kept(workdir, run_demo(workdir, cfg, listener))
+
+
+def _run_live(workdir: Path, cfg):
+    """The same run under a rich live panel: events scroll above it, the panel shows the
+    running attempt, checkpointed progress and the saving so far."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from spot_core.demo.pipeline import run_demo
+    from spot_core.report import LiveProgress
+
+    console = Console(highlight=False)
+    console.print(_header(cfg), markup=False)
+    progress = LiveProgress(cfg.steps, title="demo training step")
+    started = time.monotonic()
+    with Live(progress, console=console, refresh_per_second=4, transient=True) as live:
+        def listener(kind: str, record, detail: str) -> None:
+            progress.listener(kind, record, detail)
+            live.console.print(_event_line(time.monotonic() - started, kind, record, detail),
+                               markup=False)
+
+        report = run_demo(workdir, cfg, listener)
+    return _kept(workdir, report)
+
+
+def _kept(workdir: Path, report):
+    """The job's record beside its checkpoints, for `spot-pipelines report`."""
+    (workdir / RECORD_FILE).write_text(report.record.to_json() + "\n")
+    return report
+
+
+def _header(cfg) -> str:
+    return (f"pipeline: prepare data -> train ({cfg.steps} steps on spot, local cloud replaying "
+            f"a real AWS V100 trace at 1 s = {cfg.time_scale / 3600:g} h) -> evaluate")
+
+
+def _event_line(elapsed: float, kind: str, record, detail: str) -> str:
+    attempt = record.attempts[-1] if record.attempts else None
+    where = attempt.pool.key if attempt is not None else "-"
+    number = attempt.number if attempt is not None else 0
+    return f"  [{elapsed:5.1f}s] attempt {number} {kind:<20} {where}  {detail[:90]}"
 
 
 def demo_json(report) -> dict:

@@ -1,20 +1,40 @@
-"""`spot-pipelines demo --json`: the main job end to end, as a user runs it."""
+"""`spot-pipelines demo`: the main job end to end, as a user runs it; its record rendered
+by `spot-pipelines report`; its live display on a terminal."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import select
 import subprocess
 import sys
+import time
+import xml.etree.ElementTree as ET
 
 import pytest
 
+CONTRACT = {"engine", "attempts", "preemptions", "fallbacks", "resumed_from_steps",
+            "spot_cost", "on_demand_cost", "savings_fraction", "lost_work_seconds",
+            "final_weights_sha256", "uninterrupted_weights_sha256", "accuracy"}
+ANSI = re.compile(r"\x1b\[")
 
-@pytest.mark.timeout(200)
-def test_demo_pipeline_survives_real_trace_preemptions(tmp_path):
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One run of the demo with --json into a pipe (not a terminal), shared."""
+    workdir = tmp_path_factory.mktemp("demo")
     proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--json",
-                           "--workdir", str(tmp_path)],
+                           "--workdir", str(workdir)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
+    return proc, workdir
+
+
+@pytest.mark.timeout(200)
+def test_demo_pipeline_survives_real_trace_preemptions(demo):
+    proc, _ = demo
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["engine"] == "none"
     assert report["preemptions"] >= 2
@@ -26,6 +46,75 @@ def test_demo_pipeline_survives_real_trace_preemptions(tmp_path):
     assert report["lost_work_seconds"] >= 0
     assert report["accuracy"] > 0.8
     assert "(equal)" in proc.stdout  # the human report shows the hashes side by side
+
+
+@pytest.mark.timeout(200)
+def test_demo_output_off_a_terminal_is_plain_lines_ending_in_the_json_contract(demo):
+    proc, _ = demo
+    lines = proc.stdout.strip().splitlines()
+    assert set(json.loads(lines[-1])) == CONTRACT
+    assert not ANSI.search(proc.stdout)  # no live display, no colour codes in a pipe
+    assert "saved so far" not in proc.stdout
+    assert lines[0].startswith("pipeline: prepare data -> train")
+    assert any(" preempted " in line for line in lines)
+
+
+@pytest.mark.timeout(200)
+def test_report_renders_the_demos_record_as_tables_and_an_html_page(demo, tmp_path):
+    proc, workdir = demo
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    record = json.loads((workdir / "record.json").read_text())
+    page = tmp_path / "report.html"
+    shown = subprocess.run([sys.executable, "-m", "spot_core.cli", "report",
+                            str(workdir / "record.json"), "--html", str(page)],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"job {record['job_id']} (succeeded)" in shown.stdout
+    assert shown.stdout.count("preempted") == summary["preemptions"]
+    assert f"spot cost ${summary['spot_cost']:.2f} vs on-demand " \
+           f"${summary['on_demand_cost']:.2f}" in shown.stdout
+    html = page.read_text()
+    assert html.count('class="attempt-row"') == summary["attempts"]
+    svgs = re.findall(r"<svg.*?</svg>", html, flags=re.S)
+    assert len(svgs) == 3
+    timeline = ET.fromstring(svgs[0])
+    bars = [e for e in timeline.iter("{http://www.w3.org/2000/svg}rect")
+            if "attempt" in e.get("class", "").split()]
+    assert [b.get("data-outcome") for b in bars] == \
+        ["preempted"] * summary["preemptions"] + ["succeeded"]
+    assert "<script" not in html and "http://" not in html.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")  # nothing loads from anywhere
+
+
+@pytest.mark.timeout(200)
+def test_demo_on_a_terminal_shows_a_live_display_of_the_attempt_and_saving(tmp_path):
+    """Under a pseudo-terminal the demo redraws a panel with the running attempt and
+    the saving so far, then prints the same report."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "spot_core.cli", "demo", "--workdir",
+                             str(tmp_path)], stdin=child, stdout=child, stderr=child,
+                            env={**os.environ, "COLUMNS": "140", "TERM": "xterm"})
+    os.close(child)
+    seen = bytearray()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(main)
+    assert proc.wait(timeout=30) == 0, seen[-2000:].decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert "saved so far" in text and re.search(r"attempt \d running on us-", text)
+    assert "checkpointed step" in text
+    assert "(equal)" in text and f"record {tmp_path / 'record.json'}" in text
 
 
 def test_demo_rejects_unbuilt_engine_in_one_line():

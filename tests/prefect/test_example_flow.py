@@ -76,17 +76,65 @@ def test_events_reach_prefect_for_automations(pipeline_run):
 
     _, record = pipeline_run
     EventsWorker.drain_all(timeout=10)
-    wanted = {"spot.job.launched", "spot.job.preempted", "spot.job.fallback",
-              "spot.job.succeeded"}
-    names: set[str] = set()
+    wanted = {"spot.job.launched", "spot.job.preempted", "spot.job.resumed",
+              "spot.job.fallback", "spot.job.succeeded"}
+    events: list[dict] = []
     deadline = time.monotonic() + 30
     with get_client(sync_client=True) as client:
-        while time.monotonic() < deadline and not wanted <= names:
+        while time.monotonic() < deadline and not wanted <= {e["event"] for e in events}:
             response = client.request("POST", "/events/filter", json={
                 "filter": {"event": {"prefix": ["spot.job."]},
                            "any_resource": {"id": [f"spot.job.{record.job_id}"]},
                            "occurred": {"since": "2000-01-01T00:00:00Z"}},
                 "limit": 50})
-            names = {e["event"] for e in response.json()["events"]}
+            events = response.json()["events"]
             time.sleep(1)
+    names = {e["event"] for e in events}
     assert wanted <= names, names
+    # one resource per job, and the numbers an automation or a dashboard needs
+    assert {e["resource"]["prefect.resource.id"] for e in events} == {f"spot.job.{record.job_id}"}
+    succeeded = next(e for e in events if e["event"] == "spot.job.succeeded")
+    metrics = succeeded["payload"]["metrics"]
+    assert metrics["preemptions"] == record.preemptions
+    assert metrics["fallbacks"] == record.fallbacks
+    assert metrics["attempts"] == len(record.attempts)
+    assert metrics["spot_cost"] == pytest.approx(record.ledger.spent, abs=1e-5)
+    assert metrics["saved"] == pytest.approx(record.ledger.saved, abs=1e-5)
+    assert metrics["lost_work_seconds"] == pytest.approx(record.ledger.lost_work_seconds, abs=0.01)
+    assert metrics["pool"] == record.attempts[-1].pool.key
+    resumed = sorted((e for e in events if e["event"] == "spot.job.resumed"),
+                     key=lambda e: e["occurred"])
+    assert [e["payload"]["metrics"]["resumed_from_step"] for e in resumed] == \
+        record.summary()["resumed_from_steps"]
+
+
+def test_progress_and_chart_artifacts_follow_the_job(pipeline_run):
+    import base64
+    import re
+    import xml.etree.ElementTree as ET
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    _, record = pipeline_run
+    key = artifact_key(record)
+    with get_client(sync_client=True) as client:
+        progress = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-progress"])))
+        charts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-chart"])))
+    # one progress artifact, updated in place as attempts started and ended
+    assert len(progress) == 1 and progress[0].type == "progress"
+    assert float(progress[0].data) == 100.0
+    assert progress[0].updated > progress[0].created
+    assert f"ended succeeded; preemptions {record.preemptions}" in progress[0].description
+    assert "saved so far" in progress[0].description
+    assert progress[0].task_run_id is not None
+    assert len(charts) == 1 and charts[0].type == "markdown"
+    images = re.findall(r"!\[[^\]]*\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)",
+                        charts[0].data)
+    assert len(images) == 2
+    timeline = ET.fromstring(base64.b64decode(images[0]))
+    bars = [e for e in timeline.iter("{http://www.w3.org/2000/svg}rect")
+            if "attempt" in e.get("class", "").split()]
+    assert [b.get("data-outcome") for b in bars] == [str(a.outcome) for a in record.attempts]
