@@ -19,7 +19,8 @@ h1{font-size:18px;margin:0 0 8px}h2{font-size:15px;margin:20px 0 6px}
 table{border-collapse:collapse;margin:6px 0 14px;font-size:13px}
 th,td{border:1px solid #e0e0e0;padding:3px 8px;vertical-align:top}th{background:#f5f5f5}
 td.num{text-align:right;font-variant-numeric:tabular-nums}p.note{color:#616161;font-size:12px}
-figure{margin:0 0 16px}table.attempts td{max-width:26em;overflow-wrap:anywhere}
+figure{margin:0 0 16px}table.attempts td{white-space:nowrap}
+table.attempts td:last-child{white-space:normal;min-width:16em;max-width:26em;overflow-wrap:anywhere}
 """
 MESSAGE_CHARS = 240  # an attempt's message in the table (the chart's tooltip has it too)
 # Inside Airflow's iframe: no script, nothing from elsewhere, inline styles only.
