@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from datetime import datetime, timezone
 
 import pytest
@@ -43,6 +44,14 @@ def _record(job_id: str) -> JobRecord:
                                          on_demand_cost=1.53))
 
 
+def _running(job_id: str) -> JobRecord:
+    """One attempt on a spot lease, still running."""
+    lease = {"lease_id": "l-live", "pool": SPOT.to_dict(), "job_id": job_id, "attempt": 1,
+             "started_at": 1_700_000_000.0, "price_per_hour": 0.88, "details": {}}
+    return JobRecord(job_id=job_id, created_at=1_700_000_000.0).start_attempt(
+        Attempt(1, SPOT, 1_700_000_000.0, lease_id="l-live", lease=lease))
+
+
 @pytest.fixture(scope="module")
 def client(airflow_home):
     from fastapi.testclient import TestClient
@@ -52,8 +61,10 @@ def client(airflow_home):
     from airflow.models.dagbundle import DagBundleModel
     from airflow.models.dagrun import DagRun
     from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.models.taskinstance import TaskInstance
     from airflow.models.team import Team
     from airflow.utils.session import create_session
+    from sqlalchemy import insert, select
 
     with create_session() as session:
         bundles = {name: session.merge(DagBundleModel(name=name))
@@ -70,6 +81,15 @@ def client(airflow_home):
                 dag_run_id=run.id, task_id="train", map_index=-1, key="spot_job_record",
                 dag_id=dag_id, run_id=RUN_ID,
                 value=json.dumps(_record(f"{dag_id}.train").to_dict())))
+        # A deferred task whose job holds a lease now (a task instance row as the scheduler
+        # keeps it; the record where the operator writes it).
+        session.execute(insert(TaskInstance.__table__).values(
+            id=uuid.uuid4(), dag_id="ui_open", task_id="serve", run_id=RUN_ID, map_index=-1,
+            state="deferred", pool="default_pool", pool_slots=1, try_number=1))
+        run_id = session.scalar(select(DagRun.id).where(DagRun.dag_id == "ui_open"))
+        session.add(TaskStateStoreModel(
+            dag_run_id=run_id, task_id="serve", map_index=-1, key="spot_job_record",
+            dag_id="ui_open", run_id=RUN_ID, value=json.dumps(_running("ui_open.serve").to_dict())))
     app = create_app(apps="core")
     with TestClient(app) as test_client:
         yield test_client
@@ -136,4 +156,12 @@ def test_the_jobs_page_sums_savings_and_pool_interruptions(client):
     pools = html.split('class="pools"')[1].split("</table>")[0]
     # two preemptions in two spot hours in us-east-1a/p3.2xlarge; newest lease price 0.91
     assert "us-east-1a/p3.2xlarge" in pools and ">1.00<" in pools and "$0.9100/h" in pools
-    assert "No spot job is running now." in html
+    running = html.split('class="running"')[1].split("</table>")[0]
+    assert running.count('class="running-row"') == 1  # finished jobs are not running
+    assert "serve" in running and "deferred" in running and "l-live" in running
+    assert "$0.8800/h" in running
+
+
+def test_a_task_without_a_spot_record_says_so(client):
+    html = client.get(f"/spot/ti/ui_open/{RUN_ID}/prepare/-1", headers=_as(_token("admin")))
+    assert html.status_code == 200 and "no spot job record" in html.text
