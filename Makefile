@@ -96,7 +96,7 @@ $(CORE)/.torch: $(CORE)/.synced
 	touch $@
 
 $(AIRFLOW)/.synced: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(AIRFLOW) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --extra airflow --extra aws --extra kubernetes
+	UV_PROJECT_ENVIRONMENT=$(AIRFLOW) $(UV) sync --frozen --compile-bytecode --python $(PYTHON) --group test --group airflow-test --extra airflow --extra aws --extra kubernetes
 	touch $@
 
 $(PREFECT)/.synced: $(UV) uv.lock pyproject.toml

@@ -634,7 +634,7 @@ class Controller:
             lost_work_seconds=self._lost_work(outcome, running, end_ref, ended_at),
             checkpoint_overhead_seconds=self.provider.capacity_seconds(
                 _checkpoint_seconds(end_ref, running.number)),
-            message=_message(outcome, status))
+            message=_message(outcome, status), notice_at=status.notice_at)
         record = record.finish_attempt(finished)
         if end_ref is not None:
             record = record.with_checkpoint(end_ref)

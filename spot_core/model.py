@@ -179,6 +179,8 @@ class Attempt:
     # When the controller asked the attempt to checkpoint and stop so the job could move
     # (a voluntary drain); its end is then ``drained``, whatever the lease reports.
     drain_requested_at: float | None = None
+    # When the first interruption notice was seen (POSIX time), if any: the UI's notice mark.
+    notice_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -207,9 +209,7 @@ class Attempt:
         values["outcome"] = None if values.get("outcome") is None else Outcome(values["outcome"])
         for name in _ATTEMPT_REALS:
             if name in values:
-                values[name] = _real(values[name], name,
-                                     optional=name in ("ended_at", "checkpoint_interval_seconds",
-                                                       "drain_requested_at"))
+                values[name] = _real(values[name], name, optional=name in _ATTEMPT_OPTIONAL)
         for name in _ATTEMPT_WHOLES:
             if name in values:
                 values[name] = _whole(values[name], name, optional=name != "number")
@@ -218,7 +218,8 @@ class Attempt:
 
 _ATTEMPT_REALS = ("started_at", "ended_at", "cost", "on_demand_cost", "lost_work_seconds",
                   "checkpoint_overhead_seconds", "data_transfer_cost",
-                  "checkpoint_interval_seconds", "drain_requested_at")
+                  "checkpoint_interval_seconds", "drain_requested_at", "notice_at")
+_ATTEMPT_OPTIONAL = ("ended_at", "notice_at", "checkpoint_interval_seconds", "drain_requested_at")
 _ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
 
 

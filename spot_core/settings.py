@@ -283,12 +283,12 @@ KNOBS: tuple[Knob, ...] = (
           "interval an attempt is given (on-demand, or a pool never seen interrupted): the "
           "most work a missed notice may cost.", {CLI}, minimum=0, strict=True),
     _knob("alert_interruption_rate", "number", 0.25, "Raise a pool alert (the Prefect event "
-          "`spot.pool.alert`, the Airflow Spot jobs page) when a spot pool's observed "
+          "`spot.pool.alert`, the Airflow listener hook `on_spot_alert`) when a spot pool's observed "
           "interruptions per hour pass this; 0.25 (one every 4 h) is where restarts start to "
-          "eat the savings of a long step. Empty: no rate alert.", {BLOCK, WORKER},
+          "eat the savings of a long step. Empty: no rate alert.", {OPERATOR, BLOCK, WORKER},
           unit="per hour", minimum=0, strict=True, optional=True),
     _knob("alert_spot_price", "number", None, "Raise a pool alert when a spot pool's price "
-          "passes this. Empty: no price alert (prices differ by instance type).", {BLOCK, WORKER},
+          "passes this. Empty: no price alert (prices differ by instance type).", {OPERATOR, BLOCK, WORKER},
           unit="USD/h", minimum=0, strict=True, optional=True),
     _knob("checkpoint_every", "duration", None, "Save a checkpoint at most this often (time "
           "based). Empty: only by steps and on an interruption notice.", _IN_PLACE,

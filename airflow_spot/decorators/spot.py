@@ -32,7 +32,7 @@ from airflow.sdk.exceptions import (AirflowException, AirflowFailException,
                                     AirflowRescheduleException)
 
 from airflow_spot.hooks.connections import aws_access, check_conn_id
-from airflow_spot.records import persister, stored_record
+from airflow_spot.records import TASK_RECORD_KEY, persister, stored_record
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError, Preempted
@@ -41,7 +41,7 @@ from spot_core.providers.base import LeaseState, LeaseStatus
 from spot_core.providers.in_place import InPlaceProvider
 from spot_core.settings import SpotSettings, default, knob, pop_aliases
 
-RECORD_KEY = "spot_task_record"
+RECORD_KEY = TASK_RECORD_KEY
 CLOUDS = knob("cloud").allowed
 # How soon a preempted task is re-queued: long enough for Airflow to see it go.
 RESCHEDULE_DELAY_SECONDS = 1.0

@@ -22,15 +22,16 @@ import re
 import shlex
 import time
 from datetime import timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_spot import alerts
 from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
-from airflow_spot.records import persister, stored_record
+from airflow_spot.records import JOB_RECORD_KEY, persister, stored_record
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
@@ -39,7 +40,7 @@ from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.providers import check_provider
 from spot_core.settings import SpotSettings, default, knob, pop_aliases
 
-RECORD_KEY = "spot_job_record"
+RECORD_KEY = JOB_RECORD_KEY
 CHECKPOINT_SCHEMES = ("file://", "s3://")
 NOTICE_WATCH_SECONDS = 180.0  # after a notice: the longest notice (120 s) plus grace
 MIN_DEFER_SECONDS = 15.0  # a trigger holds its event this long (see SpotJobTrigger.not_before);
@@ -108,6 +109,11 @@ class SpotJobOperator(BaseOperator):
         boto3's default chain (environment, instance role).
     :param kubernetes_conn_id: Airflow Kubernetes connection for the kubernetes provider,
         resolved through cncf-kubernetes' hook. None: the provider's default.
+    :param alert_interruption_rate: interruptions per hour on spot above which a pool of
+        the job raises an alert when an attempt ends (None: off).
+    :param alert_spot_price: spot price in USD/h above which a pool raises an alert (None: off).
+    :param on_spot_alert: ``callback(alert: dict, context)`` for each alert, besides the
+        ``on_spot_alert`` listener hook of Airflow plugins (``airflow_spot.listeners.spec``).
 
     Every spot setting (provider, budgets, waits, timeouts) has the meaning, default and
     check of its knob in ``spot_core.settings``; durations take seconds, a ``timedelta``
@@ -139,6 +145,9 @@ class SpotJobOperator(BaseOperator):
                  poll_interval: Duration = default("poll_interval"),
                  heartbeat_timeout: Duration = default("heartbeat_timeout"),
                  observe_failure_timeout: Duration = default("observe_failure_timeout"),
+                 alert_interruption_rate: float | None = default("alert_interruption_rate"),
+                 alert_spot_price: float | None = default("alert_spot_price"),
+                 on_spot_alert: Callable[[dict, Any], None] | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",
                                                     fallback=False),
                  aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None,
@@ -171,7 +180,13 @@ class SpotJobOperator(BaseOperator):
             "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
             "heartbeat_timeout": heartbeat_timeout,
-            "observe_failure_timeout": observe_failure_timeout, **renamed})
+            "observe_failure_timeout": observe_failure_timeout,
+            "alert_interruption_rate": alert_interruption_rate,
+            "alert_spot_price": alert_spot_price, **renamed})
+        if on_spot_alert is not None and not callable(on_spot_alert):
+            raise ValueError(f"{self.task_id}: on_spot_alert={on_spot_alert!r} must be a "
+                             "function taking (alert, context), or None")
+        self.on_spot_alert = on_spot_alert
         settings = self.settings
         self.provider = settings.provider
         self.provider_options = dict(settings.provider_options)
@@ -269,7 +284,10 @@ class SpotJobOperator(BaseOperator):
         return self.settings.controller_options()
 
     def _controller(self, context) -> Controller:
-        return self.hook.controller(self.policy, persist=persister(context, RECORD_KEY),
+        check = alerts.on_attempt_end(lambda: self.hook.get_provider().market,
+                                      lambda: self.hook.pools(self.zones),
+                                      self.settings.alert_thresholds(), context, self.on_spot_alert)
+        return self.hook.controller(self.policy, persist=persister(context, RECORD_KEY, check),
                                     **self.controller_options())
 
     def _spec(self, record: JobRecord) -> JobSpec:

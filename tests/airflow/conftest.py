@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "core"))
 from aws_helpers import aws_env, moto_server  # noqa: E402,F401  (pytest fixtures)
 from postgres_helpers import postgres_url  # noqa: E402,F401  (pytest fixture)
+sys.path.insert(0, str(Path(__file__).parent))
+# One `airflow standalone` per session, shared by test_standalone and the Spot UI tests.
+from standalone_server import runs, standalone, statsd  # noqa: E402,F401  (pytest fixtures)
 _HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
 # The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.
 DAGS = _HOME / "dags"

@@ -29,7 +29,7 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core.adaptors",),                                       # lazy cloud SDKs
     ("spot_core.checkpoint", "spot_core.market", "spot_core.interruption"),
     ("spot_core.policy", "spot_core.container", "spot_core.workloads", "spot_core.emulators",
-     "spot_core.charts"),                                          # charts: model -> SVG
+     "spot_core.charts", "spot_core.fleet"),                       # charts: model -> SVG; fleet: records -> figures
     ("spot_core.localcloud",),                                     # nodes are emulators
     ("spot_core.providers",),                                      # local one uses localcloud
     ("spot_core.settings",),                                       # checks provider/policy names

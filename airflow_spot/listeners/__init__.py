@@ -1,0 +1,1 @@
+"""Listener hooks the provider adds to Airflow's (pluggy) listener manager."""

@@ -1,0 +1,101 @@
+"""Figures over many JobRecords: what a fleet of spot jobs saved, lost and suffered per pool.
+
+Pure: records in, frozen rows out, no clock and no I/O, so every engine's UI (the Airflow
+Spot jobs page, a Prefect dashboard, a report) shows the same numbers for the same
+records. Only what the records hold is counted: interruptions are attempts that ended
+``preempted``, hours on spot are the wall-clock spans of finished spot attempts, a pool's
+price is the price of the newest lease launched in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Iterable
+
+from spot_core.model import JobRecord, Outcome
+
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Savings:
+    """Money of a group of jobs (a DAG's task, one day of it, ...)."""
+
+    group: tuple[str, ...]
+    jobs: int
+    spent: float
+    on_demand_equivalent: float
+    lost_work_seconds: float
+    preemptions: int
+
+    @property
+    def saved(self) -> float:
+        return self.on_demand_equivalent - self.spent
+
+    @property
+    def savings_fraction(self) -> float:
+        return self.saved / self.on_demand_equivalent if self.on_demand_equivalent > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    """One spot pool as the records saw it."""
+
+    pool: str                     # zone/instance type, e.g. "us-east-1a/p3.2xlarge"
+    attempts: int
+    interruptions: int
+    spot_hours: float
+    lost_work_seconds: float
+    last_price_per_hour: float | None
+    last_price_at: float | None
+
+    @property
+    def interruptions_per_hour(self) -> float | None:
+        """Interruptions per hour on spot in this pool; None before any finished hour."""
+        return self.interruptions / self.spot_hours if self.spot_hours > 0 else None
+
+
+def pool_name(zone: str, instance_type: str) -> str:
+    return f"{zone}/{instance_type}"
+
+
+def day_of(timestamp: float) -> str:
+    """The UTC day (YYYY-MM-DD) a POSIX time falls on: the 'over time' axis of savings."""
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def savings_by(keyed: Iterable[tuple[tuple[str, ...], JobRecord]]) -> list[Savings]:
+    """Sum each group's records. ``keyed`` pairs a group key (e.g. (dag_id, task_id) or
+    (dag_id, task_id, day_of(record.created_at))) with a record; rows come sorted by key."""
+    sums: dict[tuple[str, ...], list] = {}
+    for key, record in keyed:
+        row = sums.setdefault(tuple(key), [0, 0.0, 0.0, 0.0, 0])
+        row[0] += 1
+        row[1] += record.ledger.spent
+        row[2] += record.ledger.on_demand_equivalent
+        row[3] += record.ledger.lost_work_seconds
+        row[4] += record.preemptions
+    return [Savings(key, *values) for key, values in sorted(sums.items())]
+
+
+def pool_figures(records: Iterable[JobRecord]) -> list[PoolFigures]:
+    """Per spot pool: attempts, interruptions, hours on spot and the newest lease price."""
+    rows: dict[str, dict] = {}
+    for record in records:
+        for attempt in record.attempts:
+            if not attempt.pool.is_spot:
+                continue
+            name = pool_name(attempt.pool.zone, attempt.pool.instance_type)
+            row = rows.setdefault(name, {"attempts": 0, "interruptions": 0, "hours": 0.0,
+                                         "lost": 0.0, "price": None, "price_at": None})
+            row["attempts"] += 1
+            row["interruptions"] += attempt.outcome is Outcome.PREEMPTED
+            row["lost"] += attempt.lost_work_seconds
+            if attempt.ended_at is not None:
+                row["hours"] += max(0.0, attempt.ended_at - attempt.started_at) / SECONDS_PER_HOUR
+            price = (attempt.lease or {}).get("price_per_hour")
+            if price is not None and (row["price_at"] is None or attempt.started_at >= row["price_at"]):
+                row["price"], row["price_at"] = float(price), attempt.started_at
+    return [PoolFigures(name, r["attempts"], r["interruptions"], r["hours"], r["lost"],
+                        r["price"], r["price_at"]) for name, r in sorted(rows.items())]

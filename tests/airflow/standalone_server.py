@@ -1,0 +1,276 @@
+"""One ``airflow standalone`` for the whole test session (api-server, scheduler,
+dag-processor, triggerer), shared by test_standalone.py and the Spot UI's browser and
+metrics tests: its own AIRFLOW_HOME on PostgreSQL, bound to 127.0.0.1 on free ports, its own
+local cloud server, and StatsD metrics sent to a UDP listener of the test
+(``statsd``). Tests trigger DAG runs with the CLI and read the outcome from the metadata
+database in a subprocess (the test process's own Airflow points at the session's other
+AIRFLOW_HOME). The fixtures are registered in conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+BIN = Path(sys.executable).parent
+READY_TIMEOUT = 180.0
+# (username, simple auth manager role, password) of the standalone's users.
+USERS = (("admin", "admin", "spot-admin-pw"), ("viewer", "viewer", "spot-viewer-pw"))
+
+QUERY = r"""
+import json, sys
+from airflow.models import DagRun, TaskInstance
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+dag_id = sys.argv[1]
+with create_session() as s:
+    runs = s.query(DagRun).filter(DagRun.dag_id == dag_id).all()
+    tis = s.query(TaskInstance).filter(TaskInstance.dag_id == dag_id).all()
+    xcoms = s.query(XComModel).filter(XComModel.dag_id == dag_id).all()
+    print(json.dumps({
+        "runs": {r.run_id: str(r.state) for r in runs},
+        "tis": {f"{t.task_id}:{t.map_index}": [str(t.state), t.try_number] for t in tis},
+        "xcom": {f"{x.task_id}:{x.map_index}:{x.key}": x.value for x in xcoms},
+    }, default=str))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGTERM a process we started, its children and everything still in its session
+    (the test SIGKILLs a triggerer, whose orphaned log server then hangs off init but
+    keeps the session), then SIGKILL what is left."""
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        parent = None
+    procs = [] if parent is None else [parent, *parent.children(recursive=True)]
+    procs += [p for p in psutil.process_iter() if p not in procs and _session_of(p.pid) == pid]
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=20)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+class Standalone:
+    def __init__(self, home: Path, env: dict[str, str], port: int) -> None:
+        self.home, self.env, self.port = home, env, port
+        self.proc: subprocess.Popen | None = None
+        self.extra: list[subprocess.Popen] = []
+
+    def cli(self, *args: str, timeout: float = 120) -> str:
+        return subprocess.run([str(BIN / "airflow"), *args], env=self.env, check=True,
+                              capture_output=True, text=True, timeout=timeout).stdout
+
+    def state(self, dag_id: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", QUERY, dag_id], env=self.env, check=True,
+                             capture_output=True, text=True, timeout=120).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        run_id = f"test__{dag_id}__{time.time_ns()}"
+        deadline = time.monotonic() + 120
+        while True:  # the dag-processor must have parsed the DAG first
+            try:
+                self.cli("dags", "unpause", dag_id)
+                self.cli("dags", "trigger", dag_id, "-r", run_id, "-c", json.dumps(conf or {}))
+                return run_id
+            except subprocess.CalledProcessError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(3)
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.state(dag_id)
+            if state["runs"].get(run_id) in ("success", "failed"):
+                return state
+            time.sleep(3)
+        raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout} s: "
+                             f"{self.state(dag_id)}")
+
+    def token(self, username: str = "admin") -> str:
+        """A JWT for one of ``USERS`` from ``POST /auth/token``, as a script would get it."""
+        password = next(p for u, _, p in USERS if u == username)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/auth/token", method="POST",
+            data=json.dumps({"username": username, "password": password}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["access_token"]
+
+    def triggerer_pids(self) -> list[int]:
+        found = []
+        roots = [self.proc.pid, *(p.pid for p in self.extra)]
+        for root in roots:
+            try:
+                procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for proc in procs:
+                try:
+                    if "triggerer" in " ".join(proc.cmdline()):
+                        found.append(proc.pid)
+                except psutil.NoSuchProcess:
+                    pass
+        return found
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory, postgres_url, statsd):
+    """`airflow standalone` on PostgreSQL as in production (a fresh database on the
+    session's server: tests/core/postgres_helpers.py)."""
+    from conftest import DAGS, TEST_DIR
+    from postgres_helpers import fresh_database, with_driver
+
+    from airflow_spot.demo import cloud_server
+    from spot_core.localcloud.server import client_environ
+
+    home = tmp_path_factory.mktemp("standalone-home")
+    work = tmp_path_factory.mktemp("standalone-work")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPOT_"))}
+    env.update({
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        # Real logins (the Spot UI test logs in; no token is a 401): the simple auth
+        # manager's users with passwords the tests know.
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r, _ in USERS),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "SPOT_TEST_DIR": str(TEST_DIR),
+        "SPOT_PIPELINE_WORKDIR": str(work),
+        # Airflow's metrics (and the provider's spot.* metrics) to the test's UDP listener;
+        # the InfluxDB line format carries the tags (dag_id, task_id, pool).
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+        "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
+    })
+    (home / "passwords.json").write_text(json.dumps({u: p for u, _, p in USERS}))
+    # The trace's clock starts at the first launch (the train task's), as in `make demo`, so
+    # training meets the demo's preemptions however long Airflow took to start.
+    with fresh_database(postgres_url, "spot_airflow_standalone") as database, \
+            cloud_server(work / "cloud", start_on_first_client=True) as url:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
+        env.update(client_environ(url, work / "cloud"))
+        airflow = Standalone(home, env, port)
+        log = open(home / "standalone.log", "wb")
+        airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env,
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        try:
+            _wait_healthy(airflow)
+            yield airflow
+        finally:
+            for proc in airflow.extra:
+                _kill_tree(proc.pid)
+            _kill_tree(airflow.proc.pid)
+            log.close()
+
+
+def _wait_healthy(airflow: Standalone) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    url = f"http://127.0.0.1:{airflow.port}/api/v2/monitor/health"
+    health: dict = {}
+    while time.monotonic() < deadline:
+        assert airflow.proc.poll() is None, (airflow.home / "standalone.log").read_text()[-3000:]
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                health = json.loads(response.read())
+            if all((health.get(part) or {}).get("status") == "healthy"
+                   for part in ("metadatabase", "scheduler", "triggerer")):
+                return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"airflow standalone did not become healthy ({health}): "
+                         + (airflow.home / "standalone.log").read_text()[-3000:])
+
+
+@pytest.fixture(scope="session")
+def runs(standalone) -> dict[str, str]:
+    """Both DAG runs at once (they run side by side; the tests look at them in turn)."""
+    work = standalone.env["SPOT_PIPELINE_WORKDIR"]
+    return {"spot_ml_pipeline": standalone.trigger("spot_ml_pipeline",
+                                                   {"workdir": work, "steps": 2000}),
+            "spot_task_sigkill": standalone.trigger("spot_task_sigkill")}
+
+
+class StatsdListener:
+    """A UDP socket on 127.0.0.1 that keeps every StatsD line it receives (bounded)."""
+
+    MAX_LINES = 200_000
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.5)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65535)
+            except OSError:
+                continue
+            if len(self.lines) < self.MAX_LINES:
+                self.lines.extend(data.decode(errors="replace").splitlines())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture(scope="session")
+def statsd():
+    listener = StatsdListener()
+    yield listener
+    listener.close()

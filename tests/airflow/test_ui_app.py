@@ -1,0 +1,167 @@
+"""The Spot UI app inside Airflow's real API server app (``create_app``), in process, on the
+session's SQLite metadata database: authentication, DAG-level authorization through the
+simple auth manager's teams, and what the tab and the jobs page show.
+
+The records are written where ``airflow_spot/records.py`` writes them (the task state
+store table), for two DAGs: ``ui_open`` (no team) and ``ui_research`` (in a bundle owned
+by the team ``research``). Tokens come from the auth manager itself, as ``/auth/token``
+issues them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+
+from spot_core.model import Attempt, JobRecord, Market, Outcome, Pool
+
+RUN_ID = "manual__ui"
+SPOT = Pool("local", "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
+
+
+def _record(job_id: str) -> JobRecord:
+    """Preempted on spot (with a notice), then finished on on-demand: a fallback."""
+    record = JobRecord(job_id=job_id, created_at=1_700_000_000.0)
+    first = Attempt(1, SPOT, 1_700_000_010.0, lease_id="l-1",
+                    lease={"lease_id": "l-1", "pool": SPOT.to_dict(), "job_id": job_id,
+                           "attempt": 1, "started_at": 1_700_000_010.0,
+                           "price_per_hour": 0.91, "details": {}})
+    record = record.start_attempt(first).finish_attempt(Attempt(
+        1, SPOT, 1_700_000_010.0, lease_id="l-1", lease=first.lease, ended_at=1_700_003_610.0,
+        outcome=Outcome.PREEMPTED, cost=0.91, on_demand_cost=3.06, checkpoint_step_end=300,
+        lost_work_seconds=42.0, notice_at=1_700_003_500.0,
+        message="<script>alert(1)</script> reclaimed"))
+    od = SPOT.on(Market.ON_DEMAND)
+    record = record.start_attempt(Attempt(2, od, 1_700_003_700.0, lease_id="l-2",
+                                          checkpoint_step_start=300))
+    return record.finish_attempt(Attempt(2, od, 1_700_003_700.0, lease_id="l-2",
+                                         checkpoint_step_start=300, ended_at=1_700_005_500.0,
+                                         outcome=Outcome.SUCCEEDED, cost=1.53,
+                                         on_demand_cost=1.53))
+
+
+def _running(job_id: str) -> JobRecord:
+    """One attempt on a spot lease, still running."""
+    lease = {"lease_id": "l-live", "pool": SPOT.to_dict(), "job_id": job_id, "attempt": 1,
+             "started_at": 1_700_000_000.0, "price_per_hour": 0.88, "details": {}}
+    return JobRecord(job_id=job_id, created_at=1_700_000_000.0).start_attempt(
+        Attempt(1, SPOT, 1_700_000_000.0, lease_id="l-live", lease=lease))
+
+
+@pytest.fixture(scope="module")
+def client(airflow_home):
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.app import create_app, purge_cached_app
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.dagrun import DagRun
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.team import Team
+    from airflow.utils.session import create_session
+    from sqlalchemy import insert, select
+
+    with create_session() as session:
+        bundles = {name: session.merge(DagBundleModel(name=name))
+                   for name in ("ui-open", "ui-research")}
+        bundles["ui-research"].teams.append(session.merge(Team(name="research")))
+        session.flush()
+        for dag_id, bundle in (("ui_open", "ui-open"), ("ui_research", "ui-research")):
+            session.merge(DagModel(dag_id=dag_id, bundle_name=bundle, fileloc="/dev/null"))
+            run = DagRun(dag_id=dag_id, run_id=RUN_ID, run_type="manual", state="success",
+                         run_after=datetime.now(timezone.utc))
+            session.add(run)
+            session.flush()
+            session.add(TaskStateStoreModel(
+                dag_run_id=run.id, task_id="train", map_index=-1, key="spot_job_record",
+                dag_id=dag_id, run_id=RUN_ID,
+                value=json.dumps(_record(f"{dag_id}.train").to_dict())))
+        # A deferred task whose job holds a lease now (a task instance row as the scheduler
+        # keeps it; the record where the operator writes it).
+        session.execute(insert(TaskInstance.__table__).values(
+            id=uuid.uuid4(), dag_id="ui_open", task_id="serve", run_id=RUN_ID, map_index=-1,
+            state="deferred", pool="default_pool", pool_slots=1, try_number=1))
+        run_id = session.scalar(select(DagRun.id).where(DagRun.dag_id == "ui_open"))
+        session.add(TaskStateStoreModel(
+            dag_run_id=run_id, task_id="serve", map_index=-1, key="spot_job_record",
+            dag_id="ui_open", run_id=RUN_ID, value=json.dumps(_running("ui_open.serve").to_dict())))
+    app = create_app(apps="core")
+    with TestClient(app) as test_client:
+        yield test_client
+    purge_cached_app()
+
+
+def _token(role: str, teams: list[str] | None = None) -> str:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=f"{role}-user",
+                                                                 role=role, teams=teams))
+
+
+def _as(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.mark.parametrize("path", ["/spot/jobs", "/spot/api/jobs",
+                                  f"/spot/ti/ui_open/{RUN_ID}/train/-1"])
+def test_no_token_is_refused(client, path):
+    assert client.get(path).status_code == 401
+    assert client.get(path, headers=_as("not-a-jwt")).status_code in (401, 403)
+
+
+def test_a_user_sees_only_the_jobs_of_dags_they_may_read(client):
+    ml = client.get("/spot/api/jobs", headers=_as(_token("viewer", ["ml"]))).json()
+    assert {j["dag_id"] for j in ml["jobs"]} == {"ui_open"}
+    research = client.get("/spot/api/jobs", headers=_as(_token("viewer", ["research"]))).json()
+    assert {j["dag_id"] for j in research["jobs"]} == {"ui_open", "ui_research"}
+    page = client.get("/spot/jobs", headers=_as(_token("viewer", ["ml"]))).text
+    assert "ui_open" in page and "ui_research" not in page
+    tab = client.get(f"/spot/ti/ui_research/{RUN_ID}/train/-1",
+                     headers=_as(_token("viewer", ["ml"])))
+    assert tab.status_code == 403 and "ui_research.train" not in tab.text
+
+
+def test_the_ui_cookie_authenticates_the_iframe(client):
+    client.cookies.set("_token", _token("viewer", ["ml"]))
+    try:
+        assert client.get("/spot/jobs").status_code == 200
+    finally:
+        client.cookies.clear()
+
+
+def test_the_tab_shows_each_attempt_its_costs_and_escapes_the_record(client):
+    tab = client.get(f"/spot/ti/ui_open/{RUN_ID}/train/{{MAP_INDEX}}",
+                     headers=_as(_token("viewer")))
+    assert tab.status_code == 200, tab.text
+    html = tab.text
+    assert len(re.findall(r'<tr class="attempt-row">', html)) == 2
+    assert len(re.findall(r'<rect[^>]*class="attempt ', html)) == 2  # one bar per attempt
+    assert "preempted" in html and "succeeded" in html and "on-demand" in html
+    assert "$2.4400" in html and "$4.5900" in html  # spot cost and on-demand equivalent
+    assert "2023-11-14 23:11:40" in html  # the notice time (UTC)
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "default-src 'none'" in html  # no script runs in Airflow's iframe
+
+
+def test_the_jobs_page_sums_savings_and_pool_interruptions(client):
+    html = client.get("/spot/jobs", headers=_as(_token("admin"))).text
+    savings = html.split('class="savings"')[1].split("</table>")[0]
+    assert "ui_open" in savings and "$2.1500" in savings  # 4.59 on-demand - 2.44 paid
+    pools = html.split('class="pools"')[1].split("</table>")[0]
+    # two preemptions in two spot hours in us-east-1a/p3.2xlarge; newest lease price 0.91
+    assert "us-east-1a/p3.2xlarge" in pools and ">1.00<" in pools and "$0.9100/h" in pools
+    running = html.split('class="running"')[1].split("</table>")[0]
+    assert running.count('class="running-row"') == 1  # finished jobs are not running
+    assert "serve" in running and "deferred" in running and "l-live" in running
+    assert "$0.8800/h" in running
+
+
+def test_a_task_without_a_spot_record_says_so(client):
+    html = client.get(f"/spot/ti/ui_open/{RUN_ID}/prepare/-1", headers=_as(_token("admin")))
+    assert html.status_code == 200 and "no spot job record" in html.text
