@@ -64,7 +64,7 @@ $(UV):
 	$(TOOLS)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
 
 $(CORE)/.synced: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --python $(PYTHON) --group test --extra aws
+	UV_PROJECT_ENVIRONMENT=$(CORE) $(UV) sync --frozen --python $(PYTHON) --group test --extra aws --extra kubernetes
 	touch $@
 
 # The pinned CPU build: pip takes it from this machine's disk; uv would fetch a CUDA build.

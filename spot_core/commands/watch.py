@@ -33,12 +33,12 @@ from pathlib import Path
 
 from spot_core import attempt_env
 from spot_core.errors import ConfigError
-from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector, detector_for
+from spot_core.interruption import InterruptionWatcher, Notice
 from spot_core.interruption.base import Detector
 from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
 from spot_core.interruption.notice_file import check_notice_path, is_notice_file, write_notice
-from spot_core.interruption.selection import CHOICES, normalize_cloud
+from spot_core.interruption.selection import CHOICES, detectors_for, normalize_cloud
 from spot_core.settings import parse_duration
 
 logger = logging.getLogger(__name__)
@@ -161,11 +161,8 @@ def _seconds(option: str, text: str, example: str, allow_zero: bool = False) -> 
 
 
 def _detectors(settings: WatchSettings) -> list[Detector]:
-    """The cloud's detector, plus SIGTERM (unless that already is the detector)."""
-    detector = detector_for(settings.cloud, settings.endpoint, timeout=settings.timeout)
-    if isinstance(detector, SignalDetector):
-        return [detector]
-    return [SignalDetector(), detector]
+    """The cloud's detectors (a pod's: its node and its cloud's metadata), plus SIGTERM."""
+    return detectors_for(settings.cloud, settings.endpoint, timeout=settings.timeout)
 
 
 def _print_event(notice: Notice) -> None:

@@ -1,4 +1,5 @@
-"""Capacity providers: launch, observe and terminate leases (local, ec2), registered by name.
+"""Capacity providers: launch, observe and terminate leases (local, ec2, kubernetes),
+registered by name.
 
 Cloud SDKs are imported inside their provider modules, never here, so each is an
 optional extra. Each provider is registered once with an opener and an option check:
@@ -190,8 +191,26 @@ def _check_ec2_env(env: Mapping[str, str]) -> None:
     refuse_credentials_in_env(env)
 
 
+# -- kubernetes -------------------------------------------------------------------------------
+def _open_kubernetes(**options: Any) -> Provider:
+    from spot_core.providers.kubernetes import KubernetesProvider
+
+    return KubernetesProvider.from_options(**options)
+
+
+def _check_kubernetes(options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
+    """Every name a kubernetes option, each value of its type (no API call). Pools come
+    from the cluster's node labels, so ``instance_types`` is not needed."""
+    from spot_core.providers.kubernetes import check_option_names, check_option_value
+
+    check_option_names(options)
+    for name, value in options.items():
+        check_option_value(name, value)
+
+
 register_provider("local", _open_local, _check_local)
 register_provider("ec2", _open_ec2, _check_ec2, _check_ec2_env)
+register_provider("kubernetes", _open_kubernetes, _check_kubernetes)
 
 # Kept for callers that list the names; the registry is the source.
 PROVIDER_NAMES = provider_names()

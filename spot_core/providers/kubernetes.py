@@ -1,0 +1,328 @@
+"""The kubernetes provider: a lease is a pod on a spot (or on-demand) node pool.
+
+Pools come from the nodes' labels (``spot_core.market.kubernetes``: EKS managed node
+groups, Karpenter, GKE Spot and preemptible, AKS spot pools). ``launch`` creates the
+attempt's pod (``kubernetes_pods.build_pod``) and waits, bounded, until it is scheduled
+and its step container started: a pod still unscheduled after ``unschedulable_timeout``
+is a capacity miss (deleted; ``CapacityUnavailable``, the controller tries the next
+pool); a container that cannot start for its configuration (``ImagePullBackOff``,
+``ErrImagePull``, ``CreateContainerConfigError``) is one ``ConfigError`` carrying the
+pod's message (deleted; no pool can fix it). ``observe`` answers any number of leases
+with one pod list by label selector and one node list, and re-reads a pod whose
+disruption condition it is about to act on. The pod's life on its node (scheduling to
+end) is billed per second at the pool's configured price.
+
+Every pod carries ``spot-pipelines/managed=true``, ``spot-pipelines/job`` and
+``spot-pipelines/attempt``; ``terminate`` deletes it (idempotent), ``close`` deletes
+every pod this provider launched, ``cleanup_orphans`` every labelled pod (of one job).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+import time
+import uuid
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from spot_core.adaptors import kubernetes as k8s
+from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
+from spot_core.market.kubernetes import KubernetesMarket, PriceTable, check_prices
+from spot_core.model import Lease, Market, Pool
+from spot_core.providers import kubernetes_pods as pods
+from spot_core.providers.base import Bill, LaunchSpec, LeaseStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KubernetesOptions:
+    """Everything the provider needs, as plain JSON-able values (``from_plain`` checks)."""
+
+    kubeconfig: str | None = None          # path; default $KUBECONFIG or ~/.kube/config
+    context: str | None = None
+    in_cluster: bool | None = None         # None: the service account when in a pod
+    namespace: str = "default"
+    image: str | None = None               # the step's image (else the template's)
+    pod_template: Mapping[str, Any] = field(default_factory=dict)  # a V1Pod as a dict
+    prices: Mapping[str, Any] = field(default_factory=dict)        # see market.kubernetes
+    service_account: str | None = None
+    unschedulable_timeout: float = 60.0    # seconds a pod may wait for a node: then next pool
+    start_timeout: float = 600.0           # seconds from scheduling to a started step
+    watch_command: tuple[str, ...] = ("spot-pipelines",)
+    watch_poll_interval: float = 1.0
+    node_refresh_seconds: float = 5.0
+    capacity_cooldown_seconds: float = 120.0
+
+    @classmethod
+    def from_plain(cls, **options: Any) -> KubernetesOptions:
+        check_option_names(options)
+        for name, value in options.items():
+            check_option_value(name, value)
+        if isinstance(options.get("watch_command"), str):
+            options["watch_command"] = shlex.split(options["watch_command"])
+        if "watch_command" in options:
+            options["watch_command"] = tuple(options["watch_command"])
+        options = {k: v for k, v in options.items() if v is not None or k == "in_cluster"}
+        return cls(**options)
+
+    def to_options(self) -> dict[str, Any]:
+        """Plain JSON-able keyword arguments for ``KubernetesProvider.from_options``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["watch_command"] = list(self.watch_command)
+        out["pod_template"], out["prices"] = dict(self.pod_template), dict(self.prices)
+        return out
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(KubernetesOptions))
+SECONDS_OPTIONS = ("unschedulable_timeout", "start_timeout", "watch_poll_interval",
+                   "node_refresh_seconds", "capacity_cooldown_seconds")
+
+
+def check_option_names(names: Iterable[str]) -> None:
+    unknown = sorted(set(names) - OPTION_NAMES)
+    if unknown:
+        raise ConfigError(f"unknown kubernetes provider option(s) {unknown}; choose from "
+                          f"{sorted(OPTION_NAMES)}")
+
+
+def check_option_value(name: str, value: Any) -> None:
+    """One option's type and range, one line naming the fix. A value still holding a
+    template (``{{ ... }}``) is checked once rendered."""
+    if value is None or (isinstance(value, str) and "{{" in value):
+        return
+    if name in SECONDS_OPTIONS and not (isinstance(value, (int, float)) and not isinstance(
+            value, bool) and math.isfinite(value) and value > 0):
+        raise ConfigError(f"kubernetes provider option {name}={value!r} must be a number of "
+                          "seconds > 0, e.g. 60")
+    if name in ("kubeconfig", "context", "namespace", "image", "service_account") and not (
+            isinstance(value, str) and value.strip()):
+        raise ConfigError(f"kubernetes provider option {name}={value!r} must be a non-empty "
+                          "string")
+    if name == "in_cluster" and not isinstance(value, bool):
+        raise ConfigError(f"kubernetes provider option in_cluster={value!r} must be true or false")
+    if name == "pod_template" and not (isinstance(value, Mapping) and isinstance(
+            value.get("spec", {}), Mapping)):
+        raise ConfigError("kubernetes provider option pod_template must be a V1Pod as a dict, "
+                          "e.g. {'spec': {'containers': [{'name': 'step', 'resources': ...}]}}")
+    if name == "prices":
+        check_prices(value)
+    if name == "watch_command" and not (
+            (isinstance(value, str) and value.strip()) or (isinstance(value, (list, tuple))
+                                                           and value and all(isinstance(w, str) and w for w in value))):
+        raise ConfigError(f"kubernetes provider option watch_command={value!r} must be the "
+                          "command that runs spot-pipelines in the image, e.g. "
+                          "['spot-pipelines'] or ['python', '-m', 'spot_core.cli']")
+
+
+class KubernetesProvider:
+    """Provider protocol over a Kubernetes API server (any that speaks the API)."""
+
+    name = "kubernetes"
+
+    def __init__(self, options: KubernetesOptions, *, api: Any = None,
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config = options
+        # JSON-able: `open_provider("kubernetes", **provider.options)` reopens it elsewhere.
+        self.options = options.to_options()
+        self.clock, self._sleep = clock, sleep
+        self.api = api or k8s.core_api(k8s.api_client(
+            kubeconfig=options.kubeconfig, context=options.context, in_cluster=options.in_cluster))
+        self.market = KubernetesMarket(self._list_nodes, PriceTable(check_prices(options.prices)),
+                                       refresh_seconds=options.node_refresh_seconds,
+                                       capacity_cooldown_seconds=options.capacity_cooldown_seconds,
+                                       clock=clock)
+        self._launched: dict[str, str] = {}   # pod name -> namespace, for close()
+        self._terminated: set[str] = set()
+        self._notices: dict[str, float] = {}
+
+    @classmethod
+    def from_options(cls, **options: Any) -> KubernetesProvider:
+        """Build from plain JSON-able options (what engine adapters store and pass)."""
+        return cls(KubernetesOptions.from_plain(**options))
+
+    # -- pools ----------------------------------------------------------------------------
+    def _list_nodes(self) -> list[dict]:
+        return k8s.raw("list nodes", self.api.list_node).get("items") or []
+
+    def pools(self) -> tuple[Pool, ...]:
+        """Spot pools first, then the on-demand pools the job falls back to."""
+        return self.market.pools(Market.SPOT) + self.market.pools(Market.ON_DEMAND)
+
+    # -- launch ---------------------------------------------------------------------------
+    def build_pod(self, spec: LaunchSpec, pool: Pool, name: str | None = None) -> dict:
+        """The attempt's pod on ``pool`` as the API's JSON, the ``pod_template`` merged
+        under ours (public: the Airflow SpotKubernetesPodOperator builds its pod here)."""
+        image = spec.image or self.config.image or pods.template_image(self.config.pod_template)
+        if not image:
+            raise ConfigError("the kubernetes provider needs the step's image: pass "
+                              "provider_options {'image': 'registry/step:tag'} (or image=, or "
+                              "a container image in pod_template)")
+        nodes = self.market.pool_nodes(pool)
+        return pods.build_pod(
+            spec, pool, name=name or pods.pod_name(spec.job_id, spec.attempt, uuid.uuid4().hex[:5]),
+            namespace=self.config.namespace, image=image,
+            watch_command=self.config.watch_command, pod_template=self.config.pod_template,
+            service_account=self.config.service_account,
+            flavours=nodes.flavours if nodes else (),
+            watch_poll_interval=self.config.watch_poll_interval)
+
+    def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
+        """The attempt's pod, scheduled and started on ``pool``; see the module docstring."""
+        nodes = self.market.refresh(force=True).get(pool.key)
+        if nodes is None or not nodes.schedulable_nodes:
+            self.market.note_capacity_miss(pool, self.clock())
+            raise CapacityUnavailable(f"no schedulable node in {pool.key}")
+        body = self.build_pod(spec, pool)
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        k8s.call(f"create pod {name}", self.api.create_namespaced_pod, namespace, body)
+        self._launched[name] = namespace
+        try:
+            pod = self._wait_started(name, namespace, pool)
+        except BaseException:
+            self._delete(name, namespace)
+            raise
+        return self._lease(spec, pool, pod, nodes.node_pools)
+
+    def _wait_started(self, name: str, namespace: str, pool: Pool) -> dict:
+        """Poll the new pod until its step started (or ended); every way out is bounded."""
+        started = self.clock()
+        while True:
+            pod = k8s.raw(f"get pod {name}", self.api.read_namespaced_pod, name, namespace)
+            problem = pods.waiting_problem(pod)
+            if problem is not None:
+                raise ConfigError(f"pod {name} cannot start its step: {problem}; fix the "
+                                  "image, its pull secret or pod_template")
+            if _step_started(pod):
+                return pod
+            waited = self.clock() - started
+            if pods.scheduled_at(pod) is None and waited >= self.config.unschedulable_timeout:
+                self.market.note_capacity_miss(pool, self.clock())
+                why = (pods.unschedulable_since(pod) or (0.0, "not scheduled"))[1]
+                raise CapacityUnavailable(f"pod {name} found no node in {pool.key} within "
+                                          f"{self.config.unschedulable_timeout:g} s ({why})")
+            if waited >= self.config.unschedulable_timeout + self.config.start_timeout:
+                raise InfrastructureError(f"pod {name} was scheduled but its step did not "
+                                          f"start within {self.config.start_timeout:g} s")
+            self._sleep(0.25)
+
+    def _lease(self, spec: LaunchSpec, pool: Pool, pod: Mapping[str, Any],
+               node_pools: Sequence[str]) -> Lease:
+        now = self.clock()
+        offer = self.market.offers([pool], now)[0]
+        name = pod["metadata"]["name"]
+        return Lease(lease_id=name, pool=pool, job_id=spec.job_id, attempt=spec.attempt,
+                     started_at=min(now, pods.scheduled_at(pod) or now),
+                     price_per_hour=offer.price_per_hour,
+                     details={"namespace": pod["metadata"].get("namespace", self.config.namespace),
+                              "node": pods.node_of(pod) or "",
+                              "node_pool": ",".join(node_pools),
+                              "on_demand_price_per_hour": f"{offer.on_demand_price_per_hour:.6f}",
+                              "labels": pods.job_selector(spec.job_id)
+                              + f",{pods.LABEL_ATTEMPT}={spec.attempt}"})
+
+    # -- observe --------------------------------------------------------------------------
+    def observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
+        """One pod list per namespace (by label selector) and one node list for all."""
+        if not leases:
+            return {}
+        found: dict[str, dict] = {}
+        for namespace, selector in self._selectors(leases).items():
+            listed = k8s.raw(f"list pods in {namespace}", self.api.list_namespaced_pod,
+                             namespace, label_selector=selector)
+            found.update({p["metadata"]["name"]: p for p in listed.get("items") or []})
+        nodes = {n["metadata"]["name"]: n for n in self._list_nodes()}
+        return {lease.lease_id: self._status(lease, found.get(lease.lease_id), nodes)
+                for lease in leases}
+
+    def _selectors(self, leases: Sequence[Lease]) -> dict[str, str]:
+        by_namespace: dict[str, set[str]] = {}
+        for lease in leases:
+            namespace = lease.details.get("namespace", self.config.namespace)
+            by_namespace.setdefault(namespace, set()).add(lease.job_id)
+        return {ns: pods.job_selector(next(iter(jobs)) if len(jobs) == 1 else None)
+                for ns, jobs in by_namespace.items()}
+
+    def _status(self, lease: Lease, pod: dict | None, nodes: Mapping[str, dict]) -> LeaseStatus:
+        if pod is not None and pods.disruption(pod) is not None:
+            pod = self._reread(lease)  # the condition can be withdrawn: act on a fresh copy
+        node_name = (pods.node_of(pod) if pod else None) or lease.details.get("node") or ""
+        status = pods.pod_status(pod, nodes.get(node_name), notice_at=self._notices.get(lease.lease_id),
+                                 terminated_by_us=lease.lease_id in self._terminated,
+                                 now=self.clock())
+        if status.notice_at is not None:
+            self._notices.setdefault(lease.lease_id, status.notice_at)
+        return status
+
+    def _reread(self, lease: Lease) -> dict | None:
+        namespace = lease.details.get("namespace", self.config.namespace)
+        try:
+            return k8s.raw(f"get pod {lease.lease_id}", self.api.read_namespaced_pod,
+                           lease.lease_id, namespace)
+        except k8s.NotFound:
+            return None
+
+    # -- money ----------------------------------------------------------------------------
+    def bill(self, lease: Lease, ended_at: float) -> Bill:
+        """Per second of the pod's life on its node, at the prices fixed at launch."""
+        seconds = max(0.0, ended_at - lease.started_at)
+        on_demand = float(lease.details.get("on_demand_price_per_hour", lease.price_per_hour))
+        return Bill(cost=lease.price_per_hour * seconds / 3600.0,
+                    on_demand_cost=on_demand * seconds / 3600.0, capacity_seconds=seconds)
+
+    def capacity_seconds(self, wall_seconds: float) -> float:
+        return wall_seconds
+
+    # -- end --------------------------------------------------------------------------------
+    def terminate(self, lease: Lease) -> None:
+        """Delete the lease's pod (its step gets SIGTERM and saves); idempotent."""
+        self._terminated.add(lease.lease_id)
+        self._delete(lease.lease_id, lease.details.get("namespace", self.config.namespace))
+
+    def _delete(self, name: str, namespace: str) -> bool:
+        """True if a pod was deleted; a pod already gone is no error."""
+        try:
+            k8s.call(f"delete pod {name}", self.api.delete_namespaced_pod, name, namespace)
+        except k8s.NotFound:
+            return False
+        finally:
+            self._launched.pop(name, None)
+        return True
+
+    def close(self) -> None:
+        """Delete every pod this provider launched that is still there."""
+        for name, namespace in list(self._launched.items()):
+            try:
+                self._delete(name, namespace)
+            except Exception as exc:  # noqa: BLE001 - go on; cleanup_orphans remains
+                log.warning("could not delete pod %s/%s: %s", namespace, name, exc)
+
+    def cleanup_orphans(self, job_id: str | None = None) -> list[str]:
+        """Delete every pod labelled ``spot-pipelines/managed=true`` (of ``job_id`` only,
+        if given) in the namespace; return their names. Only for when no live run owns
+        them (a controller that crashed): it does not ask."""
+        namespace = self.config.namespace
+        listed = k8s.raw(f"list pods in {namespace}", self.api.list_namespaced_pod, namespace,
+                         label_selector=pods.job_selector(job_id))
+        names = [p["metadata"]["name"] for p in listed.get("items") or []]
+        deleted = [name for name in names if self._delete(name, namespace)]
+        if deleted:
+            log.warning("deleted %d orphaned pod(s): %s", len(deleted), ", ".join(deleted))
+        return deleted
+
+    def __enter__(self) -> KubernetesProvider:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _step_started(pod: Mapping[str, Any]) -> bool:
+    """The step's container runs or ran (or the pod already ended)."""
+    if (pod.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    state = pods.step_state(pod).get("state") or {}
+    return bool(state.get("running") or state.get("terminated"))
