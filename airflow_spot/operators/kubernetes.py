@@ -217,24 +217,24 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         return self._spot_hook
 
     def _spec(self, record: JobRecord) -> JobSpec:
-        pools = tuple(p for p in self.spot_hook.pools(self.zones) if self._wanted(p))
+        offered = self.spot_hook.pools()
+        pools = tuple(p for p in self.spot_hook.pools(self.zones)
+                      if not self.node_pools or set(self._node_pools(p)) & set(self.node_pools))
         if not pools:
-            offered = self.spot_hook.pools()
+            names = sorted({n for p in offered for n in self._node_pools(p)})
             raise AirflowFailException(
-                f"{self.task_id}: no spot node pool matches zones={self.zones} node_pools="
-                f"{list(self.node_pools) or None}; the cluster has "
-                f"{', '.join(sorted({self._pool_name(p) for p in offered})) or 'none'} in "
-                f"{', '.join(sorted({p.zone for p in offered})) or 'no zone'}")
+                f"{self.task_id}: no node pool matches zones={self.zones} node_pools="
+                f"{list(self.node_pools) or None}; the cluster has node pools "
+                f"{', '.join(names) or 'none'} in zones "
+                f"{', '.join(sorted({p.zone for p in offered})) or 'none'}")
         return JobSpec(job_id=record.job_id, command=(*self.cmds, *self.arguments),
                        checkpoint_uri=self.checkpoint_uri, pools=pools,
                        deadline=record.deadline, image=self.image or None)
 
-    def _wanted(self, pool) -> bool:
-        return not self.node_pools or self._pool_name(pool) in self.node_pools
-
-    @staticmethod
-    def _pool_name(pool) -> str:
-        return pool.instance_type
+    def _node_pools(self, pool) -> tuple[str, ...]:
+        """The cluster's node pools behind one pool (zone, instance type, market)."""
+        nodes = self.spot_hook.get_provider().market.pool_nodes(pool)
+        return () if nodes is None else tuple(nodes.node_pools)
 
     # -- execution ----------------------------------------------------------------------------
     def execute(self, context) -> dict[str, Any]:
