@@ -1,0 +1,299 @@
+"""SpotKubernetesPodOperator (and SpotJobOperator with provider kubernetes) against the
+Kubernetes API emulator: a real HTTP API server the unmodified ``kubernetes`` client
+talks to, a kubelet per node running each pod's command as local processes, and each
+flavour's reclaim sequence.
+
+The cluster is reached only through an Airflow connection (``AIRFLOW_CONN_SPOT_K8S``,
+its kubeconfig path in ``extra__kubernetes__kube_config_path``), resolved by
+cncf-kubernetes' KubernetesHook in the "worker" (this process) and in the trigger. The
+deferrable test drives the operator as Airflow does: ``execute`` defers, the real
+trigger (recreated from its serialized kwargs, as a triggerer does) watches the pod, is
+cancelled halfway as by a triggerer restart, a fresh copy resumes from the kwargs, and
+``execute_complete`` of a fresh operator gets its event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import sys
+import threading
+import time
+from datetime import datetime
+
+import pytest
+
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import TaskDeferred
+from kubernetes import client as k8s
+
+from airflow_spot.operators.controller_driver import RECORD_KEY, SpotUserStepFailed
+from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
+from airflow_spot.operators.spot import SpotJobOperator
+from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
+from spot_core.checkpoint import open_store
+from spot_core.model import JobRecord, Outcome
+from spot_core.workloads.softmax_regression import (STATE_FILE, TrainConfig, train,
+                                                     weights_sha256)
+from spot_helpers import train_command, wait_until
+from task_context import StateStore
+
+pytestmark = pytest.mark.timeout(300)
+
+CONN_ID = "spot_k8s"
+MANAGED = "spot-pipelines/managed=true"
+# The kubelet runs the pod's command on this machine: the watcher from this environment.
+WATCH = [sys.executable, "-m", "spot_core.cli"]
+OPTIONS = {"watch_command": WATCH, "unschedulable_timeout": 20, "watch_poll_interval": 0.2,
+           "node_refresh_seconds": 0.5, "capacity_cooldown_seconds": 5,
+           "prices": {"karp-spot": {"spot": 0.3, "on_demand": 1.0},
+                      "gke-spot": {"spot": 0.25, "on_demand": 1.0},
+                      "eks-od": {"on_demand": 1.0}}}
+STEPS, EVERY = 400, 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from spot_core.emulators.kubernetes.cluster import KubeCluster
+    from spot_core.emulators.kubernetes.config import ClusterConfig
+    from spot_core.emulators.kubernetes.pools import NodePool
+
+    pools = [NodePool("karp-spot", "karpenter", "spot", zone="us-east-1a", pods=4,
+                      replace_after_seconds=None),
+             NodePool("gke-spot", "gke", "spot", zone="us-east-1b", pods=4,
+                      replace_after_seconds=None),
+             NodePool("eks-od", "eks", "on-demand", zone="us-east-1c", pods=4)]
+    config = ClusterConfig(pools=pools, time_scale=0.1)
+    with KubeCluster(tmp_path_factory.mktemp("kube"), config) as running:
+        yield running
+
+
+@pytest.fixture
+def conn(cluster, monkeypatch):
+    """The Airflow connection the operator and the trigger resolve (as a deployment would)."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({
+        "conn_type": "kubernetes",
+        "extra": {"extra__kubernetes__kube_config_path": str(cluster.kubeconfig_path)}}))
+    return CONN_ID
+
+
+@pytest.fixture
+def core(cluster, conn):
+    """The cluster's API through the official client; asserts no spot pod is left."""
+    from kubernetes import config
+
+    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig_path))
+    api = k8s.CoreV1Api(api_client)
+    yield api
+    assert wait_until(lambda: not _pods(api), timeout=60), \
+        f"pods left behind: {[p.metadata.name for p in _pods(api)]}"
+
+
+def _pods(api, selector: str = MANAGED) -> list:
+    return api.list_namespaced_pod("default", label_selector=selector).items
+
+
+class TI:
+    """What KubernetesPodOperator reads of the task instance, plus XCom."""
+
+    dag_id, task_id, run_id, map_index, try_number = "k8s_dag", "train", "manual__1", -1, 1
+
+    def __init__(self, task_id: str):
+        self.task_id = task_id
+        self.xcom = {}
+
+    def xcom_push(self, key, value):
+        self.xcom[key] = value
+
+
+def _context(task_id: str, store: StateStore | None = None) -> dict:
+    ti = TI(task_id)
+    return {"ti": ti, "run_id": ti.run_id, "dag": None, "task_state_store": store or StateStore()}
+
+
+def _operator(task_id: str, *, conn: str, cmds, **kwargs) -> SpotKubernetesPodOperator:
+    with DAG(f"k8s_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
+        return SpotKubernetesPodOperator(
+            task_id=task_id, kubernetes_conn_id=conn, image="python:3.11", cmds=list(cmds),
+            provider_options=OPTIONS, poll_interval=0.3, capacity_wait=1.0,
+            heartbeat_timeout=120, **kwargs)
+
+
+def _final_weights(uri: str) -> str:
+    from spot_core.checkpoint.state import arrays_from_bytes
+
+    store = open_store(uri)
+    return weights_sha256(arrays_from_bytes(store.load(store.latest())[STATE_FILE]))
+
+
+UNINTERRUPTED = None
+
+
+def _uninterrupted() -> str:
+    global UNINTERRUPTED
+    if UNINTERRUPTED is None:
+        UNINTERRUPTED = train(TrainConfig(steps=STEPS, seed=7)).weights_sha256
+    return UNINTERRUPTED
+
+
+def _reclaim_when_checkpointed(cluster, api, uri: str, attempt: int, flavour: str,
+                               seen: dict) -> threading.Thread:
+    """Once attempt ``attempt`` has saved a checkpoint, reclaim its node the way
+    ``flavour`` does; keep the pod as it ran (for the assertions)."""
+    def run():
+        def checkpointed():
+            ref = open_store(uri).latest()
+            return ref is not None and ref.attempt == attempt and ref.step >= 2 * EVERY
+        if not wait_until(checkpointed, timeout=120, interval=0.1):
+            return
+        pods = _pods(api, f"{MANAGED},spot-pipelines/attempt={attempt}")
+        if pods and pods[0].spec.node_name:
+            seen[attempt] = pods[0]
+            cluster.reclaim(pods[0].spec.node_name, flavour)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(cluster, core, conn, tmp_path):
+    uri = (tmp_path / "ckpt").as_uri()
+    op = _operator("train_sync", conn=conn, cmds=train_command(STEPS, 0.02, 7, EVERY),
+                   checkpoint_uri=uri, env_vars={"MODEL": "softmax"}, labels={"team": "ml"},
+                   max_preemptions=2, deferrable=False)
+    context, seen = _context("train_sync"), {}
+    reclaimer = _reclaim_when_checkpointed(cluster, core, uri, 1, "karpenter", seen)
+    summary = op.execute(context)  # one Airflow try: no exception
+    reclaimer.join(timeout=5)
+
+    record = JobRecord.from_dict(context["task_state_store"].data[RECORD_KEY])
+    assert summary["status"] == "succeeded" and summary["preemptions"] == 1, summary
+    assert [a.outcome for a in record.attempts] == [Outcome.PREEMPTED, Outcome.SUCCEEDED]
+    assert record.attempts[1].checkpoint_step_start >= 2 * EVERY, "resumed from its checkpoint"
+    assert record.attempts[0].lease_id != record.attempts[1].lease_id  # a new pod
+    assert _final_weights(uri) == _uninterrupted()
+    assert context["ti"].xcom[RECORD_KEY]["status"] == "succeeded"
+    # The user's KubernetesPodOperator parameters reached the pod, under the spot ones.
+    pod = seen[1]
+    step = pod.spec.containers[0]
+    env = {e.name: e.value for e in step.env}
+    assert env["MODEL"] == "softmax" and env["SPOT_CHECKPOINT_URI"] == uri
+    assert env["SPOT_ATTEMPT"] == "1"
+    assert pod.metadata.labels["team"] == "ml" and pod.metadata.labels["task_id"] == "train_sync"
+    assert pod.metadata.labels["spot-pipelines/managed"] == "true"
+    assert step.command[:len(WATCH) + 1] == [*WATCH, "watch"]
+    assert context["ti"].xcom["spot_kubernetes_pod_link"].startswith(cluster.url)
+
+
+async def _first_event(trigger):
+    async for event in trigger.run():
+        return event.payload
+
+
+def _recreate(trigger):
+    """What a triggerer does with a row of the trigger table."""
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+
+
+async def _restart_then_run(trigger, api, after: float) -> dict:
+    """Run ``trigger`` for ``after`` seconds, stop it as a triggerer restart does (cancel,
+    then ``cleanup``), check its pod still runs, and run a fresh copy to its event."""
+    task = asyncio.ensure_future(_first_event(trigger))
+    done, _ = await asyncio.wait({task}, timeout=after)
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await trigger.cleanup()  # still deferred (no task instance): the lease must live on
+    running = await asyncio.to_thread(_pods, api)
+    assert running and all(p.metadata.deletion_timestamp is None for p in running), \
+        "a triggerer restart must not stop the attempt"
+    return await asyncio.wait_for(_first_event(_recreate(trigger)), timeout=240)
+
+
+def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
+        cluster, core, conn, tmp_path):
+    uri = (tmp_path / "ckpt").as_uri()
+    make = lambda: _operator("train_defer", conn=conn,  # noqa: E731 - a fresh worker's copy
+                             cmds=train_command(STEPS, 0.03, 7, EVERY), checkpoint_uri=uri,
+                             max_preemptions=1, deferrable=True)
+    context, seen = _context("train_defer"), {}
+    reclaimer = _reclaim_when_checkpointed(cluster, core, uri, 1, "gke", seen)
+    try:
+        make().execute(context)
+        raise AssertionError("a deferrable operator defers while its pod runs")
+    except TaskDeferred as deferred:
+        pending = deferred
+    triggers, summary = [], None
+    for round_ in range(10):
+        trigger = _recreate(pending.trigger)
+        assert isinstance(trigger, SpotKubernetesPodTrigger)
+        assert "kubeconfig" not in trigger.provider_options  # the conn id, never its contents
+        triggers.append(trigger)
+        event = asyncio.run(_restart_then_run(trigger, core, after=3.0) if round_ == 0
+                            else asyncio.wait_for(_first_event(trigger), timeout=240))
+        try:
+            summary = getattr(make(), pending.method_name)(context, event)
+            break
+        except TaskDeferred as deferred:
+            pending = deferred
+    reclaimer.join(timeout=5)
+    record = JobRecord.from_dict(context["task_state_store"].data[RECORD_KEY])
+    assert summary is not None and summary["status"] == "succeeded", record.summary()
+    assert [a.outcome for a in record.attempts] == [Outcome.PREEMPTED, Outcome.SUCCEEDED]
+    assert str(record.attempts[1].pool.market) == "on-demand"  # max_preemptions=1: fallback
+    assert record.attempts[1].checkpoint_step_start >= 2 * EVERY
+    assert _final_weights(uri) == _uninterrupted()
+    assert record.attempts[0].cost > 0 and record.ledger.spent < record.ledger.on_demand_equivalent
+
+
+def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn, tmp_path):
+    hog = "b = bytearray(400 * 1024 * 1024); import time; time.sleep(30)"
+    op = _operator("oom", conn=conn, cmds=[sys.executable, "-c", hog],
+                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False,
+                   container_resources=k8s.V1ResourceRequirements(limits={"memory": "64Mi"}))
+    context = _context("oom")
+    with pytest.raises(SpotUserStepFailed, match="OOMKilled"):
+        op.execute(context)
+    record = JobRecord.from_dict(context["task_state_store"].data[RECORD_KEY])
+    assert [a.outcome for a in record.attempts] == [Outcome.USER_FAILED]  # no relaunch
+    assert record.preemptions == 0
+
+
+def test_on_kill_deletes_the_running_pod(core, conn, tmp_path):
+    op = _operator("killed", conn=conn, cmds=[sys.executable, "-c", "import time; time.sleep(120)"],
+                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False)
+    errors: list[BaseException] = []
+
+    def work():
+        try:
+            op.execute(_context("killed"))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    assert wait_until(lambda: op._lease is not None, timeout=60)
+    assert _pods(core)
+    op.on_kill()
+    worker.join(timeout=60)
+    assert not worker.is_alive() and errors and "killed" in str(errors[0])
+    assert wait_until(lambda: not _pods(core), timeout=60), "on_kill left the pod"
+
+
+def test_spot_job_operator_runs_on_kubernetes_too(cluster, core, tmp_path):
+    uri = (tmp_path / "ckpt").as_uri()
+    with DAG("k8s_spot_job", schedule=None, start_date=datetime(2026, 1, 1)):
+        op = SpotJobOperator(task_id="plain", provider="kubernetes",
+                             command=list(train_command(120, 0.0, 7, EVERY)),
+                             checkpoint_uri=uri, deferrable=False, poll_interval=0.3,
+                             provider_options={**OPTIONS, "image": "python:3.11",
+                                               "kubeconfig": str(cluster.kubeconfig_path)})
+    context = _context("plain")
+    summary = op.execute(context)
+    record = JobRecord.from_dict(context["task_state_store"].data[RECORD_KEY])
+    assert summary["status"] == "succeeded"
+    assert record.attempts[0].pool.cloud == "kubernetes" and record.attempts[0].pool.is_spot
