@@ -14,6 +14,7 @@ CORE := .venv-core
 AIRFLOW := .venv-airflow
 PREFECT := .venv-prefect
 ENGINE ?= none
+PROVIDER ?= local
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-core test-airflow test-prefect test-chaos bench bench-policies bench-aws envs clean lock
@@ -25,7 +26,7 @@ DEMO_ENV_prefect := $(PREFECT)
 DEMO_ENV := $(DEMO_ENV_$(ENGINE))
 
 demo: $(DEMO_ENV)/.synced
-	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE)
+	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE) --provider $(PROVIDER)
 
 test: test-core test-airflow test-prefect
 

@@ -82,10 +82,22 @@ def _ec2_defaults(options: dict[str, Any], instance_types: Sequence[str]) -> dic
     return options
 
 
-def check_store_for(provider: str, store_uri: str | None, what: str) -> None:
-    """A provider whose leases are remote needs a store they can reach (``s3://``)."""
+def check_store_for(provider: str, store_uri: str | None, what: str,
+                    options: dict[str, Any] | None = None) -> None:
+    """A provider whose leases are remote needs a store they can reach (``s3://``; on
+    kubernetes also a ``file://`` path on a volume the pod template mounts)."""
     if provider == LOCAL_PROVIDER:
         return
+    if provider == "kubernetes":
+        from spot_core.providers.kubernetes_pods import mounted_store
+
+        if mounted_store(store_uri, (options or {}).get("pod_template")):
+            return
+        shown = "none (a folder on this machine)" if store_uri is None else repr(store_uri)
+        raise ConfigError(f"provider 'kubernetes' needs {what} 's3://bucket/prefix', or a "
+                          "file:// path under a volumeMount of pod_template's step container "
+                          f"(a PVC every pod mounts): its pods cannot see this machine's disk "
+                          f"(got {shown})")
     if store_uri is None or not store_uri.startswith("s3://"):
         shown = "none (a folder on this machine)" if store_uri is None else repr(store_uri)
         raise ConfigError(f"provider {provider!r} needs {what} 's3://bucket/prefix': its "

@@ -216,7 +216,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         config, storage = self._resolve()
         check_key_channel(config.provider)
         _jobs.check_store_for(config.provider, None if storage is None else storage.uri,
-                              "checkpoint_storage")
+                              "checkpoint_storage", config.provider_options)
         provider = self.provider()
         job_id = f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}"
         if storage is not None:

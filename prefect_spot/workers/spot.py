@@ -73,7 +73,8 @@ def _check_settings(values):
     worker's disk)."""
     settings_of(values, WORKER_FIELDS, "spot worker")
     try:
-        _jobs.check_store_for(values.provider, values.checkpoint_root, "checkpoint_root")
+        _jobs.check_store_for(values.provider, values.checkpoint_root, "checkpoint_root",
+                              values.provider_options)
     except ConfigError as exc:
         raise ValueError(str(exc)) from exc
     return values
@@ -102,7 +103,8 @@ class _SpotFields:
     checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
                             "or `s3://bucket/prefix`); each flow run gets a folder, passed "
                             "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
-                            "(local provider only; `ec2` needs `s3://`).")
+                            "(local provider only; `ec2` needs `s3://`, `kubernetes` `s3://` "
+                            "or a path on a volume its pod_template mounts).")
 
 
 class _SpotValues(BaseModel):

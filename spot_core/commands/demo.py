@@ -16,6 +16,7 @@ from pathlib import Path
 from spot_core.errors import ConfigError
 
 ENGINES = ("none", "airflow", "prefect")
+PROVIDERS = ("local", "kubernetes")
 
 
 def register(subparsers) -> None:
@@ -23,6 +24,10 @@ def register(subparsers) -> None:
                                    "step is preempted, resumes from checkpoints and finishes")
     parser.add_argument("--engine", choices=ENGINES, default="none",
                         help="workflow engine to run the pipeline in (default: none)")
+    parser.add_argument("--provider", choices=PROVIDERS, default="local",
+                        help="where the training step runs: the local spot cloud replaying a "
+                        "real trace, or spot node pools of the Kubernetes emulator (default: "
+                        "local)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where data, checkpoints and lease logs go (default: a temp folder)")
     parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
@@ -35,6 +40,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from spot_core.demo.pipeline import DemoConfig
 
+    if args.provider == "kubernetes":
+        return _run_kubernetes_demo(args)
     if args.engine != "none":
         return _run_engine_demo(args)
     if args.steps < 200:
@@ -48,6 +55,35 @@ def run(args: argparse.Namespace) -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="spot-demo-") as tmp:
             report = _run(Path(tmp), cfg)
+    _print_report(report)
+    if args.json:
+        print(json.dumps(demo_json(report)), flush=True)
+    return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
+
+
+def _run_kubernetes_demo(args: argparse.Namespace) -> int:
+    """The same pipeline with its training step as pods on the emulator's spot node pools."""
+    from spot_core.demo.kubernetes import KubernetesDemoConfig, run_demo
+
+    if args.engine != "none":
+        raise ConfigError(f"--provider kubernetes runs the pipeline without an engine: "
+                          f"drop --engine {args.engine} (or use --engine none)")
+    if args.start_tick is not None:
+        raise ConfigError("--start-tick picks a trace tick of the local cloud; drop it with "
+                          "--provider kubernetes (its nodes are reclaimed by flavour scripts)")
+    if args.steps < 200:
+        raise ConfigError(f"--steps must be at least 200 (got {args.steps}) so the training step "
+                          "lives long enough to be preempted")
+    cfg = KubernetesDemoConfig(steps=args.steps)
+    print(f"pipeline: prepare data -> train ({cfg.steps} steps as pods on Kubernetes spot node "
+          "pools: Karpenter, EKS managed, EKS on-demand; emulated cluster) -> evaluate",
+          flush=True)
+    listener = _listener(time.monotonic())
+    if args.workdir is not None:
+        report = run_demo(args.workdir, cfg, listener)
+    else:
+        with tempfile.TemporaryDirectory(prefix="spot-demo-k8s-") as tmp:
+            report = run_demo(Path(tmp), cfg, listener)
     _print_report(report)
     if args.json:
         print(json.dumps(demo_json(report)), flush=True)
@@ -92,16 +128,18 @@ def _run(workdir: Path, cfg):
 
     print(f"pipeline: prepare data -> train ({cfg.steps} steps on spot, local cloud replaying "
           f"a real AWS V100 trace at 1 s = {cfg.time_scale / 3600:g} h) -> evaluate", flush=True)
-    started = time.monotonic()
+    return run_demo(workdir, cfg, _listener(time.monotonic()))
 
+
+def _listener(started: float):
+    """Prints each controller event with the seconds since ``started``."""
     def listener(kind: str, record, detail: str) -> None:
         attempt = record.attempts[-1] if record.attempts else None
         where = attempt.pool.key if attempt is not None else "-"
         number = attempt.number if attempt is not None else 0
         print(f"  [{time.monotonic() - started:5.1f}s] attempt {number} {kind:<20} {where}  "
               f"{detail[:90]}", flush=True)
-
-    return run_demo(workdir, cfg, listener)
+    return listener
 
 
 def demo_json(report) -> dict:

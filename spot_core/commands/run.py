@@ -66,6 +66,15 @@ def register(subparsers) -> None:
     ec2.add_argument("--ec2-option", action="append", default=[], metavar="KEY=JSON",
                      help="ec2: any other Ec2Provider option, e.g. launch_mode=\"fleet\" "
                      "or security_group_ids='[\"sg-1\"]' (repeatable)")
+    k8s = parser.add_argument_group("kubernetes provider (see docs/kubernetes.md)")
+    k8s.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig file "
+                     "(default: $KUBECONFIG or ~/.kube/config; in a pod: its service account)")
+    k8s.add_argument("--context", default=None, help="kubernetes: kubeconfig context")
+    k8s.add_argument("--namespace", default=None, help="kubernetes: namespace of the step "
+                     "pods (default: default)")
+    k8s.add_argument("--k8s-option", action="append", default=[], metavar="KEY=JSON",
+                     help="kubernetes: any other provider option, e.g. image=\"reg/step:1\" "
+                     "or prices='{\"spot-ng\": {\"spot\": 0.07}}' (repeatable)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     parser.set_defaults(handler=run)
 
@@ -75,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     from spot_core.report import print_record
 
     settings = _settings(args)
-    command = _command(args.cmd, in_image=settings.image is not None)
+    # On kubernetes the command runs in the pod's image, not on this machine.
+    command = _command(args.cmd, in_image=settings.image is not None
+                       or settings.provider == "kubernetes")
     job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
     wanted = _pool_names(args.pools)
     with _stop_on_signals(), _provider(args, settings) as provider:
@@ -200,6 +211,8 @@ def _check_writable(path: Path) -> None:
 def _provider(args: argparse.Namespace, settings):
     if settings.provider == "ec2":
         return _ec2_provider(args)
+    if settings.provider == "kubernetes":
+        return _kubernetes_provider(args)
     from spot_core.market.fixtures import default_traces
     from spot_core.market.trace import load_traces
     from spot_core.providers.local import LocalProvider
@@ -216,18 +229,36 @@ def _provider(args: argparse.Namespace, settings):
                                      start_tick=args.start_tick)
 
 
-def _ec2_provider(args: argparse.Namespace):
-    from spot_core.providers.ec2 import Ec2Provider
-
+def _key_values(items: list[str], flag: str) -> dict:
+    """``KEY=JSON`` flags as options (a value that is not JSON is a bare string)."""
     options: dict = {}
-    for item in args.ec2_option:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--ec2-option {item!r} is not KEY=VALUE")
+            raise ConfigError(f"{flag} {item!r} is not KEY=VALUE")
         try:
             options[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             options[key.strip()] = value  # a bare string
+    return options
+
+
+def _kubernetes_provider(args: argparse.Namespace):
+    from spot_core.providers import check_provider
+    from spot_core.providers.kubernetes import KubernetesProvider
+
+    options = _key_values(args.k8s_option, "--k8s-option")
+    for name in ("kubeconfig", "context", "namespace"):
+        if getattr(args, name):
+            options[name] = getattr(args, name)
+    check_provider("kubernetes", options)
+    return KubernetesProvider.from_options(**options)
+
+
+def _ec2_provider(args: argparse.Namespace):
+    from spot_core.providers.ec2 import Ec2Provider
+
+    options = _key_values(args.ec2_option, "--ec2-option")
     missing = [flag for flag, value in (("--subnets", args.subnets),
                                         ("--instance-types", args.instance_types),
                                         ("--image-id", args.image_id)) if not value]

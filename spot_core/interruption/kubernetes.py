@@ -64,11 +64,13 @@ class KubernetesNodeDetector:
 
     def __init__(self, node_name: str, read_node: Callable[[str], Mapping[str, Any]] | None = None):
         self.node_name = node_name
-        self._read_node = read_node or _api_reader()
+        self._read_node = read_node
         self._failing = False
 
     def poll(self, now: float) -> list[Notice]:
         try:
+            if self._read_node is None:  # built on first use: no credentials is a log line
+                self._read_node = _api_reader()
             node = self._read_node(self.node_name)
         except Exception as exc:  # noqa: BLE001 - a detector never raises
             if not self._failing:

@@ -201,6 +201,23 @@ def _step_container(theirs: Mapping[str, Any], spec: LaunchSpec, image: str,
     return container
 
 
+def mounted_store(store_uri: str | None, pod_template: Mapping[str, Any] | None) -> bool:
+    """True when every step pod reaches ``store_uri``: ``s3://``, or a ``file://`` path
+    under a volume the template mounts in the step container (a PVC, an NFS share)."""
+    if not store_uri:
+        return False
+    if not store_uri.startswith("file://"):
+        return True
+    from urllib.parse import unquote, urlsplit
+
+    path = unquote(urlsplit(store_uri).path).rstrip("/")
+    containers = ((pod_template or {}).get("spec") or {}).get("containers") or []
+    step = next((c for c in containers if c.get("name") == STEP_CONTAINER),
+                containers[0] if containers else {})
+    mounts = [str(m.get("mountPath", "")).rstrip("/") for m in step.get("volumeMounts") or []]
+    return any(m and (path == m or path.startswith(m + "/")) for m in mounts)
+
+
 def template_image(pod_template: Mapping[str, Any] | None) -> str | None:
     """The image of the template's step container (or its first), if it names one."""
     containers = ((pod_template or {}).get("spec") or {}).get("containers") or []

@@ -1,0 +1,145 @@
+"""The main job on Kubernetes spot node pools: ``spot-pipelines demo --provider kubernetes``.
+
+prepare data -> train (a spot job whose attempts are pods) -> evaluate, on the project's
+Kubernetes API emulator (no cluster can run here): an EKS-style cluster with a Karpenter
+spot NodePool in us-east-1b, an EKS managed spot node group in us-east-1a and an EKS
+on-demand node group in us-east-1c. Spot capacity is scarce (a reclaimed node is not
+replaced), and the nodes are reclaimed the way each flavour does it while the step
+trains: Karpenter taints its node and evicts the pod (``DisruptionTarget``:
+``EvictionByEvictionAPI``), the managed node group cordons and drains. The step's watcher
+sees each notice (its node's taint, the kubelet's SIGTERM), saves an emergency
+checkpoint, and the controller resumes it on the next pool; after two preemptions the
+rest runs on the on-demand node group. The final weights are compared with an
+uninterrupted run of the same training.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from spot_core.checkpoint import open_store
+from spot_core.controller import Controller, JobSpec, Listener
+from spot_core.demo.pipeline import DemoReport
+from spot_core.model import Market
+from spot_core.policy.retry import RetryPolicy
+from spot_core.providers import kubernetes_pods as pods
+from spot_core.providers.kubernetes import KubernetesProvider
+from spot_core.workloads.softmax_regression import TrainConfig, evaluate, prepare_dataset, train
+
+# $/h of m5.xlarge (us-east-1): spot as configured per node pool; on-demand the list price.
+PRICES = {"karpenter-spot": {"spot": 0.0651}, "eks-spot": {"spot": 0.0725},
+          "m5.xlarge": {"on_demand": 0.192}}
+
+
+@dataclass(frozen=True)
+class KubernetesDemoConfig:
+    steps: int = 2000
+    step_seconds: float = 0.006           # about 12 s of training
+    checkpoint_every_seconds: float = 1.0
+    # Reclaim the running spot node once the step has saved past these fractions.
+    reclaim_at: tuple[float, ...] = (0.25, 0.6)
+    max_preemptions: int = 2
+    time_scale: float = 0.1               # the emulator's grace periods, scaled
+    timeout_seconds: float = 240.0
+
+
+def cluster_config(cfg: KubernetesDemoConfig):
+    from spot_core.emulators.kubernetes.config import ClusterConfig
+    from spot_core.emulators.kubernetes.pools import NodePool
+
+    return ClusterConfig(pools=[
+        NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None),
+        NodePool("eks-spot", "eks", "spot", "us-east-1a", replace_after_seconds=None),
+        NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c")],
+        time_scale=cfg.time_scale)
+
+
+def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
+             listener: Listener | None = None) -> DemoReport:
+    from spot_core.emulators.kubernetes.cluster import KubeCluster
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = prepare_dataset(TrainConfig(), workdir / "data" / "dataset.npz")
+    reference = train(TrainConfig(steps=cfg.steps), data=data)
+    store_uri = (workdir / "checkpoints").resolve().as_uri()
+    with KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster, \
+            KubernetesProvider.from_options(
+                kubeconfig=str(cluster.kubeconfig_path), image="spot-pipelines-step:demo",
+                watch_command=[sys.executable, "-m", "spot_core.cli"],
+                watch_poll_interval=0.2, prices=PRICES, node_refresh_seconds=0.5) as provider:
+        spec = JobSpec(job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
+                       command=_train_command(cfg, data), checkpoint_uri=store_uri,
+                       pools=provider.pools())
+        policy = RetryPolicy(max_preemptions=cfg.max_preemptions, capacity_wait_seconds=0.5,
+                             max_capacity_waits=20, min_on_demand_seconds=1e9)
+        controller = Controller(provider, provider.market, policy, listener=listener,
+                                poll_interval=0.2, attempt_timeout=cfg.timeout_seconds)
+        reclaimer = Reclaimer(cluster, provider, spec.job_id, store_uri, cfg)
+        with reclaimer:
+            record = controller.run(spec)
+    sha, accuracy = evaluate(open_store(store_uri), data)
+    return DemoReport(record, sha, reference.weights_sha256, accuracy,
+                      cfg.checkpoint_every_seconds, 1.0)
+
+
+class Reclaimer:
+    """Takes the running attempt's spot node away, by its flavour's script, each time the
+    step has checkpointed past the next of ``cfg.reclaim_at`` (a background thread)."""
+
+    def __init__(self, cluster, provider: KubernetesProvider, job_id: str, store_uri: str,
+                 cfg: KubernetesDemoConfig) -> None:
+        self.cluster, self.provider, self.job_id = cluster, provider, job_id
+        self.store = open_store(store_uri)
+        self.thresholds = [int(f * cfg.steps) for f in cfg.reclaim_at]
+        self.reclaimed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="reclaimer")
+
+    def __enter__(self) -> Reclaimer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+
+    def _run(self) -> None:
+        while self.thresholds and not self._stop.wait(0.2):
+            node = self._spot_node_past(self.thresholds[0])
+            if node is not None:
+                self.cluster.reclaim(node)
+                self.reclaimed.append(node)
+                self.thresholds.pop(0)
+
+    def _spot_node_past(self, step: int) -> str | None:
+        """The node of the job's running spot pod once a checkpoint of this attempt is
+        at or past ``step``."""
+        from spot_core.adaptors import kubernetes as k8s
+
+        listed = k8s.raw("list pods", self.provider.api.list_namespaced_pod, "default",
+                         label_selector=pods.job_selector(self.job_id))
+        for pod in listed.get("items") or []:
+            node = pods.node_of(pod)
+            attempt = int(pod["metadata"]["labels"].get(pods.LABEL_ATTEMPT, 0))
+            latest = self.store.latest()
+            if node in self.reclaimed or node is None or latest is None:
+                continue
+            if (pod.get("status") or {}).get("phase") != "Running" or latest.attempt != attempt:
+                continue
+            pool = self.provider.market.refresh().get(
+                pod["metadata"]["annotations"].get(pods.ANNOTATION_POOL, ""))
+            if latest.step >= step and pool is not None and pool.pool.market is Market.SPOT:
+                return node
+        return None
+
+
+def _train_command(cfg: KubernetesDemoConfig, data: Path) -> tuple[str, ...]:
+    return (sys.executable, "-m", "spot_core.workloads.softmax_regression",
+            "--data", str(data), "--steps", str(cfg.steps),
+            "--step-seconds", str(cfg.step_seconds),
+            "--checkpoint-every-seconds", f"{cfg.checkpoint_every_seconds:g}")
+

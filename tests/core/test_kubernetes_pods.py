@@ -1,0 +1,304 @@
+"""The pure half of the kubernetes provider, on pod and node JSON shaped as the API sends it:
+pools from each flavour's node labels, the attempt's pod (and the user's template merged
+under it), and why a pod ended, through the controller's one classifier."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from spot_core.controller import classify
+from spot_core.errors import ConfigError
+from spot_core.interruption.kubernetes import KubernetesNodeDetector, node_notice
+from spot_core.market.kubernetes import (KubernetesMarket, PriceTable, check_prices,
+                                         group_pools, node_info)
+from spot_core.model import Market, Outcome, Pool
+from spot_core.providers import kubernetes_pods as pods
+from spot_core.providers.base import LaunchSpec
+
+NOW = 1_790_000_000.0
+
+
+def node(name, labels, taints=(), unschedulable=False, ready=True):
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "topology.kubernetes.io/region": "us-east-1",
+                "topology.kubernetes.io/zone": "us-east-1a",
+                "node.kubernetes.io/instance-type": "m5.xlarge", **labels}},
+            "spec": {"taints": list(taints), **({"unschedulable": True} if unschedulable else {})},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                       "reason": "KubeletReady"}]}}
+
+
+FLAVOUR_NODES = {
+    "karpenter": node("k-1", {"karpenter.sh/capacity-type": "spot", "karpenter.sh/nodepool": "gpu"}),
+    "eks": node("e-1", {"eks.amazonaws.com/capacityType": "SPOT",
+                        "eks.amazonaws.com/nodegroup": "spot-ng"}),
+    "gke-spot": node("g-1", {"cloud.google.com/gke-spot": "true",
+                             "cloud.google.com/gke-nodepool": "spot-pool",
+                             "topology.kubernetes.io/zone": "us-central1-a",
+                             "node.kubernetes.io/instance-type": "e2-standard-4"}),
+    "gke-preemptible": node("p-1", {"cloud.google.com/gke-preemptible": "true",
+                                    "cloud.google.com/gke-nodepool": "old-pool"}),
+    "aks": node("a-1", {"kubernetes.azure.com/scalesetpriority": "spot",
+                        "kubernetes.azure.com/agentpool": "spotpool"},
+                taints=[{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot",
+                         "effect": "NoSchedule"}]),
+}
+
+
+@pytest.mark.parametrize("flavour", sorted(FLAVOUR_NODES))
+def test_each_flavours_spot_node_is_a_schedulable_spot_pool(flavour):
+    info = node_info(FLAVOUR_NODES[flavour])
+    assert info.pool.market is Market.SPOT and info.flavour == flavour
+    assert info.schedulable  # AKS's spot taint is one the pod tolerates
+    assert info.node_pool
+
+
+def test_on_demand_nodes_and_unavailable_nodes():
+    eks_od = node_info(node("e-2", {"eks.amazonaws.com/capacityType": "ON_DEMAND",
+                                    "eks.amazonaws.com/nodegroup": "od"}))
+    plain = node_info(node("n-1", {}))
+    assert eks_od.pool.market is Market.ON_DEMAND and eks_od.node_pool == "od"
+    assert plain.pool.market is Market.ON_DEMAND and plain.flavour == "generic"
+    karp = {"karpenter.sh/capacity-type": "spot"}
+    assert not node_info(node("k-2", karp, taints=[{"key": "karpenter.sh/disrupted",
+                                                     "effect": "NoSchedule"}])).schedulable
+    assert not node_info(node("k-3", karp, unschedulable=True)).schedulable
+    assert not node_info(node("k-4", karp, ready=False)).schedulable
+
+
+def test_market_offers_prices_from_configuration_and_capacity_from_nodes():
+    nodes = [FLAVOUR_NODES["eks"], node("e-2", {"eks.amazonaws.com/capacityType": "ON_DEMAND",
+                                                "eks.amazonaws.com/nodegroup": "od"})]
+    market = KubernetesMarket(lambda: nodes, PriceTable(check_prices(
+        {"spot-ng": {"spot": 0.07}, "m5.xlarge": {"on_demand": 0.2}})), clock=lambda: NOW)
+    spot, od = market.pools(Market.SPOT)[0], market.pools(Market.ON_DEMAND)[0]
+    offer_spot, offer_od = market.offers([spot, od], NOW)
+    assert (offer_spot.price_per_hour, offer_spot.on_demand_price_per_hour) == (0.07, 0.2)
+    assert offer_od.price_per_hour == 0.2 and offer_od.available and offer_spot.available
+    missing = Pool("kubernetes", "us-east-1", "us-east-1b", "m5.xlarge", Market.ON_DEMAND)
+    assert not market.offers([missing], NOW)[0].available
+    market.note_capacity_miss(spot, NOW)
+    assert not market.offers([spot], NOW + 1)[0].available
+
+
+def test_unknown_price_is_one_line_naming_the_option():
+    pool = node_info(node("x", {"karpenter.sh/capacity-type": "spot", "karpenter.sh/nodepool": "np",
+                                "node.kubernetes.io/instance-type": "weird.large"})).pool
+    with pytest.raises(ConfigError, match="prices="):
+        PriceTable({}).price(pool, ["np"])
+    with pytest.raises(ConfigError, match=r"prices\['x'\]"):
+        check_prices({"x": {"spot": -1}})
+
+
+# -- the pod -------------------------------------------------------------------------------
+SPEC = LaunchSpec(job_id="train:42", attempt=3, command=("python", "train.py"),
+                  checkpoint_uri="s3://bucket/ckpt", env={"EPOCHS": "2"}, heartbeat_timeout=300)
+
+
+def _terms(pod):
+    return pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+def test_pod_runs_the_step_under_watch_with_labels_env_and_placement():
+    pool = node_info(FLAVOUR_NODES["aks"]).pool
+    pod = pods.build_pod(SPEC, pool, name="spot-train-42-3-abcde", namespace="ml",
+                         image="reg/step:1", flavours=["aks"])
+    meta, container = pod["metadata"], pod["spec"]["containers"][0]
+    assert meta["labels"][pods.LABEL_MANAGED] == "true"
+    assert meta["labels"][pods.LABEL_ATTEMPT] == "3"
+    assert meta["annotations"][pods.ANNOTATION_JOB_ID] == "train:42"
+    assert container["command"][:4] == ["spot-pipelines", "watch", "--cloud", "kubernetes"]
+    assert container["command"][-3:] == ["--", "python", "train.py"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SPOT_ATTEMPT"]["value"] == "3" and env["EPOCHS"]["value"] == "2"
+    assert env["SPOT_HEARTBEAT_TIMEOUT"]["value"] == "300"
+    assert env["SPOT_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (term,) = _terms(pod)
+    keys = {e["key"]: e for e in term["matchExpressions"]}
+    assert keys["kubernetes.azure.com/scalesetpriority"]["values"] == ["spot"]
+    assert keys["topology.kubernetes.io/zone"]["values"] == ["us-east-1a"]
+    assert {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists",
+            "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+
+
+def test_on_demand_placement_excludes_every_spot_label():
+    pool = node_info(node("n", {})).pool
+    pod = pods.build_pod(SPEC, pool, name="p", namespace="ml", image="i")
+    (term,) = _terms(pod)
+    excluded = {e["key"] for e in term["matchExpressions"] if e["operator"] == "NotIn"}
+    assert "karpenter.sh/capacity-type" in excluded and "cloud.google.com/gke-spot" in excluded
+    assert not pod["spec"]["tolerations"]
+
+
+def test_users_template_is_merged_under_ours():
+    template = {"metadata": {"labels": {"team": "ml", pods.LABEL_MANAGED: "no"}},
+                "spec": {"nodeSelector": {"disk": "ssd"},
+                         "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                             "nodeSelectorTerms": [{"matchExpressions": [
+                                 {"key": "gpu", "operator": "Exists"}]}]}}},
+                         "volumes": [{"name": "data", "emptyDir": {}}],
+                         "containers": [{"name": "step", "image": "theirs:1",
+                                         "resources": {"limits": {"memory": "1Gi"}},
+                                         "env": [{"name": "SPOT_ATTEMPT", "value": "99"},
+                                                 {"name": "MINE", "value": "1"}],
+                                         "volumeMounts": [{"name": "data", "mountPath": "/d"}]},
+                                        {"name": "sidecar", "image": "side:1"}]}}
+    before = copy.deepcopy(template)
+    pool = node_info(FLAVOUR_NODES["karpenter"]).pool
+    pod = pods.build_pod(SPEC, pool, name="p", namespace="ml", image="default:1",
+                         pod_template=template, flavours=["karpenter"])
+    assert template == before  # never modified
+    assert pod["metadata"]["labels"]["team"] == "ml"
+    assert pod["metadata"]["labels"][pods.LABEL_MANAGED] == "true"
+    step = pod["spec"]["containers"][0]
+    assert step["image"] == "theirs:1" and step["resources"]["limits"]["memory"] == "1Gi"
+    assert step["volumeMounts"] and pod["spec"]["containers"][1]["name"] == "sidecar"
+    env = {e["name"]: e.get("value") for e in step["env"]}
+    assert env["SPOT_ATTEMPT"] == "3" and env["MINE"] == "1"
+    (term,) = _terms(pod)  # ours AND theirs
+    keys = [e["key"] for e in term["matchExpressions"]]
+    assert "karpenter.sh/capacity-type" in keys and "gpu" in keys
+    assert {"key": "gpu", "operator": "Exists"} in pod["spec"]["tolerations"]
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd"}
+
+
+def test_pod_deserialises_in_the_official_clients_models():
+    import kubernetes
+    pool = node_info(FLAVOUR_NODES["gke-spot"]).pool
+    body = pods.build_pod(SPEC, pool, name="p", namespace="ml", image="i", flavours=["gke-spot"])
+    api = kubernetes.client.ApiClient()
+    model = api._ApiClient__deserialize(body, "V1Pod")
+    assert model.spec.containers[0].env[-3].value_from.field_ref.field_path == "spec.nodeName"
+    assert api.sanitize_for_serialization(model) == body
+
+
+def test_names_and_label_values_are_valid():
+    assert pods.label_value("train:42") != "train:42"
+    assert len(pods.label_value("x" * 200)) <= 63
+    assert pods.label_value("plain-job") == "plain-job"
+    name = pods.pod_name("My_Job:" + "y" * 90, 12, "abcde")
+    assert len(name) <= 63 and name.endswith("-12-abcde") and name == name.lower()
+
+
+# -- why a pod ended ----------------------------------------------------------------------
+def pod(phase="Running", *, exit_code=None, reason=None, conditions=(), status_reason=None,
+        message=None, deleting=False, node_name="k-1"):
+    state = {"running": {"startedAt": "2026-09-21T10:00:05Z"}}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "reason": reason or (
+            "Completed" if exit_code == 0 else "Error"), "startedAt": "2026-09-21T10:00:05Z",
+            "finishedAt": "2026-09-21T10:05:00Z", **({"message": message} if message else {})}}
+    meta = {"name": "spot-job-1-abcde", "namespace": "default",
+            "labels": {pods.LABEL_MANAGED: "true"}}
+    if deleting:
+        meta.update(deletionTimestamp="2026-09-21T10:04:58Z", deletionGracePeriodSeconds=30)
+    status = {"phase": phase, "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-09-21T10:00:00Z"},
+        *conditions], "containerStatuses": [{"name": "step", "state": state, "ready": False,
+                                              "restartCount": 0, "image": "i", "imageID": ""}]}
+    if status_reason:
+        status.update(reason=status_reason, message=message or "")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node_name, "containers": [{"name": "step", "image": "i"}]},
+            "status": status}
+
+
+def disrupted(reason, message="disrupted"):
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+            "lastTransitionTime": "2026-09-21T10:04:58Z"}
+
+
+def outcome(*args, **kwargs):
+    return classify(pods.pod_status(*args, now=NOW, **kwargs))
+
+
+@pytest.mark.parametrize("reason", sorted(pods.DISRUPTION_REASONS))
+def test_every_disruption_reason_is_a_preemption_whatever_the_exit_code(reason):
+    for code in (143, 137, 1):
+        ended = pod("Failed", exit_code=code, conditions=[disrupted(reason)])
+        assert outcome(ended, FLAVOUR_NODES["karpenter"]) is Outcome.PREEMPTED
+    status = pods.pod_status(pod("Failed", exit_code=143, conditions=[disrupted(reason)]), now=NOW)
+    assert status.notice_at is not None and reason in status.message
+
+
+def test_a_disruption_condition_on_a_pod_not_being_deleted_is_no_notice_yet():
+    running = pod(conditions=[disrupted("PreemptionByScheduler")])
+    assert pods.pod_status(running, FLAVOUR_NODES["karpenter"], now=NOW).notice_at is None
+    going = pod(conditions=[disrupted("EvictionByEvictionAPI")], deleting=True)
+    assert pods.pod_status(going, FLAVOUR_NODES["karpenter"], now=NOW).notice_at is not None
+
+
+def test_graceful_node_shutdown_is_a_preemption():
+    gns = pod("Failed", exit_code=143, status_reason="Terminated",
+              message="Pod was terminated in response to imminent node shutdown.")
+    assert outcome(gns, None) is Outcome.PREEMPTED
+
+
+def test_step_stopped_on_its_nodes_notice_taint_is_a_preemption():
+    tainted = node("k-1", {"karpenter.sh/capacity-type": "spot"},
+                   taints=[{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}])
+    assert outcome(pod("Failed", exit_code=143), tainted) is Outcome.PREEMPTED
+    cordoned = node("k-1", {}, unschedulable=True)
+    assert outcome(pod("Failed", exit_code=143), cordoned) is Outcome.PREEMPTED
+
+
+def test_oom_and_non_zero_exit_are_the_users_failure_exit_zero_succeeds():
+    oom = pods.pod_status(pod("Failed", exit_code=137, reason="OOMKilled"),
+                          FLAVOUR_NODES["karpenter"], now=NOW)
+    assert classify(oom) is Outcome.USER_FAILED and "OOMKilled" in oom.message
+    assert outcome(pod("Failed", exit_code=143), FLAVOUR_NODES["karpenter"]) is Outcome.USER_FAILED
+    failed = pods.pod_status(pod("Failed", exit_code=2, message="Traceback\nValueError: bad lr"),
+                             FLAVOUR_NODES["karpenter"], now=NOW)
+    assert classify(failed) is Outcome.USER_FAILED and failed.message == "ValueError: bad lr"
+    assert outcome(pod("Succeeded", exit_code=0), FLAVOUR_NODES["karpenter"]) is Outcome.SUCCEEDED
+    assert outcome(pod(), FLAVOUR_NODES["karpenter"]) is not Outcome.SUCCEEDED  # still running
+
+
+def test_a_vanished_pod_is_preempted_after_a_notice_else_an_infrastructure_loss():
+    assert outcome(None, None, notice_at=NOW - 5) is Outcome.PREEMPTED
+    assert outcome(None, None) is Outcome.INFRASTRUCTURE_FAILED
+    tainted = node("k-1", {}, taints=[{"key": "ToBeDeletedByClusterAutoscaler",
+                                       "effect": "NoSchedule"}])
+    assert outcome(None, tainted) is Outcome.PREEMPTED
+    assert outcome(None, None, terminated_by_us=True) is Outcome.INFRASTRUCTURE_FAILED
+
+
+def test_waiting_for_a_bad_image_is_a_configuration_problem():
+    bad = pod("Pending")
+    bad["status"]["containerStatuses"][0]["state"] = {"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}
+    assert pods.waiting_problem(bad) == 'ImagePullBackOff: Back-off pulling image "nope:1"'
+    assert pods.waiting_problem(pod()) is None
+    pending = pod("Pending")
+    pending["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                        "reason": "Unschedulable",
+                                        "message": "0/3 nodes are available",
+                                        "lastTransitionTime": "2026-09-21T10:00:00Z"}]
+    assert pods.unschedulable_since(pending)[1] == "0/3 nodes are available"
+
+
+# -- the in-pod detector --------------------------------------------------------------------
+@pytest.mark.parametrize("taint", ["karpenter.sh/disrupted", "node.kubernetes.io/unschedulable",
+                                   "ToBeDeletedByClusterAutoscaler",
+                                   "cloud.google.com/impending-node-termination"])
+def test_detector_fires_once_per_node_on_each_notice_taint(taint):
+    tainted = node("k-1", {}, taints=[{"key": taint, "effect": "NoSchedule"}])
+    detector = KubernetesNodeDetector("k-1", read_node=lambda name: tainted)
+    (notice,) = detector.poll(NOW)
+    assert notice.is_interruption and notice.cloud == "kubernetes"
+    assert notice.key == detector.poll(NOW + 1)[0].key
+
+
+def test_detector_is_quiet_on_a_healthy_node_and_survives_api_errors():
+    assert node_notice(FLAVOUR_NODES["aks"]) is None  # the spot taint itself is no notice
+    assert KubernetesNodeDetector("a-1", read_node=lambda n: FLAVOUR_NODES["aks"]).poll(NOW) == []
+
+    def broken(name):
+        raise OSError("connection refused")
+    assert KubernetesNodeDetector("a-1", read_node=broken).poll(NOW) == []
