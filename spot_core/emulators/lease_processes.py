@@ -19,7 +19,13 @@ _PROC = Path("/proc")
 
 def lease_pids(lease_id: str) -> list[int]:
     """Live processes (other than this one) whose environment carries the lease's marker."""
-    needle = f"{LEASE_MARKER}={lease_id}".encode()
+    return marked_pids(LEASE_MARKER, lease_id)
+
+
+def marked_pids(marker: str, value: str) -> list[int]:
+    """Live processes (other than this one) whose environment has ``marker=value``: every
+    descendant of a process started with it, however it left the process group."""
+    needle = f"{marker}={value}".encode()
     found = []
     for entry in _PROC.iterdir() if _PROC.is_dir() else ():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
