@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import itertools
 import json
 import sys
 import threading
@@ -36,6 +37,7 @@ from spot_core.checkpoint import open_store
 from spot_core.model import JobRecord, Outcome
 from spot_core.workloads.softmax_regression import (STATE_FILE, TrainConfig, train,
                                                      weights_sha256)
+from kube_helpers import add_test_pool, kube_client, kube_cluster, kube_namespace  # noqa: F401
 from spot_helpers import train_command, wait_until
 from task_context import StateStore
 
@@ -46,52 +48,49 @@ MANAGED = "spot-pipelines/managed=true"
 # The kubelet runs the pod's command on this machine: the watcher from this environment.
 WATCH = [sys.executable, "-m", "spot_core.cli"]
 OPTIONS = {"watch_command": WATCH, "unschedulable_timeout": 20, "watch_poll_interval": 0.2,
-           "node_refresh_seconds": 0.5, "capacity_cooldown_seconds": 5,
-           "prices": {"karp-spot": {"spot": 0.3, "on_demand": 1.0},
-                      "gke-spot": {"spot": 0.25, "on_demand": 1.0},
-                      "eks-od": {"on_demand": 1.0}}}
+           "node_refresh_seconds": 0.5, "capacity_cooldown_seconds": 5}
 STEPS, EVERY = 400, 20
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from spot_core.emulators.kubernetes.cluster import KubeCluster
-    from spot_core.emulators.kubernetes.config import ClusterConfig
-    from spot_core.emulators.kubernetes.pools import NodePool
-
-    pools = [NodePool("karp-spot", "karpenter", "spot", zone="us-east-1a", pods=4,
-                      replace_after_seconds=None),
-             NodePool("gke-spot", "gke", "spot", zone="us-east-1b", pods=4,
-                      replace_after_seconds=None),
-             NodePool("eks-od", "eks", "on-demand", zone="us-east-1c", pods=4)]
-    config = ClusterConfig(pools=pools, time_scale=0.1)
-    with KubeCluster(tmp_path_factory.mktemp("kube"), config) as running:
-        yield running
+_types = itertools.count(1)
 
 
 @pytest.fixture
-def conn(cluster, monkeypatch):
+def pools(kube_cluster):
+    """This test's own node pools (a Karpenter and a GKE spot pool, an EKS on-demand
+    node group), of an instance type no other test uses, and their prices."""
+    instance_type = f"m5.t{next(_types)}x"
+    made = {}
+    for flavour, capacity, zone in (("karpenter", "spot", "us-east-1a"),
+                                    ("gke", "spot", "us-east-1b"),
+                                    ("eks", "on-demand", "us-east-1c")):
+        name, _ = add_test_pool(kube_cluster, flavour, capacity_type=capacity, zone=zone,
+                                instance_type=instance_type, pods=4)
+        made[flavour] = name
+    prices = {made["karpenter"]: {"spot": 0.3}, made["gke"]: {"spot": 0.25},
+              instance_type: {"on_demand": 1.0}}
+    return made, {**OPTIONS, "prices": prices}
+
+
+@pytest.fixture
+def conn(kube_cluster, monkeypatch):
     """The Airflow connection the operator and the trigger resolve (as a deployment would)."""
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({
         "conn_type": "kubernetes",
-        "extra": {"extra__kubernetes__kube_config_path": str(cluster.kubeconfig_path)}}))
+        "extra": {"extra__kubernetes__kube_config_path": str(kube_cluster.kubeconfig_path)}}))
     return CONN_ID
 
 
 @pytest.fixture
-def core(cluster, conn):
-    """The cluster's API through the official client; asserts no spot pod is left."""
-    from kubernetes import config
-
-    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig_path))
-    api = k8s.CoreV1Api(api_client)
+def core(kube_client, kube_namespace, conn):
+    """The test's namespace through the official client; asserts no spot pod is left."""
+    api = k8s.CoreV1Api(kube_client)
+    api.namespace = kube_namespace
     yield api
     assert wait_until(lambda: not _pods(api), timeout=60), \
         f"pods left behind: {[p.metadata.name for p in _pods(api)]}"
 
 
 def _pods(api, selector: str = MANAGED) -> list:
-    return api.list_namespaced_pod("default", label_selector=selector).items
+    return api.list_namespaced_pod(api.namespace, label_selector=selector).items
 
 
 class TI:
@@ -112,11 +111,13 @@ def _context(task_id: str, store: StateStore | None = None) -> dict:
     return {"ti": ti, "run_id": ti.run_id, "dag": None, "task_state_store": store or StateStore()}
 
 
-def _operator(task_id: str, *, conn: str, cmds, **kwargs) -> SpotKubernetesPodOperator:
+def _operator(task_id: str, *, conn: str, cmds, pools, api, **kwargs) -> SpotKubernetesPodOperator:
+    names, options = pools
     with DAG(f"k8s_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
         return SpotKubernetesPodOperator(
-            task_id=task_id, kubernetes_conn_id=conn, image="python:3.11", cmds=list(cmds),
-            provider_options=OPTIONS, poll_interval=0.3, capacity_wait=1.0,
+            task_id=task_id, kubernetes_conn_id=conn, namespace=api.namespace,
+            image="python:3.11", cmds=list(cmds), provider_options=options,
+            node_pools=list(names.values()), poll_interval=0.3, capacity_wait=1.0,
             heartbeat_timeout=120, **kwargs)
 
 
@@ -157,9 +158,12 @@ def _reclaim_when_checkpointed(cluster, api, uri: str, attempt: int, flavour: st
     return thread
 
 
-def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(cluster, core, conn, tmp_path):
+def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(kube_cluster, core, conn,
+                                                                  pools, tmp_path):
+    cluster = kube_cluster
     uri = (tmp_path / "ckpt").as_uri()
-    op = _operator("train_sync", conn=conn, cmds=train_command(STEPS, 0.02, 7, EVERY),
+    op = _operator("train_sync", conn=conn, pools=pools, api=core,
+                   cmds=train_command(STEPS, 0.02, 7, EVERY),
                    checkpoint_uri=uri, env_vars={"MODEL": "softmax"}, labels={"team": "ml"},
                    max_preemptions=2, deferrable=False)
     context, seen = _context("train_sync"), {}
@@ -215,9 +219,10 @@ async def _restart_then_run(trigger, api, after: float) -> dict:
 
 
 def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
-        cluster, core, conn, tmp_path):
+        kube_cluster, core, conn, pools, tmp_path):
+    cluster = kube_cluster
     uri = (tmp_path / "ckpt").as_uri()
-    make = lambda: _operator("train_defer", conn=conn,  # noqa: E731 - a fresh worker's copy
+    make = lambda: _operator("train_defer", conn=conn, pools=pools, api=core,  # noqa: E731
                              cmds=train_command(STEPS, 0.03, 7, EVERY), checkpoint_uri=uri,
                              max_preemptions=1, deferrable=True)
     context, seen = _context("train_defer"), {}
@@ -250,9 +255,10 @@ def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
     assert record.attempts[0].cost > 0 and record.ledger.spent < record.ledger.on_demand_equivalent
 
 
-def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn, tmp_path):
+def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn, pools,
+                                                                      tmp_path):
     hog = "b = bytearray(400 * 1024 * 1024); import time; time.sleep(30)"
-    op = _operator("oom", conn=conn, cmds=[sys.executable, "-c", hog],
+    op = _operator("oom", conn=conn, pools=pools, api=core, cmds=[sys.executable, "-c", hog],
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False,
                    container_resources=k8s.V1ResourceRequirements(limits={"memory": "64Mi"}))
     context = _context("oom")
@@ -263,8 +269,8 @@ def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn
     assert record.preemptions == 0
 
 
-def test_on_kill_deletes_the_running_pod(core, conn, tmp_path):
-    op = _operator("killed", conn=conn, cmds=[sys.executable, "-c", "import time; time.sleep(120)"],
+def test_on_kill_deletes_the_running_pod(core, conn, pools, tmp_path):
+    op = _operator("killed", conn=conn, pools=pools, api=core, cmds=[sys.executable, "-c", "import time; time.sleep(120)"],
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False)
     errors: list[BaseException] = []
 
@@ -284,14 +290,17 @@ def test_on_kill_deletes_the_running_pod(core, conn, tmp_path):
     assert wait_until(lambda: not _pods(core), timeout=60), "on_kill left the pod"
 
 
-def test_spot_job_operator_runs_on_kubernetes_too(cluster, core, tmp_path):
+def test_spot_job_operator_runs_on_kubernetes_too(kube_cluster, core, pools, tmp_path):
     uri = (tmp_path / "ckpt").as_uri()
+    names, options = pools
     with DAG("k8s_spot_job", schedule=None, start_date=datetime(2026, 1, 1)):
         op = SpotJobOperator(task_id="plain", provider="kubernetes",
                              command=list(train_command(120, 0.0, 7, EVERY)),
                              checkpoint_uri=uri, deferrable=False, poll_interval=0.3,
-                             provider_options={**OPTIONS, "image": "python:3.11",
-                                               "kubeconfig": str(cluster.kubeconfig_path)})
+                             zones=["us-east-1a"],  # this test's Karpenter pool's zone
+                             provider_options={**options, "image": "python:3.11",
+                                               "namespace": core.namespace,
+                                               "kubeconfig": str(kube_cluster.kubeconfig_path)})
     context = _context("plain")
     summary = op.execute(context)
     record = JobRecord.from_dict(context["task_state_store"].data[RECORD_KEY])

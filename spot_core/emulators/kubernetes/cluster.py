@@ -35,6 +35,7 @@ from .store import Store
 from .timefmt import rfc3339
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+NUMERIC_ENV_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "GOTO_", "BLIS_")
 
 
 class KubeCluster:
@@ -280,8 +281,12 @@ class KubeCluster:
     def base_env(self, pod: dict[str, Any]) -> dict[str, str]:
         """What every container sees besides its spec's env: this machine's PATH (so
         ``spot-pipelines`` is the emulator's venv's), the in-cluster service variables and,
-        as the stand-in for a mounted service-account token, ``KUBECONFIG``."""
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
+        as the stand-in for a mounted service-account token, ``KUBECONFIG``. The machine's
+        BLAS / OpenMP settings (``OPENBLAS_CORETYPE``, ``OMP_NUM_THREADS``, ...) pass through
+        as a real node's image bakes in its own: they choose the numeric kernels, so a step
+        resumed in a pod computes bit for bit what the same step computes outside one."""
+        env = {k: v for k, v in os.environ.items() if k.startswith(NUMERIC_ENV_PREFIXES)}
+        env |= {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
                "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
                str(self.kubeconfig_path)}
