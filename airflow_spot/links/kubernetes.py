@@ -23,13 +23,7 @@ class SpotKubernetesPodLink(_XComLink):
 
     @staticmethod
     def pod_of(lease: Lease) -> tuple[str, str] | None:
-        """(namespace, pod name) of a kubernetes lease, from what the provider recorded."""
-        details = lease.details
-        namespace = details.get("namespace")
-        pod = details.get("pod") or details.get("pod_name")
-        if namespace and pod:
-            return namespace, pod
-        if "/" in lease.lease_id:
-            namespace, _, pod = lease.lease_id.partition("/")
-            return namespace, pod
-        return None
+        """(namespace, pod name) of a kubernetes lease: its id is the pod's name, its
+        details name the namespace."""
+        namespace = lease.details.get("namespace")
+        return (namespace, lease.lease_id) if namespace and lease.lease_id else None

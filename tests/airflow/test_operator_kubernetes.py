@@ -139,14 +139,17 @@ def _uninterrupted() -> str:
 
 
 def _reclaim_when_checkpointed(cluster, api, uri: str, attempt: int, flavour: str,
-                               seen: dict) -> threading.Thread:
-    """Once attempt ``attempt`` has saved a checkpoint, reclaim its node the way
-    ``flavour`` does; keep the pod as it ran (for the assertions)."""
+                               seen: dict, after: threading.Event | None = None
+                               ) -> threading.Thread:
+    """Once attempt ``attempt`` has saved a checkpoint (and ``after`` is set), reclaim its
+    node the way ``flavour`` does; keep the pod as it ran (for the assertions)."""
     def run():
         def checkpointed():
             ref = open_store(uri).latest()
             return ref is not None and ref.attempt == attempt and ref.step >= 2 * EVERY
         if not wait_until(checkpointed, timeout=120, interval=0.1):
+            return
+        if after is not None and not after.wait(timeout=120):
             return
         pods = _pods(api, f"{MANAGED},spot-pipelines/attempt={attempt}")
         if pods and pods[0].spec.node_name:
@@ -202,7 +205,7 @@ def _recreate(trigger):
     return getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
 
 
-async def _restart_then_run(trigger, api, after: float) -> dict:
+async def _restart_then_run(trigger, api, after: float, restarted: threading.Event) -> dict:
     """Run ``trigger`` for ``after`` seconds, stop it as a triggerer restart does (cancel,
     then ``cleanup``), check its pod still runs, and run a fresh copy to its event."""
     task = asyncio.ensure_future(_first_event(trigger))
@@ -215,6 +218,7 @@ async def _restart_then_run(trigger, api, after: float) -> dict:
     running = await asyncio.to_thread(_pods, api)
     assert running and all(p.metadata.deletion_timestamp is None for p in running), \
         "a triggerer restart must not stop the attempt"
+    restarted.set()
     return await asyncio.wait_for(_first_event(_recreate(trigger)), timeout=240)
 
 
@@ -226,7 +230,8 @@ def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
                              cmds=train_command(STEPS, 0.03, 7, EVERY), checkpoint_uri=uri,
                              max_preemptions=1, deferrable=True)
     context, seen = _context("train_defer"), {}
-    reclaimer = _reclaim_when_checkpointed(cluster, core, uri, 1, "gke", seen)
+    restarted = threading.Event()  # the reclaim comes after the triggerer's restart
+    reclaimer = _reclaim_when_checkpointed(cluster, core, uri, 1, "gke", seen, restarted)
     try:
         make().execute(context)
         raise AssertionError("a deferrable operator defers while its pod runs")
@@ -238,7 +243,7 @@ def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
         assert isinstance(trigger, SpotKubernetesPodTrigger)
         assert "kubeconfig" not in trigger.provider_options  # the conn id, never its contents
         triggers.append(trigger)
-        event = asyncio.run(_restart_then_run(trigger, core, after=3.0) if round_ == 0
+        event = asyncio.run(_restart_then_run(trigger, core, 1.0, restarted) if round_ == 0
                             else asyncio.wait_for(_first_event(trigger), timeout=240))
         try:
             summary = getattr(make(), pending.method_name)(context, event)

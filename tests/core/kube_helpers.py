@@ -58,7 +58,7 @@ def kube_namespace(kube_cluster):
 
 def add_test_pool(cluster: KubeCluster, flavour: str, **options) -> tuple[str, list[str]]:
     """A pool of this test's own: (pool name, node names)."""
-    name = f"{flavour}-{options.pop('capacity_type', 'spot')[:4]}-{next(_pools)}"
+    name = f"{flavour}-{options.get('capacity_type', 'spot')[:4]}-{next(_pools)}"
     nodes = cluster.add_pool(NodePool(name, flavour, **{"replace_after_seconds": None,
                                                          **options}))
     return name, nodes
