@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import itertools
 import json
 import sys
 import threading
@@ -50,14 +49,18 @@ WATCH = [sys.executable, "-m", "spot_core.cli"]
 OPTIONS = {"watch_command": WATCH, "unschedulable_timeout": 20, "watch_poll_interval": 0.2,
            "node_refresh_seconds": 0.5, "capacity_cooldown_seconds": 5}
 STEPS, EVERY = 400, 20
-_types = itertools.count(1)
+# An instance type per test (the emulator's default pools are m5.xlarge): a pool is
+# (zone, instance type, market), so no test's pods land on another test's nodes, and every
+# pool has a list price for a job that sees them all (SpotJobOperator has no node_pools).
+_types = iter(["g5.xlarge", "g5.2xlarge", "g6.xlarge", "g6.2xlarge", "m5.large", "m5.2xlarge",
+               "m6i.large", "m6i.xlarge", "c5.large", "c5.xlarge", "c6i.xlarge", "t3.large"])
 
 
 @pytest.fixture
 def pools(kube_cluster):
     """This test's own node pools (a Karpenter and a GKE spot pool, an EKS on-demand
     node group), of an instance type no other test uses, and their prices."""
-    instance_type = f"m5.t{next(_types)}x"
+    instance_type = next(_types)
     made = {}
     for flavour, capacity, zone in (("karpenter", "spot", "us-east-1a"),
                                     ("gke", "spot", "us-east-1b"),
@@ -66,7 +69,7 @@ def pools(kube_cluster):
                                 instance_type=instance_type, pods=4)
         made[flavour] = name
     prices = {made["karpenter"]: {"spot": 0.3}, made["gke"]: {"spot": 0.25},
-              instance_type: {"on_demand": 1.0}}
+              made["eks"]: {"on_demand": 1.0}}
     return made, {**OPTIONS, "prices": prices}
 
 
