@@ -33,7 +33,7 @@ from pathlib import Path
 
 from spot_core import attempt_env
 from spot_core.errors import ConfigError
-from spot_core.interruption import InterruptionWatcher, Notice
+from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector
 from spot_core.interruption.base import Detector
 from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
@@ -58,6 +58,7 @@ class WatchSettings:
     heartbeat_timeout: float | None = None
     checkpoint_uri: str | None = None
     attempt: int | None = None
+    report: bool = False
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"${attempt_env.CHECKPOINT_URI} has not changed for this long, e.g. "
                         f"300, 90s or 5m (default: ${attempt_env.HEARTBEAT_TIMEOUT}; unset: "
                         "never)")
+    parser.add_argument("--report", action="store_true", help="with CMD: write the attempt's "
+                        f"status object (notice time, exit code) to the store at "
+                        f"${attempt_env.CHECKPOINT_URI} at the first notice and at the end, "
+                        "for the controller (a pod's node may vanish with it)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     parser.set_defaults(handler=run)
 
@@ -105,6 +110,9 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
     grace = args.grace_seconds
     timeout = _heartbeat_timeout(args.heartbeat_timeout, bool(command))
     uri = os.environ.get(attempt_env.CHECKPOINT_URI) or None
+    if getattr(args, "report", False) and (uri is None or not command):
+        raise ConfigError(f"--report needs a command after -- and the job's store in "
+                          f"${attempt_env.CHECKPOINT_URI}; set it, or drop --report")
     if timeout is not None and uri is None:
         raise ConfigError(f"--heartbeat-timeout needs the job's store in "
                           f"${attempt_env.CHECKPOINT_URI} (the driver's heartbeat lives "
@@ -119,7 +127,8 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
         grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
                                                           "e.g. 30", allow_zero=True),
         command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
-        attempt=int(attempt) if attempt and attempt.isdigit() else None)
+        attempt=int(attempt) if attempt and attempt.isdigit() else None,
+        report=bool(getattr(args, "report", False)))
 
 
 def _notice_file(flag: str | None) -> str | None:
@@ -191,13 +200,18 @@ def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
         child = _spawn(settings.command, notice_file)
         forwarder = ChildForwarder(child, notice_file, settings.grace_seconds)
         watcher = InterruptionWatcher(detectors, settings.poll_interval)
+        reporter = _Reporter(detectors) if settings.report else None
         watcher.add_handler(_print_event)
+        if reporter is not None:  # before the step hears of it: the node may not wait
+            watcher.add_handler(reporter.on_notice)
         watcher.add_handler(forwarder.on_notice)
         with watcher, _ForwardSigint() as sigint:
             returncode = _babysit(forwarder, sigint, monitor)
-        if monitor is not None and monitor.lost is not None:
-            return attempt_env.DRIVER_LOST_EXIT_CODE
-        return exit_code(returncode)
+            code = attempt_env.DRIVER_LOST_EXIT_CODE if monitor is not None \
+                and monitor.lost is not None else exit_code(returncode)
+            if reporter is not None:  # before stopping the watcher: SIGKILL may be near
+                reporter.finish(code)
+        return code
     finally:
         if monitor is not None:
             monitor.stop()
@@ -261,6 +275,39 @@ def _check_driver(monitor: DriverMonitor | None, forwarder: ChildForwarder) -> N
     if notice is not None:
         _print_event(notice)
         forwarder.on_notice(notice)
+
+
+class _Reporter:
+    """The attempt's status object (``ec2_agent.write_report``): the first interruption
+    notice at once, the exit code at the end. Failures are logged, never fatal."""
+
+    def __init__(self, detectors: list[Detector]) -> None:
+        self.notice_at: float | None = None
+        self._signals = [d for d in detectors if isinstance(d, SignalDetector)]
+
+    def on_notice(self, notice: Notice) -> None:
+        if not notice.is_interruption or self.notice_at is not None:
+            return
+        self.notice_at = notice.detected_at
+        self._write(None, None)
+
+    def finish(self, code: int) -> None:
+        """The exit code; a SIGTERM that ended the step before the watcher's next poll
+        still counts as its notice (the kubelet's, or a machine shutting down)."""
+        now = time.time()
+        for detector in self._signals:
+            for notice in detector.poll(now):
+                if self.notice_at is None:
+                    self.notice_at = notice.detected_at
+        self._write(code, now)
+
+    def _write(self, code: int | None, ended_at: float | None) -> None:
+        from spot_core.providers.ec2_agent import write_report
+
+        try:
+            write_report(exit_code=code, notice_at=self.notice_at, ended_at=ended_at)
+        except Exception as exc:  # noqa: BLE001 - the report only sharpens the outcome
+            logger.warning("could not write the attempt's status report: %s", exc)
 
 
 class _ForwardSigint:

@@ -9,7 +9,9 @@ controller is gone).
 
 The report is a small JSON object written next to the checkpoints, at
 ``status/attempt-NNNNNN.json``: exit code, when the watcher saw a notice, when the step
-ended. The controller reads it once the instance is gone; it is how the provider tells
+ended. The kubernetes provider's pods write the same object from ``spot-pipelines watch
+--report`` (``write_report``), at the first notice and again when the step ends, since a
+reclaimed node may not live to run anything after its step. The controller reads it once the instance is gone; it is how the provider tells
 "the step exited 0" from "the node was reclaimed" when EC2's own state reason is
 ambiguous. It needs ``s3:PutObject`` on the checkpoint prefix, which the instance profile
 has anyway; no credential ever appears in user-data.
@@ -112,11 +114,19 @@ def _seconds(value: object) -> float:
 
 
 def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None) -> dict:
+    return write_report(exit_code=exit_code,
+                        notice_at=first_notice(watch_log) if watch_log else None,
+                        ended_at=time.time(), environ=environ)
+
+
+def write_report(*, exit_code: int | None, notice_at: float | None, ended_at: float | None,
+                 environ: Mapping[str, str] | None = None) -> dict:
+    """Write the attempt's status object to its store (``$SPOT_CHECKPOINT_URI``)."""
     from spot_core.checkpoint import open_store
 
     env = attempt_env.AttemptEnv.from_environ(environ)
     doc = {"job_id": env.job_id, "attempt": env.attempt, "exit_code": exit_code,
-           "notice_at": first_notice(watch_log) if watch_log else None, "ended_at": time.time()}
+           "notice_at": notice_at, "ended_at": ended_at}
     store = open_store(env.checkpoint_uri)
     store.put_object(status_key(env.attempt), json.dumps(doc).encode())
     return doc

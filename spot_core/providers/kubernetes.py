@@ -218,6 +218,7 @@ class KubernetesProvider:
                      started_at=min(now, pods.scheduled_at(pod) or now),
                      price_per_hour=offer.price_per_hour,
                      details={"namespace": pod["metadata"].get("namespace", self.config.namespace),
+                              "checkpoint_uri": spec.checkpoint_uri,
                               "node": pods.node_of(pod) or "",
                               "node_pool": ",".join(node_pools),
                               "on_demand_price_per_hour": f"{offer.on_demand_price_per_hour:.6f}",
@@ -250,12 +251,35 @@ class KubernetesProvider:
         if pod is not None and pods.disruption(pod) is not None:
             pod = self._reread(lease)  # the condition can be withdrawn: act on a fresh copy
         node_name = (pods.node_of(pod) if pod else None) or lease.details.get("node") or ""
+        if lease.lease_id not in self._notices and (pod is None or pods.terminal(pod)):
+            seen = self._reported_notice(lease)  # the in-pod watcher's, if it saw one
+            if seen is not None:
+                self._notices[lease.lease_id] = seen
         status = pods.pod_status(pod, nodes.get(node_name), notice_at=self._notices.get(lease.lease_id),
                                  terminated_by_us=lease.lease_id in self._terminated,
                                  now=self.clock())
         if status.notice_at is not None:
             self._notices.setdefault(lease.lease_id, status.notice_at)
         return status
+
+    def _reported_notice(self, lease: Lease) -> float | None:
+        """When the pod's watcher saw an interruption notice (its node's taint, the cloud's
+        metadata, the kubelet's SIGTERM), from the status object it wrote to the job's
+        store (``watch --report``); None when it saw none or wrote nothing."""
+        from spot_core.checkpoint import open_store
+        from spot_core.providers.ec2_agent import parse_report, status_key
+
+        uri = lease.details.get("checkpoint_uri")
+        if not uri:
+            return None
+        try:
+            return parse_report(open_store(uri).get_object(status_key(lease.attempt))).get(
+                "notice_at")
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - a missing report only blurs the outcome
+            log.warning("could not read the status report of pod %s: %s", lease.lease_id, exc)
+            return None
 
     def _reread(self, lease: Lease) -> dict | None:
         namespace = lease.details.get("namespace", self.config.namespace)

@@ -192,8 +192,8 @@ def _step_container(theirs: Mapping[str, Any], spec: LaunchSpec, image: str,
                                (POD_NAMESPACE_ENV, "metadata.namespace"))]
     container.update(
         name=STEP_CONTAINER, image=spec.image or container.get("image") or image, env=env,
-        command=[*watch_command, "watch", "--cloud", "kubernetes", "--poll-interval",
-                 f"{poll:g}", "--", *spec.command],
+        command=[*watch_command, "watch", "--cloud", "kubernetes", "--report",
+                 "--poll-interval", f"{poll:g}", "--", *spec.command],
         terminationMessagePolicy="FallbackToLogsOnError")
     container.pop("args", None)
     if spec.workdir:
@@ -296,7 +296,7 @@ def pod_notice(pod: Mapping[str, Any], node: Mapping[str, Any] | None,
     gone is not a notice: without one, that loss is the infrastructure's."""
     condition = disruption(pod)
     deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-    if condition is not None and (deleting or _terminal(pod)):
+    if condition is not None and (deleting or terminal(pod)):
         when = parse_time(condition.get("lastTransitionTime")) or now
         return when, f"pod disrupted ({condition['reason']}: {condition.get('message', '')})"
     if node_shutdown(pod):
@@ -308,7 +308,7 @@ def pod_notice(pod: Mapping[str, Any], node: Mapping[str, Any] | None,
     return None
 
 
-def _terminal(pod: Mapping[str, Any]) -> bool:
+def terminal(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 

@@ -35,7 +35,8 @@ def kube_cluster(tmp_path_factory):
     cluster = KubeCluster(tmp_path_factory.mktemp("kube"), test_config()).start()
     yield cluster
     cluster.stop()
-    assert not emulator_processes(), "pod processes outlived the emulator"
+    left = {pid: _describe(pid) for pid in emulator_processes(cluster)}
+    assert not left, f"pod processes outlived the emulator: {left}"
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +65,10 @@ def add_test_pool(cluster: KubeCluster, flavour: str, **options) -> tuple[str, l
     return name, nodes
 
 
-def emulator_processes() -> list[int]:
-    """Live processes of any emulated container on this machine (by their marker)."""
+def emulator_processes(cluster: KubeCluster | None = None) -> list[int]:
+    """Live processes of emulated containers (by their marker): of ``cluster`` only when
+    given (other emulators may run on this machine at the same time)."""
+    mine = f"KUBECONFIG={cluster.kubeconfig_path}".encode() if cluster else None
     found = []
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
@@ -75,9 +78,18 @@ def emulator_processes() -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue
-        if state != "Z" and any(v.startswith(MARKER.encode() + b"=") for v in environ):
+        if state == "Z" or not any(v.startswith(MARKER.encode() + b"=") for v in environ):
+            continue
+        if mine is None or mine in environ:
             found.append(int(entry.name))
     return found
+
+
+def _describe(pid: int) -> str:
+    try:
+        return (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):

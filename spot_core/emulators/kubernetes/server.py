@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                   sub: str | None, query: dict[str, str], body: Any) -> None:
         api = self.cluster.api
         if name is None:
-            if method == "GET" and query.get("watch") in ("true", "1"):
+            if method == "GET" and _flag(query, "watch"):
                 return self._watch(resource, namespace, query)
             if method == "GET":
                 return self._json(200, api.list(resource, namespace or None,
@@ -159,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
         keep = api.matcher(resource, query.get("labelSelector"), query.get("fieldSelector"))
         timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_SECONDS),
                       MAX_WATCH_SECONDS)
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        bookmarks = _flag(query, "allowWatchBookmarks")
         start = query.get("resourceVersion") or "0"
         if not start.isdigit():
             raise ApiError(400, f'invalid resource version: "{start}"')
@@ -205,7 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
         pod = self.cluster.store.get("pods", namespace, name)
         container = _container_for_log(pod, query.get("container"))
         worker = self.cluster.workers.get(pod["metadata"]["uid"])
-        previous = query.get("previous") in ("true", "1")
+        previous = _flag(query, "previous")
         logs = None if worker is None else (worker.previous_logs if previous else worker.logs)
         log = None if logs is None else logs.get(container)
         if log is None:
@@ -223,8 +223,8 @@ class _Handler(BaseHTTPRequestHandler):
             since = float(calendar.timegm(time.strptime(query["sinceTime"][:19],
                                                         "%Y-%m-%dT%H:%M:%S")))
         tail = int(query["tailLines"]) if query.get("tailLines") else None
-        timestamps = query.get("timestamps") in ("true", "1")
-        if query.get("follow") in ("true", "1"):
+        timestamps = _flag(query, "timestamps")
+        if _flag(query, "follow"):
             self._start_stream("text/plain")
             for data in log.follow(self.cluster.stopping, timestamps=timestamps, since=since,
                                    tail=tail):
@@ -255,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
                     reclaim = cluster.reclaim(parts[2], query.get("flavour") or None)
                 except ValueError as exc:
                     raise ApiError(400, str(exc)) from None
-                if query.get("wait") in ("true", "1"):
+                if _flag(query, "wait"):
                     reclaim.wait(float(query.get("timeoutSeconds") or 120))
                 return self._json(202, reclaim.as_dict())
             if parts[3] == "taint":
@@ -319,6 +319,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except OSError:
             self.close_connection = True
+
+
+def _flag(query: dict[str, str], name: str) -> bool:
+    """A boolean query parameter as Go's strconv.ParseBool reads it (1, t, true, True...)."""
+    return query.get(name, "").strip() in ("1", "t", "T", "true", "TRUE", "True")
 
 
 def _resolve(group: str, rest: list[str]) -> tuple[str, str, str | None, str | None]:

@@ -1,0 +1,246 @@
+"""The kubernetes provider end to end, with the unmodified ``kubernetes`` client talking to
+the project's Kubernetes API emulator: each flavour's reclaim is a preemption and the job
+resumes from its checkpoint with the same final weights; an OOM kill is the step's own
+failure; an unschedulable pod moves to the next pool; a bad image is one clear error; and
+no pod is left behind on any exit path, a crashed controller's included."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spot_core.adaptors import kubernetes as k8s
+from spot_core.checkpoint import open_store
+from spot_core.controller import Controller, JobSpec
+from spot_core.emulators.kubernetes.cluster import KubeCluster
+from spot_core.emulators.kubernetes.config import ClusterConfig
+from spot_core.emulators.kubernetes.pools import NodePool
+from spot_core.errors import ConfigError
+from spot_core.model import JobStatus, Market, Outcome
+from spot_core.policy.retry import RetryPolicy
+from spot_core.providers import kubernetes_pods as pods
+from spot_core.providers.kubernetes import KubernetesProvider
+from spot_core.workloads.softmax_regression import TrainConfig, prepare_dataset, train
+
+STEPS = 600
+WATCH = [sys.executable, "-m", "spot_core.cli"]
+PRICES = {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}}
+
+
+@contextlib.contextmanager
+def cluster_of(workdir: Path, *pools: NodePool, time_scale: float = 0.1):
+    with KubeCluster(workdir / "cluster", ClusterConfig(pools=list(pools),
+                                                         time_scale=time_scale)) as cluster:
+        yield cluster
+
+
+def provider_for(cluster, **options) -> KubernetesProvider:
+    return KubernetesProvider.from_options(**{
+        "kubeconfig": str(cluster.kubeconfig_path), "image": "step:1", "watch_command": WATCH,
+        "watch_poll_interval": 0.2, "node_refresh_seconds": 0.2, "prices": PRICES, **options})
+
+
+def job_pods(provider: KubernetesProvider, job_id: str | None = None) -> list[dict]:
+    listed = k8s.raw("list pods", provider.api.list_namespaced_pod, "default",
+                     label_selector=pods.job_selector(job_id))
+    return listed.get("items") or []
+
+
+def wait_for(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    data = prepare_dataset(TrainConfig(), tmp_path_factory.mktemp("data") / "dataset.npz")
+    return data, train(TrainConfig(steps=STEPS), data=data).weights_sha256
+
+
+def train_command(data: Path, step_seconds: float = 0.01) -> tuple[str, ...]:
+    return (sys.executable, "-m", "spot_core.workloads.softmax_regression", "--data", str(data),
+            "--steps", str(STEPS), "--step-seconds", str(step_seconds),
+            "--checkpoint-every-seconds", "0.5")
+
+
+def blas_env() -> dict[str, str]:
+    """The emulator's pods get a bare environment; the uninterrupted reference ran under
+    this process's BLAS settings, which pick the kernels (and so the float rounding)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
+
+
+def run_in_thread(controller: Controller, spec: JobSpec):
+    result: dict = {}
+
+    def target():
+        try:
+            result["record"] = controller.run(spec)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            result["error"] = exc
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result
+
+
+# -- each flavour's reclaim -------------------------------------------------------------------
+FLAVOUR_ZONES = {"eks": "us-east-1a", "karpenter": "us-east-1b", "gke": "us-central1-a",
+                 "aks": "eastus-1"}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("flavour", ["karpenter", "gke", "eks", "aks"])
+def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dataset, flavour):
+    data, reference = dataset
+    zone = FLAVOUR_ZONES[flavour]
+    with cluster_of(tmp_path, NodePool(f"{flavour}-spot", flavour, "spot", zone,
+                                       replace_after_seconds=None),
+                    NodePool(f"{flavour}-od", flavour, "on-demand", zone)) as cluster:
+        provider = provider_for(cluster)
+        store_uri = (tmp_path / "ckpt").as_uri()
+        spec = JobSpec(job_id=f"train-{flavour}", command=train_command(data),
+                       checkpoint_uri=store_uri, pools=provider.pools(), env=blas_env())
+        controller = Controller(provider, provider.market, RetryPolicy(
+            max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
+            poll_interval=0.2, attempt_timeout=150)
+        thread, result = run_in_thread(controller, spec)
+        store = open_store(store_uri)
+        pod = wait_for(lambda: next((p for p in job_pods(provider, spec.job_id)
+                                     if p["status"].get("phase") == "Running"), None),
+                       30, "the first attempt's pod to run")
+        wait_for(lambda: (store.latest() or 0) and store.latest().step >= STEPS // 4, 60,
+                 "a checkpoint a quarter in")
+        cluster.reclaim(pod["spec"]["nodeName"])
+        thread.join(150)
+        assert not thread.is_alive() and "error" not in result, result.get("error")
+        record = result["record"]
+        assert record.status is JobStatus.SUCCEEDED
+        first, last = record.attempts[0], record.attempts[-1]
+        assert first.outcome is Outcome.PREEMPTED and first.pool.market is Market.SPOT
+        assert record.preemptions == 1 and record.user_failures == 0
+        assert last.pool.market is Market.ON_DEMAND and last.checkpoint_step_start >= STEPS // 4
+        from spot_core.workloads.softmax_regression import evaluate
+        assert evaluate(store, data)[0] == reference
+        assert 0 < first.cost < first.on_demand_cost
+        wait_for(lambda: not job_pods(provider), 30, "every pod to be gone")
+        provider.close()
+
+
+# -- the step's own failure -------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_oom_kill_is_the_users_failure_and_is_not_retried(tmp_path):
+    with cluster_of(tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b")) as cluster:
+        provider = provider_for(cluster, pod_template={"spec": {"containers": [{
+            "name": "step", "resources": {"limits": {"memory": "64Mi"}}}]}})
+        hog = (sys.executable, "-c", "import time; b = bytearray(400 * 2**20); "
+               "b[::4096] = b'x' * len(b[::4096]); time.sleep(30)")
+        spec = JobSpec(job_id="oom", command=hog, checkpoint_uri=(tmp_path / "c").as_uri(),
+                       pools=provider.pools())
+        record = Controller(provider, provider.market, RetryPolicy(max_user_retries=0),
+                            poll_interval=0.2, attempt_timeout=60).run(spec)
+        assert record.status is JobStatus.FAILED and len(record.attempts) == 1
+        (attempt,) = record.attempts
+        assert attempt.outcome is Outcome.USER_FAILED and "OOMKilled" in attempt.message
+        wait_for(lambda: not job_pods(provider), 30, "the pod to be gone")
+
+
+# -- capacity and configuration ---------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_an_unschedulable_pod_is_deleted_and_the_next_pool_tried(tmp_path):
+    small = NodePool("small-spot", "karpenter", "spot", "us-east-1a", cpu="1")
+    big = NodePool("big-spot", "eks", "spot", "us-east-1b", cpu="8")
+    with cluster_of(tmp_path, small, big) as cluster:
+        provider = provider_for(cluster, unschedulable_timeout=2, prices={
+            "small-spot": {"spot": 0.03, "on_demand": 0.192},
+            "big-spot": {"spot": 0.09, "on_demand": 0.192}},
+            pod_template={"spec": {"containers": [{"name": "step", "resources": {
+                "requests": {"cpu": "2"}}}]}})
+        spec = JobSpec(job_id="fit", command=(sys.executable, "-c", "print('ok')"),
+                       checkpoint_uri=(tmp_path / "c").as_uri(), pools=provider.pools())
+        record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.2,
+                            attempt_timeout=60).run(spec)
+        assert record.status is JobStatus.SUCCEEDED
+        assert record.attempts[-1].pool.zone == "us-east-1b"  # the small pool had no room
+        assert not provider.market.offers([p for p in provider.pools()
+                                           if p.zone == "us-east-1a"], time.time())[0].available
+        wait_for(lambda: not job_pods(provider), 30, "every pod to be gone")
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_image_is_one_clear_configuration_failure(tmp_path):
+    with cluster_of(tmp_path, NodePool("spot", "gke", "spot", "us-central1-a")) as cluster:
+        proc = subprocess.run(
+            [sys.executable, "-m", "spot_core.cli", "run", "--provider", "kubernetes",
+             "--kubeconfig", str(cluster.kubeconfig_path), "--job-id", "bad-image",
+             "--checkpoint-uri", (tmp_path / "c").as_uri(),
+             "--k8s-option", 'image="registry.example/doesnotexist:1"',
+             "--k8s-option", f"watch_command={WATCH!r}".replace("'", '"'),
+             "--", "python", "-c", "print(1)"],
+            capture_output=True, text=True, timeout=100)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "ErrImagePull" in line or "ImagePullBackOff" in line, line
+        assert "doesnotexist" in line and "Traceback" not in proc.stderr
+        provider = provider_for(cluster)
+        wait_for(lambda: not job_pods(provider), 30, "the pod to be gone")
+
+
+def test_bad_options_fail_in_one_line_before_any_api_call():
+    from spot_core.providers import check_provider
+
+    with pytest.raises(ConfigError, match="unknown kubernetes provider option"):
+        check_provider("kubernetes", {"namepsace": "ml"})
+    with pytest.raises(ConfigError, match="unschedulable_timeout"):
+        check_provider("kubernetes", {"unschedulable_timeout": 0})
+    with pytest.raises(ConfigError, match="credential"):
+        check_provider("kubernetes", {"pod_template": {"spec": {"containers": [{
+            "name": "step", "env": [{"name": "X", "value": "AKIAIOSFODNN7EXAMPLE"}]}]}}})
+
+
+# -- no pod left behind ---------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
+    with cluster_of(tmp_path, NodePool("spot", "eks", "spot", "us-east-1a", pods=4)) as cluster:
+        provider = provider_for(cluster)
+        run = [sys.executable, "-m", "spot_core.cli", "run", "--provider", "kubernetes",
+               "--kubeconfig", str(cluster.kubeconfig_path),
+               "--k8s-option", 'image="step:1"',
+               "--k8s-option", f"watch_command={WATCH!r}".replace("'", '"'),
+               "--", "sleep", "120"]
+
+        def started(job_id):
+            return lambda: any(p["status"].get("phase") == "Running"
+                               for p in job_pods(provider, job_id))
+
+        # SIGTERM (as Ctrl-C): the run deletes its pod before it exits.
+        stopped = subprocess.Popen([*run[:4], "--job-id", "stopped", "--checkpoint-uri",
+                                    (tmp_path / "s").as_uri(), *run[4:]],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(started("stopped"), 60, "the stopped run's pod")
+        stopped.send_signal(signal.SIGTERM)
+        stopped.wait(60)
+        wait_for(lambda: not job_pods(provider, "stopped"), 30, "the stopped run's pod to go")
+
+        # SIGKILL: nobody deletes the pod; cleanup_orphans does.
+        killed = subprocess.Popen([*run[:4], "--job-id", "killed", "--checkpoint-uri",
+                                   (tmp_path / "k").as_uri(), *run[4:]],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(started("killed"), 60, "the killed run's pod")
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(10)
+        assert job_pods(provider, "killed"), "a SIGKILLed controller leaves its pod"
+        assert provider.cleanup_orphans(job_id="killed")
+        wait_for(lambda: not job_pods(provider), 30, "every pod to be gone")
+        provider.close()
