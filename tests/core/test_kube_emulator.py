@@ -344,6 +344,23 @@ def test_memory_above_the_limit_is_oom_killed(kube_client, kube_namespace):
     assert pod.status.qos_class == "Guaranteed" or pod.status.qos_class == "Burstable"
 
 
+def test_on_failure_restarts_the_container_with_its_previous_log(kube_client,
+                                                                kube_namespace, tmp_path):
+    v1 = core(kube_client)
+    counter = tmp_path / "runs"
+    script = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); n = len(p.read_text()) "
+              "if p.exists() else 0; p.write_text('x' * (n + 1)); print('run', n); "
+              "sys.exit(3 if n == 0 else 0)")
+    v1.create_namespaced_pod(kube_namespace, pod_body(
+        "flaky", [sys.executable, "-c", script, str(counter)], restart="OnFailure"))
+    pod = wait_phase(v1, kube_namespace, "flaky", ("Succeeded", "Failed"), timeout=60)
+    status = pod.status.container_statuses[0]
+    assert (pod.status.phase, status.restart_count) == ("Succeeded", 1)
+    assert status.last_state.terminated.exit_code == 3
+    assert v1.read_namespaced_pod_log("flaky", kube_namespace, previous=True) == "run 0\n"
+    assert v1.read_namespaced_pod_log("flaky", kube_namespace) == "run 1\n"
+
+
 # -- disruption --------------------------------------------------------------------------------
 def _running_sigterm_pod(v1, ns, name, pool, marker, grace=10):
     v1.create_namespaced_pod(ns, pod_body(name, [sys.executable, "-c", SIGTERM_SCRIPT,
@@ -489,3 +506,32 @@ def test_a_bad_cluster_file_is_one_clear_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "error: pool 'p': flavour must be one of ('eks', 'karpenter', 'gke', 'aks'), "
         "got 'openshift'"]
+
+
+def test_a_node_with_metadata_serves_the_spot_notice_to_its_pods(kube_client, kube_cluster,
+                                                                  kube_namespace):
+    v1 = core(kube_client)
+    pool, (node,) = add_test_pool(kube_cluster, "eks", metadata=True)
+    script = "import os; print(os.environ['SPOT_METADATA_ENDPOINT'])"
+    v1.create_namespaced_pod(kube_namespace, pod_body("imds", [sys.executable, "-c", script],
+                                                      pool=pool))
+    wait_phase(v1, kube_namespace, "imds", ("Succeeded",))
+    endpoint = v1.read_namespaced_pod_log("imds", kube_namespace).strip()
+    assert endpoint == kube_cluster.metadata[node].url
+    reclaim = kube_cluster.reclaim(node)
+    token = urllib.request.urlopen(urllib.request.Request(
+        f"{endpoint}/latest/api/token", method="PUT",
+        headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}), timeout=5).read().decode()
+    action = wait_for(lambda: _imds(endpoint, token, "spot/instance-action"), 10,
+                      "the spot notice")
+    assert json.loads(action)["action"] == "terminate"
+    assert reclaim.wait(30) and "metadata notice served" in reclaim.steps
+
+
+def _imds(endpoint: str, token: str, path: str) -> str | None:
+    request = urllib.request.Request(f"{endpoint}/latest/meta-data/{path}",
+                                     headers={"X-aws-ec2-metadata-token": token})
+    try:
+        return urllib.request.urlopen(request, timeout=5).read().decode()
+    except urllib.error.HTTPError:
+        return None
