@@ -14,7 +14,10 @@ from airflow_spot.sensors.price_window import SpotPriceWindowSensor
 GOOD = {"command": ["python", "-c", "print(1)"], "checkpoint_uri": "file:///tmp/ckpt"}
 
 BAD_CASES = [
-    ({"provider": "gce"}, "train: provider='gce' is not built; choose one of local, ec2, kubernetes"),
+    ({"provider": "gce"}, "train: provider='gce' is not built; choose one of local, ec2, "
+                          "kubernetes"),
+    ({"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
+     "unknown kubernetes provider option"),
     ({"provider": "ec2"}, "train: provider 'ec2' needs provider_options"),
     ({"provider_options": {"colour": "red"}}, "unknown local provider option"),
     ({"command": []}, "must be a non-empty string or list of strings"),

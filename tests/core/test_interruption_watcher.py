@@ -147,7 +147,7 @@ def test_poll_once_without_a_thread(emulator):
 
 
 def test_unknown_cloud_names_the_choices():
-    with pytest.raises(ConfigError, match="aws, gcp, azure, signal, auto"):
+    with pytest.raises(ConfigError, match="aws, gcp, azure, kubernetes, signal, auto"):
         detector_for("mars", "http://127.0.0.1:9")
 
 

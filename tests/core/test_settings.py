@@ -65,8 +65,10 @@ def test_defaults_are_the_documented_ones():
     ({"max_spot_price": "cheap"}, "train: max_spot_price='cheap' must be a number USD/h"),
     ({"on_demand_fallback": "yes"}, "train: on_demand_fallback='yes' must be True or False"),
     ({"zones": "us-east-2a"}, "train: zones='us-east-2a' must be a list of names"),
-    ({"provider": "kubernetes"}, "train: provider='kubernetes' is not built; choose one of "
-                                 "local, ec2"),
+    ({"provider": "gke-autopilot"}, "train: provider='gke-autopilot' is not built; choose one "
+                                    "of local, ec2, kubernetes"),
+    ({"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
+     "train: unknown kubernetes provider option(s) ['namepsace']"),
     ({"provider": "ec2"}, "train: provider 'ec2' needs provider_options ['subnets', "
                           "'image_id', 'instance_types']"),
     ({"provider_options": {"colour": "red"}}, "train: unknown local provider option(s) "
@@ -118,10 +120,10 @@ def test_builders_carry_every_knob_in_seconds():
 
 
 def test_the_provider_registry_refuses_what_is_not_built():
-    assert provider_names() == ("local", "ec2")
-    with pytest.raises(ConfigError, match="provider 'kubernetes' is not built; choose one of "
-                                          "local, ec2"):
-        open_provider("kubernetes")
+    assert provider_names() == ("local", "ec2", "kubernetes")
+    with pytest.raises(ConfigError, match="provider 'nomad' is not built; choose one of "
+                                          "local, ec2, kubernetes"):
+        open_provider("nomad")
     with pytest.raises(ConfigError, match=r"unknown ec2 provider option\(s\) \['colour'\]"):
         check_provider("ec2", {"colour": "red"})
     check_provider("ec2", {"subnets": ["subnet-1"], "image_id": "ami-1"}, ["g5.xlarge"])

@@ -35,8 +35,10 @@ def test_checkpoint_storage_round_trips_and_opens(prefect_api, tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"max_preemptions": -1}, "SpotConfiguration: max_preemptions=-1 must be >= 0"),
     ({"max_spot_price": 0}, "SpotConfiguration: max_spot_price=0 must be > 0 USD/h"),
-    ({"provider": "gcp-tpu"}, "provider='gcp-tpu' is not built; choose one of local, ec2"),
-    ({"provider": "kubernetes"}, "provider='kubernetes' is not built; choose one of"),
+    ({"provider": "gcp-tpu"}, "provider='gcp-tpu' is not built; choose one of local, ec2, "
+                              "kubernetes"),
+    ({"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
+     "unknown kubernetes provider option"),
     ({"capacity_wait": "0s"}, "capacity_wait='0s' must be > 0s"),
     ({"provider": "ec2"}, "provider 'ec2' needs provider_options"),
 ])

@@ -80,7 +80,7 @@ def test_work_pool_form_describes_every_knob_with_its_default():
         if k.default not in (None, {}, ()):
             assert properties[k.name]["default"] == k.default, k.name
         assert template["job_configuration"][k.name] == "{{ " + k.name + " }}"
-    assert properties["provider"]["enum"] == ["local", "ec2"]
+    assert properties["provider"]["enum"] == ["local", "ec2", "kubernetes"]
 
 
 @pytest.mark.parametrize("k", SPOT_TASK_KNOBS, ids=[k.name for k in SPOT_TASK_KNOBS])

@@ -42,7 +42,7 @@ def test_ec2_job_variables_are_accepted_and_offered_in_the_template():
                                   checkpoint_root="s3://b/flows")
     assert config.spot_configuration().provider == "ec2"
     template = SpotWorker.get_default_base_job_template()
-    assert template["variables"]["properties"]["provider"]["enum"] == ["local", "ec2"]
+    assert template["variables"]["properties"]["provider"]["enum"] == ["local", "ec2", "kubernetes"]
 
 
 def test_lease_env_keeps_credentials_off_remote_leases(caplog):
