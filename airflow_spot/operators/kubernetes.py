@@ -258,10 +258,15 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         return True  # under its own key; KPO's do_xcom_push means its sidecar
 
     def _persist_lease_link(self, context, lease: Lease | None) -> None:
+        """The attempt's pod as the cluster's API serves it; a link never fails the task
+        (a launched pod would be left to its heartbeat)."""
         pod = None if lease is None else SpotKubernetesPodLink.pod_of(lease)
-        url = "" if pod is None else SpotKubernetesPodLink.url_for(
-            self.hook.api_client.configuration.host, *pod)
-        SpotKubernetesPodLink.persist(context, url)
+        try:
+            url = "" if pod is None else SpotKubernetesPodLink.url_for(
+                self.hook.api_client.configuration.host, *pod)
+            SpotKubernetesPodLink.persist(context, url)
+        except Exception as exc:  # noqa: BLE001 - logged; the attempt goes on
+            self.log.warning("could not store the pod link: %s", exc)
 
     def on_kill(self) -> None:
         """Stop the attempt this worker watches through the controller (its pod deleted)."""
