@@ -17,11 +17,13 @@ cluster is reached through ``kubernetes_conn_id`` in the worker and in the trigg
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -36,6 +38,7 @@ from spot_core.controller import JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Lease
 from spot_core.providers import check_provider
+from spot_core.providers.kubernetes_pods import STEP_CONTAINER
 from spot_core.settings import SpotSettings, default, pop_aliases
 
 Duration = timedelta | float | str  # seconds, a timedelta, or "90s" / "5m" / "2h" / "1d"
@@ -43,6 +46,7 @@ CHECKPOINT_SCHEMES = ("file://", "s3://")
 # What the provider decides for every attempt's pod, so a user value would be overridden
 # or would defeat the lifecycle (a kept pod outlives its attempt).
 DELETE_POD = "delete_pod"
+LOG_DRAIN_SECONDS = 10.0  # after an attempt ends, how long its log stream may still flush
 
 
 def _is_template(value: Any) -> bool:
@@ -64,7 +68,9 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         "unschedulable_timeout": 60}`` (templated). The cluster comes from
         ``kubernetes_conn_id`` / ``config_file`` / ``in_cluster`` / ``cluster_context``.
     :param zones: restrict the job to node pools in these zones (default: every zone).
-    :param node_pools: restrict the job to these node pools (default: every pool).
+    :param node_pools: restrict the job to the pools (zone, instance type, market) whose
+        nodes belong to these node pools (default: every pool). A pod is placed by zone,
+        instance type and capacity label, so two node pools sharing all three share a pool.
     :param poll_interval: time between observations of the attempt's pod (KPO's
         parameter, with the spot default).
 
@@ -252,6 +258,38 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             not_before=not_before, kubernetes_conn_id=self.kubernetes_conn_id,
             cluster_context=self.cluster_context, config_file=self.config_file,
             in_cluster=self.in_cluster)
+
+    def _watch_here(self, controller, spec: JobSpec, nxt: Next) -> Next:
+        """Watch the attempt here, its step's log in the task log meanwhile (``get_logs``)."""
+        follower = self._follow_logs(nxt.lease) if self.get_logs else None
+        try:
+            return super()._watch_here(controller, spec, nxt)
+        finally:
+            if follower is not None:
+                follower.join(timeout=LOG_DRAIN_SECONDS)
+
+    def _follow_logs(self, lease: Lease | None) -> threading.Thread | None:
+        """Stream the attempt's step container into the task log with KPO's own
+        ``PodManager.fetch_container_logs`` (its prefix and ``log_formatter``), in a thread
+        that ends with the container or its pod."""
+        where = None if lease is None else SpotKubernetesPodLink.pod_of(lease)
+        if where is None:
+            return None
+        namespace, name = where
+        pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace))
+
+        def follow() -> None:
+            try:
+                self.pod_manager.fetch_container_logs(
+                    pod, STEP_CONTAINER, follow=True,
+                    container_name_log_prefix_enabled=self.container_name_log_prefix_enabled,
+                    log_formatter=self.log_formatter)
+            except Exception as exc:  # noqa: BLE001 - the pod went with its attempt
+                self.log.debug("stopped following the log of pod %s: %s", name, exc)
+
+        thread = threading.Thread(target=follow, name=f"log-{name}", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def _push_record(self) -> bool:

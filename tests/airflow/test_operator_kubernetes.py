@@ -165,7 +165,7 @@ def _reclaim_when_checkpointed(cluster, api, uri: str, attempt: int, flavour: st
 
 
 def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(kube_cluster, core, conn,
-                                                                  pools, tmp_path):
+                                                                  pools, tmp_path, capfd):
     cluster = kube_cluster
     uri = (tmp_path / "ckpt").as_uri()
     op = _operator("train_sync", conn=conn, pools=pools, api=core,
@@ -194,6 +194,8 @@ def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(kube_cluster, c
     assert pod.metadata.labels["spot-pipelines/managed"] == "true"
     assert step.command[:len(WATCH) + 1] == [*WATCH, "watch"]
     assert context["ti"].xcom["spot_kubernetes_pod_link"].startswith(cluster.url)
+    # KPO's get_logs: the step's own output (its final report line) is in the task log.
+    assert '"steps_done": 400' in capfd.readouterr().out
 
 
 async def _first_event(trigger):
