@@ -27,13 +27,15 @@ sees it. Two schemes, by where the lease runs:
 
 - local lease: an HMAC-SHA256 under a random per-call key (``new_call_key``) that the
   runner holds in memory and hands to the lease in its environment (``SPOT_CALL_KEY``);
-- remote lease (EC2), where no channel carries a secret safely: Ed25519, no secret
-  travels. The runner signs the payload with a per-call private key it keeps and gives
-  the lease only the public key (``SPOT_CALL_PUBKEY``, user-data may hold it). The lease
-  makes its own key pair, publishes its public key as the tag
-  ``spot-pipelines/call-pubkey`` on its own instance (``ec2_agent.publish_call_pubkey``;
-  the instance policy lets an instance tag only itself) and signs its result or error
-  with it; the runner reads that tag from the attempt's instance and verifies with it.
+- remote lease (EC2, Kubernetes), where no channel carries a secret safely: Ed25519, no
+  secret travels. The runner signs the payload with a per-call private key it keeps and
+  gives the lease only the public key (``SPOT_CALL_PUBKEY``, user-data or the pod spec may
+  hold it). The lease makes its own key pair, publishes its public key as the tag
+  ``spot-pipelines/call-pubkey`` on its own instance (``ec2_agent.tag_own_instance``; the
+  instance policy lets an instance tag only itself) or as that annotation on its own pod
+  (``providers.kubernetes.annotate_own_pod``; the admission policy in
+  deploy/kubernetes/rbac.yaml lets a step pod patch only itself) and signs its result or
+  error with it; the runner reads it from the attempt's instance or pod and verifies.
 
 The threat model is in docs/reliability.md ("Prefect").
 """
@@ -118,6 +120,15 @@ def lease_seals(environ=None, publish=None) -> tuple[Any, Any]:
 
 
 def _publish_on_own_instance(public_hex: str) -> None:
+    """On the lease's own capacity: a pod's annotation (kubernetes provider, where the
+    downward API names the pod), else the EC2 instance's tag."""
+    from spot_core.interruption.kubernetes import POD_NAME_ENV
+
+    if os.environ.get(POD_NAME_ENV):
+        from spot_core.providers.kubernetes import annotate_own_pod
+
+        annotate_own_pod(PUBKEY_TAG, public_hex)
+        return
     from spot_core.providers.ec2_agent import tag_own_instance
 
     tag_own_instance(PUBKEY_TAG, public_hex)

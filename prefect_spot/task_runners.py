@@ -304,14 +304,15 @@ def check_runner_arguments(config: Any, storage: Any, spot_tag: Any, max_workers
 def check_key_channel(provider: str) -> None:
     """Refuse a provider whose leases have no safe way to authenticate the call.
 
-    A local lease gets the HMAC key in its process environment; an EC2 lease needs no
-    secret (Ed25519: public keys in user-data and in a tag on its own instance). A
-    provider registered later has neither channel until it is given one."""
-    if provider not in (_jobs.LOCAL_PROVIDER, "ec2"):
+    A local lease gets the HMAC key in its process environment; an EC2 or Kubernetes lease
+    needs no secret (Ed25519: public keys in user-data or the pod spec, and in a tag on its
+    own instance or an annotation on its own pod). A provider registered later has neither
+    channel until it is given one."""
+    if provider not in (_jobs.LOCAL_PROVIDER, "ec2", "kubernetes"):
         raise ConfigError(
             f"SpotTaskRunner cannot run tasks on provider {provider!r}: it has no channel "
-            "to authenticate the pickled call and its result; use provider='local' or "
-            "'ec2', or run the flow on the spot worker with spot_task")
+            "to authenticate the pickled call and its result; use provider='local', 'ec2' "
+            "or 'kubernetes', or run the flow on the spot worker with spot_task")
 
 
 def _call_keys(provider: str) -> tuple[Any, dict[str, str]]:
@@ -339,7 +340,8 @@ def _verifying_with_lease_key(provider, record: JobRecord, exchange: CallExchang
         raise UntrustedObject(
             f"attempt {last.number}'s instance {last.lease_id} published no {PUBKEY_TAG} "
             f"tag: its result or error under {exchange.uri} is refused unread; let the "
-            "instance role tag its own instance (docs/aws-iam-policy.json, InstancePolicy)")
+            "instance role tag its own instance (docs/aws-iam-policy.json, InstancePolicy) "
+            "or the step pod annotate its own pod (deploy/kubernetes/rbac.yaml)")
     try:
         verifier = Ed25519Seal.from_public_hex(public, f"tag {PUBKEY_TAG} of {last.lease_id}")
     except ConfigError as exc:

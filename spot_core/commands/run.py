@@ -247,11 +247,18 @@ def _kubernetes_provider(args: argparse.Namespace):
     from spot_core.providers import check_provider
     from spot_core.providers.kubernetes import KubernetesProvider
 
+    from spot_core.providers.kubernetes_pods import mounted_store
+
     options = _key_values(args.k8s_option, "--k8s-option")
     for name in ("kubeconfig", "context", "namespace"):
         if getattr(args, name):
             options[name] = getattr(args, name)
     check_provider("kubernetes", options)
+    if not mounted_store(args.checkpoint_uri, options.get("pod_template")):
+        raise ConfigError("--provider kubernetes needs --checkpoint-uri s3://bucket/prefix, "
+                          "or a file:// path under a volumeMount of the pod_template's step "
+                          "container (--k8s-option pod_template=...): the pods cannot see "
+                          "this machine's disk")
     return KubernetesProvider.from_options(**options)
 
 

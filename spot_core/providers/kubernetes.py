@@ -138,6 +138,7 @@ class KubernetesProvider:
         self._launched: dict[str, str] = {}   # pod name -> namespace, for close()
         self._terminated: set[str] = set()
         self._notices: dict[str, float] = {}
+        self._annotations: dict[str, dict] = {}  # pod name -> annotations last observed
 
     @classmethod
     def from_options(cls, **options: Any) -> KubernetesProvider:
@@ -235,6 +236,8 @@ class KubernetesProvider:
             listed = k8s.raw(f"list pods in {namespace}", self.api.list_namespaced_pod,
                              namespace, label_selector=selector)
             found.update({p["metadata"]["name"]: p for p in listed.get("items") or []})
+        for name, pod in found.items():  # kept: the pod is deleted when its attempt closes
+            self._annotations[name] = dict(pod["metadata"].get("annotations") or {})
         nodes = {n["metadata"]["name"]: n for n in self._list_nodes()}
         return {lease.lease_id: self._status(lease, found.get(lease.lease_id), nodes)
                 for lease in leases}
@@ -261,6 +264,20 @@ class KubernetesProvider:
         if status.notice_at is not None:
             self._notices.setdefault(lease.lease_id, status.notice_at)
         return status
+
+    def instance_tag(self, region: str, lease_id: str, key: str) -> str | None:
+        """The annotation ``key`` of the lease's pod (the name the EC2 provider's twin
+        reads tags by): as last observed, else read now; None if absent or gone. A lease
+        publishes its call-exchange public key this way (``annotate_own_pod``)."""
+        value = self._annotations.get(lease_id, {}).get(key)
+        if value is not None:
+            return value
+        try:
+            pod = k8s.raw(f"get pod {lease_id}", self.api.read_namespaced_pod, lease_id,
+                          self.config.namespace)
+        except k8s.NotFound:
+            return None
+        return (pod["metadata"].get("annotations") or {}).get(key)
 
     def _reported_notice(self, lease: Lease) -> float | None:
         """When the pod's watcher saw an interruption notice (its node's taint, the cloud's
@@ -350,3 +367,23 @@ def _step_started(pod: Mapping[str, Any]) -> bool:
         return True
     state = pods.step_state(pod).get("state") or {}
     return bool(state.get("running") or state.get("terminated"))
+
+
+def annotate_own_pod(key: str, value: str, environ: Mapping[str, str] | None = None) -> str:
+    """Set annotation ``key`` on the pod this runs in (named by the downward API's
+    ``SPOT_POD_NAME`` / ``SPOT_POD_NAMESPACE``) with the pod's own credentials; the pod's
+    name. The admission policy in deploy/kubernetes/rbac.yaml lets a step's service
+    account patch only its own pod, so no other pod can set this annotation there."""
+    import os
+
+    from spot_core.interruption.kubernetes import POD_NAME_ENV, POD_NAMESPACE_ENV
+
+    env = os.environ if environ is None else environ
+    name, namespace = env.get(POD_NAME_ENV), env.get(POD_NAMESPACE_ENV)
+    if not name or not namespace:
+        raise ConfigError(f"annotate_own_pod needs ${POD_NAME_ENV} and ${POD_NAMESPACE_ENV} "
+                          "(the kubernetes provider sets them from the downward API)")
+    api = k8s.core_api(k8s.api_client())
+    k8s.call(f"annotate pod {name} (its own)", api.patch_namespaced_pod, name, namespace,
+             {"metadata": {"annotations": {key: value}}})
+    return name

@@ -1,5 +1,5 @@
-"""SpotKubernetesPodOperator (and SpotJobOperator with provider kubernetes) against the
-Kubernetes API emulator: a real HTTP API server the unmodified ``kubernetes`` client
+"""SpotKubernetesPodOperator against the Kubernetes API emulator
+(``SpotJobOperator(provider="kubernetes")`` is in test_spot_job_kubernetes.py): a real HTTP API server the unmodified ``kubernetes`` client
 talks to, a kubelet per node running each pod's command as local processes, and each
 flavour's reclaim sequence.
 
@@ -30,7 +30,6 @@ from kubernetes import client as k8s
 
 from airflow_spot.operators.controller_driver import RECORD_KEY, SpotUserStepFailed
 from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
-from airflow_spot.operators.spot import SpotJobOperator
 from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
 from spot_core.checkpoint import open_store
 from spot_core.model import JobRecord, Outcome
@@ -298,21 +297,3 @@ def test_on_kill_deletes_the_running_pod(core, conn, pools, tmp_path):
     worker.join(timeout=60)
     assert not worker.is_alive() and errors and "killed" in str(errors[0])
     assert wait_until(lambda: not _pods(core), timeout=60), "on_kill left the pod"
-
-
-def test_spot_job_operator_runs_on_kubernetes_too(kube_cluster, core, pools, tmp_path):
-    uri = (tmp_path / "ckpt").as_uri()
-    names, options = pools
-    with DAG("k8s_spot_job", schedule=None, start_date=datetime(2026, 1, 1)):
-        op = SpotJobOperator(task_id="plain", provider="kubernetes",
-                             command=list(train_command(120, 0.0, 7, EVERY)),
-                             checkpoint_uri=uri, deferrable=False, poll_interval=0.3,
-                             zones=["us-east-1a"],  # this test's Karpenter pool's zone
-                             provider_options={**options, "image": "python:3.11",
-                                               "namespace": core.namespace,
-                                               "kubeconfig": str(kube_cluster.kubeconfig_path)})
-    context = _context("plain")
-    summary = op.execute(context)
-    record = JobRecord.from_dict(context["task_state_store"].data[RECORD_KEY])
-    assert summary["status"] == "succeeded"
-    assert record.attempts[0].pool.cloud == "kubernetes" and record.attempts[0].pool.is_spot

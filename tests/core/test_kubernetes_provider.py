@@ -7,6 +7,7 @@ no pod is left behind on any exit path, a crashed controller's included."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -32,6 +33,15 @@ from spot_core.workloads.softmax_regression import TrainConfig, prepare_dataset,
 
 STEPS = 600
 WATCH = [sys.executable, "-m", "spot_core.cli"]
+WATCH_OPTION = "watch_command=" + json.dumps(WATCH)
+
+
+def mounted(path: Path) -> str:
+    """--k8s-option: the checkpoint folder on a volume every step pod mounts."""
+    return "pod_template=" + json.dumps({"spec": {
+        "volumes": [{"name": "ckpt", "hostPath": {"path": str(path)}}],
+        "containers": [{"name": "step", "volumeMounts": [{"name": "ckpt",
+                                                          "mountPath": str(path)}]}]}})
 PRICES = {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}}
 
 
@@ -186,7 +196,7 @@ def test_a_bad_image_is_one_clear_configuration_failure(tmp_path):
              "--kubeconfig", str(cluster.kubeconfig_path), "--job-id", "bad-image",
              "--checkpoint-uri", (tmp_path / "c").as_uri(),
              "--k8s-option", 'image="registry.example/doesnotexist:1"',
-             "--k8s-option", f"watch_command={WATCH!r}".replace("'", '"'),
+             "--k8s-option", WATCH_OPTION, "--k8s-option", mounted(tmp_path),
              "--", "python", "-c", "print(1)"],
             capture_output=True, text=True, timeout=100)
         assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -216,8 +226,8 @@ def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
         provider = provider_for(cluster)
         run = [sys.executable, "-m", "spot_core.cli", "run", "--provider", "kubernetes",
                "--kubeconfig", str(cluster.kubeconfig_path),
-               "--k8s-option", 'image="step:1"',
-               "--k8s-option", f"watch_command={WATCH!r}".replace("'", '"'),
+               "--k8s-option", 'image="step:1"', "--k8s-option", WATCH_OPTION,
+               "--k8s-option", mounted(tmp_path),
                "--", "sleep", "120"]
 
         def started(job_id):
@@ -244,3 +254,12 @@ def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
         assert provider.cleanup_orphans(job_id="killed")
         wait_for(lambda: not job_pods(provider), 30, "every pod to be gone")
         provider.close()
+
+
+def test_run_refuses_a_store_the_pods_cannot_reach(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "run", "--provider",
+                           "kubernetes", "--checkpoint-uri", (tmp_path / "c").as_uri(), "--",
+                           "python", "-c", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "needs --checkpoint-uri s3://" in line and "volumeMount" in line

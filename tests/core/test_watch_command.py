@@ -174,6 +174,24 @@ def test_sigterm_to_the_watcher_is_forwarded_as_a_notice(emulator, child, tmp_pa
     assert [(e["event"], e["cloud"]) for e in events] == [("interruption", "signal")]
 
 
+def test_report_writes_the_attempts_status_at_the_notice_and_the_end(emulator, child,
+                                                                    tmp_path):
+    """``--report`` (a kubernetes pod's watcher): the status object the controller reads
+    when the pod is gone holds when the notice came and how the step ended."""
+    ready, store = tmp_path / "out", tmp_path / "store"
+    proc = start([*watch_cmd(emulator, "--report"), "--", sys.executable, str(child),
+                  str(ready), "graceful"],
+                 env={"SPOT_CHECKPOINT_URI": store.as_uri(), "SPOT_ATTEMPT": "4",
+                      "SPOT_JOB_ID": "job-r"})
+    wait_for_file(ready, proc)
+    emulator.schedule_interruption(notice_seconds=60)
+    code, events, err = finish(proc)
+    assert code == 7, err
+    report = json.loads((store / "status" / "attempt-000004.json").read_text())
+    assert report["exit_code"] == 7 and report["job_id"] == "job-r"
+    assert report["notice_at"] is not None and report["notice_at"] <= report["ended_at"]
+
+
 def test_sigint_to_the_watcher_is_forwarded_to_the_child(emulator, child, tmp_path):
     ready = tmp_path / "out"
     proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(ready), "plain"])
@@ -208,6 +226,8 @@ def test_without_a_command_prints_the_event_and_exits_zero(emulator, cloud, tmp_
     (["--heartbeat-timeout", "0", "--", "true"], "--heartbeat-timeout"),
     (["--heartbeat-timeout", "5m"], "put it after --"),
     (["--heartbeat-timeout", "5", "--", "true"], "SPOT_CHECKPOINT_URI"),
+    (["--report", "--", "true"], "--report needs"),
+    (["--cloud", "kubernetes", "--", "true"], "SPOT_NODE_NAME"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     proc = start([sys.executable, "-m", "spot_core.cli", "watch", *args])

@@ -18,8 +18,10 @@ from .config import ClusterConfig
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m spot_core.emulators.kubernetes",
-                                     description=__doc__.splitlines()[2])
+    parser = argparse.ArgumentParser(
+        prog="python -m spot_core.emulators.kubernetes",
+        description="A Kubernetes API emulator whose pods run as local processes; serves "
+                    "until SIGTERM and prints its URL and kubeconfig path as JSON.")
     parser.add_argument("--workdir", required=True, help="kubeconfig, pod dirs, emulator.json")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--cluster", help="cluster.json: pools, time_scale, timings, images")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from typing import Any, Mapping
 
 from . import pod_defaults, pod_status as ps
@@ -42,14 +43,28 @@ class ApiServer:
         return self.store.get(resource, namespace, name)
 
     def list(self, resource: str, namespace: str | None, label_selector: str | None = None,
-             field_selector: str | None = None) -> dict[str, Any]:
+             field_selector: str | None = None, limit: int | None = None,
+             continue_token: str | None = None) -> dict[str, Any]:
+        """A list, paged with ``limit`` and ``continue`` as the API server pages it (the
+        token carries the position; a token from another list is 400)."""
         items, rv = self.store.list(resource, namespace or None)
         keep = self.matcher(resource, label_selector, field_selector)
         res = RESOURCES[resource]
         items = sorted((i for i in items if keep(i)), key=lambda o: (
             o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        start = _continue_position(continue_token, resource) if continue_token else None
+        if start is not None:
+            items = [i for i in items if (i["metadata"].get("namespace", ""),
+                                          i["metadata"]["name"]) > start]
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if limit and limit > 0 and len(items) > limit:
+            last = items[limit - 1]["metadata"]
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                [resource, last.get("namespace", ""), last["name"]]).encode()).decode()
+            meta["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
         return {"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                "metadata": {"resourceVersion": str(rv)}, "items": items}
+                "metadata": meta, "items": items}
 
     def matcher(self, resource: str, label_selector: str | None, field_selector: str | None):
         labels = parse_label_selector(label_selector)
@@ -85,8 +100,37 @@ class ApiServer:
 
     def _admit_pods(self, pod: dict[str, Any]) -> None:
         pod_defaults.validate_pod(pod)
+        self._admit_priority(pod)
         pod_defaults.default_pod(pod)
         pod["metadata"]["generation"] = 1
+
+    def _admit_priority(self, pod: dict[str, Any]) -> None:
+        """The Priority admission plugin: spec.priority from the pod's PriorityClass (or
+        the global default one); an unknown class is refused."""
+        spec, name = pod["spec"], pod["metadata"]["name"]
+        classes = self.store.list("priorityclasses")[0]
+        wanted = spec.get("priorityClassName")
+        found = next((c for c in classes if c["metadata"]["name"] == wanted), None) \
+            if wanted else next((c for c in classes if c.get("globalDefault")), None)
+        if wanted and found is None:
+            raise ApiError(403, f'pods "{name}" is forbidden: no PriorityClass with name '
+                                f"{wanted} was found", "Forbidden")
+        value = int(found.get("value", 0)) if found else 0
+        if spec.get("priority") is not None and spec["priority"] != value:
+            raise ApiError(403, f'pods "{name}" is forbidden: the integer value of priority '
+                                f"({spec['priority']}) must not be provided in pod spec; "
+                                "priority admission controller computed "
+                                f"{value} from the given PriorityClass name", "Forbidden")
+        spec["priority"] = value
+        if found:
+            spec["priorityClassName"] = found["metadata"]["name"]
+            spec.setdefault("preemptionPolicy",
+                            found.get("preemptionPolicy") or "PreemptLowerPriority")
+
+    def _admit_priorityclasses(self, klass: dict[str, Any]) -> None:
+        if not isinstance(klass.get("value"), int):
+            raise invalid("PriorityClass", klass["metadata"]["name"],
+                          [("value", "Required value")])
 
     def _admit_namespaces(self, namespace: dict[str, Any]) -> None:
         namespace["spec"] = {"finalizers": ["kubernetes"]}
@@ -157,8 +201,6 @@ class ApiServer:
         obj.clear()
         obj.update(copy.deepcopy(new))
         obj.setdefault("metadata", {}).update(kept_meta)
-        obj["metadata"].pop("resourceVersion", None)
-        obj["metadata"]["resourceVersion"] = "0"
         if resource in STATUS_OWNED:
             obj["status"] = status
             if obj["status"] is None:
@@ -185,6 +227,24 @@ class ApiServer:
             return self.cluster.delete_namespace(name)
         return self.store.delete(resource, namespace, name)
 
+    def delete_collection(self, resource: str, namespace: str | None,
+                          label_selector: str | None, field_selector: str | None,
+                          options: Mapping[str, Any]) -> dict[str, Any]:
+        """``deletecollection``: each selected object deleted as a single delete would."""
+        listed = self.list(resource, namespace, label_selector, field_selector)
+        deleted = []
+        for obj in listed["items"]:
+            meta = obj["metadata"]
+            try:
+                deleted.append(self.delete(resource, meta.get("namespace", ""), meta["name"],
+                                           {k: v for k, v in options.items()
+                                            if k != "preconditions"}))
+            except ApiError as exc:
+                if exc.code != 404:
+                    raise
+        listed["items"] = deleted
+        return listed
+
     def _check_preconditions(self, resource: str, obj: Mapping[str, Any],
                              preconditions: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
@@ -203,10 +263,10 @@ class ApiServer:
         pod = self.store.get("pods", namespace, name)
         options = body.get("deleteOptions") or {}
         self._check_preconditions("pods", pod, options.get("preconditions") or {})
-        if pod["status"].get("phase") in TERMINAL or not pod["spec"].get("nodeName"):
+        if pod["status"].get("phase") in TERMINAL:
             self.cluster.delete_pod(namespace, name, options.get("gracePeriodSeconds"))
             return status_object(201, failure=False)
-        if not pod["metadata"].get("deletionTimestamp"):
+        if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
             self._check_budgets(pod)
         self.cluster.mark_disruption(namespace, name, "EvictionByEvictionAPI",
                                      EVICTION_MESSAGE)
@@ -239,6 +299,17 @@ class ApiServer:
             raise invalid("Binding", name, [("target.name", "Required value")])
         self.cluster.bind(namespace, name, target["name"])
         return status_object(201, failure=False)
+
+
+def _continue_position(token: str, resource: str) -> tuple[str, str]:
+    try:
+        kind, namespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError):
+        raise ApiError(400, "continue key is not valid: incorrect encoded start "
+                            "resourceVersion (version meta.k8s.io/v1)") from None
+    if kind != resource:
+        raise ApiError(400, "continue key is not valid: it was issued for another list")
+    return namespace, name
 
 
 def _healthy(pod: Mapping[str, Any]) -> bool:

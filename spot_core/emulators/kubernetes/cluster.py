@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ from .timefmt import rfc3339
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 NUMERIC_ENV_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "GOTO_", "BLIS_")
+SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000,
+                           "system-node-critical": 2000001000}
 
 
 class KubeCluster:
@@ -72,6 +75,11 @@ class KubeCluster:
         for account_ns in SYSTEM_NAMESPACES:
             self.store.create("serviceaccounts", {"metadata": {"name": "default",
                                                                "namespace": account_ns}})
+        for name, value in SYSTEM_PRIORITY_CLASSES.items():
+            self.api.create("priorityclasses", "", {"metadata": {"name": name},
+                                                    "value": value, "description": "Used "
+                                                    "for system critical pods that must run "
+                                                    "in the cluster."})
         for pool in self.config.pools:
             self.add_pool(pool)
         self._server = serve(self, self._port)
@@ -254,10 +262,6 @@ class KubeCluster:
         namespace = self.store.update("namespaces", "", name, lambda ns: (
             ns["metadata"].update(deletion_fields(now, 0)), ns["status"].update(
                 phase="Terminating")))
-        for resource in ("events", "secrets", "configmaps", "serviceaccounts",
-                         "poddisruptionbudgets"):
-            for obj in self.store.list(resource, name)[0]:
-                self.store.delete(resource, name, obj["metadata"]["name"])
         for pod in self.store.list("pods", name)[0]:
             self.delete_pod(name, pod["metadata"]["name"])
         return namespace
@@ -279,16 +283,19 @@ class KubeCluster:
         return str(self.workdir / "pods" / uid)
 
     def base_env(self, pod: dict[str, Any]) -> dict[str, str]:
-        """What every container sees besides its spec's env: this machine's PATH (so
-        ``spot-pipelines`` is the emulator's venv's), the in-cluster service variables and,
-        as the stand-in for a mounted service-account token, ``KUBECONFIG``. The machine's
-        BLAS / OpenMP settings (``OPENBLAS_CORETYPE``, ``OMP_NUM_THREADS``, ...) pass through
-        as a real node's image bakes in its own: they choose the numeric kernels, so a step
-        resumed in a pod computes bit for bit what the same step computes outside one."""
+        """What every container sees besides its spec's env: this machine's PATH with the
+        emulator's interpreter directory first (so ``spot-pipelines`` and ``python`` are
+        the emulator's venv's even when it was not activated), the in-cluster service
+        variables and, as the stand-in for a mounted service-account token, ``KUBECONFIG``.
+        The machine's BLAS / OpenMP settings (``OPENBLAS_CORETYPE``, ``OMP_NUM_THREADS``,
+        ...) pass through as a real node's image bakes in its own: they choose the numeric
+        kernels, so a step resumed in a pod computes bit for bit what the same step
+        computes outside one."""
         env = {k: v for k, v in os.environ.items() if k.startswith(NUMERIC_ENV_PREFIXES)}
-        env |= {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
-               "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-               "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
+        env |= {"PATH": _interpreter_first(os.environ.get("PATH", "")),
+                "HOME": os.environ.get("HOME", "/"),
+                "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
                str(self.kubeconfig_path)}
         emulator = self.metadata.get(pod["spec"].get("nodeName", ""))
         if emulator is not None:
@@ -337,3 +344,9 @@ class KubeCluster:
 
     def cleanup_workdir(self) -> None:
         shutil.rmtree(self.workdir / "pods", ignore_errors=True)
+
+
+def _interpreter_first(path: str) -> str:
+    here = os.path.dirname(sys.executable)
+    rest = [p for p in path.split(os.pathsep) if p and p != here]
+    return os.pathsep.join([here, *rest])

@@ -13,13 +13,19 @@ import time
 from typing import Any
 
 from .errors import ApiError
-from .scheduler import TERMINAL, place, tolerates, untolerated_taint
+from .scheduler import (TERMINAL, UNSCHEDULABLE_TAINT, place, preempt, priority, tolerates,
+                        untolerated_taint)
+from .timefmt import rfc3339
 
 Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 TAINT_MANAGER_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 POD_GC_MESSAGE = "PodGC: node no longer exists"
+PREEMPTION_MESSAGE = "default-scheduler: preempting to accommodate a higher priority pod"
+NAMESPACED_LEFTOVERS = ("events", "secrets", "configmaps", "serviceaccounts",
+                        "poddisruptionbudgets")
+MIN_KILL_GRACE = 2.0          # the kubelet's minimumGracePeriodInSeconds
 RETRY_UNSCHEDULABLE = 10.0     # seconds between FailedScheduling reports of one message
 
 
@@ -57,6 +63,7 @@ class ControlLoop:
     def reconcile(self) -> None:
         nodes = {n["metadata"]["name"]: n for n in self.store.all("nodes")}
         self._notice_node_changes(nodes)
+        self._taint_cordoned(nodes)
         pods = list(self.store.all("pods"))
         self._schedule(nodes, pods)
         pods = list(self.store.all("pods"))
@@ -72,7 +79,7 @@ class ControlLoop:
                           and not p["metadata"].get("deletionTimestamp")
                           and p["spec"].get("schedulerName", "default-scheduler")
                           == "default-scheduler"),
-                         key=lambda p: p["metadata"]["creationTimestamp"])
+                         key=lambda p: (-priority(p), p["metadata"]["creationTimestamp"]))
         live = [n for n in nodes.values() if not n["metadata"].get("deletionTimestamp")]
         for pod in pending:
             placement = place(pod, live, pods)
@@ -86,6 +93,36 @@ class ControlLoop:
                 pods = list(self.store.all("pods"))
                 continue
             self._report_unschedulable(pod, placement.message)
+            self._preempt(pod, live, pods)
+
+    def _preempt(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
+                 pods: list[dict[str, Any]]) -> None:
+        """Evict lower-priority pods for ``pod`` (DisruptionTarget PreemptionByScheduler)
+        and nominate the node; nothing more while earlier victims are still going."""
+        nominated = pod["status"].get("nominatedNodeName")
+        if nominated and any(p["spec"].get("nodeName") == nominated
+                             and p["metadata"].get("deletionTimestamp") for p in pods):
+            return
+        choice = preempt(pod, nodes, pods)
+        if choice is None:
+            return
+        meta = pod["metadata"]
+        for victim in choice.victims:
+            vmeta = victim["metadata"]
+            try:
+                self.cluster.mark_disruption(vmeta["namespace"], vmeta["name"],
+                                             "PreemptionByScheduler", PREEMPTION_MESSAGE)
+                self.cluster.event(victim, "Normal", "Preempted", f"Preempted by pod "
+                                   f"{meta['uid']} on node {choice.node}",
+                                   component="default-scheduler")
+                self.cluster.delete_pod(vmeta["namespace"], vmeta["name"])
+            except ApiError:
+                continue
+        try:
+            self.store.update("pods", meta["namespace"], meta["name"], lambda p: p[
+                "status"].update(nominatedNodeName=choice.node))
+        except ApiError:
+            pass
 
     def _report_unschedulable(self, pod: dict[str, Any], message: str) -> None:
         from . import pod_status as ps
@@ -118,7 +155,7 @@ class ControlLoop:
             if meta.get("deletionTimestamp"):
                 if worker is None:
                     self.cluster.finish_deletion(meta["namespace"], meta["name"], meta["uid"])
-                elif not worker.terminating:
+                else:       # a second, shorter delete shortens the grace of the first
                     worker.request_termination(float(meta.get("deletionGracePeriodSeconds", 0)))
             elif worker is None and pod["status"].get("phase") not in TERMINAL:
                 self.cluster.start_worker(pod)
@@ -126,7 +163,9 @@ class ControlLoop:
             if uid in present:
                 continue
             if not worker.done.is_set():
-                worker.kill_now()
+                # Force-deleted (or garbage-collected): the kubelet still stops the
+                # containers with its minimum grace before forgetting them.
+                worker.request_termination(MIN_KILL_GRACE, delete=False)
             else:
                 self.cluster.workers.pop(uid, None)
 
@@ -197,6 +236,27 @@ class ControlLoop:
                 self.cluster.node_deleted(node)
         self._known_nodes.update(nodes)
 
+    def _taint_cordoned(self, nodes: dict[str, Any]) -> None:
+        """The node lifecycle controller's TaintNodesByCondition for a cordon: the
+        ``node.kubernetes.io/unschedulable:NoSchedule`` taint follows spec.unschedulable."""
+        stamp = rfc3339(self.cluster.clock())
+        for name, node in nodes.items():
+            taints = node["spec"].get("taints") or []
+            has = any(t.get("key") == UNSCHEDULABLE_TAINT["key"] for t in taints)
+            if bool(node["spec"].get("unschedulable")) == has:
+                continue
+
+            def mutate(obj: dict[str, Any]) -> None:
+                kept = [t for t in obj["spec"].get("taints") or []
+                        if t.get("key") != UNSCHEDULABLE_TAINT["key"]]
+                if obj["spec"].get("unschedulable"):
+                    kept.append({**UNSCHEDULABLE_TAINT, "timeAdded": stamp})
+                obj["spec"]["taints"] = kept
+            try:
+                nodes[name] = self.store.update("nodes", "", name, mutate)
+            except ApiError:
+                pass
+
     def _replace_nodes(self) -> None:
         now = time.monotonic()
         with self._lock:
@@ -207,14 +267,23 @@ class ControlLoop:
                 self.cluster.add_node(pool)
 
     def _finish_namespaces(self, pods: list[dict[str, Any]]) -> None:
+        """A terminating namespace goes once its pods are gone, with whatever was still
+        created in it meanwhile (the kubelets' last events)."""
         for namespace in self.store.all("namespaces"):
             name = namespace["metadata"]["name"]
-            if namespace["metadata"].get("deletionTimestamp") and not any(
+            if not namespace["metadata"].get("deletionTimestamp") or any(
                     p["metadata"]["namespace"] == name for p in pods):
-                try:
-                    self.store.delete("namespaces", "", name)
-                except ApiError:
-                    pass
+                continue
+            for resource in NAMESPACED_LEFTOVERS:
+                for obj in self.store.list(resource, name)[0]:
+                    try:
+                        self.store.delete(resource, name, obj["metadata"]["name"])
+                    except ApiError:
+                        pass
+            try:
+                self.store.delete("namespaces", "", name)
+            except ApiError:
+                pass
 
 
 def _parse_time(text: str | None) -> float | None:

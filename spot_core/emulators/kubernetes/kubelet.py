@@ -29,7 +29,9 @@ Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported
 
 logger = logging.getLogger(__name__)
 _pod_ips = itertools.count(2)
-MAX_BACKOFF = 300.0
+MAX_BACKOFF = 300.0        # the kubelet's back-off cap (image pulls, crash loops)
+IMAGE_BACKOFF = 10.0       # first image pull back-off
+CONFIG_RETRY = 2.0         # re-check of a missing secret / config map
 
 
 class PodGone(Exception):
@@ -137,7 +139,7 @@ class PodWorker:
         if not self._pull(name, image, container.get("imagePullPolicy", "IfNotPresent"),
                           restart_count, last):
             return False
-        backoff = 1.0
+        backoff = CONFIG_RETRY
         while True:
             try:
                 pod = self._pod()
@@ -159,30 +161,20 @@ class PodWorker:
 
     def _pull(self, name: str, image: str, policy: str, restart_count: int,
               last: dict[str, Any] | None) -> bool:
+        """Pull the image (or find it on the node); False if the pod was stopped while the
+        pull kept failing (ErrImagePull, then ImagePullBackOff with a growing back-off)."""
         pod = self._pod()
         if policy != "Always" and self.cluster.image_present(self.node, image):
             self.cluster.event(pod, "Normal", "Pulled", f'Container image "{image}" already '
                                "present on machine", self.node)
             return True
-        backoff = 1.0
+        backoff = IMAGE_BACKOFF
         while True:
             self.cluster.event(pod, "Normal", "Pulling", f'Pulling image "{image}"', self.node)
             error = self.cluster.image_error(image)
             if error is None:
                 break
-            self._set(name, ps.waiting(name, image, "ErrImagePull", error, restart_count, last))
-            self.cluster.event(pod, "Warning", "Failed", f'Failed to pull image "{image}": '
-                               f"{error}", self.node)
-            self.cluster.event(pod, "Warning", "Failed", "Error: ErrImagePull", self.node)
-            if self._wait(backoff):
-                return False
-            self._set(name, ps.waiting(name, image, "ImagePullBackOff", f'Back-off pulling '
-                                       f'image "{image}": ErrImagePull: {error}',
-                                       restart_count, last))
-            self.cluster.event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"',
-                               self.node)
-            self.cluster.event(pod, "Warning", "Failed", "Error: ImagePullBackOff", self.node)
-            if self._wait(backoff * 2):
+            if not self._pull_failed(pod, name, image, error, backoff, restart_count, last):
                 return False
             backoff = min(backoff * 2, MAX_BACKOFF)
         started = time.time()
@@ -194,6 +186,20 @@ class PodWorker:
                            f"{took:.3f}s ({took:.3f}s including waiting). Image size: "
                            f"{len(image) * 1048576} bytes.", self.node)
         return True
+
+    def _pull_failed(self, pod, name, image, error, backoff, restart_count, last) -> bool:
+        self._set(name, ps.waiting(name, image, "ErrImagePull", error, restart_count, last))
+        self.cluster.event(pod, "Warning", "Failed", f'Failed to pull image "{image}": {error}',
+                           self.node)
+        self.cluster.event(pod, "Warning", "Failed", "Error: ErrImagePull", self.node)
+        if self._wait(1.0):                        # until the pod worker's next sync
+            return False
+        self._set(name, ps.waiting(name, image, "ImagePullBackOff", f'Back-off pulling image '
+                                   f'"{image}": ErrImagePull: {error}', restart_count, last))
+        self.cluster.event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"',
+                           self.node)
+        self.cluster.event(pod, "Warning", "Failed", "Error: ImagePullBackOff", self.node)
+        return not self._wait(backoff)
 
     def _spawn(self, pod, container, env, restart_count, last) -> None:
         name, image = container["name"], container["image"]
@@ -268,8 +274,12 @@ class PodWorker:
         name = container["name"]
         code = process.exit_code if process.exit_code is not None else 137
         reason = "OOMKilled" if process.oom_killed else ("Completed" if code == 0 else "Error")
+        message = None
+        if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = process.log.read(tail=80)[-2048:].decode(errors="replace") or None
         state = ps.terminated_state(process.container_id, code, reason, process.started_at,
-                                    process.finished_at or time.time(), process.signal)
+                                    process.finished_at or time.time(), process.signal,
+                                    message)
         previous = self.statuses.get(name, {})
         self._set(name, ps.terminated(name, container["image"], process.container_id, state,
                                       previous.get("restartCount", 0),

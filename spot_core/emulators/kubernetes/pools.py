@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 FLAVOURS = ("eks", "karpenter", "gke", "aks")
-CAPACITY_TYPES = ("spot", "on-demand")
+CAPACITY_TYPES = ("spot", "on-demand", "preemptible")      # preemptible: GKE's older kind
 AKS_SPOT_TAINT = {"key": "kubernetes.azure.com/scalesetpriority", "value": "spot",
                   "effect": "NoSchedule"}
 _counter = itertools.count(1)
@@ -46,6 +46,9 @@ class NodePool:
         if self.capacity_type not in CAPACITY_TYPES:
             raise ValueError(f"pool {self.name!r}: capacity_type must be one of "
                              f"{CAPACITY_TYPES}, got {self.capacity_type!r}")
+        if self.capacity_type == "preemptible" and self.flavour != "gke":
+            raise ValueError(f"pool {self.name!r}: capacity_type preemptible is GKE's; "
+                             "use spot for other flavours")
         if self.nodes < 0 or self.pods < 1:
             raise ValueError(f"pool {self.name!r}: nodes must be >= 0 and pods >= 1")
 
@@ -59,7 +62,8 @@ class NodePool:
 
     @property
     def spot(self) -> bool:
-        return self.capacity_type == "spot"
+        """Capacity the cloud can take back (spot, or GKE preemptible)."""
+        return self.capacity_type != "on-demand"
 
     @property
     def region(self) -> str:
@@ -78,9 +82,10 @@ class NodePool:
                     "karpenter.sh/initialized": "true"}
         if self.flavour == "gke":
             labels = {"cloud.google.com/gke-nodepool": self.name,
-                      "cloud.google.com/gke-provisioning": "spot" if spot else "standard"}
+                      "cloud.google.com/gke-provisioning": self.capacity_type
+                      if spot else "standard"}
             if spot:
-                labels["cloud.google.com/gke-spot"] = "true"
+                labels[f"cloud.google.com/gke-{self.capacity_type}"] = "true"
             return labels
         labels = {"kubernetes.azure.com/agentpool": self.name, "agentpool": self.name}
         if spot:

@@ -8,8 +8,9 @@
   the kubelet marks each pod Failed, reason ``Terminated``, condition DisruptionTarget
   ``TerminationByKubelet``, SIGTERM then SIGKILL within the shutdown grace; node deleted;
   pod GC removes the failed pods.
-* aks: the VM is evicted with its kubelet (processes get the OS shutdown's SIGTERM, then
-  SIGKILL; no status is reported), the node is deleted, pod GC marks the pods
+* aks: the VM is evicted with its kubelet (the node turns Ready=Unknown and gets the
+  unreachable taints; processes get the OS shutdown's SIGTERM, then SIGKILL; no pod
+  status is reported), the node is deleted, pod GC marks the pods
   (DisruptionTarget ``DeletionByPodGC``, phase Failed) and removes them.
 
 A node whose pool has a metadata server first serves the cloud's notice there (IMDS spot
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import pod_status as ps
 from .errors import ApiError
 from .pools import FLAVOURS
 from .scheduler import TERMINAL
@@ -36,6 +38,7 @@ SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 KARPENTER_TAINT = "karpenter.sh/disrupted"
 GKE_TAINT = "cloud.google.com/impending-node-termination"
 CORDON_TAINT = "node.kubernetes.io/unschedulable"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 
 
 @dataclass
@@ -113,7 +116,7 @@ def _notice(cluster: Cluster, reclaim: Reclaim, rebalance: bool = False) -> None
 
 def _drain(cluster: Cluster, reclaim: Reclaim) -> None:
     """Evict every pod of the node (retrying those a PDB protects) until none is left."""
-    deadline = time.monotonic() + cluster.timings.max_drain_seconds
+    deadline = time.monotonic() + cluster.scaled(cluster.timings.max_drain_seconds)
     while time.monotonic() < deadline and not cluster.stopping.is_set():
         pods = _pods_on(cluster, reclaim.node)
         if not pods:
@@ -206,6 +209,13 @@ def aks(cluster: Cluster, reclaim: Reclaim) -> None:
     if reclaim.node in cluster.metadata:
         _notice(cluster, reclaim)
         cluster.stopping.wait(cluster.scaled(30.0))
+    # The kubelet goes with the VM: the node stops reporting, and the node lifecycle
+    # controller marks it (compressed here from its 40 s monitor grace period).
+    _mark_node_not_ready(cluster, reclaim.node, "Kubelet stopped posting node status.",
+                         "Unknown", "NodeStatusUnknown")
+    add_taint(cluster, reclaim.node, UNREACHABLE_TAINT, "NoSchedule")
+    add_taint(cluster, reclaim.node, UNREACHABLE_TAINT, "NoExecute")
+    reclaim.steps.append("node unreachable")
     workers = [w for w in list(cluster.workers.values()) if w.node == reclaim.node]
     threads = [threading.Thread(target=w.machine_lost,
                                 args=(cluster.timings.aks_vm_shutdown_seconds,), daemon=True)
@@ -218,12 +228,12 @@ def aks(cluster: Cluster, reclaim: Reclaim) -> None:
     _delete_node(cluster, reclaim)
 
 
-def _mark_node_not_ready(cluster: Cluster, node: str, message: str) -> None:
-    from . import pod_status as ps
+def _mark_node_not_ready(cluster: Cluster, node: str, message: str, status: str = "False",
+                         reason: str = "KubeletNotReady") -> None:
     now = cluster.clock()
 
     def mutate(obj: dict[str, Any]) -> None:
-        ps.set_condition(obj["status"], "Ready", "False", now, "KubeletNotReady", message)
+        ps.set_condition(obj["status"], "Ready", status, now, reason, message)
         for condition in obj["status"]["conditions"]:
             if "lastProbeTime" in condition:
                 condition["lastHeartbeatTime"] = condition.pop("lastProbeTime") or rfc3339(now)

@@ -41,7 +41,22 @@ RESOURCES = {r.plural: r for r in (
     Resource("serviceaccounts", "ServiceAccount", True, short_names=("sa",)),
     Resource("poddisruptionbudgets", "PodDisruptionBudget", True, group="policy",
              short_names=("pdb",), subresources=("status",)),
+    Resource("priorityclasses", "PriorityClass", False, group="scheduling.k8s.io",
+             short_names=("pc",)),
 )}
+GROUPS = sorted({r.group for r in RESOURCES.values() if r.group})
+
+
+def group_list() -> dict:
+    """The ``APIGroupList`` of ``/apis`` (every named group, one version each)."""
+    return {"kind": "APIGroupList", "apiVersion": "v1",
+            "groups": [api_group(group) for group in GROUPS]}
+
+
+def api_group(group: str) -> dict:
+    version = {"groupVersion": f"{group}/v1", "version": "v1"}
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": [version],
+            "preferredVersion": version}
 
 
 def group_resources(group: str) -> list[Resource]:

@@ -17,6 +17,7 @@ from .quantity import parse_quantity
 from .selectors import Requirement
 
 TERMINAL = ("Succeeded", "Failed")
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,8 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
 
 def _filter(pod, node, bound: list[Mapping[str, Any]]) -> str | None:
     """The first failing filter's reason for this node, or None if the pod fits."""
-    if node["spec"].get("unschedulable") and not any(
-            t.get("key") == "node.kubernetes.io/unschedulable" and t.get("operator") == "Exists"
-            for t in pod["spec"].get("tolerations") or []):
+    if node["spec"].get("unschedulable") and not tolerates(
+            pod["spec"].get("tolerations") or [], UNSCHEDULABLE_TAINT):
         return "node(s) were unschedulable"
     taint = untolerated_taint(pod, node)
     if taint is not None:
@@ -114,16 +114,23 @@ def _filter(pod, node, bound: list[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def place(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
-          pods: Iterable[Mapping[str, Any]]) -> Placement:
-    """The node for ``pod`` among ``nodes`` (``pods`` are every pod, to count what is bound)."""
-    if not nodes:
-        return Placement(None, "no nodes available to schedule pods")
+def _bound(nodes: list[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+           ) -> dict[str, list]:
+    """Node name -> the pods that occupy it (bound and not finished)."""
     bound: dict[str, list] = {n["metadata"]["name"]: [] for n in nodes}
     for other in pods:
         node_name = other["spec"].get("nodeName")
         if node_name in bound and other.get("status", {}).get("phase") not in TERMINAL:
             bound[node_name].append(other)
+    return bound
+
+
+def place(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
+          pods: Iterable[Mapping[str, Any]]) -> Placement:
+    """The node for ``pod`` among ``nodes`` (``pods`` are every pod, to count what is bound)."""
+    if not nodes:
+        return Placement(None, "no nodes available to schedule pods")
+    bound = _bound(nodes, pods)
     reasons: Counter[str] = Counter()
     fits = []
     for node in nodes:
@@ -139,3 +146,45 @@ def place(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
     return Placement(None, f"0/{total} nodes are available: {', '.join(histogram)}. "
                            f"preemption: 0/{total} nodes are available: {total} Preemption "
                            f"is not helpful for scheduling.")
+
+
+@dataclass(frozen=True)
+class Preemption:
+    node: str
+    victims: tuple[Mapping[str, Any], ...]
+
+
+def priority(pod: Mapping[str, Any]) -> int:
+    return int(pod["spec"].get("priority") or 0)
+
+
+def preempt(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
+            pods: Iterable[Mapping[str, Any]]) -> Preemption | None:
+    """Where ``pod`` fits once lower-priority pods go (the fewest victims, lowest
+    priorities first), or None: the default scheduler's PostFilter, simplified."""
+    if pod["spec"].get("preemptionPolicy") == "Never":
+        return None
+    bound = _bound(nodes, pods)
+    best: tuple | None = None
+    for node in nodes:
+        victims = _victims(pod, node, bound[node["metadata"]["name"]])
+        if victims:
+            rank = (len(victims), max(priority(v) for v in victims), node["metadata"]["name"])
+            if best is None or rank < best[0]:
+                best = (rank, Preemption(node["metadata"]["name"], tuple(victims)))
+    return best[1] if best else None
+
+
+def _victims(pod, node, occupants: list) -> list:
+    if _filter(pod, node, []) is not None:
+        return []                       # it would not fit even on the empty node
+    candidates = sorted((p for p in occupants if priority(p) < priority(pod)
+                         and not p["metadata"].get("deletionTimestamp")), key=priority)
+    staying = [p for p in occupants if p not in candidates]
+    victims = []
+    for victim in candidates:
+        if _filter(pod, node, staying + [c for c in candidates if c not in victims]) is None:
+            break
+        victims.append(victim)
+    remaining = staying + [c for c in candidates if c not in victims]
+    return victims if _filter(pod, node, remaining) is None else []

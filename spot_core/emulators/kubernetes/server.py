@@ -8,6 +8,7 @@ has a Content-Length, every stream is chunked and ends with the zero-length chun
 
 from __future__ import annotations
 
+import calendar
 import hmac
 import json
 import logging
@@ -17,9 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from .errors import ApiError, status_object
+from .errors import ApiError
 from .pools import NodePool
-from .resources import RESOURCES, resource_list
+from .resources import GROUPS, RESOURCES, api_group, group_list, resource_list
 
 Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
 
@@ -105,13 +106,13 @@ class _Handler(BaseHTTPRequestHandler):
                                         "clientCIDR": "0.0.0.0/0",
                                         "serverAddress": self.cluster.url[7:]}]})
         if parts == ["apis"]:
-            return self._json(200, _group_list())
-        if parts == ["apis", "policy"]:
-            return self._json(200, _group_list()["groups"][0])
+            return self._json(200, group_list())
+        if len(parts) == 2 and parts[0] == "apis" and parts[1] in GROUPS:
+            return self._json(200, api_group(parts[1]))
         if parts[:2] == ["api", "v1"]:
             group, rest = "", parts[2:]
-        elif len(parts) >= 3 and parts[0] == "apis" and parts[1:3] == ["policy", "v1"]:
-            group, rest = "policy", parts[3:]
+        elif len(parts) >= 3 and parts[0] == "apis" and parts[1] in GROUPS and parts[2] == "v1":
+            group, rest = parts[1], parts[3:]
         else:
             raise ApiError(404, "the server could not find the requested resource")
         if not rest:
@@ -126,11 +127,18 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and _flag(query, "watch"):
                 return self._watch(resource, namespace, query)
             if method == "GET":
+                limit = query.get("limit", "")
                 return self._json(200, api.list(resource, namespace or None,
                                                 query.get("labelSelector"),
-                                                query.get("fieldSelector")))
+                                                query.get("fieldSelector"),
+                                                int(limit) if limit.isdigit() else None,
+                                                query.get("continue")))
             if method == "POST":
                 return self._json(201, api.create(resource, namespace, body))
+            if method == "DELETE":
+                return self._json(200, api.delete_collection(
+                    resource, namespace or None, query.get("labelSelector"),
+                    query.get("fieldSelector"), _delete_options(query, body)))
             raise ApiError(405, f"{method} is not supported on a collection here")
         if sub == "log" and resource == "pods" and method == "GET":
             return self._log(namespace, name, query)
@@ -157,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _watch(self, resource: str, namespace: str, query: dict[str, str]) -> None:
         store, api = self.cluster.store, self.cluster.api
         keep = api.matcher(resource, query.get("labelSelector"), query.get("fieldSelector"))
-        timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_SECONDS),
+        timeout = min(_number(query, "timeoutSeconds") or MAX_WATCH_SECONDS,
                       MAX_WATCH_SECONDS)
         bookmarks = _flag(query, "allowWatchBookmarks")
         start = query.get("resourceVersion") or "0"
@@ -217,12 +225,10 @@ class _Handler(BaseHTTPRequestHandler):
                                 f"{reason}")
         since = None
         if query.get("sinceSeconds"):
-            since = time.time() - int(query["sinceSeconds"])
+            since = time.time() - _number(query, "sinceSeconds")
         elif query.get("sinceTime"):
-            import calendar
-            since = float(calendar.timegm(time.strptime(query["sinceTime"][:19],
-                                                        "%Y-%m-%dT%H:%M:%S")))
-        tail = int(query["tailLines"]) if query.get("tailLines") else None
+            since = _rfc3339(query["sinceTime"])
+        tail = int(_number(query, "tailLines")) if query.get("tailLines") else None
         timestamps = _flag(query, "timestamps")
         if _flag(query, "follow"):
             self._start_stream("text/plain")
@@ -231,7 +237,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(data)
             self._end_stream()
             return
-        limit = int(query["limitBytes"]) if query.get("limitBytes") else None
+        limit = int(_number(query, "limitBytes")) if query.get("limitBytes") else None
         self._send(200, log.read(timestamps=timestamps, since=since, tail=tail,
                                  limit_bytes=limit), "text/plain")
 
@@ -256,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
                 except ValueError as exc:
                     raise ApiError(400, str(exc)) from None
                 if _flag(query, "wait"):
-                    reclaim.wait(float(query.get("timeoutSeconds") or 120))
+                    reclaim.wait(_number(query, "timeoutSeconds") or 120.0)
                 return self._json(202, reclaim.as_dict())
             if parts[3] == "taint":
                 from .reclaim import add_taint
@@ -321,6 +327,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+def _rfc3339(text: str) -> float:
+    try:
+        return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        raise ApiError(400, f'sinceTime must be an RFC 3339 time, got "{text}"') from None
+
+
+def _number(query: dict[str, str], name: str) -> float:
+    """A numeric query parameter; 400 naming it when it is not a number."""
+    raw = query.get(name, "")
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise ApiError(400, f'{name} must be a number, got "{raw}"') from None
+
+
 def _flag(query: dict[str, str], name: str) -> bool:
     """A boolean query parameter as Go's strconv.ParseBool reads it (1, t, true, True...)."""
     return query.get(name, "").strip() in ("1", "t", "T", "true", "TRUE", "True")
@@ -360,7 +382,7 @@ def _watch_type(event, keep) -> str | None:
 def _delete_options(query: dict[str, str], body: Any) -> dict[str, Any]:
     options = dict(body) if isinstance(body, dict) else {}
     if "gracePeriodSeconds" in query:
-        options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+        options["gracePeriodSeconds"] = int(_number(query, "gracePeriodSeconds"))
     if "propagationPolicy" in query:
         options["propagationPolicy"] = query["propagationPolicy"]
     if query.get("dryRun"):
@@ -391,10 +413,3 @@ def _waiting_reason(pod: dict[str, Any], container: str) -> str:
             return (status.get("state", {}).get("waiting") or {}).get("reason",
                                                                        "ContainerCreating")
     return "ContainerCreating"
-
-
-def _group_list() -> dict[str, Any]:
-    version = {"groupVersion": "policy/v1", "version": "v1"}
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-        {"kind": "APIGroup", "apiVersion": "v1", "name": "policy", "versions": [version],
-         "preferredVersion": version}]}
