@@ -27,7 +27,7 @@ _pools = itertools.count(1)
 def test_config() -> ClusterConfig:
     return ClusterConfig(time_scale=TIME_SCALE, timings=Timings(
         image_pull_seconds=0.05, node_gone_seconds=1.0, gke_shutdown_grace_seconds=30,
-        gke_shutdown_critical_seconds=10, aks_vm_shutdown_seconds=10))
+        gke_shutdown_critical_seconds=10, vm_shutdown_seconds=10))
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,8 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool  # noqa: E402
 
+AKS_SPOT_TOLERATION = {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal",
+                       "value": "spot", "effect": "NoSchedule"}
 SIGTERM_SCRIPT = """
 import pathlib, signal, sys, time
 def on_term(*_):
@@ -51,7 +53,7 @@ def pod_body(name, command, *, pool=None, env=None, restart="Never", grace=10, *
             "containers": [container], **extra}
     if pool:
         spec["nodeSelector"] = {"spot-emulator/pool": pool}
-        spec.setdefault("tolerations", []).append({"operator": "Exists"})
+        spec.setdefault("tolerations", []).append(AKS_SPOT_TOLERATION)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name,
             "labels": {"app": "kube-emu-test"}}, "spec": spec}
 
@@ -485,6 +487,26 @@ def test_each_flavours_reclaim_leaves_the_documented_trail(flavour, kube_client,
               "gke": "tainted cloud.google.com/impending-node-termination:NoSchedule",
               "aks": "VM evicted"}[flavour]
     assert taints in reclaim.steps
+
+
+def test_karpenter_leaves_a_pod_tolerating_its_taint_to_go_down_with_the_instance(
+        kube_client, kube_cluster, kube_namespace, tmp_path):
+    v1 = core(kube_client)
+    pool, (node,) = add_test_pool(kube_cluster, "karpenter")
+    marker = tmp_path / "term"
+    pods = PodWatch(kube_client, kube_namespace)
+    v1.create_namespaced_pod(kube_namespace, pod_body(
+        "stubborn", [sys.executable, "-c", SIGTERM_SCRIPT, str(marker)], pool=pool,
+        tolerations=[{"operator": "Exists"}]))
+    wait_for(lambda: v1.read_namespaced_pod("stubborn", kube_namespace).status.phase
+             == "Running", 30, "the pod to run")
+    reclaim = kube_cluster.reclaim(node)
+    assert reclaim.wait(60) and reclaim.error is None, reclaim.as_dict()
+    wait_for(lambda: "DELETED" in pods.types("stubborn"), 30, "the pod to go")
+    assert marker.read_text() == "TERM"
+    conditions = pods.conditions("stubborn")
+    assert ("DisruptionTarget", "True", "DeletionByPodGC") in conditions
+    assert not any(reason == "EvictionByEvictionAPI" for _, _, reason in conditions)
 
 
 def test_a_noexecute_taint_evicts_through_the_taint_manager(kube_client, kube_cluster,

@@ -27,7 +27,7 @@ class Timings:
     image_pull_seconds: float = 0.1
     gke_shutdown_grace_seconds: float = 30.0      # kubelet shutdownGracePeriod on GKE spot
     gke_shutdown_critical_seconds: float = 15.0   # ...of which kept for critical pods
-    aks_vm_shutdown_seconds: float = 5.0          # OS shutdown of an evicted VM: TERM -> KILL
+    vm_shutdown_seconds: float = 5.0              # OS shutdown of a lost machine: TERM -> KILL
     pod_gc_seconds: float = 0.0                   # orphaned pods quarantine before pod GC
     drain_step_seconds: float = 0.0               # pause between evictions in a drain
     node_gone_seconds: float = 2.0                # drained/shut-down node to Node deleted

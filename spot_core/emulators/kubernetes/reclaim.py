@@ -1,7 +1,8 @@
 """How each flavour takes a spot node back, step by step, as its documentation says.
 
 * karpenter: taint ``karpenter.sh/disrupted:NoSchedule``, evict every pod through the
-  Eviction API (DisruptionTarget ``EvictionByEvictionAPI``), delete the node.
+  Eviction API (DisruptionTarget ``EvictionByEvictionAPI``) except those tolerating the
+  taint, which go down with the instance (pod GC: ``DeletionByPodGC``), delete the node.
 * eks (managed node group rebalance): cordon (``spec.unschedulable`` and the
   ``node.kubernetes.io/unschedulable:NoSchedule`` taint), drain through evictions, delete.
 * gke (graceful node shutdown): taint ``cloud.google.com/impending-node-termination``;
@@ -28,7 +29,7 @@ from typing import Any, Callable
 from . import pod_status as ps
 from .errors import ApiError
 from .pools import FLAVOURS
-from .scheduler import TERMINAL
+from .scheduler import TERMINAL, tolerates
 from .timefmt import rfc3339
 
 Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
@@ -114,11 +115,13 @@ def _notice(cluster: Cluster, reclaim: Reclaim, rebalance: bool = False) -> None
     reclaim.steps.append("metadata notice served")
 
 
-def _drain(cluster: Cluster, reclaim: Reclaim) -> None:
-    """Evict every pod of the node (retrying those a PDB protects) until none is left."""
+def _drain(cluster: Cluster, reclaim: Reclaim, skip_tolerating: dict | None = None) -> None:
+    """Evict every pod of the node (retrying those a PDB protects) until none is left;
+    pods that tolerate ``skip_tolerating`` are left to go down with the machine."""
     deadline = time.monotonic() + cluster.scaled(cluster.timings.max_drain_seconds)
     while time.monotonic() < deadline and not cluster.stopping.is_set():
-        pods = _pods_on(cluster, reclaim.node)
+        pods = [p for p in _pods_on(cluster, reclaim.node) if skip_tolerating is None
+                or not tolerates(p["spec"].get("tolerations") or [], skip_tolerating)]
         if not pods:
             return
         for pod in pods:
@@ -162,7 +165,10 @@ def karpenter(cluster: Cluster, reclaim: Reclaim) -> None:
     reclaim.steps.append(f"tainted {KARPENTER_TAINT}:NoSchedule")
     _node_event(cluster, reclaim.node, "DisruptionTerminating", "Disrupting Node: "
                 "Interruption/SpotInterruption", "karpenter")
-    _drain(cluster, reclaim)
+    # Karpenter's termination controller leaves pods that tolerate its taint (and static
+    # and finished pods) on the node: they go down with the instance.
+    _drain(cluster, reclaim, skip_tolerating={"key": KARPENTER_TAINT, "effect": "NoSchedule"})
+    _lose_machine(cluster, reclaim)
     _delete_node(cluster, reclaim)
 
 
@@ -216,16 +222,24 @@ def aks(cluster: Cluster, reclaim: Reclaim) -> None:
     add_taint(cluster, reclaim.node, UNREACHABLE_TAINT, "NoSchedule")
     add_taint(cluster, reclaim.node, UNREACHABLE_TAINT, "NoExecute")
     reclaim.steps.append("node unreachable")
+    _lose_machine(cluster, reclaim)
+    reclaim.steps.append("VM evicted")
+    _delete_node(cluster, reclaim)
+
+
+def _lose_machine(cluster: Cluster, reclaim: Reclaim) -> None:
+    """The machine shuts down with its kubelet: every process on it gets the OS
+    shutdown's SIGTERM, then SIGKILL; no pod status is reported any more."""
+    grace = cluster.timings.vm_shutdown_seconds
     workers = [w for w in list(cluster.workers.values()) if w.node == reclaim.node]
-    threads = [threading.Thread(target=w.machine_lost,
-                                args=(cluster.timings.aks_vm_shutdown_seconds,), daemon=True)
-               for w in workers]
+    threads = [threading.Thread(target=w.machine_lost, args=(grace,), daemon=True)
+               for w in workers if not w.done.is_set()]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(cluster.scaled(cluster.timings.aks_vm_shutdown_seconds) + 15)
-    reclaim.steps.append("VM evicted")
-    _delete_node(cluster, reclaim)
+        thread.join(cluster.scaled(grace) + 15)
+    if threads:
+        reclaim.steps.append(f"machine shut down under {len(threads)} pod(s)")
 
 
 def _mark_node_not_ready(cluster: Cluster, node: str, message: str, status: str = "False",
