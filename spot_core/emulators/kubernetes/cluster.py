@@ -296,7 +296,7 @@ class KubeCluster:
                 "HOME": os.environ.get("HOME", "/"),
                 "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                 "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
-               str(self.kubeconfig_path)}
+                str(self.kubeconfig_path)}
         emulator = self.metadata.get(pod["spec"].get("nodeName", ""))
         if emulator is not None:
             env[METADATA_ENDPOINT] = emulator.url
