@@ -89,9 +89,14 @@ with DAG(
     TRAIN = train_command(DATA, "{{ params.steps }}", "{{ params.step_seconds }}",
                           "{{ params.checkpoint_every_seconds }}")
     if PROVIDER == "kubernetes":
+        from kubernetes.client import models as k8s
+
         train = SpotKubernetesPodOperator(
             task_id="train", kubernetes_conn_id="spot_kubernetes", image=K8S_IMAGE,
             cmds=TRAIN, env_vars={"PIPELINE": "spot_ml_pipeline"}, checkpoint_uri=MODEL_URI,
+            # the work folder (data, checkpoints) in every pod: a PVC on a real cluster
+            volumes=[k8s.V1Volume(name="work", host_path=k8s.V1HostPathVolumeSource(WORKDIR))],
+            volume_mounts=[k8s.V1VolumeMount(name="work", mount_path=WORKDIR)],
             provider_options=K8S_OPTIONS, **SETTINGS)
     else:
         train = SpotJobOperator(task_id="train", command=TRAIN, checkpoint_uri=MODEL_URI, **SPOT)

@@ -38,7 +38,7 @@ from spot_core.controller import JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Lease
 from spot_core.providers import check_provider
-from spot_core.providers.kubernetes_pods import STEP_CONTAINER
+from spot_core.providers.kubernetes_pods import STEP_CONTAINER, mounted_store
 from spot_core.settings import SpotSettings, default, pop_aliases
 
 Duration = timedelta | float | str  # seconds, a timedelta, or "90s" / "5m" / "2h" / "1d"
@@ -177,6 +177,18 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
                              "cluster_context, the pod from its KubernetesPodOperator "
                              "parameters; drop them from provider_options")
         self._check_uri(self.checkpoint_uri, ValueError)
+        self._check_store_reachable()
+
+    def _check_store_reachable(self) -> None:
+        """A file:// store with no volume mounted at all cannot be the pods' (the rendered
+        pod is checked again in ``execute``, volumes from a template file included)."""
+        uri = self.checkpoint_uri
+        if _is_template(uri) or not str(uri).startswith("file://") or self.volume_mounts \
+                or self.pod_template_file or self.pod_template_dict or self.full_pod_spec:
+            return
+        raise ValueError(f"{self.task_id}: checkpoint_uri={uri!r} is on this machine's disk, "
+                         "which the pods cannot see: use s3://bucket/prefix, or a file:// path "
+                         "under one of volume_mounts (a PVC every pod mounts)")
 
     def _check_uri(self, uri: Any, error: type[Exception]) -> None:
         if _is_template(uri):
@@ -214,6 +226,11 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         pod = self.build_pod_request_obj(context)
         self.pod_request_obj = pod
         template = ApiClient().sanitize_for_serialization(pod)  # the API's JSON shape
+        if not mounted_store(self.checkpoint_uri, template):
+            raise AirflowFailException(
+                f"{self.task_id}: checkpoint_uri={self.checkpoint_uri!r} is on this machine's "
+                "disk, which the pods cannot see: use s3://bucket/prefix, or a file:// path "
+                "under one of the pod's volume_mounts (a PVC every pod mounts)")
         options = {**self.provider_options, "namespace": pod.metadata.namespace,
                    "pod_template": template}
         self._spot_hook = SpotKubernetesHook(

@@ -113,14 +113,20 @@ def _context(task_id: str, store: StateStore | None = None) -> dict:
     return {"ti": ti, "run_id": ti.run_id, "dag": None, "task_state_store": store or StateStore()}
 
 
-def _operator(task_id: str, *, conn: str, cmds, pools, api, **kwargs) -> SpotKubernetesPodOperator:
+def _operator(task_id: str, *, conn: str, cmds, pools, api, checkpoint_uri: str,
+              **kwargs) -> SpotKubernetesPodOperator:
+    """The operator with its checkpoint folder mounted into every pod (hostPath here, a
+    PVC on a real cluster): a store the pods cannot see is refused."""
     names, options = pools
+    folder = checkpoint_uri.removeprefix("file://")
     with DAG(f"k8s_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
         return SpotKubernetesPodOperator(
             task_id=task_id, kubernetes_conn_id=conn, namespace=api.namespace,
             image="python:3.11", cmds=list(cmds), provider_options=options,
-            node_pools=list(names.values()), poll_interval=0.3, capacity_wait=1.0,
-            heartbeat_timeout=120, **kwargs)
+            checkpoint_uri=checkpoint_uri, node_pools=list(names.values()),
+            volumes=[k8s.V1Volume(name="ckpt", host_path=k8s.V1HostPathVolumeSource(folder))],
+            volume_mounts=[k8s.V1VolumeMount(name="ckpt", mount_path=folder)],
+            poll_interval=0.3, capacity_wait=1.0, heartbeat_timeout=120, **kwargs)
 
 
 def _final_weights(uri: str) -> str:
@@ -297,3 +303,15 @@ def test_on_kill_deletes_the_running_pod(core, conn, pools, tmp_path):
     worker.join(timeout=60)
     assert not worker.is_alive() and errors and "killed" in str(errors[0])
     assert wait_until(lambda: not _pods(core), timeout=60), "on_kill left the pod"
+
+
+def test_a_store_outside_the_pods_volumes_fails_before_any_pod(core, conn, pools, tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    op = _operator("unmounted", conn=conn, pools=pools, api=core, cmds=["true"],
+                   checkpoint_uri=(tmp_path / "mounted").as_uri())
+    op.checkpoint_uri = (tmp_path / "elsewhere").as_uri()  # as a template could render it
+    context = _context("unmounted")
+    with pytest.raises(AirflowFailException, match="which the pods cannot see"):
+        op.execute(context)
+    assert not _pods(core) and "spot_job_record" not in context["task_state_store"].data

@@ -24,7 +24,7 @@ from spot_core.model import JobRecord, Pool
 from spot_core.settings import KNOBS_BY_NAME, POD_OPERATOR, SpotSettings, knobs_for
 
 GOOD = {"image": "ghcr.io/acme/train:1.4", "cmds": ["python", "-m", "train"],
-        "checkpoint_uri": "file:///tmp/ckpt"}
+        "checkpoint_uri": "s3://ml-ckpt/train"}
 POD_KNOBS = knobs_for(POD_OPERATOR)
 
 
@@ -44,6 +44,7 @@ BAD_CASES = [
     ({"provider_options": {"unschedulable_timeout": 0}}, "unschedulable_timeout=0 must be"),
     ({"provider_options": "namespace=ml"}, "provider_options='namespace=ml' must be a mapping"),
     ({"checkpoint_uri": "gs://bucket/x"}, "unsupported scheme 'gs'"),
+    ({"checkpoint_uri": "file:///data/ckpt"}, "on this machine's disk, which the pods cannot"),
     ({"node_pools": "spot-a"}, "node_pools='spot-a' must be a list of names"),
     ({"zones": "us-east-1a"}, "zones='us-east-1a' must be a list of names"),
     ({"max_preemptions": -1}, "train: max_preemptions=-1 must be >= 0"),
@@ -58,6 +59,16 @@ def test_bad_parameters_raise_value_error_at_parse_time(override, message):
     with pytest.raises(ValueError, match=message) as info:
         _operator(**override)
     assert "\n" not in str(info.value)
+
+
+def test_a_file_store_on_a_mounted_volume_is_accepted():
+    from kubernetes.client import models as k8s
+
+    op = _operator(checkpoint_uri="file:///mnt/ckpt/train",
+                   volumes=[k8s.V1Volume(name="ckpt", persistent_volume_claim=k8s.
+                                         V1PersistentVolumeClaimVolumeSource(claim_name="ckpt"))],
+                   volume_mounts=[k8s.V1VolumeMount(name="ckpt", mount_path="/mnt/ckpt")])
+    assert op.checkpoint_uri == "file:///mnt/ckpt/train"
 
 
 def test_the_operator_keeps_kpos_parameters_and_templates():
