@@ -36,7 +36,8 @@ class SpotKubernetesPodTrigger(SpotJobTrigger):
     The other parameters are ``SpotJobTrigger``'s; ``provider`` is always ``kubernetes``.
     """
 
-    def __init__(self, *, provider_options: Mapping[str, Any], next: Mapping[str, Any],  # noqa: A002
+    def __init__(self, *, provider_options: Mapping[str, Any],
+                 next: Mapping[str, Any],  # noqa: A002 - SpotJobTrigger's name for the Next
                  checkpoint_uri: str, kubernetes_conn_id: str | None = None,
                  cluster_context: str | None = None, config_file: str | None = None,
                  in_cluster: bool | None = None, provider: str = PROVIDER,

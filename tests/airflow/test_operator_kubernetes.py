@@ -1,7 +1,7 @@
-"""SpotKubernetesPodOperator against the Kubernetes API emulator
-(``SpotJobOperator(provider="kubernetes")`` is in test_spot_job_kubernetes.py): a real HTTP API server the unmodified ``kubernetes`` client
-talks to, a kubelet per node running each pod's command as local processes, and each
-flavour's reclaim sequence.
+"""SpotKubernetesPodOperator against the Kubernetes API emulator (``SpotJobOperator(provider=
+"kubernetes")`` is in test_spot_job_kubernetes.py): a real HTTP API server the unmodified
+``kubernetes`` client talks to, a kubelet per node running each pod's command as local
+processes, and each flavour's reclaim sequence.
 
 The cluster is reached only through an Airflow connection (``AIRFLOW_CONN_SPOT_K8S``,
 its kubeconfig path in ``extra__kubernetes__kube_config_path``), resolved by
@@ -19,7 +19,6 @@ import importlib
 import json
 import sys
 import threading
-import time
 from datetime import datetime
 
 import pytest
@@ -285,7 +284,8 @@ def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn
 
 
 def test_on_kill_deletes_the_running_pod(core, conn, pools, tmp_path):
-    op = _operator("killed", conn=conn, pools=pools, api=core, cmds=[sys.executable, "-c", "import time; time.sleep(120)"],
+    op = _operator("killed", conn=conn, pools=pools, api=core,
+                   cmds=[sys.executable, "-c", "import time; time.sleep(120)"],
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False)
     errors: list[BaseException] = []
 
