@@ -213,11 +213,13 @@ def _knob(name: str, kind: str, default: Any, help: str, surfaces: Iterable[str]
 KNOBS: tuple[Knob, ...] = (
     _knob("provider", "text", "local", "Capacity provider: `local` replays real spot traces "
           "on this machine (no cloud account); `ec2` is AWS EC2 (needs an s3:// checkpoint "
-          "store).", _JOB - {POD_OPERATOR}, choices=_provider_choices,
+          "store); `kubernetes` runs pods on the cluster's spot node pools (a store its pods "
+          "reach).", _JOB - {POD_OPERATOR}, choices=_provider_choices,
           refusal="is not built; choose one of"),
     _knob("provider_options", "mapping", {}, "Options for the provider, e.g. for `local` the "
           "`url` of a local cloud server or `time_scale`, `start_tick`; for `ec2` `region`, "
-          "`subnets`, `image_id`, `instance_types`, `instance_profile` (never credentials).",
+          "`subnets`, `image_id`, `instance_types`, `instance_profile`; for `kubernetes` "
+          "`namespace`, `image`, `pod_template`, `prices` (never credentials).",
           _ENGINE),
     _knob("zones", "names", (), "Zones to spread the job over (pool diversification). Empty: "
           "every zone the provider offers.", _ENGINE),

@@ -51,7 +51,8 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         (templated).
     :param checkpoint_uri: ``file:///abs/path`` or ``s3://bucket/prefix`` where the step
         checkpoints; each attempt resumes from its newest checkpoint (templated).
-    :param provider: capacity provider: ``local`` (trace-driven local spot cloud), ``ec2``.
+    :param provider: capacity provider: ``local`` (trace-driven local spot cloud), ``ec2``,
+        ``kubernetes`` (pods on spot node pools; docs/kubernetes.md).
     :param provider_options: options for the provider, e.g. ``{"url": ...}`` of a local
         cloud server or the EC2 region and image (templated).
     :param image: run ``command`` in this container image (Docker on the machine that runs

@@ -95,7 +95,8 @@ def detectors_for(cloud: str, endpoint: str | None = None, *,
     name = normalize_cloud(cloud)
     in_pod = k8s.node_name_from_env() is not None
     if name == "kubernetes" or (name == "auto" and in_pod):
-        found = [SignalDetector(), _node_detector(os.environ)]
+        node = _node_detector(os.environ)  # first: a refusal leaves no signal handler
+        found = [SignalDetector(), node]
         probed = probe_cloud(resolve_endpoint(endpoint), probe_timeout)
         if probed is not None:
             found.append(detector_for(probed, endpoint, timeout=timeout))

@@ -138,6 +138,7 @@ class KubernetesProvider:
         self._launched: dict[str, str] = {}   # pod name -> namespace, for close()
         self._terminated: set[str] = set()
         self._notices: dict[str, float] = {}
+        self._notice_why: dict[str, str] = {}
         self._annotations: dict[str, dict] = {}  # pod name -> annotations last observed
 
     @classmethod
@@ -192,7 +193,11 @@ class KubernetesProvider:
         """Poll the new pod until its step started (or ended); every way out is bounded."""
         started = self.clock()
         while True:
-            pod = k8s.raw(f"get pod {name}", self.api.read_namespaced_pod, name, namespace)
+            try:
+                pod = k8s.raw(f"get pod {name}", self.api.read_namespaced_pod, name, namespace)
+            except k8s.NotFound:  # deleted or evicted before it started: try again elsewhere
+                raise InfrastructureError(f"pod {name} was deleted before its step started "
+                                          "(evicted, or deleted by someone else)") from None
             problem = pods.waiting_problem(pod)
             if problem is not None:
                 raise ConfigError(f"pod {name} cannot start its step: {problem}; fix the "
@@ -258,11 +263,16 @@ class KubernetesProvider:
             seen = self._reported_notice(lease)  # the in-pod watcher's, if it saw one
             if seen is not None:
                 self._notices[lease.lease_id] = seen
-        status = pods.pod_status(pod, nodes.get(node_name), notice_at=self._notices.get(lease.lease_id),
+                self._notice_why.setdefault(lease.lease_id, "reported by the pod's watcher")
+        status = pods.pod_status(pod, nodes.get(node_name),
+                                 notice_at=self._notices.get(lease.lease_id),
+                                 notice_why=self._notice_why.get(lease.lease_id, ""),
                                  terminated_by_us=lease.lease_id in self._terminated,
                                  now=self.clock())
         if status.notice_at is not None:
             self._notices.setdefault(lease.lease_id, status.notice_at)
+            if status.message:
+                self._notice_why.setdefault(lease.lease_id, status.message)
         return status
 
     def instance_tag(self, region: str, lease_id: str, key: str) -> str | None:

@@ -313,21 +313,24 @@ def terminal(pod: Mapping[str, Any]) -> bool:
 
 
 def pod_status(pod: Mapping[str, Any] | None, node: Mapping[str, Any] | None = None, *,
-               notice_at: float | None = None, terminated_by_us: bool = False,
-               now: float) -> LeaseStatus:
+               notice_at: float | None = None, notice_why: str = "",
+               terminated_by_us: bool = False, now: float) -> LeaseStatus:
     """What became of a lease's pod (``None``: the pod is gone, 404) on ``node`` (None:
-    gone or unknown). ``notice_at``: a notice seen earlier (a pod that vanished after
-    one was reclaimed)."""
+    gone or unknown). ``notice_at`` / ``notice_why``: a notice seen earlier (a pod that
+    vanished after one was reclaimed). A running pod's status carries the notice it
+    shows, if any, in ``message``."""
     if pod is None:
-        if notice_at is None and node is not None and node_notice(node) is not None:
-            notice_at = now  # the pod went with a node that says it is going away
-        return _gone(notice_at, terminated_by_us, now)
+        seen = node_notice(node) if node is not None else None
+        if notice_at is None and seen is not None:
+            notice_at, notice_why = now, f"node {seen[1]}"  # it went with a node going away
+        return _gone(notice_at, notice_why, terminated_by_us, now)
     notice = pod_notice(pod, node, now)
     seen_at = notice_at if notice_at is not None else (notice[0] if notice else None)
     status = pod.get("status") or {}
     phase = status.get("phase")
     if phase not in ("Succeeded", "Failed"):
-        return LeaseStatus(LeaseState.RUNNING, notice_at=seen_at)
+        return LeaseStatus(LeaseState.RUNNING, notice_at=seen_at,
+                           message=notice[1][:300] if notice else "")
     terminated = (step_state(pod).get("state") or {}).get("terminated") or {}
     code = terminated.get("exitCode")
     ended = parse_time(terminated.get("finishedAt")) or now
@@ -358,13 +361,13 @@ def _step_end(terminated: Mapping[str, Any], status: Mapping[str, Any], code: An
                        message=message.splitlines()[-1][:300] if message else "")
 
 
-def _gone(notice_at: float | None, terminated_by_us: bool, now: float) -> LeaseStatus:
+def _gone(notice_at: float | None, why: str, terminated_by_us: bool, now: float) -> LeaseStatus:
     if terminated_by_us:
         return LeaseStatus(LeaseState.TERMINATED, ended_at=now,
                            message="the pod was deleted by spot-pipelines")
     if notice_at is not None:
         return LeaseStatus(LeaseState.RECLAIMED, notice_at=notice_at, ended_at=now,
-                           message="the pod is gone after a disruption notice")
+                           message=f"the pod is gone after a notice ({why or 'seen by its watcher'})"[:300])
     return LeaseStatus(LeaseState.EXITED, ended_at=now,
                        message="the pod vanished (404) without a notice or node taint: "
                                "an infrastructure loss, not the step's failure")

@@ -302,3 +302,36 @@ def test_detector_is_quiet_on_a_healthy_node_and_survives_api_errors():
     def broken(name):
         raise OSError("connection refused")
     assert KubernetesNodeDetector("a-1", read_node=broken).poll(NOW) == []
+
+
+# -- money and detector selection -----------------------------------------------------------
+def test_a_pod_is_billed_per_second_of_its_life_on_its_node():
+    from spot_core.model import Lease
+    from spot_core.providers.kubernetes import KubernetesOptions, KubernetesProvider
+
+    provider = KubernetesProvider(KubernetesOptions(), api=object())  # bill() calls no API
+    pool = node_info(FLAVOUR_NODES["eks"]).pool
+    lease = Lease("spot-x-1-abcde", pool, "x", 1, started_at=NOW, price_per_hour=0.072,
+                  details={"on_demand_price_per_hour": "0.192000"})
+    bill = provider.bill(lease, NOW + 1800.5)
+    assert bill.capacity_seconds == 1800.5
+    assert bill.cost == pytest.approx(0.072 * 1800.5 / 3600)
+    assert bill.on_demand_cost == pytest.approx(0.192 * 1800.5 / 3600)
+
+
+def test_auto_in_a_pod_of_the_provider_watches_its_node_and_sigterm(monkeypatch):
+    from spot_core.interruption.selection import detectors_for
+    from spot_core.interruption.signals import SignalDetector
+
+    monkeypatch.setenv("SPOT_NODE_NAME", "k-1")
+    found = detectors_for("auto", "http://127.0.0.1:9", timeout=0.2, probe_timeout=0.1)
+    try:
+        kinds = [type(d) for d in found]
+        assert SignalDetector in kinds and KubernetesNodeDetector in kinds
+        assert next(d for d in found if isinstance(d, KubernetesNodeDetector)).node_name == "k-1"
+    finally:
+        for detector in found:
+            getattr(detector, "close", lambda: None)()
+    monkeypatch.delenv("SPOT_NODE_NAME")
+    with pytest.raises(ConfigError, match="SPOT_NODE_NAME"):
+        detectors_for("kubernetes", "http://127.0.0.1:9", timeout=0.2, probe_timeout=0.1)

@@ -263,3 +263,38 @@ def test_run_refuses_a_store_the_pods_cannot_reach(tmp_path):
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "needs --checkpoint-uri s3://" in line and "volumeMount" in line
+
+
+class CountingApi:
+    """The client's CoreV1Api, counting the calls made through it by name."""
+
+    def __init__(self, api) -> None:
+        self._api, self.calls = api, {}
+
+    def __getattr__(self, name):
+        target = getattr(self._api, name)
+        if not callable(target):
+            return target
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return target(*args, **kwargs)
+        return counted
+
+
+@pytest.mark.timeout(120)
+def test_observe_answers_many_leases_with_one_pod_list_and_one_node_list(tmp_path):
+    from spot_core.providers.base import LaunchSpec, LeaseState
+
+    with cluster_of(tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b", pods=8)) as cluster:
+        provider = provider_for(cluster)
+        store = open_store((tmp_path / "c").as_uri())
+        store.fence(1)
+        leases = [provider.launch(LaunchSpec(f"job-{i}", 1, ("sleep", "30"), store.uri),
+                                  provider.pools()[0]) for i in range(5)]
+        provider.api = counting = CountingApi(provider.api)
+        statuses = provider.observe(leases)
+        assert [s.state for s in statuses.values()] == [LeaseState.RUNNING] * 5
+        assert counting.calls == {"list_namespaced_pod": 1, "list_node": 1}
+        provider.close()
+        wait_for(lambda: not job_pods(provider), 30, "close() to delete every pod")
