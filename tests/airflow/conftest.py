@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 # The engine-agnostic tests' helpers (moto server, instance runtime, train command).
 sys.path.insert(0, str(REPO / "tests" / "core"))
 from aws_helpers import aws_env, moto_server  # noqa: E402,F401  (pytest fixtures)
+# One Kubernetes emulator for the whole session (fixtures imported here, not per module).
+from kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: E402,F401
 _HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
 # The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.
 DAGS = _HOME / "dags"

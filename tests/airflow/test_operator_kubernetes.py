@@ -34,7 +34,7 @@ from spot_core.checkpoint import open_store
 from spot_core.model import JobRecord, Outcome
 from spot_core.workloads.softmax_regression import (STATE_FILE, TrainConfig, train,
                                                      weights_sha256)
-from kube_helpers import add_test_pool, kube_client, kube_cluster, kube_namespace  # noqa: F401
+from kube_helpers import add_test_pool
 from spot_helpers import train_command, wait_until
 from task_context import StateStore
 

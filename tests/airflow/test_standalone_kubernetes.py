@@ -17,7 +17,7 @@ import time
 import pytest
 from kubernetes import client as k8s
 
-from kube_helpers import add_test_pool, kube_client, kube_cluster, kube_namespace  # noqa: F401
+from kube_helpers import add_test_pool
 from spot_core.checkpoint import open_store
 from spot_helpers import wait_until
 from test_standalone import BIN, Standalone, _free_port, _kill_tree, _wait_healthy
