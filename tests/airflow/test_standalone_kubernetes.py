@@ -31,8 +31,7 @@ MANAGED = "spot-pipelines/managed=true"
 def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
     import shutil
 
-    from conftest import DAGS
-
+    dags = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]  # the session's, set by conftest.py
     made = {}
     for flavour, capacity, zone in (("karpenter", "spot", "us-east-1a"),
                                     ("eks", "on-demand", "us-east-1c")):
@@ -46,7 +45,7 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPOT_"))}
     env.update({
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": dags,
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
