@@ -15,7 +15,6 @@ uninterrupted run of the same training.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import uuid
@@ -74,7 +73,7 @@ def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
                 watch_poll_interval=0.2, prices=PRICES, node_refresh_seconds=0.5) as provider:
         spec = JobSpec(job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
                        command=_train_command(cfg, data), checkpoint_uri=store_uri,
-                       pools=provider.pools(), env=_blas_env())
+                       pools=provider.pools())
         policy = RetryPolicy(max_preemptions=cfg.max_preemptions, capacity_wait_seconds=0.5,
                              max_capacity_waits=20, min_on_demand_seconds=1e9)
         controller = Controller(provider, provider.market, policy, listener=listener,
@@ -136,13 +135,6 @@ class Reclaimer:
             if latest.step >= step and pool is not None and pool.pool.market is Market.SPOT:
                 return node
         return None
-
-
-def _blas_env() -> dict[str, str]:
-    """The emulated pods run on this machine with a bare environment; they get the BLAS
-    settings the uninterrupted reference ran under (they pick the kernels, and so the
-    rounding), as a real image would fix them for both."""
-    return {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
 
 
 def _train_command(cfg: KubernetesDemoConfig, data: Path) -> tuple[str, ...]:

@@ -28,7 +28,8 @@ kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client as k8s, watch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool  # noqa: E402
+from spot_core.emulators.kubernetes import (ClusterConfig, KubeCluster, NodePool,  # noqa: E402
+                                            Timings)
 
 AKS_SPOT_TOLERATION = {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal",
                        "value": "spot", "effect": "NoSchedule"}
@@ -677,3 +678,13 @@ def test_a_higher_priority_pod_preempts_a_lower_one(kube_client, kube_cluster, k
         v1.create_namespaced_pod(kube_namespace, unknown)
     assert refused.value.status == 403
     scheduling.delete_priority_class(name)
+
+
+def test_events_expire_after_the_event_ttl(tmp_path):
+    config = ClusterConfig(time_scale=0.1, timings=Timings(event_ttl_seconds=10))
+    with KubeCluster(tmp_path / "k", config) as cluster:
+        cluster.api.create("pods", "default", pod_body("brief", [sys.executable, "-c", "pass"]))
+        wait_for(lambda: cluster.store.list("events", "default")[0], 10, "events")
+        wait_for(lambda: not [e for e in cluster.store.list("events", "default")[0]
+                              if e["involvedObject"]["name"] == "brief"], 15,
+                 "the pod's events to expire")

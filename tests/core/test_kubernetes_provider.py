@@ -86,12 +86,6 @@ def train_command(data: Path, step_seconds: float = 0.01) -> tuple[str, ...]:
             "--checkpoint-every-seconds", "0.5")
 
 
-def blas_env() -> dict[str, str]:
-    """The emulator's pods get a bare environment; the uninterrupted reference ran under
-    this process's BLAS settings, which pick the kernels (and so the float rounding)."""
-    return {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}
-
-
 def run_in_thread(controller: Controller, spec: JobSpec):
     result: dict = {}
 
@@ -121,7 +115,7 @@ def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dat
         provider = provider_for(cluster)
         store_uri = (tmp_path / "ckpt").as_uri()
         spec = JobSpec(job_id=f"train-{flavour}", command=train_command(data),
-                       checkpoint_uri=store_uri, pools=provider.pools(), env=blas_env())
+                       checkpoint_uri=store_uri, pools=provider.pools())
         controller = Controller(provider, provider.market, RetryPolicy(
             max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
             poll_interval=0.2, attempt_timeout=150)

@@ -317,7 +317,7 @@ class KubeCluster:
                         count=e.get("count", 1) + 1, lastTimestamp=rfc3339(now)))
                     return
                 except ApiError:
-                    pass
+                    self._events.pop(key, None)     # expired, or its namespace went
             namespace = meta.get("namespace") or "default"
             name = f"{meta['name']}.{time.time_ns():x}"
             involved = {"kind": obj["kind"], "name": meta["name"], "uid": meta["uid"],

@@ -32,6 +32,7 @@ class Timings:
     drain_step_seconds: float = 0.0               # pause between evictions in a drain
     node_gone_seconds: float = 2.0                # drained/shut-down node to Node deleted
     max_drain_seconds: float = 600.0              # bound on waiting for a drain
+    event_ttl_seconds: float = 3600.0             # the API server's --event-ttl
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Timings:

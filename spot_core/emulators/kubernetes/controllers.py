@@ -38,6 +38,7 @@ class ControlLoop:
         self._unschedulable: dict[str, tuple[str, float]] = {}
         self._orphaned: dict[str, float] = {}
         self._known_nodes: dict[str, dict[str, Any]] = {}
+        self._events_checked = time.monotonic()
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -72,6 +73,7 @@ class ControlLoop:
         self._pod_gc(nodes, pods)
         self._replace_nodes()
         self._finish_namespaces(pods)
+        self._expire_events()
 
     # -- scheduler -------------------------------------------------------------------------
     def _schedule(self, nodes: dict[str, Any], pods: list[dict[str, Any]]) -> None:
@@ -265,6 +267,23 @@ class ControlLoop:
         for pool in due:
             if pool in self.cluster.pools and not self.cluster.stopping.is_set():
                 self.cluster.add_node(pool)
+
+    def _expire_events(self) -> None:
+        """Events older than the event TTL go, as the API server's do (checked every 10 s,
+        or every TTL if shorter)."""
+        now = time.monotonic()
+        ttl = self.cluster.scaled(self.cluster.timings.event_ttl_seconds)
+        if now - self._events_checked < min(10.0, ttl):
+            return
+        self._events_checked = now
+        cutoff = rfc3339(self.cluster.clock() - ttl)
+        for event in self.store.all("events"):
+            if (event.get("lastTimestamp") or "") < cutoff:
+                try:
+                    self.store.delete("events", event["metadata"]["namespace"],
+                                      event["metadata"]["name"])
+                except ApiError:
+                    pass
 
     def _finish_namespaces(self, pods: list[dict[str, Any]]) -> None:
         """A terminating namespace goes once its pods are gone, with whatever was still

@@ -19,7 +19,7 @@ from .errors import ApiError, already_exists, conflict, not_found
 from .resources import RESOURCES
 from .timefmt import rfc3339
 
-HISTORY = 50_000
+HISTORY = 10_000       # watch events kept (older resource versions answer 410 Expired)
 
 
 @dataclass(frozen=True)
