@@ -36,6 +36,7 @@ AKS_SPOT_TOLERATION = {"key": "kubernetes.azure.com/scalesetpriority", "operator
 SIGTERM_SCRIPT = """
 import pathlib, signal, sys, time
 def on_term(*_):
+    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0)   # a slow emergency save
     pathlib.Path(sys.argv[1]).write_text("TERM")
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
@@ -189,7 +190,8 @@ def test_a_pods_commands_resolve_to_the_emulators_venv(kube_client, kube_namespa
 
 def test_follow_streams_the_log_until_the_container_ends(kube_client, kube_namespace):
     v1 = core(kube_client)
-    script = "import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.1)"
+    script = ("import time\nfor i in range(5):\n    print('line', i, flush=True)\n"
+              "    time.sleep(0.1)")
     v1.create_namespaced_pod(kube_namespace, pod_body("follow", [sys.executable, "-c", script]))
     wait_phase(v1, kube_namespace, "follow", ("Running", "Succeeded"))
     lines = list(watch.Watch().stream(v1.read_namespaced_pod_log, "follow", kube_namespace,
@@ -508,6 +510,25 @@ def test_karpenter_leaves_a_pod_tolerating_its_taint_to_go_down_with_the_instanc
     conditions = pods.conditions("stubborn")
     assert ("DisruptionTarget", "True", "DeletionByPodGC") in conditions
     assert not any(reason == "EvictionByEvictionAPI" for _, _, reason in conditions)
+
+
+def test_gke_shutdown_stops_regular_pods_before_critical_ones(kube_client, kube_cluster,
+                                                              kube_namespace, tmp_path):
+    v1 = core(kube_client)
+    pool, (node,) = add_test_pool(kube_cluster, "gke", zone="us-central1-f")
+    for name, klass, save in (("regular", None, "0.5"), ("critical", "system-node-critical",
+                                                         "0")):
+        extra = {"priorityClassName": klass} if klass else {}
+        v1.create_namespaced_pod(kube_namespace, pod_body(
+            name, [sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path / name), save],
+            pool=pool, **extra))
+    for name in ("regular", "critical"):
+        wait_for(lambda: "ready" in v1.read_namespaced_pod_log(name, kube_namespace)
+                 if v1.read_namespaced_pod(name, kube_namespace).status.phase == "Running"
+                 else False, 30, f"{name} to run")
+    assert kube_cluster.reclaim(node).wait(60)
+    regular, critical = ((tmp_path / n).stat().st_mtime_ns for n in ("regular", "critical"))
+    assert regular < critical        # the critical pod's SIGTERM came after the regular one ended
 
 
 def test_a_noexecute_taint_evicts_through_the_taint_manager(kube_client, kube_cluster,

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from . import pod_status as ps
 from .errors import ApiError
 from .pools import FLAVOURS
-from .scheduler import TERMINAL, tolerates
+from .scheduler import TERMINAL, priority, tolerates
 from .timefmt import rfc3339
 
 Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
@@ -40,6 +40,7 @@ KARPENTER_TAINT = "karpenter.sh/disrupted"
 GKE_TAINT = "cloud.google.com/impending-node-termination"
 CORDON_TAINT = "node.kubernetes.io/unschedulable"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+CRITICAL_PRIORITY = 2000000000          # system-cluster-critical and above
 
 
 @dataclass
@@ -190,9 +191,23 @@ def gke(cluster: Cluster, reclaim: Reclaim) -> None:
                 "event", "kubelet")
     _mark_node_not_ready(cluster, reclaim.node, "node is shutting down")
     timings = cluster.timings
-    budget = max(0.0, timings.gke_shutdown_grace_seconds - timings.gke_shutdown_critical_seconds)
+    critical = timings.gke_shutdown_critical_seconds
+    regular = max(0.0, timings.gke_shutdown_grace_seconds - critical)
+    pods = _pods_on(cluster, reclaim.node)
+    # The kubelet's shutdown manager: regular pods first, then critical ones, each group
+    # within its share of shutdownGracePeriod.
+    for group, budget in (([p for p in pods if priority(p) < CRITICAL_PRIORITY], regular),
+                          ([p for p in pods if priority(p) >= CRITICAL_PRIORITY], critical)):
+        _shut_down(cluster, reclaim, group, budget)
+    _delete_node(cluster, reclaim)
+
+
+def _shut_down(cluster: Cluster, reclaim: Reclaim, pods: list[dict[str, Any]],
+               budget: float) -> None:
+    """Mark each pod Failed / Terminated (DisruptionTarget TerminationByKubelet), stop its
+    containers within ``budget``, and wait (bounded) until they have stopped."""
     workers = []
-    for pod in _pods_on(cluster, reclaim.node):
+    for pod in pods:
         meta = pod["metadata"]
         grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), budget)
         try:
@@ -205,10 +220,9 @@ def gke(cluster: Cluster, reclaim: Reclaim) -> None:
             worker.request_termination(grace, delete=False, final_phase="Failed")
             workers.append(worker)
         reclaim.steps.append(f"shut down {meta['namespace']}/{meta['name']}")
-    deadline = time.monotonic() + cluster.scaled(timings.gke_shutdown_grace_seconds) + 10
+    deadline = time.monotonic() + cluster.scaled(budget) + 10
     for worker in workers:
         worker.done.wait(max(0.0, deadline - time.monotonic()))
-    _delete_node(cluster, reclaim)
 
 
 def aks(cluster: Cluster, reclaim: Reclaim) -> None:
