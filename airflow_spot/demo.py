@@ -6,6 +6,12 @@ watches it talk to the same cloud), runs ``dags/spot_ml_pipeline.py`` with
 ``dag.test()`` (which also runs the deferred triggers), prints the training job's
 record, and returns the DESIGN.md demo JSON.
 
+With ``provider="kubernetes"`` (``make demo ENGINE=airflow PROVIDER=kubernetes``) the
+same DAG trains through ``SpotKubernetesPodOperator`` on the Kubernetes emulator's spot
+node pools, set up and reclaimed by flavour exactly as ``spot-pipelines demo --provider
+kubernetes`` does (``spot_core.demo.kubernetes``); the cluster is the Airflow connection
+``spot_kubernetes`` (its kubeconfig path in ``AIRFLOW_CONN_SPOT_KUBERNETES``).
+
 Airflow is imported only after AIRFLOW_HOME is set, inside ``run_demo``.
 """
 
@@ -21,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from spot_core.checkpoint import open_store
+from spot_core.demo.kubernetes import Reclaimer
 from spot_core.localcloud.server import client_environ
 
 DAG_ID = "spot_ml_pipeline"
@@ -91,12 +99,15 @@ def _first_line(proc: subprocess.Popen, timeout: float) -> str:
     return url
 
 
-def run_pipeline(workdir: Path, steps: int, *, url: str, cloud_workdir: Path) -> dict[str, Any]:
+def run_pipeline(workdir: Path, steps: int, *, url: str | None = None,
+                 cloud_workdir: Path | None = None) -> dict[str, Any]:
     """Run the example DAG once under ``dag.test()``; return its report.json.
 
-    The server at ``url`` (running in ``cloud_workdir``) is named to the tasks and the
-    triggerer by environment: its URL and token (never in task arguments or logs)."""
-    os.environ.update(client_environ(url, cloud_workdir))
+    The local cloud server at ``url`` (running in ``cloud_workdir``) is named to the tasks
+    and the triggerer by environment: its URL and token (never in task arguments or logs);
+    on Kubernetes the caller has set the connection's environment."""
+    if url is not None:
+        os.environ.update(client_environ(url, cloud_workdir))
     os.environ["SPOT_PIPELINE_WORKDIR"] = str(workdir)
     from airflow.dag_processing.dagbag import DagBag
 
@@ -110,20 +121,23 @@ def run_pipeline(workdir: Path, steps: int, *, url: str, cloud_workdir: Path) ->
     return json.loads(reports[-1].read_text())
 
 
-def run_demo(*, workdir: Path | None = None, steps: int = 2000) -> dict[str, Any]:
+def run_demo(*, workdir: Path | None = None, steps: int = 2000,
+             provider: str = "local") -> dict[str, Any]:
     if steps < 200:
         raise ValueError(f"steps must be at least 200 (got {steps}) so training lives long "
                          "enough to be preempted")
+    run = _run_kubernetes if provider == "kubernetes" else _run
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="spot-airflow-demo-") as tmp:
-            return _run(Path(tmp), steps)
-    return _run(Path(workdir).resolve(), steps)
+            return run(Path(tmp), steps)
+    return run(Path(workdir).resolve(), steps)
 
 
 def _run(workdir: Path, steps: int) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     env = airflow_env(workdir / "airflow_home")
     os.environ.update(env)
+    os.environ["SPOT_PIPELINE_PROVIDER"] = "local"
     print(f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, SpotJobOperator on "
           f"the local spot cloud replaying a real AWS V100 trace, 1 s = "
           f"{TIME_SCALE / 3600:g} h) -> evaluate -> batch inference x3 shards -> report",
@@ -137,11 +151,63 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
     return {key: result[key] for key in RESULT_KEYS}
 
 
-def _print(report: dict[str, Any], seconds: float) -> None:
+def _run_kubernetes(workdir: Path, steps: int) -> dict[str, Any]:
+    """The DAG on the emulator's Karpenter, EKS spot and EKS on-demand node pools, the
+    running spot node reclaimed by its flavour twice while the step trains."""
+    from spot_core.demo.kubernetes import KubernetesDemoConfig, cluster_config
+    from spot_core.emulators.kubernetes.cluster import KubeCluster
+    from spot_core.providers.kubernetes import KubernetesProvider
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = airflow_env(workdir / "airflow_home")
+    os.environ.update(env)
+    cfg = KubernetesDemoConfig(steps=steps)
+    print(f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, "
+          "SpotKubernetesPodOperator on Kubernetes spot node pools: Karpenter, EKS managed, "
+          "EKS on-demand; emulated cluster) -> evaluate -> batch inference x3 shards -> "
+          "report", flush=True)
+    started = time.monotonic()
+    migrate(env)
+    with KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster, \
+            KubernetesProvider.from_options(kubeconfig=str(cluster.kubeconfig_path),
+                                            node_refresh_seconds=0.5) as watcher:
+        os.environ.update(kubernetes_env(cluster.kubeconfig_path))
+        with _RunReclaimer(cluster, watcher, workdir, cfg):
+            report = run_pipeline(workdir, steps)
+    _print(report, time.monotonic() - started, time_scale=1.0)
+    result = report["result"]
+    return {key: result[key] for key in RESULT_KEYS}
+
+
+def kubernetes_env(kubeconfig: Path) -> dict[str, str]:
+    """The DAG's Kubernetes set-up: the ``spot_kubernetes`` connection (a kubeconfig
+    path, never its contents) and the kubeconfig the inference shards' provider reads."""
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
+    return {"SPOT_PIPELINE_PROVIDER": "kubernetes", "SPOT_PIPELINE_KUBECONFIG": str(kubeconfig),
+            "AIRFLOW_CONN_SPOT_KUBERNETES": json.dumps(connection)}
+
+
+class _RunReclaimer(Reclaimer):
+    """``spot_core.demo.kubernetes.Reclaimer`` for a DAG run: the training store is the
+    one the run writes under ``workdir/runs/<run id>``, known once the run has started."""
+
+    def __init__(self, cluster, provider, workdir: Path, cfg) -> None:
+        super().__init__(cluster, provider, None, (workdir / "runs").as_uri(), cfg)
+        self.runs = workdir / "runs"
+
+    def _spot_node_past(self, step: int):
+        stores = sorted(self.runs.glob("*/checkpoints/train"), key=lambda p: p.stat().st_mtime)
+        if not stores:
+            return None
+        self.store = open_store(stores[-1].as_uri())
+        return super()._spot_node_past(step)
+
+
+def _print(report: dict[str, Any], seconds: float, time_scale: float = TIME_SCALE) -> None:
     from spot_core.model import JobRecord
     from spot_core.report import print_record
 
-    print_record(JobRecord.from_dict(report["train_record"]), TIME_SCALE)
+    print_record(JobRecord.from_dict(report["train_record"]), time_scale)
     result = report["result"]
     same = result["final_weights_sha256"] == result["uninterrupted_weights_sha256"]
     print(f"final weights  {result['final_weights_sha256']}\n"

@@ -8,20 +8,31 @@ The local cloud is a server (``python -m spot_core.localcloud.server``) whose UR
 ``SPOT_LOCAL_CLOUD_URL`` and token in ``SPOT_LOCAL_CLOUD_TOKEN``, so the worker that
 launches a lease and the triggerer that watches it see the same instances. ``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints
 and predictions go.
+
+With ``SPOT_PIPELINE_PROVIDER=kubernetes`` the same steps run as pods on Kubernetes spot
+node pools instead: training through ``SpotKubernetesPodOperator`` on the cluster of the
+Airflow connection ``spot_kubernetes``, the inference shards through
+``SpotJobOperator(provider="kubernetes")`` with the kubeconfig in
+``SPOT_PIPELINE_KUBECONFIG`` (``make demo ENGINE=airflow PROVIDER=kubernetes`` sets both
+up on the Kubernetes emulator).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
+from spot_core.demo.kubernetes import PRICES
 from spot_core.workloads.example_pipeline import evaluate, infer_command, train_command
+from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
 from airflow_spot.operators.spot import SpotJobOperator
 
 WORKDIR = os.environ.get("SPOT_PIPELINE_WORKDIR", "/tmp/spot-ml-pipeline")
+PROVIDER = os.environ.get("SPOT_PIPELINE_PROVIDER", "local")
 SHARDS = 3
 RUN_DIR = "{{ params.workdir }}/runs/{{ run_id | pathsafe }}"
 DATA = RUN_DIR + "/data/dataset.npz"
@@ -30,9 +41,19 @@ MODEL_URI = "file://" + RUN_DIR + "/checkpoints/train"
 
 # The same spot settings for training and every inference shard: the local cloud, two
 # preemptions before on-demand, bounded waits, and the triggerer watching each lease.
-SPOT = dict(provider="local", max_preemptions=2, capacity_wait=0.5,
-            max_capacity_waits=20, poll_interval=0.2, attempt_timeout=timedelta(minutes=10),
-            deferrable=True)
+SETTINGS = dict(max_preemptions=2, capacity_wait=0.5, max_capacity_waits=20, poll_interval=0.2,
+                attempt_timeout=timedelta(minutes=10), deferrable=True)
+SPOT = dict(provider="local", **SETTINGS)
+# On Kubernetes: the step image's watcher (the emulator's kubelet runs it on this machine,
+# so this interpreter's), and $/h per node pool (no cluster API says what a node costs).
+K8S_OPTIONS = {"watch_command": [sys.executable, "-m", "spot_core.cli"],
+               "watch_poll_interval": 0.2, "node_refresh_seconds": 0.5,
+               "prices": PRICES}
+K8S_IMAGE = "spot-pipelines-step:demo"
+if PROVIDER == "kubernetes":
+    SPOT = dict(provider="kubernetes", **SETTINGS, provider_options={
+        **K8S_OPTIONS, "image": K8S_IMAGE,
+        "kubeconfig": os.environ.get("SPOT_PIPELINE_KUBECONFIG", "/nonexistent/kubeconfig")})
 
 
 def _pathsafe(text: str) -> str:
@@ -65,13 +86,20 @@ with DAG(
         path = Path(params["workdir"]) / "runs" / _pathsafe(run_id) / "data" / "dataset.npz"
         return str(prepare_dataset(TrainConfig(), path))
 
-    train = SpotJobOperator(
-        task_id="train",
-        command=train_command(DATA, "{{ params.steps }}", "{{ params.step_seconds }}",
-                              "{{ params.checkpoint_every_seconds }}"),
-        checkpoint_uri=MODEL_URI,
-        **SPOT,
-    )
+    TRAIN = train_command(DATA, "{{ params.steps }}", "{{ params.step_seconds }}",
+                          "{{ params.checkpoint_every_seconds }}")
+    if PROVIDER == "kubernetes":
+        from kubernetes.client import models as k8s
+
+        train = SpotKubernetesPodOperator(
+            task_id="train", kubernetes_conn_id="spot_kubernetes", image=K8S_IMAGE,
+            cmds=TRAIN, env_vars={"PIPELINE": "spot_ml_pipeline"}, checkpoint_uri=MODEL_URI,
+            # the work folder (data, checkpoints) in every pod: a PVC on a real cluster
+            volumes=[k8s.V1Volume(name="work", host_path=k8s.V1HostPathVolumeSource(WORKDIR))],
+            volume_mounts=[k8s.V1VolumeMount(name="work", mount_path=WORKDIR)],
+            provider_options=K8S_OPTIONS, **SETTINGS)
+    else:
+        train = SpotJobOperator(task_id="train", command=TRAIN, checkpoint_uri=MODEL_URI, **SPOT)
 
     @task
     def evaluate_model(params=None, run_id=None) -> dict:
@@ -97,7 +125,10 @@ with DAG(
         import json
         from pathlib import Path
 
-        train_summary = ti.xcom_pull(task_ids="train")
+        from spot_core.model import JobRecord
+
+        record = ti.xcom_pull(task_ids="train", key="spot_job_record")
+        train_summary = JobRecord.from_dict(record).summary()
         shards = ti.xcom_pull(task_ids="batch_inference") or []
         result = {
             "engine": "airflow",
@@ -113,7 +144,6 @@ with DAG(
             "inference_shards": len(list(shards)),
             "inference_preemptions": sum(s["preemptions"] for s in shards),
         }
-        record = ti.xcom_pull(task_ids="train", key="spot_job_record")
         out = Path(params["workdir"]) / "runs" / _pathsafe(run_id) / "report.json"
         out.write_text(json.dumps({"result": result, "train_record": record}))
         print(json.dumps(result))

@@ -32,14 +32,15 @@ from spot_core.errors import ConfigError
 # Surfaces: where a knob can be set.
 CLI = "cli"                    # spot-pipelines run
 OPERATOR = "operator"          # SpotJobOperator
+POD_OPERATOR = "pod_operator"  # SpotKubernetesPodOperator (provider kubernetes; KPO's image)
 DECORATOR = "decorator"        # @task.spot
 BLOCK = "block"                # prefect SpotConfiguration block (also SpotTaskRunner's config)
 WORKER = "worker"              # prefect spot worker: job variables and job configuration
 SPOT_TASK = "spot_task"        # prefect spot_task
 TASK_RUNNER = "task_runner"    # prefect SpotTaskRunner's own arguments
-SURFACES = (CLI, OPERATOR, DECORATOR, BLOCK, WORKER, SPOT_TASK, TASK_RUNNER)
+SURFACES = (CLI, OPERATOR, POD_OPERATOR, DECORATOR, BLOCK, WORKER, SPOT_TASK, TASK_RUNNER)
 
-_ENGINE = frozenset({OPERATOR, BLOCK, WORKER})
+_ENGINE = frozenset({OPERATOR, POD_OPERATOR, BLOCK, WORKER})
 _JOB = frozenset({CLI}) | _ENGINE
 _IN_PLACE = frozenset({DECORATOR, SPOT_TASK, TASK_RUNNER})
 
@@ -213,7 +214,7 @@ KNOBS: tuple[Knob, ...] = (
     _knob("provider", "text", "local", "Capacity provider: `local` replays real spot traces "
           "on this machine (no cloud account); `ec2` is AWS EC2 (needs an s3:// checkpoint "
           "store); `kubernetes` runs pods on the cluster's spot node pools (a store its pods "
-          "reach).", _JOB, choices=_provider_choices,
+          "reach).", _JOB - {POD_OPERATOR}, choices=_provider_choices,
           refusal="is not built; choose one of"),
     _knob("provider_options", "mapping", {}, "Options for the provider, e.g. for `local` the "
           "`url` of a local cloud server or `time_scale`, `start_tick`; for `ec2` `region`, "
@@ -256,7 +257,7 @@ KNOBS: tuple[Knob, ...] = (
           minimum=0, strict=True, optional=True, aliases=("max_price_per_hour",)),
     _knob("deadline", "duration", None, "Time the job may take from its start: near it the "
           "job moves to on-demand; past it the job fails. Empty: no deadline.",
-          {CLI, OPERATOR}, minimum=0, strict=True, optional=True),
+          {CLI, OPERATOR, POD_OPERATOR}, minimum=0, strict=True, optional=True),
     _knob("attempt_timeout", "duration", 86400.0, "Longest one attempt may run before it is "
           "terminated; 24h bounds a hung step without cutting a long training run short.",
           _JOB, minimum=0, strict=True),
@@ -550,7 +551,7 @@ def _in_flags(message: str) -> str:
 
 
 __all__ = ["ALIASES", "CLI", "DECORATOR", "BLOCK", "KNOBS", "KNOBS_BY_NAME", "Knob",
-           "OPERATOR", "SPOT_TASK", "SURFACES", "SpotSettings", "TASK_RUNNER", "WORKER",
+           "OPERATOR", "POD_OPERATOR", "SPOT_TASK", "SURFACES", "SpotSettings", "TASK_RUNNER", "WORKER",
            "add_cli_arguments", "cli_flag", "cli_help", "cli_value", "default",
            "format_duration", "knob", "knobs_for", "parse_duration", "pop_aliases",
            "resolve_aliases", "settings_from_cli"]

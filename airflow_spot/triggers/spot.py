@@ -144,7 +144,7 @@ class SpotJobTrigger(BaseTrigger):
             self._done = True
             yield TriggerEvent({"status": "wake", "next": nxt.to_dict()})
             return
-        try:
+        try:  # opening the provider can read a connection: not on the event loop
             status = await self._watch(await asyncio.to_thread(self._controller), nxt)
             message = ""
         except Exception as exc:  # noqa: BLE001 - the operator persists the record and fails the try
@@ -199,8 +199,8 @@ class SpotJobTrigger(BaseTrigger):
         self._done = True
         self.log.warning("stopping lease %s of job %s: %s", nxt.lease and nxt.lease.lease_id,
                          nxt.record.job_id, KILLED)
-        await asyncio.to_thread(
-            lambda: self._controller().stop(self._spec(nxt), nxt.record, KILLED))
+        await asyncio.to_thread(lambda: self._controller().stop(self._spec(nxt), nxt.record,
+                                                                 KILLED))
 
     async def _task_state(self) -> str | None:
         """The task instance's state through the Task SDK (None without a task instance)."""

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from spot_core.demo.pipeline import DemoConfig
 
-    if args.provider == "kubernetes":
+    if args.provider == "kubernetes" and args.engine == "none":
         return _run_kubernetes_demo(args)
     if args.engine != "none":
         return _run_engine_demo(args)
@@ -74,9 +74,6 @@ def _run_kubernetes_demo(args: argparse.Namespace) -> int:
     """The same pipeline with its training step as pods on the emulator's spot node pools."""
     from spot_core.demo.kubernetes import KubernetesDemoConfig, run_demo
 
-    if args.engine != "none":
-        raise ConfigError(f"--provider kubernetes runs the pipeline without an engine: "
-                          f"drop --engine {args.engine} (or use --engine none)")
     if args.start_tick is not None:
         raise ConfigError("--start-tick picks a trace tick of the local cloud; drop it with "
                           "--provider kubernetes (its nodes are reclaimed by flavour scripts)")
@@ -130,7 +127,15 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--engine {args.engine} needs {args.engine} and its adapter in this "
                           f"environment: run `make demo ENGINE={args.engine}` (or install "
                           f"spot-pipelines[{args.engine}])") from exc
-    report = run_demo(workdir=args.workdir, steps=args.steps)
+    if args.provider != "local":
+        if args.engine != "airflow":
+            raise ConfigError(f"--engine {args.engine} runs on the local spot cloud only; drop "
+                              f"--provider {args.provider} (or use --engine airflow or none)")
+        if args.start_tick is not None:
+            raise ConfigError("--start-tick picks a trace tick of the local cloud; drop it "
+                              f"with --provider {args.provider}")
+    extra = {} if args.provider == "local" else {"provider": args.provider}
+    report = run_demo(workdir=args.workdir, steps=args.steps, **extra)
     if args.json:
         print(json.dumps(report), flush=True)
     return 0 if report["final_weights_sha256"] == report["uninterrupted_weights_sha256"] else 1

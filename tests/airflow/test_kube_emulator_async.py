@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kube_helpers import kube_cluster, kube_namespace, wait_for  # noqa: F401 (fixtures)
+from kube_helpers import wait_for
 
 kubernetes_asyncio = pytest.importorskip("kubernetes_asyncio")
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook  # noqa: E402

@@ -1,0 +1,271 @@
+"""The Airflow side of the controller's lifecycle, shared by every spot operator.
+
+``SpotJobOperator`` and ``SpotKubernetesPodOperator`` differ in what they run (a command
+on a provider's capacity; a pod built from KubernetesPodOperator's own parameters) but
+drive it the same way, so the driving lives here once: ``advance`` says finished /
+sleep until T / watch lease L; a sleep defers to a timer (deferrable) or sleeps; a watch
+defers to the operator's trigger (deferrable) or calls ``check`` here every poll
+interval; an ended attempt goes back to ``advance``. The controller alone classifies,
+bills, closes and terminates. Preemptions are absorbed inside the try (the controller
+relaunches), so they never spend Airflow ``retries``; an attempt that ended
+``user_failed`` raises, so Airflow's retries apply (the only place they are spent), and
+the next try resumes from the latest checkpoint with the JobRecord read back from the
+task state store (a running attempt is reattached, not relaunched).
+
+An operator using ``ControllerDriverMixin`` provides ``settings`` (``SpotSettings``),
+``policy``, ``deferrable``, ``checkpoint_uri``, ``spot_hook`` (a ``SpotHook``), and
+``_spec(record)``, ``_validate_rendered()`` and ``_trigger(spec, nxt, not_before)``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+from typing import Any, Mapping
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.links.spot import SpotCheckpointLink
+from airflow_spot.records import persister, stored_record
+from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
+from spot_core.controller import Controller, JobSpec, Next
+from spot_core.errors import ConfigError
+from spot_core.model import JobRecord, JobStatus, Lease, Outcome
+
+RECORD_KEY = "spot_job_record"
+NOTICE_WATCH_SECONDS = 180.0  # after a notice: the longest notice (120 s) plus grace
+MIN_DEFER_SECONDS = 15.0  # a trigger holds its event this long (see SpotJobTrigger.not_before);
+# the deferring process can take several seconds to be reported gone on a busy machine
+MAX_ROUNDS = 1000  # decide -> apply rounds per try; the policy's budgets end a job far sooner
+# A user failure never spends a policy budget: Airflow's own retries are its budget.
+UNLIMITED_USER_RETRIES = 1_000_000
+
+
+class SpotUserStepFailed(AirflowException):
+    """The step's own code failed on its capacity; Airflow's retries apply."""
+
+
+class SpotJobFailed(AirflowException):
+    """The policy gave up (budgets spent, no capacity for too long)."""
+
+
+def safe_id(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:200]
+
+
+class ControllerDriverMixin:
+    """Drives one job through ``spot_core.controller`` from an Airflow task."""
+
+    spot_hook: SpotHook
+    _watching: tuple[Controller, JobSpec, Next] | None = None  # while watching here
+    _killed: bool = False
+
+    # -- building blocks ----------------------------------------------------------------------
+    def controller_options(self) -> dict[str, Any]:
+        """The Controller's options from the settings, the same in worker and trigger."""
+        return self.settings.controller_options()
+
+    def _controller(self, context) -> Controller:
+        return self.spot_hook.controller(self.policy, persist=persister(context, RECORD_KEY),
+                                         **self.controller_options())
+
+    def _job_id(self, context) -> str:
+        ti = context["ti"]
+        index = getattr(ti, "map_index", -1)
+        suffix = "" if index is None or index < 0 else f".{index}"
+        return safe_id(f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}")
+
+    def _stored_record(self, context) -> JobRecord | None:
+        """The record an earlier try left in the task state store, if any."""
+        return stored_record(context, RECORD_KEY, self.task_id)
+
+    def _load_record(self, context, controller: Controller,
+                     stored: JobRecord | None = None) -> JobRecord:
+        """The record from the task state store (an earlier try, read by
+        ``_stored_record``), or a new one."""
+        if stored is None:
+            stored = self._stored_record(context)
+        if stored is None:
+            now = time.time()
+            deadline = self.settings.deadline
+            record = JobRecord(job_id=self._job_id(context), created_at=now,
+                               checkpoint_uri=self.checkpoint_uri,
+                               deadline=None if deadline is None else now + deadline)
+            controller.persist(record)
+            return record
+        record = stored
+        self.log.info("resuming job %s from the task state store: %s", record.job_id,
+                      record.summary())
+        if record.status is JobStatus.FAILED:  # a new Airflow try is a new chance
+            record = record.with_status(JobStatus.RUNNING if record.current_attempt
+                                        else JobStatus.PENDING)
+        return record
+
+    # -- execution: a driver of the controller's lifecycle --------------------------------------
+    def _start(self, context) -> dict[str, Any]:
+        """Load (or create) the record and drive it: ``execute`` of a spot operator."""
+        self._validate_rendered()
+        stored = self._stored_record(context)  # a corrupt record stops before anything opens
+        controller = self._controller(context)
+        record = self._load_record(context, controller, stored)
+        SpotCheckpointLink.persist(context, SpotCheckpointLink.url_for(self.checkpoint_uri))
+        self._persist_lease_link(context, None)  # filled in when an attempt runs
+        if record.current_attempt is not None:  # an earlier try left it running: reattach
+            self.log.info("reattaching to attempt %d (lease %s) left by an earlier try",
+                          record.current_attempt.number, record.current_attempt.lease_id)
+        spec = self._spec(record)
+        return self._drive(context, controller, spec, controller.advance(spec, record))
+
+    def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Back from the trigger: keep its record, then go on driving from its Next."""
+        nxt = self._event_next(event)
+        controller = self._controller(context)
+        controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
+        spec = self._spec(nxt.record)
+        if event["status"] == "error":  # the next try reattaches to the recorded attempt
+            raise AirflowException(f"job {nxt.record.job_id}: the trigger failed: "
+                                   f"{event.get('message')}")
+        if event["status"] == "wake":
+            nxt = controller.advance(spec, nxt.record)
+        elif event["status"] == "notice":
+            self.log.warning("attempt %d got an interruption notice; the step saves an emergency "
+                             "checkpoint", nxt.lease.attempt)
+        return self._drive(context, controller, spec, nxt)
+
+    def _event_next(self, event: Any) -> Next:
+        """The Next a trigger event carries. An event that cannot be read is one line and
+        persists nothing: the retry resumes from the record already in the task state store."""
+        status = event.get("status") if isinstance(event, Mapping) else None
+        if status not in EVENT_STATUSES:
+            raise AirflowException(f"{self.task_id}: unexpected trigger event (status "
+                                   f"{status!r}, expected one of {', '.join(EVENT_STATUSES)}); "
+                                   "the next try resumes from the task state store")
+        try:
+            return Next.from_dict(event.get("next"))
+        except ConfigError as exc:
+            raise AirflowException(f"{self.task_id}: the trigger's event cannot be read: {exc}; "
+                                   "the next try resumes from the task state store") from None
+
+    def _drive(self, context, controller: Controller, spec: JobSpec, nxt: Next) -> dict[str, Any]:
+        """Follow the controller's answers until the job finishes or the task defers."""
+        for _ in range(MAX_ROUNDS):
+            if self._killed:
+                raise AirflowException(f"job {spec.job_id}: the task was killed")
+            if nxt.action == "finished":
+                return self._finish(context, nxt.record, nxt.reason)
+            if nxt.action == "ended":
+                self._after_attempt(nxt.record)
+                nxt = controller.advance(spec, nxt.record)
+            elif nxt.action == "sleep":
+                self.log.info("waiting until %s: %s", time.ctime(nxt.until), nxt.reason)
+                if self.deferrable:
+                    self._defer(spec, nxt)
+                time.sleep(max(0.0, nxt.until - time.time()))
+                nxt = controller.advance(spec, nxt.record)
+            else:  # watch
+                self._persist_lease_link(context, nxt.lease)
+                if self.deferrable and not self._notice_pending(nxt):
+                    self.log.info("watching attempt %d on %s (lease %s)%s from the triggerer: %s",
+                                  nxt.lease.attempt, nxt.lease.pool.key, nxt.lease.lease_id,
+                                  self._trace_position(), nxt.reason)
+                    self._defer(spec, nxt)
+                nxt = self._watch_here(controller, spec, nxt)
+        raise SpotJobFailed(f"job {spec.job_id} did not settle in {MAX_ROUNDS} rounds")
+
+    @staticmethod
+    def _notice_pending(nxt: Next) -> bool:
+        """After a notice the lease ends within its notice period (at most 2 minutes on any
+        cloud). That end is watched here rather than by deferring again: a trigger that
+        fires seconds after a deferral can race Airflow 3.3's report of the deferring
+        process's exit and cost the task a try (see ``MIN_DEFER_SECONDS``)."""
+        return nxt.notice_at is not None and time.time() < nxt.notice_at + NOTICE_WATCH_SECONDS
+
+    def _watch_here(self, controller: Controller, spec: JobSpec, nxt: Next) -> Next:
+        """``check`` every poll interval in this worker until the watch changes; a kill
+        (or any exception) stops the lease through the controller."""
+        self._watching = (controller, spec, nxt)
+        try:
+            while nxt.action == "watch" and not (self.deferrable and not self._notice_pending(nxt)):
+                time.sleep(self.settings.poll_interval)
+                if self._killed:
+                    raise AirflowException(f"job {spec.job_id}: the task was killed")
+                nxt = controller.check(spec, nxt)
+                self._watching = (controller, spec, nxt) if nxt.action == "watch" else None
+            return nxt
+        except BaseException:
+            self._stop_watched("stopped: the task was killed or failed while watching")
+            raise
+        finally:
+            self._watching = None
+
+    def _stop_watched(self, reason: str) -> None:
+        """Stop (terminate and close through the controller) the attempt this worker watches."""
+        watching, self._watching = self._watching, None  # on_kill runs in another thread
+        if watching is not None:
+            controller, spec, nxt = watching
+            controller.stop(spec, nxt.record, reason)
+
+    def _after_attempt(self, record: JobRecord) -> None:
+        """Log how the attempt ended; a failure of the step's own code spends an Airflow try."""
+        attempt = record.attempts[-1]
+        pool = attempt.pool.key if attempt.pool is not None else "-"
+        self.log.info("attempt %d ended %s on %s (checkpoint %s -> %s) %s", attempt.number,
+                      attempt.outcome, pool, attempt.checkpoint_step_start,
+                      attempt.checkpoint_step_end, attempt.message)
+        if attempt.outcome is Outcome.USER_FAILED:
+            why = attempt.message or "it exited with a non-zero code"
+            raise SpotUserStepFailed(f"the step's own code failed on attempt {attempt.number} "
+                                     f"({why}); the next try resumes from checkpoint step "
+                                     f"{attempt.checkpoint_step_end}")
+
+    def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
+        """The trigger that watches ``nxt`` in the triggerer."""
+        return SpotJobTrigger(provider=self.settings.provider,
+                              provider_options=self.spot_hook.reopen_options,
+                              next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
+                              controller_options=self.controller_options(),
+                              not_before=not_before)
+
+    def _defer(self, spec: JobSpec, nxt: Next) -> None:
+        trigger = self._trigger(spec, nxt, not_before=time.time() + MIN_DEFER_SECONDS)
+        # Airflow's own bound sits past the controller's (attempt limit, observe failures).
+        end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.settings.observe_failure_timeout
+        timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
+
+    def _finish(self, context, record: JobRecord, reason: str) -> dict[str, Any]:
+        summary = record.summary()
+        if self._push_record:  # the whole history, for the UI and the report step
+            context["ti"].xcom_push(key=RECORD_KEY, value=record.to_dict())
+        self.log.info("job %s %s: %s", record.job_id, record.status, summary)
+        if record.status is JobStatus.SUCCEEDED:
+            return summary
+        if record.status is JobStatus.DEADLINE_MISSED:
+            raise AirflowFailException(f"job {record.job_id} missed its deadline: {reason}")
+        raise SpotJobFailed(f"job {record.job_id} failed: {reason}")
+
+    @property
+    def _push_record(self) -> bool:
+        return bool(self.do_xcom_push)
+
+    def _trace_position(self) -> str:
+        """Where a trace-replaying market is in its trace (for the logs), or nothing."""
+        tick_at = getattr(self.spot_hook.get_provider().market, "tick_at", None)
+        return "" if tick_at is None else f" at trace tick {tick_at(time.time())}"
+
+    def _persist_lease_link(self, context, lease: Lease | None) -> None:
+        """Store the link to the capacity ``lease`` runs on (None: before any attempt)."""
+
+    def on_kill(self) -> None:
+        """Airflow is killing the task: stop the attempt this worker watches (a deferred
+        task's lease is stopped by its trigger's ``on_kill`` / ``cleanup``)."""
+        self._killed = True
+        self._stop_watched("stopped: the task was killed")
+
+    @property
+    def _lease(self) -> Lease | None:
+        """The lease this worker watches now, if any."""
+        watching = self._watching
+        return None if watching is None else watching[2].lease
