@@ -215,10 +215,15 @@ def _check_ec2_env(env: Mapping[str, str]) -> None:
 
 
 # -- kubernetes -------------------------------------------------------------------------------
-def _open_kubernetes(**options: Any) -> Provider:
-    from spot_core.providers.kubernetes import KubernetesProvider
+def _open_kubernetes(session: Any = None, **options: Any) -> Provider:
+    """``session``: a ``kubernetes.client.ApiClient`` the caller resolved (an Airflow
+    ``kubernetes_conn_id`` through cncf-kubernetes' hook); None: the kubeconfig options."""
+    from spot_core.adaptors import kubernetes as k8s
+    from spot_core.providers.kubernetes import KubernetesOptions, KubernetesProvider
 
-    return KubernetesProvider.from_options(**options)
+    if session is None:
+        return KubernetesProvider.from_options(**options)
+    return KubernetesProvider(KubernetesOptions.from_plain(**options), api=k8s.core_api(session))
 
 
 def _check_kubernetes(options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
@@ -233,7 +238,7 @@ def _check_kubernetes(options: Mapping[str, Any], instance_types: Sequence[str])
 
 register_provider("local", _open_local, _check_local)
 register_provider("ec2", _open_ec2, _check_ec2, _check_ec2_env, takes_session=True)
-register_provider("kubernetes", _open_kubernetes, _check_kubernetes)
+register_provider("kubernetes", _open_kubernetes, _check_kubernetes, takes_session=True)
 
 # Kept for callers that list the names; the registry is the source.
 PROVIDER_NAMES = provider_names()

@@ -91,3 +91,29 @@ def test_deferrable_job_on_kubernetes_is_preempted_and_resumes_on_demand(tmp_pat
     assert record.attempts[1].checkpoint_step_start > 0
     assert ti.xcom[RECORD_KEY]["status"] == "succeeded"
     assert not left, f"pods left behind: {left}"
+
+
+def test_the_cluster_can_come_from_a_kubernetes_connection(tmp_path, monkeypatch):
+    """``kubernetes_conn_id`` instead of a kubeconfig in provider_options: the connection is
+    resolved through cncf-kubernetes' hook into the provider's API client."""
+    import json
+
+    pools = [NodePool("eks-spot", "eks", "spot", "us-east-1a")]
+    uri = (tmp_path / "ckpt").as_uri()
+    with KubeCluster(tmp_path / "cluster", ClusterConfig(pools=pools, time_scale=0.1)) as cluster:
+        monkeypatch.setenv("AIRFLOW_CONN_K8S_SPOT", json.dumps({
+            "conn_type": "kubernetes",
+            "extra": {"kube_config_path": str(cluster.kubeconfig_path)}}))
+        with DAG("k8s_conn_dag", schedule=None, start_date=datetime(2026, 1, 1)):
+            op = SpotJobOperator(
+                task_id="train", provider="kubernetes", checkpoint_uri=uri,
+                kubernetes_conn_id="k8s_spot",
+                command=list(train_command(steps=100, every_steps=25)),
+                provider_options={"image": "train:1",
+                                  "watch_command": [sys.executable, "-m", "spot_core.cli"],
+                                  "watch_poll_interval": 0.2},
+                poll_interval=0.2, deferrable=False)
+        summary = _drive(op, {"task_state_store": StateStore(), "ti": TI()})
+        left = [p["metadata"]["name"] for p in cluster.store.list("pods", None)[0]]
+    assert summary["status"] == "succeeded", summary
+    assert not left, f"pods left behind: {left}"
