@@ -20,7 +20,7 @@ from kubernetes import client as k8s
 from kube_helpers import add_test_pool
 from spot_core.checkpoint import open_store
 from spot_helpers import wait_until
-from test_standalone import BIN, Standalone, _free_port, _kill_tree, _wait_healthy
+from standalone_server import BIN, Standalone, _free_port, _kill_tree, _wait_healthy
 
 pytestmark = pytest.mark.timeout(900)
 DAG_ID = "spot_k8s_triggerer_restart"

@@ -109,7 +109,10 @@ def test_durations_in_any_form_reach_the_policy_and_the_controller_options():
         (120.0, 0.9, 2)
     assert config.controller_options() == {"poll_interval": 1.0, "attempt_timeout": 21600.0,
                                            "heartbeat_timeout": 240.0,
-                                           "observe_failure_timeout": 180.0}
+                                           "observe_failure_timeout": 180.0,
+                                           "checkpoint_cost": 60.0,
+                                           "checkpoint_interval_min": 60.0,
+                                           "checkpoint_interval_max": 3600.0}
     variables = SpotJobVariables(capacity_wait="90s", max_spot_price=0.5)
     configuration = SpotJobConfiguration(**variables.model_dump(exclude={"name", "labels",
                                                                          "command", "env"}))
