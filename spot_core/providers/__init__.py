@@ -217,11 +217,12 @@ def _check_ec2_env(env: Mapping[str, str]) -> None:
 # -- kubernetes -------------------------------------------------------------------------------
 def _open_kubernetes(session: Any = None, **options: Any) -> Provider:
     """``session``: a ``kubernetes.client.ApiClient`` the caller resolved (an Airflow
-    ``kubernetes_conn_id`` through cncf-kubernetes' hook); None: the kubeconfig options."""
+    ``kubernetes_conn_id`` through cncf-kubernetes' hook); anything else (None, or the AWS
+    access a Prefect worker holds for its stores): the kubeconfig options."""
     from spot_core.adaptors import kubernetes as k8s
     from spot_core.providers.kubernetes import KubernetesOptions, KubernetesProvider
 
-    if session is None:
+    if not isinstance(session, k8s.kubernetes().client.ApiClient):
         return KubernetesProvider.from_options(**options)
     return KubernetesProvider(KubernetesOptions.from_plain(**options), api=k8s.core_api(session))
 
