@@ -105,8 +105,12 @@ def test_image_reaches_the_instance_and_a_failing_container_is_a_user_failure(ec
     raw = client("ec2", endpoint).describe_instance_attribute(
         InstanceId=record.attempts[0].lease_id, Attribute="userData")
     script = base64.b64decode(raw["UserData"]["Value"]).decode()
-    assert ("-m spot_core.container --image ghcr.io/acme/train:1.4 --env WANDB_MODE -- "
-            "python train.py") in script
+    # The container gets the job's environment by name (values never on the command line),
+    # SPOT_CHECKPOINT_INTERVAL (the attempt's checkpoint interval) among it.
+    launch = next(line for line in script.splitlines() if "-m spot_core.container" in line)
+    assert "--image ghcr.io/acme/train:1.4" in launch and "--env WANDB_MODE" in launch
+    assert "--env SPOT_CHECKPOINT_INTERVAL" in launch
+    assert launch.rstrip().endswith("-- python train.py") or "-- python train.py" in launch
 
 
 def test_an_image_job_runs_in_its_container_on_the_instance(ec2, monkeypatch):

@@ -29,8 +29,6 @@ MANAGED = "spot-pipelines/managed=true"
 
 @pytest.fixture(scope="module")
 def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
-    import shutil
-
     dags = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]  # the session's, set by conftest.py
     made = {}
     for flavour, capacity, zone in (("karpenter", "spot", "us-east-1a"),
@@ -64,7 +62,7 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
         "SPOT_K8S_PRICES": json.dumps({made["karpenter"]: {"spot": 0.2},
                                        made["eks"]: {"on_demand": 0.34}}),
     })
-    shutil.copy(airflow_home / "airflow.db.pristine", home / "airflow.db")
+    # `airflow standalone` migrates its own SQLite database on start.
     airflow = Standalone(home, env, port)
     log = open(home / "standalone.log", "wb")
     airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env, stdout=log,
