@@ -304,6 +304,15 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                                     record=record.summary())
         if last.outcome not in RESCHEDULE_AFTER:
             return None
+        if await self._completed(flow_run):
+            # The flow run finished before its lease's end was seen (a notice raced its
+            # exit): its work is done and rescheduling it would run it again.
+            self.get_flow_run_logger(flow_run).info(
+                "the flow run completed before attempt %d's lease ended; not rescheduled",
+                last.number)
+            await self._publish(flow_run, record)
+            return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
+                                    record=record.summary())
         following = await anyio.to_thread.run_sync(controller.decide, spec, record)
         if following.action not in ("launch", "wait"):
             return None  # advance settles the job (budget spent)
@@ -312,6 +321,11 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         await self._publish(flow_run, record)
         return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
                                 record=record.summary())
+
+    async def _completed(self, flow_run: FlowRun) -> bool:
+        """Whether Prefect already has the flow run in a Completed state."""
+        current = await self.client.read_flow_run(flow_run.id)
+        return current.state is not None and current.state.is_completed()
 
     async def _refund_flow_retries(self, flow_run: FlowRun, runs_before: int) -> None:
         """Give back the flow's ``retries`` that the preempted attempt's runs used up.
