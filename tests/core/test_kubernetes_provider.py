@@ -235,7 +235,7 @@ def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
         wait_for(started("stopped"), 60, "the stopped run's pod")
         stopped.send_signal(signal.SIGTERM)
         stopped.wait(60)
-        wait_for(lambda: not job_pods(provider, "stopped"), 30, "the stopped run's pod to go")
+        wait_for(lambda: not job_pods(provider, "stopped"), 90, "the stopped run's pod to go")
 
         # SIGKILL: nobody deletes the pod; cleanup_orphans does.
         killed = subprocess.Popen([*run[:4], "--job-id", "killed", "--checkpoint-uri",
