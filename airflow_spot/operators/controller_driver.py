@@ -63,6 +63,15 @@ class ControllerDriverMixin:
     _killed: bool = False
 
     # -- building blocks ----------------------------------------------------------------------
+    def _adopt_settings(self, settings) -> None:
+        """Keep the checked settings and what the driver reads from them (each operator
+        builds its ``SpotSettings`` from its own parameters, then hands them here)."""
+        self.settings = settings
+        self.zones = list(settings.zones) or None
+        self.poll_interval = settings.poll_interval  # also KPO's attribute: the spot value
+        # A user failure never spends a policy budget: Airflow's own retries are its budget.
+        self.policy = settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
+
     def controller_options(self) -> dict[str, Any]:
         """The Controller's options from the settings, the same in worker and trigger."""
         return self.settings.controller_options()

@@ -30,8 +30,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_spot.hooks.kubernetes import CONNECTION_OPTIONS, PROVIDER, SpotKubernetesHook
 from airflow_spot.links.kubernetes import SpotKubernetesPodLink
 from airflow_spot.links.spot import SpotCheckpointLink
-from airflow_spot.operators.controller_driver import (UNLIMITED_USER_RETRIES,
-                                                      ControllerDriverMixin)
+from airflow_spot.operators.controller_driver import ControllerDriverMixin
 from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import JobSpec, Next
@@ -117,7 +116,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         self.provider_options = {} if provider_options is None else provider_options
         self.node_pools = self._names("node_pools", node_pools)
         self._validate_static()
-        self.settings = self._settings({
+        self._adopt_settings(self._settings({
             "provider_options": self.provider_options, "zones": () if zones is None else zones,
             "max_preemptions": max_preemptions, "on_demand_fallback": on_demand_fallback,
             "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
@@ -126,13 +125,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
             "heartbeat_timeout": heartbeat_timeout,
-            "observe_failure_timeout": observe_failure_timeout, **renamed})
-        self.zones = list(self.settings.zones) or None
-        self.poll_interval = self.settings.poll_interval  # KPO's attribute, the spot value
-        # A user failure never spends a policy budget: Airflow's own retries are its budget.
-        self.policy = self.settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
-        self._watching = None  # (controller, spec, Next) while watching here
-        self._killed = False
+            "observe_failure_timeout": observe_failure_timeout, **renamed}))
         self._spot_hook: SpotKubernetesHook | None = None
 
     # -- parse-time validation --------------------------------------------------------------

@@ -148,7 +148,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             raise ValueError(f"{self.task_id}: deferrable={deferrable!r} must be True or False")
         self.deferrable = deferrable
         self._validate_static()
-        self.settings = self._settings({
+        self._adopt_settings(self._settings({
             "provider": provider,
             "provider_options": {} if provider_options is None else provider_options,
             "image": image, "zones": () if zones is None else zones,
@@ -161,7 +161,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             "heartbeat_timeout": heartbeat_timeout,
             "observe_failure_timeout": observe_failure_timeout,
             "alert_interruption_rate": alert_interruption_rate,
-            "alert_spot_price": alert_spot_price, **renamed})
+            "alert_spot_price": alert_spot_price, **renamed}))
         if on_spot_alert is not None and not callable(on_spot_alert):
             raise ValueError(f"{self.task_id}: on_spot_alert={on_spot_alert!r} must be a "
                              "function taking (alert, context), or None")
@@ -169,14 +169,8 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         settings = self.settings
         self.provider = settings.provider
         self.provider_options = dict(settings.provider_options)
-        self.zones = list(settings.zones) or None
         self.deadline_seconds = settings.deadline
         self.attempt_timeout_seconds = settings.attempt_timeout
-        self.poll_interval = settings.poll_interval
-        # A user failure never spends a policy budget: Airflow's own retries are its budget.
-        self.policy = settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
-        self._watching = None  # (controller, spec, Next) while watching here
-        self._killed = False
         self._hook: SpotHook | None = None
 
     # -- parse-time validation --------------------------------------------------------------

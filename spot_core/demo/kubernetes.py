@@ -23,12 +23,10 @@ from pathlib import Path
 
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec, Listener
-from spot_core.demo.pipeline import DemoReport
+from spot_core.demo.pipeline import DemoData, DemoReport, demo_policy
 from spot_core.model import Market
-from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import kubernetes_pods as pods
 from spot_core.providers.kubernetes import KubernetesProvider
-from spot_core.workloads.softmax_regression import TrainConfig, evaluate, prepare_dataset, train
 
 # $/h of m5.xlarge (us-east-1): spot as configured per node pool; on-demand the list price.
 PRICES = {"karpenter-spot": {"spot": 0.0651}, "eks-spot": {"spot": 0.0725},
@@ -62,28 +60,23 @@ def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
              listener: Listener | None = None) -> DemoReport:
     from spot_core.emulators.kubernetes.cluster import KubeCluster
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    data = prepare_dataset(TrainConfig(), workdir / "data" / "dataset.npz")
-    reference = train(TrainConfig(steps=cfg.steps), data=data)
-    store_uri = (workdir / "checkpoints").resolve().as_uri()
+    demo = DemoData.prepare(workdir, cfg.steps)
+    store_uri = demo.store_uri
     with KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster, \
             KubernetesProvider.from_options(
                 kubeconfig=str(cluster.kubeconfig_path), image="spot-pipelines-step:demo",
                 watch_command=[sys.executable, "-m", "spot_core.cli"],
                 watch_poll_interval=0.2, prices=PRICES, node_refresh_seconds=0.5) as provider:
         spec = JobSpec(job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
-                       command=_train_command(cfg, data), checkpoint_uri=store_uri,
+                       command=_train_command(cfg, demo.data), checkpoint_uri=store_uri,
                        pools=provider.pools())
-        policy = RetryPolicy(max_preemptions=cfg.max_preemptions, capacity_wait_seconds=0.5,
-                             max_capacity_waits=20, min_on_demand_seconds=1e9)
-        controller = Controller(provider, provider.market, policy, listener=listener,
+        controller = Controller(provider, provider.market, demo_policy(cfg.max_preemptions),
+                                listener=listener,
                                 poll_interval=0.2, attempt_timeout=cfg.timeout_seconds)
         reclaimer = Reclaimer(cluster, provider, spec.job_id, store_uri, cfg)
         with reclaimer:
             record = controller.run(spec)
-    sha, accuracy = evaluate(open_store(store_uri), data)
-    return DemoReport(record, sha, reference.weights_sha256, accuracy,
-                      cfg.checkpoint_every_seconds, 1.0)
+    return demo.report(record, cfg.checkpoint_every_seconds, 1.0)
 
 
 class Reclaimer:

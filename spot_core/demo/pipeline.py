@@ -48,24 +48,50 @@ class DemoReport:
     time_scale: float
 
 
+@dataclass(frozen=True)
+class DemoData:
+    """What every demo's training job starts from and is judged against: the data set,
+    the weights an uninterrupted run ends with, and the job's checkpoint store."""
+
+    data: Path
+    uninterrupted_weights_sha256: str
+    store_uri: str
+
+    @classmethod
+    def prepare(cls, workdir: Path, steps: int) -> DemoData:
+        workdir.mkdir(parents=True, exist_ok=True)
+        data = prepare_dataset(TrainConfig(), workdir / "data" / "dataset.npz")
+        reference = train(TrainConfig(steps=steps), data=data)
+        return cls(data, reference.weights_sha256,
+                   (workdir / "checkpoints").resolve().as_uri())
+
+    def report(self, record: JobRecord, checkpoint_every_seconds: float,
+               time_scale: float) -> DemoReport:
+        """Evaluate the final checkpoint (the pipeline's last step) beside the reference."""
+        sha, accuracy = evaluate(open_store(self.store_uri), self.data)
+        return DemoReport(record, sha, self.uninterrupted_weights_sha256, accuracy,
+                          checkpoint_every_seconds, time_scale)
+
+
+def demo_policy(max_preemptions: int) -> RetryPolicy:
+    """The demos' retry policy: spot until ``max_preemptions``, then on-demand for good."""
+    return RetryPolicy(max_preemptions=max_preemptions, capacity_wait_seconds=0.5,
+                       max_capacity_waits=20, min_on_demand_seconds=1e9)
+
+
 def run_demo(workdir: Path, cfg: DemoConfig = DemoConfig(),
              listener: Listener | None = None) -> DemoReport:
-    workdir.mkdir(parents=True, exist_ok=True)
-    data = prepare_dataset(TrainConfig(), workdir / "data" / "dataset.npz")
-    reference = train(TrainConfig(steps=cfg.steps), data=data)
-    store_uri = (workdir / "checkpoints").resolve().as_uri()
+    demo = DemoData.prepare(workdir, cfg.steps)
     with LocalProvider.from_traces(time_scale=cfg.time_scale, start_tick=cfg.start_tick,
                                    workdir=workdir / "cloud") as provider:
         every = _checkpoint_every(provider, cfg)
         spec = JobSpec(job_id=f"demo-train-{uuid.uuid4().hex[:6]}", command=_train_command(
-            cfg, data, every), checkpoint_uri=store_uri, pools=provider.pools())
-        policy = RetryPolicy(max_preemptions=cfg.max_preemptions, capacity_wait_seconds=0.5,
-                             max_capacity_waits=20, min_on_demand_seconds=1e9)
-        controller = Controller(provider, provider.market, policy, listener=listener,
+            cfg, demo.data, every), checkpoint_uri=demo.store_uri, pools=provider.pools())
+        controller = Controller(provider, provider.market, demo_policy(cfg.max_preemptions),
+                                listener=listener,
                                 poll_interval=0.1)  # a trace hour passes each wall second
         record = controller.run(spec)
-    sha, accuracy = evaluate(open_store(store_uri), data)
-    return DemoReport(record, sha, reference.weights_sha256, accuracy, every, cfg.time_scale)
+    return demo.report(record, every, cfg.time_scale)
 
 
 def _checkpoint_every(provider: LocalProvider, cfg: DemoConfig) -> float:

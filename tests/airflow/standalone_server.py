@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from process_helpers import free_port, stop_tree
 
 BIN = Path(sys.executable).parent
 READY_TIMEOUT = 180.0
@@ -46,40 +47,27 @@ with create_session() as s:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGTERM a process we started, its children and everything still in its session
-    (the test SIGKILLs a triggerer, whose orphaned log server then hangs off init but
-    keeps the session), then SIGKILL what is left."""
-    try:
-        parent = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        parent = None
-    procs = [] if parent is None else [parent, *parent.children(recursive=True)]
-    procs += [p for p in psutil.process_iter() if p not in procs and _session_of(p.pid) == pid]
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=20)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+def standalone_env(home: Path, port: int, dags: str) -> dict[str, str]:
+    """The environment of an `airflow standalone` of the tests: this process's, without
+    its AIRFLOW_* and SPOT_* settings, in ``home``, serving on 127.0.0.1:``port`` with
+    free log-server ports, parsing ``dags`` and scheduling quickly."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPOT_"))}
+    env.update({
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": dags,
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+    })
+    return env
 
 
 class Standalone:
@@ -159,27 +147,14 @@ def standalone(tmp_path_factory, postgres_url, statsd):
 
     home = tmp_path_factory.mktemp("standalone-home")
     work = tmp_path_factory.mktemp("standalone-work")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPOT_"))}
+    port = free_port()
+    env = standalone_env(home, port, str(DAGS))
     env.update({
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         # Real logins (the Spot UI test logs in; no token is a 401): the simple auth
         # manager's users with passwords the tests know.
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r, _ in USERS),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
-        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "SPOT_TEST_DIR": str(TEST_DIR),
         "SPOT_PIPELINE_WORKDIR": str(work),
         # Airflow's metrics (and the provider's spot.* metrics) to the test's UDP listener;
@@ -206,8 +181,8 @@ def standalone(tmp_path_factory, postgres_url, statsd):
             yield airflow
         finally:
             for proc in airflow.extra:
-                _kill_tree(proc.pid)
-            _kill_tree(airflow.proc.pid)
+                stop_tree(proc.pid)
+            stop_tree(airflow.proc.pid)
             log.close()
 
 

@@ -8,7 +8,6 @@ lease until it fires, ``execute_complete`` gets its event, and so on to the end.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import sys
 from datetime import datetime
@@ -16,7 +15,6 @@ from datetime import datetime
 import pytest
 
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import TaskDeferred
 
 from aws_helpers import (bucket, client, make_network, managed_live_instances,  # noqa: F401
                          preempt_after_checkpoints, unique)
@@ -24,7 +22,7 @@ from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserSte
 from spot_core.model import JobRecord
 from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import train_command
-from task_context import TI, StateStore
+from task_context import StateStore, TI, drive_deferrals
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,26 +51,6 @@ def _operator(endpoint, net, **kwargs) -> SpotJobOperator:
                                poll_interval=0.2, capacity_wait=1.0, **kwargs)
 
 
-async def _first_event(trigger):
-    async for event in trigger.run():
-        return event.payload
-
-
-def _drive(op, context) -> dict:
-    """Run the operator as Airflow does across deferrals, with the real trigger."""
-    try:
-        return op.execute(context)
-    except TaskDeferred as deferred:
-        pending = deferred
-    for _ in range(20):
-        payload = asyncio.run(asyncio.wait_for(_first_event(pending.trigger), timeout=120))
-        try:
-            return getattr(op, pending.method_name)(context, payload)
-        except TaskDeferred as deferred:
-            pending = deferred
-    raise AssertionError("the operator kept deferring")
-
-
 def test_deferrable_ec2_job_is_preempted_and_resumes_from_s3_on_demand(ec2):
     endpoint, net, bucket, runtime = ec2
     uri = f"s3://{bucket}/airflow-train"
@@ -80,7 +58,7 @@ def test_deferrable_ec2_job_is_preempted_and_resumes_from_s3_on_demand(ec2):
                    checkpoint_uri=uri, max_preemptions=1, deferrable=True)
     store, ti = StateStore(), TI()
     preempt_after_checkpoints(runtime, uri, attempts=(1,))
-    summary = _drive(op, {"task_state_store": store, "ti": ti})
+    summary = drive_deferrals(op, {"task_state_store": store, "ti": ti})
     assert summary["status"] == "succeeded" and summary["preemptions"] == 1, summary
     record = JobRecord.from_dict(store.data[RECORD_KEY])
     assert [str(a.pool.market) for a in record.attempts] == ["spot", "on-demand"]

@@ -36,7 +36,7 @@ from spot_core.workloads.softmax_regression import (STATE_FILE, TrainConfig, tra
                                                      weights_sha256)
 from kube_helpers import add_test_pool
 from spot_helpers import train_command, wait_until
-from task_context import StateStore
+from task_context import StateStore, first_event
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -202,11 +202,6 @@ def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(kube_cluster, c
     assert '"steps_done": 400' in capfd.readouterr().out
 
 
-async def _first_event(trigger):
-    async for event in trigger.run():
-        return event.payload
-
-
 def _recreate(trigger):
     """What a triggerer does with a row of the trigger table."""
     path, kwargs = trigger.serialize()
@@ -217,7 +212,7 @@ def _recreate(trigger):
 async def _restart_then_run(trigger, api, after: float, restarted: threading.Event) -> dict:
     """Run ``trigger`` for ``after`` seconds, stop it as a triggerer restart does (cancel,
     then ``cleanup``), check its pod still runs, and run a fresh copy to its event."""
-    task = asyncio.ensure_future(_first_event(trigger))
+    task = asyncio.ensure_future(first_event(trigger))
     done, _ = await asyncio.wait({task}, timeout=after)
     if task in done:
         return task.result()
@@ -228,7 +223,7 @@ async def _restart_then_run(trigger, api, after: float, restarted: threading.Eve
     assert running and all(p.metadata.deletion_timestamp is None for p in running), \
         "a triggerer restart must not stop the attempt"
     restarted.set()
-    return await asyncio.wait_for(_first_event(_recreate(trigger)), timeout=240)
+    return await asyncio.wait_for(first_event(_recreate(trigger)), timeout=240)
 
 
 def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
@@ -253,7 +248,7 @@ def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
         assert "kubeconfig" not in trigger.provider_options  # the conn id, never its contents
         triggers.append(trigger)
         event = asyncio.run(_restart_then_run(trigger, core, 1.0, restarted) if round_ == 0
-                            else asyncio.wait_for(_first_event(trigger), timeout=240))
+                            else asyncio.wait_for(first_event(trigger), timeout=240))
         try:
             summary = getattr(make(), pending.method_name)(context, event)
             break

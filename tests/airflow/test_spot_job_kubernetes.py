@@ -5,7 +5,6 @@ the on-demand node group without spending an Airflow retry."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import threading
 import time
@@ -14,36 +13,15 @@ from datetime import datetime
 import pytest
 
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
 from spot_core.checkpoint import open_store
 from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
 from spot_core.model import JobRecord
 from spot_helpers import train_command
-from task_context import TI, StateStore
+from task_context import StateStore, TI, drive_deferrals
 
 pytestmark = pytest.mark.timeout(240)
-
-
-async def _first_event(trigger):
-    async for event in trigger.run():
-        return event.payload
-
-
-def _drive(op, context) -> dict:
-    """Run the operator as Airflow does across deferrals, with the real trigger."""
-    try:
-        return op.execute(context)
-    except TaskDeferred as deferred:
-        pending = deferred
-    for _ in range(20):
-        payload = asyncio.run(asyncio.wait_for(_first_event(pending.trigger), timeout=120))
-        try:
-            return getattr(op, pending.method_name)(context, payload)
-        except TaskDeferred as deferred:
-            pending = deferred
-    raise AssertionError("the operator kept deferring")
 
 
 def _reclaim_after_first_checkpoint(cluster, store_uri: str) -> threading.Thread:
@@ -82,7 +60,7 @@ def test_deferrable_job_on_kubernetes_is_preempted_and_resumes_on_demand(tmp_pat
                 max_preemptions=1, poll_interval=0.2, capacity_wait=1.0, deferrable=True)
         store, ti = StateStore(), TI()
         _reclaim_after_first_checkpoint(cluster, uri)
-        summary = _drive(op, {"task_state_store": store, "ti": ti})
+        summary = drive_deferrals(op, {"task_state_store": store, "ti": ti})
         left = [p["metadata"]["name"] for p in cluster.store.list("pods", None)[0]]
     assert summary["status"] == "succeeded" and summary["preemptions"] == 1, summary
     record = JobRecord.from_dict(store.data[RECORD_KEY])
@@ -113,7 +91,7 @@ def test_the_cluster_can_come_from_a_kubernetes_connection(tmp_path, monkeypatch
                                   "watch_command": [sys.executable, "-m", "spot_core.cli"],
                                   "watch_poll_interval": 0.2},
                 poll_interval=0.2, deferrable=False)
-        summary = _drive(op, {"task_state_store": StateStore(), "ti": TI()})
+        summary = drive_deferrals(op, {"task_state_store": StateStore(), "ti": TI()})
         left = [p["metadata"]["name"] for p in cluster.store.list("pods", None)[0]]
     assert summary["status"] == "succeeded", summary
     assert not left, f"pods left behind: {left}"

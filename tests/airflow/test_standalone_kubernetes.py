@@ -20,7 +20,8 @@ from kubernetes import client as k8s
 from kube_helpers import add_test_pool
 from spot_core.checkpoint import open_store
 from spot_helpers import wait_until
-from standalone_server import BIN, Standalone, _free_port, _kill_tree, _wait_healthy
+from process_helpers import free_port, stop_tree
+from standalone_server import BIN, Standalone, _wait_healthy, standalone_env
 
 pytestmark = pytest.mark.timeout(900)
 DAG_ID = "spot_k8s_triggerer_restart"
@@ -39,22 +40,11 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
     kube_cluster.api.create("namespaces", "", {"metadata": {"name": namespace}})
     home = tmp_path_factory.mktemp("k8s-standalone-home")
     work = tmp_path_factory.mktemp("k8s-standalone-work")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPOT_"))}
+    port = free_port()
+    env = standalone_env(home, port, dags)
     env.update({
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": dags,
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
-        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW_CONN_SPOT_K8S_STANDALONE": json.dumps({"conn_type": "kubernetes", "extra": {
             "kube_config_path": str(kube_cluster.kubeconfig_path)}}),
         "SPOT_K8S_WORK": str(work), "SPOT_K8S_NAMESPACE": namespace,
@@ -72,8 +62,8 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
         yield airflow, work, namespace
     finally:
         for proc in airflow.extra:
-            _kill_tree(proc.pid)
-        _kill_tree(airflow.proc.pid)
+            stop_tree(proc.pid)
+        stop_tree(airflow.proc.pid)
         log.close()
         kube_cluster.delete_namespace(namespace)
 

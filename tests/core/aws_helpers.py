@@ -9,7 +9,6 @@ moto's state, so each test starts from an empty account.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from process_helpers import free_port  # noqa: F401  (also imported from here)
+
 REGION = "us-east-1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -28,6 +27,8 @@ from typing import Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
+
+from process_helpers import free_port  # noqa: F401  (also imported from here)
 
 URL_ENV = "SPOT_TEST_POSTGRES_URL"
 START_TIMEOUT = 60
@@ -41,12 +42,6 @@ def pg_binary(name: str) -> str | None:
     candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
                         key=lambda p: int(Path(p).parts[-3]))
     return candidates[-1] if candidates else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def with_database(url: str, database: str, driver: str | None = None) -> str:

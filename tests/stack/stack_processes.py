@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -31,10 +30,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from compose_helpers import REPO, Service, services
-from postgres_helpers import free_port, private_cluster, psql
+from postgres_helpers import private_cluster, psql
+from process_helpers import free_port, stop_tree
 
 IMAGE_ENVS = {"spot-pipelines-airflow": ".venv-airflow", "spot-pipelines-prefect": ".venv-prefect",
               "spot-pipelines-step": ".venv-airflow", "motoserver/moto": ".venv-airflow"}
@@ -233,29 +231,8 @@ class Stack:
         (leases are the spot cloud's children), SIGKILL what outlives STOP_TIMEOUT; then
         PostgreSQL."""
         for name in reversed(list(self.procs)):
-            _stop_tree(self.procs[name].pid)
+            stop_tree(self.procs[name].pid, STOP_TIMEOUT)
         self.exits.close()
-
-
-def _stop_tree(pid: int) -> None:
-    try:
-        parent = psutil.Process(pid)
-        procs = [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        procs = []
-    procs += [p for p in psutil.process_iter() if p not in procs and _session_of(p.pid) == pid]
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
 
 
 def _volume_parts(volume) -> tuple[str, str]:
@@ -263,13 +240,6 @@ def _volume_parts(volume) -> tuple[str, str]:
         return str(volume.get("source", "")), volume["target"]
     parts = volume.split(":")
     return parts[0], parts[1]
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
 
 
 def _accepts(port: int) -> bool:
