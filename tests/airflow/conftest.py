@@ -89,12 +89,37 @@ def cloud_url(workdir, airflow_home):
 
 
 @pytest.fixture(scope="session")
-def pipeline_run(cloud_url, workdir):
+def pipeline_cloud(workdir, airflow_home):
+    """The example DAG's own local cloud, started as ``make demo ENGINE=airflow`` starts
+    it: the replay waits at the demo's tick until the training step first connects, so
+    the step meets the same stretch of the trace (two preemptions) however long the
+    tests before it ran. (The shared ``cloud_url`` replays from its start: by the time
+    this DAG ran in a full suite, it was minutes further on.)"""
+    from airflow_spot.demo import cloud_server
+
+    with cloud_server(workdir / "pipeline-cloud", start_on_first_client=True) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(pipeline_cloud, workdir):
     """The example DAG run once under dag.test(): (dag run, task instances, report.json)."""
     import json
 
-    dag = load_dag("spot_ml_pipeline")
-    run = dag.test(run_conf={"workdir": str(workdir), "steps": 2000})
+    from spot_core.localcloud.server import client_environ
+
+    environ = {**client_environ(pipeline_cloud, workdir / "pipeline-cloud"),
+               "SPOT_PIPELINE_WORKDIR": str(workdir)}
+    saved = {name: os.environ.get(name) for name in environ}
+    os.environ.update(environ)
+    try:
+        run = load_dag("spot_ml_pipeline").test(run_conf={"workdir": str(workdir), "steps": 2000})
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     reports = list((workdir / "runs").glob("*/report.json"))
     report = json.loads(reports[0].read_text()) if reports else None
     return run, {(ti.task_id, ti.map_index): ti for ti in run.get_task_instances()}, report

@@ -64,10 +64,12 @@ def test_links_and_record_are_in_xcom(pipeline_run, workdir):
     assert train.xcom_pull(task_ids="train", key="spot_ec2_instance_link") == ""
 
 
-def test_no_lease_outlives_the_run(pipeline_run, cloud_url):
-    from airflow_spot.hooks.spot import SpotHook
+def test_no_lease_outlives_the_run(pipeline_run, pipeline_cloud, workdir):
+    from spot_core.localcloud.server import read_token
+    from spot_core.providers.local import LocalProvider
 
-    provider = SpotHook("local", {"url": cloud_url}).get_provider()
+    provider = LocalProvider.connect(pipeline_cloud,
+                                     token=read_token(workdir / "pipeline-cloud"))
     _, tis, _ = pipeline_run
     record = tis[("train", -1)].xcom_pull(task_ids="train", key="spot_job_record")
     ids = [a["lease_id"] for a in record["attempts"] if a["lease_id"]]
