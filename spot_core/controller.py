@@ -217,11 +217,21 @@ class Controller:
         self._plans: dict[tuple, DeadlinePlan | None] = {}
         self._beats: dict[str, float] = {}  # job id -> when this process last renewed
         self._drain_looks: dict[str, float] = {}  # job id -> when a drain was last considered
+        # job id -> the record last persisted, while the job is unsettled: what `run` stops
+        # when it is interrupted, even between a launch and the Next that names its lease.
+        self._last_saved: dict[str, JobRecord] = {}
 
     def persist(self, record: JobRecord) -> JobRecord:
         """Hand ``record`` to the persistence callback (e.g. a new record before launch)."""
+        self._remember(record)
         self._persist(record)
         return record
+
+    def _remember(self, record: JobRecord) -> None:
+        if record.status in FINAL_STATUSES:
+            self._last_saved.pop(record.job_id, None)
+        else:
+            self._last_saved[record.job_id] = record
 
     def new_record(self, spec: JobSpec) -> JobRecord:
         return JobRecord(job_id=spec.job_id, created_at=self._clock(), deadline=spec.deadline,
@@ -234,14 +244,18 @@ class Controller:
         Any exception (Ctrl-C, SIGTERM turned into one by the caller) stops the running
         attempt: its lease is terminated and the attempt closed before it propagates.
         """
-        nxt = self.advance(spec, record or self.persist(self.new_record(spec)))
-        while nxt.action != "finished":
-            try:
+        nxt = None
+        try:
+            nxt = self.advance(spec, record or self.persist(self.new_record(spec)))
+            while nxt.action != "finished":
                 nxt = self._drive(spec, nxt)
-            except BaseException:
-                if nxt.action == "watch" and nxt.lease is not None:
-                    self.stop(spec, nxt.record, "stopped: the driver was interrupted")
-                raise
+        except BaseException:
+            latest = self._last_saved.get(spec.job_id) or (record if nxt is None else nxt.record)
+            if latest is not None and latest.current_attempt is not None:
+                self.stop(spec, latest, "stopped: the driver was interrupted")
+            raise
+        finally:
+            self._last_saved.pop(spec.job_id, None)
         return nxt.record
 
     def _drive(self, spec: JobSpec, nxt: Next) -> Next:
@@ -483,16 +497,17 @@ class Controller:
             outcome = Outcome.INFRASTRUCTURE_FAILED if failure else Outcome.CAPACITY_UNAVAILABLE
             return self._record_no_lease(record, number, decision, start_step, problems,
                                          outcome, now), None
-        attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
-                          lease_id=lease.lease_id, checkpoint_step_start=start_step,
-                          lease=lease.to_dict(),
-                          checkpoint_interval_seconds=intervals.get(lease.pool.key))
-        if start_ref is not None:
-            record = record.with_checkpoint(start_ref)
         try:
+            attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
+                              lease_id=lease.lease_id, checkpoint_step_start=start_step,
+                              lease=lease.to_dict(),
+                              checkpoint_interval_seconds=intervals.get(lease.pool.key))
+            if start_ref is not None:
+                record = record.with_checkpoint(start_ref)
             return self._save(record.start_attempt(attempt), "launched", decision.reason), lease
         except BaseException:
-            # Unrecorded, nobody could ever stop it: a lease must not outlive a failed save.
+            # Unrecorded, nobody could ever stop it: a lease must not outlive a failed save
+            # (or a SIGTERM / Ctrl-C that lands between the launch and the record).
             self._terminate(lease)
             raise
 
@@ -650,6 +665,7 @@ class Controller:
         return self.provider.capacity_seconds(max(0.0, ended_at - saved_at))
 
     def _save(self, record: JobRecord, kind: str, detail: str) -> JobRecord:
+        self._remember(record)
         self._persist(record)
         self._listener(kind, record, detail)
         return record

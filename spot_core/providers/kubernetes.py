@@ -182,12 +182,12 @@ class KubernetesProvider:
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         k8s.call(f"create pod {name}", self.api.create_namespaced_pod, namespace, body)
         self._launched[name] = namespace
-        try:
+        try:  # whatever stops us before the lease is handed back also deletes the pod
             pod = self._wait_started(name, namespace, pool)
+            return self._lease(spec, pool, pod, nodes.node_pools)
         except BaseException:
             self._delete(name, namespace)
             raise
-        return self._lease(spec, pool, pod, nodes.node_pools)
 
     def _wait_started(self, name: str, namespace: str, pool: Pool) -> dict:
         """Poll the new pod until its step started (or ended); every way out is bounded."""

@@ -215,9 +215,6 @@ def test_bad_options_fail_in_one_line_before_any_api_call():
 
 # -- no pod left behind ---------------------------------------------------------------------------
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=False, reason="known defect under investigation: after the other "
-                   "tests of this module, a SIGTERMed `run`'s pod is not deleted within 90 s "
-                   "(alone it goes in 2.5 s); see the closing note of 2026-12-01")
 def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
     with cluster_of(tmp_path, NodePool("spot", "eks", "spot", "us-east-1a", pods=4)) as cluster:
         provider = provider_for(cluster)
