@@ -46,6 +46,14 @@ while True:
 """
 
 
+def _ready(v1, name: str, namespace: str) -> bool:
+    """A SIGTERM_SCRIPT pod is running and has said so: its handler is in place (Running
+    alone comes before Python has even started, on a loaded machine long before)."""
+    if v1.read_namespaced_pod(name, namespace).status.phase != "Running":
+        return False
+    return "ready" in v1.read_namespaced_pod_log(name, namespace)
+
+
 def pod_body(name, command, *, pool=None, env=None, restart="Never", grace=10, **extra):
     container = {"name": "base", "image": "python:3.11-slim", "command": command}
     if env:
@@ -259,9 +267,7 @@ def test_graceful_delete_sends_sigterm_and_waits_for_the_process(kube_client, ku
     marker = tmp_path / "term"
     v1.create_namespaced_pod(kube_namespace, pod_body(
         "graceful", [sys.executable, "-c", SIGTERM_SCRIPT, str(marker)]))
-    wait_for(lambda: "ready" in v1.read_namespaced_pod_log("graceful", kube_namespace)
-             if v1.read_namespaced_pod("graceful", kube_namespace).status.phase == "Running"
-             else False, 30, "the pod to run")
+    wait_for(lambda: _ready(v1, "graceful", kube_namespace), 30, "the pod to run")
     deleting = v1.delete_namespaced_pod("graceful", kube_namespace, grace_period_seconds=20)
     assert deleting.metadata.deletion_timestamp is not None
     assert deleting.metadata.deletion_grace_period_seconds == 20
@@ -275,8 +281,7 @@ def test_a_force_delete_removes_the_object_at_once_and_still_stops_the_process(
     marker = tmp_path / "term"
     v1.create_namespaced_pod(kube_namespace, pod_body(
         "forced", [sys.executable, "-c", SIGTERM_SCRIPT, str(marker)]))
-    wait_for(lambda: v1.read_namespaced_pod("forced", kube_namespace).status.phase == "Running"
-             and "ready" in v1.read_namespaced_pod_log("forced", kube_namespace), 30, "run")
+    wait_for(lambda: _ready(v1, "forced", kube_namespace), 30, "run")
     v1.delete_namespaced_pod("forced", kube_namespace, grace_period_seconds=0)
     assert gone(v1, kube_namespace, "forced")
     wait_for(marker.exists, 10, "SIGTERM to reach the force-deleted pod's process")
@@ -431,8 +436,7 @@ def test_on_failure_restarts_the_container_with_its_previous_log(kube_client,
 def _running_sigterm_pod(v1, ns, name, pool, marker, grace=10):
     v1.create_namespaced_pod(ns, pod_body(name, [sys.executable, "-c", SIGTERM_SCRIPT,
                                                  str(marker)], pool=pool, grace=grace))
-    wait_for(lambda: v1.read_namespaced_pod(name, ns).status.phase == "Running"
-             and "ready" in v1.read_namespaced_pod_log(name, ns), 30, f"{name} to run")
+    wait_for(lambda: _ready(v1, name, ns), 30, f"{name} to run")
 
 
 def test_eviction_api_respects_a_disruption_budget(kube_client, kube_cluster, kube_namespace,
@@ -501,8 +505,8 @@ def test_karpenter_leaves_a_pod_tolerating_its_taint_to_go_down_with_the_instanc
     v1.create_namespaced_pod(kube_namespace, pod_body(
         "stubborn", [sys.executable, "-c", SIGTERM_SCRIPT, str(marker)], pool=pool,
         tolerations=[{"operator": "Exists"}]))
-    wait_for(lambda: v1.read_namespaced_pod("stubborn", kube_namespace).status.phase
-             == "Running", 30, "the pod to run")
+    wait_for(lambda: _ready(v1, "stubborn", kube_namespace), 30,
+             "the pod to run with its SIGTERM handler in place")
     reclaim = kube_cluster.reclaim(node)
     assert reclaim.wait(60) and reclaim.error is None, reclaim.as_dict()
     wait_for(lambda: "DELETED" in pods.types("stubborn"), 30, "the pod to go")
@@ -523,9 +527,7 @@ def test_gke_shutdown_stops_regular_pods_before_critical_ones(kube_client, kube_
             name, [sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path / name), save],
             pool=pool, **extra))
     for name in ("regular", "critical"):
-        wait_for(lambda: "ready" in v1.read_namespaced_pod_log(name, kube_namespace)
-                 if v1.read_namespaced_pod(name, kube_namespace).status.phase == "Running"
-                 else False, 30, f"{name} to run")
+        wait_for(lambda: _ready(v1, name, kube_namespace), 30, f"{name} to run")
     assert kube_cluster.reclaim(node).wait(60)
     regular, critical = ((tmp_path / n).stat().st_mtime_ns for n in ("regular", "critical"))
     assert regular < critical        # the critical pod's SIGTERM came after the regular one ended
@@ -538,7 +540,7 @@ def test_a_noexecute_taint_evicts_through_the_taint_manager(kube_client, kube_cl
     body = pod_body("tainted", [sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path / "t")])
     body["spec"]["nodeSelector"] = {"spot-emulator/pool": pool}
     v1.create_namespaced_pod(kube_namespace, body)
-    wait_phase(v1, kube_namespace, "tainted", ("Running",))
+    wait_for(lambda: _ready(v1, "tainted", kube_namespace), 30, "the pod to run")
     pods = PodWatch(kube_client, kube_namespace)
     request = urllib.request.Request(
         f"{kube_cluster.url}/emulator/v1/nodes/{node}/taint", method="POST",
