@@ -9,11 +9,14 @@ safety net's immediate on-demand launch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prefect import flow
 from pydantic import ValidationError
 
-from prefect_helpers import count_to
+from prefect_helpers import (count_to, deploy_example_flow, final_record, running_worker,
+                             wait_completed)
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot import _jobs
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
@@ -43,6 +46,31 @@ def test_greedy_from_the_task_runner_waits_for_spot_and_meets_its_deadline(
     assert result["total"] == 40
     check_greedy_record(record)
     assert not marked_processes(str(tmp_path))
+
+
+def test_worker_job_with_a_greedy_deadline_policy_waits_for_spot(prefect_api, tmp_path):
+    """Deadline knobs as job variables of a deployment (seconds, as the work-pool form
+    takes durations): the flow run's job follows greedy's plan. The deadline is 28 ticks
+    (56 wall seconds) of trace time, room for a flow run's start on a busy machine."""
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+
+    pool = "spot-deadline"
+    deployment_id = deploy_example_flow(pool, "deadline", {
+        "deadline": 28 * DEADLINE_TICK, "work": 3 * DEADLINE_TICK,
+        "restart_overhead": 3 * DEADLINE_TICK, "total_steps": 10, "deadline_policy": "greedy",
+        "provider_options": _options(tmp_path),
+        "checkpoint_root": (tmp_path / "ckpt").as_uri(), "capacity_wait": 0.5},
+        source=Path(__file__).parent, entrypoint="spot_test_flows.py:naps")
+    with running_worker(pool, tmp_path / "worker.log"):
+        run = run_deployment(deployment_id, timeout=0, parameters={
+            "seconds": 1.0, "marks": str(tmp_path / "marks")})
+        with get_client(sync_client=True) as client:
+            run = wait_completed(client, run.id, timeout=120)
+        record = final_record(run.id)
+    logs = (tmp_path / "worker.log").read_text(errors="replace")
+    assert run.state.is_completed(), f"{run.state!r}\n{logs[-4000:]}"
+    check_greedy_record(record, deadline_ticks=28)
 
 
 def test_the_worker_builds_the_job_spec_in_capacity_time(tmp_path, monkeypatch):
