@@ -68,3 +68,14 @@ def test_the_cli_runs_greedy_on_the_same_scenario(tmp_path):
     record = JobRecord.from_dict(json.loads(proc.stdout.strip().splitlines()[-1]))
     check_greedy_record(record)
     assert not marked_processes(str(tmp_path))
+
+
+def test_every_job_surface_takes_the_deadline_knobs():
+    """The CLI, both Airflow operators, the Prefect block (so SpotTaskRunner's config) and
+    the worker's variables; the table tests of each engine check each surface against
+    these knobs (default, description, refusals)."""
+    from spot_core.settings import (BLOCK, CLI, OPERATOR, POD_OPERATOR, WORKER, knobs_for)
+
+    wanted = {"deadline", "work", "total_steps", "restart_overhead", "deadline_policy"}
+    for surface in (CLI, OPERATOR, POD_OPERATOR, BLOCK, WORKER):
+        assert wanted <= {k.name for k in knobs_for(surface)}, surface
