@@ -58,8 +58,10 @@ def deadline_traces(folder: Path) -> list[str]:
 
 def check_greedy_record(record, deadline_ticks: int = 14) -> None:
     """What greedy's plan did to the job's record: its deadline counts ``deadline_ticks``
-    ticks of trace time (14: 28 wall seconds, not 8400), it waited for zone a's spot (first attempt there,
-    launched at tick 3 or later) and never ran on on-demand; it succeeded in time."""
+    ticks of trace time (14: 28 wall seconds, not 8400); it waited for zone a's spot (its
+    first attempt there, launched at tick 3 of a cloud opened as the job started: at least
+    two ticks after the record was created) and never ran on on-demand; it succeeded in
+    time."""
     from spot_core.model import JobStatus, Market
 
     wall = deadline_ticks * DEADLINE_TICK / DEADLINE_SCALE
