@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 from spot_core.controller import Controller, JobSpec, Listener
@@ -189,10 +190,18 @@ def controller_for(config: SpotConfiguration, provider, *, max_user_retries: int
 
 
 def job_spec(config: SpotConfiguration, provider, *, job_id: str, command: Sequence[str],
-             checkpoint_uri: str, env: dict[str, str] | None = None) -> JobSpec:
+             checkpoint_uri: str, env: dict[str, str] | None = None,
+             created_at: float | None = None) -> JobSpec:
+    """The job under ``config``, its deadline fields under the settings' time convention
+    (``spot_core.settings``: durations in the provider's capacity time, counted from
+    ``created_at``, the job's JobRecord's; None: a new job, now). A new job's record
+    is ``Controller.new_record(spec)``, which carries the spec's deadline."""
     pools = select_pools(config, provider.pools())
+    deadline = config.settings().deadline_spec(
+        created_at=time.time() if created_at is None else created_at,
+        capacity_per_wall=provider.capacity_seconds(1.0))
     return JobSpec(job_id=job_id, command=tuple(command), checkpoint_uri=checkpoint_uri,
-                   pools=pools, env=dict(env or {}))
+                   pools=pools, env=dict(env or {}), **deadline)
 
 
 def slug(text: str, limit: int = 40) -> str:

@@ -26,6 +26,9 @@ ProviderName = Literal[provider_names()]  # type: ignore[valid-type]
 def description(name: str) -> str:
     """The knob's help, with the unit a form user types in."""
     knob = KNOBS_BY_NAME[name]
+    if knob.kind == "duration" and knob.absolute:
+        return (f"{knob.help} Seconds of capacity time (in Python also a timedelta or a "
+                "string such as '5m', '2h'), or an ISO time such as '2026-12-01T08:00Z'.")
     if knob.kind == "duration":
         return (f"{knob.help} Seconds (in Python also a timedelta or a string such as '5m', "
                 "'2h').")
@@ -38,7 +41,7 @@ def spot_field(name: str) -> Any:
     """A pydantic ``Field`` with the knob's default and description."""
     knob = KNOBS_BY_NAME[name]
     bounds: dict[str, float] = {}
-    if knob.minimum is not None:  # also the form's minimum (the model checks first)
+    if knob.minimum is not None and not knob.absolute:  # also the form's minimum (the model checks first)
         bounds["gt" if knob.strict else "ge"] = knob.minimum
     if isinstance(knob.default, (dict, tuple)):
         factory = dict if isinstance(knob.default, dict) else list

@@ -14,7 +14,8 @@ Field descriptions are what the Prefect UI shows in the block form. Bad values r
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from datetime import datetime
+from typing import Any, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 from prefect.blocks.core import Block
@@ -44,7 +45,9 @@ BLOCK_FIELDS = {k.name for k in knobs_for(BLOCK)}
 
 class SpotConfiguration(Block):
     """Where spot work runs and how it recovers: pools, price cap, budgets, fallback,
-    timeouts. Each field is a knob of ``spot_core.settings`` (default, help, check)."""
+    timeouts, a deadline and its policy. Each field is a knob of ``spot_core.settings``
+    (default, help, check; ``deadline``, ``work`` and ``restart_overhead`` count in the
+    provider's capacity time, as that module's docstring says)."""
 
     _block_type_name = "Spot Configuration"
     _block_type_slug = "spot-configuration"
@@ -63,6 +66,11 @@ class SpotConfiguration(Block):
     capacity_wait: float = spot_field("capacity_wait")
     max_capacity_waits: int = spot_field("max_capacity_waits")
     max_infrastructure_retries: int = spot_field("max_infrastructure_retries")
+    deadline: Optional[Union[float, datetime]] = spot_field("deadline")
+    work: Optional[float] = spot_field("work")
+    total_steps: Optional[int] = spot_field("total_steps")
+    restart_overhead: float = spot_field("restart_overhead")
+    deadline_policy: Optional[str] = spot_field("deadline_policy")
     attempt_timeout: float = spot_field("attempt_timeout")
     poll_interval: float = spot_field("poll_interval")
     heartbeat_timeout: float = spot_field("heartbeat_timeout")

@@ -233,12 +233,13 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         signer, key_env = _call_keys(config.provider)
         exchange = CallExchange.open(call_uri(checkpoint_uri), signer, **store_options)
         exchange.put_payload(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
+        record = self._record_for_try(task_run.id)
         spec = _jobs.job_spec(
             config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
             command=(_jobs.lease_python(config.provider, config.provider_options),
                      "-m", "prefect_spot._remote", exchange.uri),
-            env={**self._lease_env(config), **key_env})
-        record = self._record_for_try(task_run.id)
+            env={**self._lease_env(config), **key_env},
+            created_at=None if record is None else record.created_at)
         related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
                     "prefect.resource.role": "task-run"}]
         key = artifacts.record_key(task_run.id)

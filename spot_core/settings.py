@@ -13,6 +13,17 @@ Duration names carry no unit suffix; the old suffixed names (``capacity_wait_sec
 ``min_on_demand_seconds``, ...) and ``max_price_per_hour`` still work with a
 ``DeprecationWarning``.
 
+Deadline-bound jobs, one time convention on every surface (``deadline_at`` turns it into
+the job's wall-clock deadline, ``SpotSettings.deadline_spec`` into JobSpec's fields):
+the durations ``deadline``, ``work`` and ``restart_overhead`` count in *capacity time*,
+the provider's clock (``Provider.capacity_seconds``). On EC2 and Kubernetes capacity time
+is wall time; on the local cloud it is trace time, which runs ``time_scale`` times faster
+than the wall clock, so ``deadline="12h"`` with ``time_scale=3600`` ends 12 wall seconds
+after the job starts, and ``work="6h"`` is 6 trace hours of compute. An absolute
+``deadline`` (a ``datetime``, or an ISO time such as ``"2026-12-01T08:00Z"``; without a
+zone it is UTC) is a wall-clock time on every provider. A duration deadline counts from
+the job's creation (its JobRecord's ``created_at``: the first try, not the current one).
+
     settings = SpotSettings.build(where="train", capacity_wait="2m", max_spot_price=0.9)
     policy = settings.retry_policy()           # the pure policy's input
     Controller(provider, market, policy, **settings.controller_options())
@@ -24,7 +35,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass, field, fields, make_dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from spot_core.errors import ConfigError
@@ -74,6 +85,37 @@ def parse_duration(value: Any, *, name: str = "duration") -> float:
                       "or a string like '90s', '5m', '2h', '1d'")
 
 
+def parse_time(value: Any, *, name: str = "deadline") -> datetime:
+    """An absolute time from a ``datetime`` or an ISO string; no zone means UTC."""
+    when = value
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            when = None
+    if not isinstance(when, datetime):
+        raise ConfigError(f"{name}={value!r} is neither a duration (90m, 12h, 2d) nor an ISO "
+                          "time (2026-12-01T08:00Z)")
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def deadline_at(deadline: float | datetime | None, *, created_at: float,
+                capacity_per_wall: float) -> float | None:
+    """The job's deadline as a wall-clock POSIX time: the one place the time convention
+    (module docstring) is applied. ``deadline``: capacity seconds from ``created_at`` (the
+    JobRecord's), or an absolute ``datetime`` (wall time). ``capacity_per_wall``: the
+    provider's capacity seconds per wall second (``provider.capacity_seconds(1.0)``; the
+    local cloud's ``time_scale``, 1 elsewhere)."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, datetime):
+        return deadline.timestamp()
+    if not (math.isfinite(capacity_per_wall) and capacity_per_wall > 0):
+        raise ConfigError(f"capacity_per_wall={capacity_per_wall!r} must be a number > 0 "
+                          "(the provider's capacity seconds per wall second)")
+    return created_at + deadline / capacity_per_wall
+
+
 def format_duration(seconds: float) -> str:
     """The shortest exact form among d, h, m, s (for help texts and messages)."""
     for unit in ("d", "h", "m"):
@@ -109,6 +151,9 @@ class Knob:
     # A check of the parsed value that its kind cannot express (an image reference):
     # raises a one-line ConfigError; run on every value but None.
     check: Callable[[Any], None] | None = None
+    # A duration knob that also takes an absolute time (a datetime or an ISO string),
+    # kept as a timezone-aware datetime: the deadline.
+    absolute: bool = False
 
     @property
     def allowed(self) -> tuple[str, ...] | None:
@@ -161,8 +206,15 @@ class Knob:
             raise self._fail(value, "must be True or False")
         return value
 
-    def _parse_duration(self, value: Any) -> float:
-        seconds = parse_duration(value, name=self.name)
+    def _parse_duration(self, value: Any) -> float | datetime:
+        if self.absolute and isinstance(value, datetime):
+            return parse_time(value, name=self.name)
+        try:
+            seconds = parse_duration(value, name=self.name)
+        except ConfigError:
+            if not self.absolute:
+                raise
+            return parse_time(value, name=self.name)
         self._check_minimum(value, seconds)
         return seconds
 
@@ -255,9 +307,11 @@ KNOBS: tuple[Knob, ...] = (
           "are left alone and the job waits (bounded like a capacity wait) for a cheaper "
           "window, then falls back to on-demand. Empty: no cap.", _JOB, unit="USD/h",
           minimum=0, strict=True, optional=True, aliases=("max_price_per_hour",)),
-    _knob("deadline", "duration", None, "Time the job may take from its start: near it the "
-          "job moves to on-demand; past it the job fails. Empty: no deadline.",
-          {CLI, OPERATOR, POD_OPERATOR}, minimum=0, strict=True, optional=True),
+    _knob("deadline", "duration", None, "Time the job may take from its start, in capacity "
+          "time (trace time on the local cloud, wall time elsewhere), or an absolute wall-clock "
+          "time (a datetime, or ISO such as 2026-12-01T08:00Z): near it the job moves to "
+          "on-demand; past it the job fails. Empty: no deadline.", _JOB, minimum=0,
+          strict=True, optional=True, absolute=True),
     _knob("attempt_timeout", "duration", 86400.0, "Longest one attempt may run before it is "
           "terminated; 24h bounds a hung step without cutting a long training run short.",
           _JOB, minimum=0, strict=True),
@@ -306,17 +360,20 @@ KNOBS: tuple[Knob, ...] = (
     _knob("cloud", "text", "auto", "Where interruption notices come from: `auto` probes, or "
           "`aws`, `gcp`, `azure`, `signal` (SIGTERM only).", {DECORATOR},
           choices=("auto", "aws", "gcp", "azure", "signal")),
-    _knob("work", "duration", None, "With a deadline: compute the job needs; the job moves "
-          "to on-demand when work left plus two restarts no longer fits on spot.", {CLI},
+    _knob("work", "duration", None, "With a deadline: compute the job needs, in capacity "
+          "time like the deadline; the job moves to on-demand when work left plus two "
+          "restarts no longer fits on spot.", _JOB,
           minimum=0, strict=True, optional=True),
     _knob("total_steps", "int", None, "With work: the step count at which the job is done, "
-          "so checkpoint steps measure progress.", {CLI}, minimum=1, optional=True),
-    _knob("restart_overhead", "duration", 300.0, "With work: time a new instance takes "
-          "before the job makes progress again (5m covers boot, image pull and restore).",
-          {CLI}, minimum=0),
+          "so checkpoint steps measure progress.", _JOB, minimum=1, optional=True),
+    _knob("restart_overhead", "duration", 300.0, "With work: capacity time a new instance "
+          "takes before the job makes progress again (5m covers boot, image pull and "
+          "restore).",
+          _JOB, minimum=0),
     _knob("deadline_policy", "text", None, "With a deadline and work: the deadline policy "
           "(greedy, uniform-progress, default, ...) that decides spot, on-demand or wait "
-          "between attempts. Empty: only the on-demand safety net.", {CLI}, optional=True,
+          "between attempts on a trace market (the local cloud). Empty: only the on-demand "
+          "safety net.", _JOB, optional=True,
           choices=_deadline_policy_choices),
 )
 
@@ -441,6 +498,18 @@ class _SettingsMethods:
                 "checkpoint_interval_min": self.checkpoint_interval_min,
                 "checkpoint_interval_max": self.checkpoint_interval_max}
 
+    def deadline_spec(self, *, created_at: float, capacity_per_wall: float) -> dict[str, Any]:
+        """JobSpec's deadline fields (``deadline`` wall-clock POSIX time, ``work_seconds``
+        and ``restart_overhead_seconds`` in capacity seconds, ``total_steps``,
+        ``deadline_policy``) under the time convention; every surface builds its JobSpec
+        with these, ``created_at`` being its JobRecord's (so a resumed job keeps its
+        deadline) and ``capacity_per_wall`` its provider's ``capacity_seconds(1.0)``."""
+        return {"deadline": deadline_at(self.deadline, created_at=created_at,
+                                        capacity_per_wall=capacity_per_wall),
+                "work_seconds": self.work, "total_steps": self.total_steps,
+                "restart_overhead_seconds": self.restart_overhead,
+                "deadline_policy": self.deadline_policy}
+
     def alert_thresholds(self) -> dict[str, float | None]:
         """Keyword arguments for ``spot_core.policy.alerts.pool_alerts``."""
         return {"max_interruption_rate": self.alert_interruption_rate,
@@ -508,6 +577,9 @@ def cli_help(knob_: Knob) -> str:
         shown = format_duration(shown)
     text = knob_.help.replace("%", "%%")
     unit = " (a duration: 90s, 5m, 2h, 1d)" if knob_.kind == "duration" else ""
+    if knob_.absolute:
+        unit = " (a duration of capacity time: 90s, 5m, 2h, 1d; or an ISO time such as " \
+               "2026-12-01T08:00Z)"
     return f"{text}{unit} (default: {'none' if shown is None else shown})"
 
 
@@ -525,6 +597,8 @@ def add_cli_arguments(parser, *, skip: Iterable[str] = ()) -> None:
                                 action=argparse.BooleanOptionalAction, help=cli_help(knob_))
             continue
         metavar = {"duration": "DURATION", "int": "N", "text": "NAME"}.get(knob_.kind)
+        if knob_.absolute:
+            metavar = "DURATION|TIME"
         if knob_.name == "max_spot_price":
             metavar = "USD_PER_HOUR"
         elif knob_.allowed is not None and knob_.name != "deadline_policy":
@@ -552,6 +626,6 @@ def _in_flags(message: str) -> str:
 
 __all__ = ["ALIASES", "CLI", "DECORATOR", "BLOCK", "KNOBS", "KNOBS_BY_NAME", "Knob",
            "OPERATOR", "POD_OPERATOR", "SPOT_TASK", "SURFACES", "SpotSettings", "TASK_RUNNER", "WORKER",
-           "add_cli_arguments", "cli_flag", "cli_help", "cli_value", "default",
-           "format_duration", "knob", "knobs_for", "parse_duration", "pop_aliases",
+           "add_cli_arguments", "cli_flag", "cli_help", "cli_value", "deadline_at", "default",
+           "format_duration", "parse_time", "knob", "knobs_for", "parse_duration", "pop_aliases",
            "resolve_aliases", "settings_from_cli"]

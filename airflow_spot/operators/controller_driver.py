@@ -76,6 +76,13 @@ class ControllerDriverMixin:
         """The Controller's options from the settings, the same in worker and trigger."""
         return self.settings.controller_options()
 
+    def _deadline_spec(self, created_at: float) -> dict[str, Any]:
+        """JobSpec's deadline fields under the settings' time convention
+        (``spot_core.settings``): durations count in the provider's capacity time."""
+        provider = self.spot_hook.get_provider()
+        return self.settings.deadline_spec(created_at=created_at,
+                                           capacity_per_wall=provider.capacity_seconds(1.0))
+
     def _controller(self, context) -> Controller:
         return self.spot_hook.controller(self.policy, persist=persister(context, RECORD_KEY),
                                          **self.controller_options())
@@ -98,10 +105,9 @@ class ControllerDriverMixin:
             stored = self._stored_record(context)
         if stored is None:
             now = time.time()
-            deadline = self.settings.deadline
             record = JobRecord(job_id=self._job_id(context), created_at=now,
                                checkpoint_uri=self.checkpoint_uri,
-                               deadline=None if deadline is None else now + deadline)
+                               deadline=self._deadline_spec(now)["deadline"])
             controller.persist(record)
             return record
         record = stored

@@ -18,7 +18,7 @@ cluster is reached through ``kubernetes_conn_id`` in the worker and in the trigg
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -75,8 +75,9 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
 
     The spot settings (``max_preemptions``, ``on_demand_fallback``, ``return_to_spot``,
     ``min_on_demand``, ``max_spot_price``, ``capacity_wait``, ``max_capacity_waits``,
-    ``max_infrastructure_retries``, ``deadline``, ``attempt_timeout``,
-    ``heartbeat_timeout``, ``observe_failure_timeout``) mean what they mean for
+    ``max_infrastructure_retries``, ``deadline``, ``work``, ``total_steps``,
+    ``restart_overhead``, ``deadline_policy``, ``attempt_timeout``, ``heartbeat_timeout``,
+    ``observe_failure_timeout``) mean what they mean for
     ``SpotJobOperator``: the meaning, default and check of each knob is in
     ``spot_core.settings``.
     """
@@ -99,7 +100,11 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
                  capacity_wait: Duration = default("capacity_wait"),
                  max_capacity_waits: int = default("max_capacity_waits"),
                  max_infrastructure_retries: int = default("max_infrastructure_retries"),
-                 deadline: Duration | None = default("deadline"),
+                 deadline: Duration | datetime | None = default("deadline"),
+                 work: Duration | None = default("work"),
+                 total_steps: int | None = default("total_steps"),
+                 restart_overhead: Duration = default("restart_overhead"),
+                 deadline_policy: str | None = default("deadline_policy"),
                  attempt_timeout: Duration = default("attempt_timeout"),
                  poll_interval: Duration = default("poll_interval"),
                  heartbeat_timeout: Duration = default("heartbeat_timeout"),
@@ -123,6 +128,8 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
             "max_capacity_waits": max_capacity_waits,
             "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
+            "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
+            "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
             "heartbeat_timeout": heartbeat_timeout,
             "observe_failure_timeout": observe_failure_timeout, **renamed}))
@@ -245,7 +252,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
                 f"{', '.join(sorted({p.zone for p in offered})) or 'none'}")
         return JobSpec(job_id=record.job_id, command=(*self.cmds, *self.arguments),
                        checkpoint_uri=self.checkpoint_uri, pools=pools,
-                       deadline=record.deadline, image=self.image or None)
+                       **self._deadline_spec(record.created_at), image=self.image or None)
 
     def _node_pools(self, pool) -> tuple[str, ...]:
         """The cluster's node pools behind one pool (zone, instance type, market)."""

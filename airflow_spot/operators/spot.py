@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping, Sequence
 
 from airflow.sdk import BaseOperator, conf
@@ -72,8 +72,18 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     :param capacity_wait: how long one wait for capacity (or a price window) lasts.
     :param max_capacity_waits: waits (or launches without capacity) before giving up.
     :param max_infrastructure_retries: failures outside the step's code to absorb.
-    :param deadline: time the job may take from its first try (the policy moves to
-        on-demand near it; past it the task fails without retry).
+    :param deadline: time the job may take from its first try, in capacity time (trace
+        time on the local cloud: ``"12h"`` at ``time_scale=3600`` is 12 wall seconds; wall
+        time on EC2 and Kubernetes), or an absolute wall-clock ``datetime`` / ISO time.
+        Near it the policy moves to on-demand; past it the task fails without retry.
+    :param work: with a deadline, the compute the job needs (capacity time), so the job
+        moves to on-demand when the work left plus two restarts no longer fits on spot.
+    :param total_steps: with work, the checkpoint step at which the job is done (progress).
+    :param restart_overhead: with work, the capacity time a new instance takes before the
+        job makes progress again.
+    :param deadline_policy: with a deadline and work, the deadline policy (``greedy``,
+        ``uniform-progress``, ``default``, ...) that decides spot, on-demand or wait
+        between attempts on a trace market (the local cloud).
     :param attempt_timeout: longest one attempt may run before it is terminated.
     :param poll_interval: time between lease observations.
     :param heartbeat_timeout: how long a lease outlives a silent driver (a killed worker
@@ -119,7 +129,11 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
                  capacity_wait: Duration = default("capacity_wait"),
                  max_capacity_waits: int = default("max_capacity_waits"),
                  max_infrastructure_retries: int = default("max_infrastructure_retries"),
-                 deadline: Duration | None = default("deadline"),
+                 deadline: Duration | datetime | None = default("deadline"),
+                 work: Duration | None = default("work"),
+                 total_steps: int | None = default("total_steps"),
+                 restart_overhead: Duration = default("restart_overhead"),
+                 deadline_policy: str | None = default("deadline_policy"),
                  attempt_timeout: Duration = default("attempt_timeout"),
                  poll_interval: Duration = default("poll_interval"),
                  heartbeat_timeout: Duration = default("heartbeat_timeout"),
@@ -157,6 +171,8 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
             "max_capacity_waits": max_capacity_waits,
             "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
+            "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
+            "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
             "heartbeat_timeout": heartbeat_timeout,
             "observe_failure_timeout": observe_failure_timeout,
@@ -282,8 +298,8 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
                                        f"{missing or self.zones}; set zones= to some of "
                                        f"{', '.join(offered) or 'its zones'}, or drop zones=")
         return JobSpec(job_id=record.job_id, command=tuple(command),
-                       checkpoint_uri=self.checkpoint_uri, pools=pools,
-                       deadline=record.deadline, env=self.env, image=self.image or None)
+                       checkpoint_uri=self.checkpoint_uri, pools=pools, env=self.env,
+                       image=self.image or None, **self._deadline_spec(record.created_at))
 
     def execute(self, context) -> dict[str, Any]:
         return self._start(context)

@@ -31,7 +31,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from datetime import datetime
+from typing import Any, Optional, Union
 
 import anyio
 import anyio.to_thread
@@ -97,6 +98,11 @@ class _SpotFields:
     capacity_wait = spot_field("capacity_wait")
     max_capacity_waits = spot_field("max_capacity_waits")
     max_infrastructure_retries = spot_field("max_infrastructure_retries")
+    deadline = spot_field("deadline")
+    work = spot_field("work")
+    total_steps = spot_field("total_steps")
+    restart_overhead = spot_field("restart_overhead")
+    deadline_policy = spot_field("deadline_policy")
     attempt_timeout = spot_field("attempt_timeout")
     poll_interval = spot_field("poll_interval")
     heartbeat_timeout = spot_field("heartbeat_timeout")
@@ -132,6 +138,11 @@ class _SpotValues(BaseModel):
     capacity_wait: float = _SpotFields.capacity_wait
     max_capacity_waits: int = _SpotFields.max_capacity_waits
     max_infrastructure_retries: int = _SpotFields.max_infrastructure_retries
+    deadline: Optional[Union[float, datetime]] = _SpotFields.deadline
+    work: Optional[float] = _SpotFields.work
+    total_steps: Optional[int] = _SpotFields.total_steps
+    restart_overhead: float = _SpotFields.restart_overhead
+    deadline_policy: Optional[str] = _SpotFields.deadline_policy
     attempt_timeout: float = _SpotFields.attempt_timeout
     poll_interval: float = _SpotFields.poll_interval
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
@@ -231,17 +242,18 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         back to the work pool (rescheduled after a preemption)."""
         config = configuration.spot_configuration()
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
+        record = await anyio.to_thread.run_sync(self._load_record, flow_run)
         spec = _jobs.job_spec(config, provider, job_id=f"flow-run-{flow_run.id}",
                               command=shlex.split(configuration.command),
                               checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
                               env=_jobs.lease_env(config.provider, {
                                   k: v for k, v in configuration.env.items() if v is not None},
-                                  self.get_flow_run_logger(flow_run)))
+                                  self.get_flow_run_logger(flow_run)),
+                              created_at=None if record is None else record.created_at)
         controller = _jobs.controller_for(
             config, _FlowRunExit(provider, flow_run.id), related=_related(flow_run),
             persist=lambda r: self._remember(flow_run, r),
             progress=JobProgress(flow_run_id=flow_run.id))
-        record = await anyio.to_thread.run_sync(self._load_record, flow_run)
         if record is None:
             record = controller.persist(controller.new_record(spec))
         runs_before = (await self.client.read_flow_run(flow_run.id)).run_count

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from spot_core.errors import ConfigError
-from spot_core.settings import add_cli_arguments, cli_help, knob, parse_duration, settings_from_cli
+from spot_core.settings import add_cli_arguments, settings_from_cli
 
 
 def register(subparsers) -> None:
@@ -40,13 +40,9 @@ def register(subparsers) -> None:
                         "to start at (default 0)")
     # Budgets, waits, timeouts and the deadline policy: flags, defaults and help come
     # from the settings model (spot_core.settings), like every other surface's.
-    add_cli_arguments(parser, skip=("deadline",))
+    add_cli_arguments(parser)
     parser.add_argument("--no-fallback", dest="on_demand_fallback", action="store_false",
                         default=None, help="the same as --no-on-demand-fallback")
-    parser.add_argument("--deadline", default=None, help=cli_help(knob("deadline")).replace(
-                        "(a duration:", "(a duration of capacity time:").replace(
-                        "(default: none)", "or an ISO time such as 2026-12-01T08:00Z "
-                        "(default: none)"))
     parser.add_argument("--checkpoint-uri", default=None, help="where the job checkpoints "
                         "(default: file://./.spot-runs/JOB_ID/checkpoints)")
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
@@ -91,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
     wanted = _pool_names(args.pools)
     with _stop_on_signals(), _provider(args, settings) as provider:
         pools = _pools(provider, wanted)
-        deadline = _deadline(args.deadline, provider)
         # Last of the checks: it creates the checkpoint folder, so a bad flag leaves none.
         checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
+        # The settings' time convention (spot_core.settings): --deadline, --work and
+        # --restart-overhead count in the provider's capacity time.
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
-                       pools=pools, deadline=deadline,
-                       work_seconds=settings.work, total_steps=settings.total_steps,
-                       image=settings.image, deadline_policy=settings.deadline_policy,
-                       **_overhead(args, settings))
+                       pools=pools, image=settings.image, **settings.deadline_spec(
+                           created_at=time.time(),
+                           capacity_per_wall=provider.capacity_seconds(1.0)))
         controller = Controller(provider, provider.market, settings.retry_policy(),
                                 listener=_print_event, **settings.controller_options())
         record = controller.run(spec)
@@ -127,30 +123,13 @@ def _stop_on_signals():
 
 
 def _settings(args: argparse.Namespace):
-    """The flags checked by the settings model; ``--deadline`` (which may also be an ISO
-    time) enters it as the capacity time the job has."""
-    deadline = None
-    if args.deadline is not None:
-        deadline = _deadline_capacity_seconds(args.deadline)
-    return settings_from_cli(args, deadline=deadline)
-
-
-def _deadline_capacity_seconds(text: str) -> float:
-    try:
-        return parse_duration(text, name="--deadline")
-    except ConfigError:
-        left = _iso_time(text) - time.time()
-        if left <= 0:
-            raise ConfigError(f"--deadline {text} has already passed; give a later time or a "
-                              "duration such as 12h") from None
-        return left
-
-
-def _overhead(args: argparse.Namespace, settings) -> dict[str, float]:
-    """The restart overhead, when the user set it (else JobSpec's own, the same 5m)."""
-    if args.restart_overhead is None:
-        return {}
-    return {"restart_overhead_seconds": settings.restart_overhead}
+    """The flags checked by the settings model; an ISO ``--deadline`` already past is
+    refused here, before anything is created."""
+    settings = settings_from_cli(args)
+    if isinstance(settings.deadline, dt.datetime) and settings.deadline.timestamp() <= time.time():
+        raise ConfigError(f"--deadline {args.deadline} has already passed; give a later time "
+                          "or a duration such as 12h")
+    return settings
 
 
 def _print_event(kind: str, record, detail: str) -> None:
@@ -311,28 +290,6 @@ def _pools(provider, wanted: list[str] | None):
         raise ConfigError(f"unknown pool(s) {', '.join(unknown)}; choose from "
                           f"{', '.join(sorted(p.zone for p in pools))}")
     return tuple(dict.fromkeys(known[n] for n in wanted))
-
-
-def _deadline(text: str | None, provider) -> float | None:
-    """A duration counts in capacity time (scaled on the local cloud); an ISO time is wall time."""
-    if text is None:
-        return None
-    try:
-        capacity = parse_duration(text, name="--deadline")
-    except ConfigError:
-        return _iso_time(text)
-    return time.time() + capacity / provider.market.time_scale
-
-
-def _iso_time(text: str) -> float:
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"--deadline {text!r} is neither a duration (90m, 12h, 2d) nor an "
-                          "ISO time (2026-12-01T08:00Z)") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return when.timestamp()
 
 
 def record_json(record) -> str:

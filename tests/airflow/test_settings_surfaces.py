@@ -103,3 +103,16 @@ def test_operator_old_names_still_work_with_a_warning():
     with pytest.warns(DeprecationWarning, match="train: capacity_wait_seconds is deprecated"):
         op = _operator(capacity_wait_seconds=5)
     assert op.settings.capacity_wait == 5.0 and op.policy.capacity_wait_seconds == 5.0
+
+
+def test_operator_takes_the_deadline_knobs_in_any_form():
+    from datetime import timedelta, timezone
+
+    op = _operator(deadline=timedelta(hours=2), work="30m", total_steps=10,
+                   restart_overhead=60, deadline_policy="greedy")
+    assert (op.settings.deadline, op.settings.work, op.settings.total_steps,
+            op.settings.restart_overhead, op.settings.deadline_policy) == \
+        (7200.0, 1800.0, 10, 60.0, "greedy")
+    when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
+    assert _operator(deadline="2026-12-01T08:00Z").settings.deadline == when
+    assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline == when

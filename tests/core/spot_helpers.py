@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 import time
@@ -23,6 +24,54 @@ def trace(name: str, pattern: str, *, tick_seconds: float = 60.0, price: float =
     return ZoneTrace(name=name, tick_seconds=tick_seconds, available=available,
                      spot_price=np.full(available.size, price), on_demand_price=on_demand,
                      start_time=None, source="test")
+
+
+def write_trace(folder: Path, name: str, pattern: str, *, tick_seconds: float = 600.0,
+                price: float = 0.9, on_demand: float = 3.06) -> str:
+    """``trace(...)`` as an availability-JSON file (its format counts 1 as *unavailable*),
+    for surfaces that take trace paths (``provider_options={"traces": [...]}``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({
+        "metadata": {"gap_seconds": tick_seconds,
+                     "price_info": {"price": price, "on_demand_price": on_demand}},
+        "data": [0 if c == "1" else 1 for c in pattern]}))
+    return str(path)
+
+
+# One deadline-bound job on a hand-built trace, run from every engine
+# (tests/*/..._deadline_policy tests): zone a comes up at tick 3 and stays, zone b never
+# does. Durations are trace (capacity) time, per the settings' time convention: at
+# DEADLINE_SCALE trace seconds per wall second a 600 s tick lasts 2 wall seconds, so the
+# 14-tick deadline is 28 wall seconds. Greedy waits for zone a's spot; without a deadline
+# policy the safety net launches on-demand at once.
+DEADLINE_TICK, DEADLINE_SCALE = 600.0, 300.0
+DEADLINE_ZONES = {"us-east-1a_v100_1": "000" + "1" * 37, "us-east-1b_v100_1": "0" * 40}
+DEADLINE_KNOBS = {"deadline": "140m", "work": "30m", "restart_overhead": "30m",
+                  "total_steps": 40, "deadline_policy": "greedy"}
+
+
+def deadline_traces(folder: Path) -> list[str]:
+    return [write_trace(folder, name, pattern, tick_seconds=DEADLINE_TICK)
+            for name, pattern in DEADLINE_ZONES.items()]
+
+
+def check_greedy_record(record, deadline_ticks: int = 14) -> None:
+    """What greedy's plan did to the job's record: its deadline counts ``deadline_ticks``
+    ticks of trace time (14: 28 wall seconds, not 8400); it waited for zone a's spot (its
+    first attempt there, launched at tick 3 of a cloud opened as the job started: at least
+    two ticks after the record was created) and never ran on on-demand; it succeeded in
+    time."""
+    from spot_core.model import JobStatus, Market
+
+    wall = deadline_ticks * DEADLINE_TICK / DEADLINE_SCALE
+    assert abs(record.deadline - record.created_at - wall) < 1.0
+    first = record.attempts[0]
+    assert (first.pool.zone, first.pool.market) == ("us-east-1a", Market.SPOT)
+    assert first.started_at - record.created_at >= 2 * DEADLINE_TICK / DEADLINE_SCALE
+    assert all(a.pool.market is Market.SPOT for a in record.attempts)
+    assert record.status is JobStatus.SUCCEEDED
+    assert record.attempts[-1].ended_at < record.deadline
 
 
 def train_command(steps: int = 300, step_seconds: float = 0.01, seed: int = 7,

@@ -149,7 +149,7 @@ def _bad_text(k) -> str:
     return ""
 
 
-CLI_VALUED = [k for k in knobs_for(CLI) if k.kind != "bool" and k.name != "deadline"]
+CLI_VALUED = [k for k in knobs_for(CLI) if k.kind != "bool"]
 
 
 def test_cli_defaults_are_the_models():

@@ -126,3 +126,18 @@ def test_old_worker_variable_names_still_load_with_a_warning():
     assert variables.max_spot_price == 1.5 and variables.capacity_wait == 0.5
     with pytest.warns(DeprecationWarning, match="checkpoint_every_seconds is deprecated"):
         assert SpotTaskRunner(checkpoint_every_seconds=2).checkpoint_every == 2.0
+
+
+def test_the_deadline_knobs_take_any_form_on_the_block_and_the_worker():
+    from datetime import datetime, timezone
+
+    config = SpotConfiguration(deadline="2h", work=1800, total_steps=10,
+                               restart_overhead="1m", deadline_policy="greedy")
+    assert (config.deadline, config.work, config.total_steps, config.restart_overhead,
+            config.deadline_policy) == (7200.0, 1800.0, 10, 60.0, "greedy")
+    when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
+    variables = SpotJobVariables(deadline="2026-12-01T08:00Z", work="1h")
+    assert variables.deadline == when
+    configuration = SpotJobConfiguration(**variables.model_dump(
+        exclude={"name", "labels", "command", "env"}))
+    assert configuration.spot_configuration().settings().deadline == when

@@ -1,0 +1,84 @@
+"""SpotJobOperator with a deadline policy: the knobs reach the controller from a DAG, in
+the settings' time convention, and a bad combination fails the DAG's import in one line.
+
+The operator runs (as in the worker, ``deferrable=False``) on an in-process local cloud
+replaying a hand-built trace (``spot_helpers.DEADLINE_ZONES``): greedy's plan waits for
+zone a's spot instead of the safety net's immediate on-demand launch.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from airflow.sdk import DAG
+
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
+from spot_core.model import JobRecord
+from spot_helpers import (DEADLINE_KNOBS, DEADLINE_SCALE, check_greedy_record,
+                          deadline_traces, marked_processes, train_command)
+from task_context import TI, StateStore
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_greedy_from_the_operator_waits_for_spot_and_meets_its_deadline(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPOT_LOCAL_CLOUD_URL", raising=False)  # this test's own cloud
+    with DAG("deadline_policy", schedule=None, start_date=datetime(2026, 1, 1)):
+        op = SpotJobOperator(
+            task_id="train", command=list(train_command(steps=40, step_seconds=0.05,
+                                                        every_steps=10)),
+            checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False,
+            provider_options={"traces": deadline_traces(tmp_path / "traces"),
+                              "time_scale": DEADLINE_SCALE, "workdir": str(tmp_path / "cloud")},
+            poll_interval=0.1, capacity_wait=0.5, **DEADLINE_KNOBS)
+    store = StateStore()
+    try:
+        summary = op.execute({"task_state_store": store, "ti": TI()})
+    finally:
+        op.spot_hook.get_provider().close()
+    assert summary["status"] == "succeeded"
+    check_greedy_record(JobRecord.from_dict(store.data[RECORD_KEY]))
+    assert not marked_processes(str(tmp_path))
+
+
+@pytest.mark.parametrize(("knobs", "message"), [
+    ({"deadline_policy": "greedy", "work": "1h"},
+     "work=1h needs deadline=DURATION too"),
+    ({"deadline_policy": "greedy", "deadline": "2h"},
+     "deadline_policy='greedy' needs deadline and work"),
+    ({"deadline_policy": "psychic", "deadline": "2h", "work": "1h"},
+     "deadline_policy='psychic' is not one of"),
+    ({"deadline": "tomorrow"}, "deadline='tomorrow' is neither a duration"),
+])
+def test_a_bad_combination_is_a_one_line_import_error(tmp_path, knobs, message):
+    from airflow.dag_processing.dagbag import DagBag
+
+    (tmp_path / "bad_deadline.py").write_text(
+        "from datetime import datetime\n"
+        "from airflow.sdk import DAG\n"
+        "from airflow_spot.operators.spot import SpotJobOperator\n"
+        "with DAG('bad', schedule=None, start_date=datetime(2026, 1, 1)):\n"
+        f"    SpotJobOperator(task_id='t', command=['true'], checkpoint_uri='file:///c', "
+        f"**{knobs!r})\n")
+    bag = DagBag(dag_folder=str(tmp_path))
+    (error,) = bag.import_errors.values()
+    assert f"ValueError: t: {message}" in error.splitlines()[-1], error
+
+
+def test_the_pod_operator_takes_the_deadline_knobs():
+    from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
+
+    with DAG("deadline_pod", schedule=None, start_date=datetime(2026, 1, 1)):
+        op = SpotKubernetesPodOperator(task_id="train", image="python:3.11",
+                                       cmds=["python", "-m", "train"],
+                                       checkpoint_uri="s3://ckpt/train",
+                                       deadline=datetime(2026, 12, 1, 8), work="6h",
+                                       deadline_policy="uniform-progress", total_steps=100)
+    assert op.settings.deadline.isoformat() == "2026-12-01T08:00:00+00:00"
+    assert (op.settings.work, op.settings.deadline_policy) == (21600.0, "uniform-progress")
+    with pytest.raises(ValueError, match="^t: deadline_policy='greedy' needs deadline and work"):
+        with DAG("deadline_pod_bad", schedule=None, start_date=datetime(2026, 1, 1)):
+            SpotKubernetesPodOperator(task_id="t", image="python:3.11", cmds=["true"],
+                                      checkpoint_uri="s3://ckpt/t", deadline_policy="greedy")
