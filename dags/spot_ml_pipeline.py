@@ -28,7 +28,6 @@ from airflow.sdk import DAG, Param, task
 
 from spot_core.demo.kubernetes import PRICES
 from spot_core.workloads.example_pipeline import evaluate, infer_command, train_command
-from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
 from airflow_spot.operators.spot import SpotJobOperator
 
 WORKDIR = os.environ.get("SPOT_PIPELINE_WORKDIR", "/tmp/spot-ml-pipeline")
@@ -89,7 +88,11 @@ with DAG(
     TRAIN = train_command(DATA, "{{ params.steps }}", "{{ params.step_seconds }}",
                           "{{ params.checkpoint_every_seconds }}")
     if PROVIDER == "kubernetes":
+        # Imported only here: the pod operator brings the Kubernetes clients, seconds of
+        # parse time a local-provider DAG should not pay.
         from kubernetes.client import models as k8s
+
+        from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
 
         train = SpotKubernetesPodOperator(
             task_id="train", kubernetes_conn_id="spot_kubernetes", image=K8S_IMAGE,
