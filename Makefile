@@ -21,7 +21,7 @@ ENGINE ?= none
 PROVIDER ?= local
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-core test-airflow test-prefect test-stack test-chaos bench bench-policies bench-aws bench-interval envs clean lock
+.PHONY: demo test test-core test-airflow test-prefect test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -66,6 +66,11 @@ bench-interval: $(CORE)/.synced
 # S3 checkpoint save vs plain upload, and EC2 API calls when watching 1,000 leases (moto server).
 bench-aws: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.aws
+
+# 1,000 deferred SpotJobTriggers in one event loop (EC2 on moto, the local cloud): API calls
+# per poll and CPU-seconds per job-hour (see bench/README.md).
+bench-scale: $(AIRFLOW)/.synced
+	$(AIRFLOW)/bin/python -m bench.scale
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 

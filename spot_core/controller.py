@@ -41,7 +41,8 @@ from spot_core.policy.checkpoint_interval import (CheckpointBounds, mean_save_se
 from spot_core.policy.deadline_live import DeadlineWork
 from spot_core.policy.deadline_planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
-from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus, Provider
+from spot_core.providers.base import (Bill, LaunchSpec, LeaseState, LeaseStatus, Observation,
+                                      Provider)
 from spot_core.settings import default
 
 log = logging.getLogger(__name__)
@@ -297,15 +298,24 @@ class Controller:
         return Next("sleep", record, until=now + self.policy.capacity_wait_seconds,
                     reason="no pool had capacity in this round")
 
-    def check(self, spec: JobSpec, watch: Next, now: float | None = None) -> Next:
-        """Observe the watched lease once; the same ``watch`` (updated) or ``ended``."""
+    def check(self, spec: JobSpec, watch: Next, now: float | None = None, *,
+              observed: Observation | None = None) -> Next:
+        """Observe the watched lease once; the same ``watch`` (updated) or ``ended``.
+
+        ``observed``: the lease as a shared observer (``spot_core.observer``) already saw
+        it in a batched describe; read exactly as this call's own observation would be
+        (a describe error counts toward ``observe_failure_timeout``)."""
         now = self._clock() if now is None else now
         lease, record = watch.lease, watch.record
         if watch.action != "watch" or lease is None:
             raise ValueError(f"check() needs a Next that watches a lease, got {watch.action!r}")
+        if observed is not None and observed.lease_id != lease.lease_id:
+            raise ValueError(f"check(): observation of lease {observed.lease_id} for the "
+                             f"watch of lease {lease.lease_id}")
         self._renew_heartbeat(spec, lease, now)
         try:
-            status = self.provider.observe([lease]).get(lease.lease_id)
+            status = (self.provider.observe([lease]).get(lease.lease_id) if observed is None
+                      else observed.result())
             if status is None:
                 raise SpotError(f"the {self.provider.name} provider does not know lease "
                                 f"{lease.lease_id}", retryable=True)

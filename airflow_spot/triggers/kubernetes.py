@@ -20,7 +20,6 @@ from typing import Any, Mapping
 
 from airflow_spot.hooks.kubernetes import PROVIDER, SpotKubernetesHook
 from airflow_spot.triggers.spot import SpotJobTrigger
-from spot_core.controller import Controller
 
 
 class SpotKubernetesPodTrigger(SpotJobTrigger):
@@ -73,6 +72,3 @@ class SpotKubernetesPodTrigger(SpotJobTrigger):
                                   kubernetes_conn_id=self.kubernetes_conn_id,
                                   cluster_context=self.cluster_context,
                                   config_file=self.config_file, in_cluster=self.in_cluster)
-
-    def _controller(self) -> Controller:
-        return self.hook().controller(**self.controller_options)

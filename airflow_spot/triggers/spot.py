@@ -3,7 +3,9 @@
 It is a thin driver of the controller: its kwargs carry the controller's ``Next`` (the
 JobRecord and the watched lease included) and what reopens the provider and controller,
 so a triggerer that restarts (or another one that picks the trigger up) resumes from
-the kwargs alone. Every poll interval it calls ``Controller.check`` in a thread: the
+the kwargs alone. Every poll interval it takes its lease's status from the triggerer's
+shared observer (``spot_core.observer``: one describe per provider and poll for every
+deferred job, not one per trigger) and hands it to ``Controller.check`` in a thread: the
 controller renews the driver heartbeat in the job's store, absorbs failed observations
 until ``observe_failure_timeout``, and classifies, bills and closes the attempt when it
 ends. The trigger fires once: on ``ended`` (the closed record is in the event), on the
@@ -30,6 +32,7 @@ from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
+from spot_core.observer import SharedObserver, shared_observer, wait_timeout
 from spot_core.providers import check_provider
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.settings import Knob, knob
@@ -124,12 +127,23 @@ class SpotJobTrigger(BaseTrigger):
         return JobSpec(job_id=nxt.record.job_id, command=(), checkpoint_uri=self.checkpoint_uri,
                        pools=())
 
+    def hook(self) -> SpotHook:
+        """The hook that opens (once per process) the provider these kwargs name."""
+        return SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id,
+                        kubernetes_conn_id=self.kubernetes_conn_id)
+
     def _controller(self) -> Controller:
         """Blocking (it resolves the connections and may open the provider): call it
         from a thread, never on the triggerer's event loop."""
-        return SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id,
-                        kubernetes_conn_id=self.kubernetes_conn_id).controller(
-            **self.controller_options)
+        return self.hook().controller(**self.controller_options)
+
+    def _open(self) -> tuple[Controller, SharedObserver]:
+        """The controller and the triggerer's one observer for its provider (keyed as the
+        hook's provider cache: name, options, connection ids), shared by every trigger
+        watching on it. Blocking, like ``_controller``."""
+        hook = self.hook()
+        controller = hook.controller(**self.controller_options)
+        return controller, shared_observer(hook.cache_key, controller.provider)
 
     @property
     def poll_interval(self) -> float:
@@ -145,7 +159,7 @@ class SpotJobTrigger(BaseTrigger):
             yield TriggerEvent({"status": "wake", "next": nxt.to_dict()})
             return
         try:  # opening the provider can read a connection: not on the event loop
-            status = await self._watch(await asyncio.to_thread(self._controller), nxt)
+            status = await self._watch(*await asyncio.to_thread(self._open), nxt)
             message = ""
         except Exception as exc:  # noqa: BLE001 - the operator persists the record and fails the try
             self.log.exception("driving job %s failed", nxt.record.job_id)
@@ -155,16 +169,26 @@ class SpotJobTrigger(BaseTrigger):
         yield TriggerEvent({"status": status, "next": self._current.to_dict(),
                             "message": message})
 
-    async def _watch(self, controller: Controller, nxt: Next) -> str:
-        spec = self._spec(nxt)
-        while True:
-            nxt = await asyncio.to_thread(controller.check, spec, nxt)
-            self._current = nxt
-            if nxt.action != "watch":
-                return "ended"
-            if self.return_on_notice and nxt.notice_at is not None:
-                return "notice"
-            await asyncio.sleep(self.poll_interval)
+    async def _watch(self, controller: Controller, observer: SharedObserver, nxt: Next) -> str:
+        """Each poll: the lease's status from the shared observer (one describe for every
+        lease the triggerer watches on this provider), then ``check`` in a thread (the
+        heartbeat, the failure timeout, closing the attempt)."""
+        spec, lease = self._spec(nxt), nxt.lease
+        observer.watch(lease, self.poll_interval)
+        try:
+            after = time.time()
+            while True:
+                observed = await observer.wait_async(lease.lease_id, after,
+                                                     wait_timeout(self.poll_interval))
+                nxt = await asyncio.to_thread(controller.check, spec, nxt, observed=observed)
+                self._current = nxt
+                if nxt.action != "watch":
+                    return "ended"
+                if self.return_on_notice and nxt.notice_at is not None:
+                    return "notice"
+                after = observed.at + self.poll_interval / 2  # the next poll's, not this one
+        finally:
+            observer.unwatch(lease.lease_id)
 
     # -- kill safety -------------------------------------------------------------------------
     async def on_kill(self) -> None:

@@ -44,7 +44,8 @@ from prefect_aws import AwsCredentials
 from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
-from spot_core.providers.base import LeaseStatus
+from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
+from spot_core.providers.base import LeaseStatus, Observation
 from spot_core.settings import WORKER, knobs_for
 
 from prefect_spot import _jobs
@@ -224,11 +225,22 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             self._scratch = tempfile.TemporaryDirectory(prefix="spot-worker-")
         return Path(self._scratch.name)
 
+    @staticmethod
+    def _provider_key(configuration: SpotJobConfiguration) -> str:
+        """The provider's reopen identity: name, options, the credentials' fingerprint."""
+        config = configuration.spot_configuration()
+        return observer_key(config.provider, config.provider_options,
+                            fingerprint(config.aws_credentials))
+
+    def _observer(self, configuration: SpotJobConfiguration, provider) -> SharedObserver:
+        """The worker's one observer for ``provider``: every flow run it watches there is
+        described in the same call each poll."""
+        return shared_observer(self._provider_key(configuration), provider)
+
     def _provider(self, configuration: SpotJobConfiguration):
         """One provider per distinct provider configuration, for the worker's lifetime."""
         config = configuration.spot_configuration()
-        key = (f"{config.provider}:{sorted(config.provider_options.items())!r}:"
-               f"{fingerprint(config.aws_credentials)}")
+        key = self._provider_key(configuration)
         with self._providers_lock:
             if key not in self._providers:
                 self._providers[key] = _jobs.open_configured_provider(
@@ -266,7 +278,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                     await anyio.sleep(max(0.0, nxt.until - time.time()))
                 elif nxt.action == "watch":
                     started(nxt.lease.lease_id)
-                    nxt = await self._watch(controller, spec, nxt, flow_run)
+                    nxt = await self._watch(controller, self._observer(configuration, provider),
+                                            spec, nxt, flow_run)
                     continue
                 else:  # ended
                     handed_back = await self._after_attempt(controller, spec, nxt.record,
@@ -284,21 +297,30 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         started("")
         return await self._finish(flow_run, nxt.record)
 
-    async def _watch(self, controller, spec, nxt, flow_run: FlowRun):
-        """Check the lease every poll interval until the attempt ends; a flow run
-        cancelled meanwhile stops the attempt (the controller terminates and closes it)."""
-        asked_at = time.monotonic()
-        while nxt.action == "watch":
-            await anyio.sleep(controller.poll_interval)
-            if time.monotonic() - asked_at >= CANCEL_CHECK_SECONDS:
-                asked_at = time.monotonic()
-                if await self._cancelling(flow_run):
-                    record = await anyio.to_thread.run_sync(
-                        controller.cancel, spec, nxt.record,
-                        "stopped: the flow run was cancelled")
-                    return dataclasses.replace(nxt, action="ended", record=record,
-                                               lease=None, reason="cancelled")
-            nxt = await anyio.to_thread.run_sync(controller.check, spec, nxt)
+    async def _watch(self, controller, observer: SharedObserver, spec, nxt,
+                     flow_run: FlowRun):
+        """Check the lease every poll until the attempt ends, with its status from the
+        worker's shared observer (one describe per poll for all its flow runs); a flow
+        run cancelled meanwhile stops the attempt (the controller terminates and closes
+        it)."""
+        lease, poll = nxt.lease, controller.poll_interval
+        observer.watch(lease, poll)
+        try:
+            asked_at, after = time.monotonic(), time.time()
+            while nxt.action == "watch":
+                observed = await observer.wait_async(lease.lease_id, after, wait_timeout(poll))
+                if time.monotonic() - asked_at >= CANCEL_CHECK_SECONDS:
+                    asked_at = time.monotonic()
+                    if await self._cancelling(flow_run):
+                        record = await anyio.to_thread.run_sync(
+                            controller.cancel, spec, nxt.record,
+                            "stopped: the flow run was cancelled")
+                        return dataclasses.replace(nxt, action="ended", record=record,
+                                                   lease=None, reason="cancelled")
+                nxt = await anyio.to_thread.run_sync(_check, controller, spec, nxt, observed)
+                after = observed.at + poll / 2  # the next poll's, not this one
+        finally:
+            observer.unwatch(lease.lease_id)
         return nxt
 
     async def _after_attempt(self, controller, spec, record: JobRecord, flow_run: FlowRun,
@@ -460,6 +482,12 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                 await anyio.to_thread.run_sync(provider.terminate, stub)
 
 
+def _check(controller, spec, nxt, observed: Observation):
+    """``check`` with the shared observer's observation, its exit code corrected (both
+    may block: run in a thread)."""
+    return controller.check(spec, nxt, observed=controller.provider.corrected(observed))
+
+
 def _related(flow_run: FlowRun) -> list[dict[str, str]]:
     return [{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
              "prefect.resource.role": "flow-run"}]
@@ -492,6 +520,13 @@ class _FlowRunExit:
     def observe(self, leases):
         statuses = self._provider.observe(leases)
         return {lease_id: self._corrected(status) for lease_id, status in statuses.items()}
+
+    def corrected(self, observed: Observation) -> Observation:
+        """A shared observer's ``observed``, its exit code read as ``observe`` reads it
+        (blocking when the lease exited 0: call it from a thread)."""
+        if observed.status is None or observed.error is not None:
+            return observed
+        return dataclasses.replace(observed, status=self._corrected(observed.status))
 
     def _corrected(self, status: LeaseStatus) -> LeaseStatus:
         if not status.ended or status.exit_code != 0:

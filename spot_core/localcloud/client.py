@@ -61,6 +61,10 @@ class RemoteLocalCloud:
     def log_tail(self, instance_id: str, lines: int = 5) -> str:
         return self._call("GET", f"/instances/{instance_id}/log?lines={lines}")["log"]
 
+    def stats(self) -> dict[str, Any]:
+        """The server's request counts (``GET /stats``): per route, and describes per id."""
+        return self._call("GET", "/stats")
+
     def shutdown(self) -> None:
         """Nothing to do: instances belong to the server and outlive this client."""
 

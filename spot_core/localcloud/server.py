@@ -11,6 +11,8 @@ API, this server owns the instances and answers any client on 127.0.0.1 over JSO
     POST /instances/describe         {"ids": [...]} -> {id: view}
     POST /instances/<id>/terminate
     GET  /instances/<id>/log?lines=N
+    GET  /stats                      requests served per route, and how often each
+                                     instance was described (what benchmarks count)
 
 Run ``python -m spot_core.localcloud.server --workdir D`` (prints its URL first), or use
 ``LocalCloudServer`` in-process. Stopping the server terminates every instance.
@@ -105,6 +107,26 @@ def trace_from_dict(data: dict[str, Any]) -> ZoneTrace:
                      start_time=data["start_time"], source=data["source"])
 
 
+class RequestStats:
+    """What the server answered: requests per route (``"POST /instances/describe"``) and
+    describes per instance id, counted where a cloud counts them, at the API."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[str, int] = {}
+        self.described: dict[str, int] = {}
+
+    def count(self, route: str, described: Sequence[str] = ()) -> None:
+        with self._lock:
+            self.requests[route] = self.requests.get(route, 0) + 1
+            for instance_id in described:
+                self.described[instance_id] = self.described.get(instance_id, 0) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {"requests": dict(self.requests), "described": dict(self.described)}
+
+
 class LocalCloudServer:
     """Serves one ``LocalSpotCloud`` on 127.0.0.1, or on ``host`` (a container's
     ``0.0.0.0``, so that the stack's other containers reach it; the token still guards it)."""
@@ -120,6 +142,7 @@ class LocalCloudServer:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.token = secrets.token_urlsafe(32)  # 32 random bytes; printed nowhere
+        self.stats = RequestStats()
 
     @property
     def token_file(self) -> Path:
@@ -148,6 +171,7 @@ class LocalCloudServer:
         server.cloud = self.cloud  # type: ignore[attr-defined]
         server.token = self.token  # type: ignore[attr-defined]
         server.first_client = self.first_client  # type: ignore[attr-defined]
+        server.stats = self.stats  # type: ignore[attr-defined]
         self._port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True,
@@ -228,9 +252,13 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         parts = url.path.strip("/").split("/")
         if url.path == "/config":
+            self._count("GET /config")
             self.server.first_client()  # type: ignore[attr-defined]
             return self._send(200, config_of(self.cloud))
+        if url.path == "/stats":
+            return self._send(200, self.server.stats.to_dict())  # type: ignore[attr-defined]
         if len(parts) == 3 and parts[0] == "instances" and parts[2] == "log":
+            self._count("GET /instances/<id>/log")
             lines = int(parse_qs(url.query).get("lines", ["5"])[0])
             return self._send(200, {"log": self.cloud.log_tail(parts[1], lines)})
         self._send(404, {"error": "not_found", "message": f"no route {url.path}"})
@@ -242,14 +270,18 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
             if parts == ["instances"]:
+                self._count("POST /instances")
                 self.server.first_client()  # type: ignore[attr-defined]
                 view = self.cloud.run_instance(Pool.from_dict(body["pool"]), body["command"],
                                                body["env"], body["endpoint_env"])
                 return self._send(200, dataclasses.asdict(view))
             if parts == ["instances", "describe"]:
+                self._count("POST /instances/describe",
+                            body["ids"] if isinstance(body.get("ids"), list) else ())
                 views = self.cloud.describe(body["ids"])
                 return self._send(200, {i: dataclasses.asdict(v) for i, v in views.items()})
             if len(parts) == 3 and parts[0] == "instances" and parts[2] == "terminate":
+                self._count("POST /instances/<id>/terminate")
                 self.cloud.terminate_instance(parts[1])
                 return self._send(200, {"terminated": parts[1]})
         except CapacityUnavailable as exc:
@@ -257,6 +289,9 @@ class _Handler(BaseHTTPRequestHandler):
         except (KeyError, TypeError, ValueError) as exc:
             return self._send(400, {"error": "bad_request", "message": str(exc)})
         self._send(404, {"error": "not_found", "message": f"no route {self.path}"})
+
+    def _count(self, route: str, described: Sequence[str] = ()) -> None:
+        self.server.stats.count(route, described)  # type: ignore[attr-defined]
 
     def _body(self) -> dict[str, Any]:
         length = int(self.headers.get("Content-Length") or 0)

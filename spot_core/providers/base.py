@@ -61,6 +61,25 @@ class LeaseStatus:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """One lease as a describe made elsewhere saw it (``spot_core.observer``, which batches
+    many leases into one call): its ``status`` (None: the provider did not report the
+    lease) or the ``error`` that describe raised, and ``at``, when the describe began.
+    The controller reads it as if it had observed the lease itself."""
+
+    lease_id: str
+    status: LeaseStatus | None = None
+    error: BaseException | None = None
+    at: float = 0.0
+
+    def result(self) -> LeaseStatus | None:
+        """The status, or the describe's error raised here, for the one who reads it."""
+        if self.error is not None:
+            raise self.error
+        return self.status
+
+
+@dataclass(frozen=True)
 class Bill:
     """Cost of a lease over its life, and what on-demand would have cost for the same time.
 

@@ -462,13 +462,14 @@ class Ec2Provider:
     def _spot_codes(self, region: str, instances: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """instance id -> spot request status code, for spot instances that have a request."""
         requests = [i["SpotInstanceRequestId"] for i in instances if i.get("SpotInstanceRequestId")]
-        if not requests:
-            return {}
-        answer = aws.call(f"ec2:DescribeSpotInstanceRequests in {region}",
-                          self.clients[region].describe_spot_instance_requests,
-                          SpotInstanceRequestIds=requests)
-        return {r.get("InstanceId", ""): r.get("Status", {}).get("Code", "")
-                for r in answer.get("SpotInstanceRequests", [])}
+        codes: dict[str, str] = {}
+        for start in range(0, len(requests), DESCRIBE_BATCH):  # as many ids per call
+            answer = aws.call(f"ec2:DescribeSpotInstanceRequests in {region}",
+                              self.clients[region].describe_spot_instance_requests,
+                              SpotInstanceRequestIds=requests[start:start + DESCRIBE_BATCH])
+            codes.update({r.get("InstanceId", ""): r.get("Status", {}).get("Code", "")
+                          for r in answer.get("SpotInstanceRequests", [])})
+        return codes
 
     def _status(self, lease: Lease, instance: Mapping[str, Any] | None,
                 spot_codes: Mapping[str, str]) -> LeaseStatus:

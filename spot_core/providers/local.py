@@ -112,9 +112,14 @@ class LocalProvider:
                               "tags": f"spot-pipelines:job={spec.job_id},attempt={spec.attempt}"})
 
     def observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
+        """One describe for all of them; a log tail only for a lease that ended with a
+        non-zero exit (its message), so watching many running leases costs one call."""
         views = self.cloud.describe([lease.lease_id for lease in leases])
-        return {lease_id: _status(view, self.cloud.log_tail(lease_id))
+        return {lease_id: _status(view, self._tail_if_failed(lease_id, view))
                 for lease_id, view in views.items()}
+
+    def _tail_if_failed(self, lease_id: str, view) -> str:
+        return "" if view.running or view.exit_code == 0 else self.cloud.log_tail(lease_id)
 
     def bill(self, lease: Lease, ended_at: float) -> Bill:
         """Per-second billing at the trace's price of each tick the lease spanned."""

@@ -1,0 +1,260 @@
+"""Many watched jobs in one process: API calls per poll and CPU per job-hour.
+
+``python -m bench.scale`` (``make bench-scale``, in the Airflow environment) runs, in one
+asyncio event loop, as the Airflow triggerer's trigger runner does, one real
+``SpotJobTrigger`` per deferred job, each rebuilt from its serialized kwargs (what the
+triggerer reads from its trigger table), all watching through the process's shared
+observer:
+
+1. **EC2 (moto server)**: ``--ec2-leases`` (1,000) spot leases launched by the EC2
+   provider itself (``Ec2Provider.launch``: RunInstances with the user-data, tags and
+   spot options of a real attempt). API calls are counted at the server, from moto's
+   own request recording (``MOTO_ENABLE_RECORDING``), per action.
+2. **The local cloud** (its server as a separate process): ``--local-leases`` leases,
+   each a real watched process pair on this machine (so far fewer than 1,000 fit on a
+   2-core box); calls counted by the server (``GET /stats``).
+
+Each job's record is the controller's (a JobRecord with its running attempt on the
+lease, the ``watch`` Next the operator defers with). After one warm-up poll, the
+process's CPU time (every thread: the event loop, the observer, ``check``'s worker
+threads; not moto's or the local cloud's) is measured over ``--seconds`` of watching at
+``--poll-interval``. Printed: describes and calls per poll, CPU-seconds per job-hour and
+the share of a core per 100 watched jobs (aims, issue 16: at most 5 EC2 calls per poll
+for 1,000 leases; under 1 % of a core per 100 jobs).
+
+What it does not run (see bench/README.md): the ``airflow triggerer`` command itself
+with its metadata database, and the Prefect worker's 200 flow runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from bench.aws import start_moto
+
+REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
+CONTROLLER = {"heartbeat_timeout": 600.0, "observe_failure_timeout": 600.0,
+              "attempt_timeout": 86400.0}
+
+
+# -- the jobs: controller records on launched leases, as deferred trigger rows ----------------
+def watch_next(lease, checkpoint_uri: str):
+    """The ``watch`` Next the controller hands the operator after launching ``lease``."""
+    from spot_core.controller import Next
+    from spot_core.model import Attempt, JobRecord
+
+    record = JobRecord(job_id=lease.job_id, created_at=lease.started_at,
+                       checkpoint_uri=checkpoint_uri)
+    record = record.start_attempt(Attempt(number=lease.attempt, pool=lease.pool,
+                                          started_at=lease.started_at, lease_id=lease.lease_id,
+                                          lease=lease.to_dict(), checkpoint_step_start=None))
+    return Next("watch", record, until=lease.started_at + CONTROLLER["attempt_timeout"],
+                lease=lease)
+
+
+def trigger_rows(provider_name: str, options: dict, leases, store_root: Path,
+                 poll_interval: float) -> list:
+    """Each job's SpotJobTrigger, serialized and rebuilt as the triggerer does."""
+    from airflow_spot.triggers.spot import SpotJobTrigger
+
+    rows = []
+    for lease in leases:
+        uri = (store_root / lease.job_id).as_uri()
+        trigger = SpotJobTrigger(provider=provider_name, provider_options=options,
+                                 next=watch_next(lease, uri).to_dict(), checkpoint_uri=uri,
+                                 controller_options={**CONTROLLER, "poll_interval": poll_interval})
+        path, kwargs = trigger.serialize()
+        module, _, name = path.rpartition(".")
+        rows.append(getattr(importlib.import_module(module), name)(**kwargs))
+    return rows
+
+
+# -- running them in one event loop ---------------------------------------------------------------
+async def _watch(triggers, observer, seconds: float, poll_interval: float,
+                 count_calls) -> dict:
+    """Run every trigger; after one warm-up poll, measure ``seconds`` of watching."""
+    async def drive(trigger):
+        async for event in trigger.run():
+            return event.payload
+
+    tasks = [asyncio.create_task(drive(t)) for t in triggers]
+    give_up = time.monotonic() + 300
+    while len(observer.watched()) < len(triggers) or observer.polls < 2:
+        if time.monotonic() > give_up or any(t.done() for t in tasks):
+            fired = [t.result() for t in tasks if t.done()][:3]
+            raise RuntimeError(f"the triggers did not all start watching: {fired}")
+        await asyncio.sleep(0.2)
+    calls0, polls0, calls_obs0 = count_calls(), observer.polls, observer.calls
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    await asyncio.sleep(seconds)
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    polls, describes = observer.polls - polls0, observer.calls - calls_obs0
+    calls = {k: v - calls0.get(k, 0) for k, v in count_calls().items() if v - calls0.get(k, 0)}
+    ended = sum(t.done() for t in tasks)
+    for task in tasks:  # as a triggerer that stops: cancel, the leases stay (no on_kill)
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    jobs = len(triggers)
+    job_hours = jobs * wall / 3600.0
+    return {"jobs": jobs, "ended_during_window": ended, "poll_interval_s": poll_interval,
+            "window_s": round(wall, 1), "polls": polls, "observer_describes": describes,
+            "server_calls": calls,
+            "server_calls_per_poll": round(sum(calls.values()) / max(polls, 1), 2),
+            "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
+            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3)}
+
+
+def run_loop(triggers, observer, seconds, poll_interval, count_calls) -> dict:
+    return asyncio.run(_watch(triggers, observer, seconds, poll_interval, count_calls))
+
+
+def _observer_of(trigger):
+    from spot_core.observer import shared_observer
+
+    hook = trigger.hook()
+    return shared_observer(hook.cache_key, hook.get_provider())
+
+
+# -- EC2 on moto --------------------------------------------------------------------------------------
+def moto_calls(recording: Path):
+    """Requests moto recorded, per EC2 action (its query API's ``Action``)."""
+    def count() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        if not recording.exists():
+            return counts
+        for line in recording.read_text().splitlines():
+            entry = json.loads(line)
+            body = entry.get("body") or ""
+            if entry.get("body_encoded"):
+                body = base64.b64decode(body).decode(errors="replace")
+            action = (parse_qs(body).get("Action") or ["(non-query)"])[0]
+            counts[action] = counts.get(action, 0) + 1
+        return counts
+    return count
+
+
+def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
+    import urllib.request
+
+    import boto3
+
+    from spot_core.model import Market, Pool
+    from spot_core.providers import open_provider
+    from spot_core.providers.base import LaunchSpec
+
+    work.mkdir(parents=True, exist_ok=True)
+    recording = work / "moto-recording.jsonl"
+    os.environ.update({"MOTO_RECORDER_FILEPATH": str(recording), "AWS_ACCESS_KEY_ID": "bench",
+                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": REGION})
+    proc, endpoint = start_moto()
+    try:
+        ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18",
+                                   AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        options = {"region": REGION, "endpoint_url": endpoint, "subnets": [subnet],
+                   "instance_types": [INSTANCE_TYPE], "image_id": image}
+        provider = open_provider("ec2", **options)
+        pool = Pool("aws", REGION, ZONE, INSTANCE_TYPE, Market.SPOT)
+        started = time.monotonic()
+        launched = [provider.launch(LaunchSpec(f"scale-{i}", 1, ("sleep", "86400"),
+                                               f"s3://bench/scale-{i}"), pool)
+                    for i in range(leases)]
+        launch_s = time.monotonic() - started
+        triggers = trigger_rows("ec2", dict(provider.options), launched, work / "stores",
+                                poll_interval)
+        urllib.request.urlopen(urllib.request.Request(
+            f"{endpoint}/moto-api/recorder/start-recording", method="POST"), timeout=10)
+        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval,
+                          moto_calls(recording))
+        result["launch_s"] = round(launch_s, 1)
+        return result
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# -- the local cloud ------------------------------------------------------------------------------------
+def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
+    from spot_core.localcloud.server import client_environ
+    from spot_core.model import Market
+    from spot_core.providers import open_provider
+    from spot_core.providers.base import LaunchSpec
+
+    work.mkdir(parents=True, exist_ok=True)
+    server = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
+                               str(work / "cloud"), "--time-scale", "1"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        os.environ.update(client_environ(url, work / "cloud"))
+        provider = open_provider("local", url=url, workdir=str(work / "cloud"))
+        pool = provider.pools()[0].on(Market.ON_DEMAND)  # no reclaim during the window
+        started = time.monotonic()
+        launched = [provider.launch(LaunchSpec(f"scale-{i}", 1, ("sleep", "86400"),
+                                               (work / "stores" / f"scale-{i}").as_uri()),
+                                    pool) for i in range(leases)]
+        launch_s = time.monotonic() - started
+        triggers = trigger_rows("local", dict(provider.options), launched, work / "stores",
+                                poll_interval)
+
+        def count() -> dict[str, int]:
+            return provider.cloud.stats()["requests"]
+
+        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval, count)
+        for name in ("GET /config",):  # the triggers' provider opens, not polls
+            result["server_calls"].pop(name, None)
+        result["launch_s"] = round(launch_s, 1)
+        return result
+    finally:
+        server.terminate()  # terminates every instance it runs
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ec2-leases", type=int, default=1000)
+    parser.add_argument("--local-leases", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
+    parser.add_argument("--poll-interval", type=float, default=5.0)
+    parser.add_argument("--only", choices=("ec2", "local"), default=None)
+    args = parser.parse_args(argv)
+    report = {"commit": _commit()}
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        if args.only in (None, "ec2"):
+            report["ec2_moto"] = bench_ec2(args.ec2_leases, args.seconds, args.poll_interval,
+                                           Path(tmp) / "ec2")
+            print(json.dumps({"ec2_moto": report["ec2_moto"]}, indent=2), flush=True)
+        if args.only in (None, "local"):
+            report["local_cloud"] = bench_local(args.local_leases, args.seconds,
+                                                args.poll_interval, Path(tmp) / "local")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Many SpotJobTriggers in one event loop, as in a triggerer: one describe per poll for all
+their leases (counted at the local cloud server), and each trigger still gets its own
+lease's end (reclaimed ones preempted, finished ones succeeded)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import time
+
+import pytest
+
+from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.triggers.spot import SpotJobTrigger
+from spot_core.controller import JobSpec, Next
+from spot_core.localcloud.cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.model import Outcome
+from spot_core.observer import shared_observer
+
+from spot_helpers import marked_processes, trace, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+POLL = 0.5
+OPTIONS = {"poll_interval": POLL, "heartbeat_timeout": 60.0, "observe_failure_timeout": 60.0}
+FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
+RECLAIMED_ZONE, STEADY_ZONE = "us-east-1a", "us-east-1b"
+FINISHES = (sys.executable, "-c", "import time; time.sleep(2)")
+RUNS_ON = (sys.executable, "-c", "import time; time.sleep(120)")
+
+
+def _recreate(trigger: SpotJobTrigger) -> SpotJobTrigger:
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def _trigger(hook: SpotHook, tmp_path, index: int, zone: str, command) -> SpotJobTrigger:
+    """A watch Next from the controller (one spot attempt in ``zone``), as a trigger row."""
+    pools = tuple(p for p in hook.pools() if p.zone == zone)
+    spec = JobSpec(job_id=f"many-{index}", command=command, pools=pools,
+                   checkpoint_uri=(tmp_path / f"ckpt-{index}").as_uri())
+    controller = hook.controller(**OPTIONS)
+    nxt = controller.advance(spec, controller.new_record(spec))
+    assert nxt.action == "watch" and nxt.lease.pool.zone == zone, nxt
+    return _recreate(SpotJobTrigger(provider="local", provider_options=hook.reopen_options,
+                                    next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
+                                    controller_options=OPTIONS, return_on_notice=False))
+
+
+async def _first_events(triggers) -> list[dict]:
+    async def first(trigger):
+        async for event in trigger.run():
+            return event.payload
+    return await asyncio.gather(*(first(t) for t in triggers))
+
+
+def test_triggers_in_one_loop_share_one_describe_per_poll(tmp_path):
+    # 1 tick per wall second: the first zone is taken away after 8 s, the second never.
+    traces = [trace(f"{RECLAIMED_ZONE}_v100_1", "1" * 8 + "0" * 400),
+              trace(f"{STEADY_ZONE}_v100_1", "1" * 408)]
+    with LocalCloudServer.from_traces(traces, time_scale=60.0, workdir=tmp_path / "cloud",
+                                      config=FAST) as server:
+        hook = SpotHook("local", {"url": server.url, "workdir": str(server.cloud.workdir)})
+        triggers = [_trigger(hook, tmp_path, i, RECLAIMED_ZONE if i % 2 else STEADY_ZONE,
+                             RUNS_ON if i % 2 else FINISHES) for i in range(8)]
+        observer = shared_observer(triggers[0].hook().cache_key, hook.get_provider())
+        before = server.stats.to_dict()
+        started = time.monotonic()
+        events = asyncio.run(asyncio.wait_for(_first_events(triggers), 90))
+        elapsed = time.monotonic() - started
+        after = server.stats.to_dict()
+
+    describes = (after["requests"]["POST /instances/describe"]
+                 - before["requests"].get("POST /instances/describe", 0))
+    assert describes == observer.calls, "a trigger described its lease by itself"
+    assert describes <= elapsed / POLL + 3, (
+        f"{describes} describes in {elapsed:.1f} s at one poll per {POLL} s for 8 triggers")
+    outcomes = []
+    for index, event in enumerate(events):
+        assert event["status"] == "ended", event
+        record = Next.from_dict(event["next"]).record
+        assert record.job_id == f"many-{index}"
+        outcomes.append(record.attempts[-1].outcome)
+    assert outcomes == [Outcome.SUCCEEDED, Outcome.PREEMPTED] * 4
+    assert wait_until(lambda: not observer.watched(), timeout=5), "a lease stayed watched"
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
