@@ -34,12 +34,15 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
     provider's ``region`` defaults to its ``aws_credentials`` block's region, then
     ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, and its ``instance_types`` to the
     configuration's). The provider reaches AWS with the configuration's
-    ``aws_credentials`` block (boto3's default chain without one). Uses ``spot_core.providers.open_provider``
+    ``aws_credentials`` block (boto3's default chain without one), and the kubernetes
+    provider its cluster with the ``cluster_config`` block, made into an ``ApiClient``
+    here, in the process that opens it (without one: its kubeconfig options, else the
+    default kubeconfig or service account). Uses ``spot_core.providers.open_provider``
     when the core has it (so a running local cloud server can be shared across
     processes), else an in-process local cloud.
     """
     check_provider_options(config.provider, config.provider_options, config.instance_types)
-    session = config.aws_session()  # the AwsCredentials block's, resolved here
+    session = _session(config)  # the credentials block's, resolved here
     if config.provider == LOCAL_PROVIDER and config.provider_options.get("url"):
         options = dict(config.provider_options)  # a server's; its workdir is the server's
     elif config.provider == LOCAL_PROVIDER:
@@ -67,6 +70,14 @@ def open_configured_provider(config: SpotConfiguration, **local_defaults: Any):
     if unknown:
         raise ConfigError(f"unknown local provider options {unknown}; use {sorted(allowed)}")
     return LocalProvider.from_traces(**options)
+
+
+def _session(config: SpotConfiguration) -> Any:
+    """What the provider takes as ``session``: the cluster block's ApiClient on kubernetes
+    (None: its kubeconfig options), else the AWS block's access (None: boto3's chain)."""
+    if config.provider == "kubernetes":
+        return config.kubernetes_client()
+    return config.aws_session()
 
 
 def check_provider_options(provider: str, options: dict[str, Any],

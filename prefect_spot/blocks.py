@@ -5,8 +5,12 @@
     CheckpointStorage(uri="s3://ckpt-bucket/jobs", aws_credentials=aws).save("training-ckpt")
     SpotTaskRunner(config="training-spot", checkpoint_storage="training-ckpt")
 
-A saved ``AwsCredentials`` block nested in a saved block is stored as a reference to it,
-so its secrets live in that one block document and nowhere else.
+    cluster = KubernetesClusterConfig.load("ml-cluster")  # prefect-kubernetes, saved once
+    SpotConfiguration(provider="kubernetes", cluster_config=cluster, ...).save("k8s-spot")
+
+A saved ``AwsCredentials`` or ``KubernetesClusterConfig`` block nested in a saved block
+is stored as a reference to it, so its secrets live in that one block document and
+nowhere else.
 
 Field descriptions are what the Prefect UI shows in the block form. Bad values raise
 ``ValueError`` (pydantic ``ValidationError``) with a message that says what to fix.
@@ -20,6 +24,7 @@ from typing import Any, Optional, Union
 from pydantic import Field, field_validator, model_validator
 from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
+from prefect_kubernetes.credentials import KubernetesClusterConfig
 
 from spot_core.checkpoint import CheckpointStore, open_store, parse_store_uri
 from spot_core.errors import ConfigError
@@ -27,7 +32,7 @@ from spot_core.policy.retry import RetryPolicy
 from spot_core.settings import BLOCK, SpotSettings, knobs_for
 
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
-from prefect_spot.credentials import aws_access
+from prefect_spot.credentials import aws_access, check_cluster_config, kubernetes_api_client
 
 AWS_FIELD_HELP = ("A saved prefect-aws AwsCredentials block (keys, or a profile that "
                   "may assume a role; region; endpoint in its client parameters) used "
@@ -35,8 +40,21 @@ AWS_FIELD_HELP = ("A saved prefect-aws AwsCredentials block (keys, or a profile 
                   "the work (environment, profile, instance role).")
 
 
+CLUSTER_FIELD_HELP = ("A saved prefect-kubernetes KubernetesClusterConfig block (a "
+                      "kubeconfig's contents and its context) for the kubernetes provider's "
+                      "cluster: it creates, watches and deletes the step pods with it. "
+                      "Then provider_options hold no kubeconfig, context or in_cluster. "
+                      "Empty: those options, else $KUBECONFIG, ~/.kube/config or the "
+                      "service account of the pod that runs the work.")
+
+
 def aws_field(what: str) -> Any:
     return Field(default=None, description=AWS_FIELD_HELP.format(what=what))
+
+
+def cluster_field() -> Any:
+    return Field(default=None, title="Kubernetes Cluster Config",
+                 description=CLUSTER_FIELD_HELP)
 
 
 # The knobs a SpotConfiguration holds: the settings model's BLOCK surface.
@@ -79,6 +97,7 @@ class SpotConfiguration(Block):
     alert_spot_price: Optional[float] = spot_field("alert_spot_price")
     aws_credentials: Optional[AwsCredentials] = aws_field(
         "EC2 (launch, observe, price history), SQS and the jobs' S3 checkpoint stores")
+    cluster_config: Optional[KubernetesClusterConfig] = cluster_field()
 
     @model_validator(mode="before")
     @classmethod
@@ -89,6 +108,8 @@ class SpotConfiguration(Block):
 
     @model_validator(mode="after")
     def _check_settings(self) -> SpotConfiguration:
+        check_cluster_config(self.provider, self.provider_options, self.cluster_config,
+                             "SpotConfiguration")
         self.settings()  # the provider's option check, and cross-field rules
         return self
 
@@ -105,6 +126,11 @@ class SpotConfiguration(Block):
     def aws_session(self):
         """The credentials block as spot_core's ``AwsAccess`` (None: boto3's chain)."""
         return aws_access(self.aws_credentials)
+
+    def kubernetes_client(self):
+        """The cluster block as a ``kubernetes`` ApiClient (None: the provider's kubeconfig
+        options or the default kubeconfig)."""
+        return kubernetes_api_client(self.cluster_config)
 
 
 class CheckpointStorage(Block):

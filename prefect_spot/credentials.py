@@ -1,12 +1,18 @@
-"""Prefect blocks -> what spot_core takes to reach AWS, resolved where the work runs.
+"""Prefect blocks -> what spot_core takes to reach AWS or a Kubernetes cluster, resolved
+where the work runs.
 
-Prefect users keep AWS credentials in a prefect-aws ``AwsCredentials`` block; spot_core
-takes a session object and never reads credentials from its options. A
-``SpotConfiguration``, a ``CheckpointStorage`` and the spot worker's job variables hold
-the block (a saved one by reference), and the process that opens the provider or the
-store (the flow run's task runner, the worker) turns it into a
-``spot_core.adaptors.aws.AwsAccess`` here: the block's ``get_boto3_session()`` (keys, a
-profile, or the profile's role), its region and its client parameters' endpoint.
+Prefect users keep AWS credentials in a prefect-aws ``AwsCredentials`` block and cluster
+credentials in a prefect-kubernetes ``KubernetesClusterConfig`` block (a kubeconfig's
+contents and a context name); spot_core takes a session object and never reads
+credentials from its options. A ``SpotConfiguration``, a ``CheckpointStorage`` and the
+spot worker's job variables hold the blocks (a saved one by reference), and the process
+that opens the provider or the store (the flow run's task runner, the worker) turns them
+into what the provider takes here: the AWS block into a ``spot_core.adaptors.aws.AwsAccess``
+(its ``get_boto3_session()``: keys, a profile, or the profile's role; its region and its
+client parameters' endpoint), the cluster block into a synchronous ``kubernetes``
+``ApiClient`` (the block's own ``get_api_client()`` returns a ``kubernetes_asyncio``
+client in prefect-kubernetes 0.8, which the provider's synchronous calls cannot use;
+its ``config`` and ``context_name`` are read as prefect-kubernetes' own worker reads them).
 """
 
 from __future__ import annotations
@@ -15,6 +21,11 @@ import hashlib
 from typing import Any
 
 from spot_core.adaptors.aws import AwsAccess
+from spot_core.adaptors.kubernetes import api_client_from_dict
+
+KUBERNETES = "kubernetes"
+# The kubernetes provider's options that say how to reach the cluster: the block's job.
+CLUSTER_OPTIONS = ("kubeconfig", "context", "in_cluster")
 
 
 def aws_access(credentials: Any) -> AwsAccess | None:
@@ -30,9 +41,38 @@ def aws_access(credentials: Any) -> AwsAccess | None:
                                                           else str(verify)))
 
 
+def kubernetes_api_client(cluster_config: Any) -> Any:
+    """The synchronous ``ApiClient`` of a ``KubernetesClusterConfig`` block; None (the
+    provider's kubeconfig options, ``$KUBECONFIG`` or the pod's service account) without
+    one."""
+    if cluster_config is None:
+        return None
+    name = getattr(cluster_config, "_block_document_name", None)
+    source = f"cluster_config block {name!r}" if name else "the cluster_config block"
+    return api_client_from_dict(cluster_config.config, cluster_config.context_name,
+                                source=source)
+
+
+def check_cluster_config(provider: str, provider_options: dict[str, Any],
+                         cluster_config: Any, where: str) -> None:
+    """A cluster block is the kubernetes provider's only way to the cluster when given:
+    refused (ValueError, one line) on another provider or beside kubeconfig options."""
+    if cluster_config is None:
+        return
+    if provider != KUBERNETES:
+        raise ValueError(f"{where}: cluster_config is the kubernetes provider's cluster; "
+                         f"provider is {provider!r}: set provider='kubernetes' or remove "
+                         "cluster_config")
+    given = sorted(set(provider_options or {}) & set(CLUSTER_OPTIONS))
+    if given:
+        raise ValueError(f"{where}: cluster_config and provider_options {given} both say how "
+                         f"to reach the cluster: remove {given} from provider_options (the "
+                         "block's kubeconfig and context_name are used)")
+
+
 def fingerprint(credentials: Any) -> str:
-    """An in-memory key telling two blocks apart (providers are cached per credentials);
-    a digest, so the key itself holds no secret."""
+    """An in-memory key telling two blocks apart (providers are cached per credentials:
+    AWS or cluster); a digest, so the key itself holds no secret."""
     if credentials is None:
         return ""
     dumped = credentials.model_dump_json(context={"include_secrets": True})

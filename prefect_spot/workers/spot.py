@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect.client.schemas.objects import FlowRun
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from prefect_aws import AwsCredentials
+from prefect_kubernetes.credentials import KubernetesClusterConfig
 
 from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
@@ -51,8 +52,9 @@ from spot_core.settings import WORKER, knobs_for
 from prefect_spot import _jobs
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
-from prefect_spot.blocks import AWS_FIELD_HELP, BLOCK_FIELDS, SpotConfiguration
-from prefect_spot.credentials import fingerprint
+from prefect_spot.blocks import (AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HELP,
+                                 SpotConfiguration)
+from prefect_spot.credentials import check_cluster_config, fingerprint
 
 CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
 RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED)
@@ -73,7 +75,9 @@ WORKER_FIELDS = {k.name for k in knobs_for(WORKER)}
 def _check_settings(values):
     """The settings model's checks (the provider's options without touching the cloud);
     a remote provider needs an ``s3://`` checkpoint_root (its instances cannot see the
-    worker's disk)."""
+    worker's disk); a cluster block only on kubernetes, instead of kubeconfig options."""
+    check_cluster_config(values.provider, values.provider_options, values.cluster_config,
+                         "spot worker")
     settings_of(values, WORKER_FIELDS, "spot worker")
     try:
         _jobs.check_store_for(values.provider, values.checkpoint_root, "checkpoint_root",
@@ -116,6 +120,11 @@ class _SpotFields:
                                 what="EC2, SQS and the checkpoint_root store; in a "
                                 "deployment's job variables reference the saved block "
                                 "(`{\"$ref\": {\"block_document_id\": ...}}`), never its keys"))
+    # As prefect-kubernetes' worker (its `cluster_config`): empty is the default kubeconfig.
+    cluster_config = Field(default=None, title="Kubernetes Cluster Config",
+                           description=CLUSTER_FIELD_HELP + " In a deployment's job "
+                           "variables reference the saved block (`{\"$ref\": "
+                           "{\"block_document_id\": ...}}`), never its kubeconfig.")
     checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
                             "or `s3://bucket/prefix`); each flow run gets a folder, passed "
                             "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
@@ -152,6 +161,7 @@ class _SpotValues(BaseModel):
     alert_spot_price: Optional[float] = _SpotFields.alert_spot_price
     checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
     aws_credentials: AwsCredentials = _SpotFields.aws_credentials
+    cluster_config: Optional[KubernetesClusterConfig] = _SpotFields.cluster_config
 
     @model_validator(mode="before")
     @classmethod
@@ -164,7 +174,8 @@ class _SpotValues(BaseModel):
 
     def spot_configuration(self) -> SpotConfiguration:
         return SpotConfiguration(**{name: getattr(self, name) for name in BLOCK_FIELDS},
-                                 aws_credentials=self.aws_credentials)
+                                 aws_credentials=self.aws_credentials,
+                                 cluster_config=self.cluster_config)
 
 
 class SpotJobConfiguration(_SpotValues, BaseJobConfiguration):
@@ -230,7 +241,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         """The provider's reopen identity: name, options, the credentials' fingerprint."""
         config = configuration.spot_configuration()
         return observer_key(config.provider, config.provider_options,
-                            fingerprint(config.aws_credentials))
+                            fingerprint(config.aws_credentials),
+                            fingerprint(config.cluster_config))
 
     def _observer(self, configuration: SpotJobConfiguration, provider) -> SharedObserver:
         """The worker's one observer for ``provider``: every flow run it watches there is
@@ -238,7 +250,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         return shared_observer(self._provider_key(configuration), provider)
 
     def _provider(self, configuration: SpotJobConfiguration):
-        """One provider per distinct provider configuration, for the worker's lifetime."""
+        """One provider per distinct provider configuration and credentials blocks, for the
+        worker's lifetime."""
         config = configuration.spot_configuration()
         key = self._provider_key(configuration)
         with self._providers_lock:

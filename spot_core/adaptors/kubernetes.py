@@ -68,6 +68,25 @@ def api_client(*, kubeconfig: str | None = None, context: str | None = None,
     return k8s.client.ApiClient(configuration)
 
 
+def api_client_from_dict(config: Any, context: str | None = None, *,
+                         source: str = "the kubeconfig given") -> Any:
+    """An ``ApiClient`` from a kubeconfig's contents held in memory (a Prefect
+    ``KubernetesClusterConfig`` block's), so an engine's stored credentials reach the
+    provider without a kubeconfig file of ours on disk. ``source`` names where the
+    contents came from in the one-line error."""
+    k8s = kubernetes()
+    configuration = k8s.client.Configuration()
+    try:
+        k8s.config.load_kube_config_from_dict(config_dict=dict(config), context=context,
+                                              client_configuration=configuration,
+                                              persist_config=False)
+    except (k8s.config.ConfigException, OSError, ValueError, TypeError) as exc:
+        shown = f"{source}" + (f" context {context!r}" if context else "")
+        raise ConfigError(f"cannot load Kubernetes credentials from {shown}: {exc}; give "
+                          "a kubeconfig whose context names a cluster and a user") from None
+    return k8s.client.ApiClient(configuration)
+
+
 def core_api(client: Any) -> Any:
     return kubernetes().client.CoreV1Api(client)
 
