@@ -29,7 +29,11 @@ MANAGED = "spot-pipelines/managed=true"
 
 
 @pytest.fixture(scope="module")
-def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
+def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster, postgres_url):
+    """Its own `airflow standalone`, on PostgreSQL as in production (on SQLite a loaded
+    machine once timed the execution API out before the task even started)."""
+    from postgres_helpers import fresh_database, with_driver
+
     dags = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]  # the session's, set by conftest.py
     made = {}
     for flavour, capacity, zone in (("karpenter", "spot", "us-east-1a"),
@@ -43,7 +47,6 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
     port = free_port()
     env = standalone_env(home, port, dags)
     env.update({
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW_CONN_SPOT_K8S_STANDALONE": json.dumps({"conn_type": "kubernetes", "extra": {
             "kube_config_path": str(kube_cluster.kubeconfig_path)}}),
@@ -52,20 +55,23 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster):
         "SPOT_K8S_PRICES": json.dumps({made["karpenter"]: {"spot": 0.2},
                                        made["eks"]: {"on_demand": 0.34}}),
     })
-    # `airflow standalone` migrates its own SQLite database on start.
-    airflow = Standalone(home, env, port)
-    log = open(home / "standalone.log", "wb")
-    airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_healthy(airflow)
-        yield airflow, work, namespace
-    finally:
-        for proc in airflow.extra:
-            stop_tree(proc.pid)
-        stop_tree(airflow.proc.pid)
-        log.close()
-        kube_cluster.delete_namespace(namespace)
+    # `airflow standalone` migrates its own (fresh) database on start.
+    with fresh_database(postgres_url, "spot_airflow_k8s_standalone") as database:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
+        airflow = Standalone(home, env, port)
+        log = open(home / "standalone.log", "wb")
+        airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env,
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        try:
+            _wait_healthy(airflow)
+            yield airflow, work, namespace
+        finally:
+            for proc in airflow.extra:
+                stop_tree(proc.pid)
+            stop_tree(airflow.proc.pid)
+            log.close()
+            kube_cluster.delete_namespace(namespace)
 
 
 def test_a_killed_triggerer_and_a_reclaim_cost_no_try_and_leave_no_pod(
