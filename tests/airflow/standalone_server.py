@@ -17,7 +17,9 @@ import sys
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -171,19 +173,27 @@ def standalone(tmp_path_factory, postgres_url, statsd):
             cloud_server(work / "cloud", start_on_first_client=True) as url:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
         env.update(client_environ(url, work / "cloud"))
-        airflow = Standalone(home, env, port)
-        log = open(home / "standalone.log", "wb")
-        airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env,
-                                        stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        try:
-            _wait_healthy(airflow)
+        with running_standalone(home, env, port) as airflow:
             yield airflow
-        finally:
-            for proc in airflow.extra:
-                stop_tree(proc.pid)
-            stop_tree(airflow.proc.pid)
-            log.close()
+
+
+@contextmanager
+def running_standalone(home: Path, env: dict[str, str], port: int) -> Iterator[Standalone]:
+    """`airflow standalone` in ``home`` with ``env`` (it migrates its database on start),
+    healthy on ``port``; it and every process a test added to ``extra`` are stopped after."""
+    airflow = Standalone(home, env, port)
+    log = open(home / "standalone.log", "wb")
+    airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    try:
+        _wait_healthy(airflow)
+        yield airflow
+    finally:
+        for proc in airflow.extra:
+            stop_tree(proc.pid)
+        stop_tree(airflow.proc.pid)
+        log.close()
 
 
 def _wait_healthy(airflow: Standalone) -> None:

@@ -20,8 +20,8 @@ from kubernetes import client as k8s
 from kube_helpers import add_test_pool
 from spot_core.checkpoint import open_store
 from spot_helpers import wait_until
-from process_helpers import free_port, stop_tree
-from standalone_server import BIN, Standalone, _wait_healthy, standalone_env
+from process_helpers import free_port
+from standalone_server import BIN, running_standalone, standalone_env
 
 pytestmark = pytest.mark.timeout(900)
 DAG_ID = "spot_k8s_triggerer_restart"
@@ -58,19 +58,10 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster, postgres_url):
     # `airflow standalone` migrates its own (fresh) database on start.
     with fresh_database(postgres_url, "spot_airflow_k8s_standalone") as database:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
-        airflow = Standalone(home, env, port)
-        log = open(home / "standalone.log", "wb")
-        airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env,
-                                        stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
         try:
-            _wait_healthy(airflow)
-            yield airflow, work, namespace
+            with running_standalone(home, env, port) as airflow:
+                yield airflow, work, namespace
         finally:
-            for proc in airflow.extra:
-                stop_tree(proc.pid)
-            stop_tree(airflow.proc.pid)
-            log.close()
             kube_cluster.delete_namespace(namespace)
 
 
