@@ -248,12 +248,14 @@ class KubernetesProvider:
                 for lease in leases}
 
     def _selectors(self, leases: Sequence[Lease]) -> dict[str, str]:
+        """A label selector per namespace: the job's when every lease there is of one job;
+        the managed label alone for many jobs, or for a lease known only by its name (no
+        job id: Prefect's ``kill_infrastructure`` has the infrastructure id alone)."""
         by_namespace: dict[str, set[str]] = {}
         for lease in leases:
             namespace = lease.details.get("namespace", self.config.namespace)
             by_namespace.setdefault(namespace, set()).add(lease.job_id)
-        return {ns: pods.job_selector(next(iter(jobs)) if len(jobs) == 1 else None)
-                for ns, jobs in by_namespace.items()}
+        return {ns: pods.job_selector(_only(jobs) or None) for ns, jobs in by_namespace.items()}
 
     def _status(self, lease: Lease, pod: dict | None, nodes: Mapping[str, dict]) -> LeaseStatus:
         if pod is not None and pods.disruption(pod) is not None:
@@ -397,3 +399,8 @@ def annotate_own_pod(key: str, value: str, environ: Mapping[str, str] | None = N
     k8s.call(f"annotate pod {name} (its own)", api.patch_namespaced_pod, name, namespace,
              {"metadata": {"annotations": {key: value}}})
     return name
+
+
+def _only(values: set[str]) -> str | None:
+    """The one value of ``values``, or None when there are several."""
+    return next(iter(values)) if len(values) == 1 else None

@@ -12,6 +12,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
+from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 
 pytestmark = pytest.mark.timeout(300)
@@ -115,3 +116,44 @@ def test_worker_reschedules_a_flow_run_preempted_on_kubernetes_and_it_completes(
     assert record.attempts[-1].pool.market is Market.ON_DEMAND
     assert record.attempts[-1].checkpoint_step_start > 0
     assert not left, f"pods left behind: {left}"
+
+
+def test_cancelling_a_flow_run_deletes_its_pod_when_the_pools_span_two_regions(
+        prefect_api, kube_cluster, kube_namespace, tmp_path):
+    """Prefect hands ``kill_infrastructure`` the infrastructure id alone; the worker tries
+    it in every region its pools cover (an EC2 id does not say its region). A cluster is
+    one place whatever its nodes' regions: every try must find the pod, and it is deleted."""
+    import anyio
+
+    from prefect_spot.workers import SpotWorker
+    from spot_core.model import Market
+    from spot_core.providers import open_provider
+    from spot_core.providers.base import LaunchSpec
+
+    zones = ["eu-west-1a", "ap-south-1b"]  # this test's own pools, in two regions
+    for zone in zones:
+        add_test_pool(kube_cluster, "karpenter", capacity_type="spot", zone=zone, pods=2)
+    options = {"kubeconfig": str(kube_cluster.kubeconfig_path), "namespace": kube_namespace,
+               "image": "flows:1", "pod_template": _shared_volume(tmp_path)}
+    configuration = SpotJobConfiguration(
+        provider="kubernetes", zones=zones, checkpoint_root=(tmp_path / "flows").as_uri(),
+        provider_options=options)
+    launcher = open_provider("kubernetes", **options)  # the run's worker, not this one
+    assert {p.region for p in launcher.pools()} >= {"eu-west-1", "ap-south-1"}
+    pool = next(p for p in launcher.pools() if p.zone == zones[1] and p.market is Market.SPOT)
+    lease = launcher.launch(LaunchSpec(
+        job_id="cancel-me", attempt=1, command=("sleep", "120"),
+        checkpoint_uri=(tmp_path / "flows" / "cancel-me").as_uri()), pool)
+    assert kube_cluster.store.find("pods", kube_namespace, lease.lease_id)
+
+    async def cancel():
+        async with SpotWorker(work_pool_name="spot-kill-k8s",
+                              create_pool_if_not_found=True) as worker:
+            await worker.kill_infrastructure(lease.lease_id, configuration, grace_seconds=1)
+            wait_for(lambda: kube_cluster.store.find("pods", kube_namespace, lease.lease_id)
+                     is None, 30, "the cancelled flow run's pod to go")
+
+    try:
+        anyio.run(cancel)
+    finally:
+        launcher.close()
