@@ -84,7 +84,10 @@ def test_futures_resolve_with_results_and_map(prefect_api, tmp_path):
 
 
 def test_user_error_uses_the_tasks_own_retries(prefect_api, tmp_path):
-    config = SpotConfiguration(provider_options={"start_tick": 600})
+    # A trace minute per wall second: us-west-2b's spot stays up for the whole test
+    # (at the default hour per second the trace reclaims it 8.4 s in, and a loaded machine
+    # saw preemptions this test is not about).
+    config = SpotConfiguration(provider_options={"start_tick": 600, "time_scale": 60.0})
 
     @flow(task_runner=SpotTaskRunner(config, workdir=tmp_path))
     def pipeline():

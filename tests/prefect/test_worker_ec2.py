@@ -117,7 +117,7 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
     # A notice long enough for the flow run's engine to save, report its state and exit,
     # and for the on-instance agent to write its status report (EC2 gives two minutes).
     runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", (REGION,),
-                                 default_instance_env(aws_env, REGION), notice_seconds=10.0,
+                                 default_instance_env(aws_env, REGION), notice_seconds=20.0,
                                  grace_seconds=5.0)
     with runtime, running_worker(pool, tmp_path / "worker.log"):
         run = run_deployment(deployment_id, timeout=0, parameters={
