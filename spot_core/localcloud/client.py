@@ -4,8 +4,8 @@ The provider cannot tell the two apart: it launches, describes and terminates th
 either, and prices with a TraceMarket rebuilt from the server's own configuration, so
 every process that talks to one server sees the same trace at the same moment.
 
-The server answers only with its token: given here, else ``$SPOT_LOCAL_CLOUD_TOKEN``,
-else read from the server's ``workdir``. It is sent in a header and kept out of
+The server answers only with its token: given here, else read from the server's
+``workdir`` (when named and readable), else ``$SPOT_LOCAL_CLOUD_TOKEN``. It is sent in a header and kept out of
 ``repr``, options and logs.
 """
 
@@ -95,12 +95,16 @@ class RemoteLocalCloud:
 
 
 def _token(url: str, token: str | None, workdir: str | Path | None) -> str:
-    """The explicit token, else ``$SPOT_LOCAL_CLOUD_TOKEN``, else the server's token file."""
-    found = token or os.environ.get(TOKEN_ENV)
-    if found:
-        return found.strip()
+    """The explicit token, else the token file of the server's ``workdir`` when one was
+    named and is there, else ``$SPOT_LOCAL_CLOUD_TOKEN``: what names this server beats
+    the environment, which may hold another server's token (a process that talks to
+    two local clouds)."""
+    if token:
+        return token.strip()
     if workdir is not None and (Path(workdir) / TOKEN_FILE).is_file():
         return read_token(workdir)
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV].strip()
     where = "" if workdir is None else f" (no {TOKEN_FILE} in {workdir})"
     raise ConfigError(f"local cloud {url} needs its token{where}: set ${TOKEN_ENV}, or give "
                       f"the server's workdir (provider option workdir=..., where it wrote "

@@ -52,8 +52,8 @@ class LocalProvider:
                 token: str | None = None) -> LocalProvider:
         """A provider over a running local cloud server (leases outlive this process).
 
-        Its token comes from ``token``, else ``$SPOT_LOCAL_CLOUD_TOKEN``, else the
-        server's ``workdir``. The reopen ``options`` name the URL and the workdir, never
+        Its token comes from ``token``, else the server's ``workdir`` (its token file),
+        else ``$SPOT_LOCAL_CLOUD_TOKEN``. The reopen ``options`` name the URL and the workdir, never
         the token: they travel in trigger kwargs and job variables, which are logged."""
         from spot_core.localcloud.client import RemoteLocalCloud
 
@@ -65,7 +65,7 @@ class LocalProvider:
                      prices: str | None = None, time_scale: float = DEFAULT_TIME_SCALE,
                      start_tick: int = 0, workdir: str | None = None) -> LocalProvider:
         """From plain options: a server's ``url`` (or ``$SPOT_LOCAL_CLOUD_URL``; its token
-        from ``$SPOT_LOCAL_CLOUD_TOKEN`` or the server's ``workdir``), else a cloud in this
+        from the server's ``workdir`` or ``$SPOT_LOCAL_CLOUD_TOKEN``), else a cloud in this
         process replaying ``traces`` (paths; default the shipped excerpt) in ``workdir``."""
         url = url or os.environ.get(LOCAL_CLOUD_URL)
         if url:

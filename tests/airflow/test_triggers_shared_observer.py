@@ -57,9 +57,7 @@ async def _first_events(triggers) -> list[dict]:
 
 
 def test_triggers_in_one_loop_share_one_describe_per_poll(tmp_path, monkeypatch):
-    # This test's own server: its token comes from its workdir, not from the session
-    # cloud's $SPOT_LOCAL_CLOUD_TOKEN (which wins over a workdir when set).
-    monkeypatch.delenv("SPOT_LOCAL_CLOUD_TOKEN", raising=False)
+    # This test's own server: its token comes from its workdir.
     monkeypatch.delenv("SPOT_LOCAL_CLOUD_URL", raising=False)
     # 1 tick per wall second: the first zone is taken away after 8 s, the second never.
     traces = [trace(f"{RECLAIMED_ZONE}_v100_1", "1" * 8 + "0" * 400),

@@ -175,3 +175,15 @@ def test_a_client_without_the_token_or_with_a_wrong_one_gets_one_line(tmp_path, 
         monkeypatch.setenv(TOKEN_ENV, "not-the-token")
         with pytest.raises(ConfigError, match="refused our token"):
             open_provider("local", url=server.url)
+
+
+def test_the_servers_own_workdir_beats_another_servers_token_in_the_environment(
+        tmp_path, monkeypatch):
+    """A process that talks to two local clouds (the session's in $SPOT_LOCAL_CLOUD_TOKEN
+    and one of its own): naming a server's workdir reaches that server."""
+    with _server(tmp_path / "a", "1" * 200) as mine, _server(tmp_path / "b", "1" * 200) as other:
+        monkeypatch.setenv(TOKEN_ENV, other.token)
+        provider = open_provider("local", url=mine.url, workdir=str(mine.cloud.workdir))
+        assert provider.pools()
+        monkeypatch.setenv(TOKEN_ENV, mine.token)  # no workdir: the environment's token
+        assert open_provider("local", url=mine.url).pools()
