@@ -177,6 +177,7 @@ class Ec2Provider:
         for client in self.clients.values():
             ec2_lean.install(client)
         self._listed: dict[tuple[str, str], tuple[int, float]] = {}  # (what, region) -> size, when
+        self._s3_clients: dict[str | None, Any] = {}  # region -> the stores' S3 client
         self._zones = self._resolve_subnets()
         from spot_core.market.advisor import load_advisor
 
@@ -214,8 +215,13 @@ class Ec2Provider:
 
         if not uri.startswith("s3://"):
             return open_store(uri)
-        return open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
-                          region=region or self.config.checkpoint_region)
+        region = region or self.config.checkpoint_region
+        client = self._s3_clients.get(region)  # one per region: making one costs ~30 ms CPU
+        store = open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
+                           region=region, client=client)
+        if client is None:
+            self._s3_clients[region] = store.backend.client
+        return store
 
     # -- pools --------------------------------------------------------------------------
     def _resolve_subnets(self) -> dict[str, dict[str, tuple[str, ...]]]:
