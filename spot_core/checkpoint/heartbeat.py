@@ -57,7 +57,7 @@ class Heartbeat:
 
         The store is read only before this object's first renewal (to continue above an
         earlier driver's sequence); after that its own counter does, so a renewal is one
-        write (a triggerer watching 1,000 jobs renews 1,000 heartbeats every 30 s)."""
+        write (a triggerer watching 1,000 jobs renews 1,000 heartbeats a minute)."""
         if self._sequence == 0:
             last = self.read()
             self._sequence = 0 if last is None else last.sequence
