@@ -15,7 +15,11 @@ observer:
    2-core box); calls counted by the server (``GET /stats``).
 
 Each job's record is the controller's (a JobRecord with its running attempt on the
-lease, the ``watch`` Next the operator defers with). After one warm-up poll, the
+lease, the ``watch`` Next the operator defers with). Each lease is launched as the
+controller launches one (a first heartbeat, then the default ``heartbeat_timeout`` in its
+LaunchSpec), and the servers die with this process, so a killed benchmark leaves no step
+or server running. The EC2 jobs' stores are S3 on the same moto, as in production: their
+heartbeat renewals are counted apart from the provider's calls per poll. After one warm-up poll, the
 process's CPU time (every thread: the event loop, the observer, ``check``'s worker
 threads; not moto's or the local cloud's) is measured over ``--seconds`` of watching at
 ``--poll-interval``. Printed: describes and calls per poll, CPU-seconds per job-hour and
