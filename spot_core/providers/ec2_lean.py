@@ -55,7 +55,10 @@ def _cut(operation_model: Any, response_dict: dict, **_: Any) -> None:
     kept = KEPT.get(operation_model.name)
     body = response_dict.get("body")
     if kept is not None and body:
-        response_dict["body"] = cut(body, *kept)
+        try:
+            response_dict["body"] = cut(body, *kept)
+        except ElementTree.ParseError:  # left whole: botocore's parser says what is wrong
+            pass
 
 
 def cut(body: bytes, list_element: str, keep: frozenset[str]) -> bytes:
