@@ -33,12 +33,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM when the benchmark process dies, even by
+    SIGKILL (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing), so a killed benchmark leaves
+    no server behind."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_moto() -> tuple[subprocess.Popen, str]:
     port = _free_port()
     binary = Path(sys.executable).with_name("moto_server")
     command = [str(binary)] if binary.exists() else [sys.executable, "-m", "moto.server"]
     proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

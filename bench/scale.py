@@ -15,7 +15,11 @@ observer:
    2-core box); calls counted by the server (``GET /stats``).
 
 Each job's record is the controller's (a JobRecord with its running attempt on the
-lease, the ``watch`` Next the operator defers with). After one warm-up poll, the
+lease, the ``watch`` Next the operator defers with). Each lease is launched as the
+controller launches one (a first heartbeat, then the default ``heartbeat_timeout`` in its
+LaunchSpec), and the servers die with this process, so a killed benchmark leaves no step
+or server running. The EC2 jobs' stores are S3 on the same moto, as in production: their
+heartbeat renewals are counted apart from the provider's calls per poll. After one warm-up poll, the
 process's CPU time (every thread: the event loop, the observer, ``check``'s worker
 threads; not moto's or the local cloud's) is measured over ``--seconds`` of watching at
 ``--poll-interval``. Printed: describes and calls per poll, CPU-seconds per job-hour and
@@ -41,11 +45,24 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from bench.aws import start_moto
+from bench.aws import die_with_parent, start_moto
 
 REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
-CONTROLLER = {"heartbeat_timeout": 600.0, "observe_failure_timeout": 600.0,
+# heartbeat_timeout: the settings default; each lease's watcher ends its step once nobody
+# renews the heartbeat that long, so a killed benchmark leaves no step running.
+CONTROLLER = {"heartbeat_timeout": 300.0, "observe_failure_timeout": 600.0,
               "attempt_timeout": 86400.0}
+
+
+def launch_spec(job_id: str, store):
+    """A lease's launch as the controller makes it: a first heartbeat in the job's store,
+    then a LaunchSpec whose node watcher gives up on a silent driver."""
+    from spot_core.checkpoint.heartbeat import Heartbeat
+    from spot_core.providers.base import LaunchSpec
+
+    Heartbeat(store).renew(1, time.time())
+    return LaunchSpec(job_id, 1, ("sleep", "86400"), store.uri,
+                      heartbeat_timeout=CONTROLLER["heartbeat_timeout"])
 
 
 # -- the jobs: controller records on launched leases, as deferred trigger rows ----------------
@@ -63,14 +80,13 @@ def watch_next(lease, checkpoint_uri: str):
                 lease=lease)
 
 
-def trigger_rows(provider_name: str, options: dict, leases, store_root: Path,
-                 poll_interval: float) -> list:
-    """Each job's SpotJobTrigger, serialized and rebuilt as the triggerer does."""
+def trigger_rows(provider_name: str, options: dict, leases, uris, poll_interval: float) -> list:
+    """Each job's SpotJobTrigger (``uris``: the jobs' stores), serialized and rebuilt as the
+    triggerer does."""
     from airflow_spot.triggers.spot import SpotJobTrigger
 
     rows = []
-    for lease in leases:
-        uri = (store_root / lease.job_id).as_uri()
+    for lease, uri in zip(leases, uris):
         trigger = SpotJobTrigger(provider=provider_name, provider_options=options,
                                  next=watch_next(lease, uri).to_dict(), checkpoint_uri=uri,
                                  controller_options={**CONTROLLER, "poll_interval": poll_interval})
@@ -82,15 +98,16 @@ def trigger_rows(provider_name: str, options: dict, leases, store_root: Path,
 
 # -- running them in one event loop ---------------------------------------------------------------
 async def _watch(triggers, observer, seconds: float, poll_interval: float,
-                 count_calls) -> dict:
-    """Run every trigger; after one warm-up poll, measure ``seconds`` of watching."""
+                 count_calls, warm) -> dict:
+    """Run every trigger; once every lease is watched, two polls were made and ``warm()``
+    holds (each job's first heartbeat renewal is done), measure ``seconds`` of watching."""
     async def drive(trigger):
         async for event in trigger.run():
             return event.payload
 
     tasks = [asyncio.create_task(drive(t)) for t in triggers]
     give_up = time.monotonic() + 300
-    while len(observer.watched()) < len(triggers) or observer.polls < 2:
+    while len(observer.watched()) < len(triggers) or observer.polls < 2 or not warm():
         if time.monotonic() > give_up or any(t.done() for t in tasks):
             fired = [t.result() for t in tasks if t.done()][:3]
             raise RuntimeError(f"the triggers did not all start watching: {fired}")
@@ -107,16 +124,17 @@ async def _watch(triggers, observer, seconds: float, poll_interval: float,
     await asyncio.gather(*tasks, return_exceptions=True)
     jobs = len(triggers)
     job_hours = jobs * wall / 3600.0
+    api = sum(v for k, v in calls.items() if not k.startswith("S3 "))  # not the jobs' stores
     return {"jobs": jobs, "ended_during_window": ended, "poll_interval_s": poll_interval,
             "window_s": round(wall, 1), "polls": polls, "observer_describes": describes,
-            "server_calls": calls,
-            "server_calls_per_poll": round(sum(calls.values()) / max(polls, 1), 2),
+            "server_calls": calls, "server_calls_per_poll": round(api / max(polls, 1), 2),
             "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
             "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3)}
 
 
-def run_loop(triggers, observer, seconds, poll_interval, count_calls) -> dict:
-    return asyncio.run(_watch(triggers, observer, seconds, poll_interval, count_calls))
+def run_loop(triggers, observer, seconds, poll_interval, count_calls,
+             warm=lambda: True) -> dict:
+    return asyncio.run(_watch(triggers, observer, seconds, poll_interval, count_calls, warm))
 
 
 def _observer_of(trigger):
@@ -138,7 +156,7 @@ def moto_calls(recording: Path):
             body = entry.get("body") or ""
             if entry.get("body_encoded"):
                 body = base64.b64decode(body).decode(errors="replace")
-            action = (parse_qs(body).get("Action") or ["(non-query)"])[0]
+            action = (parse_qs(body).get("Action") or [f"S3 {entry.get('method')}"])[0]
             counts[action] = counts.get(action, 0) + 1
         return counts
     return count
@@ -151,7 +169,6 @@ def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> 
 
     from spot_core.model import Market, Pool
     from spot_core.providers import open_provider
-    from spot_core.providers.base import LaunchSpec
 
     work.mkdir(parents=True, exist_ok=True)
     recording = work / "moto-recording.jsonl"
@@ -164,21 +181,23 @@ def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> 
         subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18",
                                    AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
         image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        boto3.client("s3", region_name=REGION, endpoint_url=endpoint).create_bucket(
+            Bucket="bench")
         options = {"region": REGION, "endpoint_url": endpoint, "subnets": [subnet],
                    "instance_types": [INSTANCE_TYPE], "image_id": image}
         provider = open_provider("ec2", **options)
         pool = Pool("aws", REGION, ZONE, INSTANCE_TYPE, Market.SPOT)
         started = time.monotonic()
-        launched = [provider.launch(LaunchSpec(f"scale-{i}", 1, ("sleep", "86400"),
-                                               f"s3://bench/scale-{i}"), pool)
-                    for i in range(leases)]
+        uris = [f"s3://bench/scale-{i}" for i in range(leases)]
+        launched = [provider.launch(launch_spec(f"scale-{i}", provider.open_store(uri)), pool)
+                    for i, uri in enumerate(uris)]
         launch_s = time.monotonic() - started
-        triggers = trigger_rows("ec2", dict(provider.options), launched, work / "stores",
-                                poll_interval)
+        triggers = trigger_rows("ec2", dict(provider.options), launched, uris, poll_interval)
         urllib.request.urlopen(urllib.request.Request(
             f"{endpoint}/moto-api/recorder/start-recording", method="POST"), timeout=10)
-        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval,
-                          moto_calls(recording))
+        count = moto_calls(recording)
+        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval, count,
+                          warm=lambda: count().get("S3 PUT", 0) >= leases)
         result["launch_s"] = round(launch_s, 1)
         return result
     finally:
@@ -188,27 +207,26 @@ def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> 
 
 # -- the local cloud ------------------------------------------------------------------------------------
 def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
+    from spot_core.checkpoint import open_store
     from spot_core.localcloud.server import client_environ
     from spot_core.model import Market
     from spot_core.providers import open_provider
-    from spot_core.providers.base import LaunchSpec
 
     work.mkdir(parents=True, exist_ok=True)
     server = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
                                str(work / "cloud"), "--time-scale", "1"],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
     try:
         url = server.stdout.readline().strip()
         os.environ.update(client_environ(url, work / "cloud"))
         provider = open_provider("local", url=url, workdir=str(work / "cloud"))
         pool = provider.pools()[0].on(Market.ON_DEMAND)  # no reclaim during the window
         started = time.monotonic()
-        launched = [provider.launch(LaunchSpec(f"scale-{i}", 1, ("sleep", "86400"),
-                                               (work / "stores" / f"scale-{i}").as_uri()),
-                                    pool) for i in range(leases)]
+        uris = [(work / "stores" / f"scale-{i}").as_uri() for i in range(leases)]
+        launched = [provider.launch(launch_spec(f"scale-{i}", open_store(uri)), pool)
+                    for i, uri in enumerate(uris)]
         launch_s = time.monotonic() - started
-        triggers = trigger_rows("local", dict(provider.options), launched, work / "stores",
-                                poll_interval)
+        triggers = trigger_rows("local", dict(provider.options), launched, uris, poll_interval)
 
         def count() -> dict[str, int]:
             return provider.cloud.stats()["requests"]

@@ -217,6 +217,7 @@ class Controller:
         self._sleep = sleep
         self._plans: dict[tuple, DeadlinePlan | None] = {}
         self._beats: dict[str, float] = {}  # job id -> when this process last renewed
+        self._heartbeats: dict[tuple[str, str], Heartbeat] = {}  # (job id, store) -> writer
         self._drain_looks: dict[str, float] = {}  # job id -> when a drain was last considered
         # job id -> the record last persisted, while the job is unsettled: what `run` stops
         # when it is interrupted, even between a launch and the Next that names its lease.
@@ -495,7 +496,7 @@ class Controller:
         start_ref = store.latest()
         start_step = None if start_ref is None else start_ref.step
         if self.heartbeat_timeout is not None:
-            Heartbeat(store).renew(number, now)  # the node's watcher must see one at once
+            self._heartbeat(spec, store).renew(number, now)  # the watcher must see one at once
             self._beats[spec.job_id] = now
         launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
                             checkpoint_uri=spec.checkpoint_uri, env=spec.env, image=spec.image,
@@ -603,14 +604,25 @@ class Controller:
         """Tell the node's watcher a driver still watches (throttled; never fatal)."""
         if self.heartbeat_timeout is None:
             return
-        every = min(self.heartbeat_timeout / 4, 30.0)
+        # A quarter of the timeout, at most a minute: each renewal is a store write per job
+        # (1,000 watched jobs: 1,000 S3 PUTs a minute at the 5m default, not every 30 s).
+        every = min(self.heartbeat_timeout / 4, 60.0)
         if now - self._beats.get(spec.job_id, float("-inf")) < every:
             return
         try:
-            Heartbeat(self.stores(spec.checkpoint_uri)).renew(lease.attempt, now)
+            self._heartbeat(spec).renew(lease.attempt, now)
             self._beats[spec.job_id] = now
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the heartbeat: %s", spec.job_id, exc)
+
+    def _heartbeat(self, spec: JobSpec, store: CheckpointStore | None = None) -> Heartbeat:
+        """The job's heartbeat writer, made once per job and store: its store (for S3, its
+        client) is opened once, not at every renewal."""
+        key = (spec.job_id, spec.checkpoint_uri)
+        heartbeat = self._heartbeats.get(key)
+        if heartbeat is None:
+            heartbeat = self._heartbeats[key] = Heartbeat(store or self.stores(spec.checkpoint_uri))
+        return heartbeat
 
     def _observe_failed(self, spec: JobSpec, watch: Next, exc: Exception, now: float) -> Next:
         """A failed observation is not a lease end; only a sustained failure is."""

@@ -26,7 +26,13 @@ moves on to the next pool; throttling is backed off (bounded) in ``spot_core.ada
 ``observe`` answers any number of leases with one ``describe_instances`` per region per
 500 instances, one ``describe_spot_instance_requests`` for the spot ones still running,
 an optional drain of an EventBridge SQS queue, and, only for instances that have ended,
-a read of the status object the on-instance agent wrote next to the checkpoints.
+a read of the status object the on-instance agent wrote next to the checkpoints. When a
+region watches more leases than one call by id answers (``DESCRIBE_BATCH``), it lists
+instead, when that takes fewer calls: the region's live instances tagged
+``spot-pipelines:managed=true`` (and open or active spot requests), ``LIST_PAGE`` per
+page, following ``NextToken``; the leases a listing lacks (ended ones, mostly) are then
+described by id as before. Answers are cut to the fields ``observe`` reads before botocore
+parses them (``ec2_lean``).
 
 Cross-region: the checkpoint stays where it was written (``checkpoint_region``); an
 attempt in another region reads it from there, and the bytes of the checkpoint it resumes
@@ -49,7 +55,7 @@ from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureErr
 from spot_core.market.ec2 import Ec2Market
 from spot_core.model import Lease, Market, Pool
 from spot_core.adaptors import aws
-from spot_core.providers import ec2_agent
+from spot_core.providers import ec2_agent, ec2_lean
 from spot_core.providers.ec2_bootstrap import Bootstrap
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
 
@@ -59,7 +65,11 @@ CLOUD = "aws"
 TAG_MANAGED = "spot-pipelines:managed"
 TAG_JOB = "spot-pipelines:job"
 TAG_ATTEMPT = "spot-pipelines:attempt"
-DESCRIBE_BATCH = 500
+DESCRIBE_BATCH = 500     # ids per describe by id
+LIST_PAGE = 1000         # MaxResults of a listing (EC2's maximum; not allowed with ids)
+LISTED_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
+LISTED_SPOT_STATES = ("open", "active")
+LIST_SIZE_MEMORY = 600.0  # seconds a listing's size is trusted to predict the next one
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 NOTICE_CODES = frozenset({"marked-for-termination", "marked-for-stop", "marked-for-hibernation"})
 RECLAIM_CODES = frozenset({"instance-terminated-by-price", "instance-terminated-no-capacity",
@@ -164,6 +174,10 @@ class Ec2Provider:
                                                            endpoint_url=options.endpoint_url,
                                                            session=self.access)
                                         for r in options.regions})
+        for client in self.clients.values():
+            ec2_lean.install(client)
+        self._listed: dict[tuple[str, str], tuple[int, float]] = {}  # (what, region) -> size, when
+        self._s3_clients: dict[str | None, Any] = {}  # region -> the stores' S3 client
         self._zones = self._resolve_subnets()
         from spot_core.market.advisor import load_advisor
 
@@ -201,8 +215,13 @@ class Ec2Provider:
 
         if not uri.startswith("s3://"):
             return open_store(uri)
-        return open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
-                          region=region or self.config.checkpoint_region)
+        region = region or self.config.checkpoint_region
+        client = self._s3_clients.get(region)  # one per region: making one took ~0.19 s of CPU here
+        store = open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
+                           region=region, client=client)
+        if client is None:
+            self._s3_clients[region] = store.backend.client
+        return store
 
     # -- pools --------------------------------------------------------------------------
     def _resolve_subnets(self) -> dict[str, dict[str, tuple[str, ...]]]:
@@ -400,6 +419,10 @@ class Ec2Provider:
 
     # -- observe ------------------------------------------------------------------------
     def observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
+        with ec2_lean.lean():
+            return self._observe(leases)
+
+    def _observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
         self._drain_events()
         by_region: dict[str, list[Lease]] = {}
         for lease in leases:
@@ -425,10 +448,41 @@ class Ec2Provider:
             log.warning("could not read interruption events: %s", exc)
 
     def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict]:
+        """Instance id -> description, by id (``DESCRIBE_BATCH`` per call), or, for many
+        ids, from a listing of the project's live instances when that takes fewer calls;
+        an id the listing lacks is still described by id (so an unknown one reads as
+        before: not found)."""
         found: dict[str, dict] = {}
-        for start in range(0, len(instance_ids), DESCRIBE_BATCH):
-            found.update(self._describe_batch(region, list(instance_ids[start:start + DESCRIBE_BATCH])))
+        if self._listing_pays("instances", region, len(instance_ids)):
+            listed = self._list_instances(region)
+            found = {i: listed[i] for i in instance_ids if i in listed}
+        missing = [i for i in instance_ids if i not in found]
+        for start in range(0, len(missing), DESCRIBE_BATCH):
+            found.update(self._describe_batch(region, missing[start:start + DESCRIBE_BATCH]))
         return found
+
+    def _listing_pays(self, what: str, region: str, wanted: int) -> bool:
+        """Whether one listing (pages of ``LIST_PAGE``, sized as the last one in the past
+        ``LIST_SIZE_MEMORY`` s, else as ``wanted``) takes fewer calls than by id."""
+        if wanted <= DESCRIBE_BATCH:
+            return False
+        size, when = self._listed.get((what, region), (0, -LIST_SIZE_MEMORY))
+        if time.monotonic() - when > LIST_SIZE_MEMORY:
+            size = 0
+        return -(-max(size, wanted) // LIST_PAGE) < -(-wanted // DESCRIBE_BATCH)
+
+    def _list_instances(self, region: str) -> dict[str, dict]:
+        """The region's live instances tagged by the project (any job, any driver)."""
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                   {"Name": "instance-state-name", "Values": list(LISTED_STATES)}]
+        client = self.clients[region]
+        pages = aws.call(f"ec2:DescribeInstances in {region}", lambda: list(
+            client.get_paginator("describe_instances").paginate(
+                Filters=filters, PaginationConfig={"PageSize": LIST_PAGE})))
+        listed = {i["InstanceId"]: i for page in pages for r in page["Reservations"]
+                  for i in r["Instances"]}
+        self._listed[("instances", region)] = (len(listed), time.monotonic())
+        return listed
 
     def _describe_batch(self, region: str, ids: list[str]) -> dict[str, dict]:
         if not ids:
@@ -463,6 +517,11 @@ class Ec2Provider:
         """instance id -> spot request status code, for spot instances that have a request."""
         requests = [i["SpotInstanceRequestId"] for i in instances if i.get("SpotInstanceRequestId")]
         codes: dict[str, str] = {}
+        if self._listing_pays("spot", region, len(requests)):
+            listed = self._list_spot_requests(region)
+            codes = {listed[rid].get("InstanceId", ""): listed[rid].get("Status", {}).get("Code", "")
+                     for rid in requests if rid in listed}
+            requests = [rid for rid in requests if rid not in listed]
         for start in range(0, len(requests), DESCRIBE_BATCH):  # as many ids per call
             answer = aws.call(f"ec2:DescribeSpotInstanceRequests in {region}",
                               self.clients[region].describe_spot_instance_requests,
@@ -470,6 +529,18 @@ class Ec2Provider:
             codes.update({r.get("InstanceId", ""): r.get("Status", {}).get("Code", "")
                           for r in answer.get("SpotInstanceRequests", [])})
         return codes
+
+    def _list_spot_requests(self, region: str) -> dict[str, dict]:
+        """The region's open and active spot requests (a closed one is asked by id)."""
+        client = self.clients[region]
+        pages = aws.call(f"ec2:DescribeSpotInstanceRequests in {region}", lambda: list(
+            client.get_paginator("describe_spot_instance_requests").paginate(
+                Filters=[{"Name": "state", "Values": list(LISTED_SPOT_STATES)}],
+                PaginationConfig={"PageSize": LIST_PAGE})))
+        listed = {r["SpotInstanceRequestId"]: r for page in pages
+                  for r in page.get("SpotInstanceRequests", [])}
+        self._listed[("spot", region)] = (len(listed), time.monotonic())
+        return listed
 
     def _status(self, lease: Lease, instance: Mapping[str, Any] | None,
                 spot_codes: Mapping[str, str]) -> LeaseStatus:

@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,33 +24,42 @@ from process_helpers import free_port  # noqa: F401  (also imported from here)
 REGION = "us-east-1"
 
 
-@pytest.fixture(scope="session")
-def moto_server(tmp_path_factory):
-    pytest.importorskip("moto")
+@contextmanager
+def running_moto(log: Path) -> Iterator[str]:
+    """A ``moto_server`` of its own on a free port (bounded wait for it to answer), its
+    output in ``log``; stopped on exit."""
     port = free_port()
     binary = Path(sys.executable).with_name("moto_server")
     command = [str(binary)] if binary.exists() else [sys.executable, "-m", "moto.server"]
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory):
+    pytest.importorskip("moto")
+    with running_moto(tmp_path_factory.mktemp("moto") / "moto.log") as url:
+        yield url
 
 
 AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",

@@ -2,18 +2,20 @@
 
 It stands between a client library and a real server (the local cloud server, moto), so
 the client meets the same transient failures a cloud API gives: the code under test is
-unmodified, and so is the server.
+unmodified, and so is the server. It also counts what it forwards (``forwarded``: per EC2
+query ``Action``, else per method and path), i.e. the requests the server answered.
 """
 
 from __future__ import annotations
 
+import collections
 import http.client
 import socket
 import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 
 class FaultProxy:
@@ -32,6 +34,8 @@ class FaultProxy:
         self.delay = delay
         self.mode: str | None = None
         self.failed = 0
+        self.forwarded: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -70,6 +74,7 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(data)
                     return
+                proxy._count(self.command, self.path, body)
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,
                                                   timeout=30)
                 headers = {k: v for k, v in self.headers.items()
@@ -95,6 +100,11 @@ class FaultProxy:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _count(self, method: str, path: str, body: bytes) -> None:
+        action = parse_qs(body.decode(errors="replace")).get("Action") if body else None
+        with self._lock:
+            self.forwarded[action[0] if action else f"{method} {path.split('?')[0]}"] += 1
 
     @property
     def url(self) -> str:

@@ -19,10 +19,11 @@ import time
 import pytest
 
 from aws_helpers import (client, count_calls, inject_errors, make_network,
-                         managed_live_instances, preempt_after_checkpoints, unique)
+                         managed_live_instances, preempt_after_checkpoints, running_moto,
+                         unique)
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
-from spot_core.model import Market
+from spot_core.model import Lease, Market, Pool
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.ec2 import Ec2Provider
@@ -186,6 +187,95 @@ def test_observe_batches_many_leases_into_few_calls(aws_env, net):
         provider.terminate(leases[0])
         provider.terminate(leases[0])  # idempotent
         assert provider.observe(leases[:1])[leases[0].lease_id].state is LeaseState.TERMINATED
+
+
+def _spot_leases(endpoint: str, net: dict, count: int) -> list[Lease]:
+    """``count`` spot instances with spot requests, tagged as the provider tags its own
+    (bulk-made by the test's client: launching each through the provider takes minutes)."""
+    ec2 = client("ec2", endpoint)
+    vpc = ec2.describe_subnets(SubnetIds=net["subnets"][:1])["Subnets"][0]["VpcId"]
+    cidr = f"10.{vpc_octet(ec2, vpc)}.64.0/20"  # 4,091 addresses; the net's /24s hold 251
+    subnet = next((s["SubnetId"] for s in ec2.describe_subnets(Filters=[
+        {"Name": "cidr-block", "Values": [cidr]}])["Subnets"]), None) or ec2.create_subnet(
+        VpcId=vpc, CidrBlock=cidr, AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    answer = ec2.request_spot_instances(InstanceCount=count, LaunchSpecification={
+        "ImageId": net["image_id"], "InstanceType": "g5.xlarge", "SubnetId": subnet})
+    requests = [r["SpotInstanceRequestId"] for r in answer["SpotInstanceRequests"]]
+    described = ec2.describe_spot_instance_requests(
+        SpotInstanceRequestIds=requests)["SpotInstanceRequests"]
+    assert len(described) == count and all(r.get("InstanceId") for r in described)
+    job = unique("many")
+    ec2.create_tags(Resources=[r["InstanceId"] for r in described], Tags=[
+        {"Key": "spot-pipelines:managed", "Value": "true"},
+        {"Key": "spot-pipelines:job", "Value": job}, {"Key": "spot-pipelines:attempt", "Value": "1"}])
+    pool = Pool("aws", "us-east-1", "us-east-1a", "g5.xlarge", Market.SPOT)
+    return [Lease(lease_id=r["InstanceId"], pool=pool, job_id=f"{job}-{n}", attempt=1,
+                  started_at=time.time(), price_per_hour=1.0,
+                  details={"spot_request_id": r["SpotInstanceRequestId"]})
+            for n, r in enumerate(described)]
+
+
+def _add_spot_request_ids(ec2, leases: list[Lease]) -> None:
+    """moto's instances lack the ``SpotInstanceRequestId`` EC2 reports for a spot instance
+    (docs/aws.md, moto limits): put moto's own request id back into each answer."""
+    ids = {l.lease_id: l.details["spot_request_id"] for l in leases}
+
+    def add(parsed, **_):
+        for reservation in parsed.get("Reservations", []):
+            for instance in reservation["Instances"]:
+                if instance["InstanceId"] in ids:
+                    instance["SpotInstanceRequestId"] = ids[instance["InstanceId"]]
+
+    ec2.meta.events.register("after-call.ec2.DescribeInstances", add)
+
+
+def vpc_octet(ec2, vpc: str) -> str:
+    return ec2.describe_vpcs(VpcIds=[vpc])["Vpcs"][0]["CidrBlock"].split(".")[1]
+
+
+@pytest.mark.timeout(300)  # moto takes ~20 s to make 600 spot requests, ~8 s per describe
+def test_observe_lists_many_leases_in_one_request_each(aws_env, tmp_path):
+    """600 watched spot leases: one DescribeInstances (the project's tag, MaxResults=1000) and
+    one DescribeSpotInstanceRequests reach the server per poll, not 2 + 2 by id; leases the
+    listing lacks (terminated meanwhile) are still described by id and read as ended; a few
+    leases go by id. Requests are counted where moto receives them. On a moto server of its
+    own: 600 more instances would slow every later describe on the shared one."""
+    with running_moto(tmp_path / "moto.log") as endpoint:
+        _observe_many(endpoint, make_network(endpoint))
+
+
+def _observe_many(endpoint: str, net: dict) -> None:
+    from fault_proxy import FaultProxy
+
+    leases = _spot_leases(endpoint, net, 600)
+    ec2 = client("ec2", endpoint)
+    try:
+        with FaultProxy(endpoint) as proxy, _provider(proxy.url, net) as provider:
+            _add_spot_request_ids(provider.clients["us-east-1"], leases)
+            proxy.forwarded.clear()
+            statuses = provider.observe(leases)
+            assert len(statuses) == 600
+            assert {s.state for s in statuses.values()} == {LeaseState.RUNNING}
+            assert proxy.forwarded == {"DescribeInstances": 1, "DescribeSpotInstanceRequests": 1}
+
+            gone = [leases[3].lease_id, leases[400].lease_id]
+            ec2.terminate_instances(InstanceIds=gone)
+            proxy.forwarded.clear()
+            statuses = provider.observe(leases)
+            ended = {lid for lid, s in statuses.items() if s.ended}
+            assert ended == set(gone)
+            assert all(statuses[lid].state is LeaseState.TERMINATED for lid in gone)
+            assert proxy.forwarded == {"DescribeInstances": 2, "DescribeSpotInstanceRequests": 1}
+
+            proxy.forwarded.clear()
+            few = provider.observe(leases[:3])
+            assert [few[l.lease_id].state for l in leases[:3]] == \
+                [LeaseState.RUNNING, LeaseState.RUNNING, LeaseState.RUNNING]
+            assert proxy.forwarded == {"DescribeInstances": 1, "DescribeSpotInstanceRequests": 1}
+    finally:
+        ec2.terminate_instances(InstanceIds=[l.lease_id for l in leases])
+        ec2.cancel_spot_instance_requests(
+            SpotInstanceRequestIds=[l.details["spot_request_id"] for l in leases])
 
 
 def test_cleanup_orphans_terminates_what_is_tagged(aws_env, net):
