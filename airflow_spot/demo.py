@@ -43,14 +43,15 @@ DAGS_FOLDER = _PACKAGED_DAGS if _PACKAGED_DAGS.is_dir() else Path(__file__).reso
 # on-demand.
 TIME_SCALE = 1800.0
 START_TICK = 420
-# `make demo ENGINE=airflow` replays that stretch twice as fast with half the DAG's
-# simulated compute per step (its default 0.03 s): each step still spans the same trace
-# time, so training meets the same ticks at the same steps and is preempted the same
-# two times, in half the wall time. Under dag.test() an attempt costs Airflow about a
-# second (no scheduler, no executor, no trigger hold), which this speed allows; the
-# scheduler-run DAG (standalone, a deployment) keeps the defaults above.
-DEMO_TIME_SCALE = 2 * TIME_SCALE
-DEMO_STEP_SECONDS = 0.015
+# `make demo ENGINE=airflow` replays that stretch three times as fast with a third of the
+# DAG's simulated compute per step (its default 0.03 s): each step still spans the same
+# trace time, so training meets the same ticks at the same steps and is preempted the
+# same two times, in a third of the wall time. Under dag.test() an attempt costs Airflow
+# about a second (no scheduler, no executor, no trigger hold), which this speed allows;
+# the scheduler-run DAG (standalone, a deployment) keeps the defaults above.
+DEMO_SPEEDUP = 3
+DEMO_TIME_SCALE = DEMO_SPEEDUP * TIME_SCALE
+DEMO_STEP_SECONDS = 0.03 / DEMO_SPEEDUP
 SERVER_START_TIMEOUT = 60.0
 RESULT_KEYS = ("engine", "attempts", "preemptions", "fallbacks", "resumed_from_steps",
                "spot_cost", "on_demand_cost", "savings_fraction", "lost_work_seconds",
