@@ -27,7 +27,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
+    """The parser with ``commands`` registered (each imports its module: all of them
+    for ``--help``, only the one named on the command line otherwise)."""
     parser = _Parser(
         prog="spot-pipelines",
         description="Run ML pipeline steps on spot capacity, safely.")
@@ -36,14 +38,27 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging level for diagnostics on stderr (default WARNING)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    for name in commands:
         module = importlib.import_module(f"spot_core.commands.{name}")
         module.register(subparsers)
     return parser
 
 
+def _named_command(argv: Sequence[str]) -> tuple[str, ...]:
+    """The command ``argv`` names, if its first word after the global options is one.
+
+    Registering only that command spares every process the other commands' imports:
+    the watcher that wraps each step (``spot-pipelines watch``, started per attempt)
+    would otherwise load the simulator and NumPy before it starts the step."""
+    words = list(argv)
+    while words and words[0].startswith("--log-level"):
+        words = words[1:] if "=" in words[0] else words[2:]
+    return (words[0],) if words and words[0] in COMMANDS else COMMANDS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_named_command(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

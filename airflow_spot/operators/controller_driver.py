@@ -43,6 +43,22 @@ MAX_ROUNDS = 1000  # decide -> apply rounds per try; the policy's budgets end a 
 UNLIMITED_USER_RETRIES = 1_000_000
 
 
+def defer_hold_seconds() -> float:
+    """How long a trigger holds its event: ``MIN_DEFER_SECONDS``, or nothing when this
+    task runs inside the process that runs its trigger. ``dag.test()`` (the Airflow demo,
+    the example DAG's tests) runs each task in process and then the trigger inline,
+    after the task has returned: no executor is there to report the deferral late, so
+    a hold would only add 15 s to every attempt and every mapped shard."""
+    try:
+        from airflow.sdk.execution_time import task_runner
+        from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+    except ImportError:  # another Task SDK layout: keep the safe hold
+        return MIN_DEFER_SECONDS
+    in_process = isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None),
+                            InProcessSupervisorComms)
+    return 0.0 if in_process else MIN_DEFER_SECONDS
+
+
 class SpotUserStepFailed(AirflowException):
     """The step's own code failed on its capacity; Airflow's retries apply."""
 
@@ -244,7 +260,7 @@ class ControllerDriverMixin:
                               not_before=not_before)
 
     def _defer(self, spec: JobSpec, nxt: Next) -> None:
-        trigger = self._trigger(spec, nxt, not_before=time.time() + MIN_DEFER_SECONDS)
+        trigger = self._trigger(spec, nxt, not_before=time.time() + defer_hold_seconds())
         # Airflow's own bound sits past the controller's (attempt limit, observe failures).
         end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.settings.observe_failure_timeout
         timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)

@@ -8,6 +8,7 @@ lost work, and the final weights' SHA-256 next to an uninterrupted run's.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -136,6 +137,9 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
                               f"with --provider {args.provider}")
     extra = {} if args.provider == "local" else {"provider": args.provider}
     report = run_demo(workdir=args.workdir, steps=args.steps, **extra)
+    # The process ends after this report: spare it the final garbage collection over the
+    # engine's heap (Airflow's took 4 s at exit on a loaded 2-core machine, 0.25 s frozen).
+    gc.freeze()
     if args.json:
         print(json.dumps(report), flush=True)
     return 0 if report["final_weights_sha256"] == report["uninterrupted_weights_sha256"] else 1

@@ -95,17 +95,20 @@ def pipeline_cloud(workdir, airflow_home):
     the step meets the same stretch of the trace (two preemptions) however long the
     tests before it ran. (The shared ``cloud_url`` replays from its start: by the time
     this DAG ran in a full suite, it was minutes further on.)"""
-    from airflow_spot.demo import cloud_server
+    from airflow_spot.demo import DEMO_TIME_SCALE, cloud_server
 
-    with cloud_server(workdir / "pipeline-cloud", start_on_first_client=True) as url:
+    with cloud_server(workdir / "pipeline-cloud", time_scale=DEMO_TIME_SCALE,
+                      start_on_first_client=True) as url:
         yield url
 
 
 @pytest.fixture(scope="session")
 def pipeline_run(pipeline_cloud, workdir):
-    """The example DAG run once under dag.test(): (dag run, task instances, report.json)."""
+    """The example DAG run once under dag.test() as the demo runs it (its replay speed
+    and compute per step): (dag run, task instances, report.json)."""
     import json
 
+    from airflow_spot.demo import DEMO_STEP_SECONDS
     from spot_core.localcloud.server import client_environ
 
     environ = {**client_environ(pipeline_cloud, workdir / "pipeline-cloud"),
@@ -113,7 +116,8 @@ def pipeline_run(pipeline_cloud, workdir):
     saved = {name: os.environ.get(name) for name in environ}
     os.environ.update(environ)
     try:
-        run = load_dag("spot_ml_pipeline").test(run_conf={"workdir": str(workdir), "steps": 2000})
+        run = load_dag("spot_ml_pipeline").test(run_conf={
+            "workdir": str(workdir), "steps": 2000, "step_seconds": DEMO_STEP_SECONDS})
     finally:
         for name, value in saved.items():
             if value is None:
