@@ -67,10 +67,12 @@ bench-interval: $(CORE)/.synced
 bench-aws: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.aws
 
-# 1,000 deferred SpotJobTriggers in one event loop (EC2 on moto, the local cloud): API calls
-# per poll and CPU-seconds per job-hour (see bench/README.md).
-bench-scale: $(AIRFLOW)/.synced
+# 1,000 deferred SpotJobTriggers in one event loop (EC2 on moto, the local cloud), then one
+# Prefect spot worker with 200 flow runs on EC2 (moto): API calls per poll and CPU-seconds
+# per job-hour (see bench/README.md).
+bench-scale: $(AIRFLOW)/.synced $(PREFECT)/.synced
 	$(AIRFLOW)/bin/python -m bench.scale
+	$(PREFECT)/bin/python -m bench.scale_prefect
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 

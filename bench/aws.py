@@ -27,7 +27,7 @@ from pathlib import Path
 MiB = 1 << 20
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -47,7 +47,7 @@ def die_with_parent() -> None:
 
 
 def start_moto() -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     binary = Path(sys.executable).with_name("moto_server")
     command = [str(binary)] if binary.exists() else [sys.executable, "-m", "moto.server"]
     proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)],

@@ -27,7 +27,8 @@ the share of a core per 100 watched jobs (aims, issue 16: at most 5 EC2 calls pe
 for 1,000 leases; under 1 % of a core per 100 jobs).
 
 What it does not run (see bench/README.md): the ``airflow triggerer`` command itself
-with its metadata database, and the Prefect worker's 200 flow runs.
+with its metadata database. The Prefect worker with 200 flow runs is
+``bench/scale_prefect.py`` (the Prefect environment; ``make bench-scale`` runs both).
 """
 
 from __future__ import annotations

@@ -1,0 +1,396 @@
+"""One Prefect spot worker watching many flow runs: EC2 calls per poll and CPU per job-hour.
+
+``python -m bench.scale_prefect`` (``make bench-scale``, in the Prefect environment, after
+the Airflow part ``bench/scale.py``) starts, as separate real processes:
+
+- a moto server (EC2 and S3), recording every request it gets (``MOTO_RECORDER_FILEPATH``);
+- ``prefect server start`` on a fresh PostgreSQL database of ``$SPOT_TEST_POSTGRES_URL``
+  or .ci/.postgres-url (as in production; SQLite in a temp folder with ``--sqlite`` or
+  when neither is set: at 200 runs on a loaded machine it answered 503 "database is
+  locked" and the worker failed to submit some runs);
+- a work pool of type ``spot`` whose deployment runs on provider ``ec2`` pointed at moto
+  (checkpoints in a moto S3 bucket), and ``--runs`` (200) flow runs of it;
+- ONE ``prefect worker start --type spot`` (limit: every run at once).
+
+The worker launches a spot instance per flow run (RunInstances with the attempt's
+user-data, tags and spot options). Nothing runs on a moto instance, so every lease stays
+running and every flow run stays watched. Once the worker has reported a lease for every
+run (bounded wait), and after a warm-up of two polls, the bench counts for ``--seconds``
+the requests moto receives, by EC2 action (a poll is one DescribeInstances round: its
+first page, without NextToken) and S3 method, and the worker process's CPU time
+(psutil: the process and its children). Printed as JSON: calls per poll, ids described
+per poll, CPU-seconds per job-hour and % of a core per 100 watched jobs (aims, issue 16:
+at most 5 EC2 calls per poll for 1,000 leases; under 1 % of a core per 100 jobs).
+
+On every exit path the worker is stopped (SIGTERM: its shutdown stops the attempts it
+watches, which terminates their instances; SIGKILL after a bounded wait), any instance
+still running is terminated by the bench, then the Prefect server and moto are stopped.
+The JSON says how many instances the worker left for the bench to terminate. A SIGTERM
+to the bench unwinds the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack, contextmanager, redirect_stdout
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from bench.aws import start_moto
+from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
+
+REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
+POOL = "spot-scale"
+REPO = Path(__file__).resolve().parents[1]
+WORKER_STOP_TIMEOUT = 180.0  # the worker's shutdown stops every attempt it watches
+LAUNCH_TIMEOUT = 900.0  # 200 launches took 8+ min on a loaded 2-core box with SQLite
+IDLE_SECONDS = 20.0  # the worker's own cost with nothing to run, before the flow runs exist
+IDLE_SETTLE = 15.0
+
+
+# -- moto: the server, its network, and what it recorded -----------------------------------------
+@contextmanager
+def moto(work: Path):
+    """A moto server recording every request into ``work``; (endpoint, recording path)."""
+    recording = work / "moto-recording.jsonl"
+    os.environ.update({"MOTO_RECORDER_FILEPATH": str(recording), "AWS_ACCESS_KEY_ID": "bench",
+                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": REGION,
+                       "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+                       "AWS_CONFIG_FILE": "/dev/null"})
+    proc, endpoint = start_moto()
+    try:
+        yield endpoint, recording
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - still running: kill it
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def ec2_client(endpoint: str):
+    import boto3
+
+    return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
+
+
+def make_network(endpoint: str) -> dict:
+    """A subnet, an AMI and a checkpoint bucket in moto."""
+    import boto3
+
+    ec2 = ec2_client(endpoint)
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18",
+                               AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    boto3.client("s3", region_name=REGION, endpoint_url=endpoint).create_bucket(
+        Bucket="bench-scale")
+    return {"subnet": subnet, "image_id": image, "bucket": "bench-scale"}
+
+
+def live_instances(endpoint: str) -> list[str]:
+    """Every pending/running instance the project tagged."""
+    pages = ec2_client(endpoint).get_paginator("describe_instances").paginate(Filters=[
+        {"Name": "tag:spot-pipelines:managed", "Values": ["true"]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    return [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
+
+
+def terminate_leftovers(endpoint: str, report: dict) -> None:
+    """After the worker stopped: terminate what it left running, and say how many."""
+    left = live_instances(endpoint)
+    report["instances_left_by_worker"] = len(left)
+    ec2 = ec2_client(endpoint)
+    for start in range(0, len(left), 500):
+        ec2.terminate_instances(InstanceIds=left[start:start + 500])
+    report["instances_live_at_end"] = len(live_instances(endpoint))
+
+
+def start_recording(endpoint: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(
+        f"{endpoint}/moto-api/recorder/start-recording", method="POST"), timeout=10).read()
+
+
+def recorded(recording: Path) -> list[dict]:
+    """moto's recorded requests so far (whole lines only)."""
+    if not recording.exists():
+        return []
+    entries = []
+    for line in recording.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            break  # a line moto is still writing
+    return entries
+
+
+def classify(entries: list[dict]) -> dict:
+    """Requests by EC2 action or S3 method; describe rounds and the ids they named."""
+    calls: dict[str, int] = {}
+    polls = ids = 0
+    for entry in entries:
+        body = entry.get("body") or ""
+        if entry.get("body_encoded"):
+            body = base64.b64decode(body).decode(errors="replace")
+        query = parse_qs(body) if "Action=" in body else {}
+        if query:
+            name = query["Action"][0]
+        else:
+            auth = (entry.get("headers") or {}).get("Authorization", "")
+            name = f"{'S3' if '/s3/' in auth else 'other'} {entry.get('method')}"
+        calls[name] = calls.get(name, 0) + 1
+        if name == "DescribeInstances" and "NextToken" not in query:  # a round's first page
+            polls += 1
+            ids += sum(key.startswith("InstanceId.") for key in query)
+    return {"calls": calls, "polls": polls, "ids_described": ids}
+
+
+# -- Prefect: the deployment, its flow runs, the worker ------------------------------------------
+def job_variables(endpoint: str, net: dict, poll_interval: float) -> dict:
+    return {"provider": "ec2", "poll_interval": poll_interval,
+            "checkpoint_root": f"s3://{net['bucket']}/flows",
+            "provider_options": {"endpoint_url": endpoint, "region": REGION,
+                                 "subnets": [net["subnet"]], "instance_types": [INSTANCE_TYPE],
+                                 "image_id": net["image_id"]}}
+
+
+def create_flow_runs(deployment_id, runs: int) -> list:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return [client.create_flow_run_from_deployment(
+            deployment_id, name=f"scale-{i}", parameters={"workdir": f"/tmp/scale-{i}"}).id
+            for i in range(runs)]
+
+
+def launch_progress(run_ids: list) -> tuple[int, int]:
+    """(flow runs the worker reported a lease for, flow runs that ended without one: a
+    submission the server refused, say)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    leased = ended = 0
+    with get_client(sync_client=True) as client:
+        for start in range(0, len(run_ids), 200):
+            for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    id=FlowRunFilterId(any_=run_ids[start:start + 200])), limit=200):
+                if (run.infrastructure_pid or "").startswith("i-"):
+                    leased += 1
+                elif run.state is not None and run.state.is_final():
+                    ended += 1
+    return leased, ended
+
+
+def wait_launched(run_ids: list, worker, log: Path, timeout: float) -> dict:
+    """Until every flow run has a lease or has ended without one (bounded)."""
+    started = time.monotonic()
+    while True:
+        leased, ended = launch_progress(run_ids)
+        if leased + ended == len(run_ids):
+            return {"launch_s": round(time.monotonic() - started, 1), "leased_runs": leased,
+                    "runs_ended_unlaunched": ended}
+        if worker.poll() is not None or time.monotonic() - started > timeout:
+            raise RuntimeError(f"the worker reported {leased} of {len(run_ids)} leases "
+                               f"({ended} runs ended without one) in "
+                               f"{time.monotonic() - started:.0f} s (worker exit code "
+                               f"{worker.poll()}): "
+                               + log.read_text(errors="replace")[-3000:])
+        time.sleep(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process, its live children and its reaped children."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    times = proc.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in proc.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+            total += child_times.user + child_times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def idle_cpu(worker, seconds: float) -> float:
+    """The worker's CPU per second with no flow run (its heartbeat and queue queries)."""
+    time.sleep(IDLE_SETTLE)  # past its start-up (imports done, pool synced)
+    cpu0 = cpu_seconds(worker.pid)
+    time.sleep(seconds)
+    return round((cpu_seconds(worker.pid) - cpu0) / seconds, 4)
+
+
+def measure(worker, recording: Path, seconds: float, jobs: int) -> dict:
+    """``seconds`` of watching: moto's requests and the worker's CPU over the window."""
+    first, cpu0, wall0 = len(recorded(recording)), cpu_seconds(worker.pid), time.monotonic()
+    time.sleep(seconds)
+    cpu, wall = cpu_seconds(worker.pid) - cpu0, time.monotonic() - wall0
+    counted = classify(recorded(recording)[first:])
+    polls = max(counted["polls"], 1)
+    ec2 = {k: v for k, v in counted["calls"].items() if not k.startswith(("S3 ", "other "))}
+    describes = {k: v for k, v in ec2.items() if k.startswith("Describe")}
+    job_hours = jobs * wall / 3600.0
+    return {"window_s": round(wall, 1), "polls": counted["polls"],
+            "ids_described_per_poll": round(counted["ids_described"] / polls, 1),
+            "server_calls": counted["calls"],
+            "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
+            "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
+            "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
+            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
+            "worker_rss_mib": round(_rss(worker.pid) / 2**20, 1)}
+
+
+def _rss(pid: int) -> int:
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss
+
+
+def bench(runs: int, seconds: float, poll_interval: float, work: Path,
+          database_url: str | None = None, profile: Path | None = None,
+          idle_seconds: float = IDLE_SECONDS) -> dict:
+    """The whole run; every process and instance it started is gone when it returns."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    report: dict = {"runs": runs, "poll_interval_s": poll_interval,
+                    "database": "postgresql" if database_url else "sqlite"}
+    started: list = []  # every process the bench started, for the check at the end
+    with ExitStack() as stack:
+        stack.callback(_stopped, started, report)
+        endpoint, recording = stack.enter_context(moto(work))
+        net = make_network(endpoint)
+        api = stack.enter_context(prefect_server(work / "prefect-server", database_url))
+        stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
+        with redirect_stdout(sys.stderr):  # its table; stdout is the JSON report
+            deployment_id = deploy_example_flow(POOL, "scale",
+                                                job_variables(endpoint, net, poll_interval))
+        stack.callback(terminate_leftovers, endpoint, report)  # after the worker stopped
+        log = work / "worker.log"
+        worker = stack.enter_context(running_worker(
+            POOL, log, limit=runs, stop_timeout=WORKER_STOP_TIMEOUT,
+            env={"SPOT_S3_ENDPOINT_URL": endpoint, "PREFECT_LOGGING_LEVEL": "WARNING",
+                 # Prefect's defaults (the tests' worker asks every second)
+                 "PREFECT_WORKER_QUERY_SECONDS": "10", "PREFECT_WORKER_PREFETCH_SECONDS": "10"}))
+        started += _children()
+        if idle_seconds:
+            report["idle_cpu_s_per_s"] = idle_cpu(worker, idle_seconds)
+        run_ids = create_flow_runs(deployment_id, runs)
+        report.update(wait_launched(run_ids, worker, log, timeout=LAUNCH_TIMEOUT))
+        if not report["leased_runs"]:
+            raise RuntimeError("the worker launched no lease: " + log.read_text()[-3000:])
+        start_recording(endpoint)
+        time.sleep(2 * poll_interval + 1)  # warm-up: every lease in a poll
+        jobs = report["leased_runs"]
+        report.update(measure(worker, recording, seconds, jobs))
+        if idle_seconds:
+            above_idle = report["cpu_s"] / report["window_s"] - report["idle_cpu_s_per_s"]
+            report["core_percent_per_100_jobs_above_idle"] = round(
+                100.0 * above_idle / jobs * 100, 3)
+        report["live_instances_in_window"] = len(live_instances(endpoint))
+        if profile is not None:
+            report["profile"] = py_spy(worker.pid, profile)
+    return report
+
+
+def py_spy(pid: int, out: Path, seconds: float = 30.0) -> str:
+    """After the window: ``py-spy record`` of the worker (every thread, idle samples left
+    out) into ``out`` as collapsed stacks, if py-spy is installed (``pip install py-spy``)."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("py-spy") or shutil.which(
+        "py-spy", path=str(Path(sys.executable).parent))
+    if binary is None:
+        return "py-spy not found: pip install py-spy"
+    done = subprocess.run([binary, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                           "--rate", "50", "--format", "raw", "--output", str(out)],
+                          capture_output=True, text=True, timeout=seconds + 60)
+    return str(out) if done.returncode == 0 else f"py-spy failed: {done.stderr[-500:]}"
+
+
+def _children() -> list:
+    import psutil
+
+    return psutil.Process().children(recursive=True)
+
+
+def _stopped(started: list, report: dict) -> None:
+    """Last of the cleanup: how many of the processes the bench started still run."""
+    import psutil
+
+    _, alive = psutil.wait_procs(started, timeout=5)
+    report["processes_started"] = len(started)
+    report["processes_alive_at_end"] = len(alive)
+
+
+def postgres_url() -> str | None:
+    """``$SPOT_TEST_POSTGRES_URL``, else .ci/.postgres-url, else None (SQLite)."""
+    url = os.environ.get("SPOT_TEST_POSTGRES_URL")
+    path = REPO / ".ci" / ".postgres-url"
+    if not url and path.exists():
+        url = path.read_text().strip()
+    return url or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale_prefect",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=200, help="flow runs (one lease each)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
+    parser.add_argument("--poll-interval", type=float, default=5.0)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="after the window, 30 s of py-spy on the worker into this file")
+    parser.add_argument("--idle-seconds", type=float, default=IDLE_SECONDS,
+                        help="the worker's CPU with no flow run, measured first (0: skip)")
+    parser.add_argument("--sqlite", action="store_true",
+                        help="the Prefect server on SQLite even if PostgreSQL is configured")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.seconds <= 0 or args.poll_interval <= 0:
+        parser.error("--runs, --seconds and --poll-interval must be positive")
+    # A SIGTERM (a timeout, CI) unwinds like Ctrl-C: the cleanup below still runs.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    report = {"commit": _commit()}
+    admin_url = None if args.sqlite else postgres_url()
+    with tempfile.TemporaryDirectory(prefix="bench-scale-prefect-") as tmp, ExitStack() as stack:
+        os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect-home")  # not ~/.prefect
+        database = None
+        if admin_url:
+            database = stack.enter_context(fresh_database(admin_url))
+        report["prefect_worker_ec2_moto"] = bench(args.runs, args.seconds, args.poll_interval,
+                                                  Path(tmp), database, args.profile,
+                                                  args.idle_seconds)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def fresh_database(admin_url: str):
+    """A new PostgreSQL database for the server (asyncpg URL), dropped afterwards."""
+    sys.path.insert(0, str(REPO / "tests" / "core"))
+    from postgres_helpers import fresh_database as fresh, with_driver
+
+    @contextmanager
+    def database():
+        with fresh(admin_url, "spot_bench_scale") as url:
+            yield with_driver(url, "postgresql+asyncpg")
+    return database()
+
+
+def _commit() -> str:
+    from bench.scale import _commit as commit
+
+    return commit()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
