@@ -50,13 +50,13 @@ from spot_core.providers.base import LeaseStatus, Observation
 from spot_core.settings import WORKER, knobs_for
 
 from prefect_spot import _jobs
+from prefect_spot.workers.cancelling import CancellingRuns
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
 from prefect_spot.blocks import (AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HELP,
                                  SpotConfiguration)
 from prefect_spot.credentials import check_cluster_config, fingerprint
 
-CANCEL_CHECK_SECONDS = 2.0  # how often a watched flow run is checked for cancellation
 RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED)
 
 
@@ -214,6 +214,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self._providers: dict[str, Any] = {}
         self._providers_lock = threading.Lock()
         self._records: dict[str, JobRecord] = {}
+        self._cancelling = CancellingRuns()
         self._scratch: tempfile.TemporaryDirectory | None = None
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -318,21 +319,21 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         it)."""
         lease, poll = nxt.lease, controller.poll_interval
         observer.watch(lease, poll)
+        self._cancelling.watch(flow_run.id)
         try:
-            asked_at, after = time.monotonic(), time.time()
+            after = time.time()
             while nxt.action == "watch":
                 observed = await observer.wait_async(lease.lease_id, after, wait_timeout(poll))
-                if time.monotonic() - asked_at >= CANCEL_CHECK_SECONDS:
-                    asked_at = time.monotonic()
-                    if await self._cancelling(flow_run):
-                        record = await anyio.to_thread.run_sync(
-                            controller.cancel, spec, nxt.record,
-                            "stopped: the flow run was cancelled")
-                        return dataclasses.replace(nxt, action="ended", record=record,
-                                                   lease=None, reason="cancelled")
+                if await self._cancelling.is_cancelling(self.client, flow_run.id):
+                    record = await anyio.to_thread.run_sync(
+                        controller.cancel, spec, nxt.record,
+                        "stopped: the flow run was cancelled")
+                    return dataclasses.replace(nxt, action="ended", record=record,
+                                               lease=None, reason="cancelled")
                 nxt = await anyio.to_thread.run_sync(_check, controller, spec, nxt, observed)
                 after = observed.at + poll / 2  # the next poll's, not this one
         finally:
+            self._cancelling.unwatch(flow_run.id)
             observer.unwatch(lease.lease_id)
         return nxt
 
@@ -393,10 +394,6 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
     def _checkpoint_uri(self, configuration: SpotJobConfiguration, flow_run: FlowRun) -> str:
         root = configuration.checkpoint_root or (self._scratch_dir() / "checkpoints").as_uri()
         return f"{root.rstrip('/')}/{flow_run.id}"
-
-    async def _cancelling(self, flow_run: FlowRun) -> bool:
-        state = (await self.client.read_flow_run(flow_run.id)).state
-        return state is not None and (state.is_cancelling() or state.is_cancelled())
 
     async def _cancelled(self, flow_run: FlowRun, since: float) -> bool:
         """Was the run cancelled since ``since`` (the attempt's start)? Then it stays so.
