@@ -146,8 +146,8 @@ class ForecastDP:
     ``prior_ticks``: weight of the prior (runs of ``prior_run_hours``, outages of
     ``prior_outage_hours``) in the fit, in ticks of pseudo-observations.
     ``history_hours``: how far back the fit looks. ``replan_hours``: re-fit and re-solve
-    this often with the window so far added to the history (0: plan once; re-planning
-    did not pay on the development set and costs a solve each time).
+    this often with the window so far added to the history (0: plan once; every 16 h paid
+    on the development set, every 8 h less, and each re-plan costs a solve).
     ``max_band`` / ``coarse_band``: progress cells of the plan's table and of the
     tier-choosing plans (coarser is faster, finer closer to exact).
     ``tier_tolerance``: zones priced within this fraction of a tier's cheapest belong to
@@ -156,6 +156,11 @@ class ForecastDP:
     forecast (empty: the memoryless Markov model). ``zone_weight``: restarts counted per
     expected run when ranking zones; ``switch_margin``: a voluntary move to another zone
     must save this many times its restart (``inf``: never move while the zone lasts).
+    ``up_line_reserve``: when not None, an idle job goes to on-demand only
+    once its progress falls below Uniform Progress's line ``C * t / D`` plus this many
+    restart overheads; above it the DP's "on-demand now" is taken as "wait" (why: the DP
+    bridges outages on on-demand that a week of history says will last, and some end
+    soon; the line is UP's own reserve, so the job is never more eager than UP to pay).
     All defaults were chosen on the development set (bench/README.md).
     """
 
@@ -163,7 +168,7 @@ class ForecastDP:
     prior_run_hours: float = 4.0
     prior_outage_hours: float = 2.0
     history_hours: float = 168.0
-    replan_hours: float = 0.0
+    replan_hours: float = 16.0
     max_band: int = 300
     coarse_band: int = 80
     tier_tolerance: float = 0.1
@@ -172,6 +177,7 @@ class ForecastDP:
     switch_margin: float = 8.0
     up_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
     down_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
+    up_line_reserve: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.prior_ticks > 0 and self.prior_run_hours > 0
@@ -207,7 +213,7 @@ class ForecastDP:
             if action == _IDLE:
                 return IDLE
             if action == _OD or not up:
-                return ON_DEMAND
+                return IDLE if self._above_line(window, t, progress, current) else ON_DEMAND
             if current < 0:
                 return zones[chooser.best(t)]
             job = window.job
@@ -218,6 +224,15 @@ class ForecastDP:
                                             self.switch_margin)]
             return current
         return decide
+
+    def _above_line(self, window: Window, t: int, progress: float, current: int) -> bool:
+        """True when ``up_line_reserve`` is set, the job is idle and its progress
+        is above UP's line plus the reserve (the safety nets have already run)."""
+        if self.up_line_reserve is None or current != IDLE:
+            return False
+        job = window.job
+        line = job.task_seconds * t * window.tick_seconds / job.deadline_seconds
+        return progress >= line + self.up_line_reserve * job.overhead_seconds
 
     def choose_zones(self, window: Window) -> list[int]:
         """The cheapest price tiers worth waiting for, by the forecast's expected cost.
