@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import importlib
 import json
 import os
@@ -44,11 +43,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import parse_qs
 
-from bench.aws import die_with_parent, start_moto
+from bench.aws import die_with_parent
+from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, make_network, recorded,
+                                 recording_moto, request_name, start_recording)
 
-REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
 # heartbeat_timeout: the settings default; each lease's watcher ends its step once nobody
 # renews the heartbeat that long, so a killed benchmark leaves no step running.
 CONTROLLER = {"heartbeat_timeout": 300.0, "observe_failure_timeout": 600.0,
@@ -147,45 +146,24 @@ def _observer_of(trigger):
 
 # -- EC2 on moto --------------------------------------------------------------------------------------
 def moto_calls(recording: Path):
-    """Requests moto recorded, per EC2 action (its query API's ``Action``)."""
+    """Requests moto recorded, per EC2 action or S3 method."""
     def count() -> dict[str, int]:
         counts: dict[str, int] = {}
-        if not recording.exists():
-            return counts
-        for line in recording.read_text().splitlines():
-            entry = json.loads(line)
-            body = entry.get("body") or ""
-            if entry.get("body_encoded"):
-                body = base64.b64decode(body).decode(errors="replace")
-            action = (parse_qs(body).get("Action") or [f"S3 {entry.get('method')}"])[0]
-            counts[action] = counts.get(action, 0) + 1
+        for entry in recorded(recording):
+            name = request_name(entry)[0]
+            counts[name] = counts.get(name, 0) + 1
         return counts
     return count
 
 
 def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
-    import urllib.request
-
-    import boto3
-
     from spot_core.model import Market, Pool
     from spot_core.providers import open_provider
 
-    work.mkdir(parents=True, exist_ok=True)
-    recording = work / "moto-recording.jsonl"
-    os.environ.update({"MOTO_RECORDER_FILEPATH": str(recording), "AWS_ACCESS_KEY_ID": "bench",
-                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": REGION})
-    proc, endpoint = start_moto()
-    try:
-        ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18",
-                                   AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-        boto3.client("s3", region_name=REGION, endpoint_url=endpoint).create_bucket(
-            Bucket="bench")
-        options = {"region": REGION, "endpoint_url": endpoint, "subnets": [subnet],
-                   "instance_types": [INSTANCE_TYPE], "image_id": image}
+    with recording_moto(work) as (endpoint, recording):
+        net = make_network(endpoint, "bench")
+        options = {"region": REGION, "endpoint_url": endpoint, "subnets": [net["subnet"]],
+                   "instance_types": [INSTANCE_TYPE], "image_id": net["image_id"]}
         provider = open_provider("ec2", **options)
         pool = Pool("aws", REGION, ZONE, INSTANCE_TYPE, Market.SPOT)
         started = time.monotonic()
@@ -194,16 +172,12 @@ def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> 
                     for i, uri in enumerate(uris)]
         launch_s = time.monotonic() - started
         triggers = trigger_rows("ec2", dict(provider.options), launched, uris, poll_interval)
-        urllib.request.urlopen(urllib.request.Request(
-            f"{endpoint}/moto-api/recorder/start-recording", method="POST"), timeout=10)
+        start_recording(endpoint)
         count = moto_calls(recording)
         result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval, count,
                           warm=lambda: count().get("S3 PUT", 0) >= leases)
         result["launch_s"] = round(launch_s, 1)
         return result
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 # -- the local cloud ------------------------------------------------------------------------------------

@@ -32,22 +32,19 @@ to the bench unwinds the same way.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from contextlib import ExitStack, contextmanager, redirect_stdout
 from pathlib import Path
-from urllib.parse import parse_qs
 
-from bench.aws import start_moto
+from bench.moto_recorder import (INSTANCE_TYPE, REGION, make_network, recorded,
+                                 recording_moto, request_name, start_recording)
 from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
 
-REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
 POOL = "spot-scale"
 REPO = Path(__file__).resolve().parents[1]
 WORKER_STOP_TIMEOUT = 180.0  # the worker's shutdown stops every attempt it watches
@@ -56,45 +53,11 @@ IDLE_SECONDS = 20.0  # the worker's own cost with nothing to run, before the flo
 IDLE_SETTLE = 15.0
 
 
-# -- moto: the server, its network, and what it recorded -----------------------------------------
-@contextmanager
-def moto(work: Path):
-    """A moto server recording every request into ``work``; (endpoint, recording path)."""
-    recording = work / "moto-recording.jsonl"
-    os.environ.update({"MOTO_RECORDER_FILEPATH": str(recording), "AWS_ACCESS_KEY_ID": "bench",
-                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": REGION,
-                       "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-                       "AWS_CONFIG_FILE": "/dev/null"})
-    proc, endpoint = start_moto()
-    try:
-        yield endpoint, recording
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001 - still running: kill it
-            proc.kill()
-            proc.wait(timeout=10)
-
-
+# -- moto: what the worker left ------------------------------------------------------------------
 def ec2_client(endpoint: str):
     import boto3
 
     return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
-
-
-def make_network(endpoint: str) -> dict:
-    """A subnet, an AMI and a checkpoint bucket in moto."""
-    import boto3
-
-    ec2 = ec2_client(endpoint)
-    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18",
-                               AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    boto3.client("s3", region_name=REGION, endpoint_url=endpoint).create_bucket(
-        Bucket="bench-scale")
-    return {"subnet": subnet, "image_id": image, "bucket": "bench-scale"}
 
 
 def live_instances(endpoint: str) -> list[str]:
@@ -115,38 +78,12 @@ def terminate_leftovers(endpoint: str, report: dict) -> None:
     report["instances_live_at_end"] = len(live_instances(endpoint))
 
 
-def start_recording(endpoint: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(
-        f"{endpoint}/moto-api/recorder/start-recording", method="POST"), timeout=10).read()
-
-
-def recorded(recording: Path) -> list[dict]:
-    """moto's recorded requests so far (whole lines only)."""
-    if not recording.exists():
-        return []
-    entries = []
-    for line in recording.read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            break  # a line moto is still writing
-    return entries
-
-
 def classify(entries: list[dict]) -> dict:
     """Requests by EC2 action or S3 method; describe rounds and the ids they named."""
     calls: dict[str, int] = {}
     polls = ids = 0
     for entry in entries:
-        body = entry.get("body") or ""
-        if entry.get("body_encoded"):
-            body = base64.b64decode(body).decode(errors="replace")
-        query = parse_qs(body) if "Action=" in body else {}
-        if query:
-            name = query["Action"][0]
-        else:
-            auth = (entry.get("headers") or {}).get("Authorization", "")
-            name = f"{'S3' if '/s3/' in auth else 'other'} {entry.get('method')}"
+        name, query = request_name(entry)
         calls[name] = calls.get(name, 0) + 1
         if name == "DescribeInstances" and "NextToken" not in query:  # a round's first page
             polls += 1
@@ -268,8 +205,8 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
     started: list = []  # every process the bench started, for the check at the end
     with ExitStack() as stack:
         stack.callback(_stopped, started, report)
-        endpoint, recording = stack.enter_context(moto(work))
-        net = make_network(endpoint)
+        endpoint, recording = stack.enter_context(recording_moto(work))
+        net = make_network(endpoint, "bench-scale")
         api = stack.enter_context(prefect_server(work / "prefect-server", database_url))
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
         with redirect_stdout(sys.stderr):  # its table; stdout is the JSON report
