@@ -156,11 +156,6 @@ class ForecastDP:
     forecast (empty: the memoryless Markov model). ``zone_weight``: restarts counted per
     expected run when ranking zones; ``switch_margin``: a voluntary move to another zone
     must save this many times its restart (``inf``: never move while the zone lasts).
-    ``up_line_reserve``: when not None, an idle job goes to on-demand only
-    once its progress falls below Uniform Progress's line ``C * t / D`` plus this many
-    restart overheads; above it the DP's "on-demand now" is taken as "wait" (why: the DP
-    bridges outages on on-demand that a week of history says will last, and some end
-    soon; the line is UP's own reserve, so the job is never more eager than UP to pay).
     All defaults were chosen on the development set (bench/README.md).
     """
 
@@ -177,7 +172,6 @@ class ForecastDP:
     switch_margin: float = 8.0
     up_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
     down_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
-    up_line_reserve: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.prior_ticks > 0 and self.prior_run_hours > 0
@@ -213,7 +207,7 @@ class ForecastDP:
             if action == _IDLE:
                 return IDLE
             if action == _OD or not up:
-                return IDLE if self._above_line(window, t, progress, current) else ON_DEMAND
+                return ON_DEMAND
             if current < 0:
                 return zones[chooser.best(t)]
             job = window.job
@@ -224,15 +218,6 @@ class ForecastDP:
                                             self.switch_margin)]
             return current
         return decide
-
-    def _above_line(self, window: Window, t: int, progress: float, current: int) -> bool:
-        """True when ``up_line_reserve`` is set, the job is idle and its progress
-        is above UP's line plus the reserve (the safety nets have already run)."""
-        if self.up_line_reserve is None or current != IDLE:
-            return False
-        job = window.job
-        line = job.task_seconds * t * window.tick_seconds / job.deadline_seconds
-        return progress >= line + self.up_line_reserve * job.overhead_seconds
 
     def choose_zones(self, window: Window) -> list[int]:
         """The cheapest price tiers worth waiting for, by the forecast's expected cost.
