@@ -624,6 +624,13 @@ class Controller:
             heartbeat = self._heartbeats[key] = Heartbeat(store or self.stores(spec.checkpoint_uri))
         return heartbeat
 
+    def _forget_heartbeat(self, spec: JobSpec) -> None:
+        """No driver beat is due between attempts: a process that watches jobs for days (a
+        triggerer, a Prefect worker) keeps a writer only for the attempts it watches now;
+        the next launch makes a new one."""
+        self._heartbeats.pop((spec.job_id, spec.checkpoint_uri), None)
+        self._beats.pop(spec.job_id, None)
+
     def _observe_failed(self, spec: JobSpec, watch: Next, exc: Exception, now: float) -> Next:
         """A failed observation is not a lease end; only a sustained failure is."""
         since = watch.failing_since if watch.failing_since is not None else now
@@ -675,6 +682,7 @@ class Controller:
         record = record.finish_attempt(finished)
         if end_ref is not None:
             record = record.with_checkpoint(end_ref)
+        self._forget_heartbeat(spec)
         return self._save(record, str(outcome), status.message)
 
     def _lost_work(self, outcome: Outcome, running: Attempt, end_ref, ended_at: float) -> float:
