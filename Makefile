@@ -72,6 +72,7 @@ bench-aws: $(CORE)/.synced
 # per job-hour (see bench/README.md).
 bench-scale: $(AIRFLOW)/.synced $(PREFECT)/.synced
 	$(AIRFLOW)/bin/python -m bench.scale
+	$(AIRFLOW)/bin/python -m bench.scale_triggerer
 	$(PREFECT)/bin/python -m bench.scale_prefect
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced

@@ -1,9 +1,11 @@
 """moto in server mode for the scale benchmarks, counting API calls at the server.
 
-``bench/scale.py`` (SpotJobTriggers in one event loop) and ``bench/scale_prefect.py`` (a
-real Prefect spot worker) both count what the provider sends to EC2 the same way: moto's
-own request recording (``MOTO_RECORDER_FILEPATH``, one JSON line per request), read back
-and named by EC2 action or S3 method, on a network made the same way.
+``bench/scale.py`` (SpotJobTriggers in one event loop), ``bench/scale_triggerer.py`` (a
+real ``airflow triggerer``) and ``bench/scale_prefect.py`` (a real Prefect spot worker)
+count what the provider sends to EC2 the same way: moto's own request recording
+(``MOTO_RECORDER_FILEPATH``, one JSON line per request), read back and named by EC2
+action or S3 method, on a network made the same way; and each terminates, at the end,
+whatever instance the process it measured left running.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +21,10 @@ from typing import Iterator
 from urllib.parse import parse_qs
 
 from bench.aws import start_moto
+from bench.processes import cpu_seconds, rss_bytes
 
 REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
+HEARTBEAT_KEY = "/heartbeat/driver.json"  # spot_core.checkpoint.heartbeat's object
 
 
 @contextmanager
@@ -86,3 +91,68 @@ def request_name(entry: dict) -> tuple[str, dict]:
         return query["Action"][0], query
     auth = (entry.get("headers") or {}).get("Authorization", "")
     return f"{'S3' if '/s3/' in auth else 'other'} {entry.get('method')}", query
+
+
+def classify(entries: list[dict]) -> dict:
+    """Requests by EC2 action or S3 method; describe rounds (a round's first page, without
+    NextToken), the instance ids they named, and the jobs whose driver heartbeat was
+    renewed (an S3 PUT of ``<store>/heartbeat/driver.json``)."""
+    calls: dict[str, int] = {}
+    polls = ids = 0
+    beating: set[str] = set()
+    for entry in entries:
+        name, query = request_name(entry)
+        calls[name] = calls.get(name, 0) + 1
+        if name == "DescribeInstances" and "NextToken" not in query:
+            polls += 1
+            ids += sum(key.startswith("InstanceId.") for key in query)
+        elif name == "S3 PUT" and HEARTBEAT_KEY in entry.get("url", ""):
+            beating.add(entry["url"].split("?")[0])
+    return {"calls": calls, "polls": polls, "ids_described": ids,
+            "heartbeats_renewed": len(beating)}
+
+
+def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> dict:
+    """``seconds`` of a process watching ``jobs`` leases on this moto: the requests moto
+    got (EC2 calls per poll; the jobs' S3 heartbeats apart) and the process tree's CPU."""
+    first, cpu0, wall0 = len(recorded(recording)), cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - wall0
+    counted = classify(recorded(recording)[first:])
+    polls = max(counted["polls"], 1)
+    ec2 = {k: v for k, v in counted["calls"].items() if not k.startswith(("S3 ", "other "))}
+    describes = {k: v for k, v in ec2.items() if k.startswith("Describe")}
+    job_hours = jobs * wall / 3600.0
+    return {"window_s": round(wall, 1), "polls": counted["polls"],
+            "ids_described_per_poll": round(counted["ids_described"] / polls, 1),
+            "server_calls": counted["calls"],
+            "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
+            "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
+            "heartbeats_renewed_in_window": counted["heartbeats_renewed"],
+            "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
+            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
+            "rss_mib": round(rss_bytes(pid, children=True) / 2**20, 1)}
+
+
+def ec2_client(endpoint: str):
+    import boto3
+
+    return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
+
+
+def live_instances(endpoint: str) -> list[str]:
+    """Every pending/running instance the project tagged."""
+    pages = ec2_client(endpoint).get_paginator("describe_instances").paginate(Filters=[
+        {"Name": "tag:spot-pipelines:managed", "Values": ["true"]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    return [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
+
+
+def terminate_leftovers(endpoint: str, report: dict) -> None:
+    """After the measured process stopped: terminate what it left running, say how many."""
+    left = live_instances(endpoint)
+    report["instances_left_by_process"] = len(left)
+    ec2 = ec2_client(endpoint)
+    for start in range(0, len(left), 500):
+        ec2.terminate_instances(InstanceIds=left[start:start + 500])
+    report["instances_live_at_end"] = len(live_instances(endpoint))

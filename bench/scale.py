@@ -26,9 +26,10 @@ threads; not moto's or the local cloud's) is measured over ``--seconds`` of watc
 the share of a core per 100 watched jobs (aims, issue 16: at most 5 EC2 calls per poll
 for 1,000 leases; under 1 % of a core per 100 jobs).
 
-What it does not run (see bench/README.md): the ``airflow triggerer`` command itself
-with its metadata database. The Prefect worker with 200 flow runs is
-``bench/scale_prefect.py`` (the Prefect environment; ``make bench-scale`` runs both).
+The ``airflow triggerer`` command itself, with 1,000 deferred task-instance rows in its
+metadata database, is ``bench/scale_triggerer.py``; the Prefect worker with 200 flow runs
+is ``bench/scale_prefect.py`` (the Prefect environment). ``make bench-scale`` runs all
+three.
 """
 
 from __future__ import annotations

@@ -38,57 +38,21 @@ import signal
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager, redirect_stdout
+from contextlib import ExitStack, redirect_stdout
 from pathlib import Path
 
-from bench.moto_recorder import (INSTANCE_TYPE, REGION, make_network, recorded,
-                                 recording_moto, request_name, start_recording)
+from bench.moto_recorder import (INSTANCE_TYPE, REGION, live_instances, make_network,
+                                 measure_watching, recording_moto, start_recording,
+                                 terminate_leftovers)
 from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
+from bench.processes import (children, commit, count_alive, cpu_seconds, fresh_database,
+                             postgres_url, py_spy)
 
 POOL = "spot-scale"
-REPO = Path(__file__).resolve().parents[1]
 WORKER_STOP_TIMEOUT = 180.0  # the worker's shutdown stops every attempt it watches
 LAUNCH_TIMEOUT = 900.0  # 200 launches took 8+ min on a loaded 2-core box with SQLite
 IDLE_SECONDS = 20.0  # the worker's own cost with nothing to run, before the flow runs exist
 IDLE_SETTLE = 15.0
-
-
-# -- moto: what the worker left ------------------------------------------------------------------
-def ec2_client(endpoint: str):
-    import boto3
-
-    return boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
-
-
-def live_instances(endpoint: str) -> list[str]:
-    """Every pending/running instance the project tagged."""
-    pages = ec2_client(endpoint).get_paginator("describe_instances").paginate(Filters=[
-        {"Name": "tag:spot-pipelines:managed", "Values": ["true"]},
-        {"Name": "instance-state-name", "Values": ["pending", "running"]}])
-    return [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
-
-
-def terminate_leftovers(endpoint: str, report: dict) -> None:
-    """After the worker stopped: terminate what it left running, and say how many."""
-    left = live_instances(endpoint)
-    report["instances_left_by_worker"] = len(left)
-    ec2 = ec2_client(endpoint)
-    for start in range(0, len(left), 500):
-        ec2.terminate_instances(InstanceIds=left[start:start + 500])
-    report["instances_live_at_end"] = len(live_instances(endpoint))
-
-
-def classify(entries: list[dict]) -> dict:
-    """Requests by EC2 action or S3 method; describe rounds and the ids they named."""
-    calls: dict[str, int] = {}
-    polls = ids = 0
-    for entry in entries:
-        name, query = request_name(entry)
-        calls[name] = calls.get(name, 0) + 1
-        if name == "DescribeInstances" and "NextToken" not in query:  # a round's first page
-            polls += 1
-            ids += sum(key.startswith("InstanceId.") for key in query)
-    return {"calls": calls, "polls": polls, "ids_described": ids}
 
 
 # -- Prefect: the deployment, its flow runs, the worker ------------------------------------------
@@ -144,54 +108,12 @@ def wait_launched(run_ids: list, worker, log: Path, timeout: float) -> dict:
         time.sleep(5)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of the process, its live children and its reaped children."""
-    import psutil
-
-    proc = psutil.Process(pid)
-    times = proc.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for child in proc.children(recursive=True):
-        try:
-            child_times = child.cpu_times()
-            total += child_times.user + child_times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def idle_cpu(worker, seconds: float) -> float:
     """The worker's CPU per second with no flow run (its heartbeat and queue queries)."""
     time.sleep(IDLE_SETTLE)  # past its start-up (imports done, pool synced)
     cpu0 = cpu_seconds(worker.pid)
     time.sleep(seconds)
     return round((cpu_seconds(worker.pid) - cpu0) / seconds, 4)
-
-
-def measure(worker, recording: Path, seconds: float, jobs: int) -> dict:
-    """``seconds`` of watching: moto's requests and the worker's CPU over the window."""
-    first, cpu0, wall0 = len(recorded(recording)), cpu_seconds(worker.pid), time.monotonic()
-    time.sleep(seconds)
-    cpu, wall = cpu_seconds(worker.pid) - cpu0, time.monotonic() - wall0
-    counted = classify(recorded(recording)[first:])
-    polls = max(counted["polls"], 1)
-    ec2 = {k: v for k, v in counted["calls"].items() if not k.startswith(("S3 ", "other "))}
-    describes = {k: v for k, v in ec2.items() if k.startswith("Describe")}
-    job_hours = jobs * wall / 3600.0
-    return {"window_s": round(wall, 1), "polls": counted["polls"],
-            "ids_described_per_poll": round(counted["ids_described"] / polls, 1),
-            "server_calls": counted["calls"],
-            "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
-            "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
-            "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
-            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
-            "worker_rss_mib": round(_rss(worker.pid) / 2**20, 1)}
-
-
-def _rss(pid: int) -> int:
-    import psutil
-
-    return psutil.Process(pid).memory_info().rss
 
 
 def bench(runs: int, seconds: float, poll_interval: float, work: Path,
@@ -204,7 +126,7 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
                     "database": "postgresql" if database_url else "sqlite"}
     started: list = []  # every process the bench started, for the check at the end
     with ExitStack() as stack:
-        stack.callback(_stopped, started, report)
+        stack.callback(count_alive, started, report)
         endpoint, recording = stack.enter_context(recording_moto(work))
         net = make_network(endpoint, "bench-scale")
         api = stack.enter_context(prefect_server(work / "prefect-server", database_url))
@@ -219,7 +141,7 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
             env={"SPOT_S3_ENDPOINT_URL": endpoint, "PREFECT_LOGGING_LEVEL": "WARNING",
                  # Prefect's defaults (the tests' worker asks every second)
                  "PREFECT_WORKER_QUERY_SECONDS": "10", "PREFECT_WORKER_PREFETCH_SECONDS": "10"}))
-        started += _children()
+        started += children()
         if idle_seconds:
             report["idle_cpu_s_per_s"] = idle_cpu(worker, idle_seconds)
         run_ids = create_flow_runs(deployment_id, runs)
@@ -229,7 +151,7 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
         start_recording(endpoint)
         time.sleep(2 * poll_interval + 1)  # warm-up: every lease in a poll
         jobs = report["leased_runs"]
-        report.update(measure(worker, recording, seconds, jobs))
+        report.update(measure_watching(worker.pid, recording, seconds, jobs))
         if idle_seconds:
             above_idle = report["cpu_s"] / report["window_s"] - report["idle_cpu_s_per_s"]
             report["core_percent_per_100_jobs_above_idle"] = round(
@@ -238,46 +160,6 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
         if profile is not None:
             report["profile"] = py_spy(worker.pid, profile)
     return report
-
-
-def py_spy(pid: int, out: Path, seconds: float = 30.0) -> str:
-    """After the window: ``py-spy record`` of the worker (every thread, idle samples left
-    out) into ``out`` as collapsed stacks, if py-spy is installed (``pip install py-spy``)."""
-    import shutil
-    import subprocess
-
-    binary = shutil.which("py-spy") or shutil.which(
-        "py-spy", path=str(Path(sys.executable).parent))
-    if binary is None:
-        return "py-spy not found: pip install py-spy"
-    done = subprocess.run([binary, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                           "--rate", "50", "--format", "raw", "--output", str(out)],
-                          capture_output=True, text=True, timeout=seconds + 60)
-    return str(out) if done.returncode == 0 else f"py-spy failed: {done.stderr[-500:]}"
-
-
-def _children() -> list:
-    import psutil
-
-    return psutil.Process().children(recursive=True)
-
-
-def _stopped(started: list, report: dict) -> None:
-    """Last of the cleanup: how many of the processes the bench started still run."""
-    import psutil
-
-    _, alive = psutil.wait_procs(started, timeout=5)
-    report["processes_started"] = len(started)
-    report["processes_alive_at_end"] = len(alive)
-
-
-def postgres_url() -> str | None:
-    """``$SPOT_TEST_POSTGRES_URL``, else .ci/.postgres-url, else None (SQLite)."""
-    url = os.environ.get("SPOT_TEST_POSTGRES_URL")
-    path = REPO / ".ci" / ".postgres-url"
-    if not url and path.exists():
-        url = path.read_text().strip()
-    return url or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,36 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs, --seconds and --poll-interval must be positive")
     # A SIGTERM (a timeout, CI) unwinds like Ctrl-C: the cleanup below still runs.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    report = {"commit": _commit()}
+    report = {"commit": commit()}
     admin_url = None if args.sqlite else postgres_url()
     with tempfile.TemporaryDirectory(prefix="bench-scale-prefect-") as tmp, ExitStack() as stack:
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect-home")  # not ~/.prefect
         database = None
         if admin_url:
-            database = stack.enter_context(fresh_database(admin_url))
+            database = stack.enter_context(fresh_database(admin_url, "spot_bench_scale",
+                                                          "postgresql+asyncpg"))
         report["prefect_worker_ec2_moto"] = bench(args.runs, args.seconds, args.poll_interval,
                                                   Path(tmp), database, args.profile,
                                                   args.idle_seconds)
     print(json.dumps(report, indent=2))
     return 0
-
-
-def fresh_database(admin_url: str):
-    """A new PostgreSQL database for the server (asyncpg URL), dropped afterwards."""
-    sys.path.insert(0, str(REPO / "tests" / "core"))
-    from postgres_helpers import fresh_database as fresh, with_driver
-
-    @contextmanager
-    def database():
-        with fresh(admin_url, "spot_bench_scale") as url:
-            yield with_driver(url, "postgresql+asyncpg")
-    return database()
-
-
-def _commit() -> str:
-    from bench.scale import _commit as commit
-
-    return commit()
 
 
 if __name__ == "__main__":

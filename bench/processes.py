@@ -1,0 +1,110 @@
+"""What the process benchmarks share: a process tree's CPU, py-spy on it, the PostgreSQL
+server the engines' metadata databases live on, and the commit measured.
+
+``bench/scale_prefect.py`` (a real Prefect spot worker) and ``bench/scale_triggerer.py``
+(a real ``airflow triggerer``) measure a separate engine process the same way; both run
+in either engine environment, so nothing here imports an engine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process, its live children and its reaped children."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    times = proc.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in proc.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+            total += child_times.user + child_times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def rss_bytes(pid: int, children: bool = False) -> int:
+    """Resident memory of the process (and, with ``children``, of its live children)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    procs = [proc, *proc.children(recursive=True)] if children else [proc]
+    total = 0
+    for one in procs:
+        try:
+            total += one.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def py_spy(pid: int, out: Path, seconds: float = 30.0, subprocesses: bool = False) -> str:
+    """``py-spy record`` of ``pid`` (every thread, idle samples left out) into ``out`` as
+    collapsed stacks, if py-spy is installed (``pip install py-spy``: not a project
+    dependency)."""
+    binary = shutil.which("py-spy") or shutil.which(
+        "py-spy", path=str(Path(sys.executable).parent))
+    if binary is None:
+        return "py-spy not found: pip install py-spy"
+    extra = ["--subprocesses"] if subprocesses else []
+    done = subprocess.run([binary, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                           "--rate", "50", "--format", "raw", *extra, "--output", str(out)],
+                          capture_output=True, text=True, timeout=seconds + 60)
+    return str(out) if done.returncode == 0 else f"py-spy failed: {done.stderr[-500:]}"
+
+
+def children() -> list:
+    """Every live process this one started (and theirs), to check at the end."""
+    import psutil
+
+    return psutil.Process().children(recursive=True)
+
+
+def count_alive(started: list, report: dict) -> None:
+    """Last of a benchmark's cleanup: how many of the processes it started still run."""
+    import psutil
+
+    _, alive = psutil.wait_procs(started, timeout=5)
+    report["processes_started"] = len(started)
+    report["processes_alive_at_end"] = len(alive)
+
+
+def postgres_url() -> str | None:
+    """``$SPOT_TEST_POSTGRES_URL``, else .ci/.postgres-url, else None (SQLite)."""
+    url = os.environ.get("SPOT_TEST_POSTGRES_URL")
+    path = REPO / ".ci" / ".postgres-url"
+    if not url and path.exists():
+        url = path.read_text().strip()
+    return url or None
+
+
+@contextmanager
+def fresh_database(admin_url: str, prefix: str, driver: str) -> Iterator[str]:
+    """A new PostgreSQL database on the server of ``admin_url`` as a SQLAlchemy URL with
+    ``driver`` (``postgresql+asyncpg``, ``postgresql+psycopg2``), dropped afterwards."""
+    sys.path.insert(0, str(REPO / "tests" / "core"))
+    from postgres_helpers import fresh_database as fresh, with_driver
+
+    with fresh(admin_url, prefix) as url:
+        yield with_driver(url, driver)
+
+
+def commit() -> str:
+    """The short hash of the checkout measured."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=REPO).stdout.strip()
+    except OSError:
+        return "unknown"

@@ -1,0 +1,301 @@
+"""One real ``airflow triggerer`` with 1,000 deferred spot jobs: EC2 calls per poll and CPU.
+
+``python -m bench.scale_triggerer`` (``make bench-scale``, in the Airflow environment)
+starts, as separate real processes:
+
+- a moto server (EC2 and S3) recording every request it gets;
+- Airflow 3.3's metadata database on a fresh PostgreSQL database of
+  ``$SPOT_TEST_POSTGRES_URL`` or .ci/.postgres-url (SQLite with ``--sqlite`` or when
+  neither is set), migrated by ``airflow db migrate``;
+- a DAG of ``--jobs`` (1,000) deferrable ``SpotJobOperator`` tasks on provider ``ec2``
+  pointed at moto (stores in a moto S3 bucket), serialized by ``airflow dags reserialize``
+  and triggered by ``airflow dags trigger``;
+- ONE ``airflow triggerer`` (its capacity: every job).
+
+Between the last two, each task instance is deferred as a deferring task leaves it: its
+lease launched by the EC2 provider (``Ec2Provider.launch``: RunInstances with user-data,
+tags and spot options; the job's first heartbeat in its store), a trigger row holding the
+``SpotJobTrigger`` the operator defers with (the controller's ``watch`` Next of the
+running attempt, its kwargs encrypted with the deployment's Fernet key), and the task
+instance ``deferred`` on it with ``next_method="execute_complete"``. Running the 1,000
+tasks themselves first (a worker process each, on 2 cores) would take most of an hour and
+measure nothing more: what the triggerer does is the same from the row on.
+
+Nothing runs on a moto instance, so every lease stays running and every trigger keeps
+watching. Once every job's heartbeat has been renewed by the triggerer (bounded wait) and
+two more describe rounds have passed, the bench counts for ``--seconds`` the requests
+moto receives (a poll is one DescribeInstances round) and the CPU of the triggerer's
+process tree (the supervisor and its trigger runner subprocess). Printed as JSON.
+
+At the end the triggerer is stopped with SIGTERM, as a restart stops it: its triggers'
+``cleanup`` finds their task instances still deferred and leaves the leases running
+(what a triggerer restart must do); the bench then terminates them, drops the database
+and stops moto, on every exit path (a SIGTERM to the bench included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from bench.aws import free_port
+from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
+                                 measure_watching, recorded, recording_moto, start_recording,
+                                 terminate_leftovers)
+from bench.processes import (children, commit, count_alive, fresh_database, postgres_url,
+                             py_spy)
+from bench.scale import CONTROLLER, launch_spec, watch_next
+
+DAG_ID, RUN_ID, BUCKET = "spot_scale", "bench_scale", "bench-scale"
+BIN = Path(sys.executable).parent
+READY_TIMEOUT = 900.0  # every trigger started and renewed its job's heartbeat
+STOP_TIMEOUT = 180.0   # the triggerer's shutdown runs every trigger's cleanup
+CLI_TIMEOUT = 600.0
+
+DAG_FILE = '''"""{jobs} deferrable spot jobs on EC2 (moto): the DAG of bench/scale_triggerer.py."""
+from airflow.sdk import DAG
+
+from airflow_spot.operators.spot import SpotJobOperator
+
+with DAG({dag_id!r}, schedule=None, catchup=False, tags=["bench"]):
+    for i in range({jobs}):
+        SpotJobOperator(task_id=f"job_{{i:04d}}", command=["sleep", "86400"],
+                        checkpoint_uri=f"s3://{bucket}/scale-{{i}}", provider="ec2",
+                        provider_options={options!r}, deferrable=True,
+                        poll_interval={poll_interval!r},
+                        heartbeat_timeout={heartbeat_timeout!r},
+                        observe_failure_timeout={observe_failure_timeout!r},
+                        attempt_timeout={attempt_timeout!r})
+'''
+
+
+def task_id(index: int) -> str:
+    return f"job_{index:04d}"
+
+
+# -- Airflow: its home, database, DAG and CLI -------------------------------------------------
+def airflow_env(home: Path, database_url: str, endpoint: str, jobs: int) -> dict[str, str]:
+    """This process's environment (moto's throwaway credentials included) for an Airflow in
+    ``home`` on ``database_url``, its DAG folder in ``home/dags``."""
+    from cryptography.fernet import Fernet
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update({
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
+        "AIRFLOW__TRIGGERER__CAPACITY": str(max(jobs, 1000)),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "SPOT_S3_ENDPOINT_URL": endpoint,  # the jobs' stores: S3 on the same moto
+    })
+    return env
+
+
+def cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([str(BIN / "airflow"), *args], env=env, capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"airflow {' '.join(args)} failed: {done.stderr[-3000:]}")
+    return done.stdout
+
+
+def write_dag(home: Path, jobs: int, options: dict, poll_interval: float) -> None:
+    dags = home / "dags"
+    dags.mkdir(parents=True, exist_ok=True)
+    (dags / "spot_scale.py").write_text(DAG_FILE.format(
+        jobs=jobs, dag_id=DAG_ID, bucket=BUCKET, options=options, poll_interval=poll_interval,
+        **CONTROLLER))
+
+
+def defer_task_instances(triggers: list) -> int:
+    """Each task instance of the run ``deferred`` on its trigger's row, as the execution
+    API leaves a task that called ``self.defer``; how many were deferred."""
+    from sqlalchemy import select
+
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.trigger import Trigger
+    from airflow.sdk import timezone
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    now = timezone.utcnow()
+    with create_session() as session:
+        run = session.scalar(select(DagRun).where(DagRun.dag_id == DAG_ID,
+                                                  DagRun.run_id == RUN_ID))
+        run.state, run.start_date = DagRunState.RUNNING, now
+        tis = {ti.task_id: ti for ti in session.scalars(select(TaskInstance).where(
+            TaskInstance.dag_id == DAG_ID, TaskInstance.run_id == RUN_ID))}
+        for index, trigger in enumerate(triggers):
+            row = Trigger.from_object(trigger)
+            session.add(row)
+            session.flush()
+            ti = tis[task_id(index)]
+            ti.state, ti.trigger_id = TaskInstanceState.DEFERRED, row.id
+            ti.next_method, ti.next_kwargs = "execute_complete", {}
+            ti.try_number, ti.start_date = 1, now
+        return len(triggers)
+
+
+def assigned_triggers() -> int:
+    """Trigger rows a triggerer has taken."""
+    from sqlalchemy import func, select
+
+    from airflow.models.trigger import Trigger
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.scalar(select(func.count(Trigger.id)).where(
+            Trigger.triggerer_id.is_not(None)))
+
+
+@contextmanager
+def running_triggerer(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
+    """``airflow triggerer``; stopped with SIGTERM (a restart's stop), then SIGKILL."""
+    out = open(log, "wb")
+    proc = subprocess.Popen([str(BIN / "airflow"), "triggerer"], env=env, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        _stop_group(proc)
+        out.close()
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+
+
+def wait_watching(proc: subprocess.Popen, recording: Path, jobs: int, log: Path,
+                  poll_interval: float) -> dict:
+    """Until every trigger runs (each renewed its job's heartbeat) and two describe rounds
+    followed; bounded."""
+    started = time.monotonic()
+    while True:
+        counted = classify(recorded(recording))
+        if counted["heartbeats_renewed"] >= jobs:
+            break
+        if proc.poll() is not None or time.monotonic() - started > READY_TIMEOUT:
+            raise RuntimeError(f"{counted['heartbeats_renewed']} of {jobs} triggers renewed "
+                               f"their heartbeat in {time.monotonic() - started:.0f} s "
+                               f"(triggerer exit code {proc.poll()}): "
+                               + log.read_text(errors="replace")[-3000:])
+        time.sleep(2)
+    ready_s = time.monotonic() - started
+    polls = counted["polls"]
+    give_up = time.monotonic() + 10 * poll_interval + 300
+    while classify(recorded(recording))["polls"] < polls + 2 and time.monotonic() < give_up:
+        time.sleep(1)
+    return {"triggers_running_after_s": round(ready_s, 1), "triggers_assigned":
+            assigned_triggers()}
+
+
+# -- the whole run ------------------------------------------------------------------------------
+def bench(jobs: int, seconds: float, poll_interval: float, work: Path,
+          admin_url: str | None, profile: Path | None = None) -> dict:
+    """Every process, database and instance it started is gone when it returns."""
+    report: dict = {"jobs": jobs, "poll_interval_s": poll_interval,
+                    "database": "postgresql" if admin_url else "sqlite"}
+    started: list = []
+    with ExitStack() as stack:
+        stack.callback(count_alive, started, report)
+        endpoint, recording = stack.enter_context(recording_moto(work))
+        net = make_network(endpoint, BUCKET)
+        database = (stack.enter_context(fresh_database(admin_url, "spot_bench_triggerer",
+                                                       "postgresql+psycopg2"))
+                    if admin_url else f"sqlite:///{work / 'airflow.db'}")
+        home = work / "airflow-home"
+        env = airflow_env(home, database, endpoint, jobs)
+        os.environ.update(env)  # this process's own Airflow (the rows below) is that one
+        options = {"region": REGION, "endpoint_url": endpoint, "subnets": [net["subnet"]],
+                   "instance_types": [INSTANCE_TYPE], "image_id": net["image_id"]}
+        write_dag(home, jobs, options, poll_interval)
+        t0 = time.monotonic()
+        cli(env, "db", "migrate")
+        cli(env, "dags", "reserialize")
+        cli(env, "dags", "trigger", DAG_ID, "-r", RUN_ID)
+        report["airflow_setup_s"] = round(time.monotonic() - t0, 1)
+        stack.callback(terminate_leftovers, endpoint, report)  # after the triggerer stopped
+        triggers, report["launch_s"] = launch(jobs, options, poll_interval)
+        report["deferred_task_instances"] = defer_task_instances(triggers)
+        start_recording(endpoint)
+        log = work / "triggerer.log"
+        proc = stack.enter_context(running_triggerer(env, log))
+        started += children()
+        report.update(wait_watching(proc, recording, jobs, log, poll_interval))
+        report.update(measure_watching(proc.pid, recording, seconds, jobs))
+        report["triggerer_alive_after_window"] = proc.poll() is None
+        if profile is not None:
+            report["profile"] = py_spy(proc.pid, profile, subprocesses=True)
+    return report
+
+
+def launch(jobs: int, options: dict, poll_interval: float) -> tuple[list, float]:
+    """Each job's lease launched by the EC2 provider, and the trigger its task defers with."""
+    from airflow_spot.triggers.spot import SpotJobTrigger
+    from spot_core.model import Market, Pool
+    from spot_core.providers import open_provider
+
+    provider = open_provider("ec2", **options)
+    pool = Pool("aws", REGION, ZONE, INSTANCE_TYPE, Market.SPOT)
+    started = time.monotonic()
+    triggers = []
+    for index in range(jobs):
+        uri = f"s3://{BUCKET}/scale-{index}"
+        lease = provider.launch(launch_spec(f"scale-{index}", provider.open_store(uri)), pool)
+        triggers.append(SpotJobTrigger(
+            provider="ec2", provider_options=dict(provider.options),
+            next=watch_next(lease, uri).to_dict(), checkpoint_uri=uri,
+            controller_options={**CONTROLLER, "poll_interval": poll_interval}))
+    return triggers, round(time.monotonic() - started, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale_triggerer",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="deferred spot jobs (leases)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
+    parser.add_argument("--poll-interval", type=float, default=5.0)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="after the window, 30 s of py-spy on the triggerer into this file")
+    parser.add_argument("--sqlite", action="store_true",
+                        help="the metadata database on SQLite even if PostgreSQL is configured")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.seconds <= 0 or args.poll_interval <= 0:
+        parser.error("--jobs, --seconds and --poll-interval must be positive")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwind: the cleanup runs
+    # stdout is the JSON report alone: Airflow, once imported here, logs to stdout.
+    report_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    report = {"commit": commit()}
+    with tempfile.TemporaryDirectory(prefix="bench-scale-triggerer-") as tmp:
+        report["airflow_triggerer_ec2_moto"] = bench(
+            args.jobs, args.seconds, args.poll_interval, Path(tmp),
+            None if args.sqlite else postgres_url(), args.profile)
+    print(json.dumps(report, indent=2), file=report_out, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
