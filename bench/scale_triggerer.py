@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,31 +56,26 @@ from bench.processes import (children, commit, count_alive, fresh_database, post
                              py_spy)
 from bench.scale import CONTROLLER, launch_spec, watch_next
 
-DAG_ID, RUN_ID, BUCKET = "spot_scale", "bench_scale", "bench-scale"
+DAG_ID, TASK_ID, RUN_ID, BUCKET = "spot_scale", "job", "bench_scale", "bench-scale"
 BIN = Path(sys.executable).parent
 READY_TIMEOUT = 900.0  # every trigger started and renewed its job's heartbeat
 STOP_TIMEOUT = 180.0   # the triggerer's shutdown runs every trigger's cleanup
 CLI_TIMEOUT = 600.0
 
-DAG_FILE = '''"""{jobs} deferrable spot jobs on EC2 (moto): the DAG of bench/scale_triggerer.py."""
+DAG_FILE = '''"""{jobs} deferrable spot jobs on EC2 (moto), one mapped task: bench/scale_triggerer.py."""
 from airflow.sdk import DAG
 
 from airflow_spot.operators.spot import SpotJobOperator
 
 with DAG({dag_id!r}, schedule=None, catchup=False, tags=["bench"]):
-    for i in range({jobs}):
-        SpotJobOperator(task_id=f"job_{{i:04d}}", command=["sleep", "86400"],
-                        checkpoint_uri=f"s3://{bucket}/scale-{{i}}", provider="ec2",
-                        provider_options={options!r}, deferrable=True,
-                        poll_interval={poll_interval!r},
-                        heartbeat_timeout={heartbeat_timeout!r},
-                        observe_failure_timeout={observe_failure_timeout!r},
-                        attempt_timeout={attempt_timeout!r})
+    SpotJobOperator.partial(
+        task_id={task_id!r}, command=["sleep", "86400"], provider="ec2",
+        provider_options={options!r}, deferrable=True, poll_interval={poll_interval!r},
+        heartbeat_timeout={heartbeat_timeout!r},
+        observe_failure_timeout={observe_failure_timeout!r},
+        attempt_timeout={attempt_timeout!r},
+    ).expand(checkpoint_uri=[f"s3://{bucket}/scale-{{i}}" for i in range({jobs})])
 '''
-
-
-def task_id(index: int) -> str:
-    return f"job_{index:04d}"
 
 
 # -- Airflow: its home, database, DAG and CLI -------------------------------------------------
@@ -116,8 +112,8 @@ def write_dag(home: Path, jobs: int, options: dict, poll_interval: float) -> Non
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
     (dags / "spot_scale.py").write_text(DAG_FILE.format(
-        jobs=jobs, dag_id=DAG_ID, bucket=BUCKET, options=options, poll_interval=poll_interval,
-        **CONTROLLER))
+        jobs=jobs, dag_id=DAG_ID, task_id=TASK_ID, bucket=BUCKET, options=options,
+        poll_interval=poll_interval, **CONTROLLER))
 
 
 def defer_task_instances(triggers: list) -> int:
@@ -137,13 +133,14 @@ def defer_task_instances(triggers: list) -> int:
         run = session.scalar(select(DagRun).where(DagRun.dag_id == DAG_ID,
                                                   DagRun.run_id == RUN_ID))
         run.state, run.start_date = DagRunState.RUNNING, now
-        tis = {ti.task_id: ti for ti in session.scalars(select(TaskInstance).where(
-            TaskInstance.dag_id == DAG_ID, TaskInstance.run_id == RUN_ID))}
+        tis = {ti.map_index: ti for ti in session.scalars(select(TaskInstance).where(
+            TaskInstance.dag_id == DAG_ID, TaskInstance.run_id == RUN_ID,
+            TaskInstance.task_id == TASK_ID))}
         for index, trigger in enumerate(triggers):
             row = Trigger.from_object(trigger)
             session.add(row)
             session.flush()
-            ti = tis[task_id(index)]
+            ti = tis[index]
             ti.state, ti.trigger_id = TaskInstanceState.DEFERRED, row.id
             ti.next_method, ti.next_kwargs = "execute_complete", {}
             ti.try_number, ti.start_date = 1, now
@@ -280,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="after the window, 30 s of py-spy on the triggerer into this file")
     parser.add_argument("--sqlite", action="store_true",
                         help="the metadata database on SQLite even if PostgreSQL is configured")
+    parser.add_argument("--keep-log", type=Path, default=None,
+                        help="copy the triggerer's log here at the end")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.seconds <= 0 or args.poll_interval <= 0:
         parser.error("--jobs, --seconds and --poll-interval must be positive")
@@ -290,9 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     report = {"commit": commit()}
     with tempfile.TemporaryDirectory(prefix="bench-scale-triggerer-") as tmp:
-        report["airflow_triggerer_ec2_moto"] = bench(
-            args.jobs, args.seconds, args.poll_interval, Path(tmp),
-            None if args.sqlite else postgres_url(), args.profile)
+        try:
+            report["airflow_triggerer_ec2_moto"] = bench(
+                args.jobs, args.seconds, args.poll_interval, Path(tmp),
+                None if args.sqlite else postgres_url(), args.profile)
+        finally:
+            if args.keep_log is not None and (Path(tmp) / "triggerer.log").exists():
+                shutil.copyfile(Path(tmp) / "triggerer.log", args.keep_log)
     print(json.dumps(report, indent=2), file=report_out, flush=True)
     return 0
 
