@@ -5,8 +5,8 @@ JobRecord and the watched lease included) and what reopens the provider and cont
 so a triggerer that restarts (or another one that picks the trigger up) resumes from
 the kwargs alone. Every poll interval it takes its lease's status from the triggerer's
 shared observer (``spot_core.observer``: one describe per provider and poll for every
-deferred job, not one per trigger) and hands it to ``Controller.check`` in a thread: the
-controller renews the driver heartbeat in the job's store, absorbs failed observations
+deferred job, not one per trigger) and hands it to ``Controller.check`` in a thread (the
+checks of one poll share a thread hop: ``spot_core.batched``): the controller renews the driver heartbeat in the job's store, absorbs failed observations
 until ``observe_failure_timeout``, and classifies, bills and closes the attempt when it
 ends. The trigger fires once: on ``ended`` (the closed record is in the event), on the
 first interruption notice (``return_on_notice``), or, with a ``sleep`` Next, when the
@@ -30,6 +30,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
+from spot_core import batched
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.observer import SharedObserver, shared_observer, wait_timeout
@@ -172,7 +173,8 @@ class SpotJobTrigger(BaseTrigger):
     async def _watch(self, controller: Controller, observer: SharedObserver, nxt: Next) -> str:
         """Each poll: the lease's status from the shared observer (one describe for every
         lease the triggerer watches on this provider), then ``check`` in a thread (the
-        heartbeat, the failure timeout, closing the attempt)."""
+        heartbeat, the failure timeout, closing the attempt), batched with the other
+        triggers' checks of the same poll into one hop."""
         spec, lease = self._spec(nxt), nxt.lease
         observer.watch(lease, self.poll_interval)
         try:
@@ -180,7 +182,7 @@ class SpotJobTrigger(BaseTrigger):
             while True:
                 observed = await observer.wait_async(lease.lease_id, after,
                                                      wait_timeout(self.poll_interval))
-                nxt = await asyncio.to_thread(controller.check, spec, nxt, observed=observed)
+                nxt = await batched.to_thread(controller.check, spec, nxt, observed=observed)
                 self._current = nxt
                 if nxt.action != "watch":
                     return "ended"

@@ -42,6 +42,7 @@ from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker
 from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
+from spot_core import batched
 from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
@@ -314,8 +315,9 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
     async def _watch(self, controller, observer: SharedObserver, spec, nxt,
                      flow_run: FlowRun):
         """Check the lease every poll until the attempt ends, with its status from the
-        worker's shared observer (one describe per poll for all its flow runs); a flow
-        run cancelled meanwhile stops the attempt (the controller terminates and closes
+        worker's shared observer (one describe per poll for all its flow runs) and the
+        checks of one poll run in one thread hop (``spot_core.batched``); a flow run
+        cancelled meanwhile stops the attempt (the controller terminates and closes
         it)."""
         lease, poll = nxt.lease, controller.poll_interval
         observer.watch(lease, poll)
@@ -330,7 +332,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                         "stopped: the flow run was cancelled")
                     return dataclasses.replace(nxt, action="ended", record=record,
                                                lease=None, reason="cancelled")
-                nxt = await anyio.to_thread.run_sync(_check, controller, spec, nxt, observed)
+                with anyio.CancelScope(shield=True):  # as run_sync: a started check completes
+                    nxt = await batched.to_thread(_check, controller, spec, nxt, observed)
                 after = observed.at + poll / 2  # the next poll's, not this one
         finally:
             self._cancelling.unwatch(flow_run.id)
