@@ -69,16 +69,29 @@ def start_recording(endpoint: str) -> None:
 
 
 def recorded(recording: Path) -> list[dict]:
-    """moto's recorded requests so far (whole lines only)."""
+    """moto's recorded requests so far. moto writes each entry and its newline in two
+    writes from its request threads, so two entries can share a line (and the last line
+    can be one still being written): every whole JSON object is read, wherever it is."""
     if not recording.exists():
         return []
-    entries = []
-    for line in recording.read_text().splitlines():
+    text = recording.read_text()
+    whole = text[:text.rfind("\n") + 1]  # not a last line still being written
+    decoder, entries, at = json.JSONDecoder(), [], 0
+    while True:
+        at = _skip_space(whole, at)
+        if at >= len(whole):
+            return entries
         try:
-            entries.append(json.loads(line))
-        except ValueError:
-            break  # a line moto is still writing
-    return entries
+            entry, at = decoder.raw_decode(whole, at)
+            entries.append(entry)
+        except ValueError:  # a torn entry: skip to the next line
+            at = whole.find("\n", at) + 1 or len(whole)
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \n\r\t":
+        at += 1
+    return at
 
 
 def request_name(entry: dict) -> tuple[str, dict]:

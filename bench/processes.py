@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -33,6 +34,21 @@ def cpu_seconds(pid: int) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def idle_cpu(pid: int, seconds: float, settle: float) -> float:
+    """The process tree's CPU per second with nothing to watch (its own loop, heartbeats
+    and queries), ``settle`` seconds after it started."""
+    time.sleep(settle)
+    cpu0 = cpu_seconds(pid)
+    time.sleep(seconds)
+    return round((cpu_seconds(pid) - cpu0) / seconds, 4)
+
+
+def above_idle(report: dict, jobs: int) -> dict:
+    """The share of a core per 100 jobs the watching adds to the idle process's own."""
+    busy = report["cpu_s"] / report["window_s"] - report["idle_cpu_s_per_s"]
+    return {"core_percent_per_100_jobs_above_idle": round(100.0 * busy / jobs * 100, 3)}
 
 
 def rss_bytes(pid: int, children: bool = False) -> int:

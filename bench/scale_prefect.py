@@ -45,8 +45,8 @@ from bench.moto_recorder import (INSTANCE_TYPE, REGION, live_instances, make_net
                                  measure_watching, recording_moto, start_recording,
                                  terminate_leftovers)
 from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
-from bench.processes import (children, commit, count_alive, cpu_seconds, fresh_database,
-                             postgres_url, py_spy)
+from bench.processes import (above_idle, children, commit, count_alive, fresh_database,
+                             idle_cpu, postgres_url, py_spy)
 
 POOL = "spot-scale"
 WORKER_STOP_TIMEOUT = 180.0  # the worker's shutdown stops every attempt it watches
@@ -108,14 +108,6 @@ def wait_launched(run_ids: list, worker, log: Path, timeout: float) -> dict:
         time.sleep(5)
 
 
-def idle_cpu(worker, seconds: float) -> float:
-    """The worker's CPU per second with no flow run (its heartbeat and queue queries)."""
-    time.sleep(IDLE_SETTLE)  # past its start-up (imports done, pool synced)
-    cpu0 = cpu_seconds(worker.pid)
-    time.sleep(seconds)
-    return round((cpu_seconds(worker.pid) - cpu0) / seconds, 4)
-
-
 def bench(runs: int, seconds: float, poll_interval: float, work: Path,
           database_url: str | None = None, profile: Path | None = None,
           idle_seconds: float = IDLE_SECONDS) -> dict:
@@ -143,7 +135,7 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
                  "PREFECT_WORKER_QUERY_SECONDS": "10", "PREFECT_WORKER_PREFETCH_SECONDS": "10"}))
         started += children()
         if idle_seconds:
-            report["idle_cpu_s_per_s"] = idle_cpu(worker, idle_seconds)
+            report["idle_cpu_s_per_s"] = idle_cpu(worker.pid, idle_seconds, IDLE_SETTLE)
         run_ids = create_flow_runs(deployment_id, runs)
         report.update(wait_launched(run_ids, worker, log, timeout=LAUNCH_TIMEOUT))
         if not report["leased_runs"]:
@@ -153,9 +145,7 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
         jobs = report["leased_runs"]
         report.update(measure_watching(worker.pid, recording, seconds, jobs))
         if idle_seconds:
-            above_idle = report["cpu_s"] / report["window_s"] - report["idle_cpu_s_per_s"]
-            report["core_percent_per_100_jobs_above_idle"] = round(
-                100.0 * above_idle / jobs * 100, 3)
+            report.update(above_idle(report, jobs))
         report["live_instances_in_window"] = len(live_instances(endpoint))
         if profile is not None:
             report["profile"] = py_spy(worker.pid, profile)

@@ -7,12 +7,15 @@ starts, as separate real processes:
 - Airflow 3.3's metadata database on a fresh PostgreSQL database of
   ``$SPOT_TEST_POSTGRES_URL`` or .ci/.postgres-url (SQLite with ``--sqlite`` or when
   neither is set), migrated by ``airflow db migrate``;
-- a DAG of ``--jobs`` (1,000) deferrable ``SpotJobOperator`` tasks on provider ``ec2``
-  pointed at moto (stores in a moto S3 bucket), serialized by ``airflow dags reserialize``
-  and triggered by ``airflow dags trigger``;
+- a DAG whose one deferrable ``SpotJobOperator`` task is mapped over ``--jobs`` (1,000)
+  stores, on provider ``ec2`` pointed at moto (stores in a moto S3 bucket), serialized by
+  ``airflow dags reserialize`` and triggered by ``airflow dags trigger`` (a mapped task, as
+  a sweep is: with 1,000 separate tasks Airflow's triggerer deserializes the whole DAG once
+  per trigger it loads, which stalled its trigger runner for up to a minute here);
 - ONE ``airflow triggerer`` (its capacity: every job).
 
-Between the last two, each task instance is deferred as a deferring task leaves it: its
+The triggerer starts first and its idle CPU (nothing to run) is measured for
+``--idle-seconds``. Then each task instance is deferred as a deferring task leaves it: its
 lease launched by the EC2 provider (``Ec2Provider.launch``: RunInstances with user-data,
 tags and spot options; the job's first heartbeat in its store), a trigger row holding the
 ``SpotJobTrigger`` the operator defers with (the controller's ``watch`` Next of the
@@ -25,7 +28,8 @@ Nothing runs on a moto instance, so every lease stays running and every trigger 
 watching. Once every job's heartbeat has been renewed by the triggerer (bounded wait) and
 two more describe rounds have passed, the bench counts for ``--seconds`` the requests
 moto receives (a poll is one DescribeInstances round) and the CPU of the triggerer's
-process tree (the supervisor and its trigger runner subprocess). Printed as JSON.
+process tree (the supervisor and its trigger runner subprocess), also as the share above
+its idle cost. Printed as JSON.
 
 At the end the triggerer is stopped with SIGTERM, as a restart stops it: its triggers'
 ``cleanup`` finds their task instances still deferred and leaves the leases running
@@ -52,8 +56,8 @@ from bench.aws import free_port
 from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
                                  measure_watching, recorded, recording_moto, start_recording,
                                  terminate_leftovers)
-from bench.processes import (children, commit, count_alive, fresh_database, postgres_url,
-                             py_spy)
+from bench.processes import (above_idle, children, commit, count_alive, fresh_database,
+                             idle_cpu, postgres_url, py_spy)
 from bench.scale import CONTROLLER, launch_spec, watch_next
 
 DAG_ID, TASK_ID, RUN_ID, BUCKET = "spot_scale", "job", "bench_scale", "bench-scale"
@@ -61,6 +65,8 @@ BIN = Path(sys.executable).parent
 READY_TIMEOUT = 900.0  # every trigger started and renewed its job's heartbeat
 STOP_TIMEOUT = 180.0   # the triggerer's shutdown runs every trigger's cleanup
 CLI_TIMEOUT = 600.0
+IDLE_SETTLE = 20.0     # the triggerer's start-up, before its idle cost is measured
+IDLE_SECONDS = 20.0
 
 DAG_FILE = '''"""{jobs} deferrable spot jobs on EC2 (moto), one mapped task: bench/scale_triggerer.py."""
 from airflow.sdk import DAG
@@ -209,7 +215,8 @@ def wait_watching(proc: subprocess.Popen, recording: Path, jobs: int, log: Path,
 
 # -- the whole run ------------------------------------------------------------------------------
 def bench(jobs: int, seconds: float, poll_interval: float, work: Path,
-          admin_url: str | None, profile: Path | None = None) -> dict:
+          admin_url: str | None, profile: Path | None = None,
+          idle_seconds: float = IDLE_SECONDS) -> dict:
     """Every process, database and instance it started is gone when it returns."""
     report: dict = {"jobs": jobs, "poll_interval_s": poll_interval,
                     "database": "postgresql" if admin_url else "sqlite"}
@@ -233,14 +240,18 @@ def bench(jobs: int, seconds: float, poll_interval: float, work: Path,
         cli(env, "dags", "trigger", DAG_ID, "-r", RUN_ID)
         report["airflow_setup_s"] = round(time.monotonic() - t0, 1)
         stack.callback(terminate_leftovers, endpoint, report)  # after the triggerer stopped
-        triggers, report["launch_s"] = launch(jobs, options, poll_interval)
-        report["deferred_task_instances"] = defer_task_instances(triggers)
-        start_recording(endpoint)
         log = work / "triggerer.log"
         proc = stack.enter_context(running_triggerer(env, log))
         started += children()
+        if idle_seconds:  # its own cost: the job loop, trigger table queries, heartbeats
+            report["idle_cpu_s_per_s"] = idle_cpu(proc.pid, idle_seconds, IDLE_SETTLE)
+        triggers, report["launch_s"] = launch(jobs, options, poll_interval)
+        start_recording(endpoint)  # after the launches' own first heartbeats
+        report["deferred_task_instances"] = defer_task_instances(triggers)
         report.update(wait_watching(proc, recording, jobs, log, poll_interval))
         report.update(measure_watching(proc.pid, recording, seconds, jobs))
+        if idle_seconds:
+            report.update(above_idle(report, jobs))
         report["triggerer_alive_after_window"] = proc.poll() is None
         if profile is not None:
             report["profile"] = py_spy(proc.pid, profile, subprocesses=True)
@@ -277,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="after the window, 30 s of py-spy on the triggerer into this file")
     parser.add_argument("--sqlite", action="store_true",
                         help="the metadata database on SQLite even if PostgreSQL is configured")
+    parser.add_argument("--idle-seconds", type=float, default=IDLE_SECONDS,
+                        help="the triggerer's CPU with no trigger, measured first (0: skip)")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the triggerer's log here at the end")
     args = parser.parse_args(argv)
@@ -292,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report["airflow_triggerer_ec2_moto"] = bench(
                 args.jobs, args.seconds, args.poll_interval, Path(tmp),
-                None if args.sqlite else postgres_url(), args.profile)
+                None if args.sqlite else postgres_url(), args.profile, args.idle_seconds)
         finally:
             if args.keep_log is not None and (Path(tmp) / "triggerer.log").exists():
                 shutil.copyfile(Path(tmp) / "triggerer.log", args.keep_log)

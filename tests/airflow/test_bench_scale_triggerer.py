@@ -25,7 +25,8 @@ JOBS = 3
 def test_bench_runs_one_triggerer_over_deferred_rows_and_cleans_up(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     done = subprocess.run([sys.executable, "-m", "bench.scale_triggerer", "--jobs", str(JOBS),
-                           "--seconds", "5", "--poll-interval", "1", "--sqlite"],
+                           "--seconds", "5", "--poll-interval", "1", "--sqlite",
+                           "--idle-seconds", "0"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=380)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)["airflow_triggerer_ec2_moto"]
