@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 import weakref
 from typing import Any, Callable, TypeVar
 
@@ -29,6 +30,7 @@ T = TypeVar("T")
 
 WINDOW = 0.05     # seconds: calls this close together share a hop
 MAX_BATCH = 200   # calls per hop at most; a poll's calls beyond it go in further hops
+SETTLE_EVERY = 0.5  # seconds: a slow chunk hands back its finished calls this often
 
 _Call = tuple[asyncio.Future, contextvars.Context, Callable[..., Any], tuple, dict]
 
@@ -68,13 +70,24 @@ class Batcher:
             self._loop.run_in_executor(None, self._run_chunk, chunk)
 
     def _run_chunk(self, chunk: list[_Call]) -> None:
-        """In the worker thread: every call of the chunk, then one wake-up of the loop."""
+        """In the worker thread: every call of the chunk, then one wake-up of the loop.
+        A chunk slowed by I/O (first heartbeats against a slow store) hands back what is
+        done every ``SETTLE_EVERY`` seconds, so no caller waits for all the others."""
         outcomes: list[tuple[asyncio.Future, bool, Any]] = []
+        settled_at = time.monotonic()
         for future, context, fn, args, kwargs in chunk:
             try:
                 outcomes.append((future, True, context.run(fn, *args, **kwargs)))
             except BaseException as exc:  # noqa: BLE001 - the caller's own exception
                 outcomes.append((future, False, exc))
+            if time.monotonic() - settled_at >= SETTLE_EVERY:
+                self._hand_back(outcomes)
+                outcomes, settled_at = [], time.monotonic()
+        self._hand_back(outcomes)
+
+    def _hand_back(self, outcomes: list[tuple[asyncio.Future, bool, Any]]) -> None:
+        if not outcomes:
+            return
         try:
             self._loop.call_soon_threadsafe(_settle, outcomes)
         except RuntimeError:  # the loop closed: nobody waits for these any more

@@ -6,11 +6,12 @@ so a triggerer that restarts (or another one that picks the trigger up) resumes 
 the kwargs alone. Every poll interval it takes its lease's status from the triggerer's
 shared observer (``spot_core.observer``: one describe per provider and poll for every
 deferred job, not one per trigger) and hands it to ``Controller.check`` in a thread (the
-checks of one poll share a thread hop: ``spot_core.batched``): the controller renews the driver heartbeat in the job's store, absorbs failed observations
-until ``observe_failure_timeout``, and classifies, bills and closes the attempt when it
-ends. The trigger fires once: on ``ended`` (the closed record is in the event), on the
-first interruption notice (``return_on_notice``), or, with a ``sleep`` Next, when the
-sleep is over.
+checks of one poll share a thread hop: ``spot_core.batched``): the controller renews the
+driver heartbeat in the job's store, absorbs failed observations until
+``observe_failure_timeout``, and classifies, bills and closes the attempt when it ends.
+The trigger fires once: on ``ended`` (the closed record is in the event), on the first
+interruption notice (``return_on_notice``), or, with a ``sleep`` Next, when the sleep is
+over.
 
 Kill safety. A user who marks the deferred task failed or success, or clears it, makes
 Airflow 3.3 cancel the trigger with ``on_kill()``: the lease is stopped through

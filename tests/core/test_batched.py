@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+import time
 
 import pytest
 
@@ -61,3 +62,33 @@ def test_calls_apart_in_time_are_not_held_back():
         return first, second, batched.batcher_for().hops
 
     assert asyncio.run(main()) == (1, 2, 2)
+
+
+def test_a_chunk_slowed_by_io_hands_back_finished_calls_before_it_ends():
+    """The first calls of a chunk whose later calls block (a slow store) are answered
+    while those still run, not once the whole chunk is done."""
+    release = threading.Event()
+
+    def quick(i):
+        return i
+
+    def stall():
+        time.sleep(batched.SETTLE_EVERY)  # the chunk has run long enough to hand back
+        return "stall"
+
+    def slow():
+        release.wait(10)  # blocks until the quick callers were answered
+        return "slow"
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        quick_calls = [asyncio.create_task(batched.to_thread(quick, i)) for i in range(5)]
+        stalls = [asyncio.create_task(batched.to_thread(stall))]
+        slow_call = asyncio.create_task(batched.to_thread(slow))
+        answered = await asyncio.wait_for(asyncio.gather(*quick_calls, *stalls), timeout=5)
+        still_running = not slow_call.done()
+        loop.call_soon(release.set)
+        return answered, still_running, await slow_call
+
+    answered, still_running, slow_result = asyncio.run(main())
+    assert answered == [0, 1, 2, 3, 4, "stall"] and still_running and slow_result == "slow"
