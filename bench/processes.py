@@ -97,6 +97,20 @@ def count_alive(started: list, report: dict) -> None:
     report["processes_alive_at_end"] = len(alive)
 
 
+def add_window_arguments(parser, process: str, nothing: str, database: str,
+                         idle_seconds: float) -> None:
+    """The options both process benchmarks take: the measured window, the poll interval,
+    py-spy after it, the idle measurement before it, and SQLite instead of PostgreSQL."""
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
+    parser.add_argument("--poll-interval", type=float, default=5.0)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help=f"after the window, 30 s of py-spy on the {process} into this file")
+    parser.add_argument("--idle-seconds", type=float, default=idle_seconds,
+                        help=f"the {process}'s CPU with {nothing}, measured first (0: skip)")
+    parser.add_argument("--sqlite", action="store_true",
+                        help=f"{database} on SQLite even if PostgreSQL is configured")
+
+
 def postgres_url() -> str | None:
     """``$SPOT_TEST_POSTGRES_URL``, else .ci/.postgres-url, else None (SQLite)."""
     url = os.environ.get("SPOT_TEST_POSTGRES_URL")

@@ -45,8 +45,8 @@ from bench.moto_recorder import (INSTANCE_TYPE, REGION, live_instances, make_net
                                  measure_watching, recording_moto, start_recording,
                                  terminate_leftovers)
 from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
-from bench.processes import (above_idle, children, commit, count_alive, fresh_database,
-                             idle_cpu, postgres_url, py_spy)
+from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
+                             fresh_database, idle_cpu, postgres_url, py_spy)
 
 POOL = "spot-scale"
 WORKER_STOP_TIMEOUT = 180.0  # the worker's shutdown stops every attempt it watches
@@ -156,14 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_prefect",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200, help="flow runs (one lease each)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
-    parser.add_argument("--poll-interval", type=float, default=5.0)
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="after the window, 30 s of py-spy on the worker into this file")
-    parser.add_argument("--idle-seconds", type=float, default=IDLE_SECONDS,
-                        help="the worker's CPU with no flow run, measured first (0: skip)")
-    parser.add_argument("--sqlite", action="store_true",
-                        help="the Prefect server on SQLite even if PostgreSQL is configured")
+    add_window_arguments(parser, "worker", "no flow run", "the Prefect server", IDLE_SECONDS)
     args = parser.parse_args(argv)
     if args.runs < 1 or args.seconds <= 0 or args.poll_interval <= 0:
         parser.error("--runs, --seconds and --poll-interval must be positive")

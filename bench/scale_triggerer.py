@@ -56,8 +56,8 @@ from bench.aws import free_port
 from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
                                  measure_watching, recorded, recording_moto, start_recording,
                                  terminate_leftovers)
-from bench.processes import (above_idle, children, commit, count_alive, fresh_database,
-                             idle_cpu, postgres_url, py_spy)
+from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
+                             fresh_database, idle_cpu, postgres_url, py_spy)
 from bench.scale import CONTROLLER, launch_spec, watch_next
 
 DAG_ID, TASK_ID, RUN_ID, BUCKET = "spot_scale", "job", "bench_scale", "bench-scale"
@@ -282,14 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_triggerer",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1000, help="deferred spot jobs (leases)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
-    parser.add_argument("--poll-interval", type=float, default=5.0)
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="after the window, 30 s of py-spy on the triggerer into this file")
-    parser.add_argument("--sqlite", action="store_true",
-                        help="the metadata database on SQLite even if PostgreSQL is configured")
-    parser.add_argument("--idle-seconds", type=float, default=IDLE_SECONDS,
-                        help="the triggerer's CPU with no trigger, measured first (0: skip)")
+    add_window_arguments(parser, "triggerer", "no trigger", "the metadata database",
+                         IDLE_SECONDS)
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the triggerer's log here at the end")
     args = parser.parse_args(argv)
