@@ -96,10 +96,11 @@ def test_a_failing_describe_reaches_every_waiter_then_recovers(server, leases):
         observer = SharedObserver(open_provider("local", url=proxy.url,
                                                 workdir=server.cloud.workdir))
         try:
+            proxy.mode = "503"  # before the first poll, which watching starts
             for lease in leases:
                 observer.watch(lease, POLL)
-            proxy.mode = "503"
-            failed = _wait_all(observer, leases, after=0.0)
+            first = observer.wait(leases[0].lease_id, 0.0, 10.0)  # past the polls so far
+            failed = _wait_all(observer, leases, after=first.at + POLL / 2)
             assert all(isinstance(o.error, InfrastructureError) for o in failed.values())
             assert len({o.at for o in failed.values()}) == 1  # the same failed describe
             proxy.mode = None
