@@ -9,7 +9,6 @@ these processes the same, bounded way. Runs in the Prefect environment.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bench.aws import free_port
+from bench.processes import stop_process
 
 FLOWS = Path(__file__).resolve().parents[1] / "flows"
 PREFECT = Path(sys.executable).with_name("prefect")
@@ -42,28 +42,6 @@ def wait_healthy(api_url: str, server: subprocess.Popen, log_path: Path,
         time.sleep(1)
     raise AssertionError(f"the Prefect server at {api_url} was not healthy in {timeout} s: "
                          + log_path.read_text(errors="replace")[-3000:])
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT, *,
-                 session: bool = False) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``. ``session``: signal the whole session of a
-    process started with ``start_new_session`` (the server's uvicorn and services too),
-    else the process alone (a worker's lease processes must outlive it, as in production)."""
-    def send(sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig) if session else proc.send_signal(sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    if proc.poll() is None:
-        send(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        send(signal.SIGKILL)
-        proc.wait(timeout=10)
-    if session:
-        send(signal.SIGKILL)  # whatever of its session outlived it
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,28 @@ def add_window_arguments(parser, process: str, nothing: str, database: str,
                         help=f"the {process}'s CPU with {nothing}, measured first (0: skip)")
     parser.add_argument("--sqlite", action="store_true",
                         help=f"{database} on SQLite even if PostgreSQL is configured")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0, *,
+                 session: bool = False) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``. ``session``: signal the whole session of a
+    process started with ``start_new_session`` (the server's uvicorn and services too),
+    else the process alone (a worker's lease processes must outlive it, as in production)."""
+    def send(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig) if session else proc.send_signal(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    if proc.poll() is None:
+        send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait(timeout=10)
+    if session:
+        send(signal.SIGKILL)  # whatever of its session outlived it
 
 
 def postgres_url() -> str | None:

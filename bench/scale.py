@@ -46,8 +46,9 @@ import time
 from pathlib import Path
 
 from bench.aws import die_with_parent
-from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, make_network, recorded,
-                                 recording_moto, request_name, start_recording)
+from bench.processes import commit
+from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
+                                 recorded, recording_moto, start_recording)
 
 # heartbeat_timeout: the settings default; each lease's watcher ends its step once nobody
 # renews the heartbeat that long, so a killed benchmark leaves no step running.
@@ -149,11 +150,7 @@ def _observer_of(trigger):
 def moto_calls(recording: Path):
     """Requests moto recorded, per EC2 action or S3 method."""
     def count() -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for entry in recorded(recording):
-            name = request_name(entry)[0]
-            counts[name] = counts.get(name, 0) + 1
-        return counts
+        return classify(recorded(recording))["calls"]
     return count
 
 
@@ -229,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-interval", type=float, default=5.0)
     parser.add_argument("--only", choices=("ec2", "local"), default=None)
     args = parser.parse_args(argv)
-    report = {"commit": _commit()}
+    report = {"commit": commit()}
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         if args.only in (None, "ec2"):
             report["ec2_moto"] = bench_ec2(args.ec2_leases, args.seconds, args.poll_interval,
@@ -240,14 +237,6 @@ def main(argv: list[str] | None = None) -> int:
                                                 args.poll_interval, Path(tmp) / "local")
     print(json.dumps(report, indent=2))
     return 0
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_net
                                  measure_watching, recorded, recording_moto, start_recording,
                                  terminate_leftovers)
 from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
-                             fresh_database, idle_cpu, postgres_url, py_spy)
+                             fresh_database, idle_cpu, postgres_url, py_spy, stop_process)
 from bench.scale import CONTROLLER, launch_spec, watch_next
 
 DAG_ID, TASK_ID, RUN_ID, BUCKET = "spot_scale", "job", "bench_scale", "bench-scale"
@@ -174,19 +174,8 @@ def running_triggerer(env: dict[str, str], log: Path) -> Iterator[subprocess.Pop
     try:
         yield proc
     finally:
-        _stop_group(proc)
+        stop_process(proc, STOP_TIMEOUT, session=True)
         out.close()
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        pass
 
 
 def wait_watching(proc: subprocess.Popen, recording: Path, jobs: int, log: Path,
