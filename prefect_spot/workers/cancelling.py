@@ -5,7 +5,9 @@ Why: each watched flow run used to read itself from the Prefect API every
 reads were the second cost of the worker's CPU after the heartbeats
 (``bench/scale_prefect.py``). ``CancellingRuns`` answers every watcher from one
 ``read_flow_runs`` by id per interval (pages of ``PAGE`` ids), made by whichever watcher
-asks first once the last answer is older than the interval.
+asks first once the last answer is older than the interval. The server filters by state
+too, so an answer holds only the runs being cancelled (usually none): parsing 200 full
+flow runs every interval was most of an idle worker's CPU per watched run.
 """
 
 from __future__ import annotations
@@ -60,14 +62,20 @@ class CancellingRuns:
 
     @staticmethod
     async def _read(client: Any, ids: list[UUID]) -> set[UUID]:
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId,
+                                                    FlowRunFilterState,
+                                                    FlowRunFilterStateType)
+        from prefect.client.schemas.objects import StateType
 
+        ending = FlowRunFilterState(type=FlowRunFilterStateType(
+            any_=[StateType.CANCELLING, StateType.CANCELLED]))
         unique = list(dict.fromkeys(ids))
         found: set[UUID] = set()
         for start in range(0, len(unique), PAGE):
             page = unique[start:start + PAGE]
             runs = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=page)), limit=len(page))
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=page), state=ending),
+                limit=len(page))
             found.update(run.id for run in runs if run.state is not None
                          and (run.state.is_cancelling() or run.state.is_cancelled()))
         return found
