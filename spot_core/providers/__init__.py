@@ -161,6 +161,10 @@ def _check_local_value(name: str, value: Any) -> None:
     if name == "time_scale" and not (number and math.isfinite(value) and value > 0):
         raise ConfigError(f"local provider option time_scale={value!r} must be a finite "
                           "number > 0 (trace seconds per wall second, e.g. 3600)")
+    if name == "watch_poll_interval" and not (number and math.isfinite(value) and value > 0):
+        raise ConfigError(f"local provider option watch_poll_interval={value!r} must be a "
+                          "finite number of seconds > 0 (how often each lease's watcher "
+                          "polls its metadata endpoint, e.g. 1)")
     if name == "start_tick" and not (number and isinstance(value, int) and value >= 0):
         raise ConfigError(f"local provider option start_tick={value!r} must be a whole "
                           "number >= 0 (a row of the traces)")

@@ -30,6 +30,7 @@ from spot_core.emulators.lease_processes import lease_pids, live_leases, signal_
 log = logging.getLogger(__name__)
 
 LOCAL_CLOUD_URL = "SPOT_LOCAL_CLOUD_URL"
+WATCH_POLL_INTERVAL = 0.1  # a compressed trace's notice can be a second of wall time
 DRIVER_LOST_MESSAGE = ("the lease ended itself: its driver stopped renewing the heartbeat "
                        "for longer than the heartbeat timeout (killed or lost)")
 
@@ -39,7 +40,7 @@ class LocalProvider:
 
     name = "local"
 
-    def __init__(self, cloud: LocalSpotCloud, *, watch_poll_interval: float = 0.1,
+    def __init__(self, cloud: LocalSpotCloud, *, watch_poll_interval: float = WATCH_POLL_INTERVAL,
                  options: dict | None = None) -> None:
         self.cloud = cloud
         self.market = cloud.market
@@ -49,7 +50,8 @@ class LocalProvider:
 
     @classmethod
     def connect(cls, url: str, *, workdir: str | Path | None = None,
-                token: str | None = None) -> LocalProvider:
+                token: str | None = None,
+                watch_poll_interval: float | None = None) -> LocalProvider:
         """A provider over a running local cloud server (leases outlive this process).
 
         Its token comes from ``token``, else the server's ``workdir`` (its token file),
@@ -57,37 +59,50 @@ class LocalProvider:
         the token: they travel in trigger kwargs and job variables, which are logged."""
         from spot_core.localcloud.client import RemoteLocalCloud
 
-        options = {"url": url} if workdir is None else {"url": url, "workdir": str(workdir)}
-        return cls(RemoteLocalCloud(url, token=token, workdir=workdir), options=options)
+        options: dict = {"url": url} if workdir is None else {"url": url, "workdir": str(workdir)}
+        if watch_poll_interval is not None:
+            options["watch_poll_interval"] = watch_poll_interval
+        return cls(RemoteLocalCloud(url, token=token, workdir=workdir), options=options,
+                   watch_poll_interval=watch_poll_interval or WATCH_POLL_INTERVAL)
 
     @classmethod
     def from_options(cls, *, url: str | None = None, traces: Sequence[str] | None = None,
                      prices: str | None = None, time_scale: float = DEFAULT_TIME_SCALE,
-                     start_tick: int = 0, workdir: str | None = None) -> LocalProvider:
+                     start_tick: int = 0, workdir: str | None = None,
+                     watch_poll_interval: float | None = None) -> LocalProvider:
         """From plain options: a server's ``url`` (or ``$SPOT_LOCAL_CLOUD_URL``; its token
         from the server's ``workdir`` or ``$SPOT_LOCAL_CLOUD_TOKEN``), else a cloud in this
-        process replaying ``traces`` (paths; default the shipped excerpt) in ``workdir``."""
+        process replaying ``traces`` (paths; default the shipped excerpt) in ``workdir``.
+        ``watch_poll_interval``: how often each lease's watcher polls its metadata endpoint,
+        in seconds (default 0.1, for a compressed trace whose notice may last a second of
+        wall time; about 1 at ``time_scale`` 1, a fifth of the watcher's cost).
+        """
         url = url or os.environ.get(LOCAL_CLOUD_URL)
         if url:
-            return cls.connect(url, workdir=workdir)
+            return cls.connect(url, workdir=workdir, watch_poll_interval=watch_poll_interval)
         from spot_core.market.trace import load_traces
 
         loaded = None if not traces else load_traces(traces, prices=prices)
         provider = cls.from_traces(loaded, time_scale=time_scale, start_tick=start_tick,
-                                   workdir=workdir)
+                                   workdir=workdir,
+                                   watch_poll_interval=watch_poll_interval or WATCH_POLL_INTERVAL)
         provider.options = {"traces": list(traces or []), "prices": prices,
                             "time_scale": time_scale, "start_tick": start_tick,
                             "workdir": str(provider.cloud.workdir)}
+        if watch_poll_interval is not None:
+            provider.options["watch_poll_interval"] = watch_poll_interval
         return provider
 
     @classmethod
     def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *,
                     time_scale: float = DEFAULT_TIME_SCALE, start_tick: int = 0,
                     workdir: str | Path | None = None, config: LocalCloudConfig | None = None,
-                    clock=time.time) -> LocalProvider:
+                    clock=time.time,
+                    watch_poll_interval: float = WATCH_POLL_INTERVAL) -> LocalProvider:
         """A cloud replaying ``traces`` (default: the shipped excerpt) from ``start_tick`` now."""
         return cls(LocalSpotCloud.from_traces(traces, time_scale=time_scale, start_tick=start_tick,
-                                              workdir=workdir, config=config, clock=clock))
+                                              workdir=workdir, config=config, clock=clock),
+                   watch_poll_interval=watch_poll_interval)
 
     def pools(self) -> tuple[Pool, ...]:
         return self.market.pools()

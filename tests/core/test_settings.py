@@ -73,6 +73,9 @@ def test_defaults_are_the_documented_ones():
                           "'image_id', 'instance_types']"),
     ({"provider_options": {"colour": "red"}}, "train: unknown local provider option(s) "
                                               "['colour']"),
+    ({"provider_options": {"watch_poll_interval": 0}},
+     "train: local provider option watch_poll_interval=0 must be a finite number of "
+     "seconds > 0"),
     ({"deadline_policy": "greedy"}, "train: deadline_policy='greedy' needs deadline and work"),
     ({"deadline_policy": "psychic", "deadline": "2h", "work": "1h"},
      "train: deadline_policy='psychic' is not one of"),
@@ -131,7 +134,7 @@ def test_the_provider_registry_refuses_what_is_not_built():
     with pytest.raises(ConfigError, match=r"unknown ec2 provider option\(s\) \['colour'\]"):
         check_provider("ec2", {"colour": "red"})
     check_provider("ec2", {"subnets": ["subnet-1"], "image_id": "ami-1"}, ["g5.xlarge"])
-    check_provider("local", {"time_scale": 60.0, "start_tick": 3})
+    check_provider("local", {"time_scale": 60.0, "start_tick": 3, "watch_poll_interval": 1})
 
 
 # -- the command line, a surface of the model -------------------------------------------------
