@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Iterator
 from urllib.parse import parse_qs
 
 from bench.aws import start_moto
-from bench.processes import cpu_seconds, rss_bytes
+from bench.processes import measure_window
 
 REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
 HEARTBEAT_KEY = "/heartbeat/driver.json"  # spot_core.checkpoint.heartbeat's object
@@ -128,23 +127,17 @@ def classify(entries: list[dict]) -> dict:
 def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> dict:
     """``seconds`` of a process watching ``jobs`` leases on this moto: the requests moto
     got (EC2 calls per poll; the jobs' S3 heartbeats apart) and the process tree's CPU."""
-    first, cpu0, wall0 = len(recorded(recording)), cpu_seconds(pid), time.monotonic()
-    time.sleep(seconds)
-    cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - wall0
+    first, _, figures = measure_window(pid, seconds, jobs, lambda: len(recorded(recording)))
     counted = classify(recorded(recording)[first:])
     polls = max(counted["polls"], 1)
     ec2 = {k: v for k, v in counted["calls"].items() if not k.startswith(("S3 ", "other "))}
     describes = {k: v for k, v in ec2.items() if k.startswith("Describe")}
-    job_hours = jobs * wall / 3600.0
-    return {"window_s": round(wall, 1), "polls": counted["polls"],
+    return {"window_s": figures["window_s"], "polls": counted["polls"],
             "ids_described_per_poll": round(counted["ids_described"] / polls, 1),
             "server_calls": counted["calls"],
             "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
             "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
-            "heartbeats_renewed_in_window": counted["heartbeats_renewed"],
-            "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
-            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
-            "rss_mib": round(rss_bytes(pid, children=True) / 2**20, 1)}
+            "heartbeats_renewed_in_window": counted["heartbeats_renewed"], **figures}
 
 
 def ec2_client(endpoint: str):

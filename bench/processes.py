@@ -52,6 +52,22 @@ def above_idle(report: dict, jobs: int) -> dict:
     return {"core_percent_per_100_jobs_above_idle": round(100.0 * busy / jobs * 100, 3)}
 
 
+def measure_window(pid: int, seconds: float, jobs: int, snapshot) -> tuple[object, object, dict]:
+    """``seconds`` of a process watching ``jobs`` leases: ``snapshot()`` (the server's
+    counts) before and after, and the process tree's CPU over the window as CPU-seconds
+    per job-hour and share of a core per 100 jobs."""
+    before, cpu0, wall0 = snapshot(), cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - wall0
+    after = snapshot()
+    job_hours = jobs * wall / 3600.0
+    return before, after, {
+        "window_s": round(wall, 1), "cpu_s": round(cpu, 2),
+        "cpu_s_per_job_hour": round(cpu / job_hours, 4),
+        "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
+        "rss_mib": round(rss_bytes(pid, children=True) / 2**20, 1)}
+
+
 def rss_bytes(pid: int, children: bool = False) -> int:
     """Resident memory of the process (and, with ``children``, of its live children)."""
     import psutil

@@ -39,14 +39,13 @@ import asyncio
 import importlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.aws import die_with_parent
 from bench.processes import commit
+from bench.scale_backends import local_cloud_server
 from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
                                  recorded, recording_moto, start_recording)
 
@@ -186,11 +185,7 @@ def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -
     from spot_core.providers import open_provider
 
     work.mkdir(parents=True, exist_ok=True)
-    server = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
-                               str(work / "cloud"), "--time-scale", "1"],
-                              stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
-    try:
-        url = server.stdout.readline().strip()
+    with local_cloud_server(work / "cloud") as url:  # stopping it terminates every lease
         os.environ.update(client_environ(url, work / "cloud"))
         provider = open_provider("local", url=url, workdir=str(work / "cloud"))
         pool = provider.pools()[0].on(Market.ON_DEMAND)  # no reclaim during the window
@@ -209,12 +204,6 @@ def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -
             result["server_calls"].pop(name, None)
         result["launch_s"] = round(launch_s, 1)
         return result
-    finally:
-        server.terminate()  # terminates every instance it runs
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,14 +53,12 @@ from pathlib import Path
 from typing import Iterator
 
 from bench.aws import free_port
-from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
-                                 measure_watching, recorded, recording_moto, start_recording,
-                                 terminate_leftovers)
 from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
                              fresh_database, idle_cpu, postgres_url, py_spy, stop_process)
 from bench.scale import CONTROLLER, launch_spec, watch_next
+from bench.scale_backends import BACKENDS
 
-DAG_ID, TASK_ID, RUN_ID, BUCKET = "spot_scale", "job", "bench_scale", "bench-scale"
+DAG_ID, TASK_ID, RUN_ID = "spot_scale", "job", "bench_scale"
 BIN = Path(sys.executable).parent
 READY_TIMEOUT = 900.0  # every trigger started and renewed its job's heartbeat
 STOP_TIMEOUT = 180.0   # the triggerer's shutdown runs every trigger's cleanup
@@ -68,26 +66,28 @@ CLI_TIMEOUT = 600.0
 IDLE_SETTLE = 20.0     # the triggerer's start-up, before its idle cost is measured
 IDLE_SECONDS = 20.0
 
-DAG_FILE = '''"""{jobs} deferrable spot jobs on EC2 (moto), one mapped task: bench/scale_triggerer.py."""
+DAG_FILE = '''"""{jobs} deferrable spot jobs on {provider}, one mapped task: bench/scale_triggerer.py."""
 from airflow.sdk import DAG
 
 from airflow_spot.operators.spot import SpotJobOperator
 
 with DAG({dag_id!r}, schedule=None, catchup=False, tags=["bench"]):
     SpotJobOperator.partial(
-        task_id={task_id!r}, command=["sleep", "86400"], provider="ec2",
+        task_id={task_id!r}, command=["sleep", "86400"], provider={provider!r},
         provider_options={options!r}, deferrable=True, poll_interval={poll_interval!r},
         heartbeat_timeout={heartbeat_timeout!r},
         observe_failure_timeout={observe_failure_timeout!r},
         attempt_timeout={attempt_timeout!r},
-    ).expand(checkpoint_uri=[f"s3://{bucket}/scale-{{i}}" for i in range({jobs})])
+    ).expand(checkpoint_uri=[{uri_pattern!r}.format(i=i) for i in range({jobs})])
 '''
 
 
 # -- Airflow: its home, database, DAG and CLI -------------------------------------------------
-def airflow_env(home: Path, database_url: str, endpoint: str, jobs: int) -> dict[str, str]:
+def airflow_env(home: Path, database_url: str, backend_env: dict[str, str],
+                jobs: int) -> dict[str, str]:
     """This process's environment (moto's throwaway credentials included) for an Airflow in
-    ``home`` on ``database_url``, its DAG folder in ``home/dags``."""
+    ``home`` on ``database_url``, its DAG folder in ``home/dags``; ``backend_env``: how the
+    triggerer reaches the jobs' backend (S3 endpoint, local cloud token)."""
     from cryptography.fernet import Fernet
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
@@ -101,7 +101,7 @@ def airflow_env(home: Path, database_url: str, endpoint: str, jobs: int) -> dict
         "AIRFLOW__TRIGGERER__CAPACITY": str(max(jobs, 1000)),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "SPOT_S3_ENDPOINT_URL": endpoint,  # the jobs' stores: S3 on the same moto
+        **backend_env,
     })
     return env
 
@@ -114,11 +114,12 @@ def cli(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def write_dag(home: Path, jobs: int, options: dict, poll_interval: float) -> None:
+def write_dag(home: Path, jobs: int, backend, poll_interval: float) -> None:
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
     (dags / "spot_scale.py").write_text(DAG_FILE.format(
-        jobs=jobs, dag_id=DAG_ID, task_id=TASK_ID, bucket=BUCKET, options=options,
+        jobs=jobs, dag_id=DAG_ID, task_id=TASK_ID, provider=backend.provider,
+        uri_pattern=backend.uri_pattern, options=backend.options,
         poll_interval=poll_interval, **CONTROLLER))
 
 
@@ -178,67 +179,63 @@ def running_triggerer(env: dict[str, str], log: Path) -> Iterator[subprocess.Pop
         out.close()
 
 
-def wait_watching(proc: subprocess.Popen, recording: Path, jobs: int, log: Path,
+def wait_watching(proc: subprocess.Popen, backend, jobs: int, log: Path,
                   poll_interval: float) -> dict:
     """Until every trigger runs (each renewed its job's heartbeat) and two describe rounds
     followed; bounded."""
     started = time.monotonic()
     while True:
-        counted = classify(recorded(recording))
-        if counted["heartbeats_renewed"] >= jobs:
+        renewed, polls = backend.progress()
+        if renewed >= jobs:
             break
         if proc.poll() is not None or time.monotonic() - started > READY_TIMEOUT:
-            raise RuntimeError(f"{counted['heartbeats_renewed']} of {jobs} triggers renewed "
-                               f"their heartbeat in {time.monotonic() - started:.0f} s "
-                               f"(triggerer exit code {proc.poll()}): "
-                               + log.read_text(errors="replace")[-3000:])
+            raise RuntimeError(f"{renewed} of {jobs} triggers renewed their heartbeat in "
+                               f"{time.monotonic() - started:.0f} s (triggerer exit code "
+                               f"{proc.poll()}): " + log.read_text(errors="replace")[-3000:])
         time.sleep(2)
     ready_s = time.monotonic() - started
-    polls = counted["polls"]
     give_up = time.monotonic() + 10 * poll_interval + 300
-    while classify(recorded(recording))["polls"] < polls + 2 and time.monotonic() < give_up:
+    while backend.progress()[1] < polls + 2 and time.monotonic() < give_up:
         time.sleep(1)
     return {"triggers_running_after_s": round(ready_s, 1), "triggers_assigned":
             assigned_triggers()}
 
 
 # -- the whole run ------------------------------------------------------------------------------
-def bench(jobs: int, seconds: float, poll_interval: float, work: Path,
+def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, work: Path,
           admin_url: str | None, profile: Path | None = None,
           idle_seconds: float = IDLE_SECONDS) -> dict:
-    """Every process, database and instance it started is gone when it returns."""
+    """Every process, database and lease it started is gone when it returns."""
     report: dict = {"jobs": jobs, "poll_interval_s": poll_interval,
                     "database": "postgresql" if admin_url else "sqlite"}
     started: list = []
     with ExitStack() as stack:
         stack.callback(count_alive, started, report)
-        endpoint, recording = stack.enter_context(recording_moto(work))
-        net = make_network(endpoint, BUCKET)
+        backend = BACKENDS[backend_name](stack, work)
         database = (stack.enter_context(fresh_database(admin_url, "spot_bench_triggerer",
                                                        "postgresql+psycopg2"))
                     if admin_url else f"sqlite:///{work / 'airflow.db'}")
         home = work / "airflow-home"
-        env = airflow_env(home, database, endpoint, jobs)
+        env = airflow_env(home, database, backend.env, jobs)
         os.environ.update(env)  # this process's own Airflow (the rows below) is that one
-        options = {"region": REGION, "endpoint_url": endpoint, "subnets": [net["subnet"]],
-                   "instance_types": [INSTANCE_TYPE], "image_id": net["image_id"]}
-        write_dag(home, jobs, options, poll_interval)
+        write_dag(home, jobs, backend, poll_interval)
         t0 = time.monotonic()
         cli(env, "db", "migrate")
         cli(env, "dags", "reserialize")
         cli(env, "dags", "trigger", DAG_ID, "-r", RUN_ID)
         report["airflow_setup_s"] = round(time.monotonic() - t0, 1)
-        stack.callback(terminate_leftovers, endpoint, report)  # after the triggerer stopped
+        stack.callback(backend.end, report)  # after the triggerer stopped
         log = work / "triggerer.log"
         proc = stack.enter_context(running_triggerer(env, log))
         started += children()
         if idle_seconds:  # its own cost: the job loop, trigger table queries, heartbeats
             report["idle_cpu_s_per_s"] = idle_cpu(proc.pid, idle_seconds, IDLE_SETTLE)
-        triggers, report["launch_s"] = launch(jobs, options, poll_interval)
-        start_recording(endpoint)  # after the launches' own first heartbeats
+        triggers, leases, report["launch_s"] = launch(backend, jobs, poll_interval)
+        backend.start_counting([t.checkpoint_uri for t in triggers],
+                               [lease.lease_id for lease in leases])
         report["deferred_task_instances"] = defer_task_instances(triggers)
-        report.update(wait_watching(proc, recording, jobs, log, poll_interval))
-        report.update(measure_watching(proc.pid, recording, seconds, jobs))
+        report.update(wait_watching(proc, backend, jobs, log, poll_interval))
+        report.update(backend.measure(proc.pid, seconds, jobs))
         if idle_seconds:
             report.update(above_idle(report, jobs))
         report["triggerer_alive_after_window"] = proc.poll() is None
@@ -247,29 +244,33 @@ def bench(jobs: int, seconds: float, poll_interval: float, work: Path,
     return report
 
 
-def launch(jobs: int, options: dict, poll_interval: float) -> tuple[list, float]:
-    """Each job's lease launched by the EC2 provider, and the trigger its task defers with."""
+def launch(backend, jobs: int, poll_interval: float) -> tuple[list, list, float]:
+    """Each job's lease launched by the backend's provider, and the trigger its task
+    defers with."""
     from airflow_spot.triggers.spot import SpotJobTrigger
-    from spot_core.model import Market, Pool
+    from spot_core.checkpoint import open_store
     from spot_core.providers import open_provider
 
-    provider = open_provider("ec2", **options)
-    pool = Pool("aws", REGION, ZONE, INSTANCE_TYPE, Market.SPOT)
+    provider = open_provider(backend.provider, **backend.options)
+    stores = getattr(provider, "open_store", open_store)  # as the controller opens them
     started = time.monotonic()
-    triggers = []
+    triggers, leases = [], []
     for index in range(jobs):
-        uri = f"s3://{BUCKET}/scale-{index}"
-        lease = provider.launch(launch_spec(f"scale-{index}", provider.open_store(uri)), pool)
+        uri = backend.uri_pattern.format(i=index)
+        lease = provider.launch(launch_spec(f"scale-{index}", stores(uri)), backend.pool)
+        leases.append(lease)
         triggers.append(SpotJobTrigger(
-            provider="ec2", provider_options=dict(provider.options),
+            provider=backend.provider, provider_options=dict(provider.options),
             next=watch_next(lease, uri).to_dict(), checkpoint_uri=uri,
             controller_options={**CONTROLLER, "poll_interval": poll_interval}))
-    return triggers, round(time.monotonic() - started, 1)
+    return triggers, leases, round(time.monotonic() - started, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_triggerer",
                                      description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default="ec2",
+                        help="where the leases live: EC2 on moto, or the local cloud server")
     parser.add_argument("--jobs", type=int, default=1000, help="deferred spot jobs (leases)")
     add_window_arguments(parser, "triggerer", "no trigger", "the metadata database",
                          IDLE_SECONDS)
@@ -286,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"commit": commit()}
     with tempfile.TemporaryDirectory(prefix="bench-scale-triggerer-") as tmp:
         try:
-            report["airflow_triggerer_ec2_moto"] = bench(
-                args.jobs, args.seconds, args.poll_interval, Path(tmp),
+            report[f"airflow_triggerer_{BACKENDS[args.backend].label}"] = bench(
+                args.backend, args.jobs, args.seconds, args.poll_interval, Path(tmp),
                 None if args.sqlite else postgres_url(), args.profile, args.idle_seconds)
         finally:
             if args.keep_log is not None and (Path(tmp) / "triggerer.log").exists():
