@@ -1,14 +1,17 @@
-"""One real ``airflow triggerer`` with 1,000 deferred spot jobs: EC2 calls per poll and CPU.
+"""One real ``airflow triggerer`` with 1,000 deferred spot jobs: calls per poll and CPU.
 
 ``python -m bench.scale_triggerer`` (``make bench-scale``, in the Airflow environment)
 starts, as separate real processes:
 
-- a moto server (EC2 and S3) recording every request it gets;
+- where the leases live (``--backend``, ``bench/scale_backends.py``): a moto server (EC2
+  and S3) recording every request (``ec2``, the default), or the local cloud server
+  (``local``: a lease is a real watched process pair on this machine, so a few hundred
+  fit, not 1,000; calls counted by the server);
 - Airflow 3.3's metadata database on a fresh PostgreSQL database of
   ``$SPOT_TEST_POSTGRES_URL`` or .ci/.postgres-url (SQLite with ``--sqlite`` or when
   neither is set), migrated by ``airflow db migrate``;
 - a DAG whose one deferrable ``SpotJobOperator`` task is mapped over ``--jobs`` (1,000)
-  stores, on provider ``ec2`` pointed at moto (stores in a moto S3 bucket), serialized by
+  stores (S3 on the same moto, or folders here), on the backend's provider, serialized by
   ``airflow dags reserialize`` and triggered by ``airflow dags trigger`` (a mapped task, as
   a sweep is: with 1,000 separate tasks Airflow's triggerer deserializes the whole DAG once
   per trigger it loads, which stalled its trigger runner for up to a minute here);
@@ -16,25 +19,26 @@ starts, as separate real processes:
 
 The triggerer starts first and its idle CPU (nothing to run) is measured for
 ``--idle-seconds``. Then each task instance is deferred as a deferring task leaves it: its
-lease launched by the EC2 provider (``Ec2Provider.launch``: RunInstances with user-data,
-tags and spot options; the job's first heartbeat in its store), a trigger row holding the
+lease launched by the provider (``Ec2Provider.launch``: RunInstances with user-data, tags
+and spot options; ``LocalProvider.launch``: an on-demand lease, so nothing is reclaimed in
+the window; the job's first heartbeat in its store), a trigger row holding the
 ``SpotJobTrigger`` the operator defers with (the controller's ``watch`` Next of the
 running attempt, its kwargs encrypted with the deployment's Fernet key), and the task
 instance ``deferred`` on it with ``next_method="execute_complete"``. Running the 1,000
 tasks themselves first (a worker process each, on 2 cores) would take most of an hour and
 measure nothing more: what the triggerer does is the same from the row on.
 
-Nothing runs on a moto instance, so every lease stays running and every trigger keeps
-watching. Once every job's heartbeat has been renewed by the triggerer (bounded wait) and
-two more describe rounds have passed, the bench counts for ``--seconds`` the requests
-moto receives (a poll is one DescribeInstances round) and the CPU of the triggerer's
-process tree (the supervisor and its trigger runner subprocess), also as the share above
-its idle cost. Printed as JSON.
+Every lease stays running and every trigger keeps watching. Once every job's heartbeat
+has been renewed by the triggerer (bounded wait) and two more describe rounds have
+passed, the bench counts for ``--seconds`` the requests the backend's server receives (a
+poll is one describe round) and the CPU of the triggerer's process tree (the supervisor
+and its trigger runner subprocess), also as the share above its idle cost. Printed as
+JSON.
 
 At the end the triggerer is stopped with SIGTERM, as a restart stops it: its triggers'
 ``cleanup`` finds their task instances still deferred and leaves the leases running
 (what a triggerer restart must do); the bench then terminates them, drops the database
-and stops moto, on every exit path (a SIGTERM to the bench included).
+and stops the servers, on every exit path (a SIGTERM to the bench included).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import JobRecord, JobStatus, Outcome
+from spot_core.observer import observer_of
 from spot_core.settings import SpotSettings, default, pop_aliases
 
 from prefect_spot import _jobs, artifacts
@@ -259,7 +260,9 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         # The controller drives the job here: preemptions are relaunched inside this
         # one Prefect try (they never spend the task's retries); an exception (the flow
         # cancelled, the process interrupted) stops the running attempt.
-        record = controller.run(spec, record)
+        # Every spot task of this runner is watched through one shared observer: a mapped
+        # sweep's leases are described together, once per poll.
+        record = controller.run(spec, record, observer=observer_of(provider))
         artifacts.publish(record, flow_run_id=task_run.flow_run_id, task_run_id=task_run.id,
                           what=f"task run {task_run.name} on spot")
         if config.provider != _jobs.LOCAL_PROVIDER:

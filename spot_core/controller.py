@@ -36,6 +36,7 @@ from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
+from spot_core.observer import SharedObserver, wait_timeout
 from spot_core.policy.checkpoint_interval import (CheckpointBounds, mean_save_seconds,
                                                   pool_checkpoint_interval)
 from spot_core.policy.deadline_live import DeadlineWork
@@ -240,17 +241,23 @@ class Controller:
                          checkpoint_uri=spec.checkpoint_uri)
 
     # -- the synchronous driver -------------------------------------------------------------
-    def run(self, spec: JobSpec, record: JobRecord | None = None) -> JobRecord:
-        """Drive the job to a final status in this process (``spot-pipelines run``).
+    def run(self, spec: JobSpec, record: JobRecord | None = None, *,
+            observer: SharedObserver | None = None) -> JobRecord:
+        """Drive the job to a final status in this process (``spot-pipelines run``, the
+        Prefect task runner).
 
-        Any exception (Ctrl-C, SIGTERM turned into one by the caller) stops the running
-        attempt: its lease is terminated and the attempt closed before it propagates.
+        ``observer``: the process's shared observer of this provider
+        (``spot_core.observer.observer_of``): the lease is then observed in its one
+        describe per poll with every other job the process drives (a task runner's
+        mapped tasks), instead of by a describe of its own. Any exception (Ctrl-C,
+        SIGTERM turned into one by the caller) stops the running attempt: its lease is
+        terminated and the attempt closed before it propagates.
         """
         nxt = None
         try:
             nxt = self.advance(spec, record or self.persist(self.new_record(spec)))
             while nxt.action != "finished":
-                nxt = self._drive(spec, nxt)
+                nxt = self._drive(spec, nxt, observer)
         except BaseException:
             latest = self._last_saved.get(spec.job_id) or (record if nxt is None else nxt.record)
             if latest is not None and latest.current_attempt is not None:
@@ -260,14 +267,28 @@ class Controller:
             self._last_saved.pop(spec.job_id, None)
         return nxt.record
 
-    def _drive(self, spec: JobSpec, nxt: Next) -> Next:
+    def _drive(self, spec: JobSpec, nxt: Next, observer: SharedObserver | None = None) -> Next:
         if nxt.action == "sleep":
             self._sleep(max(0.0, nxt.until - self._clock()))
             return self.advance(spec, nxt.record)
+        if nxt.action == "watch" and observer is not None:
+            return self._watch_shared(spec, nxt, observer)
         if nxt.action == "watch":
             self._sleep(self.poll_interval)
             return self.check(spec, nxt)
         return self.advance(spec, nxt.record)  # ended
+
+    def _watch_shared(self, spec: JobSpec, nxt: Next, observer: SharedObserver) -> Next:
+        """Check the watched lease on each of the shared observer's polls until its
+        attempt ends (the waits are bounded: a stalled describe is a retryable error)."""
+        lease = nxt.lease
+        with observer.watching(lease, self.poll_interval):
+            after = time.time()  # the observer's clock: its observations are POSIX time
+            while nxt.action == "watch":
+                observed = observer.wait(lease.lease_id, after, wait_timeout(self.poll_interval))
+                nxt = self.check(spec, nxt, observed=observed)
+                after = observed.at + self.poll_interval / 2  # the next poll's
+        return nxt
 
     # -- the resumable API --------------------------------------------------------------------
     def advance(self, spec: JobSpec, record: JobRecord, now: float | None = None) -> Next:

@@ -340,6 +340,18 @@ def shared_observer(key: str, provider: Any) -> SharedObserver:
         return observer
 
 
+def observer_of(provider: Any) -> SharedObserver:
+    """This process's observer of this provider object (it describes with the provider's
+    own credentials): every synchronous driver handed the same provider (``spot-pipelines
+    run``, the Prefect task runner's spot tasks) shares its one describe per poll."""
+    # Keyed without the object's identity: a reopened provider replaces the entry (no
+    # leak of one observer per provider a long-lived process opened), and the entry is
+    # only ever handed to the provider object it describes with.
+    key = observer_key(getattr(provider, "name", "provider"),
+                       getattr(provider, "options", None), "synchronous drivers")
+    return shared_observer(key, provider)
+
+
 def wait_timeout(poll_interval: float) -> float:
     """How long a driver waits for one observation: two polls and a slow describe."""
     return 2 * poll_interval + 60.0

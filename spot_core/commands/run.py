@@ -77,6 +77,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from spot_core.controller import Controller, JobSpec
+    from spot_core.observer import observer_of
     from spot_core.report import print_record
 
     settings = _settings(args)
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                            capacity_per_wall=provider.capacity_seconds(1.0)))
         controller = Controller(provider, provider.market, settings.retry_policy(),
                                 listener=_print_event, **settings.controller_options())
-        record = controller.run(spec)
+        record = controller.run(spec, observer=observer_of(provider))
     print_record(record, provider.market.time_scale)
     if args.json:
         print(record.to_json(), flush=True)

@@ -33,7 +33,8 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core.localcloud",),                                     # nodes are emulators
     ("spot_core.providers",),                                      # local one uses localcloud
     ("spot_core.settings",),                                       # checks provider/policy names
-    ("spot_core.controller", "spot_core.observer", "spot_core.batched"),  # batched watching
+    ("spot_core.observer", "spot_core.batched"),                   # batched watching
+    ("spot_core.controller",),                                     # run() watches through an observer
     ("spot_core.sim", "spot_core.demo", "spot_core.report"),
     (("spot_core.cli", "spot_core.commands"),),                    # cli loads commands by name
     ("airflow_spot", "prefect_spot"),                              # never import each other
