@@ -40,7 +40,6 @@ import secrets
 import signal
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,7 +50,6 @@ import numpy as np
 from spot_core.errors import CapacityUnavailable, ConfigError
 from spot_core.localcloud.cloud import LocalCloudConfig, LocalSpotCloud
 from spot_core.market.trace import ZoneTrace
-from spot_core.market.trace_market import TraceMarket
 from spot_core.model import Pool
 
 

@@ -19,7 +19,6 @@ from typing import Sequence
 
 from spot_core import container
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
-from spot_core.errors import ConfigError
 from spot_core.localcloud.cloud import (DEFAULT_TIME_SCALE, EMULATED_CLOUDS, INSTANCE_PREFIX,
                                          LocalCloudConfig, LocalSpotCloud)
 from spot_core.market.trace import ZoneTrace

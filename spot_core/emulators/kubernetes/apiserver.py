@@ -259,7 +259,7 @@ class ApiServer:
         if not isinstance(body, dict) or body.get("kind") not in (None, "Eviction"):
             raise ApiError(400, "the body of an eviction must be a policy/v1 Eviction")
         if (body.get("metadata") or {}).get("name", name) != name:
-            raise ApiError(400, f"name in URL does not match name in Eviction object")
+            raise ApiError(400, "name in URL does not match name in Eviction object")
         pod = self.store.get("pods", namespace, name)
         options = body.get("deleteOptions") or {}
         self._check_preconditions("pods", pod, options.get("preconditions") or {})

@@ -40,7 +40,7 @@ def check_name(kind: str, name: str) -> None:
 def check_labels(kind: str, name: str, labels: dict[str, Any] | None) -> None:
     for key, value in (labels or {}).items():
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
-            raise invalid(kind, name, [(f"metadata.labels", f'Invalid value: "{value}": a valid '
+            raise invalid(kind, name, [("metadata.labels", f'Invalid value: "{value}": a valid '
                                         "label must be an empty string or consist of "
                                         "alphanumeric characters, '-', '_' or '.', and must "
                                         "start and end with an alphanumeric character")])
