@@ -191,8 +191,10 @@ class ControllerDriverMixin:
                 nxt = controller.advance(spec, nxt.record)
             elif nxt.action == "sleep":
                 self.log.info("waiting until %s: %s", time.ctime(nxt.until), nxt.reason)
-                if self.deferrable:
+                if self.deferrable and nxt.until - time.time() >= defer_hold_seconds():
                     self._defer(spec, nxt)
+                # Shorter than a trigger's hold, a deferral would wake late (a deadline
+                # policy's wait for the next tick of a compressed trace): wait here.
                 time.sleep(max(0.0, nxt.until - time.time()))
                 nxt = controller.advance(spec, nxt.record)
             else:  # watch
