@@ -156,15 +156,11 @@ class ForecastDP:
     forecast (empty: the memoryless Markov model). ``zone_weight``: restarts counted per
     expected run when ranking zones; ``switch_margin``: a voluntary move to another zone
     must save this many times its restart (``inf``: never move while the zone lasts).
-    ``outage_hazard_quantile``: plan with this quantile (in (0, 1)) of the posterior of
-    each outage-age bucket's chance per tick of ending, instead of its mean (0: the mean).
-    Why: the hazards come from one week of history, so the old-outage buckets rest on a
-    handful of outages; above 0.5 the plan is optimistic where the estimate is thin
-    (it bridges fewer outages on on-demand) and unchanged where it rests on many.
     ``history_half_life_hours``: weigh each tick of the history by one half per this
-    many hours of age in the fit (0: all alike). Why: a re-plan adds what the window has
-    shown so far to a week of history; when the market has changed since (a zone up 15%
-    of last week and 75% of today), the plain fit keeps planning for last week.
+    many hours of age in the fit (0: all alike; 48 paid on the development set, 24 did
+    not). Why: a re-plan adds what the window has shown so far to a week of history; when
+    the market has changed since (a zone up 15% of last week and 75% of today), the plain
+    fit keeps planning for last week.
     All defaults were chosen on the development set (bench/README.md).
     """
 
@@ -181,8 +177,7 @@ class ForecastDP:
     switch_margin: float = 8.0
     up_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
     down_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
-    outage_hazard_quantile: float = 0.0
-    history_half_life_hours: float = 0.0
+    history_half_life_hours: float = 48.0
 
     def __post_init__(self) -> None:
         if not (self.prior_ticks > 0 and self.prior_run_hours > 0
@@ -190,8 +185,6 @@ class ForecastDP:
             raise ConfigError("ForecastDP needs positive priors and max_band >= 10")
         if not self.history_half_life_hours >= 0:
             raise ConfigError("ForecastDP's history_half_life_hours must be >= 0 (0: off)")
-        if not 0 <= self.outage_hazard_quantile < 1:
-            raise ConfigError("ForecastDP's outage_hazard_quantile must be in [0, 1) (0: off)")
 
     def plan(self, window: Window) -> Decide:
         zones = self.choose_zones(window)
@@ -340,8 +333,6 @@ def fit_model(window: Window, config: ForecastDP) -> MarketModel:
                 prior[state, state + 1] = advance
             prior[state, state] = 1 - p_leave - advance
     trans = counts + config.prior_ticks * prior
-    if config.outage_hazard_quantile > 0:
-        _hazard_quantile(trans, n_up, config.outage_hazard_quantile)
     trans = trans / trans.sum(axis=1, keepdims=True)
     keep = 1.0
     if window.n_zones > 1:
@@ -351,30 +342,6 @@ def fit_model(window: Window, config: ForecastDP) -> MarketModel:
         keep = (stay + weight * (1 - p_drop)) / (stay + hop + weight * (1 - p_drop / 2))
     return MarketModel(trans, n_up, _clip(keep), _planned_spot_price(window),
                        window.on_demand_price, up_edges, down_edges)
-
-
-def _hazard_quantile(counts: np.ndarray, n_up: int, q: float) -> None:
-    """Rescale each down state's row of (pseudo-)counts in place so that its chance of
-    ending the outage is the ``q`` quantile of that chance's posterior, not its mean.
-
-    Per tick, ``e`` exits out of ``n`` ticks seen (prior included): the hazard's posterior
-    is about Gamma(e, n) (rate per tick), whose quantile comes from the Wilson-Hilferty
-    cube-root normal approximation. With many outages it is close to ``e / n`` whatever
-    ``q``; with a handful it moves far.
-    """
-    from statistics import NormalDist
-    z = NormalDist().inv_cdf(q)
-    for state in range(n_up, counts.shape[0]):
-        row = counts[state]
-        exits, total = float(row[:n_up].sum()), float(row.sum())
-        if exits <= 0 or total <= exits:
-            continue
-        mean = exits / total
-        c = 1 / (9 * exits)
-        hazard = min(max(exits * max(0.0, 1 - c + z * math.sqrt(c)) ** 3 / total, 1e-9),
-                     1 - 1e-6)
-        row[:n_up] *= hazard / mean
-        row[n_up:] *= (1 - hazard) / (1 - mean)
 
 
 def _clip(p: float) -> float:

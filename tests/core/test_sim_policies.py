@@ -188,7 +188,10 @@ def test_semi_markov_forecast_learns_that_young_runs_end_soon():
     from spot_core.policy.deadline_mdp import ForecastDP, fit_model
     job = Job.from_hours(10, 40, 1.5)
     window = _with_history([[0] * 40], [FLICKERS], [1.0], job)
-    model = fit_model(window, ForecastDP(up_edges_hours=(1.0,), down_edges_hours=()))
+    # the whole history alike: at these 1-hour ticks the default 48-hour half-life leaves
+    # about 70 ticks' weight of it against the prior's 24
+    model = fit_model(window, ForecastDP(up_edges_hours=(1.0,), down_edges_hours=(),
+                                         history_half_life_hours=0.0))
     assert model.n_up == 2 and model.n_states == 3
     young_drop, old_drop = model.trans[0, 2], model.trans[1, 2]
     assert young_drop > 0.5 and old_drop < 0.15 and young_drop > 3 * old_drop
@@ -232,43 +235,18 @@ def test_zone_chooser_expects_old_runs_to_last_and_moves_for_a_real_saving():
     assert chooser.switch(0, 0, 10 * HOUR, margin=float("inf")) == 0
 
 
-def test_outage_hazard_quantile_is_optimistic_only_where_outages_are_few():
-    # 30 outages of 3 ticks (the young-outage bucket, ages 0-3, sees 30 ends) and one of
-    # 40 ticks (the old bucket, ages 4+, sees one end in 36 ticks): the 0.9 quantile of
-    # the old bucket's hazard is over twice its mean, the young one's by about a
-    # quarter; 0 (the default) is the plain fit
-    from spot_core.policy.deadline_mdp import ForecastDP, fit_model
-    history = ([1, 1, 1, 0, 0, 0] * 30 + [0] * 40 + [1] * 5)
-    window = _with_history([[0] * 30], [history], [1.0], Job.from_hours(10, 30, 0.5))
-    params = dict(prior_ticks=0.1, up_edges_hours=(), down_edges_hours=(4.0,))
-    plain = fit_model(window, ForecastDP(**params))
-    assert fit_model(window, ForecastDP(**params, outage_hazard_quantile=0.0)).trans == \
-        pytest.approx(plain.trans)
-    hedged = fit_model(window, ForecastDP(**params, outage_hazard_quantile=0.9))
-    young, old = 1, 2  # states: up, young outage, old outage
-    assert plain.trans[old, 0] == pytest.approx(1 / 37, rel=0.1)
-    assert hedged.trans[old, 0] > 2 * plain.trans[old, 0]
-    assert plain.trans[young, 0] < hedged.trans[young, 0] < 1.35 * plain.trans[young, 0]
-    assert hedged.trans.sum(axis=1) == pytest.approx(1.0)
-    assert hedged.trans[0] == pytest.approx(plain.trans[0])  # runs are left alone
-    with pytest.raises(ConfigError):
-        ForecastDP(outage_hazard_quantile=1.0)
-
-
 def test_history_half_life_fits_the_recent_market():
     # last week's first half: 1-tick runs and 9-tick outages; its second half the reverse.
-    # The plain fit averages them (an outage ends with chance ~0.2 a tick); with a 5-hour
-    # half-life the recent half decides (outages of one tick: ~1)
+    # The plain fit (half-life 0) averages them (an outage ends with chance ~0.2 a tick);
+    # with a 5-hour half-life the recent half decides (outages of one tick: ~1)
     from spot_core.policy.deadline_mdp import ForecastDP, fit_model
     history = [1] + [0] * 9
     history = history * 10 + ([1] * 9 + [0]) * 10
     window = _with_history([[0] * 30], [history], [1.0], Job.from_hours(10, 30, 0.5))
     params = dict(prior_ticks=0.1, up_edges_hours=(), down_edges_hours=())
-    plain = fit_model(window, ForecastDP(**params))
+    plain = fit_model(window, ForecastDP(**params, history_half_life_hours=0.0))
     recent = fit_model(window, ForecastDP(**params, history_half_life_hours=5.0))
     assert plain.trans[1, 0] == pytest.approx(0.2, abs=0.05)
     assert recent.trans[1, 0] > 0.8
-    assert fit_model(window, ForecastDP(**params, history_half_life_hours=0.0)).trans == \
-        pytest.approx(plain.trans)
     with pytest.raises(ConfigError):
         ForecastDP(history_half_life_hours=-1.0)
