@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--price-window-only", action="store_true",
                         help="only the price-window table (seconds), appended to --out")
     args = parser.parse_args(argv)
+    if args.baselines_only and args.cache is None:
+        parser.error("--baselines-only needs --cache")
     if args.out is None and not args.dev:
         args.out = Path(__file__).parent / "tables" / "policies.md"
     if args.dev:
@@ -197,14 +199,7 @@ def main(argv: list[str] | None = None) -> int:
              for d, r in CONFIGS]
     started = time.perf_counter()
     if args.baselines_only:
-        if args.cache is None:
-            parser.error("--baselines-only needs --cache")
-        baselines = tuple(p for p in POLICIES if p != "default")
-        with ProcessPoolExecutor(args.jobs) as pool:
-            run_rows(pool, run_case, [c + (baselines,) for c in cases], label="baselines",
-                     name=_row_name)
-        print(f"baselines cached in {args.cache} in {time.perf_counter() - started:.0f} s")
-        return 0
+        return _fill_cache(args, cases, started)
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = run_rows(pool, run_case, sorted(cases, key=lambda c: -len(c[1])),
                         label="rows", name=_row_name)
@@ -224,12 +219,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _fill_cache(args: argparse.Namespace, cases: list[tuple], started: float) -> int:
+    """``--baselines-only``: every policy but the default into ``--cache``, no table."""
+    baselines = tuple(p for p in POLICIES if p != "default")
+    with ProcessPoolExecutor(args.jobs) as pool:
+        run_rows(pool, run_case, [c + (baselines,) for c in cases], label="baselines",
+                 name=_row_name)
+    print(f"baselines cached in {args.cache} in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
 def _run_dev(args: argparse.Namespace) -> int:
     """The same table on the development set: what the default's design was tuned on."""
     groups = dev_groups(args.traces)
     cases = [(name, paths, d, r, args.windows, args.cache) for name, paths in groups.items()
              for d, r in CONFIGS]
     started = time.perf_counter()
+    if args.baselines_only:
+        return _fill_cache(args, cases, started)
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = run_rows(pool, run_case, sorted(cases, key=lambda c: -len(c[1])),
                         label="dev rows", name=_row_name)

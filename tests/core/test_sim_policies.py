@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spot_core.errors import ConfigError
 from spot_core.market.trace import ZoneTrace
 from spot_core.policy.deadline import IDLE, ON_DEMAND, Job, UniformProgress, Window
 from spot_core.policy.deadline_optimal import optimal_cost
@@ -187,7 +188,10 @@ def test_semi_markov_forecast_learns_that_young_runs_end_soon():
     from spot_core.policy.deadline_mdp import ForecastDP, fit_model
     job = Job.from_hours(10, 40, 1.5)
     window = _with_history([[0] * 40], [FLICKERS], [1.0], job)
-    model = fit_model(window, ForecastDP(up_edges_hours=(1.0,), down_edges_hours=()))
+    # the whole history alike: at these 1-hour ticks the default 48-hour half-life leaves
+    # about 70 ticks' weight of it against the prior's 24
+    model = fit_model(window, ForecastDP(up_edges_hours=(1.0,), down_edges_hours=(),
+                                         history_half_life_hours=0.0))
     assert model.n_up == 2 and model.n_states == 3
     young_drop, old_drop = model.trans[0, 2], model.trans[1, 2]
     assert young_drop > 0.5 and old_drop < 0.15 and young_drop > 3 * old_drop
@@ -229,3 +233,20 @@ def test_zone_chooser_expects_old_runs_to_last_and_moves_for_a_real_saving():
     assert chooser.switch(0, 0, 10 * HOUR, margin=1.0) == 1  # half the price: worth a restart
     assert chooser.switch(0, 2, 10 * HOUR, margin=1.0) == 2  # 2% dearer: not worth one
     assert chooser.switch(0, 0, 10 * HOUR, margin=float("inf")) == 0
+
+
+def test_history_half_life_fits_the_recent_market():
+    # last week's first half: 1-tick runs and 9-tick outages; its second half the reverse.
+    # The plain fit (half-life 0) averages them (an outage ends with chance ~0.2 a tick);
+    # with a 5-hour half-life the recent half decides (outages of one tick: ~1)
+    from spot_core.policy.deadline_mdp import ForecastDP, fit_model
+    history = [1] + [0] * 9
+    history = history * 10 + ([1] * 9 + [0]) * 10
+    window = _with_history([[0] * 30], [history], [1.0], Job.from_hours(10, 30, 0.5))
+    params = dict(prior_ticks=0.1, up_edges_hours=(), down_edges_hours=())
+    plain = fit_model(window, ForecastDP(**params, history_half_life_hours=0.0))
+    recent = fit_model(window, ForecastDP(**params, history_half_life_hours=5.0))
+    assert plain.trans[1, 0] == pytest.approx(0.2, abs=0.05)
+    assert recent.trans[1, 0] > 0.8
+    with pytest.raises(ConfigError):
+        ForecastDP(history_half_life_hours=-1.0)
