@@ -38,32 +38,15 @@ import argparse
 import asyncio
 import importlib
 import json
-import os
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
+from bench.moto_recorder import classify, recorded
 from bench.processes import commit
-from bench.scale_backends import local_cloud_server
-from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
-                                 recorded, recording_moto, start_recording)
-
-# heartbeat_timeout: the settings default; each lease's watcher ends its step once nobody
-# renews the heartbeat that long, so a killed benchmark leaves no step running.
-CONTROLLER = {"heartbeat_timeout": 300.0, "observe_failure_timeout": 600.0,
-              "attempt_timeout": 86400.0}
-
-
-def launch_spec(job_id: str, store):
-    """A lease's launch as the controller makes it: a first heartbeat in the job's store,
-    then a LaunchSpec whose node watcher gives up on a silent driver."""
-    from spot_core.checkpoint.heartbeat import Heartbeat
-    from spot_core.providers.base import LaunchSpec
-
-    Heartbeat(store).renew(1, time.time())
-    return LaunchSpec(job_id, 1, ("sleep", "86400"), store.uri,
-                      heartbeat_timeout=CONTROLLER["heartbeat_timeout"])
+from bench.scale_backends import CONTROLLER, Ec2Moto, LocalCloud, launch_leases
 
 
 # -- the jobs: controller records on launched leases, as deferred trigger rows ----------------
@@ -154,55 +137,29 @@ def moto_calls(recording: Path):
 
 
 def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
-    from spot_core.model import Market, Pool
-    from spot_core.providers import open_provider
-
-    with recording_moto(work) as (endpoint, recording):
-        net = make_network(endpoint, "bench")
-        options = {"region": REGION, "endpoint_url": endpoint, "subnets": [net["subnet"]],
-                   "instance_types": [INSTANCE_TYPE], "image_id": net["image_id"]}
-        provider = open_provider("ec2", **options)
-        pool = Pool("aws", REGION, ZONE, INSTANCE_TYPE, Market.SPOT)
-        started = time.monotonic()
-        uris = [f"s3://bench/scale-{i}" for i in range(leases)]
-        launched = [provider.launch(launch_spec(f"scale-{i}", provider.open_store(uri)), pool)
-                    for i, uri in enumerate(uris)]
-        launch_s = time.monotonic() - started
+    with ExitStack() as stack:
+        backend = Ec2Moto(stack, work)
+        provider, uris, launched, launch_s = launch_leases(backend, leases)
         triggers = trigger_rows("ec2", dict(provider.options), launched, uris, poll_interval)
-        start_recording(endpoint)
-        count = moto_calls(recording)
+        backend.start_counting(uris, [lease.lease_id for lease in launched])
+        count = moto_calls(backend.recording)
         result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval, count,
                           warm=lambda: count().get("S3 PUT", 0) >= leases)
-        result["launch_s"] = round(launch_s, 1)
+        result["launch_s"] = launch_s
         return result
 
 
 # -- the local cloud ------------------------------------------------------------------------------------
 def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
-    from spot_core.checkpoint import open_store
-    from spot_core.localcloud.server import client_environ
-    from spot_core.model import Market
-    from spot_core.providers import open_provider
-
-    work.mkdir(parents=True, exist_ok=True)
-    with local_cloud_server(work / "cloud") as url:  # stopping it terminates every lease
-        os.environ.update(client_environ(url, work / "cloud"))
-        provider = open_provider("local", url=url, workdir=str(work / "cloud"))
-        pool = provider.pools()[0].on(Market.ON_DEMAND)  # no reclaim during the window
-        started = time.monotonic()
-        uris = [(work / "stores" / f"scale-{i}").as_uri() for i in range(leases)]
-        launched = [provider.launch(launch_spec(f"scale-{i}", open_store(uri)), pool)
-                    for i, uri in enumerate(uris)]
-        launch_s = time.monotonic() - started
+    with ExitStack() as stack:  # stopping the server terminates every lease
+        backend = LocalCloud(stack, work)
+        provider, uris, launched, launch_s = launch_leases(backend, leases)
         triggers = trigger_rows("local", dict(provider.options), launched, uris, poll_interval)
-
-        def count() -> dict[str, int]:
-            return provider.cloud.stats()["requests"]
-
-        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval, count)
+        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval,
+                          backend.counts)
         for name in ("GET /config",):  # the triggers' provider opens, not polls
             result["server_calls"].pop(name, None)
-        result["launch_s"] = round(launch_s, 1)
+        result["launch_s"] = launch_s
         return result
 
 

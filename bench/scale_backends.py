@@ -16,8 +16,10 @@ left running.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -31,6 +33,36 @@ from bench.processes import measure_window, stop_process
 BUCKET = "bench-scale"
 DESCRIBE_ROUTE = "POST /instances/describe"
 LOCAL_WATCH_POLL = 1.0  # each lease's watcher at real time (0.1 s costs five times more)
+# heartbeat_timeout: the settings default; each lease's watcher ends its step once nobody
+# renews the heartbeat that long, so a killed benchmark leaves no step running.
+CONTROLLER = {"heartbeat_timeout": 300.0, "observe_failure_timeout": 600.0,
+              "attempt_timeout": 86400.0}
+
+
+def launch_spec(job_id: str, store):
+    """A lease's launch as the controller makes it: a first heartbeat in the job's store,
+    then a LaunchSpec whose node watcher gives up on a silent driver."""
+    from spot_core.checkpoint.heartbeat import Heartbeat
+    from spot_core.providers.base import LaunchSpec
+
+    Heartbeat(store).renew(1, time.time())
+    return LaunchSpec(job_id, 1, ("sleep", "86400"), store.uri,
+                      heartbeat_timeout=CONTROLLER["heartbeat_timeout"])
+
+
+def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:
+    """Each job's lease launched by the backend's provider, its store opened as the
+    controller opens it: (provider, the jobs' store URIs, leases, seconds it took)."""
+    from spot_core.checkpoint import open_store
+    from spot_core.providers import open_provider
+
+    provider = open_provider(backend.provider, **backend.options)
+    stores = getattr(provider, "open_store", open_store)
+    started = time.monotonic()
+    uris = [backend.uri_pattern.format(i=i) for i in range(jobs)]
+    leases = [provider.launch(launch_spec(f"scale-{i}", stores(uri)), backend.pool)
+              for i, uri in enumerate(uris)]
+    return provider, uris, leases, round(time.monotonic() - started, 1)
 
 
 @contextmanager
@@ -86,8 +118,6 @@ class LocalCloud:
     provider, label = "local", "local_cloud"
 
     def __init__(self, stack: ExitStack, work: Path) -> None:
-        import os
-
         from spot_core.localcloud.server import client_environ
         from spot_core.model import Market
         from spot_core.providers import open_provider
@@ -109,16 +139,16 @@ class LocalCloud:
     def start_counting(self, uris: list[str], lease_ids: list[str]) -> None:
         self._uris, self._lease_ids = uris, lease_ids
         self._first = self._sequences()
-        self._requests = self._counts()
+        self._requests = self.counts()
 
     def progress(self) -> tuple[int, int]:
         now = self._sequences()
         renewed = sum(now[uri] > self._first.get(uri, 0) for uri in self._uris)
-        return renewed, self._counts().get(DESCRIBE_ROUTE, 0) - self._requests.get(DESCRIBE_ROUTE, 0)
+        return renewed, self.counts().get(DESCRIBE_ROUTE, 0) - self._requests.get(DESCRIBE_ROUTE, 0)
 
     def measure(self, pid: int, seconds: float, jobs: int) -> dict:
         def snapshot() -> tuple[dict, dict]:
-            return self._counts(), self._sequences()
+            return self.counts(), self._sequences()
 
         (calls0, beats0), (calls1, beats1), figures = measure_window(pid, seconds, jobs,
                                                                      snapshot)
@@ -145,7 +175,8 @@ class LocalCloud:
             self.cloud.terminate_instance(lease_id)
         report["instances_live_at_end"] = sum(bool(lease_pids(i)) for i in self._lease_ids)
 
-    def _counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int]:
+        """Requests the server answered, per route."""
         return self.cloud.stats()["requests"]
 
     def _sequences(self) -> dict[str, int]:

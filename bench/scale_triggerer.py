@@ -59,8 +59,8 @@ from typing import Iterator
 from bench.aws import free_port
 from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
                              fresh_database, idle_cpu, postgres_url, py_spy, stop_process)
-from bench.scale import CONTROLLER, launch_spec, watch_next
-from bench.scale_backends import BACKENDS
+from bench.scale import trigger_rows
+from bench.scale_backends import BACKENDS, CONTROLLER, launch_leases
 
 DAG_ID, TASK_ID, RUN_ID = "spot_scale", "job", "bench_scale"
 BIN = Path(sys.executable).parent
@@ -234,9 +234,10 @@ def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, wo
         started += children()
         if idle_seconds:  # its own cost: the job loop, trigger table queries, heartbeats
             report["idle_cpu_s_per_s"] = idle_cpu(proc.pid, idle_seconds, IDLE_SETTLE)
-        triggers, leases, report["launch_s"] = launch(backend, jobs, poll_interval)
-        backend.start_counting([t.checkpoint_uri for t in triggers],
-                               [lease.lease_id for lease in leases])
+        provider, uris, leases, report["launch_s"] = launch_leases(backend, jobs)
+        triggers = trigger_rows(backend.provider, dict(provider.options), leases, uris,
+                                poll_interval)
+        backend.start_counting(uris, [lease.lease_id for lease in leases])
         report["deferred_task_instances"] = defer_task_instances(triggers)
         report.update(wait_watching(proc, backend, jobs, log, poll_interval))
         report.update(backend.measure(proc.pid, seconds, jobs))
@@ -246,28 +247,6 @@ def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, wo
         if profile is not None:
             report["profile"] = py_spy(proc.pid, profile, subprocesses=True)
     return report
-
-
-def launch(backend, jobs: int, poll_interval: float) -> tuple[list, list, float]:
-    """Each job's lease launched by the backend's provider, and the trigger its task
-    defers with."""
-    from airflow_spot.triggers.spot import SpotJobTrigger
-    from spot_core.checkpoint import open_store
-    from spot_core.providers import open_provider
-
-    provider = open_provider(backend.provider, **backend.options)
-    stores = getattr(provider, "open_store", open_store)  # as the controller opens them
-    started = time.monotonic()
-    triggers, leases = [], []
-    for index in range(jobs):
-        uri = backend.uri_pattern.format(i=index)
-        lease = provider.launch(launch_spec(f"scale-{index}", stores(uri)), backend.pool)
-        leases.append(lease)
-        triggers.append(SpotJobTrigger(
-            provider=backend.provider, provider_options=dict(provider.options),
-            next=watch_next(lease, uri).to_dict(), checkpoint_uri=uri,
-            controller_options={**CONTROLLER, "poll_interval": poll_interval}))
-    return triggers, leases, round(time.monotonic() - started, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

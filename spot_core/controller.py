@@ -271,9 +271,9 @@ class Controller:
         if nxt.action == "sleep":
             self._sleep(max(0.0, nxt.until - self._clock()))
             return self.advance(spec, nxt.record)
-        if nxt.action == "watch" and observer is not None:
-            return self._watch_shared(spec, nxt, observer)
         if nxt.action == "watch":
+            if observer is not None:
+                return self._watch_shared(spec, nxt, observer)
             self._sleep(self.poll_interval)
             return self.check(spec, nxt)
         return self.advance(spec, nxt.record)  # ended

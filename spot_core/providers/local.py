@@ -44,13 +44,16 @@ class LocalProvider:
         self.cloud = cloud
         self.market = cloud.market
         self._watch_poll = watch_poll_interval
-        # JSON-able: `open_provider("local", **options)` reopens this provider elsewhere.
-        self.options = options or {}
+        # JSON-able: `open_provider("local", **options)` reopens this provider elsewhere
+        # (with its watchers' poll interval, when not the default).
+        self.options = dict(options or {})
+        if watch_poll_interval != WATCH_POLL_INTERVAL:
+            self.options["watch_poll_interval"] = watch_poll_interval
 
     @classmethod
     def connect(cls, url: str, *, workdir: str | Path | None = None,
                 token: str | None = None,
-                watch_poll_interval: float | None = None) -> LocalProvider:
+                watch_poll_interval: float = WATCH_POLL_INTERVAL) -> LocalProvider:
         """A provider over a running local cloud server (leases outlive this process).
 
         Its token comes from ``token``, else the server's ``workdir`` (its token file),
@@ -58,17 +61,15 @@ class LocalProvider:
         the token: they travel in trigger kwargs and job variables, which are logged."""
         from spot_core.localcloud.client import RemoteLocalCloud
 
-        options: dict = {"url": url} if workdir is None else {"url": url, "workdir": str(workdir)}
-        if watch_poll_interval is not None:
-            options["watch_poll_interval"] = watch_poll_interval
+        options = {"url": url} if workdir is None else {"url": url, "workdir": str(workdir)}
         return cls(RemoteLocalCloud(url, token=token, workdir=workdir), options=options,
-                   watch_poll_interval=watch_poll_interval or WATCH_POLL_INTERVAL)
+                   watch_poll_interval=watch_poll_interval)
 
     @classmethod
     def from_options(cls, *, url: str | None = None, traces: Sequence[str] | None = None,
                      prices: str | None = None, time_scale: float = DEFAULT_TIME_SCALE,
                      start_tick: int = 0, workdir: str | None = None,
-                     watch_poll_interval: float | None = None) -> LocalProvider:
+                     watch_poll_interval: float = WATCH_POLL_INTERVAL) -> LocalProvider:
         """From plain options: a server's ``url`` (or ``$SPOT_LOCAL_CLOUD_URL``; its token
         from the server's ``workdir`` or ``$SPOT_LOCAL_CLOUD_TOKEN``), else a cloud in this
         process replaying ``traces`` (paths; default the shipped excerpt) in ``workdir``.
@@ -83,13 +84,10 @@ class LocalProvider:
 
         loaded = None if not traces else load_traces(traces, prices=prices)
         provider = cls.from_traces(loaded, time_scale=time_scale, start_tick=start_tick,
-                                   workdir=workdir,
-                                   watch_poll_interval=watch_poll_interval or WATCH_POLL_INTERVAL)
-        provider.options = {"traces": list(traces or []), "prices": prices,
-                            "time_scale": time_scale, "start_tick": start_tick,
-                            "workdir": str(provider.cloud.workdir)}
-        if watch_poll_interval is not None:
-            provider.options["watch_poll_interval"] = watch_poll_interval
+                                   workdir=workdir, watch_poll_interval=watch_poll_interval)
+        provider.options.update({"traces": list(traces or []), "prices": prices,
+                                 "time_scale": time_scale, "start_tick": start_tick,
+                                 "workdir": str(provider.cloud.workdir)})
         return provider
 
     @classmethod

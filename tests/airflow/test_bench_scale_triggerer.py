@@ -27,8 +27,8 @@ def _run(tmp_path, backend: str) -> dict:
                            "--sqlite", "--idle-seconds", "0"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=380)
     assert done.returncode == 0, done.stderr[-4000:]
-    (result,) = json.loads(done.stdout)["airflow_triggerer_" + (
-        "ec2_moto" if backend == "ec2" else "local_cloud")],
+    label = {"ec2": "ec2_moto", "local": "local_cloud"}[backend]
+    result = json.loads(done.stdout)[f"airflow_triggerer_{label}"]
     assert result["deferred_task_instances"] == JOBS
     assert result["triggers_assigned"] == JOBS          # the triggerer took every row
     assert result["polls"] >= 2
