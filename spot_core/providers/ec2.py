@@ -43,11 +43,12 @@ from are billed at ``data_transfer_price_per_gb`` into that lease's ``Bill.cost`
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from spot_core import attempt_env, container
 from spot_core.credentials import credential_findings
@@ -285,9 +286,34 @@ class Ec2Provider:
             if self.config.spot_max_price is not None:
                 spot["MaxPrice"] = f"{self.config.spot_max_price:.4f}"
             request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
-        answer = aws.call(f"ec2:RunInstances {pool.market} {pool.instance_type} in {pool.zone}",
-                          self.clients[pool.region].run_instances, **request)
-        return self._lease(spec, pool, answer["Instances"][0])
+        with self._reaping(spec, pool.region):
+            answer = aws.call(f"ec2:RunInstances {pool.market} {pool.instance_type} in "
+                              f"{pool.zone}", self.clients[pool.region].run_instances, **request)
+            return self._lease(spec, pool, answer["Instances"][0])
+
+    @contextlib.contextmanager
+    def _reaping(self, spec: LaunchSpec, region: str) -> Iterator[None]:
+        """Whatever stops a launch between its create call and the lease handed back (a
+        Ctrl-C or SIGTERM while the answer is read, a failed describe or store read after
+        it) terminates the attempt's instances, found by their tags: the answer naming
+        them may never have been read. A capacity miss made none, so costs no call."""
+        try:
+            yield
+        except CapacityUnavailable:
+            raise
+        except BaseException:
+            try:
+                ids = self._live_tagged(region, [{"Name": f"tag:{TAG_JOB}", "Values": [spec.job_id]},
+                                                 {"Name": f"tag:{TAG_ATTEMPT}",
+                                                  "Values": [str(spec.attempt)]}])
+                if ids:
+                    self._terminate_ids(region, ids)
+                    log.warning("terminated %s: its launch for %s attempt %d was cut short",
+                                ", ".join(ids), spec.job_id, spec.attempt)
+            except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+                log.warning("could not check for instances of %s attempt %d after a cut-short "
+                            "launch (cleanup_orphans remains): %s", spec.job_id, spec.attempt, exc)
+            raise
 
     def _instance_request(self, spec: LaunchSpec, pool: Pool) -> dict[str, Any]:
         """The launch parameters every instance shares (run_instances and launch templates)."""
@@ -323,6 +349,12 @@ class Ec2Provider:
                            TagSpecifications=[{"ResourceType": "launch-template",
                                                "Tags": self._tags(spec)}])
         template_id = created["LaunchTemplate"]["LaunchTemplateId"]
+        with self._reaping(spec, region):
+            return self._fleet_lease(spec, pools, client, template_id, subnets_by_pool)
+
+    def _fleet_lease(self, spec: LaunchSpec, pools: list[Pool], client: Any, template_id: str,
+                     subnets_by_pool: Mapping[str, Sequence[str]]) -> Lease:
+        region, market = pools[0].region, pools[0].market
         try:
             overrides = [{"InstanceType": p.instance_type, "SubnetId": s, "Priority": float(rank)}
                          for rank, p in enumerate(pools) for s in subnets_by_pool[p.key]]
@@ -648,16 +680,10 @@ class Ec2Provider:
     def cleanup_orphans(self, job_id: str | None = None) -> list[str]:
         """Terminate every live instance tagged ``spot-pipelines:managed=true`` (of
         ``job_id`` only, if given) in this provider's regions; return their ids."""
-        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                   {"Name": "instance-state-name", "Values": list(LIVE_STATES)}]
-        if job_id is not None:
-            filters.append({"Name": f"tag:{TAG_JOB}", "Values": [job_id]})
+        filters = [] if job_id is None else [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}]
         doomed: list[str] = []
-        for region, client in self.clients.items():
-            pages = aws.call(f"ec2:DescribeInstances in {region}", lambda: list(
-                client.get_paginator("describe_instances").paginate(Filters=filters)))
-            ids = [i["InstanceId"] for page in pages for r in page["Reservations"]
-                   for i in r["Instances"]]
+        for region in self.clients:
+            ids = self._live_tagged(region, filters)
             if ids:
                 self._terminate_ids(region, ids)
                 doomed += ids
@@ -665,6 +691,17 @@ class Ec2Provider:
             shown = ", ".join(doomed[:10]) + (f" and {len(doomed) - 10} more" if len(doomed) > 10 else "")
             log.warning("terminated %d orphaned instance(s): %s", len(doomed), shown)
         return doomed
+
+    def _live_tagged(self, region: str, filters: list[dict[str, Any]]) -> list[str]:
+        """The ids of the live instances this project launched in ``region`` that match
+        ``filters`` as well."""
+        client = self.clients[region]
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                   {"Name": "instance-state-name", "Values": list(LIVE_STATES)}, *filters]
+        pages = aws.call(f"ec2:DescribeInstances in {region}", lambda: list(
+            client.get_paginator("describe_instances").paginate(Filters=filters)))
+        return [i["InstanceId"] for page in pages for r in page["Reservations"]
+                for i in r["Instances"]]
 
     def __enter__(self) -> Ec2Provider:
         return self

@@ -180,13 +180,15 @@ class KubernetesProvider:
             raise CapacityUnavailable(f"no schedulable node in {pool.key}")
         body = self.build_pod(spec, pool)
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-        k8s.call(f"create pod {name}", self.api.create_namespaced_pod, namespace, body)
+        # Known before the create: a stop landing while the create's answer is still being
+        # read (a SIGTERM in `spot-pipelines run`) must delete the pod too, here or in close().
         self._launched[name] = namespace
         try:  # whatever stops us before the lease is handed back also deletes the pod
+            k8s.call(f"create pod {name}", self.api.create_namespaced_pod, namespace, body)
             pod = self._wait_started(name, namespace, pool)
             return self._lease(spec, pool, pod, nodes.node_pools)
         except BaseException:
-            self._delete(name, namespace)
+            self._delete_quietly(name, namespace)
             raise
 
     def _wait_started(self, name: str, namespace: str, pool: Pool) -> dict:
@@ -336,22 +338,28 @@ class KubernetesProvider:
         self._delete(lease.lease_id, lease.details.get("namespace", self.config.namespace))
 
     def _delete(self, name: str, namespace: str) -> bool:
-        """True if a pod was deleted; a pod already gone is no error."""
+        """True if a pod was deleted; a pod already gone (or never created) is no error. A
+        failed delete keeps the pod on the list close() deletes."""
         try:
             k8s.call(f"delete pod {name}", self.api.delete_namespaced_pod, name, namespace)
         except k8s.NotFound:
-            return False
-        finally:
             self._launched.pop(name, None)
+            return False
+        self._launched.pop(name, None)
         return True
+
+    def _delete_quietly(self, name: str, namespace: str) -> None:
+        """``_delete`` on a way out: its own failure is logged, not raised over the error
+        that is already leaving (close() and cleanup_orphans remain)."""
+        try:
+            self._delete(name, namespace)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log.warning("could not delete pod %s/%s: %s", namespace, name, exc)
 
     def close(self) -> None:
         """Delete every pod this provider launched that is still there."""
         for name, namespace in list(self._launched.items()):
-            try:
-                self._delete(name, namespace)
-            except Exception as exc:  # noqa: BLE001 - go on; cleanup_orphans remains
-                log.warning("could not delete pod %s/%s: %s", namespace, name, exc)
+            self._delete_quietly(name, namespace)
 
     def cleanup_orphans(self, job_id: str | None = None) -> list[str]:
         """Delete every pod labelled ``spot-pipelines/managed=true`` (of ``job_id`` only,

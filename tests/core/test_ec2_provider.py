@@ -289,6 +289,23 @@ def test_cleanup_orphans_terminates_what_is_tagged(aws_env, net):
         assert managed_live_instances(aws_env) == []
 
 
+@pytest.mark.parametrize("mode,operation", [("instance", "RunInstances"),
+                                            ("fleet", "CreateFleet")])
+def test_a_stop_landing_as_the_launch_answers_leaves_no_instance(aws_env, net, mode, operation):
+    """A Ctrl-C (or the CLI's SIGTERM) arriving just after EC2 made the instance, before its
+    answer is read: the instance is found by its tags and terminated, not left running."""
+    def interrupted(**_):
+        raise KeyboardInterrupt
+
+    provider = _provider(aws_env, net, launch_mode=mode)
+    provider.clients["us-east-1"].meta.events.register(f"after-call.ec2.{operation}",
+                                                       interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        provider.launch(_spec(job="cut"), provider.pools()[0])
+    assert managed_live_instances(aws_env) == [], "the cut-short launch left an instance"
+    assert provider.pools()  # still usable
+
+
 def test_fleet_launch_diversifies_over_pools(aws_env, net):
     with _provider(aws_env, net, launch_mode="fleet") as provider:
         pools = provider.pools()

@@ -250,6 +250,34 @@ def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
         provider.close()
 
 
+class StoppedAfterCreate:
+    """The client's CoreV1Api, where a Ctrl-C lands just after the API server created the
+    pod, while its answer is read (where a SIGTERM in `spot-pipelines run` once left a pod)."""
+
+    def __init__(self, api) -> None:
+        self._api = api
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+    def create_namespaced_pod(self, *args, **kwargs):
+        self._api.create_namespaced_pod(*args, **kwargs)
+        raise KeyboardInterrupt
+
+
+def test_a_stop_landing_in_the_create_call_deletes_the_pod(tmp_path):
+    from spot_core.providers.base import LaunchSpec
+
+    with cluster_of(tmp_path, NodePool("spot", "eks", "spot", "us-east-1a", pods=4)) as cluster:
+        provider = provider_for(cluster)
+        provider.api = StoppedAfterCreate(provider.api)
+        with pytest.raises(KeyboardInterrupt):
+            provider.launch(LaunchSpec("cut", 1, ("sleep", "30"), (tmp_path / "c").as_uri()),
+                            provider.pools()[0])
+        wait_for(lambda: not job_pods(provider, "cut"), 30, "the interrupted launch's pod to go")
+        provider.close()
+
+
 def test_run_refuses_a_store_the_pods_cannot_reach(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "run", "--provider",
                            "kubernetes", "--checkpoint-uri", (tmp_path / "c").as_uri(), "--",
