@@ -336,7 +336,7 @@ class Ec2Provider:
 
     def _launch_fleet(self, spec: LaunchSpec, pools: list[Pool],
                       subnets_by_pool: Mapping[str, Sequence[str]]) -> Lease:
-        region, market = pools[0].region, pools[0].market
+        region = pools[0].region
         client = self.clients[region]
         template = self._instance_request(spec, pools[0])
         template.pop("InstanceInitiatedShutdownBehavior")  # not a launch-template field for fleets
