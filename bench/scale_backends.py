@@ -32,10 +32,17 @@ from bench.processes import measure_window, stop_process
 
 BUCKET = "bench-scale"
 DESCRIBE_ROUTE = "POST /instances/describe"
-LOCAL_WATCH_POLL = 1.0  # each lease's watcher at real time (0.1 s costs five times more)
-# heartbeat_timeout: the settings default; each lease's watcher ends its step once nobody
-# renews the heartbeat that long, so a killed benchmark leaves no step running.
-CONTROLLER = {"heartbeat_timeout": 300.0, "observe_failure_timeout": 600.0,
+# Each local lease's watcher polls its metadata endpoint this often. The benchmark
+# measures the process that watches the leases, not the leases, and nothing is reclaimed
+# in its window; at 10 s, 1,000 leases' watchers and the server answering them leave this
+# 2-core machine to the triggerer (at 1 s they took about 5.5 cores).
+LOCAL_WATCH_POLL = 10.0
+# heartbeat_timeout: each lease's watcher ends its step once nobody renews the heartbeat
+# that long, so a killed benchmark leaves no step running for long. Longer than the
+# settings' 5 minutes: launching 1,000 local leases takes about 6 minutes here, and the
+# first must still run when their triggers start. Renewals stay once a minute
+# (min(timeout / 4, 60 s)), as with the default.
+CONTROLLER = {"heartbeat_timeout": 1800.0, "observe_failure_timeout": 600.0,
               "attempt_timeout": 86400.0}
 
 

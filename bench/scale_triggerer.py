@@ -201,8 +201,12 @@ def wait_watching(proc: subprocess.Popen, backend, jobs: int, log: Path,
     give_up = time.monotonic() + 10 * poll_interval + 300
     while backend.progress()[1] < polls + 2 and time.monotonic() < give_up:
         time.sleep(1)
-    return {"triggers_running_after_s": round(ready_s, 1), "triggers_assigned":
-            assigned_triggers()}
+    assigned = assigned_triggers()
+    if assigned < jobs:  # the figures per job would count jobs nobody watches
+        raise RuntimeError(f"only {assigned} of {jobs} triggers still run: the rest of the "
+                           "leases ended before the window (a launch slower than the "
+                           "leases' heartbeat_timeout?)")
+    return {"triggers_running_after_s": round(ready_s, 1), "triggers_assigned": assigned}
 
 
 # -- the whole run ------------------------------------------------------------------------------
