@@ -68,13 +68,13 @@ bench-aws: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.aws
 
 # 1,000 deferred SpotJobTriggers in one event loop (EC2 on moto, the local cloud), one real
-# airflow triggerer with 1,000 deferred jobs on EC2 (moto) and 200 on the local cloud,
+# airflow triggerer with 1,000 deferred jobs on EC2 (moto) and 1,000 on the local cloud,
 # then one Prefect spot worker with 200 flow runs on
 # EC2 (moto): API calls per poll and CPU-seconds per job-hour (see bench/README.md).
 bench-scale: $(AIRFLOW)/.synced $(PREFECT)/.synced
 	$(AIRFLOW)/bin/python -m bench.scale
 	$(AIRFLOW)/bin/python -m bench.scale_triggerer
-	$(AIRFLOW)/bin/python -m bench.scale_triggerer --backend local --jobs 200
+	$(AIRFLOW)/bin/python -m bench.scale_triggerer --backend local --jobs 1000
 	$(PREFECT)/bin/python -m bench.scale_prefect
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
