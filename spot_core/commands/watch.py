@@ -22,6 +22,7 @@ import collections
 import logging
 import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -43,7 +44,11 @@ from spot_core.settings import parse_duration
 
 logger = logging.getLogger(__name__)
 
-TICK = 0.05
+TICK = 0.05        # s: the babysitter's step while a kill deadline is armed, or if it
+                   # cannot be woken by the child's exit (no pidfd: not Linux 5.3+)
+IDLE_TICK = 0.5    # s: its longest sleep otherwise; the child's exit, a Ctrl-C and a
+                   # notice wake it at once (a watcher per local lease: 0.05 s ticks cost
+                   # about 0.3 % of a core each, doing nothing)
 
 
 @dataclass(frozen=True)
@@ -205,8 +210,10 @@ def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
         if reporter is not None:  # before the step hears of it: the node may not wait
             watcher.add_handler(reporter.on_notice)
         watcher.add_handler(forwarder.on_notice)
-        with watcher, _ForwardSigint() as sigint:
-            returncode = _babysit(forwarder, sigint, monitor)
+        wake = _Wake(child)
+        watcher.add_handler(lambda notice: wake.set())  # the kill deadline is armed now
+        with wake, watcher, _ForwardSigint(wake) as sigint:
+            returncode = _babysit(forwarder, sigint, monitor, wake)
             code = attempt_env.DRIVER_LOST_EXIT_CODE if monitor is not None \
                 and monitor.lost is not None else exit_code(returncode)
             if reporter is not None:  # before stopping the watcher: SIGKILL may be near
@@ -251,7 +258,7 @@ def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen:
 
 
 def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint,
-             monitor: DriverMonitor | None = None) -> int:
+             monitor: DriverMonitor | None = None, wake: _Wake | None = None) -> int:
     """Until the child exits: forward Ctrl-C, stop it when the driver is lost, SIGKILL
     past the deadline. Then its code."""
     try:
@@ -259,7 +266,11 @@ def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint,
             sigint.forward(forwarder)
             _check_driver(monitor, forwarder)
             forwarder.enforce()
-            time.sleep(TICK)
+            idle = wake is not None and wake.wakes_on_exit and forwarder.kill_at is None
+            if wake is None:
+                time.sleep(TICK)
+            else:
+                wake.wait(IDLE_TICK if idle else TICK)
         return returncode
     finally:
         if forwarder.poll() is None:  # we are leaving abnormally: leave no orphan
@@ -310,17 +321,60 @@ class _Reporter:
             logger.warning("could not write the attempt's status report: %s", exc)
 
 
-class _ForwardSigint:
-    """Collects SIGINTs (the handler only appends: no locks in signal context)."""
+class _Wake:
+    """What the babysitter sleeps on: the child's exit (a pidfd, where Linux has one) or
+    ``set()`` (a Ctrl-C, a notice), whichever comes first; else the timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, child: subprocess.Popen) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(child.pid)
+        except (AttributeError, OSError):  # not Linux 5.3+, or the child is already reaped
+            pass
+        self.wakes_on_exit = self._pidfd is not None
+
+    def set(self) -> None:
+        """Wake the sleeper (safe from a signal handler and from any thread)."""
+        try:
+            os.write(self._write, b"x")
+        except (BlockingIOError, OSError):  # already pending, or closed on the way out
+            pass
+
+    def wait(self, timeout: float) -> None:
+        fds = [self._read] + ([self._pidfd] if self._pidfd is not None else [])
+        ready, _, _ = select.select(fds, [], [], timeout)
+        if self._read in ready:
+            os.read(self._read, 4096)
+
+    def __enter__(self) -> _Wake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in (self._read, self._write, self._pidfd):
+            if fd is not None:
+                os.close(fd)
+        self._pidfd = None
+
+
+class _ForwardSigint:
+    """Collects SIGINTs (the handler only appends and wakes: no locks in signal context)."""
+
+    def __init__(self, wake: _Wake | None = None) -> None:
         self._pending: collections.deque[int] = collections.deque()
         self._count = 0
         self._previous: object = None
+        self._wake = wake
 
     def __enter__(self) -> _ForwardSigint:
-        self._previous = signal.signal(signal.SIGINT, lambda s, f: self._pending.append(s))
+        self._previous = signal.signal(signal.SIGINT, self._collect)
         return self
+
+    def _collect(self, signum: int, frame: object) -> None:
+        self._pending.append(signum)
+        if self._wake is not None:
+            self._wake.set()
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
