@@ -213,7 +213,7 @@ def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
         wake = _Wake(child)
         watcher.add_handler(lambda notice: wake.set())  # the kill deadline is armed now
         with wake, watcher, _ForwardSigint(wake) as sigint:
-            returncode = _babysit(forwarder, sigint, monitor, wake)
+            returncode = _babysit(forwarder, sigint, wake, monitor)
             code = attempt_env.DRIVER_LOST_EXIT_CODE if monitor is not None \
                 and monitor.lost is not None else exit_code(returncode)
             if reporter is not None:  # before stopping the watcher: SIGKILL may be near
@@ -257,8 +257,8 @@ def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen:
                           "after --") from exc
 
 
-def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint,
-             monitor: DriverMonitor | None = None, wake: _Wake | None = None) -> int:
+def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint, wake: _Wake,
+             monitor: DriverMonitor | None = None) -> int:
     """Until the child exits: forward Ctrl-C, stop it when the driver is lost, SIGKILL
     past the deadline. Then its code."""
     try:
@@ -266,11 +266,8 @@ def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint,
             sigint.forward(forwarder)
             _check_driver(monitor, forwarder)
             forwarder.enforce()
-            idle = wake is not None and wake.wakes_on_exit and forwarder.kill_at is None
-            if wake is None:
-                time.sleep(TICK)
-            else:
-                wake.wait(IDLE_TICK if idle else TICK)
+            idle = wake.wakes_on_exit and forwarder.kill_at is None
+            wake.wait(IDLE_TICK if idle else TICK)
         return returncode
     finally:
         if forwarder.poll() is None:  # we are leaving abnormally: leave no orphan
@@ -334,6 +331,10 @@ class _Wake:
         except (AttributeError, OSError):  # not Linux 5.3+, or the child is already reaped
             pass
         self.wakes_on_exit = self._pidfd is not None
+        self._poll = select.poll()  # not select(): no limit on the fds' numbers
+        for fd in (self._read, self._pidfd):
+            if fd is not None:
+                self._poll.register(fd, select.POLLIN)
 
     def set(self) -> None:
         """Wake the sleeper (safe from a signal handler and from any thread)."""
@@ -343,8 +344,7 @@ class _Wake:
             pass
 
     def wait(self, timeout: float) -> None:
-        fds = [self._read] + ([self._pidfd] if self._pidfd is not None else [])
-        ready, _, _ = select.select(fds, [], [], timeout)
+        ready = {fd for fd, _ in self._poll.poll(timeout * 1000)}
         if self._read in ready:
             os.read(self._read, 4096)
 
@@ -361,7 +361,7 @@ class _Wake:
 class _ForwardSigint:
     """Collects SIGINTs (the handler only appends and wakes: no locks in signal context)."""
 
-    def __init__(self, wake: _Wake | None = None) -> None:
+    def __init__(self, wake: _Wake) -> None:
         self._pending: collections.deque[int] = collections.deque()
         self._count = 0
         self._previous: object = None
@@ -373,8 +373,7 @@ class _ForwardSigint:
 
     def _collect(self, signum: int, frame: object) -> None:
         self._pending.append(signum)
-        if self._wake is not None:
-            self._wake.set()
+        self._wake.set()
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
