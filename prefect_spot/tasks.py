@@ -149,6 +149,12 @@ def _wrap(fn: Callable, options: _Options) -> Callable:
                 value = fn(*args, **kwargs)
             except Preempted as exc:
                 attempt.end(PREEMPTED_EXIT_CODE, exc, notice=True)
+                if _capacity_going_away():
+                    # The lease is going: under the spot worker's engine the flow run
+                    # ends with no final state, and the worker reschedules it.
+                    from prefect_spot._engine import relinquish
+
+                    relinquish(exc)
                 raise
             except Exception as exc:
                 attempt.end(1, exc)

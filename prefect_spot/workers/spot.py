@@ -182,11 +182,12 @@ class _SpotValues(BaseModel):
 class SpotJobConfiguration(_SpotValues, BaseJobConfiguration):
     def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None,
                              worker_name=None, worker_id=None) -> None:
-        # The engine in the lease's main process, so a spot_task can turn the notice's
-        # SIGTERM into an emergency checkpoint.
+        # Prefect's engine in the lease's main process, so a spot_task can turn the
+        # notice's SIGTERM into an emergency checkpoint, and end a preempted run without
+        # a final state (prefect_spot._engine).
         # On a remote lease (ec2) the instance's own Python runs it (`agent_python`).
         python = _jobs.lease_python(self.provider, self.provider_options)
-        self.command = self.command or f"{shlex.quote(python)} -m prefect.engine"
+        self.command = self.command or f"{shlex.quote(python)} -m prefect_spot._engine"
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name,
                                      worker_id)
 

@@ -70,7 +70,7 @@ def test_worker_opens_ec2_and_terminates_an_instance_by_id(prefect_api, aws_env,
                           "agent_python": "/opt/step/bin/python"})
     flow_run = FlowRun(id=uuid.uuid4(), name="ec2-run", flow_id=uuid.uuid4())
     configuration.prepare_for_flow_run(flow_run)
-    assert configuration.command.startswith("/opt/step/bin/python -m prefect.engine")
+    assert configuration.command.startswith("/opt/step/bin/python -m prefect_spot._engine")
 
     async def scenario():
         async with SpotWorker(work_pool_name="spot-ec2", create_pool_if_not_found=True) as worker:

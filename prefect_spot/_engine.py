@@ -1,0 +1,71 @@
+"""The flow-run command on a spot lease: Prefect's engine, with a preemption handed back.
+
+``python -m prefect_spot._engine [FLOW_RUN_ID]`` runs ``python -m prefect.engine`` in
+this process (its main thread, so a ``spot_task`` can turn SIGTERM into an emergency
+checkpoint). One difference: when a ``spot_task`` ends the run because the capacity
+itself is going away (:func:`relinquish`), the engine must not report the flow run
+``Failed`` or ``Crashed``. A final state would fire every automation on failures, and
+the spot worker would only overwrite it with ``AwaitingRetry`` a second later. So the
+task commits Prefect's own ``relinquish`` intent (what ``prefect flow-run execute``
+commits when ``PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=relinquish``: "leave the next
+state to retrying infrastructure") and raises ``TerminationSignal``. The flow engine
+then ends the run without proposing a state, and the worker, seeing a reclaimed lease,
+puts it back as ``AwaitingRetry``. Prefect's engine exits 0 after a relinquished run;
+here the process exits ``PREEMPTED_EXIT_CODE`` instead, so nothing downstream can read
+a preemption as success.
+"""
+
+from __future__ import annotations
+
+import runpy
+import signal
+import sys
+
+from spot_core.attempt_env import PREEMPTED_EXIT_CODE
+
+_running = False  # this process's entry point is main() below
+_relinquished = False
+
+
+def relinquish(cause: BaseException) -> None:
+    """End the flow run without a final state, leaving the next one to the spot worker.
+
+    Raises ``TerminationSignal`` (from ``cause``) after committing Prefect's
+    ``relinquish`` intent. Re-raises ``cause`` (the run ends ``Failed``, as a task's
+    error) where that would be unsafe or impossible: outside this entry point (under
+    ``python -m prefect.engine`` a relinquished run exits 0, which reads as success) or
+    on a Prefect without the intent (its control listener came with 3.9).
+    """
+    global _relinquished
+    if not _running:
+        raise cause
+    try:
+        from prefect._internal import control_listener
+        from prefect.exceptions import TerminationSignal
+        set_intent = control_listener._set_intent
+    except (ImportError, AttributeError):
+        raise cause from None
+    set_intent("relinquish")
+    _relinquished = True
+    raise TerminationSignal(signal.SIGTERM) from cause
+
+
+def main() -> int:
+    """Run Prefect's engine module as ``__main__``; its exit code, or the preemption's."""
+    global _running
+    _running = True
+    sys.argv[0] = "prefect.engine"
+    try:
+        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return PREEMPTED_EXIT_CODE if _relinquished else code
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, so that relinquish() and main() share one module
+    # object (under -m this file also runs as __main__, a second copy).
+    from prefect_spot._engine import main as _main
+
+    sys.exit(_main())
