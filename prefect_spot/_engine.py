@@ -22,6 +22,8 @@ import signal
 import sys
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE
+from spot_core.interruption.base import INTERRUPTION
+from spot_core.interruption.notice_file import read_notice
 
 _running = False  # this process's entry point is main() below
 _relinquished = False
@@ -31,13 +33,20 @@ def relinquish(cause: BaseException) -> None:
     """End the flow run without a final state, leaving the next one to the spot worker.
 
     Raises ``TerminationSignal`` (from ``cause``) after committing Prefect's
-    ``relinquish`` intent. Re-raises ``cause`` (the run ends ``Failed``, as a task's
-    error) where that would be unsafe or impossible: outside this entry point (under
-    ``python -m prefect.engine`` a relinquished run exits 0, which reads as success) or
-    on a Prefect without the intent (its control listener came with 3.9).
+    ``relinquish`` intent, when the spot watcher's notice file holds a reclaim notice.
+    Re-raises ``cause`` (the run ends ``Failed``, as a task's error) where handing the run
+    back would be unsafe or impossible: for any other notice (``driver_lost`` means no
+    worker watches the run any more, so a run left ``Running`` would stay so), outside
+    this entry point (under ``python -m prefect.engine`` a relinquished run exits 0, which
+    reads as success), or on a Prefect without the intent (its control listener came
+    with 3.9).
     """
     global _relinquished
-    if not _running:
+    try:
+        notice = read_notice() or {}
+    except (OSError, ValueError):  # unreadable: not known to be a reclaim
+        notice = {}
+    if not _running or notice.get("event") != INTERRUPTION:
         raise cause
     try:
         from prefect._internal import control_listener

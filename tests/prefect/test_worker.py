@@ -137,6 +137,41 @@ def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(
     assert rows[-1]["resumed_from_step"] == resumed[-1]
 
 
+def test_a_flow_run_whose_worker_is_killed_ends_failed_rather_than_running(
+        prefect_api, tmp_path):
+    """Only a reclaim notice hands a run back without a final state: when the worker is
+    killed, nobody would reschedule it, so after the heartbeat timeout the lease's
+    watcher stops the step (a driver_lost notice) and the run ends Failed, not left
+    Running for ever."""
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+
+    from spot_core.checkpoint import open_store
+
+    pool = "spot-orphan"
+    # us-west-2b has capacity for hours of trace time from tick 479 at real time.
+    deployment_id = deploy_example_flow(pool, "orphan", {
+        "zones": ["us-west-2b"], "heartbeat_timeout": 15,
+        "provider_options": {"start_tick": 479, "time_scale": 1.0},
+        "checkpoint_root": (tmp_path / "ckpt").as_uri()})
+    with get_client(sync_client=True) as client:
+        with running_worker(pool, tmp_path / "worker.log") as worker:
+            run = run_deployment(deployment_id, timeout=0, parameters={
+                "workdir": str(tmp_path / "work"), "steps": 100_000, "step_seconds": 0.01})
+            store = open_store((tmp_path / "ckpt" / str(run.id)).as_uri())
+            deadline = time.monotonic() + 120
+            while store.latest() is None:  # the spot_task is training
+                assert time.monotonic() < deadline, client.read_flow_run(run.id).state
+                time.sleep(0.5)
+            worker.kill()
+            worker.wait(timeout=30)
+        deadline = time.monotonic() + 120
+        while not (state := client.read_flow_run(run.id).state).is_final():
+            assert time.monotonic() < deadline, f"still {state.name} 120 s after the kill"
+            time.sleep(1)
+    assert state.is_failed(), state
+
+
 def test_kill_infrastructure_terminates_the_lease(prefect_api, tmp_path):
     import anyio
 
