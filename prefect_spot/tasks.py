@@ -149,7 +149,7 @@ def _wrap(fn: Callable, options: _Options) -> Callable:
                 value = fn(*args, **kwargs)
             except Preempted as exc:
                 attempt.end(PREEMPTED_EXIT_CODE, exc, notice=True)
-                if _capacity_going_away():
+                if _capacity_going_away(wait=NOTICE_FILE_WAIT_SECONDS):
                     # The lease is going: under the spot worker's engine the flow run
                     # ends with no final state, and the worker reschedules it.
                     from prefect_spot._engine import relinquish
@@ -313,6 +313,24 @@ def _retry_condition(retries: int, max_preemptions: int):
     return should_retry
 
 
-def _capacity_going_away() -> bool:
+NOTICE_FILE_WAIT_SECONDS = 3.0
+"""How long a preempted task waits for the spot watcher's notice file before it counts the
+notice as its own. Why wait: a node that goes down signals every process at once (an OS
+shutdown, a container runtime that signals the whole group), so the step's SIGTERM can
+come before the watcher has polled its own and written the file (within its
+``--poll-interval``, 1 s by default); deciding at once would retry in place on a node
+that is going away."""
+
+
+def _capacity_going_away(wait: float = 0.0) -> bool:
+    """Whether the spot watcher says this node is going away (its notice file exists);
+    under a watcher, waits up to ``wait`` seconds for the file to appear."""
     notice_file = os.environ.get("SPOT_NOTICE_FILE")
-    return bool(notice_file) and os.path.exists(notice_file)
+    if not notice_file:
+        return False
+    deadline = time.monotonic() + wait
+    while not os.path.exists(notice_file):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
