@@ -77,16 +77,25 @@ def test_timetable_rejects_bad_windows(kwargs, message):
         PriceWindowTimetable(**{"profile": _profile(), "job_hours": 1, **kwargs})
 
 
-def test_sensor_poke_pushes_the_chosen_pool(cloud_url):
+def test_sensor_poke_pushes_the_chosen_pool(tmp_path, monkeypatch):
     import json
 
     from airflow.sdk import DAG
 
+    from airflow_spot.demo import cloud_server
     from airflow_spot.sensors.price_window import POOL_KEY, SpotPriceWindowSensor
+    from spot_core.localcloud.server import client_environ
     from spot_core.market import fixture_prices_path
+    from spot_core.market.fixtures import default_traces
 
     # The local cloud replays the shipped excerpt: its spot prices bound the thresholds.
     prices = [p for zone in json.loads(fixture_prices_path().read_text()).values() for p in zone]
+    # Its own cloud, at a tick where every zone has spot capacity, replayed in real time
+    # (a tick lasts 195 s): the answer cannot depend on how far the suite's shared cloud
+    # has got (at a moment when no zone has capacity the sensor rightly waits).
+    traces = default_traces()
+    tick = next(t for t in range(200, min(tr.n_ticks for tr in traces))
+                if all(tr.available[t] for tr in traces))
     pushed = {}
 
     class TI:
@@ -95,15 +104,20 @@ def test_sensor_poke_pushes_the_chosen_pool(cloud_url):
         def xcom_push(self, key, value):
             pushed[key] = value
 
-    def poke(task_id: str, max_price: float) -> bool:
-        with DAG(f"sensor_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
-            sensor = SpotPriceWindowSensor(task_id=task_id, job_hours=1,
-                                           window_end=timedelta(hours=8), max_price=max_price,
-                                           provider_options={"url": cloud_url})
-        return sensor.poke({"ti": TI()})
+    with cloud_server(tmp_path / "cloud", start_tick=tick, time_scale=1.0) as url:
+        for name, value in client_environ(url, tmp_path / "cloud").items():
+            monkeypatch.setenv(name, value)
 
-    assert poke("dear", 0.9 * min(prices)) is False, "every pool is above max_price: wait"
-    assert pushed == {}
-    assert poke("cheap", max(prices)) is True
+        def poke(task_id: str, max_price: float) -> bool:
+            with DAG(f"sensor_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
+                sensor = SpotPriceWindowSensor(task_id=task_id, job_hours=1,
+                                               window_end=timedelta(hours=8),
+                                               max_price=max_price,
+                                               provider_options={"url": url})
+            return sensor.poke({"ti": TI()})
+
+        assert poke("dear", 0.9 * min(prices)) is False, "every pool is above max_price: wait"
+        assert pushed == {}
+        assert poke("cheap", max(prices)) is True
     assert pushed[POOL_KEY]["pool"]["market"] == "spot"
     assert min(prices) <= pushed[POOL_KEY]["price"] <= max(prices)
