@@ -63,8 +63,7 @@ def main() -> int:
     """Run Prefect's engine module as ``__main__``; its exit code, or the preemption's."""
     global _running
     _running = True
-    sys.argv[0] = "prefect.engine"
-    try:
+    try:  # alter_sys: sys.argv[0] is prefect.engine's own path, as under -m
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:

@@ -17,12 +17,6 @@ from prefect import flow, get_client
 from prefect.deployments import run_deployment
 
 
-# A preempted attempt's engine ends the run Failed ("Preempted: ...") moments before the
-# spot worker sees the lease end and puts the run back as AwaitingRetry: only a final state
-# that lasts this long is the run's end.
-SETTLE_SECONDS = 20.0
-
-
 def wait_for_pool(pool: str, timeout: float) -> None:
     """The worker creates its pool when it starts (`prefect worker start --type spot`)."""
     deadline = time.monotonic() + timeout
@@ -46,16 +40,10 @@ def main(pool: str, flows: str, job_variables: str, parameters: str, timeout: st
                                       push=False, print_next_steps=False)
     run = run_deployment(deployment_id, timeout=0, parameters=json.loads(parameters))
     deadline = time.monotonic() + float(timeout)
-    final_since = None
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
             run = client.read_flow_run(run.id)
-            if not (run.state is not None and run.state.is_final()
-                    and not run.state.is_crashed()):
-                final_since = None
-            elif final_since is None:
-                final_since = time.monotonic()
-            elif time.monotonic() - final_since >= SETTLE_SECONDS:
+            if run.state is not None and run.state.is_final() and not run.state.is_crashed():
                 break
             time.sleep(1)
         states = [state.name for state in client.read_flow_run_states(run.id)]
