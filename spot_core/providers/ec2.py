@@ -24,15 +24,18 @@ Capacity errors (``InsufficientInstanceCapacity``, ``SpotMaxPriceTooLow``,
 moves on to the next pool; throttling is backed off (bounded) in ``spot_core.adaptors.aws``.
 
 ``observe`` answers any number of leases with one ``describe_instances`` per region per
-500 instances, one ``describe_spot_instance_requests`` for the spot ones still running,
-an optional drain of an EventBridge SQS queue, and, only for instances that have ended,
-a read of the status object the on-instance agent wrote next to the checkpoints. When a
-region watches more leases than one call by id answers (``DESCRIBE_BATCH``), it lists
-instead, when that takes fewer calls: the region's live instances tagged
-``spot-pipelines:managed=true`` (and open or active spot requests), ``LIST_PAGE`` per
-page, following ``NextToken``; the leases a listing lacks (ended ones, mostly) are then
-described by id as before. Answers are cut to the fields ``observe`` reads before botocore
-parses them (``ec2_lean``).
+500 instances that asks only which of them have left ``pending``/``running`` (the ids plus
+an ``instance-state-name`` filter: EC2 checks the ids before it filters, so an unknown id
+is still an error, and an instance absent from the answer is alive). The answer is almost
+always empty, where describing every watched instance cost a 3 MB answer per 1,000 and
+most of a watcher's CPU. Then one ``describe_spot_instance_requests`` for the spot
+requests (ids from the launch), an optional drain of an EventBridge SQS queue, and, only
+for instances that have ended, a read of the status object the on-instance agent wrote
+next to the checkpoints. When a region watches more spot requests than one call by id
+answers (``DESCRIBE_BATCH``), it lists the open or active ones instead, when that takes
+fewer calls (``LIST_PAGE`` per page, following ``NextToken``); a request the listing lacks
+is asked by id. Answers are cut to the fields ``observe`` reads before botocore parses
+them (``ec2_lean``).
 
 Cross-region: the checkpoint stays where it was written (``checkpoint_region``); an
 attempt in another region reads it from there, and the bytes of the checkpoint it resumes
@@ -68,7 +71,8 @@ TAG_JOB = "spot-pipelines:job"
 TAG_ATTEMPT = "spot-pipelines:attempt"
 DESCRIBE_BATCH = 500     # ids per describe by id
 LIST_PAGE = 1000         # MaxResults of a listing (EC2's maximum; not allowed with ids)
-LISTED_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
+ENDED_STATES = ("shutting-down", "terminated", "stopping", "stopped")  # not pending/running
+ENDED_FILTER = ({"Name": "instance-state-name", "Values": list(ENDED_STATES)},)
 LISTED_SPOT_STATES = ("open", "active")
 LIST_SIZE_MEMORY = 600.0  # seconds a listing's size is trusted to predict the next one
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
@@ -178,6 +182,7 @@ class Ec2Provider:
         for client in self.clients.values():
             ec2_lean.install(client)
         self._listed: dict[tuple[str, str], tuple[int, float]] = {}  # (what, region) -> size, when
+        self._request_ids: dict[str, str] = {}  # instance id -> spot request id ("" for none)
         self._s3_clients: dict[str | None, Any] = {}  # region -> the stores' S3 client
         self._zones = self._resolve_subnets()
         from spot_core.market.advisor import load_advisor
@@ -461,12 +466,10 @@ class Ec2Provider:
             by_region.setdefault(lease.pool.region, []).append(lease)
         out: dict[str, LeaseStatus] = {}
         for region, group in by_region.items():
-            described = self._describe(region, [lease.lease_id for lease in group])
-            spot_codes = self._spot_codes(region, [described[l.lease_id] for l in group
-                                                   if l.lease_id in described])
+            ended = self._ended(region, [lease.lease_id for lease in group])
+            spot_codes = self._spot_codes(region, self._spot_request_ids(region, group, ended))
             for lease in group:
-                out[lease.lease_id] = self._status(lease, described.get(lease.lease_id),
-                                                   spot_codes)
+                out[lease.lease_id] = self._status(lease, ended, spot_codes)
         return out
 
     def _drain_events(self) -> None:
@@ -479,60 +482,65 @@ class Ec2Provider:
         except Exception as exc:  # the queue is a hint; describe_instances is the truth
             log.warning("could not read interruption events: %s", exc)
 
+    def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict | None]:
+        """The watched instances that are no longer pending or running: id -> description
+        (None: EC2 does not know the id). Every id absent from the answer is alive."""
+        ended: dict[str, dict | None] = {}
+        for start in range(0, len(instance_ids), DESCRIBE_BATCH):
+            ended.update(self._describe_batch(region, list(instance_ids[start:start + DESCRIBE_BATCH]),
+                                              filters=ENDED_FILTER))
+        return ended
+
     def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict]:
-        """Instance id -> description, by id (``DESCRIBE_BATCH`` per call), or, for many
-        ids, from a listing of the project's live instances when that takes fewer calls;
-        an id the listing lacks is still described by id (so an unknown one reads as
-        before: not found)."""
+        """Instance id -> description, by id (``DESCRIBE_BATCH`` per call); an unknown id
+        is left out."""
         found: dict[str, dict] = {}
-        if self._listing_pays("instances", region, len(instance_ids)):
-            listed = self._list_instances(region)
-            found = {i: listed[i] for i in instance_ids if i in listed}
-        missing = [i for i in instance_ids if i not in found]
-        for start in range(0, len(missing), DESCRIBE_BATCH):
-            found.update(self._describe_batch(region, missing[start:start + DESCRIBE_BATCH]))
+        for start in range(0, len(instance_ids), DESCRIBE_BATCH):
+            batch = self._describe_batch(region, list(instance_ids[start:start + DESCRIBE_BATCH]))
+            found.update({i: d for i, d in batch.items() if d is not None})
         return found
 
-    def _listing_pays(self, what: str, region: str, wanted: int) -> bool:
-        """Whether one listing (pages of ``LIST_PAGE``, sized as the last one in the past
-        ``LIST_SIZE_MEMORY`` s, else as ``wanted``) takes fewer calls than by id."""
-        if wanted <= DESCRIBE_BATCH:
-            return False
-        size, when = self._listed.get((what, region), (0, -LIST_SIZE_MEMORY))
-        if time.monotonic() - when > LIST_SIZE_MEMORY:
-            size = 0
-        return -(-max(size, wanted) // LIST_PAGE) < -(-wanted // DESCRIBE_BATCH)
-
-    def _list_instances(self, region: str) -> dict[str, dict]:
-        """The region's live instances tagged by the project (any job, any driver)."""
-        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                   {"Name": "instance-state-name", "Values": list(LISTED_STATES)}]
-        client = self.clients[region]
-        pages = aws.call(f"ec2:DescribeInstances in {region}", lambda: list(
-            client.get_paginator("describe_instances").paginate(
-                Filters=filters, PaginationConfig={"PageSize": LIST_PAGE})))
-        listed = {i["InstanceId"]: i for page in pages for r in page["Reservations"]
-                  for i in r["Instances"]}
-        self._listed[("instances", region)] = (len(listed), time.monotonic())
-        return listed
-
-    def _describe_batch(self, region: str, ids: list[str]) -> dict[str, dict]:
+    def _describe_batch(self, region: str, ids: list[str],
+                        filters: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict | None]:
+        """The ids' descriptions that match ``filters``; an id EC2 does not know maps to
+        None (EC2 refuses the whole call for one unknown id: it is found by halving)."""
         if not ids:
             return {}
         client = self.clients[region]
+        query: dict[str, Any] = {"InstanceIds": ids, **({"Filters": list(filters)} if filters else {})}
         try:
             pages = aws.call_raw(lambda: list(client.get_paginator("describe_instances")
-                                              .paginate(InstanceIds=ids)))
+                                              .paginate(**query)))
         except aws.client_error_class() as exc:
             if aws.error_code(exc) != "InvalidInstanceID.NotFound":
                 raise aws.translate(exc, f"ec2:DescribeInstances in {region}") from exc
             if len(ids) == 1:
-                return {}
+                return {ids[0]: None}
             half = len(ids) // 2  # find the unknown ids by halving; rare
-            return {**self._describe_batch(region, ids[:half]),
-                    **self._describe_batch(region, ids[half:])}
+            return {**self._describe_batch(region, ids[:half], filters),
+                    **self._describe_batch(region, ids[half:], filters)}
         return {i["InstanceId"]: i for page in pages for r in page["Reservations"]
                 for i in r["Instances"]}
+
+    def _spot_request_ids(self, region: str, group: Sequence[Lease],
+                          ended: Mapping[str, dict | None]) -> list[str]:
+        """The spot request of each watched spot lease: from the launch (``details``),
+        else from a description (an ended instance's, or, once per lease, a running one's)."""
+        unknown = [l.lease_id for l in group if l.pool.market is Market.SPOT
+                   and not l.details.get("spot_request_id") and l.lease_id not in ended
+                   and l.lease_id not in self._request_ids]
+        if unknown:
+            described = self._describe(region, unknown)
+            self._request_ids.update({i: str(described.get(i, {}).get("SpotInstanceRequestId", ""))
+                                      for i in unknown})
+        requests = []
+        for lease in group:
+            request = (lease.details.get("spot_request_id")
+                       or (ended.get(lease.lease_id) or {}).get("SpotInstanceRequestId")
+                       or self._request_ids.get(lease.lease_id))
+            if request:
+                requests.append(request)
+        return requests
 
     def instance_tag(self, region: str, instance_id: str, key: str) -> str | None:
         """The value of tag ``key`` on an instance (terminated ones stay describable for
@@ -545,9 +553,19 @@ class Ec2Provider:
         return next((t.get("Value") for t in instance.get("Tags", []) if t.get("Key") == key),
                     None)
 
-    def _spot_codes(self, region: str, instances: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-        """instance id -> spot request status code, for spot instances that have a request."""
-        requests = [i["SpotInstanceRequestId"] for i in instances if i.get("SpotInstanceRequestId")]
+    def _listing_pays(self, what: str, region: str, wanted: int) -> bool:
+        """Whether one listing (pages of ``LIST_PAGE``, sized as the last one in the past
+        ``LIST_SIZE_MEMORY`` s, else as ``wanted``) takes fewer calls than by id."""
+        if wanted <= DESCRIBE_BATCH:
+            return False
+        size, when = self._listed.get((what, region), (0, -LIST_SIZE_MEMORY))
+        if time.monotonic() - when > LIST_SIZE_MEMORY:
+            size = 0
+        return -(-max(size, wanted) // LIST_PAGE) < -(-wanted // DESCRIBE_BATCH)
+
+    def _spot_codes(self, region: str, requests: Sequence[str]) -> dict[str, str]:
+        """instance id -> status code of its spot request, for the ``requests`` (ids)."""
+        requests = list(requests)
         codes: dict[str, str] = {}
         if self._listing_pays("spot", region, len(requests)):
             listed = self._list_spot_requests(region)
@@ -574,16 +592,16 @@ class Ec2Provider:
         self._listed[("spot", region)] = (len(listed), time.monotonic())
         return listed
 
-    def _status(self, lease: Lease, instance: Mapping[str, Any] | None,
+    def _status(self, lease: Lease, ended: Mapping[str, dict | None],
                 spot_codes: Mapping[str, str]) -> LeaseStatus:
         code = spot_codes.get(lease.lease_id, "")
         if code in NOTICE_CODES:
             self._notices.setdefault(lease.lease_id, self.clock())
         notice = self._notices.get(lease.lease_id)
-        state = (instance or {}).get("State", {}).get("Name", "terminated")
-        if state in ("pending", "running"):
+        if lease.lease_id not in ended:
             return LeaseStatus(LeaseState.RUNNING, notice_at=notice)
-        return self._ended_status(lease, instance or {}, code, notice)
+        self._request_ids.pop(lease.lease_id, None)
+        return self._ended_status(lease, ended[lease.lease_id] or {}, code, notice)
 
     def _ended_status(self, lease: Lease, instance: Mapping[str, Any], code: str,
                       notice: float | None) -> LeaseStatus:

@@ -178,15 +178,26 @@ def test_preempted_job_resumes_from_s3_then_falls_back_to_on_demand(aws_env, net
 
 
 def test_observe_batches_many_leases_into_few_calls(aws_env, net):
+    """A poll of running leases is one DescribeInstances that answers with none of them
+    (only the ended ones are asked for); the first poll also describes the spot instances
+    whose request id the launch did not give (moto gives none), once."""
     with _provider(aws_env, net) as provider:
         leases = [provider.launch(_spec(job=f"job-{i}"), provider.pools()[i % 4]) for i in range(12)]
-        counts = count_calls(provider.clients["us-east-1"])
+        assert {s.state for s in provider.observe(leases).values()} == {LeaseState.RUNNING}
+        counts, answered = count_calls(provider.clients["us-east-1"]), []
+        provider.clients["us-east-1"].meta.events.register(
+            "after-call.ec2.DescribeInstances",
+            lambda parsed, **_: answered.extend(i["InstanceId"] for r in parsed["Reservations"]
+                                                for i in r["Instances"]))
         statuses = provider.observe(leases)
         assert {s.state for s in statuses.values()} == {LeaseState.RUNNING}
-        assert counts == {"DescribeInstances": 1}
+        assert counts == {"DescribeInstances": 1} and answered == []
         provider.terminate(leases[0])
         provider.terminate(leases[0])  # idempotent
-        assert provider.observe(leases[:1])[leases[0].lease_id].state is LeaseState.TERMINATED
+        statuses = provider.observe(leases)
+        assert statuses[leases[0].lease_id].state is LeaseState.TERMINATED
+        assert [s.state for s in statuses.values()].count(LeaseState.RUNNING) == 11
+        assert answered == [leases[0].lease_id]
 
 
 def _spot_leases(endpoint: str, net: dict, count: int) -> list[Lease]:
@@ -233,12 +244,25 @@ def vpc_octet(ec2, vpc: str) -> str:
     return ec2.describe_vpcs(VpcIds=[vpc])["Vpcs"][0]["CidrBlock"].split(".")[1]
 
 
-@pytest.mark.timeout(300)  # moto takes ~20 s to make 600 spot requests, ~8 s per describe
-def test_observe_lists_many_leases_in_one_request_each(aws_env, tmp_path):
-    """600 watched spot leases: one DescribeInstances (the project's tag, MaxResults=1000) and
-    one DescribeSpotInstanceRequests reach the server per poll, not 2 + 2 by id; leases the
-    listing lacks (terminated meanwhile) are still described by id and read as ended; a few
-    leases go by id. Requests are counted where moto receives them. On a moto server of its
+def test_an_instance_ec2_does_not_know_reads_as_ended_not_alive(aws_env, net):
+    """Only ended instances are asked for, so an absent one counts as alive: an id EC2
+    refuses (long gone, never made) must read as ended, and the others stay running."""
+    with _provider(aws_env, net) as provider:
+        real = [provider.launch(_spec(job=f"known-{i}"), provider.pools()[0]) for i in range(3)]
+        ghost = Lease(lease_id="i-0123456789abcdef0", pool=real[0].pool, job_id="ghost",
+                      attempt=1, started_at=time.time(), price_per_hour=1.0,
+                      details={"spot_request_id": "sir-ghost"})
+        statuses = provider.observe([real[0], ghost, *real[1:]])
+        assert statuses[ghost.lease_id].ended
+        assert [statuses[l.lease_id].state for l in real] == [LeaseState.RUNNING] * 3
+
+
+@pytest.mark.timeout(300)  # moto takes ~20 s to make 600 spot requests
+def test_observe_asks_few_requests_for_many_leases(aws_env, tmp_path):
+    """600 watched spot leases: two DescribeInstances by id (500 per call) asking only for
+    the ended ones, and one DescribeSpotInstanceRequests listing, reach the server per poll;
+    instances terminated meanwhile are in the answer and read as ended; a few leases take
+    one call each. Requests are counted where moto receives them. On a moto server of its
     own: 600 more instances would slow every later describe on the shared one."""
     with running_moto(tmp_path / "moto.log") as endpoint:
         _observe_many(endpoint, make_network(endpoint))
@@ -256,7 +280,7 @@ def _observe_many(endpoint: str, net: dict) -> None:
             statuses = provider.observe(leases)
             assert len(statuses) == 600
             assert {s.state for s in statuses.values()} == {LeaseState.RUNNING}
-            assert proxy.forwarded == {"DescribeInstances": 1, "DescribeSpotInstanceRequests": 1}
+            assert proxy.forwarded == {"DescribeInstances": 2, "DescribeSpotInstanceRequests": 1}
 
             gone = [leases[3].lease_id, leases[400].lease_id]
             ec2.terminate_instances(InstanceIds=gone)
