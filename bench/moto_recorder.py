@@ -106,18 +106,27 @@ def request_name(entry: dict) -> tuple[str, dict]:
 
 
 def classify(entries: list[dict]) -> dict:
-    """Requests by EC2 action or S3 method; describe rounds (a round's first page, without
-    NextToken), the instance ids they named, and the jobs whose driver heartbeat was
-    renewed (an S3 PUT of ``<store>/heartbeat/driver.json``)."""
+    """Requests by EC2 action or S3 method; describe rounds (polls), the instance ids they
+    named, and the jobs whose driver heartbeat was renewed (an S3 PUT of
+    ``<store>/heartbeat/driver.json``).
+
+    A round names every watched id once, in one call or in batches (500 ids per call), and
+    moto pages an answer by 100 reservations: so a first page (no NextToken) that names an
+    id the current round already named starts the next round (as does a listing, which
+    names none); later pages are not counted as calls of a new round."""
     calls: dict[str, int] = {}
     polls = ids = 0
+    round_ids: set[str] | None = None
     beating: set[str] = set()
     for entry in entries:
         name, query = request_name(entry)
         calls[name] = calls.get(name, 0) + 1
         if name == "DescribeInstances" and "NextToken" not in query:
-            polls += 1
-            ids += sum(key.startswith("InstanceId.") for key in query)
+            named = {v[0] for key, v in query.items() if key.startswith("InstanceId.")}
+            if round_ids is None or not named or named & round_ids:
+                polls, round_ids = polls + 1, set()
+            round_ids |= named
+            ids += len(named)
         elif name == "S3 PUT" and HEARTBEAT_KEY in entry.get("url", ""):
             beating.add(entry["url"].split("?")[0])
     return {"calls": calls, "polls": polls, "ids_described": ids,
