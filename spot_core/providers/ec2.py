@@ -70,6 +70,7 @@ TAG_MANAGED = "spot-pipelines:managed"
 TAG_JOB = "spot-pipelines:job"
 TAG_ATTEMPT = "spot-pipelines:attempt"
 DESCRIBE_BATCH = 500     # ids per describe by id
+NOT_FOUND_GRACE = 120.0  # seconds after launch an id EC2 does not know yet is still starting
 LIST_PAGE = 1000         # MaxResults of a listing (EC2's maximum; not allowed with ids)
 ENDED_STATES = ("shutting-down", "terminated", "stopping", "stopped")  # not pending/running
 ENDED_FILTER = ({"Name": "instance-state-name", "Values": list(ENDED_STATES)},)
@@ -598,10 +599,16 @@ class Ec2Provider:
         if code in NOTICE_CODES:
             self._notices.setdefault(lease.lease_id, self.clock())
         notice = self._notices.get(lease.lease_id)
-        if lease.lease_id not in ended:
+        if lease.lease_id not in ended or self._not_visible_yet(lease, ended):
             return LeaseStatus(LeaseState.RUNNING, notice_at=notice)
         self._request_ids.pop(lease.lease_id, None)
         return self._ended_status(lease, ended[lease.lease_id] or {}, code, notice)
+
+    def _not_visible_yet(self, lease: Lease, ended: Mapping[str, dict | None]) -> bool:
+        """EC2's API is eventually consistent: an instance just launched can be unknown to
+        DescribeInstances for a while. Within ``NOT_FOUND_GRACE`` of its launch such a
+        lease is still starting, not gone."""
+        return ended[lease.lease_id] is None and self.clock() - lease.started_at < NOT_FOUND_GRACE
 
     def _ended_status(self, lease: Lease, instance: Mapping[str, Any], code: str,
                       notice: float | None) -> LeaseStatus:

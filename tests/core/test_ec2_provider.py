@@ -246,15 +246,19 @@ def vpc_octet(ec2, vpc: str) -> str:
 
 def test_an_instance_ec2_does_not_know_reads_as_ended_not_alive(aws_env, net):
     """Only ended instances are asked for, so an absent one counts as alive: an id EC2
-    refuses (long gone, never made) must read as ended, and the others stay running."""
+    refuses (launched an hour ago and long gone) must read as ended, and the others stay
+    running. One launched a moment ago is still starting (EC2's API is eventually
+    consistent: a new instance can be unknown to DescribeInstances for a while)."""
     with _provider(aws_env, net) as provider:
         real = [provider.launch(_spec(job=f"known-{i}"), provider.pools()[0]) for i in range(3)]
         ghost = Lease(lease_id="i-0123456789abcdef0", pool=real[0].pool, job_id="ghost",
-                      attempt=1, started_at=time.time(), price_per_hour=1.0,
+                      attempt=1, started_at=time.time() - 3600, price_per_hour=1.0,
                       details={"spot_request_id": "sir-ghost"})
-        statuses = provider.observe([real[0], ghost, *real[1:]])
+        newborn = dataclasses.replace(ghost, lease_id="i-0fedcba9876543210", started_at=time.time())
+        statuses = provider.observe([real[0], ghost, *real[1:], newborn])
         assert statuses[ghost.lease_id].ended
         assert [statuses[l.lease_id].state for l in real] == [LeaseState.RUNNING] * 3
+        assert statuses[newborn.lease_id].state is LeaseState.RUNNING
 
 
 @pytest.mark.timeout(300)  # moto takes ~20 s to make 600 spot requests
