@@ -486,19 +486,20 @@ class Ec2Provider:
     def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict | None]:
         """The watched instances that are no longer pending or running: id -> description
         (None: EC2 does not know the id). Every id absent from the answer is alive."""
-        ended: dict[str, dict | None] = {}
-        for start in range(0, len(instance_ids), DESCRIBE_BATCH):
-            ended.update(self._describe_batch(region, list(instance_ids[start:start + DESCRIBE_BATCH]),
-                                              filters=ENDED_FILTER))
-        return ended
+        return self._describe_in_batches(region, instance_ids, ENDED_FILTER)
 
     def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict]:
-        """Instance id -> description, by id (``DESCRIBE_BATCH`` per call); an unknown id
-        is left out."""
-        found: dict[str, dict] = {}
+        """Instance id -> description; an unknown id is left out."""
+        return {i: d for i, d in self._describe_in_batches(region, instance_ids).items()
+                if d is not None}
+
+    def _describe_in_batches(self, region: str, instance_ids: Sequence[str],
+                             filters: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict | None]:
+        """``_describe_batch`` over ``DESCRIBE_BATCH`` ids per call."""
+        found: dict[str, dict | None] = {}
         for start in range(0, len(instance_ids), DESCRIBE_BATCH):
-            batch = self._describe_batch(region, list(instance_ids[start:start + DESCRIBE_BATCH]))
-            found.update({i: d for i, d in batch.items() if d is not None})
+            found.update(self._describe_batch(
+                region, list(instance_ids[start:start + DESCRIBE_BATCH]), filters))
         return found
 
     def _describe_batch(self, region: str, ids: list[str],
@@ -527,6 +528,8 @@ class Ec2Provider:
                           ended: Mapping[str, dict | None]) -> list[str]:
         """The spot request of each watched spot lease: from the launch (``details``),
         else from a description (an ended instance's, or, once per lease, a running one's)."""
+        for lease_id in ended:  # an ended lease's request is read from its description
+            self._request_ids.pop(lease_id, None)
         unknown = [l.lease_id for l in group if l.pool.market is Market.SPOT
                    and not l.details.get("spot_request_id") and l.lease_id not in ended
                    and l.lease_id not in self._request_ids]
@@ -601,7 +604,6 @@ class Ec2Provider:
         notice = self._notices.get(lease.lease_id)
         if lease.lease_id not in ended or self._not_visible_yet(lease, ended):
             return LeaseStatus(LeaseState.RUNNING, notice_at=notice)
-        self._request_ids.pop(lease.lease_id, None)
         return self._ended_status(lease, ended[lease.lease_id] or {}, code, notice)
 
     def _not_visible_yet(self, lease: Lease, ended: Mapping[str, dict | None]) -> bool:
