@@ -6,6 +6,10 @@
    the ratio says what the commit protocol costs on top of the raw upload.
 2. EC2 API calls per minute while watching 1,000 leases, counted with a botocore event
    hook on the provider's client (aim: a few calls per poll, not one per lease).
+3. What a process pays to open many S3 checkpoint stores (a triggerer or worker opens
+   one per watched job): CPU, Python objects, memory and one full garbage collection,
+   with the stores sharing one client (``aws.shared_client``, what ``open_store`` does)
+   against a client of each store's own (what it did before), each in a fresh process.
 
 moto is an emulator on this machine: absolute MB/s say little about S3; the ratio does.
 """
@@ -145,6 +149,64 @@ def bench_watch(endpoint: str, leases: int, polls: int, poll_interval: float) ->
             "seconds_per_poll": round(elapsed / polls, 3)}
 
 
+STORE_VARIANTS = ("shared", "own")
+
+
+def bench_store_clients(endpoint: str, stores: int) -> dict:
+    """Each variant in a fresh interpreter, side by side in one run."""
+    results = {}
+    for variant in STORE_VARIANTS:
+        done = subprocess.run([sys.executable, "-m", "bench.aws", "--open-stores", variant,
+                               "--stores", str(stores), "--endpoint", endpoint],
+                              capture_output=True, text=True, timeout=1800, check=True)
+        results[variant] = json.loads(done.stdout)
+    own, shared = results["own"], results["shared"]
+    results["own_over_shared"] = {k: round(own[k] / shared[k], 1) for k in
+                                  ("cpu_ms_per_store", "objects_per_store", "full_gc_ms")
+                                  if shared[k]}
+    return results
+
+
+def open_stores(endpoint: str, stores: int, variant: str) -> dict:
+    """Open ``stores`` S3 stores in this process and write one object to each; the cost."""
+    import gc
+    import resource
+
+    from spot_core.adaptors import aws
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.s3_backend import S3Backend
+
+    boto3 = aws.boto3()
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench-stores")
+    gc.collect()
+    objects, rss = len(gc.get_objects()), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.process_time()
+    opened = []
+    for i in range(stores):
+        uri = f"s3://bench-stores/job-{i}"
+        if variant == "own":  # as before: a boto3 client (and Session) per store
+            client = aws.make_client("s3", endpoint_url=endpoint,
+                                     max_pool_connections=10, retry_attempts=5)
+            opened.append(open_store(uri, endpoint_url=endpoint, client=client))
+        else:
+            opened.append(open_store(uri, endpoint_url=endpoint))
+    cpu = time.process_time() - started
+    for store in opened:
+        store.put_object("heartbeat/driver.json", b"{}")
+    gc.collect()
+    added = len(gc.get_objects()) - objects
+    collect = time.perf_counter()
+    gc.collect()
+    full_gc = time.perf_counter() - collect
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    assert all(isinstance(s.backend, S3Backend) for s in opened)
+    return {"variant": variant, "stores": stores,
+            "clients": len({id(s.backend.client) for s in opened}),
+            "cpu_ms_per_store": round(cpu / stores * 1e3, 2),
+            "objects_per_store": round(added / stores), "max_rss_growth_mib": round(grown),
+            "full_gc_ms": round(full_gc * 1e3, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.aws", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=256)
@@ -153,15 +215,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--polls", type=int, default=5)
     parser.add_argument("--poll-interval", type=float, default=5.0,
                         help="controller poll interval the per-minute figure assumes")
+    parser.add_argument("--stores", type=int, default=200,
+                        help="S3 stores opened in one process (a client each: ~12 MiB)")
+    parser.add_argument("--only", choices=("s3", "watch", "stores"), action="append",
+                        help="run only these benchmarks (repeatable; default: all)")
+    parser.add_argument("--open-stores", choices=STORE_VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    if args.open_stores:  # one variant of bench_store_clients, in its own process
+        print(json.dumps(open_stores(args.endpoint, args.stores, args.open_stores)))
+        return 0
+    only = set(args.only or ("s3", "watch", "stores"))
     proc, endpoint = start_moto()
     try:
         with tempfile.TemporaryDirectory():
-            report = {"s3_save": bench_s3(endpoint, args.size_mib, args.repeats),
-                      "ec2_watch": bench_watch(endpoint, args.leases, args.polls, args.poll_interval)}
+            report = {}
+            if "s3" in only:
+                report["s3_save"] = bench_s3(endpoint, args.size_mib, args.repeats)
+            if "watch" in only:
+                report["ec2_watch"] = bench_watch(endpoint, args.leases, args.polls,
+                                                  args.poll_interval)
+            if "stores" in only:
+                report["store_clients"] = bench_store_clients(endpoint, args.stores)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -20,6 +20,9 @@ tasks needs (worker and triggerer alike).
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from spot_core.adaptors.aws import AwsAccess
@@ -40,14 +43,14 @@ def check_conn_id(value: Any, name: str, where: str) -> None:
                          f"'aws_default', or None")
 
 
-def _require(conn_id: str, kind: str) -> None:
-    """Fail in one line when the id is unknown here, rather than fall back silently
-    to other credentials (the amazon hook only warns)."""
+def _require(conn_id: str, kind: str) -> Any:
+    """The connection; fails in one line when the id is unknown here, rather than fall
+    back silently to other credentials (the amazon hook only warns)."""
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
-        BaseHook.get_connection(conn_id)
+        return BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
         raise ConnectionMissing(
             f"{kind} connection {conn_id!r} is not defined in this process; define it in "
@@ -55,11 +58,40 @@ def _require(conn_id: str, kind: str) -> None:
             "component that runs spot tasks (workers and the triggerer)") from None
 
 
+_ACCESS: OrderedDict[tuple[str, str], AwsAccess] = OrderedDict()
+_ACCESS_LOCK = threading.Lock()
+KEPT_ACCESS = 16
+
+
 def aws_access(conn_id: str) -> AwsAccess:
-    """The session, region and endpoints of AWS connection ``conn_id``."""
+    """The session, region and endpoints of AWS connection ``conn_id``.
+
+    One per process while the connection stays the same (keyed by its id and a digest of
+    its fields), so every trigger and store of a triggerer shares one session and its
+    clients (``aws.shared_client``) rather than build a session per trigger; an edited
+    connection (rotated keys) gets a new one."""
+    connection = _require(conn_id, "AWS")
+    key = (conn_id, _digest(connection))
+    with _ACCESS_LOCK:
+        access = _ACCESS.get(key)
+        if access is None:
+            access = _ACCESS[key] = _new_aws_access(conn_id)
+            while len(_ACCESS) > KEPT_ACCESS:
+                _ACCESS.popitem(last=False)
+        _ACCESS.move_to_end(key)
+        return access
+
+
+def _digest(connection: Any) -> str:
+    """A digest of what a connection says (no secret is kept, only its hash)."""
+    fields = [getattr(connection, name, None) for name in
+              ("conn_type", "host", "login", "password", "schema", "port", "extra")]
+    return hashlib.sha256(repr(fields).encode()).hexdigest()
+
+
+def _new_aws_access(conn_id: str) -> AwsAccess:
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-    _require(conn_id, "AWS")
     hook = AwsBaseHook(aws_conn_id=conn_id, client_type="ec2")
     config = hook.conn_config
     endpoints = {service: config.get_service_endpoint_url(service) for service in AWS_SERVICES}

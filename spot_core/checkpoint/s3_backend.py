@@ -69,7 +69,7 @@ class S3Backend:
         self.part_size, self.max_concurrency = part_size, max(1, max_concurrency)
         self.lock_ttl = float(lock_ttl or os.environ.get(LOCK_TTL_ENV) or DEFAULT_LOCK_TTL)
         self.lock_timeout = lock_timeout
-        self.client = client or aws.make_client(
+        self.client = client or aws.shared_client(  # one per credentials, region, endpoint
             "s3", region=self.region, endpoint_url=self.endpoint_url, session=access,
             max_pool_connections=max(10, self.max_concurrency + 2), retry_attempts=5)
 

@@ -184,7 +184,6 @@ class Ec2Provider:
             ec2_lean.install(client)
         self._listed: dict[tuple[str, str], tuple[int, float]] = {}  # (what, region) -> size, when
         self._request_ids: dict[str, str] = {}  # instance id -> spot request id ("" for none)
-        self._s3_clients: dict[str | None, Any] = {}  # region -> the stores' S3 client
         self._zones = self._resolve_subnets()
         from spot_core.market.advisor import load_advisor
 
@@ -222,13 +221,9 @@ class Ec2Provider:
 
         if not uri.startswith("s3://"):
             return open_store(uri)
-        region = region or self.config.checkpoint_region
-        client = self._s3_clients.get(region)  # one per region: making one took ~0.19 s of CPU here
-        store = open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
-                           region=region, client=client)
-        if client is None:
-            self._s3_clients[region] = store.backend.client
-        return store
+        # The stores share one S3 client per region (``aws.shared_client``).
+        return open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
+                          region=region or self.config.checkpoint_region)
 
     # -- pools --------------------------------------------------------------------------
     def _resolve_subnets(self) -> dict[str, dict[str, tuple[str, ...]]]:

@@ -95,3 +95,29 @@ def test_anything_but_a_session_is_one_line():
     with pytest.raises(ConfigError, match="not a boto3 Session or an AwsAccess"):
         access_of({"aws_access_key_id": KEY})
     assert access_of(None) == AwsAccess()
+
+
+def test_the_stores_of_one_process_share_a_client_per_credentials_and_endpoint(aws_env, bucket):
+    """A triggerer opening 1,000 job stores must not build 1,000 boto3 clients (each cost
+    about 0.19 s of CPU and 12 MiB): stores with the same credentials, region and
+    endpoint share one, and each still reads and writes only its own objects."""
+    stores = [open_store(f"s3://{bucket}/{unique('job')}") for _ in range(20)]
+    assert len({id(store.backend.client) for store in stores}) == 1
+    for i, store in enumerate(stores):
+        store.put_object("heartbeat/driver.json", str(i).encode())
+    assert [store.get_object("heartbeat/driver.json") for store in stores] == \
+        [str(i).encode() for i in range(20)]
+    session = _session()
+    with_session = [open_store(f"s3://{bucket}/{unique('s')}", session=session) for _ in range(2)]
+    assert with_session[0].backend.client is with_session[1].backend.client
+    assert with_session[0].backend.client is not stores[0].backend.client
+    elsewhere = open_store(f"s3://{bucket}/{unique('e')}", endpoint_url=aws_env + "/")
+    assert elsewhere.backend.client is not stores[0].backend.client
+
+
+def test_keys_rotated_in_the_environment_reach_the_next_store(aws_env, bucket, monkeypatch):
+    before = open_store(f"s3://{bucket}/{unique('job')}").backend.client
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAROTATED000000001")
+    after = open_store(f"s3://{bucket}/{unique('job')}").backend.client
+    assert after is not before
+    assert after._request_signer._credentials.access_key == "AKIAROTATED000000001"

@@ -195,3 +195,23 @@ def test_the_spot_worker_runs_a_flow_run_on_ec2_with_the_block_only(block_only, 
     assert not _no_secret_in(json.dumps(variables or {})) and not _no_secret_in(logs)
     scripts = [p.read_text() for p in (tmp_path / "runtime").glob("*.user-data.sh")]
     assert scripts and not [s for s in scripts if _no_secret_in(s)]
+
+
+def test_stores_opened_with_one_block_share_a_session_and_a_client(block_only):
+    """A worker watching many flow runs opens a store per run: one boto3 session per
+    block (not per store: about 0.19 s of CPU and 12 MiB each), one client for its
+    stores; an edited block (another key) gets its own."""
+    from prefect_aws import AwsCredentials
+
+    endpoint, net, bucket, name = block_only
+    storages = [CheckpointStorage(uri=f"s3://{bucket}/{unique('run')}",
+                                  aws_credentials=AwsCredentials.load(name)) for _ in range(3)]
+    stores = [storage.open(unique("job")) for storage in storages]
+    assert len({id(store.backend.client) for store in stores}) == 1
+    stores[0].save(step=4, payload={"w": b"y"})  # signed with the block's keys
+    assert stores[0].latest().step == 4
+    assert storages[0].aws_session() is storages[1].aws_session()
+    other = AwsCredentials.load(name)
+    other.aws_access_key_id = "AKIASPOTBLOCKTEST002"
+    assert CheckpointStorage(uri=storages[0].uri, aws_credentials=other).aws_session() \
+        is not storages[0].aws_session()
