@@ -20,54 +20,14 @@ import argparse
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from pathlib import Path
+
+from spot_core.emulators.moto_server import running_moto
 
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def die_with_parent() -> None:
-    """``preexec_fn``: the child gets SIGTERM when the benchmark process dies, even by
-    SIGKILL (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing), so a killed benchmark leaves
-    no server behind."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def start_moto() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    binary = Path(sys.executable).with_name("moto_server")
-    command = [str(binary)] if binary.exists() else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=die_with_parent)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).read()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("moto_server did not start")
-            time.sleep(0.1)
 
 
 def bench_s3(endpoint: str, size_mib: int, repeats: int) -> dict:
@@ -229,20 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(open_stores(args.endpoint, args.stores, args.open_stores)))
         return 0
     only = set(args.only or ("s3", "watch", "stores"))
-    proc, endpoint = start_moto()
-    try:
-        with tempfile.TemporaryDirectory():
-            report = {}
-            if "s3" in only:
-                report["s3_save"] = bench_s3(endpoint, args.size_mib, args.repeats)
-            if "watch" in only:
-                report["ec2_watch"] = bench_watch(endpoint, args.leases, args.polls,
-                                                  args.poll_interval)
-            if "stores" in only:
-                report["store_clients"] = bench_store_clients(endpoint, args.stores)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    report = {}
+    with running_moto() as endpoint, tempfile.TemporaryDirectory():
+        if "s3" in only:
+            report["s3_save"] = bench_s3(endpoint, args.size_mib, args.repeats)
+        if "watch" in only:
+            report["ec2_watch"] = bench_watch(endpoint, args.leases, args.polls,
+                                              args.poll_interval)
+        if "stores" in only:
+            report["store_clients"] = bench_store_clients(endpoint, args.stores)
     print(json.dumps(report, indent=2))
     return 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import parse_qs
 
-from bench.aws import start_moto
+from spot_core.emulators.moto_server import running_moto
 from bench.processes import measure_window
 
 REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
@@ -37,16 +37,8 @@ def recording_moto(work: Path) -> Iterator[tuple[str, Path]]:
                        "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": REGION,
                        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
                        "AWS_CONFIG_FILE": "/dev/null"})
-    proc, endpoint = start_moto()
-    try:
+    with running_moto() as endpoint:
         yield endpoint, recording
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001 - still running: kill it
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def make_network(endpoint: str, bucket: str) -> dict:

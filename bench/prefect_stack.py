@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from bench.aws import free_port
+from spot_core.emulators.moto_server import free_port
 from bench.processes import stop_process
 
 FLOWS = Path(__file__).resolve().parents[1] / "flows"

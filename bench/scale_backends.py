@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bench.aws import die_with_parent
+from spot_core.emulators.moto_server import die_with_parent
 from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
                                  measure_watching, recorded, recording_moto, start_recording,
                                  terminate_leftovers)

@@ -56,7 +56,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bench.aws import free_port
+from spot_core.emulators.moto_server import free_port
 from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
                              fresh_database, idle_cpu, postgres_url, py_spy, stop_process)
 from bench.scale import trigger_rows

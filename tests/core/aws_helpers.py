@@ -1,58 +1,23 @@
 """moto in server mode for the AWS tests: one real HTTP endpoint per test session.
 
-``moto_server`` starts ``moto_server -H 127.0.0.1 -p PORT`` as a subprocess on a free
-port (bounded wait for it to answer) and stops it at the end; ``aws_env`` points boto3
-and every subprocess at it with throwaway credentials (moto accepts any) and resets
-moto's state, so each test starts from an empty account.
+``moto_server`` starts one ``moto_server`` per test session
+(``spot_core.emulators.moto_server.running_moto``, which the benchmarks use too);
+``aws_env`` points boto3 and every subprocess at it with throwaway credentials (moto
+accepts any). moto's state is not reset between tests (that costs seconds each): tests
+use fresh buckets and job ids, and each leaves no live instance behind.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
-import urllib.request
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from process_helpers import free_port  # noqa: F401  (also imported from here)
+from spot_core.emulators.moto_server import running_moto  # noqa: F401  (also imported from here)
 
 REGION = "us-east-1"
-
-
-@contextmanager
-def running_moto(log: Path) -> Iterator[str]:
-    """A ``moto_server`` of its own on a free port (bounded wait for it to answer), its
-    output in ``log``; stopped on exit."""
-    port = free_port()
-    binary = Path(sys.executable).with_name("moto_server")
-    command = [str(binary)] if binary.exists() else [sys.executable, "-m", "moto.server"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
