@@ -425,7 +425,7 @@ def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_pat
     from fault_proxy import FaultProxy
 
     with FaultProxy(aws_env, match="Action=DescribeInstances") as proxy, \
-            _provider(proxy.url, net) as provider, _runtime(aws_env, tmp_path) as runtime:
+            _provider(proxy.url, net) as provider, _runtime(aws_env, tmp_path):
         spec = JobSpec(job_id=unique("job-flaky"), checkpoint_uri=f"s3://{BUCKET}/flaky",
                        command=(sys.executable, "-c", "import time; time.sleep(6)"),
                        pools=provider.pools()[:1])
