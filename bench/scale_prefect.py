@@ -73,13 +73,13 @@ def create_flow_runs(deployment_id, runs: int) -> list:
             for i in range(runs)]
 
 
-def launch_progress(run_ids: list) -> tuple[int, int]:
-    """(flow runs the worker reported a lease for, flow runs that ended without one: a
-    submission the server refused, say)."""
+def launch_progress(run_ids: list) -> tuple[int, list[str]]:
+    """(flow runs the worker reported a lease for, the final state of each flow run that
+    ended without one: a submission the server refused, say)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    leased = ended = 0
+    leased, ended = 0, []
     with get_client(sync_client=True) as client:
         for start in range(0, len(run_ids), 200):
             for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
@@ -87,7 +87,7 @@ def launch_progress(run_ids: list) -> tuple[int, int]:
                 if (run.infrastructure_pid or "").startswith("i-"):
                     leased += 1
                 elif run.state is not None and run.state.is_final():
-                    ended += 1
+                    ended.append(f"{run.name}: {run.state.name}: {run.state.message or ''}")
     return leased, ended
 
 
@@ -95,10 +95,11 @@ def wait_launched(run_ids: list, worker, log: Path, timeout: float) -> dict:
     """Until every flow run has a lease or has ended without one (bounded)."""
     started = time.monotonic()
     while True:
-        leased, ended = launch_progress(run_ids)
+        leased, ended_states = launch_progress(run_ids)
+        ended = len(ended_states)
         if leased + ended == len(run_ids):
             return {"launch_s": round(time.monotonic() - started, 1), "leased_runs": leased,
-                    "runs_ended_unlaunched": ended}
+                    "runs_ended_unlaunched": ended, "unlaunched_states": ended_states}
         if worker.poll() is not None or time.monotonic() - started > timeout:
             raise RuntimeError(f"the worker reported {leased} of {len(run_ids)} leases "
                                f"({ended} runs ended without one) in "
