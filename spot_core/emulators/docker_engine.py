@@ -118,8 +118,12 @@ class FakeDockerEngine:
     def kill(self, container: _Container, signame: str) -> None:
         signum = int(signame) if signame.isdigit() else getattr(
             signal, signame if signame.startswith("SIG") else f"SIG{signame}")
-        if container.process is not None and container.process.poll() is None:
+        if container.process is None or container.process.poll() is not None:
+            return
+        if signum == signal.SIGKILL:  # PID 1 killed: the whole PID namespace goes with it
             os.killpg(container.process.pid, signum)
+        else:  # to PID 1 only (``--init``'s tini hands it to CMD, which is this process)
+            os.kill(container.process.pid, signum)
 
     def _pump(self, container: _Container, stream: int, pipe) -> None:
         for chunk in iter(lambda: pipe.read1(65536), b""):

@@ -275,6 +275,22 @@ def test_graceful_delete_sends_sigterm_and_waits_for_the_process(kube_client, ku
     assert marker.read_text() == "TERM"
 
 
+def test_a_stopped_container_hears_sigterm_only_through_its_pid_1(kube_client, kube_namespace,
+                                                                 tmp_path):
+    """A kubelet stopping a container signals its PID 1; a child that PID 1 does not pass
+    the signal on to (a shell's background job) hears nothing until the SIGKILL. So the
+    pods' tests prove that ``spot-pipelines watch``, PID 1 of every step pod, forwards it."""
+    v1 = core(kube_client)
+    marker = tmp_path / "term"
+    child = f'"{sys.executable}" -c "$SCRIPT" "{marker}" & wait'
+    v1.create_namespaced_pod(kube_namespace, pod_body(
+        "shell", ["sh", "-c", child], env=[{"name": "SCRIPT", "value": SIGTERM_SCRIPT}], grace=2))
+    wait_for(lambda: _ready(v1, "shell", kube_namespace), 30, "the child to run")
+    v1.delete_namespaced_pod("shell", kube_namespace)
+    wait_for(lambda: gone(v1, kube_namespace, "shell"), 30, "the pod to be removed")
+    assert not marker.exists(), "SIGTERM reached a process that PID 1 did not pass it to"
+
+
 def test_a_force_delete_removes_the_object_at_once_and_still_stops_the_process(
         kube_client, kube_namespace, tmp_path):
     v1 = core(kube_client)

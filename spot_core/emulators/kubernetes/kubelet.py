@@ -310,7 +310,7 @@ class PodWorker:
             if pod is not None:
                 self.cluster.event(pod, "Normal", "Killing", f"Stopping container {name}",
                                    self.node)
-            process.send(signal.SIGTERM)
+            process.stop(signal.SIGTERM)
         deadline = time.monotonic() + self.cluster.scaled(self._grace)
         while live and time.monotonic() < deadline:
             live = {n: p for n, p in live.items() if not p.exited.wait(0.05)}

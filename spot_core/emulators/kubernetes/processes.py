@@ -56,6 +56,16 @@ class ContainerProcess:
             found.add(self._process.pid)
         return sorted(found)
 
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """The container runtime's stop signal: to the container's PID 1 only, as a kubelet
+        stopping a container sends it; the processes PID 1 started hear it only if PID 1
+        passes it on (as ``spot-pipelines watch`` does), and get SIGKILL at the end of the
+        grace period."""
+        try:
+            os.kill(self._process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def send(self, signum: int) -> None:
         """Signal every process of the container (its group and every marked descendant)."""
         try:
