@@ -18,10 +18,9 @@ its ``config`` and ``context_name`` are read as prefect-kubernetes' own worker r
 from __future__ import annotations
 
 import hashlib
-import threading
 from typing import Any
 
-from spot_core.adaptors.aws import AwsAccess
+from spot_core.adaptors.aws import AwsAccess, kept_access
 from spot_core.adaptors.kubernetes import api_client_from_dict
 
 KUBERNETES = "kubernetes"
@@ -29,29 +28,22 @@ KUBERNETES = "kubernetes"
 CLUSTER_OPTIONS = ("kubeconfig", "context", "in_cluster")
 
 
-_ACCESS: list[tuple[Any, AwsAccess]] = []  # (block, its access), newest last
-_ACCESS_LOCK = threading.Lock()
-KEPT_ACCESS = 8
-
-
 def aws_access(credentials: Any) -> AwsAccess | None:
     """The ``AwsAccess`` of an ``AwsCredentials`` block; None (boto3's default chain)
     without one.
 
-    One per process for equal blocks (the same keys, profile, region and client
-    parameters: the blocks compare by value), so every store and provider opened with it
-    shares one boto3 session and its clients (``aws.shared_client``): a worker watching
-    many flow runs does not build a session per store. An edited block is a new one."""
+    One per process for the same block contents (``aws.kept_access``: keys, profile,
+    region and client parameters), so every store and provider opened with it shares one
+    boto3 session and its clients: a worker watching many flow runs does not build a
+    session per store. An edited block gets a new one."""
     if credentials is None:
         return None
-    with _ACCESS_LOCK:
-        for block, access in _ACCESS:
-            if type(block) is type(credentials) and block == credentials:
-                return access
-        access = _new_access(credentials)
-        _ACCESS.append((credentials.model_copy(deep=True), access))
-        del _ACCESS[:-KEPT_ACCESS]
-        return access
+    fields = credentials.model_dump(mode="python")
+    secrets = {name: value.get_secret_value() for name, value in fields.items()
+               if hasattr(value, "get_secret_value")}
+    return kept_access(f"prefect {type(credentials).__name__}",
+                       sorted({**fields, **secrets}.items(), key=lambda kv: kv[0]),
+                       lambda: _new_access(credentials))
 
 
 def _new_access(credentials: Any) -> AwsAccess:

@@ -20,12 +20,9 @@ tasks needs (worker and triggerer alike).
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from collections import OrderedDict
 from typing import Any
 
-from spot_core.adaptors.aws import AwsAccess
+from spot_core.adaptors.aws import AwsAccess, kept_access
 
 AWS_SERVICES = ("ec2", "s3", "sqs")  # what spot_core calls with an AwsAccess
 
@@ -58,35 +55,18 @@ def _require(conn_id: str, kind: str) -> Any:
             "component that runs spot tasks (workers and the triggerer)") from None
 
 
-_ACCESS: OrderedDict[tuple[str, str], AwsAccess] = OrderedDict()
-_ACCESS_LOCK = threading.Lock()
-KEPT_ACCESS = 16
-
-
 def aws_access(conn_id: str) -> AwsAccess:
     """The session, region and endpoints of AWS connection ``conn_id``.
 
-    One per process while the connection stays the same (keyed by its id and a digest of
-    its fields), so every trigger and store of a triggerer shares one session and its
-    clients (``aws.shared_client``) rather than build a session per trigger; an edited
-    connection (rotated keys) gets a new one."""
+    One per process while the connection stays the same (``aws.kept_access``, keyed by
+    its id and its fields), so every trigger and store of a triggerer shares one session
+    and its clients rather than build a session per trigger; an edited connection
+    (rotated keys) gets a new one."""
     connection = _require(conn_id, "AWS")
-    key = (conn_id, _digest(connection))
-    with _ACCESS_LOCK:
-        access = _ACCESS.get(key)
-        if access is None:
-            access = _ACCESS[key] = _new_aws_access(conn_id)
-            while len(_ACCESS) > KEPT_ACCESS:
-                _ACCESS.popitem(last=False)
-        _ACCESS.move_to_end(key)
-        return access
-
-
-def _digest(connection: Any) -> str:
-    """A digest of what a connection says (no secret is kept, only its hash)."""
     fields = [getattr(connection, name, None) for name in
               ("conn_type", "host", "login", "password", "schema", "port", "extra")]
-    return hashlib.sha256(repr(fields).encode()).hexdigest()
+    return kept_access(f"airflow connection {conn_id}", fields,
+                       lambda: _new_aws_access(conn_id))
 
 
 def _new_aws_access(conn_id: str) -> AwsAccess:

@@ -147,13 +147,31 @@ def make_client(service: str, *, region: str | None = None, endpoint_url: str | 
                                      config=config)
 
 
-SHARED_CLIENTS = 32
-"""How many shared clients a process keeps (least recently used dropped first): a handful
-of credential sources, regions and endpoints in practice; the bound only caps what a
-caller that makes a new boto3 Session per call could pile up."""
+class Kept:
+    """A small map kept for the process's life: built on a miss, least recently used
+    dropped beyond ``size``, safe from any thread (a build runs under the lock, so two
+    threads never build the same value twice)."""
 
-_shared: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
-_shared_lock = threading.Lock()
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._values: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, build: Callable[[], T]) -> T:
+        with self._lock:
+            if key in self._values:
+                self._values.move_to_end(key)
+                return self._values[key]
+            value = self._values[key] = build()
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+            return value
+
+
+_clients = Kept(32)
+"""Shared clients: a handful of credential sources, regions and endpoints in practice; the
+bound only caps what a caller that makes a new boto3 Session per call could pile up."""
+_accesses = Kept(16)
 
 
 def shared_client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
@@ -176,18 +194,22 @@ def shared_client(service: str, *, region: str | None = None, endpoint_url: str 
     key = (os.getpid(), _credential_source(access), service, region or access.region,
            access.endpoint(service, endpoint_url), access.verify, max_pool_connections,
            retry_attempts)
-    with _shared_lock:
-        held = _shared.get(key)
-        if held is not None:
-            _shared.move_to_end(key)
-            return held[1]
-        client = make_client(service, region=region, endpoint_url=endpoint_url, session=access,
-                             max_pool_connections=max_pool_connections,
-                             retry_attempts=retry_attempts)
-        _shared[key] = (access.session, client)  # the session pinned: its id stays unique
-        while len(_shared) > SHARED_CLIENTS:
-            _shared.popitem(last=False)
-        return client
+
+    def build() -> tuple[Any, Any]:  # the session pinned with its client: its id stays unique
+        return access.session, make_client(
+            service, region=region, endpoint_url=endpoint_url, session=access,
+            max_pool_connections=max_pool_connections, retry_attempts=retry_attempts)
+    return _clients.get(key, build)[1]
+
+
+def kept_access(source: str, fields: Any, build: Callable[[], AwsAccess]) -> AwsAccess:
+    """One ``AwsAccess`` per process for an engine's credentials (an Airflow connection, a
+    Prefect block), rebuilt when what they say changes: ``fields`` (secrets included) are
+    kept only as a SHA-256. So every trigger or flow run, and every store opened with it,
+    shares one boto3 session and its clients (``shared_client``); rotated keys get a new
+    one."""
+    digest = hashlib.sha256(repr(fields).encode()).hexdigest()
+    return _accesses.get((source, digest), build)
 
 
 def _credential_source(access: AwsAccess) -> tuple[str, Any]:
