@@ -13,6 +13,12 @@ then ends the run without proposing a state, and the worker, seeing a reclaimed 
 puts it back as ``AwaitingRetry``. Prefect's engine exits 0 after a relinquished run;
 here the process exits ``PREEMPTED_EXIT_CODE`` instead, so nothing downstream can read
 a preemption as success.
+
+A flow that does not use ``spot_task`` gets the same: the watcher's SIGTERM reaches
+Prefect's own SIGTERM bridge (``capture_sigterm``), and :func:`main` has that bridge go
+through :func:`relinquish` first, so a reclaim notice hands the run back there too
+rather than end it ``Crashed``. Any other SIGTERM (a cancellation, a lost worker, a
+plain ``kill``) still ends the run as Prefect would.
 """
 
 from __future__ import annotations
@@ -59,10 +65,31 @@ def relinquish(cause: BaseException) -> None:
     raise TerminationSignal(signal.SIGTERM) from cause
 
 
+def _hand_back_on_reclaim(sig_num: int, *_frame: object) -> None:
+    """Prefect's SIGTERM bridge, with a reclaim notice turned into ``relinquish``."""
+    from prefect.exceptions import TerminationSignal
+
+    relinquish(TerminationSignal(signal=sig_num))
+
+
+def _bridge_sigterm_through_relinquish() -> None:
+    """Make the handler Prefect installs for SIGTERM ours (it looks the handler up by
+    name when the flow engine starts, and compares against the same name later). A
+    Prefect without that name keeps its own handler: plain flows then show ``Crashed``
+    before the worker reschedules them, as before."""
+    try:
+        import prefect.utilities.engine as engine_utils
+    except ImportError:
+        return
+    if callable(getattr(engine_utils, "_prefect_sigterm_handler", None)):
+        engine_utils._prefect_sigterm_handler = _hand_back_on_reclaim
+
+
 def main() -> int:
     """Run Prefect's engine module as ``__main__``; its exit code, or the preemption's."""
     global _running
     _running = True
+    _bridge_sigterm_through_relinquish()
     try:  # alter_sys: sys.argv[0] is prefect.engine's own path, as under -m
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
         code = 0

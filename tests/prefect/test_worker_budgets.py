@@ -56,7 +56,9 @@ def test_preemptions_leave_the_flows_retries_for_its_own_errors(prefect_api, tmp
     assert run.state.is_completed(), f"{run.state!r} {names}\n{logs[-3000:]}"
     assert [a.outcome for a in record.attempts] == [
         Outcome.PREEMPTED, Outcome.PREEMPTED, Outcome.SUCCEEDED], record.attempts
-    assert names.count("Crashed") == 2 and "Failed" not in names, names
+    # A plain flow (no spot_task) is handed back on the reclaim notice too: never shown
+    # Crashed or Failed on the way, so automations on those states do not fire.
+    assert not {"Crashed", "Failed"} & set(names), names
     # Prefect itself retried the flow's own error once, in the third attempt's process.
     assert names[-4:] == ["Running", "AwaitingRetry", "Running", "Completed"], names
     assert (tmp_path / "marks" / "failed-once").exists()
