@@ -14,7 +14,9 @@ errors.
 Kills: a cancelled flow run's lease is terminated (``kill_infrastructure``, and the
 watching worker stops the attempt); a worker that is shut down stops the attempts it
 watches; a worker that is killed outright stops renewing the job's heartbeat, and the
-node's watcher ends the lease after the heartbeat timeout.
+node's watcher ends the lease after the heartbeat timeout. A run such a worker leaves
+``Running`` with its lease gone (the node handed it back on a reclaim, and nobody set
+the next state) is adopted by another worker of the pool (``orphans``).
 
 The JobRecord lives in Prefect: a keyed artifact ``spot-record-<flow run id>`` (each
 save a new version, written before the controller acts on it) holds it between
@@ -24,6 +26,7 @@ a markdown summary are attached to the flow run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import shlex
@@ -43,7 +46,7 @@ from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
 from spot_core import batched
-from spot_core.checkpoint import parse_store_uri
+from spot_core.checkpoint import open_store, parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
@@ -51,6 +54,7 @@ from spot_core.providers.base import LeaseStatus, Observation
 from spot_core.settings import WORKER, knobs_for
 
 from prefect_spot import _jobs
+from prefect_spot.workers import orphans
 from prefect_spot.workers.cancelling import CancellingRuns
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
@@ -218,6 +222,9 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self._records: dict[str, JobRecord] = {}
         self._cancelling = CancellingRuns()
         self._scratch: tempfile.TemporaryDirectory | None = None
+        self._driving: set[Any] = set()  # ids of the flow runs this worker drives now
+        self._next_orphan_check = 0.0
+        self._looks: dict[Any, float] = {}  # flow run id -> when it is next worth a look
 
     async def __aexit__(self, *exc_info: Any) -> None:
         try:
@@ -268,6 +275,14 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                   task_status: Optional[anyio.abc.TaskStatus[str]] = None) -> SpotWorkerResult:
         """Drive the flow run's job through the controller until it settles or is handed
         back to the work pool (rescheduled after a preemption)."""
+        self._driving.add(flow_run.id)
+        try:
+            return await self._drive(flow_run, configuration, task_status)
+        finally:
+            self._driving.discard(flow_run.id)
+
+    async def _drive(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
+                     task_status: Optional[anyio.abc.TaskStatus[str]]) -> SpotWorkerResult:
         config = configuration.spot_configuration()
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
         record = await anyio.to_thread.run_sync(self._load_record, flow_run)
@@ -453,6 +468,69 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             flow_run.id, Failed(message=f"spot job ended {record.status}: "
                                         f"{record.attempts[-1].message if record.attempts else ''}"),
             force=True)
+
+    # -- runs a dead worker left Running (prefect_spot.workers.orphans) ----------------------------
+    async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        """Prefect's poll for scheduled runs, then (every ``ORPHAN_CHECK_SECONDS``) a look
+        for runs of this pool that a dead spot worker left ``Running``."""
+        submitted = await super().get_and_submit_flow_runs()
+        if getattr(self, "_work_pool", None) is not None \
+                and time.monotonic() >= self._next_orphan_check:
+            self._next_orphan_check = time.monotonic() + orphans.ORPHAN_CHECK_SECONDS
+            try:
+                await self._adopt_orphans()
+            except Exception:  # noqa: BLE001 - the next check tries again
+                self._logger.warning("looking for orphaned flow runs failed", exc_info=True)
+        return submitted
+
+    async def _adopt_orphans(self) -> None:
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState,
+                                                    FlowRunFilterStateType, WorkPoolFilter,
+                                                    WorkPoolFilterName)
+        from prefect.client.schemas.objects import StateType
+
+        running = await self.client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.RUNNING]))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
+            limit=200)
+        self._looks = {run.id: self._looks[run.id] for run in running if run.id in self._looks}
+        for flow_run in running:
+            if flow_run.id in self._driving or time.time() < self._looks.get(flow_run.id, 0.0):
+                continue
+            configuration = await self.job_configuration.resolve_for_flow_run(
+                flow_run, client=self.client, work_pool=copy.deepcopy(self.work_pool),
+                worker_name=self.name, worker_id=self.backend_id)
+            timeout = configuration.spot_configuration().heartbeat_timeout
+            if not configuration.checkpoint_root or timeout is None:
+                # its heartbeat was in its own worker's scratch dir, or it has none
+                self._looks[flow_run.id] = float("inf")
+                continue
+            now = time.time()
+            evidence = await anyio.to_thread.run_sync(self._evidence, flow_run, configuration,
+                                                      timeout, now)
+            self._looks[flow_run.id] = orphans.next_look(evidence, timeout, now)
+            reason = orphans.orphaned(evidence, timeout, now)
+            if reason is None or flow_run.id in self._driving:
+                continue
+            self.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
+            self._driving.add(flow_run.id)  # the next check must not adopt it again
+            self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
+
+    def _evidence(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
+                  timeout: float, now: float) -> orphans.Evidence:
+        provider = self._provider(configuration)
+        return orphans.gather(self._checkpoint_uri(configuration, flow_run),
+                              getattr(provider, "open_store", None) or open_store, timeout, now,
+                              lambda: load_record(record_key(flow_run.id)), provider)
+
+    async def _adopt(self, flow_run: FlowRun, configuration: SpotJobConfiguration) -> None:
+        try:
+            await self.run(flow_run, configuration)
+        except Exception:  # noqa: BLE001 - logged on the run; the next check may try again
+            self.get_flow_run_logger(flow_run).exception("driving the adopted flow run failed")
+        finally:
+            self._driving.discard(flow_run.id)
 
     # -- the record in Prefect -------------------------------------------------------------------
     def _remember(self, flow_run: FlowRun, record: JobRecord) -> None:

@@ -32,3 +32,15 @@ def naps(seconds: float, marks: str) -> str:
     (Path(marks) / "started").write_text(str(time.time()))
     time.sleep(seconds)
     return "rested"
+
+
+@flow
+def naps_through_its_first_attempt(marks: str) -> str:
+    """A plain flow (no spot_task): its first attempt naps until the capacity is
+    reclaimed; any later attempt returns at once."""
+    attempt = int(os.environ.get("SPOT_ATTEMPT", "0"))
+    Path(marks).mkdir(parents=True, exist_ok=True)
+    (Path(marks) / f"attempt-{attempt}").write_text(str(time.time()))
+    if attempt <= 1:
+        time.sleep(300)
+    return f"done in attempt {attempt}"

@@ -1,0 +1,98 @@
+"""A flow run whose spot worker died after its node handed the run back (the capacity was
+reclaimed) is not left ``Running`` for ever: another spot worker of the pool adopts it
+once its heartbeat is stale, reschedules it and finishes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
+from spot_core.localcloud.cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.model import Outcome
+from spot_helpers import marked_processes, trace, wait_until
+
+HERE = Path(__file__).resolve().parent
+FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
+pytestmark = pytest.mark.timeout(420)
+
+UP_SECONDS = 45  # one trace tick a second: up 45 s, reclaimed for 10 s, then up
+HEARTBEAT_TIMEOUT = 60  # longer than the reclaim comes after the kill: no driver_lost first
+
+
+def test_a_run_left_running_by_a_dead_worker_is_adopted_and_finished(prefect_api, tmp_path):
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+
+    pattern = "1" * UP_SECONDS + "0" * 10 + "1" * 2000
+    marks = tmp_path / "marks"
+    with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", pattern)], time_scale=60.0,
+                                      workdir=tmp_path / "cloud", config=FAST,
+                                      start_on_first_client=True) as cloud:
+        deployment_id = deploy_example_flow("spot-orphans", "orphans", {
+            "provider_options": {"url": cloud.url, "workdir": str(cloud.cloud.workdir)},
+            "on_demand_fallback": False, "heartbeat_timeout": HEARTBEAT_TIMEOUT,
+            "capacity_wait": 0.5, "max_capacity_waits": 200,
+            "checkpoint_root": (tmp_path / "ckpt").as_uri()},
+            source=HERE, entrypoint="spot_test_flows.py:naps_through_its_first_attempt")
+        with get_client(sync_client=True) as client:
+            with running_worker("spot-orphans", tmp_path / "first.log") as first:
+                run = run_deployment(deployment_id, timeout=0, parameters={"marks": str(marks)})
+                assert wait_until(lambda: (marks / "attempt-1").exists(), timeout=UP_SECONDS - 5), \
+                    "the flow did not start before the reclaim"
+                first.kill()  # no shutdown: it cannot stop its lease or reschedule anything
+                first.wait(timeout=30)
+            # The reclaim comes; the node hands the run back without a state and exits.
+            assert wait_until(lambda: not marked_processes(str(tmp_path)),
+                              timeout=UP_SECONDS + 60), "the lease outlived the reclaim"
+            state = client.read_flow_run(run.id).state
+            assert state.is_running(), state  # what nobody would ever change without adoption
+            with running_worker("spot-orphans", tmp_path / "second.log"):
+                run = wait_completed(client, run.id, timeout=HEARTBEAT_TIMEOUT + 150)
+                names = [s.name for s in client.read_flow_run_states(run.id)]
+                record = final_record(run.id)  # settled by the worker, before it stops
+    second = (tmp_path / "second.log").read_text(errors="replace")
+    assert run.state.is_completed(), f"{run.state!r} {names}\n{second[-3000:]}"
+    assert "adopting the flow run" in second, second[-3000:]
+    assert [a.outcome for a in record.attempts] == [Outcome.PREEMPTED, Outcome.SUCCEEDED], \
+        [(a.outcome, a.message) for a in record.attempts]
+    assert record.preemptions == 1
+    # Handed back on the reclaim, rescheduled by the adopting worker: never Crashed/Failed.
+    assert "AwaitingRetry" in names and not {"Crashed", "Failed"} & set(names), names
+
+
+# -- the adoption rule alone (pure) -------------------------------------------------------------
+def _record(open_attempt: bool):
+    from spot_core.model import Attempt, JobRecord, Pool
+
+    pool = Pool("local", "local-1", "us-east-1a", "p3.2xlarge")
+    attempt = Attempt(number=1, pool=pool, started_at=1000.0, lease_id="i-1",
+                      **({} if open_attempt else {"ended_at": 1500.0,
+                                                  "outcome": Outcome.PREEMPTED}))
+    return JobRecord(job_id="flow-run-x", created_at=1000.0, attempts=(attempt,))
+
+
+@pytest.mark.parametrize("open_attempt, beat_age, lease, timeout, adopted", [
+    (True, 400, "reclaimed", 300, True),     # the hole: open, stale, lease gone
+    (True, None, "exited", 300, True),       # never a heartbeat at all, lease gone
+    (True, 100, "reclaimed", 300, False),    # a live worker drives it (fresh heartbeat)
+    (True, 400, "running", 300, False),      # the lease runs: the node's watcher ends it
+    (True, 400, None, 300, False),           # the lease is unknown (not yet described)
+    (False, 400, "reclaimed", 300, False),   # nothing open: the record is settled
+    (True, 400, "reclaimed", None, False),   # no heartbeat to tell a live driver by
+])
+def test_only_a_run_with_an_open_attempt_a_stale_heartbeat_and_an_ended_lease_is_adopted(
+        open_attempt, beat_age, lease, timeout, adopted):
+    from prefect_spot.workers.orphans import Evidence, next_look, orphaned
+    from spot_core.checkpoint.heartbeat import Beat
+    from spot_core.providers.base import LeaseState, LeaseStatus
+
+    now = 10_000.0
+    beat = None if beat_age is None else Beat(attempt=1, renewed_at=now - beat_age, sequence=3)
+    status = None if lease is None else LeaseStatus(LeaseState(lease))
+    evidence = Evidence(_record(open_attempt), beat, status)
+    assert (orphaned(evidence, timeout, now) is not None) is adopted
+    if beat_age is not None and timeout is not None and beat_age < timeout:
+        assert next_look(evidence, timeout, now) == now - beat_age + timeout  # not sooner
