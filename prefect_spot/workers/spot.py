@@ -63,6 +63,8 @@ from prefect_spot.blocks import (AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HEL
 from prefect_spot.credentials import check_cluster_config, fingerprint
 
 RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED)
+ORPHAN_PAGE = 200
+"""Running flow runs read per API call when looking for orphans."""
 
 
 def _check_store_uri(value: str | None) -> str | None:
@@ -489,33 +491,47 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                                                     WorkPoolFilterName)
         from prefect.client.schemas.objects import StateType
 
-        running = await self.client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.RUNNING]))),
-            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
-            limit=200)
+        running: list[FlowRun] = []
+        while True:  # every Running run of the pool, a page at a time
+            page = await self.client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.RUNNING]))),
+                work_pool_filter=WorkPoolFilter(
+                    name=WorkPoolFilterName(any_=[self._work_pool_name])),
+                limit=ORPHAN_PAGE, offset=len(running))
+            running += page
+            if len(page) < ORPHAN_PAGE:
+                break
         self._looks = {run.id: self._looks[run.id] for run in running if run.id in self._looks}
         for flow_run in running:
             if flow_run.id in self._driving or time.time() < self._looks.get(flow_run.id, 0.0):
                 continue
-            configuration = await self.job_configuration.resolve_for_flow_run(
-                flow_run, client=self.client, work_pool=copy.deepcopy(self.work_pool),
-                worker_name=self.name, worker_id=self.backend_id)
-            timeout = configuration.spot_configuration().heartbeat_timeout
-            if not configuration.checkpoint_root or timeout is None:
-                # its heartbeat was in its own worker's scratch dir, or it has none
-                self._looks[flow_run.id] = float("inf")
-                continue
-            now = time.time()
-            evidence = await anyio.to_thread.run_sync(self._evidence, flow_run, configuration,
-                                                      timeout, now)
-            self._looks[flow_run.id] = orphans.next_look(evidence, timeout, now)
-            reason = orphans.orphaned(evidence, timeout, now)
-            if reason is None or flow_run.id in self._driving:
-                continue
-            self.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
-            self._driving.add(flow_run.id)  # the next check must not adopt it again
-            self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
+            try:
+                await self._look_at(flow_run)
+            except Exception:  # noqa: BLE001 - one unreadable run does not hide the others
+                self._logger.warning("could not check flow run %s for adoption", flow_run.id,
+                                     exc_info=True)
+
+    async def _look_at(self, flow_run: FlowRun) -> None:
+        """Adopt ``flow_run`` if it is an orphan; remember when it is next worth a look."""
+        configuration = await self.job_configuration.resolve_for_flow_run(
+            flow_run, client=self.client, work_pool=copy.deepcopy(self.work_pool),
+            worker_name=self.name, worker_id=self.backend_id)
+        timeout = configuration.spot_configuration().heartbeat_timeout
+        if not configuration.checkpoint_root or timeout is None:
+            # its heartbeat was in its own worker's scratch dir, or it has none
+            self._looks[flow_run.id] = float("inf")
+            return
+        now = time.time()
+        evidence = await anyio.to_thread.run_sync(self._evidence, flow_run, configuration,
+                                                  timeout, now)
+        self._looks[flow_run.id] = orphans.next_look(evidence, timeout, now)
+        reason = orphans.orphaned(evidence, timeout, now)
+        if reason is None or flow_run.id in self._driving:
+            return
+        self.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
+        self._driving.add(flow_run.id)  # the next check must not adopt it again
+        self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
 
     def _evidence(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
                   timeout: float, now: float) -> orphans.Evidence:
