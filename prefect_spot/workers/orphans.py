@@ -18,9 +18,11 @@ of its work pool that it does not drive itself, and adopts a run when all three 
 
 Adopting is driving the run from its record, as a worker restarted with it would: the
 controller watches the open attempt, closes it from the lease's end (a reclaim is a
-preemption), and the worker reschedules or settles the run as usual. Two workers that
-adopt the same run at once close the same attempt from the same record, so the record
-counts one preemption and the run is rescheduled once more, not twice over.
+preemption), and the worker reschedules or settles the run as usual. Nothing stops two
+workers adopting the same run in the same moment; both would close the same open attempt
+from the same record (one preemption either way) and both set ``AwaitingRetry`` (not
+tested). The adopted attempt's flow-run retries are not given back (the dead worker
+counted them), so a ``@flow(retries=...)`` may lose one to such a preemption.
 """
 
 from __future__ import annotations
