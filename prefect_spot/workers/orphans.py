@@ -21,8 +21,8 @@ controller watches the open attempt, closes it from the lease's end (a reclaim i
 preemption), and the worker reschedules or settles the run as usual. Nothing stops two
 workers adopting the same run in the same moment; both would close the same open attempt
 from the same record (one preemption either way) and both set ``AwaitingRetry`` (not
-tested). The adopted attempt's flow-run retries are not given back (the dead worker
-counted them), so a ``@flow(retries=...)`` may lose one to such a preemption.
+tested). The flow-run retry the adopted attempt used is not given back (the adopter reads
+the run count after it), so a ``@flow(retries=...)`` may lose one to such a preemption.
 """
 
 from __future__ import annotations
