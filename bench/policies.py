@@ -144,10 +144,10 @@ def table(rows: list[dict[str, object]], windows: int, seconds: float,
 
 def summary(rows: list[dict[str, object]]) -> str:
     """How many rows meet the issue's aims, and the default's totals."""
-    half = sum(1 for r in rows if _closed(r) >= 0.5)
+    half = sum(1 for r in rows if gap_closed(r["mean"]) >= 0.5)
     misses = sum(int(r["misses"]["default"]) for r in rows)
     worse_up = sum(1 for r in rows if r["mean"]["default"] > r["mean"]["uniform-progress"] + 1e-9)
-    closed = [min(max(_closed(r), -1.0), 1.0) for r in rows]
+    closed = [min(max(gap_closed(r["mean"]), -1.0), 1.0) for r in rows]
     ratio = [r["mean"]["default"] / r["mean"]["optimal"] for r in rows]
     multi = [r for r in rows if "zones" in str(r["zones"])]
     text = (f"Summary: gap closed >= 0.5 in {half} of {len(rows)} rows; default misses {misses}; "
@@ -160,10 +160,10 @@ def summary(rows: list[dict[str, object]]) -> str:
     return text
 
 
-def _closed(row: dict[str, object]) -> float:
-    mean = row["mean"]
+def gap_closed(mean: dict[str, float], policy: str = "default") -> float:
+    """Share of the UP-to-optimal gap ``policy`` closes (1 where there is no gap)."""
     gap = mean["uniform-progress"] - mean["optimal"]
-    return 1.0 if gap <= 1e-9 else (mean["uniform-progress"] - mean["default"]) / gap
+    return 1.0 if gap <= 1e-9 else (mean["uniform-progress"] - mean[policy]) / gap
 
 
 def main(argv: list[str] | None = None) -> int:

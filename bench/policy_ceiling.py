@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.policies import (CONFIGS, EVALUATION, SEED, TASK_HOURS, TRACES, dev_groups,
-                            run_case, zone_groups)
+                            gap_closed, run_case, zone_groups)
 from bench.progress import run_rows
 from spot_core.market.trace import load_traces
 from spot_core.policy.deadline import Job, Window
@@ -66,11 +66,8 @@ def ceiling_case(args: tuple) -> dict[str, object]:
 
 
 def closed(mean: dict[str, float], policy: str) -> float:
-    """Share of the UP-to-optimal gap closed, clipped to [-1, 1] (1 where there is no gap)."""
-    gap = mean["uniform-progress"] - mean["optimal"]
-    if gap <= 1e-9:
-        return 1.0
-    return min(max((mean["uniform-progress"] - mean[policy]) / gap, -1.0), 1.0)
+    """``bench.policies.gap_closed``, clipped to [-1, 1] as that table's mean is."""
+    return min(max(gap_closed(mean, policy), -1.0), 1.0)
 
 
 def table(rows: list[dict[str, object]], title: str, command: str, seconds: float) -> str:

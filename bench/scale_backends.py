@@ -60,11 +60,11 @@ def launch_spec(job_id: str, store):
 def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:
     """Each job's lease launched by the backend's provider, its store opened as the
     controller opens it: (provider, the jobs' store URIs, leases, seconds it took)."""
-    from spot_core.checkpoint import open_store
+    from spot_core.controller import provider_stores
     from spot_core.providers import open_provider
 
     provider = open_provider(backend.provider, **backend.options)
-    stores = getattr(provider, "open_store", open_store)
+    stores = provider_stores(provider)
     started = time.monotonic()
     uris = [backend.uri_pattern.format(i=i) for i in range(jobs)]
     leases = [provider.launch(launch_spec(f"scale-{i}", stores(uri)), backend.pool)

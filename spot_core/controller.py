@@ -151,6 +151,12 @@ class Next:
                               f"{exc}); it was not written by spot-pipelines") from None
 
 
+def provider_stores(provider) -> Callable[[str], CheckpointStore]:
+    """How a job's store is opened: the provider's own opener (its credentials and
+    clients), else ``open_store``."""
+    return getattr(provider, "open_store", None) or open_store
+
+
 def classify(status: LeaseStatus) -> Outcome:
     """How an ended lease's attempt ended. A notice or a reclaim is never a failure."""
     if status.exit_code == 0:
@@ -205,7 +211,7 @@ class Controller:
         self.provider = provider
         self.market = market
         self.policy = policy
-        self.stores = stores or getattr(provider, "open_store", None) or open_store
+        self.stores = stores or provider_stores(provider)
         self.poll_interval = poll_interval
         self.attempt_timeout = attempt_timeout
         self.heartbeat_timeout = heartbeat_timeout

@@ -12,7 +12,9 @@ of its work pool that it does not drive itself, and adopts a run when all three 
 
 - its record (the ``spot-record-<flow run id>`` artifact) has an attempt still open;
 - the job's heartbeat, renewed by whichever worker drives the run (at most every minute),
-  is older than the job's ``heartbeat_timeout``: no worker drives it;
+  has not changed for the job's ``heartbeat_timeout``, judged as the node judges it
+  (``spot_core.interruption.driver.Freshness``: the beat's sequence, on this worker's own
+  monotonic clock, so no two machines' clocks are compared): no worker drives it;
 - the open attempt's lease has ended: a lease that still runs is the node's to end (its
   watcher stops the step once the heartbeat is that old, and the run ends ``Failed``).
 
@@ -27,10 +29,12 @@ the run count after it), so a ``@flow(retries=...)`` may lose one to such a pree
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from spot_core.checkpoint.heartbeat import Beat, Heartbeat
+from spot_core.checkpoint.heartbeat import Heartbeat
+from spot_core.interruption.driver import Freshness
 from spot_core.model import JobRecord
 from spot_core.providers.base import LeaseStatus
 
@@ -43,43 +47,67 @@ class Evidence:
     """What an adoption is decided on, read by :func:`gather`."""
 
     record: JobRecord | None
-    beat: Beat | None
+    silent_for: float  # seconds this worker has seen no new heartbeat
     status: LeaseStatus | None
 
 
-def orphaned(evidence: Evidence, heartbeat_timeout: float | None, now: float) -> str | None:
+def orphaned(evidence: Evidence, heartbeat_timeout: float | None) -> str | None:
     """Why the run is an orphan to adopt, or None to leave it alone (pure)."""
     record = evidence.record
     if record is None or record.current_attempt is None or heartbeat_timeout is None:
         return None  # nothing open, or no heartbeat to tell a live driver by
-    beat = evidence.beat
-    if beat is not None and now - beat.renewed_at < heartbeat_timeout:
-        return None  # a worker drives it
+    if evidence.silent_for < heartbeat_timeout:
+        return None  # a worker drives it (or it has not been watched for long enough)
     status = evidence.status
     if status is None or not status.ended:
         return None  # the lease runs (or is unknown yet): the node's watcher ends it
-    age = "no heartbeat" if beat is None else f"heartbeat {now - beat.renewed_at:.0f} s old"
     return (f"attempt {record.current_attempt.number} is open, its lease "
-            f"{record.current_attempt.lease_id} has ended and no worker drives it ({age})")
+            f"{record.current_attempt.lease_id} has ended and its heartbeat has not "
+            f"changed for {evidence.silent_for:.0f} s")
 
 
-def gather(checkpoint_uri: str, stores, heartbeat_timeout: float, now: float,
-           read_record: Callable[[], JobRecord | None], provider) -> Evidence:
-    """The job's heartbeat and, only when it is stale, its record and its open attempt's
-    lease status (blocking I/O: run in a thread). A run some worker drives costs one read."""
-    beat = Heartbeat(stores(checkpoint_uri)).read()
-    if beat is not None and now - beat.renewed_at < heartbeat_timeout:
-        return Evidence(None, beat, None)
+def gather(freshness: Freshness, checkpoint_uri: str, stores, heartbeat_timeout: float,
+           now: float, read_record: Callable[[], JobRecord | None], provider) -> Evidence:
+    """Read the job's heartbeat into ``freshness`` and, only once it has been silent for
+    the timeout, the record and its open attempt's lease status (blocking I/O: run in a
+    thread). A run some worker drives costs one read."""
+    freshness.observe(Heartbeat(stores(checkpoint_uri)).read(), now)
+    silent = freshness.age(now)
+    if silent < heartbeat_timeout:
+        return Evidence(None, silent, None)
     record = read_record()
     running = record.current_attempt if record is not None else None
     lease = running.lease_of(record.job_id) if running is not None else None
     if lease is None:
-        return Evidence(record, beat, None)
-    return Evidence(record, beat, provider.observe([lease]).get(lease.lease_id))
+        return Evidence(record, silent, None)
+    return Evidence(record, silent, provider.observe([lease]).get(lease.lease_id))
 
 
-def next_look(evidence: Evidence, heartbeat_timeout: float, now: float) -> float:
-    """When this run is next worth a look: not before its heartbeat could have gone stale."""
-    if evidence.beat is not None and now - evidence.beat.renewed_at < heartbeat_timeout:
-        return evidence.beat.renewed_at + heartbeat_timeout
-    return now
+@dataclass
+class Looks:
+    """Per Running flow run another worker may drive: its heartbeat's freshness and when it
+    is next worth a look (a run that beats is read once per timeout, not every check)."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    runs: dict[Any, tuple[Freshness, float]] = field(default_factory=dict)
+
+    def due(self, run_id: Any) -> Freshness | None:
+        """The run's freshness if a look is due now, else None."""
+        now = self.monotonic()
+        freshness, next_at = self.runs.setdefault(run_id, (Freshness(started_at=now), now))
+        return freshness if now >= next_at else None
+
+    def looked(self, run_id: Any, evidence: Evidence, heartbeat_timeout: float) -> None:
+        """After a look: a silent run again at the next check, one that beats not before
+        the timeout (nor a new one: silence is only seen over a whole timeout)."""
+        silent = evidence.silent_for >= heartbeat_timeout
+        self.runs[run_id] = (self.runs[run_id][0],
+                             self.monotonic() + (0.0 if silent else heartbeat_timeout))
+
+    def never(self, run_id: Any) -> None:
+        self.runs[run_id] = (self.runs[run_id][0], float("inf"))
+
+    def keep_only(self, run_ids) -> None:
+        """Forget the runs no longer Running."""
+        keep = set(run_ids)
+        self.runs = {k: v for k, v in self.runs.items() if k in keep}

@@ -46,9 +46,10 @@ from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
 from spot_core import batched
-from spot_core.checkpoint import open_store, parse_store_uri
+from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
+from spot_core.controller import provider_stores
 from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
 from spot_core.providers.base import LeaseStatus, Observation
 from spot_core.settings import WORKER, knobs_for
@@ -226,7 +227,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._driving: set[Any] = set()  # ids of the flow runs this worker drives now
         self._next_orphan_check = 0.0
-        self._looks: dict[Any, float] = {}  # flow run id -> when it is next worth a look
+        self._looks = orphans.Looks()  # Running runs other workers may drive
 
     async def __aexit__(self, *exc_info: Any) -> None:
         try:
@@ -502,17 +503,18 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             running += page
             if len(page) < ORPHAN_PAGE:
                 break
-        self._looks = {run.id: self._looks[run.id] for run in running if run.id in self._looks}
+        self._looks.keep_only(run.id for run in running)
         for flow_run in running:
-            if flow_run.id in self._driving or time.time() < self._looks.get(flow_run.id, 0.0):
+            freshness = None if flow_run.id in self._driving else self._looks.due(flow_run.id)
+            if freshness is None:
                 continue
             try:
-                await self._look_at(flow_run)
+                await self._look_at(flow_run, freshness)
             except Exception:  # noqa: BLE001 - one unreadable run does not hide the others
                 self._logger.warning("could not check flow run %s for adoption", flow_run.id,
                                      exc_info=True)
 
-    async def _look_at(self, flow_run: FlowRun) -> None:
+    async def _look_at(self, flow_run: FlowRun, freshness) -> None:
         """Adopt ``flow_run`` if it is an orphan; remember when it is next worth a look."""
         configuration = await self.job_configuration.resolve_for_flow_run(
             flow_run, client=self.client, work_pool=copy.deepcopy(self.work_pool),
@@ -520,25 +522,20 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         timeout = configuration.spot_configuration().heartbeat_timeout
         if not configuration.checkpoint_root or timeout is None:
             # its heartbeat was in its own worker's scratch dir, or it has none
-            self._looks[flow_run.id] = float("inf")
+            self._looks.never(flow_run.id)
             return
-        now = time.time()
-        evidence = await anyio.to_thread.run_sync(self._evidence, flow_run, configuration,
-                                                  timeout, now)
-        self._looks[flow_run.id] = orphans.next_look(evidence, timeout, now)
-        reason = orphans.orphaned(evidence, timeout, now)
+        provider = await anyio.to_thread.run_sync(self._provider, configuration)
+        evidence = await anyio.to_thread.run_sync(
+            orphans.gather, freshness, self._checkpoint_uri(configuration, flow_run),
+            provider_stores(provider), timeout, self._looks.monotonic(),
+            lambda: load_record(record_key(flow_run.id)), provider)
+        self._looks.looked(flow_run.id, evidence, timeout)
+        reason = orphans.orphaned(evidence, timeout)
         if reason is None or flow_run.id in self._driving:
             return
         self.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
         self._driving.add(flow_run.id)  # the next check must not adopt it again
         self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
-
-    def _evidence(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
-                  timeout: float, now: float) -> orphans.Evidence:
-        provider = self._provider(configuration)
-        return orphans.gather(self._checkpoint_uri(configuration, flow_run),
-                              getattr(provider, "open_store", None) or open_store, timeout, now,
-                              lambda: load_record(record_key(flow_run.id)), provider)
 
     async def _adopt(self, flow_run: FlowRun, configuration: SpotJobConfiguration) -> None:
         try:

@@ -85,14 +85,45 @@ def _record(open_attempt: bool):
 ])
 def test_only_a_run_with_an_open_attempt_a_stale_heartbeat_and_an_ended_lease_is_adopted(
         open_attempt, beat_age, lease, timeout, adopted):
-    from prefect_spot.workers.orphans import Evidence, next_look, orphaned
-    from spot_core.checkpoint.heartbeat import Beat
+    """``beat_age``: seconds since this worker last saw the heartbeat change (None: it
+    never saw one, since it first looked 400 s ago)."""
+    from prefect_spot.workers.orphans import Evidence, orphaned
     from spot_core.providers.base import LeaseState, LeaseStatus
 
-    now = 10_000.0
-    beat = None if beat_age is None else Beat(attempt=1, renewed_at=now - beat_age, sequence=3)
     status = None if lease is None else LeaseStatus(LeaseState(lease))
-    evidence = Evidence(_record(open_attempt), beat, status)
-    assert (orphaned(evidence, timeout, now) is not None) is adopted
-    if beat_age is not None and timeout is not None and beat_age < timeout:
-        assert next_look(evidence, timeout, now) == now - beat_age + timeout  # not sooner
+    evidence = Evidence(_record(open_attempt), 400.0 if beat_age is None else beat_age, status)
+    assert (orphaned(evidence, timeout) is not None) is adopted
+
+
+def test_silence_is_judged_by_the_beats_sequence_on_this_workers_clock_not_by_its_stamp(
+        tmp_path):
+    """A beat stamped by a driver whose clock is an hour behind still counts as fresh while
+    its sequence moves; a run that beats is read once per timeout, a silent one each check."""
+    from prefect_spot.workers.orphans import Looks, gather
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.heartbeat import Heartbeat
+
+    class Provider:
+        def observe(self, leases):
+            return {}
+
+    clock = [0.0]
+    looks = Looks(monotonic=lambda: clock[0])
+    uri = (tmp_path / "job").as_uri()
+    driver = Heartbeat(open_store(uri))
+
+    def look():
+        return gather(looks.due("run"), uri, open_store, 300.0, clock[0],
+                      lambda: _record(True), Provider())
+
+    for _ in range(3):  # a live driver, its stamps an hour behind, beats between looks
+        driver.renew(1, now=clock[0] - 3600)
+        evidence = look()
+        assert evidence.silent_for < 300 and evidence.record is None  # one read only
+        looks.looked("run", evidence, 300.0)
+        assert looks.due("run") is None  # not again before the timeout
+        clock[0] += 300.0
+    evidence = look()  # no beat since the last look, a whole timeout ago
+    assert evidence.silent_for >= 300 and evidence.record is not None
+    looks.looked("run", evidence, 300.0)
+    assert looks.due("run") is not None  # silent: looked at again at the next check
