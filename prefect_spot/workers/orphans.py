@@ -20,15 +20,21 @@ of its work pool that it does not drive itself, and adopts a run when all three 
 
 Adopting is driving the run from its record, as a worker restarted with it would: the
 controller watches the open attempt, closes it from the lease's end (a reclaim is a
-preemption), and the worker reschedules or settles the run as usual. Nothing stops two
-workers adopting the same run in the same moment; both would close the same open attempt
-from the same record (one preemption either way) and both set ``AwaitingRetry`` (not
-tested). The flow-run retry the adopted attempt used is not given back (the adopter reads
-the run count after it), so a ``@flow(retries=...)`` may lose one to such a preemption.
+preemption), and the worker reschedules or settles the run as usual.
+
+Several workers of a pool look at the same runs, so two can find the same orphan in the
+same moment. Only one adopts it: each first *claims* the open attempt, a compare-and-swap
+of ``adoption/attempt-<N>.json`` in the job's store (``CheckpointStore.swap_object``), and
+the others leave the run alone. A claim whose adopter died before settling the run is
+taken over once it has stood unchanged for the heartbeat timeout, judged on the taker's
+own monotonic clock as the heartbeat is. The flow-run retry the adopted attempt used is
+not given back (the adopter reads the run count after it), so a ``@flow(retries=...)``
+may lose one to such a preemption.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,6 +46,9 @@ from spot_core.providers.base import LeaseStatus
 
 ORPHAN_CHECK_SECONDS = 30.0
 """How often a worker looks for orphaned runs (a read of its pool's Running runs)."""
+
+CLAIM_KEY = "adoption/attempt-{:06d}.json"
+"""The object in the job's store that names the one worker adopting its open attempt."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,16 @@ def orphaned(evidence: Evidence, heartbeat_timeout: float | None) -> str | None:
             f"changed for {evidence.silent_for:.0f} s")
 
 
+def may_take(current: bytes | None, seen: tuple[bytes, float] | None, now: float,
+             timeout: float) -> bool:
+    """Whether this worker may claim an orphan's open attempt (pure): nobody claims it, or
+    the claim is the one this worker first saw ``timeout`` seconds ago (``seen``: its
+    bytes and that moment on this worker's monotonic clock), so its adopter died."""
+    if current is None:
+        return True
+    return seen is not None and seen[0] == current and now - seen[1] >= timeout
+
+
 def gather(freshness: Freshness, checkpoint_uri: str, stores, heartbeat_timeout: float,
            now: float, read_record: Callable[[], JobRecord | None], provider) -> Evidence:
     """Read the job's heartbeat into ``freshness`` and, only once it has been silent for
@@ -90,6 +109,7 @@ class Looks:
 
     monotonic: Callable[[], float] = time.monotonic
     runs: dict[Any, tuple[Freshness, float]] = field(default_factory=dict)
+    claims: dict[Any, tuple[bytes, float]] = field(default_factory=dict)  # others' claims seen
 
     def due(self, run_id: Any) -> Freshness | None:
         """The run's freshness if a look is due now, else None."""
@@ -111,3 +131,18 @@ class Looks:
         """Forget the runs no longer Running."""
         keep = set(run_ids)
         self.runs = {k: v for k, v in self.runs.items() if k in keep}
+        self.claims = {k: v for k, v in self.claims.items() if k in keep}
+
+    def claim(self, run_id: Any, store, attempt: int, owner: str, timeout: float) -> bool:
+        """Claim the run's open ``attempt`` for ``owner`` in the job's ``store`` (blocking
+        I/O: run in a thread); False when another worker holds a live claim on it."""
+        key = CLAIM_KEY.format(attempt)
+        current = store.get_object(key)
+        seen = self.claims.get(run_id)
+        if current is not None and (seen is None or seen[0] != current):
+            seen = self.claims[run_id] = (current, self.monotonic())  # a claim new to us
+        if not may_take(current, seen, self.monotonic(), timeout):
+            return False
+        mine = json.dumps({"owner": owner, "attempt": attempt}).encode()
+        self.claims.pop(run_id, None)
+        return store.swap_object(key, current, mine)

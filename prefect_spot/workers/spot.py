@@ -33,6 +33,7 @@ import shlex
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from datetime import datetime
 from typing import Any, Optional, Union
@@ -228,6 +229,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self._driving: set[Any] = set()  # ids of the flow runs this worker drives now
         self._next_orphan_check = 0.0
         self._looks = orphans.Looks()  # Running runs other workers may drive
+        self._adopter = f"{self.name}/{uuid.uuid4().hex[:12]}"  # whose claim on an orphan
 
     async def __aexit__(self, *exc_info: Any) -> None:
         try:
@@ -525,13 +527,19 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             self._looks.never(flow_run.id)
             return
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
+        uri, stores = self._checkpoint_uri(configuration, flow_run), provider_stores(provider)
         evidence = await anyio.to_thread.run_sync(
-            orphans.gather, freshness, self._checkpoint_uri(configuration, flow_run),
-            provider_stores(provider), timeout, self._looks.monotonic(),
+            orphans.gather, freshness, uri, stores, timeout, self._looks.monotonic(),
             lambda: load_record(record_key(flow_run.id)), provider)
         self._looks.looked(flow_run.id, evidence, timeout)
         reason = orphans.orphaned(evidence, timeout)
         if reason is None or flow_run.id in self._driving:
+            return
+        attempt = evidence.record.current_attempt.number
+        if not await anyio.to_thread.run_sync(self._looks.claim, flow_run.id, stores(uri),
+                                              attempt, self._adopter, timeout):
+            self._logger.info("flow run %s is an orphan another worker adopts (it claimed "
+                              "attempt %d first)", flow_run.id, attempt)
             return
         self.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
         self._driving.add(flow_run.id)  # the next check must not adopt it again

@@ -135,6 +135,29 @@ class CheckpointStore:
         """Remove the object; a missing one is not an error."""
         self.backend.delete(_object_key(key))
 
+    def swap_object(self, key: str, expected: bytes | None, data: bytes) -> bool:
+        """Write ``data`` only if the object still holds ``expected`` (None: absent).
+
+        Compare-and-swap under the backend's lock (``flock`` on a file root, a
+        conditional PUT on S3), so of several processes or machines swapping from the same
+        content exactly one wins; False, and nothing written, for the others. Why: two
+        drivers that both decide to take over the same job (an orphaned flow run) must
+        agree on one.
+        """
+        key = _object_key(key)
+        try:
+            with self.backend.lock():
+                try:
+                    current: bytes | None = self.backend.get_bytes(key)
+                except FileNotFoundError:
+                    current = None
+                if current != expected:
+                    return False
+                self.backend.put_bytes(key, data)
+                return True
+        except OSError as exc:
+            raise _unwritable(self.uri, f"swap {key}", exc) from exc
+
     def size_of(self, ref: CheckpointRef) -> int:
         """Payload bytes of checkpoint ``ref`` (what a resume reads), from its manifest."""
         return sum(entry.size for entry in self._manifest_for(ref).files.values())

@@ -1,6 +1,7 @@
 """A flow run whose spot worker died after its node handed the run back (the capacity was
 reclaimed) is not left ``Running`` for ever: another spot worker of the pool adopts it
-once its heartbeat is stale, reschedules it and finishes it."""
+once its heartbeat is stale, reschedules it and finishes it; of two workers that find it
+at once, only one adopts it."""
 
 from __future__ import annotations
 
@@ -49,13 +50,16 @@ def test_a_run_left_running_by_a_dead_worker_is_adopted_and_finished(prefect_api
                               timeout=UP_SECONDS + 60), "the lease outlived the reclaim"
             state = client.read_flow_run(run.id).state
             assert state.is_running(), state  # what nobody would ever change without adoption
-            with running_worker("spot-orphans", tmp_path / "second.log"):
+            # Two workers find the orphan at about the same moment; one adopts it.
+            with running_worker("spot-orphans", tmp_path / "second.log"), \
+                    running_worker("spot-orphans", tmp_path / "third.log"):
                 run = wait_completed(client, run.id, timeout=HEARTBEAT_TIMEOUT + 150)
                 names = [s.name for s in client.read_flow_run_states(run.id)]
                 record = final_record(run.id)  # settled by the worker, before it stops
-    second = (tmp_path / "second.log").read_text(errors="replace")
-    assert run.state.is_completed(), f"{run.state!r} {names}\n{second[-3000:]}"
-    assert "adopting the flow run" in second, second[-3000:]
+    logs = [(tmp_path / f"{n}.log").read_text(errors="replace") for n in ("second", "third")]
+    assert run.state.is_completed(), f"{run.state!r} {names}\n{logs[0][-3000:]}\n{logs[1][-3000:]}"
+    assert sum("adopting the flow run" in log for log in logs) == 1, \
+        f"{logs[0][-3000:]}\n{logs[1][-3000:]}"
     assert [a.outcome for a in record.attempts] == [Outcome.PREEMPTED, Outcome.SUCCEEDED], \
         [(a.outcome, a.message) for a in record.attempts]
     assert record.preemptions == 1
@@ -127,3 +131,37 @@ def test_silence_is_judged_by_the_beats_sequence_on_this_workers_clock_not_by_it
     assert evidence.silent_for >= 300 and evidence.record is not None
     looks.looked("run", evidence, 300.0)
     assert looks.due("run") is not None  # silent: looked at again at the next check
+
+
+# -- one adopter per orphan: the claim ------------------------------------------------------------
+@pytest.mark.parametrize("current, seen, now, adopt", [
+    (None, None, 0.0, True),                 # nobody claims the attempt
+    (b"a", None, 1000.0, False),             # a claim this worker has not seen before
+    (b"a", (b"a", 0.0), 299.0, False),       # seen, but for less than the timeout
+    (b"a", (b"a", 0.0), 300.0, True),        # unchanged for the timeout: its adopter died
+    (b"b", (b"a", 0.0), 1000.0, False),      # another claim since: someone is on it
+])
+def test_a_claim_is_taken_only_when_absent_or_unchanged_for_the_timeout(current, seen, now,
+                                                                        adopt):
+    from prefect_spot.workers.orphans import may_take
+
+    assert may_take(current, seen, now, 300.0) is adopt
+
+
+def test_of_two_workers_claiming_one_orphan_one_wins_and_a_dead_adopters_claim_expires(
+        tmp_path):
+    """Each worker judges the other's claim on its own clock, as it judges the heartbeat."""
+    from prefect_spot.workers.orphans import Looks
+    from spot_core.checkpoint import open_store
+
+    store = open_store((tmp_path / "job").as_uri())
+    clock_a, clock_b = [0.0], [5000.0]  # two machines' monotonic clocks share no origin
+    a, b = Looks(monotonic=lambda: clock_a[0]), Looks(monotonic=lambda: clock_b[0])
+    assert a.claim("run", store, 1, "worker-a", 300.0)
+    assert not b.claim("run", store, 1, "worker-b", 300.0)  # a adopts it
+    clock_b[0] += 299.0
+    assert not b.claim("run", store, 1, "worker-b", 300.0)
+    clock_b[0] += 1.0  # a's claim has stood for the timeout: a died before settling the run
+    assert b.claim("run", store, 1, "worker-b", 300.0)
+    assert not a.claim("run", store, 1, "worker-a", 300.0)  # b's claim is new to a
+    assert a.claim("run", store, 2, "worker-a", 300.0)  # the next attempt is claimed afresh
