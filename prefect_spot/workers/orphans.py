@@ -27,9 +27,9 @@ same moment. Only one adopts it: each first *claims* the open attempt, a compare
 of ``adoption/attempt-<N>.json`` in the job's store (``CheckpointStore.swap_object``), and
 the others leave the run alone. A claim whose adopter died before settling the run is
 taken over once it has stood unchanged for the heartbeat timeout, judged on the taker's
-own monotonic clock as the heartbeat is. The flow-run retry the adopted attempt used is
-not given back (the adopter reads the run count after it), so a ``@flow(retries=...)``
-may lose one to such a preemption.
+own monotonic clock as the heartbeat is. The flow-run retries the adopted attempt's runs
+used are given back as for any preemption (the adopter counts them from the run's
+``Running`` states since its last ``Pending``).
 """
 
 from __future__ import annotations

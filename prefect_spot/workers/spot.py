@@ -304,7 +304,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             progress=JobProgress(flow_run_id=flow_run.id))
         if record is None:
             record = controller.persist(controller.new_record(spec))
-        runs_before = (await self.client.read_flow_run(flow_run.id)).run_count
+        runs_before = await self._runs_before(flow_run, record)
         started = _Started(task_status)
         nxt = await anyio.to_thread.run_sync(controller.advance, spec, record)
         try:
@@ -398,6 +398,27 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         """Whether Prefect already has the flow run in a Completed state."""
         current = await self.client.read_flow_run(flow_run.id)
         return current.state is not None and current.state.is_completed()
+
+    async def _runs_before(self, flow_run: FlowRun, record: JobRecord) -> int:
+        """The flow run's ``run_count`` before the runs of the attempt this worker drives.
+
+        For an attempt this worker is about to launch, the count now. For one already open
+        (an orphan adopted, or a restarted worker driving its run again), its flow has
+        started since its worker submitted it: the count minus the ``Running`` states since
+        the last ``Pending``, so those runs are given back too if the attempt is preempted.
+        """
+        from prefect.client.schemas.objects import StateType
+
+        current = await self.client.read_flow_run(flow_run.id)
+        if record.current_attempt is None:
+            return current.run_count
+        since_pending = 0
+        for state in await self.client.read_flow_run_states(flow_run.id):  # oldest first
+            if state.type == StateType.PENDING:
+                since_pending = 0
+            elif state.type == StateType.RUNNING:
+                since_pending += 1
+        return max(0, current.run_count - since_pending)
 
     async def _refund_flow_retries(self, flow_run: FlowRun, runs_before: int) -> None:
         """Give back the flow's ``retries`` that the preempted attempt's runs used up.

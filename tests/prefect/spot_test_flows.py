@@ -34,10 +34,10 @@ def naps(seconds: float, marks: str) -> str:
     return "rested"
 
 
-@flow
+@flow(retries=1)
 def naps_through_its_first_attempt(marks: str) -> str:
-    """A plain flow (no spot_task): its first attempt naps until the capacity is
-    reclaimed; any later attempt returns at once."""
+    """A plain flow (no spot_task) with one retry for its own errors: its first attempt
+    naps until the capacity is reclaimed; any later attempt returns at once."""
     attempt = int(os.environ.get("SPOT_ATTEMPT", "0"))
     Path(marks).mkdir(parents=True, exist_ok=True)
     (Path(marks) / f"attempt-{attempt}").write_text(str(time.time()))

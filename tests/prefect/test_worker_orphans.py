@@ -63,6 +63,9 @@ def test_a_run_left_running_by_a_dead_worker_is_adopted_and_finished(prefect_api
     assert [a.outcome for a in record.attempts] == [Outcome.PREEMPTED, Outcome.SUCCEEDED], \
         [(a.outcome, a.message) for a in record.attempts]
     assert record.preemptions == 1
+    # The adopter gave back the run the preempted attempt spent: the flow's one retry
+    # (retries=1) is still there for its own errors.
+    assert run.empirical_policy.retries == 1 + 1, (run.run_count, run.empirical_policy)
     # Handed back on the reclaim, rescheduled by the adopting worker: never Crashed/Failed.
     assert "AwaitingRetry" in names and not {"Crashed", "Failed"} & set(names), names
 
