@@ -28,6 +28,10 @@ market itself, so it never peeks at the future it is replayed on:
    expected length E costs a restart per E), and a job on spot moves to another zone
    when that saving, over the other zone's expected run, repays the restart
    ``switch_margin`` times (and the slack leaves room for this restart and two more).
+   With several price tiers, the plan is for the cheapest tier, and the dearer zones are
+   a second spot class the DP may use through the tier's outages (their own up/down
+   forecast and price) rather than on-demand; a job there moves back to the tier when
+   the plan says it pays.
 
 Why a model rather than more rules: the trade-offs (wait or pay now, bridge an outage
 on on-demand or idle through it, leave on-demand when spot returns) all depend on how
@@ -46,8 +50,8 @@ import numpy as np
 from spot_core.errors import ConfigError
 from spot_core.policy.deadline import (IDLE, ON_DEMAND, Decide, Window, safety_net)
 
-_IDLE, _OD, _SPOT = 0, 1, 2
-"""Action codes in the decision table."""
+_IDLE, _OD, _SPOT, _FALLBACK = 0, 1, 2, 3
+"""Action codes in the decision table (``_FALLBACK``: spot in a fallback zone)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,10 +77,36 @@ class MarketModel:
     on_demand_price: float
     up_edges: tuple[float, ...]
     down_edges: tuple[float, ...]
+    fallback: Fallback | None = None
 
     @property
     def n_states(self) -> int:
         return int(self.trans.shape[0])
+
+    @property
+    def n_joint(self) -> int:
+        """States the plan is solved over: the capacity state, times the fallback's up or
+        down when there is one (index ``2 * state + (0 up | 1 down)``)."""
+        return self.n_states * (1 if self.fallback is None else 2)
+
+    def joint(self, state: int, fallback_up: bool) -> int:
+        return state if self.fallback is None else 2 * state + (0 if fallback_up else 1)
+
+    def joint_trans(self) -> np.ndarray:
+        """Chances per tick between joint states (the fallback moves independently)."""
+        if self.fallback is None:
+            return self.trans
+        return np.kron(self.trans, self.fallback.trans)
+
+    def classes(self) -> list[tuple[np.ndarray, float, float]]:
+        """Per spot class (0: the planned zones; 1: the fallback zones), the joint states
+        in which it has capacity, the chance a job there keeps its zone from one tick to
+        the next while the class has capacity, and its price."""
+        cheap = np.arange(self.n_states) < self.n_up
+        if self.fallback is None:
+            return [(cheap, self.keep, self.spot_price)]
+        return [(np.repeat(cheap, 2), self.keep, self.spot_price),
+                (np.tile([True, False], self.n_states), self.fallback.keep, self.fallback.price)]
 
     def states(self, available: np.ndarray) -> np.ndarray:
         """The capacity state at each tick of a (zones x ticks) availability array, from
@@ -88,6 +118,20 @@ class MarketModel:
         if up:
             return int(np.searchsorted(self.up_edges, age, side="right"))
         return self.n_up + int(np.searchsorted(self.down_edges, age, side="right"))
+
+
+@dataclass(frozen=True, eq=False)
+class Fallback:
+    """The zones outside the planned set, as a second spot class: capacity there or not
+    (a two-state Markov chain, ``trans[0]`` from up, ``trans[1]`` from down, independent
+    of the planned zones), the chance a job keeps its zone while the class has capacity,
+    and the price planned with. Why: without it, the plan for a cheap tier sees
+    on-demand as the only way through the tier's outages, and so prefers the whole,
+    dearer set where the cheap tier plus spot elsewhere during its outages costs less."""
+
+    trans: np.ndarray
+    keep: float
+    price: float
 
 
 class _SeenStates:
@@ -161,6 +205,12 @@ class ForecastDP:
     not). Why: a re-plan adds what the window has shown so far to a week of history; when
     the market has changed since (a zone up 15% of last week and 75% of today), the plain
     fit keeps planning for last week.
+    ``fallback_spot``: the zones left out of the planned set are a second spot class
+    (:class:`Fallback`) the plan may use through the set's outages, and with at least
+    ``fallback_history_hours`` of history the planned set is simply the cheapest price
+    tier (with less, it is chosen by comparing plans, ``choose_zones``: a chain fitted to
+    a few hours is its prior, and the development set's short-history windows lost with
+    the tier alone).
     All defaults were chosen on the development set (bench/README.md).
     """
 
@@ -178,6 +228,8 @@ class ForecastDP:
     up_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
     down_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
     history_half_life_hours: float = 48.0
+    fallback_spot: bool = True
+    fallback_history_hours: float = 24.0
 
     def __post_init__(self) -> None:
         if not (self.prior_ticks > 0 and self.prior_run_hours > 0
@@ -188,20 +240,26 @@ class ForecastDP:
 
     def plan(self, window: Window) -> Decide:
         zones = self.choose_zones(window)
+        others = [z for z in range(window.n_zones) if z not in zones] if self.fallback_spot else []
         sub = restrict(window, zones)
         every = (max(1, round(self.replan_hours * 3600 / window.tick_seconds))
                  if self.replan_hours > 0 else window.ticks)
         tables: dict[str, _Table] = {}
         chooser = _ZoneChooser(sub, self.zone_weight)
-        model0 = fit_model(sub, self)
+        spare_chooser = _ZoneChooser(restrict(window, others), self.zone_weight) if others else None
+        model0 = self.fit(window, zones, others)
         states = _SeenStates(model0, sub)
+
+        def state_at(t: int) -> int:
+            return model0.joint(states.at(t), bool(others) and
+                                bool(window.available[others, t].any()))
 
         def table_at(t: int) -> _Table:
             """Re-fit and re-solve every ``replan_hours`` with what has been seen by tick t."""
             if t % every == 0 or "now" not in tables:
-                model = model0 if t == 0 else fit_model(seen_by(sub, t), self)
+                model = model0 if t == 0 else self.fit(seen_by(window, t), zones, others)
                 tables["now"] = _Table.solve(sub, model, self.max_band, first=t,
-                                             state0=states.at(t))[0]
+                                             state0=state_at(t))[0]
             return tables["now"]
 
         def decide(t: int, progress: float, current: int, left: float) -> int:
@@ -209,23 +267,33 @@ class ForecastDP:
             forced = safety_net(window, t, progress, current, left)
             if forced is not None:
                 return forced
-            up = bool(sub.available[:, t].any())
-            mine = zones.index(current) if current >= 0 else current
-            action = table.action(t, states.at(t), progress, mine, left)
+            spare = current >= 0 and current not in zones  # on a fallback zone
+            instance = (1 if spare else 0) if current >= 0 else current
+            action = table.action(t, state_at(t), progress, instance, left)
             if action == _IDLE:
                 return IDLE
-            if action == _OD or not up:
+            if action == _FALLBACK and spare_chooser is not None \
+                    and window.available[others, t].any():
+                return current if spare else others[spare_chooser.best(t)]
+            if action != _SPOT or not sub.available[:, t].any():
                 return ON_DEMAND
-            if current < 0:
+            if current < 0 or spare:
                 return zones[chooser.best(t)]
             job = window.job
-            spare = (window.ticks - t) * window.tick_seconds - (job.task_seconds - progress)
-            if left <= 1e-9 and spare > 3 * job.overhead_seconds + window.tick_seconds:
+            slack = (window.ticks - t) * window.tick_seconds - (job.task_seconds - progress)
+            if left <= 1e-9 and slack > 3 * job.overhead_seconds + window.tick_seconds:
                 # room for this restart and two more: a voluntary move cannot cost the deadline
-                return zones[chooser.switch(t, mine, job.task_seconds - progress,
+                return zones[chooser.switch(t, zones.index(current), job.task_seconds - progress,
                                             self.switch_margin)]
             return current
         return decide
+
+    def fit(self, window: Window, zones: list[int], others: list[int]) -> MarketModel:
+        """The forecast of ``zones`` (and of ``others`` as the fallback class, if any)."""
+        model = fit_model(restrict(window, zones), self)
+        if not others:
+            return model
+        return dataclasses.replace(model, fallback=fit_fallback(restrict(window, others), self))
 
     def choose_zones(self, window: Window) -> list[int]:
         """The cheapest price tiers worth waiting for, by the forecast's expected cost.
@@ -233,11 +301,16 @@ class ForecastDP:
         Zones are sorted by their historical price; each nested set (the cheapest tier,
         the two cheapest, ...) is planned coarsely and the set with the lowest expected
         cost wins. Why: a job with slack often does better waiting for the cheap zones to
-        come back than hopping to a dearer one, and with little slack the reverse.
+        come back than hopping to a dearer one, and with little slack the reverse. With
+        ``fallback_spot`` and ``fallback_history_hours`` of history, the cheapest tier: the
+        other zones are its fallback class, so no comparison is needed.
         """
         order = _price_order(window)
         if len(order) == 1:
             return order
+        if self.fallback_spot and (window.past_available.shape[1] * window.tick_seconds
+                                   >= self.fallback_history_hours * 3600):
+            return sorted(order[:_tier_sizes(window, order, self.tier_tolerance)[0]])
         best: tuple[float, list[int]] | None = None
         for size in reversed(_tier_sizes(window, order, self.tier_tolerance)):
             sub = restrict(window, order[:size])
@@ -344,6 +417,14 @@ def fit_model(window: Window, config: ForecastDP) -> MarketModel:
                        window.on_demand_price, up_edges, down_edges)
 
 
+def fit_fallback(spare: Window, config: ForecastDP) -> Fallback:
+    """The ``spare`` zones as one up/down Markov chain (capacity in any of them), fitted
+    to the history like the main forecast (same history length, half-life and prior),
+    with their keep chance and planned price."""
+    model = fit_model(spare, dataclasses.replace(config, up_edges_hours=(), down_edges_hours=()))
+    return Fallback(model.trans, model.keep, model.spot_price)
+
+
 def _clip(p: float) -> float:
     return float(min(max(p, 1e-6), 1 - 1e-6))
 
@@ -401,66 +482,72 @@ class _Table:
               first: int = 0, state0: int | None = None) -> tuple[_Table, float]:
         """Backwards from the deadline down to tick ``first``; returns the table and the
         expected cost from tick ``first`` idle at the least progress band's top, in
-        capacity state ``state0`` (default: the youngest up or down state seen then)."""
+        joint state ``state0`` (default: the youngest up or down state seen then, with
+        the fallback up)."""
         unit, step, work, gains = _grid(window, max_band)
         phases = len(gains) - 1
         width = max(0, window.ticks * step - work) + 1
-        k = model.n_states
-        actions = np.zeros((window.ticks, k, 1 + 2 * phases, width), dtype=np.uint8)
+        k = model.n_joint
+        classes = model.classes()
+        actions = np.zeros((window.ticks, k, 1 + (1 + len(classes)) * phases, width),
+                           dtype=np.uint8)
         idle = np.full((k, width), _LOST)
         od = np.full((k, phases, width), _LOST)
-        spot = np.full((k, phases, width), _LOST)
+        spots = [np.full((k, phases, width), _LOST) for _ in classes]
         shifts = _Shifts.build(gains, step, width)
         hours = window.tick_seconds / 3600
-        od_price, spot_price = model.on_demand_price * hours, model.spot_price * hours
-        n_up, trans = model.n_up, model.trans
-        to_up, to_down = trans[:n_up, :n_up], trans[:n_up, n_up:]
+        od_price = model.on_demand_price * hours
+        trans = model.joint_trans()
         for t in range(window.ticks - 1, first - 1, -1):
             remaining = (window.ticks - t) * step
             e_idle = _expect(trans, idle)
-            e_od = _expect(trans, od)
-            e_spot = (model.keep * _expect(to_up, spot[:n_up])
-                      + ((1 - model.keep) * _expect(to_up, idle[:n_up])
-                         + _expect(to_down, idle[n_up:]))[:, None])
-            od_runs = shifts.runs(e_od, od_price, remaining)
-            spot_runs = shifts.runs(e_spot, spot_price, remaining)
-            spot_new = np.full((k, width), _LOST)
-            spot_new[:n_up] = spot_runs[:, 0]
-            wait, run_od = shifts.idle(e_idle, remaining), od_runs[:, 0]
-            paid = np.minimum(run_od, spot_new)
-            best = np.minimum(wait, paid)
+            od_runs = shifts.runs(_expect(trans, od), od_price, remaining)
+            options = [shifts.idle(e_idle, remaining), od_runs[:, 0]]
+            spot_runs = []
+            for (up, keep, price), spot in zip(classes, spots):
+                # next tick: still in the zone (the class up, the zone kept), else idle
+                stay = keep * up
+                after = stay[:, None, None] * spot + (1 - stay)[:, None, None] * idle[:, None]
+                runs = shifts.runs(_expect(trans, after), price * hours, remaining)
+                runs[~up] = _LOST  # no capacity in the class now: neither launched nor kept
+                spot_runs.append(runs)
+                options.append(runs[:, 0])
+            stacked = np.stack(options)
             # ties go to the cheaper-to-hold action: idle, then on-demand, then spot
-            choice = np.where(wait <= paid, np.uint8(_IDLE),
-                              np.where(run_od <= spot_new, np.uint8(_OD), np.uint8(_SPOT)))
+            choice = np.argmin(stacked, axis=0).astype(np.uint8)
+            best = stacked.min(axis=0)
             out = actions[t]
             out[:, 0] = choice
             od, out[:, 1:phases + 1] = _keep_if_better(best, choice, od_runs[:, 1:], _OD)
-            spot = np.broadcast_to(best[:, None], (k, phases, width)).copy()
-            out[:, phases + 1:] = choice[:, None]
-            spot[:n_up], out[:n_up, phases + 1:] = _keep_if_better(
-                best[:n_up], choice[:n_up], spot_runs[:, 1:], _SPOT)
+            for j, runs in enumerate(spot_runs):
+                first_col = (1 + j) * phases + 1
+                spots[j], out[:, first_col:first_col + phases] = _keep_if_better(
+                    best, choice, runs[:, 1:], _SPOT + j)
             idle = best
         if state0 is None:
-            state0 = 0 if window.available[:, first].any() else n_up
+            up = bool(window.available[:, first].any())
+            state0 = model.joint(0 if up else model.n_up, True)
         start = float(idle[state0][-1])
         return cls(window, unit, step, work, phases, actions), start if start < 1e20 else math.inf
 
-    def action(self, t: int, state: int, progress: float, current: int, left: float) -> int:
+    def action(self, t: int, state: int, progress: float, instance: int, left: float) -> int:
+        """The best action code; ``instance``: ``IDLE``, ``ON_DEMAND`` or a spot class
+        (0: the planned zones, 1: the fallback zones)."""
         offset = math.floor(progress / self.unit + 1e-9) - (self.work - (self.window.ticks - t)
                                                              * self.step)
         if offset < 0:
             return _OD
         offset = min(offset, self.actions.shape[-1] - 1)
-        return int(self.actions[t, state, self._state(current, left), offset])
+        return int(self.actions[t, state, self._state(instance, left), offset])
 
-    def _state(self, current: int, left: float) -> int:
-        """0 idle; 1..P on-demand in phase p; P+1..2P spot in phase p (p ticks since launch)."""
-        if current == IDLE:
+    def _state(self, instance: int, left: float) -> int:
+        """0 idle; 1..P on-demand in phase p; then P per spot class (p ticks since launch)."""
+        if instance == IDLE:
             return 0
         overhead = self.window.job.overhead_seconds
         ran = self.phases if left <= 1e-9 else round((overhead - left) / self.window.tick_seconds)
         phase = min(max(ran, 1), self.phases)
-        return phase if current == ON_DEMAND else self.phases + phase
+        return phase if instance == ON_DEMAND else (1 + instance) * self.phases + phase
 
 
 def _grid(window: Window, max_band: int) -> tuple[float, int, int, list[int]]:

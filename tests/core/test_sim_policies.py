@@ -250,3 +250,32 @@ def test_history_half_life_fits_the_recent_market():
     assert recent.trans[1, 0] > 0.8
     with pytest.raises(ConfigError):
         ForecastDP(history_half_life_hours=-1.0)
+
+
+@pytest.mark.parametrize("dear_price", [1.5, 6.0])
+def test_default_bridges_the_cheap_tiers_outage_on_dearer_spot_and_comes_back(dear_price):
+    # zone 0 (1 $/h) has had 12-hour runs and 4-hour outages all week; zone 1 (dearer) is
+    # always up; on-demand is 10 $/h. In the window zone 0 goes down for 12 hours, more
+    # than the 6 hours of slack. The default plans zone 0's tier with zone 1 as its
+    # fallback class: through the outage it runs on zone 1's spot, never on-demand, and
+    # goes back to zone 0 once it returns. Planning both zones as one class instead
+    # (fallback_spot=False) bridged on on-demand at 6 $/h and stayed on zone 1 at 1.5 $/h.
+    from spot_core.policy.deadline_mdp import ForecastDP
+    job = Job.from_hours(20, 26, 0.25)
+    history = [([1] * 12 + [0] * 4) * 6, [1] * 96]
+    window = _with_history([[1] * 5 + [0] * 12 + [1] * 20, [1] * 37], history,
+                           [1.0, dear_price], job)
+    results = {}
+    for fallback in (True, False):
+        decide = ForecastDP(fallback_spot=fallback).plan(window)
+        seen: list[int] = []
+
+        def record(t, progress, current, left):
+            seen.append(decide(t, progress, current, left))
+            return seen[-1]
+        results[fallback] = run_window(window, record), seen
+    result, seen = results[True]
+    assert result.finished and ON_DEMAND not in seen
+    assert seen[:5] == [0] * 5 and 1 in seen[5:17] and seen[17:] == [0] * len(seen[17:])
+    assert result.cost < results[False][0].cost
+    assert optimal_cost(window) <= result.cost
