@@ -147,11 +147,7 @@ class CheckpointStore:
         key = _object_key(key)
         try:
             with self.backend.lock():
-                try:
-                    current: bytes | None = self.backend.get_bytes(key)
-                except FileNotFoundError:
-                    current = None
-                if current != expected:
+                if self.get_object(key) != expected:
                     return False
                 self.backend.put_bytes(key, data)
                 return True

@@ -565,9 +565,6 @@ def _grid(window: Window, max_band: int) -> tuple[float, int, int, list[int]]:
             [math.floor(g / unit + 1e-9) for g in gains])
 
 
-_CODES = np.array([_IDLE, _OD, _SPOT], dtype=np.uint8)
-
-
 _LOST = 1e30
 """The value of a lost deadline: finite so that a zero chance of it costs exactly zero in
 the expectations, and so large that any positive chance of it (the fitted chances are
