@@ -367,31 +367,37 @@ class Controller:
             return self._maybe_drain(spec, watch, now)
         return watch
 
-    # -- voluntary drain: back to spot mid-run -------------------------------------------------
+    # -- voluntary drain: a move mid-run -------------------------------------------------------
     def _maybe_drain(self, spec: JobSpec, watch: Next, now: float) -> Next:
-        """Move a running on-demand attempt back to spot when the policy says so.
+        """Move a running attempt when the policy says the move pays.
 
         At most once per market tick (or ``capacity_wait``), the job's policy is asked what
-        it would do now, with the progress its store proves. When that is a launch on spot
-        (``decide_next``'s return-to-spot rule, or the deadline policy's plan), the attempt
-        is marked ``drain_requested_at`` and persisted first, then its lease is terminated
+        it would do now, with the progress its store proves: an on-demand attempt under
+        any policy (``decide_next``'s return-to-spot rule), a spot attempt only under a
+        deadline policy's plan (which may leave a dearer zone for a cheaper one, spot for
+        on-demand, or on-demand to wait, as in the simulator). When the answer is a move
+        (``Decision.move``), the attempt is
+        marked ``drain_requested_at`` and persisted first, then its lease is terminated
         gracefully: the step's watcher forwards SIGTERM, the step saves an emergency
         checkpoint and stops, and the attempt closes as ``drained`` (no budget spent)."""
         running = watch.record.current_attempt
-        if (running is None or running.pool.is_spot or running.drain_requested_at is not None
+        if (running is None or running.drain_requested_at is not None
                 or now - self._drain_looks.get(spec.job_id, -math.inf) < self._drain_every()):
             return watch
         self._drain_looks[spec.job_id] = now
         try:
+            if running.pool.is_spot and self._deadline_plan(spec, watch.record) is None:
+                return watch  # only a plan moves spot attempts: no store read for the rest
             record = watch.record
             latest = self.stores(spec.checkpoint_uri).latest()
             if latest is not None:
                 record = record.with_checkpoint(latest)
             decision = self.decide(spec, record, now)
         except Exception as exc:  # noqa: BLE001 - a missed look costs savings, not the job
-            log.warning("job %s: could not look for spot to move back to (%s)", spec.job_id, exc)
+            log.warning("job %s: could not look for a better place to run (%s)",
+                        spec.job_id, exc)
             return watch
-        if decision.action != "launch" or decision.market is not Market.SPOT:
+        if not decision.move:
             return watch
         record = self._save(record.with_running(drain_requested_at=now), "draining",
                             decision.reason)
@@ -731,7 +737,7 @@ class Controller:
 def _message(outcome: Outcome, status: LeaseStatus) -> str:
     """The provider's message; for the step's own failure, led by its exit code."""
     if outcome is Outcome.DRAINED:
-        return "drained: stopped with a checkpoint to move the job back to spot"
+        return "drained: stopped with a checkpoint to move the job where the policy said"
     if outcome is Outcome.USER_FAILED and status.exit_code is not None:
         return f"exit code {status.exit_code}" + (f": {status.message}" if status.message else "")
     return status.message

@@ -292,7 +292,9 @@ KNOBS: tuple[Knob, ...] = (
           "is spent, spot is scarce or the deadline is near; off: wait (bounded) for spot.",
           _JOB),
     _knob("return_to_spot", "bool", True, "Move back to spot when capacity returns after a "
-          "fallback for lack of capacity (within the preemption budget).", _JOB),
+          "fallback for lack of capacity (within the preemption budget); with a "
+          "deadline_policy, also every other move its plan makes mid-run. Off: an attempt "
+          "runs where it started.", _JOB),
     _knob("min_on_demand", "duration", 600.0, "How long an on-demand attempt runs before "
           "the job may move back to spot; 10m stops a flickering zone from making the job "
           "flap between markets (each move costs a restart).", _JOB, minimum=0,

@@ -65,7 +65,8 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     :param env: extra environment for the step (templated).
     :param max_preemptions: preemptions on spot before the rest runs on on-demand.
     :param on_demand_fallback: allow on-demand when spot is spent, scarce or too late.
-    :param return_to_spot: move back to spot when capacity returns after a fallback.
+    :param return_to_spot: move back to spot when capacity returns after a fallback (and,
+        with a ``deadline_policy``, make every other move its plan makes mid-run).
     :param min_on_demand: how long an on-demand attempt runs before moving back to spot.
     :param max_spot_price: $/h above which spot pools are left alone: the job waits
         (bounded, like a capacity wait) for a cheaper window, then falls back to on-demand.

@@ -29,13 +29,14 @@ outside the planned window.
 
 **While an attempt runs.** The simulator's policy is asked at every tick, also while the
 job runs, and may move a running job (``uniform-progress`` leaves on-demand for spot once
-it is ahead). The controller asks the plan once per tick while an on-demand attempt runs
-(``_while_running``: the policy sees ``current=ON_DEMAND`` and the restart overhead still
-left, as in the simulator); when it names a zone with capacity, the controller *drains*
-the attempt (an emergency checkpoint, the sixth outcome ``drained``, no budget spent) and
-the next attempt starts on spot there. Not done live: moves between spot zones and from
-spot to on-demand while on spot (the simulator's ``default`` may switch zones), so a policy
-that makes them can still cost a little more live than simulated.
+it is ahead; ``default`` leaves a dearer fallback zone for the cheap tier once it is back).
+The controller asks the plan once per tick while an attempt runs (``_while_running``: the
+policy sees the attempt's zone, or ``ON_DEMAND``, and the restart overhead still left, as
+in the simulator); when it names another zone with capacity, or on-demand from spot, the
+controller *drains* the attempt (an emergency checkpoint, the sixth outcome ``drained``, no
+budget spent) and the next attempt starts there; an idle answer drains it too, and the job
+waits (``default`` stops on-demand to wait for spot when it is far enough ahead).
+``return_to_spot=False`` turns every such move off.
 
 Pure, like the rest of ``spot_core.policy``: the plan is built from trace data and the
 market's tick arithmetic, then each decision is a function of the record, the offers
@@ -154,32 +155,56 @@ class DeadlinePlan:
 
     def _while_running(self, record: JobRecord, running, offers: Sequence[Offer],
                        retry: RetryPolicy, now: float) -> Decision:
-        """A running on-demand attempt moves to spot when the policy, asked as the
-        simulator asks it (on on-demand, with the restart overhead still left), names a
-        zone the market has capacity in; anything else keeps the attempt running."""
+        """A running attempt moves when the policy, asked as the simulator asks it (on the
+        attempt's zone or on on-demand, with the restart overhead still left), answers
+        otherwise: another spot zone with capacity, on-demand from spot, or waiting. The
+        controller then drains the attempt; the next decision, from idle, names the same
+        place (a move from a running attempt costs the restart a launch from idle does, so
+        a place worth moving to is worth launching in)."""
         keep = Decision("wait", wait_seconds=retry.capacity_wait_seconds,
                         reason=f"attempt {running.number} keeps running on "
                                f"{running.pool.market} in {running.pool.zone}")
-        if (running.pool.is_spot or not retry.return_to_spot
-                or record.preemptions >= retry.max_preemptions):
-            return keep
+        current = self._place(running.pool)
         t = self.tick(now)
-        if not 0 <= t < self.window.ticks:
+        if (current is None or not retry.return_to_spot
+                or record.preemptions >= retry.max_preemptions
+                or not 0 <= t < self.window.ticks):
             return keep
         ran = max(0, t - self.tick(running.started_at)) * self.window.tick_seconds
         left = max(0.0, self.window.job.overhead_seconds - ran)
         progress = self.progress_seconds(record)
-        action = int(self.decide_tick(t, progress, ON_DEMAND, left))
+        action = int(self.decide_tick(t, progress, current, left))
+        source = "on-demand" if current == ON_DEMAND else f"spot in {running.pool.zone}"
+        where = (f"move from {source} (tick {t} of {self.window.ticks}, "
+                 f"{progress / self.window.job.task_seconds:.0%} of the work done)")
+        if action == current:
+            return keep
+        if action == IDLE:
+            waiting = self._wait(record, t, now, f"deadline policy {self.policy}: stop and "
+                                                 f"wait; {where}")
+            return dataclasses.replace(waiting, move=True)
+        if action == ON_DEMAND:
+            on_demand = on_demand_candidates(offers)
+            if not on_demand:
+                return keep
+            return Decision("launch", market=Market.ON_DEMAND, pools=on_demand, move=True,
+                            reason=f"deadline policy {self.policy}: on-demand; {where}")
         if not 0 <= action < len(self.pools):
             return keep
         chosen = self.pools[action]
         if not any(o.pool == chosen and o.available for o in offers):
             return keep
         others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
-        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others,
-                        reason=f"deadline policy {self.policy}: spot is back in {chosen.zone}; "
-                               f"move from on-demand (tick {t} of {self.window.ticks}, "
-                               f"{progress / self.window.job.task_seconds:.0%} of the work done)")
+        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others, move=True,
+                        reason=f"deadline policy {self.policy}: spot in {chosen.zone} pays; "
+                               f"{where}")
+
+    def _place(self, pool: Pool) -> int | None:
+        """The policy's code for where ``pool`` runs: its window zone, or ``ON_DEMAND``;
+        None for a spot pool outside the window (the plan cannot judge a move from it)."""
+        if not pool.is_spot:
+            return ON_DEMAND
+        return self.pools.index(pool) if pool in self.pools else None
 
     def _wait(self, record: JobRecord, t: int, now: float, reason: str) -> Decision:
         """Wait until the next tick boundary: bounded by one tick and by the deadline."""

@@ -37,6 +37,8 @@ away tends to stay away for a while).
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal, Sequence
@@ -103,13 +105,18 @@ RETRY_POLICIES.register("on-demand", RetryPolicy(max_preemptions=0, return_to_sp
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do next; ``pools`` are the candidates to try, in order."""
+    """What to do next; ``pools`` are the candidates to try, in order.
+
+    ``move``: asked while an attempt runs, the answer is to stop it (the controller drains
+    it: an emergency checkpoint, outcome ``drained``) and then launch or wait as said;
+    without it, a decision made while an attempt runs keeps that attempt."""
 
     action: Action
     market: Market | None = None
     pools: tuple[Pool, ...] = ()
     wait_seconds: float = 0.0
     reason: str = ""
+    move: bool = False
 
     def __post_init__(self) -> None:
         if self.action == "launch" and (not self.pools or self.market is None):
@@ -259,8 +266,9 @@ def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
         return keep
     if not _move_pays(running, spot[0], offers, work):
         return keep
-    return _launch(Market.SPOT, spot, f"spot capacity is back in {spot[0].zone}; move the job "
-                                      f"from on-demand back to spot ({_progress(record)})")
+    return dataclasses.replace(_launch(
+        Market.SPOT, spot, f"spot capacity is back in {spot[0].zone}; move the job from "
+                           f"on-demand back to spot ({_progress(record)})"), move=True)
 
 
 MOVE_MARGIN = 2.0

@@ -77,9 +77,11 @@ def _traces(a: str, b: str):
             trace("us-east-1b_v100_1", b, tick_seconds=TICK, price=1.2)]
 
 
-def _simulate(traces, work: float, deadline_ticks: int, policy: str = "greedy"):
+def _simulate(traces, work: float, deadline_ticks: int, policy: str = "greedy",
+              start_tick: int = 0):
     """The simulator's run of ``policy``: (result, choices), a choice per new instance."""
-    window = Replay.from_traces(traces).window(0, Job(work, deadline_ticks * TICK, OVERHEAD))
+    window = Replay.from_traces(traces).window(start_tick,
+                                               Job(work, deadline_ticks * TICK, OVERHEAD))
     decide = DEADLINE_POLICIES.get(policy).plan(window)
     choices: list[tuple[str, Market]] = []
 
@@ -93,9 +95,9 @@ def _simulate(traces, work: float, deadline_ticks: int, policy: str = "greedy"):
 
 
 def _live(tmp_path, traces, work: float, deadline_ticks: int, steps: int,
-          policy: str | None = "greedy"):
+          policy: str | None = "greedy", start_tick: int = 0):
     provider = LocalProvider.from_traces(traces, time_scale=SCALE, workdir=tmp_path / "cloud",
-                                         config=FAST)
+                                         config=FAST, start_tick=start_tick)
     market = provider.market
     events: list[tuple[str, str]] = []
     # 0.9 s (under a tick) beyond the window's last whole tick: the window keeps
@@ -103,7 +105,8 @@ def _live(tmp_path, traces, work: float, deadline_ticks: int, steps: int,
     spec = JobSpec(job_id="job-deadline-policy",
                    command=_step(steps),
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
-                   deadline=market.wall_time(deadline_ticks) + 0.9, work_seconds=work,
+                   deadline=market.wall_time(start_tick + deadline_ticks) + 0.9,
+                   work_seconds=work,
                    total_steps=steps, restart_overhead_seconds=OVERHEAD,
                    deadline_policy=policy)
     controller = Controller(provider, market, RETRY, poll_interval=0.05,

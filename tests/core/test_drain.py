@@ -10,8 +10,9 @@ import pytest
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.model import (Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool)
+from spot_core.policy.deadline import IDLE, ON_DEMAND
 from spot_core.policy.deadline_live import DeadlineWork
-from spot_core.policy.retry import RetryPolicy, decide_next
+from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.local import LocalProvider
 from spot_core.workloads.softmax_regression import TrainConfig, train
 
@@ -131,3 +132,112 @@ def test_live_uniform_progress_drains_on_demand_like_the_simulator(tmp_path):
     od_tick = traces[0].on_demand_price * TICK / 3600.0
     tolerance = od_tick * 1.5
     assert abs(live - simulated.cost) <= tolerance, (live, simulated.cost, tolerance)
+
+
+# The default on two zones: the cheap one (0.3 $/h) has had 20-tick runs and 6-tick
+# outages for a day (the default then plans its price tier, with the dearer zone, always up,
+# as the fallback class); in the window it is down for the first 4 ticks. The simulator
+# runs the job on the dearer zone's spot from tick 0 and moves it to the cheap zone once
+# that is back (tick 4); the live job must drain its spot attempt there and resume on the
+# cheap zone, and its weights must equal an uninterrupted run's.
+FALLBACK_HISTORY_TICKS = 160
+FALLBACK_WORK_TICKS, FALLBACK_DEADLINE_TICKS = 12, 24
+
+
+def _fallback_traces():
+    from test_controller_deadline_policy import TICK as tick
+    cheap = (("1" * 20 + "0" * 6) * 7)[:FALLBACK_HISTORY_TICKS] + "0" * 4 + "1" * 66
+    dear = "1" * (FALLBACK_HISTORY_TICKS + 70)
+    return [trace("us-east-1a_v100_1", cheap, tick_seconds=tick, price=0.3),
+            trace("us-east-1b_v100_1", dear, tick_seconds=tick, price=1.2)]
+
+
+def test_live_default_leaves_a_fallback_zone_like_the_simulator(tmp_path):
+    traces = _fallback_traces()
+    work = FALLBACK_WORK_TICKS * TICK
+    steps = round(work / SCALE / STEP_SECONDS)
+    simulated, sim_choices = _simulate(traces, work, FALLBACK_DEADLINE_TICKS, "default",
+                                       start_tick=FALLBACK_HISTORY_TICKS)
+    assert simulated.finished
+    assert sim_choices == [("us-east-1b", Market.SPOT), ("us-east-1a", Market.SPOT)]
+
+    record, spec, market, events = _live(tmp_path, traces, work, FALLBACK_DEADLINE_TICKS,
+                                         steps, policy="default",
+                                         start_tick=FALLBACK_HISTORY_TICKS)
+    live = record.ledger.spent
+    print(f"simulated cost {simulated.cost:.3f} $, live cost {live:.3f} $")
+    print(_summary(record, market))
+    assert record.status is JobStatus.SUCCEEDED
+    assert _choices(record) == sim_choices
+    moved, finished = [a for a in record.attempts if a.lease_id]
+    assert (moved.outcome, finished.outcome) == (Outcome.DRAINED, Outcome.SUCCEEDED)
+    assert market.tick_at(moved.drain_requested_at) - FALLBACK_HISTORY_TICKS == 4
+    assert record.preemptions == 0 and record.infrastructure_failures == 0
+    assert finished.checkpoint_step_start == moved.checkpoint_step_end > 0
+    assert any(kind == "draining" and "move from spot in us-east-1b" in detail
+               for kind, detail in events)
+    assert _final_sha(spec.checkpoint_uri) == train(
+        TrainConfig(steps=steps, step_seconds=STEP_SECONDS, seed=7)).weights_sha256
+    # As for uniform-progress above: whole-tick billing, the look once per tick at a
+    # moment within it, and the drain's lag; here on the dearer zone's spot price.
+    dear_tick = traces[1].spot_price[0] * TICK / 3600.0
+    tolerance = dear_tick * 1.5
+    assert abs(live - simulated.cost) <= tolerance, (live, simulated.cost, tolerance)
+
+
+def _plan_answering(answer: int):
+    """A two-zone plan (zone a down for its first tick) whose policy answers ``answer``
+    to every look while an attempt runs (the mapping is what is under test here)."""
+    from spot_core.market.trace_market import TraceMarket
+    from spot_core.policy.deadline_planner import plan_job
+
+    traces = [trace("us-east-1a_v100_1", "01111111", tick_seconds=600.0, price=0.3),
+              trace("us-east-1b_v100_1", "11111111", tick_seconds=600.0, price=1.2)]
+    market = TraceMarket(traces, tick_origin=0.0)
+    pools = market.pools() + market.pools(Market.ON_DEMAND)
+    plan = plan_job(market, policy="greedy", pools=pools, created_at=0.0, deadline=4800.0,
+                    work_seconds=1800.0, restart_overhead_seconds=600.0, total_steps=None)
+    return dataclasses.replace(plan, decide_tick=lambda t, progress, current, left: answer), \
+        market, pools
+
+
+@pytest.mark.parametrize("answer, running_on, moves_to", [
+    (0, 1, ("launch", Market.SPOT, "us-east-1a")),              # the cheap zone is back
+    (ON_DEMAND, 1, ("launch", Market.ON_DEMAND, "us-east-1a")),  # spot to on-demand
+    (IDLE, "on-demand", ("wait", None, None)),                   # stop on-demand, wait
+    (1, 1, None),                                                # the same zone: keep
+    (1, "on-demand", ("launch", Market.SPOT, "us-east-1b")),
+])
+def test_the_plan_moves_a_running_attempt_where_its_policy_says(answer, running_on, moves_to):
+    plan, market, pools = _plan_answering(answer)
+    spot = {p.zone: p for p in pools if p.is_spot}
+    pool = (spot["us-east-1a"].on(Market.ON_DEMAND) if running_on == "on-demand"
+            else spot["us-east-1b"])
+    record = JobRecord(job_id="j", created_at=0.0, deadline=4800.0).start_attempt(
+        Attempt(number=1, pool=pool, started_at=0.0, lease_id="i-1"))
+    now = 700.0  # tick 1: both zones up
+    decision = plan.decide(record, market.offers(pools, now), RetryPolicy(),
+                           Decision("wait", wait_seconds=1.0), now=now)
+    if moves_to is None:
+        assert not decision.move and decision.action == "wait"
+        return
+    action, market_to, zone = moves_to
+    assert decision.move and decision.action == action
+    if action == "launch":
+        assert (decision.market, decision.pools[0].zone) == (market_to, zone)
+    else:
+        assert 0 < decision.wait_seconds <= 600.0, "until the next tick, no longer"
+    off = plan.decide(record, market.offers(pools, now), RetryPolicy(return_to_spot=False),
+                      Decision("wait", wait_seconds=1.0), now=now)
+    assert not off.move, "return_to_spot=False keeps every running attempt where it is"
+
+
+def test_no_move_to_a_zone_without_capacity_or_outside_the_window():
+    plan, market, pools = _plan_answering(0)
+    zone_b = next(p for p in pools if p.zone == "us-east-1b" and p.is_spot)
+    record = JobRecord(job_id="j", created_at=0.0, deadline=4800.0).start_attempt(
+        Attempt(number=1, pool=zone_b, started_at=0.0, lease_id="i-1"))
+    for now in (100.0, 5000.0):  # tick 0 (zone a down), then past the window
+        decision = plan.decide(record, market.offers(pools, now), RetryPolicy(),
+                               Decision("wait", wait_seconds=1.0), now=now)
+        assert not decision.move, now
