@@ -28,7 +28,6 @@ import dataclasses
 import logging
 import math
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
@@ -531,7 +530,7 @@ class Controller:
         start_step = None if start_ref is None else start_ref.step
         if self.heartbeat_timeout is not None:
             self._heartbeat(spec, store).renew(number, now)  # the watcher must see one at once
-            self._beats[spec.job_id] = self._phased(spec.job_id, number, now)
+            self._beats[spec.job_id] = now
         launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
                             checkpoint_uri=spec.checkpoint_uri, env=spec.env, image=spec.image,
                             heartbeat_timeout=self.heartbeat_timeout)
@@ -638,29 +637,16 @@ class Controller:
         """Tell the node's watcher a driver still watches (throttled; never fatal)."""
         if self.heartbeat_timeout is None:
             return
-        last = self._beats.get(spec.job_id)
-        if last is not None and now - last < self._beat_every():
+        # A quarter of the timeout, at most a minute: each renewal is a store write per job
+        # (1,000 watched jobs: 1,000 S3 PUTs a minute at the 5m default, not every 30 s).
+        every = min(self.heartbeat_timeout / 4, 60.0)
+        if now - self._beats.get(spec.job_id, float("-inf")) < every:
             return
         try:
             self._heartbeat(spec).renew(lease.attempt, now)
-            self._beats[spec.job_id] = (now if last is not None
-                                        else self._phased(spec.job_id, lease.attempt, now))
+            self._beats[spec.job_id] = now
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the heartbeat: %s", spec.job_id, exc)
-
-    def _beat_every(self) -> float:
-        """A quarter of the timeout, at most a minute: each renewal is a store write per job
-        (1,000 watched jobs: 1,000 S3 PUTs a minute at the 5m default, not every 30 s)."""
-        return min(self.heartbeat_timeout / 4, 60.0)
-
-    def _phased(self, job_id: str, attempt: int, now: float) -> float:
-        """When to count a job's first renewal in this process as made, so the next comes
-        a job-specific fraction of the interval early. Why: jobs launched or taken over
-        together (a triggerer's 1,000 deferred jobs) would otherwise renew in one burst
-        every interval, holding the process (and Airflow's triggerer loop) for seconds;
-        spread, the same writes are a steady trickle, and no interval grows."""
-        phase = zlib.crc32(f"{job_id}:{attempt}".encode()) % 1000 / 1000.0
-        return now - phase * self._beat_every()
 
     def _heartbeat(self, spec: JobSpec, store: CheckpointStore | None = None) -> Heartbeat:
         """The job's heartbeat writer, made once per job and store: its store (for S3, its
