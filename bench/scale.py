@@ -46,7 +46,8 @@ from pathlib import Path
 
 from bench.moto_recorder import classify, recorded
 from bench.processes import commit
-from bench.scale_backends import CONTROLLER, Ec2Moto, LocalCloud, launch_leases
+from bench.scale_backends import (CONTROLLER, Ec2Moto, LocalCloud, controller_options,
+                                  launch_leases)
 
 
 # -- the jobs: controller records on launched leases, as deferred trigger rows ----------------
@@ -64,7 +65,8 @@ def watch_next(lease, checkpoint_uri: str):
                 lease=lease)
 
 
-def trigger_rows(provider_name: str, options: dict, leases, uris, poll_interval: float) -> list:
+def trigger_rows(provider_name: str, options: dict, leases, uris, poll_interval: float,
+                 controller: dict) -> list:
     """Each job's SpotJobTrigger (``uris``: the jobs' stores), serialized and rebuilt as the
     triggerer does."""
     from airflow_spot.triggers.spot import SpotJobTrigger
@@ -73,7 +75,7 @@ def trigger_rows(provider_name: str, options: dict, leases, uris, poll_interval:
     for lease, uri in zip(leases, uris):
         trigger = SpotJobTrigger(provider=provider_name, provider_options=options,
                                  next=watch_next(lease, uri).to_dict(), checkpoint_uri=uri,
-                                 controller_options={**CONTROLLER, "poll_interval": poll_interval})
+                                 controller_options={**controller, "poll_interval": poll_interval})
         path, kwargs = trigger.serialize()
         module, _, name = path.rpartition(".")
         rows.append(getattr(importlib.import_module(module), name)(**kwargs))
@@ -140,7 +142,8 @@ def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> 
     with ExitStack() as stack:
         backend = Ec2Moto(stack, work)
         provider, uris, launched, launch_s = launch_leases(backend, leases)
-        triggers = trigger_rows("ec2", dict(provider.options), launched, uris, poll_interval)
+        triggers = trigger_rows("ec2", dict(provider.options), launched, uris, poll_interval,
+                                controller_options(backend))
         backend.start_counting(uris, [lease.lease_id for lease in launched])
         count = moto_calls(backend.recording)
         result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval, count,
@@ -154,7 +157,8 @@ def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -
     with ExitStack() as stack:  # stopping the server terminates every lease
         backend = LocalCloud(stack, work)
         provider, uris, launched, launch_s = launch_leases(backend, leases)
-        triggers = trigger_rows("local", dict(provider.options), launched, uris, poll_interval)
+        triggers = trigger_rows("local", dict(provider.options), launched, uris, poll_interval,
+                                controller_options(backend))
         result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval,
                           backend.counts)
         for name in ("GET /config",):  # the triggers' provider opens, not polls

@@ -37,16 +37,21 @@ DESCRIBE_ROUTE = "POST /instances/describe"
 # in its window; at 10 s, 1,000 leases' watchers and the server answering them leave this
 # 2-core machine to the triggerer (at 1 s they took about 5.5 cores).
 LOCAL_WATCH_POLL = 10.0
-# heartbeat_timeout: each lease's watcher ends its step once nobody renews the heartbeat
-# that long, so a killed benchmark leaves no step running for long. Longer than the
-# settings' 5 minutes: launching 1,000 local leases takes about 6 minutes here, and the
-# first must still run when their triggers start. Renewals stay once a minute
-# (min(timeout / 4, 60 s)), as with the default.
-CONTROLLER = {"heartbeat_timeout": 1800.0, "observe_failure_timeout": 600.0,
-              "attempt_timeout": 86400.0}
+# Each backend's heartbeat_timeout: each lease's watcher ends its step once nobody renews
+# the heartbeat that long, so a killed benchmark leaves no step running for long. On the
+# local cloud, longer than the settings' 5 minutes: launching 1,000 local leases takes about
+# 6 minutes here, and the first must still run when their triggers start. On EC2 (moto),
+# where nothing runs on the instances, the settings' default, so the jobs' heartbeats are
+# renewed at the default's cadence (every quarter of the timeout: 75 s).
+CONTROLLER = {"observe_failure_timeout": 600.0, "attempt_timeout": 86400.0}
 
 
-def launch_spec(job_id: str, store):
+def controller_options(backend) -> dict:
+    """The controller settings every benchmarked job runs with on ``backend``."""
+    return {**CONTROLLER, "heartbeat_timeout": backend.heartbeat_timeout}
+
+
+def launch_spec(job_id: str, store, heartbeat_timeout: float):
     """A lease's launch as the controller makes it: a first heartbeat in the job's store,
     then a LaunchSpec whose node watcher gives up on a silent driver."""
     from spot_core.checkpoint.heartbeat import Heartbeat
@@ -54,7 +59,7 @@ def launch_spec(job_id: str, store):
 
     Heartbeat(store).renew(1, time.time())
     return LaunchSpec(job_id, 1, ("sleep", "86400"), store.uri,
-                      heartbeat_timeout=CONTROLLER["heartbeat_timeout"])
+                      heartbeat_timeout=heartbeat_timeout)
 
 
 def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:
@@ -67,7 +72,8 @@ def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:
     stores = provider_stores(provider)
     started = time.monotonic()
     uris = [backend.uri_pattern.format(i=i) for i in range(jobs)]
-    leases = [provider.launch(launch_spec(f"scale-{i}", stores(uri)), backend.pool)
+    leases = [provider.launch(launch_spec(f"scale-{i}", stores(uri), backend.heartbeat_timeout),
+                              backend.pool)
               for i, uri in enumerate(uris)]
     return provider, uris, leases, round(time.monotonic() - started, 1)
 
@@ -90,6 +96,7 @@ class Ec2Moto:
     """Spot leases on moto's EC2, stores in moto's S3."""
 
     provider, label = "ec2", "ec2_moto"
+    heartbeat_timeout = 300.0  # the settings' default
 
     def __init__(self, stack: ExitStack, work: Path) -> None:
         from spot_core.model import Market, Pool
@@ -123,6 +130,7 @@ class LocalCloud:
     stores in folders here."""
 
     provider, label = "local", "local_cloud"
+    heartbeat_timeout = 1800.0
 
     def __init__(self, stack: ExitStack, work: Path) -> None:
         from spot_core.localcloud.server import client_environ

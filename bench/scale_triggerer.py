@@ -60,7 +60,7 @@ from spot_core.emulators.moto_server import free_port
 from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
                              fresh_database, idle_cpu, postgres_url, py_spy, stop_process)
 from bench.scale import trigger_rows
-from bench.scale_backends import BACKENDS, CONTROLLER, launch_leases
+from bench.scale_backends import BACKENDS, controller_options, launch_leases
 
 DAG_ID, TASK_ID, RUN_ID = "spot_scale", "job", "bench_scale"
 BIN = Path(sys.executable).parent
@@ -124,7 +124,7 @@ def write_dag(home: Path, jobs: int, backend, poll_interval: float) -> None:
     (dags / "spot_scale.py").write_text(DAG_FILE.format(
         jobs=jobs, dag_id=DAG_ID, task_id=TASK_ID, provider=backend.provider,
         uri_pattern=backend.uri_pattern, options=backend.options,
-        poll_interval=poll_interval, **CONTROLLER))
+        poll_interval=poll_interval, **controller_options(backend)))
 
 
 def defer_task_instances(triggers: list) -> int:
@@ -240,7 +240,7 @@ def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, wo
             report["idle_cpu_s_per_s"] = idle_cpu(proc.pid, idle_seconds, IDLE_SETTLE)
         provider, uris, leases, report["launch_s"] = launch_leases(backend, jobs)
         triggers = trigger_rows(backend.provider, dict(provider.options), leases, uris,
-                                poll_interval)
+                                poll_interval, controller_options(backend))
         backend.start_counting(uris, [lease.lease_id for lease in leases])
         report["deferred_task_instances"] = defer_task_instances(triggers)
         report.update(wait_watching(proc, backend, jobs, log, poll_interval))
