@@ -158,9 +158,11 @@ class DeadlinePlan:
         """A running attempt moves when the policy, asked as the simulator asks it (on the
         attempt's zone or on on-demand, with the restart overhead still left), answers
         otherwise: another spot zone with capacity, on-demand from spot, or waiting. The
-        controller then drains the attempt; the next decision, from idle, names the same
-        place (a move from a running attempt costs the restart a launch from idle does, so
-        a place worth moving to is worth launching in)."""
+        controller then drains the attempt, and the next decision, asked from idle, picks
+        where to go. For the DP policies that is the same place: from idle, every launch
+        costs the restart the move did, so a place that beat staying put also beats the
+        others and waiting (the live tests check it for ``default`` and
+        ``uniform-progress``)."""
         keep = Decision("wait", wait_seconds=retry.capacity_wait_seconds,
                         reason=f"attempt {running.number} keeps running on "
                                f"{running.pool.market} in {running.pool.zone}")
