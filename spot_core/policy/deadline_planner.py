@@ -138,20 +138,10 @@ class DeadlinePlan:
                  f"{progress / self.window.job.task_seconds:.0%} of the work done")
         if action == IDLE:
             return self._wait(record, t, now, f"deadline policy {self.policy} waits ({where})")
-        if action == ON_DEMAND:
-            on_demand = on_demand_candidates(offers)
-            if not on_demand:
-                return fallback
-            return Decision("launch", market=Market.ON_DEMAND, pools=on_demand,
-                            reason=f"deadline policy {self.policy}: on-demand in "
-                                   f"{on_demand[0].zone} ({where})")
-        if not 0 <= action < len(self.pools):
+        if action != ON_DEMAND and not 0 <= action < len(self.pools):
             raise ValueError(f"deadline policy {self.policy} answered {action}, which is no "
                              f"zone of its {len(self.pools)}-zone window")
-        chosen = self.pools[action]
-        others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
-        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others,
-                        reason=f"deadline policy {self.policy}: spot in {chosen.zone} ({where})")
+        return self._launch(action, offers, now, where) or fallback
 
     def _while_running(self, record: JobRecord, running, offers: Sequence[Offer],
                        retry: RetryPolicy, now: float) -> Decision:
@@ -177,29 +167,37 @@ class DeadlinePlan:
         progress = self.progress_seconds(record)
         action = int(self.decide_tick(t, progress, current, left))
         source = "on-demand" if current == ON_DEMAND else f"spot in {running.pool.zone}"
-        where = (f"move from {source} (tick {t} of {self.window.ticks}, "
-                 f"{progress / self.window.job.task_seconds:.0%} of the work done)")
+        where = (f"move from {source}, tick {t} of {self.window.ticks}, "
+                 f"{progress / self.window.job.task_seconds:.0%} of the work done")
         if action == current:
             return keep
         if action == IDLE:
             waiting = self._wait(record, t, now, f"deadline policy {self.policy}: stop and "
-                                                 f"wait; {where}")
+                                                 f"wait ({where})")
             return dataclasses.replace(waiting, move=True)
+        if action != ON_DEMAND and not (0 <= action < len(self.pools) and any(
+                o.pool == self.pools[action] and o.available for o in offers)):
+            return keep  # no zone of the window, or one without capacity now
+        move = self._launch(action, offers, now, where)
+        return keep if move is None else dataclasses.replace(move, move=True)
+
+    def _launch(self, action: int, offers: Sequence[Offer], now: float,
+                where: str) -> Decision | None:
+        """The launch the policy's ``action`` (``ON_DEMAND`` or a window zone) names: the
+        zone's spot pool first, the other spot pools with capacity after it (fallbacks
+        should it go between the look and the launch), or the on-demand pools; None when
+        there is no on-demand pool."""
         if action == ON_DEMAND:
             on_demand = on_demand_candidates(offers)
             if not on_demand:
-                return keep
-            return Decision("launch", market=Market.ON_DEMAND, pools=on_demand, move=True,
-                            reason=f"deadline policy {self.policy}: on-demand; {where}")
-        if not 0 <= action < len(self.pools):
-            return keep
+                return None
+            return Decision("launch", market=Market.ON_DEMAND, pools=on_demand,
+                            reason=f"deadline policy {self.policy}: on-demand in "
+                                   f"{on_demand[0].zone} ({where})")
         chosen = self.pools[action]
-        if not any(o.pool == chosen and o.available for o in offers):
-            return keep
         others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
-        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others, move=True,
-                        reason=f"deadline policy {self.policy}: spot in {chosen.zone} pays; "
-                               f"{where}")
+        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others,
+                        reason=f"deadline policy {self.policy}: spot in {chosen.zone} ({where})")
 
     def _place(self, pool: Pool) -> int | None:
         """The policy's code for where ``pool`` runs: its window zone, or ``ON_DEMAND``;

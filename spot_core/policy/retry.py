@@ -37,8 +37,6 @@ away tends to stay away for a while).
 
 from __future__ import annotations
 
-import dataclasses
-
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal, Sequence
@@ -266,9 +264,9 @@ def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
         return keep
     if not _move_pays(running, spot[0], offers, work):
         return keep
-    return dataclasses.replace(_launch(
-        Market.SPOT, spot, f"spot capacity is back in {spot[0].zone}; move the job from "
-                           f"on-demand back to spot ({_progress(record)})"), move=True)
+    return Decision("launch", market=Market.SPOT, pools=spot, move=True,
+                    reason=f"spot capacity is back in {spot[0].zone}; move the job from "
+                           f"on-demand back to spot ({_progress(record)})")
 
 
 MOVE_MARGIN = 2.0
