@@ -32,11 +32,13 @@ job runs, and may move a running job (``uniform-progress`` leaves on-demand for 
 it is ahead; ``default`` leaves a dearer fallback zone for the cheap tier once it is back).
 The controller asks the plan once per tick while an attempt runs (``_while_running``: the
 policy sees the attempt's zone, or ``ON_DEMAND``, and the restart overhead still left, as
-in the simulator); when it names another zone with capacity, or on-demand from spot, the
-controller *drains* the attempt (an emergency checkpoint, the sixth outcome ``drained``, no
+in the simulator); when it names another zone with capacity, the controller *drains* the attempt (an emergency checkpoint, the sixth outcome ``drained``, no
 budget spent) and the next attempt starts there; an idle answer drains it too, and the job
 waits (``default`` stops on-demand to wait for spot when it is far enough ahead).
-``return_to_spot=False`` turns every such move off.
+``return_to_spot=False`` turns every such move off. A spot attempt is not moved to
+on-demand: live, the progress its checkpoints prove trails the work done by up to a
+checkpoint interval, and near the deadline that lag alone made the safety net answer
+on-demand where the simulator stayed on spot.
 
 Pure, like the rest of ``spot_core.policy``: the plan is built from trace data and the
 market's tick arithmetic, then each decision is a function of the record, the offers
@@ -147,7 +149,7 @@ class DeadlinePlan:
                        retry: RetryPolicy, now: float) -> Decision:
         """A running attempt moves when the policy, asked as the simulator asks it (on the
         attempt's zone or on on-demand, with the restart overhead still left), answers
-        otherwise: another spot zone with capacity, on-demand from spot, or waiting. The
+        otherwise: another spot zone with capacity, or (from on-demand) waiting. The
         controller then drains the attempt, and the next decision, asked from idle, picks
         where to go. For the DP policies that is the same place: from idle, every launch
         costs the restart the move did, so a place that beat staying put also beats the
@@ -169,8 +171,8 @@ class DeadlinePlan:
         source = "on-demand" if current == ON_DEMAND else f"spot in {running.pool.zone}"
         where = (f"move from {source}, tick {t} of {self.window.ticks}, "
                  f"{progress / self.window.job.task_seconds:.0%} of the work done")
-        if action == current:
-            return keep
+        if action == current or (action == ON_DEMAND and current != ON_DEMAND):
+            return keep  # from spot, on-demand would answer the proven progress's lag
         if action == IDLE:
             waiting = self._wait(record, t, now, f"deadline policy {self.policy}: stop and "
                                                  f"wait ({where})")

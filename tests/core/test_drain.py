@@ -203,7 +203,7 @@ def _plan_answering(answer: int):
 
 @pytest.mark.parametrize("answer, running_on, moves_to", [
     (0, 1, ("launch", Market.SPOT, "us-east-1a")),              # the cheap zone is back
-    (ON_DEMAND, 1, ("launch", Market.ON_DEMAND, "us-east-1a")),  # spot to on-demand
+    (ON_DEMAND, 1, None),                                        # spot stays spot
     (IDLE, "on-demand", ("wait", None, None)),                   # stop on-demand, wait
     (1, 1, None),                                                # the same zone: keep
     (1, "on-demand", ("launch", Market.SPOT, "us-east-1b")),
