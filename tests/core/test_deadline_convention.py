@@ -23,11 +23,11 @@ from spot_helpers import (DEADLINE_KNOBS, DEADLINE_SCALE, check_greedy_record,
 def test_durations_count_in_capacity_time_and_absolute_times_in_wall_time():
     settings = SpotSettings.build(**DEADLINE_KNOBS)
     on_local = settings.deadline_spec(created_at=1000.0, capacity_per_wall=300.0)
-    assert on_local == {"deadline": 1000.0 + 8400.0 / 300.0, "work_seconds": 1800.0,
+    assert on_local == {"deadline": 1000.0 + 16800.0 / 300.0, "work_seconds": 1800.0,
                         "restart_overhead_seconds": 1800.0, "total_steps": 40,
                         "deadline_policy": "greedy"}
     on_ec2 = settings.deadline_spec(created_at=1000.0, capacity_per_wall=1.0)
-    assert on_ec2["deadline"] == 1000.0 + 8400.0
+    assert on_ec2["deadline"] == 1000.0 + 16800.0
     when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
     for given in (when, "2026-12-01T08:00Z", "2026-12-01T08:00:00", datetime(2026, 12, 1, 8),
                   "2026-12-01T09:00+01:00"):
