@@ -1,8 +1,16 @@
 """Strategies registered by name, so configuration (a DAG argument, a CLI flag, a Prefect
-block field) can choose one with a string and a typo fails with the list of valid names."""
+block field) can choose one with a string and a typo fails with the list of valid names.
+
+A registry may also take strategies from an entry-point group: an installed package
+names its own (``[project.entry-points."spot_pipelines.deadline_policies"]``), and every
+process that resolves names (the CLI, an Airflow worker or triggerer, a Prefect worker or
+flow run) finds it without importing anything first. Entry points are listed by name
+at once and loaded only when asked for."""
 
 from __future__ import annotations
 
+import threading
+from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
 from spot_core.errors import ConfigError
@@ -13,10 +21,15 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Name -> strategy (a frozen policy object or a pure function), with a default."""
 
-    def __init__(self, kind: str, default: str = "default") -> None:
+    def __init__(self, kind: str, default: str = "default", *,
+                 entry_point_group: str | None = None, method: str | None = None) -> None:
         self.kind = kind
         self.default = default
+        self.entry_point_group = entry_point_group
+        self.method = method  # what a loaded entry point must have (e.g. "plan")
         self._items: dict[str, T] = {}
+        self._plugins: dict[str, EntryPoint] | None = None  # found on first use
+        self._lock = threading.Lock()
 
     def register(self, name: str, value: T, *, replace: bool = False) -> T:
         if name in self._items and not replace:
@@ -28,14 +41,47 @@ class Registry(Generic[T]):
     def get(self, name: str | None = None) -> T:
         """The strategy called ``name`` (the default when None)."""
         key = self.default if name is None else name
-        try:
+        if key in self._items:
             return self._items[key]
-        except KeyError:
+        plugin = self._found().get(key)
+        if plugin is None:
             raise ConfigError(f"unknown {self.kind} {key!r}; choose one of "
-                              f"{', '.join(self.names())}") from None
+                              f"{', '.join(self.names())}")
+        return self._load(key, plugin)
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted(set(self._items) | set(self._found()))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self._found()
+
+    # -- entry points ------------------------------------------------------------------------
+    def _found(self) -> dict[str, EntryPoint]:
+        """The group's entry points by name (a name registered in code wins)."""
+        if self.entry_point_group is None:
+            return {}
+        if self._plugins is None:
+            found = {ep.name: ep for ep in entry_points(group=self.entry_point_group)}
+            self._plugins = found
+        return {n: ep for n, ep in self._plugins.items() if n not in self._items}
+
+    def _load(self, name: str, plugin: EntryPoint) -> T:
+        """Import the entry point once; a class is instantiated with no arguments."""
+        with self._lock:
+            if name in self._items:
+                return self._items[name]
+            try:
+                value = plugin.load()
+                if isinstance(value, type):
+                    value = value()
+            except Exception as exc:  # noqa: BLE001 - any import error, said in one line
+                raise ConfigError(
+                    f"{self.kind} {name!r} ({plugin.value}, entry point group "
+                    f"{self.entry_point_group}) could not be loaded: "
+                    f"{type(exc).__name__}: {exc}; install its package in this environment "
+                    "or fix the entry point") from None
+            if self.method is not None and not callable(getattr(value, self.method, None)):
+                raise ConfigError(f"{self.kind} {name!r} ({plugin.value}) has no "
+                                  f"{self.method}() method; point the entry point at an "
+                                  f"object or class with one")
+            return self.register(name, value)

@@ -10,14 +10,15 @@ import pytest
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.model import (Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool)
-from spot_core.policy.deadline import IDLE, ON_DEMAND
+from spot_core.policy.deadline import (IDLE, ON_DEMAND, cheapest_available,
+                                        safety_net)
 from spot_core.policy.deadline_live import DeadlineWork
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.local import LocalProvider
 from spot_core.workloads.softmax_regression import TrainConfig, train
 
 from spot_helpers import marked_processes, trace, train_command
-from test_controller_deadline_policy import (FAST, OVERHEAD, SCALE, STEP_SECONDS, TICK,
+from test_controller_deadline_policy import (FAST, SCALE, STEP_SECONDS, TICK,
                                              _choices, _live, _simulate, _summary, _traces)
 
 pytestmark = pytest.mark.timeout(300)
@@ -129,6 +130,69 @@ def test_live_uniform_progress_drains_on_demand_like_the_simulator(tmp_path):
     # tick of difference where the live job leaves on-demand (the look is once per tick,
     # at a moment within it, on the progress its checkpoints prove), plus the drain's
     # notice and restart lag: one on-demand tick, plus half of one for the drain.
+    od_tick = traces[0].on_demand_price * TICK / 3600.0
+    tolerance = od_tick * 1.5
+    assert abs(live - simulated.cost) <= tolerance, (live, simulated.cost, tolerance)
+
+
+@dataclasses.dataclass(frozen=True)
+class PauseOnDemand:
+    """A user's deadline policy (what a ``spot_pipelines.deadline_policies`` entry point
+    names): on-demand for the first ``od_ticks`` ticks, then waiting until some zone has
+    spot, then that zone; the safety net, as in every built-in policy. None of the
+    built-in policies leaves on-demand to wait on these traces, so it is the one that
+    drives that move here."""
+
+    od_ticks: int
+
+    def plan(self, window):
+        def decide(t: int, progress: float, current: int, left: float) -> int:
+            forced = safety_net(window, t, progress, current, left)
+            if forced is not None:
+                return forced
+            if t < self.od_ticks:
+                return ON_DEMAND
+            spot = cheapest_available(window, t, current)
+            return IDLE if spot is None else spot
+        return decide
+
+
+# Zone a is down for the first 9 ticks, zone b throughout: on-demand from tick 0 (3 ticks
+# of restart, then 3 of work), waiting from tick 6, zone a's spot from tick 9.
+PAUSE_ZONE, PAUSE_OD_TICKS = "0" * 9 + "1" * 31, 6
+PAUSE_WORK_TICKS, PAUSE_DEADLINE_TICKS = 8, 24
+
+
+def test_live_policy_leaves_on_demand_to_wait_like_the_simulator(tmp_path, monkeypatch):
+    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+
+    monkeypatch.setitem(DEADLINE_POLICIES._items, "pause-on-demand",
+                        PauseOnDemand(PAUSE_OD_TICKS))
+    traces = _traces(PAUSE_ZONE, "0" * 40)
+    work = PAUSE_WORK_TICKS * TICK
+    steps = round(work / SCALE / STEP_SECONDS)
+    simulated, sim_choices = _simulate(traces, work, PAUSE_DEADLINE_TICKS, "pause-on-demand")
+    assert simulated.finished
+    assert sim_choices == [("on-demand", Market.ON_DEMAND), ("us-east-1a", Market.SPOT)]
+
+    record, spec, market, events = _live(tmp_path, traces, work, PAUSE_DEADLINE_TICKS, steps,
+                                         policy="pause-on-demand")
+    live = record.ledger.spent
+    print(f"simulated cost {simulated.cost:.3f} $, live cost {live:.3f} $")
+    print(_summary(record, market))
+    assert record.status is JobStatus.SUCCEEDED
+    assert _choices(record) == sim_choices
+    paused, finished = [a for a in record.attempts if a.lease_id]
+    assert (paused.outcome, finished.outcome) == (Outcome.DRAINED, Outcome.SUCCEEDED)
+    assert market.tick_at(paused.drain_requested_at) == PAUSE_OD_TICKS
+    assert market.tick_at(finished.started_at) == 9, "waited for zone a, not on-demand"
+    assert record.preemptions == 0 and record.infrastructure_failures == 0
+    assert finished.checkpoint_step_start == paused.checkpoint_step_end > 0
+    assert any(kind == "wait" for kind, _ in events)
+    assert _final_sha(spec.checkpoint_uri) == train(
+        TrainConfig(steps=steps, step_seconds=STEP_SECONDS, seed=7)).weights_sha256
+    # As for uniform-progress above: whole-tick billing, the look once per tick at a
+    # moment within it, and the drain's lag, here on on-demand.
     od_tick = traces[0].on_demand_price * TICK / 3600.0
     tolerance = od_tick * 1.5
     assert abs(live - simulated.cost) <= tolerance, (live, simulated.cost, tolerance)
