@@ -109,30 +109,48 @@ UP_ZONE = "0" * 6 + "1" * 34
 UP_WORK_TICKS, UP_DEADLINE_TICKS = 8, 24
 
 
-def test_live_uniform_progress_drains_on_demand_like_the_simulator(tmp_path):
-    traces = _traces(UP_ZONE, "0" * 40)
-    work = UP_WORK_TICKS * TICK
+def _live_as_simulated(tmp_path, traces, work_ticks: int, deadline_ticks: int, policy: str,
+                       choices: list, start_tick: int = 0):
+    """The job run live on a replay of ``traces`` after the simulator ran it: both make
+    ``choices`` and the live job succeeds with its two attempts, the first ``drained``
+    (no budget spent) and the second resumed from its checkpoint to the uninterrupted
+    run's weights. (record, market, the two attempts, events, simulated cost)."""
+    work = work_ticks * TICK
     steps = round(work / SCALE / STEP_SECONDS)
-    simulated, sim_choices = _simulate(traces, work, UP_DEADLINE_TICKS, "uniform-progress")
+    simulated, sim_choices = _simulate(traces, work, deadline_ticks, policy,
+                                       start_tick=start_tick)
     assert simulated.finished
-    assert sim_choices == [("on-demand", Market.ON_DEMAND), ("us-east-1a", Market.SPOT)]
-
-    record, spec, market, events = _live(tmp_path, traces, work, UP_DEADLINE_TICKS, steps,
-                                         policy="uniform-progress")
-    live = record.ledger.spent
-    print(f"simulated cost {simulated.cost:.3f} $, live cost {live:.3f} $")
+    assert sim_choices == choices
+    record, spec, market, events = _live(tmp_path, traces, work, deadline_ticks, steps,
+                                         policy=policy, start_tick=start_tick)
+    print(f"simulated cost {simulated.cost:.3f} $, live cost {record.ledger.spent:.3f} $")
     print(_summary(record, market))
     assert record.status is JobStatus.SUCCEEDED
-    assert _choices(record) == sim_choices
-    assert [a.outcome for a in record.attempts if a.lease_id] == [Outcome.DRAINED,
-                                                                  Outcome.SUCCEEDED]
-    # As for greedy (see test_controller_deadline_policy): whole-tick billing and up to a
-    # tick of difference where the live job leaves on-demand (the look is once per tick,
-    # at a moment within it, on the progress its checkpoints prove), plus the drain's
-    # notice and restart lag: one on-demand tick, plus half of one for the drain.
-    od_tick = traces[0].on_demand_price * TICK / 3600.0
-    tolerance = od_tick * 1.5
-    assert abs(live - simulated.cost) <= tolerance, (live, simulated.cost, tolerance)
+    assert _choices(record) == choices
+    moved, finished = [a for a in record.attempts if a.lease_id]
+    assert (moved.outcome, finished.outcome) == (Outcome.DRAINED, Outcome.SUCCEEDED)
+    assert record.preemptions == 0 and record.infrastructure_failures == 0
+    assert finished.checkpoint_step_start == moved.checkpoint_step_end > 0
+    assert _final_sha(spec.checkpoint_uri) == train(
+        TrainConfig(steps=steps, step_seconds=STEP_SECONDS, seed=7)).weights_sha256
+    return record, market, (moved, finished), events, simulated.cost
+
+
+def _assert_cost_near(live: float, simulated: float, price_per_hour: float) -> None:
+    """Whole-tick billing and up to a tick of difference where the live job moves (the
+    look is once per tick, at a moment within it, on the progress its checkpoints
+    prove), plus the drain's notice and restart lag: a tick and a half at the price of
+    the instance the job moved from."""
+    tolerance = 1.5 * price_per_hour * TICK / 3600.0
+    assert abs(live - simulated) <= tolerance, (live, simulated, tolerance)
+
+
+def test_live_uniform_progress_drains_on_demand_like_the_simulator(tmp_path):
+    traces = _traces(UP_ZONE, "0" * 40)
+    record, *_, simulated = _live_as_simulated(
+        tmp_path, traces, UP_WORK_TICKS, UP_DEADLINE_TICKS, "uniform-progress",
+        [("on-demand", Market.ON_DEMAND), ("us-east-1a", Market.SPOT)])
+    _assert_cost_near(record.ledger.spent, simulated, traces[0].on_demand_price)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,33 +187,13 @@ def test_live_policy_leaves_on_demand_to_wait_like_the_simulator(tmp_path, monke
     monkeypatch.setitem(DEADLINE_POLICIES._items, "pause-on-demand",
                         PauseOnDemand(PAUSE_OD_TICKS))
     traces = _traces(PAUSE_ZONE, "0" * 40)
-    work = PAUSE_WORK_TICKS * TICK
-    steps = round(work / SCALE / STEP_SECONDS)
-    simulated, sim_choices = _simulate(traces, work, PAUSE_DEADLINE_TICKS, "pause-on-demand")
-    assert simulated.finished
-    assert sim_choices == [("on-demand", Market.ON_DEMAND), ("us-east-1a", Market.SPOT)]
-
-    record, spec, market, events = _live(tmp_path, traces, work, PAUSE_DEADLINE_TICKS, steps,
-                                         policy="pause-on-demand")
-    live = record.ledger.spent
-    print(f"simulated cost {simulated.cost:.3f} $, live cost {live:.3f} $")
-    print(_summary(record, market))
-    assert record.status is JobStatus.SUCCEEDED
-    assert _choices(record) == sim_choices
-    paused, finished = [a for a in record.attempts if a.lease_id]
-    assert (paused.outcome, finished.outcome) == (Outcome.DRAINED, Outcome.SUCCEEDED)
+    record, market, (paused, resumed), events, simulated = _live_as_simulated(
+        tmp_path, traces, PAUSE_WORK_TICKS, PAUSE_DEADLINE_TICKS, "pause-on-demand",
+        [("on-demand", Market.ON_DEMAND), ("us-east-1a", Market.SPOT)])
     assert market.tick_at(paused.drain_requested_at) == PAUSE_OD_TICKS
-    assert market.tick_at(finished.started_at) == 9, "waited for zone a, not on-demand"
-    assert record.preemptions == 0 and record.infrastructure_failures == 0
-    assert finished.checkpoint_step_start == paused.checkpoint_step_end > 0
+    assert market.tick_at(resumed.started_at) == 9, "waited for zone a, not on-demand"
     assert any(kind == "wait" for kind, _ in events)
-    assert _final_sha(spec.checkpoint_uri) == train(
-        TrainConfig(steps=steps, step_seconds=STEP_SECONDS, seed=7)).weights_sha256
-    # As for uniform-progress above: whole-tick billing, the look once per tick at a
-    # moment within it, and the drain's lag, here on on-demand.
-    od_tick = traces[0].on_demand_price * TICK / 3600.0
-    tolerance = od_tick * 1.5
-    assert abs(live - simulated.cost) <= tolerance, (live, simulated.cost, tolerance)
+    _assert_cost_near(record.ledger.spent, simulated, traces[0].on_demand_price)
 
 
 # The default on two zones: the cheap one (0.3 $/h) has had 20-tick runs and 6-tick
@@ -218,35 +216,14 @@ def _fallback_traces():
 
 def test_live_default_leaves_a_fallback_zone_like_the_simulator(tmp_path):
     traces = _fallback_traces()
-    work = FALLBACK_WORK_TICKS * TICK
-    steps = round(work / SCALE / STEP_SECONDS)
-    simulated, sim_choices = _simulate(traces, work, FALLBACK_DEADLINE_TICKS, "default",
-                                       start_tick=FALLBACK_HISTORY_TICKS)
-    assert simulated.finished
-    assert sim_choices == [("us-east-1b", Market.SPOT), ("us-east-1a", Market.SPOT)]
-
-    record, spec, market, events = _live(tmp_path, traces, work, FALLBACK_DEADLINE_TICKS,
-                                         steps, policy="default",
-                                         start_tick=FALLBACK_HISTORY_TICKS)
-    live = record.ledger.spent
-    print(f"simulated cost {simulated.cost:.3f} $, live cost {live:.3f} $")
-    print(_summary(record, market))
-    assert record.status is JobStatus.SUCCEEDED
-    assert _choices(record) == sim_choices
-    moved, finished = [a for a in record.attempts if a.lease_id]
-    assert (moved.outcome, finished.outcome) == (Outcome.DRAINED, Outcome.SUCCEEDED)
+    record, market, (moved, _), events, simulated = _live_as_simulated(
+        tmp_path, traces, FALLBACK_WORK_TICKS, FALLBACK_DEADLINE_TICKS, "default",
+        [("us-east-1b", Market.SPOT), ("us-east-1a", Market.SPOT)],
+        start_tick=FALLBACK_HISTORY_TICKS)
     assert market.tick_at(moved.drain_requested_at) - FALLBACK_HISTORY_TICKS == 4
-    assert record.preemptions == 0 and record.infrastructure_failures == 0
-    assert finished.checkpoint_step_start == moved.checkpoint_step_end > 0
     assert any(kind == "draining" and "move from spot in us-east-1b" in detail
                for kind, detail in events)
-    assert _final_sha(spec.checkpoint_uri) == train(
-        TrainConfig(steps=steps, step_seconds=STEP_SECONDS, seed=7)).weights_sha256
-    # As for uniform-progress above: whole-tick billing, the look once per tick at a
-    # moment within it, and the drain's lag; here on the dearer zone's spot price.
-    dear_tick = traces[1].spot_price[0] * TICK / 3600.0
-    tolerance = dear_tick * 1.5
-    assert abs(live - simulated.cost) <= tolerance, (live, simulated.cost, tolerance)
+    _assert_cost_near(record.ledger.spent, simulated, traces[1].spot_price[0])
 
 
 def _plan_answering(answer: int):
