@@ -375,10 +375,11 @@ class Controller:
         it would do now, with the progress its store proves: an on-demand attempt under
         any policy (``decide_next``'s return-to-spot rule), a spot attempt only under a
         deadline policy's plan (which may leave a dearer zone for a cheaper one, or on-demand
-        to wait, as in the simulator). When the answer is a move
-        (``Decision.move``), the attempt is marked ``drain_requested_at`` and persisted
-        first, then its lease is terminated gracefully: the step's watcher forwards SIGTERM, the step saves an emergency
-        checkpoint and stops, and the attempt closes as ``drained`` (no budget spent)."""
+        to wait, as in the simulator). When the answer is a move (``Decision.move``), the
+        attempt is marked ``drain_requested_at`` and persisted first, then its lease is
+        terminated gracefully: the step's watcher forwards SIGTERM, the step saves an
+        emergency checkpoint and stops, and the attempt closes as ``drained`` (no budget
+        spent)."""
         running = watch.record.current_attempt
         if (running is None or running.drain_requested_at is not None
                 or now - self._drain_looks.get(spec.job_id, -math.inf) < self._drain_every()):

@@ -32,9 +32,10 @@ job runs, and may move a running job (``uniform-progress`` leaves on-demand for 
 it is ahead; ``default`` leaves a dearer fallback zone for the cheap tier once it is back).
 The controller asks the plan once per tick while an attempt runs (``_while_running``: the
 policy sees the attempt's zone, or ``ON_DEMAND``, and the restart overhead still left, as
-in the simulator); when it names another zone with capacity, the controller *drains* the attempt (an emergency checkpoint, the sixth outcome ``drained``, no
-budget spent) and the next attempt starts there; an idle answer drains it too, and the job
-waits (``default`` stops on-demand to wait for spot when it is far enough ahead).
+in the simulator); when it names another zone with capacity, the controller *drains* the
+attempt (an emergency checkpoint, the sixth outcome ``drained``, no budget spent) and the
+next attempt starts there; an idle answer to an on-demand attempt drains it too, and the
+job waits (none of the built-in policies was seen to do that; a user's policy may).
 ``return_to_spot=False`` turns every such move off. A spot attempt is not moved to
 on-demand: live, the progress its checkpoints prove trails the work done by up to a
 checkpoint interval, and near the deadline that lag alone made the safety net answer
@@ -171,17 +172,17 @@ class DeadlinePlan:
         source = "on-demand" if current == ON_DEMAND else f"spot in {running.pool.zone}"
         where = (f"move from {source}, tick {t} of {self.window.ticks}, "
                  f"{progress / self.window.job.task_seconds:.0%} of the work done")
-        if action == current or (action == ON_DEMAND and current != ON_DEMAND):
-            return keep  # from spot, on-demand would answer the proven progress's lag
+        if action == current or action == ON_DEMAND:
+            # (on-demand from spot: an answer to the proven progress's lag, see above)
+            return keep
         if action == IDLE:
             waiting = self._wait(record, t, now, f"deadline policy {self.policy}: stop and "
                                                  f"wait ({where})")
             return dataclasses.replace(waiting, move=True)
-        if action != ON_DEMAND and not (0 <= action < len(self.pools) and any(
+        if not (0 <= action < len(self.pools) and any(
                 o.pool == self.pools[action] and o.available for o in offers)):
             return keep  # no zone of the window, or one without capacity now
-        move = self._launch(action, offers, now, where)
-        return keep if move is None else dataclasses.replace(move, move=True)
+        return dataclasses.replace(self._launch(action, offers, now, where), move=True)
 
     def _launch(self, action: int, offers: Sequence[Offer], now: float,
                 where: str) -> Decision | None:

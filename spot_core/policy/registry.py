@@ -57,13 +57,13 @@ class Registry(Generic[T]):
 
     # -- entry points ------------------------------------------------------------------------
     def _found(self) -> dict[str, EntryPoint]:
-        """The group's entry points by name (a name registered in code wins)."""
+        """The group's entry points by name, read once (``get`` looks at the names
+        registered in code first, so those win)."""
         if self.entry_point_group is None:
             return {}
         if self._plugins is None:
-            found = {ep.name: ep for ep in entry_points(group=self.entry_point_group)}
-            self._plugins = found
-        return {n: ep for n, ep in self._plugins.items() if n not in self._items}
+            self._plugins = {ep.name: ep for ep in entry_points(group=self.entry_point_group)}
+        return self._plugins
 
     def _load(self, name: str, plugin: EntryPoint) -> T:
         """Import the entry point once; a class is instantiated with no arguments."""
