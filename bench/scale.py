@@ -24,7 +24,9 @@ process's CPU time (every thread: the event loop, the observer, ``check``'s work
 threads; not moto's or the local cloud's) is measured over ``--seconds`` of watching at
 ``--poll-interval``. Printed: describes and calls per poll, CPU-seconds per job-hour and
 the share of a core per 100 watched jobs (aims, issue 16: at most 5 EC2 calls per poll
-for 1,000 leases; under 1 % of a core per 100 jobs).
+for 1,000 leases; under 1 % of a core per 100 jobs), and the loop's stalls as Airflow's
+triggerer would log them, with the full garbage collections they overlapped
+(``bench/loop_stalls.py``).
 
 The ``airflow triggerer`` command itself, with 1,000 deferred task-instance rows in its
 metadata database, is ``bench/scale_triggerer.py``; the Prefect worker with 200 flow runs
@@ -44,6 +46,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench.loop_stalls import LoopStalls
 from bench.moto_recorder import classify, recorded
 from bench.processes import commit
 from bench.scale_backends import (CONTROLLER, Ec2Moto, LocalCloud, controller_options,
@@ -99,9 +102,10 @@ async def _watch(triggers, observer, seconds: float, poll_interval: float,
             raise RuntimeError(f"the triggers did not all start watching: {fired}")
         await asyncio.sleep(0.2)
     calls0, polls0, calls_obs0 = count_calls(), observer.polls, observer.calls
-    cpu0, wall0 = time.process_time(), time.monotonic()
-    await asyncio.sleep(seconds)
-    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    async with LoopStalls() as stalls:  # as Airflow's "async thread was blocked" notes
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        await asyncio.sleep(seconds)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
     polls, describes = observer.polls - polls0, observer.calls - calls_obs0
     calls = {k: v - calls0.get(k, 0) for k, v in count_calls().items() if v - calls0.get(k, 0)}
     ended = sum(t.done() for t in tasks)
@@ -115,7 +119,8 @@ async def _watch(triggers, observer, seconds: float, poll_interval: float,
             "window_s": round(wall, 1), "polls": polls, "observer_describes": describes,
             "server_calls": calls, "server_calls_per_poll": round(api / max(polls, 1), 2),
             "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
-            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3)}
+            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
+            **stalls.summary()}
 
 
 def run_loop(triggers, observer, seconds, poll_interval, count_calls,

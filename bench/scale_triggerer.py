@@ -32,8 +32,8 @@ Every lease stays running and every trigger keeps watching. Once every job's hea
 has been renewed by the triggerer (bounded wait) and two more describe rounds have
 passed, the bench counts for ``--seconds`` the requests the backend's server receives (a
 poll is one describe round) and the CPU of the triggerer's process tree (the supervisor
-and its trigger runner subprocess), also as the share above its idle cost. Printed as
-JSON.
+and its trigger runner subprocess), also as the share above its idle cost, and the
+"async thread was blocked" notes the triggerer logged in the window. Printed as JSON.
 
 At the end the triggerer is stopped with SIGTERM, as a restart stops it: its triggers'
 ``cleanup`` finds their task instances still deferred and leaves the leases running
@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,6 +70,7 @@ STOP_TIMEOUT = 180.0   # the triggerer's shutdown runs every trigger's cleanup
 CLI_TIMEOUT = 600.0
 IDLE_SETTLE = 20.0     # the triggerer's start-up, before its idle cost is measured
 IDLE_SECONDS = 20.0
+BLOCKED_NOTE = re.compile(r"async thread was blocked for ([0-9.]+) seconds")
 
 DAG_FILE = '''"""{jobs} deferrable spot jobs on {provider}, one mapped task: bench/scale_triggerer.py."""
 from airflow.sdk import DAG
@@ -210,6 +212,17 @@ def wait_watching(proc: subprocess.Popen, backend, jobs: int, log: Path,
 
 
 # -- the whole run ------------------------------------------------------------------------------
+def blocked_notes(log: Path, offset: int) -> dict:
+    """Airflow's "async thread was blocked for N seconds" notes in the window (what a user
+    sees in the triggerer's log; ``bench/loop_stalls.py`` finds their cause in-process)."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    seconds = [float(s) for s in BLOCKED_NOTE.findall(text)]
+    return {"blocked_notes": len(seconds),
+            "longest_blocked_s": max(seconds, default=0.0)}
+
+
 def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, work: Path,
           admin_url: str | None, profile: Path | None = None,
           idle_seconds: float = IDLE_SECONDS) -> dict:
@@ -244,7 +257,9 @@ def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, wo
         backend.start_counting(uris, [lease.lease_id for lease in leases])
         report["deferred_task_instances"] = defer_task_instances(triggers)
         report.update(wait_watching(proc, backend, jobs, log, poll_interval))
+        log_offset = log.stat().st_size
         report.update(backend.measure(proc.pid, seconds, jobs))
+        report.update(blocked_notes(log, log_offset))
         if idle_seconds:
             report.update(above_idle(report, jobs))
         report["triggerer_alive_after_window"] = proc.poll() is None

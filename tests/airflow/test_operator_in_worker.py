@@ -55,7 +55,6 @@ def test_user_failure_raises_and_the_next_try_resumes_the_same_record(cloud_url,
 
 def test_on_kill_terminates_the_running_lease(cloud_url, tmp_path):
     import threading
-    import time
 
     store, ti = StateStore(), TI()
     op = _operator(cloud_url, tmp_path, "import time; time.sleep(60)")
