@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
+from spot_core import stopping
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
@@ -188,7 +189,7 @@ class Controller:
                  persist: Persist | None = None, listener: Listener | None = None,
                  stores: Callable[[str], CheckpointStore] | None = None,
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep,
+                 sleep: Callable[[float], None] = stopping.sleep,
                  poll_interval: float = default("poll_interval"),
                  attempt_timeout: float = default("attempt_timeout"),
                  heartbeat_timeout: float | None = default("heartbeat_timeout"),

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from spot_core import stopping
 from spot_core.errors import SpotError
 from spot_core.model import Lease
 from spot_core.providers.base import Observation
@@ -154,9 +155,16 @@ class SharedObserver:
             done.set()
 
         waiter = self._add_waiter(lease_id, _Waiter(after, deliver))
-        if waiter is not None and not done.wait(timeout):
-            self._remove_waiter(lease_id, waiter)
-            return self._timed_out(lease_id, timeout)
+        if waiter is not None:
+            try:
+                with stopping.waiting():  # where a signal may stop `spot-pipelines run`
+                    delivered = done.wait(timeout)
+            except BaseException:
+                self._remove_waiter(lease_id, waiter)
+                raise
+            if not delivered:
+                self._remove_waiter(lease_id, waiter)
+                return self._timed_out(lease_id, timeout)
         return box[0] if box else self._timed_out(lease_id, timeout)
 
     async def wait_async(self, lease_id: str, after: float, timeout: float) -> Observation:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any, Callable, TypeVar
 
+from spot_core import stopping
 from spot_core.errors import ConfigError, InfrastructureError, SpotError
 
 T = TypeVar("T")
@@ -108,7 +108,7 @@ def call(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                                         f"({type(exc).__name__}: {exc})")
         if not error.retryable or round_ == RETRIES - 1:
             raise error
-        time.sleep(0.2 * (2 ** round_))
+        stopping.sleep(0.2 * (2 ** round_))  # between calls: a safe place for a stop
     raise AssertionError("unreachable")
 
 

@@ -9,14 +9,12 @@ JobRecord summary is printed at the end. Every lease is terminated on every exit
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -79,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from spot_core.controller import Controller, JobSpec
     from spot_core.observer import observer_of
     from spot_core.report import print_record
+    from spot_core.stopping import stop_on_signals
 
     settings = _settings(args)
     # On kubernetes the command runs in the pod's image, not on this machine.
@@ -86,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
                        or settings.provider == "kubernetes")
     job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
     wanted = _pool_names(args.pools)
-    with _stop_on_signals(), _provider(args, settings) as provider:
+    # SIGINT, SIGTERM and SIGHUP stop the job at the driver's next wait, never inside a
+    # client call (spot_core.stopping); a second one stops it at once.
+    with stop_on_signals(), _provider(args, settings) as provider:
         pools = _pools(provider, wanted)
         # Last of the checks: it creates the checkpoint folder, so a bad flag leaves none.
         checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
@@ -103,24 +104,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(record.to_json(), flush=True)
     return 0 if str(record.status) == "succeeded" else 1
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP: stop like Ctrl-C (the controller terminates the running lease)."""
-
-
-@contextlib.contextmanager
-def _stop_on_signals():
-    """SIGTERM and SIGHUP clean up exactly as SIGINT does; the old handlers come back after."""
-    def stop(signum, frame):
-        raise Stopped(f"stopped by {signal.Signals(signum).name}")
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _settings(args: argparse.Namespace):

@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from spot_core import stopping
 from spot_core.adaptors import kubernetes as k8s
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.kubernetes import KubernetesMarket, PriceTable, check_prices
@@ -124,7 +125,7 @@ class KubernetesProvider:
 
     def __init__(self, options: KubernetesOptions, *, api: Any = None,
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = stopping.sleep) -> None:
         self.config = options
         # JSON-able: `open_provider("kubernetes", **provider.options)` reopens it elsewhere.
         self.options = options.to_options()
