@@ -22,6 +22,7 @@ Outside the main thread (a Prefect task runner's threads, an Airflow worker) and
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -61,6 +62,17 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _state.waits > 0 or _state.raised or _state.pending is not None:
         raise _stopped(signum)
     _state.pending = signum  # raised by the main thread's next wait
+    _say(f"{signal.Signals(signum).name}: stopping once the cloud call under way returns "
+         "(send it again to stop at once)")
+
+
+def _say(line: str) -> None:
+    """One line to stderr from a signal handler: ``os.write``, not ``print``, since the
+    main thread may be inside a write to the same buffered stream."""
+    try:
+        os.write(2, f"spot-pipelines: {line}\n".encode())
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager

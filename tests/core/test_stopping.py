@@ -29,10 +29,13 @@ def library_call(lock: threading.Lock, signum: int) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_during_a_client_call_stops_at_the_next_wait_with_no_lock_left_held(signum):
+def test_a_signal_during_a_client_call_stops_at_the_next_wait_with_no_lock_left_held(
+        signum, capfd):
     lock = threading.Lock()
     with stop_on_signals():
         library_call(lock, signum)  # no exception inside the call
+        said = capfd.readouterr().err
+        assert "stopping once the cloud call under way returns" in said, said
         assert lock.acquire(timeout=1), "the client's lock was left held"
         lock.release()
         started = time.monotonic()
