@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from spot_core.settings import default
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -114,11 +116,21 @@ def count_alive(started: list, report: dict) -> None:
     report["processes_alive_at_end"] = len(alive)
 
 
+# Each job renews its heartbeat every quarter of heartbeat_timeout (75 s at the 5m
+# default). A window that is not a whole number of those periods holds some jobs'
+# renewals and not others', so its CPU swings with the phase: 60 s windows of the same
+# 200 jobs held 132 to 200 renewals. Two whole periods: 150 s.
+WINDOW_SECONDS = 2 * default("heartbeat_timeout") / 4
+
+
 def add_window_arguments(parser, process: str, nothing: str, database: str,
                          idle_seconds: float) -> None:
     """The options both process benchmarks take: the measured window, the poll interval,
     py-spy after it, the idle measurement before it, and SQLite instead of PostgreSQL."""
-    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
+    parser.add_argument("--seconds", type=float, default=WINDOW_SECONDS,
+                        help="measured window (default: two rounds of heartbeat renewals at "
+                        "the default heartbeat_timeout, so every job renews the same number "
+                        "of times in it)")
     parser.add_argument("--poll-interval", type=float, default=5.0)
     parser.add_argument("--profile", type=Path, default=None,
                         help=f"after the window, 30 s of py-spy on the {process} into this file")

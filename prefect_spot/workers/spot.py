@@ -510,15 +510,19 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         return submitted
 
     async def _adopt_orphans(self) -> None:
-        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState,
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId,
+                                                    FlowRunFilterState,
                                                     FlowRunFilterStateType, WorkPoolFilter,
                                                     WorkPoolFilterName)
         from prefect.client.schemas.objects import StateType
 
+        # The runs this worker drives are left out by the server: a worker watching 200
+        # running flows would otherwise read and parse all 200 at every look.
+        driving = FlowRunFilterId(not_any_=list(self._driving)) if self._driving else None
         running: list[FlowRun] = []
-        while True:  # every Running run of the pool, a page at a time
+        while True:  # every Running run of the pool that others drive, a page at a time
             page = await self.client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                flow_run_filter=FlowRunFilter(id=driving, state=FlowRunFilterState(
                     type=FlowRunFilterStateType(any_=[StateType.RUNNING]))),
                 work_pool_filter=WorkPoolFilter(
                     name=WorkPoolFilterName(any_=[self._work_pool_name])),
