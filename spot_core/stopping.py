@@ -13,7 +13,8 @@ provider's launch polls, where no library call is under way. A signal that arriv
 such a wait raises at once, as before, so a stop is as prompt as ever whenever the driver
 is idle, and at most one API call later otherwise (every call is bounded by its client's
 timeouts). A second signal raises at once wherever it lands: the way out of a clean-up that
-hangs.
+hangs. A request still pending when the block ends (the job finished with no wait after
+the signal) is dropped with it: the process exits with the job's own status.
 
 Outside the main thread (a Prefect task runner's threads, an Airflow worker) and when no
 ``stop_on_signals`` block is in force, ``sleep`` is ``time.sleep`` and ``waiting`` does nothing.
