@@ -86,16 +86,17 @@ def rss_bytes(pid: int, children: bool = False) -> int:
 
 
 def py_spy(pid: int, out: Path, seconds: float = 30.0, subprocesses: bool = False) -> str:
-    """``py-spy record`` of ``pid`` (every thread, idle samples left out) into ``out`` as
-    collapsed stacks, if py-spy is installed (``pip install py-spy``: not a project
-    dependency)."""
+    """``py-spy record`` of ``pid`` into ``out`` as collapsed stacks, if py-spy is installed
+    (``pip install py-spy``: not a project dependency). Only the thread holding the GIL is
+    sampled (``--gil``): where the process spends Python CPU. py-spy's own idle test
+    counts some waiting threads (anyio's worker threads) as busy."""
     binary = shutil.which("py-spy") or shutil.which(
         "py-spy", path=str(Path(sys.executable).parent))
     if binary is None:
         return "py-spy not found: pip install py-spy"
     extra = ["--subprocesses"] if subprocesses else []
     done = subprocess.run([binary, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                           "--rate", "50", "--format", "raw", *extra, "--output", str(out)],
+                           "--rate", "50", "--gil", "--format", "raw", *extra, "--output", str(out)],
                           capture_output=True, text=True, timeout=seconds + 60)
     return str(out) if done.returncode == 0 else f"py-spy failed: {done.stderr[-500:]}"
 

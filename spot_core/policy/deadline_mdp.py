@@ -26,8 +26,10 @@ market itself, so it never peeks at the future it is replayed on:
    restart is over). Spot goes to the zone with the best price per unit of progress
    over the run each zone is expected still to have given its age (Young/Daly: a run of
    expected length E costs a restart per E), and a job on spot moves to another zone
-   when that saving, over the other zone's expected run, repays the restart
+   when the lower price there, over that zone's expected run, repays the restart
    ``switch_margin`` times (and the slack leaves room for this restart and two more).
+   A longer run alone never justifies a move: moving costs a restart for sure, staying
+   costs one only if the zone ends first, and the job moves then anyway.
    With several price tiers, the plan is for the cheapest tier, and the dearer zones are
    a second spot class the DP may use through the tier's outages (their own up/down
    forecast and price) rather than on-demand; a job there moves back to the tier when
@@ -198,7 +200,7 @@ class ForecastDP:
     it. ``tier_margin``: a smaller zone set must be forecast this much cheaper to win.
     ``up_edges_hours`` / ``down_edges_hours``: the age buckets of the semi-Markov
     forecast (empty: the memoryless Markov model). ``zone_weight``: restarts counted per
-    expected run when ranking zones; ``switch_margin``: a voluntary move to another zone
+    expected run when ranking zones; ``switch_margin``: a voluntary move to a cheaper zone
     must save this many times its restart (``inf``: never move while the zone lasts).
     ``history_half_life_hours``: weigh each tick of the history by one half per this
     many hours of age in the fit (0: all alike; 48 paid on the development set, 24 did
@@ -224,7 +226,7 @@ class ForecastDP:
     tier_tolerance: float = 0.1
     tier_margin: float = 0.02
     zone_weight: float = 0.5
-    switch_margin: float = 8.0
+    switch_margin: float = 4.0
     up_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
     down_edges_hours: tuple[float, ...] = (0.25, 1.0, 4.0)
     history_half_life_hours: float = 48.0
@@ -710,13 +712,19 @@ class _ZoneChooser:
         return int(min(scores)[1])
 
     def switch(self, t: int, zone: int, work_left: float, margin: float) -> int:
-        """Move to another zone when the saving over its expected run repays a restart
-        ``margin`` times over; else stay."""
+        """Move to the best-ranked other zone when its lower price, over its expected run,
+        repays a restart ``margin`` times over; else stay.
+
+        The saving is in price alone. A move costs a restart now; staying costs one only
+        if this zone's run ends first, and the job moves then. So between zones of one
+        price a move never pays, however much longer the other zone's run looks (with the
+        ranking's restart term in the saving, the default hopped between equal-priced
+        zones and paid a restart each time: bench/README.md, tenth round)."""
         column = self.window.available[:, t]
         if margin == math.inf or column.sum() < 2:
             return zone
         other = min((self.score(z, t), z) for z in np.flatnonzero(column) if z != zone)[1]
-        stay = self.score(zone, t)
-        gain = (stay - self.score(other, t)) * min(self.rest(other, t), work_left) / 3600
+        prices = self.window.price[:, t]
+        gain = float(prices[zone] - prices[other]) * min(self.rest(other, t), work_left) / 3600
         cost = float(self.window.price[other, t]) * self.window.job.overhead_seconds / 3600
         return int(other) if gain > margin * cost else zone

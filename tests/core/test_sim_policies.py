@@ -235,6 +235,21 @@ def test_zone_chooser_expects_old_runs_to_last_and_moves_for_a_real_saving():
     assert chooser.switch(0, 0, 10 * HOUR, margin=float("inf")) == 0
 
 
+def test_zone_chooser_never_moves_between_zones_of_one_price():
+    # zone 0's runs last 7 ticks and its current one is 6 ticks old: one more tick is
+    # expected. Zone 1, at the same price, has never gone down. A move costs a restart now
+    # for sure; staying costs one only if zone 0 ends first, and then the job moves
+    # anyway. So a move pays only through a lower price, never through a longer run.
+    from spot_core.policy.deadline_mdp import _ZoneChooser
+    job = Job.from_hours(10, 30, 0.5)
+    ending = ([1] * 7 + [0]) * 10 + [1] * 5
+    window = _with_history([[1] * 30] * 2, [ending, [1] * len(ending)], [1.0, 1.0], job)
+    chooser = _ZoneChooser(window)
+    assert chooser.rest(0, 0) == pytest.approx(1 * HOUR)
+    assert chooser.best(0) == 1  # a fresh launch goes where the run is expected to last
+    assert chooser.switch(0, 0, 10 * HOUR, margin=1.0) == 0
+
+
 def test_history_half_life_fits_the_recent_market():
     # last week's first half: 1-tick runs and 9-tick outages; its second half the reverse.
     # The plain fit (half-life 0) averages them (an outage ends with chance ~0.2 a tick);
@@ -259,7 +274,8 @@ def test_default_bridges_the_cheap_tiers_outage_on_dearer_spot_and_comes_back(de
     # than the 6 hours of slack. The default plans zone 0's tier with zone 1 as its
     # fallback class: through the outage it runs on zone 1's spot, never on-demand, and
     # goes back to zone 0 once it returns. Planning both zones as one class instead
-    # (fallback_spot=False) bridged on on-demand at 6 $/h and stayed on zone 1 at 1.5 $/h.
+    # (fallback_spot=False) bridges on on-demand at 6 $/h; at 1.5 $/h it also runs on zone
+    # 1 and moves back (it stayed there until the voluntary move's margin fell to 4).
     from spot_core.policy.deadline_mdp import ForecastDP
     job = Job.from_hours(20, 26, 0.25)
     history = [([1] * 12 + [0] * 4) * 6, [1] * 96]
@@ -277,5 +293,6 @@ def test_default_bridges_the_cheap_tiers_outage_on_dearer_spot_and_comes_back(de
     result, seen = results[True]
     assert result.finished and ON_DEMAND not in seen
     assert seen[:5] == [0] * 5 and 1 in seen[5:17] and seen[17:] == [0] * len(seen[17:])
-    assert result.cost < results[False][0].cost
+    assert result.cost <= results[False][0].cost
+    assert dear_price < 6.0 or result.cost < results[False][0].cost
     assert optimal_cost(window) <= result.cost
