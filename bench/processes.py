@@ -96,7 +96,8 @@ def py_spy(pid: int, out: Path, seconds: float = 30.0, subprocesses: bool = Fals
         return "py-spy not found: pip install py-spy"
     extra = ["--subprocesses"] if subprocesses else []
     done = subprocess.run([binary, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                           "--rate", "50", "--gil", "--format", "raw", *extra, "--output", str(out)],
+                           "--rate", "50", "--gil", "--format", "raw", *extra,
+                           "--output", str(out)],
                           capture_output=True, text=True, timeout=seconds + 60)
     return str(out) if done.returncode == 0 else f"py-spy failed: {done.stderr[-500:]}"
 
