@@ -726,5 +726,5 @@ class _ZoneChooser:
         other = min((self.score(z, t), z) for z in np.flatnonzero(column) if z != zone)[1]
         prices = self.window.price[:, t]
         gain = float(prices[zone] - prices[other]) * min(self.rest(other, t), work_left) / 3600
-        cost = float(self.window.price[other, t]) * self.window.job.overhead_seconds / 3600
+        cost = float(prices[other]) * self.window.job.overhead_seconds / 3600
         return int(other) if gain > margin * cost else zone
