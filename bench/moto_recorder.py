@@ -99,8 +99,8 @@ def request_name(entry: dict) -> tuple[str, dict]:
 
 def classify(entries: list[dict]) -> dict:
     """Requests by EC2 action or S3 method; describe rounds (polls), the instance ids they
-    named, and the jobs whose driver heartbeat was renewed (an S3 PUT of
-    ``<store>/heartbeat/driver.json``).
+    named, the driver-heartbeat PUTs (S3 PUTs of ``<store>/heartbeat/driver.json``) and
+    how many distinct jobs they renewed.
 
     A round names every watched id once, in one call or in batches (500 ids per call), and
     moto pages an answer by 100 reservations: so a first page (no NextToken) that names an
@@ -110,6 +110,7 @@ def classify(entries: list[dict]) -> dict:
     polls = ids = 0
     round_ids: set[str] | None = None
     beating: set[str] = set()
+    beats = 0
     for entry in entries:
         name, query = request_name(entry)
         calls[name] = calls.get(name, 0) + 1
@@ -121,8 +122,9 @@ def classify(entries: list[dict]) -> dict:
             ids += len(named)
         elif name == "S3 PUT" and HEARTBEAT_KEY in entry.get("url", ""):
             beating.add(entry["url"].split("?")[0])
+            beats += 1
     return {"calls": calls, "polls": polls, "ids_described": ids,
-            "heartbeats_renewed": len(beating)}
+            "heartbeat_puts": beats, "jobs_renewed": len(beating)}
 
 
 def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> dict:
@@ -138,7 +140,8 @@ def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> di
             "server_calls": counted["calls"],
             "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
             "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
-            "heartbeats_renewed_in_window": counted["heartbeats_renewed"], **figures}
+            "heartbeat_puts_in_window": counted["heartbeat_puts"],
+            "jobs_renewed_in_window": counted["jobs_renewed"], **figures}
 
 
 def ec2_client(endpoint: str):

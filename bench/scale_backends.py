@@ -116,7 +116,7 @@ class Ec2Moto:
     def progress(self) -> tuple[int, int]:
         """(jobs whose heartbeat was renewed, describe rounds) since counting began."""
         counted = classify(recorded(self.recording))
-        return counted["heartbeats_renewed"], counted["polls"]
+        return counted["jobs_renewed"], counted["polls"]
 
     def measure(self, pid: int, seconds: float, jobs: int) -> dict:
         return measure_watching(pid, self.recording, seconds, jobs)
@@ -173,8 +173,10 @@ class LocalCloud:
                 "server_calls": calls,
                 "describe_calls_per_poll": round(calls.get(DESCRIBE_ROUTE, 0) / polls, 2),
                 "calls_per_poll": round(sum(calls.values()) / polls, 2),
-                "heartbeats_renewed_in_window": sum(beats1[u] - beats0.get(u, 0)
-                                                    for u in self._uris),
+                "heartbeat_puts_in_window": sum(beats1[u] - beats0.get(u, 0)
+                                                for u in self._uris),
+                "jobs_renewed_in_window": sum(beats1[u] > beats0.get(u, 0)
+                                              for u in self._uris),
                 **figures}
 
     def end(self, report: dict) -> None:
