@@ -99,8 +99,9 @@ def request_name(entry: dict) -> tuple[str, dict]:
 
 def classify(entries: list[dict]) -> dict:
     """Requests by EC2 action or S3 method; describe rounds (polls), the instance ids they
-    named, the driver-heartbeat PUTs (S3 PUTs of ``<store>/heartbeat/driver.json``) and
-    how many distinct jobs they renewed.
+    named, the driver-heartbeat PUTs (S3 PUTs of ``<store>/heartbeat/driver.json``), how
+    many distinct jobs they renewed (or pointed at a driver's beat), and the PUTs of the
+    watching processes' own beats (``.../drivers/<id>.json``, with ``heartbeat_uri``).
 
     A round names every watched id once, in one call or in batches (500 ids per call), and
     moto pages an answer by 100 reservations: so a first page (no NextToken) that names an
@@ -110,7 +111,7 @@ def classify(entries: list[dict]) -> dict:
     polls = ids = 0
     round_ids: set[str] | None = None
     beating: set[str] = set()
-    beats = 0
+    beats = driver_beats = 0
     for entry in entries:
         name, query = request_name(entry)
         calls[name] = calls.get(name, 0) + 1
@@ -123,8 +124,11 @@ def classify(entries: list[dict]) -> dict:
         elif name == "S3 PUT" and HEARTBEAT_KEY in entry.get("url", ""):
             beating.add(entry["url"].split("?")[0])
             beats += 1
+        elif name == "S3 PUT" and "/drivers/" in entry.get("url", ""):
+            driver_beats += 1
     return {"calls": calls, "polls": polls, "ids_described": ids,
-            "heartbeat_puts": beats, "jobs_renewed": len(beating)}
+            "heartbeat_puts": beats, "jobs_renewed": len(beating),
+            "driver_beat_puts": driver_beats}
 
 
 def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> dict:
@@ -141,7 +145,8 @@ def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> di
             "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
             "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
             "heartbeat_puts_in_window": counted["heartbeat_puts"],
-            "jobs_renewed_in_window": counted["jobs_renewed"], **figures}
+            "jobs_renewed_in_window": counted["jobs_renewed"],
+            "driver_beat_puts_in_window": counted["driver_beat_puts"], **figures}
 
 
 def ec2_client(endpoint: str):

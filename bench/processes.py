@@ -140,6 +140,9 @@ def add_window_arguments(parser, process: str, nothing: str, database: str,
                         help=f"the {process}'s CPU with {nothing}, measured first (0: skip)")
     parser.add_argument("--sqlite", action="store_true",
                         help=f"{database} on SQLite even if PostgreSQL is configured")
+    parser.add_argument("--driver-beat", action="store_true",
+                        help="the jobs run with heartbeat_uri set: the watching process "
+                        "renews one heartbeat for all of them instead of one per job")
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30.0, *,

@@ -47,8 +47,10 @@ CONTROLLER = {"observe_failure_timeout": 600.0, "attempt_timeout": 86400.0}
 
 
 def controller_options(backend) -> dict:
-    """The controller settings every benchmarked job runs with on ``backend``."""
-    return {**CONTROLLER, "heartbeat_timeout": backend.heartbeat_timeout}
+    """The controller settings every benchmarked job runs with on ``backend``: with its
+    ``heartbeat_uri`` set (``--driver-beat``), one heartbeat per watching process."""
+    return {**CONTROLLER, "heartbeat_timeout": backend.heartbeat_timeout,
+            "heartbeat_uri": backend.heartbeat_uri}
 
 
 def launch_spec(job_id: str, store, heartbeat_timeout: float):
@@ -97,6 +99,8 @@ class Ec2Moto:
 
     provider, label = "ec2", "ec2_moto"
     heartbeat_timeout = 300.0  # the settings' default
+    heartbeat_uri: str | None = None  # --driver-beat: drivers_uri
+    drivers_uri = f"s3://{BUCKET}/drivers"
 
     def __init__(self, stack: ExitStack, work: Path) -> None:
         from spot_core.model import Market, Pool
@@ -131,6 +135,7 @@ class LocalCloud:
 
     provider, label = "local", "local_cloud"
     heartbeat_timeout = 1800.0
+    heartbeat_uri: str | None = None  # --driver-beat: drivers_uri
 
     def __init__(self, stack: ExitStack, work: Path) -> None:
         from spot_core.localcloud.server import client_environ
@@ -146,6 +151,7 @@ class LocalCloud:
         provider = open_provider("local", **self.options)
         self.cloud, self.pool = provider.cloud, provider.pools()[0].on(Market.ON_DEMAND)
         self.uri_pattern = (work / "stores").as_uri() + "/scale-{i}"
+        self.drivers_uri = (work / "drivers").as_uri()
         self._uris: list[str] = []
         self._lease_ids: list[str] = []
         self._first: dict[str, int] = {}

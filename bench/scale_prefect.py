@@ -56,9 +56,11 @@ IDLE_SETTLE = 15.0
 
 
 # -- Prefect: the deployment, its flow runs, the worker ------------------------------------------
-def job_variables(endpoint: str, net: dict, poll_interval: float) -> dict:
+def job_variables(endpoint: str, net: dict, poll_interval: float,
+                  driver_beat: bool = False) -> dict:
     return {"provider": "ec2", "poll_interval": poll_interval,
             "checkpoint_root": f"s3://{net['bucket']}/flows",
+            "heartbeat_uri": f"s3://{net['bucket']}/drivers" if driver_beat else None,
             "provider_options": {"endpoint_url": endpoint, "region": REGION,
                                  "subnets": [net["subnet"]], "instance_types": [INSTANCE_TYPE],
                                  "image_id": net["image_id"]}}
@@ -123,12 +125,13 @@ def wait_launched(run_ids: list, worker, log: Path, timeout: float) -> dict:
 
 def bench(runs: int, seconds: float, poll_interval: float, work: Path,
           database_url: str | None = None, profile: Path | None = None,
-          idle_seconds: float = IDLE_SECONDS) -> dict:
+          idle_seconds: float = IDLE_SECONDS, driver_beat: bool = False) -> dict:
     """The whole run; every process and instance it started is gone when it returns."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     report: dict = {"runs": runs, "poll_interval_s": poll_interval,
-                    "database": "postgresql" if database_url else "sqlite"}
+                    "database": "postgresql" if database_url else "sqlite",
+                    "driver_beat": driver_beat}
     started: list = []  # every process the bench started, for the check at the end
     with ExitStack() as stack:
         stack.callback(count_alive, started, report)
@@ -138,7 +141,8 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
         with redirect_stdout(sys.stderr):  # its table; stdout is the JSON report
             deployment_id = deploy_example_flow(POOL, "scale",
-                                                job_variables(endpoint, net, poll_interval))
+                                                job_variables(endpoint, net, poll_interval,
+                                                              driver_beat))
         stack.callback(terminate_leftovers, endpoint, report)  # after the worker stopped
         log = work / "worker.log"
         worker = stack.enter_context(running_worker(
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           "postgresql+asyncpg"))
         report["prefect_worker_ec2_moto"] = bench(args.runs, args.seconds, args.poll_interval,
                                                   Path(tmp), database, args.profile,
-                                                  args.idle_seconds)
+                                                  args.idle_seconds, args.driver_beat)
     print(json.dumps(report, indent=2))
     return 0
 

@@ -81,7 +81,7 @@ with DAG({dag_id!r}, schedule=None, catchup=False, tags=["bench"]):
     SpotJobOperator.partial(
         task_id={task_id!r}, command=["sleep", "86400"], provider={provider!r},
         provider_options={options!r}, deferrable=True, poll_interval={poll_interval!r},
-        heartbeat_timeout={heartbeat_timeout!r},
+        heartbeat_timeout={heartbeat_timeout!r}, heartbeat_uri={heartbeat_uri!r},
         observe_failure_timeout={observe_failure_timeout!r},
         attempt_timeout={attempt_timeout!r},
     ).expand(checkpoint_uri=[{uri_pattern!r}.format(i=i) for i in range({jobs})])
@@ -225,14 +225,17 @@ def blocked_notes(log: Path, offset: int) -> dict:
 
 def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, work: Path,
           admin_url: str | None, profile: Path | None = None,
-          idle_seconds: float = IDLE_SECONDS) -> dict:
+          idle_seconds: float = IDLE_SECONDS, driver_beat: bool = False) -> dict:
     """Every process, database and lease it started is gone when it returns."""
     report: dict = {"jobs": jobs, "poll_interval_s": poll_interval,
-                    "database": "postgresql" if admin_url else "sqlite"}
+                    "database": "postgresql" if admin_url else "sqlite",
+                    "driver_beat": driver_beat}
     started: list = []
     with ExitStack() as stack:
         stack.callback(count_alive, started, report)
         backend = BACKENDS[backend_name](stack, work)
+        if driver_beat:
+            backend.heartbeat_uri = backend.drivers_uri
         database = (stack.enter_context(fresh_database(admin_url, "spot_bench_triggerer",
                                                        "postgresql+psycopg2"))
                     if admin_url else f"sqlite:///{work / 'airflow.db'}")
@@ -291,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report[f"airflow_triggerer_{BACKENDS[args.backend].label}"] = bench(
                 args.backend, args.jobs, args.seconds, args.poll_interval, Path(tmp),
-                None if args.sqlite else postgres_url(), args.profile, args.idle_seconds)
+                None if args.sqlite else postgres_url(), args.profile, args.idle_seconds,
+                args.driver_beat)
         finally:
             if args.keep_log is not None and (Path(tmp) / "triggerer.log").exists():
                 shutil.copyfile(Path(tmp) / "triggerer.log", args.keep_log)

@@ -92,6 +92,7 @@ class SpotConfiguration(Block):
     attempt_timeout: float = spot_field("attempt_timeout")
     poll_interval: float = spot_field("poll_interval")
     heartbeat_timeout: float = spot_field("heartbeat_timeout")
+    heartbeat_uri: Optional[str] = spot_field("heartbeat_uri")
     observe_failure_timeout: float = spot_field("observe_failure_timeout")
     alert_interruption_rate: Optional[float] = spot_field("alert_interruption_rate")
     alert_spot_price: Optional[float] = spot_field("alert_spot_price")
@@ -120,7 +121,7 @@ class SpotConfiguration(Block):
     def retry_policy(self, max_user_retries: int = 0) -> RetryPolicy:
         return self.settings().retry_policy(max_user_retries=max_user_retries)
 
-    def controller_options(self) -> dict[str, float]:
+    def controller_options(self) -> dict[str, Any]:
         return self.settings().controller_options()
 
     def aws_session(self):

@@ -21,6 +21,9 @@ CLOUD = "SPOT_CLOUD"
 NOTICE_FILE = "SPOT_NOTICE_FILE"
 # Seconds the node's watcher lets the step run without a renewed driver heartbeat.
 HEARTBEAT_TIMEOUT = "SPOT_HEARTBEAT_TIMEOUT"
+# Where the driver keeps one heartbeat for all the jobs it watches (the heartbeat_uri
+# setting): the node's watcher follows the job's pointer there. Unset: the job's own store.
+HEARTBEAT_URI = "SPOT_HEARTBEAT_URI"
 # Wall seconds between the step's time-based checkpoints, chosen by the controller for the
 # attempt's pool; ``Checkpointer.from_env`` uses it unless the step asks for another.
 CHECKPOINT_INTERVAL = "SPOT_CHECKPOINT_INTERVAL"
@@ -36,6 +39,7 @@ class AttemptEnv:
     notice_file: str | None
     heartbeat_timeout: float | None = None
     checkpoint_interval: float | None = None
+    heartbeat_uri: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> AttemptEnv:
@@ -50,6 +54,7 @@ class AttemptEnv:
             heartbeat_timeout=heartbeat_seconds(env.get(HEARTBEAT_TIMEOUT)),
             checkpoint_interval=positive_seconds(env.get(CHECKPOINT_INTERVAL),
                                                  CHECKPOINT_INTERVAL, example="600"),
+            heartbeat_uri=env.get(HEARTBEAT_URI) or None,
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -59,7 +64,7 @@ class AttemptEnv:
                  HEARTBEAT_TIMEOUT: None if self.heartbeat_timeout is None
                  else f"{self.heartbeat_timeout:g}",
                  CHECKPOINT_INTERVAL: None if self.checkpoint_interval is None
-                 else f"{self.checkpoint_interval:.6g}"}
+                 else f"{self.checkpoint_interval:.6g}", HEARTBEAT_URI: self.heartbeat_uri}
         return {k: v for k, v in pairs.items() if v is not None}
 
 # A step that saved its emergency checkpoint and stopped on a notice exits like a process

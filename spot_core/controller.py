@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
 from spot_core import stopping
-from spot_core.attempt_env import CHECKPOINT_INTERVAL, INFRASTRUCTURE_EXIT_CODE
+from spot_core.attempt_env import CHECKPOINT_INTERVAL, HEARTBEAT_URI, INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import CheckpointStore, open_store
-from spot_core.checkpoint.heartbeat import Heartbeat
+from spot_core.checkpoint.heartbeat import Heartbeat, driver_beat
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
 from spot_core.observer import SharedObserver, wait_timeout
@@ -177,7 +177,10 @@ class Controller:
     ``poll_interval``: seconds between observations in ``run`` (drivers that watch
     elsewhere choose their own). ``attempt_timeout``: the longest one attempt may run.
     ``heartbeat_timeout``: how long a lease outlives a driver that stopped renewing its
-    heartbeat (passed to the node's watcher; None: never). ``observe_failure_timeout``:
+    heartbeat (passed to the node's watcher; None: never). ``heartbeat_uri``: a store
+    every node can read where this process keeps one heartbeat for all the jobs it
+    watches (``spot_core.checkpoint.heartbeat.DriverBeat``; None: one per job, in its
+    own store). ``observe_failure_timeout``:
     how long observing a lease may keep failing before the attempt ends as
     ``infrastructure_failed`` (its lease is still terminated). ``stores``: opens a job's
     checkpoint store by URI; by default the provider's ``open_store`` (it reaches the
@@ -193,6 +196,7 @@ class Controller:
                  poll_interval: float = default("poll_interval"),
                  attempt_timeout: float = default("attempt_timeout"),
                  heartbeat_timeout: float | None = default("heartbeat_timeout"),
+                 heartbeat_uri: str | None = default("heartbeat_uri"),
                  observe_failure_timeout: float = default("observe_failure_timeout"),
                  checkpoint_cost: float = default("checkpoint_cost"),
                  checkpoint_interval_min: float = default("checkpoint_interval_min"),
@@ -216,6 +220,7 @@ class Controller:
         self.poll_interval = poll_interval
         self.attempt_timeout = attempt_timeout
         self.heartbeat_timeout = heartbeat_timeout
+        self.heartbeat_uri = heartbeat_uri
         self.observe_failure_timeout = observe_failure_timeout
         self.checkpoint_bounds = CheckpointBounds(checkpoint_cost, checkpoint_interval_min,
                                                   checkpoint_interval_max)
@@ -226,6 +231,7 @@ class Controller:
         self._plans: dict[tuple, DeadlinePlan | None] = {}
         self._beats: dict[str, float] = {}  # job id -> when this process last renewed
         self._heartbeats: dict[tuple[str, str], Heartbeat] = {}  # (job id, store) -> writer
+        self._pointed: dict[str, int] = {}  # job id -> attempt its pointer names (heartbeat_uri)
         self._drain_looks: dict[str, float] = {}  # job id -> when a drain was last considered
         # job id -> the record last persisted, while the job is unsettled: what `run` stops
         # when it is interrupted, even between a launch and the Next that names its lease.
@@ -530,10 +536,15 @@ class Controller:
         start_ref = store.latest()
         start_step = None if start_ref is None else start_ref.step
         if self.heartbeat_timeout is not None:
-            self._heartbeat(spec, store).renew(number, now)  # the watcher must see one at once
-            self._beats[spec.job_id] = now
+            if self.heartbeat_uri is None:
+                self._heartbeat(spec, store).renew(number, now)  # the watcher sees one at once
+                self._beats[spec.job_id] = now
+            else:
+                self._point(spec, number, now, store)
+        env = spec.env if self.heartbeat_uri is None or self.heartbeat_timeout is None \
+            else {**spec.env, HEARTBEAT_URI: self.heartbeat_uri}
         launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
-                            checkpoint_uri=spec.checkpoint_uri, env=spec.env, image=spec.image,
+                            checkpoint_uri=spec.checkpoint_uri, env=env, image=spec.image,
                             heartbeat_timeout=self.heartbeat_timeout)
         intervals = {pool.key: self._checkpoint_interval(pool, start_ref, now)
                      for pool in decision.pools}
@@ -643,6 +654,8 @@ class Controller:
         # 5m default: 1,000 S3 PUTs every 75 s); renewing more often would not stop a
         # node sooner after its driver died (it stops a timeout after the last renewal).
         every = self.heartbeat_timeout / 4
+        if self.heartbeat_uri is not None:
+            return self._renew_driver_beat(spec, lease, now, every)
         if now - self._beats.get(spec.job_id, float("-inf")) < every:
             return
         try:
@@ -650,6 +663,29 @@ class Controller:
             self._beats[spec.job_id] = now
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the heartbeat: %s", spec.job_id, exc)
+
+    def _renew_driver_beat(self, spec: JobSpec, lease: Lease, now: float,
+                           every: float) -> None:
+        """With ``heartbeat_uri``: vouch for the job in this process's one beat, point the
+        job's heartbeat at it once per attempt, and renew the process's object when due
+        (one write per round for every job the process watches). A job stays listed
+        while its checks come at least once per round and poll."""
+        try:
+            if self._pointed.get(spec.job_id) != lease.attempt:
+                self._point(spec, lease.attempt, now)
+            beat = driver_beat(self.heartbeat_uri, self.stores)
+            beat.vouch(spec.job_id, lease.attempt, now)
+            beat.renew(now, every=every, window=every + self.poll_interval)
+        except Exception as exc:  # noqa: BLE001 - the next check tries again
+            log.warning("job %s: could not renew the driver heartbeat: %s", spec.job_id, exc)
+
+    def _point(self, spec: JobSpec, attempt: int, now: float,
+               store: CheckpointStore | None = None) -> None:
+        """The job's heartbeat names this process's beat, which lists the job first."""
+        beat = driver_beat(self.heartbeat_uri, self.stores)
+        beat.vouch(spec.job_id, attempt, now)
+        self._heartbeat(spec, store).point(attempt, beat, spec.job_id, now)
+        self._pointed[spec.job_id] = attempt
 
     def _heartbeat(self, spec: JobSpec, store: CheckpointStore | None = None) -> Heartbeat:
         """The job's heartbeat writer, made once per job and store: its store (for S3, its
@@ -666,6 +702,8 @@ class Controller:
         the next launch makes a new one."""
         self._heartbeats.pop((spec.job_id, spec.checkpoint_uri), None)
         self._beats.pop(spec.job_id, None)
+        if self._pointed.pop(spec.job_id, None) is not None:
+            driver_beat(self.heartbeat_uri, self.stores).drop(spec.job_id)
 
     def _observe_failed(self, spec: JobSpec, watch: Next, exc: Exception, now: float) -> Next:
         """A failed observation is not a lease end; only a sustained failure is."""

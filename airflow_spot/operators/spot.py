@@ -89,6 +89,9 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     :param poll_interval: time between lease observations.
     :param heartbeat_timeout: how long a lease outlives a silent driver (a killed worker
         or triggerer) before the node ends it.
+    :param heartbeat_uri: a store every node can read (``s3://bucket/prefix``) where each
+        triggerer or worker keeps one heartbeat for all the jobs it watches (one write per
+        renewal instead of one per job). Empty: each job's heartbeat is in its own store.
     :param observe_failure_timeout: how long observing a lease may keep failing before the
         attempt ends as infrastructure_failed.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
@@ -138,6 +141,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
                  attempt_timeout: Duration = default("attempt_timeout"),
                  poll_interval: Duration = default("poll_interval"),
                  heartbeat_timeout: Duration = default("heartbeat_timeout"),
+                 heartbeat_uri: str | None = default("heartbeat_uri"),
                  observe_failure_timeout: Duration = default("observe_failure_timeout"),
                  alert_interruption_rate: float | None = default("alert_interruption_rate"),
                  alert_spot_price: float | None = default("alert_spot_price"),
@@ -175,7 +179,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
             "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
-            "heartbeat_timeout": heartbeat_timeout,
+            "heartbeat_timeout": heartbeat_timeout, "heartbeat_uri": heartbeat_uri,
             "observe_failure_timeout": observe_failure_timeout,
             "alert_interruption_rate": alert_interruption_rate,
             "alert_spot_price": alert_spot_price, **renamed}))

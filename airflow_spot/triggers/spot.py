@@ -40,7 +40,7 @@ from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.settings import Knob, knob
 
 EVENT_STATUSES = ("ended", "notice", "wake", "error")
-CONTROLLER_OPTIONS = ("poll_interval", "attempt_timeout", "heartbeat_timeout",
+CONTROLLER_OPTIONS = ("poll_interval", "attempt_timeout", "heartbeat_timeout", "heartbeat_uri",
                       "observe_failure_timeout", "checkpoint_cost", "checkpoint_interval_min",
                       "checkpoint_interval_max")
 _NOT_BEFORE = Knob("not_before", "number", 0.0, "POSIX time", frozenset(), minimum=0)

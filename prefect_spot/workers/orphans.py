@@ -11,7 +11,8 @@ So every spot worker looks, every ``ORPHAN_CHECK_SECONDS``, at the ``Running`` f
 of its work pool that it does not drive itself, and adopts a run when all three hold:
 
 - its record (the ``spot-record-<flow run id>`` artifact) has an attempt still open;
-- the job's heartbeat, renewed by whichever worker drives the run (at most every minute),
+- the job's heartbeat, renewed by whichever worker drives the run (every quarter of the
+  timeout; through its one beat for all its jobs with ``heartbeat_uri``),
   has not changed for the job's ``heartbeat_timeout``, judged as the node judges it
   (``spot_core.interruption.driver.Freshness``: the beat's sequence, on this worker's own
   monotonic clock, so no two machines' clocks are compared): no worker drives it;
@@ -86,11 +87,14 @@ def may_take(current: bytes | None, seen: tuple[bytes, float] | None, now: float
 
 
 def gather(freshness: Freshness, checkpoint_uri: str, stores, heartbeat_timeout: float,
-           now: float, read_record: Callable[[], JobRecord | None], provider) -> Evidence:
+           now: float, read_record: Callable[[], JobRecord | None], provider,
+           heartbeat_uri: str | None = None) -> Evidence:
     """Read the job's heartbeat into ``freshness`` and, only once it has been silent for
     the timeout, the record and its open attempt's lease status (blocking I/O: run in a
-    thread). A run some worker drives costs one read."""
-    freshness.observe(Heartbeat(stores(checkpoint_uri)).read(), now)
+    thread). A run some worker drives costs one read (two when its worker keeps one beat
+    for all its jobs at ``heartbeat_uri``: the job's pointer, then that beat)."""
+    drivers = None if heartbeat_uri is None else stores(heartbeat_uri)
+    freshness.observe(Heartbeat(stores(checkpoint_uri), drivers).read(), now)
     silent = freshness.age(now)
     if silent < heartbeat_timeout:
         return Evidence(None, silent, None)

@@ -120,6 +120,7 @@ class _SpotFields:
     attempt_timeout = spot_field("attempt_timeout")
     poll_interval = spot_field("poll_interval")
     heartbeat_timeout = spot_field("heartbeat_timeout")
+    heartbeat_uri = spot_field("heartbeat_uri")
     observe_failure_timeout = spot_field("observe_failure_timeout")
     alert_interruption_rate = spot_field("alert_interruption_rate")
     alert_spot_price = spot_field("alert_spot_price")
@@ -165,6 +166,7 @@ class _SpotValues(BaseModel):
     attempt_timeout: float = _SpotFields.attempt_timeout
     poll_interval: float = _SpotFields.poll_interval
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
+    heartbeat_uri: Optional[str] = _SpotFields.heartbeat_uri
     observe_failure_timeout: float = _SpotFields.observe_failure_timeout
     alert_interruption_rate: Optional[float] = _SpotFields.alert_interruption_rate
     alert_spot_price: Optional[float] = _SpotFields.alert_spot_price
@@ -546,7 +548,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         configuration = await self.job_configuration.resolve_for_flow_run(
             flow_run, client=self.client, work_pool=copy.deepcopy(self.work_pool),
             worker_name=self.name, worker_id=self.backend_id)
-        timeout = configuration.spot_configuration().heartbeat_timeout
+        spot = configuration.spot_configuration()
+        timeout = spot.heartbeat_timeout
         if not configuration.checkpoint_root or timeout is None:
             # its heartbeat was in its own worker's scratch dir, or it has none
             self._looks.never(flow_run.id)
@@ -555,7 +558,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         uri, stores = self._checkpoint_uri(configuration, flow_run), provider_stores(provider)
         evidence = await anyio.to_thread.run_sync(
             orphans.gather, freshness, uri, stores, timeout, self._looks.monotonic(),
-            lambda: load_record(record_key(flow_run.id)), provider)
+            lambda: load_record(record_key(flow_run.id)), provider, spot.heartbeat_uri)
         self._looks.looked(flow_run.id, evidence, timeout)
         reason = orphans.orphaned(evidence, timeout)
         if reason is None or flow_run.id in self._driving:

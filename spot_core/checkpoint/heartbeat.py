@@ -10,47 +10,84 @@ unwatched capacity behind.
 The node judges staleness by its own clock (how long since it last saw the object
 change), not by the driver's timestamp, so clock skew between the two cannot end a lease
 early or keep one alive.
+
+With a ``heartbeat_uri`` (a store every node can read), a driver process renews one
+object there for all the leases it watches instead of one per job: a triggerer watching
+1,000 jobs writes one object every renewal instead of 1,000 (S3 PUTs are billed, and were
+about half of such a process's CPU). The job's own heartbeat then holds a *pointer*
+(``driver``: which process drives it), written once per attempt and driver; the process's
+``DriverBeat`` object lists the jobs it still watches and the attempt of each. The node
+follows the pointer and counts a renewal only while its job is listed at its attempt, so
+a driver that stops watching one job (a cancelled trigger) while it lives on for others
+stops vouching for that job at its next renewal, and the node's timeout runs as before.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import threading
+import uuid
 from dataclasses import dataclass
+from typing import Any, Callable
 
 HEARTBEAT_KEY = "heartbeat/driver.json"
+DRIVER_KEY = "drivers/{}.json"  # a driver process's beat, in the heartbeat_uri store
+_DRIVER_ID = re.compile(r"[0-9a-f]{32}")  # what a pointer may name (no path tricks)
 
 
 @dataclass(frozen=True)
 class Beat:
-    """One renewal: which attempt the driver watches, when (driver's clock), and a counter."""
+    """One renewal: which attempt the driver watches, when (driver's clock), and a counter.
+
+    ``driver``/``job``: set in a pointer (the job's beat of a driver that keeps one
+    ``DriverBeat`` for all its jobs): the renewals are then that driver's object's, for
+    the entry ``job`` in it."""
 
     attempt: int
     renewed_at: float
     sequence: int
+    driver: str | None = None
+    job: str | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"attempt": self.attempt, "renewed_at": self.renewed_at,
-                           "sequence": self.sequence}).encode()
+        doc: dict[str, Any] = {"attempt": self.attempt, "renewed_at": self.renewed_at,
+                               "sequence": self.sequence}
+        if self.driver is not None:
+            doc.update(driver=self.driver, job=self.job)
+        return json.dumps(doc).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Beat | None":
-        """None for anything a driver did not write (garbage, NaN, deep nesting): an
-        unreadable beat is no beat, never an exception in the node's watcher."""
+        """None for anything a driver did not write (garbage, NaN, deep nesting, a pointer
+        naming no valid driver id): an unreadable beat is no beat, never an exception in
+        the node's watcher."""
         try:
             doc = json.loads(data, parse_constant=_refuse_constant)
             beat = cls(int(doc["attempt"]), float(doc["renewed_at"]), int(doc["sequence"]))
+            if "driver" in doc:
+                driver, job = doc["driver"], doc["job"]
+                if not (isinstance(driver, str) and _DRIVER_ID.fullmatch(driver)
+                        and isinstance(job, str) and job):
+                    return None
+                beat = cls(beat.attempt, beat.renewed_at, beat.sequence, driver, job)
         except (ValueError, KeyError, TypeError, IndexError, RecursionError, OverflowError):
             return None
         return beat if math.isfinite(beat.renewed_at) else None
 
 
 class Heartbeat:
-    """Renew (driver side) and read (node side) one job's heartbeat in its store."""
+    """Renew (driver side) and read (node side) one job's heartbeat in its store.
 
-    def __init__(self, store) -> None:
+    ``drivers``: the ``heartbeat_uri`` store, where a pointer's driver keeps its beat; a
+    reader without it cannot follow a pointer (and so sees no renewal)."""
+
+    def __init__(self, store, drivers=None) -> None:
         self.store = store
+        self.drivers = drivers
         self._sequence = 0
+        self._pointer: Beat | None = None  # reader side: the pointer last followed
 
     def renew(self, attempt: int, now: float) -> Beat:
         """Write a new beat for ``attempt``; the sequence makes every renewal a change.
@@ -59,17 +96,131 @@ class Heartbeat:
         earlier driver's sequence); after that its own counter does, so a renewal is one
         write (a triggerer watching 1,000 jobs renews 1,000 heartbeats a minute)."""
         if self._sequence == 0:
-            last = self.read()
+            last = self.read_own()
             self._sequence = 0 if last is None else last.sequence
         self._sequence += 1
         beat = Beat(attempt=attempt, renewed_at=now, sequence=self._sequence)
         self.store.put_object(HEARTBEAT_KEY, beat.to_bytes())
         return beat
 
-    def read(self) -> Beat | None:
-        """The newest beat, or None when there is none (or it is unreadable)."""
+    def point(self, attempt: int, driver: "DriverBeat", job: str, now: float) -> Beat:
+        """Write a pointer: ``driver``'s object renews ``job``'s ``attempt`` from now on.
+        One write per attempt and driver process (the driver lists the job first)."""
+        if self._sequence == 0:
+            last = self.read_own()
+            self._sequence = 0 if last is None else last.sequence
+        self._sequence += 1
+        beat = Beat(attempt=attempt, renewed_at=now, sequence=self._sequence,
+                    driver=driver.driver_id, job=job)
+        self.store.put_object(HEARTBEAT_KEY, beat.to_bytes())
+        return beat
+
+    def read_own(self) -> Beat | None:
+        """The job's own beat object as written (a beat or a pointer), unfollowed."""
         data = self.store.get_object(HEARTBEAT_KEY)
         return None if data is None else Beat.from_bytes(data)
+
+    def read(self) -> Beat | None:
+        """The newest beat, or None when there is none (or it is unreadable).
+
+        A pointer is followed to its driver's object: the beat is then that object's
+        renewal for this job (its attempt there), or None when the driver no longer
+        lists the job or its object cannot be read. The pointer is re-read only when
+        following it finds nothing, so a steady watch costs one read, as without one."""
+        if self._pointer is not None:
+            beat = self._follow(self._pointer)
+            if beat is not None:
+                return beat
+        own = self.read_own()
+        if own is None or own.driver is None:
+            self._pointer = None
+            return own
+        self._pointer = own
+        return self._follow(own)
+
+    def _follow(self, pointer: Beat) -> Beat | None:
+        if self.drivers is None:
+            return None
+        data = self.drivers.get_object(DRIVER_KEY.format(pointer.driver))
+        listed = None if data is None else DriverBeat.entry(data, pointer.job)
+        if listed is None:
+            return None
+        attempt, renewed_at, sequence = listed
+        return Beat(attempt, renewed_at, sequence, pointer.driver, pointer.job)
+
+
+class DriverBeat:
+    """One driver process's heartbeat for every job it watches (``heartbeat_uri``).
+
+    A job's driver *vouches* for it at every check of its lease (in memory); a renewal
+    writes one object listing each job vouched for within ``window`` seconds, with its
+    attempt. A job whose checks stop (its trigger cancelled, its flow run gone) drops
+    out at the next renewal, so its node's timeout runs from then, as if its own beat had
+    stopped. Thread-safe: a triggerer's checks run on many threads."""
+
+    def __init__(self, store, driver_id: str | None = None) -> None:
+        self.store = store
+        self.driver_id = driver_id or uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._jobs: dict[str, tuple[int, float]] = {}  # job -> (attempt, last vouched)
+        self._sequence = 0
+        self._renewed_at = -math.inf
+
+    def vouch(self, job: str, attempt: int, now: float) -> None:
+        with self._lock:
+            self._jobs[job] = (attempt, now)
+
+    def drop(self, job: str) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
+    def renew(self, now: float, *, every: float = 0.0, window: float = math.inf) -> bool:
+        """Write the object if the last renewal is ``every`` seconds old (one writer per
+        round: others return False at once); listed: jobs vouched for within ``window``.
+        A failed write raises and leaves the round due again."""
+        with self._lock:
+            if now - self._renewed_at < every:
+                return False
+            previous, self._renewed_at = self._renewed_at, now
+            self._jobs = {j: v for j, v in self._jobs.items() if now - v[1] <= window}
+            self._sequence += 1
+            doc = {"driver": self.driver_id, "renewed_at": now, "sequence": self._sequence,
+                   "jobs": {j: attempt for j, (attempt, _) in self._jobs.items()}}
+        try:
+            self.store.put_object(DRIVER_KEY.format(self.driver_id), json.dumps(doc).encode())
+        except BaseException:
+            with self._lock:
+                self._renewed_at = min(self._renewed_at, previous)
+            raise
+        return True
+
+    @staticmethod
+    def entry(data: bytes, job: str | None) -> tuple[int, float, int] | None:
+        """``job``'s (attempt, renewed_at, sequence) in a driver object, or None (not
+        listed, or not an object a driver wrote)."""
+        try:
+            doc = json.loads(data, parse_constant=_refuse_constant)
+            attempt = doc["jobs"][job]
+            listed = (int(attempt), float(doc["renewed_at"]), int(doc["sequence"]))
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError, OverflowError):
+            return None
+        if isinstance(attempt, bool) or not math.isfinite(listed[1]):
+            return None
+        return listed
+
+
+_driver_beats: dict[str, DriverBeat] = {}
+_driver_beats_lock = threading.Lock()
+
+
+def driver_beat(uri: str, open_store: Callable[[str], Any]) -> DriverBeat:
+    """This process's ``DriverBeat`` at ``uri`` (made once, with ``open_store(uri)``):
+    every controller in the process (each trigger of a triggerer) shares it."""
+    with _driver_beats_lock:
+        beat = _driver_beats.get(uri)
+        if beat is None:
+            beat = _driver_beats[uri] = DriverBeat(open_store(uri))
+        return beat
 
 
 def _refuse_constant(name: str) -> float:

@@ -9,7 +9,8 @@ SIGTERM to the watcher itself counts as an interruption (that is how Kubernetes 
 
 With ``--heartbeat-timeout`` (default ``$SPOT_HEARTBEAT_TIMEOUT``, which every provider
 sets from the job's setting) it also reads the driver's heartbeat from the job's store at
-``$SPOT_CHECKPOINT_URI``; when the beat has not changed for that long (by this machine's
+``$SPOT_CHECKPOINT_URI`` (following its pointer into ``$SPOT_HEARTBEAT_URI`` when the
+driver keeps one beat for all its jobs); when the beat has not changed for that long (by this machine's
 clock, counted from the watcher's start; unreadable counts as unchanged) it prints a
 ``driver_lost`` event, stops the command exactly as on an interruption, and exits 75
 (``DRIVER_LOST_EXIT_CODE``), which ends the lease.
@@ -64,6 +65,7 @@ class WatchSettings:
     checkpoint_uri: str | None = None
     attempt: int | None = None
     report: bool = False
+    heartbeat_uri: str | None = None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -123,6 +125,11 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
                           f"${attempt_env.CHECKPOINT_URI} (the driver's heartbeat lives "
                           "there); set it, or drop the timeout")
     attempt = os.environ.get(attempt_env.ATTEMPT)
+    drivers = os.environ.get(attempt_env.HEARTBEAT_URI) or None
+    if drivers is not None:
+        from spot_core.checkpoint.uri import parse_store_uri
+
+        parse_store_uri(drivers)  # a bad one is a line on stderr, not a silent lost driver
     return WatchSettings(
         cloud=normalize_cloud(args.cloud or os.environ.get(attempt_env.CLOUD) or "auto"),
         endpoint=args.endpoint,
@@ -133,7 +140,7 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
                                                           "e.g. 30", allow_zero=True),
         command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
         attempt=int(attempt) if attempt and attempt.isdigit() else None,
-        report=bool(getattr(args, "report", False)))
+        report=bool(getattr(args, "report", False)), heartbeat_uri=drivers)
 
 
 def _notice_file(flag: str | None) -> str | None:
@@ -233,7 +240,8 @@ def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.heartbeat import Heartbeat
 
-    heartbeat = Heartbeat(open_store(settings.checkpoint_uri))
+    drivers = None if settings.heartbeat_uri is None else open_store(settings.heartbeat_uri)
+    heartbeat = Heartbeat(open_store(settings.checkpoint_uri), drivers)
     return DriverMonitor(heartbeat.read, settings.heartbeat_timeout,
                          attempt=settings.attempt).start()
 

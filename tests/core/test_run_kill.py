@@ -22,6 +22,7 @@ import pytest
 from aws_helpers import (bucket, client, make_network, managed_live_instances,  # noqa: F401
                          unique)
 from spot_core.checkpoint import open_store
+from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY
 from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import ZOMBIE_WRITER, marked_processes, train_command, wait_until
 
@@ -93,6 +94,35 @@ def test_sigkill_of_run_ends_the_lease_after_the_heartbeat_timeout_and_a_rerun_r
     assert not marked_processes(str(tmp_path))
 
 
+def test_with_one_driver_beat_the_lease_lives_while_run_does_and_ends_after_a_sigkill(
+        tmp_path):
+    """--heartbeat-uri: the job's heartbeat is a pointer to the process's one beat, which
+    keeps the lease alive past the timeout while `run` lives; after a SIGKILL nobody
+    renews it and the lease ends itself, as with the job's own beat."""
+    job_id, uri = unique("pointed"), (tmp_path / "ckpt").as_uri()
+    store = open_store(uri)
+    proc = start_run(tmp_path, "--heartbeat-uri", (tmp_path / "drivers").as_uri(),
+                     *local_args(tmp_path, job_id, uri, HEARTBEAT, steps=100000))
+    try:
+        wait_for_checkpoint(store, proc)
+        time.sleep(2 * HEARTBEAT)
+        assert proc.poll() is None and marked_processes(str(tmp_path)), \
+            "the lease lived past the timeout on the process's one beat"
+        pointer = json.loads(store.get_object(HEARTBEAT_KEY))
+        (beat,) = (tmp_path / "drivers" / "drivers").glob("*.json")
+        assert beat.name == f"{pointer['driver']}.json"
+        assert json.loads(beat.read_text())["jobs"] == {job_id: 1}
+        proc.kill()
+        proc.wait(timeout=10)
+        killed_at = time.monotonic()
+        assert wait_until(lambda: not marked_processes(str(tmp_path)),
+                          timeout=HEARTBEAT + SLACK), "the lease never ended itself"
+        assert time.monotonic() - killed_at >= HEARTBEAT - 1.0
+    finally:
+        proc.kill()
+    assert store.latest().metadata.get("emergency"), "the step saved on its way out"
+
+
 def test_sigterm_of_run_terminates_the_lease_at_once(tmp_path):
     job_id, uri = unique("termed"), (tmp_path / "ckpt").as_uri()
     store = open_store(uri)
@@ -116,10 +146,15 @@ def ec2_setup(aws_env, bucket):  # noqa: F811 - pytest fixture by name
     assert managed_live_instances(aws_env) == [], "orphans left"
 
 
+@pytest.mark.parametrize("beat", ["own-store", "driver-beat"])
 def test_sigkill_of_run_on_ec2_leaves_no_running_instance_after_the_timeout(ec2_setup,
-                                                                            tmp_path):
+                                                                            tmp_path, beat):
+    """With --heartbeat-uri the instance follows its job's pointer to the driver's one
+    beat in S3 (its own credentials, the same bucket)."""
     endpoint, net, bucket_name = ec2_setup
     uri = f"s3://{bucket_name}/{unique('killed')}"
+    drivers = ["--heartbeat-uri", f"s3://{bucket_name}/{unique('drivers')}"] \
+        if beat == "driver-beat" else []
     store = open_store(uri)
     runtime = Ec2InstanceRuntime(endpoint, tmp_path / "runtime", ("us-east-1",),
                                  default_instance_env(endpoint, "us-east-1"))
@@ -130,10 +165,14 @@ def test_sigkill_of_run_on_ec2_leaves_no_running_instance_after_the_timeout(ec2_
                          "--instance-profile", net["instance_profile"],
                          "--ec2-option", f"agent_python={sys.executable}",
                          "--ec2-option", "watch_poll_interval=0.1", "--checkpoint-uri", uri,
-                         "--heartbeat-timeout", f"{HEARTBEAT:g}s", "--",
+                         "--heartbeat-timeout", f"{HEARTBEAT:g}s", *drivers, "--",
                          *train_command(steps=100000, step_seconds=0.01, every_steps=20))
         try:
             wait_for_checkpoint(store, proc, timeout=90)
+            if drivers:  # alive past the timeout on the one beat
+                time.sleep(2 * HEARTBEAT)
+                assert proc.poll() is None and managed_live_instances(endpoint)
+                assert "driver" in json.loads(store.get_object(HEARTBEAT_KEY))
             proc.kill()
             proc.wait(timeout=10)
             assert managed_live_instances(endpoint), "the instance outlived its driver (for now)"

@@ -111,6 +111,7 @@ def test_builders_carry_every_knob_in_seconds():
                                   capacity_wait=timedelta(seconds=30), max_capacity_waits=7,
                                   max_spot_price=1.25, attempt_timeout="2h",
                                   poll_interval="5s", heartbeat_timeout="4m",
+                                  heartbeat_uri="s3://beats/drivers",
                                   observe_failure_timeout=90, checkpoint_cost="45s",
                                   checkpoint_interval_min="2m", checkpoint_interval_max="30m")
     assert settings.retry_policy() == RetryPolicy(
@@ -120,6 +121,7 @@ def test_builders_carry_every_knob_in_seconds():
     assert settings.retry_policy(max_user_retries=9).max_user_retries == 9
     assert settings.controller_options() == {"poll_interval": 5.0, "attempt_timeout": 7200.0,
                                              "heartbeat_timeout": 240.0,
+                                             "heartbeat_uri": "s3://beats/drivers",
                                              "observe_failure_timeout": 90.0,
                                              "checkpoint_cost": 45.0,
                                              "checkpoint_interval_min": 120.0,

@@ -109,6 +109,7 @@ def test_durations_in_any_form_reach_the_policy_and_the_controller_options():
         (120.0, 0.9, 2)
     assert config.controller_options() == {"poll_interval": 1.0, "attempt_timeout": 21600.0,
                                            "heartbeat_timeout": 240.0,
+                                           "heartbeat_uri": None,
                                            "observe_failure_timeout": 180.0,
                                            "checkpoint_cost": 60.0,
                                            "checkpoint_interval_min": 60.0,
