@@ -136,6 +136,46 @@ def test_silence_is_judged_by_the_beats_sequence_on_this_workers_clock_not_by_it
     assert looks.due("run") is not None  # silent: looked at again at the next check
 
 
+def test_with_one_beat_per_worker_a_run_is_fresh_while_its_worker_lists_it(tmp_path):
+    """heartbeat_uri: the run's heartbeat points at its worker's one beat; the run counts
+    as driven while that beat lists it, and falls silent once it does not, though the
+    worker lives on (renewing for its other runs)."""
+    from prefect_spot.workers.orphans import Looks, gather
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.heartbeat import DriverBeat, Heartbeat
+
+    class Provider:
+        def observe(self, leases):
+            return {}
+
+    clock = [0.0]
+    looks = Looks(monotonic=lambda: clock[0])
+    uri, drivers_uri = (tmp_path / "job").as_uri(), (tmp_path / "drivers").as_uri()
+    worker = DriverBeat(open_store(drivers_uri))
+    worker.vouch("run-job", 1, 0.0)
+    Heartbeat(open_store(uri)).point(1, worker, "run-job", 0.0)
+
+    def look():
+        return gather(looks.due("run"), uri, open_store, 300.0, clock[0],
+                      lambda: _record(True), Provider(), drivers_uri)
+
+    for _ in range(3):  # the worker drives the run: listed at every renewal
+        worker.vouch("run-job", 1, clock[0])
+        worker.vouch("other-job", 1, clock[0])
+        worker.renew(clock[0])
+        evidence = look()
+        assert evidence.silent_for < 300 and evidence.record is None
+        looks.looked("run", evidence, 300.0)
+        clock[0] += 300.0
+    for _ in range(2):  # it stopped driving this run, renews for its other one only
+        worker.vouch("other-job", 1, clock[0])
+        worker.renew(clock[0], window=10.0)
+        evidence = look()
+        looks.looked("run", evidence, 300.0)
+        clock[0] += 300.0
+    assert evidence.silent_for >= 300 and evidence.record is not None
+
+
 # -- one adopter per orphan: the claim ------------------------------------------------------------
 @pytest.mark.parametrize("current, seen, now, adopt", [
     (None, None, 0.0, True),                 # nobody claims the attempt
