@@ -154,6 +154,8 @@ class Knob:
     # A duration knob that also takes an absolute time (a datetime or an ISO string),
     # kept as a timezone-aware datetime: the deadline.
     absolute: bool = False
+    # What the CLI's help calls the value, where its kind's word (NAME, N) would mislead.
+    metavar: str | None = None
 
     @property
     def allowed(self) -> tuple[str, ...] | None:
@@ -335,7 +337,7 @@ KNOBS: tuple[Knob, ...] = (
           "`spot-pipelines run`) keeps one heartbeat for all the jobs it watches: one write "
           "per renewal instead of one per job (1,000 deferred jobs: one S3 PUT every 75s "
           "instead of 1,000). Empty: each job's heartbeat lives in its own checkpoint store.",
-          _JOB, optional=True, check=_check_store_uri),
+          _JOB, optional=True, check=_check_store_uri, metavar="URI"),
     _knob("observe_failure_timeout", "duration", 180.0, "How long observing a lease may keep "
           "failing (API errors, resets) before the attempt ends as infrastructure_failed "
           "and its lease is terminated; 3m outlasts a transient cloud API outage.", _JOB,
@@ -611,7 +613,8 @@ def add_cli_arguments(parser, *, skip: Iterable[str] = ()) -> None:
             parser.add_argument(cli_flag(knob_), dest=knob_.name, default=None,
                                 action=argparse.BooleanOptionalAction, help=cli_help(knob_))
             continue
-        metavar = {"duration": "DURATION", "int": "N", "text": "NAME"}.get(knob_.kind)
+        metavar = knob_.metavar or {"duration": "DURATION", "int": "N",
+                                    "text": "NAME"}.get(knob_.kind)
         if knob_.absolute:
             metavar = "DURATION|TIME"
         if knob_.name == "max_spot_price":
