@@ -70,12 +70,16 @@ bench-aws: $(CORE)/.synced
 # 1,000 deferred SpotJobTriggers in one event loop (EC2 on moto, the local cloud), one real
 # airflow triggerer with 1,000 deferred jobs on EC2 (moto) and 1,000 on the local cloud,
 # then one Prefect spot worker with 200 flow runs on
-# EC2 (moto): API calls per poll and CPU-seconds per job-hour (see bench/README.md).
+# EC2 (moto): API calls per poll and CPU-seconds per job-hour (see bench/README.md). The
+# EC2 triggerer and the Prefect worker run twice: each job's own heartbeat, then one
+# heartbeat per process (heartbeat_uri, --driver-beat).
 bench-scale: $(AIRFLOW)/.synced $(PREFECT)/.synced
 	$(AIRFLOW)/bin/python -m bench.scale
 	$(AIRFLOW)/bin/python -m bench.scale_triggerer
+	$(AIRFLOW)/bin/python -m bench.scale_triggerer --driver-beat
 	$(AIRFLOW)/bin/python -m bench.scale_triggerer --backend local --jobs 1000
 	$(PREFECT)/bin/python -m bench.scale_prefect
+	$(PREFECT)/bin/python -m bench.scale_prefect --driver-beat
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 
