@@ -75,7 +75,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
 
     The spot settings (``max_preemptions``, ``on_demand_fallback``, ``return_to_spot``,
     ``min_on_demand``, ``max_spot_price``, ``capacity_wait``, ``max_capacity_waits``,
-    ``max_infrastructure_retries``, ``deadline``, ``work``, ``total_steps``,
+    ``max_infrastructure_retries``, ``max_disruptions``, ``deadline``, ``work``, ``total_steps``,
     ``restart_overhead``, ``deadline_policy``, ``attempt_timeout``, ``heartbeat_timeout``,
     ``heartbeat_uri``, ``observe_failure_timeout``) mean what they mean for
     ``SpotJobOperator``: the meaning, default and check of each knob is in
@@ -100,6 +100,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
                  capacity_wait: Duration = default("capacity_wait"),
                  max_capacity_waits: int = default("max_capacity_waits"),
                  max_infrastructure_retries: int = default("max_infrastructure_retries"),
+                 max_disruptions: int = default("max_disruptions"),
                  deadline: Duration | datetime | None = default("deadline"),
                  work: Duration | None = default("work"),
                  total_steps: int | None = default("total_steps"),
@@ -128,7 +129,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
             "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
             "max_capacity_waits": max_capacity_waits,
-            "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
+            "max_infrastructure_retries": max_infrastructure_retries, "max_disruptions": max_disruptions, "deadline": deadline,
             "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
             "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
