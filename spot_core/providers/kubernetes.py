@@ -508,7 +508,11 @@ def result_marker(attempt: int) -> str:
 
 def _events_may_tell(verdict: classify.PodVerdict) -> bool:
     """Whether events could change the verdict: a disruption whose cause (voluntary or a
-    spot reclaim) the pod and its node alone leave open."""
+    spot reclaim) the pod and its node alone leave open, or an exit 0 that only the
+    kubelet's ``Evicted`` event tells from a success (an eviction for the pod's own
+    storage limit leaves no other trace when the step exits 0 on the SIGTERM)."""
+    if verdict.outcome == Outcome.SUCCEEDED.value:
+        return verdict.disruption is None
     return verdict.outcome in (Outcome.PREEMPTED.value, Outcome.DISRUPTED.value) and any(
         d.voluntary is None for d in verdict.evidence)
 

@@ -68,7 +68,9 @@ SHUTDOWN_MESSAGES = re.compile(
 NODE_PRESSURE = re.compile(r"the node was low on resource|the node had condition", re.I)
 OWN_LIMIT = re.compile(r"exceeds the total limit of containers|exceeded its local ephemeral "
                        r"storage limit|usage of emptydir volume .* exceeds the limit", re.I)
-KUBELET_CRITICAL_PREEMPTION = re.compile(r"preempted in order to admit critical pod", re.I)
+KUBELET_CRITICAL_PREEMPTION = re.compile(r"preempted in order to admit critical pod"
+                                         r"|preempted by kubelet to accommodate a critical pod",
+                                         re.I)
 # Karpenter's event messages ("Evicted pod: Underutilized", "Disrupting Node: Drifted/Replace").
 KARPENTER_VOLUNTARY = re.compile(r"underutili[sz]ed|empty|drift|expir|consolidat", re.I)
 KARPENTER_INVOLUNTARY = re.compile(r"interrupt|spot|unhealthy|repair|stopping|terminating", re.I)
@@ -264,7 +266,18 @@ def disruptions(pod: Mapping[str, Any], node: Any = UNKNOWN, *,
 
 
 def _condition_evidence(pod: Mapping[str, Any]) -> list[Disruption]:
+    """``DisruptionTarget=True`` (1.25+) and the kubelet's ``PendingTermination`` (its
+    evictions for a pod's own limits and critical-pod preemption, which get no
+    ``DisruptionTarget``)."""
     out = []
+    for condition in conditions(pod, "PendingTermination"):
+        if condition.get("status") == "True":
+            message = condition.get("message") or ""
+            kind = ("own-limit" if OWN_LIMIT.search(message) else "preemption"
+                    if KUBELET_CRITICAL_PREEMPTION.search(message) else "node-pressure")
+            out.append(Disruption(kind, f"PendingTermination {condition.get('reason')}: "
+                                  f"{message}", at=parse_time(condition.get("lastTransitionTime")),
+                                  voluntary=None if kind == "own-limit" else False))
     for condition in conditions(pod, "DisruptionTarget"):
         if condition.get("status") != "True":
             continue
@@ -291,8 +304,9 @@ def _by_reason(reason: str, message: str) -> Disruption:
             return Disruption("node-pressure", "", voluntary=False)
         if KUBELET_CRITICAL_PREEMPTION.search(message):
             return Disruption("preemption", "", voluntary=False)
-        return Disruption("node-shutdown", "", voluntary=False,
-                          stopped=bool(SHUTDOWN_MESSAGES.search(message)))
+        # Added when the shutdown starts, while the containers still stop (the kubelet
+        # writes the phase, reason and message only once they have): a notice until then.
+        return Disruption("node-shutdown", "", voluntary=False)
     return Disruption("disruption", "", voluntary=False)
 
 
@@ -309,6 +323,9 @@ def _status_evidence(pod: Mapping[str, Any]) -> list[Disruption]:
         if NODE_PRESSURE.search(message):
             return [Disruption("node-pressure", said, voluntary=False, stopped=True)]
         return [Disruption("node-pressure", f"evicted by the kubelet ({said})",
+                           voluntary=False, stopped=True)]
+    if reason == "Preempting" or KUBELET_CRITICAL_PREEMPTION.search(message):
+        return [Disruption("preemption", f"preempted by its kubelet for a critical pod ({said})",
                            voluntary=False, stopped=True)]
     if reason == "NodeLost" or status.get("phase") == "Unknown":
         return [Disruption("node-lost", f"its node stopped reporting ({said})",
@@ -360,7 +377,12 @@ def event_evidence(events: Iterable[Mapping[str, Any]]) -> list[Disruption]:
         source = " ".join(str(s) for s in ((event.get("source") or {}).get("component"),
                                            event.get("reportingComponent")) if s)
         said = f"event {reason} from {source or 'unknown'}: {message}"
-        if reason in INVOLUNTARY_EVENT_REASONS:
+        if reason == "Evicted" and "kubelet" in source:
+            if OWN_LIMIT.search(message):
+                out.append(Disruption("own-limit", said, stopped=True))
+            elif NODE_PRESSURE.search(message):
+                out.append(Disruption("node-pressure", said, voluntary=False, stopped=True))
+        elif reason in INVOLUNTARY_EVENT_REASONS:
             out.append(Disruption("event", said, voluntary=False))
         elif reason == "ScaleDown" and ("autoscaler" in source or "scale down" in message):
             out.append(Disruption("event", said, voluntary=True))
@@ -409,7 +431,8 @@ def classify_pod(pod: Any, node: Any = UNKNOWN, *, events: Sequence[Any] = (),
     events = [as_api(e) for e in events]
     if pod is None:
         return _gone(node, earlier, events, spot, completed, terminated_by_us, now)
-    current = disruptions(pod, node, terminated_by_us=terminated_by_us)
+    current = [*disruptions(pod, node, terminated_by_us=terminated_by_us),
+               *(d for d in event_evidence(events) if d.kind != "event")]
     if spot is None:
         spot = spot_of(pod, node)
     if not _stopped(pod, current):
