@@ -457,3 +457,26 @@ def test_auto_in_a_pod_of_the_provider_watches_its_node_and_sigterm(monkeypatch)
     monkeypatch.delenv("SPOT_NODE_NAME")
     with pytest.raises(ConfigError, match="SPOT_NODE_NAME"):
         detectors_for("kubernetes", "http://127.0.0.1:9", timeout=0.2, probe_timeout=0.1)
+
+
+def test_the_provider_counts_a_disrupted_exit_zero_as_done_only_on_the_steps_final_checkpoint(
+        tmp_path):
+    """What the step left in its store decides: a final checkpoint of this very attempt."""
+    from spot_core.checkpoint import open_store
+    from spot_core.model import Lease
+    from spot_core.providers.kubernetes import KubernetesOptions, KubernetesProvider
+
+    provider = KubernetesProvider(KubernetesOptions(), api=object(), clock=lambda: NOW)
+    pool = node_info(FLAVOUR_NODES["gke-spot"]).pool
+    uri = (tmp_path / "ckpt").as_uri()
+    lease = Lease("spot-job-1-abcde", pool, "job", 2, started_at=NOW - 60,
+                  price_per_hour=0.1, details={"checkpoint_uri": uri, "node": "g-1"})
+    cut_short = pod("Succeeded", exit_code=0, status_reason="Terminated",
+                    message="Pod was terminated in response to imminent node shutdown.")
+    store = open_store(uri)
+    store.save(step=5, payload={"w": b"1"}, metadata={"final": True}, attempt=1)
+    assert classify(provider._status(lease, cut_short, {})) is Outcome.PREEMPTED  # not its own
+    store.save(step=10, payload={"w": b"2"}, metadata={}, attempt=2)
+    assert classify(provider._status(lease, cut_short, {})) is Outcome.PREEMPTED
+    store.save(step=30, payload={"w": b"3"}, metadata={"final": True}, attempt=2)
+    assert classify(provider._status(lease, cut_short, {})) is Outcome.SUCCEEDED
