@@ -8,9 +8,14 @@ is a capacity miss (deleted; ``CapacityUnavailable``, the controller tries the n
 pool); a container that cannot start for its configuration (``ImagePullBackOff``,
 ``ErrImagePull``, ``CreateContainerConfigError``) is one ``ConfigError`` carrying the
 pod's message (deleted; no pool can fix it). ``observe`` answers any number of leases
-with one pod list by label selector and one node list, and re-reads a pod whose
-disruption condition it is about to act on. The pod's life on its node (scheduling to
-end) is billed per second at the pool's configured price.
+with one pod list by label selector and one node list, re-reads a pod whose disruption
+condition it is about to act on, and hands each to the one pod classifier
+(``kubernetes_classify.classify_pod``) with what only it knows: the lease's market, the
+notices seen on earlier looks (so a pod stuck under one ends at its grace period plus
+``notice_margin_seconds``, deleted, with grace 0 when its node is gone), whether the
+step reported completion, and, when they can settle the cause, the pod's and its node's
+events. The pod's life on its node (scheduling to end) is billed per second at the
+pool's configured price.
 
 Every pod carries ``spot-pipelines/managed=true``, ``spot-pipelines/job`` and
 ``spot-pipelines/attempt``; ``terminate`` deletes it (idempotent), ``close`` deletes
