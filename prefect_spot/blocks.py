@@ -84,6 +84,7 @@ class SpotConfiguration(Block):
     capacity_wait: float = spot_field("capacity_wait")
     max_capacity_waits: int = spot_field("max_capacity_waits")
     max_infrastructure_retries: int = spot_field("max_infrastructure_retries")
+    max_disruptions: int = spot_field("max_disruptions")
     deadline: Optional[Union[float, datetime]] = spot_field("deadline")
     work: Optional[float] = spot_field("work")
     total_steps: Optional[int] = spot_field("total_steps")

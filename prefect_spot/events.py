@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 EVENT_NAMES: dict[str, str | None] = {
     "launched": "spot.job.launched",
     "preempted": "spot.job.preempted",
+    "disrupted": "spot.job.disrupted",
     "capacity_unavailable": "spot.job.capacity-unavailable",
     "user_failed": "spot.job.user-failed",
     "infrastructure_failed": "spot.job.infrastructure-failed",

@@ -16,7 +16,7 @@ from typing import Sequence
 from spot_core import __version__
 from spot_core.errors import SpotError
 
-COMMANDS = ("demo", "report", "run", "simulate", "watch")
+COMMANDS = ("classify-pod", "demo", "report", "run", "simulate", "watch")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +39,7 @@ def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
                         help="logging level for diagnostics on stderr (default WARNING)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in commands:
-        module = importlib.import_module(f"spot_core.commands.{name}")
+        module = importlib.import_module(f"spot_core.commands.{name.replace('-', '_')}")
         module.register(subparsers)
     return parser
 

@@ -159,7 +159,10 @@ def provider_stores(provider) -> Callable[[str], CheckpointStore]:
 
 
 def classify(status: LeaseStatus) -> Outcome:
-    """How an ended lease's attempt ended. A notice or a reclaim is never a failure."""
+    """How an ended lease's attempt ended. A notice or a reclaim is never a failure; a
+    provider's own verdict (``LeaseStatus.outcome``) stands as given."""
+    if status.outcome is not None:
+        return Outcome(status.outcome)
     if status.exit_code == 0:
         return Outcome.SUCCEEDED
     if status.state is LeaseState.RECLAIMED or status.notice_at is not None:

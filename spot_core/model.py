@@ -36,6 +36,11 @@ class Outcome(StrEnum):
     # The controller ended the attempt itself, with an emergency checkpoint, to move the
     # job somewhere cheaper (back to spot from on-demand): counted in no budget.
     DRAINED = "drained"
+    # The cluster took the capacity back on purpose, not the cloud: Karpenter consolidation,
+    # drift or expiration, a cluster-autoscaler scale-down, a node drain for an upgrade.
+    # Resumed from the checkpoint like a preemption, on its own budget (max_disruptions),
+    # and never a reason by itself to move the job to on-demand.
+    DISRUPTED = "disrupted"
 
     @property
     def consumes_user_retry(self) -> bool:
@@ -295,6 +300,7 @@ class JobRecord:
     user_failures: int = 0
     infrastructure_failures: int = 0
     capacity_misses: int = 0
+    disruptions: int = 0
     latest_checkpoint: CheckpointRef | None = None
     ledger: CostLedger = field(default_factory=CostLedger)
     deadline: float | None = None
@@ -337,6 +343,7 @@ class JobRecord:
             Outcome.USER_FAILED: "user_failures",
             Outcome.INFRASTRUCTURE_FAILED: "infrastructure_failures",
             Outcome.CAPACITY_UNAVAILABLE: "capacity_misses",
+            Outcome.DISRUPTED: "disruptions",
         }
         changes: dict[str, Any] = {"attempts": self.attempts[:-1] + (finished,),
                                    "ledger": self.ledger.add(finished)}
@@ -375,6 +382,7 @@ class JobRecord:
             "user_failures": self.user_failures,
             "infrastructure_failures": self.infrastructure_failures,
             "capacity_misses": self.capacity_misses,
+            "disruptions": self.disruptions,
             "latest_checkpoint": None if self.latest_checkpoint is None
             else self.latest_checkpoint.to_dict(),
             "ledger": self.ledger.to_dict(),
@@ -406,6 +414,8 @@ class JobRecord:
                 infrastructure_failures=_whole(data["infrastructure_failures"],
                                                "infrastructure_failures"),
                 capacity_misses=_whole(data["capacity_misses"], "capacity_misses"),
+                # absent from records written before voluntary disruptions had a budget
+                disruptions=_whole(data.get("disruptions", 0), "disruptions"),
                 latest_checkpoint=None if checkpoint is None else CheckpointRef.from_dict(checkpoint),
                 ledger=CostLedger.from_dict(data["ledger"]),
                 deadline=_real(data.get("deadline"), "deadline", optional=True),
@@ -437,6 +447,7 @@ class JobRecord:
             "attempts": len(self.attempts),
             "preemptions": self.preemptions,
             "user_failures": self.user_failures,
+            "disruptions": self.disruptions,
             "fallbacks": self.fallbacks,
             "resumed_from_steps": resumed,
             "spot_cost": round(self.ledger.spent, 6),

@@ -296,6 +296,10 @@ KNOBS: tuple[Knob, ...] = (
           "use their own `retries`). 0: a bug fails fast.", {CLI}, minimum=0),
     _knob("max_infrastructure_retries", "int", 3, "Attempts lost to failures outside the "
           "step's code (not preemptions) before the job fails.", _JOB, minimum=0),
+    _knob("max_disruptions", "int", 10, "Voluntary disruptions tolerated (Kubernetes "
+          "consolidation, drift, expiration, autoscaler scale-down, drains) before the job "
+          "fails; each resumes from the checkpoint, spends no preemption and never moves "
+          "the job to on-demand.", _JOB, minimum=0),
     _knob("on_demand_fallback", "bool", True, "Run on on-demand when the preemption budget "
           "is spent, spot is scarce or the deadline is near; off: wait (bounded) for spot.",
           _JOB),
@@ -500,6 +504,7 @@ class _SettingsMethods:
             max_user_retries=self.max_user_retries if max_user_retries is None
             else max_user_retries,
             max_infrastructure_retries=self.max_infrastructure_retries,
+            max_disruptions=self.max_disruptions,
             on_demand_fallback=self.on_demand_fallback, return_to_spot=self.return_to_spot,
             capacity_wait_seconds=self.capacity_wait, max_capacity_waits=self.max_capacity_waits,
             deadline_safety_seconds=deadline_safety_seconds,

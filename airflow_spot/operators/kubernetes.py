@@ -37,6 +37,7 @@ from spot_core.controller import JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Lease
 from spot_core.providers import check_provider
+from spot_core.providers.kubernetes import check_option_value
 from spot_core.providers.kubernetes_pods import STEP_CONTAINER, mounted_store
 from spot_core.settings import SpotSettings, default, pop_aliases
 
@@ -50,6 +51,54 @@ LOG_DRAIN_SECONDS = 10.0  # after an attempt ends, how long its log stream may s
 
 def _is_template(value: Any) -> bool:
     return isinstance(value, str) and "{{" in value
+
+
+# KubernetesPodOperator's own timeouts, and the provider options that mean the same.
+KPO_TIMEOUTS = {"startup_timeout_seconds": "start_timeout",
+                "schedule_timeout_seconds": "unschedulable_timeout"}
+
+
+def _refuse_kpo_lifecycle(kwargs: Mapping[str, Any]) -> None:
+    """KPO parameters about its own pod lifecycle that a spot job cannot honour: refused
+    when the DAG is parsed, never silently ignored."""
+    task = kwargs.get("task_id", "")
+    if kwargs.get("callbacks"):
+        raise ValueError(f"{task}: callbacks={kwargs['callbacks']!r} cannot run: each spot "
+                         "attempt's pod is created, watched and deleted by the spot "
+                         "controller, not by KubernetesPodOperator's pod manager, so its "
+                         "callbacks would never fire; drop callbacks (every attempt is in the "
+                         "JobRecord, XCom key 'spot_job_record')")
+    for name in ("reattach_on_restart", "durable"):
+        if kwargs.get(name) is False:
+            raise ValueError(f"{task}: {name}=False: a spot job always picks up its running "
+                             "attempt's pod when a worker restarts (the JobRecord in the task "
+                             "state store names it), and a new pod per try would leave the old "
+                             f"one running; drop {name}")
+
+
+def _kpo_timeouts(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """KPO's startup/schedule timeouts the user passed, as the provider options they are:
+    ``startup_timeout_seconds`` (scheduled to started) is ``start_timeout``,
+    ``schedule_timeout_seconds`` (time to a node) is ``unschedulable_timeout``."""
+    return {option: kwargs[name] for name, option in KPO_TIMEOUTS.items()
+            if kwargs.get(name) is not None}
+
+
+def _with_timeouts(options: Any, timeouts: Mapping[str, Any], task: str) -> Any:
+    if not timeouts or not isinstance(options, Mapping):
+        return options
+    both = sorted(set(timeouts) & set(options))
+    if both:
+        given = {name for name, option in KPO_TIMEOUTS.items() if option in both}
+        raise ValueError(f"{task}: {sorted(given)} and provider_options {both} set the same "
+                         "timeout; keep one")
+    for option, value in timeouts.items():
+        try:
+            check_option_value(option, value)
+        except ConfigError as exc:
+            name = next(n for n, o in KPO_TIMEOUTS.items() if o == option)
+            raise ValueError(f"{task}: {name}={value!r}: {exc}") from None
+    return {**options, **timeouts}
 
 
 class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
@@ -73,9 +122,15 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
     :param poll_interval: time between observations of the attempt's pod (KPO's
         parameter, with the spot default).
 
+    KubernetesPodOperator's own ``startup_timeout_seconds`` and
+    ``schedule_timeout_seconds`` are honoured as the provider's ``start_timeout`` and
+    ``unschedulable_timeout``; ``reattach_on_restart`` / ``durable`` are what a spot job
+    always does (False is refused); ``callbacks`` are refused, since KPO's pod manager,
+    which would call them, does not run the attempts' pods.
+
     The spot settings (``max_preemptions``, ``on_demand_fallback``, ``return_to_spot``,
     ``min_on_demand``, ``max_spot_price``, ``capacity_wait``, ``max_capacity_waits``,
-    ``max_infrastructure_retries``, ``deadline``, ``work``, ``total_steps``,
+    ``max_infrastructure_retries``, ``max_disruptions``, ``deadline``, ``work``, ``total_steps``,
     ``restart_overhead``, ``deadline_policy``, ``attempt_timeout``, ``heartbeat_timeout``,
     ``heartbeat_uri``, ``observe_failure_timeout``) mean what they mean for
     ``SpotJobOperator``: the meaning, default and check of each knob is in
@@ -100,6 +155,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
                  capacity_wait: Duration = default("capacity_wait"),
                  max_capacity_waits: int = default("max_capacity_waits"),
                  max_infrastructure_retries: int = default("max_infrastructure_retries"),
+                 max_disruptions: int = default("max_disruptions"),
                  deadline: Duration | datetime | None = default("deadline"),
                  work: Duration | None = default("work"),
                  total_steps: int | None = default("total_steps"),
@@ -117,9 +173,12 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         if not isinstance(deferrable, bool):
             raise ValueError(f"{kwargs.get('task_id', '')}: deferrable={deferrable!r} must be "
                              "True or False")
+        _refuse_kpo_lifecycle(kwargs)
+        timeouts = _kpo_timeouts(kwargs)
         super().__init__(deferrable=deferrable, **kwargs)
         self.checkpoint_uri = checkpoint_uri
-        self.provider_options = {} if provider_options is None else provider_options
+        self.provider_options = _with_timeouts(
+            {} if provider_options is None else provider_options, timeouts, self.task_id)
         self.node_pools = self._names("node_pools", node_pools)
         self._validate_static()
         self._adopt_settings(self._settings({
@@ -128,7 +187,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
             "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
             "max_capacity_waits": max_capacity_waits,
-            "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
+            "max_infrastructure_retries": max_infrastructure_retries, "max_disruptions": max_disruptions, "deadline": deadline,
             "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
             "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,

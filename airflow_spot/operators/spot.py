@@ -73,6 +73,8 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     :param capacity_wait: how long one wait for capacity (or a price window) lasts.
     :param max_capacity_waits: waits (or launches without capacity) before giving up.
     :param max_infrastructure_retries: failures outside the step's code to absorb.
+    :param max_disruptions: voluntary disruptions (Kubernetes consolidation, drains) to
+        absorb; they spend no preemption and never move the job to on-demand.
     :param deadline: time the job may take from its first try, in capacity time (trace
         time on the local cloud: ``"12h"`` at ``time_scale=3600`` is 12 wall seconds; wall
         time on EC2 and Kubernetes), or an absolute wall-clock ``datetime`` / ISO time.
@@ -133,6 +135,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
                  capacity_wait: Duration = default("capacity_wait"),
                  max_capacity_waits: int = default("max_capacity_waits"),
                  max_infrastructure_retries: int = default("max_infrastructure_retries"),
+                 max_disruptions: int = default("max_disruptions"),
                  deadline: Duration | datetime | None = default("deadline"),
                  work: Duration | None = default("work"),
                  total_steps: int | None = default("total_steps"),
@@ -175,7 +178,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
             "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
             "max_capacity_waits": max_capacity_waits,
-            "max_infrastructure_retries": max_infrastructure_retries, "deadline": deadline,
+            "max_infrastructure_retries": max_infrastructure_retries, "max_disruptions": max_disruptions, "deadline": deadline,
             "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
             "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,

@@ -64,7 +64,8 @@ from prefect_spot.blocks import (AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HEL
                                  SpotConfiguration)
 from prefect_spot.credentials import check_cluster_config, fingerprint
 
-RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED)
+RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED,
+                    Outcome.DISRUPTED)
 ORPHAN_PAGE = 200
 """Running flow runs read per API call when looking for orphans."""
 
@@ -112,6 +113,7 @@ class _SpotFields:
     capacity_wait = spot_field("capacity_wait")
     max_capacity_waits = spot_field("max_capacity_waits")
     max_infrastructure_retries = spot_field("max_infrastructure_retries")
+    max_disruptions = spot_field("max_disruptions")
     deadline = spot_field("deadline")
     work = spot_field("work")
     total_steps = spot_field("total_steps")
@@ -158,6 +160,7 @@ class _SpotValues(BaseModel):
     capacity_wait: float = _SpotFields.capacity_wait
     max_capacity_waits: int = _SpotFields.max_capacity_waits
     max_infrastructure_retries: int = _SpotFields.max_infrastructure_retries
+    max_disruptions: int = _SpotFields.max_disruptions
     deadline: Optional[Union[float, datetime]] = _SpotFields.deadline
     work: Optional[float] = _SpotFields.work
     total_steps: Optional[int] = _SpotFields.total_steps
@@ -670,8 +673,9 @@ class _FlowRunExit:
         return dataclasses.replace(observed, status=self._corrected(observed.status))
 
     def _corrected(self, status: LeaseStatus) -> LeaseStatus:
-        if not status.ended or status.exit_code != 0:
-            return status
+        if not status.ended or status.exit_code != 0 or status.outcome not in (
+                None, Outcome.SUCCEEDED):
+            return status  # a provider's verdict other than success stands
         from prefect import get_client
 
         with get_client(sync_client=True) as client:
@@ -680,7 +684,7 @@ class _FlowRunExit:
             return status
         message = (state.message if state is not None and state.message
                    else "the flow run did not complete")
-        return dataclasses.replace(status, exit_code=1, message=message[:300])
+        return dataclasses.replace(status, exit_code=1, outcome=None, message=message[:300])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._provider, name)

@@ -19,6 +19,7 @@ OUTCOME_COLOURS = {
     "user_failed": "#c62828",
     "infrastructure_failed": "#6a1b9a",
     "drained": "#0277bd",
+    "disrupted": "#00838f",
     "running": "#1565c0",
 }
 SPOT_COLOUR = "#2e7d32"

@@ -3,14 +3,15 @@
 prepare data -> train (a spot job whose attempts are pods) -> evaluate, on the project's
 Kubernetes API emulator (no cluster can run here): an EKS-style cluster with a Karpenter
 spot NodePool in us-east-1b, an EKS managed spot node group in us-east-1a and an EKS
-on-demand node group in us-east-1c. Spot capacity is scarce (a reclaimed node is not
-replaced), and the nodes are reclaimed the way each flavour does it while the step
-trains: Karpenter taints its node and evicts the pod (``DisruptionTarget``:
-``EvictionByEvictionAPI``), the managed node group cordons and drains. The step's watcher
-sees each notice (its node's taint, the kubelet's SIGTERM), saves an emergency
-checkpoint, and the controller resumes it on the next pool; after two preemptions the
-rest runs on the on-demand node group. The final weights are compared with an
-uninterrupted run of the same training.
+on-demand node group of two nodes in us-east-1c. Spot capacity is scarce (a reclaimed node
+is not replaced), and the nodes are reclaimed the way each flavour does it while the step
+trains: Karpenter's interruption (its taint; the step pod, annotated do-not-disrupt, goes
+down with the instance), then the managed node group's rebalance (cordon and drain). The
+step's watcher sees each notice (its node's taint or cordon, the kubelet's SIGTERM),
+saves an emergency checkpoint, and the controller resumes it on the next pool; after two
+preemptions the rest runs on the on-demand node group, whose node is then drained for an
+upgrade: a voluntary disruption, resumed on the other on-demand node without spending a
+preemption. The final weights are compared with an uninterrupted run of the same training.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ class KubernetesDemoConfig:
     steps: int = 2000
     step_seconds: float = 0.006           # about 12 s of training
     checkpoint_every_seconds: float = 1.0
-    # Reclaim the running spot node once the step has saved past these fractions.
+    # Reclaim the running spot node once the step has saved past these fractions...
     reclaim_at: tuple[float, ...] = (0.25, 0.6)
+    # ...then drain its on-demand node (an upgrade: voluntary) past this one (None: never).
+    drain_at: float | None = 0.85
     max_preemptions: int = 2
     time_scale: float = 0.1               # the emulator's grace periods, scaled
     timeout_seconds: float = 240.0
@@ -52,7 +55,7 @@ def cluster_config(cfg: KubernetesDemoConfig):
     return ClusterConfig(pools=[
         NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None),
         NodePool("eks-spot", "eks", "spot", "us-east-1a", replace_after_seconds=None),
-        NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c")],
+        NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c", nodes=2)],
         time_scale=cfg.time_scale)
 
 
@@ -80,14 +83,16 @@ def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
 
 
 class Reclaimer:
-    """Takes the running attempt's spot node away, by its flavour's script, each time the
-    step has checkpointed past the next of ``cfg.reclaim_at`` (a background thread)."""
+    """Takes the running attempt's node away each time the step has checkpointed past the
+    next threshold (a background thread): a spot node by its flavour's reclaim for each of
+    ``cfg.reclaim_at``, then an on-demand node by a drain at ``cfg.drain_at``."""
 
     def __init__(self, cluster, provider: KubernetesProvider, job_id: str, store_uri: str,
                  cfg: KubernetesDemoConfig) -> None:
         self.cluster, self.provider, self.job_id = cluster, provider, job_id
         self.store = open_store(store_uri)
         self.thresholds = [int(f * cfg.steps) for f in cfg.reclaim_at]
+        self.drain_step = None if cfg.drain_at is None else int(cfg.drain_at * cfg.steps)
         self.reclaimed: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="reclaimer")
@@ -101,16 +106,26 @@ class Reclaimer:
         self._thread.join(10.0)
 
     def _run(self) -> None:
-        while self.thresholds and not self._stop.wait(0.2):
-            node = self._spot_node_past(self.thresholds[0])
+        while (self.thresholds or self.drain_step is not None) and not self._stop.wait(0.2):
+            if self.thresholds:
+                node = self._spot_node_past(self.thresholds[0])
+                if node is not None:
+                    self.cluster.reclaim(node)
+                    self.reclaimed.append(node)
+                    self.thresholds.pop(0)
+                continue
+            node = self._node_past(self.drain_step, Market.ON_DEMAND)
             if node is not None:
-                self.cluster.reclaim(node)
+                self.cluster.reclaim(node, "drain")
                 self.reclaimed.append(node)
-                self.thresholds.pop(0)
+                self.drain_step = None
 
     def _spot_node_past(self, step: int) -> str | None:
-        """The node of the job's running spot pod once a checkpoint of this attempt is
-        at or past ``step``."""
+        return self._node_past(step, Market.SPOT)
+
+    def _node_past(self, step: int, market: Market) -> str | None:
+        """The node of the job's running pod on ``market`` once a checkpoint of this
+        attempt is at or past ``step``."""
         from spot_core.adaptors import kubernetes as k8s
 
         listed = k8s.raw("list pods", self.provider.api.list_namespaced_pod, "default",
@@ -125,7 +140,7 @@ class Reclaimer:
                 continue
             pool = self.provider.market.refresh().get(
                 pod["metadata"]["annotations"].get(pods.ANNOTATION_POOL, ""))
-            if latest.step >= step and pool is not None and pool.pool.market is Market.SPOT:
+            if latest.step >= step and pool is not None and pool.pool.market is market:
                 return node
         return None
 

@@ -8,7 +8,10 @@ the controller applies its ``Decision``. The rules, in order:
 3. Budgets are separate, as in Flyte: user failures spend ``max_user_retries``,
    infrastructure failures ``max_infrastructure_retries``; preemptions spend only
    ``max_preemptions`` and never a user retry, because losing a node is not the step's
-   fault.
+   fault. Voluntary disruptions (a cluster consolidating, draining or scaling down its
+   nodes) spend ``max_disruptions`` alone: they resume from the checkpoint like a
+   preemption but say nothing about spot capacity, so they never move the job to
+   on-demand.
 4. The job runs on on-demand (if ``on_demand_fallback``) when the preemption budget is
    spent, when the deadline is within ``deadline_safety_seconds``, when no spot pool has
    capacity now, or right after a launch found none in any spot pool it tried.
@@ -62,6 +65,7 @@ class RetryPolicy:
     max_preemptions: int = 3
     max_user_retries: int = 0
     max_infrastructure_retries: int = 3
+    max_disruptions: int = 10
     on_demand_fallback: bool = True
     return_to_spot: bool = True
     capacity_wait_seconds: float = 60.0
@@ -71,7 +75,8 @@ class RetryPolicy:
     max_spot_price: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_preemptions", "max_user_retries", "max_infrastructure_retries"):
+        for name in ("max_preemptions", "max_user_retries", "max_infrastructure_retries",
+                     "max_disruptions"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"RetryPolicy.{name} must be a whole number >= 0, got {value!r}")
@@ -163,6 +168,10 @@ def _settled(record: JobRecord, policy: RetryPolicy, now: float) -> Decision | N
                                        "failures; infrastructure retries are used up "
                                        f"(max_infrastructure_retries="
                                        f"{policy.max_infrastructure_retries})")
+    if record.disruptions > policy.max_disruptions:
+        return Decision("fail", reason=f"the cluster disrupted the job {record.disruptions} "
+                                       "time(s) on purpose (consolidation, drain, scale-down); "
+                                       f"max_disruptions={policy.max_disruptions} is used up")
     misses = _trailing_capacity_misses(record)
     if misses >= policy.max_capacity_waits:
         return Decision("fail", reason=f"{misses} launch(es) in a row found no capacity "
@@ -303,6 +312,9 @@ def _spot_reason(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolicy)
                 f"{policy.max_preemptions} preemptions used)")
     if last and last.outcome is Outcome.PREEMPTED:
         return f"resuming on spot in {where} after preemption {record.preemptions}"
+    if last and last.outcome is Outcome.DISRUPTED:
+        return (f"resuming on spot in {where} after voluntary disruption {record.disruptions} "
+                "(no preemption spent)")
     return f"launching on spot in {where}, the best of {len(spot)} pool(s) with capacity"
 
 

@@ -54,6 +54,11 @@ class LeaseStatus:
     notice_at: float | None = None   # when an interruption notice was first served, if ever
     ended_at: float | None = None
     message: str = ""
+    # A provider that reads why its lease ended better than an exit code can says so here
+    # (an ``Outcome`` value): the kubernetes provider's pod classifier, which decides a
+    # disruption before the exit code (a step that exits 0 on the kubelet's SIGTERM was cut
+    # short, not done). None: the controller classifies from the state and exit code.
+    outcome: str | None = None
 
     @property
     def ended(self) -> bool:

@@ -8,9 +8,14 @@ is a capacity miss (deleted; ``CapacityUnavailable``, the controller tries the n
 pool); a container that cannot start for its configuration (``ImagePullBackOff``,
 ``ErrImagePull``, ``CreateContainerConfigError``) is one ``ConfigError`` carrying the
 pod's message (deleted; no pool can fix it). ``observe`` answers any number of leases
-with one pod list by label selector and one node list, and re-reads a pod whose
-disruption condition it is about to act on. The pod's life on its node (scheduling to
-end) is billed per second at the pool's configured price.
+with one pod list by label selector and one node list, re-reads a pod whose disruption
+condition it is about to act on, and hands each to the one pod classifier
+(``kubernetes_classify.classify_pod``) with what only it knows: the lease's market, the
+notices seen on earlier looks (so a pod stuck under one ends at its grace period plus
+``notice_margin_seconds``, deleted, with grace 0 when its node is gone), whether the
+step reported completion, and, when they can settle the cause, the pod's and its node's
+events. The pod's life on its node (scheduling to end) is billed per second at the
+pool's configured price.
 
 Every pod carries ``spot-pipelines/managed=true``, ``spot-pipelines/job`` and
 ``spot-pipelines/attempt``; ``terminate`` deletes it (idempotent), ``close`` deletes
@@ -24,14 +29,15 @@ import math
 import shlex
 import time
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from spot_core import stopping
 from spot_core.adaptors import kubernetes as k8s
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.kubernetes import KubernetesMarket, PriceTable, check_prices
-from spot_core.model import Lease, Market, Pool
+from spot_core.model import Lease, Market, Outcome, Pool
+from spot_core.providers import kubernetes_classify as classify
 from spot_core.providers import kubernetes_pods as pods
 from spot_core.providers.base import Bill, LaunchSpec, LeaseStatus
 
@@ -56,6 +62,13 @@ class KubernetesOptions:
     watch_poll_interval: float = 1.0
     node_refresh_seconds: float = 5.0
     capacity_cooldown_seconds: float = 120.0
+    # Annotate every step pod karpenter.sh/do-not-disrupt: "true" and
+    # cluster-autoscaler.kubernetes.io/safe-to-evict: "false", so neither consolidates or
+    # scales down a node under a running step (a spot reclaim still takes it).
+    do_not_disrupt: bool = True
+    # After a notice (its node NotReady or gone, the pod stuck Terminating) a pod that has
+    # not ended within its grace period plus this margin is ended by the provider.
+    notice_margin_seconds: float = 30.0
 
     @classmethod
     def from_plain(cls, **options: Any) -> KubernetesOptions:
@@ -79,7 +92,7 @@ class KubernetesOptions:
 
 OPTION_NAMES = frozenset(f.name for f in fields(KubernetesOptions))
 SECONDS_OPTIONS = ("unschedulable_timeout", "start_timeout", "watch_poll_interval",
-                   "node_refresh_seconds", "capacity_cooldown_seconds")
+                   "node_refresh_seconds", "capacity_cooldown_seconds", "notice_margin_seconds")
 
 
 def check_option_names(names: Iterable[str]) -> None:
@@ -102,8 +115,8 @@ def check_option_value(name: str, value: Any) -> None:
             isinstance(value, str) and value.strip()):
         raise ConfigError(f"kubernetes provider option {name}={value!r} must be a non-empty "
                           "string")
-    if name == "in_cluster" and not isinstance(value, bool):
-        raise ConfigError(f"kubernetes provider option in_cluster={value!r} must be true or false")
+    if name in ("in_cluster", "do_not_disrupt") and not isinstance(value, bool):
+        raise ConfigError(f"kubernetes provider option {name}={value!r} must be true or false")
     if name == "pod_template" and not (isinstance(value, Mapping) and isinstance(
             value.get("spec", {}), Mapping)):
         raise ConfigError("kubernetes provider option pod_template must be a V1Pod as a dict, "
@@ -138,8 +151,8 @@ class KubernetesProvider:
                                        clock=clock)
         self._launched: dict[str, str] = {}   # pod name -> namespace, for close()
         self._terminated: set[str] = set()
-        self._notices: dict[str, float] = {}
-        self._notice_why: dict[str, str] = {}
+        # lease -> the notices its pod showed (or its watcher reported), first seen when
+        self._notices: dict[str, tuple[classify.Disruption, ...]] = {}
         self._annotations: dict[str, dict] = {}  # pod name -> annotations last observed
 
     @classmethod
@@ -171,7 +184,8 @@ class KubernetesProvider:
             watch_command=self.config.watch_command, pod_template=self.config.pod_template,
             service_account=self.config.service_account,
             flavours=nodes.flavours if nodes else (),
-            watch_poll_interval=self.config.watch_poll_interval)
+            watch_poll_interval=self.config.watch_poll_interval,
+            do_not_disrupt=self.config.do_not_disrupt)
 
     def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
         """The attempt's pod, scheduled and started on ``pool``; see the module docstring."""
@@ -261,24 +275,104 @@ class KubernetesProvider:
         return {ns: pods.job_selector(_only(jobs) or None) for ns, jobs in by_namespace.items()}
 
     def _status(self, lease: Lease, pod: dict | None, nodes: Mapping[str, dict]) -> LeaseStatus:
-        if pod is not None and pods.disruption(pod) is not None:
+        """The classifier's verdict on the lease's pod (``kubernetes_classify``), with what
+        only the provider knows: the lease's market, the notices seen on earlier looks,
+        whether the step reported completion, the pod's and its node's events."""
+        if pod is not None and classify.conditions(pod, "DisruptionTarget"):
             pod = self._reread(lease)  # the condition can be withdrawn: act on a fresh copy
         node_name = (pods.node_of(pod) if pod else None) or lease.details.get("node") or ""
-        if lease.lease_id not in self._notices and (pod is None or pods.terminal(pod)):
-            seen = self._reported_notice(lease)  # the in-pod watcher's, if it saw one
-            if seen is not None:
-                self._notices[lease.lease_id] = seen
-                self._notice_why.setdefault(lease.lease_id, "reported by the pod's watcher")
-        status = pods.pod_status(pod, nodes.get(node_name),
-                                 notice_at=self._notices.get(lease.lease_id),
-                                 notice_why=self._notice_why.get(lease.lease_id, ""),
-                                 terminated_by_us=lease.lease_id in self._terminated,
-                                 now=self.clock())
-        if status.notice_at is not None:
-            self._notices.setdefault(lease.lease_id, status.notice_at)
-            if status.message:
-                self._notice_why.setdefault(lease.lease_id, status.message)
-        return status
+        node = nodes.get(node_name) if node_name else classify.UNKNOWN
+        if pod is None or pods.terminal(pod):
+            self._remember_report(lease)
+        verdict = self._verdict(lease, pod, node, ())
+        if verdict.ended and _events_may_tell(verdict):
+            verdict = self._verdict(lease, pod, node, self._events(lease, node_name))
+        if not verdict.ended:
+            self._remember(lease, verdict.evidence)
+        if verdict.forced:
+            self._end_stuck(lease, verdict)
+        return pods.lease_status(verdict)
+
+    def _verdict(self, lease: Lease, pod: dict | None, node: Any,
+                 events: Sequence[dict]) -> classify.PodVerdict:
+        return classify.classify_pod(
+            pod, node, events=events, spot=lease.pool.is_spot,
+            completed=lambda: self._completed(lease),
+            terminated_by_us=lease.lease_id in self._terminated,
+            earlier=self._notices.get(lease.lease_id, ()), now=self.clock(),
+            margin_seconds=self.config.notice_margin_seconds)
+
+    def _remember(self, lease: Lease, evidence: Sequence[classify.Disruption]) -> None:
+        """Keep each notice a running pod showed, stamped when first seen, so a pod that
+        later vanishes is judged by it and a stuck one's deadline does not move."""
+        now = self.clock()
+        kept = list(self._notices.get(lease.lease_id, ()))
+        for found in evidence:
+            if not any(k.kind == found.kind and k.why == found.why for k in kept):
+                kept.append(found if found.at is not None else replace(found, at=now))
+        if kept:
+            self._notices[lease.lease_id] = tuple(kept)
+
+    def _remember_report(self, lease: Lease) -> None:
+        """The in-pod watcher's notice (from its status report), once, as evidence."""
+        if any(k.kind == "notice" for k in self._notices.get(lease.lease_id, ())):
+            return
+        seen = self._reported_notice(lease)
+        if seen is not None:
+            self._notices[lease.lease_id] = (*self._notices.get(lease.lease_id, ()),
+                                             classify.Disruption(
+                                                 "notice", "a notice reported by the pod's "
+                                                 "watcher", at=seen))
+
+    def _end_stuck(self, lease: Lease, verdict: classify.PodVerdict) -> None:
+        """A pod still there past its notice's grace period: delete it (with grace 0 when
+        its node is gone, since no kubelet will confirm it) so the next attempt starts."""
+        namespace = lease.details.get("namespace", self.config.namespace)
+        log.warning("pod %s/%s did not end after its notice (%s); deleting it%s", namespace,
+                    lease.lease_id, verdict.reason[:200],
+                    " with grace 0: its node is gone" if verdict.force_delete else "")
+        try:
+            k8s.call(f"delete pod {lease.lease_id}", self.api.delete_namespaced_pod,
+                     lease.lease_id, namespace,
+                     **({"grace_period_seconds": 0} if verdict.force_delete else {}))
+        except k8s.NotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - close() and cleanup_orphans remain
+            log.warning("could not delete stuck pod %s: %s", lease.lease_id, exc)
+
+    def _events(self, lease: Lease, node_name: str) -> list[dict]:
+        """The pod's events and its node's (two lists); none when they cannot be read."""
+        namespace = lease.details.get("namespace", self.config.namespace)
+        wanted = [(namespace, f"involvedObject.name={lease.lease_id}")]
+        if node_name:  # a cluster-scoped object's events live in the default namespace
+            wanted.append(("default", f"involvedObject.kind=Node,involvedObject.name={node_name}"))
+        found: list[dict] = []
+        for where, selector in wanted:
+            try:
+                found += k8s.raw(f"list events of {selector}", self.api.list_namespaced_event,
+                                 where, field_selector=selector).get("items") or []
+            except Exception as exc:  # noqa: BLE001 - events only sharpen the verdict
+                log.info("could not read events (%s): %s", selector, exc)
+        return found
+
+    def _completed(self, lease: Lease) -> bool:
+        """Whether the attempt's step reported completion: its newest checkpoint is its own
+        and marked ``final``, or it left its result (``call/attempt-N/result.pkl``, the
+        call exchange of spot_task and SpotTaskRunner)."""
+        from spot_core.checkpoint import open_store
+
+        uri = lease.details.get("checkpoint_uri")
+        if not uri:
+            return False
+        try:
+            store = open_store(uri)
+            ref = store.latest()
+            if ref is not None and ref.attempt == lease.attempt and ref.metadata.get("final"):
+                return True
+            return store.backend.exists(result_marker(lease.attempt))
+        except Exception as exc:  # noqa: BLE001 - unknown completion is no completion
+            log.warning("could not read the store of pod %s: %s", lease.lease_id, exc)
+            return False
 
     def instance_tag(self, region: str, lease_id: str, key: str) -> str | None:
         """The annotation ``key`` of the lease's pod (the name the EC2 provider's twin
@@ -408,6 +502,24 @@ def annotate_own_pod(key: str, value: str, environ: Mapping[str, str] | None = N
     k8s.call(f"annotate pod {name} (its own)", api.patch_namespaced_pod, name, namespace,
              {"metadata": {"annotations": {key: value}}})
     return name
+
+
+def result_marker(attempt: int) -> str:
+    """Where a step run through the call exchange leaves its result, from the job's store
+    root (``prefect_spot._remote``: ``call/`` + ``result_key(attempt)``; a test holds the
+    two equal)."""
+    return f"call/attempt-{attempt:06d}/result.pkl"
+
+
+def _events_may_tell(verdict: classify.PodVerdict) -> bool:
+    """Whether events could change the verdict: a disruption whose cause (voluntary or a
+    spot reclaim) the pod and its node alone leave open, or an exit 0 that only the
+    kubelet's ``Evicted`` event tells from a success (an eviction for the pod's own
+    storage limit leaves no other trace when the step exits 0 on the SIGTERM)."""
+    if verdict.outcome == Outcome.SUCCEEDED.value:
+        return verdict.disruption is None
+    return verdict.outcome in (Outcome.PREEMPTED.value, Outcome.DISRUPTED.value) and any(
+        d.voluntary is None for d in verdict.evidence)
 
 
 def _only(values: set[str]) -> str | None:

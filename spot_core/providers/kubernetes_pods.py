@@ -10,54 +10,38 @@ theirs supplies volumes, resources, node selectors, extra tolerations and affini
 (ANDed with ours), ours wins where both set the same field. The Airflow
 SpotKubernetesPodOperator reuses it.
 
-``pod_status(pod, node, ...)`` says why a pod ended, from its conditions and its node's
-state, never from the exit code alone (137 and 143 mean both "reclaimed" and "killed"):
-
-- ``DisruptionTarget=True`` (PreemptionByScheduler, DeletionByTaintManager,
-  EvictionByEvictionAPI, DeletionByPodGC, TerminationByKubelet) -> reclaimed;
-- graceful node shutdown (phase Failed, reason Terminated / NodeShutdown / Shutdown, a
-  message about the node shutting down) -> reclaimed;
-- the pod's node carries a notice taint or is cordoned while the step stopped ->
-  reclaimed (the in-pod watcher stops the step on that notice);
-- pod gone (404): reclaimed if a notice or taint was seen, else an infrastructure loss;
-- ``OOMKilled`` or a non-zero exit of the step -> the step's own failure;
-- exit 0 -> succeeded.
-
-The result is a ``LeaseStatus``; the controller's one classifier does the rest.
+``pod_status(pod, node, ...)`` says why a pod ended as a ``LeaseStatus``: the verdict of
+``kubernetes_classify.classify_pod`` (the rules are there), which decides a disruption
+before the exit code and hands the controller its outcome (``LeaseStatus.outcome``).
 """
 
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import hashlib
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from spot_core.attempt_env import AttemptEnv
-from spot_core.interruption.kubernetes import (NODE_NAME_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV,
-                                               node_notice)
+from spot_core.interruption.kubernetes import NODE_NAME_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV
 from spot_core.market.kubernetes import (ANY, FLAVOURS, INSTANCE_TYPE_LABELS, REGION_LABEL,
                                          ZONE_LABEL)
-from spot_core.model import Pool
+from spot_core.model import Outcome, Pool
 from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus
+from spot_core.providers.kubernetes_classify import (  # noqa: F401 - re-exported
+    ANNOTATION_POOL, CONFIG_WAITING_REASONS, NOTICE_MARGIN_SECONDS, STEP_CONTAINER, UNKNOWN,
+    Disruption, PodVerdict, as_api, classify_pod, node_of, parse_time, step_status, terminal,
+    waiting_problem)
 
 LABEL_MANAGED = "spot-pipelines/managed"
 LABEL_JOB = "spot-pipelines/job"
 LABEL_ATTEMPT = "spot-pipelines/attempt"
 ANNOTATION_JOB_ID = "spot-pipelines/job-id"   # the job id verbatim (a label value is limited)
-ANNOTATION_POOL = "spot-pipelines/pool"
-STEP_CONTAINER = "step"
-
-DISRUPTION_REASONS = frozenset({"PreemptionByScheduler", "DeletionByTaintManager",
-                                "EvictionByEvictionAPI", "DeletionByPodGC",
-                                "TerminationByKubelet"})
-SHUTDOWN_REASONS = frozenset({"Terminated", "NodeShutdown", "Shutdown"})
-SHUTDOWN_MESSAGE = re.compile(r"node shutdown|shutting down|shutdown", re.I)
-# A container that cannot start for the user's configuration: no pool can fix it.
-CONFIG_WAITING_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName",
-                                    "CreateContainerConfigError", "CreateContainerError",
-                                    "ErrImageNeverPull"})
+# Karpenter leaves a node alone while a pod with the first runs (no consolidation, drift
+# or emptiness; a spot interruption or expiration still proceeds); the cluster-autoscaler
+# does not scale down a node with a pod carrying the second.
+DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true",
+                  "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -124,11 +108,14 @@ def build_pod(spec: LaunchSpec, pool: Pool, *, name: str, namespace: str, image:
               watch_command: Sequence[str] = ("spot-pipelines",),
               pod_template: Mapping[str, Any] | None = None,
               service_account: str | None = None, flavours: Sequence[str] = (),
-              watch_poll_interval: float = 1.0) -> dict:
-    """The pod of one attempt on ``pool`` (the API's JSON), ``pod_template`` merged under."""
+              watch_poll_interval: float = 1.0, do_not_disrupt: bool = True) -> dict:
+    """The pod of one attempt on ``pool`` (the API's JSON), ``pod_template`` merged under.
+    ``do_not_disrupt``: annotate it so that Karpenter and the cluster-autoscaler leave its
+    node alone while the step runs (``DO_NOT_DISRUPT``)."""
     pod = copy.deepcopy(dict(pod_template or {}))
     pod["apiVersion"], pod["kind"] = "v1", "Pod"
-    pod["metadata"] = _metadata(pod.get("metadata") or {}, spec, pool, name, namespace)
+    pod["metadata"] = _metadata(pod.get("metadata") or {}, spec, pool, name, namespace,
+                                do_not_disrupt)
     pod["spec"] = _pod_spec(pod.get("spec") or {}, spec, pool, image, watch_command,
                             service_account, flavours, watch_poll_interval)
     pod.pop("status", None)
@@ -136,13 +123,14 @@ def build_pod(spec: LaunchSpec, pool: Pool, *, name: str, namespace: str, image:
 
 
 def _metadata(theirs: Mapping[str, Any], spec: LaunchSpec, pool: Pool, name: str,
-              namespace: str) -> dict:
+              namespace: str, do_not_disrupt: bool) -> dict:
     meta = {k: v for k, v in theirs.items() if k in ("labels", "annotations")}
     meta["name"], meta["namespace"] = name, namespace
     meta["labels"] = {**(theirs.get("labels") or {}), LABEL_MANAGED: "true",
                       LABEL_JOB: label_value(spec.job_id), LABEL_ATTEMPT: str(spec.attempt)}
-    meta["annotations"] = {**(theirs.get("annotations") or {}), ANNOTATION_JOB_ID: spec.job_id,
-                           ANNOTATION_POOL: pool.key}
+    meta["annotations"] = {**(theirs.get("annotations") or {}),
+                           **(DO_NOT_DISRUPT if do_not_disrupt else {}),
+                           ANNOTATION_JOB_ID: spec.job_id, ANNOTATION_POOL: pool.key}
     return meta
 
 
@@ -226,38 +214,7 @@ def template_image(pod_template: Mapping[str, Any] | None) -> str | None:
     return step.get("image") or None
 
 
-# -- why a pod ended ---------------------------------------------------------------------------
-def disruption(pod: Mapping[str, Any]) -> dict | None:
-    """The pod's ``DisruptionTarget=True`` condition with a reclaim reason, if any."""
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True" \
-                and condition.get("reason") in DISRUPTION_REASONS:
-            return dict(condition)
-    return None
-
-
-def node_shutdown(pod: Mapping[str, Any]) -> bool:
-    """Graceful node shutdown: the kubelet failed the pod because its node shuts down."""
-    status = pod.get("status") or {}
-    return status.get("phase") == "Failed" and status.get("reason") in SHUTDOWN_REASONS \
-        and bool(SHUTDOWN_MESSAGE.search(status.get("message") or ""))
-
-
-def step_state(pod: Mapping[str, Any]) -> dict:
-    """The step container's status (``state``, ``lastState``, ...), or {}."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return next((s for s in statuses if s.get("name") == STEP_CONTAINER),
-                statuses[0] if statuses else {})
-
-
-def waiting_problem(pod: Mapping[str, Any]) -> str | None:
-    """'REASON: message' when the step's container cannot start for its configuration."""
-    waiting = (step_state(pod).get("state") or {}).get("waiting") or {}
-    if waiting.get("reason") in CONFIG_WAITING_REASONS:
-        return f"{waiting['reason']}: {waiting.get('message') or 'no message'}"
-    return None
-
-
+# -- why a pod ended (kubernetes_classify decides; this is the provider's view of it) -------
 def unschedulable_since(pod: Mapping[str, Any]) -> tuple[float, str] | None:
     """(since, message) while the scheduler finds no node for the pod."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
@@ -274,100 +231,49 @@ def scheduled_at(pod: Mapping[str, Any]) -> float | None:
     return None
 
 
-def node_of(pod: Mapping[str, Any]) -> str | None:
-    return (pod.get("spec") or {}).get("nodeName") or None
+def step_state(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The step container's status (``state``, ``lastState``, ...), or {}."""
+    return step_status(as_api(pod))
 
 
-def parse_time(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
-
-
-def pod_notice(pod: Mapping[str, Any], node: Mapping[str, Any] | None,
-               now: float) -> tuple[float, str] | None:
-    """(when, why) if the pod's capacity is being taken away: a disruption condition on a
-    pod that is being deleted or has ended (a condition alone can be withdrawn), a
-    graceful node shutdown, or a notice taint or cordon on its node. A node that is simply
-    gone is not a notice: without one, that loss is the infrastructure's."""
-    condition = disruption(pod)
-    deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-    if condition is not None and (deleting or terminal(pod)):
-        when = parse_time(condition.get("lastTransitionTime")) or now
-        return when, f"pod disrupted ({condition['reason']}: {condition.get('message', '')})"
-    if node_shutdown(pod):
-        return now, f"graceful node shutdown: {(pod.get('status') or {}).get('message', '')}"
-    if node is not None:
-        seen = node_notice(node)
-        if seen is not None:
-            return now, f"node {node_of(pod)}: {seen[1]}"
-    return None
-
-
-def terminal(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
-def pod_status(pod: Mapping[str, Any] | None, node: Mapping[str, Any] | None = None, *,
-               notice_at: float | None = None, notice_why: str = "",
-               terminated_by_us: bool = False, now: float) -> LeaseStatus:
+def pod_status(pod: Any, node: Any = UNKNOWN, *, notice_at: float | None = None,
+               notice_why: str = "", terminated_by_us: bool = False, now: float,
+               events: Sequence[Any] = (), spot: bool | None = None,
+               completed: bool | Callable[[], bool] = False,
+               earlier: Sequence[Disruption] = (),
+               margin_seconds: float = NOTICE_MARGIN_SECONDS) -> LeaseStatus:
     """What became of a lease's pod (``None``: the pod is gone, 404) on ``node`` (None:
-    gone or unknown). ``notice_at`` / ``notice_why``: a notice seen earlier (a pod that
-    vanished after one was reclaimed). A running pod's status carries the notice it
-    shows, if any, in ``message``."""
-    if pod is None:
-        seen = node_notice(node) if node is not None else None
-        if notice_at is None and seen is not None:
-            notice_at, notice_why = now, f"node {seen[1]}"  # it went with a node going away
-        return _gone(notice_at, notice_why, terminated_by_us, now)
-    notice = pod_notice(pod, node, now)
-    seen_at = notice_at if notice_at is not None else (notice[0] if notice else None)
-    status = pod.get("status") or {}
-    phase = status.get("phase")
-    if phase not in ("Succeeded", "Failed"):
-        return LeaseStatus(LeaseState.RUNNING, notice_at=seen_at,
-                           message=notice[1][:300] if notice else "")
-    terminated = (step_state(pod).get("state") or {}).get("terminated") or {}
-    code = terminated.get("exitCode")
-    ended = parse_time(terminated.get("finishedAt")) or now
-    if code == 0 and phase == "Succeeded":
-        return LeaseStatus(LeaseState.EXITED, exit_code=0, ended_at=ended)
-    if notice is not None:
-        return LeaseStatus(LeaseState.RECLAIMED, exit_code=code, notice_at=seen_at,
-                           ended_at=ended, message=notice[1][:300])
-    if terminated_by_us:
-        return LeaseStatus(LeaseState.TERMINATED, exit_code=code, ended_at=ended,
-                           message="the pod was deleted by spot-pipelines")
-    return _step_end(terminated, status, code, ended, seen_at)
-
-
-def _step_end(terminated: Mapping[str, Any], status: Mapping[str, Any], code: Any,
-              ended: float, notice_at: float | None) -> LeaseStatus:
-    reason = terminated.get("reason") or status.get("reason") or ""
-    message = (terminated.get("message") or status.get("message") or "").strip()
-    if reason == "OOMKilled":
-        message = "OOMKilled: the step ran out of memory (raise its memory limit in " \
-                  "pod_template)" + (f"; {message}" if message else "")
-    elif reason and reason not in ("Error", "Completed"):
-        message = f"{reason}: {message}" if message else reason
-    if not isinstance(code, int):  # failed without a container verdict: not the step's doing
-        return LeaseStatus(LeaseState.EXITED, notice_at=notice_at, ended_at=ended,
-                           message=(message or "the pod failed before its step ran")[:300])
-    return LeaseStatus(LeaseState.EXITED, exit_code=code, notice_at=notice_at, ended_at=ended,
-                       message=message.splitlines()[-1][:300] if message else "")
-
-
-def _gone(notice_at: float | None, why: str, terminated_by_us: bool, now: float) -> LeaseStatus:
-    if terminated_by_us:
-        return LeaseStatus(LeaseState.TERMINATED, ended_at=now,
-                           message="the pod was deleted by spot-pipelines")
+    gone; ``UNKNOWN``: not looked at), as a ``LeaseStatus`` carrying the classifier's
+    verdict (``kubernetes_classify.classify_pod``; the pod may be the API's JSON, a
+    kubernetes-client ``V1Pod`` or its ``to_dict()``). ``notice_at`` / ``notice_why``: a
+    notice seen earlier (the pod's watcher reported one). A running pod's status carries
+    the notice it shows, if any, in ``message``."""
     if notice_at is not None:
-        return LeaseStatus(LeaseState.RECLAIMED, notice_at=notice_at, ended_at=now,
-                           message=f"the pod is gone after a notice ({why or 'seen by its watcher'})"[:300])
-    return LeaseStatus(LeaseState.EXITED, ended_at=now,
-                       message="the pod vanished (404) without a notice or node taint: "
-                               "an infrastructure loss, not the step's failure")
+        earlier = [*earlier, Disruption("notice", notice_why or "a notice seen by the pod's "
+                                        "watcher", at=notice_at)]
+    verdict = classify_pod(pod, node, events=events, spot=spot, completed=completed,
+                           terminated_by_us=terminated_by_us, earlier=earlier, now=now,
+                           margin_seconds=margin_seconds)
+    return lease_status(verdict)
+
+
+def lease_status(verdict: PodVerdict) -> LeaseStatus:
+    """The verdict as the controller reads a lease: its state, exit code, notice and the
+    outcome itself (``LeaseStatus.outcome``), except for a pod spot-pipelines deleted,
+    whose end the controller names (drained, stopped at a limit)."""
+    message = verdict.reason[:300]
+    if not verdict.ended:
+        return LeaseStatus(LeaseState.RUNNING, notice_at=verdict.notice_at,
+                           message=message if verdict.notice_at is not None else "")
+    if verdict.ours:
+        return LeaseStatus(LeaseState.TERMINATED, exit_code=verdict.exit_code,
+                           ended_at=verdict.ended_at,
+                           message="the pod was deleted by spot-pipelines")
+    outcome = Outcome(verdict.outcome)
+    state = (LeaseState.RECLAIMED if outcome in (Outcome.PREEMPTED, Outcome.DISRUPTED)
+             else LeaseState.EXITED)
+    notice_at = verdict.notice_at
+    if state is LeaseState.RECLAIMED and notice_at is None:
+        notice_at = verdict.ended_at
+    return LeaseStatus(state, exit_code=verdict.exit_code, notice_at=notice_at,
+                       ended_at=verdict.ended_at, message=message, outcome=outcome.value)

@@ -28,7 +28,10 @@ def ledger_lines(record: JobRecord, time_scale: float = 1.0) -> str:
                                         f"{time_scale / 3600:g} h)")
     transfer = (f" (incl. ${ledger.data_transfer_cost:.2f} cross-region data transfer)"
                 if ledger.data_transfer_cost > 0 else "")
-    return (f"preemptions {record.preemptions}, user failures {record.user_failures}, fallbacks "
+    voluntary = (f"voluntary disruptions {record.disruptions} (no preemption spent), "
+                 if record.disruptions else "")
+    return (f"preemptions {record.preemptions}, {voluntary}user failures "
+            f"{record.user_failures}, fallbacks "
             f"to on-demand {record.fallbacks}, resumed from steps "
             f"{record.summary()['resumed_from_steps']}\n"
             f"spot cost ${ledger.spent:.2f}{transfer} vs on-demand "

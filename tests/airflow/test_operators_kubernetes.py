@@ -50,6 +50,11 @@ BAD_CASES = [
     ({"max_preemptions": -1}, "train: max_preemptions=-1 must be >= 0"),
     ({"poll_interval": 0}, "poll_interval=0 must be > 0s"),
     ({"deferrable": "yes"}, "deferrable='yes' must be True or False"),
+    ({"reattach_on_restart": False}, "reattach_on_restart=False: a spot job always picks up"),
+    ({"durable": False}, "durable=False: a spot job always picks up"),
+    ({"startup_timeout_seconds": 0}, "startup_timeout_seconds=0: .*must be a number of seconds"),
+    ({"schedule_timeout_seconds": 30, "provider_options": {"unschedulable_timeout": 60}},
+     r"\['schedule_timeout_seconds'\] and provider_options \['unschedulable_timeout'\]"),
 ]
 
 
@@ -59,6 +64,27 @@ def test_bad_parameters_raise_value_error_at_parse_time(override, message):
     with pytest.raises(ValueError, match=message) as info:
         _operator(**override)
     assert "\n" not in str(info.value)
+
+
+def test_kpo_callbacks_are_refused_at_parse_time():
+    from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
+
+    class Notify(KubernetesPodOperatorCallback):
+        pass
+
+    with pytest.raises(ValueError, match="callbacks=.* cannot run: each spot attempt's pod"):
+        _operator(callbacks=Notify)
+
+
+def test_kpo_timeouts_are_honoured_as_the_providers_options():
+    """KPO's startup and schedule timeouts mean the provider's start_timeout and
+    unschedulable_timeout: what the provider is opened with, not dropped."""
+    op = _operator(startup_timeout_seconds=300, schedule_timeout_seconds=45,
+                   provider_options={"prices": {"m5.xlarge": {"spot": 0.07}}})
+    assert op.provider_options == {"prices": {"m5.xlarge": {"spot": 0.07}},
+                                   "start_timeout": 300, "unschedulable_timeout": 45}
+    assert _operator().provider_options == {}  # not given: the provider's own defaults
+    assert _operator(reattach_on_restart=True).provider_options == {}
 
 
 def test_a_file_store_on_a_mounted_volume_is_accepted():

@@ -127,7 +127,8 @@ def test_demo_rejects_unbuilt_engine_in_one_line():
 @pytest.mark.timeout(200)
 def test_demo_on_kubernetes_spot_node_pools(tmp_path):
     """The same contract with the training step as pods on the Kubernetes emulator: two
-    preemptions by two flavours' reclaims, a fallback to the on-demand node group, and the
+    preemptions by two flavours' reclaims, a fallback to the on-demand node group, one
+    voluntary disruption there (a drain for an upgrade) that spends no preemption, and the
     uninterrupted run's weights."""
     proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--provider",
                            "kubernetes", "--json", "--workdir", str(tmp_path)],
@@ -140,3 +141,11 @@ def test_demo_on_kubernetes_spot_node_pools(tmp_path):
     assert 0 < report["spot_cost"] < report["on_demand_cost"]
     # two different flavours took the node away: Karpenter's pool, then the EKS node group
     assert "us-east-1b m5.xlarge" in proc.stdout and "us-east-1a m5.xlarge" in proc.stdout
+    record = json.loads((tmp_path / "record.json").read_text())
+    outcomes = [a["outcome"] for a in record["attempts"]]
+    assert outcomes.count("disrupted") == 1 and record["disruptions"] == 1
+    assert report["preemptions"] == outcomes.count("preempted") == 2
+    drained = outcomes.index("disrupted")
+    assert record["attempts"][drained]["pool"]["market"] == "on-demand"
+    assert record["attempts"][drained + 1]["outcome"] == "succeeded"
+    assert record["attempts"][drained + 1]["checkpoint_step_start"] > 0  # resumed

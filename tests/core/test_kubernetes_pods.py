@@ -218,55 +218,177 @@ def outcome(*args, **kwargs):
     return classify(pods.pod_status(*args, now=NOW, **kwargs))
 
 
-@pytest.mark.parametrize("reason", sorted(pods.DISRUPTION_REASONS))
-def test_every_disruption_reason_is_a_preemption_whatever_the_exit_code(reason):
-    for code in (143, 137, 1):
-        ended = pod("Failed", exit_code=code, conditions=[disrupted(reason)])
-        assert outcome(ended, FLAVOUR_NODES["karpenter"]) is Outcome.PREEMPTED
+ON_DEMAND_NODE = node("o-1", {"eks.amazonaws.com/capacityType": "ON_DEMAND"})
+REASONS = ["PreemptionByScheduler", "PreemptionByKubeScheduler", "DeletionByTaintManager",
+           "DeletionByPodGC", "EvictionByEvictionAPI", "TerminationByKubelet",
+           "DeletionByDeviceTaintManager", "ReasonFromAFutureRelease"]
+
+
+@pytest.mark.parametrize("reason", REASONS)
+def test_any_disruption_reason_is_a_disruption_whatever_the_exit_code(reason):
+    for code in (143, 137, 1, 0):
+        for phase in ("Failed", "Succeeded"):
+            ended = pod(phase, exit_code=code, conditions=[disrupted(reason)])
+            assert outcome(ended, FLAVOUR_NODES["karpenter"]) is Outcome.PREEMPTED
+            assert outcome(ended, ON_DEMAND_NODE) not in (Outcome.SUCCEEDED, Outcome.USER_FAILED)
     status = pods.pod_status(pod("Failed", exit_code=143, conditions=[disrupted(reason)]), now=NOW)
     assert status.notice_at is not None and reason in status.message
 
 
-def test_a_disruption_condition_on_a_pod_not_being_deleted_is_no_notice_yet():
+def test_exit_zero_after_a_disruption_is_a_success_only_when_the_step_reported_completion():
+    cut_short = pod("Succeeded", exit_code=0, conditions=[disrupted("TerminationByKubelet",
+                    "Pod was terminated in response to imminent node shutdown.")],
+                    status_reason="Terminated",
+                    message="Pod was terminated in response to imminent node shutdown.")
+    assert outcome(cut_short, FLAVOUR_NODES["gke-spot"]) is Outcome.PREEMPTED
+    asked = []
+    done = pods.pod_status(cut_short, FLAVOUR_NODES["gke-spot"], now=NOW,
+                           completed=lambda: asked.append(1) or True)
+    assert classify(done) is Outcome.SUCCEEDED and asked == [1]
+    pods.pod_status(pod("Succeeded", exit_code=0), FLAVOUR_NODES["gke-spot"], now=NOW,
+                    completed=lambda: asked.append(2) or True)
+    assert asked == [1]  # an undisrupted exit 0 needs no store read
+
+
+def test_a_disruption_condition_on_a_running_pod_is_a_notice_that_may_be_withdrawn():
+    at = pods.parse_time("2026-09-21T10:04:58Z")
     running = pod(conditions=[disrupted("PreemptionByScheduler")])
-    assert pods.pod_status(running, FLAVOUR_NODES["karpenter"], now=NOW).notice_at is None
+    status = pods.pod_status(running, FLAVOUR_NODES["karpenter"], now=at + 5)
+    assert status.state.value == "running" and status.notice_at == at
+    # Kubernetes clears a condition its deletion did not follow within about two minutes:
+    # until then (plus a margin) it is not acted on, and once cleared it is forgotten
+    assert not pods.pod_status(running, FLAVOUR_NODES["karpenter"], now=at + 140).ended
+    cleared = pod()
+    assert pods.pod_status(cleared, FLAVOUR_NODES["karpenter"], now=at + 140).notice_at is None
     going = pod(conditions=[disrupted("EvictionByEvictionAPI")], deleting=True)
-    assert pods.pod_status(going, FLAVOUR_NODES["karpenter"], now=NOW).notice_at is not None
+    assert pods.pod_status(going, FLAVOUR_NODES["karpenter"], now=at).notice_at is not None
 
 
-def test_graceful_node_shutdown_is_a_preemption():
-    gns = pod("Failed", exit_code=143, status_reason="Terminated",
-              message="Pod was terminated in response to imminent node shutdown.")
-    assert outcome(gns, None) is Outcome.PREEMPTED
+@pytest.mark.parametrize("reason,message", [
+    ("Shutdown", "Node is shutting, evicting pods"),                       # 1.20, 1.21
+    ("Terminated", "Pod was terminated in response to imminent node shutdown."),  # 1.22+
+    ("NodeShutdown", "Pod was rejected as the node is shutting down."),    # admission 1.21+
+    ("Shutdown", "Pod Node is in progress of shutting down, not admitting any new pods")])
+def test_graceful_node_shutdown_of_every_version_is_a_preemption_in_any_phase(reason, message):
+    for phase in ("Failed", "Running", "Succeeded"):
+        gns = pod(phase, exit_code=0 if phase == "Succeeded" else 143, status_reason=reason,
+                  message=message)
+        assert outcome(gns, None) is Outcome.PREEMPTED, phase
 
 
-def test_step_stopped_on_its_nodes_notice_taint_is_a_preemption():
+def test_node_pressure_is_the_infrastructures_and_an_own_storage_limit_the_steps():
+    pressure = pod("Failed", exit_code=137, status_reason="Evicted",
+                   message="The node was low on resource: memory. Container step was using "
+                           "9402820Ki, which exceeds its request of 7G. ")
+    assert outcome(pressure, FLAVOUR_NODES["karpenter"]) is Outcome.INFRASTRUCTURE_FAILED
+    kubelet = pod("Succeeded", exit_code=0, conditions=[disrupted(
+        "TerminationByKubelet", "The node was low on resource: ephemeral-storage. Threshold "
+        "quantity: 1Gi, available: 898240Ki. ")])
+    assert outcome(kubelet, FLAVOUR_NODES["karpenter"]) is Outcome.INFRASTRUCTURE_FAILED
+    own = pod("Succeeded", exit_code=0, status_reason="Evicted",
+              message="Pod ephemeral local storage usage exceeds the total limit of "
+                      "containers 1Gi. ")
+    assert outcome(own, FLAVOUR_NODES["karpenter"]) is Outcome.USER_FAILED
+
+
+def test_voluntary_disruptions_by_their_evidence():
+    evicted = pod("Failed", exit_code=143, conditions=[disrupted("EvictionByEvictionAPI")])
+    # a drain of an on-demand node is voluntary; of a spot node a spot handler's, unless
+    # the events say who did it
+    assert outcome(evicted, ON_DEMAND_NODE) is Outcome.DISRUPTED
+    assert outcome(evicted, FLAVOUR_NODES["karpenter"]) is Outcome.PREEMPTED
+    consolidated = [{"reason": "Evicted", "message": "Evicted pod: Underutilized",
+                     "source": {"component": "karpenter"}}]
+    assert outcome(evicted, FLAVOUR_NODES["karpenter"],
+                   events=consolidated) is Outcome.DISRUPTED
+    interrupted = [{"reason": "SpotInterrupted", "message": "Spot interruption warning was "
+                    "triggered", "source": {"component": "karpenter"}}, *consolidated]
+    assert outcome(evicted, FLAVOUR_NODES["karpenter"],
+                   events=interrupted) is Outcome.PREEMPTED
+    scale_down = node("k-1", {"karpenter.sh/capacity-type": "spot"}, taints=[
+        {"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000", "effect": "NoSchedule"}])
+    assert outcome(pod("Failed", exit_code=143), scale_down) is Outcome.DISRUPTED
+
+
+def test_step_stopped_on_its_nodes_notice_taint():
     tainted = node("k-1", {"karpenter.sh/capacity-type": "spot"},
                    taints=[{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}])
     assert outcome(pod("Failed", exit_code=143), tainted) is Outcome.PREEMPTED
-    cordoned = node("k-1", {}, unschedulable=True)
-    assert outcome(pod("Failed", exit_code=143), cordoned) is Outcome.PREEMPTED
+    assert outcome(pod("Failed", exit_code=143), node("k-1", {"eks.amazonaws.com/capacityType":
+                                                             "SPOT"}, unschedulable=True)) \
+        is Outcome.PREEMPTED
+    assert outcome(pod("Failed", exit_code=143), node("k-1", {}, unschedulable=True)) \
+        is Outcome.DISRUPTED
 
 
 def test_oom_and_non_zero_exit_are_the_users_failure_exit_zero_succeeds():
     oom = pods.pod_status(pod("Failed", exit_code=137, reason="OOMKilled"),
                           FLAVOUR_NODES["karpenter"], now=NOW)
     assert classify(oom) is Outcome.USER_FAILED and "OOMKilled" in oom.message
+    oom_zero = pod("Failed", exit_code=0, reason="OOMKilled")  # cgroup v2 can report 0
+    assert outcome(oom_zero, FLAVOUR_NODES["karpenter"]) is Outcome.USER_FAILED
     assert outcome(pod("Failed", exit_code=143), FLAVOUR_NODES["karpenter"]) is Outcome.USER_FAILED
     failed = pods.pod_status(pod("Failed", exit_code=2, message="Traceback\nValueError: bad lr"),
                              FLAVOUR_NODES["karpenter"], now=NOW)
-    assert classify(failed) is Outcome.USER_FAILED and failed.message == "ValueError: bad lr"
+    assert classify(failed) is Outcome.USER_FAILED and "ValueError: bad lr" in failed.message
     assert outcome(pod("Succeeded", exit_code=0), FLAVOUR_NODES["karpenter"]) is Outcome.SUCCEEDED
-    assert outcome(pod(), FLAVOUR_NODES["karpenter"]) is not Outcome.SUCCEEDED  # still running
+    assert not pods.pod_status(pod(), FLAVOUR_NODES["karpenter"], now=NOW).ended
+    # a terminal pod whose node went away afterwards is judged by its own end
+    assert outcome(pod("Failed", exit_code=1), None) is Outcome.USER_FAILED
 
 
-def test_a_vanished_pod_is_preempted_after_a_notice_else_an_infrastructure_loss():
-    assert outcome(None, None, notice_at=NOW - 5) is Outcome.PREEMPTED
+def test_last_state_carries_the_verdict_of_a_restarted_container():
+    restarted = pod("Failed")
+    restarted["status"]["containerStatuses"][0].update(
+        state={"waiting": {"reason": "CrashLoopBackOff"}},
+        lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                  "finishedAt": "2026-09-21T10:05:00Z"}})
+    assert outcome(restarted, FLAVOUR_NODES["karpenter"]) is Outcome.USER_FAILED
+
+
+def test_a_v1pod_and_its_snake_case_dump_classify_as_the_api_json():
+    import kubernetes
+
+    api = kubernetes.client.ApiClient()
+    ended = pod("Failed", exit_code=143, conditions=[disrupted("DeletionByPodGC")])
+    model = api._ApiClient__deserialize(copy.deepcopy(ended), "V1Pod")
+    for shape in (ended, model, model.to_dict()):
+        status = pods.pod_status(shape, FLAVOUR_NODES["karpenter"], now=NOW)
+        assert classify(status) is Outcome.PREEMPTED and status.exit_code == 143
+    oom = api._ApiClient__deserialize(pod("Failed", exit_code=137, reason="OOMKilled"), "V1Pod")
+    assert classify(pods.pod_status(oom.to_dict(), now=NOW)) is Outcome.USER_FAILED
+
+
+def test_a_pod_under_notice_ends_within_its_grace_period_and_a_margin():
+    at = pods.parse_time("2026-09-21T10:04:58Z")
+    lost_node = node("k-1", {"karpenter.sh/capacity-type": "spot"}, ready=False)
+    lost_node["status"]["conditions"][0].update(reason="NodeStatusUnknown", status="Unknown",
+                                                lastTransitionTime="2026-09-21T10:04:58Z")
+    running = pod()
+    waiting = pods.pod_status(running, lost_node, now=at + 10, margin_seconds=30)
+    assert waiting.state.value == "running" and waiting.notice_at == at
+    verdict = pods.classify_pod(running, lost_node, now=at + 61, margin_seconds=30)
+    assert verdict.ended and verdict.forced and verdict.outcome == "preempted"
+    assert not verdict.force_delete  # its node is still there
+    gone = pods.classify_pod(running, None, now=at + 61, margin_seconds=30,
+                             earlier=[pods.Disruption("node-gone", "its node k-1 is gone",
+                                                      at=at)])
+    assert gone.ended and gone.force_delete
+    stuck = pod(deleting=True)  # Terminating: deletionTimestamp 10:04:58, no kubelet answer
+    assert not pods.pod_status(stuck, lost_node, now=at + 20, margin_seconds=30).ended
+    assert pods.pod_status(stuck, lost_node, now=at + 31, margin_seconds=30).ended
+    unknown = pod("Unknown")
+    assert pods.classify_pod(unknown, now=at, margin_seconds=30).outcome == "running"
+
+
+def test_a_vanished_pod_is_judged_by_what_was_seen_before_else_an_infrastructure_loss():
+    assert outcome(None, None, notice_at=NOW - 5, spot=True) is Outcome.PREEMPTED
     assert outcome(None, None) is Outcome.INFRASTRUCTURE_FAILED
     tainted = node("k-1", {}, taints=[{"key": "ToBeDeletedByClusterAutoscaler",
                                        "effect": "NoSchedule"}])
-    assert outcome(None, tainted) is Outcome.PREEMPTED
-    assert outcome(None, None, terminated_by_us=True) is Outcome.INFRASTRUCTURE_FAILED
+    assert outcome(None, tainted) is Outcome.DISRUPTED
+    assert outcome(None, None, completed=True) is Outcome.SUCCEEDED
+    assert pods.pod_status(None, None, terminated_by_us=True, now=NOW).state.value == "terminated"
 
 
 def test_waiting_for_a_bad_image_is_a_configuration_problem():
@@ -335,3 +457,26 @@ def test_auto_in_a_pod_of_the_provider_watches_its_node_and_sigterm(monkeypatch)
     monkeypatch.delenv("SPOT_NODE_NAME")
     with pytest.raises(ConfigError, match="SPOT_NODE_NAME"):
         detectors_for("kubernetes", "http://127.0.0.1:9", timeout=0.2, probe_timeout=0.1)
+
+
+def test_the_provider_counts_a_disrupted_exit_zero_as_done_only_on_the_steps_final_checkpoint(
+        tmp_path):
+    """What the step left in its store decides: a final checkpoint of this very attempt."""
+    from spot_core.checkpoint import open_store
+    from spot_core.model import Lease
+    from spot_core.providers.kubernetes import KubernetesOptions, KubernetesProvider
+
+    provider = KubernetesProvider(KubernetesOptions(), api=object(), clock=lambda: NOW)
+    pool = node_info(FLAVOUR_NODES["gke-spot"]).pool
+    uri = (tmp_path / "ckpt").as_uri()
+    lease = Lease("spot-job-1-abcde", pool, "job", 2, started_at=NOW - 60,
+                  price_per_hour=0.1, details={"checkpoint_uri": uri, "node": "g-1"})
+    cut_short = pod("Succeeded", exit_code=0, status_reason="Terminated",
+                    message="Pod was terminated in response to imminent node shutdown.")
+    store = open_store(uri)
+    store.save(step=5, payload={"w": b"1"}, metadata={"final": True}, attempt=1)
+    assert classify(provider._status(lease, cut_short, {})) is Outcome.PREEMPTED  # not its own
+    store.save(step=10, payload={"w": b"2"}, metadata={}, attempt=2)
+    assert classify(provider._status(lease, cut_short, {})) is Outcome.PREEMPTED
+    store.save(step=30, payload={"w": b"3"}, metadata={"final": True}, attempt=2)
+    assert classify(provider._status(lease, cut_short, {})) is Outcome.SUCCEEDED

@@ -320,3 +320,84 @@ def test_observe_answers_many_leases_with_one_pod_list_and_one_node_list(tmp_pat
         assert counting.calls == {"list_namespaced_pod": 1, "list_node": 1}
         provider.close()
         wait_for(lambda: not job_pods(provider), 30, "close() to delete every pod")
+
+
+# -- voluntary disruption and notices ---------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_step_pods_carry_the_do_not_disrupt_annotations_unless_turned_off(tmp_path):
+    """What the API receives: Karpenter's and cluster-autoscaler's annotations that keep a
+    node under a running step from being consolidated or scaled down; off on request."""
+    from spot_core.providers.base import LaunchSpec
+
+    with cluster_of(tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b")) as cluster:
+        for option, expected in ((True, {"karpenter.sh/do-not-disrupt": "true",
+                                         "cluster-autoscaler.kubernetes.io/safe-to-evict":
+                                         "false"}), (False, {})):
+            provider = provider_for(cluster, do_not_disrupt=option)
+            spec = LaunchSpec(job_id=f"annotated-{option}", attempt=1,
+                              command=("sleep", "30"),
+                              checkpoint_uri=(tmp_path / str(option)).as_uri())
+            lease = provider.launch(spec, provider.pools()[0])
+            received = provider.api.read_namespaced_pod(lease.lease_id, "default")
+            annotations = received.metadata.annotations or {}
+            assert {k: annotations[k] for k in expected} == expected
+            if not option:
+                assert "karpenter.sh/do-not-disrupt" not in annotations
+                assert "cluster-autoscaler.kubernetes.io/safe-to-evict" not in annotations
+            provider.close()
+        with pytest.raises(ConfigError, match="do_not_disrupt"):
+            provider_for(cluster, do_not_disrupt="no")
+
+
+SECOND_ATTEMPT_FINISHES = ("import os, time\n"
+                           "if os.environ['SPOT_ATTEMPT'] == '1':\n"
+                           "    time.sleep(600)\n")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("node_fate", ["not-ready", "gone"])
+def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_fate):
+    """The kubelet goes with its machine: the pod stays Running in the API (its node
+    NotReady, or its Node object deleted with no pod GC to follow). The attempt ends at the
+    notice plus the pod's grace period plus the margin, not at attempt_timeout; a pod whose
+    node is gone is deleted with grace 0; the replacement runs on another pool."""
+    from spot_core.emulators.kubernetes import Timings
+    from spot_core.emulators.kubernetes import reclaim as reclaims
+
+    config = ClusterConfig(pools=[NodePool("first", "eks", "spot", "us-east-1a"),
+                                  NodePool("second", "karpenter", "spot", "us-east-1b")],
+                           time_scale=0.1, timings=Timings(pod_gc_seconds=36000))
+    with KubeCluster(tmp_path / "cluster", config) as cluster:
+        provider = provider_for(cluster, notice_margin_seconds=1.0, pod_template={
+            "spec": {"terminationGracePeriodSeconds": 2}})
+        spec = JobSpec(job_id=f"lost-{node_fate}", checkpoint_uri=(tmp_path / "c").as_uri(),
+                       command=(sys.executable, "-c", SECOND_ATTEMPT_FINISHES),
+                       pools=provider.pools())
+        controller = Controller(provider, provider.market, RetryPolicy(capacity_wait_seconds=0.5),
+                                poll_interval=0.2, attempt_timeout=3600)
+        thread, result = run_in_thread(controller, spec)
+        pod = wait_for(lambda: next((p for p in job_pods(provider, spec.job_id)
+                                     if p["status"].get("phase") == "Running"), None),
+                       30, "the first attempt's pod to run")
+        node = pod["spec"]["nodeName"]
+        lost_at = time.time()
+        reclaims._mark_node_not_ready(cluster, node, "Kubelet stopped posting node status.",
+                                      "Unknown", "NodeStatusUnknown")
+        for worker in [w for w in list(cluster.workers.values()) if w.node == node]:
+            worker.machine_lost(0.0)
+        if node_fate == "gone":
+            provider.api.delete_node(node)
+        thread.join(120)
+        assert not thread.is_alive() and "error" not in result, result.get("error")
+        record = result["record"]
+        first, last = record.attempts[0], record.attempts[-1]
+        assert record.status is JobStatus.SUCCEEDED and len(record.attempts) == 2
+        assert first.outcome is Outcome.PREEMPTED and last.pool != first.pool
+        # bounded: the notice (seen within a poll) + 2 s grace + 1 s margin, plus polls
+        assert first.ended_at - lost_at < 15, first
+        assert "still not ended past its notice" in first.message
+        if node_fate == "gone":  # deleted with grace 0: no kubelet was left to confirm it
+            with pytest.raises(k8s.NotFound):
+                k8s.raw("get pod", provider.api.read_namespaced_pod, pod["metadata"]["name"],
+                        "default")
+        provider.close()

@@ -110,3 +110,15 @@ def test_data_transfer_is_itemised_in_the_ledger_and_old_records_still_load():
         del attempt["data_transfer_cost"]
     del old["ledger"]["data_transfer_cost"]
     assert JobRecord.from_dict(old).attempts[0].data_transfer_cost == 0.0
+
+
+def test_a_voluntary_disruption_has_its_own_counter_and_old_records_still_load():
+    record = JobRecord(job_id="train-7", created_at=1000.0)
+    record = record.start_attempt(Attempt(1, SPOT, 1000.0))
+    record = record.finish_attempt(_finished(1, SPOT, Outcome.DISRUPTED))
+    assert (record.disruptions, record.preemptions, record.infrastructure_failures) == (1, 0, 0)
+    assert record.summary()["disruptions"] == 1
+    assert JobRecord.from_json(record.to_json()) == record
+    old = record.to_dict()
+    del old["disruptions"]  # written before voluntary disruptions had a budget
+    assert JobRecord.from_dict(old).disruptions == 0

@@ -16,6 +16,7 @@ B = Pool("aws", "us-east-1", "us-east-1b", "p3.2xlarge")
 OD_A, OD_B = A.on(Market.ON_DEMAND), B.on(Market.ON_DEMAND)
 P, U, I, C, S = (Outcome.PREEMPTED, Outcome.USER_FAILED, Outcome.INFRASTRUCTURE_FAILED,
                  Outcome.CAPACITY_UNAVAILABLE, Outcome.SUCCEEDED)
+D = Outcome.DISRUPTED
 DEFAULT = RetryPolicy()
 NO_FALLBACK = RetryPolicy(on_demand_fallback=False)
 
@@ -64,6 +65,14 @@ CASES = [
      "launch", Market.SPOT, A, "after preemption 1"),
     ("preemption budget spent -> on-demand", record((B, P), (A, P), (B, P)), offers(), DEFAULT, 0,
      "launch", Market.ON_DEMAND, OD_A, "budget is spent (3 of 3"),
+    ("voluntary disruptions spend no preemption and stay on spot",
+     record((B, D), (B, D), (B, D), (B, D)), offers(), DEFAULT, 0,
+     "launch", Market.SPOT, B, "after voluntary disruption 4 (no preemption spent)"),
+    ("a disruption after two preemptions does not tip the job to on-demand",
+     record((B, P), (A, P), (B, D)), offers(), DEFAULT, 0, "launch", Market.SPOT, B,
+     "after voluntary disruption 1"),
+    ("disruption budget spent -> fail", record(*[(B, D)] * 3), offers(),
+     RetryPolicy(max_disruptions=2), 0, "fail", None, None, "max_disruptions=2 is used up"),
     ("preemption budget spent, no fallback -> fail", record((B, P), (A, P), (B, P)), offers(),
      NO_FALLBACK, 0, "fail", None, None, "on-demand fallback is off"),
     ("no spot capacity -> on-demand", record(), offers(a=False, b=False), DEFAULT, 0,

@@ -53,6 +53,21 @@ def test_result_is_written_under_the_attempt(tmp_path, monkeypatch):
     assert exchange.error(3) is None
 
 
+def test_the_kubernetes_provider_finds_the_result_where_the_call_leaves_it(tmp_path,
+                                                                         monkeypatch):
+    """A pod that wrote its result and was then disrupted (its exit 0 cut short by the
+    SIGTERM) counts as completed: the provider looks at the same key from the store root."""
+    from spot_core.checkpoint import open_store
+    from spot_core.providers.kubernetes import result_marker
+
+    exchange = _exchange(tmp_path, add, 2, 3)
+    monkeypatch.setenv("SPOT_ATTEMPT", "4")
+    monkeypatch.setenv(CALL_KEY_ENV, KEY.hex())
+    assert main([exchange.uri]) == 0
+    store = open_store((tmp_path / "ckpt").as_uri())
+    assert store.backend.exists(result_marker(4)) and not store.backend.exists(result_marker(3))
+
+
 def test_error_is_reported_with_its_exception(tmp_path, monkeypatch):
     exchange = _exchange(tmp_path, broken, "price")
     monkeypatch.setenv("SPOT_ATTEMPT", "1")

@@ -54,6 +54,7 @@ class PodWorker:
         self._grace = 0.0
         self._delete_after = True
         self._final_phase: str | None = None
+        self._final_reason: tuple[str, str] | None = None
         self._silent = False
         self._lock = threading.Lock()
         n = next(_pod_ips)
@@ -67,15 +68,19 @@ class PodWorker:
         self.thread.start()
 
     def request_termination(self, grace: float, *, delete: bool = True,
-                            final_phase: str | None = None) -> None:
+                            final_phase: str | None = None,
+                            final_reason: tuple[str, str] | None = None) -> None:
         """Stop the pod's containers within ``grace`` seconds (a later, shorter grace
-        wins, as with a second delete); remove the object afterwards if ``delete``."""
+        wins, as with a second delete); remove the object afterwards if ``delete``.
+        ``final_reason``: (reason, message) the kubelet writes with the final phase, once
+        the containers have stopped (graceful node shutdown's ``Terminated``)."""
         with self._lock:
             if self._terminate.is_set():
                 self._grace = min(self._grace, grace)
                 self._delete_after = self._delete_after or delete
                 return
             self._grace, self._delete_after, self._final_phase = grace, delete, final_phase
+            self._final_reason = final_reason
             self._terminate.set()
 
     def kill_now(self) -> None:
@@ -347,6 +352,8 @@ class PodWorker:
                           containerStatuses=statuses)
             phase = self._phase(statuses, final, status.get("phase"))
             status["phase"] = phase
+            if final and self._final_reason:
+                status["reason"], status["message"] = self._final_reason
             ready = all(s["ready"] for s in statuses)
             unready = [s["name"] for s in statuses if not s["ready"]]
             ps.set_condition(status, "PodReadyToStartContainers",

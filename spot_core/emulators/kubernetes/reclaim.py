@@ -1,18 +1,39 @@
-"""How each flavour takes a spot node back, step by step, as its documentation says.
+"""How each flavour takes a node back, step by step, as its documentation says.
 
-* karpenter: taint ``karpenter.sh/disrupted:NoSchedule``, evict every pod through the
-  Eviction API (DisruptionTarget ``EvictionByEvictionAPI``) except those tolerating the
-  taint, which go down with the instance (pod GC: ``DeletionByPodGC``), delete the node.
+Spot reclaims (involuntary: the cloud takes the machine):
+
+* karpenter (interruption): events ``SpotInterrupted`` and ``TerminatingOnInterruption``,
+  taint ``karpenter.sh/disrupted:NoSchedule``, evict every pod through the Eviction API
+  (DisruptionTarget ``EvictionByEvictionAPI``) except those tolerating the taint and those
+  annotated ``karpenter.sh/do-not-disrupt: "true"`` (Karpenter v1 no longer evicts them:
+  they go down with the instance, and pod GC marks them ``DeletionByPodGC``), delete the
+  node.
 * eks (managed node group rebalance): cordon (``spec.unschedulable`` and the
   ``node.kubernetes.io/unschedulable:NoSchedule`` taint), drain through evictions, delete.
-* gke (graceful node shutdown): taint ``cloud.google.com/impending-node-termination``;
-  the kubelet marks each pod Failed, reason ``Terminated``, condition DisruptionTarget
-  ``TerminationByKubelet``, SIGTERM then SIGKILL within the shutdown grace; node deleted;
-  pod GC removes the failed pods.
+* gke (graceful node shutdown): taint ``cloud.google.com/impending-node-termination``; the
+  kubelet adds DisruptionTarget ``TerminationByKubelet`` ("Pod was terminated in response to
+  imminent node shutdown.") when the shutdown starts, sends SIGTERM then SIGKILL within the
+  shutdown grace, and once the containers stopped writes the phase (``Succeeded`` for a
+  container that exited 0, else ``Failed``), reason ``Terminated`` and that message; node
+  deleted; pod GC removes the pods.
 * aks: the VM is evicted with its kubelet (the node turns Ready=Unknown and gets the
   unreachable taints; processes get the OS shutdown's SIGTERM, then SIGKILL; no pod
   status is reported), the node is deleted, pod GC marks the pods
   (DisruptionTarget ``DeletionByPodGC``, phase Failed) and removes them.
+
+Voluntary disruptions (the cluster's own choice):
+
+* karpenter-consolidation: blocked, with a ``DisruptionBlocked`` event, by a pod annotated
+  ``karpenter.sh/do-not-disrupt: "true"``; else the taint, node event
+  ``DisruptionTerminating`` "Disrupting Node: Underutilized/Delete", a pod event
+  ``Evicted`` "Evicted pod: Underutilized" and an eviction per pod, the node deleted.
+* autoscaler-scale-down (cluster-autoscaler): blocked by a pod annotated
+  ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"``; else taint
+  ``ToBeDeletedByClusterAutoscaler`` (the Unix time), node event ``ScaleDown`` "marked the
+  node as toBeDeleted/unschedulable", per pod the event ``ScaleDown`` "deleting pod for node
+  scale down" and an eviction, the node deleted.
+* drain (``kubectl drain`` for an upgrade): cordon, evictions (budgets respected, no
+  annotation blocks it), the node deleted (the upgrade replaces it).
 
 A node whose pool has a metadata server first serves the cloud's notice there (IMDS spot
 interruption / rebalance, GCE ``preempted``, Azure ``Preempt`` scheduled event).
@@ -28,7 +49,6 @@ from typing import Any, Callable
 
 from . import pod_status as ps
 from .errors import ApiError
-from .pools import FLAVOURS
 from .scheduler import TERMINAL, priority, tolerates
 from .timefmt import rfc3339
 
@@ -41,6 +61,9 @@ GKE_TAINT = "cloud.google.com/impending-node-termination"
 CORDON_TAINT = "node.kubernetes.io/unschedulable"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 CRITICAL_PRIORITY = 2000000000          # system-cluster-critical and above
+AUTOSCALER_TAINT = "ToBeDeletedByClusterAutoscaler"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 
 @dataclass
@@ -63,8 +86,8 @@ class Reclaim:
 
 
 def start_reclaim(cluster: Cluster, node: str, flavour: str) -> Reclaim:
-    if flavour not in FLAVOURS:
-        raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
+    if flavour not in SCRIPTS:
+        raise ValueError(f"flavour must be one of {sorted(SCRIPTS)}, got {flavour!r}")
     reclaim = Reclaim(node, flavour)
     script = SCRIPTS[flavour]
 
@@ -116,19 +139,25 @@ def _notice(cluster: Cluster, reclaim: Reclaim, rebalance: bool = False) -> None
     reclaim.steps.append("metadata notice served")
 
 
-def _drain(cluster: Cluster, reclaim: Reclaim, skip_tolerating: dict | None = None) -> None:
+def _drain(cluster: Cluster, reclaim: Reclaim,
+           skip: Callable[[dict[str, Any]], bool] = lambda pod: False,
+           before_each: Callable[[dict[str, Any]], None] = lambda pod: None) -> None:
     """Evict every pod of the node (retrying those a PDB protects) until none is left;
-    pods that tolerate ``skip_tolerating`` are left to go down with the machine."""
+    pods ``skip`` names are left to go down with the machine; ``before_each`` records a
+    controller's event for a pod before its first eviction."""
     deadline = time.monotonic() + cluster.scaled(cluster.timings.max_drain_seconds)
+    announced: set[str] = set()
     while time.monotonic() < deadline and not cluster.stopping.is_set():
-        pods = [p for p in _pods_on(cluster, reclaim.node) if skip_tolerating is None
-                or not tolerates(p["spec"].get("tolerations") or [], skip_tolerating)]
+        pods = [p for p in _pods_on(cluster, reclaim.node) if not skip(p)]
         if not pods:
             return
         for pod in pods:
             meta = pod["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
+            if meta["uid"] not in announced:
+                announced.add(meta["uid"])
+                before_each(pod)
             try:
                 cluster.api.evict(meta["namespace"], meta["name"], {})
                 reclaim.steps.append(f"evicted {meta['namespace']}/{meta['name']}")
@@ -151,25 +180,82 @@ def _delete_node(cluster: Cluster, reclaim: Reclaim) -> None:
 
 
 def _node_event(cluster: Cluster, node: str, reason: str, message: str,
-                component: str) -> None:
+                component: str, type_: str = "Normal") -> None:
     obj = cluster.store.find("nodes", "", node)
     if obj is not None:
-        cluster.event(obj, "Normal", reason, message, host=node, component=component)
+        cluster.event(obj, type_, reason, message, host=node, component=component)
+
+
+def _annotated(pod: dict[str, Any], key: str, value: str) -> bool:
+    return ((pod["metadata"].get("annotations") or {}).get(key) or "").lower() == value
 
 
 # -- the flavours ------------------------------------------------------------------------------
 def karpenter(cluster: Cluster, reclaim: Reclaim) -> None:
     _notice(cluster, reclaim)
-    _node_event(cluster, reclaim.node, "SpotInterrupted", "Spot interruption warning was "
-                "triggered", "karpenter")
+    for type_, reason, message in (
+            ("Warning", "SpotInterrupted", "Spot interruption warning was triggered"),
+            ("Warning", "TerminatingOnInterruption",
+             "Interruption triggered termination for the Node")):
+        _node_event(cluster, reclaim.node, reason, message, "karpenter", type_)
+    for pod in _pods_on(cluster, reclaim.node):
+        cluster.event(pod, "Warning", "SpotInterrupted", "Spot interruption warning was "
+                      "triggered", component="karpenter")
     add_taint(cluster, reclaim.node, KARPENTER_TAINT)
     reclaim.steps.append(f"tainted {KARPENTER_TAINT}:NoSchedule")
-    _node_event(cluster, reclaim.node, "DisruptionTerminating", "Disrupting Node: "
-                "Interruption/SpotInterruption", "karpenter")
-    # Karpenter's termination controller leaves pods that tolerate its taint (and static
-    # and finished pods) on the node: they go down with the instance.
-    _drain(cluster, reclaim, skip_tolerating={"key": KARPENTER_TAINT, "effect": "NoSchedule"})
+    # Karpenter's termination controller leaves pods that tolerate its taint, and (v1)
+    # those annotated do-not-disrupt, on the node: they go down with the instance.
+    taint = {"key": KARPENTER_TAINT, "effect": "NoSchedule"}
+    _drain(cluster, reclaim, skip=lambda pod: tolerates(
+        pod["spec"].get("tolerations") or [], taint) or _annotated(pod, DO_NOT_DISRUPT, "true"))
     _lose_machine(cluster, reclaim)
+    _delete_node(cluster, reclaim)
+
+
+def karpenter_consolidation(cluster: Cluster, reclaim: Reclaim) -> None:
+    """Karpenter removes an underutilized node, unless a pod says do-not-disrupt."""
+    blocked = [p for p in _pods_on(cluster, reclaim.node) if _annotated(p, DO_NOT_DISRUPT, "true")]
+    if blocked:
+        meta = blocked[0]["metadata"]
+        _node_event(cluster, reclaim.node, "DisruptionBlocked", f'Cannot disrupt Node: Pod '
+                    f'"{meta["namespace"]}/{meta["name"]}" has "{DO_NOT_DISRUPT}" annotation',
+                    "karpenter")
+        reclaim.steps.append(f"blocked by {meta['namespace']}/{meta['name']} ({DO_NOT_DISRUPT})")
+        return
+    add_taint(cluster, reclaim.node, KARPENTER_TAINT)
+    reclaim.steps.append(f"tainted {KARPENTER_TAINT}:NoSchedule")
+    _node_event(cluster, reclaim.node, "DisruptionTerminating",
+                "Disrupting Node: Underutilized/Delete", "karpenter")
+    _drain(cluster, reclaim, before_each=lambda pod: cluster.event(
+        pod, "Normal", "Evicted", "Evicted pod: Underutilized", component="karpenter"))
+    _delete_node(cluster, reclaim)
+
+
+def autoscaler_scale_down(cluster: Cluster, reclaim: Reclaim) -> None:
+    """The cluster-autoscaler removes an unneeded node, unless a pod is not safe to evict."""
+    blocked = [p for p in _pods_on(cluster, reclaim.node) if _annotated(p, SAFE_TO_EVICT, "false")]
+    if blocked:
+        meta = blocked[0]["metadata"]
+        reclaim.steps.append(f"blocked by {meta['namespace']}/{meta['name']} "
+                             f"({SAFE_TO_EVICT}: false)")
+        return
+    add_taint(cluster, reclaim.node, AUTOSCALER_TAINT, value=str(int(cluster.clock())))
+    reclaim.steps.append(f"tainted {AUTOSCALER_TAINT}:NoSchedule")
+    _node_event(cluster, reclaim.node, "ScaleDown", "marked the node as toBeDeleted/"
+                "unschedulable", "cluster-autoscaler")
+    _drain(cluster, reclaim, before_each=lambda pod: cluster.event(
+        pod, "Normal", "ScaleDown", "deleting pod for node scale down",
+        component="cluster-autoscaler"))
+    _delete_node(cluster, reclaim)
+
+
+def drain(cluster: Cluster, reclaim: Reclaim) -> None:
+    """``kubectl drain`` before an upgrade: cordon, evict, the node replaced."""
+    add_taint(cluster, reclaim.node, CORDON_TAINT, cordon=True)
+    reclaim.steps.append("cordoned")
+    _node_event(cluster, reclaim.node, "NodeNotSchedulable", f"Node {reclaim.node} status "
+                "is now: NodeNotSchedulable", "kubelet")
+    _drain(cluster, reclaim)
     _delete_node(cluster, reclaim)
 
 
@@ -204,20 +290,22 @@ def gke(cluster: Cluster, reclaim: Reclaim) -> None:
 
 def _shut_down(cluster: Cluster, reclaim: Reclaim, pods: list[dict[str, Any]],
                budget: float) -> None:
-    """Mark each pod Failed / Terminated (DisruptionTarget TerminationByKubelet), stop its
-    containers within ``budget``, and wait (bounded) until they have stopped."""
+    """The kubelet's shutdown manager on one priority group: DisruptionTarget
+    TerminationByKubelet at once, the containers stopped within ``budget``, then the phase
+    with reason Terminated and its message; waits (bounded) until they have stopped."""
     workers = []
     for pod in pods:
         meta = pod["metadata"]
         grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), budget)
         try:
             cluster.mark_disruption(meta["namespace"], meta["name"], "TerminationByKubelet",
-                                    SHUTDOWN_MESSAGE, "Failed", "Terminated")
+                                    SHUTDOWN_MESSAGE)
         except ApiError:
             continue
         worker = cluster.workers.get(meta["uid"])
         if worker is not None:
-            worker.request_termination(grace, delete=False, final_phase="Failed")
+            worker.request_termination(grace, delete=False,
+                                       final_reason=("Terminated", SHUTDOWN_MESSAGE))
             workers.append(worker)
         reclaim.steps.append(f"shut down {meta['namespace']}/{meta['name']}")
     deadline = time.monotonic() + cluster.scaled(budget) + 10
@@ -269,4 +357,7 @@ def _mark_node_not_ready(cluster: Cluster, node: str, message: str, status: str 
 
 
 SCRIPTS: dict[str, Callable[[Cluster, Reclaim], None]] = {
-    "karpenter": karpenter, "eks": eks, "gke": gke, "aks": aks}
+    "karpenter": karpenter, "eks": eks, "gke": gke, "aks": aks,
+    "karpenter-consolidation": karpenter_consolidation,
+    "autoscaler-scale-down": autoscaler_scale_down, "drain": drain}
+VOLUNTARY = ("karpenter-consolidation", "autoscaler-scale-down", "drain")
