@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from spot_core.errors import ConfigError
+from spot_core.safe_files import check_target, write_bytes
 
 ENGINES = ("none", "airflow", "prefect")
 PROVIDERS = ("local", "kubernetes")
@@ -43,6 +44,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from spot_core.demo.pipeline import DemoConfig
 
+    _check_workdir(args.workdir)
     if args.provider == "kubernetes" and args.engine == "none":
         return _run_kubernetes_demo(args)
     if args.engine != "none":
@@ -182,8 +184,15 @@ def _run_live(workdir: Path, cfg):
 
 def _kept(workdir: Path, report):
     """The job's record beside its checkpoints, for `spot-pipelines report`."""
-    (workdir / RECORD_FILE).write_text(report.record.to_json() + "\n")
+    write_bytes(workdir / RECORD_FILE, report.record.to_json() + "\n", what="demo record")
     return report
+
+
+def _check_workdir(workdir: Path | None) -> None:
+    """Before the pipeline runs: the record it ends with must be writable there (a folder,
+    a FIFO or a link at WORKDIR/record.json is one line now, not after minutes of work)."""
+    if workdir is not None and workdir.is_dir():
+        check_target(workdir / RECORD_FILE, what="demo record")
 
 
 def _header(cfg) -> str:

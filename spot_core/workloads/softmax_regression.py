@@ -28,6 +28,7 @@ import numpy as np
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.errors import SpotError
+from spot_core.safe_files import write_bytes
 
 STATE_FILE = "state.npz"
 
@@ -210,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
         print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
         return code
-    text = json.dumps(result.__dict__)
+    text = json.dumps(result.__dict__, allow_nan=False)
     if args.result is not None:
-        args.result.write_text(text)
+        write_bytes(args.result, text, inputs=[args.data] if args.data else [], what="--result")
     print(text, flush=True)
     return 0
 
