@@ -20,18 +20,21 @@ from typing import Any, Mapping
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
-    CHECKPOINTS_PREFIX, MANIFEST_NAME, FileEntry, Manifest, checkpoint_key, encode_metadata,
-    new_checkpoint_id, parse_checkpoint_id,
+    CHECKPOINTS_PREFIX, MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest, checkpoint_key,
+    encode_metadata, new_checkpoint_id, parse_checkpoint_id,
 )
 from spot_core.checkpoint.payload import CHUNK_SIZE, HashingStream, PayloadItem, prepare_payload
 from spot_core.errors import (
     CheckpointError, CheckpointNotFound, ConfigError, CorruptCheckpoint, FencedOut,
 )
 from spot_core.model import CheckpointRef
+from spot_core.safe_files import WriteFailed, write_bytes
 
 log = logging.getLogger(__name__)
 
 FENCE_KEY = "FENCE.json"
+MAX_FENCE_BYTES = 64 << 10  # a fence is ~50 bytes
+MAX_OBJECT_BYTES = 16 << 20  # heartbeats, driver beats, status reports: kilobytes
 
 
 class CheckpointStore:
@@ -121,19 +124,38 @@ class CheckpointStore:
     # protocol: each is one small object, written whole. Keys are relative to the store
     # and must not fall under the checkpoints' own prefix.
     def put_object(self, key: str, data: bytes) -> None:
-        """Write one whole object (atomic on every backend: a reader sees old or new)."""
-        self.backend.put_bytes(_object_key(key), data)
-
-    def get_object(self, key: str) -> bytes | None:
-        """The object's bytes, or None when there is none."""
+        """Write one whole object (atomic on every backend: a reader sees old or new).
+        A full or read-only store is one CheckpointError naming the fix."""
+        key = _object_key(key)
         try:
-            return self.backend.get_bytes(_object_key(key))
-        except FileNotFoundError:
+            self.backend.put_bytes(key, data)
+        except OSError as exc:
+            raise _unwritable(self.uri, f"write {key}", exc) from exc
+
+    def get_object(self, key: str, *, max_bytes: int = MAX_OBJECT_BYTES) -> bytes | None:
+        """The object's bytes, or None when there is none.
+
+        What no writer of an object could have made (a FIFO, a device or a symlink in a
+        file store, more than ``max_bytes``) is warned once and read as none, like a
+        corrupt heartbeat: never a read that blocks, never an exception in a watcher."""
+        key = _object_key(key)
+        try:
+            return self.backend.get_bytes(key, max_bytes=max_bytes)
+        except (FileNotFoundError, IsADirectoryError):
             return None
+        except CorruptCheckpoint as exc:
+            self._warn_once(key, exc)
+            return None
+        except OSError as exc:
+            raise _unreadable(self.uri, key, exc) from exc
 
     def delete_object(self, key: str) -> None:
         """Remove the object; a missing one is not an error."""
-        self.backend.delete(_object_key(key))
+        key = _object_key(key)
+        try:
+            self.backend.delete(key)
+        except OSError as exc:
+            raise _unwritable(self.uri, f"delete {key}", exc) from exc
 
     def swap_object(self, key: str, expected: bytes | None, data: bytes) -> bool:
         """Write ``data`` only if the object still holds ``expected`` (None: absent).
@@ -198,8 +220,11 @@ class CheckpointStore:
         resume: committed attempts still fence, and the next ``fence()`` rewrites it.
         """
         try:
-            data = self.backend.get_bytes(FENCE_KEY)
+            data = self.backend.get_bytes(FENCE_KEY, max_bytes=MAX_FENCE_BYTES)
         except (FileNotFoundError, IsADirectoryError):
+            return 0
+        except CorruptCheckpoint as exc:  # a FIFO, a device, a huge file: never blocks
+            self._warn_once(FENCE_KEY, exc)
             return 0
         attempt = _fence_attempt(data)
         if attempt is None:
@@ -231,17 +256,36 @@ class CheckpointStore:
         return None
 
     def load(self, ref: CheckpointRef) -> dict[str, bytes]:
-        """Every payload file of ``ref``, re-verified; CorruptCheckpoint names the bad file."""
+        """Every payload file of ``ref``, re-verified; CorruptCheckpoint names the bad file,
+        CheckpointError (never a raw OSError) says why the store could not be read."""
         manifest = self._manifest_for(ref)
-        return {name: self._read_verified(manifest, name, entry)
-                for name, entry in manifest.files.items()}
+        try:
+            return {name: self._read_verified(manifest, name, entry)
+                    for name, entry in manifest.files.items()}
+        except OSError as exc:
+            raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
 
     def load_to_dir(self, ref: CheckpointRef, directory: str | os.PathLike[str]) -> dict[str, str]:
-        """Stream every file of ``ref`` into ``directory`` (verified), for payloads too big for RAM."""
+        """Stream every file of ``ref`` into ``directory`` (verified), for payloads too big for RAM.
+
+        Each file is written beside its target and renamed over it, and only over a regular
+        file (``spot_core.safe_files``); a full or read-only ``directory`` is one
+        CheckpointError naming it."""
         manifest = self._manifest_for(ref)
         targets = _targets_inside(manifest, os.fspath(directory))  # before creating anything
-        return {name: self._copy_verified(manifest, name, entry, targets[name])
-                for name, entry in manifest.files.items()}
+        try:
+            return {name: self._copy_verified(manifest, name, entry, targets[name])
+                    for name, entry in manifest.files.items()}
+        except WriteFailed as exc:  # says which file and the fix
+            raise CheckpointError(f"could not load checkpoint {manifest.checkpoint_id}: {exc}",
+                                  retryable=exc.retryable) from exc
+        except OSError as exc:
+            full = _is_full(exc)
+            raise CheckpointError(
+                f"could not load checkpoint {manifest.checkpoint_id} into "
+                f"{os.fspath(directory)} ({exc.strerror or exc}); "
+                f"{'free space there' if full else 'choose a writable directory'}",
+                retryable=full) from exc
 
     def _manifest_for(self, ref: CheckpointRef) -> Manifest:
         if ref is None:
@@ -251,18 +295,22 @@ class CheckpointStore:
         checkpoint_id = getattr(ref, "checkpoint_id", None)
         if not isinstance(checkpoint_id, str) or parse_checkpoint_id(checkpoint_id) is None:
             raise CheckpointNotFound(f"{checkpoint_id!r} is not a checkpoint id of {self.uri}")
+        key = checkpoint_key(checkpoint_id, MANIFEST_NAME)
         try:
-            data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
+            data = self.backend.get_bytes(key, max_bytes=MAX_MANIFEST_BYTES)
         except (FileNotFoundError, IsADirectoryError):
             raise CheckpointNotFound(f"checkpoint {checkpoint_id} is not in {self.uri} (pruned "
                                      "or never committed); use store.latest()") from None
+        except OSError as exc:
+            raise _unreadable(self.uri, key, exc) from exc
         return Manifest.decode(data, checkpoint_id)
 
     def _read_verified(self, manifest: Manifest, name: str, entry: FileEntry) -> bytes:
-        try:
-            data = self.backend.get_bytes(checkpoint_key(manifest.checkpoint_id, name))
-        except FileNotFoundError:
-            raise _corrupt(manifest, name, "is missing") from None
+        try:  # never more than the manifest says: a forged or grown file is not read whole
+            data = self.backend.get_bytes(checkpoint_key(manifest.checkpoint_id, name),
+                                          max_bytes=entry.size)
+        except (FileNotFoundError, IsADirectoryError):
+            raise _corrupt(manifest, name, "is missing (or not a file)") from None
         if len(data) != entry.size:
             raise _corrupt(manifest, name, f"has {len(data)} bytes, manifest says {entry.size}")
         if hex_of(entry.algorithm, data) != entry.digest:
@@ -270,18 +318,24 @@ class CheckpointStore:
         return data
 
     def _copy_verified(self, manifest: Manifest, name: str, entry: FileEntry, target: str) -> str:
+        """Written beside ``target`` and renamed over it only once every byte verified."""
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        partial = f"{target}.partial"
-        digest, size = new_digest(entry.algorithm), 0
-        with open(partial, "wb") as out:
-            for chunk in self._chunks(manifest, name):
-                digest.update(chunk)
-                size += out.write(chunk)
-        if size != entry.size or digest.hexdigest() != entry.digest:
-            os.unlink(partial)
-            raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
-        os.replace(partial, target)
+        write_bytes(target, self._verified_chunks(manifest, name, entry),
+                    what=f"payload file {name!r} in")
         return target
+
+    def _verified_chunks(self, manifest: Manifest, name: str, entry: FileEntry):  # type: ignore[no-untyped-def]
+        """The file's chunks, then CorruptCheckpoint if its size or digest is not the
+        manifest's (the caller's temporary file is then removed, never renamed)."""
+        digest, size = new_digest(entry.algorithm), 0
+        for chunk in self._chunks(manifest, name):
+            digest.update(chunk)
+            size += len(chunk)
+            if size > entry.size:
+                break
+            yield chunk
+        if size != entry.size or digest.hexdigest() != entry.digest:
+            raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
 
     def _chunks(self, manifest: Manifest, name: str):  # type: ignore[no-untyped-def]
         try:
@@ -296,7 +350,8 @@ class CheckpointStore:
         manifests = []
         for checkpoint_id in self._checkpoint_ids():
             try:
-                data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
+                data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME),
+                                              max_bytes=MAX_MANIFEST_BYTES)
                 manifests.append(Manifest.decode(data, checkpoint_id))
             except IsADirectoryError:
                 self._warn_once(checkpoint_id, CorruptCheckpoint(f"{MANIFEST_NAME} is a folder"))
@@ -317,6 +372,8 @@ class CheckpointStore:
                 for chunk in self._chunks(manifest, name):
                     digest.update(chunk)
                     size += len(chunk)
+                    if size > entry.size:  # a file grown past its entry is not hashed whole
+                        break
                 if size != entry.size or digest.hexdigest() != entry.digest:
                     raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
             else:
@@ -354,10 +411,13 @@ class CheckpointStore:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"prune(keep={keep!r}): keep must be an int >= 1 (the newest "
                               "valid checkpoint is never deleted)")
-        with self.backend.lock():
-            doomed = self._prune_candidates(keep)
-            for checkpoint_id in doomed:
-                self.backend.delete_prefix(checkpoint_key(checkpoint_id))
+        try:
+            with self.backend.lock():
+                doomed = self._prune_candidates(keep)
+                for checkpoint_id in doomed:
+                    self.backend.delete_prefix(checkpoint_key(checkpoint_id))
+        except OSError as exc:
+            raise _unwritable(self.uri, "prune", exc) from exc
         if doomed:
             log.info("pruned %d checkpoint(s) from %s", len(doomed), self.uri)
         return doomed
@@ -427,9 +487,20 @@ def _targets_inside(manifest: Manifest, directory: str) -> dict[str, str]:
     return targets
 
 
+def _unreadable(uri: str, key: str, exc: OSError) -> CheckpointError:
+    """A store that cannot be read (permissions, an I/O error) as one line naming the fix."""
+    return CheckpointError(f"could not read {key} in {uri}: {exc.strerror or exc}; check the "
+                           "store's permissions and disk (nothing was changed)",
+                           retryable=exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT))
+
+
+def _is_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def _unwritable(uri: str, what: str, exc: OSError) -> CheckpointError:
     """A full, read-only or unreachable store as one line that names the fix."""
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    full = _is_full(exc)
     fix = "free space on it" if full else "make it writable or point the store URI elsewhere"
     return CheckpointError(f"could not {what} in {uri}: {exc.strerror or exc}; {fix} (existing "
                            "checkpoints are untouched)", retryable=full)
