@@ -60,14 +60,16 @@ class CheckpointStore:
         """Write ``payload`` as the checkpoint of ``step``; atomic: all of it or nothing.
 
         Values are bytes-like, or a path / binary file object streamed in chunks.
-        Raises ConfigError for bad input (before writing), FencedOut if a newer
-        attempt has started or committed, CheckpointError if the backend fails.
+        Raises ConfigError for bad input (before writing), a ``step`` below a valid
+        checkpoint's in the store included (steps never go back: docs/checkpoints.md),
+        FencedOut if a newer attempt has started or committed, CheckpointError if the
+        backend fails.
         """
         step = _check_count("step", step, minimum=0)
         attempt = _check_count("attempt", attempt, minimum=0)
         items = prepare_payload(payload)
         meta = encode_metadata(metadata)
-        self._check_fence(attempt)
+        self._check_save(step, attempt)
         checkpoint_id = new_checkpoint_id(step, attempt)
         manifest = self._write_and_commit(checkpoint_id, step, attempt, meta, items)
         self._verified.add(checkpoint_id)
@@ -106,7 +108,7 @@ class CheckpointStore:
     def _commit(self, manifest: Manifest) -> bool:
         """Under the store lock: re-check the fence, check the files, write the manifest."""
         with self.backend.lock():
-            self._check_fence(manifest.attempt)
+            self._check_save(manifest.step, manifest.attempt)
             self._check_sizes(manifest)
             key = checkpoint_key(manifest.checkpoint_id, MANIFEST_NAME)
             self.backend.put_bytes(key, manifest.encode())
@@ -206,12 +208,39 @@ class CheckpointStore:
         committed = [m.attempt for m in self._committed()]
         return max([self._fence_object(), *committed])
 
-    def _check_fence(self, attempt: int) -> None:
-        level = self.fence_level()
+    def _check_fence(self, attempt: int, committed: list[Manifest] | None = None) -> None:
+        committed = self._committed() if committed is None else committed
+        level = max([self._fence_object(), *(m.attempt for m in committed)])
         if attempt < level:
             raise FencedOut(f"attempt {attempt} may not write to {self.uri}: attempt {level} "
                             "has started or committed there, so this writer is stale (its "
                             "capacity was reclaimed); stop it instead of retrying")
+
+    def _check_save(self, step: int, attempt: int) -> None:
+        """The fence, then the step rule, from one listing of the manifests."""
+        committed = self._committed()
+        self._check_fence(attempt, committed)
+        self._check_step(step, committed)
+
+    def _check_step(self, step: int, committed: list[Manifest]) -> None:
+        """Refuse a step below a valid checkpoint's: checkpoints are ordered by step, so
+        such a save would rank below what the store holds; ``latest()`` would never return
+        it and ``prune`` would delete it at once (a loop whose counter restarts each epoch
+        lost every checkpoint of the new epoch). Only newer checkpoints are verified, and
+        only on this path; one found corrupt does not count (a resume from an older one)."""
+        for manifest in reversed(committed):
+            if manifest.step <= step:
+                return
+            if manifest.checkpoint_id in self._warned:  # found corrupt before: not hashed again
+                continue
+            known = manifest.checkpoint_id in self._verified
+            try:
+                self._check_files(manifest, hash_files=not known)
+            except CorruptCheckpoint as exc:
+                self._warn_once(manifest.checkpoint_id, exc)
+                continue
+            self._verified.add(manifest.checkpoint_id)
+            raise step_went_back(step, manifest.step, self.uri)
 
     def _fence_object(self) -> int:
         """The attempt in FENCE.json; 0 when absent or unreadable.
@@ -485,6 +514,16 @@ def _targets_inside(manifest: Manifest, directory: str) -> dict[str, str]:
             raise _corrupt(manifest, name, f"would be written outside {directory}; refused")
         targets[name] = target
     return targets
+
+
+def step_went_back(step: int, newest: int, uri: str) -> ConfigError:
+    """The one line for a save whose step is below a checkpoint's the store holds."""
+    return ConfigError(f"checkpoint step {step} is below step {newest}, which {uri} already "
+                       "holds: steps must never go back (the new checkpoint would rank below "
+                       "the old ones, so latest() would skip it and pruning would delete "
+                       "it); pass a step that keeps growing across epochs and restarts, "
+                       "e.g. epoch * steps_per_epoch + step, or continue from the restored "
+                       "step (nothing was written)")
 
 
 def _unreadable(uri: str, key: str, exc: OSError) -> CheckpointError:
