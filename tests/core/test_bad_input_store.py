@@ -78,6 +78,8 @@ BAD_MANIFESTS = {
     "dotdot file name": _with_files("../../escape.bin"),
     "absolute file name": _with_files("/etc/escape.bin"),
     "newline in file name": _with_files("model\n.bin"),
+    "U+0085 in file name": _with_files("model\x85.bin"),
+    "bidi override in file name": _with_files("model\u202enib.exe"),
     "backslash file name": _with_files("..\\escape.bin"),
     "empty file name": _with_files(""),
     "very long file name": _with_files("x" * 300),
@@ -281,11 +283,25 @@ def test_a_corrupt_status_report_keeps_only_well_typed_fields(data, expected) ->
     assert parse_report(data) == expected
 
 
-@pytest.mark.parametrize("name", ["a\nb.bin", "x" * 256])
+@pytest.mark.parametrize("name", [
+    "a\nb.bin", "x" * 256,
+    # Unicode control (Cc), format (Cf: bidi overrides and isolates, zero-width) and
+    # line/paragraph separators: documented as refused, they used to pass
+    "next\x85line.bin", "model\u202enib.exe", "rtl\u2067.bin", "line\u2028sep.bin",
+    "para\u2029sep.bin", "zero\u200bwidth.bin", "bom\ufeff.bin", "c1\x9b.bin",
+], ids=repr)
 def test_odd_payload_names_are_refused_on_save(store, name) -> None:
     with pytest.raises(ConfigError, match="payload name"):
         store.save(5, {name: b"x"})
     assert store.latest().step == 1
+    assert [p.name for p in (Path(store.backend.root) / "checkpoints").iterdir()] == \
+        [store.latest().checkpoint_id], "nothing was written"
+
+
+@pytest.mark.parametrize("name", ["ü-model.bin", "日本語/重み.bin", "emoji-\U0001f600.bin"])
+def test_printable_unicode_payload_names_still_save_and_load(store, name) -> None:
+    ref = store.save(5, {name: b"x"})
+    assert store.load(store.latest()) == {name: b"x"} and store.latest() == ref
 
 
 def test_metadata_too_deep_to_read_back_is_refused_on_save(store) -> None:
