@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from spot_core.errors import ConfigError
+from spot_core.safe_files import check_regular, read_text
 
 CSV_TICK_SECONDS = 195.0
 """Nominal tick of the AWS V100 CSV traces; used when a file has too few rows to measure."""
@@ -39,6 +40,8 @@ INSTANCE_TYPES = {"v100": "p3.2xlarge", "h100": "a3-highgpu-8g"}
 """Accelerator hints in trace file names -> the instance type they were measured on."""
 
 PRICES_FILE = "spot_prices.json"
+# A year of 195 s ticks is about 4 MB of CSV; more is not a trace, and is never read whole.
+MAX_TRACE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,9 +173,10 @@ def load_trace(path: str | Path, *, prices: Any = None,
     carry their own prices; ``prices`` overrides them when it names the zone.
     """
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise ConfigError(f"trace file {file} does not exist; pass a path from "
                           "the repository's traces/ or spot_core.market.fixture_trace_paths()")
+    check_regular(file, what="trace file")  # a FIFO or /dev/zero: one line, never read
     suffix = file.suffix.lower()
     if suffix == ".csv":
         return _load_csv(file, prices, on_demand_price)
@@ -232,10 +236,12 @@ def _csv_tick(times: np.ndarray) -> float:
     return CSV_TICK_SECONDS if abs(median / CSV_TICK_SECONDS - 1) <= 0.02 else median
 
 
-def _read_text(file: Path) -> str:
-    """The file as UTF-8 text; a binary or differently encoded file is one clear line."""
+def _read_text(file: Path, what: str = "trace file") -> str:
+    """The file as UTF-8 text; a binary or differently encoded file is one clear line, and
+    so is anything but a regular file of at most MAX_TRACE_BYTES (a FIFO would block the
+    read, /dev/zero would never end it)."""
     try:
-        return file.read_text(encoding="utf-8")
+        return read_text(file, limit=MAX_TRACE_BYTES, what=what)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{file} is not UTF-8 text (byte {exc.start} cannot be decoded); "
                           "pass a CSV or JSON trace, not a binary file") from None
@@ -305,9 +311,9 @@ def _json_prices(file: Path, data: Mapping[str, Any], info: Mapping[str, Any],
 
 
 # -- prices ---------------------------------------------------------------------------------
-def _read_json(file: Path) -> dict[str, Any]:
+def _read_json(file: Path, what: str = "trace file") -> dict[str, Any]:
     try:
-        data = json.loads(_read_text(file))
+        data = json.loads(_read_text(file, what))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{file} is not valid JSON ({exc}); check the file") from exc
     if not isinstance(data, dict):
@@ -316,7 +322,7 @@ def _read_json(file: Path) -> dict[str, Any]:
 
 
 def _read_prices(path: str | Path) -> dict[str, Sequence[float]]:
-    return _read_json(Path(path))
+    return _read_json(Path(path), "price file")
 
 
 def _as_price_table(prices: Any) -> Mapping[str, Sequence[float]]:

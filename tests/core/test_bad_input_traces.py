@@ -6,6 +6,7 @@ Each row starts from a valid file (the first test shows it loads) and breaks one
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -153,6 +154,34 @@ def test_a_bad_trace_or_price_file_is_one_clear_line(tmp_path, suffix, trace, pr
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
+
+
+def _fifo(path):
+    os.mkfifo(path)
+
+
+def _zero(path):
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("kind, words", [(_fifo, "FIFO"), (_zero, "character device")],
+                         ids=["fifo", "dev-zero"])
+@pytest.mark.parametrize("which", ["trace", "prices"])
+def test_a_trace_or_price_file_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path, kind,
+                                                                             words, which):
+    """A FIFO blocked the read for ever, /dev/zero never ended it (and the trace loader
+    called a FIFO trace "does not exist")."""
+    trace_path, prices_path = write_row(tmp_path, ".csv", csv_text().encode(), GOOD_PRICES)
+    odd = trace_path if which == "trace" else prices_path
+    odd.unlink()
+    kind(odd)
+    with pytest.raises(ConfigError, match=words):
+        load_traces([trace_path], prices=prices_path)
+    for command in ("simulate", "run"):
+        proc = cli(command, trace_path, prices_path, tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and str(odd) in lines[0]
 
 
 def test_a_history_passed_as_data_is_checked_the_same_way():
