@@ -198,7 +198,7 @@ class CheckpointStore:
                 self._check_fence(attempt)
                 if attempt > self._fence_object():
                     doc = {"attempt": attempt, "fenced_at": time.time()}
-                    self.backend.put_bytes(FENCE_KEY, json.dumps(doc).encode())
+                    self.backend.put_bytes(FENCE_KEY, json.dumps(doc, allow_nan=False).encode())
                     log.info("fenced %s: attempts below %d can no longer save", self.uri, attempt)
         except OSError as exc:
             raise _unwritable(self.uri, f"fence attempt {attempt}", exc) from exc

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"record {args.workdir / RECORD_FILE}  (spot-pipelines report it --html "
               "report.html)", flush=True)
     if args.json:
-        print(json.dumps(demo_json(report)), flush=True)
+        print(json.dumps(demo_json(report), allow_nan=False), flush=True)
     return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
 
 
@@ -99,7 +99,7 @@ def _run_kubernetes_demo(args: argparse.Namespace) -> int:
             report = run_demo(Path(tmp), cfg, listener)
     _print_report(report)
     if args.json:
-        print(json.dumps(demo_json(report)), flush=True)
+        print(json.dumps(demo_json(report), allow_nan=False), flush=True)
     return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
 
 
@@ -143,7 +143,7 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
     # engine's heap (Airflow's took 4 s at exit on a loaded 2-core machine, 0.25 s frozen).
     gc.freeze()
     if args.json:
-        print(json.dumps(report), flush=True)
+        print(json.dumps(report, allow_nan=False), flush=True)
     return 0 if report["final_weights_sha256"] == report["uninterrupted_weights_sha256"] else 1
 
 

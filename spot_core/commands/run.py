@@ -277,4 +277,4 @@ def _pools(provider, wanted: list[str] | None):
 
 
 def record_json(record) -> str:
-    return json.dumps(record.summary())
+    return json.dumps(record.summary(), allow_nan=False)

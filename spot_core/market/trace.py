@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from spot_core.errors import ConfigError
+from spot_core.model import MAX_PRICE_PER_HOUR
 from spot_core.safe_files import check_regular, read_text
 
 CSV_TICK_SECONDS = 195.0
@@ -67,6 +68,10 @@ class ZoneTrace:
             if not _positive_number(value):
                 raise ConfigError(f"trace {self.name}: {what} must be a finite number > 0, "
                                   f"got {value!r}; check the file")
+        if self.on_demand_price > MAX_PRICE_PER_HOUR:
+            raise ConfigError(f"trace {self.name}: on_demand_price {self.on_demand_price:g} "
+                              f"is above {MAX_PRICE_PER_HOUR:,.0f} $/h, no instance's price; "
+                              "check the file")
         available.setflags(write=False)
         price.setflags(write=False)
         object.__setattr__(self, "available", available)
@@ -137,10 +142,11 @@ def price_array(values: Any, where: str) -> np.ndarray:
         raise ConfigError(f"{where} must be a list of $/h numbers, got {type(items).__name__}")
     items = list(items)
     bad = next((v for v in items if isinstance(v, bool) or not isinstance(
-        v, (int, float, np.number)) or not math.isfinite(v) or v < 0), None)
+        v, (int, float, np.number)) or not math.isfinite(v) or not 0 <= v <= MAX_PRICE_PER_HOUR),
+        None)
     if bad is not None or any(v is None for v in items):
         raise ConfigError(f"{where} hold {_as_json(bad)}; every price must be a finite number "
-                          "of $/h >= 0; check the file")
+                          f"of $/h from 0 to {MAX_PRICE_PER_HOUR:,.0f}; check the file")
     return np.asarray(items, dtype=float)
 
 
@@ -359,9 +365,9 @@ def _on_demand(given: float | None, from_file: Any, stem: str) -> float:
     for value, where in ((given, "on_demand_price"), (from_file, "price_info.on_demand_price")):
         if value is None:
             continue
-        if not _positive_number(value):
-            raise ConfigError(f"trace {stem}: {where} must be a finite number of $/h > 0, got "
-                              f"{value!r}")
+        if not _positive_number(value) or value > MAX_PRICE_PER_HOUR:
+            raise ConfigError(f"trace {stem}: {where} must be a finite number of $/h > 0 and "
+                              f"at most {MAX_PRICE_PER_HOUR:,.0f}, got {value!r}")
         return float(value)
     hint = stem.split("_")[1] if "_" in stem else stem
     if hint in DEFAULT_ON_DEMAND:
