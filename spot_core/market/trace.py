@@ -372,8 +372,9 @@ def _on_demand(given: float | None, from_file: Any, stem: str) -> float:
     hint = stem.split("_")[1] if "_" in stem else stem
     if hint in DEFAULT_ON_DEMAND:
         return DEFAULT_ON_DEMAND[hint]
-    raise ConfigError(f"trace {stem} carries no on-demand price; pass on_demand_price= "
-                      "(or --on-demand-price) in $/h")
+    raise ConfigError(f"trace {stem} carries no on-demand price; pass its $/h: "
+                      "--on-demand-price P to `run` or `simulate`, the local provider "
+                      "option on_demand_price, or on_demand_price= to load_trace")
 
 
 def _posix(value: Any, where: str = "a timestamp") -> float | None:

@@ -192,6 +192,29 @@ def test_a_trace_or_price_file_that_is_no_regular_file_is_one_line_not_a_hang(tm
         assert len(lines) == 1 and words in lines[0] and str(odd) in lines[0]
 
 
+def test_a_csv_trace_without_an_on_demand_price_names_a_flag_run_has(tmp_path):
+    """The loader told `run` users to pass --on-demand-price, which `run` did not have."""
+    trace_path = tmp_path / "zone-a.csv"  # no instance type in the name: no list price
+    trace_path.write_text(csv_text())
+    prices_path = tmp_path / "prices.json"
+    prices_path.write_bytes(dumps({"zone-a": [0.9] * TICKS}))
+    for command in ("run", "simulate"):
+        proc = cli(command, trace_path, prices_path, tmp_path)
+        assert proc.returncode == 2 and "--on-demand-price" in proc.stderr, proc.stderr
+    base = [sys.executable, "-m", "spot_core.cli"]
+    done = subprocess.run([*base, "run", "--trace", str(trace_path), "--prices",
+                           str(prices_path), "--on-demand-price", "2.5", "--json", "--",
+                           "true"], capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["status"] == "succeeded" and record["ledger"]["on_demand_equivalent"] > 0
+    done = subprocess.run([*base, "simulate", "--trace", str(trace_path), "--prices",
+                           str(prices_path), "--on-demand-price", "2.5", "--task-hours", "0.5",
+                           "--deadline-hours", "1", "--restart-overhead-hours", "0",
+                           "--windows", "1"], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0 and json.loads(done.stdout)["mean_cost"] > 0, done.stderr
+
+
 def test_a_history_passed_as_data_is_checked_the_same_way():
     with pytest.raises(ConfigError, match="SpotPrice"):
         load_spot_price_history([{"AvailabilityZone": "us-east-1a", "InstanceType": "p3",
