@@ -15,7 +15,7 @@ import logging
 import numbers
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
@@ -353,7 +353,8 @@ class CheckpointStore:
                     what=f"payload file {name!r} in")
         return target
 
-    def _verified_chunks(self, manifest: Manifest, name: str, entry: FileEntry):  # type: ignore[no-untyped-def]
+    def _verified_chunks(self, manifest: Manifest, name: str,
+                         entry: FileEntry) -> Iterator[bytes]:
         """The file's chunks, then CorruptCheckpoint if its size or digest is not the
         manifest's (the caller's temporary file is then removed, never renamed)."""
         digest, size = new_digest(entry.algorithm), 0
