@@ -139,6 +139,25 @@ def test_a_demo_record_path_that_is_no_regular_file_is_one_line_before_the_run(t
         ["record.json"] + (["mine.json"] if kind == "symlink" else [])), "nothing ran"
 
 
+@pytest.mark.timeout(30)
+def test_the_data_set_step_never_blocks_on_a_fifo(tmp_path):
+    """The pipeline's first step writes WORKDIR/data/dataset.npz and the training step reads
+    it (``--data``): a FIFO there used to block either for ever."""
+    from spot_core.errors import ConfigError
+    from spot_core.workloads.softmax_regression import (TrainConfig, load_dataset,
+                                                        prepare_dataset)
+
+    fifo = tmp_path / "dataset.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="FIFO"):
+        prepare_dataset(TrainConfig(), fifo)
+    with pytest.raises(ConfigError, match="FIFO"):
+        load_dataset(fifo)
+    assert fifo.is_fifo()
+    data = prepare_dataset(TrainConfig(), tmp_path / "data" / "dataset.npz")
+    assert [len(a) for a in load_dataset(data)][::2] == [3200, 800]  # the 80/20 split
+
+
 def test_demo_rejects_unbuilt_engine_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--engine", "airflow"],
                           capture_output=True, text=True, timeout=60)
