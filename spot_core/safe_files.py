@@ -87,6 +87,7 @@ def open_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = 
 
     Checked before opening (a tape drive rewinds, a FIFO blocks, on open) and again on the
     open descriptor (the path may have been swapped in between)."""
+    _check_no_nul(path, what)
     before = os.stat(path, follow_symlinks=follow_symlinks)
     _check_readable(path, before, what)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
@@ -127,6 +128,12 @@ def is_regular(path: PathLike, *, follow_symlinks: bool = False) -> bool:
         return stat.S_ISREG(os.stat(path, follow_symlinks=follow_symlinks).st_mode)
     except (OSError, ValueError):
         return False
+
+
+def _check_no_nul(path: PathLike, what: str) -> None:
+    if "\x00" in os.fspath(path):
+        raise UnsafeFile(f"{what} {os.fspath(path)!r} holds a NUL character; no file has "
+                         "such a name, check the path", problem="names no file (a NUL in it)")
 
 
 def _check_readable(path: PathLike, info: os.stat_result, what: str) -> None:
@@ -189,6 +196,7 @@ def check_target(path: PathLike, *, inputs: Sequence[PathLike | int] = (),
     ``inputs``: the command's input paths (or open descriptors, such as stdin's 0), which
     the output must not be. The folder must exist already: a command creates no folders
     on its own (a typo would leave them behind)."""
+    _check_no_nul(path, what)
     target = Path(path)
     if not target.name or target.name in (".", ".."):
         raise UnsafeFile(f"{what} {target} names a folder; give a file name such as "
