@@ -208,6 +208,17 @@ def test_a_csv_trace_without_an_on_demand_price_names_a_flag_run_has(tmp_path):
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout.strip().splitlines()[-1])
     assert record["status"] == "succeeded" and record["ledger"]["on_demand_equivalent"] > 0
+    from spot_core.providers import check_provider, open_provider
+
+    with pytest.raises(ConfigError, match=r"on_demand_price=1e\+308 must be"):
+        check_provider("local", {"on_demand_price": 1e308})
+    provider = open_provider("local", traces=[str(trace_path)], prices=str(prices_path),
+                             on_demand_price=2.5, workdir=str(tmp_path / "cloud"))
+    try:  # the option every other surface (operator, block, worker) passes
+        assert provider.market.traces[0].on_demand_price == 2.5
+        assert provider.options["on_demand_price"] == 2.5
+    finally:
+        provider.cloud.shutdown()
     done = subprocess.run([*base, "simulate", "--trace", str(trace_path), "--prices",
                            str(prices_path), "--on-demand-price", "2.5", "--task-hours", "0.5",
                            "--deadline-hours", "1", "--restart-overhead-hours", "0",
