@@ -24,7 +24,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Iterable, Sequence, Union
 
 from spot_core.errors import ConfigError, SpotError
 
@@ -105,14 +105,6 @@ def open_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = 
     except BaseException:
         os.close(fd)
         raise
-
-
-def iter_chunks(path: PathLike, chunk_size: int, *, what: str = "file",
-                follow_symlinks: bool = True) -> Iterator[bytes]:
-    """The regular file's bytes in chunks (bounded memory for files of any size)."""
-    with open_regular(path, what=what, follow_symlinks=follow_symlinks) as handle:
-        while chunk := handle.read(chunk_size):
-            yield chunk
 
 
 def check_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = True) -> None:
