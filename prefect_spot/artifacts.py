@@ -86,7 +86,7 @@ def publish(record: JobRecord, *, flow_run_id: Any = None, task_run_id: Any = No
 
     key, what = artifact_key(record), what or f"spot job {record.job_id}"
     wanted = [
-        ("table", key, json.dumps(attempts_table(record)), f"Attempts of {what}"),
+        ("table", key, json.dumps(attempts_table(record), allow_nan=False), f"Attempts of {what}"),
         ("markdown", f"{key}-summary", summary_markdown(record), f"Cost and recovery of {what}"),
         ("markdown", f"{key}-chart", chart_markdown(record), f"Attempts and cost of {what}"),
     ]

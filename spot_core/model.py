@@ -18,6 +18,10 @@ from typing import Any, Mapping
 from spot_core.errors import ConfigError
 
 RECORD_SCHEMA_VERSION = 1
+MAX_PRICE_PER_HOUR = 100_000.0
+"""The highest $/h any price source may give (traces, price files, provider options).
+The dearest instances cost about $100/h; a bound keeps every bill finite (a price of
+1e308 made the record's cost Infinity, which no JSON reader accepts)."""
 
 
 class Market(StrEnum):
@@ -228,6 +232,20 @@ _ATTEMPT_OPTIONAL = ("ended_at", "notice_at", "checkpoint_interval_seconds", "dr
 _ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
 
 
+def _non_finite(data: Any, path: str = "") -> str:
+    """Where the first NaN or Infinity in ``data`` is, e.g. ``attempts[0].cost=inf``."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return f"{path}={data}"
+    items = data.items() if isinstance(data, Mapping) else \
+        enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{path}[{key}]" if isinstance(key, int)
+                            else f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return ""
+
+
 def _real(value: Any, name: str, *, optional: bool = False) -> float | None:
     """A finite number read back from a record (no strings, bools, NaN or Infinity)."""
     if value is None and optional:
@@ -426,7 +444,15 @@ class JobRecord:
                               "written by spot-pipelines or was edited by hand") from exc
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+        """Strict JSON (no NaN or Infinity, which ``from_json`` and other readers refuse);
+        a record holding one is a ConfigError naming the field, never unreadable text."""
+        data = self.to_dict()
+        try:
+            return json.dumps(data, sort_keys=True, allow_nan=False)
+        except ValueError:
+            raise ConfigError(f"job {self.job_id}: the record holds a non-finite number "
+                              f"({_non_finite(data)}); a price or duration was out of range, "
+                              "so it cannot be written as JSON") from None
 
     @classmethod
     def from_json(cls, text: str) -> JobRecord:

@@ -147,6 +147,6 @@ class Looks:
             seen = self.claims[run_id] = (current, self.monotonic())  # a claim new to us
         if not may_take(current, seen, self.monotonic(), timeout):
             return False
-        mine = json.dumps({"owner": owner, "attempt": attempt}).encode()
+        mine = json.dumps({"owner": owner, "attempt": attempt}, allow_nan=False).encode()
         self.claims.pop(run_id, None)
         return store.swap_object(key, current, mine)

@@ -3,7 +3,9 @@
 The protocol in ``store.py`` only needs what S3 offers natively (whole-object
 atomic PUT, GET, LIST, DELETE), so an S3 backend can slot in beside ``FileBackend``
 without touching the commit logic. Keys are relative POSIX paths ("a/b/c").
-A missing key is reported as ``FileNotFoundError`` by every backend.
+A missing key is reported as ``FileNotFoundError`` by every backend; something under a
+key that no writer could have made (a FIFO, a device, a symlink, more bytes than the
+reader's bound) as ``CorruptCheckpoint``, so readers skip it like any corrupt object.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ class ObjectBackend(Protocol):
         If iterating ``chunks`` raises, nothing becomes visible under ``key``.
         """
 
-    def get_bytes(self, key: str) -> bytes:
-        """Return the whole object (FileNotFoundError if absent)."""
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
+        """Return the whole object (FileNotFoundError if absent); CorruptCheckpoint if it
+        holds more than ``max_bytes`` (then it is not read) or is no object at all (a FIFO,
+        a device or a symlink in a file store: never opened in a way that could block)."""
 
     def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
         """Yield the object in chunks, so large objects can be hashed in bounded memory."""

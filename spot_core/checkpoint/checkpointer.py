@@ -9,6 +9,11 @@ after ``restore()`` the loop continues at ``start_step``::
         train_one(step)
         ckpt.maybe_save(step + 1, lambda: make_payload())   # may raise Preempted
 
+Steps never go back: a save below the newest saved or restored step is refused with
+one ConfigError naming the fix (a loop whose counter restarts each epoch passes a global
+step, ``epoch * steps_per_epoch + step``), so pruning can never delete the checkpoint
+just committed and ``restore()`` always returns the newest state (docs/checkpoints.md).
+
 A notice (SIGTERM forwarded by ``spot-pipelines watch``, the notice file, or a
 watcher thread calling ``request_emergency_save``) makes the next ``maybe_save``
 save at once and raise ``Preempted``, so the loop stops at a step boundary with
@@ -26,7 +31,7 @@ from types import FrameType
 from typing import Any, Callable, Mapping
 
 from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
-from spot_core.checkpoint.store import CheckpointStore
+from spot_core.checkpoint.store import CheckpointStore, step_went_back
 from spot_core.errors import ConfigError, Preempted
 from spot_core.model import CheckpointRef
 
@@ -119,6 +124,9 @@ class Checkpointer:
         the total covers earlier saves plus this one's serialisation (its own write
         time cannot be known before its manifest is written).
         """
+        if self._last_saved_step is not None and step < self._last_saved_step:
+            # before serialising: the store refuses it too (docs/checkpoints.md)
+            raise step_went_back(step, self._last_saved_step, self.store.uri)
         started = time.perf_counter()
         payload = make_payload()
         ledger = {"checkpoint_seconds_total": self.total_save_seconds

@@ -14,11 +14,16 @@ import logging
 import os
 import secrets
 import shutil
+import stat
+import sys
 import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
-from spot_core.errors import CheckpointError, ConfigError
+from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
+from spot_core.safe_files import (
+    UnsafeFile, is_regular, kind_of, not_regular, open_regular, read_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +76,14 @@ class FileBackend:
         return written
 
     def delete(self, key: str) -> None:
-        _unlink_quietly(self._path(key))
+        """A missing object is not an error; a store that refuses the unlink (read-only,
+        no permission) is, so the caller can say so."""
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:  # no object of ours; leave someone's folder alone
+            log.warning("not removing %s: it is a folder, not an object", self._path(key))
 
     def delete_prefix(self, prefix: str) -> None:
         path = self._path(prefix)
@@ -82,23 +94,37 @@ class FileBackend:
             _fsync_dir(os.path.dirname(path))
 
     # -- reads -------------------------------------------------------------------
-    def get_bytes(self, key: str) -> bytes:
-        with open(self._path(key), "rb") as fh:
-            return fh.read()
+    # Only regular files are objects: each is opened with O_NOFOLLOW | O_NONBLOCK after an
+    # lstat (``spot_core.safe_files``), so a FIFO, a device, a socket or a symlink put in
+    # the store by someone else is a corrupt object, never a read that blocks or never ends.
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
+        limit = sys.maxsize if max_bytes is None else max_bytes
+        try:
+            return read_bytes(self._path(key), limit=limit, what="object",
+                              follow_symlinks=False)
+        except UnsafeFile as exc:
+            raise _not_an_object(key, exc) from None
 
     def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
-        with open(self._path(key), "rb", buffering=0) as fh:
-            while chunk := fh.read(chunk_size):
+        try:
+            handle = open_regular(self._path(key), what="object", follow_symlinks=False)
+        except UnsafeFile as exc:
+            raise _not_an_object(key, exc) from None
+        with handle:
+            while chunk := handle.read(chunk_size):
                 yield chunk
 
     def size(self, key: str) -> int:
         path = self._path(key)
-        if os.path.isdir(path):
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode):
             raise FileNotFoundError(errno.ENOENT, "is a directory, not an object", path)
-        return os.stat(path).st_size
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_an_object(key, not_regular(path, info.st_mode, "object"))
+        return info.st_size
 
     def exists(self, key: str) -> bool:
-        return os.path.isfile(self._path(key))
+        return is_regular(self._path(key))
 
     def children(self, prefix: str) -> list[str]:
         try:
@@ -111,8 +137,14 @@ class FileBackend:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """``flock`` on a lock file; bounded wait so a hung holder cannot block forever."""
-        fd = os.open(os.path.join(self.root, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        path = os.path.join(self.root, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                     | os.O_NONBLOCK, 0o644)
         try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise CheckpointError(f"the store's lock file {path} is {kind_of(mode)}, not a "
+                                      "regular file; remove it (no writer holds it)")
             self._acquire(fd)
             yield
         finally:
@@ -150,6 +182,11 @@ class FileBackend:
         except FileExistsError:
             return
         _fsync_dir(parent)
+
+
+def _not_an_object(key: str, exc: UnsafeFile) -> CorruptCheckpoint:
+    return CorruptCheckpoint(f"object {key} {exc.problem}; no writer of this store made it "
+                             "(remove it)")
 
 
 def _write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:

@@ -56,7 +56,7 @@ class Beat:
                                "sequence": self.sequence}
         if self.driver is not None:
             doc.update(driver=self.driver, job=self.job)
-        return json.dumps(doc).encode()
+        return json.dumps(doc, allow_nan=False).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Beat | None":
@@ -187,7 +187,8 @@ class DriverBeat:
             doc = {"driver": self.driver_id, "renewed_at": now, "sequence": self._sequence,
                    "jobs": {j: attempt for j, (attempt, _) in self._jobs.items()}}
         try:
-            self.store.put_object(DRIVER_KEY.format(self.driver_id), json.dumps(doc).encode())
+            self.store.put_object(DRIVER_KEY.format(self.driver_id),
+                                  json.dumps(doc, allow_nan=False).encode())
         except BaseException:
             with self._lock:
                 self._renewed_at = min(self._renewed_at, previous)

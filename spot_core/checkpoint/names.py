@@ -6,6 +6,8 @@ the payload code that imports it.
 
 from __future__ import annotations
 
+import unicodedata
+
 from spot_core.checkpoint.file_backend import TEMP_PREFIX
 
 MANIFEST_NAME = "MANIFEST.json"
@@ -19,8 +21,10 @@ def name_problem(name: str) -> str | None:
         return "is empty"
     if "\x00" in name:
         return "contains a NUL character"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return "contains a control character"
+    odd = next((c for c in name if _invisible(c)), None)
+    if odd is not None:
+        return (f"contains the control, format or separator character U+{ord(odd):04X} "
+                "(it would hide or reorder what a listing shows)")
     if "\\" in name:
         return "contains a backslash (use '/' to separate directories)"
     if name.startswith("/"):
@@ -37,3 +41,11 @@ def name_problem(name: str) -> str | None:
     if any(p.startswith(TEMP_PREFIX) for p in parts):
         return f"starts with the reserved prefix {TEMP_PREFIX!r}"
     return None
+
+
+def _invisible(char: str) -> bool:
+    """Unicode control (Cc: C0, DEL, C1 such as U+0085 NEL), format (Cf: bidi overrides
+    and isolates such as U+202E, zero-width characters, U+FEFF), line and paragraph
+    separators (U+2028, U+2029), and lone surrogates (no file system can store them)."""
+    return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs")
+

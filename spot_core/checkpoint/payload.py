@@ -24,8 +24,8 @@ from spot_core.errors import ConfigError
 
 CHUNK_SIZE = 4 << 20
 _NAME_RULES = ("payload names are relative POSIX paths like 'model.bin' or 'optim/state.pt': "
-               "non-empty parts separated by '/', no '..' or '.', no backslash or NUL, "
-               f"not {MANIFEST_NAME!r}")
+               "non-empty parts separated by '/', no '..' or '.', no backslash, no control, "
+               f"format (bidi) or line-separator characters, not {MANIFEST_NAME!r}")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-from spot_core.errors import CheckpointError, ConfigError
+from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 from spot_core.adaptors import aws
 
 log = logging.getLogger(__name__)
@@ -137,8 +137,21 @@ class S3Backend:
             self._abort(upload["Key"], upload["UploadId"])
 
     # -- reads -------------------------------------------------------------------
-    def get_bytes(self, key: str) -> bytes:
-        return self._get(key)["Body"].read()
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
+        response = self._get(key)
+        body = response["Body"]
+        if max_bytes is None:
+            return body.read()
+        try:  # judged by its length before any byte is read, and read no further anyway
+            length = int(response.get("ContentLength") or 0)
+            data = body.read(max_bytes + 1) if length <= max_bytes else b""
+        finally:
+            body.close()
+        if length > max_bytes or len(data) > max_bytes:
+            raise CorruptCheckpoint(f"object {key} holds more than {max_bytes} bytes "
+                                    f"({max(length, len(data))}); no writer of this store "
+                                    "made it (remove it)")
+        return data
 
     def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
         body = self._get(key)["Body"]

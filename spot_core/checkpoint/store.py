@@ -15,23 +15,26 @@ import logging
 import numbers
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
-    CHECKPOINTS_PREFIX, MANIFEST_NAME, FileEntry, Manifest, checkpoint_key, encode_metadata,
-    new_checkpoint_id, parse_checkpoint_id,
+    CHECKPOINTS_PREFIX, MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest, checkpoint_key,
+    encode_metadata, new_checkpoint_id, parse_checkpoint_id,
 )
 from spot_core.checkpoint.payload import CHUNK_SIZE, HashingStream, PayloadItem, prepare_payload
 from spot_core.errors import (
     CheckpointError, CheckpointNotFound, ConfigError, CorruptCheckpoint, FencedOut,
 )
 from spot_core.model import CheckpointRef
+from spot_core.safe_files import WriteFailed, write_bytes
 
 log = logging.getLogger(__name__)
 
 FENCE_KEY = "FENCE.json"
+MAX_FENCE_BYTES = 64 << 10  # a fence is ~50 bytes
+MAX_OBJECT_BYTES = 16 << 20  # heartbeats, driver beats, status reports: kilobytes
 
 
 class CheckpointStore:
@@ -57,14 +60,16 @@ class CheckpointStore:
         """Write ``payload`` as the checkpoint of ``step``; atomic: all of it or nothing.
 
         Values are bytes-like, or a path / binary file object streamed in chunks.
-        Raises ConfigError for bad input (before writing), FencedOut if a newer
-        attempt has started or committed, CheckpointError if the backend fails.
+        Raises ConfigError for bad input (before writing), a ``step`` below a valid
+        checkpoint's in the store included (steps never go back: docs/checkpoints.md),
+        FencedOut if a newer attempt has started or committed, CheckpointError if the
+        backend fails.
         """
         step = _check_count("step", step, minimum=0)
         attempt = _check_count("attempt", attempt, minimum=0)
         items = prepare_payload(payload)
         meta = encode_metadata(metadata)
-        self._check_fence(attempt)
+        self._check_save(step, attempt)
         checkpoint_id = new_checkpoint_id(step, attempt)
         manifest = self._write_and_commit(checkpoint_id, step, attempt, meta, items)
         self._verified.add(checkpoint_id)
@@ -103,7 +108,7 @@ class CheckpointStore:
     def _commit(self, manifest: Manifest) -> bool:
         """Under the store lock: re-check the fence, check the files, write the manifest."""
         with self.backend.lock():
-            self._check_fence(manifest.attempt)
+            self._check_save(manifest.step, manifest.attempt)
             self._check_sizes(manifest)
             key = checkpoint_key(manifest.checkpoint_id, MANIFEST_NAME)
             self.backend.put_bytes(key, manifest.encode())
@@ -121,19 +126,38 @@ class CheckpointStore:
     # protocol: each is one small object, written whole. Keys are relative to the store
     # and must not fall under the checkpoints' own prefix.
     def put_object(self, key: str, data: bytes) -> None:
-        """Write one whole object (atomic on every backend: a reader sees old or new)."""
-        self.backend.put_bytes(_object_key(key), data)
-
-    def get_object(self, key: str) -> bytes | None:
-        """The object's bytes, or None when there is none."""
+        """Write one whole object (atomic on every backend: a reader sees old or new).
+        A full or read-only store is one CheckpointError naming the fix."""
+        key = _object_key(key)
         try:
-            return self.backend.get_bytes(_object_key(key))
-        except FileNotFoundError:
+            self.backend.put_bytes(key, data)
+        except OSError as exc:
+            raise _unwritable(self.uri, f"write {key}", exc) from exc
+
+    def get_object(self, key: str, *, max_bytes: int = MAX_OBJECT_BYTES) -> bytes | None:
+        """The object's bytes, or None when there is none.
+
+        What no writer of an object could have made (a FIFO, a device or a symlink in a
+        file store, more than ``max_bytes``) is warned once and read as none, like a
+        corrupt heartbeat: never a read that blocks, never an exception in a watcher."""
+        key = _object_key(key)
+        try:
+            return self.backend.get_bytes(key, max_bytes=max_bytes)
+        except (FileNotFoundError, IsADirectoryError):
             return None
+        except CorruptCheckpoint as exc:
+            self._warn_once(key, exc)
+            return None
+        except OSError as exc:
+            raise _unreadable(self.uri, key, exc) from exc
 
     def delete_object(self, key: str) -> None:
         """Remove the object; a missing one is not an error."""
-        self.backend.delete(_object_key(key))
+        key = _object_key(key)
+        try:
+            self.backend.delete(key)
+        except OSError as exc:
+            raise _unwritable(self.uri, f"delete {key}", exc) from exc
 
     def swap_object(self, key: str, expected: bytes | None, data: bytes) -> bool:
         """Write ``data`` only if the object still holds ``expected`` (None: absent).
@@ -174,7 +198,7 @@ class CheckpointStore:
                 self._check_fence(attempt)
                 if attempt > self._fence_object():
                     doc = {"attempt": attempt, "fenced_at": time.time()}
-                    self.backend.put_bytes(FENCE_KEY, json.dumps(doc).encode())
+                    self.backend.put_bytes(FENCE_KEY, json.dumps(doc, allow_nan=False).encode())
                     log.info("fenced %s: attempts below %d can no longer save", self.uri, attempt)
         except OSError as exc:
             raise _unwritable(self.uri, f"fence attempt {attempt}", exc) from exc
@@ -184,12 +208,39 @@ class CheckpointStore:
         committed = [m.attempt for m in self._committed()]
         return max([self._fence_object(), *committed])
 
-    def _check_fence(self, attempt: int) -> None:
-        level = self.fence_level()
+    def _check_fence(self, attempt: int, committed: list[Manifest] | None = None) -> None:
+        committed = self._committed() if committed is None else committed
+        level = max([self._fence_object(), *(m.attempt for m in committed)])
         if attempt < level:
             raise FencedOut(f"attempt {attempt} may not write to {self.uri}: attempt {level} "
                             "has started or committed there, so this writer is stale (its "
                             "capacity was reclaimed); stop it instead of retrying")
+
+    def _check_save(self, step: int, attempt: int) -> None:
+        """The fence, then the step rule, from one listing of the manifests."""
+        committed = self._committed()
+        self._check_fence(attempt, committed)
+        self._check_step(step, committed)
+
+    def _check_step(self, step: int, committed: list[Manifest]) -> None:
+        """Refuse a step below a valid checkpoint's: checkpoints are ordered by step, so
+        such a save would rank below what the store holds; ``latest()`` would never return
+        it and ``prune`` would delete it at once (a loop whose counter restarts each epoch
+        lost every checkpoint of the new epoch). Only newer checkpoints are verified, and
+        only on this path; one found corrupt does not count (a resume from an older one)."""
+        for manifest in reversed(committed):
+            if manifest.step <= step:
+                return
+            if manifest.checkpoint_id in self._warned:  # found corrupt before: not hashed again
+                continue
+            known = manifest.checkpoint_id in self._verified
+            try:
+                self._check_files(manifest, hash_files=not known)
+            except CorruptCheckpoint as exc:
+                self._warn_once(manifest.checkpoint_id, exc)
+                continue
+            self._verified.add(manifest.checkpoint_id)
+            raise step_went_back(step, manifest.step, self.uri)
 
     def _fence_object(self) -> int:
         """The attempt in FENCE.json; 0 when absent or unreadable.
@@ -198,8 +249,11 @@ class CheckpointStore:
         resume: committed attempts still fence, and the next ``fence()`` rewrites it.
         """
         try:
-            data = self.backend.get_bytes(FENCE_KEY)
+            data = self.backend.get_bytes(FENCE_KEY, max_bytes=MAX_FENCE_BYTES)
         except (FileNotFoundError, IsADirectoryError):
+            return 0
+        except CorruptCheckpoint as exc:  # a FIFO, a device, a huge file: never blocks
+            self._warn_once(FENCE_KEY, exc)
             return 0
         attempt = _fence_attempt(data)
         if attempt is None:
@@ -231,17 +285,36 @@ class CheckpointStore:
         return None
 
     def load(self, ref: CheckpointRef) -> dict[str, bytes]:
-        """Every payload file of ``ref``, re-verified; CorruptCheckpoint names the bad file."""
+        """Every payload file of ``ref``, re-verified; CorruptCheckpoint names the bad file,
+        CheckpointError (never a raw OSError) says why the store could not be read."""
         manifest = self._manifest_for(ref)
-        return {name: self._read_verified(manifest, name, entry)
-                for name, entry in manifest.files.items()}
+        try:
+            return {name: self._read_verified(manifest, name, entry)
+                    for name, entry in manifest.files.items()}
+        except OSError as exc:
+            raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
 
     def load_to_dir(self, ref: CheckpointRef, directory: str | os.PathLike[str]) -> dict[str, str]:
-        """Stream every file of ``ref`` into ``directory`` (verified), for payloads too big for RAM."""
+        """Stream every file of ``ref`` into ``directory`` (verified), for payloads too big for RAM.
+
+        Each file is written beside its target and renamed over it, and only over a regular
+        file (``spot_core.safe_files``); a full or read-only ``directory`` is one
+        CheckpointError naming it."""
         manifest = self._manifest_for(ref)
         targets = _targets_inside(manifest, os.fspath(directory))  # before creating anything
-        return {name: self._copy_verified(manifest, name, entry, targets[name])
-                for name, entry in manifest.files.items()}
+        try:
+            return {name: self._copy_verified(manifest, name, entry, targets[name])
+                    for name, entry in manifest.files.items()}
+        except WriteFailed as exc:  # says which file and the fix
+            raise CheckpointError(f"could not load checkpoint {manifest.checkpoint_id}: {exc}",
+                                  retryable=exc.retryable) from exc
+        except OSError as exc:
+            full = _is_full(exc)
+            raise CheckpointError(
+                f"could not load checkpoint {manifest.checkpoint_id} into "
+                f"{os.fspath(directory)} ({exc.strerror or exc}); "
+                f"{'free space there' if full else 'choose a writable directory'}",
+                retryable=full) from exc
 
     def _manifest_for(self, ref: CheckpointRef) -> Manifest:
         if ref is None:
@@ -251,18 +324,22 @@ class CheckpointStore:
         checkpoint_id = getattr(ref, "checkpoint_id", None)
         if not isinstance(checkpoint_id, str) or parse_checkpoint_id(checkpoint_id) is None:
             raise CheckpointNotFound(f"{checkpoint_id!r} is not a checkpoint id of {self.uri}")
+        key = checkpoint_key(checkpoint_id, MANIFEST_NAME)
         try:
-            data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
+            data = self.backend.get_bytes(key, max_bytes=MAX_MANIFEST_BYTES)
         except (FileNotFoundError, IsADirectoryError):
             raise CheckpointNotFound(f"checkpoint {checkpoint_id} is not in {self.uri} (pruned "
                                      "or never committed); use store.latest()") from None
+        except OSError as exc:
+            raise _unreadable(self.uri, key, exc) from exc
         return Manifest.decode(data, checkpoint_id)
 
     def _read_verified(self, manifest: Manifest, name: str, entry: FileEntry) -> bytes:
-        try:
-            data = self.backend.get_bytes(checkpoint_key(manifest.checkpoint_id, name))
-        except FileNotFoundError:
-            raise _corrupt(manifest, name, "is missing") from None
+        try:  # never more than the manifest says: a forged or grown file is not read whole
+            data = self.backend.get_bytes(checkpoint_key(manifest.checkpoint_id, name),
+                                          max_bytes=entry.size)
+        except (FileNotFoundError, IsADirectoryError):
+            raise _corrupt(manifest, name, "is missing (or not a file)") from None
         if len(data) != entry.size:
             raise _corrupt(manifest, name, f"has {len(data)} bytes, manifest says {entry.size}")
         if hex_of(entry.algorithm, data) != entry.digest:
@@ -270,18 +347,25 @@ class CheckpointStore:
         return data
 
     def _copy_verified(self, manifest: Manifest, name: str, entry: FileEntry, target: str) -> str:
+        """Written beside ``target`` and renamed over it only once every byte verified."""
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        partial = f"{target}.partial"
-        digest, size = new_digest(entry.algorithm), 0
-        with open(partial, "wb") as out:
-            for chunk in self._chunks(manifest, name):
-                digest.update(chunk)
-                size += out.write(chunk)
-        if size != entry.size or digest.hexdigest() != entry.digest:
-            os.unlink(partial)
-            raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
-        os.replace(partial, target)
+        write_bytes(target, self._verified_chunks(manifest, name, entry),
+                    what=f"payload file {name!r} in")
         return target
+
+    def _verified_chunks(self, manifest: Manifest, name: str,
+                         entry: FileEntry) -> Iterator[bytes]:
+        """The file's chunks, then CorruptCheckpoint if its size or digest is not the
+        manifest's (the caller's temporary file is then removed, never renamed)."""
+        digest, size = new_digest(entry.algorithm), 0
+        for chunk in self._chunks(manifest, name):
+            digest.update(chunk)
+            size += len(chunk)
+            if size > entry.size:
+                break
+            yield chunk
+        if size != entry.size or digest.hexdigest() != entry.digest:
+            raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
 
     def _chunks(self, manifest: Manifest, name: str):  # type: ignore[no-untyped-def]
         try:
@@ -296,7 +380,8 @@ class CheckpointStore:
         manifests = []
         for checkpoint_id in self._checkpoint_ids():
             try:
-                data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME))
+                data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME),
+                                              max_bytes=MAX_MANIFEST_BYTES)
                 manifests.append(Manifest.decode(data, checkpoint_id))
             except IsADirectoryError:
                 self._warn_once(checkpoint_id, CorruptCheckpoint(f"{MANIFEST_NAME} is a folder"))
@@ -317,6 +402,8 @@ class CheckpointStore:
                 for chunk in self._chunks(manifest, name):
                     digest.update(chunk)
                     size += len(chunk)
+                    if size > entry.size:  # a file grown past its entry is not hashed whole
+                        break
                 if size != entry.size or digest.hexdigest() != entry.digest:
                     raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
             else:
@@ -354,10 +441,13 @@ class CheckpointStore:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"prune(keep={keep!r}): keep must be an int >= 1 (the newest "
                               "valid checkpoint is never deleted)")
-        with self.backend.lock():
-            doomed = self._prune_candidates(keep)
-            for checkpoint_id in doomed:
-                self.backend.delete_prefix(checkpoint_key(checkpoint_id))
+        try:
+            with self.backend.lock():
+                doomed = self._prune_candidates(keep)
+                for checkpoint_id in doomed:
+                    self.backend.delete_prefix(checkpoint_key(checkpoint_id))
+        except OSError as exc:
+            raise _unwritable(self.uri, "prune", exc) from exc
         if doomed:
             log.info("pruned %d checkpoint(s) from %s", len(doomed), self.uri)
         return doomed
@@ -427,9 +517,30 @@ def _targets_inside(manifest: Manifest, directory: str) -> dict[str, str]:
     return targets
 
 
+def step_went_back(step: int, newest: int, uri: str) -> ConfigError:
+    """The one line for a save whose step is below a checkpoint's the store holds."""
+    return ConfigError(f"checkpoint step {step} is below step {newest}, which {uri} already "
+                       "holds: steps must never go back (the new checkpoint would rank below "
+                       "the old ones, so latest() would skip it and pruning would delete "
+                       "it); pass a step that keeps growing across epochs and restarts, "
+                       "e.g. epoch * steps_per_epoch + step, or continue from the restored "
+                       "step (nothing was written)")
+
+
+def _unreadable(uri: str, key: str, exc: OSError) -> CheckpointError:
+    """A store that cannot be read (permissions, an I/O error) as one line naming the fix."""
+    return CheckpointError(f"could not read {key} in {uri}: {exc.strerror or exc}; check the "
+                           "store's permissions and disk (nothing was changed)",
+                           retryable=exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT))
+
+
+def _is_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def _unwritable(uri: str, what: str, exc: OSError) -> CheckpointError:
     """A full, read-only or unreachable store as one line that names the fix."""
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    full = _is_full(exc)
     fix = "free space on it" if full else "make it writable or point the store URI elsewhere"
     return CheckpointError(f"could not {what} in {uri}: {exc.strerror or exc}; {fix} (existing "
                            "checkpoints are untouched)", retryable=full)

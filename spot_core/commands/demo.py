@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from spot_core.errors import ConfigError
+from spot_core.safe_files import check_target, write_bytes
 
 ENGINES = ("none", "airflow", "prefect")
 PROVIDERS = ("local", "kubernetes")
@@ -43,6 +44,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from spot_core.demo.pipeline import DemoConfig
 
+    _check_workdir(args.workdir)
     if args.provider == "kubernetes" and args.engine == "none":
         return _run_kubernetes_demo(args)
     if args.engine != "none":
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"record {args.workdir / RECORD_FILE}  (spot-pipelines report it --html "
               "report.html)", flush=True)
     if args.json:
-        print(json.dumps(demo_json(report)), flush=True)
+        print(json.dumps(demo_json(report), allow_nan=False), flush=True)
     return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
 
 
@@ -97,7 +99,7 @@ def _run_kubernetes_demo(args: argparse.Namespace) -> int:
             report = run_demo(Path(tmp), cfg, listener)
     _print_report(report)
     if args.json:
-        print(json.dumps(demo_json(report)), flush=True)
+        print(json.dumps(demo_json(report), allow_nan=False), flush=True)
     return 0 if report.final_weights_sha256 == report.uninterrupted_weights_sha256 else 1
 
 
@@ -141,7 +143,7 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
     # engine's heap (Airflow's took 4 s at exit on a loaded 2-core machine, 0.25 s frozen).
     gc.freeze()
     if args.json:
-        print(json.dumps(report), flush=True)
+        print(json.dumps(report, allow_nan=False), flush=True)
     return 0 if report["final_weights_sha256"] == report["uninterrupted_weights_sha256"] else 1
 
 
@@ -182,8 +184,15 @@ def _run_live(workdir: Path, cfg):
 
 def _kept(workdir: Path, report):
     """The job's record beside its checkpoints, for `spot-pipelines report`."""
-    (workdir / RECORD_FILE).write_text(report.record.to_json() + "\n")
+    write_bytes(workdir / RECORD_FILE, report.record.to_json() + "\n", what="demo record")
     return report
+
+
+def _check_workdir(workdir: Path | None) -> None:
+    """Before the pipeline runs: the record it ends with must be writable there (a folder,
+    a FIFO or a link at WORKDIR/record.json is one line now, not after minutes of work)."""
+    if workdir is not None and workdir.is_dir():
+        check_target(workdir / RECORD_FILE, what="demo record")
 
 
 def _header(cfg) -> str:

@@ -4,19 +4,23 @@ RECORD.json is the JobRecord JSON that `spot-pipelines run --json` ends with (it
 output works too: the last line is the record), the demo's `record.json`, or a record
 read out of Airflow's XCom or a Prefect artifact; `-` reads standard input. The tables go
 to the terminal; ``--html FILE`` also writes one self-contained page with the SVG charts.
+The page replaces a regular file only, never RECORD.json itself (``spot_core.safe_files``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord
+from spot_core.safe_files import check_target, read_stream, read_text, write_bytes
+
+# A record of 100 attempts is 50 KB; `run --json`'s whole output with its event lines
+# stays far below this. More is not a record, and is never read into memory.
+MAX_RECORD_BYTES = 64 << 20
 
 
 def register(subparsers) -> None:
@@ -33,11 +37,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from spot_core.report import html_page, print_record
 
+    inputs = [0] if args.record == "-" else [args.record]
+    if args.html is not None:  # before reading: a page that may not be written is one line
+        check_target(args.html, inputs=inputs, what="--html")
     record = read_record(args.record)
     page = html_page(record) if args.html is not None else None
     print_record(record)
     if page is not None:
-        write_page(args.html, page)
+        write_bytes(args.html, page, inputs=inputs, what="--html")
         print(f"wrote {args.html}", flush=True)
     return 0
 
@@ -45,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def read_record(source: str) -> JobRecord:
     """The record in ``source`` (a path or ``-``): a JSON object, or text whose last
     non-empty line is one (`run --json`'s whole output)."""
-    text = sys.stdin.read() if source == "-" else _read_file(source)
+    text = _read_stdin() if source == "-" else _read_file(source)
     where = "standard input" if source == "-" else source
     if not text.strip():
         raise ConfigError(f"{where} is empty; pass the JobRecord JSON that "
@@ -76,10 +83,18 @@ def _record(text: str) -> JobRecord:
     return JobRecord.from_dict(data)
 
 
-def _read_file(source: str) -> str:
-    path = Path(source)
+def _read_stdin() -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return read_stream(sys.stdin.buffer, limit=MAX_RECORD_BYTES).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("standard input is not UTF-8 text; pass a JobRecord JSON") from None
+
+
+def _read_file(source: str) -> str:
+    """The file's text: a regular file of at most MAX_RECORD_BYTES (a FIFO, a device such
+    as /dev/zero or a socket is one line, never a read that blocks or does not end)."""
+    try:
+        return read_text(source, limit=MAX_RECORD_BYTES, what="RECORD.json")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file; pass the path of a JobRecord JSON file "
                           "(`spot-pipelines run --json ... > record.json`) or - for stdin") \
@@ -91,27 +106,3 @@ def _read_file(source: str) -> str:
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read it ({exc.strerror}); pass a readable "
                           "JobRecord JSON file") from None
-
-
-def write_page(path: Path, page: str) -> None:
-    """Write ``page`` whole or not at all: a temporary file beside ``path``, renamed over
-    it, so a failure never leaves a half page where an older report was."""
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ConfigError(f"--html {path}: folder {folder} does not exist; create it or "
-                          "choose another path")
-    if path.is_dir():
-        raise ConfigError(f"--html {path} is a folder; give a file name such as report.html")
-    try:
-        fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    except OSError as exc:
-        raise ConfigError(f"--html {path}: cannot write in {folder} ({exc.strerror}); "
-                          "choose a writable folder") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(page)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise

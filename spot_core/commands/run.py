@@ -32,6 +32,9 @@ def register(subparsers) -> None:
                         "(default: the shipped AWS V100 excerpt)")
     parser.add_argument("--prices", type=Path, default=None, help="local provider: per-tick "
                         "spot price file {zone: [...]} for CSV traces")
+    parser.add_argument("--on-demand-price", type=float, default=None, metavar="P",
+                        help="local provider: on-demand $/h for traces that carry none "
+                        "(default: the trace's, else 3.06 for the V100 traces)")
     parser.add_argument("--time-scale", type=float, default=3600.0, help="local provider: trace "
                         "seconds per wall second (default 3600: one trace hour per second)")
     parser.add_argument("--start-tick", type=int, default=0, help="local provider: trace tick "
@@ -176,14 +179,23 @@ def _provider(args: argparse.Namespace, settings):
         return _ec2_provider(args)
     if settings.provider == "kubernetes":
         return _kubernetes_provider(args)
-    from spot_core.market.fixtures import default_traces
+    from spot_core.market.fixtures import fixture_prices_path, fixture_trace_paths
     from spot_core.market.trace import load_traces
+    from spot_core.model import MAX_PRICE_PER_HOUR
     from spot_core.providers.local import LocalProvider
 
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):
         raise ConfigError(f"--time-scale must be a finite number > 0 (trace seconds per wall "
                           f"second), got {args.time_scale}; e.g. --time-scale 3600")
-    traces = load_traces(args.trace, prices=args.prices) if args.trace else default_traces()
+    od = args.on_demand_price
+    if od is not None and not (math.isfinite(od) and 0 < od <= MAX_PRICE_PER_HOUR):
+        raise ConfigError(f"--on-demand-price must be a finite $/h > 0 and at most "
+                          f"{MAX_PRICE_PER_HOUR:,.0f}, got {od}; e.g. --on-demand-price 3.06")
+    if args.trace:
+        traces = load_traces(args.trace, prices=args.prices, on_demand_price=od)
+    else:
+        traces = load_traces(fixture_trace_paths(), prices=fixture_prices_path(),
+                             on_demand_price=od)
     ticks = min(t.n_ticks for t in traces)
     if not 0 <= args.start_tick < ticks:
         raise ConfigError(f"--start-tick {args.start_tick} is outside the traces' {ticks} "
@@ -277,4 +289,4 @@ def _pools(provider, wanted: list[str] | None):
 
 
 def record_json(record) -> str:
-    return json.dumps(record.summary())
+    return json.dumps(record.summary(), allow_nan=False)

@@ -89,5 +89,5 @@ def run(args: argparse.Namespace) -> int:
     starts = args.start_tick or random_starts(replay.n_ticks, replay.deadline_ticks(job),
                                               args.windows, args.seed)
     report = simulate(replay, job, args.policy, starts)
-    print(json.dumps(report.to_dict()))
+    print(json.dumps(report.to_dict(), allow_nan=False))
     return 0

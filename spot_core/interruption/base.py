@@ -65,7 +65,7 @@ class Notice:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_event(), sort_keys=False)
+        return json.dumps(self.to_event(), sort_keys=False, allow_nan=False)
 
 
 @runtime_checkable

@@ -1,21 +1,22 @@
 """The notice file: how a step that cannot poll metadata learns of an interruption.
 
 The watcher writes the notice's JSON event there (temp file + rename, so a reader sees
-the old file or the whole new one, never half of it); the step reads it, typically on
-SIGTERM or between training steps. The path travels in ``SPOT_NOTICE_FILE``.
+the old file or the whole new one, never half of it; only a regular file is replaced,
+``spot_core.safe_files``); the step reads it, typically on SIGTERM or between training
+steps. A reader never blocks on it: a FIFO or device there is refused, not opened. The path travels in ``SPOT_NOTICE_FILE``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from spot_core import attempt_env
 from spot_core.errors import ConfigError
 from spot_core.interruption.base import Notice
+from spot_core.safe_files import read_bytes, write_bytes
 
 NOTICE_EVENTS = ("interruption", "rebalance")
 _MAX_NOTICE_BYTES = 64 * 1024  # an event is ~200 bytes; anything far bigger is someone's file
@@ -24,12 +25,10 @@ _MAX_NOTICE_BYTES = 64 * 1024  # an event is ~200 bytes; anything far bigger is 
 def is_notice_file(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a regular file holding one event a watcher wrote (so replacing
     or removing it loses nothing of the user's)."""
-    target = Path(path)
     try:
-        if not target.is_file() or target.stat().st_size > _MAX_NOTICE_BYTES:
-            return False
-        doc = json.loads(target.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        doc = json.loads(read_bytes(path, limit=_MAX_NOTICE_BYTES, what="notice file",
+                                    follow_symlinks=False))
+    except (OSError, ValueError, RecursionError):  # UnsafeFile is a ValueError
         return False
     return isinstance(doc, dict) and doc.get("event") in NOTICE_EVENTS and "detected_at" in doc
 
@@ -58,15 +57,8 @@ def write_notice(path: str | os.PathLike[str], notice: Notice) -> None:
     """Atomically replace ``path`` with the notice's event JSON."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(notice.to_event(), handle)
-            handle.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(target, json.dumps(notice.to_event(), allow_nan=False) + "\n",
+                what="notice file")
 
 
 def read_notice(path: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
@@ -75,6 +67,8 @@ def read_notice(path: str | os.PathLike[str] | None = None) -> dict[str, Any] | 
     if not chosen:
         return None
     try:
-        return json.loads(Path(chosen).read_text(encoding="utf-8"))
+        data = read_bytes(chosen, limit=_MAX_NOTICE_BYTES, what="notice file",
+                          follow_symlinks=False)
     except FileNotFoundError:
         return None
+    return json.loads(data)

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from spot_core.errors import ConfigError
+from spot_core.safe_files import read_text
 
 HOURS_PER_MONTH = 730.0
+MAX_FEED_BYTES = 64 << 20  # the whole feed is about 1 MB
 """AWS's billing month; the advisor's frequencies are per trailing month."""
 
 STANDARD_RANGES: tuple[Mapping[str, Any], ...] = (
@@ -173,7 +175,7 @@ def load_advisor(path: str | Path | Mapping[str, Any] | None = None) -> SpotAdvi
         return parse_advisor(path, "<dict>")
     file = Path(path) if path is not None else default_advisor_path()
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(read_text(file, limit=MAX_FEED_BYTES, what="spot advisor file"))
     except UnicodeDecodeError:
         raise ConfigError(f"spot advisor file {file} is not UTF-8 text; download the feed "
                           "again") from None

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from spot_core.errors import ConfigError
-from spot_core.model import Market, Offer, Pool
+from spot_core.model import MAX_PRICE_PER_HOUR, Market, Offer, Pool
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +156,15 @@ def check_prices(prices: Any) -> dict[str, dict[str, float]]:
         if not isinstance(entry, Mapping) or not entry or set(entry) - {"spot", "on_demand"} \
                 or not all(_is_price(v) for v in entry.values()):
             raise ConfigError(f"kubernetes provider option prices[{name!r}]={value!r} must be "
-                              "a price in $/h >= 0 or {'spot': 0.12, 'on_demand': 0.38}")
+                              f"a price in $/h from 0 to {MAX_PRICE_PER_HOUR:,.0f} or "
+                              "{'spot': 0.12, 'on_demand': 0.38}")
         out[str(name)] = {k: float(v) for k, v in entry.items()}
     return out
 
 
 def _is_price(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and value >= 0
+        and math.isfinite(value) and 0 <= value <= MAX_PRICE_PER_HOUR
 
 
 @dataclass

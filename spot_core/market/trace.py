@@ -27,6 +27,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from spot_core.errors import ConfigError
+from spot_core.model import MAX_PRICE_PER_HOUR
+from spot_core.safe_files import check_regular, read_text
 
 CSV_TICK_SECONDS = 195.0
 """Nominal tick of the AWS V100 CSV traces; used when a file has too few rows to measure."""
@@ -39,6 +41,8 @@ INSTANCE_TYPES = {"v100": "p3.2xlarge", "h100": "a3-highgpu-8g"}
 """Accelerator hints in trace file names -> the instance type they were measured on."""
 
 PRICES_FILE = "spot_prices.json"
+# A year of 195 s ticks is about 4 MB of CSV; more is not a trace, and is never read whole.
+MAX_TRACE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,6 +68,10 @@ class ZoneTrace:
             if not _positive_number(value):
                 raise ConfigError(f"trace {self.name}: {what} must be a finite number > 0, "
                                   f"got {value!r}; check the file")
+        if self.on_demand_price > MAX_PRICE_PER_HOUR:
+            raise ConfigError(f"trace {self.name}: on_demand_price {self.on_demand_price:g} "
+                              f"is above {MAX_PRICE_PER_HOUR:,.0f} $/h, no instance's price; "
+                              "check the file")
         available.setflags(write=False)
         price.setflags(write=False)
         object.__setattr__(self, "available", available)
@@ -134,10 +142,11 @@ def price_array(values: Any, where: str) -> np.ndarray:
         raise ConfigError(f"{where} must be a list of $/h numbers, got {type(items).__name__}")
     items = list(items)
     bad = next((v for v in items if isinstance(v, bool) or not isinstance(
-        v, (int, float, np.number)) or not math.isfinite(v) or v < 0), None)
+        v, (int, float, np.number)) or not math.isfinite(v) or not 0 <= v <= MAX_PRICE_PER_HOUR),
+        None)
     if bad is not None or any(v is None for v in items):
         raise ConfigError(f"{where} hold {_as_json(bad)}; every price must be a finite number "
-                          "of $/h >= 0; check the file")
+                          f"of $/h from 0 to {MAX_PRICE_PER_HOUR:,.0f}; check the file")
     return np.asarray(items, dtype=float)
 
 
@@ -170,9 +179,10 @@ def load_trace(path: str | Path, *, prices: Any = None,
     carry their own prices; ``prices`` overrides them when it names the zone.
     """
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise ConfigError(f"trace file {file} does not exist; pass a path from "
                           "the repository's traces/ or spot_core.market.fixture_trace_paths()")
+    check_regular(file, what="trace file")  # a FIFO or /dev/zero: one line, never read
     suffix = file.suffix.lower()
     if suffix == ".csv":
         return _load_csv(file, prices, on_demand_price)
@@ -232,10 +242,12 @@ def _csv_tick(times: np.ndarray) -> float:
     return CSV_TICK_SECONDS if abs(median / CSV_TICK_SECONDS - 1) <= 0.02 else median
 
 
-def _read_text(file: Path) -> str:
-    """The file as UTF-8 text; a binary or differently encoded file is one clear line."""
+def _read_text(file: Path, what: str = "trace file") -> str:
+    """The file as UTF-8 text; a binary or differently encoded file is one clear line, and
+    so is anything but a regular file of at most MAX_TRACE_BYTES (a FIFO would block the
+    read, /dev/zero would never end it)."""
     try:
-        return file.read_text(encoding="utf-8")
+        return read_text(file, limit=MAX_TRACE_BYTES, what=what)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{file} is not UTF-8 text (byte {exc.start} cannot be decoded); "
                           "pass a CSV or JSON trace, not a binary file") from None
@@ -305,9 +317,9 @@ def _json_prices(file: Path, data: Mapping[str, Any], info: Mapping[str, Any],
 
 
 # -- prices ---------------------------------------------------------------------------------
-def _read_json(file: Path) -> dict[str, Any]:
+def _read_json(file: Path, what: str = "trace file") -> dict[str, Any]:
     try:
-        data = json.loads(_read_text(file))
+        data = json.loads(_read_text(file, what))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{file} is not valid JSON ({exc}); check the file") from exc
     if not isinstance(data, dict):
@@ -316,7 +328,7 @@ def _read_json(file: Path) -> dict[str, Any]:
 
 
 def _read_prices(path: str | Path) -> dict[str, Sequence[float]]:
-    return _read_json(Path(path))
+    return _read_json(Path(path), "price file")
 
 
 def _as_price_table(prices: Any) -> Mapping[str, Sequence[float]]:
@@ -353,15 +365,16 @@ def _on_demand(given: float | None, from_file: Any, stem: str) -> float:
     for value, where in ((given, "on_demand_price"), (from_file, "price_info.on_demand_price")):
         if value is None:
             continue
-        if not _positive_number(value):
-            raise ConfigError(f"trace {stem}: {where} must be a finite number of $/h > 0, got "
-                              f"{value!r}")
+        if not _positive_number(value) or value > MAX_PRICE_PER_HOUR:
+            raise ConfigError(f"trace {stem}: {where} must be a finite number of $/h > 0 and "
+                              f"at most {MAX_PRICE_PER_HOUR:,.0f}, got {value!r}")
         return float(value)
     hint = stem.split("_")[1] if "_" in stem else stem
     if hint in DEFAULT_ON_DEMAND:
         return DEFAULT_ON_DEMAND[hint]
-    raise ConfigError(f"trace {stem} carries no on-demand price; pass on_demand_price= "
-                      "(or --on-demand-price) in $/h")
+    raise ConfigError(f"trace {stem} carries no on-demand price; pass its $/h: "
+                      "--on-demand-price P to `run` or `simulate`, the local provider "
+                      "option on_demand_price, or on_demand_price= to load_trace")
 
 
 def _posix(value: Any, where: str = "a timestamp") -> float | None:

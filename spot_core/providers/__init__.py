@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from spot_core.errors import ConfigError
+from spot_core.model import MAX_PRICE_PER_HOUR
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus, Provider
 
 OptionCheck = Callable[[Mapping[str, Any], Sequence[str]], None]
@@ -168,6 +169,11 @@ def _check_local_value(name: str, value: Any) -> None:
     if name == "start_tick" and not (number and isinstance(value, int) and value >= 0):
         raise ConfigError(f"local provider option start_tick={value!r} must be a whole "
                           "number >= 0 (a row of the traces)")
+    if name == "on_demand_price" and not (number and math.isfinite(value)
+                                          and 0 < value <= MAX_PRICE_PER_HOUR):
+        raise ConfigError(f"local provider option on_demand_price={value!r} must be a finite "
+                          f"$/h > 0 and at most {MAX_PRICE_PER_HOUR:,.0f} (the traces' "
+                          "on-demand price, e.g. 3.06)")
     if name in ("url", "prices", "workdir") and not (isinstance(value, str) and value.strip()):
         raise ConfigError(f"local provider option {name}={value!r} must be a non-empty string")
     if name == "url" and not value.startswith(("http://", "https://")):

@@ -134,7 +134,7 @@ def write_report(*, exit_code: int | None, notice_at: float | None, ended_at: fl
     doc = {"job_id": env.job_id, "attempt": env.attempt, "exit_code": exit_code,
            "notice_at": notice_at, "ended_at": ended_at}
     store = open_store(env.checkpoint_uri)
-    store.put_object(status_key(env.attempt), json.dumps(doc).encode())
+    store.put_object(status_key(env.attempt), json.dumps(doc, allow_nan=False).encode())
     return doc
 
 

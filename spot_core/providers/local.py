@@ -69,25 +69,31 @@ class LocalProvider:
     def from_options(cls, *, url: str | None = None, traces: Sequence[str] | None = None,
                      prices: str | None = None, time_scale: float = DEFAULT_TIME_SCALE,
                      start_tick: int = 0, workdir: str | None = None,
-                     watch_poll_interval: float = WATCH_POLL_INTERVAL) -> LocalProvider:
+                     watch_poll_interval: float = WATCH_POLL_INTERVAL,
+                     on_demand_price: float | None = None) -> LocalProvider:
         """From plain options: a server's ``url`` (or ``$SPOT_LOCAL_CLOUD_URL``; its token
         from the server's ``workdir`` or ``$SPOT_LOCAL_CLOUD_TOKEN``), else a cloud in this
         process replaying ``traces`` (paths; default the shipped excerpt) in ``workdir``.
         ``watch_poll_interval``: how often each lease's watcher polls its metadata endpoint,
         in seconds (default 0.1, for a compressed trace whose notice may last a second of
         wall time; about 1 at ``time_scale`` 1, a fifth of the watcher's cost).
+        ``on_demand_price``: $/h of on-demand capacity for traces that carry none (a CSV
+        trace of another instance type than the shipped V100s').
         """
         url = url or os.environ.get(LOCAL_CLOUD_URL)
         if url:
             return cls.connect(url, workdir=workdir, watch_poll_interval=watch_poll_interval)
         from spot_core.market.trace import load_traces
 
-        loaded = None if not traces else load_traces(traces, prices=prices)
+        loaded = None if not traces else load_traces(traces, prices=prices,
+                                                     on_demand_price=on_demand_price)
         provider = cls.from_traces(loaded, time_scale=time_scale, start_tick=start_tick,
                                    workdir=workdir, watch_poll_interval=watch_poll_interval)
         provider.options.update({"traces": list(traces or []), "prices": prices,
                                  "time_scale": time_scale, "start_tick": start_tick,
                                  "workdir": str(provider.cloud.workdir)})
+        if on_demand_price is not None:
+            provider.options["on_demand_price"] = on_demand_price
         return provider
 
     @classmethod

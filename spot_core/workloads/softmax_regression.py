@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import sys
 import time
@@ -28,6 +29,9 @@ import numpy as np
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.errors import SpotError
+from spot_core.safe_files import read_bytes, write_bytes
+
+MAX_DATASET_BYTES = 1 << 30  # the demo's data set is about 1 MB
 
 STATE_FILE = "state.npz"
 
@@ -68,13 +72,16 @@ def prepare_dataset(cfg: TrainConfig, path: Path) -> Path:
     """The pipeline's first step: write the data set where every later step can read it."""
     x_train, y_train, x_test, y_test = make_dataset(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as handle:
-        np.savez(handle, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    buffer = io.BytesIO()
+    np.savez(buffer, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    write_bytes(path, buffer.getbuffer(), what="data set")  # whole, over a regular file only
     return path
 
 
 def load_dataset(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
+    """The data set at ``path``: a regular file (a FIFO there would block the step)."""
+    raw = read_bytes(path, limit=MAX_DATASET_BYTES, what="data set")
+    with np.load(io.BytesIO(raw), allow_pickle=False) as data:
         return data["x_train"], data["y_train"], data["x_test"], data["y_test"]
 
 
@@ -210,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
         print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
         return code
-    text = json.dumps(result.__dict__)
+    text = json.dumps(result.__dict__, allow_nan=False)
     if args.result is not None:
-        args.result.write_text(text)
+        write_bytes(args.result, text, inputs=[args.data] if args.data else [], what="--result")
     print(text, flush=True)
     return 0
 

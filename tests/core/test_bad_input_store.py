@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -77,6 +78,8 @@ BAD_MANIFESTS = {
     "dotdot file name": _with_files("../../escape.bin"),
     "absolute file name": _with_files("/etc/escape.bin"),
     "newline in file name": _with_files("model\n.bin"),
+    "U+0085 in file name": _with_files("model\x85.bin"),
+    "bidi override in file name": _with_files("model\u202enib.exe"),
     "backslash file name": _with_files("..\\escape.bin"),
     "empty file name": _with_files(""),
     "very long file name": _with_files("x" * 300),
@@ -187,6 +190,86 @@ def test_a_corrupt_heartbeat_reads_as_no_beat(store, data) -> None:
     assert store.latest().step == 1
 
 
+# -- objects that are no regular file, or too large to be what a writer made ---------------
+# A FIFO with no writer blocks open() for ever, /dev/zero never ends a read, a sparse file
+# of a TiB costs nothing to make: each used to hang latest(), save() or fence() while the
+# attempt's lease billed. Each is now a corrupt object: skipped, or an error for load.
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _zero_link(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _link_elsewhere(path: Path) -> None:
+    other = path.parent / ".." / "elsewhere"
+    other.write_bytes(b"not an object of this store")
+    path.symlink_to(other.resolve())
+
+
+def _device(path: Path) -> None:
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # /dev/zero's numbers
+
+
+def _huge(path: Path) -> None:
+    with open(path, "wb") as fh:
+        fh.truncate(1 << 40)  # sparse: a TiB that takes no disk (and hours to hash)
+
+
+NOT_OBJECTS = {"fifo": _fifo, "symlink to /dev/zero": _zero_link,
+               "symlink elsewhere": _link_elsewhere, "char device": _device,
+               "a sparse TiB": _huge}
+
+
+def _replace(path: Path, make) -> None:
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    make(path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(NOT_OBJECTS))
+@pytest.mark.parametrize("which", ["payload", "manifest"])
+def test_a_payload_or_manifest_that_is_no_file_is_skipped_and_never_blocks(store, kind,
+                                                                          which) -> None:
+    ref = store.save(2, {"model.bin": b"newer"})
+    folder = Path(store.backend.root) / "checkpoints" / ref.checkpoint_id
+    _replace(folder / ("model.bin" if which == "payload" else "MANIFEST.json"), NOT_OBJECTS[kind])
+    assert store.latest().step == 1, "the newer checkpoint is skipped as corrupt"
+    with pytest.raises(CorruptCheckpoint):
+        store.load(ref)
+    with pytest.raises(CorruptCheckpoint):
+        store.load_to_dir(ref, folder.parent.parent.parent / "restored")
+    store.fence(2)
+    assert store.save(3, GOOD, attempt=2).step == 3
+    store.prune(keep=1)
+    assert store.load(store.latest()) == GOOD
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(NOT_OBJECTS))
+def test_a_fence_that_is_no_file_blocks_nothing_and_the_next_fence_replaces_it(store,
+                                                                            kind) -> None:
+    _replace(Path(store.backend.root) / FENCE_KEY, NOT_OBJECTS[kind])
+    assert store.latest().step == 1
+    assert store.save(2, GOOD).step == 2
+    store.fence(3)
+    assert store.fence_level() == 3
+    assert (Path(store.backend.root) / FENCE_KEY).is_file()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(NOT_OBJECTS))
+def test_a_heartbeat_that_is_no_file_reads_as_no_beat(store, kind) -> None:
+    path = Path(store.backend.root) / HEARTBEAT_KEY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _replace(path, NOT_OBJECTS[kind])
+    assert Heartbeat(store).read() is None
+    assert Heartbeat(store).renew(attempt=1, now=1.0).sequence == 1  # and is replaced
+    assert Heartbeat(store).read().attempt == 1
+
+
 @pytest.mark.parametrize("data,expected", [
     (None, {}), (b"garbage", {}), (b"[1, 2]", {}), (b"[" * 100_000, {}),
     (b'{"exit_code": "0", "ended_at": NaN}', {}),
@@ -200,11 +283,25 @@ def test_a_corrupt_status_report_keeps_only_well_typed_fields(data, expected) ->
     assert parse_report(data) == expected
 
 
-@pytest.mark.parametrize("name", ["a\nb.bin", "x" * 256])
+@pytest.mark.parametrize("name", [
+    "a\nb.bin", "x" * 256,
+    # Unicode control (Cc), format (Cf: bidi overrides and isolates, zero-width) and
+    # line/paragraph separators: documented as refused, they used to pass
+    "next\x85line.bin", "model\u202enib.exe", "rtl\u2067.bin", "line\u2028sep.bin",
+    "para\u2029sep.bin", "zero\u200bwidth.bin", "bom\ufeff.bin", "c1\x9b.bin",
+], ids=repr)
 def test_odd_payload_names_are_refused_on_save(store, name) -> None:
     with pytest.raises(ConfigError, match="payload name"):
         store.save(5, {name: b"x"})
     assert store.latest().step == 1
+    assert [p.name for p in (Path(store.backend.root) / "checkpoints").iterdir()] == \
+        [store.latest().checkpoint_id], "nothing was written"
+
+
+@pytest.mark.parametrize("name", ["ü-model.bin", "日本語/重み.bin", "emoji-\U0001f600.bin"])
+def test_printable_unicode_payload_names_still_save_and_load(store, name) -> None:
+    ref = store.save(5, {name: b"x"})
+    assert store.load(store.latest()) == {name: b"x"} and store.latest() == ref
 
 
 def test_metadata_too_deep_to_read_back_is_refused_on_save(store) -> None:
@@ -267,3 +364,67 @@ def test_fence_on_an_unwritable_store_is_one_clear_error(tmp_path, mode, fix) ->
     assert fix in result["message"] and "\n" not in result["message"]
     assert result["retryable"] is (mode == "full")
     assert result["intact"] and result["fence_kept"] and result["leftovers"] == []
+
+
+# Every other operation that writes, on the same real full and read-only file systems: each
+# used to end in a raw OSError (a traceback from the CLI, an unclassified failure in a step).
+UNWRITABLE_OPS = textwrap.dedent("""
+    import json, os, subprocess, sys
+    from spot_core.checkpoint import open_store
+    from spot_core.errors import CheckpointError
+    mount, mode, op = sys.argv[1], sys.argv[2], sys.argv[3]
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mount], check=True)
+    store = open_store(f"file://{mount}/store")
+    refs = [store.save(step, {"model.bin": b"good" * 100}) for step in (1, 2, 3)]
+    store.put_object("status/attempt-000001.json", b"{}")
+    os.makedirs(f"{mount}/restore")
+    if mode == "full":
+        try:
+            with open(f"{mount}/filler", "wb") as fh:
+                while True:
+                    fh.write(b"x" * 4096); fh.flush()
+        except OSError:
+            pass
+    else:
+        subprocess.run(["mount", "-o", "remount,ro", mount], check=True)
+    ops = {
+        "prune": lambda: store.prune(keep=1),
+        "put_object": lambda: store.put_object("status/attempt-000002.json", b"x" * 300_000),
+        "delete_object": lambda: store.delete_object("status/attempt-000001.json"),
+        "load_to_dir": lambda: store.load_to_dir(refs[-1], f"{mount}/restore"),
+    }
+    try:
+        ops[op]()
+        result = {"raised": None}
+    except CheckpointError as exc:
+        result = {"raised": type(exc).__name__, "message": str(exc), "retryable": exc.retryable}
+    except BaseException as exc:
+        result = {"raised": type(exc).__name__, "message": str(exc), "raw": True}
+    result["intact"] = [store.load(r) for r in store.list()] == [{"model.bin": b"good" * 100}] * 3
+    result["leftovers"] = sorted(n for _, _, names in os.walk(mount) for n in names
+                                 if n.startswith(".spot-tmp"))
+    print(json.dumps(result))
+""")
+
+
+@pytest.mark.parametrize("mode,op", [("read-only", "prune"), ("read-only", "put_object"),
+                                     ("read-only", "delete_object"), ("read-only", "load_to_dir"),
+                                     ("full", "put_object"), ("full", "load_to_dir")])
+def test_every_write_to_an_unwritable_store_is_one_clear_error(tmp_path, mode, op) -> None:
+    if shutil.which("unshare") is None:
+        pytest.fail("this test needs util-linux 'unshare' (apt-get install util-linux)")
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    script = tmp_path / "unwritable_ops.py"
+    script.write_text(UNWRITABLE_OPS)
+    done = subprocess.run(["unshare", "-rm", sys.executable, str(script), str(mount), mode, op],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["raised"] == "CheckpointError", result
+    fix = "free space" if mode == "full" else "writable"
+    assert fix in result["message"] and "\n" not in result["message"], result
+    assert result["retryable"] is (mode == "full")
+    assert result["intact"] and result["leftovers"] == []
+

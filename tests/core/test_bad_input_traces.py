@@ -6,6 +6,7 @@ Each row starts from a valid file (the first test shows it loads) and breaks one
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -62,6 +63,10 @@ ROWS = [
     ("prices-infinity", ".csv", csv_text().encode(), dumps({STEM: [float("inf")] * TICKS}),
      "price"),
     ("prices-negative", ".csv", csv_text().encode(), dumps({STEM: [-0.5] * TICKS}), "price"),
+    # finite but absurd: 1e308 $/h made the record's cost Infinity (`run --json` wrote it,
+    # `report` then refused it)
+    ("prices-huge", ".csv", csv_text().encode(), dumps({STEM: [1e308] * TICKS}),
+     "from 0 to 100,000"),
     ("prices-null", ".csv", csv_text().encode(), dumps({STEM: [None] * TICKS}), "price"),
     ("prices-not-a-list", ".csv", csv_text().encode(), dumps({STEM: {"a": 1}}), "list"),
     ("prices-a-list", ".csv", csv_text().encode(), dumps([0.9] * TICKS), "object"),
@@ -88,6 +93,10 @@ ROWS = [
      None, "on_demand_price"),
     ("on-demand-infinity", ".json",
      dumps(json_trace(price_info={"on_demand_price": float("inf")})), None, "on_demand_price"),
+    ("on-demand-huge", ".json", dumps(json_trace(price_info={"on_demand_price": 1e308})),
+     None, "on_demand_price"),
+    ("json-prices-huge", ".json", dumps(json_trace(prices=[1e300] * TICKS)), None,
+     "from 0 to 100,000"),
     ("price-info-text", ".json", dumps(json_trace(price_info="cheap")), None, "price_info"),
     ("metadata-list", ".json", dumps({"metadata": [1], "data": [0] * TICKS}), None,
      "metadata"),
@@ -153,6 +162,68 @@ def test_a_bad_trace_or_price_file_is_one_clear_line(tmp_path, suffix, trace, pr
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
+
+
+def _fifo(path):
+    os.mkfifo(path)
+
+
+def _zero(path):
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("kind, words", [(_fifo, "FIFO"), (_zero, "character device")],
+                         ids=["fifo", "dev-zero"])
+@pytest.mark.parametrize("which", ["trace", "prices"])
+def test_a_trace_or_price_file_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path, kind,
+                                                                             words, which):
+    """A FIFO blocked the read for ever, /dev/zero never ended it (and the trace loader
+    called a FIFO trace "does not exist")."""
+    trace_path, prices_path = write_row(tmp_path, ".csv", csv_text().encode(), GOOD_PRICES)
+    odd = trace_path if which == "trace" else prices_path
+    odd.unlink()
+    kind(odd)
+    with pytest.raises(ConfigError, match=words):
+        load_traces([trace_path], prices=prices_path)
+    for command in ("simulate", "run"):
+        proc = cli(command, trace_path, prices_path, tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and str(odd) in lines[0]
+
+
+def test_a_csv_trace_without_an_on_demand_price_names_a_flag_run_has(tmp_path):
+    """The loader told `run` users to pass --on-demand-price, which `run` did not have."""
+    trace_path = tmp_path / "zone-a.csv"  # no instance type in the name: no list price
+    trace_path.write_text(csv_text())
+    prices_path = tmp_path / "prices.json"
+    prices_path.write_bytes(dumps({"zone-a": [0.9] * TICKS}))
+    for command in ("run", "simulate"):
+        proc = cli(command, trace_path, prices_path, tmp_path)
+        assert proc.returncode == 2 and "--on-demand-price" in proc.stderr, proc.stderr
+    base = [sys.executable, "-m", "spot_core.cli"]
+    done = subprocess.run([*base, "run", "--trace", str(trace_path), "--prices",
+                           str(prices_path), "--on-demand-price", "2.5", "--json", "--",
+                           "true"], capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["status"] == "succeeded" and record["ledger"]["on_demand_equivalent"] > 0
+    from spot_core.providers import check_provider, open_provider
+
+    with pytest.raises(ConfigError, match=r"on_demand_price=1e\+308 must be"):
+        check_provider("local", {"on_demand_price": 1e308})
+    provider = open_provider("local", traces=[str(trace_path)], prices=str(prices_path),
+                             on_demand_price=2.5, workdir=str(tmp_path / "cloud"))
+    try:  # the option every other surface (operator, block, worker) passes
+        assert provider.market.traces[0].on_demand_price == 2.5
+        assert provider.options["on_demand_price"] == 2.5
+    finally:
+        provider.cloud.shutdown()
+    done = subprocess.run([*base, "simulate", "--trace", str(trace_path), "--prices",
+                           str(prices_path), "--on-demand-price", "2.5", "--task-hours", "0.5",
+                           "--deadline-hours", "1", "--restart-overhead-hours", "0",
+                           "--windows", "1"], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0 and json.loads(done.stdout)["mean_cost"] > 0, done.stderr
 
 
 def test_a_history_passed_as_data_is_checked_the_same_way():

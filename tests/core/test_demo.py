@@ -117,6 +117,47 @@ def test_demo_on_a_terminal_shows_a_live_display_of_the_attempt_and_saving(tmp_p
     assert "(equal)" in text and f"record {tmp_path / 'record.json'}" in text
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "folder", "symlink"])
+def test_a_demo_record_path_that_is_no_regular_file_is_one_line_before_the_run(tmp_path,
+                                                                                kind):
+    """WORKDIR/record.json is written when the pipeline ends: a FIFO there used to hang
+    the demo after its whole run, a folder to end it in a traceback."""
+    record = tmp_path / "record.json"
+    if kind == "fifo":
+        os.mkfifo(record)
+    elif kind == "folder":
+        record.mkdir()
+    else:
+        (tmp_path / "mine.json").write_text("a user's file")
+        record.symlink_to(tmp_path / "mine.json")
+    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--workdir",
+                           str(tmp_path)], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "demo record" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["record.json"] + (["mine.json"] if kind == "symlink" else [])), "nothing ran"
+
+
+@pytest.mark.timeout(30)
+def test_the_data_set_step_never_blocks_on_a_fifo(tmp_path):
+    """The pipeline's first step writes WORKDIR/data/dataset.npz and the training step reads
+    it (``--data``): a FIFO there used to block either for ever."""
+    from spot_core.errors import ConfigError
+    from spot_core.workloads.softmax_regression import (TrainConfig, load_dataset,
+                                                        prepare_dataset)
+
+    fifo = tmp_path / "dataset.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="FIFO"):
+        prepare_dataset(TrainConfig(), fifo)
+    with pytest.raises(ConfigError, match="FIFO"):
+        load_dataset(fifo)
+    assert fifo.is_fifo()
+    data = prepare_dataset(TrainConfig(), tmp_path / "data" / "dataset.npz")
+    assert [len(a) for a in load_dataset(data)][::2] == [3200, 800]  # the 80/20 split
+
+
 def test_demo_rejects_unbuilt_engine_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--engine", "airflow"],
                           capture_output=True, text=True, timeout=60)

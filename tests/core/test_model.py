@@ -46,6 +46,16 @@ def test_json_round_trip_is_lossless():
     assert isinstance(again.attempts, tuple) and again.attempts[1].pool.market is Market.ON_DEMAND
 
 
+def test_a_record_never_writes_nan_or_infinity():
+    """`run --json` wrote a cost of Infinity that `report` (and every strict reader) then
+    refused; the record refuses to write one, naming the field."""
+    record = JobRecord(job_id="train-42", created_at=1.0)
+    record = record.start_attempt(Attempt(1, SPOT, 1000.0))
+    record = record.finish_attempt(_finished(1, SPOT, Outcome.SUCCEEDED, cost=float("inf")))
+    with pytest.raises(ConfigError, match=r"attempts\[0\]\.cost=inf"):
+        record.to_json()
+
+
 def test_counters_and_ledger_follow_outcomes():
     record = _record_with_history()
     assert record.status is JobStatus.SUCCEEDED
