@@ -133,9 +133,10 @@ class AirflowApi:
             time.sleep(2)
 
 
-def _start_prefect_run(stack: Stack) -> subprocess.Popen:
-    """The example flow deployed to the worker's pool from a container of the worker's
-    service, with the job variables a user of the stack gives."""
+def _start_prefect_run(stack: Stack, engine) -> subprocess.Popen:
+    """The example flow deployed to the worker's pool from inside the worker's container,
+    with the job variables a user of the stack gives. (The script goes in with `docker cp`:
+    docker-compose 1.29's `run` asks for legacy links, which podman's API refuses.)"""
     job_variables = {
         "provider": "local",
         "provider_options": {"url": "http://spot-cloud:8790", "workdir": "/var/lib/spot-cloud"},
@@ -144,12 +145,14 @@ def _start_prefect_run(stack: Stack) -> subprocess.Popen:
         "max_preemptions": 1,  # then on-demand: preemptions are tested elsewhere
     }
     parameters = {"workdir": "/tmp/spot-ml", "steps": 400, "step_seconds": 0.01}
-    script = Path(__file__).with_name("prefect_run.py")
-    argv = [_compose_program(), "-f", str(COMPOSE_FILE), "-p", stack.project, "run", "--rm",
-            "--no-deps", "-e", "PREFECT_LOGGING_LEVEL=WARNING", "-v",
-            f"{script}:/opt/spot-tests/prefect_run.py:ro", "prefect-worker", "python",
-            "/opt/spot-tests/prefect_run.py", "spot", "/opt/prefect/flows",
-            json.dumps(job_variables), json.dumps(parameters), str(RUN_TIMEOUT)]
+    worker = stack.container("prefect-worker")
+    copied = engine.docker("cp", str(Path(__file__).with_name("prefect_run.py")),
+                           f"{worker}:/tmp/prefect_run.py")
+    assert copied.returncode == 0, copied.stderr
+    argv = [_compose_program(), "-f", str(COMPOSE_FILE), "-p", stack.project, "exec", "-T",
+            "-e", "PREFECT_LOGGING_LEVEL=WARNING", "prefect-worker", "python",
+            "/tmp/prefect_run.py", "spot", "/opt/prefect/flows", json.dumps(job_variables),
+            json.dumps(parameters), str(RUN_TIMEOUT)]
     return subprocess.Popen(argv, env=stack.env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
@@ -171,9 +174,9 @@ def _sql(stack: Stack, database: str, query: str) -> str:
                       query).strip()
 
 
-def test_a_spot_dag_and_a_spot_flow_run_to_success_on_the_stack(stack):
+def test_a_spot_dag_and_a_spot_flow_run_to_success_on_the_stack(stack, engine):
     began = time.monotonic()
-    prefect = _start_prefect_run(stack)
+    prefect = _start_prefect_run(stack, engine)
     try:
         api = AirflowApi(stack.airflow_url)
         api.wait_for_dag(DAG_ID, timeout=240)
