@@ -31,12 +31,13 @@ def _run(engine, image: str, *command: str, entrypoint: str | None = None,
     return done.stdout
 
 
-def _config(engine, image: str) -> dict:
-    """The image's config (podman's own CLI there: its Docker API leaves out Healthcheck)."""
+def _config(engine, image: str, field: str = "") -> dict:
+    """The image's config, or one ``field`` of it (podman's own CLI for podman: its Docker
+    API leaves the healthcheck out)."""
     run = engine.podman if engine.kind == "podman" else engine.docker
-    done = run("image", "inspect", image, "--format", "{{json .Config}}")
+    done = run("image", "inspect", image, "--format", f"{{{{json .Config{field}}}}}")
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(done.stdout) or {}
 
 
 def test_airflow_lists_the_provider_and_parses_the_example_dags(engine, images):
@@ -88,9 +89,9 @@ def test_each_image_runs_as_the_shared_non_root_uid_and_keeps_no_dist(engine, im
 
 def test_images_that_serve_declare_a_healthcheck(engine, images):
     step, airflow, prefect = images.step, images.airflow, images.prefect
-    assert not (_config(engine, step).get("Healthcheck") or {}).get("Test")
+    assert not _config(engine, step, ".Healthcheck").get("Test")
     for image in (airflow, prefect):
-        check = _config(engine, image).get("Healthcheck") or {}
+        check = _config(engine, image, ".Healthcheck")
         assert check.get("Test") == ["CMD", "/opt/spot-pipelines/healthcheck"], (image, check)
 
 
