@@ -1,6 +1,7 @@
 # Two commands on a fresh machine with Python 3.11, pip and make:
 #   make demo    the main job (creates the environment it needs)
-#   make test    creates the engine environments and runs every test
+#   make test    creates the engine environments and runs every test (as root on Debian or
+#                Ubuntu it installs the system packages it needs: tests/system-packages)
 #
 # Airflow 3.3 and Prefect 3.9 cannot share one environment (disjoint FastAPI pins), so
 # there are three: core (engine-agnostic tests, the demo, PyTorch's CPU build), airflow and
@@ -21,7 +22,7 @@ ENGINE ?= none
 PROVIDER ?= local
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-core test-airflow test-prefect test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale envs clean lock
+.PHONY: demo images machine test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -32,25 +33,41 @@ DEMO_ENV := $(DEMO_ENV_$(ENGINE))
 demo: $(DEMO_ENV)/.synced
 	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE) --provider $(PROVIDER)
 
-test: test-core test-airflow test-prefect test-stack
+# The step, Airflow and Prefect images (localhost/spot-pipelines-*:dev) with the engine this
+# machine has (docker, podman or buildah); stand-in bases where the official ones cannot
+# be pulled. Skips every image whose inputs are unchanged (docker/build_images.py).
+images: $(UV)
+	$(PYTHON) docker/build_images.py --uv $(UV)
 
-test-core: $(CORE)/.torch
+test: test-core test-airflow test-prefect test-images
+
+# The system packages no Python package gives (the container engine, docker-compose,
+# Chromium): installed with apt-get as root on Debian/Ubuntu, else named in one line.
+machine:
+	@tests/system-packages
+
+test-core: machine $(CORE)/.torch
 	$(CORE)/bin/python -m pytest tests/core $(PYTEST_ARGS)
 
 # Chaos across many seeds (the `slow` marker; `make test` runs only a few). A failure names
 # its seed: rerun one with PYTEST_ARGS='-k seed_117'.
-test-chaos: $(CORE)/.torch
+test-chaos: machine $(CORE)/.torch
 	$(CORE)/bin/python -m pytest tests/core/test_chaos.py -m slow $(PYTEST_ARGS)
 
-test-airflow: $(AIRFLOW)/.synced
+test-airflow: machine $(AIRFLOW)/.synced
 	$(AIRFLOW)/bin/python -m pytest tests/airflow $(PYTEST_ARGS)
 
-test-prefect: $(PREFECT)/.synced
+test-prefect: machine $(PREFECT)/.synced
 	$(PREFECT)/bin/python -m pytest tests/prefect $(PYTEST_ARGS)
 
-# docker/compose.yaml's services run as processes against PostgreSQL (both engines' envs).
-test-stack: $(AIRFLOW)/.synced $(PREFECT)/.synced
-	$(AIRFLOW)/bin/python -m pytest tests/stack $(PYTEST_ARGS)
+# The images under a real engine (podman's Docker API for the docker CLI, or Docker): a
+# step container reclaimed and resumed, the Airflow and Prefect images, and
+# docker/compose.yaml as real containers (test-stack runs only that).
+test-images: machine $(CORE)/.synced images
+	$(CORE)/bin/python -m pytest tests/images $(PYTEST_ARGS)
+
+test-stack: machine $(CORE)/.synced images
+	$(CORE)/bin/python -m pytest tests/images/test_compose_stack.py $(PYTEST_ARGS)
 
 bench: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.foundation

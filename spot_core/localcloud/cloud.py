@@ -17,6 +17,7 @@ import logging
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +42,9 @@ NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
 EMULATED_CLOUDS = {"aws": "aws", "gcp": "gcp", "gce": "gcp", "azure": "azure"}
 INSTANCE_PREFIX = "i-local-"
+# In a lease's command, the Python of the machine the lease runs on (the cloud's own):
+# a client in another container or virtual environment names it without knowing its path.
+HOST_PYTHON = "@python"
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,9 @@ class LocalSpotCloud:
     def run_instance(self, pool: Pool, command: Sequence[str], env: Mapping[str, str],
                      endpoint_env: str) -> InstanceView:
         """Start ``command`` on new capacity in ``pool``; ``endpoint_env`` names the
-        variable that receives the instance's metadata endpoint URL."""
+        variable that receives the instance's metadata endpoint URL. ``HOST_PYTHON`` in
+        ``command`` is this machine's Python."""
+        command = [sys.executable if part == HOST_PYTHON else part for part in command]
         now = self.clock()
         if pool.is_spot and not self.market.is_available(pool.zone, now):
             raise CapacityUnavailable(f"no spot capacity in {pool.key} at trace tick "

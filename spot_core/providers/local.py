@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,8 +18,8 @@ from typing import Sequence
 
 from spot_core import container
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
-from spot_core.localcloud.cloud import (DEFAULT_TIME_SCALE, EMULATED_CLOUDS, INSTANCE_PREFIX,
-                                         LocalCloudConfig, LocalSpotCloud)
+from spot_core.localcloud.cloud import (DEFAULT_TIME_SCALE, EMULATED_CLOUDS, HOST_PYTHON,
+                                         INSTANCE_PREFIX, LocalCloudConfig, LocalSpotCloud)
 from spot_core.market.trace import ZoneTrace
 from spot_core.model import Lease, Pool
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
@@ -115,8 +114,9 @@ class LocalProvider:
         step = spec.command
         if spec.image:
             container.require_engine()
-            step = container.wrap(spec.image, spec.command, tuple(spec.env))
-        command = (sys.executable, "-m", "spot_core.cli", "watch", "--cloud", cloud,
+            step = container.wrap(spec.image, spec.command, tuple(spec.env), python=HOST_PYTHON)
+        # The watcher runs where the lease does: a server's leases in its own container.
+        command = (HOST_PYTHON, "-m", "spot_core.cli", "watch", "--cloud", cloud,
                    "--poll-interval", str(self._watch_poll), "--", *step)
         attempt = AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                              attempt=spec.attempt, metadata_endpoint=None, cloud=cloud,

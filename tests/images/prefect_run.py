@@ -1,5 +1,6 @@
-"""Deploy the example flow to the stack's spot work pool and run it to the end (run in
-the Prefect environment, with PREFECT_API_URL set to the stack's server).
+"""Deploy the example flow to the stack's spot work pool and run it to the end (run in a
+container of the stack's prefect-worker service, whose PREFECT_API_URL is the stack's
+server; test_compose_stack.py mounts this file there).
 
     python prefect_run.py POOL FLOWS_DIR JOB_VARIABLES_JSON PARAMETERS_JSON TIMEOUT
 

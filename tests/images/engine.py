@@ -1,0 +1,166 @@
+"""A real container engine for the tests: a Docker daemon if one answers, else podman's
+Docker-compatible API (``podman system service``) for the real ``docker`` CLI.
+
+podman needs three settings on machines like CI's, written to a ``containers.conf`` of the
+test session (``CONTAINERS_CONF``; the machine's own files are left alone):
+- ``default_ulimits`` within the machine's hard limits: as root podman asks for
+  ``nofile=1048576`` and a large ``nproc``, and runc fails ("error setting rlimits") where
+  the machine allows less (on CI's machines runc also refused nproc 65536 under a hard
+  limit of 96367, and took 32768: the cap below);
+- ``cgroup_manager = "cgroupfs"`` where systemd is not PID 1 (podman's default is systemd);
+- ``events_logger = "file"`` for the same reason (the journal is systemd's).
+
+podman runs healthchecks from systemd timers, and without systemd nothing runs them
+(``podman run`` says "unable to get systemd connection to add healthchecks"): a
+``HealthcheckRunner`` does what each timer would, ``podman healthcheck run`` at each
+container's interval, so ``depends_on: condition: service_healthy`` means what it says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+START_TIMEOUT_SECONDS = 60.0
+NPROC_CAP = 32768
+STOP_TIMEOUT_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """What a client of the engine needs in its environment."""
+
+    kind: str                # "docker" or "podman"
+    environ: dict[str, str]  # DOCKER_HOST (and CONTAINERS_CONF for podman's own CLI)
+
+    def env(self, **more: str) -> dict[str, str]:
+        return {**os.environ, **self.environ, **more}
+
+    def podman(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env())
+
+    def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env())
+
+
+def docker_daemon() -> bool:
+    """A Docker daemon (not podman's API) answers the docker CLI as configured."""
+    if shutil.which("docker") is None:
+        return False
+    try:
+        done = subprocess.run(["docker", "version", "--format", "{{json .Server}}"],
+                              capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0 and "podman" not in done.stdout.lower()
+
+
+def containers_conf(path: Path) -> Path:
+    """A containers.conf that lets podman run containers on this machine."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nproc = min(_limit(nproc), NPROC_CAP)
+    limits = [f"nofile={_limit(nofile)}:{_limit(nofile)}", f"nproc={nproc}:{nproc}"]
+    engine = ['events_logger = "file"']
+    if not Path("/run/systemd/system").is_dir():
+        engine.append('cgroup_manager = "cgroupfs"')
+    path.write_text("[containers]\ndefault_ulimits = " + json.dumps(limits) + "\n\n[engine]\n"
+                    + "\n".join(engine) + "\n")
+    return path
+
+
+def _limit(value: int) -> int:
+    return 1048576 if value == resource.RLIM_INFINITY else min(value, 1048576)
+
+
+@contextmanager
+def podman_service(workdir: Path) -> Iterator[EngineEnv]:
+    """``podman system service`` on a socket in ``workdir``, stopped on exit."""
+    conf = containers_conf(workdir / "containers.conf")
+    socket = workdir / "podman.sock"
+    env = {"CONTAINERS_CONF": str(conf), "DOCKER_HOST": f"unix://{socket}"}
+    log = open(workdir / "podman-service.log", "wb")
+    proc = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"],
+                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        engine = EngineEnv("podman", env)
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while engine.docker("version", "--format", "{{.Server.Version}}", timeout=30).returncode:
+            assert proc.poll() is None, \
+                f"podman system service exited {proc.returncode}: {_tail(workdir)}"
+            assert time.monotonic() < deadline, f"podman's Docker API did not answer: {_tail(workdir)}"
+            time.sleep(0.5)
+        yield engine
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+def _tail(workdir: Path) -> str:
+    path = workdir / "podman-service.log"
+    return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+
+@dataclass
+class HealthcheckRunner:
+    """Runs each healthchecked container's check at its interval (podman's systemd timer)
+    for containers whose name starts with ``prefix``."""
+
+    engine: EngineEnv
+    prefix: str
+    tick_seconds: float = 2.0
+    _due: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> HealthcheckRunner:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="healthchecks")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=90)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.tick_seconds):
+            now = time.monotonic()
+            for name, interval in self._checked_containers().items():
+                if self._due.get(name, 0.0) <= now:
+                    self._due[name] = now + interval
+                    self.engine.podman("healthcheck", "run", name, timeout=120)
+
+    def _checked_containers(self) -> dict[str, float]:
+        """Running containers of the project that have a healthcheck: name -> interval (s)."""
+        done = self.engine.podman("ps", "--filter", f"name=^{self.prefix}", "--format", "json")
+        if done.returncode != 0:
+            return {}
+        found = {}
+        for entry in json.loads(done.stdout or "[]"):
+            name = entry["Names"][0]
+            if entry.get("State") != "running" or not entry.get("Status", "").endswith(")"):
+                continue  # "Up 3 seconds ago (starting)": only healthchecked ones say a state
+            inspected = self.engine.podman("inspect", name, "--format",
+                                           "{{json .Config.Healthcheck}}")
+            check = json.loads(inspected.stdout or "null") if inspected.returncode == 0 else None
+            if check and check.get("Test"):
+                found[name] = max(1.0, (check.get("Interval") or 30e9) / 1e9)
+        return found
