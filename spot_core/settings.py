@@ -338,6 +338,12 @@ KNOBS: tuple[Knob, ...] = (
           "per renewal instead of one per job (1,000 deferred jobs: one S3 PUT every 75s "
           "instead of 1,000). Empty: each job's heartbeat lives in its own checkpoint store.",
           _JOB, optional=True, check=_check_store_uri, metavar="URI"),
+    _knob("take_over", "bool", False, "Launch even though another driver (a second `run`, "
+          "a worker or triggerer) renewed the job's heartbeat within its heartbeat_timeout. "
+          "Without it such a driver is refused in one line naming the other one: two live "
+          "drivers of one job would fence each other out and run two steps at once. Set it "
+          "once, after the other driver is gone (killed, its machine lost), instead of "
+          "waiting out the timeout.", _JOB),
     _knob("observe_failure_timeout", "duration", 180.0, "How long observing a lease may keep "
           "failing (API errors, resets) before the attempt ends as infrastructure_failed "
           "and its lease is terminated; 3m outlasts a transient cloud API outage.", _JOB,
@@ -513,7 +519,8 @@ class _SettingsMethods:
                 "observe_failure_timeout": self.observe_failure_timeout,
                 "checkpoint_cost": self.checkpoint_cost,
                 "checkpoint_interval_min": self.checkpoint_interval_min,
-                "checkpoint_interval_max": self.checkpoint_interval_max}
+                "checkpoint_interval_max": self.checkpoint_interval_max,
+                "take_over": self.take_over}
 
     def deadline_spec(self, *, created_at: float, capacity_per_wall: float) -> dict[str, Any]:
         """JobSpec's deadline fields (``deadline`` wall-clock POSIX time, ``work_seconds``

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import numbers
 import os
 import time
@@ -183,6 +184,20 @@ class CheckpointStore:
         """The lowest attempt still allowed to save: max of the fence and committed attempts."""
         committed = [m.attempt for m in self._committed()]
         return max([self._fence_object(), *committed])
+
+    def fenced_at(self) -> float | None:
+        """When (the fencing process's POSIX time) the fence object was last raised; None
+        when there is none or it says no time. A driver reads it to tell a fence another
+        driver raised a moment ago from one left by a driver long gone."""
+        try:
+            doc = json.loads(self.backend.get_bytes(FENCE_KEY), parse_constant=float)
+            when = doc["fenced_at"]
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+            return None
+        if isinstance(when, bool) or not isinstance(when, (int, float)) \
+                or not math.isfinite(when):
+            return None
+        return float(when)
 
     def _check_fence(self, attempt: int) -> None:
         level = self.fence_level()

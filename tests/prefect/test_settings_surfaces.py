@@ -113,7 +113,8 @@ def test_durations_in_any_form_reach_the_policy_and_the_controller_options():
                                            "observe_failure_timeout": 180.0,
                                            "checkpoint_cost": 60.0,
                                            "checkpoint_interval_min": 60.0,
-                                           "checkpoint_interval_max": 3600.0}
+                                           "checkpoint_interval_max": 3600.0,
+                                           "take_over": False}
     variables = SpotJobVariables(capacity_wait="90s", max_spot_price=0.5)
     configuration = SpotJobConfiguration(**variables.model_dump(exclude={"name", "labels",
                                                                          "command", "env"}))
