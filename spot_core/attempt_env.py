@@ -28,6 +28,11 @@ HEARTBEAT_URI = "SPOT_HEARTBEAT_URI"
 # attempt's pool; ``Checkpointer.from_env`` uses it unless the step asks for another.
 CHECKPOINT_INTERVAL = "SPOT_CHECKPOINT_INTERVAL"
 
+# The highest attempt number a job may reach (and a store may be fenced at): far above
+# what the budgets allow (10,000 each, spot_core.settings), far below a typo such as 10^23,
+# which would fence the store there for ever.
+MAX_ATTEMPT = 1_000_000
+
 
 @dataclass(frozen=True)
 class AttemptEnv:
@@ -47,7 +52,7 @@ class AttemptEnv:
         return cls(
             checkpoint_uri=env.get(CHECKPOINT_URI) or None,
             job_id=env.get(JOB_ID) or None,
-            attempt=int(env.get(ATTEMPT) or 1),
+            attempt=attempt_number(env.get(ATTEMPT)),
             metadata_endpoint=env.get(METADATA_ENDPOINT) or None,
             cloud=env.get(CLOUD) or None,
             notice_file=env.get(NOTICE_FILE) or None,
@@ -94,6 +99,20 @@ def step_exit_code(exc: BaseException) -> int | None:
             isinstance(exc, CheckpointError) or exc.outcome == "infrastructure_failed"):
         return INFRASTRUCTURE_EXIT_CODE
     return None
+
+
+def attempt_number(text: str | None) -> int:
+    """``$SPOT_ATTEMPT`` as a whole number from 1 to ``MAX_ATTEMPT``; unset or empty: 1
+    (a step run by hand)."""
+    if text is None or not str(text).strip():
+        return 1
+    value = str(text).strip()
+    if value.isascii() and value.isdigit() and len(value) <= 7 \
+            and 1 <= int(value) <= MAX_ATTEMPT:
+        return int(value)
+    raise ConfigError(f"{ATTEMPT}={str(text)[:40]!r} is not an attempt number from 1 to "
+                      f"{MAX_ATTEMPT:,}; spot-pipelines sets it for each attempt (unset it "
+                      "to run a step by hand as attempt 1)")
 
 
 def heartbeat_seconds(text: str | None) -> float | None:

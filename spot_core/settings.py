@@ -458,6 +458,8 @@ class _SettingsMethods:
         if self.work is not None and self.deadline is None:
             raise ConfigError(f"work={format_duration(self.work)} needs deadline=DURATION "
                               "too (the work is planned against it); set one, or drop work")
+        if self.work is not None and isinstance(self.deadline, float):
+            _check_work_fits(self.work, self.deadline)
         if self.deadline_policy is not None and (self.deadline is None or self.work is None):
             raise ConfigError(f"deadline_policy={self.deadline_policy!r} needs deadline and "
                               "work (and total_steps, so checkpoints measure progress)")
@@ -528,8 +530,12 @@ class _SettingsMethods:
         ``deadline_policy``) under the time convention; every surface builds its JobSpec
         with these, ``created_at`` being its JobRecord's (so a resumed job keeps its
         deadline) and ``capacity_per_wall`` its provider's ``capacity_seconds(1.0)``."""
-        return {"deadline": deadline_at(self.deadline, created_at=created_at,
-                                        capacity_per_wall=capacity_per_wall),
+        deadline = deadline_at(self.deadline, created_at=created_at,
+                               capacity_per_wall=capacity_per_wall)
+        if self.work is not None and isinstance(self.deadline, datetime):
+            _check_work_fits(self.work, (deadline - created_at) * capacity_per_wall,
+                             deadline=self.deadline.isoformat())
+        return {"deadline": deadline,
                 "work_seconds": self.work, "total_steps": self.total_steps,
                 "restart_overhead_seconds": self.restart_overhead,
                 "deadline_policy": self.deadline_policy}
@@ -543,6 +549,19 @@ class _SettingsMethods:
         """Keyword arguments for ``Checkpointer`` (its schedule and how many it keeps)."""
         return {"every_seconds": self.checkpoint_every,
                 "every_steps": self.checkpoint_every_steps, "keep": self.keep_checkpoints}
+
+
+def _check_work_fits(work: float, room: float, *, deadline: str | None = None) -> None:
+    """A job whose work exceeds the capacity time before its deadline cannot finish even
+    on on-demand: refused before anything runs, rather than failing at the deadline."""
+    if work <= room:
+        return
+    shown = format_duration(room) if deadline is None else deadline
+    extra = "" if deadline is None else \
+        f" ({format_duration(max(round(room), 0))} of capacity time)"
+    raise ConfigError(f"work={format_duration(work)} is more than deadline={shown}{extra}: "
+                      "the job cannot finish in time even on on-demand; give a later "
+                      "deadline or less work")
 
 
 _TYPES = {"int": int, "number": float, "bool": bool, "duration": float, "text": str,
@@ -640,10 +659,10 @@ def settings_from_cli(args, *, where: str = "", **overrides: Any) -> SpotSetting
     try:
         return SpotSettings.build(where=where, check_options=False, **{**values, **overrides})
     except ConfigError as exc:  # a check across knobs: say it in flags, as the user wrote it
-        raise ConfigError(_in_flags(str(exc))) from None
+        raise ConfigError(in_flags(str(exc))) from None
 
 
-def _in_flags(message: str) -> str:
+def in_flags(message: str) -> str:
     """``work=2h needs deadline=...`` as ``--work 2h needs --deadline ...``."""
     names = "|".join(sorted((k.name for k in knobs_for(CLI)), key=len, reverse=True))
     return re.sub(rf"\b({names})=", lambda m: cli_flag(KNOBS_BY_NAME[m[1]]) + " ", message)
@@ -652,5 +671,5 @@ def _in_flags(message: str) -> str:
 __all__ = ["ALIASES", "CLI", "DECORATOR", "BLOCK", "KNOBS", "KNOBS_BY_NAME", "Knob",
            "OPERATOR", "POD_OPERATOR", "SPOT_TASK", "SURFACES", "SpotSettings", "TASK_RUNNER", "WORKER",
            "add_cli_arguments", "cli_flag", "cli_help", "cli_value", "deadline_at", "default",
-           "format_duration", "parse_time", "knob", "knobs_for", "parse_duration", "pop_aliases",
+           "format_duration", "in_flags", "parse_time", "knob", "knobs_for", "parse_duration", "pop_aliases",
            "resolve_aliases", "settings_from_cli"]

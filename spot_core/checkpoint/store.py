@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any, Mapping
 
+from spot_core.attempt_env import MAX_ATTEMPT
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
@@ -62,7 +63,7 @@ class CheckpointStore:
         attempt has started or committed, CheckpointError if the backend fails.
         """
         step = _check_count("step", step, minimum=0)
-        attempt = _check_count("attempt", attempt, minimum=0)
+        attempt = _check_count("attempt", attempt, minimum=0, maximum=MAX_ATTEMPT)
         items = prepare_payload(payload)
         meta = encode_metadata(metadata)
         self._check_fence(attempt)
@@ -169,7 +170,7 @@ class CheckpointStore:
         written: the fence object is replaced whole, so a full or read-only store keeps
         its old fence and every checkpoint as they were.
         """
-        attempt = _check_count("attempt", attempt, minimum=0)
+        attempt = _check_count("attempt", attempt, minimum=0, maximum=MAX_ATTEMPT)
         try:
             with self.backend.lock():
                 self._check_fence(attempt)
@@ -422,8 +423,8 @@ def _fence_attempt(data: bytes) -> int | None:
         attempt = doc["attempt"]
     except (ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        return None
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt <= MAX_ATTEMPT:
+        return None  # past MAX_ATTEMPT (an older version took any number): corrupt, replaced
     return attempt
 
 
@@ -455,8 +456,11 @@ def _corrupt(manifest: Manifest, name: str, problem: str) -> CorruptCheckpoint:
                              f"payload file {name!r} {problem}")
 
 
-def _check_count(what: str, value: object, *, minimum: int) -> int:
+def _check_count(what: str, value: object, *, minimum: int,
+                 maximum: int | None = None) -> int:
     """Accept any integral (also numpy ints), never bools or floats; return a plain int."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{what} must be an int >= {minimum}, got {value!r}")
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum \
+            or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
+        raise ConfigError(f"{what} must be an int {bound}, got {repr(value)[:40]}")
     return int(value)

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from spot_core.errors import ConfigError
-from spot_core.settings import add_cli_arguments, settings_from_cli
+from spot_core.settings import add_cli_arguments, in_flags, settings_from_cli
 
 
 def register(subparsers) -> None:
@@ -83,20 +83,25 @@ def run(args: argparse.Namespace) -> int:
     # On kubernetes the command runs in the pod's image, not on this machine.
     command = _command(args.cmd, in_image=settings.image is not None
                        or settings.provider == "kubernetes")
-    job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
+    # Given but empty is a mistake (a script's unset variable), never "no job id".
+    job_id = f"job-{uuid.uuid4().hex[:8]}" if args.job_id is None else args.job_id
+    _check_job_id(job_id)
     wanted = _pool_names(args.pools)
     # SIGINT, SIGTERM and SIGHUP stop the job at the driver's next wait, never inside a
     # client call (spot_core.stopping); a second one stops it at once.
     with stop_on_signals(), _provider(args, settings) as provider:
         pools = _pools(provider, wanted)
-        # Last of the checks: it creates the checkpoint folder, so a bad flag leaves none.
-        checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
         # The settings' time convention (spot_core.settings): --deadline, --work and
         # --restart-overhead count in the provider's capacity time.
+        try:
+            deadline = settings.deadline_spec(
+                created_at=time.time(), capacity_per_wall=provider.capacity_seconds(1.0))
+        except ConfigError as exc:
+            raise ConfigError(in_flags(str(exc))) from None
+        # Last of the checks: it creates the checkpoint folder, so a bad flag leaves none.
+        checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
-                       pools=pools, image=settings.image, **settings.deadline_spec(
-                           created_at=time.time(),
-                           capacity_per_wall=provider.capacity_seconds(1.0)))
+                       pools=pools, image=settings.image, **deadline)
         controller = Controller(provider, provider.market, settings.retry_policy(),
                                 listener=_print_event, **settings.controller_options())
         record = controller.run(spec, observer=observer_of(provider))

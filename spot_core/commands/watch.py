@@ -139,7 +139,7 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
         grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
                                                           "e.g. 30", allow_zero=True),
         command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
-        attempt=int(attempt) if attempt and attempt.isdigit() else None,
+        attempt=attempt_env.attempt_number(attempt) if attempt else None,
         report=bool(getattr(args, "report", False)), heartbeat_uri=drivers)
 
 
