@@ -4,6 +4,9 @@ and the job's work against its deadline, each refused in one line naming the fix
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -75,3 +78,45 @@ def test_work_beyond_the_deadline_is_refused_on_every_surface_in_one_line():
     # the local cloud replays 3,600 trace seconds per wall second: 1 wall hour is plenty
     assert settings.deadline_spec(created_at=soon.timestamp() - 3600,
                                   capacity_per_wall=3600.0)["work_seconds"] == 10800.0
+
+
+MEMORY_CAP = 1536 * 2**20  # bytes of address space for the planning rows below
+
+
+def _capped() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--deadline", "365d", "--work", "1h", "--total-steps", "10",
+     "--deadline-policy", "default", "--", "true"],
+    ["simulate", "--trace", "TRACE", "--task-hours", "1", "--deadline-hours", "336",
+     "--restart-overhead-hours", "0.1", "--policy", "default", "--start-tick", "2000"],
+], ids=["run a year ahead", "simulate 14 days"])
+def test_a_far_deadline_is_planned_in_bounded_memory(tmp_path, command):
+    """The deadline policy's tables are sized from the work: a job of an hour with a
+    deadline a year away (hundreds of GiB before), or 14 days in `simulate` (3 GB and
+    minutes before), plans within 1.5 GiB of address space (memory and time:
+    bench/README.md)."""
+    from spot_helpers import TRACES
+
+    trace = TRACES / "aws-v100-2023-02" / "us-east-1a_v100_1.csv"
+    words = [str(trace) if w == "TRACE" else w for w in command]
+    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", *words], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240, preexec_fn=_capped)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_work_past_what_a_plan_holds_is_refused_in_one_line():
+    from spot_core.policy.deadline import PLAN_MAX_TICKS, Job
+    from spot_core.policy.deadline_mdp import ForecastDP
+    from spot_core.policy.replay import Replay
+    from spot_helpers import trace
+
+    replay = Replay.from_traces([trace("us-east-1a_v100_1", "1" * (PLAN_MAX_TICKS + 700),
+                                       tick_seconds=600.0)])
+    tick = replay.tick_seconds
+    job = Job(PLAN_MAX_TICKS * tick, (PLAN_MAX_TICKS + 600) * tick, 0.0)
+    with pytest.raises(ConfigError, match=r"^deadline policy default: the work and two "
+                       r"restarts need 10,000 ticks .* a plan holds at most 10,000"):
+        ForecastDP().plan(replay.window(0, job))
