@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from spot_core.bounds import MAX_ATTEMPT, MAX_WAIT_SECONDS
 from spot_core.errors import CheckpointError, ConfigError, Preempted, SpotError
 
 CHECKPOINT_URI = "SPOT_CHECKPOINT_URI"
@@ -27,11 +28,6 @@ HEARTBEAT_URI = "SPOT_HEARTBEAT_URI"
 # Wall seconds between the step's time-based checkpoints, chosen by the controller for the
 # attempt's pool; ``Checkpointer.from_env`` uses it unless the step asks for another.
 CHECKPOINT_INTERVAL = "SPOT_CHECKPOINT_INTERVAL"
-
-# The highest attempt number a job may reach (and a store may be fenced at): far above
-# what the budgets allow (10,000 each, spot_core.settings), far below a typo such as 10^23,
-# which would fence the store there for ever.
-MAX_ATTEMPT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -121,14 +117,16 @@ def heartbeat_seconds(text: str | None) -> float | None:
 
 
 def positive_seconds(text: str | None, variable: str, *, example: str) -> float | None:
-    """An environment variable holding seconds > 0; empty or unset means None."""
+    """An environment variable holding seconds > 0 and at most a day (what the settings
+    allow: a thread cannot wait 1e300 s); empty or unset means None."""
     if text is None or not str(text).strip():
         return None
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{variable}={text!r} is not a number of seconds > 0; "
-                          f"set it like {variable}={example} or unset it")
+    if not math.isfinite(value) or not 0 < value <= MAX_WAIT_SECONDS:
+        raise ConfigError(f"{variable}={str(text)[:40]!r} is not a number of seconds > 0 "
+                          f"and at most {MAX_WAIT_SECONDS:g} (1d); set it like "
+                          f"{variable}={example} or unset it")
     return value

@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Mapping
 
-from spot_core.attempt_env import MAX_ATTEMPT
+from spot_core.bounds import MAX_ATTEMPT
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (

@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+from spot_core.bounds import MAX_TIME_SCALE
 from spot_core.errors import ConfigError
 from spot_core.settings import add_cli_arguments, in_flags, settings_from_cli
 
@@ -183,12 +184,15 @@ def _provider(args: argparse.Namespace, settings):
         return _kubernetes_provider(args)
     from spot_core.market.fixtures import default_traces
     from spot_core.market.trace import load_traces
+    from spot_core.market.trace_market import check_time_scale
     from spot_core.providers.local import LocalProvider
 
-    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
-        raise ConfigError(f"--time-scale must be a finite number > 0 (trace seconds per wall "
-                          f"second), got {args.time_scale}; e.g. --time-scale 3600")
+    if not (math.isfinite(args.time_scale) and 0 < args.time_scale <= MAX_TIME_SCALE):
+        raise ConfigError(f"--time-scale must be a finite number > 0 and at most "
+                          f"{MAX_TIME_SCALE:,.0f} (trace seconds per wall second), got "
+                          f"{args.time_scale}; e.g. --time-scale 3600")
     traces = load_traces(args.trace, prices=args.prices) if args.trace else default_traces()
+    check_time_scale(args.time_scale, traces[0].tick_seconds, name="--time-scale")
     ticks = min(t.n_ticks for t in traces)
     if not 0 <= args.start_tick < ticks:
         raise ConfigError(f"--start-tick {args.start_tick} is outside the traces' {ticks} "

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from spot_core.attempt_env import MAX_ATTEMPT, AttemptEnv
+from spot_core.attempt_env import AttemptEnv
+from spot_core.bounds import MAX_ATTEMPT
 from spot_core.checkpoint import Checkpointer, open_store
 from spot_core.checkpoint.store import FENCE_KEY
 from spot_core.errors import ConfigError
@@ -120,3 +121,18 @@ def test_work_past_what_a_plan_holds_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^deadline policy default: the work and two "
                        r"restarts need 10,000 ticks .* a plan holds at most 10,000"):
         ForecastDP().plan(replay.window(0, job))
+
+
+@pytest.mark.parametrize("variable, value", [("SPOT_HEARTBEAT_TIMEOUT", "1e300"),
+                                             ("SPOT_CHECKPOINT_INTERVAL", "1e300")])
+def test_an_absurd_seconds_variable_is_one_line(variable, value):
+    with pytest.raises(ConfigError, match=f"{variable}='1e300' is not a number of seconds > 0 "
+                       "and at most 86400"):
+        AttemptEnv.from_environ({variable: value})
+
+
+def test_an_interruption_watcher_refuses_a_wait_no_thread_can_make():
+    from spot_core.interruption import InterruptionWatcher
+
+    with pytest.raises(ConfigError, match="at most 86400"):
+        InterruptionWatcher([], poll_interval=1e300)

@@ -52,6 +52,11 @@ RUN_ROWS = [
     (["--job-id", ""], "--job-id"),              # given but empty: never "no job id"
     (["--work", "2h", "--deadline", "1h"], "--work 2h is more than --deadline 1h"),
     (["--time-scale", "1", "--work", "2h", "--deadline", SOON], "--work 2h is more than"),
+    (["--time-scale", "1e12"], "--time-scale"),  # spun a core per trace tick
+    (["--time-scale", "1e6"], "--time-scale"),   # one 195 s tick under a millisecond
+    (["--poll-interval", "1e300"], "--poll-interval"),  # a traceback from Event.wait
+    (["--deadline", "18250d", "--work", "1h", "--deadline-policy", "default"], "--deadline"),
+    (["--max-preemptions", "99999999999999999999"], "--max-preemptions"),
 ]
 
 SIMULATE_ROWS = [
@@ -67,6 +72,8 @@ SIMULATE_ROWS = [
     (["--start-tick", "99999999"], "--start-tick"),
     (["--start-tick", "-1"], "--start-tick"),
     (["--windows", "2", "--start-tick", "0"], "--start-tick"),
+    (["--windows", "99999999999999999999"], "--windows"),  # was a numpy traceback
+    (["--windows", "2", "--seed", "-1"], "--seed"),
 ]
 
 WATCH_ROWS = [
@@ -76,6 +83,10 @@ WATCH_ROWS = [
     (["--grace-seconds", "inf"], "--grace-seconds"),
     (["--heartbeat-timeout", "inf"], "--heartbeat-timeout"),
     (["--cloud", "nope"], "cloud 'nope'"),
+    (["--poll-interval", "1e300"], "--poll-interval"),  # killed the watcher thread
+    (["--timeout", "1e300"], "--timeout"),
+    (["--grace-seconds", "1e300"], "--grace-seconds"),
+    (["--heartbeat-timeout", "2d"], "--heartbeat-timeout"),
 ]
 
 DEMO_ROWS = [
@@ -84,6 +95,7 @@ DEMO_ROWS = [
     (["--start-tick", "99999"], "--start-tick"),
     (["--start-tick", "-1"], "--start-tick"),
     (["--engine", "nope"], "--engine"),
+    (["--steps", "99999999999999999999"], "--steps"),
 ]
 
 
