@@ -344,6 +344,7 @@ KNOBS: tuple[Knob, ...] = (
     _knob("min_on_demand", "duration", 600.0, "How long an on-demand attempt runs before "
           "the job may move back to spot; 10m stops a flickering zone from making the job "
           "flap between markets (each move costs a restart).", _JOB, minimum=0, maximum=MAX_SPAN,
+          why_maximum="to stay on on-demand for good, set return_to_spot=False",
           aliases=("min_on_demand_seconds",)),
     _knob("capacity_wait", "duration", 60.0, "One wait for capacity or a cheaper price "
           "window; 60s is about how often spot capacity and prices change.", _JOB,
