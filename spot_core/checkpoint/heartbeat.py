@@ -31,6 +31,7 @@ has not released is a live driver, and the controller refuses to start a second 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -38,7 +39,6 @@ import re
 import socket
 import threading
 import uuid
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
