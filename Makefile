@@ -22,7 +22,7 @@ ENGINE ?= none
 PROVIDER ?= local
 PYTEST_ARGS ?=
 
-.PHONY: demo images machine test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale envs clean lock
+.PHONY: demo images machine test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -97,6 +97,10 @@ bench-scale: $(AIRFLOW)/.synced $(PREFECT)/.synced
 	$(AIRFLOW)/bin/python -m bench.scale_triggerer --backend local --jobs 1000
 	$(PREFECT)/bin/python -m bench.scale_prefect
 	$(PREFECT)/bin/python -m bench.scale_prefect --driver-beat
+
+# 200 clients at once against the local cloud server, its backlog and socketserver's 5 side by side.
+bench-cloud-server: $(CORE)/.synced
+	$(CORE)/bin/python -m bench.cloud_server
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 

@@ -25,7 +25,7 @@ from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record, spot_ta
 # 4 s in, us-west-2b about 16 s in, at one trace hour per second): the demo's timing.
 DEMO_SPOT = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 3600.0},
                               max_preemptions=2, capacity_wait=0.5, poll_interval=0.1,
-                              max_capacity_waits=20, min_on_demand=1e9)
+                              max_capacity_waits=20, min_on_demand="365d")
 CHECKPOINT_EVERY_SECONDS = 0.25  # Young/Daly for this trace's interruption rate, in wall s
 
 

@@ -43,6 +43,8 @@ def spot_field(name: str) -> Any:
     bounds: dict[str, float] = {}
     if knob.minimum is not None and not knob.absolute:  # also the form's minimum (the model checks first)
         bounds["gt" if knob.strict else "ge"] = knob.minimum
+    if knob.maximum is not None and not knob.absolute:  # the form's maximum
+        bounds["le"] = knob.maximum
     if isinstance(knob.default, (dict, tuple)):
         factory = dict if isinstance(knob.default, dict) else list
         return Field(default_factory=factory, description=description(name))

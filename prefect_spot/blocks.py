@@ -94,6 +94,7 @@ class SpotConfiguration(Block):
     poll_interval: float = spot_field("poll_interval")
     heartbeat_timeout: float = spot_field("heartbeat_timeout")
     heartbeat_uri: Optional[str] = spot_field("heartbeat_uri")
+    take_over: bool = spot_field("take_over")
     observe_failure_timeout: float = spot_field("observe_failure_timeout")
     alert_interruption_rate: Optional[float] = spot_field("alert_interruption_rate")
     alert_spot_price: Optional[float] = spot_field("alert_spot_price")

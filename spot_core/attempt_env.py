@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from spot_core.bounds import MAX_ATTEMPT, MAX_WAIT_SECONDS
 from spot_core.errors import CheckpointError, ConfigError, Preempted, SpotError
 
 CHECKPOINT_URI = "SPOT_CHECKPOINT_URI"
@@ -47,7 +48,7 @@ class AttemptEnv:
         return cls(
             checkpoint_uri=env.get(CHECKPOINT_URI) or None,
             job_id=env.get(JOB_ID) or None,
-            attempt=int(env.get(ATTEMPT) or 1),
+            attempt=attempt_number(env.get(ATTEMPT)),
             metadata_endpoint=env.get(METADATA_ENDPOINT) or None,
             cloud=env.get(CLOUD) or None,
             notice_file=env.get(NOTICE_FILE) or None,
@@ -96,20 +97,36 @@ def step_exit_code(exc: BaseException) -> int | None:
     return None
 
 
+def attempt_number(text: str | None) -> int:
+    """``$SPOT_ATTEMPT`` as a whole number from 1 to ``MAX_ATTEMPT``; unset or empty: 1
+    (a step run by hand)."""
+    if text is None or not str(text).strip():
+        return 1
+    value = str(text).strip()
+    if value.isascii() and value.isdigit() and len(value) <= 7 \
+            and 1 <= int(value) <= MAX_ATTEMPT:
+        return int(value)
+    raise ConfigError(f"{ATTEMPT}={str(text)[:40]!r} is not an attempt number from 1 to "
+                      f"{MAX_ATTEMPT:,}; spot-pipelines sets it for each attempt (unset it "
+                      "to run a step by hand as attempt 1)")
+
+
 def heartbeat_seconds(text: str | None) -> float | None:
     """``$SPOT_HEARTBEAT_TIMEOUT`` as seconds > 0; empty means no heartbeat check."""
     return positive_seconds(text, HEARTBEAT_TIMEOUT, example="300")
 
 
 def positive_seconds(text: str | None, variable: str, *, example: str) -> float | None:
-    """An environment variable holding seconds > 0; empty or unset means None."""
+    """An environment variable holding seconds > 0 and at most a day (what the settings
+    allow: a thread cannot wait 1e300 s); empty or unset means None."""
     if text is None or not str(text).strip():
         return None
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{variable}={text!r} is not a number of seconds > 0; "
-                          f"set it like {variable}={example} or unset it")
+    if not math.isfinite(value) or not 0 < value <= MAX_WAIT_SECONDS:
+        raise ConfigError(f"{variable}={str(text)[:40]!r} is not a number of seconds > 0 "
+                          f"and at most {MAX_WAIT_SECONDS:g} (1d); set it like "
+                          f"{variable}={example} or unset it")
     return value

@@ -34,8 +34,8 @@ from typing import Callable, Literal, Mapping
 from spot_core import stopping
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, HEARTBEAT_URI, INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import CheckpointStore, open_store
-from spot_core.checkpoint.heartbeat import Heartbeat, driver_beat
-from spot_core.errors import ConfigError, SpotError
+from spot_core.checkpoint.heartbeat import Heartbeat, driver_beat, live_holder
+from spot_core.errors import ConfigError, DriverConflict, SpotError
 from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
 from spot_core.observer import SharedObserver, wait_timeout
 from spot_core.policy.checkpoint_interval import (CheckpointBounds, mean_save_seconds,
@@ -183,7 +183,9 @@ class Controller:
     heartbeat (passed to the node's watcher; None: never). ``heartbeat_uri``: a store
     every node can read where this process keeps one heartbeat for all the jobs it
     watches (``spot_core.checkpoint.heartbeat.DriverBeat``; None: one per job, in its
-    own store). ``observe_failure_timeout``:
+    own store). ``take_over``: launch even though another driver process renewed the
+    job's heartbeat within its timeout (otherwise ``DriverConflict``: one live driver per
+    job). ``observe_failure_timeout``:
     how long observing a lease may keep failing before the attempt ends as
     ``infrastructure_failed`` (its lease is still terminated). ``stores``: opens a job's
     checkpoint store by URI; by default the provider's ``open_store`` (it reaches the
@@ -203,7 +205,8 @@ class Controller:
                  observe_failure_timeout: float = default("observe_failure_timeout"),
                  checkpoint_cost: float = default("checkpoint_cost"),
                  checkpoint_interval_min: float = default("checkpoint_interval_min"),
-                 checkpoint_interval_max: float = default("checkpoint_interval_max")) -> None:
+                 checkpoint_interval_max: float = default("checkpoint_interval_max"),
+                 take_over: bool = default("take_over")) -> None:
         for name, value in (("poll_interval", poll_interval), ("attempt_timeout", attempt_timeout),
                             ("observe_failure_timeout", observe_failure_timeout),
                             ("heartbeat_timeout", heartbeat_timeout),
@@ -224,6 +227,7 @@ class Controller:
         self.attempt_timeout = attempt_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.heartbeat_uri = heartbeat_uri
+        self.take_over = bool(take_over)
         self.observe_failure_timeout = observe_failure_timeout
         self.checkpoint_bounds = CheckpointBounds(checkpoint_cost, checkpoint_interval_min,
                                                   checkpoint_interval_max)
@@ -534,7 +538,9 @@ class Controller:
         store = self.stores(spec.checkpoint_uri)
         # A re-run of a job id (its record lost with a killed driver) continues above the
         # dead run's attempts, so the dead run's zombie is the one refused.
-        number = max(record.next_attempt_number, store.fence_level() + 1)
+        level = store.fence_level()
+        self._claim(spec, record, store, level, now)
+        number = max(record.next_attempt_number, level + 1)
         store.fence(number)
         start_ref = store.latest()
         start_step = None if start_ref is None else start_ref.step
@@ -551,8 +557,13 @@ class Controller:
                             heartbeat_timeout=self.heartbeat_timeout)
         intervals = {pool.key: self._checkpoint_interval(pool, start_ref, now)
                      for pool in decision.pools}
-        lease, problems, failure = self._launch_first(decision.pools, launch, intervals)
+        try:
+            lease, problems, failure = self._launch_first(decision.pools, launch, intervals)
+        except BaseException:
+            self._release(spec, number, now)  # nothing runs: a re-run need not wait
+            raise
         if lease is None:
+            self._release(spec, number, now)
             outcome = Outcome.INFRASTRUCTURE_FAILED if failure else Outcome.CAPACITY_UNAVAILABLE
             return self._record_no_lease(record, number, decision, start_step, problems,
                                          outcome, now), None
@@ -569,6 +580,35 @@ class Controller:
             # (or a SIGTERM / Ctrl-C that lands between the launch and the record).
             self._terminate(lease)
             raise
+
+    def _claim(self, spec: JobSpec, record: JobRecord, store: CheckpointStore,
+               fence_level: int, now: float) -> None:
+        """One live driver per job: refuse to launch (``DriverConflict``, one line) while
+        another driver process holds the job. Launching would fence that driver's attempt
+        out, and the two would take the job from each other in turns, two steps running
+        at once. Held: another process renewed the job's heartbeat within its timeout for
+        an attempt neither closed in this record nor fenced out; or another driver raised
+        the fence above this record's last attempt within the timeout (this driver was
+        the one fenced out, as a paused driver finds when it is resumed)."""
+        if self.take_over or self.heartbeat_timeout is None:
+            return
+        drivers = None if self.heartbeat_uri is None else self.stores(self.heartbeat_uri)
+        holder = live_holder(store, now, timeout=self.heartbeat_timeout, drivers=drivers)
+        closed = {a.number for a in record.attempts if a.ended_at is not None}
+        if holder is not None and holder.attempt not in closed and holder.attempt >= fence_level:
+            raise DriverConflict(
+                f"job {spec.job_id} is driven by another driver: {holder.describe()}; stop "
+                f"that driver, or wait until its heartbeat is {holder.timeout_seconds:g}s "
+                "old, or start with --take-over (take_over=True) once it is gone")
+        last = record.attempts[-1].number if record.attempts else None
+        fenced_at = store.fenced_at() if last is not None and fence_level > last else None
+        age = None if fenced_at is None else time.time() - fenced_at  # the fencer's clock
+        if age is not None and age < self.heartbeat_timeout:
+            raise DriverConflict(
+                f"job {spec.job_id} was taken over: another driver started attempt "
+                f"{fence_level} {max(0.0, age):.0f}s ago, after this driver's attempt {last}; "
+                "this driver stops (start again with --take-over (take_over=True) only "
+                "once that driver is gone)")
 
     def _checkpoint_interval(self, pool: Pool, start_ref, now: float) -> float:
         """The attempt's time-based checkpoint interval on ``pool``, in capacity seconds:
@@ -696,7 +736,8 @@ class Controller:
         key = (spec.job_id, spec.checkpoint_uri)
         heartbeat = self._heartbeats.get(key)
         if heartbeat is None:
-            heartbeat = self._heartbeats[key] = Heartbeat(store or self.stores(spec.checkpoint_uri))
+            heartbeat = self._heartbeats[key] = Heartbeat(
+                store or self.stores(spec.checkpoint_uri), timeout=self.heartbeat_timeout)
         return heartbeat
 
     def _forget_heartbeat(self, spec: JobSpec) -> None:
@@ -741,11 +782,19 @@ class Controller:
     def _close_attempt(self, spec: JobSpec, record: JobRecord, lease: Lease | None,
                        status: LeaseStatus, now: float) -> JobRecord:
         ended_at = status.ended_at or now
-        end_ref = self.stores(spec.checkpoint_uri).latest()
+        store = self.stores(spec.checkpoint_uri)
+        end_ref = store.latest()
         running = record.current_attempt
         outcome = classify(status)
         if running.drain_requested_at is not None and outcome is not Outcome.SUCCEEDED:
             outcome = Outcome.DRAINED  # the controller stopped it to move the job
+        fenced_by = _fenced_above(store, running.number) \
+            if outcome is Outcome.USER_FAILED else None
+        if fenced_by is not None:  # its saves were refused: not the step's own failure
+            outcome = Outcome.INFRASTRUCTURE_FAILED
+            status = dataclasses.replace(status, message=(
+                f"fenced out: attempt {fenced_by} of this job was started by another driver "
+                f"(exit code {status.exit_code})"))
         bill = (self.provider.bill(lease, ended_at) if lease is not None
                 else Bill(cost=0.0, on_demand_cost=0.0, capacity_seconds=0.0))
         finished = dataclasses.replace(
@@ -759,8 +808,19 @@ class Controller:
         record = record.finish_attempt(finished)
         if end_ref is not None:
             record = record.with_checkpoint(end_ref)
+        self._release(spec, running.number, now)
         self._forget_heartbeat(spec)
         return self._save(record, str(outcome), status.message)
+
+    def _release(self, spec: JobSpec, attempt: int, now: float) -> None:
+        """Tell a later driver that nobody holds the job now (never fatal: an unreleased
+        beat only makes a re-run wait for its timeout, or pass ``take_over``)."""
+        if self.heartbeat_timeout is None:
+            return
+        try:
+            self._heartbeat(spec).release(attempt, now)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("job %s: could not release the heartbeat: %s", spec.job_id, exc)
 
     def _lost_work(self, outcome: Outcome, running: Attempt, end_ref, ended_at: float) -> float:
         """Work done after the last durable checkpoint, which the next attempt must redo."""
@@ -785,6 +845,16 @@ def _message(outcome: Outcome, status: LeaseStatus) -> str:
     if outcome is Outcome.USER_FAILED and status.exit_code is not None:
         return f"exit code {status.exit_code}" + (f": {status.message}" if status.message else "")
     return status.message
+
+
+def _fenced_above(store: CheckpointStore, attempt: int) -> int | None:
+    """The newer attempt that fenced ``attempt`` out of the store, or None."""
+    try:
+        level = store.fence_level()
+    except Exception as exc:  # noqa: BLE001 - unknown: classify by the exit alone
+        log.warning("could not read the fence of %s: %s", store.uri, exc)
+        return None
+    return level if level > attempt else None
 
 
 def _stopped(now: float, message: str) -> LeaseStatus:

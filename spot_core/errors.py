@@ -50,6 +50,12 @@ class FencedOut(CheckpointError):
     """
 
 
+class DriverConflict(SpotError):
+    """Another driver process holds the job (its heartbeat is fresh): a second one would
+    fence the first one's attempt out and run a second step at once. Not retryable as is:
+    stop the other driver, wait for its heartbeat timeout, or take the job over."""
+
+
 class Preempted(SpotError):
     """The capacity this attempt ran on was reclaimed (or a notice says it will be)."""
 

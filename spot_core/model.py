@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Mapping
 
+from spot_core.bounds import MAX_PRICE
 from spot_core.errors import ConfigError
 
 RECORD_SCHEMA_VERSION = 1
-MAX_PRICE_PER_HOUR = 100_000.0
+MAX_PRICE_PER_HOUR = MAX_PRICE
 """The highest $/h any price source may give (traces, price files, provider options).
 The dearest instances cost about $100/h; a bound keeps every bill finite (a price of
 1e308 made the record's cost Infinity, which no JSON reader accepts)."""

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
+from spot_core.bounds import (MAX_COUNT, MAX_KEEP, MAX_PRICE, MAX_RATE, MAX_SPAN_SECONDS,
+                              MAX_STEPS, MAX_WAIT_SECONDS)
 from spot_core.errors import ConfigError
 
 # Surfaces: where a knob can be set.
@@ -144,6 +146,10 @@ class Knob:
     unit: str = ""
     minimum: float | None = None
     strict: bool = False
+    # Inclusive; every number has one (durations, counts, prices): a finite but absurd
+    # value (1e300 s between polls, 10^20 windows) is refused where it is parsed, not
+    # left to crash a thread or exhaust the machine later.
+    maximum: float | None = None
     optional: bool = False
     choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
     aliases: tuple[str, ...] = ()
@@ -156,6 +162,8 @@ class Knob:
     absolute: bool = False
     # What the CLI's help calls the value, where its kind's word (NAME, N) would mislead.
     metavar: str | None = None
+    # Why the maximum is what it is, said with the refusal (the fix is then obvious).
+    why_maximum: str = ""
 
     @property
     def allowed(self) -> tuple[str, ...] | None:
@@ -177,14 +185,29 @@ class Knob:
         return ConfigError(f"{self.name}={value!r} {what}")
 
     def _check_minimum(self, value: Any, number: float) -> None:
-        if self.minimum is None:
-            return
-        ok = number > self.minimum if self.strict else number >= self.minimum
-        if not ok:
-            bound = "> " if self.strict else ">= "
-            shown = (format_duration(self.minimum) if self.kind == "duration"
-                     else f"{self.minimum:g}")
-            raise self._fail(value, f"must be {bound}{shown}{self._unit_text}")
+        """The knob's range: its minimum, then its maximum (the one line names both)."""
+        if self.minimum is not None:
+            ok = number > self.minimum if self.strict else number >= self.minimum
+            if not ok:
+                bound = "> " if self.strict else ">= "
+                raise self._fail(value, f"must be {bound}{self._shown(self.minimum)}"
+                                        f"{self._unit_text}{self._range_text}")
+        if self.maximum is not None and number > self.maximum:
+            raise self._fail(value, f"must be at most {self._shown(self.maximum)}"
+                                    f"{self._unit_text}{self._why_maximum}")
+
+    def _shown(self, bound: float) -> str:
+        if self.kind == "duration":
+            return format_duration(bound)
+        return f"{int(bound):,}" if bound == int(bound) else f"{bound:,g}"
+
+    @property
+    def _range_text(self) -> str:
+        return "" if self.maximum is None else f" and at most {self._shown(self.maximum)}"
+
+    @property
+    def _why_maximum(self) -> str:
+        return f" ({self.why_maximum})" if self.why_maximum else ""
 
     @property
     def _unit_text(self) -> str:
@@ -210,15 +233,23 @@ class Knob:
 
     def _parse_duration(self, value: Any) -> float | datetime:
         if self.absolute and isinstance(value, datetime):
-            return parse_time(value, name=self.name)
+            return self._check_ahead(value, parse_time(value, name=self.name))
         try:
             seconds = parse_duration(value, name=self.name)
         except ConfigError:
             if not self.absolute:
                 raise
-            return parse_time(value, name=self.name)
+            return self._check_ahead(value, parse_time(value, name=self.name))
         self._check_minimum(value, seconds)
         return seconds
+
+    def _check_ahead(self, value: Any, when: datetime) -> datetime:
+        """An absolute time at most ``maximum`` seconds of wall time from now."""
+        if self.maximum is not None and \
+                when.timestamp() - datetime.now(timezone.utc).timestamp() > self.maximum:
+            raise self._fail(value, f"is more than {self._shown(self.maximum)} from now"
+                                    f"{self._why_maximum}")
+        return when
 
     def _parse_text(self, value: Any) -> str:
         allowed = self.allowed
@@ -265,6 +296,12 @@ def _deadline_policy_choices() -> tuple[str, ...]:
     return tuple(n for n in DEADLINE_POLICIES.names() if n != "optimal")
 
 
+# Documented maximums, one per kind of number (spot_core.bounds, docs/reliability.md).
+MAX_WAIT = MAX_WAIT_SECONDS   # 1d: no wait, poll, timeout or interval above a day
+MAX_SPAN = MAX_SPAN_SECONDS   # 365d of capacity time: deadlines, work, an attempt's limit
+WHY_SPAN = "a year of capacity time: plan a longer job as several"
+
+
 def _knob(name: str, kind: str, default: Any, help: str, surfaces: Iterable[str],
           **extra: Any) -> Knob:
     return Knob(name, kind, default, help, frozenset(surfaces), **extra)
@@ -291,15 +328,17 @@ KNOBS: tuple[Knob, ...] = (
     _knob("max_preemptions", "int", 3, "Preemptions tolerated before the rest runs on "
           "on-demand; its own budget, never a retry of the step. 3 keeps most of the spot "
           "savings while bounding the work lost to restarts.",
-          _JOB | {DECORATOR, SPOT_TASK}, minimum=0),
+          _JOB | {DECORATOR, SPOT_TASK}, minimum=0, maximum=MAX_COUNT),
     _knob("max_user_retries", "int", 0, "Retries when the command itself fails (the engines "
-          "use their own `retries`). 0: a bug fails fast.", {CLI}, minimum=0),
+          "use their own `retries`). 0: a bug fails fast.", {CLI}, minimum=0, maximum=MAX_COUNT),
     _knob("max_infrastructure_retries", "int", 3, "Attempts lost to failures outside the "
-          "step's code (not preemptions) before the job fails.", _JOB, minimum=0),
+          "step's code (not preemptions) before the job fails.", _JOB, minimum=0,
+          maximum=MAX_COUNT),
     _knob("max_disruptions", "int", 10, "Voluntary disruptions tolerated (Kubernetes "
           "consolidation, drift, expiration, autoscaler scale-down, drains) before the job "
           "fails; each resumes from the checkpoint, spends no preemption and never moves "
-          "the job to on-demand.", _JOB, minimum=0),
+          "the job to on-demand.", _JOB, minimum=0,
+          maximum=MAX_COUNT),
     _knob("on_demand_fallback", "bool", True, "Run on on-demand when the preemption budget "
           "is spent, spot is scarce or the deadline is near; off: wait (bounded) for spot.",
           _JOB),
@@ -309,73 +348,87 @@ KNOBS: tuple[Knob, ...] = (
           "runs where it started.", _JOB),
     _knob("min_on_demand", "duration", 600.0, "How long an on-demand attempt runs before "
           "the job may move back to spot; 10m stops a flickering zone from making the job "
-          "flap between markets (each move costs a restart).", _JOB, minimum=0,
+          "flap between markets (each move costs a restart).", _JOB, minimum=0, maximum=MAX_SPAN,
+          why_maximum="to stay on on-demand for good, set return_to_spot=False",
           aliases=("min_on_demand_seconds",)),
     _knob("capacity_wait", "duration", 60.0, "One wait for capacity or a cheaper price "
           "window; 60s is about how often spot capacity and prices change.", _JOB,
-          minimum=0, strict=True, aliases=("capacity_wait_seconds",)),
+          minimum=0, maximum=MAX_WAIT, strict=True, aliases=("capacity_wait_seconds",)),
     _knob("max_capacity_waits", "int", 10, "Waits (or launches in a row without capacity) "
           "before the job fails: with capacity_wait 60s, 10 bounds waiting at 10 minutes.",
-          _JOB, minimum=1),
+          _JOB, minimum=1, maximum=MAX_COUNT),
     _knob("max_spot_price", "number", None, "Highest spot price to pay: dearer spot pools "
           "are left alone and the job waits (bounded like a capacity wait) for a cheaper "
           "window, then falls back to on-demand. Empty: no cap.", _JOB, unit="USD/h",
-          minimum=0, strict=True, optional=True, aliases=("max_price_per_hour",)),
+          minimum=0, maximum=MAX_PRICE, strict=True, optional=True,
+          aliases=("max_price_per_hour",)),
     _knob("deadline", "duration", None, "Time the job may take from its start, in capacity "
           "time (trace time on the local cloud, wall time elsewhere), or an absolute wall-clock "
           "time (a datetime, or ISO such as 2026-12-01T08:00Z): near it the job moves to "
           "on-demand; past it the job fails. Empty: no deadline.", _JOB, minimum=0,
+          maximum=MAX_SPAN, why_maximum=WHY_SPAN,
           strict=True, optional=True, absolute=True),
     _knob("attempt_timeout", "duration", 86400.0, "Longest one attempt may run before it is "
           "terminated; 24h bounds a hung step without cutting a long training run short.",
-          _JOB, minimum=0, strict=True),
+          _JOB, minimum=0, maximum=MAX_SPAN, strict=True),
     _knob("poll_interval", "duration", 1.0, "How often a running lease is observed; each "
           "observation is a cloud API call, so raise it for large fleets.", _JOB,
-          minimum=0, strict=True, aliases=("poll_interval_seconds",)),
+          minimum=0, maximum=MAX_WAIT, strict=True, aliases=("poll_interval_seconds",)),
     _knob("heartbeat_timeout", "duration", 300.0, "How long a lease outlives a silent "
           "driver: the node stops the step (after an emergency save) and ends the lease "
           "when the driver's heartbeat is older than this; 5m rides out a driver restart "
-          "but leaks little capacity when a driver is killed.", _JOB, minimum=0, strict=True),
+          "but leaks little capacity when a driver is killed.", _JOB, minimum=0, maximum=MAX_WAIT,
+          strict=True),
     _knob("heartbeat_uri", "text", None, "A store every node can read (s3://bucket/prefix or "
           "file:///path) where each driver process (a triggerer, a Prefect worker, "
           "`spot-pipelines run`) keeps one heartbeat for all the jobs it watches: one write "
           "per renewal instead of one per job (1,000 deferred jobs: one S3 PUT every 75s "
           "instead of 1,000). Empty: each job's heartbeat lives in its own checkpoint store.",
           _JOB, optional=True, check=_check_store_uri, metavar="URI"),
+    _knob("take_over", "bool", False, "Launch even though another driver (a second `run`, "
+          "a worker or triggerer) renewed the job's heartbeat within its heartbeat_timeout. "
+          "Without it such a driver is refused in one line naming the other one: two live "
+          "drivers of one job would fence each other out and run two steps at once. Set it "
+          "once, after the other driver is gone (killed, its machine lost), instead of "
+          "waiting out the timeout.", _JOB),
     _knob("observe_failure_timeout", "duration", 180.0, "How long observing a lease may keep "
           "failing (API errors, resets) before the attempt ends as infrastructure_failed "
           "and its lease is terminated; 3m outlasts a transient cloud API outage.", _JOB,
-          minimum=0, strict=True),
+          minimum=0, maximum=MAX_WAIT, strict=True),
     _knob("checkpoint_cost", "duration", 60.0, "What one checkpoint save is taken to cost "
           "until the job's own saves have been measured (their mean is used after). With "
           "the pool's interruption rate it sets the Young/Daly interval each attempt is "
-          "given in SPOT_CHECKPOINT_INTERVAL.", {CLI}, minimum=0, strict=True),
+          "given in SPOT_CHECKPOINT_INTERVAL.", {CLI}, minimum=0, maximum=MAX_WAIT, strict=True),
     _knob("checkpoint_interval_min", "duration", 60.0, "Shortest time-based checkpoint "
           "interval an attempt is given, however often its pool is interrupted: 1m keeps a "
           "burst of interruptions from making the step spend its time saving.", {CLI},
-          minimum=0, strict=True),
+          minimum=0, maximum=MAX_WAIT, strict=True),
     _knob("checkpoint_interval_max", "duration", 3600.0, "Longest time-based checkpoint "
           "interval an attempt is given (on-demand, or a pool never seen interrupted): the "
-          "most work a missed notice may cost.", {CLI}, minimum=0, strict=True),
+          "most work a missed notice may cost.", {CLI}, minimum=0, maximum=MAX_WAIT, strict=True),
     _knob("alert_interruption_rate", "number", 0.25, "Raise a pool alert (the Prefect event "
           "`spot.pool.alert`, the Airflow listener hook `on_spot_alert`) when a spot pool's observed "
           "interruptions per hour pass this; 0.25 (one every 4 h) is where restarts start to "
           "eat the savings of a long step. Empty: no rate alert.", {OPERATOR, BLOCK, WORKER},
-          unit="per hour", minimum=0, strict=True, optional=True),
+          unit="per hour", minimum=0, maximum=MAX_RATE, strict=True, optional=True),
     _knob("alert_spot_price", "number", None, "Raise a pool alert when a spot pool's price "
           "passes this. Empty: no price alert (prices differ by instance type).", {OPERATOR, BLOCK, WORKER},
-          unit="USD/h", minimum=0, strict=True, optional=True),
+          unit="USD/h", minimum=0, maximum=MAX_PRICE, strict=True, optional=True),
     _knob("checkpoint_every", "duration", None, "Save a checkpoint at most this often (time "
           "based). Empty: only by steps and on an interruption notice.", _IN_PLACE,
-          minimum=0, strict=True, optional=True, aliases=("checkpoint_every_seconds",)),
+          minimum=0, maximum=MAX_WAIT, strict=True, optional=True,
+          aliases=("checkpoint_every_seconds",)),
     _knob("checkpoint_every_steps", "int", None, "Save a checkpoint every this many steps. "
           "Empty: only by time and on an interruption notice.", _IN_PLACE, minimum=1,
+          maximum=MAX_STEPS,
           optional=True),
     _knob("keep_checkpoints", "int", 3, "Checkpoints kept in the store (older ones are "
-          "pruned); more than one survives a corrupt newest one.", {DECORATOR}, minimum=1),
+          "pruned); more than one survives a corrupt newest one.", {DECORATOR}, minimum=1,
+          maximum=MAX_KEEP),
     _knob("notice_poll_interval", "duration", 1.0, "How often the node's metadata service "
           "is polled for an interruption notice; 1s leaves nearly all of a 2-minute notice "
-          "for the emergency save.", {DECORATOR, SPOT_TASK}, minimum=0, strict=True,
+          "for the emergency save.", {DECORATOR, SPOT_TASK}, minimum=0, maximum=MAX_WAIT,
+          strict=True,
           aliases=("watch_poll_interval",)),
     _knob("cloud", "text", "auto", "Where interruption notices come from: `auto` probes, or "
           "`aws`, `gcp`, `azure`, `signal` (SIGTERM only).", {DECORATOR},
@@ -383,13 +436,14 @@ KNOBS: tuple[Knob, ...] = (
     _knob("work", "duration", None, "With a deadline: compute the job needs, in capacity "
           "time like the deadline; the job moves to on-demand when work left plus two "
           "restarts no longer fits on spot.", _JOB,
-          minimum=0, strict=True, optional=True),
+          minimum=0, maximum=MAX_SPAN, why_maximum=WHY_SPAN, strict=True, optional=True),
     _knob("total_steps", "int", None, "With work: the step count at which the job is done, "
-          "so checkpoint steps measure progress.", _JOB, minimum=1, optional=True),
+          "so checkpoint steps measure progress.", _JOB, minimum=1, maximum=MAX_STEPS,
+          optional=True),
     _knob("restart_overhead", "duration", 300.0, "With work: capacity time a new instance "
           "takes before the job makes progress again (5m covers boot, image pull and "
           "restore).",
-          _JOB, minimum=0),
+          _JOB, minimum=0, maximum=MAX_WAIT),
     _knob("deadline_policy", "text", None, "With a deadline and work: the deadline policy "
           "(greedy, uniform-progress, default, ...) that decides spot, on-demand or wait "
           "between attempts on a trace market (the local cloud). Empty: only the on-demand "
@@ -456,6 +510,8 @@ class _SettingsMethods:
         if self.work is not None and self.deadline is None:
             raise ConfigError(f"work={format_duration(self.work)} needs deadline=DURATION "
                               "too (the work is planned against it); set one, or drop work")
+        if self.work is not None and isinstance(self.deadline, float):
+            _check_work_fits(self.work, self.deadline)
         if self.deadline_policy is not None and (self.deadline is None or self.work is None):
             raise ConfigError(f"deadline_policy={self.deadline_policy!r} needs deadline and "
                               "work (and total_steps, so checkpoints measure progress)")
@@ -518,7 +574,8 @@ class _SettingsMethods:
                 "observe_failure_timeout": self.observe_failure_timeout,
                 "checkpoint_cost": self.checkpoint_cost,
                 "checkpoint_interval_min": self.checkpoint_interval_min,
-                "checkpoint_interval_max": self.checkpoint_interval_max}
+                "checkpoint_interval_max": self.checkpoint_interval_max,
+                "take_over": self.take_over}
 
     def deadline_spec(self, *, created_at: float, capacity_per_wall: float) -> dict[str, Any]:
         """JobSpec's deadline fields (``deadline`` wall-clock POSIX time, ``work_seconds``
@@ -526,8 +583,12 @@ class _SettingsMethods:
         ``deadline_policy``) under the time convention; every surface builds its JobSpec
         with these, ``created_at`` being its JobRecord's (so a resumed job keeps its
         deadline) and ``capacity_per_wall`` its provider's ``capacity_seconds(1.0)``."""
-        return {"deadline": deadline_at(self.deadline, created_at=created_at,
-                                        capacity_per_wall=capacity_per_wall),
+        deadline = deadline_at(self.deadline, created_at=created_at,
+                               capacity_per_wall=capacity_per_wall)
+        if self.work is not None and isinstance(self.deadline, datetime):
+            _check_work_fits(self.work, (deadline - created_at) * capacity_per_wall,
+                             deadline=self.deadline.isoformat())
+        return {"deadline": deadline,
                 "work_seconds": self.work, "total_steps": self.total_steps,
                 "restart_overhead_seconds": self.restart_overhead,
                 "deadline_policy": self.deadline_policy}
@@ -541,6 +602,19 @@ class _SettingsMethods:
         """Keyword arguments for ``Checkpointer`` (its schedule and how many it keeps)."""
         return {"every_seconds": self.checkpoint_every,
                 "every_steps": self.checkpoint_every_steps, "keep": self.keep_checkpoints}
+
+
+def _check_work_fits(work: float, room: float, *, deadline: str | None = None) -> None:
+    """A job whose work exceeds the capacity time before its deadline cannot finish even
+    on on-demand: refused before anything runs, rather than failing at the deadline."""
+    if work <= room:
+        return
+    shown = format_duration(room) if deadline is None else deadline
+    extra = "" if deadline is None else \
+        f" ({format_duration(max(round(room), 0))} of capacity time)"
+    raise ConfigError(f"work={format_duration(work)} is more than deadline={shown}{extra}: "
+                      "the job cannot finish in time even on on-demand; give a later "
+                      "deadline or less work")
 
 
 _TYPES = {"int": int, "number": float, "bool": bool, "duration": float, "text": str,
@@ -602,7 +676,8 @@ def cli_help(knob_: Knob) -> str:
     if knob_.absolute:
         unit = " (a duration of capacity time: 90s, 5m, 2h, 1d; or an ISO time such as " \
                "2026-12-01T08:00Z)"
-    return f"{text}{unit} (default: {'none' if shown is None else shown})"
+    bound = "" if knob_.maximum is None else f"; at most {knob_._shown(knob_.maximum)}"
+    return f"{text}{unit} (default: {'none' if shown is None else shown}{bound})"
 
 
 def add_cli_arguments(parser, *, skip: Iterable[str] = ()) -> None:
@@ -638,10 +713,10 @@ def settings_from_cli(args, *, where: str = "", **overrides: Any) -> SpotSetting
     try:
         return SpotSettings.build(where=where, check_options=False, **{**values, **overrides})
     except ConfigError as exc:  # a check across knobs: say it in flags, as the user wrote it
-        raise ConfigError(_in_flags(str(exc))) from None
+        raise ConfigError(in_flags(str(exc))) from None
 
 
-def _in_flags(message: str) -> str:
+def in_flags(message: str) -> str:
     """``work=2h needs deadline=...`` as ``--work 2h needs --deadline ...``."""
     names = "|".join(sorted((k.name for k in knobs_for(CLI)), key=len, reverse=True))
     return re.sub(rf"\b({names})=", lambda m: cli_flag(KNOBS_BY_NAME[m[1]]) + " ", message)
@@ -650,5 +725,5 @@ def _in_flags(message: str) -> str:
 __all__ = ["ALIASES", "CLI", "DECORATOR", "BLOCK", "KNOBS", "KNOBS_BY_NAME", "Knob",
            "OPERATOR", "POD_OPERATOR", "SPOT_TASK", "SURFACES", "SpotSettings", "TASK_RUNNER", "WORKER",
            "add_cli_arguments", "cli_flag", "cli_help", "cli_value", "deadline_at", "default",
-           "format_duration", "parse_time", "knob", "knobs_for", "parse_duration", "pop_aliases",
+           "format_duration", "in_flags", "parse_time", "knob", "knobs_for", "parse_duration", "pop_aliases",
            "resolve_aliases", "settings_from_cli"]

@@ -132,7 +132,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
     ``min_on_demand``, ``max_spot_price``, ``capacity_wait``, ``max_capacity_waits``,
     ``max_infrastructure_retries``, ``max_disruptions``, ``deadline``, ``work``, ``total_steps``,
     ``restart_overhead``, ``deadline_policy``, ``attempt_timeout``, ``heartbeat_timeout``,
-    ``heartbeat_uri``, ``observe_failure_timeout``) mean what they mean for
+    ``heartbeat_uri``, ``take_over``, ``observe_failure_timeout``) mean what they mean for
     ``SpotJobOperator``: the meaning, default and check of each knob is in
     ``spot_core.settings``.
     """
@@ -165,6 +165,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
                  poll_interval: Duration = default("poll_interval"),
                  heartbeat_timeout: Duration = default("heartbeat_timeout"),
                  heartbeat_uri: str | None = default("heartbeat_uri"),
+                 take_over: bool = default("take_over"),
                  observe_failure_timeout: Duration = default("observe_failure_timeout"),
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",
                                                     fallback=False),
@@ -192,6 +193,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
             "heartbeat_timeout": heartbeat_timeout, "heartbeat_uri": heartbeat_uri,
+            "take_over": take_over,
             "observe_failure_timeout": observe_failure_timeout, **renamed}))
         self._spot_hook: SpotKubernetesHook | None = None
 

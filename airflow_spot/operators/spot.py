@@ -94,6 +94,9 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     :param heartbeat_uri: a store every node can read (``s3://bucket/prefix``) where each
         triggerer or worker keeps one heartbeat for all the jobs it watches (one write per
         renewal instead of one per job). Empty: each job's heartbeat is in its own store.
+    :param take_over: launch even though another driver renewed the job's heartbeat
+        within its timeout (otherwise the task fails in one line naming that driver); set
+        it once, after that driver is gone.
     :param observe_failure_timeout: how long observing a lease may keep failing before the
         attempt ends as infrastructure_failed.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
@@ -145,6 +148,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
                  poll_interval: Duration = default("poll_interval"),
                  heartbeat_timeout: Duration = default("heartbeat_timeout"),
                  heartbeat_uri: str | None = default("heartbeat_uri"),
+                 take_over: bool = default("take_over"),
                  observe_failure_timeout: Duration = default("observe_failure_timeout"),
                  alert_interruption_rate: float | None = default("alert_interruption_rate"),
                  alert_spot_price: float | None = default("alert_spot_price"),
@@ -183,6 +187,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             "deadline_policy": deadline_policy,
             "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
             "heartbeat_timeout": heartbeat_timeout, "heartbeat_uri": heartbeat_uri,
+            "take_over": take_over,
             "observe_failure_timeout": observe_failure_timeout,
             "alert_interruption_rate": alert_interruption_rate,
             "alert_spot_price": alert_spot_price, **renamed}))

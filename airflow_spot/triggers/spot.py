@@ -42,7 +42,7 @@ from spot_core.settings import Knob, knob
 EVENT_STATUSES = ("ended", "notice", "wake", "error")
 CONTROLLER_OPTIONS = ("poll_interval", "attempt_timeout", "heartbeat_timeout", "heartbeat_uri",
                       "observe_failure_timeout", "checkpoint_cost", "checkpoint_interval_min",
-                      "checkpoint_interval_max")
+                      "checkpoint_interval_max", "take_over")
 _NOT_BEFORE = Knob("not_before", "number", 0.0, "POSIX time", frozenset(), minimum=0)
 KILLED = "stopped: the task was marked failed, cleared or killed while deferred"
 

@@ -123,6 +123,7 @@ class _SpotFields:
     poll_interval = spot_field("poll_interval")
     heartbeat_timeout = spot_field("heartbeat_timeout")
     heartbeat_uri = spot_field("heartbeat_uri")
+    take_over = spot_field("take_over")
     observe_failure_timeout = spot_field("observe_failure_timeout")
     alert_interruption_rate = spot_field("alert_interruption_rate")
     alert_spot_price = spot_field("alert_spot_price")
@@ -170,6 +171,7 @@ class _SpotValues(BaseModel):
     poll_interval: float = _SpotFields.poll_interval
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
     heartbeat_uri: Optional[str] = _SpotFields.heartbeat_uri
+    take_over: bool = _SpotFields.take_over
     observe_failure_timeout: float = _SpotFields.observe_failure_timeout
     alert_interruption_rate: Optional[float] = _SpotFields.alert_interruption_rate
     alert_spot_price: Optional[float] = _SpotFields.alert_spot_price

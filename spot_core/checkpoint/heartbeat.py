@@ -20,21 +20,63 @@ about half of such a process's CPU). The job's own heartbeat then holds a *point
 follows the pointer and counts a renewal only while its job is listed at its attempt, so
 a driver that stops watching one job (a cancelled trigger) while it lives on for others
 stops vouching for that job at its next renewal, and the node's timeout runs as before.
+
+One live driver per job: every beat names the driver process that wrote it (``owner``, a
+random id per process, with its host and pid) and the heartbeat timeout it runs under; a
+driver that closes an attempt *releases* the beat. ``live_holder`` reads the beat before
+a driver launches an attempt: a beat that another process renewed within its timeout and
+has not released is a live driver, and the controller refuses to start a second one
+(``spot_core.controller``; ``take_over`` overrides it once the other one is gone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import re
+import socket
 import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from spot_core.errors import FencedOut
+
 HEARTBEAT_KEY = "heartbeat/driver.json"
 DRIVER_KEY = "drivers/{}.json"  # a driver process's beat, in the heartbeat_uri store
 _DRIVER_ID = re.compile(r"[0-9a-f]{32}")  # what a pointer may name (no path tricks)
+
+
+@dataclass(frozen=True)
+class DriverIdentity:
+    """Which driver process wrote a beat: a random ``owner`` id (pids repeat across hosts
+    and reboots), and its host and pid for the message that names it."""
+
+    owner: str
+    host: str
+    pid: int
+
+
+def _new_identity() -> DriverIdentity:
+    return DriverIdentity(uuid.uuid4().hex, socket.gethostname()[:255], os.getpid())
+
+
+_identity = _new_identity()
+
+
+def _renew_identity() -> None:  # a forked child is another driver process
+    global _identity
+    _identity = _new_identity()
+
+
+os.register_at_fork(after_in_child=_renew_identity)
+
+
+def this_driver() -> DriverIdentity:
+    """This process's identity as a driver (a new one after a fork)."""
+    return _identity
 
 
 @dataclass(frozen=True)
@@ -50,12 +92,25 @@ class Beat:
     sequence: int
     driver: str | None = None
     job: str | None = None
+    # Who wrote it and under which heartbeat timeout (seconds); ``released``: its driver
+    # closed the attempt (no driver holds the job). None/False in beats of older versions.
+    owner: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    timeout: float | None = None
+    released: bool = False
 
     def to_bytes(self) -> bytes:
         doc: dict[str, Any] = {"attempt": self.attempt, "renewed_at": self.renewed_at,
                                "sequence": self.sequence}
         if self.driver is not None:
             doc.update(driver=self.driver, job=self.job)
+        if self.owner is not None:
+            doc.update(owner=self.owner, host=self.host, pid=self.pid)
+        if self.timeout is not None:
+            doc["timeout"] = self.timeout
+        if self.released:
+            doc["released"] = True
         return json.dumps(doc, allow_nan=False).encode()
 
     @classmethod
@@ -72,9 +127,25 @@ class Beat:
                         and isinstance(job, str) and job):
                     return None
                 beat = cls(beat.attempt, beat.renewed_at, beat.sequence, driver, job)
+            beat = dataclasses.replace(beat, **_writer(doc))
         except (ValueError, KeyError, TypeError, IndexError, RecursionError, OverflowError):
             return None
         return beat if math.isfinite(beat.renewed_at) else None
+
+
+def _writer(doc: dict) -> dict[str, Any]:
+    """The writer fields of a beat document; a malformed one is dropped field by field
+    (the beat itself still counts for the node, which never reads them)."""
+    owner, host, pid, timeout = (doc.get(k) for k in ("owner", "host", "pid", "timeout"))
+    fields: dict[str, Any] = {"released": doc.get("released") is True}
+    if isinstance(owner, str) and 0 < len(owner) <= 64:
+        fields["owner"] = owner
+        fields["host"] = host[:255] if isinstance(host, str) else None
+        fields["pid"] = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
+            and math.isfinite(timeout) and timeout > 0:
+        fields["timeout"] = float(timeout)
+    return fields
 
 
 class Heartbeat:
@@ -83,10 +154,14 @@ class Heartbeat:
     ``drivers``: the ``heartbeat_uri`` store, where a pointer's driver keeps its beat; a
     reader without it cannot follow a pointer (and so sees no renewal)."""
 
-    def __init__(self, store, drivers=None) -> None:
+    def __init__(self, store, drivers=None, *, timeout: float | None = None,
+                 identity: DriverIdentity | None = None) -> None:
         self.store = store
         self.drivers = drivers
+        self.timeout = timeout  # the writer's heartbeat timeout, written into its beats
+        self.identity = identity  # the writer (default: this process, at each write)
         self._sequence = 0
+        self._written_at = -math.inf
         self._pointer: Beat | None = None  # reader side: the pointer last followed
 
     def renew(self, attempt: int, now: float) -> Beat:
@@ -95,23 +170,40 @@ class Heartbeat:
         The store is read only before this object's first renewal (to continue above an
         earlier driver's sequence); after that its own counter does, so a renewal is one
         write (a triggerer watching 1,000 jobs renews 1,000 heartbeats a minute)."""
-        if self._sequence == 0:
-            last = self.read_own()
-            self._sequence = 0 if last is None else last.sequence
-        self._sequence += 1
-        beat = Beat(attempt=attempt, renewed_at=now, sequence=self._sequence)
-        self.store.put_object(HEARTBEAT_KEY, beat.to_bytes())
-        return beat
+        return self._write(attempt, now)
 
     def point(self, attempt: int, driver: "DriverBeat", job: str, now: float) -> Beat:
         """Write a pointer: ``driver``'s object renews ``job``'s ``attempt`` from now on.
         One write per attempt and driver process (the driver lists the job first)."""
-        if self._sequence == 0:
+        return self._write(attempt, now, driver=driver.driver_id, job=job)
+
+    def release(self, attempt: int, now: float) -> Beat | None:
+        """Say that ``attempt`` is closed: no driver holds the job until the next launch
+        (a re-run may start at once, without waiting for the timeout). Read first, once
+        per attempt: a newer attempt's beat (another driver's) is left alone (None)."""
+        last = self.read_own()
+        if last is not None and last.attempt > attempt:
+            return None
+        self._sequence = max(self._sequence, 0 if last is None else last.sequence)
+        return self._write(attempt, now, released=True)
+
+    def _write(self, attempt: int, now: float, **extra: Any) -> Beat:
+        """One write. The beat is read first before this object's first write (to go on
+        above an earlier driver's sequence) and after a silence of half the timeout (a
+        paused driver, resumed): a beat of a newer attempt is then never overwritten,
+        since its driver took the job over (``FencedOut``)."""
+        silent = self.timeout is not None and now - self._written_at >= self.timeout / 2
+        if self._sequence == 0 or silent:
             last = self.read_own()
-            self._sequence = 0 if last is None else last.sequence
+            if last is not None and last.attempt > attempt:
+                raise FencedOut(f"the job's heartbeat names attempt {last.attempt}, newer "
+                                f"than {attempt}: another driver took the job over")
+            self._sequence = max(self._sequence, 0 if last is None else last.sequence)
         self._sequence += 1
-        beat = Beat(attempt=attempt, renewed_at=now, sequence=self._sequence,
-                    driver=driver.driver_id, job=job)
+        self._written_at = now
+        me = self.identity or this_driver()
+        beat = Beat(attempt=attempt, renewed_at=now, sequence=self._sequence, owner=me.owner,
+                    host=me.host, pid=me.pid, timeout=self.timeout, **extra)
         self.store.put_object(HEARTBEAT_KEY, beat.to_bytes())
         return beat
 
@@ -208,6 +300,48 @@ class DriverBeat:
         if isinstance(attempt, bool) or not math.isfinite(listed[1]):
             return None
         return listed
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Another driver process that holds a job: it renewed the job's heartbeat
+    ``age_seconds`` ago, within its ``timeout_seconds``, while watching ``attempt``."""
+
+    host: str
+    pid: int | None
+    attempt: int
+    age_seconds: float
+    timeout_seconds: float
+
+    def describe(self) -> str:
+        pid = "" if self.pid is None else f" pid {self.pid}"
+        return (f"{self.host}{pid} renewed its heartbeat {self.age_seconds:.0f}s ago "
+                f"(attempt {self.attempt}, timeout {self.timeout_seconds:g}s)")
+
+
+def live_holder(store, now: float, *, timeout: float, drivers=None,
+                me: DriverIdentity | None = None) -> Holder | None:
+    """The driver process other than ``me`` that holds the job whose store is ``store``,
+    or None: its beat is renewed within its timeout (``timeout`` for a beat that names
+    none), not released, and not written by ``me``. A pointer's renewals are read from
+    ``drivers`` (the ``heartbeat_uri`` store) when given, else its own time counts.
+    Ages compare the writer's clock with ``now`` (seconds of skew matter little against
+    timeouts of minutes)."""
+    me = me or this_driver()
+    beat = Heartbeat(store).read_own()
+    if beat is None or beat.released or (beat.owner is not None and beat.owner == me.owner):
+        return None
+    renewed_at = beat.renewed_at
+    if beat.driver is not None and drivers is not None:
+        followed = Heartbeat(store, drivers)._follow(beat)
+        if followed is None:  # its driver no longer lists the job: it let it go
+            return None
+        renewed_at = followed.renewed_at
+    limit = beat.timeout or timeout
+    age = now - renewed_at
+    if age >= limit:
+        return None
+    return Holder(beat.host or "an unknown host", beat.pid, beat.attempt, max(0.0, age), limit)
 
 
 _driver_beats: dict[str, DriverBeat] = {}

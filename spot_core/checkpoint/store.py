@@ -12,11 +12,13 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import numbers
 import os
 import time
 from typing import Any, Iterator, Mapping
 
+from spot_core.bounds import MAX_ATTEMPT
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
@@ -66,7 +68,7 @@ class CheckpointStore:
         backend fails.
         """
         step = _check_count("step", step, minimum=0)
-        attempt = _check_count("attempt", attempt, minimum=0)
+        attempt = _check_count("attempt", attempt, minimum=0, maximum=MAX_ATTEMPT)
         items = prepare_payload(payload)
         meta = encode_metadata(metadata)
         self._check_save(step, attempt)
@@ -192,7 +194,7 @@ class CheckpointStore:
         written: the fence object is replaced whole, so a full or read-only store keeps
         its old fence and every checkpoint as they were.
         """
-        attempt = _check_count("attempt", attempt, minimum=0)
+        attempt = _check_count("attempt", attempt, minimum=0, maximum=MAX_ATTEMPT)
         try:
             with self.backend.lock():
                 self._check_fence(attempt)
@@ -207,6 +209,20 @@ class CheckpointStore:
         """The lowest attempt still allowed to save: max of the fence and committed attempts."""
         committed = [m.attempt for m in self._committed()]
         return max([self._fence_object(), *committed])
+
+    def fenced_at(self) -> float | None:
+        """When (the fencing process's POSIX time) the fence object was last raised; None
+        when there is none or it says no time. A driver reads it to tell a fence another
+        driver raised a moment ago from one left by a driver long gone."""
+        try:
+            doc = json.loads(self.backend.get_bytes(FENCE_KEY), parse_constant=float)
+            when = doc["fenced_at"]
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+            return None
+        if isinstance(when, bool) or not isinstance(when, (int, float)) \
+                or not math.isfinite(when):
+            return None
+        return float(when)
 
     def _check_fence(self, attempt: int, committed: list[Manifest] | None = None) -> None:
         committed = self._committed() if committed is None else committed
@@ -497,8 +513,8 @@ def _fence_attempt(data: bytes) -> int | None:
         attempt = doc["attempt"]
     except (ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        return None
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt <= MAX_ATTEMPT:
+        return None  # past MAX_ATTEMPT (an older version took any number): corrupt, replaced
     return attempt
 
 
@@ -551,8 +567,11 @@ def _corrupt(manifest: Manifest, name: str, problem: str) -> CorruptCheckpoint:
                              f"payload file {name!r} {problem}")
 
 
-def _check_count(what: str, value: object, *, minimum: int) -> int:
+def _check_count(what: str, value: object, *, minimum: int,
+                 maximum: int | None = None) -> int:
     """Accept any integral (also numpy ints), never bools or floats; return a plain int."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{what} must be an int >= {minimum}, got {value!r}")
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum \
+            or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
+        raise ConfigError(f"{what} must be an int {bound}, got {repr(value)[:40]}")
     return int(value)

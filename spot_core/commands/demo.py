@@ -41,10 +41,16 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+MAX_DEMO_STEPS = 1_000_000
+
+
 def run(args: argparse.Namespace) -> int:
     from spot_core.demo.pipeline import DemoConfig
 
     _check_workdir(args.workdir)
+    if args.steps > MAX_DEMO_STEPS:  # every engine's: 10^20 steps would train for ever
+        raise ConfigError(f"--steps must be at most {MAX_DEMO_STEPS:,} (got {args.steps}); the "
+                          "demo's default is 2000")
     if args.provider == "kubernetes" and args.engine == "none":
         return _run_kubernetes_demo(args)
     if args.engine != "none":

@@ -19,8 +19,9 @@ import time
 import uuid
 from pathlib import Path
 
+from spot_core.bounds import MAX_TIME_SCALE
 from spot_core.errors import ConfigError
-from spot_core.settings import add_cli_arguments, settings_from_cli
+from spot_core.settings import add_cli_arguments, in_flags, settings_from_cli
 
 
 def register(subparsers) -> None:
@@ -86,20 +87,25 @@ def run(args: argparse.Namespace) -> int:
     # On kubernetes the command runs in the pod's image, not on this machine.
     command = _command(args.cmd, in_image=settings.image is not None
                        or settings.provider == "kubernetes")
-    job_id = args.job_id or f"job-{uuid.uuid4().hex[:8]}"
+    # Given but empty is a mistake (a script's unset variable), never "no job id".
+    job_id = f"job-{uuid.uuid4().hex[:8]}" if args.job_id is None else args.job_id
+    _check_job_id(job_id)
     wanted = _pool_names(args.pools)
     # SIGINT, SIGTERM and SIGHUP stop the job at the driver's next wait, never inside a
     # client call (spot_core.stopping); a second one stops it at once.
     with stop_on_signals(), _provider(args, settings) as provider:
         pools = _pools(provider, wanted)
-        # Last of the checks: it creates the checkpoint folder, so a bad flag leaves none.
-        checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
         # The settings' time convention (spot_core.settings): --deadline, --work and
         # --restart-overhead count in the provider's capacity time.
+        try:
+            deadline = settings.deadline_spec(
+                created_at=time.time(), capacity_per_wall=provider.capacity_seconds(1.0))
+        except ConfigError as exc:
+            raise ConfigError(in_flags(str(exc))) from None
+        # Last of the checks: it creates the checkpoint folder, so a bad flag leaves none.
+        checkpoint_uri = _checkpoint_uri(args.checkpoint_uri, job_id)
         spec = JobSpec(job_id=job_id, command=command, checkpoint_uri=checkpoint_uri,
-                       pools=pools, image=settings.image, **settings.deadline_spec(
-                           created_at=time.time(),
-                           capacity_per_wall=provider.capacity_seconds(1.0)))
+                       pools=pools, image=settings.image, **deadline)
         controller = Controller(provider, provider.market, settings.retry_policy(),
                                 listener=_print_event, **settings.controller_options())
         record = controller.run(spec, observer=observer_of(provider))
@@ -181,12 +187,14 @@ def _provider(args: argparse.Namespace, settings):
         return _kubernetes_provider(args)
     from spot_core.market.fixtures import fixture_prices_path, fixture_trace_paths
     from spot_core.market.trace import load_traces
+    from spot_core.market.trace_market import check_time_scale
     from spot_core.model import MAX_PRICE_PER_HOUR
     from spot_core.providers.local import LocalProvider
 
-    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
-        raise ConfigError(f"--time-scale must be a finite number > 0 (trace seconds per wall "
-                          f"second), got {args.time_scale}; e.g. --time-scale 3600")
+    if not (math.isfinite(args.time_scale) and 0 < args.time_scale <= MAX_TIME_SCALE):
+        raise ConfigError(f"--time-scale must be a finite number > 0 and at most "
+                          f"{MAX_TIME_SCALE:,.0f} (trace seconds per wall second), got "
+                          f"{args.time_scale}; e.g. --time-scale 3600")
     od = args.on_demand_price
     if od is not None and not (math.isfinite(od) and 0 < od <= MAX_PRICE_PER_HOUR):
         raise ConfigError(f"--on-demand-price must be a finite $/h > 0 and at most "
@@ -196,6 +204,7 @@ def _provider(args: argparse.Namespace, settings):
     else:
         traces = load_traces(fixture_trace_paths(), prices=fixture_prices_path(),
                              on_demand_price=od)
+    check_time_scale(args.time_scale, traces[0].tick_seconds, name="--time-scale")
     ticks = min(t.n_ticks for t in traces)
     if not 0 <= args.start_tick < ticks:
         raise ConfigError(f"--start-tick {args.start_tick} is outside the traces' {ticks} "

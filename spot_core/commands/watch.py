@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spot_core import attempt_env
+from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.errors import ConfigError
 from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector
 from spot_core.interruption.base import Detector
@@ -139,7 +140,7 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
         grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
                                                           "e.g. 30", allow_zero=True),
         command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
-        attempt=int(attempt) if attempt and attempt.isdigit() else None,
+        attempt=attempt_env.attempt_number(attempt) if attempt else None,
         report=bool(getattr(args, "report", False)), heartbeat_uri=drivers)
 
 
@@ -160,9 +161,9 @@ def _heartbeat_timeout(text: str | None, has_command: bool) -> float | None:
         value = parse_duration(text, name="--heartbeat-timeout")
     except ConfigError:
         value = 0.0
-    if value <= 0:
-        raise ConfigError(f"--heartbeat-timeout {text!r} is not a duration > 0; write it "
-                          "like 300, 90s or 5m")
+    if not 0 < value <= MAX_WAIT_SECONDS:
+        raise ConfigError(f"--heartbeat-timeout {text[:40]!r} is not a duration > 0 and at "
+                          "most 1d; write it like 300, 90s or 5m")
     if not has_command:
         raise ConfigError("--heartbeat-timeout stops a command: put it after --, e.g. "
                           "`spot-pipelines watch --heartbeat-timeout 5m -- python train.py`")
@@ -170,13 +171,17 @@ def _heartbeat_timeout(text: str | None, has_command: bool) -> float | None:
 
 
 def _seconds(option: str, text: str, example: str, allow_zero: bool = False) -> float:
+    """Seconds from 0 (or above) to a day: every wait here is a thread's, and a thread
+    cannot wait 1e300 s (its watcher thread died of it, and a later notice was lost)."""
     try:
         value = float(text)
     except (TypeError, ValueError):
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) \
+            or value > MAX_WAIT_SECONDS:
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{option} must be a number of seconds {bound}, got {text!r}: "
+        raise ConfigError(f"{option} must be a number of seconds {bound} and at most "
+                          f"{MAX_WAIT_SECONDS:g} (1d), got {str(text)[:40]!r}: "
                           f"use {option} {example.removeprefix('e.g. ')}")
     return value
 

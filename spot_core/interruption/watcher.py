@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Callable, Hashable, Iterable
 
+from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.errors import ConfigError
 from spot_core.interruption.base import Detector, Notice
 from spot_core.interruption.endpoint import FailureStreak
@@ -28,8 +29,9 @@ class InterruptionWatcher:
 
     def __init__(self, detectors: Iterable[Detector], poll_interval: float = 1.0,
                  clock: Callable[[], float] = time.time) -> None:
-        if not poll_interval > 0:
-            raise ConfigError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        if not 0 < poll_interval <= MAX_WAIT_SECONDS:  # a thread cannot wait 1e300 s
+            raise ConfigError(f"poll_interval must be > 0 and at most {MAX_WAIT_SECONDS:g} "
+                              f"seconds (1d), got {poll_interval!r}")
         self.detectors = list(detectors)
         self.poll_interval = float(poll_interval)
         self._clock = clock

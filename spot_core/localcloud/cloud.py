@@ -14,6 +14,7 @@ second), so notice periods are scaled too, with a floor that still lets a step s
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 # What each cloud promises between notice and reclaim, in capacity (trace) seconds.
 NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+LOG_TAIL_BYTES = 256 * 1024  # what a log tail reads at most, from the end of the log
 DEFAULT_TIME_SCALE = 3600.0  # one trace hour per wall second
 EMULATED_CLOUDS = {"aws": "aws", "gcp": "gcp", "gce": "gcp", "azure": "azure"}
 INSTANCE_PREFIX = "i-local-"
@@ -201,10 +203,15 @@ class LocalSpotCloud:
         return instance.emulator
 
     def log_tail(self, instance_id: str, lines: int = 5) -> str:
+        """The last ``lines`` lines of the instance's log, from at most its last
+        ``LOG_TAIL_BYTES`` (a step may log gigabytes)."""
         instance = self._instances.get(instance_id)
-        if instance is None or not instance.log_path.exists():
+        if instance is None or lines <= 0 or not instance.log_path.exists():
             return ""
-        return "\n".join(instance.log_path.read_text(errors="replace").splitlines()[-lines:])
+        with open(instance.log_path, "rb") as log_file:
+            log_file.seek(max(0, os.fstat(log_file.fileno()).st_size - LOG_TAIL_BYTES))
+            text = log_file.read(LOG_TAIL_BYTES).decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
 
     def shutdown(self) -> None:
         """Terminate every instance this cloud ever started; stop the monitor; remove the

@@ -24,6 +24,13 @@ Every request must carry ``Authorization: Bearer TOKEN`` (else 401), and every P
 "simple" POST (text/plain, no custom header) cannot launch anything. Clients find the
 token in ``$SPOT_LOCAL_CLOUD_TOKEN`` or in the server's workdir (``client_environ``).
 
+Every request gets a JSON answer, never a dropped connection or a traceback: a body that
+is not a JSON object (malformed, nested past ``MAX_JSON_DEPTH``, NaN), a field of the
+wrong type, an empty command or one that cannot be run, ``?lines=abc``: 400; a body
+declared longer than ``MAX_BODY_BYTES``: 413 (unread); anything unforeseen: 500. A
+listen backlog of ``BACKLOG`` and a thread per connection (each bounded by
+``REQUEST_TIMEOUT_SECONDS`` of silence) answer hundreds of clients at once (bench/README.md).
+
 ``--start-on-first-client`` holds the replay at ``--start-tick`` until the first client
 asks for the configuration or launches: an engine that takes a variable time to start
 (Airflow, Prefect) then meets the trace at the same tick on every run.
@@ -35,7 +42,9 @@ import argparse
 import dataclasses
 import hmac
 import json
+import logging
 import os
+import re
 import secrets
 import signal
 import sys
@@ -53,7 +62,16 @@ from spot_core.market.trace import ZoneTrace
 from spot_core.model import Pool
 
 
+log = logging.getLogger(__name__)
+
 LOOPBACK = "127.0.0.1"
+BACKLOG = 1024                 # pending connections the kernel holds (socketserver's 5 dropped
+                               # 25 of 200 concurrent clients); Linux caps it at somaxconn
+MAX_BODY_BYTES = 1 << 20       # 1 MiB: a launch or a describe of 10,000 ids is far smaller
+MAX_JSON_DEPTH = 32            # the API's bodies nest 3 deep
+MAX_LOG_LINES = 10_000
+MAX_IDS = 10_000
+REQUEST_TIMEOUT_SECONDS = 10.0  # a silent client frees its thread after this
 TOKEN_FILE = "server.token"
 TOKEN_ENV = "SPOT_LOCAL_CLOUD_TOKEN"
 URL_ENV = "SPOT_LOCAL_CLOUD_URL"
@@ -164,8 +182,7 @@ class LocalCloudServer:
 
     def start(self) -> LocalCloudServer:
         _write_private(self.token_file, self.token)  # before the first request can come
-        server = ThreadingHTTPServer((self._host, self._port), _Handler)
-        server.daemon_threads = True
+        server = _Server((self._host, self._port), _Handler)
         server.cloud = self.cloud  # type: ignore[attr-defined]
         server.token = self.token  # type: ignore[attr-defined]
         server.first_client = self.first_client  # type: ignore[attr-defined]
@@ -215,8 +232,32 @@ def config_of(cloud: LocalSpotCloud) -> dict[str, Any]:
             "time_scale": market.time_scale, "workdir": str(cloud.workdir)}
 
 
+class BadRequest(Exception):
+    """What the client sent is wrong: answered ``status`` with ``message``."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection (daemon: never holds the process), a deep backlog, and
+    no traceback on stderr for a connection that breaks (a client that went away)."""
+
+    daemon_threads = True
+    request_queue_size = BACKLOG
+
+    def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+        log.debug("local cloud: connection from %s failed", client_address, exc_info=True)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "spot-local-cloud/1"
+    timeout = REQUEST_TIMEOUT_SECONDS  # socketserver sets it on the connection
+    # http.server's own refusals (a malformed request line, headers past its limits) in
+    # JSON too; its fields come HTML-escaped, which keeps them valid JSON strings.
+    error_content_type = "application/json"
+    error_message_format = '{"error": "http_%(code)d", "message": "%(message)s: %(explain)s"}'
 
     @property
     def cloud(self) -> LocalSpotCloud:
@@ -245,6 +286,30 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        self._answer(self._get)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._answer(self._post)
+
+    def _answer(self, route) -> None:  # noqa: ANN001
+        """Run ``route``; whatever goes wrong, the client gets one JSON answer."""
+        try:
+            route()
+        except BadRequest as exc:
+            self._send(exc.status, {"error": "bad_request" if exc.status == 400 else
+                                    "payload_too_large", "message": str(exc)[:500]})
+        except CapacityUnavailable as exc:
+            self._send(409, {"error": "capacity_unavailable", "message": str(exc)})
+        except ConfigError as exc:  # the cloud's own check of what was asked (a zone)
+            self._send(400, {"error": "bad_request", "message": str(exc)[:500]})
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True  # the client went away or fell silent
+        except Exception as exc:  # noqa: BLE001 - an answer, never a dropped connection
+            log.warning("local cloud: %s %s failed: %s: %s", self.command, self.path,
+                        type(exc).__name__, exc)
+            self._send(500, {"error": "internal", "message": f"{type(exc).__name__}: {exc}"[:500]})
+
+    def _get(self) -> None:
         if not self._authorized():
             return
         url = urlparse(self.path)
@@ -257,43 +322,55 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, self.server.stats.to_dict())  # type: ignore[attr-defined]
         if len(parts) == 3 and parts[0] == "instances" and parts[2] == "log":
             self._count("GET /instances/<id>/log")
-            lines = int(parse_qs(url.query).get("lines", ["5"])[0])
+            lines = _lines(parse_qs(url.query).get("lines", ["5"])[0])
             return self._send(200, {"log": self.cloud.log_tail(parts[1], lines)})
         self._send(404, {"error": "not_found", "message": f"no route {url.path}"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def _post(self) -> None:
         if not self._authorized() or not self._json_body_declared():
             return
         parts = urlparse(self.path).path.strip("/").split("/")
-        try:
-            body = self._body()
-            if parts == ["instances"]:
-                self._count("POST /instances")
-                self.server.first_client()  # type: ignore[attr-defined]
-                view = self.cloud.run_instance(Pool.from_dict(body["pool"]), body["command"],
-                                               body["env"], body["endpoint_env"])
-                return self._send(200, dataclasses.asdict(view))
-            if parts == ["instances", "describe"]:
-                self._count("POST /instances/describe",
-                            body["ids"] if isinstance(body.get("ids"), list) else ())
-                views = self.cloud.describe(body["ids"])
-                return self._send(200, {i: dataclasses.asdict(v) for i, v in views.items()})
-            if len(parts) == 3 and parts[0] == "instances" and parts[2] == "terminate":
-                self._count("POST /instances/<id>/terminate")
-                self.cloud.terminate_instance(parts[1])
-                return self._send(200, {"terminated": parts[1]})
-        except CapacityUnavailable as exc:
-            return self._send(409, {"error": "capacity_unavailable", "message": str(exc)})
-        except (KeyError, TypeError, ValueError) as exc:
-            return self._send(400, {"error": "bad_request", "message": str(exc)})
+        body = self._body()
+        if parts == ["instances"]:
+            self._count("POST /instances")
+            pool, command, env, endpoint_env = _launch_request(body)
+            self.server.first_client()  # type: ignore[attr-defined]
+            try:
+                view = self.cloud.run_instance(pool, command, env, endpoint_env)
+            except OSError as exc:  # no such binary, not executable: the client's to fix
+                raise BadRequest(f"cannot run command {command[0]!r}: "
+                                 f"{exc.strerror or exc}") from None
+            return self._send(200, dataclasses.asdict(view))
+        if parts == ["instances", "describe"]:
+            ids = _ids(body)
+            self._count("POST /instances/describe", ids)
+            views = self.cloud.describe(ids)
+            return self._send(200, {i: dataclasses.asdict(v) for i, v in views.items()})
+        if len(parts) == 3 and parts[0] == "instances" and parts[2] == "terminate":
+            self._count("POST /instances/<id>/terminate")
+            self.cloud.terminate_instance(parts[1])
+            return self._send(200, {"terminated": parts[1]})
         self._send(404, {"error": "not_found", "message": f"no route {self.path}"})
 
     def _count(self, route: str, described: Sequence[str] = ()) -> None:
         self.server.stats.count(route, described)  # type: ignore[attr-defined]
 
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(length) or b"{}")
+        """The request's JSON object, read only when it is declared no larger than
+        ``MAX_BODY_BYTES`` (a larger one is refused unread: 413)."""
+        declared = (self.headers.get("Content-Length") or "0").strip()
+        if not declared.isdigit():
+            self.close_connection = True
+            raise BadRequest(f"Content-Length {declared[:40]!r} is not a byte count")
+        length = int(declared)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # its body is never read: do not parse it as a request
+            raise BadRequest(f"the body is {length} bytes; at most {MAX_BODY_BYTES} are "
+                             "accepted", status=413)
+        data = self.rfile.read(length)
+        if len(data) < length:
+            raise ConnectionError("the client sent less than its Content-Length")
+        return parse_body(data or b"{}")
 
     def _send(self, status: int, payload: dict[str, Any],
               extra: dict[str, str] | None = None) -> None:
@@ -308,6 +385,82 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         return  # quiet: the cloud logs what matters
+
+
+def parse_body(data: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or ``BadRequest`` (not JSON, NaN or Infinity,
+    nested deeper than ``MAX_JSON_DEPTH``, not an object)."""
+    if _depth(data) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        body = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def _depth(data: bytes) -> int:
+    """How deep brackets nest in ``data`` (strings skipped), before parsing: deep nesting
+    would cost the parser its recursion limit."""
+    depth = deepest = 0
+    for token in re.finditer(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', data):
+        mark = token.group()
+        if mark in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif mark in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _launch_request(body: dict[str, Any]) -> tuple[Pool, list[str], dict[str, str], str]:
+    """``POST /instances``'s fields, each of its type (else ``BadRequest`` naming it)."""
+    missing = [k for k in ("pool", "command", "env", "endpoint_env") if k not in body]
+    if missing:
+        raise BadRequest(f"missing field(s) {', '.join(missing)}")
+    pool, command, env, endpoint_env = (body[k] for k in ("pool", "command", "env",
+                                                          "endpoint_env"))
+    if not isinstance(pool, dict):
+        raise BadRequest("pool must be an object (cloud, region, zone, instance_type, market)")
+    try:
+        pool = Pool.from_dict(pool)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadRequest(f"pool is not a pool: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(command, list) and command
+            and all(isinstance(w, str) and "\0" not in w for w in command) and command[0]):
+        raise BadRequest("command must be a non-empty list of strings, e.g. [\"python\", "
+                         "\"train.py\"]")
+    if not (isinstance(env, dict) and all(isinstance(k, str) and _ENV_NAME.fullmatch(k)
+                                          and isinstance(v, str) and "\0" not in v
+                                          for k, v in env.items())):
+        raise BadRequest("env must be an object of variable names to strings")
+    if not (isinstance(endpoint_env, str) and _ENV_NAME.fullmatch(endpoint_env)):
+        raise BadRequest("endpoint_env must be an environment variable name")
+    return pool, command, env, endpoint_env
+
+
+def _ids(body: dict[str, Any]) -> list[str]:
+    ids = body.get("ids")
+    if not (isinstance(ids, list) and len(ids) <= MAX_IDS
+            and all(isinstance(i, str) for i in ids)):
+        raise BadRequest(f"ids must be a list of at most {MAX_IDS} instance ids (strings)")
+    return ids
+
+
+def _lines(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and int(text) <= MAX_LOG_LINES):
+        raise BadRequest(f"lines={text[:20]!r} must be a whole number from 0 to "
+                         f"{MAX_LOG_LINES}")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:

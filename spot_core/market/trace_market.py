@@ -14,11 +14,28 @@ from typing import Sequence
 
 import numpy as np
 
+from spot_core.bounds import MAX_TIME_SCALE, MIN_TICK_WALL_SECONDS
 from spot_core.errors import ConfigError
 from spot_core.market.advisor import SpotAdvisor
 from spot_core.market.base import PoolStat
 from spot_core.market.trace import ZoneTrace, check_compatible, count_preemptions
 from spot_core.model import Market, Offer, Pool
+
+
+def check_time_scale(time_scale: object, tick_seconds: float, *,
+                     name: str = "time_scale") -> float:
+    """``time_scale`` (trace seconds per wall second) as a float, if one tick of
+    ``tick_seconds`` lasts at least ``MIN_TICK_WALL_SECONDS`` of wall time; else one
+    ConfigError line naming ``name`` (a flag, an option). Past it, the local cloud spun a
+    core once per tick (``--time-scale 1e12``)."""
+    most = min(MAX_TIME_SCALE, tick_seconds / MIN_TICK_WALL_SECONDS)
+    if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) \
+            or not (math.isfinite(time_scale) and 0 < time_scale <= most):
+        raise ConfigError(f"{name} {time_scale!r} must be a finite number > 0 and at most "
+                          f"{most:,.0f} (trace seconds per wall second: one {tick_seconds:g} s "
+                          f"tick must last at least {MIN_TICK_WALL_SECONDS * 1000:g} ms), "
+                          "e.g. 3600")
+    return float(time_scale)
 
 
 class TraceMarket:
@@ -29,11 +46,11 @@ class TraceMarket:
                  advisor: SpotAdvisor | None = None) -> None:
         if not traces:
             raise ConfigError("TraceMarket needs at least one trace; load some with load_traces()")
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0
-                   for v in (time_scale, lookback_hours)):
-            raise ConfigError(f"time_scale ({time_scale!r}) and lookback_hours "
-                              f"({lookback_hours!r}) must be finite numbers > 0")
+        if not (isinstance(lookback_hours, (int, float)) and math.isfinite(lookback_hours)
+                and lookback_hours > 0):
+            raise ConfigError(f"lookback_hours ({lookback_hours!r}) must be a finite number > 0")
         check_compatible(traces)
+        check_time_scale(time_scale, traces[0].tick_seconds)
         self.traces = tuple(traces)
         self.tick_origin = float(tick_origin)
         self.time_scale = float(time_scale)

@@ -70,6 +70,10 @@ class CausalArray:
     def __len__(self) -> int:
         return len(self._data)
 
+    def head(self, ticks: int) -> CausalArray:
+        """The view of the first ``ticks`` ticks (cutting the window reads none of them)."""
+        return CausalArray(self._data[..., :ticks], self._clock)
+
     # -- reads -----------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Any:
         if self._data.ndim == 1:

@@ -26,6 +26,7 @@ Policies here:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -41,6 +42,20 @@ ON_DEMAND = -2
 HISTORY_HOURS = 7 * 24.0
 """How much trace before a window a policy may look back at (a week: hour-of-week
 patterns and run lengths need that much)."""
+
+PLAN_SLACK_TICKS = 512
+"""Ticks of slack a policy that plans tables (``default``'s DP) holds beyond the work and
+two restarts. Its tables grow with the window's ticks times its slack: a 14-day deadline
+took 35 s and 2 GB to plan a job of one hour (live and in ``simulate``), 50 years would
+have asked for hundreds of GiB. A deadline further away is planned as if it were this
+close (``planning_horizon``): the tables are sized from the work, and the job can only
+finish earlier. 512 ticks: 28 h of 195 s ticks, 85 h of 600 s ones; every window of the
+evaluation and development sets (48 h of work, 52-70 h deadlines) is planned whole."""
+
+PLAN_MAX_TICKS = 10_000
+"""The most ticks such a plan holds (the work, two restarts and the slack): a job whose
+work needs more is refused up front in one line (at most about 440 MB and a few seconds
+of planning, bench/README.md)."""
 
 Decide = Callable[[int, float, int, float], int]
 """``decide(t, progress_seconds, current, overhead_left_seconds) -> action``."""
@@ -104,6 +119,39 @@ class DeadlinePolicy(Protocol):
 # -- shared rules ------------------------------------------------------------------------------
 def whole_ticks(seconds: float, tick: float) -> int:
     return math.ceil(seconds / tick - 1e-9)
+
+
+def planning_horizon(job: Job, tick: float, ticks: int, *, policy: str = "") -> int:
+    """The ticks a plan holds of a ``ticks``-long window: the work, two restarts and
+    ``PLAN_SLACK_TICKS`` (fewer if the window is shorter); a one-line ``ConfigError`` past
+    ``PLAN_MAX_TICKS``."""
+    need = whole_ticks(job.task_seconds + 2 * job.overhead_seconds, tick)
+    horizon = min(ticks, need + PLAN_SLACK_TICKS)
+    if horizon > PLAN_MAX_TICKS:
+        most = (PLAN_MAX_TICKS - PLAN_SLACK_TICKS) * tick / 3600
+        raise ConfigError(f"deadline policy {policy or 'plans'}: the work and two restarts "
+                          f"need {need:,} ticks of {tick:g} s; a plan holds at most "
+                          f"{PLAN_MAX_TICKS:,} (work up to about {most:,.0f} h here); split "
+                          "the job, or use a policy without tables (greedy, "
+                          "uniform-progress), or none")
+    return horizon
+
+
+def truncated(window: Window, ticks: int) -> Window:
+    """The window's first ``ticks`` ticks, its deadline moved to their end."""
+    if ticks >= window.ticks:
+        return window
+    job = Job(window.job.task_seconds, ticks * window.tick_seconds, window.job.overhead_seconds)
+    return dataclasses.replace(window, ticks=ticks, job=job,
+                               available=_first_ticks(window.available, ticks),
+                               price=_first_ticks(window.price, ticks))
+
+
+def _first_ticks(array, ticks: int):
+    """``array[:, :ticks]``; a causal view (``spot_core.policy.causal``) cuts itself
+    without reading the ticks still to come."""
+    head = getattr(type(array), "head", None)
+    return head(array, ticks) if head is not None else array[:, :ticks]
 
 
 def safety_net(window: Window, t: int, progress: float, current: int, left: float) -> int | None:

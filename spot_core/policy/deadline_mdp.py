@@ -50,7 +50,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot_core.errors import ConfigError
-from spot_core.policy.deadline import (IDLE, ON_DEMAND, Decide, Window, safety_net)
+from spot_core.policy.deadline import (IDLE, ON_DEMAND, Decide, Window, planning_horizon,
+                                       safety_net, truncated)
 
 _IDLE, _OD, _SPOT, _FALLBACK = 0, 1, 2, 3
 """Action codes in the decision table (``_FALLBACK``: spot in a fallback zone)."""
@@ -241,6 +242,24 @@ class ForecastDP:
             raise ConfigError("ForecastDP's history_half_life_hours must be >= 0 (0: off)")
 
     def plan(self, window: Window) -> Decide:
+        """Plan at most ``PLAN_SLACK_TICKS`` of slack (``planning_horizon``): the tables
+        are sized from the work, and a far deadline is planned as if it were that close;
+        past the planned ticks (the job is then done or on on-demand) the safety net and
+        on-demand decide."""
+        horizon = planning_horizon(window.job, window.tick_seconds, window.ticks,
+                                   policy="default")
+        if horizon >= window.ticks:
+            return self._plan(window)
+        inner = self._plan(truncated(window, horizon))
+
+        def decide(t: int, progress: float, current: int, left: float) -> int:
+            if t < horizon:
+                return inner(t, progress, current, left)
+            forced = safety_net(window, t, progress, current, left)
+            return forced if forced is not None else ON_DEMAND
+        return decide
+
+    def _plan(self, window: Window) -> Decide:
         zones = self.choose_zones(window)
         others = [z for z in range(window.n_zones) if z not in zones] if self.fallback_spot else []
         sub = restrict(window, zones)

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from spot_core.bounds import MAX_TIME_SCALE, MAX_WAIT_SECONDS
 from spot_core.errors import ConfigError
 from spot_core.model import MAX_PRICE_PER_HOUR
 from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus, Provider
@@ -159,13 +160,16 @@ def _check_local_value(name: str, value: Any) -> None:
     if value is None or (isinstance(value, str) and "{{" in value):
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if name == "time_scale" and not (number and math.isfinite(value) and value > 0):
+    if name == "time_scale" and not (number and math.isfinite(value)
+                                     and 0 < value <= MAX_TIME_SCALE):
         raise ConfigError(f"local provider option time_scale={value!r} must be a finite "
-                          "number > 0 (trace seconds per wall second, e.g. 3600)")
-    if name == "watch_poll_interval" and not (number and math.isfinite(value) and value > 0):
+                          f"number > 0 and at most {MAX_TIME_SCALE:,.0f} (trace seconds per "
+                          "wall second, e.g. 3600; the traces' tick may lower the bound)")
+    if name == "watch_poll_interval" and not (number and math.isfinite(value)
+                                              and 0 < value <= MAX_WAIT_SECONDS):
         raise ConfigError(f"local provider option watch_poll_interval={value!r} must be a "
-                          "finite number of seconds > 0 (how often each lease's watcher "
-                          "polls its metadata endpoint, e.g. 1)")
+                          "finite number of seconds > 0 and at most 86400 (how often each "
+                          "lease's watcher polls its metadata endpoint, e.g. 1)")
     if name == "start_tick" and not (number and isinstance(value, int) and value >= 0):
         raise ConfigError(f"local provider option start_tick={value!r} must be a whole "
                           "number >= 0 (a row of the traces)")

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from spot_core.bounds import MAX_SEED, MAX_WINDOWS
 from spot_core.errors import ConfigError
 from spot_core.policy.causal import causal_plan
 from spot_core.policy.deadline import IDLE, Decide, Job, Window
@@ -51,8 +52,10 @@ class WindowResult:
 # -- window starts -----------------------------------------------------------------------------
 def random_starts(n_ticks: int, window_ticks: int, count: int, seed: int) -> list[int]:
     """``count`` distinct window starts drawn uniformly with ``seed``, in start order."""
-    if count < 1:
-        raise ConfigError(f"--windows must be >= 1, got {count}")
+    if not 1 <= count <= MAX_WINDOWS:
+        raise ConfigError(f"--windows must be from 1 to {MAX_WINDOWS:,}, got {count}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be a whole number from 0 to {MAX_SEED}, got {seed}")
     room = n_ticks - window_ticks + 1
     if room < 1:
         raise ConfigError(f"the traces ({n_ticks} ticks) are shorter than one window "

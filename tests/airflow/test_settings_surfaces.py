@@ -116,3 +116,23 @@ def test_operator_takes_the_deadline_knobs_in_any_form():
     when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
     assert _operator(deadline="2026-12-01T08:00Z").settings.deadline == when
     assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline == when
+
+
+# -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------
+from bounds_cases import bounded, model_line, over  # noqa: E402
+
+OPERATOR_BOUNDED, DECORATOR_BOUNDED = bounded(OPERATOR), bounded(DECORATOR)
+
+
+@pytest.mark.parametrize("k", OPERATOR_BOUNDED, ids=[k.name for k in OPERATOR_BOUNDED])
+def test_operator_refuses_past_the_maximum_with_the_models_line(k):
+    with pytest.raises(ValueError) as info:
+        _operator(**{k.name: over(k)})
+    assert str(info.value) == f"train: {model_line(k, over(k))}"
+
+
+@pytest.mark.parametrize("k", DECORATOR_BOUNDED, ids=[k.name for k in DECORATOR_BOUNDED])
+def test_decorator_refuses_past_the_maximum_with_the_models_line(k):
+    with pytest.raises(ValueError) as info:
+        _decorated(**{k.name: over(k)})
+    assert str(info.value) == f"step: {model_line(k, over(k))}"

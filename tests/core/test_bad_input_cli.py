@@ -5,8 +5,10 @@ Each row runs the real `spot-pipelines` in a fresh, empty working folder."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -15,6 +17,8 @@ from spot_core.market import fixture_trace_paths
 pytestmark = pytest.mark.timeout(120)
 
 TRACE = str(fixture_trace_paths()[0])
+# An absolute deadline 30 wall minutes ahead: 2 h of work cannot fit at --time-scale 1.
+SOON = (datetime.now(timezone.utc) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%MZ")
 SIM = ("--trace", TRACE, "--task-hours", "2", "--deadline-hours", "4",
        "--restart-overhead-hours", "0.1")
 
@@ -45,6 +49,14 @@ RUN_ROWS = [
     (["--heartbeat-timeout", "0"], "--heartbeat-timeout"),
     (["--max-capacity-waits", "0"], "--max-capacity-waits"),
     (["--attempt-timeout", "nan"], "--attempt-timeout"),
+    (["--job-id", ""], "--job-id"),              # given but empty: never "no job id"
+    (["--work", "2h", "--deadline", "1h"], "--work 2h is more than --deadline 1h"),
+    (["--time-scale", "1", "--work", "2h", "--deadline", SOON], "--work 2h is more than"),
+    (["--time-scale", "1e12"], "--time-scale"),  # spun a core per trace tick
+    (["--time-scale", "1e6"], "--time-scale"),   # one 195 s tick under a millisecond
+    (["--poll-interval", "1e300"], "--poll-interval"),  # a traceback from Event.wait
+    (["--deadline", "18250d", "--work", "1h", "--deadline-policy", "default"], "--deadline"),
+    (["--max-preemptions", "99999999999999999999"], "--max-preemptions"),
 ]
 
 SIMULATE_ROWS = [
@@ -60,6 +72,8 @@ SIMULATE_ROWS = [
     (["--start-tick", "99999999"], "--start-tick"),
     (["--start-tick", "-1"], "--start-tick"),
     (["--windows", "2", "--start-tick", "0"], "--start-tick"),
+    (["--windows", "99999999999999999999"], "--windows"),  # was a numpy traceback
+    (["--windows", "2", "--seed", "-1"], "--seed"),
 ]
 
 WATCH_ROWS = [
@@ -69,6 +83,10 @@ WATCH_ROWS = [
     (["--grace-seconds", "inf"], "--grace-seconds"),
     (["--heartbeat-timeout", "inf"], "--heartbeat-timeout"),
     (["--cloud", "nope"], "cloud 'nope'"),
+    (["--poll-interval", "1e300"], "--poll-interval"),  # killed the watcher thread
+    (["--timeout", "1e300"], "--timeout"),
+    (["--grace-seconds", "1e300"], "--grace-seconds"),
+    (["--heartbeat-timeout", "2d"], "--heartbeat-timeout"),
 ]
 
 DEMO_ROWS = [
@@ -77,6 +95,7 @@ DEMO_ROWS = [
     (["--start-tick", "99999"], "--start-tick"),
     (["--start-tick", "-1"], "--start-tick"),
     (["--engine", "nope"], "--engine"),
+    (["--steps", "99999999999999999999"], "--steps"),
 ]
 
 
@@ -115,3 +134,17 @@ def test_a_closed_stdout_ends_quietly(tmp_path):
                           "--windows 3 | true", shell=True, capture_output=True,
                           text=True, timeout=100, cwd=tmp_path)
     assert proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("attempt", ["abc", "1" + "0" * 23, "0", "-1", "1.5"])
+def test_a_bad_spot_attempt_is_one_line(tmp_path, attempt):
+    """``SPOT_ATTEMPT`` is set by the providers; a hand-set bad one (a word, 10^23, which
+    would fence the store there for ever) is one line naming it, not a raw ValueError."""
+    env = {**os.environ, "SPOT_ATTEMPT": attempt,
+           "SPOT_CHECKPOINT_URI": (tmp_path / "ckpt").as_uri()}
+    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "watch", "--", "true"],
+                          capture_output=True, text=True, timeout=100, cwd=tmp_path, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "SPOT_ATTEMPT" in lines[0] and "1,000,000" in lines[0], lines[0]
+    assert not (tmp_path / "ckpt").exists()

@@ -24,7 +24,8 @@ FORBIDDEN = {"airflow", "prefect", "boto3", "botocore", "kubernetes", "torch",
 # A module may import its own group and any group on a lower floor; never a sibling on its
 # own floor, never a higher floor.
 FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
-    ("spot_core", "spot_core.errors", "spot_core.credentials", "spot_core.stopping"),  # stdlib only
+    ("spot_core", "spot_core.errors", "spot_core.credentials", "spot_core.stopping",
+     "spot_core.bounds"),                                          # stdlib only
     (("spot_core.model", "spot_core.attempt_env"), "spot_core.safe_files"),  # safe_files: users' files
     ("spot_core.adaptors",),                                       # lazy cloud SDKs
     ("spot_core.checkpoint", "spot_core.market", "spot_core.interruption"),

@@ -125,7 +125,8 @@ def test_builders_carry_every_knob_in_seconds():
                                              "observe_failure_timeout": 90.0,
                                              "checkpoint_cost": 45.0,
                                              "checkpoint_interval_min": 120.0,
-                                             "checkpoint_interval_max": 1800.0}
+                                             "checkpoint_interval_max": 1800.0,
+                                             "take_over": False}
 
 
 def test_the_provider_registry_refuses_what_is_not_built():

@@ -113,7 +113,8 @@ def test_durations_in_any_form_reach_the_policy_and_the_controller_options():
                                            "observe_failure_timeout": 180.0,
                                            "checkpoint_cost": 60.0,
                                            "checkpoint_interval_min": 60.0,
-                                           "checkpoint_interval_max": 3600.0}
+                                           "checkpoint_interval_max": 3600.0,
+                                           "take_over": False}
     variables = SpotJobVariables(capacity_wait="90s", max_spot_price=0.5)
     configuration = SpotJobConfiguration(**variables.model_dump(exclude={"name", "labels",
                                                                          "command", "env"}))
@@ -142,3 +143,31 @@ def test_the_deadline_knobs_take_any_form_on_the_block_and_the_worker():
     configuration = SpotJobConfiguration(**variables.model_dump(
         exclude={"name", "labels", "command", "env"}))
     assert configuration.spot_configuration().settings().deadline == when
+
+
+# -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------
+from bounds_cases import bounded, model_line, over  # noqa: E402
+
+BOUND_CASES = ([("block", k) for k in bounded(BLOCK)]
+               + [(name, k) for name in ("variables", "job_configuration")
+                  for k in bounded(WORKER)])
+PREFIX = {"block": "SpotConfiguration", "variables": "spot worker",
+          "job_configuration": "spot worker"}
+
+
+@pytest.mark.parametrize("surface, k", BOUND_CASES,
+                         ids=[f"{surface}-{k.name}" for surface, k in BOUND_CASES])
+def test_block_and_worker_refuse_past_the_maximum_with_the_models_line(surface, k):
+    with pytest.raises(ValidationError) as info:
+        MODELS[surface](**{k.name: over(k)})
+    assert f"{PREFIX[surface]}: {model_line(k, over(k))}" in str(info.value)
+
+
+SPOT_TASK_BOUNDED = bounded(SPOT_TASK)
+
+
+@pytest.mark.parametrize("k", SPOT_TASK_BOUNDED, ids=[k.name for k in SPOT_TASK_BOUNDED])
+def test_spot_task_refuses_past_the_maximum_with_the_models_line(k):
+    with pytest.raises(ConfigError) as info:
+        spot_task(**{k.name: over(k)})
+    assert str(info.value) == f"spot_task: {model_line(k, over(k))}"

@@ -16,7 +16,7 @@ from spot_core.model import Market, Outcome
 # stays up for 37 s more. The step computes for 20 s, so the preemption still comes.
 PREEMPT_SOON = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 1200.0},
                                  max_preemptions=2, capacity_wait=0.5,
-                                 poll_interval=0.1, min_on_demand=1e9)
+                                 poll_interval=0.1, min_on_demand="365d")
 
 
 @task
