@@ -24,7 +24,7 @@ CASES = ((1, 1), (14, 1), (365, 1), (365, 48), (365, 513))  # (deadline days, wo
 def one(days: float, work_hours: float) -> str:
     from spot_core.market.fixtures import default_traces
     from spot_core.model import JobRecord
-    from spot_core.policy.deadline_planner import plan_job
+    from spot_core.policy.deadline.planner import plan_job
     from spot_core.providers.local import LocalProvider
 
     with tempfile.TemporaryDirectory() as workdir, LocalProvider.from_traces(

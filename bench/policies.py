@@ -28,8 +28,8 @@ import numpy as np
 
 from bench.progress import run_rows
 from spot_core.market.trace import load_traces
-from spot_core.policy.deadline import Job
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import Job
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, simulate
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"  # the repository's real traces
@@ -96,8 +96,8 @@ def _override_default() -> None:
     parameters (how the development-set sweeps in bench/README.md were run)."""
     params = os.environ.get("BENCH_DEFAULT")
     if params:
-        from spot_core.policy.deadline_mdp import ForecastDP
-        from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+        from spot_core.policy.deadline.mdp import ForecastDP
+        from spot_core.policy.deadline.policies import DEADLINE_POLICIES
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(params).items()}
         DEADLINE_POLICIES.register("default", ForecastDP(**values), replace=True)
 

@@ -34,9 +34,9 @@ from bench.policies import (CONFIGS, EVALUATION, SEED, TASK_HOURS, TRACES, dev_g
                             gap_closed, run_case, zone_groups)
 from bench.progress import run_rows
 from spot_core.market.trace import load_traces
-from spot_core.policy.deadline import Job, Window
-from spot_core.policy.deadline_mdp import ForecastDP
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import Job, Window
+from spot_core.policy.deadline.mdp import ForecastDP
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window
 
 BASELINES = ("uniform-progress", "optimal")

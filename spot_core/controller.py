@@ -40,8 +40,8 @@ from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcom
 from spot_core.observer import SharedObserver, wait_timeout
 from spot_core.policy.checkpoint_interval import (CheckpointBounds, mean_save_seconds,
                                                   pool_checkpoint_interval)
-from spot_core.policy.deadline_live import DeadlineWork
-from spot_core.policy.deadline_planner import DeadlinePlan, check_deadline_policy, plan_job
+from spot_core.policy.deadline.live import DeadlineWork
+from spot_core.policy.deadline.planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.base import (Bill, LaunchSpec, LeaseState, LeaseStatus, Observation,
                                       Provider)
@@ -70,9 +70,9 @@ class JobSpec:
     restart_overhead_seconds: float = 300.0
     # Run ``command`` in this container image (see ``spot_core.container``).
     image: str | None = None
-    # A deadline policy by name (``spot_core.policy.deadline_policies``: greedy,
+    # A deadline policy by name (``spot_core.policy.deadline.policies``: greedy,
     # uniform-progress, default, ...) that decides spot / on-demand / wait between attempts
-    # on a trace market (see ``spot_core.policy.deadline_planner``); None: only the safety
+    # on a trace market (see ``spot_core.policy.deadline.planner``); None: only the safety
     # net (go on-demand once the work and two restarts no longer fit), as on EC2.
     deadline_policy: str | None = None
 

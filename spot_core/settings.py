@@ -291,7 +291,7 @@ def _check_store_uri(uri: str) -> None:
 
 
 def _deadline_policy_choices() -> tuple[str, ...]:
-    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+    from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 
     return tuple(n for n in DEADLINE_POLICIES.names() if n != "optimal")
 

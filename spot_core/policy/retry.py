@@ -47,7 +47,7 @@ from typing import Literal, Sequence
 from spot_core.errors import ConfigError
 from spot_core.market.base import PoolStats
 from spot_core.model import Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool
-from spot_core.policy.deadline_live import DeadlineWork
+from spot_core.policy.deadline.live import DeadlineWork
 from spot_core.policy.ranking import RankingConfig, rank_pools
 from spot_core.policy.registry import Registry
 
@@ -136,7 +136,7 @@ def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy,
 
     ``work``: the work left and restart overhead of a deadline-bound job; with it and
     ``record.deadline``, the deadline policies' safety net decides when spot is no
-    longer safe (see ``spot_core.policy.deadline_live``).
+    longer safe (see ``spot_core.policy.deadline.live``).
     """
     settled = _settled(record, policy, now)
     if settled is not None:

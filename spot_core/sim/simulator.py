@@ -29,11 +29,11 @@ import numpy as np
 
 from spot_core.bounds import MAX_SEED, MAX_WINDOWS
 from spot_core.errors import ConfigError
-from spot_core.policy.causal import causal_plan
-from spot_core.policy.deadline import IDLE, Decide, Job, Window
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.policy.deadline_optimal import optimal_cost
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.causal import causal_plan
+from spot_core.policy.deadline.base import IDLE, Decide, Job, Window
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.optimal import optimal_cost
+from spot_core.policy.deadline.replay import Replay
 
 
 @dataclass(frozen=True)

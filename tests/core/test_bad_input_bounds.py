@@ -109,9 +109,9 @@ def test_a_far_deadline_is_planned_in_bounded_memory(tmp_path, command):
 
 
 def test_work_past_what_a_plan_holds_is_refused_in_one_line():
-    from spot_core.policy.deadline import PLAN_MAX_TICKS, Job
-    from spot_core.policy.deadline_mdp import ForecastDP
-    from spot_core.policy.replay import Replay
+    from spot_core.policy.deadline.base import PLAN_MAX_TICKS, Job
+    from spot_core.policy.deadline.mdp import ForecastDP
+    from spot_core.policy.deadline.replay import Replay
     from spot_helpers import trace
 
     replay = Replay.from_traces([trace("us-east-1a_v100_1", "1" * (PLAN_MAX_TICKS + 700),

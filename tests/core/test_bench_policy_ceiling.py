@@ -22,7 +22,7 @@ def test_the_ceiling_is_a_real_run_no_cheaper_than_the_optimum(tmp_path):
 
 
 def test_perfect_statistics_hide_nothing_of_the_window_from_the_fit():
-    from spot_core.policy.deadline import Job, Window
+    from spot_core.policy.deadline.base import Job, Window
 
     available = np.array([[True, False, True, True]])
     window = Window(start=0, ticks=4, tick_seconds=600.0, job=Job.from_hours(0.5, 1.0, 0.05),

@@ -15,7 +15,7 @@ import numpy as np
 
 POLICIES = textwrap.dedent('''
     """A package of deadline policies, as a team would install it."""
-    from spot_core.policy.deadline import ON_DEMAND
+    from spot_core.policy.deadline.base import ON_DEMAND
 
 
     class EveryTickOnDemand:

@@ -10,9 +10,9 @@ import pytest
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.model import (Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool)
-from spot_core.policy.deadline import (IDLE, ON_DEMAND, cheapest_available,
+from spot_core.policy.deadline.base import (IDLE, ON_DEMAND, cheapest_available,
                                         safety_net)
-from spot_core.policy.deadline_live import DeadlineWork
+from spot_core.policy.deadline.live import DeadlineWork
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.local import LocalProvider
 from spot_core.workloads.softmax_regression import TrainConfig, train
@@ -182,7 +182,7 @@ PAUSE_WORK_TICKS, PAUSE_DEADLINE_TICKS = 8, 24
 
 
 def test_live_policy_leaves_on_demand_to_wait_like_the_simulator(tmp_path, monkeypatch):
-    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+    from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 
     monkeypatch.setitem(DEADLINE_POLICIES._items, "pause-on-demand",
                         PauseOnDemand(PAUSE_OD_TICKS))
@@ -230,7 +230,7 @@ def _plan_answering(answer: int):
     """A two-zone plan (zone a down for its first tick) whose policy answers ``answer``
     to every look while an attempt runs (the mapping is what is under test here)."""
     from spot_core.market.trace_market import TraceMarket
-    from spot_core.policy.deadline_planner import plan_job
+    from spot_core.policy.deadline.planner import plan_job
 
     traces = [trace("us-east-1a_v100_1", "01111111", tick_seconds=600.0, price=0.3),
               trace("us-east-1b_v100_1", "11111111", tick_seconds=600.0, price=1.2)]

@@ -7,8 +7,8 @@ import pytest
 
 from spot_core.errors import ConfigError
 from spot_core.model import Attempt, JobRecord, Market, Offer, Pool
-from spot_core.policy.deadline_live import DeadlineWork
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.live import DeadlineWork
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 from spot_core.policy.retry import RetryPolicy, decide_next
 
 T0 = 1_700_000_000.0

@@ -7,10 +7,10 @@ import pytest
 
 from spot_core.errors import ConfigError
 from spot_core.market.trace import ZoneTrace
-from spot_core.policy.deadline import IDLE, ON_DEMAND, Job, UniformProgress, Window
-from spot_core.policy.deadline_optimal import optimal_cost
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import IDLE, ON_DEMAND, Job, UniformProgress, Window
+from spot_core.policy.deadline.optimal import optimal_cost
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import run_window, simulate
 
 HOUR = 3600.0
@@ -175,7 +175,7 @@ def _with_history(avail: list[list[int]], past: list[list[int]], prices: list[fl
 
 
 def test_capacity_states_are_age_buckets_of_the_current_run():
-    from spot_core.policy.deadline_mdp import capacity_states
+    from spot_core.policy.deadline.mdp import capacity_states
     anywhere = np.array([1, 1, 1, 1, 0, 0, 1], dtype=bool)
     # up ages 0,1 -> bucket 0, 2+ -> 1; down age 0 -> state 2, 1+ -> state 3
     assert capacity_states(anywhere, (2.0,), (1.0,)).tolist() == [0, 0, 1, 1, 2, 3, 0]
@@ -185,7 +185,7 @@ FLICKERS = ([1, 0, 0] * 4 + [1] * 12 + [0, 0]) * 8  # 1-tick flickers, then 12-t
 
 
 def test_semi_markov_forecast_learns_that_young_runs_end_soon():
-    from spot_core.policy.deadline_mdp import ForecastDP, fit_model
+    from spot_core.policy.deadline.mdp import ForecastDP, fit_model
     job = Job.from_hours(10, 40, 1.5)
     window = _with_history([[0] * 40], [FLICKERS], [1.0], job)
     # the whole history alike: at these 1-hour ticks the default 48-hour half-life leaves
@@ -202,7 +202,7 @@ def test_default_waits_out_flickers_a_restart_cannot_repay():
     # says fresh runs mostly die after a tick, runs past one tick last; the window
     # repeats that. The semi-Markov default starts spot only on runs a tick old (12 $);
     # the memoryless forecast takes every flicker (15 $).
-    from spot_core.policy.deadline_mdp import ForecastDP
+    from spot_core.policy.deadline.mdp import ForecastDP
     job = Job.from_hours(10, 60, 1.5)
     avail = [1, 0, 0, 1, 0, 0, 1, 0, 0] + [1] * 51
     window = _with_history([avail], [FLICKERS], [1.0], job)
@@ -220,7 +220,7 @@ def test_default_waits_out_flickers_a_restart_cannot_repay():
 
 
 def test_zone_chooser_expects_old_runs_to_last_and_moves_for_a_real_saving():
-    from spot_core.policy.deadline_mdp import _ZoneChooser
+    from spot_core.policy.deadline.mdp import _ZoneChooser
     job = Job.from_hours(10, 30, 0.5)
     history = [FLICKERS, [1] * len(FLICKERS), [1] * len(FLICKERS)]
     window = _with_history([[1] * 30] * 3, history, [2.0, 1.0, 1.02], job)
@@ -240,7 +240,7 @@ def test_zone_chooser_never_moves_between_zones_of_one_price():
     # expected. Zone 1, at the same price, has never gone down. A move costs a restart now
     # for sure; staying costs one only if zone 0 ends first, and then the job moves
     # anyway. So a move pays only through a lower price, never through a longer run.
-    from spot_core.policy.deadline_mdp import _ZoneChooser
+    from spot_core.policy.deadline.mdp import _ZoneChooser
     job = Job.from_hours(10, 30, 0.5)
     ending = ([1] * 7 + [0]) * 10 + [1] * 5
     window = _with_history([[1] * 30] * 2, [ending, [1] * len(ending)], [1.0, 1.0], job)
@@ -254,7 +254,7 @@ def test_history_half_life_fits_the_recent_market():
     # last week's first half: 1-tick runs and 9-tick outages; its second half the reverse.
     # The plain fit (half-life 0) averages them (an outage ends with chance ~0.2 a tick);
     # with a 5-hour half-life the recent half decides (outages of one tick: ~1)
-    from spot_core.policy.deadline_mdp import ForecastDP, fit_model
+    from spot_core.policy.deadline.mdp import ForecastDP, fit_model
     history = [1] + [0] * 9
     history = history * 10 + ([1] * 9 + [0]) * 10
     window = _with_history([[0] * 30], [history], [1.0], Job.from_hours(10, 30, 0.5))
@@ -276,7 +276,7 @@ def test_default_bridges_the_cheap_tiers_outage_on_dearer_spot_and_comes_back(de
     # goes back to zone 0 once it returns. Planning both zones as one class instead
     # (fallback_spot=False) bridges on on-demand at 6 $/h; at 1.5 $/h it also runs on zone
     # 1 and moves back (it stayed there until the voluntary move's margin fell to 4).
-    from spot_core.policy.deadline_mdp import ForecastDP
+    from spot_core.policy.deadline.mdp import ForecastDP
     job = Job.from_hours(20, 26, 0.25)
     history = [([1] * 12 + [0] * 4) * 6, [1] * 96]
     window = _with_history([[1] * 5 + [0] * 12 + [1] * 20, [1] * 37], history,

@@ -11,9 +11,9 @@ import pytest
 
 from spot_core.market.trace import load_traces
 from spot_core.market.trace_market import TraceMarket
-from spot_core.policy.deadline import Job
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import Job
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window, simulate
 from spot_helpers import TRACES
 

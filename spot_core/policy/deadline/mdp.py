@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot_core.errors import ConfigError
-from spot_core.policy.deadline import (IDLE, ON_DEMAND, Decide, Window, planning_horizon,
+from spot_core.policy.deadline.base import (IDLE, ON_DEMAND, Decide, Window, planning_horizon,
                                        safety_net, truncated)
 
 _IDLE, _OD, _SPOT, _FALLBACK = 0, 1, 2, 3

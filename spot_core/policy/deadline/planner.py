@@ -6,7 +6,7 @@ starts at the trace tick in which the job was created (``record.created_at``), h
 whole ticks that end by the job's deadline, sees the history before its start, and the
 job's work and restart overhead are its capacity seconds (capacity time *is* trace time on
 the local cloud). The window is cut by the builder the simulator uses
-(:meth:`spot_core.policy.replay.Replay.window`), so the policy sees the same arrays
+(:meth:`spot_core.policy.deadline.replay.Replay.window`), so the policy sees the same arrays
 whether it is simulated or run for real.
 
 At each decision point (no attempt running) the plan asks the policy's
@@ -57,8 +57,8 @@ import numpy as np
 
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
-from spot_core.policy.causal import causal_plan
-from spot_core.policy.deadline import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
+from spot_core.policy.deadline.causal import causal_plan
+from spot_core.policy.deadline.base import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
 from spot_core.policy.ranking import rank_pools
 from spot_core.policy.retry import Decision, RetryPolicy, last_finished, on_demand_candidates
 
@@ -71,7 +71,7 @@ TICK_EPSILON_WALL_SECONDS = 1e-3
 def check_deadline_policy(name: str) -> str:
     """``name`` if registered, else a one-line ``ConfigError`` listing the valid names
     (``optimal`` is an offline bound, not a policy a live job can run)."""
-    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+    from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 
     DEADLINE_POLICIES.get(name)
     return name
@@ -225,8 +225,8 @@ def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: 
     """Plan a deadline-bound job's window on a trace market; None when the deadline policy
     cannot apply (not a trace market, no spot pool, or a deadline that leaves no window
     the work fits in: the retry policy's safety net then decides, as without a policy)."""
-    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-    from spot_core.policy.replay import Replay
+    from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+    from spot_core.policy.deadline.replay import Replay
 
     chosen = DEADLINE_POLICIES.get(policy)
     spot = tuple(dict.fromkeys(p for p in pools if p.is_spot))

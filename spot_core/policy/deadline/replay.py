@@ -16,7 +16,7 @@ import numpy as np
 
 from spot_core.errors import ConfigError
 from spot_core.market.trace import ZoneTrace, check_compatible
-from spot_core.policy.deadline import HISTORY_HOURS, Job, Window
+from spot_core.policy.deadline.base import HISTORY_HOURS, Job, Window
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,6 +1,6 @@
 """Causal by construction: a deadline policy sees its window only up to the current tick.
 
-A policy ``plan``s a :class:`~spot_core.policy.deadline.Window` and answers
+A policy ``plan``s a :class:`~spot_core.policy.deadline.base.Window` and answers
 ``decide(t, ...)`` tick by tick. Replayed on a trace, the whole window is in memory, so
 "never read ahead" used to be a convention. Here it is enforced: :func:`causal_plan`
 hands the policy a window whose ``available`` and ``price`` are :class:`CausalArray`
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from spot_core.policy.deadline import Decide, DeadlinePolicy, Window
+from spot_core.policy.deadline.base import Decide, DeadlinePolicy, Window
 
 
 class FutureRead(RuntimeError):

@@ -10,7 +10,7 @@ attempt started later could be reclaimed and still need one more restart on on-d
 
 That rule is all a job gets on markets without traces (EC2). On a trace market, a job
 that names a ``deadline_policy`` is run by that policy itself, planned on the same window
-the simulator would cut (``spot_core.policy.deadline_planner``).
+the simulator would cut (``spot_core.policy.deadline.planner``).
 """
 
 from __future__ import annotations

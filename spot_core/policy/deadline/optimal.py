@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from spot_core.policy.deadline import Window
+from spot_core.policy.deadline.base import Window
 
 MAX_BAND = 20_000
 

@@ -7,7 +7,7 @@ on-demand is dear and always there, and every new instance costs a restart overh
 overhead_left) -> action`` with the action ``IDLE``, ``ON_DEMAND`` or a zone index (spot
 there). At tick ``t`` a policy reads the window's arrays only up to column ``t``, plus
 the history before the window, so it can run unchanged on a live market; the simulator and
-the live planner enforce it (:mod:`spot_core.policy.causal`: a read past the current tick
+the live planner enforce it (:mod:`spot_core.policy.deadline.causal`: a read past the current tick
 raises).
 
 Policies here:
@@ -20,8 +20,8 @@ Policies here:
   otherwise idle while on or above the line ``C * t / D`` and on-demand below it; once on
   on-demand, stay until spot is available and progress is above where the line will be
   two overheads from now; plus both safety nets (:func:`safety_net`).
-- ``default``: the project's own, :class:`spot_core.policy.deadline_mdp.ForecastDP`.
-- ``optimal``: the offline oracle, in :mod:`spot_core.policy.deadline_optimal`.
+- ``default``: the project's own, :class:`spot_core.policy.deadline.mdp.ForecastDP`.
+- ``optimal``: the offline oracle, in :mod:`spot_core.policy.deadline.optimal`.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def truncated(window: Window, ticks: int) -> Window:
 
 
 def _first_ticks(array, ticks: int):
-    """``array[:, :ticks]``; a causal view (``spot_core.policy.causal``) cuts itself
+    """``array[:, :ticks]``; a causal view (``spot_core.policy.deadline.causal``) cuts itself
     without reading the ticks still to come."""
     head = getattr(type(array), "head", None)
     return head(array, ticks) if head is not None else array[:, :ticks]
