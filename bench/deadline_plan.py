@@ -32,8 +32,9 @@ def one(days: float, work_hours: float) -> str:
         now = time.time()
         started = time.perf_counter()
         plan = plan_job(provider.market, policy="default", pools=provider.pools(),
-                        created_at=now, deadline=now + days * 86400 / 3600,
-                        work_seconds=work_hours * 3600, restart_overhead_seconds=300,
+                        created_at=now, deadline_at=now + days * 86400 / 3600,
+                        work_capacity_seconds=work_hours * 3600,
+                        restart_overhead_capacity_seconds=300,
                         total_steps=10)
         plan.action(JobRecord(job_id="bench", created_at=now), now)
         seconds = time.perf_counter() - started

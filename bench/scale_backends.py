@@ -61,7 +61,7 @@ def launch_spec(job_id: str, store, heartbeat_timeout: float):
 
     Heartbeat(store).renew(1, time.time())
     return LaunchSpec(job_id, 1, ("sleep", "86400"), store.uri,
-                      heartbeat_timeout=heartbeat_timeout)
+                      heartbeat_timeout_seconds=heartbeat_timeout)
 
 
 def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:

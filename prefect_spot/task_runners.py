@@ -102,7 +102,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         self.config = config
         self.checkpoint_storage = checkpoint_storage
         self.spot_tag = spot_tag
-        self.checkpoint_every = schedule.checkpoint_every
+        self.checkpoint_every = schedule.checkpoint_every_seconds
         self.checkpoint_every_steps = schedule.checkpoint_every_steps
         self.workdir = None if workdir is None else str(workdir)
         self.max_workers = max_workers

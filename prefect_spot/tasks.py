@@ -114,8 +114,9 @@ def spot_task(__fn: Callable | None = None, *, retries: int = 0,
         if CHECKPOINTER_PARAMETER not in inspect.signature(fn).parameters:
             raise ConfigError(f"spot_task {fn.__name__} needs a `checkpointer` parameter; "
                               "it receives the restored Checkpointer")
-        options = _Options(checkpoint_storage, settings.checkpoint_every,
-                           settings.checkpoint_every_steps, settings.notice_poll_interval)
+        options = _Options(checkpoint_storage, settings.checkpoint_every_seconds,
+                           settings.checkpoint_every_steps,
+                           settings.notice_poll_interval_seconds)
         wrapper = _wrap(fn, options)
         return task(wrapper, retries=retries + max_preemptions,
                     retry_condition_fn=_retry_condition(retries, max_preemptions),
@@ -191,7 +192,7 @@ class _InPlaceAttempt:
         self._progress = JobProgress(**self._ids)
         self.controller = Controller(self.provider, None, persist=self._save,
                                      listener=self._transition, stores=self.open_store,
-                                     heartbeat_timeout=None)
+                                     heartbeat_timeout_seconds=None)
         record = load_record(self.key) or self.controller.persist(
             self.controller.new_record(self.spec))
         # Under the spot worker the capacity is its lease, already fenced as SPOT_ATTEMPT

@@ -29,7 +29,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from spot_core import stopping
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, HEARTBEAT_URI, INFRASTRUCTURE_EXIT_CODE
@@ -45,7 +45,7 @@ from spot_core.policy.deadline.planner import DeadlinePlan, check_deadline_polic
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.base import (Bill, LaunchSpec, LeaseState, LeaseStatus, Observation,
                                       Provider)
-from spot_core.settings import default
+from spot_core.settings import SpotSettings
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,14 @@ class JobSpec:
     command: tuple[str, ...]
     checkpoint_uri: str
     pools: tuple[Pool, ...]
-    deadline: float | None = None
+    # The job's deadline, a wall-clock POSIX time (``SpotSettings.deadline_spec``).
+    deadline_at: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     # What a deadline-bound job needs, in capacity seconds, so the policy can tell when
     # spot no longer fits before the deadline; progress comes from checkpoint steps.
-    work_seconds: float | None = None
+    work_capacity_seconds: float | None = None
     total_steps: int | None = None
-    restart_overhead_seconds: float = 300.0
+    restart_overhead_capacity_seconds: float = SpotSettings.restart_overhead_capacity_seconds
     # Run ``command`` in this container image (see ``spot_core.container``).
     image: str | None = None
     # A deadline policy by name (``spot_core.policy.deadline.policies``: greedy,
@@ -80,9 +81,9 @@ class JobSpec:
         if self.deadline_policy is None:
             return
         check_deadline_policy(self.deadline_policy)
-        if self.deadline is None or self.work_seconds is None:
+        if self.deadline_at is None or self.work_capacity_seconds is None:
             raise ConfigError(f"deadline policy {self.deadline_policy!r} needs the job's "
-                              "deadline and work_seconds (--deadline and --work)")
+                              "deadline and work (--deadline and --work)")
 
     def candidate_pools(self) -> tuple[Pool, ...]:
         """The spot pools and their on-demand counterparts, without duplicates."""
@@ -101,7 +102,7 @@ class Next:
 
     ``finished``: the job settled (``record.status`` says how). ``sleep``: call
     ``advance`` again at ``until``. ``watch``: the attempt runs on ``lease``; call
-    ``check`` every ``poll_interval`` (its bound is ``until``, the attempt's time limit).
+    ``check`` every ``poll_interval_seconds`` (its bound is ``until``, the attempt's time limit).
     ``ended``: the watched attempt just closed (``record.attempts[-1]`` says how); call
     ``advance`` for what comes next.
     """
@@ -177,60 +178,55 @@ def classify(status: LeaseStatus) -> Outcome:
 class Controller:
     """Runs one job's attempts under a provider, a market and a retry policy.
 
-    ``poll_interval``: seconds between observations in ``run`` (drivers that watch
-    elsewhere choose their own). ``attempt_timeout``: the longest one attempt may run.
-    ``heartbeat_timeout``: how long a lease outlives a driver that stopped renewing its
-    heartbeat (passed to the node's watcher; None: never). ``heartbeat_uri``: a store
+    Its bounds are the settings model's knobs (``SpotSettings.controller_options()`` gives
+    them all; each default here is the model's): ``poll_interval_seconds`` between
+    observations in ``run`` (drivers that watch elsewhere choose their own);
+    ``attempt_timeout_seconds``, the longest one attempt may run;
+    ``heartbeat_timeout_seconds``, how long a lease outlives a driver that stopped renewing
+    its heartbeat (passed to the node's watcher; None: never); ``heartbeat_uri``, a store
     every node can read where this process keeps one heartbeat for all the jobs it
-    watches (``spot_core.checkpoint.heartbeat.DriverBeat``; None: one per job, in its
-    own store). ``take_over``: launch even though another driver process renewed the
-    job's heartbeat within its timeout (otherwise ``DriverConflict``: one live driver per
-    job). ``observe_failure_timeout``:
-    how long observing a lease may keep failing before the attempt ends as
-    ``infrastructure_failed`` (its lease is still terminated). ``stores``: opens a job's
-    checkpoint store by URI; by default the provider's ``open_store`` (it reaches the
-    store with the provider's own credentials) if it has one, else ``open_store`` with
-    boto3's default chain.
+    watches (``spot_core.checkpoint.heartbeat.DriverBeat``; None: one per job, in its own
+    store); ``take_over``: launch even though another driver process renewed the job's
+    heartbeat within its timeout (otherwise ``DriverConflict``: one live driver per job);
+    ``observe_failure_timeout_seconds``, how long observing a lease may keep failing
+    before the attempt ends as ``infrastructure_failed`` (its lease is still terminated);
+    ``checkpoint_*_seconds``, what shapes each attempt's checkpoint interval.
+    ``stores``: opens a job's checkpoint store by URI; by default the provider's
+    ``open_store`` (it reaches the store with the provider's own credentials) if it
+    declares ``Capability.OPENS_STORES``, else ``open_store`` with boto3's default chain.
     """
 
-    def __init__(self, provider: Provider, market, policy: RetryPolicy = RetryPolicy(), *,
-                 persist: Persist | None = None, listener: Listener | None = None,
-                 stores: Callable[[str], CheckpointStore] | None = None,
-                 clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = stopping.sleep,
-                 poll_interval: float = default("poll_interval"),
-                 attempt_timeout: float = default("attempt_timeout"),
-                 heartbeat_timeout: float | None = default("heartbeat_timeout"),
-                 heartbeat_uri: str | None = default("heartbeat_uri"),
-                 observe_failure_timeout: float = default("observe_failure_timeout"),
-                 checkpoint_cost: float = default("checkpoint_cost"),
-                 checkpoint_interval_min: float = default("checkpoint_interval_min"),
-                 checkpoint_interval_max: float = default("checkpoint_interval_max"),
-                 take_over: bool = default("take_over")) -> None:
-        for name, value in (("poll_interval", poll_interval), ("attempt_timeout", attempt_timeout),
-                            ("observe_failure_timeout", observe_failure_timeout),
-                            ("heartbeat_timeout", heartbeat_timeout),
-                            ("checkpoint_cost", checkpoint_cost),
-                            ("checkpoint_interval_min", checkpoint_interval_min),
-                            ("checkpoint_interval_max", checkpoint_interval_max)):
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
-        if checkpoint_interval_min > checkpoint_interval_max:
-            raise ConfigError(f"checkpoint_interval_min ({checkpoint_interval_min:g} s) exceeds "
-                              f"checkpoint_interval_max ({checkpoint_interval_max:g} s); lower "
-                              "the minimum or raise the maximum")
+    def __init__(
+            self, provider: Provider, market: Any, policy: RetryPolicy = RetryPolicy(), *,
+            persist: Persist | None = None, listener: Listener | None = None,
+            stores: Callable[[str], CheckpointStore] | None = None,
+            clock: Callable[[], float] = time.time,
+            sleep: Callable[[float], None] = stopping.sleep,
+            poll_interval_seconds: float = SpotSettings.poll_interval_seconds,
+            attempt_timeout_seconds: float = SpotSettings.attempt_timeout_seconds,
+            heartbeat_timeout_seconds: float | None = SpotSettings.heartbeat_timeout_seconds,
+            heartbeat_uri: str | None = SpotSettings.heartbeat_uri,
+            observe_failure_timeout_seconds: float = (
+                SpotSettings.observe_failure_timeout_seconds),
+            checkpoint_cost_seconds: float = SpotSettings.checkpoint_cost_seconds,
+            checkpoint_interval_min_seconds: float = (
+                SpotSettings.checkpoint_interval_min_seconds),
+            checkpoint_interval_max_seconds: float = (
+                SpotSettings.checkpoint_interval_max_seconds),
+            take_over: bool = SpotSettings.take_over) -> None:
+        self.checkpoint_bounds = CheckpointBounds(checkpoint_cost_seconds,
+                                                  checkpoint_interval_min_seconds,
+                                                  checkpoint_interval_max_seconds)
         self.provider = provider
         self.market = market
         self.policy = policy
         self.stores = stores or provider_stores(provider)
-        self.poll_interval = poll_interval
-        self.attempt_timeout = attempt_timeout
-        self.heartbeat_timeout = heartbeat_timeout
+        self.poll_interval_seconds = poll_interval_seconds
+        self.attempt_timeout_seconds = attempt_timeout_seconds
+        self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
         self.heartbeat_uri = heartbeat_uri
         self.take_over = bool(take_over)
-        self.observe_failure_timeout = observe_failure_timeout
-        self.checkpoint_bounds = CheckpointBounds(checkpoint_cost, checkpoint_interval_min,
-                                                  checkpoint_interval_max)
+        self.observe_failure_timeout_seconds = observe_failure_timeout_seconds
         self._persist = persist or (lambda record: None)
         self._listener = listener or (lambda kind, record, detail: None)
         self._clock = clock
@@ -257,7 +253,8 @@ class Controller:
             self._last_saved[record.job_id] = record
 
     def new_record(self, spec: JobSpec) -> JobRecord:
-        return JobRecord(job_id=spec.job_id, created_at=self._clock(), deadline=spec.deadline,
+        return JobRecord(job_id=spec.job_id, created_at=self._clock(),
+                         deadline_at=spec.deadline_at,
                          checkpoint_uri=spec.checkpoint_uri)
 
     # -- the synchronous driver -------------------------------------------------------------
@@ -294,7 +291,7 @@ class Controller:
         if nxt.action == "watch":
             if observer is not None:
                 return self._watch_shared(spec, nxt, observer)
-            self._sleep(self.poll_interval)
+            self._sleep(self.poll_interval_seconds)
             return self.check(spec, nxt)
         return self.advance(spec, nxt.record)  # ended
 
@@ -302,12 +299,12 @@ class Controller:
         """Check the watched lease on each of the shared observer's polls until its
         attempt ends (the waits are bounded: a stalled describe is a retryable error)."""
         lease = nxt.lease
-        with observer.watching(lease, self.poll_interval):
+        with observer.watching(lease, self.poll_interval_seconds):
             after = time.time()  # the observer's clock: its observations are POSIX time
             while nxt.action == "watch":
-                observed = observer.wait(lease.lease_id, after, wait_timeout(self.poll_interval))
+                observed = observer.wait(lease.lease_id, after, wait_timeout(self.poll_interval_seconds))
                 nxt = self.check(spec, nxt, observed=observed)
-                after = observed.at + self.poll_interval / 2  # the next poll's
+                after = observed.at + self.poll_interval_seconds / 2  # the next poll's
         return nxt
 
     # -- the resumable API --------------------------------------------------------------------
@@ -369,8 +366,8 @@ class Controller:
             return self._ended(spec, record, lease, status, now)
         if now >= watch.until:
             return self._ended(spec, record, lease, _stopped(
-                now, f"stopped: the attempt's time limit ({self.attempt_timeout:g} s) passed"), now)
-        if record.deadline is not None and now >= record.deadline:
+                now, f"stopped: the attempt's time limit ({self.attempt_timeout_seconds:g} s) passed"), now)
+        if record.deadline_at is not None and now >= record.deadline_at:
             return self._ended(spec, record, lease, _stopped(
                 now, "stopped: the job's deadline passed"), now)
         notice_at = watch.notice_at if watch.notice_at is not None else status.notice_at
@@ -491,14 +488,16 @@ class Controller:
 
     def _deadline_plan(self, spec: JobSpec, record: JobRecord) -> DeadlinePlan | None:
         """The job's window planned once by its deadline policy (trace markets only)."""
-        if spec.deadline_policy is None or record.deadline is None or spec.work_seconds is None:
+        if (spec.deadline_policy is None or record.deadline_at is None
+                or spec.work_capacity_seconds is None):
             return None
-        key = (spec.job_id, record.created_at, record.deadline, spec.deadline_policy)
+        key = (spec.job_id, record.created_at, record.deadline_at, spec.deadline_policy)
         if key not in self._plans:
             plan = plan_job(self.market, policy=spec.deadline_policy, pools=spec.pools,
-                            created_at=record.created_at, deadline=record.deadline,
-                            work_seconds=spec.work_seconds,
-                            restart_overhead_seconds=spec.restart_overhead_seconds,
+                            created_at=record.created_at, deadline_at=record.deadline_at,
+                            work_capacity_seconds=spec.work_capacity_seconds,
+                            restart_overhead_capacity_seconds=(
+                                spec.restart_overhead_capacity_seconds),
                             total_steps=spec.total_steps)
             if plan is None:
                 log.info("job %s: deadline policy %s does not apply here (no trace market or "
@@ -509,15 +508,16 @@ class Controller:
 
     def _deadline_work(self, spec: JobSpec, record: JobRecord) -> DeadlineWork | None:
         """Work left and restart overhead in wall seconds, for a job with a deadline."""
-        if record.deadline is None or spec.work_seconds is None:
+        if record.deadline_at is None or spec.work_capacity_seconds is None:
             return None
         done = 0.0
         if spec.total_steps and record.latest_checkpoint is not None:
             done = min(1.0, record.latest_checkpoint.step / spec.total_steps)
         scale = self.provider.capacity_seconds(1.0)  # capacity seconds per wall second
         tick = getattr(self.market, "tick_seconds", 60.0)
-        return DeadlineWork(work_left_seconds=spec.work_seconds * (1.0 - done) / scale,
-                            restart_overhead_seconds=spec.restart_overhead_seconds / scale,
+        return DeadlineWork(
+            work_left_seconds=spec.work_capacity_seconds * (1.0 - done) / scale,
+            restart_overhead_seconds=spec.restart_overhead_capacity_seconds / scale,
                             tick_seconds=tick / scale)
 
     def _settle(self, record: JobRecord, decision: Decision, now: float) -> JobRecord | None:
@@ -525,7 +525,7 @@ class Controller:
         if decision.action == "done":
             return self._save(record.with_status(JobStatus.SUCCEEDED), "done", decision.reason)
         if decision.action == "fail":
-            missed = record.deadline is not None and now >= record.deadline
+            missed = record.deadline_at is not None and now >= record.deadline_at
             status = JobStatus.DEADLINE_MISSED if missed else JobStatus.FAILED
             return self._save(record.with_status(status), "failed", decision.reason)
         return None
@@ -544,17 +544,17 @@ class Controller:
         store.fence(number)
         start_ref = store.latest()
         start_step = None if start_ref is None else start_ref.step
-        if self.heartbeat_timeout is not None:
+        if self.heartbeat_timeout_seconds is not None:
             if self.heartbeat_uri is None:
                 self._heartbeat(spec, store).renew(number, now)  # the watcher sees one at once
                 self._beats[spec.job_id] = now
             else:
                 self._point(spec, number, now, store)
-        env = spec.env if self.heartbeat_uri is None or self.heartbeat_timeout is None \
+        env = spec.env if self.heartbeat_uri is None or self.heartbeat_timeout_seconds is None \
             else {**spec.env, HEARTBEAT_URI: self.heartbeat_uri}
         launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
                             checkpoint_uri=spec.checkpoint_uri, env=env, image=spec.image,
-                            heartbeat_timeout=self.heartbeat_timeout)
+                            heartbeat_timeout_seconds=self.heartbeat_timeout_seconds)
         intervals = {pool.key: self._checkpoint_interval(pool, start_ref, now)
                      for pool in decision.pools}
         try:
@@ -590,10 +590,10 @@ class Controller:
         an attempt neither closed in this record nor fenced out; or another driver raised
         the fence above this record's last attempt within the timeout (this driver was
         the one fenced out, as a paused driver finds when it is resumed)."""
-        if self.take_over or self.heartbeat_timeout is None:
+        if self.take_over or self.heartbeat_timeout_seconds is None:
             return
         drivers = None if self.heartbeat_uri is None else self.stores(self.heartbeat_uri)
-        holder = live_holder(store, now, timeout=self.heartbeat_timeout, drivers=drivers)
+        holder = live_holder(store, now, timeout=self.heartbeat_timeout_seconds, drivers=drivers)
         closed = {a.number for a in record.attempts if a.ended_at is not None}
         if holder is not None and holder.attempt not in closed and holder.attempt >= fence_level:
             raise DriverConflict(
@@ -603,7 +603,7 @@ class Controller:
         last = record.attempts[-1].number if record.attempts else None
         fenced_at = store.fenced_at() if last is not None and fence_level > last else None
         age = None if fenced_at is None else time.time() - fenced_at  # the fencer's clock
-        if age is not None and age < self.heartbeat_timeout:
+        if age is not None and age < self.heartbeat_timeout_seconds:
             raise DriverConflict(
                 f"job {spec.job_id} was taken over: another driver started attempt "
                 f"{fence_level} {max(0.0, age):.0f}s ago, after this driver's attempt {last}; "
@@ -686,17 +686,17 @@ class Controller:
         return running.lease_of(record.job_id)
 
     def _end_by(self, lease: Lease) -> float:
-        return lease.started_at + self.attempt_timeout
+        return lease.started_at + self.attempt_timeout_seconds
 
     def _renew_heartbeat(self, spec: JobSpec, lease: Lease, now: float) -> None:
         """Tell the node's watcher a driver still watches (throttled; never fatal)."""
-        if self.heartbeat_timeout is None:
+        if self.heartbeat_timeout_seconds is None:
             return
         # A quarter of the timeout: three renewals in a row may fail before the node's
         # watcher gives up. Each renewal is a store write per job (1,000 watched jobs at the
         # 5m default: 1,000 S3 PUTs every 75 s); renewing more often would not stop a
         # node sooner after its driver died (it stops a timeout after the last renewal).
-        every = self.heartbeat_timeout / 4
+        every = self.heartbeat_timeout_seconds / 4
         if self.heartbeat_uri is not None:
             return self._renew_driver_beat(spec, lease, now, every)
         if now - self._beats.get(spec.job_id, float("-inf")) < every:
@@ -718,7 +718,7 @@ class Controller:
                 self._point(spec, lease.attempt, now)
             beat = driver_beat(self.heartbeat_uri, self.stores)
             beat.vouch(spec.job_id, lease.attempt, now)
-            beat.renew(now, every=every, window=every + self.poll_interval)
+            beat.renew(now, every=every, window=every + self.poll_interval_seconds)
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the driver heartbeat: %s", spec.job_id, exc)
 
@@ -737,7 +737,7 @@ class Controller:
         heartbeat = self._heartbeats.get(key)
         if heartbeat is None:
             heartbeat = self._heartbeats[key] = Heartbeat(
-                store or self.stores(spec.checkpoint_uri), timeout=self.heartbeat_timeout)
+                store or self.stores(spec.checkpoint_uri), timeout=self.heartbeat_timeout_seconds)
         return heartbeat
 
     def _forget_heartbeat(self, spec: JobSpec) -> None:
@@ -754,9 +754,9 @@ class Controller:
         since = watch.failing_since if watch.failing_since is not None else now
         retryable = getattr(exc, "retryable", True) is not False
         message = f"{type(exc).__name__}: {exc}"
-        if retryable and now - since < self.observe_failure_timeout:
+        if retryable and now - since < self.observe_failure_timeout_seconds:
             log.warning("job %s: observing lease %s failed (%s); retrying for up to %g s",
-                        spec.job_id, watch.lease.lease_id, message, self.observe_failure_timeout)
+                        spec.job_id, watch.lease.lease_id, message, self.observe_failure_timeout_seconds)
             return dataclasses.replace(watch, failing_since=since)
         why = (f"could not observe the lease for {now - since:.0f} s" if retryable
                else "observing the lease failed for good")
@@ -815,7 +815,7 @@ class Controller:
     def _release(self, spec: JobSpec, attempt: int, now: float) -> None:
         """Tell a later driver that nobody holds the job now (never fatal: an unreleased
         beat only makes a re-run wait for its timeout, or pass ``take_over``)."""
-        if self.heartbeat_timeout is None:
+        if self.heartbeat_timeout_seconds is None:
             return
         try:
             self._heartbeat(spec).release(attempt, now)

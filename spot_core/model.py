@@ -322,7 +322,8 @@ class JobRecord:
     disruptions: int = 0
     latest_checkpoint: CheckpointRef | None = None
     ledger: CostLedger = field(default_factory=CostLedger)
-    deadline: float | None = None
+    # The job's deadline, a wall-clock POSIX time (``SpotSettings.deadline_spec``).
+    deadline_at: float | None = None
     checkpoint_uri: str | None = None
 
     # -- derived views -------------------------------------------------------------
@@ -405,7 +406,8 @@ class JobRecord:
             "latest_checkpoint": None if self.latest_checkpoint is None
             else self.latest_checkpoint.to_dict(),
             "ledger": self.ledger.to_dict(),
-            "deadline": self.deadline,
+            # Persisted under its first name, so records read alike before and after.
+            "deadline": self.deadline_at,
             "checkpoint_uri": self.checkpoint_uri,
         }
 
@@ -437,7 +439,8 @@ class JobRecord:
                 disruptions=_whole(data.get("disruptions", 0), "disruptions"),
                 latest_checkpoint=None if checkpoint is None else CheckpointRef.from_dict(checkpoint),
                 ledger=CostLedger.from_dict(data["ledger"]),
-                deadline=_real(data.get("deadline"), "deadline", optional=True),
+                deadline_at=_real(data.get("deadline", data.get("deadline_at")), "deadline",
+                                  optional=True),
                 checkpoint_uri=data.get("checkpoint_uri"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -89,10 +89,10 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
             "keep_checkpoints": keep_checkpoints, "notice_poll_interval": notice_poll_interval,
             "max_preemptions": max_preemptions, **renamed})
         self.cloud = self.settings.cloud
-        self.checkpoint_every = self.settings.checkpoint_every
+        self.checkpoint_every = self.settings.checkpoint_every_seconds
         self.checkpoint_every_steps = self.settings.checkpoint_every_steps
         self.keep_checkpoints = self.settings.keep_checkpoints
-        self.notice_poll_interval = self.settings.notice_poll_interval
+        self.notice_poll_interval = self.settings.notice_poll_interval_seconds
         self.max_preemptions = self.settings.max_preemptions
 
     def _settings(self, values: dict[str, Any]) -> SpotSettings:
@@ -135,7 +135,7 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
     def _controller(self, context, provider: InPlaceProvider) -> Controller:
         return Controller(provider, provider.market, self.settings.retry_policy(),
                           persist=persister(context, RECORD_KEY), stores=self._open_store,
-                          heartbeat_timeout=None)  # the engine owns the worker
+                          heartbeat_timeout_seconds=None)  # the engine owns the worker
 
     def _spec(self, context, provider: InPlaceProvider) -> JobSpec:
         ti = context["ti"]

@@ -27,6 +27,7 @@ from spot_core.policy.retry import RetryPolicy
 from spot_core.errors import ConfigError
 from spot_core.providers import PROVIDER_NAMES, open_provider, takes_session
 from spot_core.providers.base import Provider
+from spot_core.settings import SpotSettings
 
 PROVIDERS = PROVIDER_NAMES
 
@@ -112,16 +113,17 @@ class SpotHook(BaseHook):
         return pools
 
     def controller(self, policy: RetryPolicy = RetryPolicy(), persist: Persist | None = None,
-                   **options: Any) -> Controller:
-        """The controller over this provider; ``options`` are the Controller's keyword
-        options (poll_interval, attempt_timeout, heartbeat_timeout, observe_failure_timeout),
-        the same in the worker that launches and the triggerer that watches."""
+                   **knobs: Any) -> Controller:
+        """The controller over this provider; ``knobs`` are the controller's settings under
+        their surface names (poll_interval, attempt_timeout, heartbeat_timeout, ...), the
+        same in the worker that launches and the triggerer that watches."""
         provider = self.get_provider()
         # The provider's own store access if it has one (ec2: the same session), else
         # the AWS connection's (an s3:// store under the local provider).
         stores = None if hasattr(provider, "open_store") else self.open_store
+        bounds = SpotSettings.build(check_options=False, **knobs).controller_options()
         return Controller(provider, provider.market, policy, persist=persist, stores=stores,
-                          **options)
+                          **bounds)
 
     # -- leases -----------------------------------------------------------------------------
     def terminate(self, lease: Lease) -> None:

@@ -84,13 +84,14 @@ class ControllerDriverMixin:
         builds its ``SpotSettings`` from its own parameters, then hands them here)."""
         self.settings = settings
         self.zones = list(settings.zones) or None
-        self.poll_interval = settings.poll_interval  # also KPO's attribute: the spot value
+        self.poll_interval = settings.poll_interval_seconds  # also KPO's attribute
         # A user failure never spends a policy budget: Airflow's own retries are its budget.
         self.policy = settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
 
     def controller_options(self) -> dict[str, Any]:
-        """The Controller's options from the settings, the same in worker and trigger."""
-        return self.settings.controller_options()
+        """The controller's knobs from the settings (their surface names, JSON-able: the
+        trigger's kwargs carry them), the same in worker and trigger."""
+        return self.settings.knob_values(controller_only=True)
 
     def _deadline_spec(self, created_at: float) -> dict[str, Any]:
         """JobSpec's deadline fields under the settings' time convention
@@ -123,7 +124,7 @@ class ControllerDriverMixin:
             now = time.time()
             record = JobRecord(job_id=self._job_id(context), created_at=now,
                                checkpoint_uri=self.checkpoint_uri,
-                               deadline=self._deadline_spec(now)["deadline"])
+                               deadline_at=self._deadline_spec(now)["deadline_at"])
             controller.persist(record)
             return record
         record = stored
@@ -221,7 +222,7 @@ class ControllerDriverMixin:
         self._watching = (controller, spec, nxt)
         try:
             while nxt.action == "watch" and not (self.deferrable and not self._notice_pending(nxt)):
-                time.sleep(self.settings.poll_interval)
+                time.sleep(self.settings.poll_interval_seconds)
                 if self._killed:
                     raise AirflowException(f"job {spec.job_id}: the task was killed")
                 nxt = controller.check(spec, nxt)
@@ -264,7 +265,7 @@ class ControllerDriverMixin:
     def _defer(self, spec: JobSpec, nxt: Next) -> None:
         trigger = self._trigger(spec, nxt, not_before=time.time() + defer_hold_seconds())
         # Airflow's own bound sits past the controller's (attempt limit, observe failures).
-        end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.settings.observe_failure_timeout
+        end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.settings.observe_failure_timeout_seconds
         timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
 

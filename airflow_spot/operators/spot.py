@@ -198,8 +198,6 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         settings = self.settings
         self.provider = settings.provider
         self.provider_options = dict(settings.provider_options)
-        self.deadline_seconds = settings.deadline
-        self.attempt_timeout_seconds = settings.attempt_timeout
         self._hook: SpotHook | None = None
 
     # -- parse-time validation --------------------------------------------------------------

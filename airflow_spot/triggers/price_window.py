@@ -23,11 +23,11 @@ from spot_core.providers import check_provider
 from spot_core.settings import Knob, knob
 
 # The window's numbers, checked like the settings model's knobs (finite, in range).
-_HOURS = Knob("job_hours", "number", None, "", frozenset(), unit="h", minimum=0, strict=True)
-_TIME = Knob("window time", "number", None, "", frozenset(), unit="(POSIX seconds)", minimum=0)
-_MAX_PRICE = Knob("max_price", "number", None, "", frozenset(), unit="USD/h", minimum=0,
+_HOURS = Knob("job_hours", "number", "", frozenset(), unit="h", minimum=0, strict=True)
+_TIME = Knob("window time", "number", "", frozenset(), unit="(POSIX seconds)", minimum=0)
+_MAX_PRICE = Knob("max_price", "number", "", frozenset(), unit="USD/h", minimum=0,
                   strict=True, optional=True)
-_POLL = Knob("poll_interval", "number", None, "", frozenset(), unit="s", minimum=0, strict=True)
+_POLL = Knob("poll_interval", "number", "", frozenset(), unit="s", minimum=0, strict=True)
 
 
 def check_window_arguments(*, provider: Any, provider_options: Any, zones: Any, profile: Any,

@@ -37,13 +37,12 @@ from spot_core.errors import ConfigError
 from spot_core.observer import SharedObserver, shared_observer, wait_timeout
 from spot_core.providers import check_provider
 from spot_core.checkpoint.uri import parse_store_uri
-from spot_core.settings import Knob, knob
+from spot_core.settings import KNOBS, Knob, SpotSettings
 
 EVENT_STATUSES = ("ended", "notice", "wake", "error")
-CONTROLLER_OPTIONS = ("poll_interval", "attempt_timeout", "heartbeat_timeout", "heartbeat_uri",
-                      "observe_failure_timeout", "checkpoint_cost", "checkpoint_interval_min",
-                      "checkpoint_interval_max", "take_over")
-_NOT_BEFORE = Knob("not_before", "number", 0.0, "POSIX time", frozenset(), minimum=0)
+# The controller's knobs a trigger carries (their surface names): the settings model's.
+CONTROLLER_OPTIONS = tuple(k.name for k in KNOBS if k.controller)
+_NOT_BEFORE = Knob("not_before", "number", "POSIX time", frozenset(), minimum=0, default=0.0)
 KILLED = "stopped: the task was marked failed, cleared or killed while deferred"
 
 
@@ -102,8 +101,8 @@ class SpotJobTrigger(BaseTrigger):
             if unknown:
                 raise ConfigError(f"unknown controller_options {unknown}; choose from "
                                   f"{', '.join(CONTROLLER_OPTIONS)}")
-            for name, value in options.items():
-                knob(name).parse(value)  # the settings model's checks (finite, > 0, ...)
+            # the settings model's checks (finite, > 0, ...)
+            SpotSettings.build(check_options=False, **options)
             if not isinstance(return_on_notice, bool):
                 raise ConfigError(f"return_on_notice={return_on_notice!r} must be True or False")
             _NOT_BEFORE.parse(not_before)
@@ -149,7 +148,9 @@ class SpotJobTrigger(BaseTrigger):
 
     @property
     def poll_interval(self) -> float:
-        return float(self.controller_options.get("poll_interval", 5.0))
+        """Seconds between checks: the ``poll_interval`` knob (its default unless given)."""
+        return SpotSettings.build(check_options=False,
+                                  **self.controller_options).poll_interval_seconds
 
     # -- running -----------------------------------------------------------------------------
     async def run(self) -> AsyncIterator[TriggerEvent]:

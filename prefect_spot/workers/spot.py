@@ -347,7 +347,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         checks of one poll run in one thread hop (``spot_core.batched``); a flow run
         cancelled meanwhile stops the attempt (the controller terminates and closes
         it)."""
-        lease, poll = nxt.lease, controller.poll_interval
+        lease, poll = nxt.lease, controller.poll_interval_seconds
         observer.watch(lease, poll)
         self._cancelling.watch(flow_run.id)
         try:

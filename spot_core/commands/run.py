@@ -119,7 +119,7 @@ def _settings(args: argparse.Namespace):
     """The flags checked by the settings model; an ISO ``--deadline`` already past is
     refused here, before anything is created."""
     settings = settings_from_cli(args)
-    if isinstance(settings.deadline, dt.datetime) and settings.deadline.timestamp() <= time.time():
+    if settings.deadline_at is not None and settings.deadline_at.timestamp() <= time.time():
         raise ConfigError(f"--deadline {args.deadline} has already passed; give a later time "
                           "or a duration such as 12h")
     return settings

@@ -42,7 +42,7 @@ from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
 from spot_core.interruption.notice_file import check_notice_path, is_notice_file, write_notice
 from spot_core.interruption.selection import CHOICES, detectors_for, normalize_cloud
-from spot_core.settings import parse_duration
+from spot_core.durations import parse_duration
 
 logger = logging.getLogger(__name__)
 

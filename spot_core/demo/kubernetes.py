@@ -75,7 +75,8 @@ def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
                        pools=provider.pools())
         controller = Controller(provider, provider.market, demo_policy(cfg.max_preemptions),
                                 listener=listener,
-                                poll_interval=0.2, attempt_timeout=cfg.timeout_seconds)
+                                poll_interval_seconds=0.2,
+                                attempt_timeout_seconds=cfg.timeout_seconds)
         reclaimer = Reclaimer(cluster, provider, spec.job_id, store_uri, cfg)
         with reclaimer:
             record = controller.run(spec)

@@ -100,7 +100,7 @@ def run_demo(workdir: Path, cfg: DemoConfig = DemoConfig(),
             cfg, demo.data, every), checkpoint_uri=demo.store_uri, pools=provider.pools())
         controller = Controller(provider, provider.market, demo_policy(cfg.max_preemptions),
                                 listener=listener,
-                                poll_interval=0.1)  # a trace hour passes each wall second
+                                poll_interval_seconds=0.1)  # a trace hour passes each wall second
         record = controller.run(spec)
     return demo.report(record, every, cfg.time_scale)
 

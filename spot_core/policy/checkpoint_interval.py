@@ -83,6 +83,17 @@ class CheckpointBounds:
     min_seconds: float
     max_seconds: float
 
+    def __post_init__(self) -> None:
+        for name, value in (("checkpoint_cost", self.cost),
+                            ("checkpoint_interval_min", self.min_seconds),
+                            ("checkpoint_interval_max", self.max_seconds)):
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+        if self.min_seconds > self.max_seconds:
+            raise ConfigError(f"checkpoint_interval_min ({self.min_seconds:g} s) exceeds "
+                              f"checkpoint_interval_max ({self.max_seconds:g} s); lower the "
+                              "minimum or raise the maximum")
+
 
 def mean_save_seconds(ref: Any) -> float | None:
     """The job's mean measured save, from the ledger a ``Checkpointer`` writes into each

@@ -135,7 +135,7 @@ def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy,
     """The next step for ``record`` given what the market offers at ``now``.
 
     ``work``: the work left and restart overhead of a deadline-bound job; with it and
-    ``record.deadline``, the deadline policies' safety net decides when spot is no
+    ``record.deadline_at``, the deadline policies' safety net decides when spot is no
     longer safe (see ``spot_core.policy.deadline.live``).
     """
     settled = _settled(record, policy, now)
@@ -156,8 +156,8 @@ def _settled(record: JobRecord, policy: RetryPolicy, now: float) -> Decision | N
         return Decision("done", reason=f"the job succeeded after {len(record.attempts)} attempt(s)")
     if record.status in (JobStatus.FAILED, JobStatus.DEADLINE_MISSED):
         return Decision("fail", reason=f"the job already ended as {record.status}")
-    if record.deadline is not None and now >= record.deadline:
-        return Decision("fail", reason=f"deadline missed: it passed at {_when(record.deadline)} "
+    if record.deadline_at is not None and now >= record.deadline_at:
+        return Decision("fail", reason=f"deadline missed: it passed at {_when(record.deadline_at)} "
                                        f"before the job finished ({_progress(record)})")
     if record.user_failures > policy.max_user_retries:
         return Decision("fail", reason=f"the step's own code failed {record.user_failures} "
@@ -214,11 +214,11 @@ def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolic
         return "budget", (f"the spot preemption budget is spent ({record.preemptions} of "
                           f"{policy.max_preemptions} preemptions)")
     if policy.on_demand_fallback and _near_deadline(record, policy, now):
-        return "deadline", (f"the deadline ({_when(record.deadline)}) is less than "
+        return "deadline", (f"the deadline ({_when(record.deadline_at)}) is less than "
                             f"{policy.deadline_safety_seconds:g} s away")
     if policy.on_demand_fallback and _work_forces_on_demand(record, work, now):
         return "deadline", (f"{work.work_left_seconds:.0f} s of work and two restarts no longer "
-                            f"fit before the deadline ({_when(record.deadline)}) on spot")
+                            f"fit before the deadline ({_when(record.deadline_at)}) on spot")
     if policy.on_demand_fallback and last and not last.pool.is_spot and not policy.return_to_spot:
         return "sticky", "the job fell back to on-demand and return_to_spot is off"
     if last and last.pool.is_spot and _recent_capacity_miss(last, policy, now):
@@ -332,8 +332,8 @@ def _wait(record: JobRecord, policy: RetryPolicy, now: float, reason: str,
     last = last_finished(record)
     if last and _recent_capacity_miss(last, policy, now):
         seconds = min(seconds, last.ended_at + policy.capacity_wait_seconds - now)
-    if record.deadline is not None:
-        seconds = min(seconds, record.deadline - now)
+    if record.deadline_at is not None:
+        seconds = min(seconds, record.deadline_at - now)
     return Decision("wait", wait_seconds=max(seconds, 1e-3),
                     reason=f"{reason}; waiting {seconds:.0f} s for {what}")
 
@@ -368,13 +368,13 @@ def last_finished(record: JobRecord) -> Attempt | None:
 
 def _work_forces_on_demand(record: JobRecord, work: DeadlineWork | None, now: float) -> bool:
     """The deadline policies' safety net: spot is no longer safe for this job."""
-    return (work is not None and record.deadline is not None
-            and work.forces_on_demand(record.deadline, now))
+    return (work is not None and record.deadline_at is not None
+            and work.forces_on_demand(record.deadline_at, now))
 
 
 def _near_deadline(record: JobRecord, policy: RetryPolicy, now: float) -> bool:
-    return (policy.deadline_safety_seconds > 0 and record.deadline is not None
-            and record.deadline - now <= policy.deadline_safety_seconds)
+    return (policy.deadline_safety_seconds > 0 and record.deadline_at is not None
+            and record.deadline_at - now <= policy.deadline_safety_seconds)
 
 
 def _when(moment: float | None) -> str:

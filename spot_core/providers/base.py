@@ -22,7 +22,7 @@ class LaunchSpec:
 
     ``image``: run ``command`` in this container image (Docker on the machine that runs
     the step; see ``spot_core.container``) instead of directly on the machine.
-    ``heartbeat_timeout``: the provider passes it to the node's watcher
+    ``heartbeat_timeout_seconds``: the provider passes it to the node's watcher
     (``SPOT_HEARTBEAT_TIMEOUT``), which ends the lease once the driver stops renewing.
     """
 
@@ -35,7 +35,7 @@ class LaunchSpec:
     image: str | None = None
     # Seconds the step may outlive a silent driver: the node's watcher ends the lease when
     # the job's heartbeat (``spot_core.checkpoint.heartbeat``) is older. None: never.
-    heartbeat_timeout: float | None = None
+    heartbeat_timeout_seconds: float | None = None
 
 
 class LeaseState(StrEnum):

@@ -433,7 +433,7 @@ class Ec2Provider:
         attempt = attempt_env.AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                                          attempt=spec.attempt, metadata_endpoint=None,
                                          cloud=CLOUD, notice_file=None,
-                                         heartbeat_timeout=spec.heartbeat_timeout)
+                                         heartbeat_timeout=spec.heartbeat_timeout_seconds)
         env.update(attempt.to_environ())
         command = spec.command
         if spec.image:

@@ -170,7 +170,7 @@ def _step_container(theirs: Mapping[str, Any], spec: LaunchSpec, image: str,
     container = copy.deepcopy(dict(theirs))
     attempt = AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                          attempt=spec.attempt, metadata_endpoint=None, cloud="kubernetes",
-                         notice_file=None, heartbeat_timeout=spec.heartbeat_timeout)
+                         notice_file=None, heartbeat_timeout=spec.heartbeat_timeout_seconds)
     ours = {**spec.env, **attempt.to_environ()}
     env = [e for e in container.get("env") or [] if e.get("name") not in ours
            and e.get("name") not in (NODE_NAME_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV)]

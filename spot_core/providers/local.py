@@ -120,7 +120,7 @@ class LocalProvider:
                    "--poll-interval", str(self._watch_poll), "--", *step)
         attempt = AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
                              attempt=spec.attempt, metadata_endpoint=None, cloud=cloud,
-                             notice_file=None, heartbeat_timeout=spec.heartbeat_timeout)
+                             notice_file=None, heartbeat_timeout=spec.heartbeat_timeout_seconds)
         env = {**_inherited_env(), **spec.env, **attempt.to_environ()}
         view = self.cloud.run_instance(pool, command, env, endpoint_env=METADATA_ENDPOINT)
         price = self.market.offers([pool], self.cloud.clock())[0].price_per_hour

@@ -72,7 +72,7 @@ def run_window(window: Window, decide: Decide) -> WindowResult:
     job, tick = window.job, window.tick_seconds
     avail, price, od = window.available, window.price, window.on_demand_price
     dt_hours = tick / 3600.0
-    target = job.task_seconds - 1e-6
+    target = job.work_capacity_seconds - 1e-6
     progress, current, left, cost = 0.0, IDLE, 0.0, 0.0
     preemptions = restarts = spot_ticks = od_ticks = 0
     for t in range(window.ticks):
@@ -92,12 +92,12 @@ def run_window(window: Window, decide: Decide) -> WindowResult:
             cost += od * dt_hours
             od_ticks += 1
         if action != current:
-            current, left, restarts = action, job.overhead_seconds, restarts + 1
+            current, left, restarts = action, job.restart_overhead_capacity_seconds, restarts + 1
         progress += max(0.0, tick - left)
         left = max(0.0, left - tick)
         if progress >= target:
             return WindowResult(cost, True, t, preemptions, restarts, spot_ticks, od_ticks)
-    remaining = job.task_seconds - progress + job.overhead_seconds
+    remaining = job.work_capacity_seconds - progress + job.restart_overhead_capacity_seconds
     return WindowResult(cost + od * remaining / 3600.0, False, window.ticks, preemptions, restarts,
                    spot_ticks, od_ticks)
 
@@ -105,7 +105,7 @@ def run_window(window: Window, decide: Decide) -> WindowResult:
 def on_demand_cost(window: Window) -> float:
     """Always-on-demand: one launch, whole ticks until the work and one overhead are done."""
     job = window.job
-    ticks = math.ceil((job.task_seconds + job.overhead_seconds) / window.tick_seconds - 1e-9)
+    ticks = math.ceil((job.work_capacity_seconds + job.restart_overhead_capacity_seconds) / window.tick_seconds - 1e-9)
     return ticks * window.tick_seconds / 3600.0 * window.on_demand_price
 
 

@@ -102,8 +102,9 @@ def test_the_pod_operator_takes_the_deadline_knobs():
                                        checkpoint_uri="s3://ckpt/train",
                                        deadline=datetime(2026, 12, 1, 8), work="6h",
                                        deadline_policy="uniform-progress", total_steps=100)
-    assert op.settings.deadline.isoformat() == "2026-12-01T08:00:00+00:00"
-    assert (op.settings.work, op.settings.deadline_policy) == (21600.0, "uniform-progress")
+    assert op.settings.deadline_at.isoformat() == "2026-12-01T08:00:00+00:00"
+    assert (op.settings.work_capacity_seconds, op.settings.deadline_policy) == \
+        (21600.0, "uniform-progress")
     with pytest.raises(ValueError, match="^t: deadline_policy='greedy' needs deadline and work"):
         with DAG("deadline_pod_bad", schedule=None, start_date=datetime(2026, 1, 1)):
             SpotKubernetesPodOperator(task_id="t", image="python:3.11", cmds=["true"],

@@ -58,7 +58,7 @@ def test_operator_default_is_the_models(k):
     parameter = inspect.signature(SpotJobOperator.__init__).parameters[k.name]
     if k.kind != "mapping":  # provider_options=None means {}, like env
         assert parameter.default == k.default
-    assert getattr(_operator().settings, k.name) == k.default
+    assert k.read(_operator().settings) == k.default
 
 
 @pytest.mark.parametrize("k", OPERATOR_KNOBS, ids=[k.name for k in OPERATOR_KNOBS])
@@ -77,7 +77,7 @@ def test_decorator_default_is_the_models(k):
 
     parameter = inspect.signature(_SpotDecoratedOperator.__init__).parameters[k.name]
     assert parameter.default == k.default
-    assert getattr(_decorated().settings, k.name) == k.default
+    assert k.read(_decorated().settings) == k.default
 
 
 @pytest.mark.parametrize("k", DECORATOR_KNOBS, ids=[k.name for k in DECORATOR_KNOBS])
@@ -93,16 +93,16 @@ def test_decorator_refuses_what_the_model_refuses(k):
 def test_operator_takes_durations_in_any_form_and_builds_the_policy():
     op = _operator(capacity_wait="2m", attempt_timeout="6h", heartbeat_timeout=90,
                    max_spot_price=0.8)
-    assert (op.settings.capacity_wait, op.attempt_timeout_seconds, op.settings.heartbeat_timeout) \
-        == (120.0, 21600.0, 90.0)
+    assert (op.settings.capacity_wait_seconds, op.settings.attempt_timeout_seconds,
+            op.settings.heartbeat_timeout_seconds) == (120.0, 21600.0, 90.0)
     assert op.policy.capacity_wait_seconds == 120.0 and op.policy.max_spot_price == 0.8
-    assert op.settings.controller_options()["heartbeat_timeout"] == 90.0
+    assert op.settings.controller_options()["heartbeat_timeout_seconds"] == 90.0
 
 
 def test_operator_old_names_still_work_with_a_warning():
     with pytest.warns(DeprecationWarning, match="train: capacity_wait_seconds is deprecated"):
         op = _operator(capacity_wait_seconds=5)
-    assert op.settings.capacity_wait == 5.0 and op.policy.capacity_wait_seconds == 5.0
+    assert op.settings.capacity_wait_seconds == 5.0 and op.policy.capacity_wait_seconds == 5.0
 
 
 def test_operator_takes_the_deadline_knobs_in_any_form():
@@ -110,12 +110,13 @@ def test_operator_takes_the_deadline_knobs_in_any_form():
 
     op = _operator(deadline=timedelta(hours=2), work="30m", total_steps=10,
                    restart_overhead=60, deadline_policy="greedy")
-    assert (op.settings.deadline, op.settings.work, op.settings.total_steps,
-            op.settings.restart_overhead, op.settings.deadline_policy) == \
+    assert (op.settings.deadline_capacity_seconds, op.settings.work_capacity_seconds,
+            op.settings.total_steps, op.settings.restart_overhead_capacity_seconds,
+            op.settings.deadline_policy) == \
         (7200.0, 1800.0, 10, 60.0, "greedy")
     when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
-    assert _operator(deadline="2026-12-01T08:00Z").settings.deadline == when
-    assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline == when
+    assert _operator(deadline="2026-12-01T08:00Z").settings.deadline_at == when
+    assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline_at == when
 
 
 # -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------

@@ -14,6 +14,7 @@ from airflow_spot.triggers.spot import SpotJobTrigger
 from spot_core import batched
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
+from spot_core.settings import SpotSettings
 from spot_core.controller import Controller, Next
 from spot_core.model import Attempt, JobRecord, Lease, Market, Outcome, Pool
 from spot_core.observer import SharedObserver
@@ -72,7 +73,8 @@ def test_a_thousand_triggers_check_in_a_few_hops_per_poll_and_all_end_right(tmp_
     observer = SharedObserver(provider)
     options = {"poll_interval": POLL, "heartbeat_timeout": 60.0}
     monkeypatch.setattr(SpotJobTrigger, "_open", lambda self: (
-        Controller(provider, market=None, stores=open_store, **options), observer))
+        Controller(provider, market=None, stores=open_store,
+                   **SpotSettings.build(**options).controller_options()), observer))
     now = time.time()
     uris = [(tmp_path / f"store-{i}").as_uri() for i in range(JOBS)]
     triggers = [SpotJobTrigger(provider="local", provider_options={}, return_on_notice=False,

@@ -66,13 +66,13 @@ def check_greedy_record(record, deadline_ticks: int = 28) -> None:
     from spot_core.model import JobStatus, Market
 
     wall = deadline_ticks * DEADLINE_TICK / DEADLINE_SCALE
-    assert abs(record.deadline - record.created_at - wall) < 1.0
+    assert abs(record.deadline_at - record.created_at - wall) < 1.0
     first = record.attempts[0]
     assert (first.pool.zone, first.pool.market) == ("us-east-1a", Market.SPOT)
     assert first.started_at - record.created_at >= 2 * DEADLINE_TICK / DEADLINE_SCALE
     assert all(a.pool.market is Market.SPOT for a in record.attempts)
     assert record.status is JobStatus.SUCCEEDED
-    assert record.attempts[-1].ended_at < record.deadline
+    assert record.attempts[-1].ended_at < record.deadline_at
 
 
 def train_command(steps: int = 300, step_seconds: float = 0.01, seed: int = 7,

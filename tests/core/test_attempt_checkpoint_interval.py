@@ -51,7 +51,7 @@ def test_spot_attempts_get_their_pools_interval_and_on_demand_the_longest(tmp_pa
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools())
     controller = Controller(provider, provider.market, RetryPolicy(
         max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
-        poll_interval=0.05)
+        poll_interval_seconds=0.05)
     with provider:
         record = controller.run(spec)
     assert record.status is JobStatus.SUCCEEDED
@@ -119,7 +119,7 @@ def test_a_job_that_sets_its_own_interval_keeps_it(tmp_path):
                    env={CHECKPOINT_INTERVAL: "7"})
     with provider:
         record = Controller(provider, provider.market, RetryPolicy(),
-                            poll_interval=0.05).run(spec)
+                            poll_interval_seconds=0.05).run(spec)
     assert record.status is JobStatus.SUCCEEDED
     assert '"interval": "7"' in (tmp_path / "intervals.jsonl").read_text()
 
@@ -127,4 +127,4 @@ def test_a_job_that_sets_its_own_interval_keeps_it(tmp_path):
 def test_bounds_that_cannot_hold_an_interval_are_refused():
     provider = LocalProvider.from_traces([trace("us-east-1a_v100_1", "1" * 20)])
     with provider, pytest.raises(ConfigError, match="checkpoint_interval_min .* exceeds"):
-        Controller(provider, provider.market, checkpoint_interval_min=7200.0)
+        Controller(provider, provider.market, checkpoint_interval_min_seconds=7200.0)

@@ -71,14 +71,14 @@ def test_work_beyond_the_deadline_is_refused_on_every_surface_in_one_line():
     with pytest.raises(ConfigError, match=r"^work=3h is more than deadline=2h: the job "
                        r"cannot finish in time even on on-demand"):
         SpotSettings.build(work="3h", deadline="2h")
-    assert SpotSettings.build(work="2h", deadline="2h").work == 7200.0
+    assert SpotSettings.build(work="2h", deadline="2h").work_capacity_seconds == 7200.0
     soon = datetime.now(timezone.utc) + timedelta(hours=1)
     settings = SpotSettings.build(work="3h", deadline=soon)
     with pytest.raises(ConfigError, match=r"work=3h is more than deadline=.*of capacity time"):
         settings.deadline_spec(created_at=soon.timestamp() - 3600, capacity_per_wall=1.0)
     # the local cloud replays 3,600 trace seconds per wall second: 1 wall hour is plenty
     assert settings.deadline_spec(created_at=soon.timestamp() - 3600,
-                                  capacity_per_wall=3600.0)["work_seconds"] == 10800.0
+                                  capacity_per_wall=3600.0)["work_capacity_seconds"] == 10800.0
 
 
 MEMORY_CAP = 1536 * 2**20  # bytes of address space for the planning rows below

@@ -246,8 +246,8 @@ def run_scenario(scene: Scenario, tmp_path, moto_endpoint: str):
         provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         spec = JobSpec(f"chaos-{scene.seed}", train_command(STEPS, STEP_SECONDS, 7, EVERY), uri,
                        provider.pools(), env=env)
-        controller = Controller(provider, provider.market, scene.policy, heartbeat_timeout=None,
-                                attempt_timeout=90.0, observe_failure_timeout=10.0)
+        controller = Controller(provider, provider.market, scene.policy, heartbeat_timeout_seconds=None,
+                                attempt_timeout_seconds=90.0, observe_failure_timeout_seconds=10.0)
         final, _ = drive(controller, spec, Chaos(scene, server, proxy))
         proxy.mode = None
     assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15), \

@@ -59,7 +59,7 @@ def test_controller_over_the_server_resumes_a_preempted_job(tmp_path):
                        provider.pools())
         record = Controller(provider, provider.market, RetryPolicy(
             max_preemptions=10, capacity_wait_seconds=0.3, min_on_demand_seconds=1e9),
-            poll_interval=0.05).run(spec)
+            poll_interval_seconds=0.05).run(spec)
     assert record.status is JobStatus.SUCCEEDED and record.preemptions >= 1
     assert 0 < record.ledger.spent < record.ledger.on_demand_equivalent
 

@@ -31,7 +31,7 @@ def _run(tmp_path, provider, command, policy, pools=None, market=None, persist=N
     spec = JobSpec(job_id="job-test", command=command, checkpoint_uri=(tmp_path / "ckpt").as_uri(),
                    pools=pools or provider.pools())
     controller = Controller(provider, market or provider.market, policy, persist=persist,
-                            poll_interval=0.05)
+                            poll_interval_seconds=0.05)
     with provider:
         return controller.run(spec)
 
@@ -159,10 +159,10 @@ def test_a_deadline_too_close_for_spot_goes_straight_to_on_demand(tmp_path):
     work, overhead = 120.0, 60.0  # capacity seconds: 2 s and 1 s of wall time at 60x
     spec = JobSpec(job_id="job-deadline", command=train_command(steps=100, step_seconds=0.0),
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
-                   deadline=time.time() + (work + 1.5 * overhead) / 60.0, work_seconds=work,
-                   total_steps=100, restart_overhead_seconds=overhead)
+                   deadline_at=time.time() + (work + 1.5 * overhead) / 60.0, work_capacity_seconds=work,
+                   total_steps=100, restart_overhead_capacity_seconds=overhead)
     with provider:
-        record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.05).run(spec)
+        record = Controller(provider, provider.market, RetryPolicy(), poll_interval_seconds=0.05).run(spec)
     assert record.attempts[0].pool.market is Market.ON_DEMAND
     assert record.status is JobStatus.SUCCEEDED
 
@@ -172,10 +172,10 @@ def test_a_roomy_deadline_still_takes_spot(tmp_path):
                                          time_scale=60.0, workdir=tmp_path / "cloud", config=FAST)
     spec = JobSpec(job_id="job-roomy", command=train_command(steps=100, step_seconds=0.0),
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
-                   deadline=time.time() + 60.0, work_seconds=120.0, total_steps=100,
-                   restart_overhead_seconds=60.0)
+                   deadline_at=time.time() + 60.0, work_capacity_seconds=120.0, total_steps=100,
+                   restart_overhead_capacity_seconds=60.0)
     with provider:
-        record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.05).run(spec)
+        record = Controller(provider, provider.market, RetryPolicy(), poll_interval_seconds=0.05).run(spec)
     assert record.attempts[0].pool.market is Market.SPOT
     assert record.status is JobStatus.SUCCEEDED
 
@@ -187,7 +187,7 @@ def test_a_price_cap_waits_for_a_cheaper_window_then_falls_back(tmp_path):
     spec = JobSpec(job_id="job-cap", command=(sys.executable, "-c", "print('done')"),
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools())
     policy = RetryPolicy(max_spot_price=0.5, capacity_wait_seconds=0.4, max_capacity_waits=2)
-    controller = Controller(provider, provider.market, policy, poll_interval=0.05,
+    controller = Controller(provider, provider.market, policy, poll_interval_seconds=0.05,
                             listener=lambda kind, record, detail: events.append((kind, detail)))
     started = time.monotonic()
     with provider:

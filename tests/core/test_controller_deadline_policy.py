@@ -105,11 +105,11 @@ def _live(tmp_path, traces, work: float, deadline_ticks: int, steps: int,
     spec = JobSpec(job_id="job-deadline-policy",
                    command=_step(steps),
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
-                   deadline=market.wall_time(start_tick + deadline_ticks) + 0.9,
-                   work_seconds=work,
-                   total_steps=steps, restart_overhead_seconds=OVERHEAD,
+                   deadline_at=market.wall_time(start_tick + deadline_ticks) + 0.9,
+                   work_capacity_seconds=work,
+                   total_steps=steps, restart_overhead_capacity_seconds=OVERHEAD,
                    deadline_policy=policy)
-    controller = Controller(provider, market, RETRY, poll_interval=0.05,
+    controller = Controller(provider, market, RETRY, poll_interval_seconds=0.05,
                             listener=lambda kind, record, detail: events.append((kind, detail)))
     with provider:
         record = controller.run(spec)
@@ -137,7 +137,7 @@ def test_live_greedy_makes_the_simulators_choices_and_cost(tmp_path):
     print(_summary(record, market))
 
     assert record.status is JobStatus.SUCCEEDED
-    assert record.attempts[-1].ended_at < spec.deadline
+    assert record.attempts[-1].ended_at < spec.deadline_at
     assert _choices(record) == sim_choices
     # Cost tolerance. The simulator switches instantly at a tick boundary, bills whole
     # ticks and charges exactly OVERHEAD per restart (the step pads its start-up to that).
@@ -190,8 +190,8 @@ def test_idle_decision_is_a_wait_of_at_most_one_tick(tmp_path):
         for policy, market_kind in (("greedy", None), (None, Market.ON_DEMAND)):
             spec = JobSpec(job_id="job-idle", command=("true",),
                            checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
-                           deadline=market.wall_time(14), work_seconds=3 * TICK,
-                           total_steps=10, restart_overhead_seconds=OVERHEAD,
+                           deadline_at=market.wall_time(14), work_capacity_seconds=3 * TICK,
+                           total_steps=10, restart_overhead_capacity_seconds=OVERHEAD,
                            deadline_policy=policy)
             controller = Controller(provider, market, RETRY)
             decision = controller.decide(spec, controller.new_record(spec))
@@ -215,7 +215,7 @@ def test_a_market_without_traces_keeps_the_safety_net_only(tmp_path):
     with provider:
         spec = JobSpec(job_id="job-ec2", command=("true",),
                        checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools(),
-                       deadline=provider.market.wall_time(14), work_seconds=3 * TICK,
+                       deadline_at=provider.market.wall_time(14), work_capacity_seconds=3 * TICK,
                        total_steps=10, deadline_policy="greedy")
         controller = Controller(provider, OffersOnly(), RETRY)
         decision = controller.decide(spec, controller.new_record(spec))
@@ -225,7 +225,7 @@ def test_a_market_without_traces_keeps_the_safety_net_only(tmp_path):
 def test_a_bad_policy_name_is_a_one_line_error(tmp_path):
     with pytest.raises(ConfigError) as caught:
         JobSpec(job_id="j", command=("true",), checkpoint_uri=(tmp_path / "c").as_uri(),
-                pools=(), deadline=1.0, work_seconds=1.0, deadline_policy="nope")
+                pools=(), deadline_at=1.0, work_capacity_seconds=1.0, deadline_policy="nope")
     message = str(caught.value)
     assert "\n" not in message and "'nope'" in message
     assert all(name in message for name in DEADLINE_POLICIES.names())

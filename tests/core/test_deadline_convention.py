@@ -15,7 +15,7 @@ import pytest
 
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord
-from spot_core.settings import SpotSettings, deadline_at
+from spot_core.settings import SpotSettings, wall_deadline
 from spot_helpers import (DEADLINE_KNOBS, DEADLINE_SCALE, check_greedy_record,
                           deadline_traces, marked_processes, train_command)
 
@@ -23,21 +23,22 @@ from spot_helpers import (DEADLINE_KNOBS, DEADLINE_SCALE, check_greedy_record,
 def test_durations_count_in_capacity_time_and_absolute_times_in_wall_time():
     settings = SpotSettings.build(**DEADLINE_KNOBS)
     on_local = settings.deadline_spec(created_at=1000.0, capacity_per_wall=300.0)
-    assert on_local == {"deadline": 1000.0 + 16800.0 / 300.0, "work_seconds": 1800.0,
-                        "restart_overhead_seconds": 1800.0, "total_steps": 40,
+    assert on_local == {"deadline_at": 1000.0 + 16800.0 / 300.0,
+                        "work_capacity_seconds": 1800.0,
+                        "restart_overhead_capacity_seconds": 1800.0, "total_steps": 40,
                         "deadline_policy": "greedy"}
     on_ec2 = settings.deadline_spec(created_at=1000.0, capacity_per_wall=1.0)
-    assert on_ec2["deadline"] == 1000.0 + 16800.0
+    assert on_ec2["deadline_at"] == 1000.0 + 16800.0
     when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
     for given in (when, "2026-12-01T08:00Z", "2026-12-01T08:00:00", datetime(2026, 12, 1, 8),
                   "2026-12-01T09:00+01:00"):
-        absolute = SpotSettings.build(deadline=given).deadline
+        absolute = SpotSettings.build(deadline=given).deadline_at
         assert absolute == when, given
         for scale in (1.0, 3600.0):
-            assert deadline_at(absolute, created_at=0.0, capacity_per_wall=scale) == \
+            assert wall_deadline(absolute, created_at=0.0, capacity_per_wall=scale) == \
                 when.timestamp()
-    assert SpotSettings.build(deadline=timedelta(hours=2)).deadline == 7200.0
-    assert deadline_at(None, created_at=5.0, capacity_per_wall=1.0) is None
+    assert SpotSettings.build(deadline=timedelta(hours=2)).deadline_capacity_seconds == 7200.0
+    assert wall_deadline(None, created_at=5.0, capacity_per_wall=1.0) is None
 
 
 @pytest.mark.parametrize(("values", "message"), [

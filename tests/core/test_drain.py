@@ -44,7 +44,7 @@ def test_a_capacity_fallback_moves_back_to_spot_mid_run(tmp_path):
     events: list[tuple[str, str]] = []
     policy = RetryPolicy(max_preemptions=2, capacity_wait_seconds=0.3, max_capacity_waits=3,
                          min_on_demand_seconds=4.0)
-    controller = Controller(provider, provider.market, policy, poll_interval=0.05,
+    controller = Controller(provider, provider.market, policy, poll_interval_seconds=0.05,
                             listener=lambda kind, record, detail: events.append((kind, detail)))
     with provider:
         record = controller.run(spec)
@@ -80,7 +80,7 @@ def test_no_drain_once_the_preemption_budget_is_spent_or_return_to_spot_is_off()
 def test_a_move_must_repay_its_restart(work_left, moves):
     pool = Pool("aws", "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
     on_demand = pool.on(Market.ON_DEMAND)
-    record = JobRecord(job_id="j", created_at=0.0, deadline=10**6, attempts=(
+    record = JobRecord(job_id="j", created_at=0.0, deadline_at=10**6, attempts=(
         Attempt(number=1, pool=on_demand, started_at=0.0, lease_id="i-1"),))
     offers = [Offer(pool, 0.9, 3.06, True, 1000.0), Offer(on_demand, 3.06, 3.06, True, 1000.0)]
     work = DeadlineWork(work_left_seconds=work_left, restart_overhead_seconds=600.0)
@@ -236,8 +236,9 @@ def _plan_answering(answer: int):
               trace("us-east-1b_v100_1", "11111111", tick_seconds=600.0, price=1.2)]
     market = TraceMarket(traces, tick_origin=0.0)
     pools = market.pools() + market.pools(Market.ON_DEMAND)
-    plan = plan_job(market, policy="greedy", pools=pools, created_at=0.0, deadline=4800.0,
-                    work_seconds=1800.0, restart_overhead_seconds=600.0, total_steps=None)
+    plan = plan_job(market, policy="greedy", pools=pools, created_at=0.0, deadline_at=4800.0,
+                    work_capacity_seconds=1800.0,
+                    restart_overhead_capacity_seconds=600.0, total_steps=None)
     return dataclasses.replace(plan, decide_tick=lambda t, progress, current, left: answer), \
         market, pools
 
@@ -254,7 +255,7 @@ def test_the_plan_moves_a_running_attempt_where_its_policy_says(answer, running_
     spot = {p.zone: p for p in pools if p.is_spot}
     pool = (spot["us-east-1a"].on(Market.ON_DEMAND) if running_on == "on-demand"
             else spot["us-east-1b"])
-    record = JobRecord(job_id="j", created_at=0.0, deadline=4800.0).start_attempt(
+    record = JobRecord(job_id="j", created_at=0.0, deadline_at=4800.0).start_attempt(
         Attempt(number=1, pool=pool, started_at=0.0, lease_id="i-1"))
     now = 700.0  # tick 1: both zones up
     decision = plan.decide(record, market.offers(pools, now), RetryPolicy(),
@@ -276,7 +277,7 @@ def test_the_plan_moves_a_running_attempt_where_its_policy_says(answer, running_
 def test_no_move_to_a_zone_without_capacity_or_outside_the_window():
     plan, market, pools = _plan_answering(0)
     zone_b = next(p for p in pools if p.zone == "us-east-1b" and p.is_spot)
-    record = JobRecord(job_id="j", created_at=0.0, deadline=4800.0).start_attempt(
+    record = JobRecord(job_id="j", created_at=0.0, deadline_at=4800.0).start_attempt(
         Attempt(number=1, pool=zone_b, started_at=0.0, lease_id="i-1"))
     for now in (100.0, 5000.0):  # tick 0 (zone a down), then past the window
         decision = plan.decide(record, market.offers(pools, now), RetryPolicy(),

@@ -97,7 +97,7 @@ def test_spot_pipelines_is_installed_at_boot_and_the_step_runs_from_it(
         spec = JobSpec(job_id=unique("job-boot"), command=step,
                        checkpoint_uri=f"s3://{bucket}/ckpt", pools=provider.pools()[:1])
         controller = Controller(provider, provider.market, RetryPolicy(max_infrastructure_retries=0),
-                                poll_interval=0.2)
+                                poll_interval_seconds=0.2)
         record = controller.run(spec)
     [attempt] = record.attempts
     assert record.status == "succeeded", attempt.message

@@ -387,7 +387,7 @@ def _run(provider, command, *, pools, max_preemptions=3):
                          max_capacity_waits=5)
     spec = JobSpec(job_id=f"job-{int(time.time() * 1000) % 10**8}", command=tuple(command),
                    checkpoint_uri=f"s3://{BUCKET}/run", pools=tuple(pools))
-    return Controller(provider, provider.market, policy, poll_interval=0.2).run(spec)
+    return Controller(provider, provider.market, policy, poll_interval_seconds=0.2).run(spec)
 
 
 def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path):
@@ -399,7 +399,7 @@ def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path
     from spot_core.checkpoint.heartbeat import Heartbeat
 
     spec = dataclasses.replace(_spec(job=unique("job-hb"), command=(
-        sys.executable, "-c", "import time; time.sleep(120)")), heartbeat_timeout=2.0)
+        sys.executable, "-c", "import time; time.sleep(120)")), heartbeat_timeout_seconds=2.0)
     Heartbeat(open_store(spec.checkpoint_uri)).renew(1, time.time())  # then silence
     runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", ("us-east-1",),
                                  default_instance_env(aws_env, "us-east-1"))
@@ -430,7 +430,7 @@ def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_pat
                        command=(sys.executable, "-c", "import time; time.sleep(6)"),
                        pools=provider.pools()[:1])
         controller = Controller(provider, provider.market, RetryPolicy(max_infrastructure_retries=0),
-                                poll_interval=0.2, observe_failure_timeout=60.0)
+                                poll_interval_seconds=0.2, observe_failure_timeout_seconds=60.0)
         nxt = controller.advance(spec, controller.new_record(spec))
         proxy.mode = mode
         flaky_until = time.monotonic() + 4

@@ -118,7 +118,7 @@ def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dat
                        checkpoint_uri=store_uri, pools=provider.pools())
         controller = Controller(provider, provider.market, RetryPolicy(
             max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
-            poll_interval=0.2, attempt_timeout=150)
+            poll_interval_seconds=0.2, attempt_timeout_seconds=150)
         thread, result = run_in_thread(controller, spec)
         store = open_store(store_uri)
         pod = wait_for(lambda: next((p for p in job_pods(provider, spec.job_id)
@@ -153,7 +153,7 @@ def test_oom_kill_is_the_users_failure_and_is_not_retried(tmp_path):
         spec = JobSpec(job_id="oom", command=hog, checkpoint_uri=(tmp_path / "c").as_uri(),
                        pools=provider.pools())
         record = Controller(provider, provider.market, RetryPolicy(max_user_retries=0),
-                            poll_interval=0.2, attempt_timeout=60).run(spec)
+                            poll_interval_seconds=0.2, attempt_timeout_seconds=60).run(spec)
         assert record.status is JobStatus.FAILED and len(record.attempts) == 1
         (attempt,) = record.attempts
         assert attempt.outcome is Outcome.USER_FAILED and "OOMKilled" in attempt.message
@@ -173,8 +173,8 @@ def test_an_unschedulable_pod_is_deleted_and_the_next_pool_tried(tmp_path):
                 "requests": {"cpu": "2"}}}]}})
         spec = JobSpec(job_id="fit", command=(sys.executable, "-c", "print('ok')"),
                        checkpoint_uri=(tmp_path / "c").as_uri(), pools=provider.pools())
-        record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.2,
-                            attempt_timeout=60).run(spec)
+        record = Controller(provider, provider.market, RetryPolicy(), poll_interval_seconds=0.2,
+                            attempt_timeout_seconds=60).run(spec)
         assert record.status is JobStatus.SUCCEEDED
         assert record.attempts[-1].pool.zone == "us-east-1b"  # the small pool had no room
         assert not provider.market.offers([p for p in provider.pools()
@@ -374,7 +374,7 @@ def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_
                        command=(sys.executable, "-c", SECOND_ATTEMPT_FINISHES),
                        pools=provider.pools())
         controller = Controller(provider, provider.market, RetryPolicy(capacity_wait_seconds=0.5),
-                                poll_interval=0.2, attempt_timeout=3600)
+                                poll_interval_seconds=0.2, attempt_timeout_seconds=3600)
         thread, result = run_in_thread(controller, spec)
         pod = wait_for(lambda: next((p for p in job_pods(provider, spec.job_id)
                                      if p["status"].get("phase") == "Running"), None),

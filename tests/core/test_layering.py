@@ -26,7 +26,8 @@ FORBIDDEN = {"airflow", "prefect", "boto3", "botocore", "kubernetes", "torch",
 FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core", "spot_core.errors", "spot_core.credentials", "spot_core.stopping",
      "spot_core.bounds"),                                          # stdlib only
-    (("spot_core.model", "spot_core.attempt_env"), "spot_core.safe_files"),  # safe_files: users' files
+    (("spot_core.model", "spot_core.attempt_env"), "spot_core.safe_files",  # safe_files: users' files
+     "spot_core.durations"),                                       # "90s", "5m", ISO times
     ("spot_core.adaptors",),                                       # lazy cloud SDKs
     ("spot_core.checkpoint", "spot_core.market", "spot_core.interruption"),
     ("spot_core.policy", "spot_core.container", "spot_core.workloads", "spot_core.emulators",

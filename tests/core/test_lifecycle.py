@@ -56,7 +56,7 @@ def run_row(tmp_path, pattern, command, policy, *, proxy_match="/describe", duri
             FaultProxy(server.url, match=proxy_match) as proxy:
         provider = open_provider("local", url=proxy.url, workdir=server.cloud.workdir)
         spec = JobSpec("job-row", command, (tmp_path / "ckpt").as_uri(), provider.pools())
-        options = {"heartbeat_timeout": None, **controller_options}
+        options = {"heartbeat_timeout_seconds": None, **controller_options}
         controller = Controller(provider, provider.market, policy, **options)
         record, seen = drive(controller, spec, None if during_watch is None
                              else lambda nxt: during_watch(proxy, nxt))
@@ -118,7 +118,7 @@ def test_row_capacity_miss_at_launch_is_recorded_and_retried(tmp_path):
         spec = JobSpec("job-miss", (sys.executable, "-c", "pass"), (tmp_path / "ckpt").as_uri(),
                        provider.pools())
         controller = Controller(provider, provider.market, RetryPolicy(
-            on_demand_fallback=False, capacity_wait_seconds=0.3), heartbeat_timeout=None)
+            on_demand_fallback=False, capacity_wait_seconds=0.3), heartbeat_timeout_seconds=None)
         proxy.mode = "capacity"
         first = controller.advance(spec, controller.new_record(spec))
         proxy.mode = None
@@ -144,7 +144,7 @@ def test_row_transient_observe_errors_do_not_end_the_attempt(tmp_path, mode):
 
     record, seen, proxy = run_row(
         tmp_path, UP, (sys.executable, "-c", "import time; time.sleep(3)"), RetryPolicy(),
-        during_watch=flaky, observe_failure_timeout=30.0)
+        during_watch=flaky, observe_failure_timeout_seconds=30.0)
     assert proxy.failed > 3
     assert any(n.failing_since is not None for n in seen)
     assert outcomes(record) == [Outcome.SUCCEEDED]
@@ -155,7 +155,7 @@ def test_row_sustained_observe_failure_ends_the_attempt_and_its_lease(tmp_path):
         proxy.mode = "503" if time.time() - nxt.lease.started_at > 0.3 else None
 
     record, _, _ = run_row(tmp_path, UP, SLEEP, RetryPolicy(max_infrastructure_retries=0),
-                           during_watch=down, observe_failure_timeout=1.5)
+                           during_watch=down, observe_failure_timeout_seconds=1.5)
     assert outcomes(record) == [Outcome.INFRASTRUCTURE_FAILED]
     assert "could not observe the lease" in record.attempts[0].message
     assert record.status is JobStatus.FAILED
@@ -163,7 +163,7 @@ def test_row_sustained_observe_failure_ends_the_attempt_and_its_lease(tmp_path):
 
 def test_row_attempt_timeout_ends_the_attempt_and_its_lease(tmp_path):
     record, _, _ = run_row(tmp_path, UP, SLEEP, RetryPolicy(max_infrastructure_retries=0),
-                           attempt_timeout=1.5)
+                           attempt_timeout_seconds=1.5)
     assert outcomes(record) == [Outcome.INFRASTRUCTURE_FAILED]
     assert "time limit" in record.attempts[0].message
 
@@ -177,12 +177,12 @@ def test_a_driver_that_died_mid_watch_is_replaced_from_the_record_alone(tmp_path
         spec = JobSpec("job-handover", (sys.executable, "-c", "import time; time.sleep(1.5)"),
                        (tmp_path / "ckpt").as_uri(), first.pools())
         controller = Controller(first, first.market, RetryPolicy(), persist=saved.append,
-                                heartbeat_timeout=None)
+                                heartbeat_timeout_seconds=None)
         nxt = controller.advance(spec, controller.new_record(spec))
         assert nxt.action == "watch"
         # the second driver knows nothing but the record
         second = open_provider("local", url=server.url, workdir=server.cloud.workdir)
-        again = Controller(second, second.market, RetryPolicy(), heartbeat_timeout=None)
+        again = Controller(second, second.market, RetryPolicy(), heartbeat_timeout_seconds=None)
         resumed = again.advance(spec, saved[-1])
         assert resumed.action == "watch" and resumed.lease.lease_id == nxt.lease.lease_id
         record, _ = drive_from(again, spec, resumed)
@@ -215,14 +215,14 @@ def test_row_heartbeat_expiry_ends_the_lease_and_the_next_driver_resumes(tmp_pat
         spec = JobSpec("job-heartbeat", train_command(steps=1500, step_seconds=0.01),
                        (tmp_path / "ckpt").as_uri(), first.pools())
         dead = Controller(first, first.market, RetryPolicy(max_infrastructure_retries=2),
-                          persist=saved.append, heartbeat_timeout=2.0)
+                          persist=saved.append, heartbeat_timeout_seconds=2.0)
         nxt = dead.advance(spec, dead.new_record(spec))
         assert nxt.action == "watch"  # ... and this driver is never heard of again
         assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), \
             "the lease outlived its silent driver"
         heir = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         again = Controller(heir, heir.market, RetryPolicy(max_infrastructure_retries=2),
-                           heartbeat_timeout=5.0)
+                           heartbeat_timeout_seconds=5.0)
         record, _ = drive_from(again, spec, again.advance(spec, saved[-1]))
     first_attempt, *rest = record.attempts
     assert first_attempt.outcome is Outcome.INFRASTRUCTURE_FAILED

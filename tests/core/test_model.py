@@ -22,7 +22,7 @@ def _finished(number: int, pool: Pool, outcome: Outcome, **kw) -> Attempt:
 
 
 def _record_with_history() -> JobRecord:
-    record = JobRecord(job_id="train-42", created_at=1_700_000_000.123456789, deadline=1.7e9 + 0.1)
+    record = JobRecord(job_id="train-42", created_at=1_700_000_000.123456789, deadline_at=1.7e9 + 0.1)
     record = record.start_attempt(Attempt(1, SPOT, 1000.0, lease_id="i-1"))
     record = record.finish_attempt(_finished(1, SPOT, Outcome.PREEMPTED, lease_id="i-1",
                                              cost=0.1 + 0.2, on_demand_cost=3.06,

@@ -125,7 +125,7 @@ def test_the_controller_reads_a_shared_failure_against_its_failure_timeout(serve
     provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
     pool = provider.pools()[0].on(Market.ON_DEMAND)
     spec = JobSpec("job-obs-fail", SLEEPER, (tmp_path / "ckpt").as_uri(), (pool,))
-    controller = Controller(provider, provider.market, observe_failure_timeout=30.0)
+    controller = Controller(provider, provider.market, observe_failure_timeout_seconds=30.0)
     nxt = controller.advance(spec, controller.new_record(spec))
     assert nxt.action == "watch"
     failed = Observation(nxt.lease.lease_id, error=InfrastructureError("describe: 503"), at=1.0)

@@ -170,7 +170,7 @@ def _controller(tmp_path, **options) -> tuple[Controller, JobSpec, LocalProvider
 
 def _driver(provider, **options) -> Controller:
     return Controller(provider, provider.market, RetryPolicy(max_user_retries=0),
-                      poll_interval=0.1, heartbeat_timeout=HEARTBEAT, **options)
+                      poll_interval_seconds=0.1, heartbeat_timeout_seconds=HEARTBEAT, **options)
 
 
 def test_a_fenced_out_step_is_an_infrastructure_failure_and_the_driver_stops(tmp_path):

@@ -32,13 +32,13 @@ def test_bad_work_is_a_config_error():
 
 
 def test_decide_next_launches_spot_while_the_work_fits():
-    record = JobRecord("j", T0, deadline=T0 + 3 * 3600)
+    record = JobRecord("j", T0, deadline_at=T0 + 3 * 3600)
     decision = decide_next(record, OFFERS, RetryPolicy(), now=T0, work=WORK)
     assert decision.action == "launch" and decision.market is Market.SPOT
 
 
 def test_decide_next_goes_on_demand_when_the_safety_net_says_so():
-    record = JobRecord("j", T0, deadline=T0 + 70 * 60)
+    record = JobRecord("j", T0, deadline_at=T0 + 70 * 60)
     decision = decide_next(record, OFFERS, RetryPolicy(), now=T0, work=WORK)
     assert decision.market is Market.ON_DEMAND and "no longer fit" in decision.reason
     # without the work amount the old behaviour stands
@@ -46,10 +46,10 @@ def test_decide_next_goes_on_demand_when_the_safety_net_says_so():
 
 
 def test_running_on_demand_stays_when_leaving_would_risk_the_deadline():
-    record = JobRecord("j", T0 - 3600, deadline=T0 + 70 * 60).start_attempt(
+    record = JobRecord("j", T0 - 3600, deadline_at=T0 + 70 * 60).start_attempt(
         Attempt(1, OD, T0 - 3600))
     assert decide_next(record, OFFERS, RetryPolicy(), now=T0, work=WORK).action == "wait"
-    roomy = JobRecord("j", T0 - 3600, deadline=T0 + 5 * 3600).start_attempt(
+    roomy = JobRecord("j", T0 - 3600, deadline_at=T0 + 5 * 3600).start_attempt(
         Attempt(1, OD, T0 - 3600))
     moved = decide_next(roomy, OFFERS, RetryPolicy(), now=T0, work=WORK)
     assert moved.action == "launch" and moved.market is Market.SPOT

@@ -32,7 +32,7 @@ def offers(a: bool = True, b: bool = True, on_demand: bool = True) -> list[Offer
 def record(*history: tuple[Pool, Outcome], gap: float = 100.0, deadline: float | None = None,
            running: Pool | None = None, running_for: float = 0.0) -> JobRecord:
     """Attempts back to back, each `gap` seconds long, the last ending at T0."""
-    rec = JobRecord(job_id="j", created_at=T0 - gap * (len(history) + 1), deadline=deadline)
+    rec = JobRecord(job_id="j", created_at=T0 - gap * (len(history) + 1), deadline_at=deadline)
     for n, (pool, outcome) in enumerate(history, start=1):
         start = T0 - gap * (len(history) - n + 1)
         rec = rec.start_attempt(Attempt(n, pool, start))

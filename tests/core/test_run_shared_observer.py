@@ -35,7 +35,7 @@ def test_jobs_driven_in_one_process_share_one_describe_per_poll(tmp_path):
         def drive(index: int) -> None:
             spec = JobSpec(f"shared-{index}", STEP, (tmp_path / f"ckpt-{index}").as_uri(),
                            (pool,))
-            controller = Controller(provider, provider.market, poll_interval=0.2)
+            controller = Controller(provider, provider.market, poll_interval_seconds=0.2)
             records[index] = controller.run(spec, observer=observer_of(provider))
 
         threads = [threading.Thread(target=drive, args=(i,)) for i in range(JOBS)]

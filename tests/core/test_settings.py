@@ -43,15 +43,23 @@ def test_every_knob_is_declared_whole():
     for k in KNOBS:
         assert k.help.strip() and k.surfaces and k.surfaces <= set(SURFACES), k.name
         assert k.parse(k.default) == k.default, k.name  # the default passes its own check
-    assert {f for f in SpotSettings.__dataclass_fields__} == {k.name for k in KNOBS}
-    durations = [k.name for k in KNOBS if k.kind == "duration"]
-    assert not [n for n in durations if n.endswith(("_seconds", "_hours"))]
+    # every field is a knob's, but the deadline's absolute form, which the knob fills too
+    assert {f for f in SpotSettings.__dataclass_fields__} == \
+        {k.field for k in KNOBS} | {k.absolute_field for k in KNOBS if k.absolute}
+    durations = [k for k in KNOBS if k.kind == "duration"]
+    # a surface shows the knob's name; the field carries the unit (capacity time as such)
+    assert not [k.name for k in durations if k.name.endswith(("_seconds", "_hours"))]
+    assert all(k.field.endswith("_seconds") for k in durations)
+    capacity = {"deadline", "work", "restart_overhead"}
+    assert {k.name for k in durations if k.field.endswith("_capacity_seconds")} == capacity
+    assert all(k.absolute_field.endswith("_at") for k in KNOBS if k.absolute)
 
 
 def test_defaults_are_the_documented_ones():
     s = SpotSettings()
-    assert (s.capacity_wait, s.max_capacity_waits, s.attempt_timeout, s.heartbeat_timeout,
-            s.observe_failure_timeout, s.min_on_demand) == (60.0, 10, 86400.0, 300.0, 180.0, 600.0)
+    assert (s.capacity_wait_seconds, s.max_capacity_waits, s.attempt_timeout_seconds,
+            s.heartbeat_timeout_seconds, s.observe_failure_timeout_seconds,
+            s.min_on_demand_seconds) == (60.0, 10, 86400.0, 300.0, 180.0, 600.0)
     assert s.provider == "local" and s.max_spot_price is None and s.max_preemptions == 3
 
 
@@ -92,7 +100,8 @@ def test_old_names_work_with_a_deprecation_warning_and_not_twice():
                                                 "capacity_wait"):
         settings = SpotSettings.build(capacity_wait_seconds=5, max_price_per_hour=0.8,
                                       min_on_demand_seconds="2m")
-    assert (settings.capacity_wait, settings.max_spot_price, settings.min_on_demand) == \
+    assert (settings.capacity_wait_seconds, settings.max_spot_price,
+            settings.min_on_demand_seconds) == \
         (5.0, 0.8, 120.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -119,13 +128,14 @@ def test_builders_carry_every_knob_in_seconds():
         on_demand_fallback=False, return_to_spot=False, min_on_demand_seconds=900.0,
         capacity_wait_seconds=30.0, max_capacity_waits=7, max_spot_price=1.25)
     assert settings.retry_policy(max_user_retries=9).max_user_retries == 9
-    assert settings.controller_options() == {"poll_interval": 5.0, "attempt_timeout": 7200.0,
-                                             "heartbeat_timeout": 240.0,
+    assert settings.controller_options() == {"poll_interval_seconds": 5.0,
+                                             "attempt_timeout_seconds": 7200.0,
+                                             "heartbeat_timeout_seconds": 240.0,
                                              "heartbeat_uri": "s3://beats/drivers",
-                                             "observe_failure_timeout": 90.0,
-                                             "checkpoint_cost": 45.0,
-                                             "checkpoint_interval_min": 120.0,
-                                             "checkpoint_interval_max": 1800.0,
+                                             "observe_failure_timeout_seconds": 90.0,
+                                             "checkpoint_cost_seconds": 45.0,
+                                             "checkpoint_interval_min_seconds": 120.0,
+                                             "checkpoint_interval_max_seconds": 1800.0,
                                              "take_over": False}
 
 
@@ -161,7 +171,7 @@ CLI_VALUED = [k for k in knobs_for(CLI) if k.kind != "bool"]
 def test_cli_defaults_are_the_models():
     settings = settings_from_cli(_cli_args())
     for k in knobs_for(CLI):
-        assert getattr(settings, k.name) == k.default, k.name
+        assert k.read(settings) == k.default, k.name
     help_text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
     for k in knobs_for(CLI):
         assert cli_flag(k) in help_text, k.name
@@ -183,8 +193,9 @@ def test_cli_values_reach_the_model():
                      "--max-spot-price", "0.7", "--no-fallback", "--no-return-to-spot",
                      "--max-preemptions", "5")
     settings = settings_from_cli(args)
-    assert (settings.capacity_wait, settings.heartbeat_timeout, settings.attempt_timeout,
-            settings.observe_failure_timeout, settings.max_spot_price) == \
+    assert (settings.capacity_wait_seconds, settings.heartbeat_timeout_seconds,
+            settings.attempt_timeout_seconds, settings.observe_failure_timeout_seconds,
+            settings.max_spot_price) == \
         (120.0, 90.0, 21600.0, 60.0, 0.7)
     assert settings.on_demand_fallback is False and settings.return_to_spot is False
     assert settings.max_preemptions == 5

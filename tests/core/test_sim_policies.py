@@ -73,7 +73,7 @@ def test_billing_is_per_whole_tick_and_overhead_in_seconds():
     # 195 s ticks, 180 s overhead: the first tick makes 15 s of progress.
     trace = ZoneTrace("z_x", 195.0, np.ones(40, dtype=bool), np.full(40, 1.0), 3.06, None, "t")
     replay = Replay.from_traces([trace])
-    job = Job(task_seconds=195.0 * 3, deadline_seconds=195.0 * 40, overhead_seconds=180.0)
+    job = Job(work_capacity_seconds=195.0 * 3, deadline_capacity_seconds=195.0 * 40, restart_overhead_capacity_seconds=180.0)
     result = run_window(replay.window(0, job), DEADLINE_POLICIES.get("greedy").plan(
         replay.window(0, job)))
     assert result.finish_tick == 3 and result.spot_ticks == 4  # 15 + 195 + 195 + 195 s
@@ -169,7 +169,7 @@ def _with_history(avail: list[list[int]], past: list[list[int]], prices: list[fl
     """A one-hour-tick window with the given history before it (zones x ticks)."""
     a, h = np.array(avail, dtype=bool), np.array(past, dtype=bool)
     price = np.array(prices, dtype=float)[:, None]
-    ticks = int(job.deadline_seconds // HOUR)
+    ticks = int(job.deadline_capacity_seconds // HOUR)
     return Window(0, ticks, HOUR, job, a[:, :ticks], np.repeat(price, ticks, 1), 10.0, h,
                   np.repeat(price, h.shape[1], 1), tuple(f"z{i}" for i in range(len(avail))))
 

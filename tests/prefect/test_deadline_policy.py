@@ -94,8 +94,8 @@ def test_the_worker_builds_the_job_spec_in_capacity_time(tmp_path, monkeypatch):
                               checkpoint_uri=(tmp_path / "ckpt").as_uri(), created_at=1000.0)
     finally:
         provider.close()
-    assert spec.deadline == 1000.0 + 28 * DEADLINE_TICK / DEADLINE_SCALE
-    assert (spec.work_seconds, spec.restart_overhead_seconds, spec.total_steps,
+    assert spec.deadline_at == 1000.0 + 28 * DEADLINE_TICK / DEADLINE_SCALE
+    assert (spec.work_capacity_seconds, spec.restart_overhead_capacity_seconds, spec.total_steps,
             spec.deadline_policy) == (1800.0, 1800.0, 40, "greedy")
 
 
@@ -104,7 +104,7 @@ def test_an_iso_deadline_is_wall_time_whatever_the_scale_and_saves(prefect_api):
                                deadline_policy="greedy")
     settings = config.settings()
     for scale in (1.0, 3600.0):
-        assert settings.deadline_spec(created_at=0.0, capacity_per_wall=scale)["deadline"] \
+        assert settings.deadline_spec(created_at=0.0, capacity_per_wall=scale)["deadline_at"] \
             == 1796112000.0
     config.save("deadline-iso", overwrite=True)
     loaded = SpotConfiguration.load("deadline-iso")

@@ -107,13 +107,14 @@ def test_durations_in_any_form_reach_the_policy_and_the_controller_options():
     policy = config.retry_policy(max_user_retries=2)
     assert (policy.capacity_wait_seconds, policy.max_spot_price, policy.max_user_retries) == \
         (120.0, 0.9, 2)
-    assert config.controller_options() == {"poll_interval": 1.0, "attempt_timeout": 21600.0,
-                                           "heartbeat_timeout": 240.0,
+    assert config.controller_options() == {"poll_interval_seconds": 1.0,
+                                           "attempt_timeout_seconds": 21600.0,
+                                           "heartbeat_timeout_seconds": 240.0,
                                            "heartbeat_uri": None,
-                                           "observe_failure_timeout": 180.0,
-                                           "checkpoint_cost": 60.0,
-                                           "checkpoint_interval_min": 60.0,
-                                           "checkpoint_interval_max": 3600.0,
+                                           "observe_failure_timeout_seconds": 180.0,
+                                           "checkpoint_cost_seconds": 60.0,
+                                           "checkpoint_interval_min_seconds": 60.0,
+                                           "checkpoint_interval_max_seconds": 3600.0,
                                            "take_over": False}
     variables = SpotJobVariables(capacity_wait="90s", max_spot_price=0.5)
     configuration = SpotJobConfiguration(**variables.model_dump(exclude={"name", "labels",
@@ -142,7 +143,7 @@ def test_the_deadline_knobs_take_any_form_on_the_block_and_the_worker():
     assert variables.deadline == when
     configuration = SpotJobConfiguration(**variables.model_dump(
         exclude={"name", "labels", "command", "env"}))
-    assert configuration.spot_configuration().settings().deadline == when
+    assert configuration.spot_configuration().settings().deadline_at == when
 
 
 # -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------

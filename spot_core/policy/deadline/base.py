@@ -63,11 +63,12 @@ Decide = Callable[[int, float, int, float], int]
 
 @dataclass(frozen=True, eq=False)
 class Job:
-    """What must be done: work, deadline and restart overhead, all in seconds."""
+    """What must be done: work, deadline (from the window's start) and restart overhead,
+    all in capacity seconds (trace seconds: the window's clock)."""
 
-    task_seconds: float
-    deadline_seconds: float
-    overhead_seconds: float
+    work_capacity_seconds: float
+    deadline_capacity_seconds: float
+    restart_overhead_capacity_seconds: float
 
     @classmethod
     def from_hours(cls, task: float, deadline: float, overhead: float) -> Job:
@@ -125,7 +126,7 @@ def planning_horizon(job: Job, tick: float, ticks: int, *, policy: str = "") -> 
     """The ticks a plan holds of a ``ticks``-long window: the work, two restarts and
     ``PLAN_SLACK_TICKS`` (fewer if the window is shorter); a one-line ``ConfigError`` past
     ``PLAN_MAX_TICKS``."""
-    need = whole_ticks(job.task_seconds + 2 * job.overhead_seconds, tick)
+    need = whole_ticks(job.work_capacity_seconds + 2 * job.restart_overhead_capacity_seconds, tick)
     horizon = min(ticks, need + PLAN_SLACK_TICKS)
     if horizon > PLAN_MAX_TICKS:
         most = (PLAN_MAX_TICKS - PLAN_SLACK_TICKS) * tick / 3600
@@ -141,7 +142,7 @@ def truncated(window: Window, ticks: int) -> Window:
     """The window's first ``ticks`` ticks, its deadline moved to their end."""
     if ticks >= window.ticks:
         return window
-    job = Job(window.job.task_seconds, ticks * window.tick_seconds, window.job.overhead_seconds)
+    job = Job(window.job.work_capacity_seconds, ticks * window.tick_seconds, window.job.restart_overhead_capacity_seconds)
     return dataclasses.replace(window, ticks=ticks, job=job,
                                available=_first_ticks(window.available, ticks),
                                price=_first_ticks(window.price, ticks))
@@ -165,10 +166,10 @@ def safety_net(window: Window, t: int, progress: float, current: int, left: floa
     """
     job, tick = window.job, window.tick_seconds
     ticks_left = window.ticks - t
-    work_left = job.task_seconds - progress
-    if ticks_left <= whole_ticks(work_left + job.overhead_seconds, tick):
+    work_left = job.work_capacity_seconds - progress
+    if ticks_left <= whole_ticks(work_left + job.restart_overhead_capacity_seconds, tick):
         return current if current >= 0 and left <= 1e-9 else ON_DEMAND
-    if ticks_left <= whole_ticks(work_left + 2 * job.overhead_seconds, tick) and current < 0:
+    if ticks_left <= whole_ticks(work_left + 2 * job.restart_overhead_capacity_seconds, tick) and current < 0:
         return ON_DEMAND
     return None
 
@@ -213,7 +214,7 @@ class UniformProgress:
 
     def plan(self, window: Window) -> Decide:
         job, tick = window.job, window.tick_seconds
-        rate = job.task_seconds / job.deadline_seconds
+        rate = job.work_capacity_seconds / job.deadline_capacity_seconds
 
         def decide(t: int, progress: float, current: int, left: float) -> int:
             forced = safety_net(window, t, progress, current, left)
@@ -221,7 +222,7 @@ class UniformProgress:
                 return forced
             spot = cheapest_available(window, t, current)
             if current == ON_DEMAND:
-                ahead = progress > rate * (t * tick + 2 * job.overhead_seconds)
+                ahead = progress > rate * (t * tick + 2 * job.restart_overhead_capacity_seconds)
                 return spot if spot is not None and ahead else ON_DEMAND
             if spot is not None:
                 return spot

@@ -301,10 +301,10 @@ class ForecastDP:
             if current < 0 or spare:
                 return zones[chooser.best(t)]
             job = window.job
-            slack = (window.ticks - t) * window.tick_seconds - (job.task_seconds - progress)
-            if left <= 1e-9 and slack > 3 * job.overhead_seconds + window.tick_seconds:
+            slack = (window.ticks - t) * window.tick_seconds - (job.work_capacity_seconds - progress)
+            if left <= 1e-9 and slack > 3 * job.restart_overhead_capacity_seconds + window.tick_seconds:
                 # room for this restart and two more: a voluntary move cannot cost the deadline
-                return zones[chooser.switch(t, zones.index(current), job.task_seconds - progress,
+                return zones[chooser.switch(t, zones.index(current), job.work_capacity_seconds - progress,
                                             self.switch_margin)]
             return current
         return decide
@@ -565,7 +565,7 @@ class _Table:
         """0 idle; 1..P on-demand in phase p; then P per spot class (p ticks since launch)."""
         if instance == IDLE:
             return 0
-        overhead = self.window.job.overhead_seconds
+        overhead = self.window.job.restart_overhead_capacity_seconds
         ran = self.phases if left <= 1e-9 else round((overhead - left) / self.window.tick_seconds)
         phase = min(max(ran, 1), self.phases)
         return phase if instance == ON_DEMAND else (1 + instance) * self.phases + phase
@@ -577,12 +577,12 @@ def _grid(window: Window, max_band: int) -> tuple[float, int, int, list[int]]:
     Gains are rounded down, so the plan never thinks it is further along than it is.
     """
     job, tick = window.job, window.tick_seconds
-    band = max(window.ticks * tick - job.task_seconds, tick)
+    band = max(window.ticks * tick - job.work_capacity_seconds, tick)
     cells = max(1, min(round(tick), math.ceil(max_band * tick / band)))
     unit = tick / cells
-    phases = max(1, math.ceil(job.overhead_seconds / tick - 1e-9))
-    gains = [min(tick, max(0.0, (j + 1) * tick - job.overhead_seconds)) for j in range(phases + 1)]
-    return (unit, cells, math.ceil(job.task_seconds / unit - 1e-9),
+    phases = max(1, math.ceil(job.restart_overhead_capacity_seconds / tick - 1e-9))
+    gains = [min(tick, max(0.0, (j + 1) * tick - job.restart_overhead_capacity_seconds)) for j in range(phases + 1)]
+    return (unit, cells, math.ceil(job.work_capacity_seconds / unit - 1e-9),
             [math.floor(g / unit + 1e-9) for g in gains])
 
 
@@ -722,7 +722,7 @@ class _ZoneChooser:
         return max(age * tick, self.mean_run(zone, t))
 
     def score(self, zone: int, t: int) -> float:
-        overhead = self.window.job.overhead_seconds
+        overhead = self.window.job.restart_overhead_capacity_seconds
         return float(self.window.price[zone, t]) * (
             1 + self.weight * overhead / max(self.rest(zone, t), 1.0))
 
@@ -745,5 +745,5 @@ class _ZoneChooser:
         other = min((self.score(z, t), z) for z in np.flatnonzero(column) if z != zone)[1]
         prices = self.window.price[:, t]
         gain = float(prices[zone] - prices[other]) * min(self.rest(other, t), work_left) / 3600
-        cost = float(prices[other]) * self.window.job.overhead_seconds / 3600
+        cost = float(prices[other]) * self.window.job.restart_overhead_capacity_seconds / 3600
         return int(other) if gain > margin * cost else zone

@@ -29,14 +29,14 @@ MAX_BAND = 20_000
 def _units(window: Window) -> tuple[float, int, int, list[int]]:
     """(unit seconds, tick units, work units, gain units per phase since launch)."""
     job, tick = window.job, window.tick_seconds
-    millis = [round(tick * 1000), round(job.overhead_seconds * 1000)]
-    exact = all(abs(m - v * 1000) < 1e-6 for m, v in zip(millis, (tick, job.overhead_seconds)))
+    millis = [round(tick * 1000), round(job.restart_overhead_capacity_seconds * 1000)]
+    exact = all(abs(m - v * 1000) < 1e-6 for m, v in zip(millis, (tick, job.restart_overhead_capacity_seconds)))
     unit = math.gcd(*millis) / 1000 if exact and millis[1] else (tick if exact else 1.0)
-    slack = window.ticks * tick - job.task_seconds
+    slack = window.ticks * tick - job.work_capacity_seconds
     unit = max(unit, slack / MAX_BAND) if slack > 0 else unit
-    phases = max(1, math.ceil(job.overhead_seconds / tick - 1e-9))
-    gains = [min(tick, max(0.0, (j + 1) * tick - job.overhead_seconds)) for j in range(phases + 1)]
-    return (unit, math.floor(tick / unit + 1e-9), math.ceil(job.task_seconds / unit - 1e-9),
+    phases = max(1, math.ceil(job.restart_overhead_capacity_seconds / tick - 1e-9))
+    gains = [min(tick, max(0.0, (j + 1) * tick - job.restart_overhead_capacity_seconds)) for j in range(phases + 1)]
+    return (unit, math.floor(tick / unit + 1e-9), math.ceil(job.work_capacity_seconds / unit - 1e-9),
             [math.floor(g / unit + 1e-9) for g in gains])
 
 

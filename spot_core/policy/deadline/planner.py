@@ -93,7 +93,7 @@ class DeadlinePlan:
     decide_tick: Decide
     start_tick: int
     pools: tuple[Pool, ...]  # the spot pool of each window zone, in zone order
-    work_seconds: float
+    work_capacity_seconds: float
     total_steps: int | None
     tick_at: Callable[[float], int]
     wall_time: Callable[[int], float]
@@ -107,7 +107,7 @@ class DeadlinePlan:
         """Work done as the latest durable checkpoint proves it, in trace seconds."""
         if not self.total_steps or record.latest_checkpoint is None:
             return 0.0
-        return self.work_seconds * min(1.0, record.latest_checkpoint.step / self.total_steps)
+        return self.work_capacity_seconds * min(1.0, record.latest_checkpoint.step / self.total_steps)
 
     def action(self, record: JobRecord, now: float) -> int | None:
         """The policy's action at ``now`` for a job on no instance; None outside the window."""
@@ -138,7 +138,7 @@ class DeadlinePlan:
         progress = self.progress_seconds(record)
         action = int(self.decide_tick(t, progress, IDLE, 0.0))
         where = (f"tick {t} of {self.window.ticks}, "
-                 f"{progress / self.window.job.task_seconds:.0%} of the work done")
+                 f"{progress / self.window.job.work_capacity_seconds:.0%} of the work done")
         if action == IDLE:
             return self._wait(record, t, now, f"deadline policy {self.policy} waits ({where})")
         if action != ON_DEMAND and not 0 <= action < len(self.pools):
@@ -166,12 +166,12 @@ class DeadlinePlan:
                 or not 0 <= t < self.window.ticks):
             return keep
         ran = max(0, t - self.tick(running.started_at)) * self.window.tick_seconds
-        left = max(0.0, self.window.job.overhead_seconds - ran)
+        left = max(0.0, self.window.job.restart_overhead_capacity_seconds - ran)
         progress = self.progress_seconds(record)
         action = int(self.decide_tick(t, progress, current, left))
         source = "on-demand" if current == ON_DEMAND else f"spot in {running.pool.zone}"
         where = (f"move from {source}, tick {t} of {self.window.ticks}, "
-                 f"{progress / self.window.job.task_seconds:.0%} of the work done")
+                 f"{progress / self.window.job.work_capacity_seconds:.0%} of the work done")
         if action == current or action == ON_DEMAND:
             # (on-demand from spot: an answer to the proven progress's lag, see above)
             return keep
@@ -212,15 +212,16 @@ class DeadlinePlan:
     def _wait(self, record: JobRecord, t: int, now: float, reason: str) -> Decision:
         """Wait until the next tick boundary: bounded by one tick and by the deadline."""
         until = self.wall_time(self.start_tick + t + 1) + TICK_EPSILON_WALL_SECONDS
-        if record.deadline is not None:
-            until = min(until, record.deadline)
+        if record.deadline_at is not None:
+            until = min(until, record.deadline_at)
         seconds = max(until - now, TICK_EPSILON_WALL_SECONDS)
         return Decision("wait", wait_seconds=seconds,
                         reason=f"{reason}; waiting {seconds:.2f} s for the next tick")
 
 
 def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: float,
-             deadline: float, work_seconds: float, restart_overhead_seconds: float,
+             deadline_at: float, work_capacity_seconds: float,
+             restart_overhead_capacity_seconds: float,
              total_steps: int | None) -> DeadlinePlan | None:
     """Plan a deadline-bound job's window on a trace market; None when the deadline policy
     cannot apply (not a trace market, no spot pool, or a deadline that leaves no window
@@ -234,9 +235,10 @@ def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: 
         return None
     tick = float(market.tick_seconds)
     start = int(market.tick_at(created_at))
-    ticks = int(market.tick_at(deadline)) - start
-    job = Job(float(work_seconds), ticks * tick, float(restart_overhead_seconds))
-    if ticks < 1 or ticks * tick < job.task_seconds + job.overhead_seconds - 1e-6:
+    ticks = int(market.tick_at(deadline_at)) - start
+    job = Job(float(work_capacity_seconds), ticks * tick,
+              float(restart_overhead_capacity_seconds))
+    if ticks < 1 or ticks * tick < job.work_capacity_seconds + job.restart_overhead_capacity_seconds - 1e-6:
         log.info("deadline policy %s: %d whole tick(s) before the deadline cannot hold the "
                  "work plus one restart; leaving the job to the retry policy", policy, ticks)
         return None
@@ -250,7 +252,8 @@ def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: 
                  "policy", policy, exc)
         return None
     return DeadlinePlan(policy=policy, window=window, decide_tick=causal_plan(chosen, window),
-                        start_tick=start, pools=spot, work_seconds=float(work_seconds),
+                        start_tick=start, pools=spot,
+                        work_capacity_seconds=float(work_capacity_seconds),
                         total_steps=total_steps, tick_at=market.tick_at,
                         wall_time=market.wall_time)
 

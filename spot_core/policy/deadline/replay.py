@@ -58,10 +58,10 @@ class Replay:
 
     def deadline_ticks(self, job: Job) -> int:
         """Whole ticks that end by the deadline; the job must fit in them."""
-        ticks = math.floor(job.deadline_seconds / self.tick_seconds + 1e-9)
-        if ticks * self.tick_seconds < job.task_seconds + job.overhead_seconds - 1e-6:
+        ticks = math.floor(job.deadline_capacity_seconds / self.tick_seconds + 1e-9)
+        if ticks * self.tick_seconds < job.work_capacity_seconds + job.restart_overhead_capacity_seconds - 1e-6:
             raise ConfigError(f"the deadline leaves {ticks} whole {self.tick_seconds:g} s ticks, "
-                              f"too few for {job.task_seconds / 3600:g} h of work plus one "
+                              f"too few for {job.work_capacity_seconds / 3600:g} h of work plus one "
                               "restart overhead; raise --deadline-hours")
         if ticks > self.n_ticks:
             raise ConfigError(f"the deadline spans {ticks} ticks but the traces hold only "
