@@ -48,5 +48,5 @@ def test_thresholds_are_settings_with_one_line_errors():
     assert settings.alert_thresholds() == {"max_interruption_rate": 0.5, "max_spot_price": 1.2}
     assert SpotSettings.build().alert_thresholds() == {"max_interruption_rate": 0.25,
                                                       "max_spot_price": None}
-    with pytest.raises(ConfigError, match=r"^alert_spot_price=-1 must be > 0 USD/h$"):
+    with pytest.raises(ConfigError, match=r"^alert_spot_price=-1 must be > 0 USD/h and at most 1,000$"):
         SpotSettings.build(alert_spot_price=-1)
