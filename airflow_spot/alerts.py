@@ -25,7 +25,7 @@ def check_pools(market, pools: Sequence[Pool], thresholds: dict, now: float) -> 
     if all(value is None for value in thresholds.values()):
         return []
     offers = market.offers(list(pools), now)
-    stats = market.stats(list(pools), now) if hasattr(market, "stats") else None
+    stats = market.stats(list(pools), now)
     return pool_alerts(offers, stats, **thresholds)
 
 

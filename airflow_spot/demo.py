@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from spot_core.checkpoint import open_store
+from spot_core.demo import EMULATED_KUBERNETES, LOCAL_CLOUD
 from spot_core.demo.kubernetes import Reclaimer
 from spot_core.localcloud.server import client_environ
 
@@ -139,11 +140,11 @@ def run_pipeline(workdir: Path, steps: int, *, url: str | None = None,
 
 
 def run_demo(*, workdir: Path | None = None, steps: int = 2000,
-             provider: str = "local") -> dict[str, Any]:
+             provider: str = LOCAL_CLOUD) -> dict[str, Any]:
     if steps < 200:
         raise ValueError(f"steps must be at least 200 (got {steps}) so training lives long "
                          "enough to be preempted")
-    run = _run_kubernetes if provider == "kubernetes" else _run
+    run = _run_kubernetes if provider == EMULATED_KUBERNETES else _run
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="spot-airflow-demo-") as tmp:
             return run(Path(tmp), steps)
@@ -154,7 +155,7 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     env = airflow_env(workdir / "airflow_home")
     os.environ.update(env)
-    os.environ["SPOT_PIPELINE_PROVIDER"] = "local"
+    os.environ["SPOT_PIPELINE_PROVIDER"] = LOCAL_CLOUD
     print(f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, SpotJobOperator on "
           f"the local spot cloud replaying a real AWS V100 trace, 1 s = "
           f"{DEMO_TIME_SCALE / 3600:g} h) -> evaluate -> batch inference x3 shards -> report",
@@ -173,9 +174,8 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
 def _run_kubernetes(workdir: Path, steps: int) -> dict[str, Any]:
     """The DAG on the emulator's Karpenter, EKS spot and EKS on-demand node pools, the
     running spot node reclaimed by its flavour twice while the step trains."""
-    from spot_core.demo.kubernetes import KubernetesDemoConfig, cluster_config
+    from spot_core.demo.kubernetes import KubernetesDemoConfig, cluster_config, cluster_watcher
     from spot_core.emulators.kubernetes.cluster import KubeCluster
-    from spot_core.providers.kubernetes import KubernetesProvider
 
     workdir.mkdir(parents=True, exist_ok=True)
     env = airflow_env(workdir / "airflow_home")
@@ -188,8 +188,7 @@ def _run_kubernetes(workdir: Path, steps: int) -> dict[str, Any]:
     started = time.monotonic()
     migrate()
     with KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster, \
-            KubernetesProvider.from_options(kubeconfig=str(cluster.kubeconfig_path),
-                                            node_refresh_seconds=0.5) as watcher:
+            cluster_watcher(cluster) as watcher:
         os.environ.update(kubernetes_env(cluster.kubeconfig_path))
         with _RunReclaimer(cluster, watcher, workdir, cfg):
             report = run_pipeline(workdir, steps)
@@ -202,7 +201,8 @@ def kubernetes_env(kubeconfig: Path) -> dict[str, str]:
     """The DAG's Kubernetes set-up: the ``spot_kubernetes`` connection (a kubeconfig
     path, never its contents) and the kubeconfig the inference shards' provider reads."""
     connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
-    return {"SPOT_PIPELINE_PROVIDER": "kubernetes", "SPOT_PIPELINE_KUBECONFIG": str(kubeconfig),
+    return {"SPOT_PIPELINE_PROVIDER": EMULATED_KUBERNETES,
+            "SPOT_PIPELINE_KUBECONFIG": str(kubeconfig),
             "AIRFLOW_CONN_SPOT_KUBERNETES": json.dumps(connection)}
 
 

@@ -120,18 +120,11 @@ def lease_seals(environ=None, publish=None) -> tuple[Any, Any]:
 
 
 def _publish_on_own_instance(public_hex: str) -> None:
-    """On the lease's own capacity: a pod's annotation (kubernetes provider, where the
-    downward API names the pod), else the EC2 instance's tag."""
-    from spot_core.interruption.kubernetes import POD_NAME_ENV
+    """On the lease's own capacity, by the provider that launched it (its plugin knows its
+    leases: an EC2 instance's tag, a pod's annotation)."""
+    from spot_core.jobs import publish_from_lease
 
-    if os.environ.get(POD_NAME_ENV):
-        from spot_core.providers.kubernetes import annotate_own_pod
-
-        annotate_own_pod(PUBKEY_TAG, public_hex)
-        return
-    from spot_core.providers.ec2_agent import tag_own_instance
-
-    tag_own_instance(PUBKEY_TAG, public_hex)
+    publish_from_lease(PUBKEY_TAG, public_hex, os.environ)
 
 
 def _tag(key: bytes, name: str, data: bytes) -> bytes:

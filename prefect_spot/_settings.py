@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from spot_core.errors import ConfigError
-from spot_core.providers import provider_names
+from spot_core.jobs import provider_names
 from spot_core.settings import KNOBS_BY_NAME, SpotSettings, resolve_aliases
 
 # The providers that are built (the registry's names), as the form's choices.

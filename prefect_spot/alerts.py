@@ -45,7 +45,7 @@ class PoolAlerts:
         try:
             now = time.time()
             offers = self.market.offers([pool], now)
-            stats = self.market.stats([pool], now) if hasattr(self.market, "stats") else {}
+            stats = self.market.stats([pool], now)
         except Exception:  # noqa: BLE001 - a market outage must not fail the job
             log.warning("could not read the market for pool alerts on %s", pool.key,
                         exc_info=True)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from spot_core import jobs
 from spot_core.adaptors.aws import AwsAccess, kept_access
 from spot_core.adaptors.kubernetes import api_client_from_dict
 
-KUBERNETES = "kubernetes"
 # The kubernetes provider's options that say how to reach the cluster: the block's job.
 CLUSTER_OPTIONS = ("kubeconfig", "context", "in_cluster")
 
@@ -69,14 +69,17 @@ def kubernetes_api_client(cluster_config: Any) -> Any:
 
 def check_cluster_config(provider: str, provider_options: dict[str, Any],
                          cluster_config: Any, where: str) -> None:
-    """A cluster block is the kubernetes provider's only way to the cluster when given:
-    refused (ValueError, one line) on another provider or beside kubeconfig options."""
+    """A cluster block is a Kubernetes provider's only way to its cluster when given:
+    refused (ValueError, one line) on a provider that takes no Kubernetes session, or
+    beside kubeconfig options."""
     if cluster_config is None:
         return
-    if provider != KUBERNETES:
-        raise ValueError(f"{where}: cluster_config is the kubernetes provider's cluster; "
-                         f"provider is {provider!r}: set provider='kubernetes' or remove "
-                         "cluster_config")
+    if jobs.plugin(provider).session is not jobs.SessionKind.KUBERNETES:
+        takers = [n for n in jobs.provider_names()
+                  if jobs.plugin(n).session is jobs.SessionKind.KUBERNETES]
+        choice = " or ".join(f"provider={n!r}" for n in takers) or "a Kubernetes provider"
+        raise ValueError(f"{where}: cluster_config is a Kubernetes cluster's and provider "
+                         f"{provider!r} takes none: set {choice} or remove cluster_config")
     given = sorted(set(provider_options or {}) & set(CLUSTER_OPTIONS))
     if given:
         raise ValueError(f"{where}: cluster_config and provider_options {given} both say how "

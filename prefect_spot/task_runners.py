@@ -40,7 +40,8 @@ from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import JobRecord, JobStatus, Outcome
 from spot_core.observer import observer_of
-from spot_core.settings import SpotSettings, default, pop_aliases
+from spot_core import jobs
+from spot_core.settings import TASK_RUNNER, SpotSettings, default, knobs_for, pop_aliases
 
 from prefect_spot import _jobs, artifacts
 from prefect_spot._remote import (CALL_KEY_ENV, CALL_PUBKEY_ENV, PUBKEY_TAG, CallExchange,
@@ -91,14 +92,14 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
                  checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
                  workdir: str | Path | None = None, max_workers: int | None = None,
                  **deprecated: Any) -> None:
+        given = locals()  # first: the knobs as written (the settings model checks them)
         super().__init__()
         renamed = pop_aliases(deprecated, where="SpotTaskRunner")
         if deprecated:
             raise TypeError(f"SpotTaskRunner got unexpected argument(s) {sorted(deprecated)}")
         check_runner_arguments(config, checkpoint_storage, spot_tag, max_workers)
         schedule = SpotSettings.build(where="SpotTaskRunner", **{
-            "checkpoint_every": checkpoint_every,
-            "checkpoint_every_steps": checkpoint_every_steps, **renamed})
+            **{k.name: given[k.name] for k in knobs_for(TASK_RUNNER)}, **renamed})
         self.config = config
         self.checkpoint_storage = checkpoint_storage
         self.spot_tag = spot_tag
@@ -211,76 +212,89 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         return spot
 
     def _run_job(self, task, fn, args: tuple, kwargs: dict) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a spot job: its call through the job's store,
+        driven by the controller in this one Prefect try, its result read back."""
         from prefect.context import TaskRunContext
 
-        context = TaskRunContext.get()
-        task_run = context.task_run
+        task_run = TaskRunContext.get().task_run
         config, storage = self._resolve()
+        plugin = jobs.plugin(config.provider)
         check_key_channel(config.provider)
         _jobs.check_store_for(config.provider, None if storage is None else storage.uri,
                               "checkpoint_storage", config.provider_options)
-        provider = self.provider()
-        job_id = f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}"
-        if storage is not None:
-            checkpoint_uri, store_options = storage.job_uri(job_id), dict(storage.options)
-            # The storage's credentials, else the configuration's (one account, usually).
-            store_options["session"] = storage.aws_session() or config.aws_session()
-        else:
-            job_dir = self._root / "jobs" / job_id
-            checkpoint_uri, store_options = (job_dir / "checkpoints").resolve().as_uri(), {}
+        job_id = jobs.job_id(f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}")
+        checkpoint_uri, store_options = self._store(job_id, config, storage)
         # The call goes through the job's object store, not a local folder, so a lease on
         # another machine (an EC2 instance) reads it and writes its result back there.
         # Every object in it is signed by its writer and verified before it is unpickled.
-        signer, key_env = _call_keys(config.provider)
+        signer, key_env = _call_keys(plugin)
         exchange = CallExchange.open(call_uri(checkpoint_uri), signer, **store_options)
         exchange.put_payload(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
         record = self._record_for_try(task_run.id)
+        provider = self.provider()
         spec = _jobs.job_spec(
             config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
-            command=(_jobs.lease_python(config.provider, config.provider_options),
+            command=(plugin.lease_python(config.provider_options),
                      "-m", "prefect_spot._remote", exchange.uri),
-            env={**self._lease_env(config), **key_env},
+            env={**self._lease_env(plugin), **key_env},
             created_at=None if record is None else record.created_at)
-        related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
-                    "prefect.resource.role": "task-run"}]
+        controller = self._controller(task_run, config, provider, record, storage, store_options)
+        record = self._drive(controller, spec, record, provider)
+        artifacts.publish(record, flow_run_id=task_run.flow_run_id, task_run_id=task_run.id,
+                          what=f"task run {task_run.name} on spot")
+        if _remote_lease(plugin):
+            exchange = _verifying_with_lease_key(provider, record, exchange)
+        return _result(record, exchange)
+
+    def _store(self, job_id: str, config: SpotConfiguration,
+               storage: CheckpointStorage | None) -> tuple[str, dict[str, Any]]:
+        """The job's store URI and the options (credentials included) that open it: under
+        the CheckpointStorage, else a folder in ``workdir``."""
+        if storage is None:
+            return (self._root / "jobs" / job_id / "checkpoints").resolve().as_uri(), {}
+        options: dict[str, Any] = dict(storage.options)
+        # The storage's credentials, else the configuration's (one account, usually).
+        options["session"] = storage.aws_session() or config.aws_session()
+        return storage.job_uri(job_id), options
+
+    @staticmethod
+    def _controller(task_run: Any, config: SpotConfiguration, provider: Any,
+                    record: JobRecord | None, storage: CheckpointStorage | None,
+                    store_options: dict[str, Any]) -> Any:
+        """The job's controller: the record kept in a keyed artifact, a user failure
+        counted against Prefect's retries, the task run's events and progress."""
         key = artifacts.record_key(task_run.id)
-        controller = _jobs.controller_for(
+        ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
+        return _jobs.controller_for(
             config, provider, max_user_retries=0 if record is None else record.user_failures,
-            persist=lambda r: artifacts.save_record(key, r, flow_run_id=task_run.flow_run_id,
-                                                    task_run_id=task_run.id),
-            related=related, progress=artifacts.JobProgress(
-                flow_run_id=task_run.flow_run_id, task_run_id=task_run.id),
+            persist=lambda r: artifacts.save_record(key, r, **ids),
+            related=[{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
+                      "prefect.resource.role": "task-run"}],
+            progress=artifacts.JobProgress(**ids),
             stores=None if storage is None else functools.partial(open_store, **store_options))
+
+    @staticmethod
+    def _drive(controller: Any, spec: Any, record: JobRecord | None, provider: Any) -> JobRecord:
+        """The job driven here: preemptions are relaunched inside this one Prefect try
+        (they never spend the task's retries); an exception (the flow cancelled, the
+        process interrupted) stops the running attempt. Every spot task of this runner is
+        watched through one shared observer: a mapped sweep's leases are described
+        together, once per poll."""
         if record is not None and record.current_attempt is not None:
             # A lease an earlier process launched answers to that process's key, which died
             # with it: its result could never verify. Stop it; the next attempt resumes
             # from the checkpoints under this call's key.
             record = controller.stop(spec, record,
                                      "stopped: launched by a runner process that is gone")
-        # The controller drives the job here: preemptions are relaunched inside this
-        # one Prefect try (they never spend the task's retries); an exception (the flow
-        # cancelled, the process interrupted) stops the running attempt.
-        # Every spot task of this runner is watched through one shared observer: a mapped
-        # sweep's leases are described together, once per poll.
-        record = controller.run(spec, record, observer=observer_of(provider))
-        artifacts.publish(record, flow_run_id=task_run.flow_run_id, task_run_id=task_run.id,
-                          what=f"task run {task_run.name} on spot")
-        if config.provider != _jobs.LOCAL_PROVIDER:
-            exchange = _verifying_with_lease_key(provider, record, exchange)
-        value = _outcome(record, exchange)
-        try:
-            exchange.clear(a.number for a in record.attempts)
-        except Exception as exc:  # noqa: BLE001 - leftovers cost storage, not the result
-            logger.warning("could not delete the call objects under %s: %s", exchange.uri, exc)
-        return value
+        return controller.run(spec, record, observer=observer_of(provider))
 
     @staticmethod
-    def _lease_env(config: SpotConfiguration) -> dict[str, str]:
-        """A local lease imports what this process imports; a remote one has its own
-        Python and packages (this machine's paths mean nothing there)."""
-        if config.provider == _jobs.LOCAL_PROVIDER:
-            return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        return {}
+    def _lease_env(plugin: Any) -> dict[str, str]:
+        """A lease on this machine imports what this process imports; a remote one has
+        its own Python and packages (this machine's paths mean nothing there)."""
+        if _remote_lease(plugin):
+            return {}
+        return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
     def _record_for_try(self, task_run_id: uuid.UUID) -> JobRecord | None:
         """The record of an earlier try of this task run (a Prefect retry), reopened."""
@@ -311,27 +325,34 @@ def check_runner_arguments(config: Any, storage: Any, spot_tag: Any, max_workers
                           ">= 1 (tasks holding leases at once) or None for the default")
 
 
+def _remote_lease(plugin: Any) -> bool:
+    """Whether the provider's leases run on other machines than this one."""
+    return jobs.Capability.ON_THIS_MACHINE not in plugin.capabilities
+
+
 def check_key_channel(provider: str) -> None:
     """Refuse a provider whose leases have no safe way to authenticate the call.
 
-    A local lease gets the HMAC key in its process environment; an EC2 or Kubernetes lease
-    needs no secret (Ed25519: public keys in user-data or the pod spec, and in a tag on its
-    own instance or an annotation on its own pod). A provider registered later has neither
-    channel until it is given one."""
-    if provider not in (_jobs.LOCAL_PROVIDER, "ec2", "kubernetes"):
+    A lease on this machine gets the HMAC key in its process environment; a remote lease
+    needs no secret (Ed25519: public keys in its environment, and on its own capacity: a
+    tag on its instance, an annotation on its pod, ``LEASE_TAGS``). A provider with
+    neither has no channel until it declares one."""
+    plugin = jobs.plugin(provider)
+    if _remote_lease(plugin) and jobs.Capability.LEASE_TAGS not in plugin.capabilities:
         raise ConfigError(
-            f"SpotTaskRunner cannot run tasks on provider {provider!r}: it has no channel "
-            "to authenticate the pickled call and its result; use provider='local', 'ec2' "
-            "or 'kubernetes', or run the flow on the spot worker with spot_task")
+            f"SpotTaskRunner cannot run tasks on provider {provider!r}: its leases are "
+            "remote and publish no value of their own (capability lease_tags), so nothing "
+            "can authenticate the pickled call and its result; use a provider that has one "
+            "(`spot-pipelines providers`), or run the flow on the spot worker with spot_task")
 
 
-def _call_keys(provider: str) -> tuple[Any, dict[str, str]]:
+def _call_keys(plugin: Any) -> tuple[Any, dict[str, str]]:
     """(what signs the payload, what the lease's environment gets to verify it).
 
-    Local: a per-call HMAC key, in the lease's process environment. Remote: a per-call
-    Ed25519 private key kept in this process's memory; only its public half goes to the
-    lease (user-data is readable with DescribeInstanceAttribute, so no secret may)."""
-    if provider == _jobs.LOCAL_PROVIDER:
+    On this machine: a per-call HMAC key, in the lease's process environment. Remote: a
+    per-call Ed25519 private key kept in this process's memory; only its public half goes
+    to the lease (user-data is readable with DescribeInstanceAttribute, so no secret may)."""
+    if not _remote_lease(plugin):
         key = new_call_key()
         return key, {CALL_KEY_ENV: key.hex()}
     signer = Ed25519Seal.generate()
@@ -386,6 +407,16 @@ def _needs_pickle_by_value(module) -> bool:
         return False
     path = getattr(module, "__file__", None) or ""
     return "site-packages" not in path and name not in sys.stdlib_module_names
+
+
+def _result(record: JobRecord, exchange: CallExchange) -> Any:
+    """The call's value (or its error, raised), then its objects deleted from the store."""
+    value = _outcome(record, exchange)
+    try:
+        exchange.clear(a.number for a in record.attempts)
+    except Exception as exc:  # noqa: BLE001 - leftovers cost storage, not the result
+        logger.warning("could not delete the call objects under %s: %s", exchange.uri, exc)
+    return value
 
 
 def _outcome(record: JobRecord, exchange: CallExchange) -> Any:

@@ -16,7 +16,7 @@ from typing import Sequence
 from spot_core import __version__
 from spot_core.errors import SpotError
 
-COMMANDS = ("classify-pod", "demo", "report", "run", "simulate", "watch")
+COMMANDS = ("classify-pod", "demo", "providers", "report", "run", "simulate", "watch")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -43,8 +43,8 @@ from spot_core.policy.checkpoint_interval import (CheckpointBounds, mean_save_se
 from spot_core.policy.deadline.live import DeadlineWork
 from spot_core.policy.deadline.planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
-from spot_core.providers.base import (Bill, LaunchSpec, LeaseState, LeaseStatus, Observation,
-                                      Provider)
+from spot_core.providers.base import (Bill, Capability, LaunchSpec, LeaseState, LeaseStatus,
+                                      Observation, Provider)
 from spot_core.settings import SpotSettings
 
 log = logging.getLogger(__name__)
@@ -153,10 +153,11 @@ class Next:
                               f"{exc}); it was not written by spot-pipelines") from None
 
 
-def provider_stores(provider) -> Callable[[str], CheckpointStore]:
+def provider_stores(provider: Provider) -> Callable[[str], CheckpointStore]:
     """How a job's store is opened: the provider's own opener (its credentials and
-    clients), else ``open_store``."""
-    return getattr(provider, "open_store", None) or open_store
+    clients) when it declares ``OWN_STORES``, else ``open_store``."""
+    return provider.open_store if Capability.OWN_STORES in provider.capabilities \
+        else open_store
 
 
 def classify(status: LeaseStatus) -> Outcome:
@@ -392,6 +393,8 @@ class Controller:
         emergency checkpoint and stops, and the attempt closes as ``drained`` (no budget
         spent)."""
         running = watch.record.current_attempt
+        if self.market is None:  # an in-place step's: nowhere else to move it
+            return watch
         if (running is None or running.drain_requested_at is not None
                 or now - self._drain_looks.get(spec.job_id, -math.inf) < self._drain_every()):
             return watch
@@ -417,10 +420,9 @@ class Controller:
 
     def _drain_every(self) -> float:
         """Seconds between looks: one market tick in wall time, at most ``capacity_wait``."""
-        tick = getattr(self.market, "tick_seconds", None)
-        scale = getattr(self.market, "time_scale", 1.0) or 1.0
+        tick = self.market.tick_seconds
         every = self.policy.capacity_wait_seconds
-        return min(every, tick / scale) if tick else every
+        return min(every, tick / self.market.time_scale) if tick else every
 
     def on_lease_end(self, spec: JobSpec, record: JobRecord, status: LeaseStatus,
                      now: float | None = None) -> JobRecord:
@@ -514,7 +516,7 @@ class Controller:
         if spec.total_steps and record.latest_checkpoint is not None:
             done = min(1.0, record.latest_checkpoint.step / spec.total_steps)
         scale = self.provider.capacity_seconds(1.0)  # capacity seconds per wall second
-        tick = getattr(self.market, "tick_seconds", 60.0)
+        tick = self.market.tick_seconds or 60.0
         return DeadlineWork(
             work_left_seconds=spec.work_capacity_seconds * (1.0 - done) / scale,
             restart_overhead_seconds=spec.restart_overhead_capacity_seconds / scale,
@@ -616,10 +618,9 @@ class Controller:
         measured save, else the configured cost. A market that cannot say counts as no
         interruptions seen (the notice remains the first line of defence)."""
         rate = 0.0
-        stats = getattr(self.market, "stats", None)  # a market without a feed has none
-        if pool.is_spot and stats is not None:
-            try:
-                stat = stats([pool], now).get(pool.key)
+        if pool.is_spot:
+            try:  # a market that keeps no history has no stat for the pool
+                stat = self.market.stats([pool], now).get(pool.key)
                 rate = 0.0 if stat is None else float(stat.interruptions_per_hour)
             except Exception as exc:  # noqa: BLE001 - an interval is advice, not a launch
                 log.warning("no interruption rate for %s (%s); checkpoint interval at its "

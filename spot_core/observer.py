@@ -83,7 +83,7 @@ class SharedObserver:
         if chunk < 1:
             raise ValueError(f"chunk={chunk!r} must be at least 1 lease")
         self.provider = provider
-        self.name = name or getattr(provider, "name", "provider")
+        self.name = name or provider.name
         self.chunk = chunk
         self._clock = clock
         self._cond = threading.Condition()
@@ -355,8 +355,7 @@ def observer_of(provider: Any) -> SharedObserver:
     # Keyed without the object's identity: a reopened provider replaces the entry (no
     # leak of one observer per provider a long-lived process opened), and the entry is
     # only ever handed to the provider object it describes with.
-    key = observer_key(getattr(provider, "name", "provider"),
-                       getattr(provider, "options", None), "synchronous drivers")
+    key = observer_key(provider.name, provider.options, "synchronous drivers")
     return shared_observer(key, provider)
 
 

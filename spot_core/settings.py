@@ -54,6 +54,7 @@ from spot_core.bounds import (MAX_COUNT, MAX_KEEP, MAX_PRICE, MAX_RATE, MAX_SPAN
 from spot_core.durations import format_duration, parse_duration, parse_time
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
+from spot_core.providers.registry import DEFAULT_PROVIDER
 
 # Surfaces: where a knob can be set.
 CLI = "cli"                    # spot-pipelines run
@@ -261,14 +262,16 @@ class Knob:
 
 
 def _provider_choices() -> tuple[str, ...]:
-    from spot_core.providers import provider_names
+    from spot_core.providers.registry import provider_names
 
     return provider_names()
 
 
 def _cloud_choices() -> tuple[str, ...]:
-    """``auto`` (probe the metadata services), then every notice detector."""
-    return ("auto", "aws", "gcp", "azure", "signal")
+    """``auto`` (probe the metadata services), then every registered notice detector."""
+    from spot_core.interruption.registry import detector_names
+
+    return ("auto", *detector_names())
 
 
 def _check_image(image: str) -> None:
@@ -300,9 +303,9 @@ class SpotSettings:
     provider: Annotated[str, Knob(
         "provider", TEXT, "Capacity provider: `local` replays real spot traces on this "
         "machine (no cloud account); `ec2` is AWS EC2 (needs an s3:// checkpoint store); "
-        "`kubernetes` runs pods on the cluster's spot node pools (a store its pods reach).",
-        _JOB - {POD_OPERATOR},
-        choices=_provider_choices, refusal="is not built; choose one of")] = "local"
+        "`kubernetes` runs pods on the cluster's spot node pools (a store its pods reach). "
+        "`spot-pipelines providers` lists every one installed.", _JOB - {POD_OPERATOR},
+        choices=_provider_choices, refusal="is not built; choose one of")] = DEFAULT_PROVIDER
     provider_options: Annotated[Mapping[str, Any], Knob(
         "provider_options", MAPPING, "Options for the provider, e.g. for `local` the `url` "
         "of a local cloud server or `time_scale`, `start_tick`; for `ec2` `region`, "
@@ -458,8 +461,9 @@ class SpotSettings:
         "emergency save.", frozenset({DECORATOR, SPOT_TASK}), minimum=0, maximum=MAX_WAIT,
         strict=True, aliases=("watch_poll_interval",))] = 1.0
     cloud: Annotated[str, Knob(
-        "cloud", TEXT, "Where interruption notices come from: `auto` probes, or "
-        "`aws`, `gcp`, `azure`, `signal` (SIGTERM only).",
+        "cloud", TEXT, "Where interruption notices come from: `auto` probes, or one of the "
+        "notice detectors (`aws`, `gcp`, `azure`, `kubernetes`, `signal` (SIGTERM only); "
+        "`spot-pipelines providers` lists them).",
         frozenset({DECORATOR}), choices=_cloud_choices)] = "auto"
     work_capacity_seconds: Annotated[float | None, Knob(
         "work", DURATION, "With a deadline: compute the job needs, in capacity time like "
@@ -513,7 +517,7 @@ class SpotSettings:
 
     def check_provider_options(self) -> None:
         """The provider registry's check of ``provider_options`` (no cloud call)."""
-        from spot_core.providers import check_provider
+        from spot_core.providers.registry import check_provider
 
         check_provider(self.provider, self.provider_options, self.instance_types)
 

@@ -6,9 +6,10 @@ takes them). While it runs, an interruption watcher polls the node's metadata se
 (or SIGTERM); on a notice the checkpointer's next ``maybe_save`` writes an emergency
 checkpoint and raises ``Preempted``.
 
-It is a thin driver of the controller: ``Controller.adopt`` opens each attempt on the
-worker this call runs on (``InPlaceProvider``), ``Controller.on_lease_end`` closes it
-(classified, billed, recorded), and the JobRecord lives in the task state store.
+It is a thin driver of the controller through ``spot_core.jobs.InPlaceAttempt`` (the same
+in-place attempt as Prefect's ``spot_task``): it opens each attempt on the worker this
+call runs on, closes it (classified, billed, recorded) when the call ends, and the
+JobRecord lives in the task state store.
 
 Budgets. A preemption does not spend an Airflow try: the task raises
 ``AirflowRescheduleException`` and goes ``up_for_reschedule``, which Airflow 3.3 re-queues
@@ -22,7 +23,6 @@ preempted and resumes from the last periodic checkpoint.
 from __future__ import annotations
 
 import inspect
-import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Sequence
 
@@ -34,15 +34,12 @@ from airflow.sdk.exceptions import (AirflowException, AirflowFailException,
 from airflow_spot.hooks.connections import aws_access, check_conn_id
 from airflow_spot.records import TASK_RECORD_KEY, persister, stored_record
 from spot_core.checkpoint.uri import parse_store_uri
-from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError, Preempted
-from spot_core.model import JobRecord, JobStatus
-from spot_core.providers.base import LeaseState, LeaseStatus
-from spot_core.providers.in_place import InPlaceProvider
-from spot_core.settings import SpotSettings, default, knob, pop_aliases
+from spot_core.jobs import InPlaceAttempt, job_id
+from spot_core.model import JobRecord
+from spot_core.settings import DECORATOR, SpotSettings, default, knobs_for, pop_aliases
 
 RECORD_KEY = TASK_RECORD_KEY
-CLOUDS = knob("cloud").allowed
 # How soon a preempted task is re-queued: long enough for Airflow to see it go.
 RESCHEDULE_DELAY_SECONDS = 1.0
 
@@ -71,6 +68,7 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                  max_preemptions: int = default("max_preemptions"),
                  aws_conn_id: str | None = None,
                  **kwargs: Any) -> None:
+        given = locals()  # first: the knobs as written (the settings model checks them)
         # No ``retries`` default from max_preemptions: preemptions reschedule without a try.
         check_conn_id(aws_conn_id, "aws_conn_id", kwargs.get("task_id", "@task.spot"))
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
@@ -83,11 +81,8 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         self.aws_conn_id = aws_conn_id
         self._aws = None  # the AWS connection's access, resolved on the worker when used
         self._validate()
-        self.settings = self._settings({
-            "cloud": cloud, "checkpoint_every": checkpoint_every,
-            "checkpoint_every_steps": checkpoint_every_steps,
-            "keep_checkpoints": keep_checkpoints, "notice_poll_interval": notice_poll_interval,
-            "max_preemptions": max_preemptions, **renamed})
+        self.settings = self._settings({**{k.name: given[k.name] for k in knobs_for(DECORATOR)},
+                                        **renamed})
         self.cloud = self.settings.cloud
         self.checkpoint_every = self.settings.checkpoint_every_seconds
         self.checkpoint_every_steps = self.settings.checkpoint_every_steps
@@ -132,60 +127,41 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
             self._aws = aws_access(self.aws_conn_id)
         return open_store(uri, session=self._aws)
 
-    def _controller(self, context, provider: InPlaceProvider) -> Controller:
-        return Controller(provider, provider.market, self.settings.retry_policy(),
-                          persist=persister(context, RECORD_KEY), stores=self._open_store,
-                          heartbeat_timeout_seconds=None)  # the engine owns the worker
-
-    def _spec(self, context, provider: InPlaceProvider) -> JobSpec:
+    def _attempt(self, context) -> InPlaceAttempt:
+        """This call as an attempt of the task's job (its record in the task state store)."""
         ti = context["ti"]
         index = getattr(ti, "map_index", -1)
-        suffix = "" if index is None or index < 0 else f".{index}"
-        return JobSpec(job_id=f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}", command=(),
-                       checkpoint_uri=self.checkpoint_uri, pools=provider.pools())
-
-    def _load(self, context, controller: Controller, spec: JobSpec) -> JobRecord:
-        """The record an earlier run left, or a new one (``airflow_spot.records``)."""
-        stored = stored_record(context, RECORD_KEY, self.task_id)
-        return controller.persist(controller.new_record(spec)) if stored is None else stored
+        return InPlaceAttempt(
+            self.settings, job_id=job_id(ti.dag_id, ti.task_id,
+                                         None if index is None or index < 0 else index,
+                                         ti.run_id),
+            checkpoint_uri=self.checkpoint_uri, stores=self._open_store,
+            persist=persister(context, RECORD_KEY), cloud=self.cloud)
 
     # -- execution ------------------------------------------------------------------------------
     def execute(self, context) -> Any:
-        from spot_core.checkpoint import Checkpointer
-
         self._validate(AirflowFailException)  # templated fields as rendered for this run
-        provider = InPlaceProvider(cloud=self.cloud)
-        controller = self._controller(context, provider)
-        spec = self._spec(context, provider)
-        record, lease = controller.adopt(spec, self._load(context, controller, spec),
-                                         lambda number, now: provider.adopt(spec.job_id, number, now))
-        checkpointer = Checkpointer(self._open_store(self.checkpoint_uri), attempt=lease.attempt,
-                                    **self.settings.checkpointer_options())
+        attempt = self._attempt(context)
+        record = attempt.open(stored_record(context, RECORD_KEY, self.task_id))
+        checkpointer = attempt.checkpointer()
         restored = checkpointer.restore()
         self.log.info("attempt %d starts from checkpoint step %s (%d preemption(s) so far, "
-                      "try %s)", lease.attempt, None if restored is None else restored[0],
+                      "try %s)", attempt.lease.attempt, None if restored is None else restored[0],
                       record.preemptions, context["ti"].try_number)
         self._inject(checkpointer, restored)
-        watcher = self._watcher(checkpointer)
+        watcher = attempt.watch_notices(checkpointer, cloud=self.cloud,
+                                        endpoint=self.metadata_endpoint)
         try:
             result = super().execute(context)
         except Preempted as exc:
-            now = time.time()
-            record = controller.on_lease_end(spec, record, LeaseStatus(
-                LeaseState.RECLAIMED, ended_at=now, notice_at=now, message=str(exc)[:300]))
-            self._rerun_elsewhere(record, exc)
+            self._rerun_elsewhere(attempt.preempted(exc), exc)
         except BaseException as exc:
-            controller.on_lease_end(spec, record, LeaseStatus(
-                LeaseState.EXITED, exit_code=1, ended_at=time.time(),
-                message=f"{type(exc).__name__}: {exc}"[:300]))
+            attempt.failed(exc)
             raise
         finally:
             watcher.close()
             checkpointer.close()
-        record = controller.on_lease_end(spec, record, LeaseStatus(
-            LeaseState.EXITED, exit_code=0, ended_at=time.time()))
-        record = controller.persist(record.with_status(JobStatus.SUCCEEDED))
-        context["ti"].xcom_push(key=RECORD_KEY, value=record.summary())
+        context["ti"].xcom_push(key=RECORD_KEY, value=attempt.succeeded().summary())
         return result
 
     def _rerun_elsewhere(self, record: JobRecord, exc: Preempted) -> None:
@@ -208,19 +184,6 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         for name, value in (("checkpointer", checkpointer), ("restored", restored)):
             if accepts_any or name in parameters:
                 self.op_kwargs = {**self.op_kwargs, name: value}
-
-    def _watcher(self, checkpointer):
-        from spot_core.interruption import InterruptionWatcher, detector_for
-
-        detector = detector_for(self.cloud, self.metadata_endpoint)
-        watcher = InterruptionWatcher([detector], poll_interval=self.notice_poll_interval)
-
-        def on_notice(notice) -> None:
-            if notice.is_interruption:
-                checkpointer.request_emergency_save(f"{notice.cloud} {notice.action} notice")
-
-        watcher.add_handler(on_notice)
-        return watcher.start()
 
 
 def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | None = None,

@@ -13,13 +13,15 @@ the next try resumes from the latest checkpoint with the JobRecord read back fro
 task state store (a running attempt is reattached, not relaunched).
 
 An operator using ``ControllerDriverMixin`` provides ``settings`` (``SpotSettings``),
-``policy``, ``deferrable``, ``checkpoint_uri``, ``spot_hook`` (a ``SpotHook``), and
-``_spec(record)``, ``_validate_rendered()`` and ``_trigger(spec, nxt, not_before)``.
+``deferrable``, ``checkpoint_uri``, ``spot_hook`` (a ``SpotHook``), and
+``_spec(job_id, created_at)`` (its JobSpec, through ``spot_core.jobs``),
+``_validate_rendered()`` and ``_trigger(spec, nxt, not_before)``. The job itself (its
+spec, id and controller) is assembled by ``spot_core.jobs``; this module only drives it
+the Airflow way.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import timedelta
 from typing import Any, Mapping
@@ -30,8 +32,10 @@ from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink
 from airflow_spot.records import persister, stored_record
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
+from spot_core import jobs
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
+from spot_core.policy.retry import RetryPolicy
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 
 RECORD_KEY = "spot_job_record"
@@ -67,10 +71,6 @@ class SpotJobFailed(AirflowException):
     """The policy gave up (budgets spent, no capacity for too long)."""
 
 
-def safe_id(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:200]
-
-
 class ControllerDriverMixin:
     """Drives one job through ``spot_core.controller`` from an Airflow task."""
 
@@ -80,59 +80,51 @@ class ControllerDriverMixin:
 
     # -- building blocks ----------------------------------------------------------------------
     def _adopt_settings(self, settings) -> None:
-        """Keep the checked settings and what the driver reads from them (each operator
-        builds its ``SpotSettings`` from its own parameters, then hands them here)."""
+        """Keep the checked settings (each operator builds its ``SpotSettings`` from its own
+        parameters, then hands them here)."""
         self.settings = settings
         self.zones = list(settings.zones) or None
         self.poll_interval = settings.poll_interval_seconds  # also KPO's attribute
-        # A user failure never spends a policy budget: Airflow's own retries are its budget.
-        self.policy = settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
+
+    @property
+    def policy(self) -> RetryPolicy:
+        """The retry policy the controller runs with: a user failure never spends a policy
+        budget, Airflow's own retries are its budget."""
+        return self.settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
 
     def controller_options(self) -> dict[str, Any]:
         """The controller's knobs from the settings (their surface names, JSON-able: the
         trigger's kwargs carry them), the same in worker and trigger."""
         return self.settings.knob_values(controller_only=True)
 
-    def _deadline_spec(self, created_at: float) -> dict[str, Any]:
-        """JobSpec's deadline fields under the settings' time convention
-        (``spot_core.settings``): durations count in the provider's capacity time."""
-        provider = self.spot_hook.get_provider()
-        return self.settings.deadline_spec(created_at=created_at,
-                                           capacity_per_wall=provider.capacity_seconds(1.0))
-
     def _controller(self, context) -> Controller:
-        return self.spot_hook.controller(self.policy, persist=persister(context, RECORD_KEY),
-                                         **self.controller_options())
+        return self.spot_hook.controller(self.settings, max_user_retries=UNLIMITED_USER_RETRIES,
+                                         persist=persister(context, RECORD_KEY))
 
     def _job_id(self, context) -> str:
         ti = context["ti"]
         index = getattr(ti, "map_index", -1)
-        suffix = "" if index is None or index < 0 else f".{index}"
-        return safe_id(f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}")
+        return jobs.job_id(ti.dag_id, ti.task_id, None if index is None or index < 0 else index,
+                           ti.run_id)
 
     def _stored_record(self, context) -> JobRecord | None:
         """The record an earlier try left in the task state store, if any."""
         return stored_record(context, RECORD_KEY, self.task_id)
 
-    def _load_record(self, context, controller: Controller,
-                     stored: JobRecord | None = None) -> JobRecord:
-        """The record from the task state store (an earlier try, read by
-        ``_stored_record``), or a new one."""
+    def _job_spec(self, context, stored: JobRecord | None) -> JobSpec:
+        """The job of this try: an earlier try's (its id and creation time, so it keeps
+        its deadline), or a new one."""
         if stored is None:
-            stored = self._stored_record(context)
-        if stored is None:
-            now = time.time()
-            record = JobRecord(job_id=self._job_id(context), created_at=now,
-                               checkpoint_uri=self.checkpoint_uri,
-                               deadline_at=self._deadline_spec(now)["deadline_at"])
-            controller.persist(record)
-            return record
-        record = stored
+            return self._spec(self._job_id(context), None)
+        return self._spec(stored.job_id, stored.created_at)
+
+    def _resumed(self, record: JobRecord) -> JobRecord:
+        """An earlier try's record, reopened: a new Airflow try is a new chance."""
         self.log.info("resuming job %s from the task state store: %s", record.job_id,
                       record.summary())
-        if record.status is JobStatus.FAILED:  # a new Airflow try is a new chance
-            record = record.with_status(JobStatus.RUNNING if record.current_attempt
-                                        else JobStatus.PENDING)
+        if record.status is JobStatus.FAILED:
+            return record.with_status(JobStatus.RUNNING if record.current_attempt
+                                      else JobStatus.PENDING)
         return record
 
     # -- execution: a driver of the controller's lifecycle --------------------------------------
@@ -141,13 +133,14 @@ class ControllerDriverMixin:
         self._validate_rendered()
         stored = self._stored_record(context)  # a corrupt record stops before anything opens
         controller = self._controller(context)
-        record = self._load_record(context, controller, stored)
+        spec = self._job_spec(context, stored)
+        record = controller.persist(controller.new_record(spec)) if stored is None \
+            else self._resumed(stored)
         SpotCheckpointLink.persist(context, SpotCheckpointLink.url_for(self.checkpoint_uri))
         self._persist_lease_link(context, None)  # filled in when an attempt runs
         if record.current_attempt is not None:  # an earlier try left it running: reattach
             self.log.info("reattaching to attempt %d (lease %s) left by an earlier try",
                           record.current_attempt.number, record.current_attempt.lease_id)
-        spec = self._spec(record)
         return self._drive(context, controller, spec, controller.advance(spec, record))
 
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -155,7 +148,7 @@ class ControllerDriverMixin:
         nxt = self._event_next(event)
         controller = self._controller(context)
         controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
-        spec = self._spec(nxt.record)
+        spec = self._spec(nxt.record.job_id, nxt.record.created_at)
         if event["status"] == "error":  # the next try reattaches to the recorded attempt
             raise AirflowException(f"job {nxt.record.job_id}: the trigger failed: "
                                    f"{event.get('message')}")
@@ -285,9 +278,8 @@ class ControllerDriverMixin:
         return bool(self.do_xcom_push)
 
     def _trace_position(self) -> str:
-        """Where a trace-replaying market is in its trace (for the logs), or nothing."""
-        tick_at = getattr(self.spot_hook.get_provider().market, "tick_at", None)
-        return "" if tick_at is None else f" at trace tick {tick_at(time.time())}"
+        """Where a trace-replaying provider is in its traces (for the logs), or nothing."""
+        return jobs.trace_position(self.spot_hook.get_provider())
 
     def _persist_lease_link(self, context, lease: Lease | None) -> None:
         """Store the link to the capacity ``lease`` runs on (None: before any attempt)."""

@@ -36,10 +36,8 @@ from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Lease
-from spot_core.providers import check_provider
-from spot_core.providers.kubernetes import check_option_value
-from spot_core.providers.kubernetes_pods import STEP_CONTAINER, mounted_store
-from spot_core.settings import SpotSettings, default, pop_aliases
+from spot_core import jobs
+from spot_core.settings import POD_OPERATOR, SpotSettings, default, knobs_for, pop_aliases
 
 Duration = timedelta | float | str  # seconds, a timedelta, or "90s" / "5m" / "2h" / "1d"
 CHECKPOINT_SCHEMES = ("file://", "s3://")
@@ -94,7 +92,7 @@ def _with_timeouts(options: Any, timeouts: Mapping[str, Any], task: str) -> Any:
                          "timeout; keep one")
     for option, value in timeouts.items():
         try:
-            check_option_value(option, value)
+            jobs.check_provider(PROVIDER, {option: value})
         except ConfigError as exc:
             name = next(n for n, o in KPO_TIMEOUTS.items() if o == option)
             raise ValueError(f"{task}: {name}={value!r}: {exc}") from None
@@ -170,6 +168,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",
                                                     fallback=False),
                  **kwargs: Any) -> None:
+        given = locals()  # first: the knobs as written (the settings model checks them)
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
         if not isinstance(deferrable, bool):
             raise ValueError(f"{kwargs.get('task_id', '')}: deferrable={deferrable!r} must be "
@@ -183,18 +182,9 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         self.node_pools = self._names("node_pools", node_pools)
         self._validate_static()
         self._adopt_settings(self._settings({
+            **{k.name: given[k.name] for k in knobs_for(POD_OPERATOR)},
             "provider_options": self.provider_options, "zones": () if zones is None else zones,
-            "max_preemptions": max_preemptions, "on_demand_fallback": on_demand_fallback,
-            "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
-            "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
-            "max_capacity_waits": max_capacity_waits,
-            "max_infrastructure_retries": max_infrastructure_retries, "max_disruptions": max_disruptions, "deadline": deadline,
-            "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
-            "deadline_policy": deadline_policy,
-            "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
-            "heartbeat_timeout": heartbeat_timeout, "heartbeat_uri": heartbeat_uri,
-            "take_over": take_over,
-            "observe_failure_timeout": observe_failure_timeout, **renamed}))
+            **renamed}))
         self._spot_hook: SpotKubernetesHook | None = None
 
     # -- parse-time validation --------------------------------------------------------------
@@ -270,7 +260,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             if not isinstance(self.provider_options, Mapping):
                 raise ConfigError(f"provider_options rendered as {self.provider_options!r}, "
                                   "not a mapping")
-            check_provider(PROVIDER, self.provider_options)
+            jobs.check_provider(PROVIDER, self.provider_options)
         except ConfigError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
@@ -288,7 +278,8 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         pod = self.build_pod_request_obj(context)
         self.pod_request_obj = pod
         template = ApiClient().sanitize_for_serialization(pod)  # the API's JSON shape
-        if not mounted_store(self.checkpoint_uri, template):
+        if not jobs.plugin(PROVIDER).reaches_store(self.checkpoint_uri,
+                                                   {"pod_template": template}):
             raise AirflowFailException(
                 f"{self.task_id}: checkpoint_uri={self.checkpoint_uri!r} is on this machine's "
                 "disk, which the pods cannot see: use s3://bucket/prefix, or a file:// path "
@@ -301,20 +292,26 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             in_cluster=self.in_cluster)
         return self._spot_hook
 
-    def _spec(self, record: JobRecord) -> JobSpec:
-        offered = self.spot_hook.pools()
-        pools = tuple(p for p in self.spot_hook.pools(self.zones)
-                      if not self.node_pools or set(self._node_pools(p)) & set(self.node_pools))
-        if not pools:
+    def _spec(self, job_id: str, created_at: float | None) -> JobSpec:
+        provider = self.spot_hook.get_provider()
+        try:
+            pools = jobs.select_pools(provider, zones=self.settings.zones, keep=lambda pool: (
+                not self.node_pools or bool(set(self._node_pools(pool)) & set(self.node_pools))))
+        except ConfigError as exc:  # name the cluster's node pools: what node_pools= picks
+            offered = provider.pools()
             names = sorted({n for p in offered for n in self._node_pools(p)})
             raise AirflowFailException(
-                f"{self.task_id}: no node pool matches zones={self.zones} node_pools="
+                f"{self.task_id}: {exc} (zones={self.zones}, node_pools="
                 f"{list(self.node_pools) or None}; the cluster has node pools "
                 f"{', '.join(names) or 'none'} in zones "
-                f"{', '.join(sorted({p.zone for p in offered})) or 'none'}")
-        return JobSpec(job_id=record.job_id, command=(*self.cmds, *self.arguments),
-                       checkpoint_uri=self.checkpoint_uri, pools=pools,
-                       **self._deadline_spec(record.created_at), image=self.image or None)
+                f"{', '.join(sorted({p.zone for p in offered})) or 'none'})") from None
+        try:
+            return jobs.job_spec(self.settings, provider, job_id=job_id,
+                                 command=(*self.cmds, *self.arguments),
+                                 checkpoint_uri=self.checkpoint_uri, pools=pools,
+                                 image=self.image or None, created_at=created_at)
+        except ConfigError as exc:  # a deadline the work cannot fit
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
     def _node_pools(self, pool) -> tuple[str, ...]:
         """The cluster's node pools behind one pool (zone, instance type, market)."""
@@ -360,7 +357,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         def follow() -> None:
             try:
                 self.pod_manager.fetch_container_logs(
-                    pod, STEP_CONTAINER, follow=True,
+                    pod, jobs.plugin(PROVIDER).step_container, follow=True,
                     container_name_log_prefix_enabled=self.container_name_log_prefix_enabled,
                     log_formatter=self.log_formatter)
             except Exception as exc:  # noqa: BLE001 - the pod went with its attempt

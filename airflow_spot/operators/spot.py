@@ -29,14 +29,14 @@ from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
 from airflow_spot.operators.controller_driver import (  # noqa: F401 - re-exported names
     RECORD_KEY, UNLIMITED_USER_RETRIES, ControllerDriverMixin, SpotJobFailed,
     SpotUserStepFailed)
+from spot_core import jobs
 from airflow_spot.records import persister
 from airflow_spot.triggers.spot import SpotJobTrigger
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Lease
-from spot_core.providers import check_provider
-from spot_core.settings import SpotSettings, default, knob, pop_aliases
+from spot_core.settings import OPERATOR, SpotSettings, default, knob, knobs_for, pop_aliases
 
 CHECKPOINT_SCHEMES = ("file://", "s3://")
 
@@ -157,6 +157,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
                                                     fallback=False),
                  aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None,
                  **kwargs: Any) -> None:
+        given = locals()  # first: the knobs as written (the settings model checks them)
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
         super().__init__(**kwargs)
         check_conn_id(aws_conn_id, "aws_conn_id", self.task_id)
@@ -175,22 +176,9 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         self.deferrable = deferrable
         self._validate_static()
         self._adopt_settings(self._settings({
-            "provider": provider,
+            **{k.name: given[k.name] for k in knobs_for(OPERATOR)},
             "provider_options": {} if provider_options is None else provider_options,
-            "image": image, "zones": () if zones is None else zones,
-            "max_preemptions": max_preemptions, "on_demand_fallback": on_demand_fallback,
-            "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
-            "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
-            "max_capacity_waits": max_capacity_waits,
-            "max_infrastructure_retries": max_infrastructure_retries, "max_disruptions": max_disruptions, "deadline": deadline,
-            "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
-            "deadline_policy": deadline_policy,
-            "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
-            "heartbeat_timeout": heartbeat_timeout, "heartbeat_uri": heartbeat_uri,
-            "take_over": take_over,
-            "observe_failure_timeout": observe_failure_timeout,
-            "alert_interruption_rate": alert_interruption_rate,
-            "alert_spot_price": alert_spot_price, **renamed}))
+            "zones": () if zones is None else zones, **renamed}))
         if on_spot_alert is not None and not callable(on_spot_alert):
             raise ValueError(f"{self.task_id}: on_spot_alert={on_spot_alert!r} must be a "
                              "function taking (alert, context), or None")
@@ -210,7 +198,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         try:  # what the provider refuses in the step's environment (ec2: credentials)
-            check_provider(settings.provider, settings.provider_options,
+            jobs.check_provider(settings.provider, settings.provider_options,
                            env={k: v for k, v in self.env.items() if not _is_template(v)})
         except ConfigError as exc:
             raise ValueError(f"{self.task_id}: {exc}") from None
@@ -266,7 +254,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             if not isinstance(self.env, Mapping) or not all(
                     isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
                 raise ConfigError(f"env rendered as {self.env!r}; it must map names to strings")
-            check_provider(self.provider, self.provider_options, env=self.env)
+            jobs.check_provider(self.provider, self.provider_options, env=self.env)
         except ConfigError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
@@ -287,8 +275,8 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         check = alerts.on_attempt_end(lambda: self.spot_hook.get_provider().market,
                                       lambda: self.spot_hook.pools(self.zones),
                                       self.settings.alert_thresholds(), context, self.on_spot_alert)
-        return self.spot_hook.controller(self.policy, persist=persister(context, RECORD_KEY, check),
-                                         **self.controller_options())
+        return self.spot_hook.controller(self.settings, max_user_retries=UNLIMITED_USER_RETRIES,
+                                         persist=persister(context, RECORD_KEY, check))
 
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
         """The mixin's trigger, with the connections the triggerer resolves again by id."""
@@ -299,25 +287,21 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
                               not_before=not_before, aws_conn_id=self.aws_conn_id,
                               kubernetes_conn_id=self.kubernetes_conn_id)
 
-    def _spec(self, record: JobRecord) -> JobSpec:
+    def _spec(self, job_id: str, created_at: float | None) -> JobSpec:
         command = shlex.split(self.command) if isinstance(self.command, str) else self.command
-        pools = self.hook.pools(self.zones)
-        offered = sorted({p.zone for p in self.hook.pools()})
-        missing = sorted(set(self.zones or ()) - set(offered))
-        if missing or not pools:
-            raise AirflowFailException(f"{self.task_id}: provider {self.provider!r} has no zone(s) "
-                                       f"{missing or self.zones}; set zones= to some of "
-                                       f"{', '.join(offered) or 'its zones'}, or drop zones=")
-        return JobSpec(job_id=record.job_id, command=tuple(command),
-                       checkpoint_uri=self.checkpoint_uri, pools=pools, env=self.env,
-                       image=self.image or None, **self._deadline_spec(record.created_at))
+        try:
+            return jobs.job_spec(self.settings, self.spot_hook.get_provider(), job_id=job_id,
+                                 command=command, checkpoint_uri=self.checkpoint_uri,
+                                 env=self.env, image=self.image or None, created_at=created_at)
+        except ConfigError as exc:  # no zone it has, a deadline the work cannot fit
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
     def execute(self, context) -> dict[str, Any]:
         return self._start(context)
 
     def _persist_lease_link(self, context, lease: Lease | None) -> None:
-        if lease is None:
-            SpotEc2InstanceLink.persist(context, "")  # filled in when an attempt runs on EC2
-        elif lease.pool.cloud == "aws" and self.provider == "ec2":
-            SpotEc2InstanceLink.persist(context, SpotEc2InstanceLink.url_for(
-                lease.pool.region, lease.lease_id))
+        """The console page of the capacity the attempt runs on, if its provider has one
+        (the EC2 console for an EC2 instance); "" before any attempt."""
+        link = None if lease is None else jobs.plugin(self.provider).console_link(lease)
+        if lease is None or link is not None:
+            SpotEc2InstanceLink.persist(context, link or "")

@@ -21,6 +21,7 @@ from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.triggers.price_window import (SpotPriceWindowTrigger, check_window_arguments,
                                                 window_decision)
 from spot_core.errors import ConfigError
+from spot_core.settings import SpotSettings
 
 POOL_KEY = "spot_pool"
 
@@ -42,7 +43,8 @@ class SpotPriceWindowSensor(BaseSensorOperator):
     ui_color = "#c8e6c9"
 
     def __init__(self, *, job_hours: float, window_end: datetime | timedelta,
-                 profile: Any = None, max_price: float | None = None, provider: str = "local",
+                 profile: Any = None, max_price: float | None = None,
+                 provider: str = SpotSettings.provider,
                  provider_options: Mapping[str, Any] | None = None,
                  zones: Sequence[str] | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable",

@@ -19,7 +19,7 @@ from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from spot_core.errors import ConfigError
 from spot_core.model import Offer
-from spot_core.providers import check_provider
+from spot_core import jobs
 from spot_core.settings import Knob, knob
 
 # The window's numbers, checked like the settings model's knobs (finite, in range).
@@ -36,7 +36,7 @@ def check_window_arguments(*, provider: Any, provider_options: Any, zones: Any, 
     read (the provider registry's checks), the zones, the profile, the job and the price."""
     if not isinstance(provider_options, Mapping):
         raise ConfigError(f"provider_options={provider_options!r} must be a mapping")
-    check_provider(provider, provider_options)
+    jobs.check_provider(provider, provider_options)
     if zones is not None and not (isinstance(zones, str) and "{{" in zones):
         knob("zones").parse(zones)
     if profile is not None:

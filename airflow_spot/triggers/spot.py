@@ -31,12 +31,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
-from spot_core import batched
+from spot_core import batched, jobs
+from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.observer import SharedObserver, shared_observer, wait_timeout
-from spot_core.providers import check_provider
-from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.settings import KNOBS, Knob, SpotSettings
 
 EVENT_STATUSES = ("ended", "notice", "wake", "error")
@@ -81,6 +80,8 @@ class SpotJobTrigger(BaseTrigger):
         self.next = dict(next)
         self.checkpoint_uri = checkpoint_uri
         self.controller_options = dict(controller_options or {})
+        # The controller's bounds: the settings model's, under the knobs the worker used.
+        self.settings = SpotSettings.build(check_options=False, **self.controller_options)
         self.return_on_notice = return_on_notice
         self.not_before = float(not_before)
         self._current: Next | None = None  # the latest Next, for on_kill / cleanup
@@ -94,7 +95,7 @@ class SpotJobTrigger(BaseTrigger):
         try:
             if not isinstance(provider_options, Mapping):
                 raise ConfigError(f"provider_options={provider_options!r} is not a mapping")
-            check_provider(provider, provider_options)
+            jobs.check_provider(provider, provider_options)
             parse_store_uri(checkpoint_uri)
             options = dict(controller_options or {})
             unknown = sorted(set(options) - set(CONTROLLER_OPTIONS))
@@ -125,8 +126,7 @@ class SpotJobTrigger(BaseTrigger):
     # -- what the controller needs -----------------------------------------------------------
     def _spec(self, nxt: Next) -> JobSpec:
         """``check`` and ``stop`` read only the job id and its store from the spec."""
-        return JobSpec(job_id=nxt.record.job_id, command=(), checkpoint_uri=self.checkpoint_uri,
-                       pools=())
+        return jobs.watch_spec(nxt.record.job_id, self.checkpoint_uri)
 
     def hook(self) -> SpotHook:
         """The hook that opens (once per process) the provider these kwargs name."""
@@ -136,21 +136,20 @@ class SpotJobTrigger(BaseTrigger):
     def _controller(self) -> Controller:
         """Blocking (it resolves the connections and may open the provider): call it
         from a thread, never on the triggerer's event loop."""
-        return self.hook().controller(**self.controller_options)
+        return self.hook().controller(self.settings)
 
     def _open(self) -> tuple[Controller, SharedObserver]:
         """The controller and the triggerer's one observer for its provider (keyed as the
         hook's provider cache: name, options, connection ids), shared by every trigger
         watching on it. Blocking, like ``_controller``."""
         hook = self.hook()
-        controller = hook.controller(**self.controller_options)
+        controller = hook.controller(self.settings)
         return controller, shared_observer(hook.cache_key, controller.provider)
 
     @property
     def poll_interval(self) -> float:
         """Seconds between checks: the ``poll_interval`` knob (its default unless given)."""
-        return SpotSettings.build(check_options=False,
-                                  **self.controller_options).poll_interval_seconds
+        return self.settings.poll_interval_seconds
 
     # -- running -----------------------------------------------------------------------------
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.interruption.driver import Freshness
 from spot_core.model import JobRecord
-from spot_core.providers.base import LeaseStatus
+from spot_core.jobs import LeaseStatus
 
 ORPHAN_CHECK_SECONDS = 30.0
 """How often a worker looks for orphaned runs (a read of its pool's Running runs)."""

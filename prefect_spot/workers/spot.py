@@ -46,13 +46,13 @@ from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker
 from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-from spot_core import batched
+from spot_core import batched, jobs
 from spot_core.checkpoint import parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.controller import provider_stores
 from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
-from spot_core.providers.base import LeaseStatus, Observation
+from spot_core.jobs import LeaseStatus, Observation
 from spot_core.settings import WORKER, knobs_for
 
 from prefect_spot import _jobs
@@ -201,7 +201,7 @@ class SpotJobConfiguration(_SpotValues, BaseJobConfiguration):
         # notice's SIGTERM into an emergency checkpoint, and end a preempted run without
         # a final state (prefect_spot._engine).
         # On a remote lease (ec2) the instance's own Python runs it (`agent_python`).
-        python = _jobs.lease_python(self.provider, self.provider_options)
+        python = jobs.plugin(self.provider).lease_python(self.provider_options)
         self.command = self.command or f"{shlex.quote(python)} -m prefect_spot._engine"
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name,
                                      worker_id)
@@ -293,24 +293,32 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         finally:
             self._driving.discard(flow_run.id)
 
-    async def _drive(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
-                     task_status: Optional[anyio.abc.TaskStatus[str]]) -> SpotWorkerResult:
+    def _job(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
+             provider: Any) -> tuple[Any, Any, JobRecord]:
+        """The flow run's job: its spec (the flow run's command on a lease, with the
+        environment a lease may get), its controller (the record kept in Prefect, each
+        exit code read with the flow run's state) and its record. Blocking."""
         config = configuration.spot_configuration()
-        provider = await anyio.to_thread.run_sync(self._provider, configuration)
-        record = await anyio.to_thread.run_sync(self._load_record, flow_run)
-        spec = _jobs.job_spec(config, provider, job_id=f"flow-run-{flow_run.id}",
+        stored = self._load_record(flow_run)
+        spec = _jobs.job_spec(config, provider, job_id=jobs.job_id(f"flow-run-{flow_run.id}"),
                               command=shlex.split(configuration.command),
                               checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
                               env=_jobs.lease_env(config.provider, {
                                   k: v for k, v in configuration.env.items() if v is not None},
                                   self.get_flow_run_logger(flow_run)),
-                              created_at=None if record is None else record.created_at)
+                              created_at=None if stored is None else stored.created_at)
         controller = _jobs.controller_for(
             config, _FlowRunExit(provider, flow_run.id), related=_related(flow_run),
             persist=lambda r: self._remember(flow_run, r),
             progress=JobProgress(flow_run_id=flow_run.id))
-        if record is None:
-            record = controller.persist(controller.new_record(spec))
+        record = stored or controller.persist(controller.new_record(spec))
+        return spec, controller, record
+
+    async def _drive(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
+                     task_status: Optional[anyio.abc.TaskStatus[str]]) -> SpotWorkerResult:
+        provider = await anyio.to_thread.run_sync(self._provider, configuration)
+        spec, controller, record = await anyio.to_thread.run_sync(
+            self._job, flow_run, configuration, provider)
         runs_before = await self._runs_before(flow_run, record)
         started = _Started(task_status)
         nxt = await anyio.to_thread.run_sync(controller.advance, spec, record)

@@ -9,7 +9,7 @@ Node (or a List of them) the pods run on. One JSON line per pod:
 outcome (``succeeded``, ``preempted``, ``disrupted``, ``user_failed``,
 ``infrastructure_failed``) or ``running`` / ``pending`` for a pod that has not ended.
 The kubernetes provider decides with the same function
-(``spot_core.providers.kubernetes_classify.classify_pod``).
+(``spot_core.policy.pod_outcomes.classify_pod``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spot_core.providers import kubernetes_classify as classify
+    from spot_core.policy import pod_outcomes as classify
 
     where = "standard input" if args.file == "-" else args.file
     found = objects(load(args.file), where)
@@ -91,7 +91,7 @@ def load(source: str) -> Any:
 def objects(document: Any, where: str) -> list[dict]:
     """The objects of a document: itself, or the ``items`` of a List (any kind of list,
     camelCase or a client's snake_case dump), as the API's JSON."""
-    from spot_core.providers.kubernetes_classify import as_api
+    from spot_core.policy.pod_outcomes import as_api
 
     if not isinstance(document, Mapping):
         raise ConfigError(f"{where} holds a JSON {type(document).__name__}, not a Kubernetes "

@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from spot_core.demo import DEMO_PROVIDERS, EMULATED_KUBERNETES, LOCAL_CLOUD
 from spot_core.errors import ConfigError
 from spot_core.safe_files import check_target, write_bytes
 
 ENGINES = ("none", "airflow", "prefect")
-PROVIDERS = ("local", "kubernetes")
 RECORD_FILE = "record.json"  # the training job's JobRecord, in --workdir
 
 
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
                                    "step is preempted, resumes from checkpoints and finishes")
     parser.add_argument("--engine", choices=ENGINES, default="none",
                         help="workflow engine to run the pipeline in (default: none)")
-    parser.add_argument("--provider", choices=PROVIDERS, default="local",
+    parser.add_argument("--provider", choices=DEMO_PROVIDERS, default=LOCAL_CLOUD,
                         help="where the training step runs: the local spot cloud replaying a "
                         "real trace, or spot node pools of the Kubernetes emulator (default: "
                         "local)")
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps > MAX_DEMO_STEPS:  # every engine's: 10^20 steps would train for ever
         raise ConfigError(f"--steps must be at most {MAX_DEMO_STEPS:,} (got {args.steps}); the "
                           "demo's default is 2000")
-    if args.provider == "kubernetes" and args.engine == "none":
+    if args.provider == EMULATED_KUBERNETES and args.engine == "none":
         return _run_kubernetes_demo(args)
     if args.engine != "none":
         return _run_engine_demo(args)
@@ -136,14 +136,14 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--engine {args.engine} needs {args.engine} and its adapter in this "
                           f"environment: run `make demo ENGINE={args.engine}` (or install "
                           f"spot-pipelines[{args.engine}])") from exc
-    if args.provider != "local":
+    if args.provider != LOCAL_CLOUD:
         if args.engine != "airflow":
             raise ConfigError(f"--engine {args.engine} runs on the local spot cloud only; drop "
                               f"--provider {args.provider} (or use --engine airflow or none)")
         if args.start_tick is not None:
             raise ConfigError("--start-tick picks a trace tick of the local cloud; drop it "
                               f"with --provider {args.provider}")
-    extra = {} if args.provider == "local" else {"provider": args.provider}
+    extra = {} if args.provider == LOCAL_CLOUD else {"provider": args.provider}
     report = run_demo(workdir=args.workdir, steps=args.steps, **extra)
     # The process ends after this report: spare it the final garbage collection over the
     # engine's heap (Airflow's took 4 s at exit on a loaded 2-core machine, 0.25 s frozen).

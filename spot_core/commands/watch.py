@@ -41,7 +41,7 @@ from spot_core.interruption.base import Detector
 from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
 from spot_core.interruption.notice_file import check_notice_path, is_notice_file, write_notice
-from spot_core.interruption.selection import CHOICES, detectors_for, normalize_cloud
+from spot_core.interruption.selection import cloud_choices, detectors_for, normalize_cloud
 from spot_core.durations import parse_duration
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "watch", help="watch for spot interruption notices (and forward them to a command)",
         description=__doc__.split("\n\n")[1])
-    parser.add_argument("--cloud", help=f"{'|'.join(CHOICES)} (default: $"
+    parser.add_argument("--cloud", help=f"{'|'.join(cloud_choices())} (default: $"
                         f"{attempt_env.CLOUD} or auto)")
     parser.add_argument("--endpoint", help="metadata service URL (default: $"
                         f"{attempt_env.METADATA_ENDPOINT} or the cloud's own)")
@@ -299,7 +299,7 @@ def _check_driver(monitor: DriverMonitor | None, forwarder: ChildForwarder) -> N
 
 
 class _Reporter:
-    """The attempt's status object (``ec2_agent.write_report``): the first interruption
+    """The attempt's status object (``spot_core.checkpoint.status``): the first interruption
     notice at once, the exit code at the end. Failures are logged, never fatal."""
 
     def __init__(self, detectors: list[Detector]) -> None:
@@ -323,7 +323,7 @@ class _Reporter:
         self._write(code, now)
 
     def _write(self, code: int | None, ended_at: float | None) -> None:
-        from spot_core.providers.ec2_agent import write_report
+        from spot_core.checkpoint.status import write_report
 
         try:
             write_report(exit_code=code, notice_at=self.notice_at, ended_at=ended_at)

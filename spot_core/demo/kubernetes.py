@@ -59,6 +59,13 @@ def cluster_config(cfg: KubernetesDemoConfig):
         time_scale=cfg.time_scale)
 
 
+def cluster_watcher(cluster) -> KubernetesProvider:
+    """A provider over the emulated ``cluster`` that a ``Reclaimer`` reads node and pod
+    state through (the Airflow demo's: its job's own provider lives in the DAG)."""
+    return KubernetesProvider.from_options(kubeconfig=str(cluster.kubeconfig_path),
+                                           node_refresh_seconds=0.5)
+
+
 def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
              listener: Listener | None = None) -> DemoReport:
     from spot_core.emulators.kubernetes.cluster import KubeCluster

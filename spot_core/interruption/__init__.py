@@ -13,13 +13,13 @@ from spot_core.interruption.azure import AzureDetector
 from spot_core.interruption.base import INTERRUPTION, REBALANCE, Detector, Notice
 from spot_core.interruption.gce import GceDetector
 from spot_core.interruption.notice_file import read_notice, write_notice
-from spot_core.interruption.selection import (CHOICES, CLOUDS, detector_for, probe_cloud,
+from spot_core.interruption.selection import (cloud_choices, detector_for, probe_cloud,
                                            validate_endpoint)
 from spot_core.interruption.signals import SignalDetector
 from spot_core.interruption.watcher import InterruptionWatcher
 
 __all__ = [
-    "AwsDetector", "AzureDetector", "CHOICES", "CLOUDS", "Detector", "GceDetector",
+    "AwsDetector", "AzureDetector", "Detector", "GceDetector", "cloud_choices",
     "INTERRUPTION", "InterruptionWatcher", "Notice", "REBALANCE", "SignalDetector",
     "detector_for", "probe_cloud", "read_notice", "validate_endpoint", "write_notice",
 ]

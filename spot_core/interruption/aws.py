@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import INTERRUPTION, REBALANCE, Notice, parse_rfc3339
+from spot_core.interruption.base import DetectorPlugin, INTERRUPTION, REBALANCE, Notice, parse_rfc3339
 from spot_core.interruption.endpoint import (DEFAULT_TIMEOUT, Check, HttpDetector, Response,
                                          bad_answer, check_status)
 
@@ -123,3 +123,8 @@ def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
         return bool(AwsDetector(endpoint, timeout, token_ttl=60)._new_token())
     except MetadataEndpointError:
         return False
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: AwsDetector(endpoint or ENDPOINT, timeout=timeout),
+    summary="AWS IMDSv2: spot instance-action and rebalance recommendations", probe=probe, endpoint=ENDPOINT, rank=0, aliases=('ec2',))

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import INTERRUPTION, Notice, parse_rfc1123
+from spot_core.interruption.base import DetectorPlugin, INTERRUPTION, Notice, parse_rfc1123
 from spot_core.interruption.endpoint import (DEFAULT_TIMEOUT, Check, HttpDetector, bad_answer,
                                          check_status, fetch)
 
@@ -73,3 +73,8 @@ def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
         return resp.status == 200 and isinstance(_events(resp.body), list)
     except MetadataEndpointError:
         return False
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: AzureDetector(endpoint or ENDPOINT, timeout=timeout),
+    summary="Azure Scheduled Events: Preempt", probe=probe, endpoint=ENDPOINT, rank=2, aliases=())

@@ -11,7 +11,7 @@ import datetime as dt
 import email.utils
 import json
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Protocol, runtime_checkable
+from typing import Any, Callable, Hashable, Mapping, Protocol, runtime_checkable
 
 INTERRUPTION = "interruption"
 REBALANCE = "rebalance"
@@ -115,3 +115,23 @@ def parse_rfc1123(text: Any) -> float:
 
 def format_rfc1123(ts: float) -> str:
     return email.utils.formatdate(ts, usegmt=True)
+
+
+@dataclass(frozen=True)
+class DetectorPlugin:
+    """What a notice detector declares, in its own module, for the registry
+    (``spot_core.interruption.registry``: entry point group ``spot_pipelines.detectors``).
+
+    ``make(endpoint, timeout, environ)`` builds the detector (``endpoint``: its metadata
+    service, None for its default). ``probe(endpoint, timeout)``: whether its metadata
+    service answers here, for ``--cloud auto`` (None: it is never probed). ``endpoint``:
+    its service's default address. ``aliases``: other names users give it. ``rank``: its
+    place in lists and ``auto``'s preference when several services answer (lower first).
+    """
+
+    make: Callable[[str | None, float, Mapping[str, str]], Detector]
+    summary: str = ""
+    probe: Callable[[str, float], bool] | None = None
+    endpoint: str | None = None
+    aliases: tuple[str, ...] = ()
+    rank: int = 100

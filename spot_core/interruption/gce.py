@@ -8,7 +8,7 @@ metadata server says nothing about the exact time, so the deadline is detection 
 from __future__ import annotations
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import INTERRUPTION, Notice
+from spot_core.interruption.base import DetectorPlugin, INTERRUPTION, Notice
 from spot_core.interruption.endpoint import (DEFAULT_TIMEOUT, Check, HttpDetector, bad_answer,
                                          check_status, fetch)
 
@@ -50,3 +50,8 @@ def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
     except MetadataEndpointError:
         return False
     return resp.status == 200 and resp.headers.get("metadata-flavor") == "Google"
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: GceDetector(endpoint or ENDPOINT, timeout=timeout),
+    summary="GCE metadata: instance/preempted", probe=probe, endpoint=ENDPOINT, rank=1, aliases=('gce',))

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from spot_core.errors import ConfigError
-from spot_core.interruption.base import INTERRUPTION, Notice
+from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice
 
 logger = logging.getLogger(__name__)
 
@@ -78,3 +78,8 @@ class SignalDetector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+PLUGIN = DetectorPlugin(make=lambda endpoint, timeout, environ: SignalDetector(),
+                        summary="SIGTERM only: the notice a node's shutdown gives every process",
+                        rank=4)

@@ -47,15 +47,17 @@ def as_pool_stat(value: PoolStat | Sequence[float]) -> PoolStat:
 
 @runtime_checkable
 class Market(Protocol):
-    """A source of offers: price and capacity of each pool at wall-clock time ``now``."""
+    """A source of offers: price and capacity of each pool at wall-clock time ``now``, and
+    what it has seen of each pool. Every market declares its clock: ``time_scale``,
+    capacity seconds per wall second (1 but for a trace replayed faster), and
+    ``tick_seconds``, the capacity seconds between its changes (None: no tick clock)."""
+
+    time_scale: float
+    tick_seconds: float | None
 
     def offers(self, pools: Sequence[Pool], now: float) -> list[Offer]:
         """One offer per pool it knows; pools it cannot price raise ``ConfigError``."""
 
-
-@runtime_checkable
-class ObservedMarket(Market, Protocol):
-    """A market that can also report per-pool history without looking past ``now``."""
-
     def stats(self, pools: Sequence[Pool], now: float) -> dict[str, PoolStat]:
-        """``pool.key -> PoolStat`` over the market's look-back window ending at ``now``."""
+        """``pool.key -> PoolStat`` over the market's look-back window ending at ``now``,
+        for the pools it has seen (none, for a market that keeps no history)."""

@@ -73,6 +73,7 @@ class Ec2Market:
     use_placement_scores: bool = True
     clock: Any = time.time
     time_scale: float = 1.0  # EC2 runs in real time; the trace market's is faster
+    tick_seconds: float | None = None  # prices change whenever EC2 says, on no tick
 
     def __post_init__(self) -> None:
         self._prices: dict[tuple[str, str, str], float] = {}

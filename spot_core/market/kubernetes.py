@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from spot_core.errors import ConfigError
+from spot_core.market.base import PoolStat
 from spot_core.model import MAX_PRICE_PER_HOUR, Market, Offer, Pool
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,7 @@ class KubernetesMarket:
     capacity_cooldown_seconds: float = 120.0
     clock: Callable[[], float] = time.time
     time_scale: float = 1.0  # pods run in real time
+    tick_seconds: float | None = None  # node pools change whenever the cluster does
 
     def __post_init__(self) -> None:
         self._pools: dict[str, PoolNodes] = {}
@@ -258,6 +260,11 @@ class KubernetesMarket:
         names = tuple(name for market in (Market.ON_DEMAND, pool.market, Market.SPOT)
                       for name in getattr(pools.get(pool.on(market).key), "node_pools", ()))
         return self.price_table.on_demand(pool, tuple(dict.fromkeys(names)))
+
+    def stats(self, pools: Sequence[Pool], now: float) -> dict[str, PoolStat]:
+        """None kept: a cluster's node pools carry no interruption history here (the
+        controller then gives every attempt the longest checkpoint interval)."""
+        return {}
 
     def note_capacity_miss(self, pool: Pool, now: float | None = None) -> None:
         self._misses[pool.key] = self.clock() if now is None else now

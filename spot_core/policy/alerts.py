@@ -1,7 +1,7 @@
 """Pool alerts: which pools' interruption rate or spot price passed a threshold.
 
 Pure: the market's offers and per-pool statistics (``Market.offers`` and
-``ObservedMarket.stats``) and the thresholds in, alerts out. The engines raise them their
+``Market.stats``) and the thresholds in, alerts out. The engines raise them their
 own way (a Prefect event ``spot.pool.alert`` an automation can trigger on; an Airflow
 listener hook) and read the thresholds from ``spot_core.settings``
 (``alert_interruption_rate``, ``alert_spot_price``).

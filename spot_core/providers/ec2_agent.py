@@ -29,17 +29,14 @@ import time
 from typing import Mapping, Sequence
 
 from spot_core import attempt_env
+from spot_core.checkpoint.status import (  # noqa: F401 - the agent's report
+    STATUS_PREFIX, parse_report, status_key, write_report)
 from spot_core.providers.ec2_bootstrap import Bootstrap
 
-STATUS_PREFIX = "status"
 WATCH_LOG = "/var/log/spot-pipelines-watch.log"
 # Powers the instance off (a termination, by the launch's shutdown behaviour); the
 # instance runtime emulator replaces it.
 SHUTDOWN = "${SPOT_SHUTDOWN_COMMAND:-shutdown -h now}"
-
-
-def status_key(attempt: int) -> str:
-    return f"{STATUS_PREFIX}/attempt-{attempt:06d}.json"
 
 
 def user_data(*, command: Sequence[str], environ: Mapping[str, str], watch_command: str,
@@ -63,30 +60,6 @@ rc=${{PIPESTATUS[0]}}
 {shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report --exit-code "$rc" --watch-log "$LOG" || true
 {SHUTDOWN}
 """
-
-
-def parse_report(data: bytes | None) -> dict:
-    """The typed fields of a status report (``exit_code`` int, ``notice_at`` and ``ended_at``
-    finite seconds); anything else, or an unreadable object, is dropped as corrupt.
-
-    The node writes the report into a store others can write too, so what is read back is
-    judged, never trusted: a forged or torn report only makes the outcome less precise."""
-    try:
-        doc = json.loads(data or b"{}", parse_constant=float)
-    except (ValueError, RecursionError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
-    out: dict = {}
-    code = doc.get("exit_code")
-    if isinstance(code, int) and not isinstance(code, bool) and -255 <= code <= 255:
-        out["exit_code"] = code
-    for key in ("notice_at", "ended_at"):
-        value = doc.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value) and value >= 0:
-            out[key] = float(value)
-    return out
 
 
 def first_notice(log_path: str) -> float | None:
@@ -123,19 +96,6 @@ def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | N
     return write_report(exit_code=exit_code,
                         notice_at=first_notice(watch_log) if watch_log else None,
                         ended_at=time.time(), environ=environ)
-
-
-def write_report(*, exit_code: int | None, notice_at: float | None, ended_at: float | None,
-                 environ: Mapping[str, str] | None = None) -> dict:
-    """Write the attempt's status object to its store (``$SPOT_CHECKPOINT_URI``)."""
-    from spot_core.checkpoint import open_store
-
-    env = attempt_env.AttemptEnv.from_environ(environ)
-    doc = {"job_id": env.job_id, "attempt": env.attempt, "exit_code": exit_code,
-           "notice_at": notice_at, "ended_at": ended_at}
-    store = open_store(env.checkpoint_uri)
-    store.put_object(status_key(env.attempt), json.dumps(doc, allow_nan=False).encode())
-    return doc
 
 
 def own_instance(environ: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -18,13 +18,14 @@ from typing import Any, Mapping, Sequence
 
 from spot_core.errors import ConfigError
 from spot_core.model import Lease, Market, Pool
-from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
+from spot_core.providers.base import Bill, Capability, LaunchSpec, LeaseState, LeaseStatus
 
 
 class InPlaceProvider:
     """The worker this process runs on, as the lease of an in-place attempt."""
 
     name = "in-place"
+    capabilities = Capability.ON_THIS_MACHINE
     market = None
 
     def __init__(self, cloud: str = "auto", price_per_hour: float = 0.0,

@@ -10,7 +10,7 @@ pool); a container that cannot start for its configuration (``ImagePullBackOff``
 pod's message (deleted; no pool can fix it). ``observe`` answers any number of leases
 with one pod list by label selector and one node list, re-reads a pod whose disruption
 condition it is about to act on, and hands each to the one pod classifier
-(``kubernetes_classify.classify_pod``) with what only it knows: the lease's market, the
+(``spot_core.policy.pod_outcomes.classify_pod``) with what only it knows: the lease's market, the
 notices seen on earlier looks (so a pod stuck under one ends at its grace period plus
 ``notice_margin_seconds``, deleted, with grace 0 when its node is gone), whether the
 step reported completion, and, when they can settle the cause, the pod's and its node's
@@ -37,9 +37,10 @@ from spot_core.adaptors import kubernetes as k8s
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.kubernetes import KubernetesMarket, PriceTable, check_prices
 from spot_core.model import Lease, Market, Outcome, Pool
-from spot_core.providers import kubernetes_classify as classify
+from spot_core.policy import pod_outcomes as classify
 from spot_core.providers import kubernetes_pods as pods
-from spot_core.providers.base import Bill, LaunchSpec, LeaseStatus
+from spot_core.providers.base import (Bill, Capability, LaunchSpec, LeaseStatus, Provider,
+                                      ProviderPlugin, SessionKind, key_values)
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ class KubernetesProvider:
     """Provider protocol over a Kubernetes API server (any that speaks the API)."""
 
     name = "kubernetes"
+    capabilities = (Capability.SPOT | Capability.LEASE_TAGS | Capability.CLEANUP_ORPHANS
+                    | Capability.IMAGES | Capability.COMMAND_IN_IMAGE)
 
     def __init__(self, options: KubernetesOptions, *, api: Any = None,
                  clock: Callable[[], float] = time.time,
@@ -275,7 +278,7 @@ class KubernetesProvider:
         return {ns: pods.job_selector(_only(jobs) or None) for ns, jobs in by_namespace.items()}
 
     def _status(self, lease: Lease, pod: dict | None, nodes: Mapping[str, dict]) -> LeaseStatus:
-        """The classifier's verdict on the lease's pod (``kubernetes_classify``), with what
+        """The classifier's verdict on the lease's pod (``spot_core.policy.pod_outcomes``), with what
         only the provider knows: the lease's market, the notices seen on earlier looks,
         whether the step reported completion, the pod's and its node's events."""
         if pod is not None and classify.conditions(pod, "DisruptionTarget"):
@@ -393,7 +396,7 @@ class KubernetesProvider:
         metadata, the kubelet's SIGTERM), from the status object it wrote to the job's
         store (``watch --report``); None when it saw none or wrote nothing."""
         from spot_core.checkpoint import open_store
-        from spot_core.providers.ec2_agent import parse_report, status_key
+        from spot_core.checkpoint.status import parse_report, status_key
 
         uri = lease.details.get("checkpoint_uri")
         if not uri:
@@ -525,3 +528,68 @@ def _events_may_tell(verdict: classify.PodVerdict) -> bool:
 def _only(values: set[str]) -> str | None:
     """The one value of ``values``, or None when there are several."""
     return next(iter(values)) if len(values) == 1 else None
+
+
+# -- the plugin: what the engines know of this provider -----------------------------------------
+class KubernetesPlugin(ProviderPlugin):
+    """Pods on a cluster's spot node pools, reached with a ``kubernetes`` ApiClient."""
+
+    capabilities = KubernetesProvider.capabilities
+    session = SessionKind.KUBERNETES
+    summary = ("pods on a Kubernetes cluster's spot node pools (a store its pods reach: "
+               "s3://, or a volume every pod mounts)")
+    lease_noun = "pods"
+    step_container = pods.STEP_CONTAINER
+    store_hint = ("'s3://bucket/prefix', or a file:// path under a volumeMount of the "
+                  "pod_template's step container (a PVC every pod mounts)")
+
+    def open(self, options: Mapping[str, Any], session: Any = None) -> Provider:
+        """``session``: an ApiClient the engine resolved (an Airflow ``kubernetes_conn_id``,
+        a Prefect ``KubernetesClusterConfig``); None: the kubeconfig options."""
+        if session is None:
+            return KubernetesProvider.from_options(**options)
+        return KubernetesProvider(KubernetesOptions.from_plain(**options),
+                                  api=k8s.core_api(session))
+
+    def check_options(self, options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
+        """Every name a kubernetes option, each value of its type (no API call). Pools come
+        from the cluster's node labels, so ``instance_types`` is not needed."""
+        check_option_names(options)
+        for name, value in options.items():
+            check_option_value(name, value)
+
+    def reaches_store(self, uri: str | None, options: Mapping[str, Any]) -> bool:
+        return pods.mounted_store(uri, options.get("pod_template"))
+
+    def publish_from_lease(self, key: str, value: str, environ: Mapping[str, str]) -> bool:
+        """In one of its pods (the downward API names it): an annotation on the pod."""
+        from spot_core.interruption.kubernetes import POD_NAME_ENV
+
+        if not environ.get(POD_NAME_ENV):
+            return False
+        annotate_own_pod(key, value, environ)
+        return True
+
+    def add_cli_arguments(self, parser: Any) -> None:
+        group = parser.add_argument_group("kubernetes provider (see docs/kubernetes.md)")
+        group.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig file "
+                           "(default: $KUBECONFIG or ~/.kube/config; in a pod: its service "
+                           "account)")
+        group.add_argument("--context", default=None, help="kubernetes: kubeconfig context")
+        group.add_argument("--namespace", default=None, help="kubernetes: namespace of the "
+                           "step pods (default: default)")
+        group.add_argument("--k8s-option", action="append", default=[], metavar="KEY=JSON",
+                           help="kubernetes: any other provider option, e.g. "
+                           "image=\"reg/step:1\" or prices='{\"spot-ng\": {\"spot\": 0.07}}' "
+                           "(repeatable)")
+
+    def cli_options(self, args: Any) -> dict[str, Any]:
+        from spot_core.providers.registry import refuse_credentials
+
+        options = key_values(args.k8s_option, "--k8s-option")
+        for name in ("kubeconfig", "context", "namespace"):
+            if getattr(args, name):
+                options[name] = getattr(args, name)
+        refuse_credentials(options)
+        self.check_options(options, ())
+        return options

@@ -11,7 +11,7 @@ theirs supplies volumes, resources, node selectors, extra tolerations and affini
 SpotKubernetesPodOperator reuses it.
 
 ``pod_status(pod, node, ...)`` says why a pod ended as a ``LeaseStatus``: the verdict of
-``kubernetes_classify.classify_pod`` (the rules are there), which decides a disruption
+``spot_core.policy.pod_outcomes.classify_pod`` (the rules are there), which decides a disruption
 before the exit code and hands the controller its outcome (``LeaseStatus.outcome``).
 """
 
@@ -28,7 +28,7 @@ from spot_core.market.kubernetes import (ANY, FLAVOURS, INSTANCE_TYPE_LABELS, RE
                                          ZONE_LABEL)
 from spot_core.model import Outcome, Pool
 from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus
-from spot_core.providers.kubernetes_classify import (  # noqa: F401 - re-exported
+from spot_core.policy.pod_outcomes import (  # noqa: F401 - re-exported
     ANNOTATION_POOL, CONFIG_WAITING_REASONS, NOTICE_MARGIN_SECONDS, STEP_CONTAINER, UNKNOWN,
     Disruption, PodVerdict, as_api, classify_pod, node_of, parse_time, step_status, terminal,
     waiting_problem)
@@ -214,7 +214,7 @@ def template_image(pod_template: Mapping[str, Any] | None) -> str | None:
     return step.get("image") or None
 
 
-# -- why a pod ended (kubernetes_classify decides; this is the provider's view of it) -------
+# -- why a pod ended (policy.pod_outcomes decides; this is the provider's view of it) -------
 def unschedulable_since(pod: Mapping[str, Any]) -> tuple[float, str] | None:
     """(since, message) while the scheduler finds no node for the pod."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
@@ -244,7 +244,7 @@ def pod_status(pod: Any, node: Any = UNKNOWN, *, notice_at: float | None = None,
                margin_seconds: float = NOTICE_MARGIN_SECONDS) -> LeaseStatus:
     """What became of a lease's pod (``None``: the pod is gone, 404) on ``node`` (None:
     gone; ``UNKNOWN``: not looked at), as a ``LeaseStatus`` carrying the classifier's
-    verdict (``kubernetes_classify.classify_pod``; the pod may be the API's JSON, a
+    verdict (``spot_core.policy.pod_outcomes.classify_pod``; the pod may be the API's JSON, a
     kubernetes-client ``V1Pod`` or its ``to_dict()``). ``notice_at`` / ``notice_why``: a
     notice seen earlier (the pod's watcher reported one). A running pod's status carries
     the notice it shows, if any, in ``message``."""

@@ -8,21 +8,26 @@ from the trace's prices over the capacity time it held.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import math
 import os
 import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from spot_core import container
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
+from spot_core.bounds import MAX_TIME_SCALE, MAX_WAIT_SECONDS
+from spot_core.errors import ConfigError
 from spot_core.localcloud.cloud import (DEFAULT_TIME_SCALE, EMULATED_CLOUDS, HOST_PYTHON,
                                          INSTANCE_PREFIX, LocalCloudConfig, LocalSpotCloud)
 from spot_core.market.trace import ZoneTrace
-from spot_core.model import Lease, Pool
-from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
+from spot_core.model import MAX_PRICE_PER_HOUR, Lease, Pool
+from spot_core.providers.base import (Bill, Capability, LaunchSpec, LeaseState, LeaseStatus,
+                                      Provider, ProviderPlugin)
 from spot_core.emulators.lease_processes import lease_pids, live_leases, signal_lease
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,8 @@ class LocalProvider:
     """Provider protocol over a ``LocalSpotCloud``."""
 
     name = "local"
+    capabilities = (Capability.SPOT | Capability.ON_THIS_MACHINE | Capability.CLEANUP_ORPHANS
+                    | Capability.IMAGES | Capability.TRACE_CLOCK)
 
     def __init__(self, cloud: LocalSpotCloud, *, watch_poll_interval: float = WATCH_POLL_INTERVAL,
                  options: dict | None = None) -> None:
@@ -227,3 +234,129 @@ def _inherited_env() -> dict[str, str]:
 
 def new_job_id(prefix: str = "job") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# -- the plugin: what the engines know of this provider -----------------------------------------
+class LocalPlugin(ProviderPlugin):
+    """The local spot cloud: leases are processes on this machine replaying real traces."""
+
+    capabilities = LocalProvider.capabilities
+    summary = "the trace-driven local spot cloud on this machine (no cloud account)"
+
+    def open(self, options: Mapping[str, Any], session: Any = None) -> Provider:
+        return LocalProvider.from_options(**options)
+
+    def check_options(self, options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
+        """Option names must be ``LocalProvider.from_options`` parameters, each of its type
+        and range."""
+        known = set(inspect.signature(LocalProvider.from_options).parameters) - {"cls"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown local provider option(s) {unknown}; choose from "
+                              f"{sorted(known)}")
+        for name, value in options.items():
+            _check_option(name, value)
+
+    def option_defaults(self, options: Mapping[str, Any], *, instance_types: Sequence[str] = (),
+                        session: Any = None, scratch_dir: str | None = None,
+                        ) -> dict[str, Any]:
+        """An in-process cloud keeps its leases' files in the engine's scratch folder; a
+        server's (``url``) in the server's own."""
+        if options.get("url") or scratch_dir is None:
+            return dict(options)
+        return {"workdir": scratch_dir, **options}
+
+    def add_cli_arguments(self, parser: Any) -> None:
+        group = parser.add_argument_group("local provider (the local spot cloud)")
+        group.add_argument("--trace", action="append", type=Path, default=None, metavar="PATH",
+                           help="local provider: availability trace(s) to replay, one per "
+                           "zone (default: the shipped AWS V100 excerpt)")
+        group.add_argument("--prices", type=Path, default=None, help="local provider: "
+                           "per-tick spot price file {zone: [...]} for CSV traces")
+        group.add_argument("--on-demand-price", type=float, default=None, metavar="P",
+                           help="local provider: on-demand $/h for traces that carry none "
+                           "(default: the trace's, else 3.06 for the V100 traces)")
+        group.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
+                           help="local provider: trace seconds per wall second (default "
+                           f"{DEFAULT_TIME_SCALE:g}: one trace hour per second)")
+        group.add_argument("--start-tick", type=int, default=0, help="local provider: trace "
+                           "tick to start at (default 0)")
+
+    def cli_options(self, args: Any) -> dict[str, Any]:
+        if not (math.isfinite(args.time_scale) and 0 < args.time_scale <= MAX_TIME_SCALE):
+            raise ConfigError(f"--time-scale must be a finite number > 0 and at most "
+                              f"{MAX_TIME_SCALE:,.0f} (trace seconds per wall second), got "
+                              f"{args.time_scale}; e.g. --time-scale 3600")
+        price = args.on_demand_price
+        if price is not None and not (math.isfinite(price) and 0 < price <= MAX_PRICE_PER_HOUR):
+            raise ConfigError(f"--on-demand-price must be a finite $/h > 0 and at most "
+                              f"{MAX_PRICE_PER_HOUR:,.0f}, got {price}; e.g. "
+                              "--on-demand-price 3.06")
+        return {"traces": args.trace, "prices": args.prices, "on_demand_price": price,
+                "time_scale": args.time_scale, "start_tick": args.start_tick}
+
+    def open_for_cli(self, args: Any, options: Mapping[str, Any]) -> Provider:
+        """A cloud in this process (never a server's: ``run`` owns its leases) replaying
+        ``--trace`` (default: the shipped excerpt) from ``--start-tick``."""
+        from spot_core.market.fixtures import fixture_prices_path, fixture_trace_paths
+        from spot_core.market.trace import load_traces
+        from spot_core.market.trace_market import check_time_scale
+
+        price = options["on_demand_price"]
+        if options["traces"]:
+            traces = load_traces(options["traces"], prices=options["prices"],
+                                 on_demand_price=price)
+        else:
+            traces = load_traces(fixture_trace_paths(), prices=fixture_prices_path(),
+                                 on_demand_price=price)
+        check_time_scale(options["time_scale"], traces[0].tick_seconds, name="--time-scale")
+        ticks = min(t.n_ticks for t in traces)
+        start = options["start_tick"]
+        if not 0 <= start < ticks:
+            raise ConfigError(f"--start-tick {start} is outside the traces' {ticks} ticks; "
+                              f"give a tick from 0 to {ticks - 1}")
+        return LocalProvider.from_traces(traces, time_scale=options["time_scale"],
+                                         start_tick=start)
+
+    def pool_aliases(self, provider: Provider) -> dict[str, Pool]:
+        """Each replayed trace's name (``us-east-2a_v100_1``) for the pool of its zone."""
+        pools = provider.pools()
+        return {trace.name: next(p for p in pools if p.zone == trace.zone)
+                for trace in provider.market.traces
+                if any(p.zone == trace.zone for p in pools)}
+
+
+def _check_option(name: str, value: Any) -> None:
+    """Each local option's type and range, so a bad one fails where it is written. A
+    value still holding a template (``{{ ... }}``, Airflow's and Prefect's) is checked by
+    the opener once rendered."""
+    if value is None or (isinstance(value, str) and "{{" in value):
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name == "time_scale" and not (number and math.isfinite(value)
+                                     and 0 < value <= MAX_TIME_SCALE):
+        raise ConfigError(f"local provider option time_scale={value!r} must be a finite "
+                          f"number > 0 and at most {MAX_TIME_SCALE:,.0f} (trace seconds per "
+                          "wall second, e.g. 3600; the traces' tick may lower the bound)")
+    if name == "watch_poll_interval" and not (number and math.isfinite(value)
+                                              and 0 < value <= MAX_WAIT_SECONDS):
+        raise ConfigError(f"local provider option watch_poll_interval={value!r} must be a "
+                          "finite number of seconds > 0 and at most 86400 (how often each "
+                          "lease's watcher polls its metadata endpoint, e.g. 1)")
+    if name == "start_tick" and not (number and isinstance(value, int) and value >= 0):
+        raise ConfigError(f"local provider option start_tick={value!r} must be a whole "
+                          "number >= 0 (a row of the traces)")
+    if name == "on_demand_price" and not (number and math.isfinite(value)
+                                          and 0 < value <= MAX_PRICE_PER_HOUR):
+        raise ConfigError(f"local provider option on_demand_price={value!r} must be a finite "
+                          f"$/h > 0 and at most {MAX_PRICE_PER_HOUR:,.0f} (the traces' "
+                          "on-demand price, e.g. 3.06)")
+    if name in ("url", "prices", "workdir") and not (isinstance(value, str) and value.strip()):
+        raise ConfigError(f"local provider option {name}={value!r} must be a non-empty string")
+    if name == "url" and not value.startswith(("http://", "https://")):
+        raise ConfigError(f"local provider option url={value!r} must be the server's "
+                          "http:// URL, e.g. http://127.0.0.1:8765")
+    if name == "traces" and (isinstance(value, str) or not isinstance(value, (list, tuple))
+                             or not all(isinstance(t, str) and t.strip() for t in value)):
+        raise ConfigError(f"local provider option traces={value!r} must be a list of trace "
+                          "file paths")

@@ -106,8 +106,9 @@ def test_a_new_try_reattaches_to_the_attempt_an_earlier_try_left_running(cloud_u
     op = _operator(cloud_url, tmp_path, "import time; time.sleep(2)")
     context = {"task_state_store": store, "ti": ti}
     controller = op._controller(context)
-    record = op._load_record(context, controller)
-    left = controller.advance(op._spec(record), record)  # launched, then the worker vanished
+    spec = op._job_spec(context, None)  # a new job, as a first try makes it
+    record = controller.persist(controller.new_record(spec))
+    left = controller.advance(spec, record)  # launched, then the worker vanished
     assert left.action == "watch"
     assert JobRecord.from_dict(store.data[RECORD_KEY]).current_attempt is not None
     summary = op.execute(context)

@@ -16,6 +16,7 @@ from airflow.triggers.base import BaseTrigger
 
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger, window_decision
 from airflow_spot.triggers.spot import SpotJobTrigger
+from spot_core.settings import SpotSettings
 from spot_core.controller import JobSpec, Next
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
 
@@ -96,7 +97,7 @@ def _launch(url: str, tmp_path, script: str, **options):
     pools = tuple(p.on(Market.ON_DEMAND) for p in provider.pools()[:1])
     spec = JobSpec(job_id=f"trig-{tmp_path.name}", command=(sys.executable, "-c", script),
                    checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=pools)
-    controller = hook.controller(**{**OPTIONS, **options})
+    controller = hook.controller(SpotSettings.build(**{**OPTIONS, **options}))
     nxt = controller.advance(spec, controller.new_record(spec))
     assert nxt.action == "watch", nxt
     trigger = SpotJobTrigger(provider="local", provider_options=hook.reopen_options,

@@ -14,6 +14,7 @@ import pytest
 
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.triggers.spot import SpotJobTrigger
+from spot_core.settings import SpotSettings
 from spot_core.controller import JobSpec, Next
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
@@ -43,7 +44,7 @@ def _trigger(hook: SpotHook, tmp_path, index: int, zone: str, command,
     pools = tuple(p for p in hook.pools() if p.zone == zone)
     spec = JobSpec(job_id=f"many-{index}", command=command, pools=pools,
                    checkpoint_uri=(tmp_path / f"ckpt-{index}").as_uri())
-    controller = hook.controller(**options)
+    controller = hook.controller(SpotSettings.build(**options))
     nxt = controller.advance(spec, controller.new_record(spec))
     assert nxt.action == "watch" and nxt.lease.pool.zone == zone, nxt
     return _recreate(SpotJobTrigger(provider="local", provider_options=hook.reopen_options,

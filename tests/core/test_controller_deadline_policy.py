@@ -208,9 +208,14 @@ def test_a_market_without_traces_keeps_the_safety_net_only(tmp_path):
     provider = LocalProvider.from_traces(_traces("000" + "1" * 37, "0" * 40), time_scale=SCALE,
                                          workdir=tmp_path / "cloud")
 
-    class OffersOnly:  # a market that only answers offers, as EC2's does
+    class OffersOnly:  # a market without traces or a tick clock, as EC2's
+        time_scale, tick_seconds = 1.0, None
+
         def offers(self, pools, now):
             return provider.market.offers(pools, now)
+
+        def stats(self, pools, now):
+            return {}
 
     with provider:
         spec = JobSpec(job_id="job-ec2", command=("true",),

@@ -22,7 +22,7 @@ from kube_helpers import add_test_pool, wait_for
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client as k8s, watch  # noqa: E402
 
-from spot_core.providers import kubernetes_classify as classify  # noqa: E402
+from spot_core.policy import pod_outcomes as classify  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "k8s_pod_statuses"
 STEP = """

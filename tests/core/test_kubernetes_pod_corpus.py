@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spot_core.model import Outcome
-from spot_core.providers import kubernetes_classify as classify
+from spot_core.policy import pod_outcomes as classify
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "k8s_pod_statuses"
 LATEST_MINOR = 36

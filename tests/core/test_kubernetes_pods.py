@@ -95,7 +95,7 @@ def test_unknown_price_is_one_line_naming_the_option():
 
 # -- the pod -------------------------------------------------------------------------------
 SPEC = LaunchSpec(job_id="train:42", attempt=3, command=("python", "train.py"),
-                  checkpoint_uri="s3://bucket/ckpt", env={"EPOCHS": "2"}, heartbeat_timeout=300)
+                  checkpoint_uri="s3://bucket/ckpt", env={"EPOCHS": "2"}, heartbeat_timeout_seconds=300)
 
 
 def _terms(pod):

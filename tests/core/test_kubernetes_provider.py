@@ -284,7 +284,7 @@ def test_run_refuses_a_store_the_pods_cannot_reach(tmp_path):
                            "python", "-c", "1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "needs --checkpoint-uri s3://" in line and "volumeMount" in line
+    assert "needs --checkpoint-uri 's3://" in line and "volumeMount" in line
 
 
 class CountingApi:

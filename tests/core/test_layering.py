@@ -27,7 +27,7 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core", "spot_core.errors", "spot_core.credentials", "spot_core.stopping",
      "spot_core.bounds"),                                          # stdlib only
     (("spot_core.model", "spot_core.attempt_env"), "spot_core.safe_files",  # safe_files: users' files
-     "spot_core.durations"),                                       # "90s", "5m", ISO times
+     "spot_core.durations", "spot_core.plugins"),                  # "90s"; entry points
     ("spot_core.adaptors",),                                       # lazy cloud SDKs
     ("spot_core.checkpoint", "spot_core.market", "spot_core.interruption"),
     ("spot_core.policy", "spot_core.container", "spot_core.workloads", "spot_core.emulators",
@@ -37,6 +37,7 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core.settings",),                                       # checks provider/policy names
     ("spot_core.observer", "spot_core.batched"),                   # batched watching
     ("spot_core.controller",),                                     # run() watches through an observer
+    ("spot_core.jobs",),                                           # a job assembled once
     ("spot_core.sim", "spot_core.demo", "spot_core.report"),
     (("spot_core.cli", "spot_core.commands"),),                    # cli loads commands by name
     ("airflow_spot", "prefect_spot"),                              # never import each other
@@ -185,6 +186,23 @@ def test_no_upward_or_sideways_import():
                 how = "up" if t_floor > floor else "sideways to a sibling"
                 bad.append(f"{module} ({group}) imports {target} ({t_group}): {how}")
     assert not bad, "imports against the floors in test_layering.FLOORS:\n" + "\n".join(bad)
+
+
+# What each provider knows lives in its module: the engines and the commands reach providers
+# only through the spot_core.jobs façade (its plugin, its capabilities), never by import.
+THROUGH_THE_FACADE = ("airflow_spot", "prefect_spot", "spot_core.commands", "spot_core.cli")
+
+
+def _under(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_engines_and_commands_reach_providers_only_through_the_jobs_facade():
+    bad = [f"{module} imports {target}" for module, targets in sorted(import_graph().items())
+           if _under(module, THROUGH_THE_FACADE)
+           for target in sorted(targets) if _under(target, ("spot_core.providers",))]
+    assert not bad, ("import spot_core.jobs instead (engines and commands never import a "
+                     "provider):\n" + "\n".join(bad))
 
 
 def test_every_exception_is_still_needed():

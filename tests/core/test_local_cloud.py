@@ -129,7 +129,7 @@ def test_a_lease_whose_driver_stops_renewing_ends_itself(tmp_path):
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.heartbeat import Heartbeat
 
-    spec = LaunchSpec(job_id="job-hb", attempt=1, heartbeat_timeout=1.5,
+    spec = LaunchSpec(job_id="job-hb", attempt=1, heartbeat_timeout_seconds=1.5,
                       command=(sys.executable, "-c", "import time; time.sleep(60)"),
                       checkpoint_uri=(tmp_path / "ckpt").as_uri())
     heartbeat = Heartbeat(open_store(spec.checkpoint_uri))

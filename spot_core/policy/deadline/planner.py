@@ -78,9 +78,11 @@ def check_deadline_policy(name: str) -> str:
 
 
 def is_trace_market(market: object) -> bool:
-    """True for markets that replay traces on a tick clock (``TraceMarket``)."""
-    return all(hasattr(market, name) for name in ("traces", "tick_at", "wall_time",
-                                                  "tick_seconds", "trace"))
+    """True for markets that replay traces on a tick clock (``TraceMarket``, the local
+    cloud's, and any market built on it)."""
+    from spot_core.market.trace_market import TraceMarket
+
+    return isinstance(market, TraceMarket)
 
 
 @dataclass(frozen=True, eq=False)
@@ -263,7 +265,7 @@ def _unrolled(market, trace, first: int, end: int):
     (wrapping around, or holding the last tick, past the trace's end)."""
     ticks = np.arange(first, end)
     n = trace.n_ticks
-    index = ticks % n if getattr(market, "wrap", True) else np.minimum(ticks, n - 1)
+    index = ticks % n if market.wrap else np.minimum(ticks, n - 1)
     return dataclasses.replace(trace, available=trace.available[index],
                                spot_price=trace.spot_price[index])
 
