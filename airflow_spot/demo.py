@@ -36,7 +36,9 @@ DAG_ID = "spot_ml_pipeline"
 # An installed wheel carries dags/ as airflow_spot/example_dags (pyproject's force-include);
 # a clone has it at its top.
 _PACKAGED_DAGS = Path(__file__).resolve().parent / "example_dags"
-DAGS_FOLDER = _PACKAGED_DAGS if _PACKAGED_DAGS.is_dir() else Path(__file__).resolve().parent.parent / "dags"
+DAGS_FOLDER = (
+    _PACKAGED_DAGS if _PACKAGED_DAGS.is_dir() else Path(__file__).resolve().parent.parent / "dags"
+)
 # The local cloud replays 1 s as half a trace hour, and its replay starts when the
 # training step first connects (however long Airflow took to get there), at tick 420 of
 # the shipped excerpt: the ~60 s training run then loses us-east-2a (tick 524) and
@@ -54,17 +56,33 @@ DEMO_SPEEDUP = 3
 DEMO_TIME_SCALE = DEMO_SPEEDUP * TIME_SCALE
 DEMO_STEP_SECONDS = 0.03 / DEMO_SPEEDUP
 SERVER_START_TIMEOUT = 60.0
-RESULT_KEYS = ("engine", "attempts", "preemptions", "fallbacks", "resumed_from_steps",
-               "spot_cost", "on_demand_cost", "savings_fraction", "lost_work_seconds",
-               "final_weights_sha256", "uninterrupted_weights_sha256", "accuracy")
+RESULT_KEYS = (
+    "engine",
+    "attempts",
+    "preemptions",
+    "fallbacks",
+    "resumed_from_steps",
+    "spot_cost",
+    "on_demand_cost",
+    "savings_fraction",
+    "lost_work_seconds",
+    "final_weights_sha256",
+    "uninterrupted_weights_sha256",
+    "accuracy",
+)
 
 
 def airflow_env(airflow_home: Path, dags_folder: Path = DAGS_FOLDER) -> dict[str, str]:
     """Environment for an isolated Airflow on SQLite that loads only our DAGs."""
-    return {"AIRFLOW_HOME": str(airflow_home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")}
+    return {
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get(
+            "AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING"
+        ),
+    }
 
 
 def migrate() -> None:
@@ -78,16 +96,33 @@ def migrate() -> None:
 
 
 @contextmanager
-def cloud_server(workdir: Path, *, time_scale: float = TIME_SCALE,
-                 start_tick: int = START_TICK, start_on_first_client: bool = False
-                 ) -> Iterator[str]:
+def cloud_server(
+    workdir: Path,
+    *,
+    time_scale: float = TIME_SCALE,
+    start_tick: int = START_TICK,
+    start_on_first_client: bool = False,
+) -> Iterator[str]:
     """``python -m spot_core.localcloud.server`` as a child; yields its URL; stops it.
 
     Its token is in ``workdir`` (``client_environ(url, workdir)`` gives both)."""
     anchor = ["--start-on-first-client"] if start_on_first_client else []
-    proc = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
-                             str(workdir), "--time-scale", str(time_scale), "--start-tick",
-                             str(start_tick), *anchor], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.localcloud.server",
+            "--workdir",
+            str(workdir),
+            "--time-scale",
+            str(time_scale),
+            "--start-tick",
+            str(start_tick),
+            *anchor,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = _first_line(proc, SERVER_START_TIMEOUT)
         yield url
@@ -113,9 +148,14 @@ def _first_line(proc: subprocess.Popen, timeout: float) -> str:
     return url
 
 
-def run_pipeline(workdir: Path, steps: int, *, url: str | None = None,
-                 cloud_workdir: Path | None = None,
-                 step_seconds: float | None = None) -> dict[str, Any]:
+def run_pipeline(
+    workdir: Path,
+    steps: int,
+    *,
+    url: str | None = None,
+    cloud_workdir: Path | None = None,
+    step_seconds: float | None = None,
+) -> dict[str, Any]:
     """Run the example DAG once under ``dag.test()``; return its report.json.
 
     The local cloud server at ``url`` (running in ``cloud_workdir``) is named to the tasks
@@ -139,11 +179,14 @@ def run_pipeline(workdir: Path, steps: int, *, url: str | None = None,
     return json.loads(reports[-1].read_text())
 
 
-def run_demo(*, workdir: Path | None = None, steps: int = 2000,
-             provider: str = LOCAL_CLOUD) -> dict[str, Any]:
+def run_demo(
+    *, workdir: Path | None = None, steps: int = 2000, provider: str = LOCAL_CLOUD
+) -> dict[str, Any]:
     if steps < 200:
-        raise ValueError(f"steps must be at least 200 (got {steps}) so training lives long "
-                         "enough to be preempted")
+        raise ValueError(
+            f"steps must be at least 200 (got {steps}) so training lives long "
+            "enough to be preempted"
+        )
     run = _run_kubernetes if provider == EMULATED_KUBERNETES else _run
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="spot-airflow-demo-") as tmp:
@@ -156,16 +199,20 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
     env = airflow_env(workdir / "airflow_home")
     os.environ.update(env)
     os.environ["SPOT_PIPELINE_PROVIDER"] = LOCAL_CLOUD
-    print(f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, SpotJobOperator on "
-          f"the local spot cloud replaying a real AWS V100 trace, 1 s = "
-          f"{DEMO_TIME_SCALE / 3600:g} h) -> evaluate -> batch inference x3 shards -> report",
-          flush=True)
+    print(
+        f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, SpotJobOperator on "
+        f"the local spot cloud replaying a real AWS V100 trace, 1 s = "
+        f"{DEMO_TIME_SCALE / 3600:g} h) -> evaluate -> batch inference x3 shards -> report",
+        flush=True,
+    )
     started = time.monotonic()
     migrate()
-    with cloud_server(workdir / "cloud", time_scale=DEMO_TIME_SCALE,
-                      start_on_first_client=True) as url:
-        report = run_pipeline(workdir, steps, url=url, cloud_workdir=workdir / "cloud",
-                              step_seconds=DEMO_STEP_SECONDS)
+    with cloud_server(
+        workdir / "cloud", time_scale=DEMO_TIME_SCALE, start_on_first_client=True
+    ) as url:
+        report = run_pipeline(
+            workdir, steps, url=url, cloud_workdir=workdir / "cloud", step_seconds=DEMO_STEP_SECONDS
+        )
     _print(report, time.monotonic() - started, time_scale=DEMO_TIME_SCALE)
     result = report["result"]
     return {key: result[key] for key in RESULT_KEYS}
@@ -181,14 +228,19 @@ def _run_kubernetes(workdir: Path, steps: int) -> dict[str, Any]:
     env = airflow_env(workdir / "airflow_home")
     os.environ.update(env)
     cfg = KubernetesDemoConfig(steps=steps)
-    print(f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, "
-          "SpotKubernetesPodOperator on Kubernetes spot node pools: Karpenter, EKS managed, "
-          "EKS on-demand; emulated cluster) -> evaluate -> batch inference x3 shards -> "
-          "report", flush=True)
+    print(
+        f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, "
+        "SpotKubernetesPodOperator on Kubernetes spot node pools: Karpenter, EKS managed, "
+        "EKS on-demand; emulated cluster) -> evaluate -> batch inference x3 shards -> "
+        "report",
+        flush=True,
+    )
     started = time.monotonic()
     migrate()
-    with KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster, \
-            cluster_watcher(cluster) as watcher:
+    with (
+        KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster,
+        cluster_watcher(cluster) as watcher,
+    ):
         os.environ.update(kubernetes_env(cluster.kubeconfig_path))
         with _RunReclaimer(cluster, watcher, workdir, cfg):
             report = run_pipeline(workdir, steps)
@@ -201,9 +253,11 @@ def kubernetes_env(kubeconfig: Path) -> dict[str, str]:
     """The DAG's Kubernetes set-up: the ``spot_kubernetes`` connection (a kubeconfig
     path, never its contents) and the kubeconfig the inference shards' provider reads."""
     connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
-    return {"SPOT_PIPELINE_PROVIDER": EMULATED_KUBERNETES,
-            "SPOT_PIPELINE_KUBECONFIG": str(kubeconfig),
-            "AIRFLOW_CONN_SPOT_KUBERNETES": json.dumps(connection)}
+    return {
+        "SPOT_PIPELINE_PROVIDER": EMULATED_KUBERNETES,
+        "SPOT_PIPELINE_KUBECONFIG": str(kubeconfig),
+        "AIRFLOW_CONN_SPOT_KUBERNETES": json.dumps(connection),
+    }
 
 
 class _RunReclaimer(Reclaimer):
@@ -229,9 +283,11 @@ def _print(report: dict[str, Any], seconds: float, time_scale: float = TIME_SCAL
     print_record(JobRecord.from_dict(report["train_record"]), time_scale)
     result = report["result"]
     same = result["final_weights_sha256"] == result["uninterrupted_weights_sha256"]
-    print(f"final weights  {result['final_weights_sha256']}\n"
-          f"uninterrupted  {result['uninterrupted_weights_sha256']}  "
-          f"{'(equal)' if same else '(DIFFERENT)'}\naccuracy {result['accuracy']:.3f}; "
-          f"batch inference: {result['inference_shards']} shards, "
-          f"{result['inference_preemptions']} preemptions; the DAG ran in {seconds:.0f} s",
-          flush=True)
+    print(
+        f"final weights  {result['final_weights_sha256']}\n"
+        f"uninterrupted  {result['uninterrupted_weights_sha256']}  "
+        f"{'(equal)' if same else '(DIFFERENT)'}\naccuracy {result['accuracy']:.3f}; "
+        f"batch inference: {result['inference_shards']} shards, "
+        f"{result['inference_preemptions']} preemptions; the DAG ran in {seconds:.0f} s",
+        flush=True,
+    )

@@ -57,6 +57,7 @@ def relinquish(cause: BaseException) -> None:
     try:
         from prefect._internal import control_listener
         from prefect.exceptions import TerminationSignal
+
         set_intent = control_listener._set_intent
     except (ImportError, AttributeError):
         raise cause from None

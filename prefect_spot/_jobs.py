@@ -27,8 +27,7 @@ def open_configured_provider(config: SpotConfiguration, *, workdir: str | None =
     API client), resolved here, in the process that opens it; without one, the SDK's
     default chain. ``workdir``: a scratch folder for a provider that keeps files of its
     own on this machine (the local cloud in this process)."""
-    return jobs.open_provider(config.settings(), session=session_for(config),
-                              scratch_dir=workdir)
+    return jobs.open_provider(config.settings(), session=session_for(config), scratch_dir=workdir)
 
 
 def session_for(config: SpotConfiguration) -> Any:
@@ -41,8 +40,9 @@ def session_for(config: SpotConfiguration) -> Any:
     return None
 
 
-def check_store_for(provider: str, store_uri: str | None, what: str,
-                    options: dict[str, Any] | None = None) -> None:
+def check_store_for(
+    provider: str, store_uri: str | None, what: str, options: dict[str, Any] | None = None
+) -> None:
     """A store the provider's leases can reach (its plugin says which); ConfigError naming
     ``what`` (the surface's field) and the fix."""
     problem = jobs.plugin(provider).store_problem(store_uri, options or {}, what=what)
@@ -56,17 +56,26 @@ def lease_env(provider: str, env: dict[str, str], logger: Any = None) -> dict[st
     profile or image, and the EC2 provider writes the environment into user-data)."""
     kept, dropped = jobs.plugin(provider).lease_environment(env)
     if dropped and logger is not None:
-        logger.warning("not passing %s to the %s lease: credentials never go into its "
-                       "environment; provide them on the instance (image, instance profile "
-                       "or a secrets manager)", ", ".join(dropped), provider)
+        logger.warning(
+            "not passing %s to the %s lease: credentials never go into its "
+            "environment; provide them on the instance (image, instance profile "
+            "or a secrets manager)",
+            ", ".join(dropped),
+            provider,
+        )
     return kept
 
 
-def controller_for(config: SpotConfiguration, provider: Any, *, max_user_retries: int = 0,
-                   persist: Callable[[JobRecord], None] | None = None,
-                   related: Sequence[dict[str, str]] = (),
-                   progress: Listener | None = None,
-                   stores: Callable[[str], Any] | None = None) -> Controller:
+def controller_for(
+    config: SpotConfiguration,
+    provider: Any,
+    *,
+    max_user_retries: int = 0,
+    persist: Callable[[JobRecord], None] | None = None,
+    related: Sequence[dict[str, str]] = (),
+    progress: Listener | None = None,
+    stores: Callable[[str], Any] | None = None,
+) -> Controller:
     """``spot_core.jobs.controller`` under ``config``'s settings, each transition becoming
     a ``spot.job.*`` event, a pool alert check and an update of ``progress`` (the job's
     progress artifact). ``stores`` opens the job's store (a CheckpointStorage block's;
@@ -80,8 +89,14 @@ def controller_for(config: SpotConfiguration, provider: Any, *, max_user_retries
         if progress is not None:
             progress(kind, record, detail)
 
-    return jobs.controller(settings, provider, max_user_retries=max_user_retries,
-                           persist=persist, listener=listener, stores=stores)
+    return jobs.controller(
+        settings,
+        provider,
+        max_user_retries=max_user_retries,
+        persist=persist,
+        listener=listener,
+        stores=stores,
+    )
 
 
 def job_spec(config: SpotConfiguration, provider: Any, **context: Any) -> JobSpec:

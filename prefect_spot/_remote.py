@@ -90,9 +90,11 @@ def key_from_environ(environ=None) -> bytes:
     except ValueError:
         key = b""
     if len(key) != KEY_BYTES:
-        raise ConfigError(f"{CALL_KEY_ENV} is missing or not {KEY_BYTES} bytes of hex: this "
-                          "lease cannot verify its call; run it through SpotTaskRunner, "
-                          "which sets it")
+        raise ConfigError(
+            f"{CALL_KEY_ENV} is missing or not {KEY_BYTES} bytes of hex: this "
+            "lease cannot verify its call; run it through SpotTaskRunner, "
+            "which sets it"
+        )
     return key
 
 
@@ -110,9 +112,11 @@ def lease_seals(environ=None, publish=None) -> tuple[Any, Any]:
         return key, key
     text = environ.pop(CALL_PUBKEY_ENV, None)
     if text is None:
-        raise ConfigError(f"{CALL_KEY_ENV} is missing and so is {CALL_PUBKEY_ENV}: this lease "
-                          "cannot verify its call; run it through SpotTaskRunner, which "
-                          "sets one")
+        raise ConfigError(
+            f"{CALL_KEY_ENV} is missing and so is {CALL_PUBKEY_ENV}: this lease "
+            "cannot verify its call; run it through SpotTaskRunner, which "
+            "sets one"
+        )
     verifier = Ed25519Seal.from_public_hex(text, CALL_PUBKEY_ENV)
     signer = Ed25519Seal.generate()
     (publish or _publish_on_own_instance)(signer.public_hex())
@@ -142,22 +146,26 @@ def unseal(key: bytes, name: str, blob: bytes, where: str) -> bytes:
     head = len(SIGNED_MAGIC) + TAG_BYTES
     if not blob.startswith(SIGNED_MAGIC) or len(blob) < head:
         raise _refused_unsigned(where, name)
-    tag, data = blob[len(SIGNED_MAGIC):head], blob[head:]
+    tag, data = blob[len(SIGNED_MAGIC) : head], blob[head:]
     if not hmac.compare_digest(tag, _tag(key, name, data)):
         raise _refused_bad(where, name, "this job's key")
     return data
 
 
 def _refused_unsigned(where: str, name: str) -> UntrustedObject:
-    return UntrustedObject(f"{where}/{name} is not signed by this job: refused unread "
-                           "(someone else wrote it to the store); check who can write "
-                           "there (docs/aws.md, instance policy)")
+    return UntrustedObject(
+        f"{where}/{name} is not signed by this job: refused unread "
+        "(someone else wrote it to the store); check who can write "
+        "there (docs/aws.md, instance policy)"
+    )
 
 
 def _refused_bad(where: str, name: str, whose: str) -> UntrustedObject:
-    return UntrustedObject(f"{where}/{name} does not verify with {whose}: refused "
-                           "unread (tampered with, or written by another job or run); "
-                           "check who can write there (docs/aws.md, instance policy)")
+    return UntrustedObject(
+        f"{where}/{name} does not verify with {whose}: refused "
+        "unread (tampered with, or written by another job or run); "
+        "check who can write there (docs/aws.md, instance policy)"
+    )
 
 
 class HmacSeal:
@@ -165,8 +173,10 @@ class HmacSeal:
 
     def __init__(self, key: bytes) -> None:
         if not isinstance(key, bytes) or len(key) != KEY_BYTES:
-            raise ConfigError(f"a call exchange needs the job's {KEY_BYTES}-byte key "
-                              "(prefect_spot._remote.new_call_key())")
+            raise ConfigError(
+                f"a call exchange needs the job's {KEY_BYTES}-byte key "
+                "(prefect_spot._remote.new_call_key())"
+            )
         self._key = key
 
     def sign(self, name: str, data: bytes) -> bytes:
@@ -189,8 +199,11 @@ class Ed25519Seal:
 
     def __init__(self, private_key: Any = None, public_key: Any = None) -> None:
         self._private = private_key
-        self._public = public_key if public_key is not None else (
-            private_key.public_key() if private_key is not None else None)
+        self._public = (
+            public_key
+            if public_key is not None
+            else (private_key.public_key() if private_key is not None else None)
+        )
 
     @classmethod
     def generate(cls) -> Ed25519Seal:
@@ -207,19 +220,24 @@ class Ed25519Seal:
             raw = bytes.fromhex(text or "")
             return cls(public_key=Ed25519PublicKey.from_public_bytes(raw))
         except ValueError:
-            raise ConfigError(f"{what} is missing or not a 32-byte Ed25519 public key in hex: "
-                              "nothing signed with it can be verified") from None
+            raise ConfigError(
+                f"{what} is missing or not a 32-byte Ed25519 public key in hex: "
+                "nothing signed with it can be verified"
+            ) from None
 
     def public_hex(self) -> str:
         from cryptography.hazmat.primitives import serialization
 
-        return self._public.public_bytes(serialization.Encoding.Raw,
-                                         serialization.PublicFormat.Raw).hex()
+        return self._public.public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        ).hex()
 
     def sign(self, name: str, data: bytes) -> bytes:
         if self._private is None:
-            raise ConfigError("this side holds only the other side's public key: it "
-                              "cannot sign (a bug in the call exchange's wiring)")
+            raise ConfigError(
+                "this side holds only the other side's public key: it "
+                "cannot sign (a bug in the call exchange's wiring)"
+            )
         return ED25519_MAGIC + self._private.sign(_message(name, data)) + data
 
     def verify(self, name: str, blob: bytes, where: str) -> bytes:
@@ -228,7 +246,7 @@ class Ed25519Seal:
         head = len(ED25519_MAGIC) + SIGNATURE_BYTES
         if not blob.startswith(ED25519_MAGIC) or len(blob) < head:
             raise _refused_unsigned(where, name)
-        signature, data = blob[len(ED25519_MAGIC):head], blob[head:]
+        signature, data = blob[len(ED25519_MAGIC) : head], blob[head:]
         try:
             self._public.verify(signature, _message(name, data))
         except InvalidSignature:
@@ -272,8 +290,7 @@ class CallExchange:
         self._verifier = self._signer if verify_with is None else _as_seal(verify_with)
 
     @classmethod
-    def open(cls, uri: str, key: Any, *, verify_with: Any = None,
-             **options: Any) -> CallExchange:
+    def open(cls, uri: str, key: Any, *, verify_with: Any = None, **options: Any) -> CallExchange:
         """The exchange at ``uri`` under the job's ``key``; ``options`` go to the S3
         backend (endpoint, region...)."""
         from spot_core.checkpoint import open_store

@@ -27,11 +27,12 @@ def description(name: str) -> str:
     """The knob's help, with the unit a form user types in."""
     knob = KNOBS_BY_NAME[name]
     if knob.kind == "duration" and knob.absolute:
-        return (f"{knob.help} Seconds of capacity time (in Python also a timedelta or a "
-                "string such as '5m', '2h'), or an ISO time such as '2026-12-01T08:00Z'.")
+        return (
+            f"{knob.help} Seconds of capacity time (in Python also a timedelta or a "
+            "string such as '5m', '2h'), or an ISO time such as '2026-12-01T08:00Z'."
+        )
     if knob.kind == "duration":
-        return (f"{knob.help} Seconds (in Python also a timedelta or a string such as '5m', "
-                "'2h').")
+        return f"{knob.help} Seconds (in Python also a timedelta or a string such as '5m', '2h')."
     if knob.unit:
         return f"{knob.help} In {knob.unit}."
     return knob.help
@@ -41,7 +42,9 @@ def spot_field(name: str) -> Any:
     """A pydantic ``Field`` with the knob's default and description."""
     knob = KNOBS_BY_NAME[name]
     bounds: dict[str, float] = {}
-    if knob.minimum is not None and not knob.absolute:  # also the form's minimum (the model checks first)
+    if (
+        knob.minimum is not None and not knob.absolute
+    ):  # also the form's minimum (the model checks first)
         bounds["gt" if knob.strict else "ge"] = knob.minimum
     if knob.maximum is not None and not knob.absolute:  # the form's maximum
         bounds["le"] = knob.maximum
@@ -61,8 +64,7 @@ def normalise(data: Any, names: set[str], where: str) -> Any:
             data[name] = KNOBS_BY_NAME[name].parse(data[name])
     except ConfigError as exc:
         message = str(exc)
-        raise ValueError(message if message.startswith(where) else f"{where}: {message}") \
-            from None
+        raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
     for name, value in data.items():  # tuples from the model; the fields are lists
         if isinstance(value, tuple):
             data[name] = list(value)

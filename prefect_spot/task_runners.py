@@ -44,14 +44,28 @@ from spot_core import jobs
 from spot_core.settings import TASK_RUNNER, SpotSettings, default, knobs_for, pop_aliases
 
 from prefect_spot import _jobs, artifacts
-from prefect_spot._remote import (CALL_KEY_ENV, CALL_PUBKEY_ENV, PUBKEY_TAG, CallExchange,
-                                  Ed25519Seal, UntrustedObject, call_uri, new_call_key,
-                                  wants_checkpointer)
-from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration,
-                                 check_config_argument, resolve_config, resolve_storage,
-                                 storage_from_uri)
+from prefect_spot._remote import (
+    CALL_KEY_ENV,
+    CALL_PUBKEY_ENV,
+    PUBKEY_TAG,
+    CallExchange,
+    Ed25519Seal,
+    UntrustedObject,
+    call_uri,
+    new_call_key,
+    wants_checkpointer,
+)
+from prefect_spot.blocks import (
+    CheckpointStorage,
+    SpotConfiguration,
+    check_config_argument,
+    resolve_config,
+    resolve_storage,
+    storage_from_uri,
+)
 
 logger = logging.getLogger(__name__)
+
 
 class SpotJobFailed(SpotError):
     """The job ended without success for a reason other than the function's own error."""
@@ -85,21 +99,28 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         max_workers: how many tasks run (and hold leases) at once.
     """
 
-    def __init__(self, config: SpotConfiguration | str | None = None, *,
-                 checkpoint_storage: CheckpointStorage | str | None = None,
-                 spot_tag: str | None = None,
-                 checkpoint_every: float | str | None = default("checkpoint_every"),
-                 checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
-                 workdir: str | Path | None = None, max_workers: int | None = None,
-                 **deprecated: Any) -> None:
+    def __init__(
+        self,
+        config: SpotConfiguration | str | None = None,
+        *,
+        checkpoint_storage: CheckpointStorage | str | None = None,
+        spot_tag: str | None = None,
+        checkpoint_every: float | str | None = default("checkpoint_every"),
+        checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+        workdir: str | Path | None = None,
+        max_workers: int | None = None,
+        **deprecated: Any,
+    ) -> None:
         given = locals()  # first: the knobs as written (the settings model checks them)
         super().__init__()
         renamed = pop_aliases(deprecated, where="SpotTaskRunner")
         if deprecated:
             raise TypeError(f"SpotTaskRunner got unexpected argument(s) {sorted(deprecated)}")
         check_runner_arguments(config, checkpoint_storage, spot_tag, max_workers)
-        schedule = SpotSettings.build(where="SpotTaskRunner", **{
-            **{k.name: given[k.name] for k in knobs_for(TASK_RUNNER)}, **renamed})
+        schedule = SpotSettings.build(
+            where="SpotTaskRunner",
+            **{**{k.name: given[k.name] for k in knobs_for(TASK_RUNNER)}, **renamed},
+        )
         self.config = config
         self.checkpoint_storage = checkpoint_storage
         self.spot_tag = spot_tag
@@ -114,19 +135,29 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         self._own_workdir: tempfile.TemporaryDirectory | None = None
 
     def duplicate(self) -> SpotTaskRunner:
-        return type(self)(self.config, checkpoint_storage=self.checkpoint_storage,
-                          spot_tag=self.spot_tag,
-                          checkpoint_every=self.checkpoint_every,
-                          checkpoint_every_steps=self.checkpoint_every_steps,
-                          workdir=self.workdir, max_workers=self.max_workers)
+        return type(self)(
+            self.config,
+            checkpoint_storage=self.checkpoint_storage,
+            spot_tag=self.spot_tag,
+            checkpoint_every=self.checkpoint_every,
+            checkpoint_every_steps=self.checkpoint_every_steps,
+            workdir=self.workdir,
+            max_workers=self.max_workers,
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SpotTaskRunner) and self._settings() == other._settings()
 
     def _settings(self) -> tuple:
-        return (self.config, self.checkpoint_storage, self.spot_tag,
-                self.checkpoint_every, self.checkpoint_every_steps, self.workdir,
-                self.max_workers)
+        return (
+            self.config,
+            self.checkpoint_storage,
+            self.spot_tag,
+            self.checkpoint_every,
+            self.checkpoint_every_steps,
+            self.workdir,
+            self.max_workers,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         # Runners are cloudpickled when a flow run goes to a subprocess: ship the
@@ -168,8 +199,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
     def _resolve(self) -> tuple[SpotConfiguration, CheckpointStorage | None]:
         if self._resolved is None:
-            self._resolved = (resolve_config(self.config),
-                              resolve_storage(self.checkpoint_storage))
+            self._resolved = (resolve_config(self.config), resolve_storage(self.checkpoint_storage))
         return self._resolved
 
     def provider(self):
@@ -178,22 +208,30 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             if self._provider is None:
                 config, _ = self._resolve()
                 self._provider = _jobs.open_configured_provider(
-                    config, workdir=str(self._root / "cloud"))
+                    config, workdir=str(self._root / "cloud")
+                )
             return self._provider
 
     # -- submission ---------------------------------------------------------------------------
-    def submit(self, task, parameters: dict[str, Any],
-               wait_for: Iterable[PrefectFuture[Any]] | None = None,
-               dependencies: dict[str, set[Any]] | None = None) -> PrefectConcurrentFuture[Any]:
+    def submit(
+        self,
+        task,
+        parameters: dict[str, Any],
+        wait_for: Iterable[PrefectFuture[Any]] | None = None,
+        dependencies: dict[str, set[Any]] | None = None,
+    ) -> PrefectConcurrentFuture[Any]:
         if not self._started:
             raise RuntimeError("The task runner must be started before submitting work.")
         if self.spot_tag is None or self.spot_tag in task.tags:
             task = self._on_spot(task)
         return self._threads.submit(task, parameters, wait_for, dependencies)
 
-    def map(self, task, parameters: dict[str, Any],
-            wait_for: Iterable[PrefectFuture[Any]] | None = None,
-            ) -> PrefectFutureList[PrefectConcurrentFuture[Any]]:
+    def map(
+        self,
+        task,
+        parameters: dict[str, Any],
+        wait_for: Iterable[PrefectFuture[Any]] | None = None,
+    ) -> PrefectFutureList[PrefectConcurrentFuture[Any]]:
         return super().map(task, parameters, wait_for)
 
     def _on_spot(self, task):
@@ -220,8 +258,12 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         config, storage = self._resolve()
         plugin = jobs.plugin(config.provider)
         check_key_channel(config.provider)
-        _jobs.check_store_for(config.provider, None if storage is None else storage.uri,
-                              "checkpoint_storage", config.provider_options)
+        _jobs.check_store_for(
+            config.provider,
+            None if storage is None else storage.uri,
+            "checkpoint_storage",
+            config.provider_options,
+        )
         job_id = jobs.job_id(f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}")
         checkpoint_uri, store_options = self._store(job_id, config, storage)
         # The call goes through the job's object store, not a local folder, so a lease on
@@ -233,21 +275,34 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         record = self._record_for_try(task_run.id)
         provider = self.provider()
         spec = _jobs.job_spec(
-            config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
-            command=(plugin.lease_python(config.provider_options),
-                     "-m", "prefect_spot._remote", exchange.uri),
+            config,
+            provider,
+            job_id=job_id,
+            checkpoint_uri=checkpoint_uri,
+            command=(
+                plugin.lease_python(config.provider_options),
+                "-m",
+                "prefect_spot._remote",
+                exchange.uri,
+            ),
             env={**self._lease_env(plugin), **key_env},
-            created_at=None if record is None else record.created_at)
+            created_at=None if record is None else record.created_at,
+        )
         controller = self._controller(task_run, config, provider, record, storage, store_options)
         record = self._drive(controller, spec, record, provider)
-        artifacts.publish(record, flow_run_id=task_run.flow_run_id, task_run_id=task_run.id,
-                          what=f"task run {task_run.name} on spot")
+        artifacts.publish(
+            record,
+            flow_run_id=task_run.flow_run_id,
+            task_run_id=task_run.id,
+            what=f"task run {task_run.name} on spot",
+        )
         if _remote_lease(plugin):
             exchange = _verifying_with_lease_key(provider, record, exchange)
         return _result(record, exchange)
 
-    def _store(self, job_id: str, config: SpotConfiguration,
-               storage: CheckpointStorage | None) -> tuple[str, dict[str, Any]]:
+    def _store(
+        self, job_id: str, config: SpotConfiguration, storage: CheckpointStorage | None
+    ) -> tuple[str, dict[str, Any]]:
         """The job's store URI and the options (credentials included) that open it: under
         the CheckpointStorage, else a folder in ``workdir``."""
         if storage is None:
@@ -258,20 +313,32 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         return storage.job_uri(job_id), options
 
     @staticmethod
-    def _controller(task_run: Any, config: SpotConfiguration, provider: Any,
-                    record: JobRecord | None, storage: CheckpointStorage | None,
-                    store_options: dict[str, Any]) -> Any:
+    def _controller(
+        task_run: Any,
+        config: SpotConfiguration,
+        provider: Any,
+        record: JobRecord | None,
+        storage: CheckpointStorage | None,
+        store_options: dict[str, Any],
+    ) -> Any:
         """The job's controller: the record kept in a keyed artifact, a user failure
         counted against Prefect's retries, the task run's events and progress."""
         key = artifacts.record_key(task_run.id)
         ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
         return _jobs.controller_for(
-            config, provider, max_user_retries=0 if record is None else record.user_failures,
+            config,
+            provider,
+            max_user_retries=0 if record is None else record.user_failures,
             persist=lambda r: artifacts.save_record(key, r, **ids),
-            related=[{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
-                      "prefect.resource.role": "task-run"}],
+            related=[
+                {
+                    "prefect.resource.id": f"prefect.task-run.{task_run.id}",
+                    "prefect.resource.role": "task-run",
+                }
+            ],
             progress=artifacts.JobProgress(**ids),
-            stores=None if storage is None else functools.partial(open_store, **store_options))
+            stores=None if storage is None else functools.partial(open_store, **store_options),
+        )
 
     @staticmethod
     def _drive(controller: Any, spec: Any, record: JobRecord | None, provider: Any) -> JobRecord:
@@ -284,8 +351,9 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             # A lease an earlier process launched answers to that process's key, which died
             # with it: its result could never verify. Stop it; the next attempt resumes
             # from the checkpoints under this call's key.
-            record = controller.stop(spec, record,
-                                     "stopped: launched by a runner process that is gone")
+            record = controller.stop(
+                spec, record, "stopped: launched by a runner process that is gone"
+            )
         return controller.run(spec, record, observer=observer_of(provider))
 
     @staticmethod
@@ -317,12 +385,17 @@ def check_runner_arguments(config: Any, storage: Any, spot_tag: Any, max_workers
     check_config_argument(config, "SpotTaskRunner")
     storage_from_uri(storage, "SpotTaskRunner")
     if spot_tag is not None and (not isinstance(spot_tag, str) or not spot_tag.strip()):
-        raise ConfigError(f"SpotTaskRunner spot_tag={spot_tag!r} must be a tag name (tasks "
-                          "with it run on spot) or None (every task runs on spot)")
-    if max_workers is not None and (isinstance(max_workers, bool)
-                                    or not isinstance(max_workers, int) or max_workers < 1):
-        raise ConfigError(f"SpotTaskRunner max_workers={max_workers!r} must be a whole number "
-                          ">= 1 (tasks holding leases at once) or None for the default")
+        raise ConfigError(
+            f"SpotTaskRunner spot_tag={spot_tag!r} must be a tag name (tasks "
+            "with it run on spot) or None (every task runs on spot)"
+        )
+    if max_workers is not None and (
+        isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
+    ):
+        raise ConfigError(
+            f"SpotTaskRunner max_workers={max_workers!r} must be a whole number "
+            ">= 1 (tasks holding leases at once) or None for the default"
+        )
 
 
 def _remote_lease(plugin: Any) -> bool:
@@ -343,7 +416,8 @@ def check_key_channel(provider: str) -> None:
             f"SpotTaskRunner cannot run tasks on provider {provider!r}: its leases are "
             "remote and publish no value of their own (capability lease_tags), so nothing "
             "can authenticate the pickled call and its result; use a provider that has one "
-            "(`spot-pipelines providers`), or run the flow on the spot worker with spot_task")
+            "(`spot-pipelines providers`), or run the flow on the spot worker with spot_task"
+        )
 
 
 def _call_keys(plugin: Any) -> tuple[Any, dict[str, str]]:
@@ -372,7 +446,8 @@ def _verifying_with_lease_key(provider, record: JobRecord, exchange: CallExchang
             f"attempt {last.number}'s instance {last.lease_id} published no {PUBKEY_TAG} "
             f"tag: its result or error under {exchange.uri} is refused unread; let the "
             "instance role tag its own instance (docs/aws-iam-policy.json, InstancePolicy) "
-            "or the step pod annotate its own pod (deploy/kubernetes/rbac.yaml)")
+            "or the step pod annotate its own pod (deploy/kubernetes/rbac.yaml)"
+        )
     try:
         verifier = Ed25519Seal.from_public_hex(public, f"tag {PUBKEY_TAG} of {last.lease_id}")
     except ConfigError as exc:
@@ -391,8 +466,9 @@ def _pickle_call(fn, args: tuple, kwargs: dict, checkpointer: dict[str, Any]) ->
             bound = inspect.signature(fn).bind_partial(*args, **kwargs)
             bound.arguments.pop("checkpointer", None)
             args, kwargs = bound.args, bound.kwargs
-        return cloudpickle.dumps({"fn": fn, "args": args, "kwargs": kwargs,
-                                  "checkpointer": checkpointer})
+        return cloudpickle.dumps(
+            {"fn": fn, "args": args, "kwargs": kwargs, "checkpointer": checkpointer}
+        )
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(module)
@@ -425,8 +501,10 @@ def _outcome(record: JobRecord, exchange: CallExchange) -> Any:
         try:
             return exchange.result(last.number)
         except FileNotFoundError:
-            raise SpotJobFailed(f"spot job {record.job_id} succeeded but attempt {last.number} "
-                                f"wrote no result to {exchange.uri}") from None
+            raise SpotJobFailed(
+                f"spot job {record.job_id} succeeded but attempt {last.number} "
+                f"wrote no result to {exchange.uri}"
+            ) from None
     report = None
     if last is not None and last.outcome is Outcome.USER_FAILED:
         report = exchange.error(last.number)
@@ -434,6 +512,8 @@ def _outcome(record: JobRecord, exchange: CallExchange) -> Any:
         if report["error"] is not None:
             raise report["error"]
         raise SpotJobFailed(f"the task failed on spot capacity:\n{report['traceback']}")
-    raise SpotJobFailed(f"spot job {record.job_id} ended {record.status} after "
-                        f"{len(record.attempts)} attempt(s): "
-                        f"{last.message if last is not None else 'no attempt ran'}")
+    raise SpotJobFailed(
+        f"spot job {record.job_id} ended {record.status} after "
+        f"{len(record.attempts)} attempt(s): "
+        f"{last.message if last is not None else 'no attempt ran'}"
+    )

@@ -52,8 +52,14 @@ from spot_core.settings import SPOT_TASK, SpotSettings, default, knobs_for, pop_
 
 from prefect_spot._jobs import slug
 from prefect_spot._remote import CHECKPOINTER_PARAMETER
-from prefect_spot.artifacts import (RECORD_TYPE, JobProgress, load_record, publish,
-                                    record_key, save_record)
+from prefect_spot.artifacts import (
+    RECORD_TYPE,
+    JobProgress,
+    load_record,
+    publish,
+    record_key,
+    save_record,
+)
 from prefect_spot.blocks import CheckpointStorage, resolve_storage, storage_from_uri
 from prefect_spot.events import emit_job_event
 
@@ -61,15 +67,22 @@ from prefect_spot.events import emit_job_event
 def record_of(task_run_id: uuid.UUID) -> JobRecord | None:
     """The JobRecord a spot task run keeps in Prefect (None before its first call)."""
     from prefect import get_client
-    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterTaskRunId,
-                                                ArtifactFilterType)
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterTaskRunId,
+        ArtifactFilterType,
+    )
     from prefect.client.schemas.sorting import ArtifactSort
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(
-            task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]),
-            type=ArtifactFilterType(any_=[RECORD_TYPE])), sort=ArtifactSort.CREATED_DESC,
-            limit=1)
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]),
+                type=ArtifactFilterType(any_=[RECORD_TYPE]),
+            ),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )
     return None if not found else load_record(found[0].key)
 
 
@@ -79,13 +92,17 @@ def preemptions_of(task_run_id: uuid.UUID) -> int:
     return 0 if record is None else record.preemptions
 
 
-def spot_task(__fn: Callable | None = None, *, retries: int = 0,
-              max_preemptions: int = default("max_preemptions"),
-              checkpoint_storage: CheckpointStorage | str | None = None,
-              checkpoint_every: float | str | None = default("checkpoint_every"),
-              checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
-              notice_poll_interval: float | str = default("notice_poll_interval"),
-              **task_kwargs: Any):
+def spot_task(
+    __fn: Callable | None = None,
+    *,
+    retries: int = 0,
+    max_preemptions: int = default("max_preemptions"),
+    checkpoint_storage: CheckpointStorage | str | None = None,
+    checkpoint_every: float | str | None = default("checkpoint_every"),
+    checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+    notice_poll_interval: float | str = default("notice_poll_interval"),
+    **task_kwargs: Any,
+):
     """Decorate a function as a spot task (see the module docstring).
 
     ``max_preemptions``, ``checkpoint_every`` (seconds, a timedelta or ``"5m"``),
@@ -97,33 +114,43 @@ def spot_task(__fn: Callable | None = None, *, retries: int = 0,
     renamed = pop_aliases(task_kwargs, where="spot_task")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"spot_task retries must be a whole number >= 0, got {retries!r}")
-    settings = SpotSettings.build(where="spot_task", **{
-        **{k.name: given[k.name] for k in knobs_for(SPOT_TASK)}, **renamed})
+    settings = SpotSettings.build(
+        where="spot_task", **{**{k.name: given[k.name] for k in knobs_for(SPOT_TASK)}, **renamed}
+    )
     max_preemptions = settings.max_preemptions
     storage_from_uri(checkpoint_storage, "spot_task")  # a bad URI fails here, not at run time
     if "retry_condition_fn" in task_kwargs:
-        raise ConfigError("spot_task decides retries itself (preemptions under "
-                          "max_preemptions, errors under retries); drop retry_condition_fn")
+        raise ConfigError(
+            "spot_task decides retries itself (preemptions under "
+            "max_preemptions, errors under retries); drop retry_condition_fn"
+        )
 
     def decorate(fn: Callable):
         from prefect import task
 
         if CHECKPOINTER_PARAMETER not in inspect.signature(fn).parameters:
-            raise ConfigError(f"spot_task {fn.__name__} needs a `checkpointer` parameter; "
-                              "it receives the restored Checkpointer")
+            raise ConfigError(
+                f"spot_task {fn.__name__} needs a `checkpointer` parameter; "
+                "it receives the restored Checkpointer"
+            )
         wrapper = _wrap(fn, settings, checkpoint_storage)
-        return task(wrapper, retries=retries + max_preemptions,
-                    retry_condition_fn=_retry_condition(retries, max_preemptions),
-                    **task_kwargs)
+        return task(
+            wrapper,
+            retries=retries + max_preemptions,
+            retry_condition_fn=_retry_condition(retries, max_preemptions),
+            **task_kwargs,
+        )
 
     return decorate(__fn) if __fn is not None else decorate
 
 
-def _wrap(fn: Callable, settings: SpotSettings,
-          storage: CheckpointStorage | str | None) -> Callable:
+def _wrap(
+    fn: Callable, settings: SpotSettings, storage: CheckpointStorage | str | None
+) -> Callable:
     signature = inspect.signature(fn)
-    visible = signature.replace(parameters=[p for p in signature.parameters.values()
-                                            if p.name != CHECKPOINTER_PARAMETER])
+    visible = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name != CHECKPOINTER_PARAMETER]
+    )
 
     @functools.wraps(fn)
     def run_spot_task(*args: Any, **kwargs: Any) -> Any:
@@ -162,19 +189,28 @@ class _SpotTaskCall(InPlaceAttempt):
     same ``spot.job.*`` events and progress artifact as a task runner's job, and, under
     the spot worker, the attempt number and notice file of the worker's lease."""
 
-    def __init__(self, context: Any, settings: SpotSettings,
-                 storage: CheckpointStorage | str | None) -> None:
+    def __init__(
+        self, context: Any, settings: SpotSettings, storage: CheckpointStorage | str | None
+    ) -> None:
         self.env = AttemptEnv.from_environ()
         task_run = context.task_run
         self.key = _record_key(context.task.name, task_run)
         self._ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
-        self._related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
-                          "prefect.resource.role": "task-run"}]
+        self._related = [
+            {
+                "prefect.resource.id": f"prefect.task-run.{task_run.id}",
+                "prefect.resource.role": "task-run",
+            }
+        ]
         self._progress = JobProgress(**self._ids)
-        super().__init__(settings, job_id=self.key.removeprefix("spot-record-"),
-                         checkpoint_uri=_store_uri(context, storage, self.env),
-                         stores=_store_opener(storage), persist=self._save,
-                         listener=self._transition)
+        super().__init__(
+            settings,
+            job_id=self.key.removeprefix("spot-record-"),
+            checkpoint_uri=_store_uri(context, storage, self.env),
+            stores=_store_opener(storage),
+            persist=self._save,
+            listener=self._transition,
+        )
         # Under the spot worker the capacity is its lease, already fenced as SPOT_ATTEMPT
         # in the same store: the attempt keeps that number.
         under_worker = bool(os.environ.get("SPOT_ATTEMPT")) and storage is None
@@ -204,8 +240,9 @@ class _SpotTaskCall(InPlaceAttempt):
                 # length of the call a SIGTERM is a notice instead (Prefect's is restored).
                 checkpointer.attach_signals((signal.SIGTERM,))
             if self.env.metadata_endpoint:
-                watcher = self.watch_notices(checkpointer, cloud=self.env.cloud or "aws",
-                                             endpoint=self.env.metadata_endpoint)
+                watcher = self.watch_notices(
+                    checkpointer, cloud=self.env.cloud or "aws", endpoint=self.env.metadata_endpoint
+                )
             yield checkpointer
         finally:
             if watcher is not None:
@@ -233,9 +270,11 @@ def _store_uri(context, storage, env: AttemptEnv) -> str:
         return resolved.job_uri(key)
     if env.checkpoint_uri:
         return env.checkpoint_uri
-    raise ConfigError("spot_task has nowhere to checkpoint: pass checkpoint_storage= (a "
-                      "CheckpointStorage, its block name, or a URI) or run it under the "
-                      "spot worker, which sets SPOT_CHECKPOINT_URI")
+    raise ConfigError(
+        "spot_task has nowhere to checkpoint: pass checkpoint_storage= (a "
+        "CheckpointStorage, its block name, or a URI) or run it under the "
+        "spot worker, which sets SPOT_CHECKPOINT_URI"
+    )
 
 
 def _record_key(task_name: str, task_run) -> str:

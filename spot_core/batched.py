@@ -28,8 +28,8 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
-WINDOW = 0.05     # seconds: calls this close together share a hop
-MAX_BATCH = 200   # calls per hop at most; a poll's calls beyond it go in further hops
+WINDOW = 0.05  # seconds: calls this close together share a hop
+MAX_BATCH = 200  # calls per hop at most; a poll's calls beyond it go in further hops
 SETTLE_EVERY = 0.5  # seconds: a slow chunk hands back its finished calls this often
 
 _Call = tuple[asyncio.Future, contextvars.Context, Callable[..., Any], tuple, dict]
@@ -39,8 +39,9 @@ class Batcher:
     """The batches of one event loop (``batcher_for``). ``hops``: thread hand-offs made;
     ``calls``: calls run through them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, window: float = WINDOW,
-                 max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, *, window: float = WINDOW, max_batch: int = MAX_BATCH
+    ) -> None:
         if max_batch < 1 or window < 0:
             raise ValueError(f"max_batch={max_batch!r} must be >= 1, window={window!r} >= 0")
         self._loop = loop
@@ -64,7 +65,7 @@ class Batcher:
         pending = [call for call in self._pending if not call[0].done()]  # done: cancelled
         self._pending = []
         for start in range(0, len(pending), self.max_batch):
-            chunk = pending[start:start + self.max_batch]
+            chunk = pending[start : start + self.max_batch]
             self.hops += 1
             self.calls += len(chunk)
             self._loop.run_in_executor(None, self._run_chunk, chunk)
@@ -104,8 +105,9 @@ def _settle(outcomes: list[tuple[asyncio.Future, bool, Any]]) -> None:
             future.set_exception(value)
 
 
-_BATCHERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher]" = \
+_BATCHERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher]" = (
     weakref.WeakKeyDictionary()
+)
 
 
 def batcher_for(loop: asyncio.AbstractEventLoop | None = None) -> Batcher:

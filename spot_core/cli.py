@@ -31,12 +31,15 @@ def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     """The parser with ``commands`` registered (each imports its module: all of them
     for ``--help``, only the one named on the command line otherwise)."""
     parser = _Parser(
-        prog="spot-pipelines",
-        description="Run ML pipeline steps on spot capacity, safely.")
+        prog="spot-pipelines", description="Run ML pipeline steps on spot capacity, safely."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default="WARNING",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="logging level for diagnostics on stderr (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level for diagnostics on stderr (default WARNING)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in commands:
         module = importlib.import_module(f"spot_core.commands.{name.replace('-', '_')}")
@@ -60,8 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_named_command(argv))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit

@@ -40,8 +40,10 @@ def parse_duration(value: Any, *, name: str = "duration") -> float:
             return parse_duration(float(text), name=name)
         except ValueError:
             pass
-    raise ConfigError(f"{name}={value!r} is not a duration; give seconds (90), a timedelta, "
-                      "or a string like '90s', '5m', '2h', '1d'")
+    raise ConfigError(
+        f"{name}={value!r} is not a duration; give seconds (90), a timedelta, "
+        "or a string like '90s', '5m', '2h', '1d'"
+    )
 
 
 def parse_time(value: Any, *, name: str = "deadline") -> datetime:
@@ -53,8 +55,10 @@ def parse_time(value: Any, *, name: str = "deadline") -> datetime:
         except ValueError:
             when = None
     if not isinstance(when, datetime):
-        raise ConfigError(f"{name}={value!r} is neither a duration (90m, 12h, 2d) nor an ISO "
-                          "time (2026-12-01T08:00Z)")
+        raise ConfigError(
+            f"{name}={value!r} is neither a duration (90m, 12h, 2d) nor an ISO "
+            "time (2026-12-01T08:00Z)"
+        )
     return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
 
 

@@ -42,7 +42,7 @@ class Savings:
 class PoolFigures:
     """One spot pool as the records saw it."""
 
-    pool: str                     # zone/instance type, e.g. "us-east-1a/p3.2xlarge"
+    pool: str  # zone/instance type, e.g. "us-east-1a/p3.2xlarge"
     attempts: int
     interruptions: int
     spot_hours: float
@@ -87,15 +87,36 @@ def pool_figures(records: Iterable[JobRecord]) -> list[PoolFigures]:
             if not attempt.pool.is_spot:
                 continue
             name = pool_name(attempt.pool.zone, attempt.pool.instance_type)
-            row = rows.setdefault(name, {"attempts": 0, "interruptions": 0, "hours": 0.0,
-                                         "lost": 0.0, "price": None, "price_at": None})
+            row = rows.setdefault(
+                name,
+                {
+                    "attempts": 0,
+                    "interruptions": 0,
+                    "hours": 0.0,
+                    "lost": 0.0,
+                    "price": None,
+                    "price_at": None,
+                },
+            )
             row["attempts"] += 1
             row["interruptions"] += attempt.outcome is Outcome.PREEMPTED
             row["lost"] += attempt.lost_work_seconds
             if attempt.ended_at is not None:
                 row["hours"] += max(0.0, attempt.ended_at - attempt.started_at) / SECONDS_PER_HOUR
             price = (attempt.lease or {}).get("price_per_hour")
-            if price is not None and (row["price_at"] is None or attempt.started_at >= row["price_at"]):
+            if price is not None and (
+                row["price_at"] is None or attempt.started_at >= row["price_at"]
+            ):
                 row["price"], row["price_at"] = float(price), attempt.started_at
-    return [PoolFigures(name, r["attempts"], r["interruptions"], r["hours"], r["lost"],
-                        r["price"], r["price_at"]) for name, r in sorted(rows.items())]
+    return [
+        PoolFigures(
+            name,
+            r["attempts"],
+            r["interruptions"],
+            r["hours"],
+            r["lost"],
+            r["price"],
+            r["price_at"],
+        )
+        for name, r in sorted(rows.items())
+    ]

@@ -40,9 +40,9 @@ from spot_core.providers.base import Observation
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1000           # leases per provider.observe call (the provider splits further)
-MIN_INTERVAL = 0.05    # seconds: the fastest poll cadence accepted
-IDLE_SECONDS = 30.0    # the polling thread ends after this long with nothing to watch
+CHUNK = 1000  # leases per provider.observe call (the provider splits further)
+MIN_INTERVAL = 0.05  # seconds: the fastest poll cadence accepted
+IDLE_SECONDS = 30.0  # the polling thread ends after this long with nothing to watch
 
 
 class ObserverTimeout(SpotError):
@@ -78,8 +78,14 @@ class SharedObserver:
     error to its leases' waiters only. ``clock``: POSIX time (``Observation.at``).
     """
 
-    def __init__(self, provider: Any, *, name: str = "", chunk: int = CHUNK,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        provider: Any,
+        *,
+        name: str = "",
+        chunk: int = CHUNK,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if chunk < 1:
             raise ValueError(f"chunk={chunk!r} must be at least 1 lease")
         self.provider = provider
@@ -91,8 +97,8 @@ class SharedObserver:
         self._latest: dict[str, Observation] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.polls = 0      # describe rounds made (each one call per chunk)
-        self.calls = 0      # provider.observe calls made
+        self.polls = 0  # describe rounds made (each one call per chunk)
+        self.calls = 0  # provider.observe calls made
 
     # -- registering -----------------------------------------------------------------------
     def watch(self, lease: Lease, poll_interval: float) -> None:
@@ -125,9 +131,13 @@ class SharedObserver:
             del self._watched[lease_id]
             self._latest.pop(lease_id, None)
             waiters = watched.waiters
-        gone = Observation(lease_id, error=SpotError(
-            f"lease {lease_id} is no longer watched by the shared observer", retryable=True),
-            at=self._clock())
+        gone = Observation(
+            lease_id,
+            error=SpotError(
+                f"lease {lease_id} is no longer watched by the shared observer", retryable=True
+            ),
+            at=self._clock(),
+        )
         self._deliver([(w, gone) for w in waiters])
 
     @contextmanager
@@ -183,9 +193,14 @@ class SharedObserver:
             self._remove_waiter(lease_id, waiter)
 
     def _timed_out(self, lease_id: str, timeout: float) -> Observation:
-        return Observation(lease_id, error=ObserverTimeout(
-            f"the shared observer of {self.name} gave no status for lease {lease_id} in "
-            f"{timeout:g} s (its describe is stalled)"), at=self._clock())
+        return Observation(
+            lease_id,
+            error=ObserverTimeout(
+                f"the shared observer of {self.name} gave no status for lease {lease_id} in "
+                f"{timeout:g} s (its describe is stalled)"
+            ),
+            at=self._clock(),
+        )
 
     def _add_waiter(self, lease_id: str, waiter: _Waiter) -> _Waiter | None:
         """Register ``waiter``, or deliver at once (and return None) if the latest
@@ -197,9 +212,13 @@ class SharedObserver:
                 watched.waiters.append(waiter)
                 return waiter
         if watched is None:
-            latest = Observation(lease_id, error=SpotError(
-                f"lease {lease_id} is not watched: call watch() first", retryable=False),
-                at=self._clock())
+            latest = Observation(
+                lease_id,
+                error=SpotError(
+                    f"lease {lease_id} is not watched: call watch() first", retryable=False
+                ),
+                at=self._clock(),
+            )
         waiter.deliver(latest)
         return None
 
@@ -213,8 +232,9 @@ class SharedObserver:
     def _ensure_thread(self) -> None:
         """Start the polling thread if none runs (caller holds the lock)."""
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"spot-observer-{self.name}")
+            self._thread = threading.Thread(
+                target=self._run, daemon=True, name=f"spot-observer-{self.name}"
+            )
             self._thread.start()
 
     def _run(self) -> None:
@@ -245,8 +265,10 @@ class SharedObserver:
             return [w.lease for w in self._watched.values()]
 
     def _interval(self) -> float:
-        return max(MIN_INTERVAL, min((w.poll_interval for w in self._watched.values()),
-                                     default=IDLE_SECONDS))
+        return max(
+            MIN_INTERVAL,
+            min((w.poll_interval for w in self._watched.values()), default=IDLE_SECONDS),
+        )
 
     def _sleep_until_next(self, started: float) -> None:
         """Until one interval after the last poll began (shortened if a watch asks for a
@@ -263,17 +285,17 @@ class SharedObserver:
         to each of its leases. Made in the polling thread."""
         observations: list[Observation] = []
         for start in range(0, len(leases), self.chunk):
-            chunk = leases[start:start + self.chunk]
+            chunk = leases[start : start + self.chunk]
             self.calls += 1
             try:
                 statuses = self.provider.observe(chunk)
             except Exception as exc:  # noqa: BLE001 - handed to every waiter of the chunk
-                log.warning("describing %d lease(s) on %s failed: %s", len(chunk), self.name,
-                            exc)
+                log.warning("describing %d lease(s) on %s failed: %s", len(chunk), self.name, exc)
                 observations += [Observation(l.lease_id, error=exc, at=at) for l in chunk]
                 continue
-            observations += [Observation(l.lease_id, status=statuses.get(l.lease_id), at=at)
-                             for l in chunk]
+            observations += [
+                Observation(l.lease_id, status=statuses.get(l.lease_id), at=at) for l in chunk
+            ]
         self.polls += 1
         return observations
 
@@ -287,8 +309,11 @@ class SharedObserver:
                 self._latest[observation.lease_id] = observation
                 keep = []
                 for waiter in watched.waiters:
-                    (ready.append((waiter, observation)) if waiter.after <= observation.at
-                     else keep.append(waiter))
+                    (
+                        ready.append((waiter, observation))
+                        if waiter.after <= observation.at
+                        else keep.append(waiter)
+                    )
                 watched.waiters = keep
         self._deliver(ready)
 
@@ -311,13 +336,24 @@ class SharedObserver:
         """Stop polling; waiters left are handed an error."""
         with self._cond:
             self._closed = True
-            waiters = [(w, lid) for lid, watched in self._watched.items()
-                       for w in watched.waiters]
+            waiters = [(w, lid) for lid, watched in self._watched.items() for w in watched.waiters]
             self._watched.clear()
             self._cond.notify_all()
-        self._deliver([(w, Observation(lid, error=SpotError(
-            f"the shared observer of {self.name} was closed", retryable=True),
-            at=self._clock())) for w, lid in waiters])
+        self._deliver(
+            [
+                (
+                    w,
+                    Observation(
+                        lid,
+                        error=SpotError(
+                            f"the shared observer of {self.name} was closed", retryable=True
+                        ),
+                        at=self._clock(),
+                    ),
+                )
+                for w, lid in waiters
+            ]
+        )
 
 
 def _resolve(items: list[tuple[_Waiter, Observation]]) -> None:

@@ -37,10 +37,13 @@ def named(group: str) -> dict[str, EntryPoint]:
     order is lost: a registry that needs another order says which). When two packages
     use one name, this package's wins, then the first by package name."""
     found = list(entry_points(group=group))
-    own = sorted((ep for ep in found if _distribution(ep) == OWN_DISTRIBUTION),
-                 key=lambda ep: ep.name)
-    others = sorted((ep for ep in found if _distribution(ep) != OWN_DISTRIBUTION),
-                    key=lambda ep: (ep.name, _distribution(ep) or ""))
+    own = sorted(
+        (ep for ep in found if _distribution(ep) == OWN_DISTRIBUTION), key=lambda ep: ep.name
+    )
+    others = sorted(
+        (ep for ep in found if _distribution(ep) != OWN_DISTRIBUTION),
+        key=lambda ep: (ep.name, _distribution(ep) or ""),
+    )
     by_name: dict[str, EntryPoint] = {}
     for entry in own + others:
         by_name.setdefault(entry.name, entry)
@@ -63,7 +66,8 @@ def load(group: str, entry: EntryPoint, kind: str) -> Any:
         raise ConfigError(
             f"{kind} {entry.name!r} ({entry.value}, entry point group {group}) could not be "
             f"loaded: {type(exc).__name__}: {exc}; install its package in this environment "
-            "or fix the entry point") from None
+            "or fix the entry point"
+        ) from None
 
 
 class Registry(Generic[T]):
@@ -74,9 +78,14 @@ class Registry(Generic[T]):
     ``bind(plugin, name)``: the plugin as it answers to ``name`` (a provider takes the name
     it is registered under)."""
 
-    def __init__(self, group: str, kind: str, expected: type[T],
-                 unknown: Callable[[str, tuple[str, ...]], str],
-                 bind: Callable[[T, str], T] | None = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        kind: str,
+        expected: type[T],
+        unknown: Callable[[str, tuple[str, ...]], str],
+        bind: Callable[[T, str], T] | None = None,
+    ) -> None:
         self.group, self.kind, self.expected = group, kind, expected
         self._unknown, self._bind = unknown, bind
         self._loaded: dict[str, T] = {}
@@ -96,8 +105,10 @@ class Registry(Generic[T]):
                 raise ConfigError(self._unknown(name, self.names()))
             value = load(self.group, entry, self.kind)
             if not isinstance(value, self.expected):
-                raise ConfigError(f"{self.kind} {name!r} ({entry.value}) is not a "
-                                  f"{self.expected.__name__}; point the entry point at one")
+                raise ConfigError(
+                    f"{self.kind} {name!r} ({entry.value}) is not a "
+                    f"{self.expected.__name__}; point the entry point at one"
+                )
             plugin: T = value if self._bind is None else self._bind(value, name)
             self._loaded[name] = plugin
             return plugin

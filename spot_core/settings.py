@@ -49,22 +49,29 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Annotated, Any, Callable, Iterable, Mapping, get_type_hints
 
-from spot_core.bounds import (MAX_COUNT, MAX_KEEP, MAX_PRICE, MAX_RATE, MAX_SPAN_SECONDS,
-                              MAX_STEPS, MAX_WAIT_SECONDS)
+from spot_core.bounds import (
+    MAX_COUNT,
+    MAX_KEEP,
+    MAX_PRICE,
+    MAX_RATE,
+    MAX_SPAN_SECONDS,
+    MAX_STEPS,
+    MAX_WAIT_SECONDS,
+)
 from spot_core.durations import format_duration, parse_duration, parse_time
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.registry import DEFAULT_PROVIDER
 
 # Surfaces: where a knob can be set.
-CLI = "cli"                    # spot-pipelines run
-OPERATOR = "operator"          # SpotJobOperator
+CLI = "cli"  # spot-pipelines run
+OPERATOR = "operator"  # SpotJobOperator
 POD_OPERATOR = "pod_operator"  # SpotKubernetesPodOperator (provider kubernetes; KPO's image)
-DECORATOR = "decorator"        # @task.spot
-BLOCK = "block"                # prefect SpotConfiguration block (also SpotTaskRunner's config)
-WORKER = "worker"              # prefect spot worker: job variables and job configuration
-SPOT_TASK = "spot_task"        # prefect spot_task
-TASK_RUNNER = "task_runner"    # prefect SpotTaskRunner's own arguments
+DECORATOR = "decorator"  # @task.spot
+BLOCK = "block"  # prefect SpotConfiguration block (also SpotTaskRunner's config)
+WORKER = "worker"  # prefect spot worker: job variables and job configuration
+SPOT_TASK = "spot_task"  # prefect spot_task
+TASK_RUNNER = "task_runner"  # prefect SpotTaskRunner's own arguments
 SURFACES = (CLI, OPERATOR, POD_OPERATOR, DECORATOR, BLOCK, WORKER, SPOT_TASK, TASK_RUNNER)
 
 _ENGINE = frozenset({OPERATOR, POD_OPERATOR, BLOCK, WORKER})
@@ -73,16 +80,24 @@ _IN_PLACE = frozenset({DECORATOR, SPOT_TASK, TASK_RUNNER})
 
 # Kinds of value a knob holds.
 INT, NUMBER, BOOL, DURATION, TEXT, NAMES, MAPPING = (
-    "int", "number", "bool", "duration", "text", "names", "mapping")
+    "int",
+    "number",
+    "bool",
+    "duration",
+    "text",
+    "names",
+    "mapping",
+)
 
 # Documented maximums, one per kind of number (spot_core.bounds, docs/reliability.md).
-MAX_WAIT = MAX_WAIT_SECONDS   # 1d: no wait, poll, timeout or interval above a day
-MAX_SPAN = MAX_SPAN_SECONDS   # 365d of capacity time: deadlines, work, an attempt's limit
+MAX_WAIT = MAX_WAIT_SECONDS  # 1d: no wait, poll, timeout or interval above a day
+MAX_SPAN = MAX_SPAN_SECONDS  # 365d of capacity time: deadlines, work, an attempt's limit
 WHY_SPAN = "a year of capacity time: plan a longer job as several"
 
 
-def wall_deadline(deadline: float | datetime | None, *, created_at: float,
-                  capacity_per_wall: float) -> float | None:
+def wall_deadline(
+    deadline: float | datetime | None, *, created_at: float, capacity_per_wall: float
+) -> float | None:
     """The job's deadline as a wall-clock POSIX time: the one place the time convention
     (module docstring) is applied. ``deadline``: capacity seconds from ``created_at`` (the
     JobRecord's), or an absolute ``datetime`` (wall time). ``capacity_per_wall``: the
@@ -93,8 +108,10 @@ def wall_deadline(deadline: float | datetime | None, *, created_at: float,
     if isinstance(deadline, datetime):
         return deadline.timestamp()
     if not (math.isfinite(capacity_per_wall) and capacity_per_wall > 0):
-        raise ConfigError(f"capacity_per_wall={capacity_per_wall!r} must be a number > 0 "
-                          "(the provider's capacity seconds per wall second)")
+        raise ConfigError(
+            f"capacity_per_wall={capacity_per_wall!r} must be a number > 0 "
+            "(the provider's capacity seconds per wall second)"
+        )
     return created_at + deadline / capacity_per_wall
 
 
@@ -179,11 +196,15 @@ class Knob:
             ok = number > self.minimum if self.strict else number >= self.minimum
             if not ok:
                 bound = "> " if self.strict else ">= "
-                raise self._fail(value, f"must be {bound}{self.shown(self.minimum)}"
-                                        f"{self._unit_text}{self._range_text}")
+                raise self._fail(
+                    value,
+                    f"must be {bound}{self.shown(self.minimum)}{self._unit_text}{self._range_text}",
+                )
         if self.maximum is not None and number > self.maximum:
-            raise self._fail(value, f"must be at most {self.shown(self.maximum)}"
-                                    f"{self._unit_text}{self._why_maximum}")
+            raise self._fail(
+                value,
+                f"must be at most {self.shown(self.maximum)}{self._unit_text}{self._why_maximum}",
+            )
 
     def shown(self, bound: float) -> str:
         """A bound as the knob's messages and help write it."""
@@ -210,8 +231,11 @@ class Knob:
         return value
 
     def _parse_number(self, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             raise self._fail(value, f"must be a number{self._unit_text}")
         self._check_minimum(value, value)
         return float(value)
@@ -235,10 +259,13 @@ class Knob:
 
     def _check_ahead(self, value: Any, when: datetime) -> datetime:
         """An absolute time at most ``maximum`` seconds of wall time from now."""
-        if self.maximum is not None and \
-                when.timestamp() - datetime.now(timezone.utc).timestamp() > self.maximum:
-            raise self._fail(value, f"is more than {self.shown(self.maximum)} from now"
-                                    f"{self._why_maximum}")
+        if (
+            self.maximum is not None
+            and when.timestamp() - datetime.now(timezone.utc).timestamp() > self.maximum
+        ):
+            raise self._fail(
+                value, f"is more than {self.shown(self.maximum)} from now{self._why_maximum}"
+            )
         return when
 
     def _parse_text(self, value: Any) -> str:
@@ -250,8 +277,11 @@ class Knob:
         return value
 
     def _parse_names(self, value: Any) -> tuple[str, ...]:
-        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable) \
-                or not all(isinstance(v, str) and v.strip() for v in value):
+        if (
+            isinstance(value, (str, bytes, Mapping))
+            or not isinstance(value, Iterable)
+            or not all(isinstance(v, str) and v.strip() for v in value)
+        ):
             raise self._fail(value, "must be a list of names such as ['us-east-2a']")
         return tuple(value)
 
@@ -300,189 +330,507 @@ class SpotSettings:
     wrote with ``SpotSettings.build(where=..., **values)`` (the surfaces' names); the
     constructor takes the fields' own names."""
 
-    provider: Annotated[str, Knob(
-        "provider", TEXT, "Capacity provider: `local` replays real spot traces on this "
-        "machine (no cloud account); `ec2` is AWS EC2 (needs an s3:// checkpoint store); "
-        "`kubernetes` runs pods on the cluster's spot node pools (a store its pods reach). "
-        "`spot-pipelines providers` lists every one installed.", _JOB - {POD_OPERATOR},
-        choices=_provider_choices, refusal="is not built; choose one of")] = DEFAULT_PROVIDER
-    provider_options: Annotated[Mapping[str, Any], Knob(
-        "provider_options", MAPPING, "Options for the provider, e.g. for `local` the `url` "
-        "of a local cloud server or `time_scale`, `start_tick`; for `ec2` `region`, "
-        "`subnets`, `image_id`, `instance_types`, `instance_profile`; for `kubernetes` "
-        "`namespace`, `image`, `pod_template`, `prices` (never credentials).",
-        _ENGINE)] = field(default_factory=dict)
-    zones: Annotated[tuple[str, ...], Knob(
-        "zones", NAMES, "Zones to spread the job over (pool diversification). Empty: every "
-        "zone the provider offers.", _ENGINE)] = ()
-    instance_types: Annotated[tuple[str, ...], Knob(
-        "instance_types", NAMES, "Instance types allowed. Empty: every type the provider "
-        "offers.", frozenset({BLOCK, WORKER}))] = ()
-    image: Annotated[str | None, Knob(
-        "image", TEXT, "Run the command in this container image (Docker on the machine "
-        "that runs the step). Empty: run it directly.", frozenset({CLI, OPERATOR}),
-        optional=True, check=_check_image)] = None
-    max_preemptions: Annotated[int, Knob(
-        "max_preemptions", INT, "Preemptions tolerated before the rest runs on on-demand; "
-        "its own budget, never a retry of the step. 3 keeps most of the spot savings while "
-        "bounding the work lost to restarts.", _JOB | {DECORATOR, SPOT_TASK}, minimum=0,
-        maximum=MAX_COUNT)] = RetryPolicy.max_preemptions
-    max_user_retries: Annotated[int, Knob(
-        "max_user_retries", INT, "Retries when the command itself fails (the engines use "
-        "their own `retries`). 0: a bug fails fast.", frozenset({CLI}), minimum=0,
-        maximum=MAX_COUNT)] = RetryPolicy.max_user_retries
-    max_infrastructure_retries: Annotated[int, Knob(
-        "max_infrastructure_retries", INT, "Attempts lost to failures outside the step's "
-        "code (not preemptions) before the job fails.", _JOB, minimum=0,
-        maximum=MAX_COUNT)] = RetryPolicy.max_infrastructure_retries
-    max_disruptions: Annotated[int, Knob(
-        "max_disruptions", INT, "Voluntary disruptions tolerated (Kubernetes "
-        "consolidation, drift, expiration, autoscaler scale-down, drains) before the job "
-        "fails; each resumes from the checkpoint, spends no preemption and never moves the "
-        "job to on-demand.", _JOB, minimum=0,
-        maximum=MAX_COUNT)] = RetryPolicy.max_disruptions
-    on_demand_fallback: Annotated[bool, Knob(
-        "on_demand_fallback", BOOL, "Run on on-demand when the preemption budget is spent, "
-        "spot is scarce or the deadline is near; off: wait (bounded) for spot.",
-        _JOB)] = RetryPolicy.on_demand_fallback
-    return_to_spot: Annotated[bool, Knob(
-        "return_to_spot", BOOL, "Move back to spot when capacity returns after a fallback "
-        "for lack of capacity (within the preemption budget); with a deadline_policy, also "
-        "every other move its plan makes mid-run. Off: an attempt runs where it started.",
-        _JOB)] = RetryPolicy.return_to_spot
-    min_on_demand_seconds: Annotated[float, Knob(
-        "min_on_demand", DURATION, "How long an on-demand attempt runs before the job may "
-        "move back to spot; 10m stops a flickering zone from making the job flap between "
-        "markets (each move costs a restart).", _JOB, minimum=0, maximum=MAX_SPAN,
-        why_maximum="to stay on on-demand for good, set return_to_spot=False",
-        aliases=("min_on_demand_seconds",))] = RetryPolicy.min_on_demand_seconds
-    capacity_wait_seconds: Annotated[float, Knob(
-        "capacity_wait", DURATION, "One wait for capacity or a cheaper price window; 60s "
-        "is about how often spot capacity and prices change.", _JOB, minimum=0,
-        maximum=MAX_WAIT, strict=True,
-        aliases=("capacity_wait_seconds",))] = RetryPolicy.capacity_wait_seconds
-    max_capacity_waits: Annotated[int, Knob(
-        "max_capacity_waits", INT, "Waits (or launches in a row without capacity) before "
-        "the job fails: with capacity_wait 60s, 10 bounds waiting at 10 minutes.", _JOB,
-        minimum=1, maximum=MAX_COUNT)] = RetryPolicy.max_capacity_waits
-    max_spot_price: Annotated[float | None, Knob(
-        "max_spot_price", NUMBER, "Highest spot price to pay: dearer spot pools are left "
-        "alone and the job waits (bounded like a capacity wait) for a cheaper window, then "
-        "falls back to on-demand. Empty: no cap.", _JOB, unit="USD/h", minimum=0,
-        maximum=MAX_PRICE, strict=True, optional=True, metavar="USD_PER_HOUR",
-        aliases=("max_price_per_hour",))] = RetryPolicy.max_spot_price
-    deadline_capacity_seconds: Annotated[float | None, Knob(
-        "deadline", DURATION, "Time the job may take from its start, in capacity time "
-        "(trace time on the local cloud, wall time elsewhere), or an absolute wall-clock "
-        "time (a datetime, or ISO such as 2026-12-01T08:00Z): near it the job moves to "
-        "on-demand; past it the job fails. Empty: no deadline.", _JOB, minimum=0,
-        maximum=MAX_SPAN, why_maximum=WHY_SPAN, strict=True, optional=True,
-        absolute_field="deadline_at", metavar="DURATION|TIME")] = None
+    provider: Annotated[
+        str,
+        Knob(
+            "provider",
+            TEXT,
+            "Capacity provider: `local` replays real spot traces on this "
+            "machine (no cloud account); `ec2` is AWS EC2 (needs an s3:// checkpoint store); "
+            "`kubernetes` runs pods on the cluster's spot node pools (a store its pods reach). "
+            "`spot-pipelines providers` lists every one installed.",
+            _JOB - {POD_OPERATOR},
+            choices=_provider_choices,
+            refusal="is not built; choose one of",
+        ),
+    ] = DEFAULT_PROVIDER
+    provider_options: Annotated[
+        Mapping[str, Any],
+        Knob(
+            "provider_options",
+            MAPPING,
+            "Options for the provider, e.g. for `local` the `url` "
+            "of a local cloud server or `time_scale`, `start_tick`; for `ec2` `region`, "
+            "`subnets`, `image_id`, `instance_types`, `instance_profile`; for `kubernetes` "
+            "`namespace`, `image`, `pod_template`, `prices` (never credentials).",
+            _ENGINE,
+        ),
+    ] = field(default_factory=dict)
+    zones: Annotated[
+        tuple[str, ...],
+        Knob(
+            "zones",
+            NAMES,
+            "Zones to spread the job over (pool diversification). Empty: every "
+            "zone the provider offers.",
+            _ENGINE,
+        ),
+    ] = ()
+    instance_types: Annotated[
+        tuple[str, ...],
+        Knob(
+            "instance_types",
+            NAMES,
+            "Instance types allowed. Empty: every type the provider offers.",
+            frozenset({BLOCK, WORKER}),
+        ),
+    ] = ()
+    image: Annotated[
+        str | None,
+        Knob(
+            "image",
+            TEXT,
+            "Run the command in this container image (Docker on the machine "
+            "that runs the step). Empty: run it directly.",
+            frozenset({CLI, OPERATOR}),
+            optional=True,
+            check=_check_image,
+        ),
+    ] = None
+    max_preemptions: Annotated[
+        int,
+        Knob(
+            "max_preemptions",
+            INT,
+            "Preemptions tolerated before the rest runs on on-demand; "
+            "its own budget, never a retry of the step. 3 keeps most of the spot savings while "
+            "bounding the work lost to restarts.",
+            _JOB | {DECORATOR, SPOT_TASK},
+            minimum=0,
+            maximum=MAX_COUNT,
+        ),
+    ] = RetryPolicy.max_preemptions
+    max_user_retries: Annotated[
+        int,
+        Knob(
+            "max_user_retries",
+            INT,
+            "Retries when the command itself fails (the engines use "
+            "their own `retries`). 0: a bug fails fast.",
+            frozenset({CLI}),
+            minimum=0,
+            maximum=MAX_COUNT,
+        ),
+    ] = RetryPolicy.max_user_retries
+    max_infrastructure_retries: Annotated[
+        int,
+        Knob(
+            "max_infrastructure_retries",
+            INT,
+            "Attempts lost to failures outside the step's "
+            "code (not preemptions) before the job fails.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_COUNT,
+        ),
+    ] = RetryPolicy.max_infrastructure_retries
+    max_disruptions: Annotated[
+        int,
+        Knob(
+            "max_disruptions",
+            INT,
+            "Voluntary disruptions tolerated (Kubernetes "
+            "consolidation, drift, expiration, autoscaler scale-down, drains) before the job "
+            "fails; each resumes from the checkpoint, spends no preemption and never moves the "
+            "job to on-demand.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_COUNT,
+        ),
+    ] = RetryPolicy.max_disruptions
+    on_demand_fallback: Annotated[
+        bool,
+        Knob(
+            "on_demand_fallback",
+            BOOL,
+            "Run on on-demand when the preemption budget is spent, "
+            "spot is scarce or the deadline is near; off: wait (bounded) for spot.",
+            _JOB,
+        ),
+    ] = RetryPolicy.on_demand_fallback
+    return_to_spot: Annotated[
+        bool,
+        Knob(
+            "return_to_spot",
+            BOOL,
+            "Move back to spot when capacity returns after a fallback "
+            "for lack of capacity (within the preemption budget); with a deadline_policy, also "
+            "every other move its plan makes mid-run. Off: an attempt runs where it started.",
+            _JOB,
+        ),
+    ] = RetryPolicy.return_to_spot
+    min_on_demand_seconds: Annotated[
+        float,
+        Knob(
+            "min_on_demand",
+            DURATION,
+            "How long an on-demand attempt runs before the job may "
+            "move back to spot; 10m stops a flickering zone from making the job flap between "
+            "markets (each move costs a restart).",
+            _JOB,
+            minimum=0,
+            maximum=MAX_SPAN,
+            why_maximum="to stay on on-demand for good, set return_to_spot=False",
+            aliases=("min_on_demand_seconds",),
+        ),
+    ] = RetryPolicy.min_on_demand_seconds
+    capacity_wait_seconds: Annotated[
+        float,
+        Knob(
+            "capacity_wait",
+            DURATION,
+            "One wait for capacity or a cheaper price window; 60s "
+            "is about how often spot capacity and prices change.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            aliases=("capacity_wait_seconds",),
+        ),
+    ] = RetryPolicy.capacity_wait_seconds
+    max_capacity_waits: Annotated[
+        int,
+        Knob(
+            "max_capacity_waits",
+            INT,
+            "Waits (or launches in a row without capacity) before "
+            "the job fails: with capacity_wait 60s, 10 bounds waiting at 10 minutes.",
+            _JOB,
+            minimum=1,
+            maximum=MAX_COUNT,
+        ),
+    ] = RetryPolicy.max_capacity_waits
+    max_spot_price: Annotated[
+        float | None,
+        Knob(
+            "max_spot_price",
+            NUMBER,
+            "Highest spot price to pay: dearer spot pools are left "
+            "alone and the job waits (bounded like a capacity wait) for a cheaper window, then "
+            "falls back to on-demand. Empty: no cap.",
+            _JOB,
+            unit="USD/h",
+            minimum=0,
+            maximum=MAX_PRICE,
+            strict=True,
+            optional=True,
+            metavar="USD_PER_HOUR",
+            aliases=("max_price_per_hour",),
+        ),
+    ] = RetryPolicy.max_spot_price
+    deadline_capacity_seconds: Annotated[
+        float | None,
+        Knob(
+            "deadline",
+            DURATION,
+            "Time the job may take from its start, in capacity time "
+            "(trace time on the local cloud, wall time elsewhere), or an absolute wall-clock "
+            "time (a datetime, or ISO such as 2026-12-01T08:00Z): near it the job moves to "
+            "on-demand; past it the job fails. Empty: no deadline.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_SPAN,
+            why_maximum=WHY_SPAN,
+            strict=True,
+            optional=True,
+            absolute_field="deadline_at",
+            metavar="DURATION|TIME",
+        ),
+    ] = None
     # The ``deadline`` knob given as a time: a timezone-aware wall-clock instant.
     deadline_at: datetime | None = None
-    attempt_timeout_seconds: Annotated[float, Knob(
-        "attempt_timeout", DURATION, "Longest one attempt may run before it is terminated; "
-        "24h bounds a hung step without cutting a long training run short.", _JOB,
-        minimum=0, maximum=MAX_SPAN, strict=True, controller=True)] = 86400.0
-    poll_interval_seconds: Annotated[float, Knob(
-        "poll_interval", DURATION, "How often a running lease is observed; each "
-        "observation is a cloud API call, so raise it for large fleets.", _JOB, minimum=0,
-        maximum=MAX_WAIT, strict=True, aliases=("poll_interval_seconds",),
-        controller=True)] = 1.0
-    heartbeat_timeout_seconds: Annotated[float, Knob(
-        "heartbeat_timeout", DURATION, "How long a lease outlives a silent driver: the "
-        "node stops the step (after an emergency save) and ends the lease when the "
-        "driver's heartbeat is older than this; 5m rides out a driver restart but leaks "
-        "little capacity when a driver is killed.", _JOB, minimum=0, maximum=MAX_WAIT,
-        strict=True, controller=True)] = 300.0
-    heartbeat_uri: Annotated[str | None, Knob(
-        "heartbeat_uri", TEXT, "A store every node can read (s3://bucket/prefix or "
-        "file:///path) where each driver process (a triggerer, a Prefect worker, "
-        "`spot-pipelines run`) keeps one heartbeat for all the jobs it watches: one write "
-        "per renewal instead of one per job (1,000 deferred jobs: one S3 PUT every 75s "
-        "instead of 1,000). Empty: each job's heartbeat lives in its own checkpoint store.",
-        _JOB, optional=True, check=_check_store_uri, metavar="URI", controller=True)] = None
-    take_over: Annotated[bool, Knob(
-        "take_over", BOOL, "Launch even though another driver (a second `run`, a worker or "
-        "triggerer) renewed the job's heartbeat within its heartbeat_timeout. Without it "
-        "such a driver is refused in one line naming the other one: two live drivers of "
-        "one job would fence each other out and run two steps at once. Set it once, after "
-        "the other driver is gone (killed, its machine lost), instead of waiting out the "
-        "timeout.", _JOB, controller=True)] = False
-    observe_failure_timeout_seconds: Annotated[float, Knob(
-        "observe_failure_timeout", DURATION, "How long observing a lease may keep failing "
-        "(API errors, resets) before the attempt ends as infrastructure_failed and its "
-        "lease is terminated; 3m outlasts a transient cloud API outage.", _JOB, minimum=0,
-        maximum=MAX_WAIT, strict=True, controller=True)] = 180.0
-    checkpoint_cost_seconds: Annotated[float, Knob(
-        "checkpoint_cost", DURATION, "What one checkpoint save is taken to cost until the "
-        "job's own saves have been measured (their mean is used after). With the pool's "
-        "interruption rate it sets the Young/Daly interval each attempt is given in "
-        "SPOT_CHECKPOINT_INTERVAL.", frozenset({CLI}), minimum=0, maximum=MAX_WAIT,
-        strict=True, controller=True)] = 60.0
-    checkpoint_interval_min_seconds: Annotated[float, Knob(
-        "checkpoint_interval_min", DURATION, "Shortest time-based checkpoint interval an "
-        "attempt is given, however often its pool is interrupted: 1m keeps a burst of "
-        "interruptions from making the step spend its time saving.", frozenset({CLI}),
-        minimum=0, maximum=MAX_WAIT, strict=True, controller=True)] = 60.0
-    checkpoint_interval_max_seconds: Annotated[float, Knob(
-        "checkpoint_interval_max", DURATION, "Longest time-based checkpoint interval an "
-        "attempt is given (on-demand, or a pool never seen interrupted): the most work a "
-        "missed notice may cost.", frozenset({CLI}), minimum=0, maximum=MAX_WAIT,
-        strict=True, controller=True)] = 3600.0
-    alert_interruption_rate: Annotated[float | None, Knob(
-        "alert_interruption_rate", NUMBER, "Raise a pool alert (the Prefect event "
-        "`spot.pool.alert`, the Airflow listener hook `on_spot_alert`) when a spot pool's "
-        "observed interruptions per hour pass this; 0.25 (one every 4 h) is where restarts "
-        "start to eat the savings of a long step. Empty: no rate alert.",
-        frozenset({OPERATOR, BLOCK, WORKER}), unit="per hour", minimum=0, maximum=MAX_RATE,
-        strict=True, optional=True)] = 0.25
-    alert_spot_price: Annotated[float | None, Knob(
-        "alert_spot_price", NUMBER, "Raise a pool alert when a spot pool's price passes "
-        "this. Empty: no price alert (prices differ by instance type).",
-        frozenset({OPERATOR, BLOCK, WORKER}), unit="USD/h", minimum=0, maximum=MAX_PRICE,
-        strict=True, optional=True)] = None
-    checkpoint_every_seconds: Annotated[float | None, Knob(
-        "checkpoint_every", DURATION, "Save a checkpoint at most this often (time based). "
-        "Empty: only by steps and on an interruption notice.", _IN_PLACE, minimum=0,
-        maximum=MAX_WAIT, strict=True, optional=True,
-        aliases=("checkpoint_every_seconds",))] = None
-    checkpoint_every_steps: Annotated[int | None, Knob(
-        "checkpoint_every_steps", INT, "Save a checkpoint every this many steps. Empty: "
-        "only by time and on an interruption notice.", _IN_PLACE, minimum=1,
-        maximum=MAX_STEPS, optional=True)] = None
-    keep_checkpoints: Annotated[int, Knob(
-        "keep_checkpoints", INT, "Checkpoints kept in the store (older ones are pruned); "
-        "more than one survives a corrupt newest one.", frozenset({DECORATOR}), minimum=1,
-        maximum=MAX_KEEP)] = 3
-    notice_poll_interval_seconds: Annotated[float, Knob(
-        "notice_poll_interval", DURATION, "How often the node's metadata service is polled "
-        "for an interruption notice; 1s leaves nearly all of a 2-minute notice for the "
-        "emergency save.", frozenset({DECORATOR, SPOT_TASK}), minimum=0, maximum=MAX_WAIT,
-        strict=True, aliases=("watch_poll_interval",))] = 1.0
-    cloud: Annotated[str, Knob(
-        "cloud", TEXT, "Where interruption notices come from: `auto` probes, or one of the "
-        "notice detectors (`aws`, `gcp`, `azure`, `kubernetes`, `signal` (SIGTERM only); "
-        "`spot-pipelines providers` lists them).",
-        frozenset({DECORATOR}), choices=_cloud_choices)] = "auto"
-    work_capacity_seconds: Annotated[float | None, Knob(
-        "work", DURATION, "With a deadline: compute the job needs, in capacity time like "
-        "the deadline; the job moves to on-demand when work left plus two restarts no "
-        "longer fits on spot.", _JOB, minimum=0, maximum=MAX_SPAN, why_maximum=WHY_SPAN,
-        strict=True, optional=True)] = None
-    total_steps: Annotated[int | None, Knob(
-        "total_steps", INT, "With work: the step count at which the job is done, so "
-        "checkpoint steps measure progress.", _JOB, minimum=1, maximum=MAX_STEPS,
-        optional=True)] = None
-    restart_overhead_capacity_seconds: Annotated[float, Knob(
-        "restart_overhead", DURATION, "With work: capacity time a new instance takes before "
-        "the job makes progress again (5m covers boot, image pull and restore).", _JOB,
-        minimum=0, maximum=MAX_WAIT)] = 300.0
-    deadline_policy: Annotated[str | None, Knob(
-        "deadline_policy", TEXT, "With a deadline and work: the deadline policy (greedy, "
-        "uniform-progress, default, ...) that decides spot, on-demand or wait between "
-        "attempts on a trace market (the local cloud). Empty: only the on-demand safety "
-        "net.", _JOB, optional=True, choices=_deadline_policy_choices)] = None
+    attempt_timeout_seconds: Annotated[
+        float,
+        Knob(
+            "attempt_timeout",
+            DURATION,
+            "Longest one attempt may run before it is terminated; "
+            "24h bounds a hung step without cutting a long training run short.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_SPAN,
+            strict=True,
+            controller=True,
+        ),
+    ] = 86400.0
+    poll_interval_seconds: Annotated[
+        float,
+        Knob(
+            "poll_interval",
+            DURATION,
+            "How often a running lease is observed; each "
+            "observation is a cloud API call, so raise it for large fleets.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            aliases=("poll_interval_seconds",),
+            controller=True,
+        ),
+    ] = 1.0
+    heartbeat_timeout_seconds: Annotated[
+        float,
+        Knob(
+            "heartbeat_timeout",
+            DURATION,
+            "How long a lease outlives a silent driver: the "
+            "node stops the step (after an emergency save) and ends the lease when the "
+            "driver's heartbeat is older than this; 5m rides out a driver restart but leaks "
+            "little capacity when a driver is killed.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            controller=True,
+        ),
+    ] = 300.0
+    heartbeat_uri: Annotated[
+        str | None,
+        Knob(
+            "heartbeat_uri",
+            TEXT,
+            "A store every node can read (s3://bucket/prefix or "
+            "file:///path) where each driver process (a triggerer, a Prefect worker, "
+            "`spot-pipelines run`) keeps one heartbeat for all the jobs it watches: one write "
+            "per renewal instead of one per job (1,000 deferred jobs: one S3 PUT every 75s "
+            "instead of 1,000). Empty: each job's heartbeat lives in its own checkpoint store.",
+            _JOB,
+            optional=True,
+            check=_check_store_uri,
+            metavar="URI",
+            controller=True,
+        ),
+    ] = None
+    take_over: Annotated[
+        bool,
+        Knob(
+            "take_over",
+            BOOL,
+            "Launch even though another driver (a second `run`, a worker or "
+            "triggerer) renewed the job's heartbeat within its heartbeat_timeout. Without it "
+            "such a driver is refused in one line naming the other one: two live drivers of "
+            "one job would fence each other out and run two steps at once. Set it once, after "
+            "the other driver is gone (killed, its machine lost), instead of waiting out the "
+            "timeout.",
+            _JOB,
+            controller=True,
+        ),
+    ] = False
+    observe_failure_timeout_seconds: Annotated[
+        float,
+        Knob(
+            "observe_failure_timeout",
+            DURATION,
+            "How long observing a lease may keep failing "
+            "(API errors, resets) before the attempt ends as infrastructure_failed and its "
+            "lease is terminated; 3m outlasts a transient cloud API outage.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            controller=True,
+        ),
+    ] = 180.0
+    checkpoint_cost_seconds: Annotated[
+        float,
+        Knob(
+            "checkpoint_cost",
+            DURATION,
+            "What one checkpoint save is taken to cost until the "
+            "job's own saves have been measured (their mean is used after). With the pool's "
+            "interruption rate it sets the Young/Daly interval each attempt is given in "
+            "SPOT_CHECKPOINT_INTERVAL.",
+            frozenset({CLI}),
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            controller=True,
+        ),
+    ] = 60.0
+    checkpoint_interval_min_seconds: Annotated[
+        float,
+        Knob(
+            "checkpoint_interval_min",
+            DURATION,
+            "Shortest time-based checkpoint interval an "
+            "attempt is given, however often its pool is interrupted: 1m keeps a burst of "
+            "interruptions from making the step spend its time saving.",
+            frozenset({CLI}),
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            controller=True,
+        ),
+    ] = 60.0
+    checkpoint_interval_max_seconds: Annotated[
+        float,
+        Knob(
+            "checkpoint_interval_max",
+            DURATION,
+            "Longest time-based checkpoint interval an "
+            "attempt is given (on-demand, or a pool never seen interrupted): the most work a "
+            "missed notice may cost.",
+            frozenset({CLI}),
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            controller=True,
+        ),
+    ] = 3600.0
+    alert_interruption_rate: Annotated[
+        float | None,
+        Knob(
+            "alert_interruption_rate",
+            NUMBER,
+            "Raise a pool alert (the Prefect event "
+            "`spot.pool.alert`, the Airflow listener hook `on_spot_alert`) when a spot pool's "
+            "observed interruptions per hour pass this; 0.25 (one every 4 h) is where restarts "
+            "start to eat the savings of a long step. Empty: no rate alert.",
+            frozenset({OPERATOR, BLOCK, WORKER}),
+            unit="per hour",
+            minimum=0,
+            maximum=MAX_RATE,
+            strict=True,
+            optional=True,
+        ),
+    ] = 0.25
+    alert_spot_price: Annotated[
+        float | None,
+        Knob(
+            "alert_spot_price",
+            NUMBER,
+            "Raise a pool alert when a spot pool's price passes "
+            "this. Empty: no price alert (prices differ by instance type).",
+            frozenset({OPERATOR, BLOCK, WORKER}),
+            unit="USD/h",
+            minimum=0,
+            maximum=MAX_PRICE,
+            strict=True,
+            optional=True,
+        ),
+    ] = None
+    checkpoint_every_seconds: Annotated[
+        float | None,
+        Knob(
+            "checkpoint_every",
+            DURATION,
+            "Save a checkpoint at most this often (time based). "
+            "Empty: only by steps and on an interruption notice.",
+            _IN_PLACE,
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            optional=True,
+            aliases=("checkpoint_every_seconds",),
+        ),
+    ] = None
+    checkpoint_every_steps: Annotated[
+        int | None,
+        Knob(
+            "checkpoint_every_steps",
+            INT,
+            "Save a checkpoint every this many steps. Empty: "
+            "only by time and on an interruption notice.",
+            _IN_PLACE,
+            minimum=1,
+            maximum=MAX_STEPS,
+            optional=True,
+        ),
+    ] = None
+    keep_checkpoints: Annotated[
+        int,
+        Knob(
+            "keep_checkpoints",
+            INT,
+            "Checkpoints kept in the store (older ones are pruned); "
+            "more than one survives a corrupt newest one.",
+            frozenset({DECORATOR}),
+            minimum=1,
+            maximum=MAX_KEEP,
+        ),
+    ] = 3
+    notice_poll_interval_seconds: Annotated[
+        float,
+        Knob(
+            "notice_poll_interval",
+            DURATION,
+            "How often the node's metadata service is polled "
+            "for an interruption notice; 1s leaves nearly all of a 2-minute notice for the "
+            "emergency save.",
+            frozenset({DECORATOR, SPOT_TASK}),
+            minimum=0,
+            maximum=MAX_WAIT,
+            strict=True,
+            aliases=("watch_poll_interval",),
+        ),
+    ] = 1.0
+    cloud: Annotated[
+        str,
+        Knob(
+            "cloud",
+            TEXT,
+            "Where interruption notices come from: `auto` probes, or one of the "
+            "notice detectors (`aws`, `gcp`, `azure`, `kubernetes`, `signal` (SIGTERM only); "
+            "`spot-pipelines providers` lists them).",
+            frozenset({DECORATOR}),
+            choices=_cloud_choices,
+        ),
+    ] = "auto"
+    work_capacity_seconds: Annotated[
+        float | None,
+        Knob(
+            "work",
+            DURATION,
+            "With a deadline: compute the job needs, in capacity time like "
+            "the deadline; the job moves to on-demand when work left plus two restarts no "
+            "longer fits on spot.",
+            _JOB,
+            minimum=0,
+            maximum=MAX_SPAN,
+            why_maximum=WHY_SPAN,
+            strict=True,
+            optional=True,
+        ),
+    ] = None
+    total_steps: Annotated[
+        int | None,
+        Knob(
+            "total_steps",
+            INT,
+            "With work: the step count at which the job is done, so "
+            "checkpoint steps measure progress.",
+            _JOB,
+            minimum=1,
+            maximum=MAX_STEPS,
+            optional=True,
+        ),
+    ] = None
+    restart_overhead_capacity_seconds: Annotated[
+        float,
+        Knob(
+            "restart_overhead",
+            DURATION,
+            "With work: capacity time a new instance takes before "
+            "the job makes progress again (5m covers boot, image pull and restore).",
+            _JOB,
+            minimum=0,
+            maximum=MAX_WAIT,
+        ),
+    ] = 300.0
+    deadline_policy: Annotated[
+        str | None,
+        Knob(
+            "deadline_policy",
+            TEXT,
+            "With a deadline and work: the deadline policy (greedy, "
+            "uniform-progress, default, ...) that decides spot, on-demand or wait between "
+            "attempts on a trace market (the local cloud). Empty: only the on-demand safety "
+            "net.",
+            _JOB,
+            optional=True,
+            choices=_deadline_policy_choices,
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         for knob_ in KNOBS:
@@ -490,13 +838,17 @@ class SpotSettings:
         self._settle_deadline()
         work, deadline = self.work_capacity_seconds, self.deadline_capacity_seconds
         if work is not None and deadline is None and self.deadline_at is None:
-            raise ConfigError(f"work={format_duration(work)} needs deadline=DURATION too "
-                              "(the work is planned against it); set one, or drop work")
+            raise ConfigError(
+                f"work={format_duration(work)} needs deadline=DURATION too "
+                "(the work is planned against it); set one, or drop work"
+            )
         if work is not None and deadline is not None:
             _check_work_fits(work, deadline)
         if self.deadline_policy is not None and work is None:
-            raise ConfigError(f"deadline_policy={self.deadline_policy!r} needs deadline and "
-                              "work (and total_steps, so checkpoints measure progress)")
+            raise ConfigError(
+                f"deadline_policy={self.deadline_policy!r} needs deadline and "
+                "work (and total_steps, so checkpoints measure progress)"
+            )
 
     def _settle_deadline(self) -> None:
         """The ``deadline`` knob holds a duration or a time: a time given as the duration
@@ -506,8 +858,10 @@ class SpotSettings:
         if when is not None:
             when = deadline.parse(when)
             if not isinstance(when, datetime):
-                raise ConfigError(f"deadline_at={self.deadline_at!r} is not a time; give a "
-                                  "datetime or an ISO time such as 2026-12-01T08:00Z")
+                raise ConfigError(
+                    f"deadline_at={self.deadline_at!r} is not a time; give a "
+                    "datetime or an ISO time such as 2026-12-01T08:00Z"
+                )
         if isinstance(duration, datetime):
             duration, when = None, duration if when is None else _both_deadlines()
         if duration is not None and when is not None:
@@ -522,8 +876,7 @@ class SpotSettings:
         check_provider(self.provider, self.provider_options, self.instance_types)
 
     @classmethod
-    def build(cls, *, where: str = "", check_options: bool = True,
-              **values: Any) -> "SpotSettings":
+    def build(cls, *, where: str = "", check_options: bool = True, **values: Any) -> "SpotSettings":
         """Settings from keyword values under the surfaces' names (old names allowed);
         errors are one line, prefixed with ``where`` (a task id, a block, a flag set) so
         the user knows what to fix.
@@ -533,8 +886,9 @@ class SpotSettings:
         values = resolve_aliases(values, where=where)
         unknown = sorted(set(values) - set(KNOBS_BY_NAME))
         if unknown:
-            raise ConfigError(f"{_prefix(where)}unknown setting(s) {unknown}; choose from "
-                              f"{sorted(KNOBS_BY_NAME)}")
+            raise ConfigError(
+                f"{_prefix(where)}unknown setting(s) {unknown}; choose from {sorted(KNOBS_BY_NAME)}"
+            )
         try:
             settings = cls(**{KNOBS_BY_NAME[name].field: value for name, value in values.items()})
             if check_options:
@@ -552,22 +906,26 @@ class SpotSettings:
         the controller's lifecycle, which a trigger carries to the triggerer)."""
         return {k.name: k.read(self) for k in KNOBS if k.controller or not controller_only}
 
-    def retry_policy(self, *, max_user_retries: int | None = None,
-                     deadline_safety_seconds: float = 0.0) -> RetryPolicy:
+    def retry_policy(
+        self, *, max_user_retries: int | None = None, deadline_safety_seconds: float = 0.0
+    ) -> RetryPolicy:
         """The pure policy's input. ``max_user_retries``: an engine passes its own (its
         retries are the user-failure budget), the CLI uses the setting."""
         return RetryPolicy(
             max_preemptions=self.max_preemptions,
-            max_user_retries=self.max_user_retries if max_user_retries is None
+            max_user_retries=self.max_user_retries
+            if max_user_retries is None
             else max_user_retries,
             max_infrastructure_retries=self.max_infrastructure_retries,
             max_disruptions=self.max_disruptions,
-            on_demand_fallback=self.on_demand_fallback, return_to_spot=self.return_to_spot,
+            on_demand_fallback=self.on_demand_fallback,
+            return_to_spot=self.return_to_spot,
             capacity_wait_seconds=self.capacity_wait_seconds,
             max_capacity_waits=self.max_capacity_waits,
             deadline_safety_seconds=deadline_safety_seconds,
             min_on_demand_seconds=self.min_on_demand_seconds,
-            max_spot_price=self.max_spot_price)
+            max_spot_price=self.max_spot_price,
+        )
 
     def controller_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Controller``: the lifecycle's bounds, in seconds (each
@@ -582,28 +940,38 @@ class SpotSettings:
         job keeps its deadline) and ``capacity_per_wall`` its provider's
         ``capacity_seconds(1.0)``."""
         deadline = self.deadline_at or self.deadline_capacity_seconds
-        deadline_at = wall_deadline(deadline, created_at=created_at,
-                                    capacity_per_wall=capacity_per_wall)
+        deadline_at = wall_deadline(
+            deadline, created_at=created_at, capacity_per_wall=capacity_per_wall
+        )
         if self.work_capacity_seconds is not None and self.deadline_at is not None:
             assert deadline_at is not None
-            _check_work_fits(self.work_capacity_seconds,
-                             (deadline_at - created_at) * capacity_per_wall,
-                             deadline=self.deadline_at.isoformat())
-        return {"deadline_at": deadline_at,
-                "work_capacity_seconds": self.work_capacity_seconds,
-                "total_steps": self.total_steps,
-                "restart_overhead_capacity_seconds": self.restart_overhead_capacity_seconds,
-                "deadline_policy": self.deadline_policy}
+            _check_work_fits(
+                self.work_capacity_seconds,
+                (deadline_at - created_at) * capacity_per_wall,
+                deadline=self.deadline_at.isoformat(),
+            )
+        return {
+            "deadline_at": deadline_at,
+            "work_capacity_seconds": self.work_capacity_seconds,
+            "total_steps": self.total_steps,
+            "restart_overhead_capacity_seconds": self.restart_overhead_capacity_seconds,
+            "deadline_policy": self.deadline_policy,
+        }
 
     def alert_thresholds(self) -> dict[str, float | None]:
         """Keyword arguments for ``spot_core.policy.alerts.pool_alerts``."""
-        return {"max_interruption_rate": self.alert_interruption_rate,
-                "max_spot_price": self.alert_spot_price}
+        return {
+            "max_interruption_rate": self.alert_interruption_rate,
+            "max_spot_price": self.alert_spot_price,
+        }
 
     def checkpointer_options(self) -> dict[str, Any]:
         """Keyword arguments for ``Checkpointer`` (its schedule and how many it keeps)."""
-        return {"every_seconds": self.checkpoint_every_seconds,
-                "every_steps": self.checkpoint_every_steps, "keep": self.keep_checkpoints}
+        return {
+            "every_seconds": self.checkpoint_every_seconds,
+            "every_steps": self.checkpoint_every_steps,
+            "keep": self.keep_checkpoints,
+        }
 
 
 def _bind() -> tuple[Knob, ...]:
@@ -614,15 +982,19 @@ def _bind() -> tuple[Knob, ...]:
         found = [m for m in getattr(hints[spec.name], "__metadata__", ()) if isinstance(m, Knob)]
         if not found:
             continue
-        default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING \
+        default = (
+            spec.default_factory()
+            if spec.default_factory is not dataclasses.MISSING
             else spec.default
+        )
         bound.append(dataclasses.replace(found[0], field=spec.name, default=default))
     return tuple(bound)
 
 
 def _both_deadlines():
-    raise ConfigError("deadline is a duration or a time, not both: give "
-                      "deadline_capacity_seconds or deadline_at")
+    raise ConfigError(
+        "deadline is a duration or a time, not both: give deadline_capacity_seconds or deadline_at"
+    )
 
 
 KNOBS: tuple[Knob, ...] = _bind()
@@ -654,12 +1026,19 @@ def resolve_aliases(values: dict[str, Any], *, where: str = "") -> dict[str, Any
         if alias not in out:
             continue
         if name in out:
-            raise ConfigError(f"{_prefix(where)}{alias} is the old name of {name}; pass only "
-                              f"{name}")
-        hint = (" (seconds, a timedelta or a string such as '5m')"
-                if KNOBS_BY_NAME[name].kind == DURATION else "")
-        warnings.warn(f"{_prefix(where)}{alias} is deprecated; use {name}{hint}",
-                      DeprecationWarning, stacklevel=3)
+            raise ConfigError(
+                f"{_prefix(where)}{alias} is the old name of {name}; pass only {name}"
+            )
+        hint = (
+            " (seconds, a timedelta or a string such as '5m')"
+            if KNOBS_BY_NAME[name].kind == DURATION
+            else ""
+        )
+        warnings.warn(
+            f"{_prefix(where)}{alias} is deprecated; use {name}{hint}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         out[name] = out.pop(alias)
     return out
 
@@ -681,11 +1060,14 @@ def _check_work_fits(work: float, room: float, *, deadline: str | None = None) -
     if work <= room:
         return
     shown = format_duration(room) if deadline is None else deadline
-    extra = "" if deadline is None else \
-        f" ({format_duration(max(round(room), 0))} of capacity time)"
-    raise ConfigError(f"work={format_duration(work)} is more than deadline={shown}{extra}: "
-                      "the job cannot finish in time even on on-demand; give a later "
-                      "deadline or less work")
+    extra = (
+        "" if deadline is None else f" ({format_duration(max(round(room), 0))} of capacity time)"
+    )
+    raise ConfigError(
+        f"work={format_duration(work)} is more than deadline={shown}{extra}: "
+        "the job cannot finish in time even on on-demand; give a later "
+        "deadline or less work"
+    )
 
 
 # -- the command line ------------------------------------------------------------------------------
@@ -712,8 +1094,11 @@ def cli_value(knob_: Knob, text: Any) -> Any:
             value = text
         return knob_.parse(value)
     except (ValueError, ConfigError) as exc:
-        detail = str(exc) if isinstance(exc, ConfigError) else \
-            f"{text!r} is not a {'whole number' if knob_.kind == INT else 'number'}"
+        detail = (
+            str(exc)
+            if isinstance(exc, ConfigError)
+            else f"{text!r} is not a {'whole number' if knob_.kind == INT else 'number'}"
+        )
         raise ConfigError(f"{cli_flag(knob_)}: {detail}") from None
 
 
@@ -724,8 +1109,10 @@ def cli_help(knob_: Knob) -> str:
     text = knob_.help.replace("%", "%%")
     unit = " (a duration: 90s, 5m, 2h, 1d)" if knob_.kind == DURATION else ""
     if knob_.absolute:
-        unit = " (a duration of capacity time: 90s, 5m, 2h, 1d; or an ISO time such as " \
-               "2026-12-01T08:00Z)"
+        unit = (
+            " (a duration of capacity time: 90s, 5m, 2h, 1d; or an ISO time such as "
+            "2026-12-01T08:00Z)"
+        )
     bound = "" if knob_.maximum is None else f"; at most {knob_.shown(knob_.maximum)}"
     return f"{text}{unit} (default: {'none' if shown is None else shown}{bound})"
 
@@ -740,22 +1127,30 @@ def add_cli_arguments(parser: Any, *, skip: Iterable[str] = ()) -> None:
         if knob_.name in skipped:
             continue
         if knob_.kind == BOOL:
-            parser.add_argument(cli_flag(knob_), dest=knob_.name, default=None,
-                                action=argparse.BooleanOptionalAction, help=cli_help(knob_))
+            parser.add_argument(
+                cli_flag(knob_),
+                dest=knob_.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=cli_help(knob_),
+            )
             continue
-        metavar = knob_.metavar or {DURATION: "DURATION", INT: "N",
-                                    TEXT: "NAME"}.get(knob_.kind)
+        metavar = knob_.metavar or {DURATION: "DURATION", INT: "N", TEXT: "NAME"}.get(knob_.kind)
         if knob_.allowed is not None and knob_.name != "deadline_policy":
             metavar = "{" + ",".join(knob_.allowed) + "}"
-        parser.add_argument(cli_flag(knob_), dest=knob_.name, default=None, metavar=metavar,
-                            help=cli_help(knob_))
+        parser.add_argument(
+            cli_flag(knob_), dest=knob_.name, default=None, metavar=metavar, help=cli_help(knob_)
+        )
 
 
 def settings_from_cli(args: Any, *, where: str = "", **overrides: Any) -> SpotSettings:
     """SpotSettings from parsed CLI arguments (each CLI knob's ``dest``; None: not given)
     and ``overrides`` (values a command computed itself, under the knobs' names)."""
-    values = {k.name: cli_value(k, getattr(args, k.name)) for k in knobs_for(CLI)
-              if getattr(args, k.name, None) is not None}
+    values = {
+        k.name: cli_value(k, getattr(args, k.name))
+        for k in knobs_for(CLI)
+        if getattr(args, k.name, None) is not None
+    }
     try:
         return SpotSettings.build(where=where, check_options=False, **{**values, **overrides})
     except ConfigError as exc:  # a check across knobs: say it in flags, as the user wrote it
@@ -768,8 +1163,34 @@ def in_flags(message: str) -> str:
     return re.sub(rf"\b({names})=", lambda m: cli_flag(KNOBS_BY_NAME[m[1]]) + " ", message)
 
 
-__all__ = ["ALIASES", "BLOCK", "CLI", "DECORATOR", "KNOBS", "KNOBS_BY_NAME", "Knob",
-           "OPERATOR", "POD_OPERATOR", "SPOT_TASK", "SURFACES", "SpotSettings", "TASK_RUNNER",
-           "WORKER", "add_cli_arguments", "cli_flag", "cli_help", "cli_value", "default",
-           "format_duration", "in_flags", "knob", "knobs_for", "parse_duration", "parse_time",
-           "pop_aliases", "resolve_aliases", "settings_from_cli", "wall_deadline"]
+__all__ = [
+    "ALIASES",
+    "BLOCK",
+    "CLI",
+    "DECORATOR",
+    "KNOBS",
+    "KNOBS_BY_NAME",
+    "Knob",
+    "OPERATOR",
+    "POD_OPERATOR",
+    "SPOT_TASK",
+    "SURFACES",
+    "SpotSettings",
+    "TASK_RUNNER",
+    "WORKER",
+    "add_cli_arguments",
+    "cli_flag",
+    "cli_help",
+    "cli_value",
+    "default",
+    "format_duration",
+    "in_flags",
+    "knob",
+    "knobs_for",
+    "parse_duration",
+    "parse_time",
+    "pop_aliases",
+    "resolve_aliases",
+    "settings_from_cli",
+    "wall_deadline",
+]

@@ -28,8 +28,11 @@ from typing import Any, Callable, Sequence
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk.exceptions import (AirflowException, AirflowFailException,
-                                    AirflowRescheduleException)
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowRescheduleException,
+)
 
 from airflow_spot.hooks.connections import aws_access, check_conn_id
 from airflow_spot.records import TASK_RECORD_KEY, persister, stored_record
@@ -53,36 +56,56 @@ class SpotTaskPreempted(AirflowException):
 class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
     """Runs the callable with a restored Checkpointer under an interruption watcher."""
 
-    template_fields: Sequence[str] = ("templates_dict", "op_args", "op_kwargs", "checkpoint_uri",
-                                      "metadata_endpoint")
+    template_fields: Sequence[str] = (
+        "templates_dict",
+        "op_args",
+        "op_kwargs",
+        "checkpoint_uri",
+        "metadata_endpoint",
+    )
     template_fields_renderers = {"templates_dict": "json", "op_args": "py", "op_kwargs": "py"}
     custom_operator_name = "@task.spot"
 
-    def __init__(self, *, python_callable: Callable, op_args, op_kwargs,
-                 checkpoint_uri: str, cloud: str = default("cloud"),
-                 metadata_endpoint: str | None = None,
-                 checkpoint_every: float | str | None = default("checkpoint_every"),
-                 checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
-                 keep_checkpoints: int = default("keep_checkpoints"),
-                 notice_poll_interval: float | str = default("notice_poll_interval"),
-                 max_preemptions: int = default("max_preemptions"),
-                 aws_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        python_callable: Callable,
+        op_args,
+        op_kwargs,
+        checkpoint_uri: str,
+        cloud: str = default("cloud"),
+        metadata_endpoint: str | None = None,
+        checkpoint_every: float | str | None = default("checkpoint_every"),
+        checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+        keep_checkpoints: int = default("keep_checkpoints"),
+        notice_poll_interval: float | str = default("notice_poll_interval"),
+        max_preemptions: int = default("max_preemptions"),
+        aws_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         given = locals()  # first: the knobs as written (the settings model checks them)
         # No ``retries`` default from max_preemptions: preemptions reschedule without a try.
         check_conn_id(aws_conn_id, "aws_conn_id", kwargs.get("task_id", "@task.spot"))
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
-        super().__init__(kwargs_to_upstream={"python_callable": python_callable,
-                                             "op_args": op_args, "op_kwargs": op_kwargs},
-                         python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs,
-                         **kwargs)
+        super().__init__(
+            kwargs_to_upstream={
+                "python_callable": python_callable,
+                "op_args": op_args,
+                "op_kwargs": op_kwargs,
+            },
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            **kwargs,
+        )
         self.checkpoint_uri = checkpoint_uri
         self.metadata_endpoint = metadata_endpoint
         self.aws_conn_id = aws_conn_id
         self._aws = None  # the AWS connection's access, resolved on the worker when used
         self._validate()
-        self.settings = self._settings({**{k.name: given[k.name] for k in knobs_for(DECORATOR)},
-                                        **renamed})
+        self.settings = self._settings(
+            {**{k.name: given[k.name] for k in knobs_for(DECORATOR)}, **renamed}
+        )
         self.cloud = self.settings.cloud
         self.checkpoint_every = self.settings.checkpoint_every_seconds
         self.checkpoint_every_steps = self.settings.checkpoint_every_steps
@@ -108,13 +131,19 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
             except ConfigError as exc:
                 raise error(f"{self.task_id}: checkpoint_uri: {exc}") from None
             if not str(uri).startswith(("file://", "s3://")):
-                raise error(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// "
-                            "or s3://, e.g. file:///data/checkpoints/etl")
+                raise error(
+                    f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// "
+                    "or s3://, e.g. file:///data/checkpoints/etl"
+                )
         endpoint = self.metadata_endpoint
-        if endpoint is not None and not (isinstance(endpoint, str) and (
-                "{{" in endpoint or endpoint.startswith(("http://", "https://")))):
-            raise error(f"{self.task_id}: metadata_endpoint={endpoint!r} must be an http:// "
-                        "URL (e.g. http://169.254.169.254) or None for the cloud's own")
+        if endpoint is not None and not (
+            isinstance(endpoint, str)
+            and ("{{" in endpoint or endpoint.startswith(("http://", "https://")))
+        ):
+            raise error(
+                f"{self.task_id}: metadata_endpoint={endpoint!r} must be an http:// "
+                "URL (e.g. http://169.254.169.254) or None for the cloud's own"
+            )
 
     # -- the record in the task state store, the attempt through the controller ---------------
     def _open_store(self, uri: str):
@@ -132,11 +161,15 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         ti = context["ti"]
         index = getattr(ti, "map_index", -1)
         return InPlaceAttempt(
-            self.settings, job_id=job_id(ti.dag_id, ti.task_id,
-                                         None if index is None or index < 0 else index,
-                                         ti.run_id),
-            checkpoint_uri=self.checkpoint_uri, stores=self._open_store,
-            persist=persister(context, RECORD_KEY), cloud=self.cloud)
+            self.settings,
+            job_id=job_id(
+                ti.dag_id, ti.task_id, None if index is None or index < 0 else index, ti.run_id
+            ),
+            checkpoint_uri=self.checkpoint_uri,
+            stores=self._open_store,
+            persist=persister(context, RECORD_KEY),
+            cloud=self.cloud,
+        )
 
     # -- execution ------------------------------------------------------------------------------
     def execute(self, context) -> Any:
@@ -145,12 +178,17 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         record = attempt.open(stored_record(context, RECORD_KEY, self.task_id))
         checkpointer = attempt.checkpointer()
         restored = checkpointer.restore()
-        self.log.info("attempt %d starts from checkpoint step %s (%d preemption(s) so far, "
-                      "try %s)", attempt.lease.attempt, None if restored is None else restored[0],
-                      record.preemptions, context["ti"].try_number)
+        self.log.info(
+            "attempt %d starts from checkpoint step %s (%d preemption(s) so far, try %s)",
+            attempt.lease.attempt,
+            None if restored is None else restored[0],
+            record.preemptions,
+            context["ti"].try_number,
+        )
         self._inject(checkpointer, restored)
-        watcher = attempt.watch_notices(checkpointer, cloud=self.cloud,
-                                        endpoint=self.metadata_endpoint)
+        watcher = attempt.watch_notices(
+            checkpointer, cloud=self.cloud, endpoint=self.metadata_endpoint
+        )
         try:
             result = super().execute(context)
         except Preempted as exc:
@@ -169,14 +207,21 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         past it: fail the try, so Airflow's own retries decide."""
         step = record.latest_checkpoint and record.latest_checkpoint.step
         if record.preemptions <= self.max_preemptions:
-            self.log.warning("preemption %d of %d: rescheduled without spending a try; the "
-                             "rerun resumes from checkpoint step %s", record.preemptions,
-                             self.max_preemptions, step)
+            self.log.warning(
+                "preemption %d of %d: rescheduled without spending a try; the "
+                "rerun resumes from checkpoint step %s",
+                record.preemptions,
+                self.max_preemptions,
+                step,
+            )
             raise AirflowRescheduleException(
-                datetime.now(timezone.utc) + timedelta(seconds=RESCHEDULE_DELAY_SECONDS)) from exc
-        raise SpotTaskPreempted(f"{exc}; preemption {record.preemptions} is past "
-                                f"max_preemptions={self.max_preemptions}: the try fails and "
-                                f"Airflow's retries apply (checkpoint step {step} is kept)") from exc
+                datetime.now(timezone.utc) + timedelta(seconds=RESCHEDULE_DELAY_SECONDS)
+            ) from exc
+        raise SpotTaskPreempted(
+            f"{exc}; preemption {record.preemptions} is past "
+            f"max_preemptions={self.max_preemptions}: the try fails and "
+            f"Airflow's retries apply (checkpoint step {step} is kept)"
+        ) from exc
 
     def _inject(self, checkpointer, restored) -> None:
         parameters = inspect.signature(self.python_callable).parameters
@@ -186,8 +231,9 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                 self.op_kwargs = {**self.op_kwargs, name: value}
 
 
-def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | None = None,
-              **kwargs: Any):
+def spot_task(
+    python_callable: Callable | None = None, multiple_outputs: bool | None = None, **kwargs: Any
+):
     """``@task.spot(checkpoint_uri=...)``: run the callable in place with checkpoints and notices.
 
     :param checkpoint_uri: ``file://`` or ``s3://`` store for this task's checkpoints.
@@ -204,6 +250,9 @@ def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | 
 
     Defaults and checks are the knobs' in ``spot_core.settings``.
     """
-    return task_decorator_factory(python_callable=python_callable,
-                                  multiple_outputs=multiple_outputs,
-                                  decorated_operator_class=_SpotDecoratedOperator, **kwargs)
+    return task_decorator_factory(
+        python_callable=python_callable,
+        multiple_outputs=multiple_outputs,
+        decorated_operator_class=_SpotDecoratedOperator,
+        **kwargs,
+    )

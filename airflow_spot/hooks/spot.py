@@ -40,10 +40,15 @@ class SpotHook(BaseHook):
 
     hook_name = "Spot capacity"
 
-    def __init__(self, provider: str = SpotSettings.provider,
-                 provider_options: Mapping[str, Any] | None = None, *,
-                 aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        provider: str = SpotSettings.provider,
+        provider_options: Mapping[str, Any] | None = None,
+        *,
+        aws_conn_id: str | None = None,
+        kubernetes_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         try:  # read when used, so a provider installed after this module loaded counts
             jobs.plugin(provider)
@@ -82,13 +87,15 @@ class SpotHook(BaseHook):
         with _OPEN_LOCK:
             provider = _OPEN.get(self.cache_key)
             if provider is None:
-                provider = jobs.reopen_provider(self.provider_name, self.provider_options,
-                                                session=self._session())
+                provider = jobs.reopen_provider(
+                    self.provider_name, self.provider_options, session=self._session()
+                )
                 _OPEN[self.cache_key] = provider
                 # A trigger running in this process (dag.test) reopens it by its options.
                 if provider.options:
-                    _OPEN.setdefault(_key(self.provider_name, provider.options,
-                                          *self._conn_ids), provider)
+                    _OPEN.setdefault(
+                        _key(self.provider_name, provider.options, *self._conn_ids), provider
+                    )
             return provider
 
     def open_store(self, uri: str) -> Any:
@@ -104,13 +111,23 @@ class SpotHook(BaseHook):
         """The provider's pools in ``zones`` (every one when None)."""
         return jobs.select_pools(self.get_provider(), zones=zones or ())
 
-    def controller(self, settings: SpotSettings, *, max_user_retries: int | None = None,
-                   persist: Persist | None = None) -> Controller:
+    def controller(
+        self,
+        settings: SpotSettings,
+        *,
+        max_user_retries: int | None = None,
+        persist: Persist | None = None,
+    ) -> Controller:
         """The controller over this provider under ``settings``, the same in the worker
         that launches and the triggerer that watches; stores are reached with the
         provider's own credentials when it has them, else with the AWS connection."""
-        return jobs.controller(settings, self.get_provider(), max_user_retries=max_user_retries,
-                               persist=persist, engine_stores=self.open_store)
+        return jobs.controller(
+            settings,
+            self.get_provider(),
+            max_user_retries=max_user_retries,
+            persist=persist,
+            engine_stores=self.open_store,
+        )
 
     # -- leases -----------------------------------------------------------------------------
     def terminate(self, lease: Lease) -> None:

@@ -58,8 +58,9 @@ def defer_hold_seconds() -> float:
         from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
     except ImportError:  # another Task SDK layout: keep the safe hold
         return MIN_DEFER_SECONDS
-    in_process = isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None),
-                            InProcessSupervisorComms)
+    in_process = isinstance(
+        getattr(task_runner, "SUPERVISOR_COMMS", None), InProcessSupervisorComms
+    )
     return 0.0 if in_process else MIN_DEFER_SECONDS
 
 
@@ -98,14 +99,18 @@ class ControllerDriverMixin:
         return self.settings.knob_values(controller_only=True)
 
     def _controller(self, context) -> Controller:
-        return self.spot_hook.controller(self.settings, max_user_retries=UNLIMITED_USER_RETRIES,
-                                         persist=persister(context, RECORD_KEY))
+        return self.spot_hook.controller(
+            self.settings,
+            max_user_retries=UNLIMITED_USER_RETRIES,
+            persist=persister(context, RECORD_KEY),
+        )
 
     def _job_id(self, context) -> str:
         ti = context["ti"]
         index = getattr(ti, "map_index", -1)
-        return jobs.job_id(ti.dag_id, ti.task_id, None if index is None or index < 0 else index,
-                           ti.run_id)
+        return jobs.job_id(
+            ti.dag_id, ti.task_id, None if index is None or index < 0 else index, ti.run_id
+        )
 
     def _stored_record(self, context) -> JobRecord | None:
         """The record an earlier try left in the task state store, if any."""
@@ -120,11 +125,13 @@ class ControllerDriverMixin:
 
     def _resumed(self, record: JobRecord) -> JobRecord:
         """An earlier try's record, reopened: a new Airflow try is a new chance."""
-        self.log.info("resuming job %s from the task state store: %s", record.job_id,
-                      record.summary())
+        self.log.info(
+            "resuming job %s from the task state store: %s", record.job_id, record.summary()
+        )
         if record.status is JobStatus.FAILED:
-            return record.with_status(JobStatus.RUNNING if record.current_attempt
-                                      else JobStatus.PENDING)
+            return record.with_status(
+                JobStatus.RUNNING if record.current_attempt else JobStatus.PENDING
+            )
         return record
 
     # -- execution: a driver of the controller's lifecycle --------------------------------------
@@ -134,13 +141,19 @@ class ControllerDriverMixin:
         stored = self._stored_record(context)  # a corrupt record stops before anything opens
         controller = self._controller(context)
         spec = self._job_spec(context, stored)
-        record = controller.persist(controller.new_record(spec)) if stored is None \
+        record = (
+            controller.persist(controller.new_record(spec))
+            if stored is None
             else self._resumed(stored)
+        )
         SpotCheckpointLink.persist(context, SpotCheckpointLink.url_for(self.checkpoint_uri))
         self._persist_lease_link(context, None)  # filled in when an attempt runs
         if record.current_attempt is not None:  # an earlier try left it running: reattach
-            self.log.info("reattaching to attempt %d (lease %s) left by an earlier try",
-                          record.current_attempt.number, record.current_attempt.lease_id)
+            self.log.info(
+                "reattaching to attempt %d (lease %s) left by an earlier try",
+                record.current_attempt.number,
+                record.current_attempt.lease_id,
+            )
         return self._drive(context, controller, spec, controller.advance(spec, record))
 
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -150,13 +163,16 @@ class ControllerDriverMixin:
         controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
         spec = self._spec(nxt.record.job_id, nxt.record.created_at)
         if event["status"] == "error":  # the next try reattaches to the recorded attempt
-            raise AirflowException(f"job {nxt.record.job_id}: the trigger failed: "
-                                   f"{event.get('message')}")
+            raise AirflowException(
+                f"job {nxt.record.job_id}: the trigger failed: {event.get('message')}"
+            )
         if event["status"] == "wake":
             nxt = controller.advance(spec, nxt.record)
         elif event["status"] == "notice":
-            self.log.warning("attempt %d got an interruption notice; the step saves an emergency "
-                             "checkpoint", nxt.lease.attempt)
+            self.log.warning(
+                "attempt %d got an interruption notice; the step saves an emergency checkpoint",
+                nxt.lease.attempt,
+            )
         return self._drive(context, controller, spec, nxt)
 
     def _event_next(self, event: Any) -> Next:
@@ -164,14 +180,18 @@ class ControllerDriverMixin:
         persists nothing: the retry resumes from the record already in the task state store."""
         status = event.get("status") if isinstance(event, Mapping) else None
         if status not in EVENT_STATUSES:
-            raise AirflowException(f"{self.task_id}: unexpected trigger event (status "
-                                   f"{status!r}, expected one of {', '.join(EVENT_STATUSES)}); "
-                                   "the next try resumes from the task state store")
+            raise AirflowException(
+                f"{self.task_id}: unexpected trigger event (status "
+                f"{status!r}, expected one of {', '.join(EVENT_STATUSES)}); "
+                "the next try resumes from the task state store"
+            )
         try:
             return Next.from_dict(event.get("next"))
         except ConfigError as exc:
-            raise AirflowException(f"{self.task_id}: the trigger's event cannot be read: {exc}; "
-                                   "the next try resumes from the task state store") from None
+            raise AirflowException(
+                f"{self.task_id}: the trigger's event cannot be read: {exc}; "
+                "the next try resumes from the task state store"
+            ) from None
 
     def _drive(self, context, controller: Controller, spec: JobSpec, nxt: Next) -> dict[str, Any]:
         """Follow the controller's answers until the job finishes or the task defers."""
@@ -194,9 +214,14 @@ class ControllerDriverMixin:
             else:  # watch
                 self._persist_lease_link(context, nxt.lease)
                 if self.deferrable and not self._notice_pending(nxt):
-                    self.log.info("watching attempt %d on %s (lease %s)%s from the triggerer: %s",
-                                  nxt.lease.attempt, nxt.lease.pool.key, nxt.lease.lease_id,
-                                  self._trace_position(), nxt.reason)
+                    self.log.info(
+                        "watching attempt %d on %s (lease %s)%s from the triggerer: %s",
+                        nxt.lease.attempt,
+                        nxt.lease.pool.key,
+                        nxt.lease.lease_id,
+                        self._trace_position(),
+                        nxt.reason,
+                    )
                     self._defer(spec, nxt)
                 nxt = self._watch_here(controller, spec, nxt)
         raise SpotJobFailed(f"job {spec.job_id} did not settle in {MAX_ROUNDS} rounds")
@@ -238,27 +263,42 @@ class ControllerDriverMixin:
         """Log how the attempt ended; a failure of the step's own code spends an Airflow try."""
         attempt = record.attempts[-1]
         pool = attempt.pool.key if attempt.pool is not None else "-"
-        self.log.info("attempt %d ended %s on %s (checkpoint %s -> %s) %s", attempt.number,
-                      attempt.outcome, pool, attempt.checkpoint_step_start,
-                      attempt.checkpoint_step_end, attempt.message)
+        self.log.info(
+            "attempt %d ended %s on %s (checkpoint %s -> %s) %s",
+            attempt.number,
+            attempt.outcome,
+            pool,
+            attempt.checkpoint_step_start,
+            attempt.checkpoint_step_end,
+            attempt.message,
+        )
         if attempt.outcome is Outcome.USER_FAILED:
             why = attempt.message or "it exited with a non-zero code"
-            raise SpotUserStepFailed(f"the step's own code failed on attempt {attempt.number} "
-                                     f"({why}); the next try resumes from checkpoint step "
-                                     f"{attempt.checkpoint_step_end}")
+            raise SpotUserStepFailed(
+                f"the step's own code failed on attempt {attempt.number} "
+                f"({why}); the next try resumes from checkpoint step "
+                f"{attempt.checkpoint_step_end}"
+            )
 
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
         """The trigger that watches ``nxt`` in the triggerer."""
-        return SpotJobTrigger(provider=self.settings.provider,
-                              provider_options=self.spot_hook.reopen_options,
-                              next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
-                              controller_options=self.controller_options(),
-                              not_before=not_before)
+        return SpotJobTrigger(
+            provider=self.settings.provider,
+            provider_options=self.spot_hook.reopen_options,
+            next=nxt.to_dict(),
+            checkpoint_uri=spec.checkpoint_uri,
+            controller_options=self.controller_options(),
+            not_before=not_before,
+        )
 
     def _defer(self, spec: JobSpec, nxt: Next) -> None:
         trigger = self._trigger(spec, nxt, not_before=time.time() + defer_hold_seconds())
         # Airflow's own bound sits past the controller's (attempt limit, observe failures).
-        end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.settings.observe_failure_timeout_seconds
+        end_by = (
+            nxt.until
+            if nxt.action == "sleep"
+            else nxt.until + self.settings.observe_failure_timeout_seconds
+        )
         timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
 

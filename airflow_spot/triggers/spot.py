@@ -63,14 +63,29 @@ class SpotJobTrigger(BaseTrigger):
         ``AIRFLOW_CONN_<ID>``), so no credential is ever in these kwargs.
     """
 
-    def __init__(self, *, provider: str, provider_options: Mapping[str, Any],
-                 next: Mapping[str, Any], checkpoint_uri: str,  # noqa: A002 - the Next
-                 controller_options: Mapping[str, Any] | None = None,
-                 return_on_notice: bool = True, not_before: float = 0.0,
-                 aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        provider: str,
+        provider_options: Mapping[str, Any],
+        next: Mapping[str, Any],
+        checkpoint_uri: str,  # noqa: A002 - the Next
+        controller_options: Mapping[str, Any] | None = None,
+        return_on_notice: bool = True,
+        not_before: float = 0.0,
+        aws_conn_id: str | None = None,
+        kubernetes_conn_id: str | None = None,
+    ) -> None:
         super().__init__()
-        self._check(provider, provider_options, next, checkpoint_uri, controller_options,
-                    return_on_notice, not_before)
+        self._check(
+            provider,
+            provider_options,
+            next,
+            checkpoint_uri,
+            controller_options,
+            return_on_notice,
+            not_before,
+        )
         check_conn_id(aws_conn_id, "aws_conn_id", "SpotJobTrigger")
         check_conn_id(kubernetes_conn_id, "kubernetes_conn_id", "SpotJobTrigger")
         self.aws_conn_id = aws_conn_id
@@ -85,11 +100,18 @@ class SpotJobTrigger(BaseTrigger):
         self.return_on_notice = return_on_notice
         self.not_before = float(not_before)
         self._current: Next | None = None  # the latest Next, for on_kill / cleanup
-        self._done = False                 # an event fired or the lease was stopped
+        self._done = False  # an event fired or the lease was stopped
 
     @staticmethod
-    def _check(provider, provider_options, nxt, checkpoint_uri, controller_options,
-               return_on_notice, not_before) -> None:
+    def _check(
+        provider,
+        provider_options,
+        nxt,
+        checkpoint_uri,
+        controller_options,
+        return_on_notice,
+        not_before,
+    ) -> None:
         """Kwargs as the operator writes them; anything else (a forged or truncated row in
         the trigger table) is one ValueError line here, before anything is watched."""
         try:
@@ -100,8 +122,10 @@ class SpotJobTrigger(BaseTrigger):
             options = dict(controller_options or {})
             unknown = sorted(set(options) - set(CONTROLLER_OPTIONS))
             if unknown:
-                raise ConfigError(f"unknown controller_options {unknown}; choose from "
-                                  f"{', '.join(CONTROLLER_OPTIONS)}")
+                raise ConfigError(
+                    f"unknown controller_options {unknown}; choose from "
+                    f"{', '.join(CONTROLLER_OPTIONS)}"
+                )
             # the settings model's checks (finite, > 0, ...)
             SpotSettings.build(check_options=False, **options)
             if not isinstance(return_on_notice, bool):
@@ -109,19 +133,27 @@ class SpotJobTrigger(BaseTrigger):
             _NOT_BEFORE.parse(not_before)
             parsed = Next.from_dict(nxt)
             if parsed.action not in ("watch", "sleep"):
-                raise ConfigError(f"next.action={parsed.action!r}: a trigger watches or "
-                                  "sleeps only")
+                raise ConfigError(
+                    f"next.action={parsed.action!r}: a trigger watches or sleeps only"
+                )
         except ConfigError as exc:
             raise ValueError(f"SpotJobTrigger: {exc}") from None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
-            "provider": self.provider, "provider_options": self.provider_options,
-            "next": self.next, "checkpoint_uri": self.checkpoint_uri,
-            "controller_options": self.controller_options,
-            "return_on_notice": self.return_on_notice, "not_before": self.not_before,
-            "aws_conn_id": self.aws_conn_id, "kubernetes_conn_id": self.kubernetes_conn_id,
-        })
+        return (
+            f"{self.__class__.__module__}.{self.__class__.__qualname__}",
+            {
+                "provider": self.provider,
+                "provider_options": self.provider_options,
+                "next": self.next,
+                "checkpoint_uri": self.checkpoint_uri,
+                "controller_options": self.controller_options,
+                "return_on_notice": self.return_on_notice,
+                "not_before": self.not_before,
+                "aws_conn_id": self.aws_conn_id,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+            },
+        )
 
     # -- what the controller needs -----------------------------------------------------------
     def _spec(self, nxt: Next) -> JobSpec:
@@ -130,8 +162,12 @@ class SpotJobTrigger(BaseTrigger):
 
     def hook(self) -> SpotHook:
         """The hook that opens (once per process) the provider these kwargs name."""
-        return SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id,
-                        kubernetes_conn_id=self.kubernetes_conn_id)
+        return SpotHook(
+            self.provider,
+            self.provider_options,
+            aws_conn_id=self.aws_conn_id,
+            kubernetes_conn_id=self.kubernetes_conn_id,
+        )
 
     def _controller(self) -> Controller:
         """Blocking (it resolves the connections and may open the provider): call it
@@ -168,8 +204,7 @@ class SpotJobTrigger(BaseTrigger):
             status, message = "error", f"{type(exc).__name__}: {exc}"
         await asyncio.sleep(max(0.0, self.not_before - time.time()))
         self._done = True
-        yield TriggerEvent({"status": status, "next": self._current.to_dict(),
-                            "message": message})
+        yield TriggerEvent({"status": status, "next": self._current.to_dict(), "message": message})
 
     async def _watch(self, controller: Controller, observer: SharedObserver, nxt: Next) -> str:
         """Each poll: the lease's status from the shared observer (one describe for every
@@ -181,8 +216,9 @@ class SpotJobTrigger(BaseTrigger):
         try:
             after = time.time()
             while True:
-                observed = await observer.wait_async(lease.lease_id, after,
-                                                     wait_timeout(self.poll_interval))
+                observed = await observer.wait_async(
+                    lease.lease_id, after, wait_timeout(self.poll_interval)
+                )
                 nxt = await batched.to_thread(controller.check, spec, nxt, observed=observed)
                 self._current = nxt
                 if nxt.action != "watch":
@@ -206,8 +242,9 @@ class SpotJobTrigger(BaseTrigger):
         try:
             state = await self._task_state()
         except Exception:  # noqa: BLE001 - unknown: keep the lease (the heartbeat is the backstop)
-            self.log.warning("could not read the task state; leaving the lease running",
-                             exc_info=True)
+            self.log.warning(
+                "could not read the task state; leaving the lease running", exc_info=True
+            )
             return
         if state is not None and str(state) != "deferred":
             self.log.info("task instance is %s, no longer deferred: stopping its lease", state)
@@ -224,10 +261,15 @@ class SpotJobTrigger(BaseTrigger):
         if self._done or nxt is None:
             return
         self._done = True
-        self.log.warning("stopping lease %s of job %s: %s", nxt.lease and nxt.lease.lease_id,
-                         nxt.record.job_id, KILLED)
-        await asyncio.to_thread(lambda: self._controller().stop(self._spec(nxt), nxt.record,
-                                                                 KILLED))
+        self.log.warning(
+            "stopping lease %s of job %s: %s",
+            nxt.lease and nxt.lease.lease_id,
+            nxt.record.job_id,
+            KILLED,
+        )
+        await asyncio.to_thread(
+            lambda: self._controller().stop(self._spec(nxt), nxt.record, KILLED)
+        )
 
     async def _task_state(self) -> str | None:
         """The task instance's state through the Task SDK (None without a task instance)."""
@@ -236,9 +278,16 @@ class SpotJobTrigger(BaseTrigger):
             return None
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        states = await asyncio.to_thread(RuntimeTaskInstance.get_task_states, dag_id=ti.dag_id,
-                                         task_ids=[ti.task_id], run_ids=[ti.run_id],
-                                         map_index=ti.map_index)
-        key = f"{ti.task_id}_{ti.map_index}" if ti.map_index is not None and ti.map_index >= 0 \
+        states = await asyncio.to_thread(
+            RuntimeTaskInstance.get_task_states,
+            dag_id=ti.dag_id,
+            task_ids=[ti.task_id],
+            run_ids=[ti.run_id],
+            map_index=ti.map_index,
+        )
+        key = (
+            f"{ti.task_id}_{ti.map_index}"
+            if ti.map_index is not None and ti.map_index >= 0
             else ti.task_id
+        )
         return (states.get(ti.run_id) or {}).get(key)

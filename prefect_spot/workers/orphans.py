@@ -71,13 +71,16 @@ def orphaned(evidence: Evidence, heartbeat_timeout: float | None) -> str | None:
     status = evidence.status
     if status is None or not status.ended:
         return None  # the lease runs (or is unknown yet): the node's watcher ends it
-    return (f"attempt {record.current_attempt.number} is open, its lease "
-            f"{record.current_attempt.lease_id} has ended and its heartbeat has not "
-            f"changed for {evidence.silent_for:.0f} s")
+    return (
+        f"attempt {record.current_attempt.number} is open, its lease "
+        f"{record.current_attempt.lease_id} has ended and its heartbeat has not "
+        f"changed for {evidence.silent_for:.0f} s"
+    )
 
 
-def may_take(current: bytes | None, seen: tuple[bytes, float] | None, now: float,
-             timeout: float) -> bool:
+def may_take(
+    current: bytes | None, seen: tuple[bytes, float] | None, now: float, timeout: float
+) -> bool:
     """Whether this worker may claim an orphan's open attempt (pure): nobody claims it, or
     the claim is the one this worker first saw ``timeout`` seconds ago (``seen``: its
     bytes and that moment on this worker's monotonic clock), so its adopter died."""
@@ -86,9 +89,16 @@ def may_take(current: bytes | None, seen: tuple[bytes, float] | None, now: float
     return seen is not None and seen[0] == current and now - seen[1] >= timeout
 
 
-def gather(freshness: Freshness, checkpoint_uri: str, stores, heartbeat_timeout: float,
-           now: float, read_record: Callable[[], JobRecord | None], provider,
-           heartbeat_uri: str | None = None) -> Evidence:
+def gather(
+    freshness: Freshness,
+    checkpoint_uri: str,
+    stores,
+    heartbeat_timeout: float,
+    now: float,
+    read_record: Callable[[], JobRecord | None],
+    provider,
+    heartbeat_uri: str | None = None,
+) -> Evidence:
     """Read the job's heartbeat into ``freshness`` and, only once it has been silent for
     the timeout, the record and its open attempt's lease status (blocking I/O: run in a
     thread). A run some worker drives costs one read (two when its worker keeps one beat
@@ -125,8 +135,10 @@ class Looks:
         """After a look: a silent run again at the next check, one that beats not before
         the timeout (nor a new one: silence is only seen over a whole timeout)."""
         silent = evidence.silent_for >= heartbeat_timeout
-        self.runs[run_id] = (self.runs[run_id][0],
-                             self.monotonic() + (0.0 if silent else heartbeat_timeout))
+        self.runs[run_id] = (
+            self.runs[run_id][0],
+            self.monotonic() + (0.0 if silent else heartbeat_timeout),
+        )
 
     def never(self, run_id: Any) -> None:
         self.runs[run_id] = (self.runs[run_id][0], float("inf"))

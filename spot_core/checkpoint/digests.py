@@ -28,8 +28,10 @@ def _blake3() -> Digest:
     try:
         from blake3 import blake3
     except ImportError as exc:  # a core dependency; a broken install says so
-        raise ConfigError("checkpoint digest blake3 needs the 'blake3' package: "
-                          "pip install 'blake3>=1.0' (a spot-pipelines dependency)") from exc
+        raise ConfigError(
+            "checkpoint digest blake3 needs the 'blake3' package: "
+            "pip install 'blake3>=1.0' (a spot-pipelines dependency)"
+        ) from exc
     return blake3(max_threads=1)
 
 
@@ -44,8 +46,9 @@ def new_digest(name: str) -> Digest:
     """A fresh hasher for the digest called ``name``."""
     maker = DIGESTS.get(name)
     if maker is None:
-        raise ConfigError(f"unknown checkpoint digest {name!r}; choose one of "
-                          f"{', '.join(sorted(DIGESTS))}")
+        raise ConfigError(
+            f"unknown checkpoint digest {name!r}; choose one of {', '.join(sorted(DIGESTS))}"
+        )
     return maker()
 
 

@@ -101,8 +101,11 @@ class Beat:
     released: bool = False
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, Any] = {"attempt": self.attempt, "renewed_at": self.renewed_at,
-                               "sequence": self.sequence}
+        doc: dict[str, Any] = {
+            "attempt": self.attempt,
+            "renewed_at": self.renewed_at,
+            "sequence": self.sequence,
+        }
         if self.driver is not None:
             doc.update(driver=self.driver, job=self.job)
         if self.owner is not None:
@@ -123,8 +126,12 @@ class Beat:
             beat = cls(int(doc["attempt"]), float(doc["renewed_at"]), int(doc["sequence"]))
             if "driver" in doc:
                 driver, job = doc["driver"], doc["job"]
-                if not (isinstance(driver, str) and _DRIVER_ID.fullmatch(driver)
-                        and isinstance(job, str) and job):
+                if not (
+                    isinstance(driver, str)
+                    and _DRIVER_ID.fullmatch(driver)
+                    and isinstance(job, str)
+                    and job
+                ):
                     return None
                 beat = cls(beat.attempt, beat.renewed_at, beat.sequence, driver, job)
             beat = dataclasses.replace(beat, **_writer(doc))
@@ -142,8 +149,12 @@ def _writer(doc: dict) -> dict[str, Any]:
         fields["owner"] = owner
         fields["host"] = host[:255] if isinstance(host, str) else None
         fields["pid"] = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
-            and math.isfinite(timeout) and timeout > 0:
+    if (
+        isinstance(timeout, (int, float))
+        and not isinstance(timeout, bool)
+        and math.isfinite(timeout)
+        and timeout > 0
+    ):
         fields["timeout"] = float(timeout)
     return fields
 
@@ -154,8 +165,14 @@ class Heartbeat:
     ``drivers``: the ``heartbeat_uri`` store, where a pointer's driver keeps its beat; a
     reader without it cannot follow a pointer (and so sees no renewal)."""
 
-    def __init__(self, store, drivers=None, *, timeout: float | None = None,
-                 identity: DriverIdentity | None = None) -> None:
+    def __init__(
+        self,
+        store,
+        drivers=None,
+        *,
+        timeout: float | None = None,
+        identity: DriverIdentity | None = None,
+    ) -> None:
         self.store = store
         self.drivers = drivers
         self.timeout = timeout  # the writer's heartbeat timeout, written into its beats
@@ -196,14 +213,24 @@ class Heartbeat:
         if self._sequence == 0 or silent:
             last = self.read_own()
             if last is not None and last.attempt > attempt:
-                raise FencedOut(f"the job's heartbeat names attempt {last.attempt}, newer "
-                                f"than {attempt}: another driver took the job over")
+                raise FencedOut(
+                    f"the job's heartbeat names attempt {last.attempt}, newer "
+                    f"than {attempt}: another driver took the job over"
+                )
             self._sequence = max(self._sequence, 0 if last is None else last.sequence)
         self._sequence += 1
         self._written_at = now
         me = self.identity or this_driver()
-        beat = Beat(attempt=attempt, renewed_at=now, sequence=self._sequence, owner=me.owner,
-                    host=me.host, pid=me.pid, timeout=self.timeout, **extra)
+        beat = Beat(
+            attempt=attempt,
+            renewed_at=now,
+            sequence=self._sequence,
+            owner=me.owner,
+            host=me.host,
+            pid=me.pid,
+            timeout=self.timeout,
+            **extra,
+        )
         self.store.put_object(HEARTBEAT_KEY, beat.to_bytes())
         return beat
 
@@ -276,11 +303,16 @@ class DriverBeat:
             previous, self._renewed_at = self._renewed_at, now
             self._jobs = {j: v for j, v in self._jobs.items() if now - v[1] <= window}
             self._sequence += 1
-            doc = {"driver": self.driver_id, "renewed_at": now, "sequence": self._sequence,
-                   "jobs": {j: attempt for j, (attempt, _) in self._jobs.items()}}
+            doc = {
+                "driver": self.driver_id,
+                "renewed_at": now,
+                "sequence": self._sequence,
+                "jobs": {j: attempt for j, (attempt, _) in self._jobs.items()},
+            }
         try:
-            self.store.put_object(DRIVER_KEY.format(self.driver_id),
-                                  json.dumps(doc, allow_nan=False).encode())
+            self.store.put_object(
+                DRIVER_KEY.format(self.driver_id), json.dumps(doc, allow_nan=False).encode()
+            )
         except BaseException:
             with self._lock:
                 self._renewed_at = min(self._renewed_at, previous)
@@ -315,12 +347,15 @@ class Holder:
 
     def describe(self) -> str:
         pid = "" if self.pid is None else f" pid {self.pid}"
-        return (f"{self.host}{pid} renewed its heartbeat {self.age_seconds:.0f}s ago "
-                f"(attempt {self.attempt}, timeout {self.timeout_seconds:g}s)")
+        return (
+            f"{self.host}{pid} renewed its heartbeat {self.age_seconds:.0f}s ago "
+            f"(attempt {self.attempt}, timeout {self.timeout_seconds:g}s)"
+        )
 
 
-def live_holder(store, now: float, *, timeout: float, drivers=None,
-                me: DriverIdentity | None = None) -> Holder | None:
+def live_holder(
+    store, now: float, *, timeout: float, drivers=None, me: DriverIdentity | None = None
+) -> Holder | None:
     """The driver process other than ``me`` that holds the job whose store is ``store``,
     or None: its beat is renewed within its timeout (``timeout`` for a beat that names
     none), not released, and not written by ``me``. A pointer's renewals are read from

@@ -42,20 +42,34 @@ def parse_report(data: bytes | None) -> dict:
         out["exit_code"] = code
     for key in ("notice_at", "ended_at"):
         value = doc.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value) and value >= 0:
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= 0
+        ):
             out[key] = float(value)
     return out
 
 
-def write_report(*, exit_code: int | None, notice_at: float | None, ended_at: float | None,
-                 environ: Mapping[str, str] | None = None) -> dict:
+def write_report(
+    *,
+    exit_code: int | None,
+    notice_at: float | None,
+    ended_at: float | None,
+    environ: Mapping[str, str] | None = None,
+) -> dict:
     """Write the attempt's status object to its store (``$SPOT_CHECKPOINT_URI``)."""
     from spot_core.checkpoint import open_store
 
     env = attempt_env.AttemptEnv.from_environ(environ)
-    doc = {"job_id": env.job_id, "attempt": env.attempt, "exit_code": exit_code,
-           "notice_at": notice_at, "ended_at": ended_at}
+    doc = {
+        "job_id": env.job_id,
+        "attempt": env.attempt,
+        "exit_code": exit_code,
+        "notice_at": notice_at,
+        "ended_at": ended_at,
+    }
     store = open_store(env.checkpoint_uri)
     store.put_object(status_key(env.attempt), json.dumps(doc, allow_nan=False).encode())
     return doc

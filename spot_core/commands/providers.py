@@ -17,9 +17,9 @@ from spot_core import jobs
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "providers", help="list the installed capacity providers and their capabilities")
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of a "
-                        "table")
+        "providers", help="list the installed capacity providers and their capabilities"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     parser.set_defaults(handler=run)
 
 
@@ -32,8 +32,10 @@ def run(args: argparse.Namespace) -> int:
     print("providers (entry point group spot_pipelines.providers):")
     for found in providers:
         print(f"  {found['name']:<12} {found['summary']}")
-        print(f"  {'':<12} capabilities: {', '.join(found['capabilities']) or 'none'}; "
-              f"session: {found['session'] or 'none'}; {found['class']}")
+        print(
+            f"  {'':<12} capabilities: {', '.join(found['capabilities']) or 'none'}; "
+            f"session: {found['session'] or 'none'}; {found['class']}"
+        )
     print("notice detectors (entry point group spot_pipelines.detectors):")
     for found in detectors:
         print(f"  {found['name']:<12} {found['summary']}")

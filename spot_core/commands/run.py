@@ -25,15 +25,27 @@ from spot_core.settings import add_cli_arguments, in_flags, settings_from_cli
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="run one command as a spot job under the controller")
-    parser.add_argument("--pools", default=None, help="comma-separated zones or trace names to "
-                        "run in (default: every pool the provider knows)")
+    parser.add_argument(
+        "--pools",
+        default=None,
+        help="comma-separated zones or trace names to "
+        "run in (default: every pool the provider knows)",
+    )
     # Budgets, waits, timeouts and the deadline policy: flags, defaults and help come
     # from the settings model (spot_core.settings), like every other surface's.
     add_cli_arguments(parser)
-    parser.add_argument("--no-fallback", dest="on_demand_fallback", action="store_false",
-                        default=None, help="the same as --no-on-demand-fallback")
-    parser.add_argument("--checkpoint-uri", default=None, help="where the job checkpoints "
-                        "(default: file://./.spot-runs/JOB_ID/checkpoints)")
+    parser.add_argument(
+        "--no-fallback",
+        dest="on_demand_fallback",
+        action="store_false",
+        default=None,
+        help="the same as --no-on-demand-fallback",
+    )
+    parser.add_argument(
+        "--checkpoint-uri",
+        default=None,
+        help="where the job checkpoints (default: file://./.spot-runs/JOB_ID/checkpoints)",
+    )
     parser.add_argument("--job-id", default=None, help="job id (default: generated)")
     parser.add_argument("--json", action="store_true", help="end with the JobRecord as JSON")
     # Each installed provider's own flags (--trace, --subnets, --kubeconfig, ...), declared
@@ -56,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     plugin = jobs.plugin(settings.provider)
     # A provider whose leases run the command in an image (kubernetes) need not find it here.
-    command = _command(args.cmd, in_image=settings.image is not None
-                       or jobs.Capability.COMMAND_IN_IMAGE in plugin.capabilities)
+    command = _command(
+        args.cmd,
+        in_image=settings.image is not None
+        or jobs.Capability.COMMAND_IN_IMAGE in plugin.capabilities,
+    )
     # Given but empty is a mistake (a script's unset variable), never "no job id".
     job_id = f"job-{uuid.uuid4().hex[:8]}" if args.job_id is None else args.job_id
     _check_job_id(job_id)
@@ -73,10 +88,16 @@ def run(args: argparse.Namespace) -> int:
         try:  # the settings' time convention: --deadline, --work and --restart-overhead
             # count in the provider's capacity time; the checkpoint folder is made last,
             # after every check, so a bad flag leaves none
-            job = jobs.assemble(settings, provider, job_id=job_id, command=command,
-                                checkpoint_uri=lambda: _checkpoint_uri(args.checkpoint_uri,
-                                                                       job_id),
-                                pools=pools, image=settings.image, listener=_print_event)
+            job = jobs.assemble(
+                settings,
+                provider,
+                job_id=job_id,
+                command=command,
+                checkpoint_uri=lambda: _checkpoint_uri(args.checkpoint_uri, job_id),
+                pools=pools,
+                image=settings.image,
+                listener=_print_event,
+            )
         except ConfigError as exc:
             raise ConfigError(in_flags(str(exc))) from None
         record = job.controller.run(job.spec, observer=observer_of(provider))
@@ -91,8 +112,10 @@ def _settings(args: argparse.Namespace):
     refused here, before anything is created."""
     settings = settings_from_cli(args)
     if settings.deadline_at is not None and settings.deadline_at.timestamp() <= time.time():
-        raise ConfigError(f"--deadline {args.deadline} has already passed; give a later time "
-                          "or a duration such as 12h")
+        raise ConfigError(
+            f"--deadline {args.deadline} has already passed; give a later time "
+            "or a duration such as 12h"
+        )
     return settings
 
 
@@ -105,13 +128,16 @@ def _print_event(kind: str, record, detail: str) -> None:
 def _command(words: list[str], in_image: bool = False) -> tuple[str, ...]:
     command = words[1:] if words[:1] == ["--"] else words
     if not command:
-        raise ConfigError("no command to run: put it after --, e.g. "
-                          "`spot-pipelines run -- python train.py`")
+        raise ConfigError(
+            "no command to run: put it after --, e.g. `spot-pipelines run -- python train.py`"
+        )
     if in_image:  # the command lives in the image, not on this machine
         return tuple(command)
     if shutil.which(command[0]) is None and not os.access(command[0], os.X_OK):
-        raise ConfigError(f"command {command[0]!r} was not found on PATH and is not an "
-                          "executable file; check the command after --")
+        raise ConfigError(
+            f"command {command[0]!r} was not found on PATH and is not an "
+            "executable file; check the command after --"
+        )
     return tuple(command)
 
 
@@ -135,9 +161,11 @@ def _check_job_id(job_id: str) -> None:
     """The id names a folder under .spot-runs/ (and tags leases): a plain name, nothing
     that could climb out of that folder or break a path."""
     if not JOB_ID_RE.fullmatch(job_id):
-        raise ConfigError(f"--job-id {job_id[:80]!r} is not a plain name; use 1-128 letters, "
-                          "digits and . _ : + = @ - starting with a letter or digit (no '/', "
-                          "'..' or control characters)")
+        raise ConfigError(
+            f"--job-id {job_id[:80]!r} is not a plain name; use 1-128 letters, "
+            "digits and . _ : + = @ - starting with a letter or digit (no '/', "
+            "'..' or control characters)"
+        )
 
 
 def _check_writable(path: Path) -> None:
@@ -147,8 +175,10 @@ def _check_writable(path: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"checkpoint folder {path} is not writable ({exc.strerror}); pass "
-                          "--checkpoint-uri with a folder you can write to") from exc
+        raise ConfigError(
+            f"checkpoint folder {path} is not writable ({exc.strerror}); pass "
+            "--checkpoint-uri with a folder you can write to"
+        ) from exc
 
 
 def _pool_names(text: str | None) -> list[str] | None:
@@ -158,8 +188,10 @@ def _pool_names(text: str | None) -> list[str] | None:
         return None
     wanted = [w.strip() for w in text.split(",") if w.strip()]
     if not wanted:
-        raise ConfigError(f"--pools {text!r} names no pool; give comma-separated zones such "
-                          "as us-east-2a,us-west-2b, or drop --pools to use every pool")
+        raise ConfigError(
+            f"--pools {text!r} names no pool; give comma-separated zones such "
+            "as us-east-2a,us-west-2b, or drop --pools to use every pool"
+        )
     return wanted
 
 

@@ -46,11 +46,11 @@ from spot_core.durations import parse_duration
 
 logger = logging.getLogger(__name__)
 
-TICK = 0.05        # s: the babysitter's step while a kill deadline is armed, or if it
-                   # cannot be woken by the child's exit (no pidfd: not Linux 5.3+)
-IDLE_TICK = 0.5    # s: its longest sleep otherwise; the child's exit, a Ctrl-C and a
-                   # notice wake it at once (a watcher per local lease: 0.05 s ticks cost
-                   # about 0.3 % of a core each, doing nothing)
+TICK = 0.05  # s: the babysitter's step while a kill deadline is armed, or if it
+# cannot be woken by the child's exit (no pidfd: not Linux 5.3+)
+IDLE_TICK = 0.5  # s: its longest sleep otherwise; the child's exit, a Ctrl-C and a
+# notice wake it at once (a watcher per local lease: 0.05 s ticks cost
+# about 0.3 % of a core each, doing nothing)
 
 
 @dataclass(frozen=True)
@@ -71,29 +71,55 @@ class WatchSettings:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "watch", help="watch for spot interruption notices (and forward them to a command)",
-        description=__doc__.split("\n\n")[1])
-    parser.add_argument("--cloud", help=f"{'|'.join(cloud_choices())} (default: $"
-                        f"{attempt_env.CLOUD} or auto)")
-    parser.add_argument("--endpoint", help="metadata service URL (default: $"
-                        f"{attempt_env.METADATA_ENDPOINT} or the cloud's own)")
-    parser.add_argument("--poll-interval", default="1.0", metavar="S",
-                        help="seconds between polls (default 1)")
-    parser.add_argument("--timeout", default="1.0", metavar="S",
-                        help="seconds each metadata request may take (default 1)")
-    parser.add_argument("--notice-file", metavar="PATH", help="where to write the notice "
-                        f"(default: ${attempt_env.NOTICE_FILE}, or a temp file for CMD)")
-    parser.add_argument("--grace-seconds", metavar="S", help="SIGKILL the command this long "
-                        "after the notice if it is still running (default: the deadline)")
-    parser.add_argument("--heartbeat-timeout", metavar="DURATION", help="with CMD: stop it "
-                        "(as on an interruption) and exit 75 when the driver's heartbeat in "
-                        f"${attempt_env.CHECKPOINT_URI} has not changed for this long, e.g. "
-                        f"300, 90s or 5m (default: ${attempt_env.HEARTBEAT_TIMEOUT}; unset: "
-                        "never)")
-    parser.add_argument("--report", action="store_true", help="with CMD: write the attempt's "
-                        f"status object (notice time, exit code) to the store at "
-                        f"${attempt_env.CHECKPOINT_URI} at the first notice and at the end, "
-                        "for the controller (a pod's node may vanish with it)")
+        "watch",
+        help="watch for spot interruption notices (and forward them to a command)",
+        description=__doc__.split("\n\n")[1],
+    )
+    parser.add_argument(
+        "--cloud", help=f"{'|'.join(cloud_choices())} (default: ${attempt_env.CLOUD} or auto)"
+    )
+    parser.add_argument(
+        "--endpoint",
+        help=f"metadata service URL (default: ${attempt_env.METADATA_ENDPOINT} or the cloud's own)",
+    )
+    parser.add_argument(
+        "--poll-interval", default="1.0", metavar="S", help="seconds between polls (default 1)"
+    )
+    parser.add_argument(
+        "--timeout",
+        default="1.0",
+        metavar="S",
+        help="seconds each metadata request may take (default 1)",
+    )
+    parser.add_argument(
+        "--notice-file",
+        metavar="PATH",
+        help="where to write the notice "
+        f"(default: ${attempt_env.NOTICE_FILE}, or a temp file for CMD)",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        metavar="S",
+        help="SIGKILL the command this long "
+        "after the notice if it is still running (default: the deadline)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        metavar="DURATION",
+        help="with CMD: stop it "
+        "(as on an interruption) and exit 75 when the driver's heartbeat in "
+        f"${attempt_env.CHECKPOINT_URI} has not changed for this long, e.g. "
+        f"300, 90s or 5m (default: ${attempt_env.HEARTBEAT_TIMEOUT}; unset: "
+        "never)",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="with CMD: write the attempt's "
+        f"status object (notice time, exit code) to the store at "
+        f"${attempt_env.CHECKPOINT_URI} at the first notice and at the end, "
+        "for the controller (a pod's node may vanish with it)",
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     parser.set_defaults(handler=run)
 
@@ -119,12 +145,16 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
     timeout = _heartbeat_timeout(args.heartbeat_timeout, bool(command))
     uri = os.environ.get(attempt_env.CHECKPOINT_URI) or None
     if getattr(args, "report", False) and (uri is None or not command):
-        raise ConfigError(f"--report needs a command after -- and the job's store in "
-                          f"${attempt_env.CHECKPOINT_URI}; set it, or drop --report")
+        raise ConfigError(
+            f"--report needs a command after -- and the job's store in "
+            f"${attempt_env.CHECKPOINT_URI}; set it, or drop --report"
+        )
     if timeout is not None and uri is None:
-        raise ConfigError(f"--heartbeat-timeout needs the job's store in "
-                          f"${attempt_env.CHECKPOINT_URI} (the driver's heartbeat lives "
-                          "there); set it, or drop the timeout")
+        raise ConfigError(
+            f"--heartbeat-timeout needs the job's store in "
+            f"${attempt_env.CHECKPOINT_URI} (the driver's heartbeat lives "
+            "there); set it, or drop the timeout"
+        )
     attempt = os.environ.get(attempt_env.ATTEMPT)
     drivers = os.environ.get(attempt_env.HEARTBEAT_URI) or None
     if drivers is not None:
@@ -137,11 +167,16 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
         poll_interval=_seconds("--poll-interval", args.poll_interval, "e.g. 1"),
         timeout=_seconds("--timeout", args.timeout, "e.g. 1"),
         notice_file=_notice_file(args.notice_file),
-        grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
-                                                          "e.g. 30", allow_zero=True),
-        command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
+        grace_seconds=None
+        if grace is None
+        else _seconds("--grace-seconds", grace, "e.g. 30", allow_zero=True),
+        command=tuple(command),
+        heartbeat_timeout=timeout,
+        checkpoint_uri=uri,
         attempt=attempt_env.attempt_number(attempt) if attempt else None,
-        report=bool(getattr(args, "report", False)), heartbeat_uri=drivers)
+        report=bool(getattr(args, "report", False)),
+        heartbeat_uri=drivers,
+    )
 
 
 def _notice_file(flag: str | None) -> str | None:
@@ -155,18 +190,25 @@ def _notice_file(flag: str | None) -> str | None:
 def _heartbeat_timeout(text: str | None, has_command: bool) -> float | None:
     """The flag (seconds or 90s/5m/1h), else the environment's; only with a command."""
     if text is None:
-        return attempt_env.heartbeat_seconds(os.environ.get(attempt_env.HEARTBEAT_TIMEOUT)) \
-            if has_command else None
+        return (
+            attempt_env.heartbeat_seconds(os.environ.get(attempt_env.HEARTBEAT_TIMEOUT))
+            if has_command
+            else None
+        )
     try:
         value = parse_duration(text, name="--heartbeat-timeout")
     except ConfigError:
         value = 0.0
     if not 0 < value <= MAX_WAIT_SECONDS:
-        raise ConfigError(f"--heartbeat-timeout {text[:40]!r} is not a duration > 0 and at "
-                          "most 1d; write it like 300, 90s or 5m")
+        raise ConfigError(
+            f"--heartbeat-timeout {text[:40]!r} is not a duration > 0 and at "
+            "most 1d; write it like 300, 90s or 5m"
+        )
     if not has_command:
-        raise ConfigError("--heartbeat-timeout stops a command: put it after --, e.g. "
-                          "`spot-pipelines watch --heartbeat-timeout 5m -- python train.py`")
+        raise ConfigError(
+            "--heartbeat-timeout stops a command: put it after --, e.g. "
+            "`spot-pipelines watch --heartbeat-timeout 5m -- python train.py`"
+        )
     return value
 
 
@@ -177,12 +219,18 @@ def _seconds(option: str, text: str, example: str, allow_zero: bool = False) -> 
         value = float(text)
     except (TypeError, ValueError):
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) \
-            or value > MAX_WAIT_SECONDS:
+    if (
+        not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+        or value > MAX_WAIT_SECONDS
+    ):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{option} must be a number of seconds {bound} and at most "
-                          f"{MAX_WAIT_SECONDS:g} (1d), got {str(text)[:40]!r}: "
-                          f"use {option} {example.removeprefix('e.g. ')}")
+        raise ConfigError(
+            f"{option} must be a number of seconds {bound} and at most "
+            f"{MAX_WAIT_SECONDS:g} (1d), got {str(text)[:40]!r}: "
+            f"use {option} {example.removeprefix('e.g. ')}"
+        )
     return value
 
 
@@ -226,8 +274,11 @@ def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
         watcher.add_handler(lambda notice: wake.set())  # the kill deadline is armed now
         with wake, watcher, _ForwardSigint(wake) as sigint:
             returncode = _babysit(forwarder, sigint, wake, monitor)
-            code = attempt_env.DRIVER_LOST_EXIT_CODE if monitor is not None \
-                and monitor.lost is not None else exit_code(returncode)
+            code = (
+                attempt_env.DRIVER_LOST_EXIT_CODE
+                if monitor is not None and monitor.lost is not None
+                else exit_code(returncode)
+            )
             if reporter is not None:  # before stopping the watcher: SIGKILL may be near
                 reporter.finish(code)
         return code
@@ -247,8 +298,9 @@ def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
 
     drivers = None if settings.heartbeat_uri is None else open_store(settings.heartbeat_uri)
     heartbeat = Heartbeat(open_store(settings.checkpoint_uri), drivers)
-    return DriverMonitor(heartbeat.read, settings.heartbeat_timeout,
-                         attempt=settings.attempt).start()
+    return DriverMonitor(
+        heartbeat.read, settings.heartbeat_timeout, attempt=settings.attempt
+    ).start()
 
 
 def _notice_path(configured: str | None) -> tuple[str, str | None]:
@@ -266,12 +318,17 @@ def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen:
     try:
         return subprocess.Popen(list(command), env=env, start_new_session=True)
     except (FileNotFoundError, PermissionError) as exc:
-        raise ConfigError(f"cannot run {command[0]!r}: {exc.strerror}; check the command "
-                          "after --") from exc
+        raise ConfigError(
+            f"cannot run {command[0]!r}: {exc.strerror}; check the command after --"
+        ) from exc
 
 
-def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint, wake: _Wake,
-             monitor: DriverMonitor | None = None) -> int:
+def _babysit(
+    forwarder: ChildForwarder,
+    sigint: _ForwardSigint,
+    wake: _Wake,
+    monitor: DriverMonitor | None = None,
+) -> int:
     """Until the child exits: forward Ctrl-C, stop it when the driver is lost, SIGKILL
     past the deadline. Then its code."""
     try:

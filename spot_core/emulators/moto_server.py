@@ -35,9 +35,13 @@ def running_moto(log: Path | None = None) -> Iterator[str]:
     command = [str(binary)] if binary.exists() else [sys.executable, "-m", "moto.server"]
     out = open(log, "wb") if log is not None else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=die_with_parent)
+        proc = subprocess.Popen(
+            [*command, "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
     finally:
         if log is not None:
             out.close()

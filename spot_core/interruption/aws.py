@@ -13,9 +13,21 @@ import time
 from typing import Any, Callable
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import DetectorPlugin, INTERRUPTION, REBALANCE, Notice, parse_rfc3339
-from spot_core.interruption.endpoint import (DEFAULT_TIMEOUT, Check, HttpDetector, Response,
-                                         bad_answer, check_status)
+from spot_core.interruption.base import (
+    DetectorPlugin,
+    INTERRUPTION,
+    REBALANCE,
+    Notice,
+    parse_rfc3339,
+)
+from spot_core.interruption.endpoint import (
+    DEFAULT_TIMEOUT,
+    Check,
+    HttpDetector,
+    Response,
+    bad_answer,
+    check_status,
+)
 
 ENDPOINT = "http://169.254.169.254"
 TOKEN_PATH = "/latest/api/token"
@@ -32,9 +44,13 @@ class AwsDetector(HttpDetector):
 
     name = "aws"
 
-    def __init__(self, endpoint: str = ENDPOINT, timeout: float = DEFAULT_TIMEOUT,
-                 token_ttl: int = MAX_TTL,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        endpoint: str = ENDPOINT,
+        timeout: float = DEFAULT_TIMEOUT,
+        token_ttl: int = MAX_TTL,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not 1 <= int(token_ttl) <= MAX_TTL:
             raise ValueError(f"token_ttl must be 1..{MAX_TTL} seconds, got {token_ttl}")
         super().__init__(endpoint, timeout)
@@ -66,8 +82,7 @@ class AwsDetector(HttpDetector):
         doc = _json_object(resp.body, "rebalance recommendation")
         notice_time = doc.get("noticeTime")
         _timestamp(notice_time, resp.body)
-        return [Notice(REBALANCE, "aws", "rebalance", None, now, raw=doc,
-                       identity=notice_time)]
+        return [Notice(REBALANCE, "aws", "rebalance", None, now, raw=doc, identity=notice_time)]
 
     def metadata(self, path: str) -> str:
         """One metadata value (e.g. ``/latest/meta-data/instance-id``), with the token."""
@@ -127,4 +142,9 @@ def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
 
 PLUGIN = DetectorPlugin(
     make=lambda endpoint, timeout, environ: AwsDetector(endpoint or ENDPOINT, timeout=timeout),
-    summary="AWS IMDSv2: spot instance-action and rebalance recommendations", probe=probe, endpoint=ENDPOINT, rank=0, aliases=('ec2',))
+    summary="AWS IMDSv2: spot instance-action and rebalance recommendations",
+    probe=probe,
+    endpoint=ENDPOINT,
+    rank=0,
+    aliases=("ec2",),
+)

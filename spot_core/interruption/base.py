@@ -78,8 +78,7 @@ class Detector(Protocol):
 
     name: str
 
-    def poll(self, now: float) -> list[Notice]:
-        ...
+    def poll(self, now: float) -> list[Notice]: ...
 
 
 def format_rfc3339(ts: float) -> str:

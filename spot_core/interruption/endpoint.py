@@ -38,8 +38,12 @@ class Response:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-def fetch(method: str, url: str, headers: Mapping[str, str] | None = None,
-          timeout: float = DEFAULT_TIMEOUT) -> Response:
+def fetch(
+    method: str,
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Response:
     """One request; any HTTP status comes back as a Response, transport trouble raises."""
     request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
     try:
@@ -87,16 +91,20 @@ class FailureStreak:
     def failed(self, error: BaseException) -> None:
         self.failures += 1
         if not self.failing:
-            self._log.warning("%s: metadata endpoint failing (%s); "
-                              "will log again only after it recovers", self.source, error)
+            self._log.warning(
+                "%s: metadata endpoint failing (%s); will log again only after it recovers",
+                self.source,
+                error,
+            )
         else:
             self._log.debug("%s: still failing (%s)", self.source, error)
         self.failing = True
 
     def succeeded(self) -> None:
         if self.failing:
-            self._log.info("%s: metadata endpoint recovered after %d failed polls",
-                           self.source, self.failures)
+            self._log.info(
+                "%s: metadata endpoint recovered after %d failed polls", self.source, self.failures
+            )
         self.failing = False
         self.failures = 0
 

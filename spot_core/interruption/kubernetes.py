@@ -34,7 +34,7 @@ POD_NAMESPACE_ENV = "SPOT_POD_NAMESPACE"
 # taint key -> the action the notice names
 NOTICE_TAINTS: Mapping[str, str] = {
     "karpenter.sh/disrupted": "karpenter-disruption",
-    "karpenter.sh/disruption": "karpenter-disruption",   # Karpenter before v1
+    "karpenter.sh/disruption": "karpenter-disruption",  # Karpenter before v1
     "node.kubernetes.io/unschedulable": "drain",
     "ToBeDeletedByClusterAutoscaler": "autoscaler-scale-down",
     "cloud.google.com/impending-node-termination": "gke-termination",
@@ -83,8 +83,17 @@ class KubernetesNodeDetector:
         if seen is None:
             return []
         action, why = seen
-        return [Notice(INTERRUPTION, "kubernetes", action, None, now,
-                       raw={"node": self.node_name, "seen": why}, identity=self.node_name)]
+        return [
+            Notice(
+                INTERRUPTION,
+                "kubernetes",
+                action,
+                None,
+                now,
+                raw={"node": self.node_name, "seen": why},
+                identity=self.node_name,
+            )
+        ]
 
 
 def _api_reader() -> Callable[[str], Mapping[str, Any]]:
@@ -103,13 +112,17 @@ def node_detector(environ: Mapping[str, str]) -> KubernetesNodeDetector:
     """The detector of the pod's own node, named by the downward API's ``SPOT_NODE_NAME``."""
     node = node_name_from_env(environ)
     if node is None:
-        raise ConfigError(f"--cloud kubernetes needs the pod's node name in ${NODE_NAME_ENV} "
-                          "(the kubernetes provider sets it from the downward API: env "
-                          "valueFrom.fieldRef.fieldPath: spec.nodeName)")
+        raise ConfigError(
+            f"--cloud kubernetes needs the pod's node name in ${NODE_NAME_ENV} "
+            "(the kubernetes provider sets it from the downward API: env "
+            "valueFrom.fieldRef.fieldPath: spec.nodeName)"
+        )
     return KubernetesNodeDetector(node)
 
 
 PLUGIN = DetectorPlugin(
     make=lambda endpoint, timeout, environ: node_detector(environ),
     summary="the pod's own node: its taints and cordon (a pod of the kubernetes provider)",
-    rank=3, aliases=("k8s",))
+    rank=3,
+    aliases=("k8s",),
+)

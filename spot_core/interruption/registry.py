@@ -20,8 +20,11 @@ from spot_core.interruption.base import DetectorPlugin
 GROUP = "spot_pipelines.detectors"
 
 _PLUGINS: plugins.Registry[DetectorPlugin] = plugins.Registry(
-    GROUP, "notice detector", DetectorPlugin,
-    lambda name, names: f"unknown cloud {name!r}: choose one of {', '.join((*names, 'auto'))}")
+    GROUP,
+    "notice detector",
+    DetectorPlugin,
+    lambda name, names: f"unknown cloud {name!r}: choose one of {', '.join((*names, 'auto'))}",
+)
 
 
 def detector_names() -> tuple[str, ...]:
@@ -37,8 +40,7 @@ def detector_plugin(name: str) -> DetectorPlugin:
 
 def aliases() -> dict[str, str]:
     """Other names users give detectors (``ec2`` for ``aws``) -> their registered name."""
-    return {alias: name for name in detector_names()
-            for alias in detector_plugin(name).aliases}
+    return {alias: name for name in detector_names() for alias in detector_plugin(name).aliases}
 
 
 def probed() -> tuple[str, ...]:

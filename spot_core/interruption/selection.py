@@ -54,10 +54,17 @@ def validate_endpoint(endpoint: str) -> str:
         port_ok = parts.port is None or 0 < parts.port < 65536
     except ValueError:
         port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok \
-            or parts.query or parts.fragment:
-        raise ConfigError(f"malformed metadata endpoint {endpoint!r}: use "
-                          "http://HOST[:PORT], e.g. http://169.254.169.254")
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or not port_ok
+        or parts.query
+        or parts.fragment
+    ):
+        raise ConfigError(
+            f"malformed metadata endpoint {endpoint!r}: use "
+            "http://HOST[:PORT], e.g. http://169.254.169.254"
+        )
     return endpoint.strip().rstrip("/")
 
 
@@ -67,9 +74,13 @@ def resolve_endpoint(endpoint: str | None) -> str | None:
     return None if chosen is None else validate_endpoint(chosen)
 
 
-def detector_for(cloud: str, endpoint: str | None = None, *,
-                 timeout: float = DEFAULT_TIMEOUT,
-                 probe_timeout: float = PROBE_TIMEOUT) -> Detector:
+def detector_for(
+    cloud: str,
+    endpoint: str | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    probe_timeout: float = PROBE_TIMEOUT,
+) -> Detector:
     """The detector for ``cloud``; ``auto`` probes, falling back to SIGTERM only.
 
     A ``signal`` detector installs a SIGTERM handler, so call this in the main thread.
@@ -83,9 +94,13 @@ def detector_for(cloud: str, endpoint: str | None = None, *,
     return registry.detector_plugin(name).make(url, timeout, os.environ)
 
 
-def detectors_for(cloud: str, endpoint: str | None = None, *,
-                  timeout: float = DEFAULT_TIMEOUT,
-                  probe_timeout: float = PROBE_TIMEOUT) -> list[Detector]:
+def detectors_for(
+    cloud: str,
+    endpoint: str | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    probe_timeout: float = PROBE_TIMEOUT,
+) -> list[Detector]:
     """Every detector a watcher runs for ``cloud``, SIGTERM first (main thread only).
 
     ``kubernetes``: the node's taints, plus its cloud's metadata if a service answers.

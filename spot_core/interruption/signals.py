@@ -33,12 +33,17 @@ class SignalDetector:
 
     name = "signal"
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,),
-                 notice_seconds: float | None = DEFAULT_NOTICE_SECONDS,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        signals: tuple[int, ...] = (signal.SIGTERM,),
+        notice_seconds: float | None = DEFAULT_NOTICE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if threading.current_thread() is not threading.main_thread():
-            raise ConfigError("SignalDetector must be created in the main thread: "
-                              "Python only delivers signals to handlers set there")
+            raise ConfigError(
+                "SignalDetector must be created in the main thread: "
+                "Python only delivers signals to handlers set there"
+            )
         self.notice_seconds = notice_seconds
         self._clock = clock
         self._received: collections.deque[tuple[int, float]] = collections.deque()
@@ -59,15 +64,15 @@ class SignalDetector:
     def _notice(self, signum: int, at: float) -> Notice:
         name = signal.Signals(signum).name
         deadline = None if self.notice_seconds is None else at + self.notice_seconds
-        return Notice(INTERRUPTION, "signal", "terminate", deadline, at, raw=name,
-                      identity=name)
+        return Notice(INTERRUPTION, "signal", "terminate", deadline, at, raw=name, identity=name)
 
     def close(self) -> None:
         """Give the signals back to whoever handled them before; safe to call twice."""
         if threading.current_thread() is not threading.main_thread():
             if self._previous:
-                logger.warning("SignalDetector.close() outside the main thread: "
-                               "signal handlers left installed")
+                logger.warning(
+                    "SignalDetector.close() outside the main thread: signal handlers left installed"
+                )
             return
         while self._previous:
             signum, previous = self._previous.popitem()
@@ -80,6 +85,8 @@ class SignalDetector:
         self.close()
 
 
-PLUGIN = DetectorPlugin(make=lambda endpoint, timeout, environ: SignalDetector(),
-                        summary="SIGTERM only: the notice a node's shutdown gives every process",
-                        rank=4)
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: SignalDetector(),
+    summary="SIGTERM only: the notice a node's shutdown gives every process",
+    rank=4,
+)

@@ -50,9 +50,14 @@ FORMULAS.register("daly", daly_interval)
 FORMULAS.register("young", young_interval)
 
 
-def checkpoint_interval(checkpoint_seconds: float, interruptions_per_hour: float, *,
-                        min_seconds: float = 60.0, max_seconds: float = 3600.0,
-                        formula: Literal["daly", "young"] = "daly") -> float:
+def checkpoint_interval(
+    checkpoint_seconds: float,
+    interruptions_per_hour: float,
+    *,
+    min_seconds: float = 60.0,
+    max_seconds: float = 3600.0,
+    formula: Literal["daly", "young"] = "daly",
+) -> float:
     """Seconds between checkpoints for a pool interrupting at the observed rate.
 
     A rate of zero means no interruption has been seen: checkpoint at ``max_seconds``,
@@ -60,11 +65,13 @@ def checkpoint_interval(checkpoint_seconds: float, interruptions_per_hour: float
     ``[min_seconds, max_seconds]`` so a burst of interruptions cannot make the job spend
     its time writing checkpoints.
     """
-    _check_positive(checkpoint_seconds=checkpoint_seconds, min_seconds=min_seconds,
-                    max_seconds=max_seconds)
+    _check_positive(
+        checkpoint_seconds=checkpoint_seconds, min_seconds=min_seconds, max_seconds=max_seconds
+    )
     if min_seconds > max_seconds:
-        raise ConfigError(f"min_seconds ({min_seconds}) must not exceed max_seconds "
-                          f"({max_seconds})")
+        raise ConfigError(
+            f"min_seconds ({min_seconds}) must not exceed max_seconds ({max_seconds})"
+        )
     if not (interruptions_per_hour >= 0 and math.isfinite(interruptions_per_hour)):
         raise ConfigError(f"interruptions_per_hour must be >= 0, got {interruptions_per_hour!r}")
     if interruptions_per_hour == 0:
@@ -84,15 +91,19 @@ class CheckpointBounds:
     max_seconds: float
 
     def __post_init__(self) -> None:
-        for name, value in (("checkpoint_cost", self.cost),
-                            ("checkpoint_interval_min", self.min_seconds),
-                            ("checkpoint_interval_max", self.max_seconds)):
+        for name, value in (
+            ("checkpoint_cost", self.cost),
+            ("checkpoint_interval_min", self.min_seconds),
+            ("checkpoint_interval_max", self.max_seconds),
+        ):
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
         if self.min_seconds > self.max_seconds:
-            raise ConfigError(f"checkpoint_interval_min ({self.min_seconds:g} s) exceeds "
-                              f"checkpoint_interval_max ({self.max_seconds:g} s); lower the "
-                              "minimum or raise the maximum")
+            raise ConfigError(
+                f"checkpoint_interval_min ({self.min_seconds:g} s) exceeds "
+                f"checkpoint_interval_max ({self.max_seconds:g} s); lower the "
+                "minimum or raise the maximum"
+            )
 
 
 def mean_save_seconds(ref: Any) -> float | None:
@@ -107,8 +118,9 @@ def mean_save_seconds(ref: Any) -> float | None:
     return float(total) / float(saves)
 
 
-def pool_checkpoint_interval(interruptions_per_hour: float, save_seconds: float,
-                             bounds: CheckpointBounds) -> float:
+def pool_checkpoint_interval(
+    interruptions_per_hour: float, save_seconds: float, bounds: CheckpointBounds
+) -> float:
     """Seconds between an attempt's time-based saves on a pool interrupting at
     ``interruptions_per_hour`` when a save costs ``save_seconds`` (all capacity time).
 
@@ -116,5 +128,9 @@ def pool_checkpoint_interval(interruptions_per_hour: float, save_seconds: float,
     are reclaimed, and a job's own saves tell its real cost; a fixed interval is either
     wasteful on a quiet pool or loses work on a busy one."""
     rate = interruptions_per_hour if math.isfinite(interruptions_per_hour) else 0.0
-    return checkpoint_interval(max(save_seconds, 1e-3), max(rate, 0.0),
-                               min_seconds=bounds.min_seconds, max_seconds=bounds.max_seconds)
+    return checkpoint_interval(
+        max(save_seconds, 1e-3),
+        max(rate, 0.0),
+        min_seconds=bounds.min_seconds,
+        max_seconds=bounds.max_seconds,
+    )

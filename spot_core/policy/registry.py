@@ -22,8 +22,14 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Name -> strategy (a frozen policy object or a pure function), with a default."""
 
-    def __init__(self, kind: str, default: str = "default", *,
-                 entry_point_group: str | None = None, method: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        default: str = "default",
+        *,
+        entry_point_group: str | None = None,
+        method: str | None = None,
+    ) -> None:
         self.kind = kind
         self.default = default
         self.entry_point_group = entry_point_group
@@ -33,8 +39,10 @@ class Registry(Generic[T]):
 
     def register(self, name: str, value: T, *, replace: bool = False) -> T:
         if name in self._items and not replace:
-            raise ConfigError(f"{self.kind} {name!r} is already registered; pick another name "
-                              "or pass replace=True")
+            raise ConfigError(
+                f"{self.kind} {name!r} is already registered; pick another name "
+                "or pass replace=True"
+            )
         self._items[name] = value
         return value
 
@@ -45,8 +53,9 @@ class Registry(Generic[T]):
             return self._items[key]
         plugin = self._found().get(key)
         if plugin is None:
-            raise ConfigError(f"unknown {self.kind} {key!r}; choose one of "
-                              f"{', '.join(self.names())}")
+            raise ConfigError(
+                f"unknown {self.kind} {key!r}; choose one of {', '.join(self.names())}"
+            )
         return self._load(key, plugin)
 
     def names(self) -> list[str]:
@@ -71,7 +80,9 @@ class Registry(Generic[T]):
             assert self.entry_point_group is not None  # only named entries come here
             value: T = plugins.load(self.entry_point_group, plugin, self.kind)
             if self.method is not None and not callable(getattr(value, self.method, None)):
-                raise ConfigError(f"{self.kind} {name!r} ({plugin.value}) has no "
-                                  f"{self.method}() method; point the entry point at an "
-                                  f"object or class with one")
+                raise ConfigError(
+                    f"{self.kind} {name!r} ({plugin.value}) has no "
+                    f"{self.method}() method; point the entry point at an "
+                    f"object or class with one"
+                )
             return self.register(name, value)

@@ -11,11 +11,36 @@ before anything opens. Engine adapters reach all of this through ``spot_core.job
 
 from __future__ import annotations
 
-from spot_core.providers.base import (Bill, Capability, LaunchSpec, LeaseState, LeaseStatus,
-                                      Provider, ProviderPlugin, SessionKind)
-from spot_core.providers.registry import (check_provider, open_provider, provider_names,
-                                          provider_plugin, refuse_credentials)
+from spot_core.providers.base import (
+    Bill,
+    Capability,
+    LaunchSpec,
+    LeaseState,
+    LeaseStatus,
+    Provider,
+    ProviderPlugin,
+    SessionKind,
+)
+from spot_core.providers.registry import (
+    check_provider,
+    open_provider,
+    provider_names,
+    provider_plugin,
+    refuse_credentials,
+)
 
-__all__ = ["Bill", "Capability", "LaunchSpec", "LeaseState", "LeaseStatus", "Provider",
-           "ProviderPlugin", "SessionKind", "check_provider", "open_provider",
-           "provider_names", "provider_plugin", "refuse_credentials"]
+__all__ = [
+    "Bill",
+    "Capability",
+    "LaunchSpec",
+    "LeaseState",
+    "LeaseStatus",
+    "Provider",
+    "ProviderPlugin",
+    "SessionKind",
+    "check_provider",
+    "open_provider",
+    "provider_names",
+    "provider_plugin",
+    "refuse_credentials",
+]

@@ -81,14 +81,16 @@ class SessionKind(StrEnum):
     """Which credentials an engine resolves for a provider, in each process that opens it
     (an Airflow connection, a Prefect block): never carried in its options."""
 
-    AWS = "aws"                  # an AwsAccess or boto3 Session (aws_conn_id, AwsCredentials)
-    KUBERNETES = "kubernetes"    # a kubernetes ApiClient (kubernetes_conn_id, KubernetesClusterConfig)
+    AWS = "aws"  # an AwsAccess or boto3 Session (aws_conn_id, AwsCredentials)
+    KUBERNETES = (
+        "kubernetes"  # a kubernetes ApiClient (kubernetes_conn_id, KubernetesClusterConfig)
+    )
 
 
 class LeaseState(StrEnum):
     RUNNING = "running"
-    EXITED = "exited"          # the step's process ended by itself (any exit code)
-    RECLAIMED = "reclaimed"    # the capacity was taken away after its notice period
+    EXITED = "exited"  # the step's process ended by itself (any exit code)
+    RECLAIMED = "reclaimed"  # the capacity was taken away after its notice period
     TERMINATED = "terminated"  # we terminated it
 
 
@@ -98,7 +100,7 @@ class LeaseStatus:
 
     state: LeaseState
     exit_code: int | None = None
-    notice_at: float | None = None   # when an interruption notice was first served, if ever
+    notice_at: float | None = None  # when an interruption notice was first served, if ever
     ended_at: float | None = None
     message: str = ""
     # A provider that reads why its lease ended better than an exit code can says so here
@@ -216,9 +218,14 @@ class ProviderPlugin:
     def check_env(self, env: Mapping[str, str]) -> None:
         """One-line ConfigError for what it refuses in the step's environment."""
 
-    def option_defaults(self, options: Mapping[str, Any], *, instance_types: Sequence[str] = (),
-                        session: Any = None, scratch_dir: str | None = None,
-                        ) -> dict[str, Any]:
+    def option_defaults(
+        self,
+        options: Mapping[str, Any],
+        *,
+        instance_types: Sequence[str] = (),
+        session: Any = None,
+        scratch_dir: str | None = None,
+    ) -> dict[str, Any]:
         """``options`` with what the provider fills in when they are silent: the settings'
         ``instance_types``, what the ``session`` says (its region), an engine's
         ``scratch_dir`` for files of its own."""
@@ -231,15 +238,18 @@ class ProviderPlugin:
             return True
         return bool(uri) and str(uri).startswith("s3://")
 
-    def store_problem(self, uri: str | None, options: Mapping[str, Any], *,
-                      what: str) -> str | None:
+    def store_problem(
+        self, uri: str | None, options: Mapping[str, Any], *, what: str
+    ) -> str | None:
         """Why ``uri`` (the surface calls it ``what``) cannot be its leases' store, in one
         line naming the fix; None when it can."""
         if self.reaches_store(uri, options):
             return None
         shown = "none (a folder on this machine)" if uri is None else repr(uri)
-        return (f"provider {self.name!r} needs {what} {self.store_hint}: its {self.lease_noun} "
-                f"cannot see this machine's disk (got {shown})")
+        return (
+            f"provider {self.name!r} needs {what} {self.store_hint}: its {self.lease_noun} "
+            f"cannot see this machine's disk (got {shown})"
+        )
 
     def lease_environment(self, env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
         """``env`` as it may go to a lease, and the names dropped from it: off this machine,
@@ -262,8 +272,7 @@ class ProviderPlugin:
         """The web console page of the capacity ``lease`` runs on, if the cloud has one."""
         return None
 
-    def publish_from_lease(self, key: str, value: str,
-                           environ: Mapping[str, str]) -> bool:
+    def publish_from_lease(self, key: str, value: str, environ: Mapping[str, str]) -> bool:
         """On a lease (``LEASE_TAGS``): set ``key`` to ``value`` on the lease's own capacity
         when ``environ`` is one of this provider's leases; False when it is not."""
         return False
@@ -286,11 +295,13 @@ class ProviderPlugin:
 
     def describe(self) -> dict[str, Any]:
         """What ``spot-pipelines providers`` shows of it (JSON-able)."""
-        return {"name": self.name, "summary": self.summary,
-                "capabilities": [c.name.lower() for c in Capability
-                                 if c and c in self.capabilities],
-                "session": None if self.session is None else str(self.session),
-                "class": f"{type(self).__module__}.{type(self).__qualname__}"}
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "capabilities": [c.name.lower() for c in Capability if c and c in self.capabilities],
+            "session": None if self.session is None else str(self.session),
+            "class": f"{type(self).__module__}.{type(self).__qualname__}",
+        }
 
 
 def key_values(items: Sequence[str], flag: str) -> dict[str, Any]:

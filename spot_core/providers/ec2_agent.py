@@ -30,7 +30,11 @@ from typing import Mapping, Sequence
 
 from spot_core import attempt_env
 from spot_core.checkpoint.status import (  # noqa: F401 - the agent's report
-    STATUS_PREFIX, parse_report, status_key, write_report)
+    STATUS_PREFIX,
+    parse_report,
+    status_key,
+    write_report,
+)
 from spot_core.providers.ec2_bootstrap import Bootstrap
 
 WATCH_LOG = "/var/log/spot-pipelines-watch.log"
@@ -39,13 +43,20 @@ WATCH_LOG = "/var/log/spot-pipelines-watch.log"
 SHUTDOWN = "${SPOT_SHUTDOWN_COMMAND:-shutdown -h now}"
 
 
-def user_data(*, command: Sequence[str], environ: Mapping[str, str], watch_command: str,
-              agent_python: str, poll_interval: float = 1.0,
-              bootstrap: Bootstrap | None = None) -> str:
+def user_data(
+    *,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    watch_command: str,
+    agent_python: str,
+    poll_interval: float = 1.0,
+    bootstrap: Bootstrap | None = None,
+) -> str:
     """The cloud-init shell script that runs one attempt (no credentials in it, ever);
     with ``bootstrap``, it first installs spot-pipelines (``ec2_bootstrap``)."""
-    exports = "\n".join(f"export {name}={shlex.quote(value)}"
-                        for name, value in sorted(environ.items()))
+    exports = "\n".join(
+        f"export {name}={shlex.quote(value)}" for name, value in sorted(environ.items())
+    )
     step = " ".join(shlex.quote(word) for word in command)
     return f"""#!/bin/bash
 # spot-pipelines attempt launcher. Credentials come from the instance profile, never from here.
@@ -93,9 +104,12 @@ def _seconds(value: object) -> float:
 
 
 def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None) -> dict:
-    return write_report(exit_code=exit_code,
-                        notice_at=first_notice(watch_log) if watch_log else None,
-                        ended_at=time.time(), environ=environ)
+    return write_report(
+        exit_code=exit_code,
+        notice_at=first_notice(watch_log) if watch_log else None,
+        ended_at=time.time(),
+        environ=environ,
+    )
 
 
 def own_instance(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -105,8 +119,10 @@ def own_instance(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
 
     env = os.environ if environ is None else environ
     imds = AwsDetector(env.get(attempt_env.METADATA_ENDPOINT) or ENDPOINT)
-    return (imds.metadata("/latest/meta-data/instance-id"),
-            imds.metadata("/latest/meta-data/placement/region"))
+    return (
+        imds.metadata("/latest/meta-data/instance-id"),
+        imds.metadata("/latest/meta-data/placement/region"),
+    )
 
 
 def tag_own_instance(key: str, value: str, environ: Mapping[str, str] | None = None) -> str:
@@ -117,9 +133,10 @@ def tag_own_instance(key: str, value: str, environ: Mapping[str, str] | None = N
 
     instance_id, region = own_instance(environ)
     client = aws.make_client("ec2", region=region, endpoint_url=aws.ec2_endpoint())
-    aws.call(f"ec2:CreateTags on {instance_id} (its own instance)",
-             lambda: client.create_tags(Resources=[instance_id],
-                                        Tags=[{"Key": key, "Value": value}]))
+    aws.call(
+        f"ec2:CreateTags on {instance_id} (its own instance)",
+        lambda: client.create_tags(Resources=[instance_id], Tags=[{"Key": key, "Value": value}]),
+    )
     return instance_id
 
 

@@ -39,8 +39,16 @@ from spot_core.market.kubernetes import KubernetesMarket, PriceTable, check_pric
 from spot_core.model import Lease, Market, Outcome, Pool
 from spot_core.policy import pod_outcomes as classify
 from spot_core.providers import kubernetes_pods as pods
-from spot_core.providers.base import (Bill, Capability, LaunchSpec, LeaseStatus, Provider,
-                                      ProviderPlugin, SessionKind, key_values)
+from spot_core.providers.base import (
+    Bill,
+    Capability,
+    LaunchSpec,
+    LeaseStatus,
+    Provider,
+    ProviderPlugin,
+    SessionKind,
+    key_values,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +57,16 @@ log = logging.getLogger(__name__)
 class KubernetesOptions:
     """Everything the provider needs, as plain JSON-able values (``from_plain`` checks)."""
 
-    kubeconfig: str | None = None          # path; default $KUBECONFIG or ~/.kube/config
+    kubeconfig: str | None = None  # path; default $KUBECONFIG or ~/.kube/config
     context: str | None = None
-    in_cluster: bool | None = None         # None: the service account when in a pod
+    in_cluster: bool | None = None  # None: the service account when in a pod
     namespace: str = "default"
-    image: str | None = None               # the step's image (else the template's)
+    image: str | None = None  # the step's image (else the template's)
     pod_template: Mapping[str, Any] = field(default_factory=dict)  # a V1Pod as a dict
-    prices: Mapping[str, Any] = field(default_factory=dict)        # see market.kubernetes
+    prices: Mapping[str, Any] = field(default_factory=dict)  # see market.kubernetes
     service_account: str | None = None
-    unschedulable_timeout: float = 60.0    # seconds a pod may wait for a node: then next pool
-    start_timeout: float = 600.0           # seconds from scheduling to a started step
+    unschedulable_timeout: float = 60.0  # seconds a pod may wait for a node: then next pool
+    start_timeout: float = 600.0  # seconds from scheduling to a started step
     watch_command: tuple[str, ...] = ("spot-pipelines",)
     watch_poll_interval: float = 1.0
     node_refresh_seconds: float = 5.0
@@ -92,15 +100,22 @@ class KubernetesOptions:
 
 
 OPTION_NAMES = frozenset(f.name for f in fields(KubernetesOptions))
-SECONDS_OPTIONS = ("unschedulable_timeout", "start_timeout", "watch_poll_interval",
-                   "node_refresh_seconds", "capacity_cooldown_seconds", "notice_margin_seconds")
+SECONDS_OPTIONS = (
+    "unschedulable_timeout",
+    "start_timeout",
+    "watch_poll_interval",
+    "node_refresh_seconds",
+    "capacity_cooldown_seconds",
+    "notice_margin_seconds",
+)
 
 
 def check_option_names(names: Iterable[str]) -> None:
     unknown = sorted(set(names) - OPTION_NAMES)
     if unknown:
-        raise ConfigError(f"unknown kubernetes provider option(s) {unknown}; choose from "
-                          f"{sorted(OPTION_NAMES)}")
+        raise ConfigError(
+            f"unknown kubernetes provider option(s) {unknown}; choose from {sorted(OPTION_NAMES)}"
+        )
 
 
 def check_option_value(name: str, value: Any) -> None:
@@ -108,51 +123,84 @@ def check_option_value(name: str, value: Any) -> None:
     template (``{{ ... }}``) is checked once rendered."""
     if value is None or (isinstance(value, str) and "{{" in value):
         return
-    if name in SECONDS_OPTIONS and not (isinstance(value, (int, float)) and not isinstance(
-            value, bool) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"kubernetes provider option {name}={value!r} must be a number of "
-                          "seconds > 0, e.g. 60")
+    if name in SECONDS_OPTIONS and not (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    ):
+        raise ConfigError(
+            f"kubernetes provider option {name}={value!r} must be a number of seconds > 0, e.g. 60"
+        )
     if name in ("kubeconfig", "context", "namespace", "image", "service_account") and not (
-            isinstance(value, str) and value.strip()):
-        raise ConfigError(f"kubernetes provider option {name}={value!r} must be a non-empty "
-                          "string")
+        isinstance(value, str) and value.strip()
+    ):
+        raise ConfigError(f"kubernetes provider option {name}={value!r} must be a non-empty string")
     if name in ("in_cluster", "do_not_disrupt") and not isinstance(value, bool):
         raise ConfigError(f"kubernetes provider option {name}={value!r} must be true or false")
-    if name == "pod_template" and not (isinstance(value, Mapping) and isinstance(
-            value.get("spec", {}), Mapping)):
-        raise ConfigError("kubernetes provider option pod_template must be a V1Pod as a dict, "
-                          "e.g. {'spec': {'containers': [{'name': 'step', 'resources': ...}]}}")
+    if name == "pod_template" and not (
+        isinstance(value, Mapping) and isinstance(value.get("spec", {}), Mapping)
+    ):
+        raise ConfigError(
+            "kubernetes provider option pod_template must be a V1Pod as a dict, "
+            "e.g. {'spec': {'containers': [{'name': 'step', 'resources': ...}]}}"
+        )
     if name == "prices":
         check_prices(value)
     if name == "watch_command" and not (
-            (isinstance(value, str) and value.strip()) or (isinstance(value, (list, tuple))
-                                                           and value and all(isinstance(w, str) and w for w in value))):
-        raise ConfigError(f"kubernetes provider option watch_command={value!r} must be the "
-                          "command that runs spot-pipelines in the image, e.g. "
-                          "['spot-pipelines'] or ['python', '-m', 'spot_core.cli']")
+        (isinstance(value, str) and value.strip())
+        or (
+            isinstance(value, (list, tuple))
+            and value
+            and all(isinstance(w, str) and w for w in value)
+        )
+    ):
+        raise ConfigError(
+            f"kubernetes provider option watch_command={value!r} must be the "
+            "command that runs spot-pipelines in the image, e.g. "
+            "['spot-pipelines'] or ['python', '-m', 'spot_core.cli']"
+        )
 
 
 class KubernetesProvider:
     """Provider protocol over a Kubernetes API server (any that speaks the API)."""
 
     name = "kubernetes"
-    capabilities = (Capability.SPOT | Capability.LEASE_TAGS | Capability.CLEANUP_ORPHANS
-                    | Capability.IMAGES | Capability.COMMAND_IN_IMAGE)
+    capabilities = (
+        Capability.SPOT
+        | Capability.LEASE_TAGS
+        | Capability.CLEANUP_ORPHANS
+        | Capability.IMAGES
+        | Capability.COMMAND_IN_IMAGE
+    )
 
-    def __init__(self, options: KubernetesOptions, *, api: Any = None,
-                 clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = stopping.sleep) -> None:
+    def __init__(
+        self,
+        options: KubernetesOptions,
+        *,
+        api: Any = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = stopping.sleep,
+    ) -> None:
         self.config = options
         # JSON-able: `open_provider("kubernetes", **provider.options)` reopens it elsewhere.
         self.options = options.to_options()
         self.clock, self._sleep = clock, sleep
-        self.api = api or k8s.core_api(k8s.api_client(
-            kubeconfig=options.kubeconfig, context=options.context, in_cluster=options.in_cluster))
-        self.market = KubernetesMarket(self._list_nodes, PriceTable(check_prices(options.prices)),
-                                       refresh_seconds=options.node_refresh_seconds,
-                                       capacity_cooldown_seconds=options.capacity_cooldown_seconds,
-                                       clock=clock)
-        self._launched: dict[str, str] = {}   # pod name -> namespace, for close()
+        self.api = api or k8s.core_api(
+            k8s.api_client(
+                kubeconfig=options.kubeconfig,
+                context=options.context,
+                in_cluster=options.in_cluster,
+            )
+        )
+        self.market = KubernetesMarket(
+            self._list_nodes,
+            PriceTable(check_prices(options.prices)),
+            refresh_seconds=options.node_refresh_seconds,
+            capacity_cooldown_seconds=options.capacity_cooldown_seconds,
+            clock=clock,
+        )
+        self._launched: dict[str, str] = {}  # pod name -> namespace, for close()
         self._terminated: set[str] = set()
         # lease -> the notices its pod showed (or its watcher reported), first seen when
         self._notices: dict[str, tuple[classify.Disruption, ...]] = {}
@@ -177,18 +225,25 @@ class KubernetesProvider:
         under ours (public: the Airflow SpotKubernetesPodOperator builds its pod here)."""
         image = spec.image or self.config.image or pods.template_image(self.config.pod_template)
         if not image:
-            raise ConfigError("the kubernetes provider needs the step's image: pass "
-                              "provider_options {'image': 'registry/step:tag'} (or image=, or "
-                              "a container image in pod_template)")
+            raise ConfigError(
+                "the kubernetes provider needs the step's image: pass "
+                "provider_options {'image': 'registry/step:tag'} (or image=, or "
+                "a container image in pod_template)"
+            )
         nodes = self.market.pool_nodes(pool)
         return pods.build_pod(
-            spec, pool, name=name or pods.pod_name(spec.job_id, spec.attempt, uuid.uuid4().hex[:5]),
-            namespace=self.config.namespace, image=image,
-            watch_command=self.config.watch_command, pod_template=self.config.pod_template,
+            spec,
+            pool,
+            name=name or pods.pod_name(spec.job_id, spec.attempt, uuid.uuid4().hex[:5]),
+            namespace=self.config.namespace,
+            image=image,
+            watch_command=self.config.watch_command,
+            pod_template=self.config.pod_template,
             service_account=self.config.service_account,
             flavours=nodes.flavours if nodes else (),
             watch_poll_interval=self.config.watch_poll_interval,
-            do_not_disrupt=self.config.do_not_disrupt)
+            do_not_disrupt=self.config.do_not_disrupt,
+        )
 
     def launch(self, spec: LaunchSpec, pool: Pool) -> Lease:
         """The attempt's pod, scheduled and started on ``pool``; see the module docstring."""
@@ -216,40 +271,55 @@ class KubernetesProvider:
             try:
                 pod = k8s.raw(f"get pod {name}", self.api.read_namespaced_pod, name, namespace)
             except k8s.NotFound:  # deleted or evicted before it started: try again elsewhere
-                raise InfrastructureError(f"pod {name} was deleted before its step started "
-                                          "(evicted, or deleted by someone else)") from None
+                raise InfrastructureError(
+                    f"pod {name} was deleted before its step started "
+                    "(evicted, or deleted by someone else)"
+                ) from None
             problem = pods.waiting_problem(pod)
             if problem is not None:
-                raise ConfigError(f"pod {name} cannot start its step: {problem}; fix the "
-                                  "image, its pull secret or pod_template")
+                raise ConfigError(
+                    f"pod {name} cannot start its step: {problem}; fix the "
+                    "image, its pull secret or pod_template"
+                )
             if _step_started(pod):
                 return pod
             waited = self.clock() - started
             if pods.scheduled_at(pod) is None and waited >= self.config.unschedulable_timeout:
                 self.market.note_capacity_miss(pool, self.clock())
                 why = (pods.unschedulable_since(pod) or (0.0, "not scheduled"))[1]
-                raise CapacityUnavailable(f"pod {name} found no node in {pool.key} within "
-                                          f"{self.config.unschedulable_timeout:g} s ({why})")
+                raise CapacityUnavailable(
+                    f"pod {name} found no node in {pool.key} within "
+                    f"{self.config.unschedulable_timeout:g} s ({why})"
+                )
             if waited >= self.config.unschedulable_timeout + self.config.start_timeout:
-                raise InfrastructureError(f"pod {name} was scheduled but its step did not "
-                                          f"start within {self.config.start_timeout:g} s")
+                raise InfrastructureError(
+                    f"pod {name} was scheduled but its step did not "
+                    f"start within {self.config.start_timeout:g} s"
+                )
             self._sleep(0.25)
 
-    def _lease(self, spec: LaunchSpec, pool: Pool, pod: Mapping[str, Any],
-               node_pools: Sequence[str]) -> Lease:
+    def _lease(
+        self, spec: LaunchSpec, pool: Pool, pod: Mapping[str, Any], node_pools: Sequence[str]
+    ) -> Lease:
         now = self.clock()
         offer = self.market.offers([pool], now)[0]
         name = pod["metadata"]["name"]
-        return Lease(lease_id=name, pool=pool, job_id=spec.job_id, attempt=spec.attempt,
-                     started_at=min(now, pods.scheduled_at(pod) or now),
-                     price_per_hour=offer.price_per_hour,
-                     details={"namespace": pod["metadata"].get("namespace", self.config.namespace),
-                              "checkpoint_uri": spec.checkpoint_uri,
-                              "node": pods.node_of(pod) or "",
-                              "node_pool": ",".join(node_pools),
-                              "on_demand_price_per_hour": f"{offer.on_demand_price_per_hour:.6f}",
-                              "labels": pods.job_selector(spec.job_id)
-                              + f",{pods.LABEL_ATTEMPT}={spec.attempt}"})
+        return Lease(
+            lease_id=name,
+            pool=pool,
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            started_at=min(now, pods.scheduled_at(pod) or now),
+            price_per_hour=offer.price_per_hour,
+            details={
+                "namespace": pod["metadata"].get("namespace", self.config.namespace),
+                "checkpoint_uri": spec.checkpoint_uri,
+                "node": pods.node_of(pod) or "",
+                "node_pool": ",".join(node_pools),
+                "on_demand_price_per_hour": f"{offer.on_demand_price_per_hour:.6f}",
+                "labels": pods.job_selector(spec.job_id) + f",{pods.LABEL_ATTEMPT}={spec.attempt}",
+            },
+        )
 
     # -- observe --------------------------------------------------------------------------
     def observe(self, leases: Sequence[Lease]) -> dict[str, LeaseStatus]:
@@ -258,14 +328,20 @@ class KubernetesProvider:
             return {}
         found: dict[str, dict] = {}
         for namespace, selector in self._selectors(leases).items():
-            listed = k8s.raw(f"list pods in {namespace}", self.api.list_namespaced_pod,
-                             namespace, label_selector=selector)
+            listed = k8s.raw(
+                f"list pods in {namespace}",
+                self.api.list_namespaced_pod,
+                namespace,
+                label_selector=selector,
+            )
             found.update({p["metadata"]["name"]: p for p in listed.get("items") or []})
         for name, pod in found.items():  # kept: the pod is deleted when its attempt closes
             self._annotations[name] = dict(pod["metadata"].get("annotations") or {})
         nodes = {n["metadata"]["name"]: n for n in self._list_nodes()}
-        return {lease.lease_id: self._status(lease, found.get(lease.lease_id), nodes)
-                for lease in leases}
+        return {
+            lease.lease_id: self._status(lease, found.get(lease.lease_id), nodes)
+            for lease in leases
+        }
 
     def _selectors(self, leases: Sequence[Lease]) -> dict[str, str]:
         """A label selector per namespace: the job's when every lease there is of one job;
@@ -296,14 +372,20 @@ class KubernetesProvider:
             self._end_stuck(lease, verdict)
         return pods.lease_status(verdict)
 
-    def _verdict(self, lease: Lease, pod: dict | None, node: Any,
-                 events: Sequence[dict]) -> classify.PodVerdict:
+    def _verdict(
+        self, lease: Lease, pod: dict | None, node: Any, events: Sequence[dict]
+    ) -> classify.PodVerdict:
         return classify.classify_pod(
-            pod, node, events=events, spot=lease.pool.is_spot,
+            pod,
+            node,
+            events=events,
+            spot=lease.pool.is_spot,
             completed=lambda: self._completed(lease),
             terminated_by_us=lease.lease_id in self._terminated,
-            earlier=self._notices.get(lease.lease_id, ()), now=self.clock(),
-            margin_seconds=self.config.notice_margin_seconds)
+            earlier=self._notices.get(lease.lease_id, ()),
+            now=self.clock(),
+            margin_seconds=self.config.notice_margin_seconds,
+        )
 
     def _remember(self, lease: Lease, evidence: Sequence[classify.Disruption]) -> None:
         """Keep each notice a running pod showed, stamped when first seen, so a pod that
@@ -322,22 +404,30 @@ class KubernetesProvider:
             return
         seen = self._reported_notice(lease)
         if seen is not None:
-            self._notices[lease.lease_id] = (*self._notices.get(lease.lease_id, ()),
-                                             classify.Disruption(
-                                                 "notice", "a notice reported by the pod's "
-                                                 "watcher", at=seen))
+            self._notices[lease.lease_id] = (
+                *self._notices.get(lease.lease_id, ()),
+                classify.Disruption("notice", "a notice reported by the pod's watcher", at=seen),
+            )
 
     def _end_stuck(self, lease: Lease, verdict: classify.PodVerdict) -> None:
         """A pod still there past its notice's grace period: delete it (with grace 0 when
         its node is gone, since no kubelet will confirm it) so the next attempt starts."""
         namespace = lease.details.get("namespace", self.config.namespace)
-        log.warning("pod %s/%s did not end after its notice (%s); deleting it%s", namespace,
-                    lease.lease_id, verdict.reason[:200],
-                    " with grace 0: its node is gone" if verdict.force_delete else "")
+        log.warning(
+            "pod %s/%s did not end after its notice (%s); deleting it%s",
+            namespace,
+            lease.lease_id,
+            verdict.reason[:200],
+            " with grace 0: its node is gone" if verdict.force_delete else "",
+        )
         try:
-            k8s.call(f"delete pod {lease.lease_id}", self.api.delete_namespaced_pod,
-                     lease.lease_id, namespace,
-                     **({"grace_period_seconds": 0} if verdict.force_delete else {}))
+            k8s.call(
+                f"delete pod {lease.lease_id}",
+                self.api.delete_namespaced_pod,
+                lease.lease_id,
+                namespace,
+                **({"grace_period_seconds": 0} if verdict.force_delete else {}),
+            )
         except k8s.NotFound:
             pass
         except Exception as exc:  # noqa: BLE001 - close() and cleanup_orphans remain
@@ -352,8 +442,15 @@ class KubernetesProvider:
         found: list[dict] = []
         for where, selector in wanted:
             try:
-                found += k8s.raw(f"list events of {selector}", self.api.list_namespaced_event,
-                                 where, field_selector=selector).get("items") or []
+                found += (
+                    k8s.raw(
+                        f"list events of {selector}",
+                        self.api.list_namespaced_event,
+                        where,
+                        field_selector=selector,
+                    ).get("items")
+                    or []
+                )
             except Exception as exc:  # noqa: BLE001 - events only sharpen the verdict
                 log.info("could not read events (%s): %s", selector, exc)
         return found
@@ -385,8 +482,9 @@ class KubernetesProvider:
         if value is not None:
             return value
         try:
-            pod = k8s.raw(f"get pod {lease_id}", self.api.read_namespaced_pod, lease_id,
-                          self.config.namespace)
+            pod = k8s.raw(
+                f"get pod {lease_id}", self.api.read_namespaced_pod, lease_id, self.config.namespace
+            )
         except k8s.NotFound:
             return None
         return (pod["metadata"].get("annotations") or {}).get(key)
@@ -403,7 +501,8 @@ class KubernetesProvider:
             return None
         try:
             return parse_report(open_store(uri).get_object(status_key(lease.attempt))).get(
-                "notice_at")
+                "notice_at"
+            )
         except FileNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 - a missing report only blurs the outcome
@@ -413,8 +512,9 @@ class KubernetesProvider:
     def _reread(self, lease: Lease) -> dict | None:
         namespace = lease.details.get("namespace", self.config.namespace)
         try:
-            return k8s.raw(f"get pod {lease.lease_id}", self.api.read_namespaced_pod,
-                           lease.lease_id, namespace)
+            return k8s.raw(
+                f"get pod {lease.lease_id}", self.api.read_namespaced_pod, lease.lease_id, namespace
+            )
         except k8s.NotFound:
             return None
 
@@ -423,8 +523,11 @@ class KubernetesProvider:
         """Per second of the pod's life on its node, at the prices fixed at launch."""
         seconds = max(0.0, ended_at - lease.started_at)
         on_demand = float(lease.details.get("on_demand_price_per_hour", lease.price_per_hour))
-        return Bill(cost=lease.price_per_hour * seconds / 3600.0,
-                    on_demand_cost=on_demand * seconds / 3600.0, capacity_seconds=seconds)
+        return Bill(
+            cost=lease.price_per_hour * seconds / 3600.0,
+            on_demand_cost=on_demand * seconds / 3600.0,
+            capacity_seconds=seconds,
+        )
 
     def capacity_seconds(self, wall_seconds: float) -> float:
         return wall_seconds
@@ -464,8 +567,12 @@ class KubernetesProvider:
         if given) in the namespace; return their names. Only for when no live run owns
         them (a controller that crashed): it does not ask."""
         namespace = self.config.namespace
-        listed = k8s.raw(f"list pods in {namespace}", self.api.list_namespaced_pod, namespace,
-                         label_selector=pods.job_selector(job_id))
+        listed = k8s.raw(
+            f"list pods in {namespace}",
+            self.api.list_namespaced_pod,
+            namespace,
+            label_selector=pods.job_selector(job_id),
+        )
         names = [p["metadata"]["name"] for p in listed.get("items") or []]
         deleted = [name for name in names if self._delete(name, namespace)]
         if deleted:
@@ -499,11 +606,18 @@ def annotate_own_pod(key: str, value: str, environ: Mapping[str, str] | None = N
     env = os.environ if environ is None else environ
     name, namespace = env.get(POD_NAME_ENV), env.get(POD_NAMESPACE_ENV)
     if not name or not namespace:
-        raise ConfigError(f"annotate_own_pod needs ${POD_NAME_ENV} and ${POD_NAMESPACE_ENV} "
-                          "(the kubernetes provider sets them from the downward API)")
+        raise ConfigError(
+            f"annotate_own_pod needs ${POD_NAME_ENV} and ${POD_NAMESPACE_ENV} "
+            "(the kubernetes provider sets them from the downward API)"
+        )
     api = k8s.core_api(k8s.api_client())
-    k8s.call(f"annotate pod {name} (its own)", api.patch_namespaced_pod, name, namespace,
-             {"metadata": {"annotations": {key: value}}})
+    k8s.call(
+        f"annotate pod {name} (its own)",
+        api.patch_namespaced_pod,
+        name,
+        namespace,
+        {"metadata": {"annotations": {key: value}}},
+    )
     return name
 
 
@@ -522,7 +636,8 @@ def _events_may_tell(verdict: classify.PodVerdict) -> bool:
     if verdict.outcome == Outcome.SUCCEEDED.value:
         return verdict.disruption is None
     return verdict.outcome in (Outcome.PREEMPTED.value, Outcome.DISRUPTED.value) and any(
-        d.voluntary is None for d in verdict.evidence)
+        d.voluntary is None for d in verdict.evidence
+    )
 
 
 def _only(values: set[str]) -> str | None:
@@ -536,20 +651,25 @@ class KubernetesPlugin(ProviderPlugin):
 
     capabilities = KubernetesProvider.capabilities
     session = SessionKind.KUBERNETES
-    summary = ("pods on a Kubernetes cluster's spot node pools (a store its pods reach: "
-               "s3://, or a volume every pod mounts)")
+    summary = (
+        "pods on a Kubernetes cluster's spot node pools (a store its pods reach: "
+        "s3://, or a volume every pod mounts)"
+    )
     lease_noun = "pods"
     step_container = pods.STEP_CONTAINER
-    store_hint = ("'s3://bucket/prefix', or a file:// path under a volumeMount of the "
-                  "pod_template's step container (a PVC every pod mounts)")
+    store_hint = (
+        "'s3://bucket/prefix', or a file:// path under a volumeMount of the "
+        "pod_template's step container (a PVC every pod mounts)"
+    )
 
     def open(self, options: Mapping[str, Any], session: Any = None) -> Provider:
         """``session``: an ApiClient the engine resolved (an Airflow ``kubernetes_conn_id``,
         a Prefect ``KubernetesClusterConfig``); None: the kubeconfig options."""
         if session is None:
             return KubernetesProvider.from_options(**options)
-        return KubernetesProvider(KubernetesOptions.from_plain(**options),
-                                  api=k8s.core_api(session))
+        return KubernetesProvider(
+            KubernetesOptions.from_plain(**options), api=k8s.core_api(session)
+        )
 
     def check_options(self, options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
         """Every name a kubernetes option, each value of its type (no API call). Pools come
@@ -572,16 +692,28 @@ class KubernetesPlugin(ProviderPlugin):
 
     def add_cli_arguments(self, parser: Any) -> None:
         group = parser.add_argument_group("kubernetes provider (see docs/kubernetes.md)")
-        group.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig file "
-                           "(default: $KUBECONFIG or ~/.kube/config; in a pod: its service "
-                           "account)")
+        group.add_argument(
+            "--kubeconfig",
+            default=None,
+            help="kubernetes: kubeconfig file "
+            "(default: $KUBECONFIG or ~/.kube/config; in a pod: its service "
+            "account)",
+        )
         group.add_argument("--context", default=None, help="kubernetes: kubeconfig context")
-        group.add_argument("--namespace", default=None, help="kubernetes: namespace of the "
-                           "step pods (default: default)")
-        group.add_argument("--k8s-option", action="append", default=[], metavar="KEY=JSON",
-                           help="kubernetes: any other provider option, e.g. "
-                           "image=\"reg/step:1\" or prices='{\"spot-ng\": {\"spot\": 0.07}}' "
-                           "(repeatable)")
+        group.add_argument(
+            "--namespace",
+            default=None,
+            help="kubernetes: namespace of the step pods (default: default)",
+        )
+        group.add_argument(
+            "--k8s-option",
+            action="append",
+            default=[],
+            metavar="KEY=JSON",
+            help="kubernetes: any other provider option, e.g. "
+            'image="reg/step:1" or prices=\'{"spot-ng": {"spot": 0.07}}\' '
+            "(repeatable)",
+        )
 
     def cli_options(self, args: Any) -> dict[str, Any]:
         from spot_core.providers.registry import refuse_credentials

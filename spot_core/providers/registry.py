@@ -30,10 +30,11 @@ GROUP = "spot_pipelines.providers"
 DEFAULT_PROVIDER = "local"
 
 
-
 def _unknown(name: str, names: tuple[str, ...]) -> str:
-    return (f"provider {name!r} is not built; choose one of "
-            f"{', '.join(_default_first(names)) or _NONE_INSTALLED}")
+    return (
+        f"provider {name!r} is not built; choose one of "
+        f"{', '.join(_default_first(names)) or _NONE_INSTALLED}"
+    )
 
 
 def _bind(plugin: ProviderPlugin, name: str) -> ProviderPlugin:
@@ -44,7 +45,8 @@ def _bind(plugin: ProviderPlugin, name: str) -> ProviderPlugin:
 
 
 _PLUGINS: plugins.Registry[ProviderPlugin] = plugins.Registry(
-    GROUP, "provider", ProviderPlugin, _unknown, _bind)
+    GROUP, "provider", ProviderPlugin, _unknown, _bind
+)
 
 
 def provider_names() -> tuple[str, ...]:
@@ -63,13 +65,18 @@ def provider_plugin(name: str) -> ProviderPlugin:
     return _PLUGINS.get(name)
 
 
-_NONE_INSTALLED = ("none: no package declares a provider here (install spot-pipelines, "
-                   "e.g. `pip install -e .` in a checkout, so its entry points exist)")
+_NONE_INSTALLED = (
+    "none: no package declares a provider here (install spot-pipelines, "
+    "e.g. `pip install -e .` in a checkout, so its entry points exist)"
+)
 
 
-def check_provider(name: str, options: Mapping[str, Any] | None = None,
-                   instance_types: Sequence[str] = (),
-                   env: Mapping[str, str] | None = None) -> None:
+def check_provider(
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    instance_types: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> None:
     """One-line ConfigError if ``name`` is not installed, ``options`` do not suit it or
     hold a credential, or ``env`` (the step's environment, when known) is refused by it."""
     plugin = provider_plugin(name)
@@ -101,16 +108,20 @@ def refuse_credentials(options: Mapping[str, Any]) -> None:
 
     for name in options:
         if isinstance(name, str) and SECRET_NAME.search(name):
-            raise ConfigError(f"provider_options[{name!r}] looks like a credential; never put "
-                              "credentials in provider_options (they are stored and logged "
-                              "in plain text): use the instance profile, the environment "
-                              "of the process that opens the provider, or a secrets manager")
+            raise ConfigError(
+                f"provider_options[{name!r}] looks like a credential; never put "
+                "credentials in provider_options (they are stored and logged "
+                "in plain text): use the instance profile, the environment "
+                "of the process that opens the provider, or a secrets manager"
+            )
     for where, text in _strings(options, "provider_options"):
         kind = value_kind(text)
         if kind:
-            raise ConfigError(f"{where} holds {kind}; never put credentials in "
-                              "provider_options (they are stored and logged in plain "
-                              "text): use the instance profile or a secrets manager")
+            raise ConfigError(
+                f"{where} holds {kind}; never put credentials in "
+                "provider_options (they are stored and logged in plain "
+                "text): use the instance profile or a secrets manager"
+            )
 
 
 def _strings(value: Any, where: str, depth: int = 0):

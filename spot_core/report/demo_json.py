@@ -5,8 +5,14 @@ from __future__ import annotations
 from spot_core.model import JobRecord
 
 
-def demo_report(engine: str, record: JobRecord, *, final_weights_sha256: str | None,
-                uninterrupted_weights_sha256: str, accuracy: float | None) -> dict:
+def demo_report(
+    engine: str,
+    record: JobRecord,
+    *,
+    final_weights_sha256: str | None,
+    uninterrupted_weights_sha256: str,
+    accuracy: float | None,
+) -> dict:
     """The same keys for every engine."""
     summary = record.summary()
     return {

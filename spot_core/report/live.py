@@ -18,8 +18,13 @@ from spot_core.report.progress import attempt_line, saving_line
 class LiveProgress:
     """What the last transition said, drawn with the time since the attempt started."""
 
-    def __init__(self, total_steps: int | None = None, *, title: str = "spot job",
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        total_steps: int | None = None,
+        *,
+        title: str = "spot job",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.total_steps = total_steps
         self.title = title
         self.clock = clock
@@ -44,7 +49,8 @@ class LiveProgress:
         step = record.latest_checkpoint.step if record.latest_checkpoint else 0
         if self.total_steps:
             lines.append(Text(f"checkpointed step {step} of {self.total_steps}"))
-            lines.append(ProgressBar(total=self.total_steps,
-                                     completed=min(step, self.total_steps), width=60))
+            lines.append(
+                ProgressBar(total=self.total_steps, completed=min(step, self.total_steps), width=60)
+            )
         lines.append(Text(f"last: {self.last}"[:160], style="dim"))
         return Panel(Group(*lines), title=Text(f"{self.title} {record.job_id}"))

@@ -45,7 +45,9 @@ class TrainConfig:
     features: int = 16
     classes: int = 4
     samples: int = 4000
-    step_seconds: float = 0.0  # simulated extra compute per step, to make runs long enough to interrupt
+    step_seconds: float = (
+        0.0  # simulated extra compute per step, to make runs long enough to interrupt
+    )
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def train_step(state: dict[str, np.ndarray], step: int, x: np.ndarray, y: np.ndarray,
-               cfg: TrainConfig) -> None:
+def train_step(
+    state: dict[str, np.ndarray], step: int, x: np.ndarray, y: np.ndarray, cfg: TrainConfig
+) -> None:
     """One SGD step on the mini-batch that belongs to ``step`` (in place)."""
     batch = np.random.default_rng([cfg.seed, step]).integers(0, len(x), size=cfg.batch_size)
     xb, yb = x[batch], y[batch]
@@ -161,8 +164,11 @@ def train(cfg: TrainConfig, checkpointer=None, data: Path | None = None) -> Trai
         if checkpointer is not None:
             checkpointer.maybe_save(step + 1, lambda: {STATE_FILE: arrays_to_bytes(state)})
     if checkpointer is not None:
-        checkpointer.save_now(cfg.steps, lambda: {STATE_FILE: arrays_to_bytes(state)},
-                              {"final": True, "accuracy": accuracy(state, x_test, y_test)})
+        checkpointer.save_now(
+            cfg.steps,
+            lambda: {STATE_FILE: arrays_to_bytes(state)},
+            {"final": True, "accuracy": accuracy(state, x_test, y_test)},
+        )
     return TrainResult(
         steps_done=cfg.steps,
         resumed_from_step=None if restored is None else start,
@@ -190,12 +196,20 @@ def _parse(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespace]:
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="data set written by prepare_dataset (default: generate it)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="data set written by prepare_dataset (default: generate it)",
+    )
     parser.add_argument("--checkpoint-every-steps", type=int, default=None)
     parser.add_argument("--checkpoint-every-seconds", type=float, default=None)
-    parser.add_argument("--result", type=Path, default=None,
-                        help="write the TrainResult as JSON here when training completes")
+    parser.add_argument(
+        "--result",
+        type=Path,
+        default=None,
+        help="write the TrainResult as JSON here when training completes",
+    )
     args = parser.parse_args(argv)
     return TrainConfig(steps=args.steps, step_seconds=args.step_seconds, seed=args.seed), args
 
@@ -205,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg, args = _parse(argv)
     try:
-        chosen = {"every_steps": args.checkpoint_every_steps,
-                  "every_seconds": args.checkpoint_every_seconds}
+        chosen = {
+            "every_steps": args.checkpoint_every_steps,
+            "every_seconds": args.checkpoint_every_seconds,
+        }
         checkpointer = Checkpointer.from_env(**{k: v for k, v in chosen.items() if v is not None})
         with checkpointer.attach_signals():
             result = train(cfg, checkpointer, args.data)

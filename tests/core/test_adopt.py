@@ -19,7 +19,8 @@ def _adopt(tmp_path, record=None, attempt=None):
     spec = JobSpec("in-place", (), (tmp_path / "ckpt").as_uri(), ())
     record = record or controller.new_record(spec)
     record, lease = controller.adopt(
-        spec, record, lambda n, now: provider.adopt(spec.job_id, n, now), attempt=attempt)
+        spec, record, lambda n, now: provider.adopt(spec.job_id, n, now), attempt=attempt
+    )
     return controller, spec, record, lease
 
 

@@ -47,10 +47,12 @@ def test_decide_next_goes_on_demand_when_the_safety_net_says_so():
 
 def test_running_on_demand_stays_when_leaving_would_risk_the_deadline():
     record = JobRecord("j", T0 - 3600, deadline_at=T0 + 70 * 60).start_attempt(
-        Attempt(1, OD, T0 - 3600))
+        Attempt(1, OD, T0 - 3600)
+    )
     assert decide_next(record, OFFERS, RetryPolicy(), now=T0, work=WORK).action == "wait"
     roomy = JobRecord("j", T0 - 3600, deadline_at=T0 + 5 * 3600).start_attempt(
-        Attempt(1, OD, T0 - 3600))
+        Attempt(1, OD, T0 - 3600)
+    )
     moved = decide_next(roomy, OFFERS, RetryPolicy(), now=T0, work=WORK)
     assert moved.action == "launch" and moved.market is Market.SPOT
 

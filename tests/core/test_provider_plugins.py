@@ -46,26 +46,38 @@ def acme_wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("acme-spot")
     (source / "pyproject.toml").write_text(PYPROJECT)
     (source / "acme_spot").mkdir()
-    (source / "acme_spot" / "__init__.py").write_text('"""Acme capacity: the local cloud, '
-                                                      'under our own name."""\n')
+    (source / "acme_spot" / "__init__.py").write_text(
+        '"""Acme capacity: the local cloud, under our own name."""\n'
+    )
     out = source / "dist"
     run(find_uv(), "build", "--wheel", "--out-dir", out, source, cwd=source)
     return next(out.glob("*.whl"))
 
 
 def _isolated_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "UV_PROJECT_ENVIRONMENT")
-           and not k.startswith(("SPOT_", "AIRFLOW", "PREFECT"))}
-    return {**env, "AIRFLOW_HOME": str(home / "airflow"), "PREFECT_HOME": str(home / "prefect"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH", "UV_PROJECT_ENVIRONMENT")
+        and not k.startswith(("SPOT_", "AIRFLOW", "PREFECT"))
+    }
+    return {
+        **env,
+        "AIRFLOW_HOME": str(home / "airflow"),
+        "PREFECT_HOME": str(home / "prefect"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
 
 
 def _installed(tmp_path: Path, spot_wheel: Path, acme: Path, extra: str) -> Path:
     python = clean_venv(tmp_path / f"venv-{extra}")
     extras = sorted({extra, "aws", "kubernetes"})
-    uv_install(python, f"{spot_wheel}[{extra}]", str(acme),
-               constraints=locked_requirements(tmp_path, *extras))
+    uv_install(
+        python,
+        f"{spot_wheel}[{extra}]",
+        str(acme),
+        constraints=locked_requirements(tmp_path, *extras),
+    )
     return python
 
 
@@ -82,8 +94,14 @@ def _helpers(tmp_path: Path) -> Path:
 def _last_json(python: Path, script: Path, workdir: Path, timeout: float = 420) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     env = {**_isolated_env(workdir), "PYTHONPATH": str(_helpers(workdir.parent))}
-    done = subprocess.run([str(python), str(script), str(workdir)], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [str(python), str(script), str(workdir)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -91,32 +109,48 @@ def _last_json(python: Path, script: Path, workdir: Path, timeout: float = 420) 
 def test_a_new_name_for_a_provider_works_in_the_cli(built_dist, acme_wheel, tmp_path):
     python = _installed(tmp_path, built_dist[1], acme_wheel, "aws")
     cli = python.parent / "spot-pipelines"
-    listed = json.loads(run(cli, "providers", "--json", cwd=tmp_path,
-                            env=_isolated_env(tmp_path)))
+    listed = json.loads(run(cli, "providers", "--json", cwd=tmp_path, env=_isolated_env(tmp_path)))
     by_name = {p["name"]: p for p in listed["providers"]}
     assert list(by_name)[:3] == ["local", "ec2", "kubernetes"] and "acme" in by_name
     assert by_name["acme"]["capabilities"] == by_name["local"]["capabilities"]
-    out = run(cli, "run", "--provider", "acme", "--time-scale", "60", "--json", "--",
-              sys.executable, "-c", "pass", cwd=tmp_path, env=_isolated_env(tmp_path))
+    out = run(
+        cli,
+        "run",
+        "--provider",
+        "acme",
+        "--time-scale",
+        "60",
+        "--json",
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+        cwd=tmp_path,
+        env=_isolated_env(tmp_path),
+    )
     record = json.loads(out.strip().splitlines()[-1])
     assert record["status"] == "succeeded" and len(record["attempts"]) == 1
-    refused = subprocess.run([str(cli), "run", "--provider", "acmee", "--", "true"],
-                             cwd=tmp_path, env=_isolated_env(tmp_path), capture_output=True,
-                             text=True, timeout=120)
-    assert refused.returncode == 2 and "choose one of local, ec2, kubernetes, acme" \
-        in refused.stderr
+    refused = subprocess.run(
+        [str(cli), "run", "--provider", "acmee", "--", "true"],
+        cwd=tmp_path,
+        env=_isolated_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        refused.returncode == 2 and "choose one of local, ec2, kubernetes, acme" in refused.stderr
+    )
 
 
-def test_a_new_name_for_a_provider_works_in_the_airflow_operator(built_dist, acme_wheel,
-                                                                  tmp_path):
+def test_a_new_name_for_a_provider_works_in_the_airflow_operator(built_dist, acme_wheel, tmp_path):
     python = _installed(tmp_path, built_dist[1], acme_wheel, "airflow")
     found = _last_json(python, CHECKS / "airflow_operator.py", tmp_path / "work")
     assert found["summary"]["status"] == "succeeded", found
     assert found["trigger_providers"] and set(found["trigger_providers"]) == {"acme"}, found
 
 
-def test_a_new_name_for_a_provider_works_in_the_prefect_worker(built_dist, acme_wheel,
-                                                                tmp_path):
+def test_a_new_name_for_a_provider_works_in_the_prefect_worker(built_dist, acme_wheel, tmp_path):
     python = _installed(tmp_path, built_dist[1], acme_wheel, "prefect")
     found = _last_json(python, CHECKS / "prefect_worker.py", tmp_path / "work")
     assert "acme" in found["enum"], found  # the work-pool form offers it

@@ -26,15 +26,18 @@ JOBS = 3
 
 
 def test_jobs_driven_in_one_process_share_one_describe_per_poll(tmp_path):
-    with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", "1" * 400)], time_scale=60.0,
-                                      workdir=tmp_path / "cloud", config=FAST) as server:
+    with LocalCloudServer.from_traces(
+        [trace("us-east-1a_v100_1", "1" * 400)],
+        time_scale=60.0,
+        workdir=tmp_path / "cloud",
+        config=FAST,
+    ) as server:
         provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         pool = provider.pools()[0].on(Market.ON_DEMAND)
         records: dict[int, object] = {}
 
         def drive(index: int) -> None:
-            spec = JobSpec(f"shared-{index}", STEP, (tmp_path / f"ckpt-{index}").as_uri(),
-                           (pool,))
+            spec = JobSpec(f"shared-{index}", STEP, (tmp_path / f"ckpt-{index}").as_uri(), (pool,))
             controller = Controller(provider, provider.market, poll_interval_seconds=0.2)
             records[index] = controller.run(spec, observer=observer_of(provider))
 

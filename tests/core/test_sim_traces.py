@@ -18,7 +18,6 @@ from spot_core.sim.simulator import random_starts, run_window, simulate
 from spot_helpers import TRACES
 
 
-
 @pytest.fixture(scope="module")
 def traces_dir() -> Path:
     return TRACES
@@ -96,6 +95,7 @@ def _simulated_preemptions(window) -> list[int]:
             ticks.append(t)
         state["last"] = decide(t, progress, current, left)
         return state["last"]
+
     result = run_window(window, watch)
     assert result.preemptions == len(ticks)
     return ticks
@@ -113,8 +113,9 @@ def test_uniform_progress_saves_about_half_on_the_evaluation_zones(traces_dir):
     job = Job.from_hours(48, 52, 0.05)
     savings, greedy = {}, {}
     for zone in ("us-east-2a", "us-east-2b", "us-west-2a", "us-west-2b", "us-west-2c"):
-        replay = Replay.from_traces(load_traces(
-            [traces_dir / "aws-v100-2023-02" / f"{zone}_v100_1.csv"]))
+        replay = Replay.from_traces(
+            load_traces([traces_dir / "aws-v100-2023-02" / f"{zone}_v100_1.csv"])
+        )
         starts = random_starts(replay.n_ticks, replay.deadline_ticks(job), 10, 0)
         report = simulate(replay, job, "uniform-progress", starts)
         assert report.deadline_misses == 0, zone

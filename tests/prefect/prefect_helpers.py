@@ -10,8 +10,13 @@ import time
 
 from prefect import task
 
-from bench.prefect_stack import (FLOWS, PREFECT, deploy_example_flow,  # noqa: F401  (shared)
-                                 running_worker, wait_healthy)
+from bench.prefect_stack import (
+    FLOWS,
+    PREFECT,
+    deploy_example_flow,  # noqa: F401  (shared)
+    running_worker,
+    wait_healthy,
+)
 from spot_core.model import JobRecord
 from spot_core.emulators.lease_processes import LEASE_MARKER
 
@@ -45,7 +50,6 @@ def final_record(flow_run_id, timeout: float = 60) -> JobRecord:
     deadline = time.monotonic() + timeout
     while True:
         record = load_record(record_key(flow_run_id))
-        if (record is not None and record.status.value != "running") \
-                or time.monotonic() > deadline:
+        if (record is not None and record.status.value != "running") or time.monotonic() > deadline:
             return record
         time.sleep(0.5)

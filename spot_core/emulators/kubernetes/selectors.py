@@ -17,14 +17,34 @@ _SET_OP = re.compile(r"^\s*(\S+)\s+(in|notin)\s*\((.*)\)\s*$")
 _EQ_OP = re.compile(r"^\s*([^!=\s]+)\s*(==|!=|=)\s*(\S*)\s*$")
 
 FIELDS = {
-    "pods": ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
-             "spec.schedulerName", "spec.serviceAccountName", "status.phase",
-             "status.podIP", "status.nominatedNodeName", "spec.hostNetwork"),
+    "pods": (
+        "metadata.name",
+        "metadata.namespace",
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+        "spec.hostNetwork",
+    ),
     "nodes": ("metadata.name", "spec.unschedulable"),
-    "events": ("metadata.name", "metadata.namespace", "involvedObject.kind",
-               "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-               "involvedObject.apiVersion", "involvedObject.resourceVersion",
-               "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"),
+    "events": (
+        "metadata.name",
+        "metadata.namespace",
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    ),
     "secrets": ("metadata.name", "metadata.namespace", "type"),
 }
 DEFAULT_FIELDS = ("metadata.name", "metadata.namespace")
@@ -33,7 +53,7 @@ DEFAULT_FIELDS = ("metadata.name", "metadata.namespace")
 @dataclass(frozen=True)
 class Requirement:
     key: str
-    operator: str          # In, NotIn, Exists, DoesNotExist, Equals, NotEquals, Gt, Lt
+    operator: str  # In, NotIn, Exists, DoesNotExist, Equals, NotEquals, Gt, Lt
     values: tuple[str, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -92,8 +112,9 @@ def _parse_term(term: str) -> Requirement:
         return Requirement(term[1:], "DoesNotExist")
     if re.fullmatch(r"[A-Za-z0-9./_-]+", term):
         return Requirement(term, "Exists")
-    raise ApiError(400, f"unable to parse requirement: found '{term}', expected: "
-                        f"'=', '!=', '==', 'in', notin'")
+    raise ApiError(
+        400, f"unable to parse requirement: found '{term}', expected: '=', '!=', '==', 'in', notin'"
+    )
 
 
 def matches_all(requirements: list[Requirement], labels: Mapping[str, str] | None) -> bool:
@@ -105,8 +126,11 @@ def label_selector_object(selector: Mapping[str, Any] | None) -> list[Requiremen
     selector = selector or {}
     found = [Requirement(k, "Equals", (v,)) for k, v in (selector.get("matchLabels") or {}).items()]
     for expression in selector.get("matchExpressions") or []:
-        found.append(Requirement(expression["key"], expression["operator"],
-                                 tuple(expression.get("values") or ())))
+        found.append(
+            Requirement(
+                expression["key"], expression["operator"], tuple(expression.get("values") or ())
+            )
+        )
     return found
 
 
@@ -120,7 +144,7 @@ def parse_field_selector(text: str | None, resource: str) -> list[tuple[str, boo
             raise ApiError(400, f"invalid selector: '{text}'; can't understand '{term}'")
         field = match.group(1)
         if field not in allowed:
-            raise ApiError(400, f'field label not supported: {field}')
+            raise ApiError(400, f"field label not supported: {field}")
         found.append((field, match.group(2) != "!=", match.group(3)))
     return found
 

@@ -72,17 +72,23 @@ class Job:
 
     @classmethod
     def from_hours(cls, task: float, deadline: float, overhead: float) -> Job:
-        for name, value in (("task hours", task), ("deadline hours", deadline),
-                            ("restart overhead hours", overhead)):
+        for name, value in (
+            ("task hours", task),
+            ("deadline hours", deadline),
+            ("restart overhead hours", overhead),
+        ):
             if not (isinstance(value, (int, float)) and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
         if not task > 0 or overhead < 0:
-            raise ConfigError(f"task hours must be > 0 and restart overhead >= 0 (got {task:g}, "
-                              f"{overhead:g})")
+            raise ConfigError(
+                f"task hours must be > 0 and restart overhead >= 0 (got {task:g}, {overhead:g})"
+            )
         if deadline < task:
-            raise ConfigError(f"the deadline ({deadline:g} h) is shorter than the work "
-                              f"({task:g} h); no policy can finish in time: raise "
-                              "--deadline-hours")
+            raise ConfigError(
+                f"the deadline ({deadline:g} h) is shorter than the work "
+                f"({task:g} h); no policy can finish in time: raise "
+                "--deadline-hours"
+            )
         return cls(task * 3600.0, deadline * 3600.0, overhead * 3600.0)
 
 
@@ -130,11 +136,13 @@ def planning_horizon(job: Job, tick: float, ticks: int, *, policy: str = "") -> 
     horizon = min(ticks, need + PLAN_SLACK_TICKS)
     if horizon > PLAN_MAX_TICKS:
         most = (PLAN_MAX_TICKS - PLAN_SLACK_TICKS) * tick / 3600
-        raise ConfigError(f"deadline policy {policy or 'plans'}: the work and two restarts "
-                          f"need {need:,} ticks of {tick:g} s; a plan holds at most "
-                          f"{PLAN_MAX_TICKS:,} (work up to about {most:,.0f} h here); split "
-                          "the job, or use a policy without tables (greedy, "
-                          "uniform-progress), or none")
+        raise ConfigError(
+            f"deadline policy {policy or 'plans'}: the work and two restarts "
+            f"need {need:,} ticks of {tick:g} s; a plan holds at most "
+            f"{PLAN_MAX_TICKS:,} (work up to about {most:,.0f} h here); split "
+            "the job, or use a policy without tables (greedy, "
+            "uniform-progress), or none"
+        )
     return horizon
 
 
@@ -142,10 +150,18 @@ def truncated(window: Window, ticks: int) -> Window:
     """The window's first ``ticks`` ticks, its deadline moved to their end."""
     if ticks >= window.ticks:
         return window
-    job = Job(window.job.work_capacity_seconds, ticks * window.tick_seconds, window.job.restart_overhead_capacity_seconds)
-    return dataclasses.replace(window, ticks=ticks, job=job,
-                               available=_first_ticks(window.available, ticks),
-                               price=_first_ticks(window.price, ticks))
+    job = Job(
+        window.job.work_capacity_seconds,
+        ticks * window.tick_seconds,
+        window.job.restart_overhead_capacity_seconds,
+    )
+    return dataclasses.replace(
+        window,
+        ticks=ticks,
+        job=job,
+        available=_first_ticks(window.available, ticks),
+        price=_first_ticks(window.price, ticks),
+    )
 
 
 def _first_ticks(array, ticks: int):
@@ -169,7 +185,10 @@ def safety_net(window: Window, t: int, progress: float, current: int, left: floa
     work_left = job.work_capacity_seconds - progress
     if ticks_left <= whole_ticks(work_left + job.restart_overhead_capacity_seconds, tick):
         return current if current >= 0 and left <= 1e-9 else ON_DEMAND
-    if ticks_left <= whole_ticks(work_left + 2 * job.restart_overhead_capacity_seconds, tick) and current < 0:
+    if (
+        ticks_left <= whole_ticks(work_left + 2 * job.restart_overhead_capacity_seconds, tick)
+        and current < 0
+    ):
         return ON_DEMAND
     return None
 
@@ -205,6 +224,7 @@ class Greedy:
                 return forced
             spot = cheapest_available(window, t, current)
             return IDLE if spot is None else spot
+
         return decide
 
 
@@ -227,4 +247,5 @@ class UniformProgress:
             if spot is not None:
                 return spot
             return IDLE if progress >= rate * t * tick else ON_DEMAND
+
         return decide

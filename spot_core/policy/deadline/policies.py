@@ -15,7 +15,8 @@ from spot_core.policy.deadline.mdp import ForecastDP
 from spot_core.policy.registry import Registry
 
 DEADLINE_POLICIES: Registry[DeadlinePolicy] = Registry(
-    "deadline policy", entry_point_group="spot_pipelines.deadline_policies", method="plan")
+    "deadline policy", entry_point_group="spot_pipelines.deadline_policies", method="plan"
+)
 DEADLINE_POLICIES.register("on-demand", AlwaysOnDemand())
 DEADLINE_POLICIES.register("greedy", Greedy())
 DEADLINE_POLICIES.register("uniform-progress", UniformProgress())

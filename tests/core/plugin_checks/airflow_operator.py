@@ -19,10 +19,15 @@ from airflow_spot.operators.spot import SpotJobOperator
 
 def main(workdir: Path) -> None:
     with DAG("plugin_check", schedule=None, start_date=datetime(2026, 1, 1)):
-        op = SpotJobOperator(task_id="train", provider="acme", deferrable=True,
-                             command=[sys.executable, "-c", "import time; time.sleep(1)"],
-                             checkpoint_uri=(workdir / "ckpt").as_uri(), poll_interval=0.2,
-                             provider_options={"workdir": str(workdir / "cloud")})
+        op = SpotJobOperator(
+            task_id="train",
+            provider="acme",
+            deferrable=True,
+            command=[sys.executable, "-c", "import time; time.sleep(1)"],
+            checkpoint_uri=(workdir / "ckpt").as_uri(),
+            poll_interval=0.2,
+            provider_options={"workdir": str(workdir / "cloud")},
+        )
     context, providers = {"ti": TI(), "task_state_store": StateStore()}, []
     try:
         summary = op.execute(context)
