@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from spot_core.model import Attempt, JobRecord, Pool
 from spot_core.policy.alerts import PoolAlert, pool_alerts

@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from spot_core.checkpoint import open_store
 from spot_core.demo import EMULATED_KUBERNETES, LOCAL_CLOUD

@@ -10,7 +10,8 @@ Airflow metrics (``airflow_spot.metrics``) and calls ``on_attempt_end`` (alerts)
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 

@@ -31,7 +31,7 @@ class LoopStalls:
         self._collecting_since: float | None = None
         self._task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> "LoopStalls":
+    async def __aenter__(self) -> LoopStalls:
         gc.callbacks.append(self._on_collection)
         self._task = asyncio.create_task(self._watchdog())
         return self

@@ -14,13 +14,13 @@ import base64
 import json
 import os
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import parse_qs
 
-from spot_core.emulators.moto_server import running_moto
 from bench.processes import measure_window
+from spot_core.emulators.moto_server import running_moto
 
 REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
 HEARTBEAT_KEY = "/heartbeat/driver.json"  # spot_core.checkpoint.heartbeat's object

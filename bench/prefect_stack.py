@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from spot_core.emulators.moto_server import free_port
 from bench.processes import stop_process
+from spot_core.emulators.moto_server import free_port
 
 FLOWS = Path(__file__).resolve().parents[1] / "flows"
 PREFECT = Path(sys.executable).with_name("prefect")

@@ -14,9 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from spot_core.settings import default
 
@@ -222,7 +222,8 @@ def fresh_database(admin_url: str, prefix: str, driver: str) -> Iterator[str]:
     """A new PostgreSQL database on the server of ``admin_url`` as a SQLAlchemy URL with
     ``driver`` (``postgresql+asyncpg``, ``postgresql+psycopg2``), dropped afterwards."""
     sys.path.insert(0, str(REPO / "tests" / "core"))
-    from postgres_helpers import fresh_database as fresh, with_driver
+    from postgres_helpers import fresh_database as fresh
+    from postgres_helpers import with_driver
 
     with fresh(admin_url, prefix) as url:
         yield with_driver(url, driver)

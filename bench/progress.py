@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, as_completed
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 Row = TypeVar("Row")
 

@@ -84,7 +84,7 @@ def trigger_rows(
     from airflow_spot.triggers.spot import SpotJobTrigger
 
     rows = []
-    for lease, uri in zip(leases, uris):
+    for lease, uri in zip(leases, uris, strict=True):
         trigger = SpotJobTrigger(
             provider=provider_name,
             provider_options=options,
@@ -157,7 +157,7 @@ def _observer_of(trigger):
     return shared_observer(hook.cache_key, hook.get_provider())
 
 
-# -- EC2 on moto --------------------------------------------------------------------------------------
+# -- EC2 on moto -----------------------------------------------------------------------------------
 def moto_calls(recording: Path):
     """Requests moto recorded, per EC2 action or S3 method."""
 
@@ -193,7 +193,7 @@ def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> 
         return result
 
 
-# -- the local cloud ------------------------------------------------------------------------------------
+# -- the local cloud -------------------------------------------------------------------------------
 def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
     with ExitStack() as stack:  # stopping the server terminates every lease
         backend = LocalCloud(stack, work)

@@ -20,11 +20,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from spot_core.emulators.moto_server import die_with_parent
 from bench.moto_recorder import (
     INSTANCE_TYPE,
     REGION,
@@ -38,6 +37,7 @@ from bench.moto_recorder import (
     terminate_leftovers,
 )
 from bench.processes import measure_window, stop_process
+from spot_core.emulators.moto_server import die_with_parent
 
 BUCKET = "bench-scale"
 DESCRIBE_ROUTE = "POST /instances/describe"

@@ -53,11 +53,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from spot_core.emulators.moto_server import free_port
 from bench.processes import (
     above_idle,
     add_window_arguments,
@@ -72,6 +71,7 @@ from bench.processes import (
 )
 from bench.scale import trigger_rows
 from bench.scale_backends import BACKENDS, controller_options, launch_leases
+from spot_core.emulators.moto_server import free_port
 
 DAG_ID, TASK_ID, RUN_ID = "spot_scale", "job", "bench_scale"
 BIN = Path(sys.executable).parent
@@ -82,7 +82,7 @@ IDLE_SETTLE = 20.0  # the triggerer's start-up, before its idle cost is measured
 IDLE_SECONDS = 20.0
 BLOCKED_NOTE = re.compile(r"async thread was blocked for ([0-9.]+) seconds")
 
-DAG_FILE = '''"""{jobs} deferrable spot jobs on {provider}, one mapped task: bench/scale_triggerer.py."""
+DAG_FILE = '''"""{jobs} deferrable spot jobs on {provider} (bench/scale_triggerer)."""
 from airflow.sdk import DAG
 
 from airflow_spot.operators.spot import SpotJobOperator
@@ -154,14 +154,13 @@ def write_dag(home: Path, jobs: int, backend, poll_interval: float) -> None:
 def defer_task_instances(triggers: list) -> int:
     """Each task instance of the run ``deferred`` on its trigger's row, as the execution
     API leaves a task that called ``self.defer``; how many were deferred."""
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.trigger import Trigger
     from airflow.sdk import timezone
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
+    from sqlalchemy import select
 
     now = timezone.utcnow()
     with create_session() as session:
@@ -190,10 +189,9 @@ def defer_task_instances(triggers: list) -> int:
 
 def assigned_triggers() -> int:
     """Trigger rows a triggerer has taken."""
-    from sqlalchemy import func, select
-
     from airflow.models.trigger import Trigger
     from airflow.utils.session import create_session
+    from sqlalchemy import func, select
 
     with create_session() as session:
         return session.scalar(

@@ -6,8 +6,8 @@ evaluate -> batch inference mapped over shards (each shard its own spot job) -> 
 
 The local cloud is a server (``python -m spot_core.localcloud.server``) whose URL is in
 ``SPOT_LOCAL_CLOUD_URL`` and token in ``SPOT_LOCAL_CLOUD_TOKEN``, so the worker that
-launches a lease and the triggerer that watches it see the same instances. ``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints
-and predictions go.
+launches a lease and the triggerer that watches it see the same instances.
+``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints and predictions go.
 
 With ``SPOT_PIPELINE_PROVIDER=kubernetes`` the same steps run as pods on Kubernetes spot
 node pools instead: training through ``SpotKubernetesPodOperator`` on the cluster of the
@@ -26,9 +26,9 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_spot.operators.spot import SpotJobOperator
 from spot_core.demo.kubernetes import PRICES
 from spot_core.workloads.example_pipeline import evaluate, infer_command, train_command
-from airflow_spot.operators.spot import SpotJobOperator
 
 WORKDIR = os.environ.get("SPOT_PIPELINE_WORKDIR", "/tmp/spot-ml-pipeline")
 PROVIDER = os.environ.get("SPOT_PIPELINE_PROVIDER", "local")

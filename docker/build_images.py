@@ -176,7 +176,7 @@ def official_defaults() -> dict[str, str]:
                 )
     compose = (DOCKER / "compose.yaml").read_text()
     for name in COMPOSE_BASES:
-        match = re.search(r"\$\{%s:-([^}]+)\}" % name, compose)
+        match = re.search(r"\$\{" + re.escape(name) + r":-([^}]+)\}", compose)
         if match is None:
             raise BuildError(f"docker/compose.yaml names no ${{{name}:-...}} image")
         found[name] = match.group(1)
@@ -430,8 +430,10 @@ class Bases:
             labels = {
                 INPUTS_LABEL: inputs,
                 STANDIN_LABEL: official,
-                "org.opencontainers.image.description": f"Stand-in for {official}, made by make images because it could "
-                f"not be pulled: {spec.says}",
+                "org.opencontainers.image.description": (
+                    f"Stand-in for {official}, made by make images because it could "
+                    f"not be pulled: {spec.says}"
+                ),
             }
             self.engine.build(dockerfile, context, ref, args, labels)
         print(f"  stand-in {ref} built in {time.monotonic() - began:.0f} s")

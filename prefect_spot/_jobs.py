@@ -9,16 +9,16 @@ Both the task runner and the worker go through here.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Sequence
-
-from spot_core import jobs
-from spot_core.controller import Controller, JobSpec, Listener
-from spot_core.errors import ConfigError
-from spot_core.model import JobRecord
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from prefect_spot.alerts import PoolAlerts
 from prefect_spot.blocks import SpotConfiguration
 from prefect_spot.events import emit_job_event
+from spot_core import jobs
+from spot_core.controller import Controller, JobSpec, Listener
+from spot_core.errors import ConfigError
+from spot_core.model import JobRecord
 
 
 def open_configured_provider(config: SpotConfiguration, *, workdir: str | None = None) -> Any:

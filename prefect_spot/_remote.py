@@ -50,7 +50,8 @@ import os
 import secrets
 import sys
 import traceback
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import cloudpickle
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
-
-from spot_core.model import JobRecord
-from spot_core.policy.alerts import pool_alerts
+from collections.abc import Sequence
 
 from prefect_spot.events import emit_pool_alerts
+from spot_core.model import JobRecord
+from spot_core.policy.alerts import pool_alerts
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,11 @@ import logging
 import time
 from typing import Any
 
+from prefect_spot._jobs import slug
 from spot_core.charts import attempt_timeline, cost_chart
 from spot_core.errors import SpotError
 from spot_core.model import JobRecord
 from spot_core.report import attempt_line, progress_percent, saving_line
-
-from prefect_spot._jobs import slug
 
 log = logging.getLogger(__name__)
 

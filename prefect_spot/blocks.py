@@ -19,20 +19,19 @@ Field descriptions are what the Prefect UI shows in the block form. Bad values r
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Optional, Union
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
 from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
+from pydantic import Field, field_validator, model_validator
 
+from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
+from prefect_spot.credentials import aws_access, check_cluster_config, kubernetes_api_client
 from spot_core.checkpoint import CheckpointStore, open_store, parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
 from spot_core.settings import BLOCK, SpotSettings, knobs_for
-
-from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
-from prefect_spot.credentials import aws_access, check_cluster_config, kubernetes_api_client
 
 AWS_FIELD_HELP = (
     "A saved prefect-aws AwsCredentials block (keys, or a profile that "
@@ -81,7 +80,7 @@ class SpotConfiguration(Block):
     provider_options: dict[str, Any] = spot_field("provider_options")
     zones: list[str] = spot_field("zones")
     instance_types: list[str] = spot_field("instance_types")
-    max_spot_price: Optional[float] = spot_field("max_spot_price")
+    max_spot_price: float | None = spot_field("max_spot_price")
     max_preemptions: int = spot_field("max_preemptions")
     on_demand_fallback: bool = spot_field("on_demand_fallback")
     return_to_spot: bool = spot_field("return_to_spot")
@@ -90,23 +89,23 @@ class SpotConfiguration(Block):
     max_capacity_waits: int = spot_field("max_capacity_waits")
     max_infrastructure_retries: int = spot_field("max_infrastructure_retries")
     max_disruptions: int = spot_field("max_disruptions")
-    deadline: Optional[Union[float, datetime]] = spot_field("deadline")
-    work: Optional[float] = spot_field("work")
-    total_steps: Optional[int] = spot_field("total_steps")
+    deadline: float | datetime | None = spot_field("deadline")
+    work: float | None = spot_field("work")
+    total_steps: int | None = spot_field("total_steps")
     restart_overhead: float = spot_field("restart_overhead")
-    deadline_policy: Optional[str] = spot_field("deadline_policy")
+    deadline_policy: str | None = spot_field("deadline_policy")
     attempt_timeout: float = spot_field("attempt_timeout")
     poll_interval: float = spot_field("poll_interval")
     heartbeat_timeout: float = spot_field("heartbeat_timeout")
-    heartbeat_uri: Optional[str] = spot_field("heartbeat_uri")
+    heartbeat_uri: str | None = spot_field("heartbeat_uri")
     take_over: bool = spot_field("take_over")
     observe_failure_timeout: float = spot_field("observe_failure_timeout")
-    alert_interruption_rate: Optional[float] = spot_field("alert_interruption_rate")
-    alert_spot_price: Optional[float] = spot_field("alert_spot_price")
-    aws_credentials: Optional[AwsCredentials] = aws_field(
+    alert_interruption_rate: float | None = spot_field("alert_interruption_rate")
+    alert_spot_price: float | None = spot_field("alert_spot_price")
+    aws_credentials: AwsCredentials | None = aws_field(
         "EC2 (launch, observe, price history), SQS and the jobs' S3 checkpoint stores"
     )
-    cluster_config: Optional[KubernetesClusterConfig] = cluster_field()
+    cluster_config: KubernetesClusterConfig | None = cluster_field()
 
     @model_validator(mode="before")
     @classmethod
@@ -158,7 +157,7 @@ class CheckpointStorage(Block):
         default_factory=dict,
         description="Options for S3 stores (`endpoint_url`, `region`, `sse`, ...).",
     )
-    aws_credentials: Optional[AwsCredentials] = aws_field("an s3:// store")
+    aws_credentials: AwsCredentials | None = aws_field("an s3:// store")
 
     @field_validator("uri")
     @classmethod

@@ -18,7 +18,8 @@ related. Emitting never breaks the job.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from spot_core.model import JobRecord, Market
 from spot_core.policy.alerts import PoolAlert

@@ -29,19 +29,13 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import cloudpickle
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
-
-from spot_core.checkpoint import open_store
-from spot_core.errors import ConfigError, SpotError
-from spot_core.model import JobRecord, JobStatus, Outcome
-from spot_core.observer import observer_of
-from spot_core import jobs
-from spot_core.settings import TASK_RUNNER, SpotSettings, default, knobs_for, pop_aliases
 
 from prefect_spot import _jobs, artifacts
 from prefect_spot._remote import (
@@ -63,6 +57,12 @@ from prefect_spot.blocks import (
     resolve_storage,
     storage_from_uri,
 )
+from spot_core import jobs
+from spot_core.checkpoint import open_store
+from spot_core.errors import ConfigError, SpotError
+from spot_core.model import JobRecord, JobStatus, Outcome
+from spot_core.observer import observer_of
+from spot_core.settings import TASK_RUNNER, SpotSettings, default, knobs_for, pop_aliases
 
 logger = logging.getLogger(__name__)
 

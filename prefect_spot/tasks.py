@@ -41,14 +41,9 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
-
-from spot_core.attempt_env import AttemptEnv
-from spot_core.errors import ConfigError, Preempted
-from spot_core.jobs import InPlaceAttempt
-from spot_core.model import JobRecord, Outcome
-from spot_core.settings import SPOT_TASK, SpotSettings, default, knobs_for, pop_aliases
+from typing import Any
 
 from prefect_spot._jobs import slug
 from prefect_spot._remote import CHECKPOINTER_PARAMETER
@@ -62,6 +57,11 @@ from prefect_spot.artifacts import (
 )
 from prefect_spot.blocks import CheckpointStorage, resolve_storage, storage_from_uri
 from prefect_spot.events import emit_job_event
+from spot_core.attempt_env import AttemptEnv
+from spot_core.errors import ConfigError, Preempted
+from spot_core.jobs import InPlaceAttempt
+from spot_core.model import JobRecord, Outcome
+from spot_core.settings import SPOT_TASK, SpotSettings, default, knobs_for, pop_aliases
 
 
 def record_of(task_run_id: uuid.UUID) -> JobRecord | None:

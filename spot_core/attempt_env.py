@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from spot_core.bounds import MAX_ATTEMPT, MAX_WAIT_SECONDS
 from spot_core.errors import CheckpointError, ConfigError, Preempted, SpotError

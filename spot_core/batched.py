@@ -24,7 +24,8 @@ import asyncio
 import contextvars
 import time
 import weakref
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -105,7 +106,7 @@ def _settle(outcomes: list[tuple[asyncio.Future, bool, Any]]) -> None:
             future.set_exception(value)
 
 
-_BATCHERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher]" = (
+_BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher] = (
     weakref.WeakKeyDictionary()
 )
 

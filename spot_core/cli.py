@@ -11,7 +11,7 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from spot_core import __version__
 from spot_core.errors import SpotError

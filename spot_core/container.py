@@ -38,8 +38,8 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 from urllib.parse import unquote, urlparse
 
 from spot_core import attempt_env

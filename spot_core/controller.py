@@ -28,8 +28,9 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from spot_core import stopping
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, HEARTBEAT_URI, INFRASTRUCTURE_EXIT_CODE
@@ -144,7 +145,7 @@ class Next:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Next":
+    def from_dict(cls, data: Mapping) -> Next:
         """``to_dict()``'s output back; anything else is one ConfigError (a trigger's kwargs
         or event read back can be truncated or forged)."""
         try:
@@ -432,7 +433,8 @@ class Controller:
                 lease,
                 _stopped(
                     now,
-                    f"stopped: the attempt's time limit ({self.attempt_timeout_seconds:g} s) passed",
+                    "stopped: the attempt's time limit "
+                    f"({self.attempt_timeout_seconds:g} s) passed",
                 ),
                 now,
             )

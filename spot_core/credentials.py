@@ -9,7 +9,7 @@ password or a token. Nothing here ever quotes a value, so every reason is safe t
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 SECRET_NAME = re.compile(
     r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|"

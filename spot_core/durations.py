@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spot_core.errors import ConfigError
@@ -59,7 +59,7 @@ def parse_time(value: Any, *, name: str = "deadline") -> datetime:
             f"{name}={value!r} is neither a duration (90m, 12h, 2d) nor an ISO "
             "time (2026-12-01T08:00Z)"
         )
-    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def format_duration(seconds: float) -> str:

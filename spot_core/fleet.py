@@ -9,9 +9,9 @@ price is the price of the newest lease launched in it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterable
+from datetime import UTC, datetime
 
 from spot_core.model import JobRecord, Outcome
 
@@ -62,7 +62,7 @@ def pool_name(zone: str, instance_type: str) -> str:
 
 def day_of(timestamp: float) -> str:
     """The UTC day (YYYY-MM-DD) a POSIX time falls on: the 'over time' axis of savings."""
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(timestamp, tz=UTC).strftime("%Y-%m-%d")
 
 
 def savings_by(keyed: Iterable[tuple[tuple[str, ...], JobRecord]]) -> list[Savings]:

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.controller import Controller, JobSpec, Listener, Persist

@@ -9,11 +9,13 @@ results and artifacts) and never on the node that can vanish. Times are POSIX se
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from spot_core.bounds import MAX_PRICE
 from spot_core.errors import ConfigError
@@ -395,7 +397,7 @@ class JobRecord:
         markets = [a.pool.market for a in self.attempts]
         return sum(
             1
-            for prev, cur in zip(markets, markets[1:])
+            for prev, cur in itertools.pairwise(markets)
             if prev is Market.SPOT and cur is Market.ON_DEMAND
         )
 

@@ -29,9 +29,10 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from spot_core import stopping
 from spot_core.errors import SpotError
@@ -141,7 +142,7 @@ class SharedObserver:
         self._deliver([(w, gone) for w in waiters])
 
     @contextmanager
-    def watching(self, lease: Lease, poll_interval: float) -> Iterator["SharedObserver"]:
+    def watching(self, lease: Lease, poll_interval: float) -> Iterator[SharedObserver]:
         """``watch`` for the body of a ``with`` block, ``unwatch`` however it ends."""
         self.watch(lease, poll_interval)
         try:
@@ -187,7 +188,7 @@ class SharedObserver:
             return future.result()
         try:
             return await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._timed_out(lease_id, timeout)
         finally:
             self._remove_waiter(lease_id, waiter)
@@ -291,10 +292,11 @@ class SharedObserver:
                 statuses = self.provider.observe(chunk)
             except Exception as exc:  # noqa: BLE001 - handed to every waiter of the chunk
                 log.warning("describing %d lease(s) on %s failed: %s", len(chunk), self.name, exc)
-                observations += [Observation(l.lease_id, error=exc, at=at) for l in chunk]
+                observations += [Observation(each.lease_id, error=exc, at=at) for each in chunk]
                 continue
             observations += [
-                Observation(l.lease_id, status=statuses.get(l.lease_id), at=at) for l in chunk
+                Observation(each.lease_id, status=statuses.get(each.lease_id), at=at)
+                for each in chunk
             ]
         self.polls += 1
         return observations

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from spot_core.errors import ConfigError
 

@@ -23,8 +23,9 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Union
 
 from spot_core.errors import ConfigError, SpotError
 

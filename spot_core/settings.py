@@ -45,9 +45,10 @@ import dataclasses
 import math
 import re
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
-from typing import Annotated, Any, Callable, Iterable, Mapping, get_type_hints
+from datetime import UTC, datetime
+from typing import Annotated, Any, get_type_hints
 
 from spot_core.bounds import (
     MAX_COUNT,
@@ -261,7 +262,7 @@ class Knob:
         """An absolute time at most ``maximum`` seconds of wall time from now."""
         if (
             self.maximum is not None
-            and when.timestamp() - datetime.now(timezone.utc).timestamp() > self.maximum
+            and when.timestamp() - datetime.now(UTC).timestamp() > self.maximum
         ):
             raise self._fail(
                 value, f"is more than {self.shown(self.maximum)} from now{self._why_maximum}"

@@ -27,8 +27,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
-from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -23,8 +23,9 @@ preempted and resumes from the last periodic checkpoint.
 from __future__ import annotations
 
 import inspect
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
@@ -215,7 +216,7 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
                 step,
             )
             raise AirflowRescheduleException(
-                datetime.now(timezone.utc) + timedelta(seconds=RESCHEDULE_DELAY_SECONDS)
+                datetime.now(UTC) + timedelta(seconds=RESCHEDULE_DELAY_SECONDS)
             ) from exc
         raise SpotTaskPreempted(
             f"{exc}; preemption {record.preemptions} is past "

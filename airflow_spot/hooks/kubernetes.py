@@ -17,8 +17,9 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from airflow_spot.hooks.spot import SpotHook
 

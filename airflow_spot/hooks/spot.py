@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from airflow.sdk import BaseHook
 

@@ -23,8 +23,9 @@ the Airflow way.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -35,8 +36,8 @@ from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
 from spot_core import jobs
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
-from spot_core.policy.retry import RetryPolicy
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
+from spot_core.policy.retry import RetryPolicy
 
 RECORD_KEY = "spot_job_record"
 NOTICE_WATCH_SECONDS = 180.0  # after a notice: the longest notice (120 s) plus grace

@@ -18,25 +18,26 @@ cluster is reached through ``kubernetes_conn_id`` in the worker and in the trigg
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from kubernetes.client import ApiClient
-from kubernetes.client import models as k8s
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowFailException
+from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
 
 from airflow_spot.hooks.kubernetes import CONNECTION_OPTIONS, PROVIDER, SpotKubernetesHook
 from airflow_spot.links.kubernetes import SpotKubernetesPodLink
 from airflow_spot.links.spot import SpotCheckpointLink
 from airflow_spot.operators.controller_driver import ControllerDriverMixin
 from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
+from spot_core import jobs
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import JobSpec, Next
 from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, Lease
-from spot_core import jobs
+from spot_core.model import Lease
 from spot_core.settings import POD_OPERATOR, SpotSettings, default, knobs_for, pop_aliases
 
 Duration = timedelta | float | str  # seconds, a timedelta, or "90s" / "5m" / "2h" / "1d"

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowFailException
@@ -33,13 +34,13 @@ from airflow_spot.operators.controller_driver import (  # noqa: F401 - re-export
     SpotJobFailed,
     SpotUserStepFailed,
 )
-from spot_core import jobs
 from airflow_spot.records import persister
 from airflow_spot.triggers.spot import SpotJobTrigger
+from spot_core import jobs
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, Lease
+from spot_core.model import Lease
 from spot_core.settings import OPERATOR, SpotSettings, default, knob, knobs_for, pop_aliases
 
 CHECKPOINT_SCHEMES = ("file://", "s3://")

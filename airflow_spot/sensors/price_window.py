@@ -10,8 +10,9 @@ the job that follows. Deferrable: the wait happens in the triggerer.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseSensorOperator, conf
 from airflow.sdk.exceptions import AirflowException

@@ -10,13 +10,15 @@ deserialise it.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
 
 try:  # Airflow's own pendulum-compatible datetime type
-    from pendulum import DateTime, instance as _as_pendulum
+    from pendulum import DateTime
+    from pendulum import instance as _as_pendulum
 except ImportError:  # pragma: no cover
     DateTime = datetime  # type: ignore[misc,assignment]
 
@@ -107,7 +109,7 @@ class PriceWindowTimetable(Timetable):
 
     # -- planning ------------------------------------------------------------------------------
     def window_of(self, day: datetime) -> DataInterval:
-        midnight = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+        midnight = datetime(day.year, day.month, day.day, tzinfo=UTC)
         return DataInterval(
             _as_pendulum(midnight + timedelta(hours=self.start_hour)),
             _as_pendulum(midnight + timedelta(hours=self.end_hour)),
@@ -120,7 +122,7 @@ class PriceWindowTimetable(Timetable):
         plan = plan_start(
             self._profile, job_hours=self.job_hours, window_start=start, window_end=end, now=start
         )
-        return _as_pendulum(datetime.fromtimestamp(plan.start_at, tz=timezone.utc))
+        return _as_pendulum(datetime.fromtimestamp(plan.start_at, tz=UTC))
 
     def infer_manual_data_interval(self, *, run_after: DateTime) -> DataInterval:
         return self.window_of(run_after)
@@ -133,7 +135,7 @@ class PriceWindowTimetable(Timetable):
         elif restriction.earliest is not None:
             day = restriction.earliest
             if not restriction.catchup:
-                day = max(day, datetime.now(timezone.utc))
+                day = max(day, datetime.now(UTC))
             if self.window_of(day).start < day:  # this day's window has begun: next day
                 day = day + timedelta(days=1)
         else:

@@ -16,7 +16,8 @@ through ``KubernetesHook`` in its own process, as the stock trigger does.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from airflow_spot.hooks.kubernetes import PROVIDER, SpotKubernetesHook
 from airflow_spot.triggers.spot import SpotJobTrigger

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
+from spot_core import jobs
 from spot_core.errors import ConfigError
 from spot_core.model import Offer
-from spot_core import jobs
 from spot_core.settings import Knob, knob
 
 # The window's numbers, checked like the settings model's knobs (finite, in range).

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 

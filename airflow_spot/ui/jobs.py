@@ -11,16 +11,16 @@ the DAG ids the user may read; nothing outside them is ever selected.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
+from airflow.models.task_state_store import TaskStateStoreModel
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.xcom import XComModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-
-from airflow.models.taskinstance import TaskInstance
-from airflow.models.task_state_store import TaskStateStoreModel
-from airflow.models.xcom import XComModel
 
 from airflow_spot.records import JOB_RECORD_KEY, RECORD_KEYS
 from spot_core.errors import ConfigError

@@ -4,9 +4,9 @@ script and nothing fetched from elsewhere. Everything taken from a record is esc
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from html import escape
-from typing import Iterable, Sequence
 
 from airflow_spot.ui.jobs import SpotJob
 from spot_core.charts import attempt_timeline, cost_chart, lost_work_chart, savings_over_time
@@ -20,7 +20,8 @@ table{border-collapse:collapse;margin:6px 0 14px;font-size:13px}
 th,td{border:1px solid #e0e0e0;padding:3px 8px;vertical-align:top}th{background:#f5f5f5}
 td.num{text-align:right;font-variant-numeric:tabular-nums}p.note{color:#616161;font-size:12px}
 figure{margin:0 0 16px}table.attempts td{white-space:nowrap}
-table.attempts td:last-child{white-space:normal;min-width:16em;max-width:26em;overflow-wrap:anywhere}
+table.attempts td:last-child{white-space:normal;min-width:16em;max-width:26em;
+overflow-wrap:anywhere}
 """
 MESSAGE_CHARS = 240  # an attempt's message in the table (the chart's tooltip has it too)
 # Inside Airflow's iframe: no script, nothing from elsewhere, inline styles only.
@@ -60,7 +61,7 @@ def page(title: str, body: Iterable[str]) -> str:
 def when(timestamp: float | None) -> str:
     if timestamp is None:
         return "-"
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(timestamp, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def table(
@@ -72,7 +73,10 @@ def table(
     for row in rows:
         cells = "".join(f"<td{_num(c)}>{escape(str(c))}</td>" for c in row)
         body.append(f'<tr class="{escape(row_class)}">{cells}</tr>')
-    return f'<table class="{escape(css)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return (
+        f'<table class="{escape(css)}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
 
 
 def _num(cell: object) -> str:
@@ -182,7 +186,8 @@ def jobs_page(jobs: list[SpotJob], *, unreadable: int, limit: int, now: float) -
     body += [
         "<h2>Savings per DAG and task</h2>",
         savings_table(jobs, by_day=False),
-        f"<figure>{savings_over_time((f'{j.dag_id}.{j.task_id}', j.record) for j in jobs)}</figure>",
+        f"<figure>{savings_over_time((f'{j.dag_id}.{j.task_id}', j.record) for j in jobs)}"
+        "</figure>",
         "<h2>Savings per day</h2>",
         savings_table(jobs, by_day=True),
     ]

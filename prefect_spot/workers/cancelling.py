@@ -13,7 +13,8 @@ flow runs every interval was most of an idle worker's CPU per watched run.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 import anyio

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.interruption.driver import Freshness
-from spot_core.model import JobRecord
 from spot_core.jobs import LeaseStatus
+from spot_core.model import JobRecord
 
 ORPHAN_CHECK_SECONDS = 30.0
 """How often a worker looks for orphaned runs (a read of its pool's Running runs)."""

@@ -34,34 +34,33 @@ import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from datetime import datetime
-from typing import Any, Optional, Union
+from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect.client.schemas.objects import FlowRun
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
-
-from spot_core import batched, jobs
-from spot_core.checkpoint import parse_store_uri
-from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, JobStatus, Lease, Outcome
-from spot_core.controller import provider_stores
-from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
-from spot_core.jobs import LeaseStatus, Observation
-from spot_core.settings import WORKER, knobs_for
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from prefect_spot import _jobs
-from prefect_spot.workers import orphans
-from prefect_spot.workers.cancelling import CancellingRuns
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
 from prefect_spot.blocks import AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HELP, SpotConfiguration
 from prefect_spot.credentials import check_cluster_config, fingerprint
+from prefect_spot.workers import orphans
+from prefect_spot.workers.cancelling import CancellingRuns
+from spot_core import batched, jobs
+from spot_core.checkpoint import parse_store_uri
+from spot_core.controller import provider_stores
+from spot_core.errors import ConfigError
+from spot_core.jobs import LeaseStatus, Observation
+from spot_core.model import JobRecord, JobStatus, Lease, Outcome
+from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
+from spot_core.settings import WORKER, knobs_for
 
 RESCHEDULE_AFTER = (
     Outcome.PREEMPTED,
@@ -168,7 +167,7 @@ class _SpotValues(BaseModel):
     provider_options: dict[str, Any] = _SpotFields.provider_options
     zones: list[str] = _SpotFields.zones
     instance_types: list[str] = _SpotFields.instance_types
-    max_spot_price: Optional[float] = _SpotFields.max_spot_price
+    max_spot_price: float | None = _SpotFields.max_spot_price
     max_preemptions: int = _SpotFields.max_preemptions
     on_demand_fallback: bool = _SpotFields.on_demand_fallback
     return_to_spot: bool = _SpotFields.return_to_spot
@@ -177,22 +176,22 @@ class _SpotValues(BaseModel):
     max_capacity_waits: int = _SpotFields.max_capacity_waits
     max_infrastructure_retries: int = _SpotFields.max_infrastructure_retries
     max_disruptions: int = _SpotFields.max_disruptions
-    deadline: Optional[Union[float, datetime]] = _SpotFields.deadline
-    work: Optional[float] = _SpotFields.work
-    total_steps: Optional[int] = _SpotFields.total_steps
+    deadline: float | datetime | None = _SpotFields.deadline
+    work: float | None = _SpotFields.work
+    total_steps: int | None = _SpotFields.total_steps
     restart_overhead: float = _SpotFields.restart_overhead
-    deadline_policy: Optional[str] = _SpotFields.deadline_policy
+    deadline_policy: str | None = _SpotFields.deadline_policy
     attempt_timeout: float = _SpotFields.attempt_timeout
     poll_interval: float = _SpotFields.poll_interval
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
-    heartbeat_uri: Optional[str] = _SpotFields.heartbeat_uri
+    heartbeat_uri: str | None = _SpotFields.heartbeat_uri
     take_over: bool = _SpotFields.take_over
     observe_failure_timeout: float = _SpotFields.observe_failure_timeout
-    alert_interruption_rate: Optional[float] = _SpotFields.alert_interruption_rate
-    alert_spot_price: Optional[float] = _SpotFields.alert_spot_price
-    checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
+    alert_interruption_rate: float | None = _SpotFields.alert_interruption_rate
+    alert_spot_price: float | None = _SpotFields.alert_spot_price
+    checkpoint_root: str | None = _SpotFields.checkpoint_root
     aws_credentials: AwsCredentials = _SpotFields.aws_credentials
-    cluster_config: Optional[KubernetesClusterConfig] = _SpotFields.cluster_config
+    cluster_config: KubernetesClusterConfig | None = _SpotFields.cluster_config
 
     @model_validator(mode="before")
     @classmethod
@@ -232,7 +231,7 @@ class SpotJobVariables(_SpotValues, BaseVariables):
 class SpotWorkerResult(BaseWorkerResult):
     """The lease of the last attempt, its exit code, and the job's record summary."""
 
-    record: Optional[dict[str, Any]] = None
+    record: dict[str, Any] | None = None
 
 
 class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerResult]):
@@ -313,7 +312,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self,
         flow_run: FlowRun,
         configuration: SpotJobConfiguration,
-        task_status: Optional[anyio.abc.TaskStatus[str]] = None,
+        task_status: anyio.abc.TaskStatus[str] | None = None,
     ) -> SpotWorkerResult:
         """Drive the flow run's job through the controller until it settles or is handed
         back to the work pool (rescheduled after a preemption)."""
@@ -358,7 +357,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self,
         flow_run: FlowRun,
         configuration: SpotJobConfiguration,
-        task_status: Optional[anyio.abc.TaskStatus[str]],
+        task_status: anyio.abc.TaskStatus[str] | None,
     ) -> SpotWorkerResult:
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
         spec, controller, record = await anyio.to_thread.run_sync(

@@ -16,8 +16,9 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError, SpotError
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from spot_core import stopping
 from spot_core.errors import ConfigError, InfrastructureError, SpotError

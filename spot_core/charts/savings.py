@@ -3,9 +3,9 @@ on-demand, one line per series (a DAG and task, a flow, a pool), one dot per job
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from html import escape
-from typing import Iterable
 
 from spot_core.charts.svg import SERIES_COLOURS, document, element, line, money, rect, text
 from spot_core.model import JobRecord
@@ -117,7 +117,7 @@ def _axes(t0: float, t1: float, v0: float, v1: float, xy, plot_w: float) -> list
     for i in range(4):
         t = t0 + (t1 - t0) * i / 3
         x, y = xy(t, v0)
-        stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%m-%d %H:%M")
+        stamp = datetime.fromtimestamp(t, UTC).strftime("%m-%d %H:%M")
         parts.append(text(x, y + 16, stamp, text_anchor="middle", fill="#555", font_size=10))
     return parts
 

@@ -6,8 +6,8 @@ label read from a record (which a user or a cloud API wrote) can never open a ta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from html import escape
-from typing import Mapping
 
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:12px"
 

@@ -27,8 +27,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
@@ -185,7 +186,7 @@ class Checkpointer:
     def _prune(self) -> None:
         try:
             self.store.prune(keep=self.keep)
-        except Exception as exc:  # a failed prune costs disk, never progress
+        except Exception as exc:  # noqa: BLE001 - a failed prune costs disk, never progress
             log.warning("could not prune %s: %s", self.store.uri, exc)
 
     # -- notices ---------------------------------------------------------------------

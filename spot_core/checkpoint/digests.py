@@ -13,7 +13,8 @@ BLAKE3 runs on one thread: the other core is the writer's (a save is max(write, 
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from spot_core.errors import ConfigError
 

@@ -17,8 +17,8 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 from spot_core.safe_files import (

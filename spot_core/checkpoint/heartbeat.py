@@ -39,8 +39,9 @@ import re
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from spot_core.errors import FencedOut
 
@@ -117,7 +118,7 @@ class Beat:
         return json.dumps(doc, allow_nan=False).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Beat | None":
+    def from_bytes(cls, data: bytes) -> Beat | None:
         """None for anything a driver did not write (garbage, NaN, deep nesting, a pointer
         naming no valid driver id): an unreadable beat is no beat, never an exception in
         the node's watcher."""
@@ -189,7 +190,7 @@ class Heartbeat:
         write (a triggerer watching 1,000 jobs renews 1,000 heartbeats a minute)."""
         return self._write(attempt, now)
 
-    def point(self, attempt: int, driver: "DriverBeat", job: str, now: float) -> Beat:
+    def point(self, attempt: int, driver: DriverBeat, job: str, now: float) -> Beat:
         """Write a pointer: ``driver``'s object renews ``job``'s ``attempt`` from now on.
         One write per attempt and driver process (the driver lists the job first)."""
         return self._write(attempt, now, driver=driver.driver_id, job=job)

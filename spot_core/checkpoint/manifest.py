@@ -13,8 +13,9 @@ import json
 import math
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from spot_core.checkpoint.digests import DIGESTS
 from spot_core.checkpoint.names import MANIFEST_NAME, name_problem
@@ -34,7 +35,8 @@ MAX_DEPTH = 64  # metadata nesting a save accepts, so a reader can bound what it
 
 
 def new_checkpoint_id(step: int, attempt: int) -> str:
-    """A lexically sortable, collision-free id such as ``step-000000000010-attempt-0002-1a2b3c4d``."""
+    """A lexically sortable, collision-free id such as
+    ``step-000000000010-attempt-0002-1a2b3c4d``."""
     return f"step-{step:012d}-attempt-{attempt:04d}-{secrets.token_hex(4)}"
 
 

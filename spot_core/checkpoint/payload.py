@@ -14,8 +14,9 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator, Mapping
+from typing import Any, BinaryIO
 
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, new_digest
 from spot_core.checkpoint.manifest import MANIFEST_NAME
@@ -200,5 +201,5 @@ class HashingStream:
             for chunk in self._item.chunks(self._chunk_size):
                 self._hash.update(chunk)
                 self._hashed += len(chunk)
-        except BaseException as exc:  # re-raised in finish() on the saving thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised in finish() on the saving thread
             self._helper_error = exc

@@ -31,11 +31,12 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any
 
-from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 from spot_core.adaptors import aws
+from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class S3Backend:
     def _abort(self, key: str, upload: str) -> None:
         try:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
-        except Exception as exc:  # cleanup must not hide the original error
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the original error
             log.warning("could not abort multipart upload of %s: %s", key, exc)
 
     def delete(self, key: str) -> None:

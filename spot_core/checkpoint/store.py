@@ -16,7 +16,8 @@ import math
 import numbers
 import os
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from spot_core.bounds import MAX_ATTEMPT
 from spot_core.checkpoint.backend import ObjectBackend
@@ -161,7 +162,7 @@ class CheckpointStore:
     def _discard(self, checkpoint_id: str) -> None:
         try:
             self.backend.delete_prefix(checkpoint_key(checkpoint_id))
-        except Exception as exc:  # cleanup must not hide the original error
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the original error
             log.warning("could not remove partial checkpoint %s: %s", checkpoint_id, exc)
 
     # -- the job's other objects -------------------------------------------------------

@@ -18,8 +18,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from spot_core.errors import ConfigError
 

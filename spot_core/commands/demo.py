@@ -159,7 +159,6 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
     """Hand over to the engine adapter's demo, found through the ``spot_pipelines.demos``
     entry point so that spot_core never imports an engine."""
     from importlib.metadata import entry_points
-
     from importlib.util import find_spec
 
     found = [ep for ep in entry_points(group="spot_pipelines.demos") if ep.name == args.engine]

@@ -15,9 +15,9 @@ import math
 
 from spot_core.errors import ConfigError
 from spot_core.market.trace import load_traces
+from spot_core.policy.deadline.base import Job
 from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import policy_names, random_starts, simulate
-from spot_core.policy.deadline.base import Job
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

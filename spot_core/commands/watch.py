@@ -10,8 +10,8 @@ SIGTERM to the watcher itself counts as an interruption (that is how Kubernetes 
 With ``--heartbeat-timeout`` (default ``$SPOT_HEARTBEAT_TIMEOUT``, which every provider
 sets from the job's setting) it also reads the driver's heartbeat from the job's store at
 ``$SPOT_CHECKPOINT_URI`` (following its pointer into ``$SPOT_HEARTBEAT_URI`` when the
-driver keeps one beat for all its jobs); when the beat has not changed for that long (by this machine's
-clock, counted from the watcher's start; unreadable counts as unchanged) it prints a
+driver keeps one beat for all its jobs); when the beat has not changed for that long (by
+this machine's clock, counted from the watcher's start; unreadable counts as unchanged) it prints a
 ``driver_lost`` event, stops the command exactly as on an interruption, and exits 75
 (``DRIVER_LOST_EXIT_CODE``), which ends the lease.
 """
@@ -35,6 +35,7 @@ from pathlib import Path
 
 from spot_core import attempt_env
 from spot_core.bounds import MAX_WAIT_SECONDS
+from spot_core.durations import parse_duration
 from spot_core.errors import ConfigError
 from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector
 from spot_core.interruption.base import Detector
@@ -42,7 +43,6 @@ from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
 from spot_core.interruption.notice_file import check_notice_path, is_notice_file, write_notice
 from spot_core.interruption.selection import cloud_choices, detectors_for, normalize_cloud
-from spot_core.durations import parse_duration
 
 logger = logging.getLogger(__name__)
 

@@ -36,9 +36,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from spot_core.attempt_env import METADATA_ENDPOINT
 from spot_core.emulators.lease_processes import LEASE_MARKER, lease_pids, signal_lease
@@ -275,7 +276,7 @@ class Ec2InstanceRuntime:
     def _terminate_in_api(self, instance: RuntimeInstance) -> None:
         try:
             self._clients[instance.region].terminate_instances(InstanceIds=[instance.instance_id])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged; the emulator goes on
             log.warning("could not terminate %s in the API: %s", instance.instance_id, exc)
 
     def _kill(self, instance: RuntimeInstance, signum: int) -> None:
@@ -290,7 +291,7 @@ class Ec2InstanceRuntime:
         body = json.dumps(interruption_event(instance.instance_id, at, instance.region))
         try:
             self._sqs.send_message(QueueUrl=self.sqs_queue_url, MessageBody=body)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged; the emulator goes on
             log.warning(
                 "could not send the interruption event of %s: %s", instance.instance_id, exc
             )

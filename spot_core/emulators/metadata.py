@@ -27,9 +27,9 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine imports moto in a few
 

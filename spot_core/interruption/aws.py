@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from spot_core.errors import MetadataEndpointError
 from spot_core.interruption.base import (
-    DetectorPlugin,
     INTERRUPTION,
     REBALANCE,
+    DetectorPlugin,
     Notice,
     parse_rfc3339,
 )

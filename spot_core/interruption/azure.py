@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import DetectorPlugin, INTERRUPTION, Notice, parse_rfc1123
+from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice, parse_rfc1123
 from spot_core.interruption.endpoint import (
     DEFAULT_TIMEOUT,
     Check,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import json
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 INTERRUPTION = "interruption"
 REBALANCE = "rebalance"
@@ -83,7 +84,7 @@ class Detector(Protocol):
 
 def format_rfc3339(ts: float) -> str:
     """UTC RFC 3339 with a ``Z``; milliseconds only when the time has a fraction."""
-    when = dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(ts, tz=dt.UTC)
     if when.microsecond:
         return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -95,7 +96,7 @@ def parse_rfc3339(text: Any) -> float:
         raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
     when = dt.datetime.fromisoformat(text.strip())
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
 
 
@@ -108,7 +109,7 @@ def parse_rfc1123(text: Any) -> float:
     except (TypeError, ValueError, IndexError) as exc:
         raise ValueError(f"not an HTTP date: {text!r}") from exc
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
 
 

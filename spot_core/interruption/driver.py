@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from spot_core.interruption.base import DRIVER_LOST, Notice
 

@@ -12,8 +12,8 @@ import http.client
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from spot_core.errors import MetadataEndpointError
 from spot_core.interruption.base import Notice

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ def interruption_event(
     instance_id: str, at: float, region: str = "us-east-1", kind: str = "interruption"
 ) -> dict[str, Any]:
     """The event as EventBridge delivers it (used by the instance runtime harness)."""
-    from datetime import timezone
 
     detail_type = INTERRUPTION if kind == "interruption" else REBALANCE
     detail = {"instance-id": instance_id}
@@ -63,7 +62,7 @@ def interruption_event(
         "detail-type": detail_type,
         "source": "aws.ec2",
         "account": "123456789012",
-        "time": datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time": datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "region": region,
         "resources": [f"arn:aws:ec2:{region}:123456789012:instance/{instance_id}"],
         "detail": detail,

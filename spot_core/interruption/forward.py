@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from spot_core.interruption.base import Notice
 from spot_core.interruption.notice_file import write_notice

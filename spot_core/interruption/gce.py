@@ -8,7 +8,7 @@ metadata server says nothing about the exact time, so the deadline is detection 
 from __future__ import annotations
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import DetectorPlugin, INTERRUPTION, Notice
+from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice
 from spot_core.interruption.endpoint import (
     DEFAULT_TIMEOUT,
     Check,

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from spot_core.errors import ConfigError
 from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice

@@ -3,7 +3,8 @@
 The watcher writes the notice's JSON event there (temp file + rename, so a reader sees
 the old file or the whole new one, never half of it; only a regular file is replaced,
 ``spot_core.safe_files``); the step reads it, typically on SIGTERM or between training
-steps. A reader never blocks on it: a FIFO or device there is refused, not opened. The path travels in ``SPOT_NOTICE_FILE``.
+steps. A reader never blocks on it: a FIFO or device there is refused, not opened. The
+path travels in ``SPOT_NOTICE_FILE``.
 """
 
 from __future__ import annotations

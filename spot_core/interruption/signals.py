@@ -13,8 +13,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from spot_core.errors import ConfigError
 from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.errors import ConfigError

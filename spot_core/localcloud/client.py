@@ -5,8 +5,8 @@ either, and prices with a TraceMarket rebuilt from the server's own configuratio
 every process that talks to one server sees the same trace at the same moment.
 
 The server answers only with its token: given here, else read from the server's
-``workdir`` (when named and readable), else ``$SPOT_LOCAL_CLOUD_TOKEN``. It is sent in a header and kept out of
-``repr``, options and logs.
+``workdir`` (when named and readable), else ``$SPOT_LOCAL_CLOUD_TOKEN``. It is sent in a
+header and kept out of ``repr``, options and logs.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.localcloud.cloud import InstanceView

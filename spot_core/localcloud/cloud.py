@@ -24,9 +24,9 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from spot_core.emulators.lease_processes import LEASE_MARKER, signal_lease
 from spot_core.emulators.metadata import MetadataEmulator

@@ -49,9 +49,10 @@ import secrets
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
@@ -60,7 +61,6 @@ from spot_core.errors import CapacityUnavailable, ConfigError
 from spot_core.localcloud.cloud import LocalCloudConfig, LocalSpotCloud
 from spot_core.market.trace import ZoneTrace
 from spot_core.model import Pool
-
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ here is the *source of offers*. Import this module as ``market_base`` where both
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from spot_core.errors import ConfigError
 from spot_core.model import Offer, Pool

@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from spot_core.errors import ConfigError, SpotError
 from spot_core.market.advisor import SpotAdvisor, load_advisor
@@ -268,7 +269,7 @@ class Ec2Market:
                     SingleAvailabilityZone=True,
                     RegionNames=[region],
                 )
-            except Exception as exc:  # not implemented, not allowed, not in this partition
+            except Exception as exc:  # noqa: BLE001 - not implemented, not allowed, not in this partition
                 self._scores_supported = False
                 log.info(
                     "spot placement scores unavailable (%s); ranking without them",
@@ -317,7 +318,7 @@ def _timestamp(entry: Mapping[str, Any]) -> float:
 
 
 def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
+    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def load_ec2_advisor(path: str | None = None) -> SpotAdvisor:

@@ -19,10 +19,11 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -463,7 +464,7 @@ def _posix(value: Any, where: str = "a timestamp") -> float | None:
             "POSIX seconds; check the file"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
@@ -530,7 +531,7 @@ def _group_history(
             f"spot price history has no {product!r} entries; pass product=None "
             "or the product description you asked the API for"
         )
-    return {k: tuple(np.array(c) for c in zip(*sorted(v))) for k, v in grouped.items()}
+    return {k: tuple(np.array(c) for c in zip(*sorted(v), strict=True)) for k, v in grouped.items()}
 
 
 def _history_trace(

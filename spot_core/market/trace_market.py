@@ -10,7 +10,7 @@ so a policy fed by this market cannot peek into the future it is being tested on
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,8 +9,8 @@ listener hook) and read the thresholds from ``spot_core.settings``
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from spot_core.market.base import PoolStat, as_pool_stat
 from spot_core.model import Offer, Pool

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from spot_core.interruption.kubernetes import NOTICE_TAINTS
 from spot_core.market.kubernetes import FLAVOURS
@@ -221,8 +222,8 @@ def _rfc3339(when: dt.date) -> str:
     if not isinstance(when, dt.datetime):
         return when.isoformat()
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = when.replace(tzinfo=dt.UTC)
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: Any) -> float | None:
@@ -235,7 +236,7 @@ def parse_time(text: Any) -> float | None:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 # -- small readers ------------------------------------------------------------------------------

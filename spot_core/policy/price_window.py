@@ -15,9 +15,10 @@ Hour-of-week is UTC with Monday 00:00 = 0 (the POSIX epoch fell on a Thursday, h
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,8 @@ history is neither trusted blindly nor ignored. Pure: offers, stats and ``now`` 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from spot_core.errors import ConfigError
 from spot_core.market.advisor import band_for_label

@@ -40,9 +40,10 @@ away tends to stay away for a while).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Literal, Sequence
+from datetime import UTC, datetime
+from typing import Literal
 
 from spot_core.errors import ConfigError
 from spot_core.market.base import PoolStats
@@ -489,7 +490,7 @@ def _near_deadline(record: JobRecord, policy: RetryPolicy, now: float) -> bool:
 def _when(moment: float | None) -> str:
     if moment is None:
         return "never"
-    return datetime.fromtimestamp(moment, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(moment, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _progress(record: JobRecord) -> str:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Flag, StrEnum, auto
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from spot_core.model import Lease, Pool
 

@@ -51,17 +51,17 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from spot_core import attempt_env, container
+from spot_core.adaptors import aws
 from spot_core.credentials import credential_findings
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.ec2 import Ec2Market
 from spot_core.model import Lease, Market, Pool
-from spot_core.adaptors import aws
 from spot_core.providers import ec2_agent, ec2_lean
-from spot_core.providers.ec2_bootstrap import Bootstrap
 from spot_core.providers.base import (
     Bill,
     Capability,
@@ -73,6 +73,7 @@ from spot_core.providers.base import (
     SessionKind,
     key_values,
 )
+from spot_core.providers.ec2_bootstrap import Bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -534,20 +535,21 @@ class Ec2Provider:
                 client.delete_launch_template,
                 LaunchTemplateId=template_id,
             )
-        except Exception as exc:  # a leftover template costs nothing; say so and go on
+        except Exception as exc:  # noqa: BLE001 - a leftover template costs nothing; say so and go on
             log.warning("could not delete launch template %s: %s", template_id, exc)
 
     def _lease(self, spec: LaunchSpec, pool: Pool, instance: Mapping[str, Any]) -> Lease:
         now = self.clock()
         offer = self.market.offers([pool], now)[0]
         transfer_bytes = self._transfer_bytes(spec, pool)
+        transfer_cost = transfer_bytes / GB * self.config.data_transfer_price_per_gb
         details = {
             "region": pool.region,
             "subnet": str(instance.get("SubnetId", "")),
             "checkpoint_uri": spec.checkpoint_uri,
             "checkpoint_region": str(self.config.checkpoint_region or pool.region),
             "data_transfer_bytes": str(transfer_bytes),
-            "data_transfer_cost": f"{transfer_bytes / GB * self.config.data_transfer_price_per_gb:.6f}",
+            "data_transfer_cost": f"{transfer_cost:.6f}",
             "tags": f"{TAG_JOB}={spec.job_id},{TAG_ATTEMPT}={spec.attempt}",
         }
         if instance.get("SpotInstanceRequestId"):
@@ -643,7 +645,7 @@ class Ec2Provider:
             for event in self._events.poll():
                 if event.kind == "interruption":
                     self._notices.setdefault(event.instance_id, event.at)
-        except Exception as exc:  # the queue is a hint; describe_instances is the truth
+        except Exception as exc:  # noqa: BLE001 - the queue is a hint; describe_instances is the truth
             log.warning("could not read interruption events: %s", exc)
 
     def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict | None]:
@@ -713,12 +715,12 @@ class Ec2Provider:
         for lease_id in ended:  # an ended lease's request is read from its description
             self._request_ids.pop(lease_id, None)
         unknown = [
-            l.lease_id
-            for l in group
-            if l.pool.market is Market.SPOT
-            and not l.details.get("spot_request_id")
-            and l.lease_id not in ended
-            and l.lease_id not in self._request_ids
+            each.lease_id
+            for each in group
+            if each.pool.market is Market.SPOT
+            and not each.details.get("spot_request_id")
+            and each.lease_id not in ended
+            and each.lease_id not in self._request_ids
         ]
         if unknown:
             described = self._describe(region, unknown)
@@ -888,7 +890,7 @@ class Ec2Provider:
             return ec2_agent.parse_report(store.get_object(ec2_agent.status_key(lease.attempt)))
         except FileNotFoundError:
             return {}
-        except Exception as exc:  # a missing report only makes the outcome less precise
+        except Exception as exc:  # noqa: BLE001 - a missing report only makes the outcome less precise
             log.warning("could not read the status report of %s: %s", lease.lease_id, exc)
             return {}
 
@@ -940,7 +942,7 @@ class Ec2Provider:
         """Terminate every instance this provider launched (idempotent)."""
         with self._lock:
             leases = list(self._leases.values())
-            self._terminated.update(l.lease_id for l in leases)
+            self._terminated.update(each.lease_id for each in leases)
         by_region: dict[str, list[str]] = {}
         for lease in leases:
             by_region.setdefault(lease.pool.region, []).append(lease.lease_id)

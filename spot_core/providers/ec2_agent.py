@@ -11,7 +11,8 @@ The report is a small JSON object written next to the checkpoints, at
 ``status/attempt-NNNNNN.json``: exit code, when the watcher saw a notice, when the step
 ended. The kubernetes provider's pods write the same object from ``spot-pipelines watch
 --report`` (``write_report``), at the first notice and again when the step ends, since a
-reclaimed node may not live to run anything after its step. The controller reads it once the instance is gone; it is how the provider tells
+reclaimed node may not live to run anything after its step (``spot_core.checkpoint.status``).
+The controller reads it once the instance is gone; it is how the provider tells
 "the step exited 0" from "the node was reclaimed" when EC2's own state reason is
 ambiguous. It needs ``s3:PutObject`` on the checkpoint prefix, which the instance profile
 has anyway; no credential ever appears in user-data.
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import sys
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from spot_core import attempt_env
 from spot_core.checkpoint.status import (  # noqa: F401 - the agent's report
@@ -68,7 +68,8 @@ trap 'true' TERM
 {bootstrap.shell(SHUTDOWN) if bootstrap else ""}LOG="${{SPOT_WATCH_LOG:-{WATCH_LOG}}}"
 {watch_command} watch --cloud aws --poll-interval {poll_interval:g} -- {step} 2>&1 | tee -a "$LOG"
 rc=${{PIPESTATUS[0]}}
-{shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report --exit-code "$rc" --watch-log "$LOG" || true
+{shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report \\
+    --exit-code "$rc" --watch-log "$LOG" || true
 {SHUTDOWN}
 """
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Mapping
+from typing import Any
 
 from spot_core.credentials import value_kind
 from spot_core.errors import ConfigError
@@ -181,7 +182,8 @@ spot_bootstrap() {{
 }}
 export -f spot_bootstrap
 BOOTSTRAP_LOG="${{SPOT_BOOTSTRAP_LOG:-{BOOTSTRAP_LOG}}}"
-if ! (set -o pipefail; timeout {seconds} bash -c spot_bootstrap 2>&1 | tee -a "$BOOTSTRAP_LOG"); then
+if ! (set -o pipefail
+      timeout {seconds} bash -c spot_bootstrap 2>&1 | tee -a "$BOOTSTRAP_LOG"); then
     echo "spot-pipelines bootstrap failed or took over {seconds}s; see $BOOTSTRAP_LOG" >&2
     {shutdown_command}
     exit 1

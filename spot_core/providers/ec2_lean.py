@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 from xml.etree import ElementTree
 
 # operation -> (the list element whose items are cut, the item elements kept)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from spot_core.errors import ConfigError
 from spot_core.model import Lease, Market, Pool

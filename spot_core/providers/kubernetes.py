@@ -29,8 +29,9 @@ import math
 import shlex
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from spot_core import stopping
 from spot_core.adaptors import kubernetes as k8s
@@ -354,7 +355,7 @@ class KubernetesProvider:
         return {ns: pods.job_selector(_only(jobs) or None) for ns, jobs in by_namespace.items()}
 
     def _status(self, lease: Lease, pod: dict | None, nodes: Mapping[str, dict]) -> LeaseStatus:
-        """The classifier's verdict on the lease's pod (``spot_core.policy.pod_outcomes``), with what
+        """The classifier's verdict on the lease's pod (``policy.pod_outcomes``), with what
         only the provider knows: the lease's market, the notices seen on earlier looks,
         whether the step reported completion, the pod's and its node's events."""
         if pod is not None and classify.conditions(pod, "DisruptionTarget"):

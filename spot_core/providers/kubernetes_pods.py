@@ -20,7 +20,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from spot_core.attempt_env import AttemptEnv
 from spot_core.interruption.kubernetes import NODE_NAME_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV
@@ -32,7 +33,6 @@ from spot_core.market.kubernetes import (
     ZONE_LABEL,
 )
 from spot_core.model import Outcome, Pool
-from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus
 from spot_core.policy.pod_outcomes import (  # noqa: F401 - re-exported
     ANNOTATION_POOL,
     CONFIG_WAITING_REASONS,
@@ -49,6 +49,7 @@ from spot_core.policy.pod_outcomes import (  # noqa: F401 - re-exported
     terminal,
     waiting_problem,
 )
+from spot_core.providers.base import LaunchSpec, LeaseState, LeaseStatus
 
 LABEL_MANAGED = "spot-pipelines/managed"
 LABEL_JOB = "spot-pipelines/job"

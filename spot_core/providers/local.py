@@ -15,12 +15,14 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from spot_core import container
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
 from spot_core.bounds import MAX_TIME_SCALE, MAX_WAIT_SECONDS
+from spot_core.emulators.lease_processes import lease_pids, live_leases, signal_lease
 from spot_core.errors import ConfigError
 from spot_core.localcloud.cloud import (
     DEFAULT_TIME_SCALE,
@@ -41,7 +43,6 @@ from spot_core.providers.base import (
     Provider,
     ProviderPlugin,
 )
-from spot_core.emulators.lease_processes import lease_pids, live_leases, signal_lease
 
 log = logging.getLogger(__name__)
 

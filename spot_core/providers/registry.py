@@ -18,7 +18,8 @@ and a block when it is built, not when capacity is launched.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from spot_core import plugins
 from spot_core.errors import ConfigError

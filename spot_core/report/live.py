@@ -9,7 +9,7 @@ It is the controller's listener and a rich renderable at once; the driver owns t
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from spot_core.model import JobRecord
 from spot_core.report.progress import attempt_line, saving_line

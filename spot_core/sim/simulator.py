@@ -22,17 +22,17 @@ for speed, and the tests check that no policy's choice changes when the future d
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from spot_core.bounds import MAX_SEED, MAX_WINDOWS
 from spot_core.errors import ConfigError
-from spot_core.policy.deadline.causal import causal_plan
 from spot_core.policy.deadline.base import IDLE, Decide, Job, Window
-from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.causal import causal_plan
 from spot_core.policy.deadline.optimal import optimal_cost
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 from spot_core.policy.deadline.replay import Replay
 
 

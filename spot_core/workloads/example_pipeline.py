@@ -66,8 +66,8 @@ def infer_command(
 def evaluate(model_uri: str, data: str, steps: int) -> dict[str, Any]:
     """Final weights' hash and accuracy, next to an uninterrupted run's hash."""
     from spot_core.checkpoint import open_store
-    from spot_core.workloads.softmax_regression import TrainConfig, evaluate as core_evaluate
-    from spot_core.workloads.softmax_regression import train
+    from spot_core.workloads.softmax_regression import TrainConfig, train
+    from spot_core.workloads.softmax_regression import evaluate as core_evaluate
 
     sha, accuracy = core_evaluate(open_store(model_uri), Path(data))
     reference = train(TrainConfig(steps=steps), data=Path(data))

@@ -26,10 +26,9 @@ from postgres_helpers import postgres_url  # noqa: E402,F401  (pytest fixture)
 
 sys.path.insert(0, str(Path(__file__).parent))
 # One `airflow standalone` per session, shared by test_standalone and the Spot UI tests.
-from standalone_server import runs, standalone, statsd  # noqa: E402,F401  (pytest fixtures)
-
 # One Kubernetes emulator for the whole session (fixtures imported here, not per module).
 from kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: E402,F401
+from standalone_server import runs, standalone, statsd  # noqa: E402,F401  (pytest fixtures)
 
 _HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
 # The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.

@@ -17,13 +17,12 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
-
 from process_helpers import free_port, stop_tree
 
 BIN = Path(sys.executable).parent

@@ -9,12 +9,11 @@ import sys
 from datetime import datetime
 
 import pytest
-
 from airflow.listeners import hookimpl
 from airflow.sdk import DAG
+from task_context import TI, StateStore
 
 from airflow_spot.operators.spot import SpotJobOperator
-from task_context import TI, StateStore
 
 
 class Listener:

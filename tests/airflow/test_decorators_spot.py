@@ -76,7 +76,7 @@ def _run_with_notices(dag_id: str, at_steps: list[int], monkeypatch):
 
     def preempt() -> None:
         for at in at_steps:
-            _wait_for(lambda: step() >= at, 120, f"step {at}")
+            _wait_for(lambda at=at: step() >= at, 120, f"step {at}")
             emulator.clear_log()
             emulator.schedule_interruption(notice_seconds=30)
             _wait_for(
@@ -89,7 +89,7 @@ def _run_with_notices(dag_id: str, at_steps: list[int], monkeypatch):
             )
             emulator.clear()  # served once: the rerun runs on fresh capacity
             ref = _wait_for(
-                lambda: (
+                lambda at=at: (
                     (r := store.latest()) and r.metadata.get("emergency") and r.step >= at and r
                 ),
                 60,

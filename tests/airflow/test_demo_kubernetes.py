@@ -69,7 +69,7 @@ def test_make_demo_engine_airflow_provider_kubernetes_holds_the_contract(tmp_pat
     pools = [a["pool"] for a in report["train_record"]["attempts"]]
     preempted = [
         p["zone"]
-        for p, a in zip(pools, report["train_record"]["attempts"])
+        for p, a in zip(pools, report["train_record"]["attempts"], strict=True)
         if a["outcome"] == "preempted"
     ]
     assert len(set(preempted)) >= 2, "two different spot node pools (flavours) were reclaimed"

@@ -9,12 +9,13 @@ import asyncio
 import sys
 
 import pytest
-
 from kube_helpers import wait_for
 
 kubernetes_asyncio = pytest.importorskip("kubernetes_asyncio")
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook  # noqa: E402
-from kubernetes_asyncio import client as aclient, config as aconfig, watch as awatch  # noqa: E402
+from kubernetes_asyncio import client as aclient  # noqa: E402
+from kubernetes_asyncio import config as aconfig  # noqa: E402
+from kubernetes_asyncio import watch as awatch  # noqa: E402
 
 
 def _pod(name: str, script: str) -> dict:

@@ -13,22 +13,21 @@ import sys
 from datetime import datetime
 
 import pytest
-
 from airflow.sdk import DAG
-
 from aws_helpers import (
-    bucket,
+    bucket,  # noqa: F401 - a fixture / shared name
     client,
     make_network,
     managed_live_instances,  # noqa: F401
     preempt_after_checkpoints,
     unique,
 )
-from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
-from spot_core.model import JobRecord
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import train_command
-from task_context import StateStore, TI, drive_deferrals
+from task_context import TI, StateStore, drive_deferrals
+
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.model import JobRecord
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -22,10 +22,12 @@ import threading
 from datetime import datetime
 
 import pytest
-
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
+from kube_helpers import add_test_pool
 from kubernetes import client as k8s
+from spot_helpers import train_command, wait_until
+from task_context import StateStore, first_event
 
 from airflow_spot.operators.controller_driver import RECORD_KEY, SpotUserStepFailed
 from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
@@ -33,9 +35,6 @@ from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
 from spot_core.checkpoint import open_store
 from spot_core.model import JobRecord, Outcome
 from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
-from kube_helpers import add_test_pool
-from spot_helpers import train_command, wait_until
-from task_context import StateStore, first_event
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -295,16 +294,19 @@ def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
 ):
     cluster = kube_cluster
     uri = (tmp_path / "ckpt").as_uri()
-    make = lambda: _operator(
-        "train_defer",
-        conn=conn,
-        pools=pools,
-        api=core,  # noqa: E731
-        cmds=train_command(STEPS, 0.03, 7, EVERY),
-        checkpoint_uri=uri,
-        max_preemptions=1,
-        deferrable=True,
-    )
+
+    def make():
+        return _operator(
+            "train_defer",
+            conn=conn,
+            pools=pools,
+            api=core,
+            cmds=train_command(STEPS, 0.03, 7, EVERY),
+            checkpoint_uri=uri,
+            max_preemptions=1,
+            deferrable=True,
+        )
+
     context, seen = _context("train_defer"), {}
     restarted = threading.Event()  # the reclaim comes after the triggerer's restart
     reclaimer = _reclaim_when_checkpointed(cluster, core, uri, 1, "gke", seen, restarted)

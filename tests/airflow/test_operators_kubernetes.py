@@ -12,7 +12,6 @@ import stat
 from datetime import datetime
 
 import pytest
-
 from airflow.sdk import DAG
 
 from airflow_spot.hooks.kubernetes import SpotKubernetesHook, _resolve

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-
 from airflow.sdk import DAG
 
 from airflow_spot.operators.spot import SpotJobOperator

@@ -5,10 +5,9 @@ one line naming the task."""
 from __future__ import annotations
 
 import inspect
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
-
 from airflow.sdk import DAG, task
 
 from airflow_spot.operators.spot import SpotJobOperator
@@ -117,7 +116,7 @@ def test_operator_old_names_still_work_with_a_warning():
 
 
 def test_operator_takes_the_deadline_knobs_in_any_form():
-    from datetime import timedelta, timezone
+    from datetime import timedelta
 
     op = _operator(
         deadline=timedelta(hours=2),
@@ -133,7 +132,7 @@ def test_operator_takes_the_deadline_knobs_in_any_form():
         op.settings.restart_overhead_capacity_seconds,
         op.settings.deadline_policy,
     ) == (7200.0, 1800.0, 10, 60.0, "greedy")
-    when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
+    when = datetime(2026, 12, 1, 8, tzinfo=UTC)
     assert _operator(deadline="2026-12-01T08:00Z").settings.deadline_at == when
     assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline_at == when
 

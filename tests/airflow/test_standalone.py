@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from standalone_server import BIN, Standalone
 
 # Standalone start-up, parsing and two DAG runs take minutes on a busy machine.

@@ -15,13 +15,13 @@ import subprocess
 import time
 
 import pytest
-from kubernetes import client as k8s
-
 from kube_helpers import add_test_pool
-from spot_core.checkpoint import open_store
-from spot_helpers import wait_until
+from kubernetes import client as k8s
 from process_helpers import free_port
+from spot_helpers import wait_until
 from standalone_server import BIN, running_standalone, standalone_env
+
+from spot_core.checkpoint import open_store
 
 pytestmark = pytest.mark.timeout(900)
 DAG_ID = "spot_k8s_triggerer_restart"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,7 +26,7 @@ def test_timetable_places_runs_at_the_cheapest_hour_of_the_window():
     timetable = PriceWindowTimetable(
         profile=_profile(cheap_hour=3), job_hours=1, start_hour=0, end_hour=8
     )
-    start = datetime(2026, 3, 2, tzinfo=timezone.utc)
+    start = datetime(2026, 3, 2, tzinfo=UTC)
     restriction = TimeRestriction(earliest=start, latest=None, catchup=True)
     first = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
     assert first.data_interval.start == start
@@ -63,7 +63,7 @@ def test_a_dag_with_the_timetable_serialises_for_the_scheduler():
     with DAG(
         "nightly",
         schedule=PriceWindowTimetable(profile=_profile(), job_hours=1),
-        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
     ) as dag:
         pass
     data = DagSerialization.to_dict(dag)
@@ -110,7 +110,7 @@ def test_sensor_poke_pushes_the_chosen_pool(tmp_path, monkeypatch):
     pushed = {}
 
     class TI:
-        start_date = datetime.now(timezone.utc)
+        start_date = datetime.now(UTC)
 
         def xcom_push(self, key, value):
             pushed[key] = value

@@ -11,17 +11,15 @@ import threading
 import time
 
 import pytest
-
 from airflow.triggers.base import BaseTrigger
+from fault_proxy import FaultProxy
+from spot_helpers import marked_processes, wait_until
 
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger, window_decision
 from airflow_spot.triggers.spot import SpotJobTrigger
-from spot_core.settings import SpotSettings
 from spot_core.controller import JobSpec, Next
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
-
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, wait_until
+from spot_core.settings import SpotSettings
 
 
 def _recreate(trigger: BaseTrigger) -> BaseTrigger:

@@ -14,11 +14,11 @@ from airflow_spot.triggers.spot import SpotJobTrigger
 from spot_core import batched
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
-from spot_core.settings import SpotSettings
 from spot_core.controller import Controller, Next
 from spot_core.model import Attempt, JobRecord, Lease, Market, Outcome, Pool
 from spot_core.observer import SharedObserver
 from spot_core.providers.base import Bill, LeaseState, LeaseStatus
+from spot_core.settings import SpotSettings
 
 pytestmark = pytest.mark.timeout(240)
 JOBS = 1000

@@ -5,23 +5,22 @@ lease's end (reclaimed ones preempted, finished ones succeeded)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import importlib
+import json
 import sys
 import time
 
 import pytest
+from spot_helpers import marked_processes, trace, wait_until
 
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.triggers.spot import SpotJobTrigger
-from spot_core.settings import SpotSettings
 from spot_core.controller import JobSpec, Next
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import Outcome
 from spot_core.observer import shared_observer
-
-from spot_helpers import marked_processes, trace, wait_until
+from spot_core.settings import SpotSettings
 
 pytestmark = pytest.mark.timeout(180)
 POLL = 0.5

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -95,8 +95,6 @@ def _running(job_id: str) -> JobRecord:
 
 @pytest.fixture(scope="module")
 def client(airflow_home):
-    from fastapi.testclient import TestClient
-
     from airflow.api_fastapi.app import create_app, purge_cached_app
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
@@ -105,6 +103,7 @@ def client(airflow_home):
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.team import Team
     from airflow.utils.session import create_session
+    from fastapi.testclient import TestClient
     from sqlalchemy import insert, select
 
     with create_session() as session:
@@ -120,7 +119,7 @@ def client(airflow_home):
                 run_id=RUN_ID,
                 run_type="manual",
                 state="success",
-                run_after=datetime.now(timezone.utc),
+                run_after=datetime.now(UTC),
             )
             session.add(run)
             session.flush()

@@ -56,7 +56,6 @@ def finished(standalone, runs) -> dict:
 def browser(standalone):
     """Chromium with a fresh profile, logged in to the UI as the admin through its form."""
     from playwright.sync_api import sync_playwright
-
     from standalone_server import USERS
 
     with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
@@ -120,13 +119,13 @@ def test_the_spot_tab_of_the_train_task_in_chromium(standalone, finished, browse
         frame = _plugin_frame(page, "/spot/ti/spot_ml_pipeline/")
         rows = frame.locator("table.attempts tr.attempt-row")
         assert rows.count() == len(attempts)
-        for row, attempt in zip(rows.all_inner_texts(), attempts):
+        for row, attempt in zip(rows.all_inner_texts(), attempts, strict=True):
             assert attempt["outcome"] in row and f"{attempt['cost']:.4f}" in row
         assert frame.locator("svg.spot-timeline rect.attempt").count() == len(attempts)
         ledger = frame.locator("table.ledger").inner_text()
         assert f"${record['ledger']['spent']:.4f}" in ledger
         assert f"${record['ledger']['on_demand_equivalent']:.4f}" in ledger
-        assert re.search(r"preemptions\s+%d" % record["preemptions"], ledger)
+        assert re.search(rf"preemptions\s+{record['preemptions']:d}", ledger)
     finally:
         _shot(page, "spot-tab.png")
     tab = browser.new_page()  # the tab's own page, whole (the iframe scrolls inside Airflow)

@@ -13,8 +13,8 @@ import os
 import time
 
 import pytest
-
 from process_helpers import free_port  # noqa: F401  (also imported from here)
+
 from spot_core.emulators.moto_server import running_moto  # noqa: F401  (also imported from here)
 
 REGION = "us-east-1"

@@ -22,14 +22,13 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
-
 from process_helpers import free_port  # noqa: F401  (also imported from here)
 
 URL_ENV = "SPOT_TEST_POSTGRES_URL"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spot_core.market.trace import ZoneTrace
 from spot_core.emulators.lease_processes import LEASE_MARKER
+from spot_core.market.trace import ZoneTrace
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "traces"  # the real trace sets, in the repository (traces/README.md)

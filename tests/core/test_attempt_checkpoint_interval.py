@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-import time
 
 import pytest
-
 from spot_helpers import trace, train_command
 
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, AttemptEnv
@@ -39,8 +37,9 @@ def _step_that_reports_its_interval(tmp_path) -> tuple[str, ...]:
         import json, os, sys
         from spot_core.workloads.softmax_regression import main
         with open({str(tmp_path / "intervals.jsonl")!r}, "a") as out:
+            interval = os.environ.get("SPOT_CHECKPOINT_INTERVAL")
             out.write(json.dumps({{"attempt": os.environ["SPOT_ATTEMPT"],
-                                   "interval": os.environ.get("SPOT_CHECKPOINT_INTERVAL")}}) + "\\n")
+                                   "interval": interval}}) + "\\n")
         sys.exit(main(sys.argv[1:]))
     """)
     )

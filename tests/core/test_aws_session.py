@@ -13,8 +13,8 @@ import json
 
 import boto3
 import pytest
-
 from aws_helpers import AWS_ENV, REGION, bucket, client, make_network, unique  # noqa: F401
+
 from spot_core.adaptors.aws import AwsAccess, access_of
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec

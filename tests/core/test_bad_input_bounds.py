@@ -7,7 +7,7 @@ import json
 import resource
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -79,7 +79,7 @@ def test_work_beyond_the_deadline_is_refused_on_every_surface_in_one_line():
     ):
         SpotSettings.build(work="3h", deadline="2h")
     assert SpotSettings.build(work="2h", deadline="2h").work_capacity_seconds == 7200.0
-    soon = datetime.now(timezone.utc) + timedelta(hours=1)
+    soon = datetime.now(UTC) + timedelta(hours=1)
     settings = SpotSettings.build(work="3h", deadline=soon)
     with pytest.raises(ConfigError, match=r"work=3h is more than deadline=.*of capacity time"):
         settings.deadline_spec(created_at=soon.timestamp() - 3600, capacity_per_wall=1.0)
@@ -154,10 +154,11 @@ def test_a_far_deadline_is_planned_in_bounded_memory(tmp_path, command):
 
 
 def test_work_past_what_a_plan_holds_is_refused_in_one_line():
+    from spot_helpers import trace
+
     from spot_core.policy.deadline.base import PLAN_MAX_TICKS, Job
     from spot_core.policy.deadline.mdp import ForecastDP
     from spot_core.policy.deadline.replay import Replay
-    from spot_helpers import trace
 
     replay = Replay.from_traces(
         [trace("us-east-1a_v100_1", "1" * (PLAN_MAX_TICKS + 700), tick_seconds=600.0)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TRACE = str(fixture_trace_paths()[0])
 # An absolute deadline 30 wall minutes ahead: 2 h of work cannot fit at --time-scale 1.
-SOON = (datetime.now(timezone.utc) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%MZ")
+SOON = (datetime.now(UTC) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%MZ")
 SIM = (
     "--trace",
     TRACE,

@@ -25,7 +25,7 @@ from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY, Heartbeat
 from spot_core.checkpoint.manifest import _body_digest
 from spot_core.checkpoint.store import FENCE_KEY
-from spot_core.errors import CheckpointError, CheckpointNotFound, ConfigError, CorruptCheckpoint
+from spot_core.errors import CheckpointNotFound, ConfigError, CorruptCheckpoint
 
 GOOD = {"model.bin": b"good" * 100}
 
@@ -401,7 +401,8 @@ UNWRITABLE = textwrap.dedent("""
         result = {"raised": type(exc).__name__, "message": str(exc), "raw": True}
     result["intact"] = store.load(store.latest()) == {"model.bin": b"good" * 100}
     result["fence_kept"] = open(f"{mount}/store/FENCE.json", "rb").read() == fence_before
-    result["leftovers"] = sorted(n for n in os.listdir(f"{mount}/store") if n.startswith(".spot-tmp"))
+    names = os.listdir(f"{mount}/store")
+    result["leftovers"] = sorted(n for n in names if n.startswith(".spot-tmp"))
     print(json.dumps(result))
 """)
 

@@ -12,7 +12,6 @@ import gc
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

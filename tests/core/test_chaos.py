@@ -23,10 +23,13 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from aws_helpers import client, unique
+from fault_proxy import FaultProxy
+from spot_helpers import marked_processes, trace, train_command, wait_until
 
+from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE, PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.state import arrays_from_bytes
-from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE, PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.controller import Controller, JobSpec, Next, classify
 from spot_core.errors import CheckpointError, FencedOut, Preempted
 from spot_core.localcloud.cloud import LocalCloudConfig
@@ -36,10 +39,6 @@ from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LeaseState, LeaseStatus
 from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
-
-from aws_helpers import client, unique
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 STEPS, STEP_SECONDS, EVERY = 300, 0.01, 60
 QUICK_SEEDS = (3, 4, 20, 12)  # file store; failing puts; s3; a sustained outage
@@ -265,7 +264,7 @@ def run_scenario(scene: Scenario, tmp_path, moto_endpoint: str):
     """Run the job of ``scene``; return (final Next, store URI)."""
     traces = [
         trace(zone, pattern, tick_seconds=scene.tick_seconds)
-        for zone, pattern in zip(ZONES, scene.patterns)
+        for zone, pattern in zip(ZONES, scene.patterns, strict=True)
     ]
     config = LocalCloudConfig(
         min_notice_wall_seconds=scene.min_notice, grace_wall_seconds=scene.grace

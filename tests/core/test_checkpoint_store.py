@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from spot_helpers import ZOMBIE_WRITER
 
 from spot_core.checkpoint import CheckpointRef, CheckpointStore, open_store

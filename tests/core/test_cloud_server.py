@@ -7,17 +7,16 @@ import sys
 import time
 
 import pytest
+from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
+from spot_core.localcloud.cloud import LocalCloudConfig
+from spot_core.localcloud.server import TOKEN_ENV, TOKEN_FILE, LocalCloudServer, client_environ
 from spot_core.model import JobStatus
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
-from spot_core.localcloud.server import TOKEN_ENV, TOKEN_FILE, LocalCloudServer, client_environ
-from spot_core.localcloud.cloud import LocalCloudConfig
-
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)

@@ -4,7 +4,6 @@ The jobs themselves run in real containers in tests/images (test_step_image.py).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -14,7 +13,6 @@ import pytest
 
 from spot_core import container
 from spot_core.errors import ConfigError
-from spot_helpers import train_command
 
 
 def test_docker_argv_passes_names_not_values_and_mounts_what_the_step_reads(tmp_path):

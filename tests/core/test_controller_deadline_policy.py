@@ -14,19 +14,18 @@ import sys
 import textwrap
 
 import pytest
+from spot_helpers import marked_processes, trace, train_command
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError
+from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.model import JobStatus, Market, Outcome
 from spot_core.policy.deadline.base import IDLE, ON_DEMAND, Job
 from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.replay import Replay
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
-from spot_core.localcloud.cloud import LocalCloudConfig
-from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import run_window
-
-from spot_helpers import marked_processes, trace, train_command
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,13 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from spot_core.errors import ConfigError
-from spot_core.model import JobRecord
-from spot_core.settings import SpotSettings, wall_deadline
 from spot_helpers import (
     DEADLINE_KNOBS,
     DEADLINE_SCALE,
@@ -24,6 +20,10 @@ from spot_helpers import (
     marked_processes,
     train_command,
 )
+
+from spot_core.errors import ConfigError
+from spot_core.model import JobRecord
+from spot_core.settings import SpotSettings, wall_deadline
 
 
 def test_durations_count_in_capacity_time_and_absolute_times_in_wall_time():
@@ -38,7 +38,7 @@ def test_durations_count_in_capacity_time_and_absolute_times_in_wall_time():
     }
     on_ec2 = settings.deadline_spec(created_at=1000.0, capacity_per_wall=1.0)
     assert on_ec2["deadline_at"] == 1000.0 + 16800.0
-    when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
+    when = datetime(2026, 12, 1, 8, tzinfo=UTC)
     for given in (
         when,
         "2026-12-01T08:00Z",

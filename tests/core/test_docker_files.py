@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from compose_helpers import COMPOSE_FILE, DOCKER, REPO, resolved_model, run_config, services
 
 DOCKERFILES = sorted(DOCKER.glob("*/Dockerfile"))
@@ -277,9 +276,9 @@ def test_the_step_image_runs_its_command_under_the_watcher():
     import time
 
     line = next(
-        l
-        for l in (DOCKER / "step" / "Dockerfile").read_text().splitlines()
-        if l.startswith("ENTRYPOINT ")
+        text
+        for text in (DOCKER / "step" / "Dockerfile").read_text().splitlines()
+        if text.startswith("ENTRYPOINT ")
     )
     entrypoint = json.loads(line.split(" ", 1)[1])
     step = (

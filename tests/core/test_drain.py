@@ -7,15 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from spot_core.controller import Controller, JobSpec
-from spot_core.model import Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool
-from spot_core.policy.deadline.base import IDLE, ON_DEMAND, cheapest_available, safety_net
-from spot_core.policy.deadline.live import DeadlineWork
-from spot_core.policy.retry import Decision, RetryPolicy, decide_next
-from spot_core.providers.local import LocalProvider
-from spot_core.workloads.softmax_regression import TrainConfig, train
-
 from spot_helpers import marked_processes, trace, train_command
 from test_controller_deadline_policy import (
     FAST,
@@ -28,6 +19,14 @@ from test_controller_deadline_policy import (
     _summary,
     _traces,
 )
+
+from spot_core.controller import Controller, JobSpec
+from spot_core.model import Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool
+from spot_core.policy.deadline.base import IDLE, ON_DEMAND, cheapest_available, safety_net
+from spot_core.policy.deadline.live import DeadlineWork
+from spot_core.policy.retry import Decision, RetryPolicy, decide_next
+from spot_core.providers.local import LocalProvider
+from spot_core.workloads.softmax_regression import TrainConfig, train
 
 pytestmark = pytest.mark.timeout(300)
 

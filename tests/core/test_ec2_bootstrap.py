@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import sys
 
 import pytest
-
 from aws_helpers import client, make_network, managed_live_instances, unique
 from dist_helpers import clean_venv, locked_requirements, uv_install
+
 from spot_core.controller import Controller, JobSpec, classify
 from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import ConfigError

@@ -9,16 +9,15 @@ import logging
 import time
 
 import pytest
-
 from aws_helpers import client, count_calls
+
 from spot_core.errors import ConfigError
 from spot_core.interruption.eventbridge import EventQueue, interruption_event, parse_event
 from spot_core.market.advisor import load_advisor
 from spot_core.market.ec2 import ON_DEMAND_PRICES, Ec2Market
 from spot_core.market.trace import load_spot_price_history
-from spot_core.model import Market, Pool
+from spot_core.model import JobRecord, Market, Pool
 from spot_core.policy.retry import RetryPolicy, decide_next
-from spot_core.model import JobRecord
 
 ZONES = ("us-east-1a", "us-east-1b")
 TYPES = ("g4dn.xlarge", "g5.xlarge")

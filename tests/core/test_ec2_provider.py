@@ -17,7 +17,6 @@ import sys
 import time
 
 import pytest
-
 from aws_helpers import (
     client,
     count_calls,
@@ -28,14 +27,15 @@ from aws_helpers import (
     running_moto,
     unique,
 )
+from spot_helpers import train_command
+
 from spot_core.controller import Controller, JobSpec
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.model import Lease, Market, Pool
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.ec2 import Ec2Provider
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
-from spot_helpers import train_command
 
 pytestmark = pytest.mark.timeout(120)
 BUCKET = "ckpt"  # plus a per-test suffix: see the net fixture
@@ -307,7 +307,7 @@ def _spot_leases(endpoint: str, net: dict, count: int) -> list[Lease]:
 def _add_spot_request_ids(ec2, leases: list[Lease]) -> None:
     """moto's instances lack the ``SpotInstanceRequestId`` EC2 reports for a spot instance
     (docs/aws.md, moto limits): put moto's own request id back into each answer."""
-    ids = {l.lease_id: l.details["spot_request_id"] for l in leases}
+    ids = {each.lease_id: each.details["spot_request_id"] for each in leases}
 
     def add(parsed, **_):
         for reservation in parsed.get("Reservations", []):
@@ -341,7 +341,7 @@ def test_an_instance_ec2_does_not_know_reads_as_ended_not_alive(aws_env, net):
         newborn = dataclasses.replace(ghost, lease_id="i-0fedcba9876543210", started_at=time.time())
         statuses = provider.observe([real[0], ghost, *real[1:], newborn])
         assert statuses[ghost.lease_id].ended
-        assert [statuses[l.lease_id].state for l in real] == [LeaseState.RUNNING] * 3
+        assert [statuses[each.lease_id].state for each in real] == [LeaseState.RUNNING] * 3
         assert statuses[newborn.lease_id].state is LeaseState.RUNNING
 
 
@@ -381,16 +381,16 @@ def _observe_many(endpoint: str, net: dict) -> None:
 
             proxy.forwarded.clear()
             few = provider.observe(leases[:3])
-            assert [few[l.lease_id].state for l in leases[:3]] == [
+            assert [few[each.lease_id].state for each in leases[:3]] == [
                 LeaseState.RUNNING,
                 LeaseState.RUNNING,
                 LeaseState.RUNNING,
             ]
             assert proxy.forwarded == {"DescribeInstances": 1, "DescribeSpotInstanceRequests": 1}
     finally:
-        ec2.terminate_instances(InstanceIds=[l.lease_id for l in leases])
+        ec2.terminate_instances(InstanceIds=[each.lease_id for each in leases])
         ec2.cancel_spot_instance_requests(
-            SpotInstanceRequestIds=[l.details["spot_request_id"] for l in leases]
+            SpotInstanceRequestIds=[each.details["spot_request_id"] for each in leases]
         )
 
 

@@ -7,20 +7,19 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-
 from aws_helpers import (
-    bucket,
+    bucket,  # noqa: F401 - a fixture / shared name
     client,
     make_network,
     managed_live_instances,  # noqa: F401
     preempt_after_checkpoints,
     unique,
 )
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_helpers import train_command
+
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(150)
 

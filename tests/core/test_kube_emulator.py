@@ -21,17 +21,17 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from kube_helpers import add_test_pool, emulator_processes, wait_for
 
 kubernetes = pytest.importorskip("kubernetes")
-from kubernetes import client as k8s, watch  # noqa: E402
+from kubernetes import client as k8s  # noqa: E402
+from kubernetes import watch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from spot_core.emulators.kubernetes import (
+from spot_core.emulators.kubernetes import (  # noqa: E402
     ClusterConfig,
     KubeCluster,
-    NodePool,  # noqa: E402
+    NodePool,
     Timings,
 )
 
@@ -726,7 +726,7 @@ def test_gke_shutdown_stops_regular_pods_before_critical_ones(
             ),
         )
     for name in ("regular", "critical"):
-        wait_for(lambda: _ready(v1, name, kube_namespace), 30, f"{name} to run")
+        wait_for(lambda name=name: _ready(v1, name, kube_namespace), 30, f"{name} to run")
     assert kube_cluster.reclaim(node).wait(60)
     regular, critical = ((tmp_path / n).stat().st_mtime_ns for n in ("regular", "critical"))
     assert regular < critical  # the critical pod's SIGTERM came after the regular one ended

@@ -16,11 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from kube_helpers import add_test_pool, wait_for
 
 kubernetes = pytest.importorskip("kubernetes")
-from kubernetes import client as k8s, watch  # noqa: E402
+from kubernetes import client as k8s  # noqa: E402
+from kubernetes import watch  # noqa: E402
 
 from spot_core.policy import pod_outcomes as classify  # noqa: E402
 

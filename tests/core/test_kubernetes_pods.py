@@ -15,7 +15,6 @@ from spot_core.market.kubernetes import (
     KubernetesMarket,
     PriceTable,
     check_prices,
-    group_pools,
     node_info,
 )
 from spot_core.model import Market, Outcome, Pool

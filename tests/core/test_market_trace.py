@@ -8,11 +8,12 @@ traces/README.md, not against our own reading of the files.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
+from spot_helpers import TRACES
 
 from spot_core.errors import ConfigError
 from spot_core.market import (
@@ -26,8 +27,6 @@ from spot_core.market import (
     load_traces,
 )
 from spot_core.market.trace import ZoneTrace, zone_region
-from spot_helpers import TRACES
-
 
 README_AVAILABILITY = {  # traces/README.md, "Observed availability of the AWS V100 zones"
     "us-east-1a": 0.167,
@@ -58,7 +57,7 @@ def test_csv_set_shape_ticks_and_prices(aws_csv):
     trace = aws_csv["us-east-1a"]
     assert trace.n_ticks == 20158
     assert trace.tick_seconds == 195.0  # median of jittered diffs
-    assert trace.start_time == datetime(2023, 2, 15, 22, 8, 16, tzinfo=timezone.utc).timestamp()
+    assert trace.start_time == datetime(2023, 2, 15, 22, 8, 16, tzinfo=UTC).timestamp()
     assert trace.on_demand_price == 3.06
     assert trace.spot_price[0] == pytest.approx(1.6703)
     assert aws_csv["us-east-2a"].spot_price[0] == pytest.approx(0.918)
@@ -98,7 +97,7 @@ def test_gcp_set_loads_with_prices_and_start_time():
         assert 0.0 < trace.availability_fraction <= 1.0
     first = traces[0]
     assert first.start_time == pytest.approx(
-        datetime(2025, 10, 4, 0, 10, 0, 2281, tzinfo=timezone.utc).timestamp()
+        datetime(2025, 10, 4, 0, 10, 0, 2281, tzinfo=UTC).timestamp()
     )
     assert first.region == "asia-south2"
 
@@ -263,7 +262,7 @@ HISTORY = {
             "InstanceType": "p3.2xlarge",
             "ProductDescription": "Linux/UNIX",
             "SpotPrice": "0.950000",
-            "Timestamp": datetime(2023, 2, 15, 22, 10, tzinfo=timezone.utc),
+            "Timestamp": datetime(2023, 2, 15, 22, 10, tzinfo=UTC),
         },
         {
             "AvailabilityZone": "us-east-1a",

@@ -138,7 +138,7 @@ def test_replay_matches_the_trace_tick_by_tick():
     pools = market.pools()
     for tick in range(0, traces[0].n_ticks, 7):
         now = market.wall_time(tick) + 0.5 * traces[0].tick_seconds / 60.0
-        for trace, offer in zip(traces, market.offers(pools, now)):
+        for trace, offer in zip(traces, market.offers(pools, now), strict=True):
             assert offer.available == trace.available[tick]
             assert offer.price_per_hour == trace.spot_price[tick]
 

@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+from fault_proxy import FaultProxy
+from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import InfrastructureError
@@ -19,9 +21,6 @@ from spot_core.model import Market, Outcome
 from spot_core.observer import SharedObserver, observer_key, shared_observer
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState, Observation
-
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
@@ -190,10 +189,13 @@ def test_asyncio_waiters_in_one_loop_never_block_it(server, leases):
             observer.watch(lease, POLL)
         try:
             found = await asyncio.gather(
-                *(observer.wait_async(l.lease_id, 0.0, 10.0) for l in leases)
+                *(observer.wait_async(each.lease_id, 0.0, 10.0) for each in leases)
             )
             found2 = await asyncio.gather(
-                *(observer.wait_async(l.lease_id, found[0].at + POLL / 2, 10.0) for l in leases)
+                *(
+                    observer.wait_async(each.lease_id, found[0].at + POLL / 2, 10.0)
+                    for each in leases
+                )
             )
         finally:
             for lease in leases:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import DriverIdentity, Heartbeat
@@ -28,7 +29,6 @@ from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.model import Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -283,7 +283,7 @@ def test_a_launch_reads_who_holds_the_job(tmp_path, beat, refused):
 
 
 def test_take_over_is_a_setting_of_every_job_surface():
-    from spot_core.settings import CLI, OPERATOR, POD_OPERATOR, BLOCK, WORKER, knob
+    from spot_core.settings import BLOCK, CLI, OPERATOR, POD_OPERATOR, WORKER, knob
 
     assert knob("take_over").surfaces >= {CLI, OPERATOR, POD_OPERATOR, BLOCK, WORKER}
     assert knob("take_over").default is False

@@ -18,7 +18,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import REPO, clean_venv, locked_requirements, run, uv_install
 
 pytestmark = pytest.mark.timeout(300)

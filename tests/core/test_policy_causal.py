@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from spot_core.market.trace import load_traces
-from spot_core.policy.deadline.causal import FutureRead, causal_plan
 from spot_core.policy.deadline.base import IDLE, ON_DEMAND, Job, Window
+from spot_core.policy.deadline.causal import FutureRead, causal_plan
 from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window

@@ -9,14 +9,15 @@ at tick t+1. Properties checked on every decision, not just at the end.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import pytest
+from spot_helpers import TRACES
 
 from spot_core.market import TraceMarket, ZoneTrace, default_json_trace, default_traces, load_traces
 from spot_core.model import Attempt, JobRecord, Market, Outcome
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
-from spot_helpers import TRACES
 
 ORIGIN = 1_700_000_000.0
 
@@ -130,7 +131,7 @@ def test_preempted_zone_is_not_retried_first(fixture_traces):
     attempts = state.record.attempts
     hops = [
         (p.pool.zone, n.pool.zone)
-        for p, n in zip(attempts, attempts[1:])
+        for p, n in itertools.pairwise(attempts)
         if p.outcome is Outcome.PREEMPTED and n.pool.is_spot
     ]
     assert hops and all(a != b for a, b in hops)
@@ -162,7 +163,7 @@ def test_user_failure_spends_user_retries_only(fixture_traces):
     assert state.record.user_failures == 1
     assert state.decisions[-1][1].action == "done"
     # preemption events leave the user-failure count alone
-    for prev, nxt in zip(state.decisions, state.decisions[1:]):
+    for prev, nxt in itertools.pairwise(state.decisions):
         if nxt[2].preemptions > prev[2].preemptions:
             assert nxt[2].user_failures == prev[2].user_failures
 

@@ -14,7 +14,7 @@ T0 = 1_700_000_000.0
 A = Pool("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
 B = Pool("aws", "us-east-1", "us-east-1b", "p3.2xlarge")
 OD_A, OD_B = A.on(Market.ON_DEMAND), B.on(Market.ON_DEMAND)
-P, U, I, C, S = (
+P, U, I, C, S = (  # noqa: E741 - the outcomes' initials, for the tables below
     Outcome.PREEMPTED,
     Outcome.USER_FAILED,
     Outcome.INFRASTRUCTURE_FAILED,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ from spot_core.policy.price_window import (
     start_now,
 )
 
-MONDAY = datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()  # a Monday, 00:00 UTC
+MONDAY = datetime(2026, 11, 30, tzinfo=UTC).timestamp()  # a Monday, 00:00 UTC
 HOUR = 3600.0
 
 

@@ -19,7 +19,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import REPO, clean_venv, find_uv, locked_requirements, run, uv_install
 
 pytestmark = pytest.mark.timeout(600)

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_charts import EVIL, three_attempts
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from spot_helpers import marked_processes, train_command
 
 pytestmark = pytest.mark.timeout(120)

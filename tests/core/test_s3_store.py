@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
+from aws_helpers import client, unique
 from spot_helpers import ZOMBIE_WRITER
 
-from aws_helpers import client, unique
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.s3_backend import LOCK_NAME
 from spot_core.errors import CorruptCheckpoint, FencedOut

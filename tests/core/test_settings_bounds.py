@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from bounds_cases import bounded, model_line, over
+
 from spot_core.settings import CLI, KNOBS, cli_flag
 
 pytestmark = pytest.mark.timeout(120)

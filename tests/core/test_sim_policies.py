@@ -338,7 +338,7 @@ def test_default_bridges_the_cheap_tiers_outage_on_dearer_spot_and_comes_back(de
         decide = ForecastDP(fallback_spot=fallback).plan(window)
         seen: list[int] = []
 
-        def record(t, progress, current, left):
+        def record(t, progress, current, left, seen=seen, decide=decide):
             seen.append(decide(t, progress, current, left))
             return seen[-1]
 

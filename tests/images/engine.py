@@ -25,10 +25,10 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 START_TIMEOUT_SECONDS = 60.0
 NPROC_CAP = 32768

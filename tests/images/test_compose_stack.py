@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from compose_helpers import COMPOSE_FILE, REPO
 from engine import HealthcheckRunner
 from process_helpers import free_port

@@ -16,17 +16,17 @@ import subprocess
 import sys
 
 import pytest
-
 from aws_helpers import (
-    aws_env,
-    bucket,
+    aws_env,  # noqa: F401 - a fixture / shared name
+    bucket,  # noqa: F401 - a fixture / shared name
     make_network,
     managed_live_instances,  # noqa: F401
-    moto_server,
+    moto_server,  # noqa: F401 - a fixture / shared name
 )
+
 from spot_core.checkpoint import open_store
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.checkpoint.state import arrays_from_bytes
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
 
 pytestmark = pytest.mark.timeout(600)
@@ -191,7 +191,7 @@ def test_an_image_job_runs_in_its_container_on_an_ec2_instance(
                 "--provider",
                 "ec2",
                 "--endpoint-url",
-                aws_env,
+                aws_env,  # noqa: F401 - a fixture / shared name
                 "--region",
                 "us-east-1",
                 "--subnets",

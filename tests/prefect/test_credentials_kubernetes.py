@@ -23,12 +23,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from prefect import flow
-from pydantic import ValidationError
-
 from aws_helpers import unique
 from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
+from prefect import flow
 from prefect_helpers import count_to
+from pydantic import ValidationError
+
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 from spot_core.errors import ConfigError
@@ -158,9 +158,9 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_the_cluster_w
     import anyio
     from prefect import get_client
     from prefect.client.schemas.objects import FlowRun
+    from prefect_helpers import deploy_example_flow
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-    from prefect_helpers import deploy_example_flow
     from prefect_spot.workers import SpotWorker
     from spot_core.providers.base import LaunchSpec
 

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 from prefect import flow
-from pydantic import ValidationError
-
 from prefect_helpers import (
     count_to,
     deploy_example_flow,
@@ -22,10 +20,7 @@ from prefect_helpers import (
     running_worker,
     wait_completed,
 )
-from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
-from prefect_spot import _jobs
-from prefect_spot.task_runners import SpotJobFailed
-from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
+from pydantic import ValidationError
 from spot_helpers import (
     DEADLINE_KNOBS,
     DEADLINE_SCALE,
@@ -34,6 +29,10 @@ from spot_helpers import (
     deadline_traces,
     marked_processes,
 )
+
+from prefect_spot import SpotConfiguration, SpotTaskRunner, _jobs, spot_record
+from prefect_spot.task_runners import SpotJobFailed
+from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -6,6 +6,7 @@ model refuses is refused by the surface too."""
 from __future__ import annotations
 
 import inspect
+from datetime import UTC
 
 import pytest
 from pydantic import ValidationError
@@ -157,7 +158,7 @@ def test_old_worker_variable_names_still_load_with_a_warning():
 
 
 def test_the_deadline_knobs_take_any_form_on_the_block_and_the_worker():
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     config = SpotConfiguration(
         deadline="2h", work=1800, total_steps=10, restart_overhead="1m", deadline_policy="greedy"
@@ -169,7 +170,7 @@ def test_the_deadline_knobs_take_any_form_on_the_block_and_the_worker():
         config.restart_overhead,
         config.deadline_policy,
     ) == (7200.0, 1800.0, 10, 60.0, "greedy")
-    when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
+    when = datetime(2026, 12, 1, 8, tzinfo=UTC)
     variables = SpotJobVariables(deadline="2026-12-01T08:00Z", work="1h")
     assert variables.deadline == when
     configuration = SpotJobConfiguration(

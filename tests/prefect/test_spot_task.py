@@ -12,9 +12,9 @@ from prefect import flow
 
 from prefect_spot import spot_task
 from prefect_spot.tasks import preemptions_of, record_of
-from spot_core.model import Outcome
 from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError, Preempted
+from spot_core.model import Outcome
 
 
 def _notice_once(flag: Path) -> bool:
@@ -41,7 +41,7 @@ def test_notice_saves_and_the_retry_resumes_without_using_user_retries(prefect_a
         for step in range(checkpointer.start_step, total):
             if step == 57 and _notice_once(tmp_path / "flag"):
                 os.kill(os.getpid(), signal.SIGTERM)  # what the spot watcher forwards
-            checkpointer.maybe_save(step + 1, lambda: {"step": str(step + 1).encode()})
+            checkpointer.maybe_save(step + 1, lambda n=step + 1: {"step": str(n).encode()})
         train.last_run = TaskRunContext.get().task_run.id
         return total
 

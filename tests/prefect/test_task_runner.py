@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from prefect import flow, task
-
 from prefect_helpers import count_to
+
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.model import Market, Outcome
 

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-from prefect import flow, task
-
 from aws_helpers import client, make_network, managed_live_instances, preempt_after_checkpoints
+from prefect import flow, task
 from prefect_helpers import count_to
+
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot._remote import (
     CALL_PUBKEY_ENV,
@@ -33,9 +33,9 @@ from prefect_spot._remote import (
     UntrustedObject,
     result_key,
 )
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from prefect import flow, task
-
 from prefect_helpers import count_to
+
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot._remote import CALL_PUBKEY_ENV, PUBKEY_TAG, UntrustedObject
 from spot_core.checkpoint import open_store

@@ -10,8 +10,6 @@ import sys
 import time
 
 import pytest
-from pydantic import ValidationError
-
 from prefect_helpers import (
     PREFECT,
     deploy_example_flow,
@@ -19,6 +17,8 @@ from prefect_helpers import (
     running_worker,
     wait_completed,
 )
+from pydantic import ValidationError
+
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
 from spot_core.model import JobRecord, Outcome
 
@@ -260,9 +260,9 @@ def test_kill_infrastructure_reaches_a_lease_launched_by_another_process(prefect
     and the worker terminates it by id (as on cancellation from the UI)."""
     import anyio
 
+    from spot_core.localcloud.server import LocalCloudServer
     from spot_core.providers import open_provider
     from spot_core.providers.base import LaunchSpec
-    from spot_core.localcloud.server import LocalCloudServer
 
     with LocalCloudServer.from_traces(workdir=tmp_path / "cloud", start_tick=600) as server:
         launcher = open_provider(

@@ -10,9 +10,9 @@ import sys
 import uuid
 
 import pytest
+from aws_helpers import make_network, managed_live_instances
 from pydantic import ValidationError
 
-from aws_helpers import make_network, managed_live_instances
 from prefect_spot import _jobs
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
 
@@ -133,13 +133,13 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
 ):
     """End to end: the flow run itself on an (emulated) EC2 instance; reclaimed after its
     first S3 checkpoint, rescheduled, resumed from S3 on a new instance, completed."""
+    from aws_helpers import preempt_after_checkpoints
     from prefect import get_client
     from prefect.deployments import run_deployment
-
-    from aws_helpers import preempt_after_checkpoints
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
-    from spot_core.model import Outcome
+
     from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+    from spot_core.model import Outcome
 
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"

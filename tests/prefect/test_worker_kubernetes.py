@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
+from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 from pydantic import ValidationError
 
-from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 
 pytestmark = pytest.mark.timeout(300)
@@ -91,8 +91,8 @@ def test_worker_reschedules_a_flow_run_preempted_on_kubernetes_and_it_completes(
 ):
     from prefect import get_client
     from prefect.deployments import run_deployment
-
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
+
     from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
     from spot_core.model import Market, Outcome
 

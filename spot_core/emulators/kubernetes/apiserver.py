@@ -13,9 +13,11 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from . import pod_defaults, pod_status as ps
+from . import pod_defaults
+from . import pod_status as ps
 from .errors import ApiError, conflict, invalid, not_found, status_object
 from .patch import apply_patch
 from .resources import RESOURCES

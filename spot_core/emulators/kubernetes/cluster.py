@@ -18,8 +18,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...attempt_env import METADATA_ENDPOINT
 from ..metadata import MetadataEmulator

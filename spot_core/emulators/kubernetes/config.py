@@ -15,9 +15,10 @@ node replacement, image pulls, back-offs) is multiplied by ``time_scale``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .pools import NodePool, default_pools
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .quantity import parse_quantity
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from .timefmt import rfc3339_nano
 

@@ -48,7 +48,7 @@ def check_name(kind: str, name: str) -> None:
 
 
 def check_labels(kind: str, name: str, labels: dict[str, Any] | None) -> None:
-    for key, value in (labels or {}).items():
+    for value in (labels or {}).values():
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
             raise invalid(
                 kind,
@@ -168,7 +168,7 @@ def qos_class(containers: list[dict[str, Any]]) -> str:
         lim.get(r) is not None
         and req.get(r) is not None
         and parse_quantity(lim[r]) == parse_quantity(req[r])
-        for req, lim in zip(requests, limits)
+        for req, lim in zip(requests, limits, strict=True)
         for r in ("cpu", "memory")
     )
     return "Guaranteed" if guaranteed else "Burstable"

@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 FLAVOURS = ("eks", "karpenter", "gke", "aks")
 CAPACITY_TYPES = ("spot", "on-demand", "preemptible")  # preemptible: GKE's older kind

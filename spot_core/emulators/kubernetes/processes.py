@@ -10,7 +10,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..lease_processes import marked_pids
 from .logs import ContainerLog

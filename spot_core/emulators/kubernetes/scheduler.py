@@ -10,8 +10,9 @@ affinity/selector. preemption: ...". Among the nodes that fit, the least loaded 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .quantity import parse_quantity
 from .selectors import Requirement

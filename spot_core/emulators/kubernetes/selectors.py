@@ -8,8 +8,9 @@ fields the real API server indexes for each resource (anything else is 400, as t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ApiError
 

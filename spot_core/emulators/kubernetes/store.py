@@ -12,8 +12,9 @@ import copy
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .errors import ApiError, already_exists, conflict, not_found
 from .resources import RESOURCES

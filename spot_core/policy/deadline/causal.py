@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from spot_core.policy.deadline.base import Decide, DeadlinePolicy, Window
+from spot_core.policy.deadline.base import DeadlinePolicy, Decide, Window
 
 
 class FutureRead(RuntimeError):

@@ -585,7 +585,7 @@ class _Table:
             od_runs = shifts.runs(_expect(trans, od), od_price, remaining)
             options = [shifts.idle(e_idle, remaining), od_runs[:, 0]]
             spot_runs = []
-            for (up, keep, price), spot in zip(classes, spots):
+            for (up, keep, price), spot in zip(classes, spots, strict=True):
                 # next tick: still in the zone (the class up, the zone kept), else idle
                 stay = keep * up
                 after = stay[:, None, None] * spot + (1 - stay)[:, None, None] * idle[:, None]
@@ -699,7 +699,7 @@ class _Shifts:
         """(states, phases, width) next-tick values -> (states, phases + 1, width)."""
         width, step = self.width, self.step
         out = np.full((values.shape[0], len(self.gains), width), _LOST)
-        for p, (gain, row) in enumerate(zip(self.gains, self.rows)):
+        for p, (gain, row) in enumerate(zip(self.gains, self.rows, strict=True)):
             shift = step - gain  # cell o reads cell o - shift
             if shift < width:
                 out[:, p, shift:] = values[:, row, : width - shift]

@@ -32,7 +32,7 @@ def _units(window: Window) -> tuple[float, int, int, list[int]]:
     millis = [round(tick * 1000), round(job.restart_overhead_capacity_seconds * 1000)]
     exact = all(
         abs(m - v * 1000) < 1e-6
-        for m, v in zip(millis, (tick, job.restart_overhead_capacity_seconds))
+        for m, v in zip(millis, (tick, job.restart_overhead_capacity_seconds), strict=True)
     )
     unit = math.gcd(*millis) / 1000 if exact and millis[1] else (tick if exact else 1.0)
     slack = window.ticks * tick - job.work_capacity_seconds

@@ -50,15 +50,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
-from spot_core.policy.deadline.causal import causal_plan
 from spot_core.policy.deadline.base import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
+from spot_core.policy.deadline.causal import causal_plan
 from spot_core.policy.ranking import rank_pools
 from spot_core.policy.retry import Decision, RetryPolicy, last_finished, on_demand_candidates
 

@@ -31,7 +31,7 @@ def _hold(checkpointer, step: int) -> None:
     emergency checkpoint."""
     give_up = time.monotonic() + 60
     while time.monotonic() < give_up:
-        checkpointer.maybe_save(step, lambda: {"step": str(step).encode()})
+        checkpointer.maybe_save(step, lambda step=step: {"step": str(step).encode()})
         time.sleep(0.03)
 
 
@@ -50,7 +50,7 @@ def _crunch(
         step += 1
         time.sleep(0.03)
         progress.write_text(f"{ti.try_number} {step}")
-        checkpointer.maybe_save(step, lambda: {"step": str(step).encode()})
+        checkpointer.maybe_save(step, lambda step=step: {"step": str(step).encode()})
         if step in hold_at:
             _hold(checkpointer, step)
         if kill_at is not None and ti.try_number == 1 and step == kill_at:
@@ -135,7 +135,7 @@ with DAG("spot_task_s3_conn", schedule=None, start_date=datetime(2026, 1, 1), ca
     def crunch_on_s3(checkpointer=None, restored=None):
         start = 0 if restored is None else restored[0]
         for step in range(start, 20):
-            checkpointer.maybe_save(step + 1, lambda: {"step": str(step + 1).encode()})
+            checkpointer.maybe_save(step + 1, lambda n=step + 1: {"step": str(n).encode()})
         return {"start": start}
 
     crunch_on_s3()
