@@ -18,11 +18,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import Any, Generic, TypeVar
 
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError, SpotError
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 S3_ENDPOINT_ENV = "SPOT_S3_ENDPOINT_URL"
 EC2_ENDPOINT_ENV = "SPOT_EC2_ENDPOINT_URL"
@@ -66,7 +69,7 @@ CONFIG_CODES = {
 }
 
 
-def boto3():  # noqa: ANN201 - the module
+def boto3() -> ModuleType:
     """Import boto3 on first use, with a message that names the extra."""
     try:
         import boto3 as module
@@ -75,13 +78,15 @@ def boto3():  # noqa: ANN201 - the module
             "the ec2 provider and s3:// checkpoint stores need boto3: "
             "pip install 'spot-pipelines[aws]'"
         ) from exc
-    return module
+    loaded: ModuleType = module  # boto3 ships no types: Any here
+    return loaded
 
 
 def client_error_class() -> type[Exception]:
     from botocore.exceptions import ClientError
 
-    return ClientError
+    error_class: type[Exception] = ClientError  # botocore is untyped here
+    return error_class
 
 
 def error_code(exc: BaseException) -> str:
@@ -166,7 +171,7 @@ def make_client(
     max_pool_connections: int = 10,
     retry_attempts: int = RETRY_ATTEMPTS,
     **extra: Any,
-):
+) -> Any:
     """A boto3 client with botocore's bounded ``standard`` retries: transient errors (5xx,
     reset or refused connections, timeouts) and throttling are retried with backoff
     before anything reaches the controller, which then tolerates the rest for its
@@ -186,17 +191,17 @@ def make_client(
     )
 
 
-class Kept:
+class Kept(Generic[K, V]):
     """A small map kept for the process's life: built on a miss, least recently used
     dropped beyond ``size``, safe from any thread (a build runs under the lock, so two
     threads never build the same value twice)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._values: OrderedDict[Any, Any] = OrderedDict()
+        self._values: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Any, build: Callable[[], T]) -> T:
+    def get(self, key: K, build: Callable[[], V]) -> V:
         with self._lock:
             if key in self._values:
                 self._values.move_to_end(key)
@@ -207,10 +212,10 @@ class Kept:
             return value
 
 
-_clients = Kept(32)
+_clients: Kept[tuple[Any, ...], tuple[Any, Any]] = Kept(32)
 """Shared clients: a handful of credential sources, regions and endpoints in practice; the
 bound only caps what a caller that makes a new boto3 Session per call could pile up."""
-_accesses = Kept(16)
+_accesses: Kept[tuple[str, str], AwsAccess] = Kept(16)
 
 
 def shared_client(
@@ -221,7 +226,7 @@ def shared_client(
     session: Access = None,
     max_pool_connections: int = 10,
     retry_attempts: int = RETRY_ATTEMPTS,
-):
+) -> Any:
     """``make_client``'s client, made once per process for the same credentials, region,
     endpoint and settings, and shared (boto3 clients are thread-safe).
 

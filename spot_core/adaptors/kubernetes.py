@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, TypeVar
 
 from spot_core import stopping
@@ -29,7 +30,7 @@ class NotFound(SpotError):
     """The API answered 404: the object (a pod, a node) does not exist (any more)."""
 
 
-def kubernetes():  # noqa: ANN201 - the module
+def kubernetes() -> ModuleType:
     """Import the official client on first use, with a message that names the extra."""
     try:
         import kubernetes as module
@@ -163,11 +164,12 @@ def api_message(body: Any) -> str:
     return str(status.get("message", ""))[:300] if isinstance(status, dict) else ""
 
 
-def raw(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
+def raw(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """The API's JSON for a call (``_preload_content=False``): the objects exactly as the
     server sent them, which is what the pure classifiers read."""
     response = call(what, fn, *args, _preload_content=False, **kwargs)
     try:
-        return json.loads(response.data)
+        document: dict[str, Any] = json.loads(response.data)  # an API object, as JSON
+        return document
     except ValueError as exc:
         raise InfrastructureError(f"{what}: the Kubernetes API answered no JSON ({exc})") from None

@@ -73,11 +73,13 @@ class RemoteLocalCloud:
         self._call("POST", f"/instances/{instance_id}/terminate", {})
 
     def log_tail(self, instance_id: str, lines: int = 5) -> str:
-        return self._call("GET", f"/instances/{instance_id}/log?lines={lines}")["log"]
+        tail: str = self._call("GET", f"/instances/{instance_id}/log?lines={lines}")["log"]
+        return tail
 
     def stats(self) -> dict[str, Any]:
         """The server's request counts (``GET /stats``): per route, and describes per id."""
-        return self._call("GET", "/stats")
+        stats: dict[str, Any] = self._call("GET", "/stats")  # the server's JSON
+        return stats
 
     def shutdown(self) -> None:
         """Nothing to do: instances belong to the server and outlive this client."""
@@ -139,6 +141,7 @@ def _token(url: str, token: str | None, workdir: str | Path | None) -> str:
 
 def _error_body(exc: urllib.error.HTTPError) -> dict[str, Any]:
     try:
-        return json.loads(exc.read())
+        body: dict[str, Any] = json.loads(exc.read())  # the server's JSON error object
+        return body
     except (ValueError, OSError):
         return {}

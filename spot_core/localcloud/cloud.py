@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from spot_core.emulators.lease_processes import LEASE_MARKER, signal_lease
 from spot_core.emulators.metadata import MetadataEmulator
@@ -76,11 +77,37 @@ class InstanceView:
     terminated: bool
 
 
+class LocalCloud(Protocol):
+    """The face the local provider and server use: a ``LocalSpotCloud`` in this process,
+    or a ``RemoteLocalCloud`` talking to a server that holds one."""
+
+    @property
+    def market(self) -> TraceMarket: ...
+
+    @property
+    def workdir(self) -> Path: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def run_instance(
+        self, pool: Pool, command: Sequence[str], env: Mapping[str, str], endpoint_env: str
+    ) -> InstanceView: ...
+
+    def describe(self, instance_ids: Sequence[str]) -> dict[str, InstanceView]: ...
+
+    def terminate_instance(self, instance_id: str) -> None: ...
+
+    def log_tail(self, instance_id: str, lines: int = 5) -> str: ...
+
+    def shutdown(self) -> None: ...
+
+
 @dataclass
 class _Instance:
     instance_id: str
     pool: Pool
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     emulator: MetadataEmulator
     log_path: Path
     launched_at: float

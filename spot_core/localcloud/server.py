@@ -47,9 +47,10 @@ import os
 import re
 import secrets
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -208,10 +209,10 @@ class LocalCloudServer:
     def start(self) -> LocalCloudServer:
         _write_private(self.token_file, self.token)  # before the first request can come
         server = _Server((self._host, self._port), _Handler)
-        server.cloud = self.cloud  # type: ignore[attr-defined]
-        server.token = self.token  # type: ignore[attr-defined]
-        server.first_client = self.first_client  # type: ignore[attr-defined]
-        server.stats = self.stats  # type: ignore[attr-defined]
+        server.cloud = self.cloud
+        server.token = self.token
+        server.first_client = self.first_client
+        server.stats = self.stats
         self._port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(
@@ -276,8 +277,15 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = BACKLOG
+    # Set by LocalCloudServer.start before it serves; read by each _Handler.
+    cloud: LocalSpotCloud
+    token: str
+    first_client: Callable[[], None]
+    stats: RequestStats
 
-    def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+    def handle_error(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: object
+    ) -> None:
         log.debug("local cloud: connection from %s failed", client_address, exc_info=True)
 
 
@@ -288,15 +296,16 @@ class _Handler(BaseHTTPRequestHandler):
     # JSON too; its fields come HTML-escaped, which keeps them valid JSON strings.
     error_content_type = "application/json"
     error_message_format = '{"error": "http_%(code)d", "message": "%(message)s: %(explain)s"}'
+    server: _Server  # the server that made this handler: ours, with its cloud and token
 
     @property
     def cloud(self) -> LocalSpotCloud:
-        return self.server.cloud  # type: ignore[attr-defined]
+        return self.server.cloud
 
     def _authorized(self) -> bool:
         """The bearer token, compared in constant time; else a 401 is sent."""
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
-        expected = self.server.token  # type: ignore[attr-defined]
+        expected = self.server.token
         if scheme.lower() == "bearer" and hmac.compare_digest(
             given.strip().encode(), expected.encode()
         ):
@@ -335,7 +344,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         self._answer(self._post)
 
-    def _answer(self, route) -> None:  # noqa: ANN001
+    def _answer(self, route: Callable[[], None]) -> None:
         """Run ``route``; whatever goes wrong, the client gets one JSON answer."""
         try:
             route()
@@ -370,10 +379,10 @@ class _Handler(BaseHTTPRequestHandler):
         parts = url.path.strip("/").split("/")
         if url.path == "/config":
             self._count("GET /config")
-            self.server.first_client()  # type: ignore[attr-defined]
+            self.server.first_client()
             return self._send(200, config_of(self.cloud))
         if url.path == "/stats":
-            return self._send(200, self.server.stats.to_dict())  # type: ignore[attr-defined]
+            return self._send(200, self.server.stats.to_dict())
         if len(parts) == 3 and parts[0] == "instances" and parts[2] == "log":
             self._count("GET /instances/<id>/log")
             lines = _lines(parse_qs(url.query).get("lines", ["5"])[0])
@@ -388,7 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
         if parts == ["instances"]:
             self._count("POST /instances")
             pool, command, env, endpoint_env = _launch_request(body)
-            self.server.first_client()  # type: ignore[attr-defined]
+            self.server.first_client()
             try:
                 view = self.cloud.run_instance(pool, command, env, endpoint_env)
             except OSError as exc:  # no such binary, not executable: the client's to fix
@@ -408,7 +417,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, {"error": "not_found", "message": f"no route {self.path}"})
 
     def _count(self, route: str, described: Sequence[str] = ()) -> None:
-        self.server.stats.count(route, described)  # type: ignore[attr-defined]
+        self.server.stats.count(route, described)
 
     def _body(self) -> dict[str, Any]:
         """The request's JSON object, read only when it is declared no larger than

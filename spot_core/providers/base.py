@@ -161,7 +161,10 @@ class Provider(Protocol):
     name: str
     capabilities: Capability
     market: Any
-    options: Mapping[str, Any]
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """Read-only here, so a provider may keep them in a dict of its own."""
 
     def pools(self) -> tuple[Pool, ...]:
         """The spot pools this provider can launch in, ranked by nothing in particular."""
@@ -299,7 +302,9 @@ class ProviderPlugin:
         return {
             "name": self.name,
             "summary": self.summary,
-            "capabilities": [c.name.lower() for c in Capability if c and c in self.capabilities],
+            "capabilities": [
+                c.name.lower() for c in Capability if c and c in self.capabilities and c.name
+            ],
             "session": None if self.session is None else str(self.session),
             "class": f"{type(self).__module__}.{type(self).__qualname__}",
         }

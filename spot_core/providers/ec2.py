@@ -51,12 +51,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spot_core import attempt_env, container
 from spot_core.adaptors import aws
+from spot_core.checkpoint.status import parse_report, status_key
 from spot_core.credentials import credential_findings
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.ec2 import Ec2Market
@@ -74,6 +75,9 @@ from spot_core.providers.base import (
     key_values,
 )
 from spot_core.providers.ec2_bootstrap import Bootstrap
+
+if TYPE_CHECKING:
+    from spot_core.checkpoint.store import CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +218,7 @@ class Ec2Provider:
         clients: Mapping[str, Any] | None = None,
         sqs_client: Any = None,
         session: aws.Access = None,
-        clock=time.time,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         _validate(options)
         self.config = options
@@ -275,7 +279,7 @@ class Ec2Provider:
             options = {**options, "region": access.region}
         return cls(Ec2Options.from_plain(**options), session=access)
 
-    def open_store(self, uri: str, region: str | None = None):
+    def open_store(self, uri: str, region: str | None = None) -> CheckpointStore:
         """The job's checkpoint store, reached with this provider's credentials and
         endpoint (the controller opens every store of its jobs through here)."""
         from spot_core.checkpoint import open_store
@@ -648,12 +652,12 @@ class Ec2Provider:
         except Exception as exc:  # noqa: BLE001 - the queue is a hint; describe_instances is the truth
             log.warning("could not read interruption events: %s", exc)
 
-    def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict | None]:
+    def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         """The watched instances that are no longer pending or running: id -> description
         (None: EC2 does not know the id). Every id absent from the answer is alive."""
         return self._describe_in_batches(region, instance_ids, ENDED_FILTER)
 
-    def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict]:
+    def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Instance id -> description; an unknown id is left out."""
         return {
             i: d
@@ -663,9 +667,9 @@ class Ec2Provider:
 
     def _describe_in_batches(
         self, region: str, instance_ids: Sequence[str], filters: Sequence[Mapping[str, Any]] = ()
-    ) -> dict[str, dict | None]:
+    ) -> dict[str, dict[str, Any] | None]:
         """``_describe_batch`` over ``DESCRIBE_BATCH`` ids per call."""
-        found: dict[str, dict | None] = {}
+        found: dict[str, dict[str, Any] | None] = {}
         for start in range(0, len(instance_ids), DESCRIBE_BATCH):
             found.update(
                 self._describe_batch(
@@ -676,7 +680,7 @@ class Ec2Provider:
 
     def _describe_batch(
         self, region: str, ids: list[str], filters: Sequence[Mapping[str, Any]] = ()
-    ) -> dict[str, dict | None]:
+    ) -> dict[str, dict[str, Any] | None]:
         """The ids' descriptions that match ``filters``; an id EC2 does not know maps to
         None (EC2 refuses the whole call for one unknown id: it is found by halving)."""
         if not ids:
@@ -708,7 +712,7 @@ class Ec2Provider:
         }
 
     def _spot_request_ids(
-        self, region: str, group: Sequence[Lease], ended: Mapping[str, dict | None]
+        self, region: str, group: Sequence[Lease], ended: Mapping[str, dict[str, Any] | None]
     ) -> list[str]:
         """The spot request of each watched spot lease: from the launch (``details``),
         else from a description (an ended instance's, or, once per lease, a running one's)."""
@@ -786,7 +790,7 @@ class Ec2Provider:
             )
         return codes
 
-    def _list_spot_requests(self, region: str) -> dict[str, dict]:
+    def _list_spot_requests(self, region: str) -> dict[str, dict[str, Any]]:
         """The region's open and active spot requests (a closed one is asked by id)."""
         client = self.clients[region]
         pages = aws.call(
@@ -807,7 +811,10 @@ class Ec2Provider:
         return listed
 
     def _status(
-        self, lease: Lease, ended: Mapping[str, dict | None], spot_codes: Mapping[str, str]
+        self,
+        lease: Lease,
+        ended: Mapping[str, dict[str, Any] | None],
+        spot_codes: Mapping[str, str],
     ) -> LeaseStatus:
         code = spot_codes.get(lease.lease_id, "")
         if code in NOTICE_CODES:
@@ -817,7 +824,7 @@ class Ec2Provider:
             return LeaseStatus(LeaseState.RUNNING, notice_at=notice)
         return self._ended_status(lease, ended[lease.lease_id] or {}, code, notice)
 
-    def _not_visible_yet(self, lease: Lease, ended: Mapping[str, dict | None]) -> bool:
+    def _not_visible_yet(self, lease: Lease, ended: Mapping[str, dict[str, Any] | None]) -> bool:
         """EC2's API is eventually consistent: an instance just launched can be unknown to
         DescribeInstances for a while. Within ``NOT_FOUND_GRACE`` of its launch such a
         lease is still starting, not gone."""
@@ -887,7 +894,7 @@ class Ec2Provider:
             return {}
         try:
             store = self.open_store(uri, region=lease.details.get("checkpoint_region"))
-            return ec2_agent.parse_report(store.get_object(ec2_agent.status_key(lease.attempt)))
+            return parse_report(store.get_object(status_key(lease.attempt)))
         except FileNotFoundError:
             return {}
         except Exception as exc:  # noqa: BLE001 - a missing report only makes the outcome less precise

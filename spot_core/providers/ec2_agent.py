@@ -27,6 +27,7 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from spot_core import attempt_env
 from spot_core.checkpoint.status import (  # noqa: F401 - the agent's report
@@ -104,7 +105,9 @@ def _seconds(value: object) -> float:
         return time.time()
 
 
-def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None) -> dict:
+def report(
+    exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     return write_report(
         exit_code=exit_code,
         notice_at=first_notice(watch_log) if watch_log else None,

@@ -143,6 +143,8 @@ class Bootstrap:
         """Where the installed ``spot-pipelines`` and the environment's ``python3`` live."""
         if self.python is not None:
             return str(PurePosixPath(self.python).parent)
+        if self.venv is None:  # from_plain lets `"venv": null` through: as PurePosixPath did
+            raise TypeError("bootstrap has neither venv nor python (expected a path, not None)")
         return str(PurePosixPath(self.venv) / "bin")
 
     def install_lines(self) -> list[str]:
@@ -161,6 +163,8 @@ class Bootstrap:
         if self.pip is not None:
             lines.append(f"{pip} {shlex.quote(self.pip.strip())}")
         else:
+            if self.wheel is None:  # from_plain lets `"wheel": null` through: as before
+                raise TypeError("bootstrap has neither pip nor wheel (expected a path, not None)")
             wheel = '"$dir"/' + shlex.quote(PurePosixPath(self.wheel).name)
             lines += [
                 f"{py} -c 'import boto3' 2>/dev/null || {pip} boto3",

@@ -59,7 +59,7 @@ def lean() -> Iterator[None]:
         _state.depth -= 1
 
 
-def _cut(operation_model: Any, response_dict: dict, **_: Any) -> None:
+def _cut(operation_model: Any, response_dict: dict[str, Any], **_: Any) -> None:
     if not getattr(_state, "depth", 0) or response_dict.get("status_code", 500) >= 300:
         return
     kept = KEPT.get(operation_model.name)
@@ -95,7 +95,9 @@ def tree_cut(body: bytes, list_element: str, keep: frozenset[str]) -> bytes:
 
 
 @lru_cache(maxsize=16)
-def _patterns(list_element: str, keep: frozenset[str]) -> tuple[re.Pattern, re.Pattern]:
+def _patterns(
+    list_element: str, keep: frozenset[str]
+) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     names = "|".join(re.escape(name) for name in sorted(keep))
     tokens = re.compile(rf"<(/?)(item|{re.escape(list_element)})(/?)>".encode())
     kept = re.compile(rf"<({names})(?:\s*/>|>.*?</\1\s*>)".encode(), re.S)

@@ -205,7 +205,7 @@ class KubernetesProvider:
         self._terminated: set[str] = set()
         # lease -> the notices its pod showed (or its watcher reported), first seen when
         self._notices: dict[str, tuple[classify.Disruption, ...]] = {}
-        self._annotations: dict[str, dict] = {}  # pod name -> annotations last observed
+        self._annotations: dict[str, dict[str, str]] = {}  # pod name -> annotations last observed
 
     @classmethod
     def from_options(cls, **options: Any) -> KubernetesProvider:
@@ -213,7 +213,7 @@ class KubernetesProvider:
         return cls(KubernetesOptions.from_plain(**options))
 
     # -- pools ----------------------------------------------------------------------------
-    def _list_nodes(self) -> list[dict]:
+    def _list_nodes(self) -> list[Mapping[str, Any]]:
         return k8s.raw("list nodes", self.api.list_node).get("items") or []
 
     def pools(self) -> tuple[Pool, ...]:
@@ -221,7 +221,7 @@ class KubernetesProvider:
         return self.market.pools(Market.SPOT) + self.market.pools(Market.ON_DEMAND)
 
     # -- launch ---------------------------------------------------------------------------
-    def build_pod(self, spec: LaunchSpec, pool: Pool, name: str | None = None) -> dict:
+    def build_pod(self, spec: LaunchSpec, pool: Pool, name: str | None = None) -> dict[str, Any]:
         """The attempt's pod on ``pool`` as the API's JSON, the ``pod_template`` merged
         under ours (public: the Airflow SpotKubernetesPodOperator builds its pod here)."""
         image = spec.image or self.config.image or pods.template_image(self.config.pod_template)
@@ -265,7 +265,7 @@ class KubernetesProvider:
             self._delete_quietly(name, namespace)
             raise
 
-    def _wait_started(self, name: str, namespace: str, pool: Pool) -> dict:
+    def _wait_started(self, name: str, namespace: str, pool: Pool) -> dict[str, Any]:
         """Poll the new pod until its step started (or ended); every way out is bounded."""
         started = self.clock()
         while True:
@@ -276,7 +276,7 @@ class KubernetesProvider:
                     f"pod {name} was deleted before its step started "
                     "(evicted, or deleted by someone else)"
                 ) from None
-            problem = pods.waiting_problem(pod)
+            problem = classify.waiting_problem(pod)
             if problem is not None:
                 raise ConfigError(
                     f"pod {name} cannot start its step: {problem}; fix the "
@@ -315,7 +315,7 @@ class KubernetesProvider:
             details={
                 "namespace": pod["metadata"].get("namespace", self.config.namespace),
                 "checkpoint_uri": spec.checkpoint_uri,
-                "node": pods.node_of(pod) or "",
+                "node": classify.node_of(pod) or "",
                 "node_pool": ",".join(node_pools),
                 "on_demand_price_per_hour": f"{offer.on_demand_price_per_hour:.6f}",
                 "labels": pods.job_selector(spec.job_id) + f",{pods.LABEL_ATTEMPT}={spec.attempt}",
@@ -327,7 +327,7 @@ class KubernetesProvider:
         """One pod list per namespace (by label selector) and one node list for all."""
         if not leases:
             return {}
-        found: dict[str, dict] = {}
+        found: dict[str, dict[str, Any]] = {}
         for namespace, selector in self._selectors(leases).items():
             listed = k8s.raw(
                 f"list pods in {namespace}",
@@ -354,15 +354,17 @@ class KubernetesProvider:
             by_namespace.setdefault(namespace, set()).add(lease.job_id)
         return {ns: pods.job_selector(_only(jobs) or None) for ns, jobs in by_namespace.items()}
 
-    def _status(self, lease: Lease, pod: dict | None, nodes: Mapping[str, dict]) -> LeaseStatus:
+    def _status(
+        self, lease: Lease, pod: dict[str, Any] | None, nodes: Mapping[str, Mapping[str, Any]]
+    ) -> LeaseStatus:
         """The classifier's verdict on the lease's pod (``policy.pod_outcomes``), with what
         only the provider knows: the lease's market, the notices seen on earlier looks,
         whether the step reported completion, the pod's and its node's events."""
         if pod is not None and classify.conditions(pod, "DisruptionTarget"):
             pod = self._reread(lease)  # the condition can be withdrawn: act on a fresh copy
-        node_name = (pods.node_of(pod) if pod else None) or lease.details.get("node") or ""
+        node_name = (classify.node_of(pod) if pod else None) or lease.details.get("node") or ""
         node = nodes.get(node_name) if node_name else classify.UNKNOWN
-        if pod is None or pods.terminal(pod):
+        if pod is None or classify.terminal(pod):
             self._remember_report(lease)
         verdict = self._verdict(lease, pod, node, ())
         if verdict.ended and _events_may_tell(verdict):
@@ -374,7 +376,7 @@ class KubernetesProvider:
         return pods.lease_status(verdict)
 
     def _verdict(
-        self, lease: Lease, pod: dict | None, node: Any, events: Sequence[dict]
+        self, lease: Lease, pod: dict[str, Any] | None, node: Any, events: Sequence[dict[str, Any]]
     ) -> classify.PodVerdict:
         return classify.classify_pod(
             pod,
@@ -434,13 +436,13 @@ class KubernetesProvider:
         except Exception as exc:  # noqa: BLE001 - close() and cleanup_orphans remain
             log.warning("could not delete stuck pod %s: %s", lease.lease_id, exc)
 
-    def _events(self, lease: Lease, node_name: str) -> list[dict]:
+    def _events(self, lease: Lease, node_name: str) -> list[dict[str, Any]]:
         """The pod's events and its node's (two lists); none when they cannot be read."""
         namespace = lease.details.get("namespace", self.config.namespace)
         wanted = [(namespace, f"involvedObject.name={lease.lease_id}")]
         if node_name:  # a cluster-scoped object's events live in the default namespace
             wanted.append(("default", f"involvedObject.kind=Node,involvedObject.name={node_name}"))
-        found: list[dict] = []
+        found: list[dict[str, Any]] = []
         for where, selector in wanted:
             try:
                 found += (
@@ -488,7 +490,8 @@ class KubernetesProvider:
             )
         except k8s.NotFound:
             return None
-        return (pod["metadata"].get("annotations") or {}).get(key)
+        annotations: dict[str, str] = pod["metadata"].get("annotations") or {}  # API JSON
+        return annotations.get(key)
 
     def _reported_notice(self, lease: Lease) -> float | None:
         """When the pod's watcher saw an interruption notice (its node's taint, the cloud's
@@ -510,7 +513,7 @@ class KubernetesProvider:
             log.warning("could not read the status report of pod %s: %s", lease.lease_id, exc)
             return None
 
-    def _reread(self, lease: Lease) -> dict | None:
+    def _reread(self, lease: Lease) -> dict[str, Any] | None:
         namespace = lease.details.get("namespace", self.config.namespace)
         try:
             return k8s.raw(
@@ -657,7 +660,7 @@ class KubernetesPlugin(ProviderPlugin):
         "s3://, or a volume every pod mounts)"
     )
     lease_noun = "pods"
-    step_container = pods.STEP_CONTAINER
+    step_container = classify.STEP_CONTAINER
     store_hint = (
         "'s3://bucket/prefix', or a file:// path under a volumeMount of the "
         "pod_template's step container (a PVC every pod mounts)"

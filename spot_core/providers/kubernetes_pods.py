@@ -88,7 +88,9 @@ def job_selector(job_id: str | None = None) -> str:
 
 
 # -- placement ---------------------------------------------------------------------------------
-def placement(pool: Pool, flavours: Sequence[str] = ()) -> tuple[dict, list[dict]]:
+def placement(
+    pool: Pool, flavours: Sequence[str] = ()
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(required node affinity, tolerations) that put a pod on ``pool`` and nowhere else.
 
     Spot: one term per spot label (of ``flavours``, or of all), ORed. On-demand: one term
@@ -139,7 +141,7 @@ def placement(pool: Pool, flavours: Sequence[str] = ()) -> tuple[dict, list[dict
     return affinity, tolerations
 
 
-def _and_terms(ours: list[dict], theirs: list[dict]) -> list[dict]:
+def _and_terms(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Node selector terms are ORed; ANDing two sets is their cross product."""
     if not theirs:
         return ours
@@ -168,7 +170,7 @@ def build_pod(
     flavours: Sequence[str] = (),
     watch_poll_interval: float = 1.0,
     do_not_disrupt: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """The pod of one attempt on ``pool`` (the API's JSON), ``pod_template`` merged under.
     ``do_not_disrupt``: annotate it so that Karpenter and the cluster-autoscaler leave its
     node alone while the step runs (``DO_NOT_DISRUPT``)."""
@@ -198,7 +200,7 @@ def _metadata(
     name: str,
     namespace: str,
     do_not_disrupt: bool,
-) -> dict:
+) -> dict[str, Any]:
     meta = {k: v for k, v in theirs.items() if k in ("labels", "annotations")}
     meta["name"], meta["namespace"] = name, namespace
     meta["labels"] = {
@@ -225,7 +227,7 @@ def _pod_spec(
     service_account: str | None,
     flavours: Sequence[str],
     poll: float,
-) -> dict:
+) -> dict[str, Any]:
     out = copy.deepcopy(dict(theirs))
     affinity, tolerations = placement(pool, flavours)
     user_affinity = copy.deepcopy(out.get("affinity") or {})
@@ -265,7 +267,7 @@ def _step_container(
     image: str,
     watch_command: Sequence[str],
     poll: float,
-) -> dict:
+) -> dict[str, Any]:
     container = copy.deepcopy(dict(theirs))
     attempt = AttemptEnv(
         checkpoint_uri=spec.checkpoint_uri,
@@ -345,7 +347,7 @@ def template_image(pod_template: Mapping[str, Any] | None) -> str | None:
 
 
 # -- why a pod ended (policy.pod_outcomes decides; this is the provider's view of it) -------
-def unschedulable_since(pod: Mapping[str, Any]) -> tuple[float, str] | None:
+def unschedulable_since(pod: Mapping[str, Any]) -> tuple[float | None, str] | None:
     """(since, message) while the scheduler finds no node for the pod."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if (

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ from spot_core.localcloud.cloud import (
     EMULATED_CLOUDS,
     HOST_PYTHON,
     INSTANCE_PREFIX,
+    InstanceView,
+    LocalCloud,
     LocalCloudConfig,
     LocalSpotCloud,
 )
@@ -68,10 +70,10 @@ class LocalProvider:
 
     def __init__(
         self,
-        cloud: LocalSpotCloud,
+        cloud: LocalCloud,
         *,
         watch_poll_interval: float = WATCH_POLL_INTERVAL,
-        options: dict | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.cloud = cloud
         self.market = cloud.market
@@ -166,7 +168,7 @@ class LocalProvider:
         start_tick: int = 0,
         workdir: str | Path | None = None,
         config: LocalCloudConfig | None = None,
-        clock=time.time,
+        clock: Callable[[], float] = time.time,
         watch_poll_interval: float = WATCH_POLL_INTERVAL,
     ) -> LocalProvider:
         """A cloud replaying ``traces`` (default: the shipped excerpt) from ``start_tick`` now."""
@@ -238,7 +240,7 @@ class LocalProvider:
             for lease_id, view in views.items()
         }
 
-    def _tail_if_failed(self, lease_id: str, view) -> str:
+    def _tail_if_failed(self, lease_id: str, view: InstanceView) -> str:
         return "" if view.running or view.exit_code == 0 else self.cloud.log_tail(lease_id)
 
     def bill(self, lease: Lease, ended_at: float) -> Bill:
@@ -308,7 +310,7 @@ class LocalProvider:
         self.close()
 
 
-def _status(view, log_tail: str) -> LeaseStatus:
+def _status(view: InstanceView, log_tail: str) -> LeaseStatus:
     if view.running:
         return LeaseStatus(LeaseState.RUNNING, notice_at=view.notice_at)
     if view.exit_code == DRIVER_LOST_EXIT_CODE and not (view.reclaimed or view.terminated):

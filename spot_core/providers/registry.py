@@ -18,7 +18,7 @@ and a block when it is built, not when capacity is launched.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from spot_core import plugins
@@ -125,7 +125,7 @@ def refuse_credentials(options: Mapping[str, Any]) -> None:
             )
 
 
-def _strings(value: Any, where: str, depth: int = 0):
+def _strings(value: Any, where: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     """(where, text) of every string in a JSON-like value, keys included."""
     if depth > 32:
         return
