@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ class RuntimeInstance:
     zone: str
     instance_type: str
     spot: bool
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     emulator: MetadataEmulator
     log_path: Path
     started_at: float
@@ -141,7 +141,9 @@ class Ec2InstanceRuntime:
         self._send_event(instance, now)
         log.info("preempting %s: notice served, reclaim in %.1fs", instance_id, wait)
 
-    def wait_for(self, predicate, timeout: float = 30.0) -> bool:
+    def wait_for(
+        self, predicate: Callable[[Ec2InstanceRuntime], object], timeout: float = 30.0
+    ) -> bool:
         give_up = time.monotonic() + timeout
         while time.monotonic() < give_up:
             with self._lock:
@@ -172,7 +174,7 @@ class Ec2InstanceRuntime:
             for instance in self.instances.values():
                 self._advance(instance, now)
 
-    def _describe(self, client: Any) -> list[dict]:
+    def _describe(self, client: Any) -> list[dict[str, Any]]:
         pages = client.get_paginator("describe_instances").paginate(Filters=[MANAGED_FILTER])
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 

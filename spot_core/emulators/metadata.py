@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class _Reply:
 def rfc3339_seconds(ts: float) -> str:
     """AWS's ``instance-action`` time format: ``YYYY-MM-DDTHH:MM:SSZ``."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+class _Server(ThreadingHTTPServer):
+    emulator: MetadataEmulator  # set by MetadataEmulator.start before it serves
 
 
 def _serve(server: ThreadingHTTPServer, wake: socket.socket) -> None:
@@ -153,9 +158,9 @@ class MetadataEmulator:
         if self._server is not None:
             return self
         self._release.clear()
-        server = ThreadingHTTPServer((self.host, self._port), _Handler)
+        server = _Server((self.host, self._port), _Handler)
         server.daemon_threads = True
-        server.emulator = self  # type: ignore[attr-defined]
+        server.emulator = self
         server.timeout = ACCEPT_TIMEOUT
         self._port = server.server_address[1]
         self._server = server
@@ -176,6 +181,8 @@ class MetadataEmulator:
             return
         self._release.set()
         wake, self._wake = self._wake, None
+        if wake is None:  # start() makes it with the server; as indexing None did
+            raise TypeError("the emulator's wake-up sockets are missing")
         wake[1].send(b"x")  # the serving thread returns at once
         if self._thread is not None:
             self._thread.join(timeout)
@@ -406,7 +413,7 @@ class MetadataEmulator:
             return _Reply(200, "", "application/json")
         return _Reply(200, json.dumps(self._azure_document()), "application/json")
 
-    def _azure_document(self) -> dict:
+    def _azure_document(self) -> dict[str, Any]:
         with self._lock:
             notice, generation = self._interruption, self._generation
         events = []
@@ -449,9 +456,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     server_version = "EC2ws"
     sys_version = ""
+    server: _Server  # the server that made this handler: ours, with its emulator
 
     def _serve(self) -> None:
-        emulator: MetadataEmulator = self.server.emulator  # type: ignore[attr-defined]
+        emulator = self.server.emulator
         headers = {k.lower(): v for k, v in self.headers.items()}
         length = int(headers.get("content-length") or 0)
         if length:

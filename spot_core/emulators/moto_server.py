@@ -24,7 +24,8 @@ START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine imports moto in a few
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # (host, port) of an AF_INET socket
+        return port
 
 
 @contextmanager
@@ -43,7 +44,7 @@ def running_moto(log: Path | None = None) -> Iterator[str]:
             preexec_fn=die_with_parent,
         )
     finally:
-        if log is not None:
+        if not isinstance(out, int):  # our log file, not DEVNULL
             out.close()
     url = f"http://127.0.0.1:{port}"
     try:
@@ -58,7 +59,7 @@ def running_moto(log: Path | None = None) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
-def _wait_until_it_answers(proc: subprocess.Popen, url: str, log: Path | None) -> None:
+def _wait_until_it_answers(proc: subprocess.Popen[bytes], url: str, log: Path | None) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         try:

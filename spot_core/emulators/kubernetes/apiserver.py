@@ -13,8 +13,8 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import pod_defaults
 from . import pod_status as ps
@@ -31,7 +31,8 @@ from .selectors import (
 )
 from .timefmt import rfc3339
 
-Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
+if TYPE_CHECKING:  # cluster.py imports this module: the name for annotations only
+    from .cluster import KubeCluster as Cluster
 
 IMMUTABLE_META = (
     "name",
@@ -96,7 +97,9 @@ class ApiServer:
             "items": items,
         }
 
-    def matcher(self, resource: str, label_selector: str | None, field_selector: str | None):
+    def matcher(
+        self, resource: str, label_selector: str | None, field_selector: str | None
+    ) -> Callable[[Mapping[str, Any]], bool]:
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, resource)
         return lambda obj: (

@@ -18,7 +18,8 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +71,10 @@ class KubeCluster:
         self.stopping = threading.Event()
         self._port = port
         self._pulled: dict[str, set[str]] = {}
-        self._events: dict[tuple, str] = {}
+        # (uid, reason, message, component) -> the (namespace, name) of its Event
+        self._events: dict[tuple[str, str, str, str], tuple[str, str]] = {}
         self._lock = threading.RLock()
-        self._server = None
+        self._server: ThreadingHTTPServer | None = None
         self._loop = ControlLoop(self)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -114,7 +116,8 @@ class KubeCluster:
         for worker in list(self.workers.values()):
             worker.done.wait(10.0)
         for reclaim in self.reclaims:
-            reclaim.thread.join(2.0)
+            if reclaim.thread is not None:  # start_reclaim sets it before it is listed
+                reclaim.thread.join(2.0)
         for emulator in self.metadata.values():
             emulator.stop()
         if self._server is not None:
@@ -180,7 +183,7 @@ class KubeCluster:
     def add_node(self, pool_name: str) -> str:
         pool = self.pools[pool_name]
         node = pool.node_object()
-        name = node["metadata"]["name"]
+        name: str = node["metadata"]["name"]
         now = self.clock()
         ps.set_condition(
             node["status"],
@@ -388,7 +391,7 @@ class KubeCluster:
 
     def event(
         self,
-        obj: dict[str, Any],
+        obj: Mapping[str, Any],
         type_: str,
         reason: str,
         message: str,

@@ -25,7 +25,7 @@ class ContainerConfigError(Exception):
 def expand(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes ``$(VAR)`` references: defined ones replaced, ``$$`` -> ``$``."""
 
-    def sub(match: re.Match) -> str:
+    def sub(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         return env.get(match.group(1), match.group(0))
@@ -69,7 +69,11 @@ def _env_from(source: Mapping[str, Any], namespace: str, lookup: Lookup) -> dict
 
 
 def _value_from(
-    source: Mapping[str, Any], pod, container, namespace: str, lookup: Lookup
+    source: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    namespace: str,
+    lookup: Lookup,
 ) -> str | None:
     if "fieldRef" in source and source["fieldRef"]:
         return _field_ref(pod, source["fieldRef"]["fieldPath"])
@@ -109,7 +113,8 @@ def _field_ref(pod: Mapping[str, Any], path: str) -> str:
     meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
     match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
     if match:
-        return (meta.get(match.group(1)) or {}).get(match.group(2), "")
+        labelled: str = (meta.get(match.group(1)) or {}).get(match.group(2), "")  # pod JSON
+        return labelled
     values = {
         "metadata.name": meta["name"],
         "metadata.namespace": meta["namespace"],
@@ -122,7 +127,8 @@ def _field_ref(pod: Mapping[str, Any], path: str) -> str:
     }
     if path not in values:
         raise ContainerConfigError(f"unsupported fieldPath: {path}")
-    return values[path]
+    value: str = values[path]  # the pod's JSON
+    return value
 
 
 def _resource_ref(container: Mapping[str, Any], ref: Mapping[str, Any]) -> str:

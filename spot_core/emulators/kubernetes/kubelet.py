@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import pod_status as ps
 from .env import ContainerConfigError, container_env, expand
@@ -25,7 +25,8 @@ from .processes import ContainerProcess
 from .quantity import parse_quantity
 from .timefmt import rfc3339
 
-Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
+if TYPE_CHECKING:  # cluster.py imports this module: the name for annotations only
+    from .cluster import KubeCluster as Cluster
 
 logger = logging.getLogger(__name__)
 _pod_ips = itertools.count(2)
@@ -215,7 +216,16 @@ class PodWorker:
         )
         return True
 
-    def _pull_failed(self, pod, name, image, error, backoff, restart_count, last) -> bool:
+    def _pull_failed(
+        self,
+        pod: dict[str, Any],
+        name: str,
+        image: str,
+        error: str,
+        backoff: float,
+        restart_count: int,
+        last: dict[str, Any] | None,
+    ) -> bool:
         self._set(name, ps.waiting(name, image, "ErrImagePull", error, restart_count, last))
         self.cluster.event(
             pod, "Warning", "Failed", f'Failed to pull image "{image}": {error}', self.node
@@ -238,7 +248,14 @@ class PodWorker:
         self.cluster.event(pod, "Warning", "Failed", "Error: ImagePullBackOff", self.node)
         return not self._wait(backoff)
 
-    def _spawn(self, pod, container, env, restart_count, last) -> None:
+    def _spawn(
+        self,
+        pod: dict[str, Any],
+        container: dict[str, Any],
+        env: dict[str, str],
+        restart_count: int,
+        last: dict[str, Any] | None,
+    ) -> None:
         name, image = container["name"], container["image"]
         argv = [
             expand(str(a), env)

@@ -43,9 +43,11 @@ def apply_patch(target: dict[str, Any], patch: Any, content_type: str) -> dict[s
     if not isinstance(patch, dict):
         raise ApiError(400, "the body of a merge patch must be a JSON object")
     if kind == MERGE:
-        return merge_patch(target, patch)
+        merged: dict[str, Any] = merge_patch(target, patch)  # an object: patch is one
+        return merged
     if kind == STRATEGIC:
-        return strategic_merge(target, patch)
+        strategic: dict[str, Any] = strategic_merge(target, patch)  # likewise
+        return strategic
     raise ApiError(
         415,
         f'the media type "{kind}" is not supported by this emulator: use '
@@ -86,7 +88,7 @@ def strategic_merge(target: Any, patch: Any, field: str = "") -> Any:
     return copy.deepcopy(patch)
 
 
-def _merge_list(target: list, patch: list, key: str) -> list:
+def _merge_list(target: list[Any], patch: list[Any], key: str) -> list[Any]:
     result = copy.deepcopy(target)
     for item in patch:
         if not isinstance(item, dict) or key not in item:

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import IO
 
 from ..lease_processes import marked_pids
 from .logs import ContainerLog
@@ -118,7 +119,7 @@ class ContainerProcess:
                 self.send(signal.SIGKILL)
                 return
 
-    def _pump(self, pipe) -> None:
+    def _pump(self, pipe: IO[bytes]) -> None:
         for line in iter(pipe.readline, b""):
             self.log.append(line)
         pipe.close()

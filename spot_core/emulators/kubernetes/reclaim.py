@@ -46,14 +46,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import pod_status as ps
 from .errors import ApiError
 from .scheduler import TERMINAL, priority, tolerates
 from .timefmt import rfc3339
 
-Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
+if TYPE_CHECKING:  # cluster.py imports this module: the name for annotations only
+    from .cluster import KubeCluster as Cluster
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."

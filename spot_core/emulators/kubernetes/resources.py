@@ -7,6 +7,7 @@ One table drives routing, the ``kind``/``apiVersion`` of stored objects and the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
@@ -66,7 +67,7 @@ RESOURCES = {
 GROUPS = sorted({r.group for r in RESOURCES.values() if r.group})
 
 
-def group_list() -> dict:
+def group_list() -> dict[str, Any]:
     """The ``APIGroupList`` of ``/apis`` (every named group, one version each)."""
     return {
         "kind": "APIGroupList",
@@ -75,7 +76,7 @@ def group_list() -> dict:
     }
 
 
-def api_group(group: str) -> dict:
+def api_group(group: str) -> dict[str, Any]:
     version = {"groupVersion": f"{group}/v1", "version": "v1"}
     return {
         "kind": "APIGroup",
@@ -90,7 +91,7 @@ def group_resources(group: str) -> list[Resource]:
     return [r for r in RESOURCES.values() if r.group == group]
 
 
-def resource_list(group: str, version: str) -> dict:
+def resource_list(group: str, version: str) -> dict[str, Any]:
     """The ``APIResourceList`` for one group version (discovery)."""
     items = []
     for res in group_resources(group):

@@ -10,7 +10,7 @@ affinity/selector. preemption: ...". Among the nodes that fit, the least loaded 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ def untolerated_taint(
     effects: tuple[str, ...] = ("NoSchedule", "NoExecute"),
 ) -> Mapping[str, Any] | None:
     tolerations = pod["spec"].get("tolerations") or []
+    taint: Mapping[str, Any]  # each of the node's JSON taints
     for taint in node["spec"].get("taints") or []:
         if taint.get("effect") in effects and not tolerates(tolerations, taint):
             return taint
@@ -99,7 +100,9 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
     return total
 
 
-def _filter(pod, node, bound: list[Mapping[str, Any]]) -> str | None:
+def _filter(
+    pod: Mapping[str, Any], node: Mapping[str, Any], bound: list[Mapping[str, Any]]
+) -> str | None:
     """The first failing filter's reason for this node, or None if the pod fits."""
     if node["spec"].get("unschedulable") and not tolerates(
         pod["spec"].get("tolerations") or [], UNSCHEDULABLE_TAINT
@@ -123,9 +126,11 @@ def _filter(pod, node, bound: list[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def _bound(nodes: list[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> dict[str, list]:
+def _bound(
+    nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> dict[str, list[Mapping[str, Any]]]:
     """Node name -> the pods that occupy it (bound and not finished)."""
-    bound: dict[str, list] = {n["metadata"]["name"]: [] for n in nodes}
+    bound: dict[str, list[Mapping[str, Any]]] = {n["metadata"]["name"]: [] for n in nodes}
     for other in pods:
         node_name = other["spec"].get("nodeName")
         if node_name in bound and other.get("status", {}).get("phase") not in TERMINAL:
@@ -134,7 +139,7 @@ def _bound(nodes: list[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) ->
 
 
 def place(
-    pod: Mapping[str, Any], nodes: list[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
 ) -> Placement:
     """The node for ``pod`` among ``nodes`` (``pods`` are every pod, to count what is bound)."""
     if not nodes:
@@ -171,14 +176,14 @@ def priority(pod: Mapping[str, Any]) -> int:
 
 
 def preempt(
-    pod: Mapping[str, Any], nodes: list[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
 ) -> Preemption | None:
     """Where ``pod`` fits once lower-priority pods go (the fewest victims, lowest
     priorities first), or None: the default scheduler's PostFilter, simplified."""
     if pod["spec"].get("preemptionPolicy") == "Never":
         return None
     bound = _bound(nodes, pods)
-    best: tuple | None = None
+    best: tuple[tuple[int, int, str], Preemption] | None = None
     for node in nodes:
         victims = _victims(pod, node, bound[node["metadata"]["name"]])
         if victims:
@@ -188,7 +193,9 @@ def preempt(
     return best[1] if best else None
 
 
-def _victims(pod, node, occupants: list) -> list:
+def _victims(
+    pod: Mapping[str, Any], node: Mapping[str, Any], occupants: list[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
     if _filter(pod, node, []) is not None:
         return []  # it would not fit even on the empty node
     candidates = sorted(

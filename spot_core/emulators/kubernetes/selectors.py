@@ -154,7 +154,8 @@ def field_value(obj: Mapping[str, Any], field: str) -> str:
     """The string the API server compares for ``field`` (missing -> empty string)."""
     if field == "source":
         source = obj.get("source") or {}
-        return source.get("component", "")
+        component: str = source.get("component", "")  # the event's JSON
+        return component
     current: Any = obj
     for part in field.split("."):
         current = current.get(part) if isinstance(current, Mapping) else None

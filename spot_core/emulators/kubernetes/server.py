@@ -14,15 +14,18 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from .errors import ApiError
 from .pools import NodePool
 from .resources import GROUPS, RESOURCES, api_group, group_list, resource_list
 
-Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
+if TYPE_CHECKING:  # cluster.py imports this module: the names for annotations only
+    from .cluster import KubeCluster as Cluster
+    from .store import WatchEvent
 
 logger = logging.getLogger(__name__)
 PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
@@ -41,10 +44,14 @@ MAX_WATCH_SECONDS = 3600.0
 BOOKMARK_EVERY = 5.0
 
 
+class _Server(ThreadingHTTPServer):
+    cluster: Cluster  # set by serve before it serves; read by each _Handler
+
+
 def serve(cluster: Cluster, port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+    server = _Server(("127.0.0.1", port), _Handler)
     server.daemon_threads = True
-    server.cluster = cluster  # type: ignore[attr-defined]
+    server.cluster = cluster
     threading.Thread(
         target=server.serve_forever,
         kwargs={"poll_interval": 0.1},
@@ -57,10 +64,11 @@ def serve(cluster: Cluster, port: int) -> ThreadingHTTPServer:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "spot-kube-emulator"
+    server: _Server  # the server that made this handler: ours, with its cluster
 
     @property
     def cluster(self) -> Cluster:
-        return self.server.cluster  # type: ignore[attr-defined]
+        return self.server.cluster
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         logger.debug("%s %s", self.address_string(), format % args)
@@ -431,7 +439,7 @@ def _resolve(group: str, rest: list[str]) -> tuple[str, str, str | None, str | N
     return resource.plural, namespace, name, sub
 
 
-def _watch_type(event, keep) -> str | None:
+def _watch_type(event: WatchEvent, keep: Callable[[Mapping[str, Any]], bool]) -> str | None:
     """What a filtered watch reports: an object leaving the selection is DELETED for it,
     one entering it is ADDED, as the API server's filtered watches do."""
     now, before = keep(event.obj), event.old is not None and keep(event.old)
@@ -463,7 +471,7 @@ def _delete_options(query: dict[str, str], body: Any) -> dict[str, Any]:
 
 
 def _container_for_log(pod: dict[str, Any], container: str | None) -> str:
-    names = [c["name"] for c in pod["spec"]["containers"]]
+    names: list[str] = [c["name"] for c in pod["spec"]["containers"]]
     if not container:
         if len(names) == 1:
             return names[0]
@@ -480,5 +488,7 @@ def _container_for_log(pod: dict[str, Any], container: str | None) -> str:
 def _waiting_reason(pod: dict[str, Any], container: str) -> str:
     for status in pod.get("status", {}).get("containerStatuses") or []:
         if status["name"] == container:
-            return (status.get("state", {}).get("waiting") or {}).get("reason", "ContainerCreating")
+            waiting = status.get("state", {}).get("waiting") or {}
+            reason: str = waiting.get("reason", "ContainerCreating")  # the pod's JSON
+            return reason
     return "ContainerCreating"

@@ -8,6 +8,7 @@ emulator's own controllers wake on.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import threading
 import uuid
@@ -64,7 +65,7 @@ class Store:
             ]
             return items, self._rv
 
-    def events_after(self, rv: int, resource: str) -> list[WatchEvent]:
+    def events_after(self, rv: int, resource: str) -> builtins.list[WatchEvent]:
         """Watch events newer than ``rv``; 410 Expired when the history no longer has them."""
         with self.changed:
             if self._history and rv < self._history[0].rv - 1:
@@ -138,7 +139,13 @@ class Store:
             self.closed = True
             self.changed.notify_all()
 
-    def _put(self, key, obj, old, kind: str) -> dict[str, Any]:
+    def _put(
+        self,
+        key: tuple[str, str, str],
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        kind: str,
+    ) -> dict[str, Any]:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._objects[key] = obj
