@@ -31,8 +31,10 @@ from .selectors import (
 )
 from .timefmt import rfc3339
 
-if TYPE_CHECKING:  # cluster.py imports this module: the name for annotations only
-    from .cluster import KubeCluster as Cluster
+if TYPE_CHECKING:
+    from .store import Store
+
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 IMMUTABLE_META = (
     "name",
@@ -50,7 +52,7 @@ EVICTION_MESSAGE = "Eviction API: evicting"
 class ApiServer:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.store = cluster.store
+        self.store: Store = cluster.store
 
     # -- reads ---------------------------------------------------------------------------
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
@@ -298,9 +300,13 @@ class ApiServer:
         if options.get("dryRun"):
             return current
         if resource == "pods":
-            return self.cluster.delete_pod(namespace, name, options.get("gracePeriodSeconds"))
+            pod: dict[str, Any] = self.cluster.delete_pod(
+                namespace, name, options.get("gracePeriodSeconds")
+            )
+            return pod
         if resource == "namespaces":
-            return self.cluster.delete_namespace(name)
+            namespace_object: dict[str, Any] = self.cluster.delete_namespace(name)
+            return namespace_object
         return self.store.delete(resource, namespace, name)
 
     def delete_collection(

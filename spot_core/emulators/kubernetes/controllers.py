@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import ApiError
 from .scheduler import (
@@ -24,8 +24,7 @@ from .scheduler import (
 )
 from .timefmt import rfc3339
 
-if TYPE_CHECKING:  # cluster.py imports this module: the name for annotations only
-    from .cluster import KubeCluster as Cluster
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 TAINT_MANAGER_MESSAGE = "Taint manager: deleting due to NoExecute taint"

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import pod_status as ps
 from .env import ContainerConfigError, container_env, expand
@@ -25,8 +25,7 @@ from .processes import ContainerProcess
 from .quantity import parse_quantity
 from .timefmt import rfc3339
 
-if TYPE_CHECKING:  # cluster.py imports this module: the name for annotations only
-    from .cluster import KubeCluster as Cluster
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 _pod_ips = itertools.count(2)
@@ -411,7 +410,7 @@ class PodWorker:
 
     # -- status ----------------------------------------------------------------------------
     def _pod(self) -> dict[str, Any]:
-        pod = self.cluster.store.find("pods", self.namespace, self.name)
+        pod: dict[str, Any] | None = self.cluster.store.find("pods", self.namespace, self.name)
         if pod is None or pod["metadata"]["uid"] != self.uid:
             raise PodGone()
         return pod

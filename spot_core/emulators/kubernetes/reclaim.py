@@ -46,15 +46,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import pod_status as ps
 from .errors import ApiError
 from .scheduler import TERMINAL, priority, tolerates
 from .timefmt import rfc3339
 
-if TYPE_CHECKING:  # cluster.py imports this module: the name for annotations only
-    from .cluster import KubeCluster as Cluster
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."

@@ -23,9 +23,10 @@ from .errors import ApiError
 from .pools import NodePool
 from .resources import GROUPS, RESOURCES, api_group, group_list, resource_list
 
-if TYPE_CHECKING:  # cluster.py imports this module: the names for annotations only
-    from .cluster import KubeCluster as Cluster
+if TYPE_CHECKING:
     from .store import WatchEvent
+
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
