@@ -139,11 +139,14 @@ def cloud_server(
 def _first_line(proc: subprocess.Popen, timeout: float) -> str:
     import selectors
 
+    stdout = proc.stdout
+    if stdout is None:  # never: the server is started with stdout=PIPE
+        raise RuntimeError("the local cloud server's output is not a pipe")
     selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
+    selector.register(stdout, selectors.EVENT_READ)
     if not selector.select(timeout):
         raise RuntimeError(f"the local cloud server printed no URL within {timeout:.0f} s")
-    url = proc.stdout.readline().strip()
+    url = stdout.readline().strip()
     if not url.startswith("http://"):
         raise RuntimeError(f"the local cloud server did not start (said {url!r})")
     return url
@@ -163,6 +166,8 @@ def run_pipeline(
     and the triggerer by environment: its URL and token (never in task arguments or logs);
     on Kubernetes the caller has set the connection's environment."""
     if url is not None:
+        if cloud_workdir is None:  # its token lives there
+            raise TypeError("run_pipeline(url=...) needs the server's cloud_workdir")
         os.environ.update(client_environ(url, cloud_workdir))
     os.environ["SPOT_PIPELINE_WORKDIR"] = str(workdir)
     from airflow.dag_processing.dagbag import DagBag

@@ -51,12 +51,18 @@ import secrets
 import sys
 import traceback
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, AttemptEnv
 from spot_core.errors import ConfigError, Preempted, SpotError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 CHECKPOINTER_PARAMETER = "checkpointer"
 CALL_PREFIX = "call"
@@ -172,7 +178,7 @@ def _refused_bad(where: str, name: str, whose: str) -> UntrustedObject:
 class HmacSeal:
     """Sign and verify with the per-call HMAC key (both sides hold it: local leases)."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: object) -> None:
         if not isinstance(key, bytes) or len(key) != KEY_BYTES:
             raise ConfigError(
                 f"a call exchange needs the job's {KEY_BYTES}-byte key "
@@ -198,13 +204,17 @@ class Ed25519Seal:
     received from the other side; the public half alone cannot sign, so it may travel in
     user-data or a tag."""
 
-    def __init__(self, private_key: Any = None, public_key: Any = None) -> None:
+    def __init__(
+        self,
+        private_key: Ed25519PrivateKey | None = None,
+        public_key: Ed25519PublicKey | None = None,
+    ) -> None:
+        if public_key is None:
+            if private_key is None:
+                raise ConfigError("an Ed25519Seal needs a private or a public key")
+            public_key = private_key.public_key()
         self._private = private_key
-        self._public = (
-            public_key
-            if public_key is not None
-            else (private_key.public_key() if private_key is not None else None)
-        )
+        self._public = public_key
 
     @classmethod
     def generate(cls) -> Ed25519Seal:

@@ -11,7 +11,7 @@ message.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pydantic import Field
 
@@ -19,8 +19,20 @@ from spot_core.errors import ConfigError
 from spot_core.jobs import provider_names
 from spot_core.settings import KNOBS_BY_NAME, SpotSettings, resolve_aliases
 
-# The providers that are built (the registry's names), as the form's choices.
-ProviderName = Literal[provider_names()]  # type: ignore[valid-type]
+# The providers that are built (the registry's names), as the form's choices: a Literal
+# made at import, which a type checker cannot evaluate (to it, a provider name is a str).
+if TYPE_CHECKING:
+    ProviderName = str
+else:
+    ProviderName = Literal[provider_names()]
+
+
+class _Bounds(TypedDict, total=False):
+    """A field's numeric bounds, as pydantic ``Field`` takes them."""
+
+    gt: float
+    ge: float
+    le: float
 
 
 def description(name: str) -> str:
@@ -41,11 +53,14 @@ def description(name: str) -> str:
 def spot_field(name: str) -> Any:
     """A pydantic ``Field`` with the knob's default and description."""
     knob = KNOBS_BY_NAME[name]
-    bounds: dict[str, float] = {}
+    bounds: _Bounds = {}
     if (
         knob.minimum is not None and not knob.absolute
     ):  # also the form's minimum (the model checks first)
-        bounds["gt" if knob.strict else "ge"] = knob.minimum
+        if knob.strict:
+            bounds["gt"] = knob.minimum
+        else:
+            bounds["ge"] = knob.minimum
     if knob.maximum is not None and not knob.absolute:  # the form's maximum
         bounds["le"] = knob.maximum
     if isinstance(knob.default, (dict, tuple)):

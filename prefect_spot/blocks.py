@@ -257,7 +257,9 @@ def resolve_config(value: SpotConfiguration | str | None) -> SpotConfiguration:
     if value is None:
         return SpotConfiguration()
     if isinstance(value, str):
-        return SpotConfiguration.load(value)
+        # Prefect's async_dispatch types load() as maybe a coroutine; called from sync
+        # code (as here) it returns the block
+        return SpotConfiguration.load(value)  # type: ignore[return-value]
     return value
 
 
@@ -297,4 +299,4 @@ def resolve_storage(value: CheckpointStorage | str | None) -> CheckpointStorage 
         return value
     if "://" in value:
         return storage_from_uri(value, "checkpoint_storage")
-    return CheckpointStorage.load(value)
+    return CheckpointStorage.load(value)  # type: ignore[return-value]  # as in resolve_config

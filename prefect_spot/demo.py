@@ -35,6 +35,8 @@ def load_example_flows(path: Path = FLOW_FILE) -> ModuleType:
     if "spot_ml_pipeline" in sys.modules:
         return sys.modules["spot_ml_pipeline"]
     spec = importlib.util.spec_from_file_location("spot_ml_pipeline", path)
+    if spec is None or spec.loader is None:  # never for an existing .py file
+        raise ConfigError(f"the example flow {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules["spot_ml_pipeline"] = module
     spec.loader.exec_module(module)

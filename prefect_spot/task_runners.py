@@ -128,7 +128,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         self.checkpoint_every_steps = schedule.checkpoint_every_steps
         self.workdir = None if workdir is None else str(workdir)
         self.max_workers = max_workers
-        self._threads = ThreadPoolTaskRunner(max_workers=max_workers)
+        self._threads: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=max_workers)
         self._provider = None
         self._provider_lock = threading.Lock()
         self._resolved: tuple[SpotConfiguration, CheckpointStorage | None] | None = None
@@ -195,7 +195,11 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
     @property
     def _root(self) -> Path:
-        return Path(self.workdir if self.workdir is not None else self._own_workdir.name)
+        if self.workdir is not None:
+            return Path(self.workdir)
+        if self._own_workdir is None:  # made when the runner starts
+            raise RuntimeError("SpotTaskRunner has no workdir before it is started")
+        return Path(self._own_workdir.name)
 
     def _resolve(self) -> tuple[SpotConfiguration, CheckpointStorage | None]:
         if self._resolved is None:
@@ -243,7 +247,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         def run_on_spot(*args: Any, **kwargs: Any) -> Any:
             return runner._run_job(task, fn, args, kwargs)
 
-        run_on_spot.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+        run_on_spot.__signature__ = inspect.signature(fn)
         spot = copy.copy(task)
         spot.fn = run_on_spot
         spot.isasync = False
@@ -254,7 +258,10 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         driven by the controller in this one Prefect try, its result read back."""
         from prefect.context import TaskRunContext
 
-        task_run = TaskRunContext.get().task_run
+        context = TaskRunContext.get()
+        if context is None:  # the wrapper runs as the body of a Prefect task run
+            raise RuntimeError("a spot task runs inside a Prefect task run")
+        task_run = context.task_run
         config, storage = self._resolve()
         plugin = jobs.plugin(config.provider)
         check_key_channel(config.provider)

@@ -83,7 +83,8 @@ def record_of(task_run_id: uuid.UUID) -> JobRecord | None:
             sort=ArtifactSort.CREATED_DESC,
             limit=1,
         )
-    return None if not found else load_record(found[0].key)
+    # a record artifact always has its key (save_record); none: no record to read
+    return None if not found or found[0].key is None else load_record(found[0].key)
 
 
 def preemptions_of(task_run_id: uuid.UUID) -> int:
@@ -135,11 +136,10 @@ def spot_task(
             )
         wrapper = _wrap(fn, settings, checkpoint_storage)
         return task(
-            wrapper,
             retries=retries + max_preemptions,
             retry_condition_fn=_retry_condition(retries, max_preemptions),
             **task_kwargs,
-        )
+        )(wrapper)
 
     return decorate(__fn) if __fn is not None else decorate
 
@@ -286,9 +286,9 @@ def _record_key(task_name: str, task_run) -> str:
 def _retry_condition(retries: int, max_preemptions: int):
     def should_retry(task, task_run, state) -> bool:
         record = load_record(_record_key(task.name, task_run))
-        last = None if record is None or not record.attempts else record.attempts[-1]
-        if last is None:
+        if record is None or not record.attempts:
             return False
+        last = record.attempts[-1]
         if last.outcome is Outcome.PREEMPTED:
             # The capacity itself is going away (the spot watcher served the notice
             # file): retrying here is pointless; the spot worker reschedules the run.

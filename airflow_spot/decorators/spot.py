@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
@@ -42,6 +42,9 @@ from spot_core.errors import ConfigError, Preempted
 from spot_core.jobs import InPlaceAttempt, job_id
 from spot_core.model import JobRecord
 from spot_core.settings import DECORATOR, SpotSettings, default, knobs_for, pop_aliases
+
+if TYPE_CHECKING:
+    from spot_core.adaptors.aws import AwsAccess
 
 RECORD_KEY = TASK_RECORD_KEY
 # How soon a preempted task is re-queued: long enough for Airflow to see it go.
@@ -102,7 +105,9 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         self.checkpoint_uri = checkpoint_uri
         self.metadata_endpoint = metadata_endpoint
         self.aws_conn_id = aws_conn_id
-        self._aws = None  # the AWS connection's access, resolved on the worker when used
+        self._aws: AwsAccess | None = (
+            None  # the AWS connection's access, resolved on the worker when used
+        )
         self._validate()
         self.settings = self._settings(
             {**{k.name: given[k.name] for k in knobs_for(DECORATOR)}, **renamed}
@@ -179,9 +184,12 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         record = attempt.open(stored_record(context, RECORD_KEY, self.task_id))
         checkpointer = attempt.checkpointer()
         restored = checkpointer.restore()
+        lease = attempt.lease
+        if lease is None:  # never: open() set it, checkpointer() needs it
+            raise ValueError("InPlaceAttempt.open() first")
         self.log.info(
             "attempt %d starts from checkpoint step %s (%d preemption(s) so far, try %s)",
-            attempt.lease.attempt,
+            lease.attempt,
             None if restored is None else restored[0],
             record.preemptions,
             context["ti"].try_number,

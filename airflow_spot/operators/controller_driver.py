@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -38,6 +38,13 @@ from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.policy.retry import RetryPolicy
+
+if TYPE_CHECKING:  # what the mixin drives: the operator it is mixed into
+    from airflow.sdk import BaseOperator
+
+    _Operator = BaseOperator
+else:
+    _Operator = object
 
 RECORD_KEY = "spot_job_record"
 NOTICE_WATCH_SECONDS = 180.0  # after a notice: the longest notice (120 s) plus grace
@@ -73,10 +80,20 @@ class SpotJobFailed(AirflowException):
     """The policy gave up (budgets spent, no capacity for too long)."""
 
 
-class ControllerDriverMixin:
+class ControllerDriverMixin(_Operator):
     """Drives one job through ``spot_core.controller`` from an Airflow task."""
 
-    spot_hook: SpotHook
+    if TYPE_CHECKING:  # provided by the operator (see the module's docstring)
+        deferrable: bool
+        checkpoint_uri: str
+
+        @property
+        def spot_hook(self) -> SpotHook: ...
+
+        def _spec(self, job_id: str, created_at: float | None) -> JobSpec: ...
+
+        def _validate_rendered(self) -> None: ...
+
     _watching: tuple[Controller, JobSpec, Next] | None = None  # while watching here
     _killed: bool = False
 
@@ -160,6 +177,7 @@ class ControllerDriverMixin:
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Back from the trigger: keep its record, then go on driving from its Next."""
         nxt = self._event_next(event)
+        assert event is not None  # _event_next refused anything but a known event
         controller = self._controller(context)
         controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
         spec = self._spec(nxt.record.job_id, nxt.record.created_at)
@@ -172,7 +190,7 @@ class ControllerDriverMixin:
         elif event["status"] == "notice":
             self.log.warning(
                 "attempt %d got an interruption notice; the step saves an emergency checkpoint",
-                nxt.lease.attempt,
+                self._lease_of(nxt).attempt,
             )
         return self._drive(context, controller, spec, nxt)
 
@@ -215,17 +233,25 @@ class ControllerDriverMixin:
             else:  # watch
                 self._persist_lease_link(context, nxt.lease)
                 if self.deferrable and not self._notice_pending(nxt):
+                    lease = self._lease_of(nxt)
                     self.log.info(
                         "watching attempt %d on %s (lease %s)%s from the triggerer: %s",
-                        nxt.lease.attempt,
-                        nxt.lease.pool.key,
-                        nxt.lease.lease_id,
+                        lease.attempt,
+                        lease.pool.key,
+                        lease.lease_id,
                         self._trace_position(),
                         nxt.reason,
                     )
                     self._defer(spec, nxt)
                 nxt = self._watch_here(controller, spec, nxt)
         raise SpotJobFailed(f"job {spec.job_id} did not settle in {MAX_ROUNDS} rounds")
+
+    @staticmethod
+    def _lease_of(nxt: Next) -> Lease:
+        """The lease a watch step (and a trigger's notice) carries."""
+        if nxt.lease is None:
+            raise AirflowException(f"job {nxt.record.job_id}: a {nxt.action} step without a lease")
+        return nxt.lease
 
     @staticmethod
     def _notice_pending(nxt: Next) -> bool:

@@ -430,9 +430,12 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
 
         def follow() -> None:
             try:
+                container = jobs.plugin(PROVIDER).step_container
+                if container is None:  # never: the kubernetes plugin names its step's
+                    raise ConfigError(f"provider {PROVIDER!r} names no step container")
                 self.pod_manager.fetch_container_logs(
                     pod,
-                    jobs.plugin(PROVIDER).step_container,
+                    container,
                     follow=True,
                     container_name_log_prefix_enabled=self.container_name_log_prefix_enabled,
                     log_formatter=self.log_formatter,
@@ -456,7 +459,11 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             url = (
                 ""
                 if pod is None
-                else SpotKubernetesPodLink.url_for(self.hook.api_client.configuration.host, *pod)
+                # KPO types its hook as PodOperatorHookProtocol; it is a KubernetesHook
+                else SpotKubernetesPodLink.url_for(
+                    self.hook.api_client.configuration.host,  # type: ignore[attr-defined]
+                    *pod,
+                )
             )
             SpotKubernetesPodLink.persist(context, url)
         except Exception as exc:  # noqa: BLE001 - logged; the attempt goes on

@@ -133,12 +133,12 @@ def window_decision(
                 min(plan.start_at, latest, now + poll_interval),
             )
     if now >= latest:
-        best = spot[0] if spot else None
+        cheapest = spot[0] if spot else None
         return WindowDecision(
             True,
-            None if best is None else best.pool.zone,
-            None if best is None else best.pool.to_dict(),
-            None if best is None else best.price_per_hour,
+            None if cheapest is None else cheapest.pool.zone,
+            None if cheapest is None else cheapest.pool.to_dict(),
+            None if cheapest is None else cheapest.price_per_hour,
             "the latest start that still ends inside the window has come",
             now,
         )

@@ -213,6 +213,8 @@ class SpotJobTrigger(BaseTrigger):
         heartbeat, the failure timeout, closing the attempt), batched with the other
         triggers' checks of the same poll into one hop."""
         spec, lease = self._spec(nxt), nxt.lease
+        if lease is None:  # a "watch" step always carries its lease
+            raise ValueError(f"job {nxt.record.job_id}: a watch step without a lease")
         observer.watch(lease, self.poll_interval)
         try:
             after = time.time()

@@ -57,6 +57,10 @@ class SpotJob:
         return self.state in ACTIVE_STATES and self.record.current_attempt is not None
 
 
+# A task instance: (dag_id, run_id, task_id, map_index).
+TaskKey = tuple[str, str, str, int]
+
+
 @dataclass(frozen=True)
 class Where:
     """Which task instances to read, inside the DAG ids the user may read."""
@@ -80,7 +84,7 @@ def load_jobs(session: Session, where: Where, limit: int = MAX_JOBS) -> tuple[li
     """The jobs ``where`` selects, newest first, and how many records could not be read."""
     if not where.dag_ids:
         return [], 0
-    rows: dict[tuple, tuple[Any, str, datetime | None]] = {}
+    rows: dict[TaskKey, tuple[Any, str, datetime | None]] = {}
     stored = where.apply(
         select(
             TaskStateStoreModel.dag_id,
@@ -125,7 +129,7 @@ def load_jobs(session: Session, where: Where, limit: int = MAX_JOBS) -> tuple[li
     return jobs[:limit], unreadable
 
 
-def _states(session: Session, where: Where, keys: Iterable[tuple]) -> dict[tuple, str | None]:
+def _states(session: Session, where: Where, keys: Iterable[TaskKey]) -> dict[TaskKey, str | None]:
     """The task instances' states, for the jobs found (one query)."""
     keys = set(keys)
     if not keys:

@@ -65,7 +65,7 @@ def when(timestamp: float | None) -> str:
 
 
 def table(
-    headings: Sequence[str], rows: Iterable[Sequence[str]], css: str, row_class: str = ""
+    headings: Sequence[str], rows: Iterable[Sequence[object]], css: str, row_class: str = ""
 ) -> str:
     """A table; cells that look like numbers are right-aligned. Cells are escaped here."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headings)
@@ -199,9 +199,9 @@ def jobs_page(jobs: list[SpotJob], *, unreadable: int, limit: int, now: float) -
 def running_table(jobs: list[SpotJob], now: float) -> str:
     rows = []
     for job in jobs:
-        if not job.running:
-            continue
         attempt = job.record.current_attempt
+        if not job.running or attempt is None:  # a running job has a current attempt
+            continue
         lease = attempt.lease or {}
         rows.append(
             (

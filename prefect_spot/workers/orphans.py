@@ -110,8 +110,9 @@ def gather(
     if silent < heartbeat_timeout:
         return Evidence(None, silent, None)
     record = read_record()
-    running = record.current_attempt if record is not None else None
-    lease = running.lease_of(record.job_id) if running is not None else None
+    lease = None
+    if record is not None and (running := record.current_attempt) is not None:
+        lease = running.lease_of(record.job_id)
     if lease is None:
         return Evidence(record, silent, None)
     return Evidence(record, silent, provider.observe([lease]).get(lease.lease_id))

@@ -312,7 +312,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         self,
         flow_run: FlowRun,
         configuration: SpotJobConfiguration,
-        task_status: anyio.abc.TaskStatus[str] | None = None,
+        # Prefect types it TaskStatus[int] (a process id); the id we report is a lease's
+        task_status: anyio.abc.TaskStatus[str] | None = None,  # type: ignore[override]
     ) -> SpotWorkerResult:
         """Drive the flow run's job through the controller until it settles or is handed
         back to the work pool (rescheduled after a preemption)."""
@@ -670,9 +671,10 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         )
         self._looks.looked(flow_run.id, evidence, timeout)
         reason = orphans.orphaned(evidence, timeout)
-        if reason is None or flow_run.id in self._driving:
-            return
-        attempt = evidence.record.current_attempt.number
+        running = None if evidence.record is None else evidence.record.current_attempt
+        if reason is None or running is None or flow_run.id in self._driving:
+            return  # (an orphan always has its record's open attempt)
+        attempt = running.number
         if not await anyio.to_thread.run_sync(
             self._looks.claim, flow_run.id, stores(uri), attempt, self._adopter, timeout
         ):
@@ -683,6 +685,8 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             )
             return
         self.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
+        if self._runs_task_group is None:  # made when the worker starts
+            raise RuntimeError("Worker not properly initialized")
         self._driving.add(flow_run.id)  # the next check must not adopt it again
         self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
 

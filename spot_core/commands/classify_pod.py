@@ -27,7 +27,7 @@ from spot_core.errors import ConfigError
 KINDS = {"Pod", "Node", "Event"}
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "classify-pod",
         help="say why pods ended, as the kubernetes provider would: one "
@@ -115,7 +115,7 @@ def load(source: str) -> Any:
         ) from None
 
 
-def objects(document: Any, where: str) -> list[dict]:
+def objects(document: Any, where: str) -> list[dict[str, Any]]:
     """The objects of a document: itself, or the ``items`` of a List (any kind of list,
     camelCase or a client's snake_case dump), as the API's JSON."""
     from spot_core.policy.pod_outcomes import as_api
@@ -135,7 +135,7 @@ def kind_of(obj: Mapping[str, Any]) -> str | None:
     """Pod, Node or Event: the object's ``kind``, or its shape when a client's ``to_dict()``
     left the kind out."""
     if obj.get("kind") in KINDS:
-        return obj["kind"]
+        return str(obj["kind"])  # one of KINDS
     if obj.get("kind"):
         return None
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
@@ -148,7 +148,7 @@ def kind_of(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def events_of(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> list[dict]:
+def events_of(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The events about ``pod`` or about the node it ran on."""
     meta = pod.get("metadata") or {}
     node = (pod.get("spec") or {}).get("nodeName")

@@ -14,16 +14,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from spot_core.demo import DEMO_PROVIDERS, EMULATED_KUBERNETES, LOCAL_CLOUD
 from spot_core.errors import ConfigError
 from spot_core.safe_files import check_target, write_bytes
 
+if TYPE_CHECKING:
+    from spot_core.demo.pipeline import DemoConfig, DemoReport
+    from spot_core.model import JobRecord
+
 ENGINES = ("none", "airflow", "prefect")
 RECORD_FILE = "record.json"  # the training job's JobRecord, in --workdir
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the main job: an ML pipeline whose training "
@@ -128,7 +133,7 @@ def _run_kubernetes_demo(args: argparse.Namespace) -> int:
     )
     started = time.monotonic()
 
-    def listener(kind: str, record, detail: str) -> None:
+    def listener(kind: str, record: JobRecord, detail: str) -> None:
         print(_event_line(time.monotonic() - started, kind, record, detail), flush=True)
 
     if args.workdir is not None:
@@ -193,19 +198,19 @@ def _run_engine_demo(args: argparse.Namespace) -> int:
     return 0 if report["final_weights_sha256"] == report["uninterrupted_weights_sha256"] else 1
 
 
-def _run(workdir: Path, cfg):
+def _run(workdir: Path, cfg: DemoConfig) -> DemoReport:
     from spot_core.demo.pipeline import run_demo
 
     print(_header(cfg), flush=True)
     started = time.monotonic()
 
-    def listener(kind: str, record, detail: str) -> None:
+    def listener(kind: str, record: JobRecord, detail: str) -> None:
         print(_event_line(time.monotonic() - started, kind, record, detail), flush=True)
 
     return _kept(workdir, run_demo(workdir, cfg, listener))
 
 
-def _run_live(workdir: Path, cfg):
+def _run_live(workdir: Path, cfg: DemoConfig) -> DemoReport:
     """The same run under a rich live panel: events scroll above it, the panel shows the
     running attempt, checkpointed progress and the saving so far."""
     from rich.console import Console
@@ -220,7 +225,7 @@ def _run_live(workdir: Path, cfg):
     started = time.monotonic()
     with Live(progress, console=console, refresh_per_second=4, transient=True) as live:
 
-        def listener(kind: str, record, detail: str) -> None:
+        def listener(kind: str, record: JobRecord, detail: str) -> None:
             progress.listener(kind, record, detail)
             live.console.print(
                 _event_line(time.monotonic() - started, kind, record, detail), markup=False
@@ -230,7 +235,7 @@ def _run_live(workdir: Path, cfg):
     return _kept(workdir, report)
 
 
-def _kept(workdir: Path, report):
+def _kept(workdir: Path, report: DemoReport) -> DemoReport:
     """The job's record beside its checkpoints, for `spot-pipelines report`."""
     write_bytes(workdir / RECORD_FILE, report.record.to_json() + "\n", what="demo record")
     return report
@@ -243,21 +248,21 @@ def _check_workdir(workdir: Path | None) -> None:
         check_target(workdir / RECORD_FILE, what="demo record")
 
 
-def _header(cfg) -> str:
+def _header(cfg: DemoConfig) -> str:
     return (
         f"pipeline: prepare data -> train ({cfg.steps} steps on spot, local cloud replaying "
         f"a real AWS V100 trace at 1 s = {cfg.time_scale / 3600:g} h) -> evaluate"
     )
 
 
-def _event_line(elapsed: float, kind: str, record, detail: str) -> str:
+def _event_line(elapsed: float, kind: str, record: JobRecord, detail: str) -> str:
     attempt = record.attempts[-1] if record.attempts else None
     where = attempt.pool.key if attempt is not None else "-"
     number = attempt.number if attempt is not None else 0
     return f"  [{elapsed:5.1f}s] attempt {number} {kind:<20} {where}  {detail[:90]}"
 
 
-def demo_json(report) -> dict:
+def demo_json(report: DemoReport) -> dict[str, Any]:
     """The stable JSON contract of `spot-pipelines demo --json` (DESIGN.md)."""
     from spot_core.report import demo_report
 
@@ -270,7 +275,7 @@ def demo_json(report) -> dict:
     )
 
 
-def _print_report(report) -> None:
+def _print_report(report: DemoReport) -> None:
     from spot_core.report import print_record
 
     print_record(report.record, report.time_scale)

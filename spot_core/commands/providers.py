@@ -15,7 +15,7 @@ import json
 from spot_core import jobs
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "providers", help="list the installed capacity providers and their capabilities"
     )

@@ -23,7 +23,7 @@ from spot_core.safe_files import check_target, read_stream, read_text, write_byt
 MAX_RECORD_BYTES = 64 << 20
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "report",
         help="show a JobRecord (from `run --json`) as tables, and as an HTML page with SVG charts",

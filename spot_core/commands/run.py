@@ -9,6 +9,7 @@ JobRecord summary is printed at the end. Every lease is terminated on every exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -17,13 +18,17 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spot_core import jobs
 from spot_core.errors import ConfigError
-from spot_core.settings import add_cli_arguments, in_flags, settings_from_cli
+from spot_core.settings import SpotSettings, add_cli_arguments, in_flags, settings_from_cli
+
+if TYPE_CHECKING:
+    from spot_core.model import JobRecord
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("run", help="run one command as a spot job under the controller")
     parser.add_argument(
         "--pools",
@@ -83,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(problem)
     # SIGINT, SIGTERM and SIGHUP stop the job at the driver's next wait, never inside a
     # client call (spot_core.stopping); a second one stops it at once.
-    with stop_on_signals(), plugin.open_for_cli(args, options) as provider:
+    # closing(): every provider's context exit is its close() (the Provider protocol's)
+    with stop_on_signals(), contextlib.closing(plugin.open_for_cli(args, options)) as provider:
         pools = jobs.select_pools(provider, names=wanted, aliases=plugin.pool_aliases(provider))
         try:  # the settings' time convention: --deadline, --work and --restart-overhead
             # count in the provider's capacity time; the checkpoint folder is made last,
@@ -107,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if str(record.status) == "succeeded" else 1
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> SpotSettings:
     """The flags checked by the settings model; an ISO ``--deadline`` already past is
     refused here, before anything is created."""
     settings = settings_from_cli(args)
@@ -119,7 +125,7 @@ def _settings(args: argparse.Namespace):
     return settings
 
 
-def _print_event(kind: str, record, detail: str) -> None:
+def _print_event(kind: str, record: JobRecord, detail: str) -> None:
     attempt = record.attempts[-1] if record.attempts else None
     where = "" if attempt is None else f"attempt {attempt.number} {attempt.pool.key}"
     print(f"{dt.datetime.now():%H:%M:%S} {kind:<20} {where}  {detail[:100]}", flush=True)
@@ -195,5 +201,5 @@ def _pool_names(text: str | None) -> list[str] | None:
     return wanted
 
 
-def record_json(record) -> str:
+def record_json(record: JobRecord) -> str:
     return json.dumps(record.summary(), allow_nan=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Iterable
 
 from spot_core.errors import ConfigError
 from spot_core.market.trace import load_traces
@@ -20,7 +21,7 @@ from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import policy_names, random_starts, simulate
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="replay a deadline policy on real spot traces",
@@ -87,7 +88,7 @@ def _check_hours(args: argparse.Namespace) -> None:
         )
 
 
-def _check_start_ticks(ticks, last: int) -> None:
+def _check_start_ticks(ticks: Iterable[int], last: int) -> None:
     """A window must fit in the traces from its first tick to its deadline."""
     for tick in ticks:
         if not 0 <= tick <= last:

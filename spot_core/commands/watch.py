@@ -30,8 +30,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from spot_core import attempt_env
 from spot_core.bounds import MAX_WAIT_SECONDS
@@ -69,7 +72,7 @@ class WatchSettings:
     heartbeat_uri: str | None = None
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "watch",
         help="watch for spot interruption notices (and forward them to a command)",
@@ -250,8 +253,9 @@ def _watch(settings: WatchSettings, detectors: list[Detector]) -> int:
     """No command: print events until the first interruption (bounded waits, Ctrl-C ends)."""
     watcher = InterruptionWatcher(detectors, settings.poll_interval)
     watcher.add_handler(_print_event)
-    if settings.notice_file:
-        watcher.add_handler(lambda notice: write_notice(settings.notice_file, notice))
+    notice_file = settings.notice_file
+    if notice_file:
+        watcher.add_handler(lambda notice: write_notice(notice_file, notice))
     with watcher:
         while watcher.wait(timeout=1.0) is None:
             pass
@@ -293,6 +297,10 @@ def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
     """Started only with a heartbeat timeout: without one the store is never read."""
     if settings.heartbeat_timeout is None:
         return None
+    if settings.checkpoint_uri is None:  # _settings refuses a timeout without a store
+        raise ConfigError(
+            f"--heartbeat-timeout needs the job's store in ${attempt_env.CHECKPOINT_URI}"
+        )
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.heartbeat import Heartbeat
 
@@ -313,7 +321,7 @@ def _notice_path(configured: str | None) -> tuple[str, str | None]:
     return os.path.join(scratch, "notice.json"), scratch
 
 
-def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen:
+def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, attempt_env.NOTICE_FILE: notice_file}
     try:
         return subprocess.Popen(list(command), env=env, start_new_session=True)
@@ -392,7 +400,7 @@ class _Wake:
     """What the babysitter sleeps on: the child's exit (a pidfd, where Linux has one) or
     ``set()`` (a Ctrl-C, a notice), whichever comes first; else the timeout."""
 
-    def __init__(self, child: subprocess.Popen) -> None:
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         self._pidfd: int | None = None
@@ -434,7 +442,7 @@ class _ForwardSigint:
     def __init__(self, wake: _Wake) -> None:
         self._pending: collections.deque[int] = collections.deque()
         self._count = 0
-        self._previous: object = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
         self._wake = wake
 
     def __enter__(self) -> _ForwardSigint:

@@ -21,13 +21,19 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec, Listener
 from spot_core.demo.pipeline import DemoData, DemoReport, demo_policy
 from spot_core.model import Market
+from spot_core.policy.pod_outcomes import ANNOTATION_POOL, node_of
 from spot_core.providers import kubernetes_pods as pods
 from spot_core.providers.kubernetes import KubernetesProvider
+
+if TYPE_CHECKING:
+    from spot_core.emulators.kubernetes.cluster import KubeCluster
+    from spot_core.emulators.kubernetes.config import ClusterConfig
 
 # $/h of m5.xlarge (us-east-1): spot as configured per node pool; on-demand the list price.
 PRICES = {
@@ -51,7 +57,7 @@ class KubernetesDemoConfig:
     timeout_seconds: float = 240.0
 
 
-def cluster_config(cfg: KubernetesDemoConfig):
+def cluster_config(cfg: KubernetesDemoConfig) -> ClusterConfig:
     from spot_core.emulators.kubernetes.config import ClusterConfig
     from spot_core.emulators.kubernetes.pools import NodePool
 
@@ -67,7 +73,7 @@ def cluster_config(cfg: KubernetesDemoConfig):
     )
 
 
-def cluster_watcher(cluster) -> KubernetesProvider:
+def cluster_watcher(cluster: KubeCluster) -> KubernetesProvider:
     """A provider over the emulated ``cluster`` that a ``Reclaimer`` reads node and pod
     state through (the Airflow demo's: its job's own provider lives in the DAG)."""
     return KubernetesProvider.from_options(
@@ -118,13 +124,14 @@ def run_demo(
 class Reclaimer:
     """Takes the running attempt's node away each time the step has checkpointed past the
     next threshold (a background thread): a spot node by its flavour's reclaim for each of
-    ``cfg.reclaim_at``, then an on-demand node by a drain at ``cfg.drain_at``."""
+    ``cfg.reclaim_at``, then an on-demand node by a drain at ``cfg.drain_at``. A
+    ``job_id`` of None watches every managed job's pods."""
 
     def __init__(
         self,
-        cluster,
+        cluster: KubeCluster,
         provider: KubernetesProvider,
-        job_id: str,
+        job_id: str | None,
         store_uri: str,
         cfg: KubernetesDemoConfig,
     ) -> None:
@@ -153,6 +160,8 @@ class Reclaimer:
                     self.reclaimed.append(node)
                     self.thresholds.pop(0)
                 continue
+            if self.drain_step is None:  # not reached: the loop's condition
+                break
             node = self._node_past(self.drain_step, Market.ON_DEMAND)
             if node is not None:
                 self.cluster.reclaim(node, "drain")
@@ -174,7 +183,7 @@ class Reclaimer:
             label_selector=pods.job_selector(self.job_id),
         )
         for pod in listed.get("items") or []:
-            node = pods.node_of(pod)
+            node = node_of(pod)
             attempt = int(pod["metadata"]["labels"].get(pods.LABEL_ATTEMPT, 0))
             latest = self.store.latest()
             if node in self.reclaimed or node is None or latest is None:
@@ -182,7 +191,7 @@ class Reclaimer:
             if (pod.get("status") or {}).get("phase") != "Running" or latest.attempt != attempt:
                 continue
             pool = self.provider.market.refresh().get(
-                pod["metadata"]["annotations"].get(pods.ANNOTATION_POOL, "")
+                pod["metadata"]["annotations"].get(ANNOTATION_POOL, "")
             )
             if latest.step >= step and pool is not None and pool.pool.market is market:
                 return node
