@@ -12,6 +12,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from spot_core import __version__
 from spot_core.errors import SpotError
@@ -23,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the flag (exit 2), not a usage block;
     subcommand parsers inherit it (``add_subparsers`` builds them with this class)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -28,16 +28,26 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from spot_core import stopping
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, HEARTBEAT_URI, INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import CheckpointStore, open_store
-from spot_core.checkpoint.heartbeat import Heartbeat, driver_beat, live_holder
+from spot_core.checkpoint.heartbeat import DriverBeat, Heartbeat, driver_beat, live_holder
 from spot_core.errors import ConfigError, DriverConflict, SpotError
-from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
+from spot_core.market.base import Market as PriceMarket
+from spot_core.model import (
+    Attempt,
+    CheckpointRef,
+    JobRecord,
+    JobStatus,
+    Lease,
+    Market,
+    Outcome,
+    Pool,
+)
 from spot_core.observer import SharedObserver, wait_timeout
 from spot_core.policy.checkpoint_interval import (
     CheckpointBounds,
@@ -132,7 +142,7 @@ class Next:
     def last_attempt(self) -> Attempt | None:
         return self.record.attempts[-1] if self.record.attempts else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able, so a driver can carry it across processes (a trigger's kwargs)."""
         return {
             "action": self.action,
@@ -145,7 +155,7 @@ class Next:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> Next:
+    def from_dict(cls, data: Mapping[str, Any]) -> Next:
         """``to_dict()``'s output back; anything else is one ConfigError (a trigger's kwargs
         or event read back can be truncated or forged)."""
         try:
@@ -181,10 +191,23 @@ class Next:
             ) from None
 
 
+@runtime_checkable
+class _OpensStores(Protocol):
+    """The optional method of a provider that declares ``Capability.OWN_STORES``."""
+
+    def open_store(self, uri: str) -> CheckpointStore: ...
+
+
 def provider_stores(provider: Provider) -> Callable[[str], CheckpointStore]:
     """How a job's store is opened: the provider's own opener (its credentials and
     clients) when it declares ``OWN_STORES``, else ``open_store``."""
-    return provider.open_store if Capability.OWN_STORES in provider.capabilities else open_store
+    if Capability.OWN_STORES not in provider.capabilities:
+        return open_store
+    if not isinstance(provider, _OpensStores):
+        raise AttributeError(
+            f"the {provider.name} provider declares OWN_STORES but has no open_store method"
+        )
+    return provider.open_store
 
 
 def classify(status: LeaseStatus) -> Outcome:
@@ -227,7 +250,7 @@ class Controller:
     def __init__(
         self,
         provider: Provider,
-        market: Any,
+        market: PriceMarket | None,
         policy: RetryPolicy = RetryPolicy(),
         *,
         persist: Persist | None = None,
@@ -264,7 +287,8 @@ class Controller:
         self._listener = listener or (lambda kind, record, detail: None)
         self._clock = clock
         self._sleep = sleep
-        self._plans: dict[tuple, DeadlinePlan | None] = {}
+        # (job id, created at, deadline at, policy) -> the job's plan
+        self._plans: dict[tuple[str, float, float, str], DeadlinePlan | None] = {}
         self._beats: dict[str, float] = {}  # job id -> when this process last renewed
         self._heartbeats: dict[tuple[str, str], Heartbeat] = {}  # (job id, store) -> writer
         self._pointed: dict[str, int] = {}  # job id -> attempt its pointer names (heartbeat_uri)
@@ -340,6 +364,10 @@ class Controller:
         """Check the watched lease on each of the shared observer's polls until its
         attempt ends (the waits are bounded: a stalled describe is a retryable error)."""
         lease = nxt.lease
+        if lease is None:
+            raise ValueError(
+                f"_watch_shared() needs a Next that watches a lease, got {nxt.action!r}"
+            )
         with observer.watching(lease, self.poll_interval_seconds):
             after = time.time()  # the observer's clock: its observations are POSIX time
             while nxt.action == "watch":
@@ -447,11 +475,11 @@ class Controller:
             self._listener("notice", record, f"interruption notice on {lease.pool.key}")
         watch = dataclasses.replace(watch, failing_since=None, notice_at=notice_at)
         if notice_at is None:
-            return self._maybe_drain(spec, watch, now)
+            return self._maybe_drain(spec, watch, lease, now)
         return watch
 
     # -- voluntary drain: a move mid-run -------------------------------------------------------
-    def _maybe_drain(self, spec: JobSpec, watch: Next, now: float) -> Next:
+    def _maybe_drain(self, spec: JobSpec, watch: Next, lease: Lease, now: float) -> Next:
         """Move a running attempt when the policy says the move pays.
 
         At most once per market tick (or ``capacity_wait``), the job's policy is asked what
@@ -489,14 +517,25 @@ class Controller:
         record = self._save(
             record.with_running(drain_requested_at=now), "draining", decision.reason
         )
-        self._terminate(watch.lease)
+        self._terminate(lease)
         return dataclasses.replace(watch, record=record)
 
     def _drain_every(self) -> float:
         """Seconds between looks: one market tick in wall time, at most ``capacity_wait``."""
-        tick = self.market.tick_seconds
+        market = self._priced()
+        tick = market.tick_seconds
         every = self.policy.capacity_wait_seconds
-        return min(every, tick / self.market.time_scale) if tick else every
+        return min(every, tick / market.time_scale) if tick else every
+
+    def _priced(self) -> PriceMarket:
+        """The market that prices the job's pools; an in-place step's controller has none
+        (it only opens and closes attempts on capacity the engine runs)."""
+        if self.market is None:
+            raise ConfigError(
+                "this controller has no market (an in-place step's): it cannot decide "
+                "where the job runs; pass the provider's market"
+            )
+        return self.market
 
     def on_lease_end(
         self, spec: JobSpec, record: JobRecord, status: LeaseStatus, now: float | None = None
@@ -560,7 +599,7 @@ class Controller:
         store.fence(number)
         start_ref = store.latest()
         lease = lease_for(number, now)
-        attempt = Attempt(
+        opened = Attempt(
             number=number,
             pool=lease.pool,
             started_at=lease.started_at,
@@ -570,13 +609,13 @@ class Controller:
         )
         if start_ref is not None:
             record = record.with_checkpoint(start_ref)
-        return self._save(record.start_attempt(attempt), "launched", "in place"), lease
+        return self._save(record.start_attempt(opened), "launched", "in place"), lease
 
     # -- deciding ----------------------------------------------------------------------------
     def decide(self, spec: JobSpec, record: JobRecord, now: float | None = None) -> Decision:
         """Observe the market and ask the policy what the job does next (no side effect)."""
         now = self._clock() if now is None else now
-        offers = self.market.offers(spec.candidate_pools(), now)
+        offers = self._priced().offers(spec.candidate_pools(), now)
         decision = decide_next(
             record, offers, self.policy, now=now, work=self._deadline_work(spec, record)
         )
@@ -623,7 +662,7 @@ class Controller:
         if spec.total_steps and record.latest_checkpoint is not None:
             done = min(1.0, record.latest_checkpoint.step / spec.total_steps)
         scale = self.provider.capacity_seconds(1.0)  # capacity seconds per wall second
-        tick = self.market.tick_seconds or 60.0
+        tick = self._priced().tick_seconds or 60.0
         return DeadlineWork(
             work_left_seconds=spec.work_capacity_seconds * (1.0 - done) / scale,
             restart_overhead_seconds=spec.restart_overhead_capacity_seconds / scale,
@@ -740,7 +779,9 @@ class Controller:
                 "once that driver is gone)"
             )
 
-    def _checkpoint_interval(self, pool: Pool, start_ref, now: float) -> float:
+    def _checkpoint_interval(
+        self, pool: Pool, start_ref: CheckpointRef | None, now: float
+    ) -> float:
         """The attempt's time-based checkpoint interval on ``pool``, in capacity seconds:
         Young/Daly from the pool's interruption rate (0 on on-demand) and the job's mean
         measured save, else the configured cost. A market that cannot say counts as no
@@ -748,7 +789,7 @@ class Controller:
         rate = 0.0
         if pool.is_spot:
             try:  # a market that keeps no history has no stat for the pool
-                stat = self.market.stats([pool], now).get(pool.key)
+                stat = self._priced().stats([pool], now).get(pool.key)
                 rate = 0.0 if stat is None else float(stat.interruptions_per_hour)
             except Exception as exc:  # noqa: BLE001 - an interval is advice, not a launch
                 log.warning(
@@ -762,7 +803,7 @@ class Controller:
 
     def _launch_first(
         self,
-        pools,
+        pools: Sequence[Pool],
         launch: LaunchSpec,
         intervals: Mapping[str, float] | None = None,
     ) -> tuple[Lease | None, list[str], bool]:
@@ -800,9 +841,16 @@ class Controller:
         return dataclasses.replace(launch, env={**launch.env, CHECKPOINT_INTERVAL: f"{wall:.6g}"})
 
     def _record_no_lease(
-        self, record, number, decision, start_step, problems, outcome, now
+        self,
+        record: JobRecord,
+        number: int,
+        decision: Decision,
+        start_step: int | None,
+        problems: list[str],
+        outcome: Outcome,
+        now: float,
     ) -> JobRecord:
-        pool = decision.pools[0] if decision.pools else None
+        pool = decision.pools[0]  # a launch decision names at least one pool
         running = Attempt(
             number=number, pool=pool, started_at=now, checkpoint_step_start=start_step
         )
@@ -817,7 +865,9 @@ class Controller:
         return self._save(record, str(outcome), finished.message)
 
     # -- watching ----------------------------------------------------------------------------
-    def _watch_running(self, spec, record: JobRecord, running: Attempt, now: float) -> Next:
+    def _watch_running(
+        self, spec: JobSpec, record: JobRecord, running: Attempt, now: float
+    ) -> Next:
         lease = self._running_lease(record)
         if lease is None:  # recorded without a lease (cannot happen for launched attempts)
             return self._ended(spec, record, None, _stopped(now, "the attempt had no lease"), now)
@@ -865,7 +915,7 @@ class Controller:
         try:
             if self._pointed.get(spec.job_id) != lease.attempt:
                 self._point(spec, lease.attempt, now)
-            beat = driver_beat(self.heartbeat_uri, self.stores)
+            beat = self._driver_beat()
             beat.vouch(spec.job_id, lease.attempt, now)
             beat.renew(now, every=every, window=every + self.poll_interval_seconds)
         except Exception as exc:  # noqa: BLE001 - the next check tries again
@@ -875,7 +925,7 @@ class Controller:
         self, spec: JobSpec, attempt: int, now: float, store: CheckpointStore | None = None
     ) -> None:
         """The job's heartbeat names this process's beat, which lists the job first."""
-        beat = driver_beat(self.heartbeat_uri, self.stores)
+        beat = self._driver_beat()
         beat.vouch(spec.job_id, attempt, now)
         self._heartbeat(spec, store).point(attempt, beat, spec.job_id, now)
         self._pointed[spec.job_id] = attempt
@@ -898,7 +948,13 @@ class Controller:
         self._heartbeats.pop((spec.job_id, spec.checkpoint_uri), None)
         self._beats.pop(spec.job_id, None)
         if self._pointed.pop(spec.job_id, None) is not None:
-            driver_beat(self.heartbeat_uri, self.stores).drop(spec.job_id)
+            self._driver_beat().drop(spec.job_id)
+
+    def _driver_beat(self) -> DriverBeat:
+        """This process's beat at ``heartbeat_uri`` (jobs are pointed at it only with one)."""
+        if self.heartbeat_uri is None:
+            raise ConfigError("no heartbeat_uri: each job keeps its own heartbeat")
+        return driver_beat(self.heartbeat_uri, self.stores)
 
     def _observe_failed(self, spec: JobSpec, watch: Next, exc: Exception, now: float) -> Next:
         """A failed observation is not a lease end; only a sustained failure is."""
@@ -909,7 +965,7 @@ class Controller:
             log.warning(
                 "job %s: observing lease %s failed (%s); retrying for up to %g s",
                 spec.job_id,
-                watch.lease.lease_id,
+                None if watch.lease is None else watch.lease.lease_id,
                 message,
                 self.observe_failure_timeout_seconds,
             )
@@ -948,6 +1004,8 @@ class Controller:
         store = self.stores(spec.checkpoint_uri)
         end_ref = store.latest()
         running = record.current_attempt
+        if running is None:
+            raise ValueError(f"job {record.job_id} has no running attempt to close")
         outcome = classify(status)
         if running.drain_requested_at is not None and outcome is not Outcome.SUCCEEDED:
             outcome = Outcome.DRAINED  # the controller stopped it to move the job
@@ -998,7 +1056,9 @@ class Controller:
         except Exception as exc:  # noqa: BLE001
             log.warning("job %s: could not release the heartbeat: %s", spec.job_id, exc)
 
-    def _lost_work(self, outcome: Outcome, running: Attempt, end_ref, ended_at: float) -> float:
+    def _lost_work(
+        self, outcome: Outcome, running: Attempt, end_ref: CheckpointRef | None, ended_at: float
+    ) -> float:
         """Work done after the last durable checkpoint, which the next attempt must redo."""
         if outcome is Outcome.SUCCEEDED:
             return 0.0
@@ -1037,7 +1097,7 @@ def _stopped(now: float, message: str) -> LeaseStatus:
     return LeaseStatus(LeaseState.TERMINATED, ended_at=now, message=message)
 
 
-def _checkpoint_seconds(ref, attempt: int) -> float:
+def _checkpoint_seconds(ref: CheckpointRef | None, attempt: int) -> float:
     """Save time the attempt's Checkpointer reported in its newest checkpoint's metadata."""
     if ref is None or ref.attempt != attempt:
         return 0.0

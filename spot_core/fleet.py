@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypedDict
 
 from spot_core.model import JobRecord, Outcome
 
@@ -68,20 +69,33 @@ def day_of(timestamp: float) -> str:
 def savings_by(keyed: Iterable[tuple[tuple[str, ...], JobRecord]]) -> list[Savings]:
     """Sum each group's records. ``keyed`` pairs a group key (e.g. (dag_id, task_id) or
     (dag_id, task_id, day_of(record.created_at))) with a record; rows come sorted by key."""
-    sums: dict[tuple[str, ...], list] = {}
+    sums: dict[tuple[str, ...], Savings] = {}
     for key, record in keyed:
-        row = sums.setdefault(tuple(key), [0, 0.0, 0.0, 0.0, 0])
-        row[0] += 1
-        row[1] += record.ledger.spent
-        row[2] += record.ledger.on_demand_equivalent
-        row[3] += record.ledger.lost_work_seconds
-        row[4] += record.preemptions
-    return [Savings(key, *values) for key, values in sorted(sums.items())]
+        group = tuple(key)
+        row = sums.get(group) or Savings(group, 0, 0.0, 0.0, 0.0, 0)
+        sums[group] = Savings(
+            group,
+            row.jobs + 1,
+            row.spent + record.ledger.spent,
+            row.on_demand_equivalent + record.ledger.on_demand_equivalent,
+            row.lost_work_seconds + record.ledger.lost_work_seconds,
+            row.preemptions + record.preemptions,
+        )
+    return [sums[group] for group in sorted(sums)]
+
+
+class _PoolRow(TypedDict):
+    attempts: int
+    interruptions: int
+    hours: float
+    lost: float
+    price: float | None
+    price_at: float | None
 
 
 def pool_figures(records: Iterable[JobRecord]) -> list[PoolFigures]:
     """Per spot pool: attempts, interruptions, hours on spot and the newest lease price."""
-    rows: dict[str, dict] = {}
+    rows: dict[str, _PoolRow] = {}
     for record in records:
         for attempt in record.attempts:
             if not attempt.pool.is_spot:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, overload
 
 from spot_core.bounds import MAX_PRICE
 from spot_core.errors import ConfigError
@@ -301,6 +301,10 @@ def _non_finite(data: Any, path: str = "") -> str:
     return ""
 
 
+@overload
+def _real(value: Any, name: str, *, optional: Literal[False] = False) -> float: ...
+@overload
+def _real(value: Any, name: str, *, optional: bool) -> float | None: ...
 def _real(value: Any, name: str, *, optional: bool = False) -> float | None:
     """A finite number read back from a record (no strings, bools, NaN or Infinity)."""
     if value is None and optional:
@@ -310,6 +314,10 @@ def _real(value: Any, name: str, *, optional: bool = False) -> float | None:
     return float(value)
 
 
+@overload
+def _whole(value: Any, name: str, *, optional: Literal[False] = False) -> int: ...
+@overload
+def _whole(value: Any, name: str, *, optional: bool) -> int | None: ...
 def _whole(value: Any, name: str, *, optional: bool = False) -> int | None:
     """A whole number read back from a record (no strings, bools or fractions)."""
     if value is None and optional:

@@ -60,7 +60,8 @@ class _Waiter:
     after: float
     deliver: Callable[[Observation], None]
     loop: asyncio.AbstractEventLoop | None = None
-    future: Any = None  # the asyncio future, for grouped delivery on its loop
+    # the asyncio future, for grouped delivery on its loop
+    future: asyncio.Future[Observation] | None = None
 
 
 @dataclass
@@ -182,7 +183,7 @@ class SharedObserver:
         """``wait`` for an event loop: awaits without blocking the loop (the Airflow
         triggerer runs every trigger in one)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[Observation] = loop.create_future()
         waiter = self._add_waiter(lease_id, _Waiter(after, future.set_result, loop, future))
         if waiter is None:
             return future.result()
@@ -212,7 +213,7 @@ class SharedObserver:
             if watched is not None and (latest is None or latest.at < waiter.after):
                 watched.waiters.append(waiter)
                 return waiter
-        if watched is None:
+        if watched is None or latest is None:  # (a watched lease with none waits above)
             latest = Observation(
                 lease_id,
                 error=SpotError(
@@ -360,7 +361,7 @@ class SharedObserver:
 
 def _resolve(items: list[tuple[_Waiter, Observation]]) -> None:
     for waiter, observation in items:
-        if not waiter.future.done():
+        if waiter.future is not None and not waiter.future.done():
             waiter.future.set_result(observation)
 
 

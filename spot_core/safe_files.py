@@ -25,7 +25,7 @@ import secrets
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Union
+from typing import BinaryIO, Union
 
 from spot_core.errors import ConfigError, SpotError
 
@@ -74,7 +74,7 @@ def read_text(path: PathLike, *, limit: int, what: str = "file", encoding: str =
     return read_bytes(path, limit=limit, what=what).decode(encoding)
 
 
-def read_stream(stream, *, limit: int, what: str = "standard input") -> bytes:
+def read_stream(stream: BinaryIO, *, limit: int, what: str = "standard input") -> bytes:
     """At most ``limit`` bytes of an open binary stream (stdin redirected from /dev/zero
     must not read for ever); more is UnsafeFile."""
     data = stream.read(limit + 1)
@@ -83,7 +83,7 @@ def read_stream(stream, *, limit: int, what: str = "standard input") -> bytes:
     return data
 
 
-def open_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = True):
+def open_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = True) -> BinaryIO:
     """An unbuffered binary handle on the regular file at ``path``, opened without blocking.
 
     Checked before opening (a tape drive rewinds, a FIFO blocks, on open) and again on the
@@ -139,7 +139,7 @@ def _check_readable(path: PathLike, info: os.stat_result, what: str) -> None:
         raise not_regular(path, info.st_mode, what)
 
 
-def _read_at_most(handle, path: PathLike, limit: int, what: str, size: int) -> bytes:
+def _read_at_most(handle: BinaryIO, path: PathLike, limit: int, what: str, size: int) -> bytes:
     """Read to the end, one allocation in the common case (the size ``fstat`` gave)."""
     first = handle.read(size + 1) if size else handle.read(min(READ_CHUNK, limit + 1))
     parts, total = [first], len(first)
@@ -244,7 +244,7 @@ def check_target(
 
 def write_bytes(
     path: PathLike,
-    data: bytes | str | Iterable[bytes],
+    data: bytes | bytearray | memoryview | str | Iterable[bytes],
     *,
     inputs: Sequence[PathLike | int] = (),
     what: str = "output",

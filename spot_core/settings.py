@@ -48,7 +48,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Annotated, Any, get_type_hints
+from typing import Annotated, Any, NoReturn, get_type_hints
 
 from spot_core.bounds import (
     MAX_COUNT,
@@ -992,7 +992,7 @@ def _bind() -> tuple[Knob, ...]:
     return tuple(bound)
 
 
-def _both_deadlines():
+def _both_deadlines() -> NoReturn:
     raise ConfigError(
         "deadline is a duration or a time, not both: give deadline_capacity_seconds or deadline_at"
     )

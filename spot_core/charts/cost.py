@@ -12,7 +12,7 @@ WIDTH, LABEL_WIDTH, ROW, TOP = 760, 170, 34, 50
 def cost_chart(record: JobRecord, *, width: int = WIDTH) -> str:
     """Paid (bars per attempt and in total) against the on-demand equivalent."""
     ledger = record.ledger
-    rows = [
+    rows: list[tuple[str, float, float, int | None]] = [
         (f"attempt {a.number} ({a.pool.market})", a.cost, a.on_demand_cost, a.number)
         for a in record.attempts
     ]

@@ -3,7 +3,7 @@ on-demand, one line per series (a DAG and task, a flow, a pool), one dot per job
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from html import escape
 
@@ -105,7 +105,14 @@ def _escaped(label: str, record: JobRecord) -> str:
     )
 
 
-def _axes(t0: float, t1: float, v0: float, v1: float, xy, plot_w: float) -> list[str]:
+def _axes(
+    t0: float,
+    t1: float,
+    v0: float,
+    v1: float,
+    xy: Callable[[float, float], tuple[float, float]],
+    plot_w: float,
+) -> list[str]:
     parts = []
     for i in range(5):
         v = v0 + (v1 - v0) * i / 4

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from spot_core.errors import ConfigError
 
+if TYPE_CHECKING:  # collections.abc.Buffer from 3.12; typing_extensions is a typing-only need
+    from typing_extensions import Buffer
+
 
 class Digest(Protocol):
-    def update(self, data: bytes | memoryview, /) -> object: ...
+    def update(self, data: Buffer, /) -> object: ...
 
     def hexdigest(self) -> str: ...
 

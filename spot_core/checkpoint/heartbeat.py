@@ -41,9 +41,12 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spot_core.errors import FencedOut
+
+if TYPE_CHECKING:
+    from spot_core.checkpoint.store import CheckpointStore
 
 HEARTBEAT_KEY = "heartbeat/driver.json"
 DRIVER_KEY = "drivers/{}.json"  # a driver process's beat, in the heartbeat_uri store
@@ -141,7 +144,7 @@ class Beat:
         return beat if math.isfinite(beat.renewed_at) else None
 
 
-def _writer(doc: dict) -> dict[str, Any]:
+def _writer(doc: dict[str, Any]) -> dict[str, Any]:
     """The writer fields of a beat document; a malformed one is dropped field by field
     (the beat itself still counts for the node, which never reads them)."""
     owner, host, pid, timeout = (doc.get(k) for k in ("owner", "host", "pid", "timeout"))
@@ -168,8 +171,8 @@ class Heartbeat:
 
     def __init__(
         self,
-        store,
-        drivers=None,
+        store: CheckpointStore,
+        drivers: CheckpointStore | None = None,
         *,
         timeout: float | None = None,
         identity: DriverIdentity | None = None,
@@ -278,7 +281,7 @@ class DriverBeat:
     out at the next renewal, so its node's timeout runs from then, as if its own beat had
     stopped. Thread-safe: a triggerer's checks run on many threads."""
 
-    def __init__(self, store, driver_id: str | None = None) -> None:
+    def __init__(self, store: CheckpointStore, driver_id: str | None = None) -> None:
         self.store = store
         self.driver_id = driver_id or uuid.uuid4().hex
         self._lock = threading.Lock()
@@ -355,7 +358,12 @@ class Holder:
 
 
 def live_holder(
-    store, now: float, *, timeout: float, drivers=None, me: DriverIdentity | None = None
+    store: CheckpointStore,
+    now: float,
+    *,
+    timeout: float,
+    drivers: CheckpointStore | None = None,
+    me: DriverIdentity | None = None,
 ) -> Holder | None:
     """The driver process other than ``me`` that holds the job whose store is ``store``,
     or None: its beat is renewed within its timeout (``timeout`` for a beat that names
@@ -384,7 +392,7 @@ _driver_beats: dict[str, DriverBeat] = {}
 _driver_beats_lock = threading.Lock()
 
 
-def driver_beat(uri: str, open_store: Callable[[str], Any]) -> DriverBeat:
+def driver_beat(uri: str, open_store: Callable[[str], CheckpointStore]) -> DriverBeat:
     """This process's ``DriverBeat`` at ``uri`` (made once, with ``open_store(uri)``):
     every controller in the process (each trigger of a triggerer) shares it."""
     with _driver_beats_lock:

@@ -59,7 +59,9 @@ def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(metadata, Mapping):
         raise ConfigError(f"checkpoint metadata must be a dict, got {type(metadata).__name__}")
     try:
-        encoded = json.loads(json.dumps(dict(metadata), allow_nan=False, sort_keys=True))
+        encoded: dict[str, Any] = json.loads(
+            json.dumps(dict(metadata), allow_nan=False, sort_keys=True)
+        )
     except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(
             f"checkpoint metadata is not JSON-serialisable ({exc}); use only "
@@ -223,11 +225,11 @@ def _file_name(name: object, where: str) -> str:
     """A payload name a save could have written; anything else (``..``, absolute, control
     characters) would let a forged manifest reach outside the checkpoint on load."""
     problem = "is not a string" if not isinstance(name, str) else name_problem(name)
-    if problem:
+    if problem or not isinstance(name, str):
         raise CorruptCheckpoint(
             f"{where} lists payload file {str(name)[:80]!r}, which {problem}; forged or edited"
         )
-    return name  # type: ignore[return-value]
+    return name
 
 
 def _file_entry(entry: Mapping[str, Any]) -> FileEntry:

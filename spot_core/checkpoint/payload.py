@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, new_digest
-from spot_core.checkpoint.manifest import MANIFEST_NAME
-from spot_core.checkpoint.names import name_problem
+from spot_core.checkpoint.names import MANIFEST_NAME, name_problem
 from spot_core.errors import ConfigError
 
 CHUNK_SIZE = 4 << 20

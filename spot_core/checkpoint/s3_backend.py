@@ -31,12 +31,17 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from spot_core.adaptors import aws
 from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
+
+if TYPE_CHECKING:  # collections.abc.Buffer from 3.12; typing_extensions is a typing-only need
+    from typing_extensions import Buffer
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +204,8 @@ class S3Backend:
         response = self._get(key)
         body = response["Body"]
         if max_bytes is None:
-            return body.read()
+            whole: bytes = body.read()  # boto3's StreamingBody
+            return whole
         try:  # judged by its length before any byte is read, and read no further anyway
             length = int(response.get("ContentLength") or 0)
             data = body.read(max_bytes + 1) if length <= max_bytes else b""
@@ -248,17 +254,23 @@ class S3Backend:
         """Total bytes stored under ``prefix`` (one LIST; no object is read)."""
         return sum(int(o["Size"]) for o in self._list(self._key(prefix) + "/", delimiter=None))
 
-    def _get(self, key: str) -> dict:
-        return self._call(
-            "get", self.client.get_object, Bucket=self.bucket, Key=self._key(key), missing=key
+    def _get(self, key: str) -> dict[str, Any]:
+        return cast(  # boto3 response
+            "dict[str, Any]",
+            self._call(
+                "get", self.client.get_object, Bucket=self.bucket, Key=self._key(key), missing=key
+            ),
         )
 
-    def _head(self, key: str) -> dict:
-        return self._call(
-            "head", self.client.head_object, Bucket=self.bucket, Key=self._key(key), missing=key
+    def _head(self, key: str) -> dict[str, Any]:
+        return cast(  # boto3 response
+            "dict[str, Any]",
+            self._call(
+                "head", self.client.head_object, Bucket=self.bucket, Key=self._key(key), missing=key
+            ),
         )
 
-    def _list(self, full_prefix: str, delimiter: str | None) -> list[dict]:
+    def _list(self, full_prefix: str, delimiter: str | None) -> list[dict[str, Any]]:
         paginator = self.client.get_paginator("list_objects_v2")
         extra = {"Delimiter": delimiter} if delimiter else {}
         pages = self._call(
@@ -332,7 +344,14 @@ class S3Backend:
             extra["SSEKMSKeyId"] = self.sse_kms_key_id
         return extra
 
-    def _call(self, what: str, fn, *args: Any, missing: str | None = None, **kwargs: Any):
+    def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        missing: str | None = None,
+        **kwargs: Any,
+    ) -> T:
         """One S3 call: throttling backed off; 404 -> FileNotFoundError; 412 -> _Conflict;
         anything else -> CheckpointError (an OSError subclass is not used: the store's
         save path would mislabel it as a disk problem)."""
@@ -371,14 +390,15 @@ class _ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, target) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, target: Buffer) -> int:
         while not self._pending:
             chunk = next(self._rest, None)
             if chunk is None:
                 return 0
             self._pending = memoryview(chunk).cast("B")
-        n = min(len(target), len(self._pending))
-        target[:n] = self._pending[:n]
+        with memoryview(target) as view:  # the caller's buffer (a bytearray), as bytes
+            n = min(len(view), len(self._pending))
+            view[:n] = self._pending[:n]
         self._pending = self._pending[n:]
         self.consumed += n
         return n

@@ -28,7 +28,7 @@ def arrays_to_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
                 "dtype or use pickle_dumps for trusted data"
             )
     buffer = io.BytesIO()
-    np.savez(buffer, **{name: np.asarray(a) for name, a in arrays.items()})
+    np.savez(buffer, allow_pickle=False, **{name: np.asarray(a) for name, a in arrays.items()})
     return buffer.getvalue()
 
 

@@ -16,6 +16,8 @@ import math
 from collections.abc import Mapping
 
 from spot_core import attempt_env
+from spot_core.checkpoint.uri import ACCEPTED_FORMS
+from spot_core.errors import ConfigError
 
 STATUS_PREFIX = "status"
 
@@ -24,7 +26,7 @@ def status_key(attempt: int) -> str:
     return f"{STATUS_PREFIX}/attempt-{attempt:06d}.json"
 
 
-def parse_report(data: bytes | None) -> dict:
+def parse_report(data: bytes | None) -> dict[str, int | float]:
     """The typed fields of a status report (``exit_code`` int, ``notice_at`` and ``ended_at``
     finite seconds); anything else, or an unreadable object, is dropped as corrupt.
 
@@ -36,7 +38,7 @@ def parse_report(data: bytes | None) -> dict:
         return {}
     if not isinstance(doc, dict):
         return {}
-    out: dict = {}
+    out: dict[str, int | float] = {}
     code = doc.get("exit_code")
     if isinstance(code, int) and not isinstance(code, bool) and -255 <= code <= 255:
         out["exit_code"] = code
@@ -58,18 +60,23 @@ def write_report(
     notice_at: float | None,
     ended_at: float | None,
     environ: Mapping[str, str] | None = None,
-) -> dict:
+) -> dict[str, str | int | float | None]:
     """Write the attempt's status object to its store (``$SPOT_CHECKPOINT_URI``)."""
     from spot_core.checkpoint import open_store
 
     env = attempt_env.AttemptEnv.from_environ(environ)
-    doc = {
+    doc: dict[str, str | int | float | None] = {
         "job_id": env.job_id,
         "attempt": env.attempt,
         "exit_code": exit_code,
         "notice_at": notice_at,
         "ended_at": ended_at,
     }
+    if env.checkpoint_uri is None:
+        raise ConfigError(
+            f"{attempt_env.CHECKPOINT_URI} is not set, so the attempt's status report has "
+            f"no store; set it to {ACCEPTED_FORMS} (spot-pipelines sets it for each attempt)"
+        )
     store = open_store(env.checkpoint_uri)
     store.put_object(status_key(env.attempt), json.dumps(doc, allow_nan=False).encode())
     return doc

@@ -9,6 +9,7 @@ progress of the attempt that resumed the job elsewhere.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import logging
@@ -24,7 +25,6 @@ from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
     CHECKPOINTS_PREFIX,
-    MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     FileEntry,
     Manifest,
@@ -33,6 +33,7 @@ from spot_core.checkpoint.manifest import (
     new_checkpoint_id,
     parse_checkpoint_id,
 )
+from spot_core.checkpoint.names import MANIFEST_NAME
 from spot_core.checkpoint.payload import CHUNK_SIZE, HashingStream, PayloadItem, prepare_payload
 from spot_core.errors import (
     CheckpointError,
@@ -443,7 +444,7 @@ class CheckpointStore:
         if size != entry.size or digest.hexdigest() != entry.digest:
             raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
 
-    def _chunks(self, manifest: Manifest, name: str):  # type: ignore[no-untyped-def]
+    def _chunks(self, manifest: Manifest, name: str) -> Iterator[bytes]:
         try:
             yield from self.backend.iter_chunks(
                 checkpoint_key(manifest.checkpoint_id, name), self.chunk_size
@@ -452,9 +453,9 @@ class CheckpointStore:
             raise _corrupt(manifest, name, "is missing (or not a file)") from None
 
     # -- verification helpers ----------------------------------------------------------
-    def _committed(self) -> list[Manifest]:
+    def _committed(self) -> builtins.list[Manifest]:
         """Self-verified manifests, oldest to newest; torn saves (no manifest) are skipped."""
-        manifests = []
+        manifests: builtins.list[Manifest] = []
         for checkpoint_id in self._checkpoint_ids():
             try:
                 data = self.backend.get_bytes(
@@ -469,7 +470,7 @@ class CheckpointStore:
                 self._warn_once(checkpoint_id, exc)
         return sorted(manifests, key=lambda m: m.order_key)
 
-    def _checkpoint_ids(self) -> list[str]:
+    def _checkpoint_ids(self) -> builtins.list[str]:
         return [
             c
             for c in self.backend.children(CHECKPOINTS_PREFIX)
@@ -514,7 +515,7 @@ class CheckpointStore:
             log.warning("skipping checkpoint %s in %s: %s", checkpoint_id, self.uri, exc)
 
     # -- prune -----------------------------------------------------------------------
-    def prune(self, keep: int = 3) -> list[str]:
+    def prune(self, keep: int = 3) -> builtins.list[str]:
         """Delete all but the newest ``keep`` committed checkpoints; return deleted ids.
 
         The newest checkpoint that fully verifies is always kept, even when newer
@@ -538,7 +539,7 @@ class CheckpointStore:
             log.info("pruned %d checkpoint(s) from %s", len(doomed), self.uri)
         return doomed
 
-    def _prune_candidates(self, keep: int) -> list[str]:
+    def _prune_candidates(self, keep: int) -> builtins.list[str]:
         committed = self._committed()
         if not committed:
             return []
@@ -552,11 +553,13 @@ class CheckpointStore:
         torn = [
             c
             for c in self._checkpoint_ids()
-            if c not in committed_ids and parse_checkpoint_id(c) < newest
-        ]  # type: ignore[operator]
+            if c not in committed_ids
+            and (order := parse_checkpoint_id(c)) is not None  # _checkpoint_ids: never None
+            and order < newest
+        ]
         return doomed + torn
 
-    def _newest_valid(self, committed: list[Manifest]) -> str | None:
+    def _newest_valid(self, committed: builtins.list[Manifest]) -> str | None:
         """Like ``latest`` but trusts files this instance already hashed (sizes still checked)."""
         for manifest in reversed(committed):
             known = manifest.checkpoint_id in self._verified
@@ -660,8 +663,8 @@ def _check_count(what: str, value: object, *, minimum: int, maximum: int | None 
     if (
         not isinstance(value, numbers.Integral)
         or isinstance(value, bool)
-        or value < minimum
-        or (maximum is not None and value > maximum)
+        or int(value) < minimum
+        or (maximum is not None and int(value) > maximum)
     ):
         bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
         raise ConfigError(f"{what} must be an int {bound}, got {repr(value)[:40]}")

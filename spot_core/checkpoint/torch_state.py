@@ -57,7 +57,10 @@ def capture_rng() -> dict[str, Any]:
     """Every global RNG state as tensors and plain values."""
     import torch
 
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    if not isinstance(legacy, tuple):  # a dict only when the global generator is not MT19937
+        raise ValueError("numpy's global random generator is not MT19937; its state is a dict")
+    kind, keys, pos, has_gauss, cached = legacy
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),

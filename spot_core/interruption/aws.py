@@ -72,6 +72,8 @@ class AwsDetector(HttpDetector):
         action, when = doc.get("action"), doc.get("time")
         if action not in ACTIONS:
             raise bad_answer("aws", "instance-action action", resp.body)
+        if not isinstance(when, str):  # what _timestamp refuses too
+            raise bad_answer("aws", "timestamp", resp.body)
         deadline = _timestamp(when, resp.body)
         return [Notice(INTERRUPTION, "aws", action, deadline, now, raw=doc, identity=when)]
 
@@ -82,6 +84,8 @@ class AwsDetector(HttpDetector):
         check_status("aws rebalance", resp)
         doc = _json_object(resp.body, "rebalance recommendation")
         notice_time = doc.get("noticeTime")
+        if not isinstance(notice_time, str):  # what _timestamp refuses too
+            raise bad_answer("aws", "timestamp", resp.body)
         _timestamp(notice_time, resp.body)
         return [Notice(REBALANCE, "aws", "rebalance", None, now, raw=doc, identity=notice_time)]
 

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from email.message import Message
 
 from spot_core.errors import MetadataEndpointError
 from spot_core.interruption.base import Notice
@@ -69,7 +70,7 @@ def _read_quietly(exc: urllib.error.HTTPError) -> bytes:
         return b""
 
 
-def _response(status: int, body: bytes, headers: object) -> Response:
+def _response(status: int, body: bytes, headers: Message | None) -> Response:
     text = body.decode("utf-8", errors="replace")
     pairs = {k.lower(): v for k, v in headers.items()} if headers is not None else {}
     return Response(status=status, body=text, headers=pairs)

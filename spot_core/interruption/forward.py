@@ -33,7 +33,7 @@ class ChildForwarder:
 
     def __init__(
         self,
-        child: subprocess.Popen,
+        child: subprocess.Popen[bytes],
         notice_file: str,
         grace_seconds: float | None = None,
         clock: Callable[[], float] = time.time,

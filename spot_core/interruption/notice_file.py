@@ -77,4 +77,5 @@ def read_notice(path: str | os.PathLike[str] | None = None) -> dict[str, Any] | 
         )
     except FileNotFoundError:
         return None
-    return json.loads(data)
+    event: dict[str, Any] | None = json.loads(data)
+    return event

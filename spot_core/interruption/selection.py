@@ -109,7 +109,7 @@ def detectors_for(
     in_pod = node_name_from_env() is not None
     if name == NODE or (name == AUTO and in_pod):
         node = node_detector(os.environ)  # first: a refusal leaves no signal handler
-        found = [SignalDetector(), node]
+        found: list[Detector] = [SignalDetector(), node]
         probed = probe_cloud(resolve_endpoint(endpoint), probe_timeout)
         if probed is not None:
             found.append(detector_for(probed, endpoint, timeout=timeout))
@@ -129,7 +129,11 @@ def probe_cloud(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT) -> 
 
     def ask(name: str) -> None:
         plugin = plugins[name]
-        answers[name] = plugin.probe(endpoint or plugin.endpoint, timeout)
+        where = endpoint or plugin.endpoint
+        if plugin.probe is None or where is None:  # no probe, or nowhere to send it
+            answers[name] = False
+            return
+        answers[name] = plugin.probe(where, timeout)
 
     threads = [threading.Thread(target=ask, args=(name,), daemon=True) for name in plugins]
     for thread in threads:

@@ -53,8 +53,11 @@ class Market(Protocol):
     capacity seconds per wall second (1 but for a trace replayed faster), and
     ``tick_seconds``, the capacity seconds between its changes (None: no tick clock)."""
 
-    time_scale: float
-    tick_seconds: float | None
+    @property
+    def time_scale(self) -> float: ...
+
+    @property
+    def tick_seconds(self) -> float | None: ...
 
     def offers(self, pools: Sequence[Pool], now: float) -> list[Offer]:
         """One offer per pool it knows; pools it cannot price raise ``ConfigError``."""

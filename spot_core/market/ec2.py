@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spot_core.errors import ConfigError, SpotError
-from spot_core.market.advisor import SpotAdvisor, load_advisor
+from spot_core.market.advisor import Band, SpotAdvisor, load_advisor
 from spot_core.market.base import PoolStat
 from spot_core.model import Market, Offer, Pool
 
@@ -145,7 +145,7 @@ class Ec2Market:
             interruption_band=None if band is None else band.label,
         )
 
-    def _band(self, pool: Pool):  # type: ignore[no-untyped-def]
+    def _band(self, pool: Pool) -> Band | None:
         if self.advisor is None:
             return None
         return self.advisor.find_band(pool.region, pool.instance_type)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -143,8 +143,8 @@ class ZoneTrace:
         )
 
 
-def _positive_number(value: Any) -> bool:
-    return (
+def _positive_number(value: Any) -> TypeGuard[float | np.number[Any]]:
+    return bool(
         isinstance(value, (int, float, np.number))
         and not isinstance(value, bool)
         and math.isfinite(value)
@@ -518,7 +518,10 @@ def _group_history(
                 continue
             key = (str(e["AvailabilityZone"]), str(e["InstanceType"]))
             price = float(price_array([float(e["SpotPrice"])], "SpotPrice")[0])
-            grouped.setdefault(key, []).append((_posix(e["Timestamp"], "Timestamp"), price))
+            when = _posix(e["Timestamp"], "Timestamp")
+            if when is None:
+                raise TypeError("its Timestamp is null")
+            grouped.setdefault(key, []).append((when, price))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError(
                 f"spot price history entry {str(e)[:120]} is not an "
@@ -531,7 +534,13 @@ def _group_history(
             f"spot price history has no {product!r} entries; pass product=None "
             "or the product description you asked the API for"
         )
-    return {k: tuple(np.array(c) for c in zip(*sorted(v), strict=True)) for k, v in grouped.items()}
+    return {k: _columns(v) for k, v in grouped.items()}
+
+
+def _columns(pairs: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(times, prices) of time-sorted (time, price) pairs."""
+    times, prices = zip(*sorted(pairs), strict=True)
+    return np.array(times), np.array(prices)
 
 
 def _history_trace(

@@ -55,7 +55,7 @@ class PoolAlert:
 
 def pool_alerts(
     offers: Sequence[Offer],
-    stats: Mapping[str, PoolStat | tuple] | None = None,
+    stats: Mapping[str, PoolStat | tuple[float, float]] | None = None,
     *,
     max_interruption_rate: float | None,
     max_spot_price: float | None,

@@ -13,11 +13,15 @@ this interval is the safety net for notices that are missed or too short.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from spot_core.errors import ConfigError
 from spot_core.policy.registry import Registry
+
+if TYPE_CHECKING:
+    from spot_core.model import CheckpointRef
 
 
 def _check_positive(**values: float) -> None:
@@ -45,7 +49,9 @@ def daly_interval(checkpoint_seconds: float, mtbi_seconds: float) -> float:
     return math.sqrt(2.0 * c * m) * (1.0 + math.sqrt(c / (2.0 * m)) / 3.0 + c / (18.0 * m)) - c
 
 
-FORMULAS: Registry = Registry("checkpoint interval formula", default="daly")
+FORMULAS: Registry[Callable[[float, float], float]] = Registry(
+    "checkpoint interval formula", default="daly"
+)
 FORMULAS.register("daly", daly_interval)
 FORMULAS.register("young", young_interval)
 
@@ -106,14 +112,21 @@ class CheckpointBounds:
             )
 
 
-def mean_save_seconds(ref: Any) -> float | None:
+def mean_save_seconds(ref: CheckpointRef | None) -> float | None:
     """The job's mean measured save, from the ledger a ``Checkpointer`` writes into each
     checkpoint's metadata (``checkpoint_seconds_total`` over ``checkpoint_saves``, wall
     seconds on the node); None before any save or for a checkpoint written without it."""
-    metadata = getattr(ref, "metadata", None) or {}
+    metadata: Mapping[str, Any] = getattr(ref, "metadata", None) or {}
     total, saves = metadata.get("checkpoint_seconds_total"), metadata.get("checkpoint_saves")
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (total, saves))
-    if not numbers or not saves > 0 or not math.isfinite(total) or not total > 0:
+    if (
+        not isinstance(total, (int, float))
+        or isinstance(total, bool)
+        or not isinstance(saves, (int, float))
+        or isinstance(saves, bool)
+        or not saves > 0
+        or not math.isfinite(total)
+        or not total > 0
+    ):
         return None
     return float(total) / float(saves)
 

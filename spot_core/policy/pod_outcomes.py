@@ -255,7 +255,7 @@ def conditions(obj: Mapping[str, Any], kind: str) -> list[Mapping[str, Any]]:
 def step_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The step's container status: the one named ``step``; else, for any other pod, the
     first that failed, else the first."""
-    statuses = _status(pod).get("containerStatuses") or []
+    statuses: list[Mapping[str, Any]] = _status(pod).get("containerStatuses") or []
     named = [s for s in statuses if s.get("name") == STEP_CONTAINER]
     if named:
         return named[0]
@@ -267,7 +267,7 @@ def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The container's last termination: ``state.terminated``, else ``lastState`` (a
     container the kubelet restarted, or a status reset after a node reboot)."""
     for key in ("state", "lastState"):
-        terminated = (status.get(key) or {}).get("terminated")
+        terminated: Mapping[str, Any] | None = (status.get(key) or {}).get("terminated")
         if terminated:
             return terminated
     return None
@@ -456,7 +456,7 @@ def _node_evidence(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> li
     return out
 
 
-def _taint_evidence(node: str, taint: Mapping[str, Any]) -> Disruption:
+def _taint_evidence(node: str | None, taint: Mapping[str, Any]) -> Disruption:
     key = taint.get("key", "")
     why = f"node {node}: taint {key}:{taint.get('effect', '')}"
     voluntary = {"autoscaler-scale-down": True, "gke-termination": False}.get(NOTICE_TAINTS[key])
@@ -502,7 +502,7 @@ def spot_of(pod: Mapping[str, Any], node: Any = UNKNOWN) -> bool | None:
     if isinstance(node, Mapping):
         labels = _meta(node).get("labels") or {}
         return any(labels.get(f.label) == f.spot_value for f in FLAVOURS)
-    pool = (_meta(pod).get("annotations") or {}).get(ANNOTATION_POOL, "")
+    pool: str = (_meta(pod).get("annotations") or {}).get(ANNOTATION_POOL, "")
     if pool.endswith("/spot") or pool.endswith("/on-demand"):
         return pool.endswith("/spot")
     spec = pod.get("spec") or {}
@@ -583,7 +583,15 @@ def _stamped(current: Sequence[Disruption], earlier: Sequence[Disruption]) -> li
 
 
 def _still_running(
-    pod, node, found, events, spot, completed, terminated_by_us, now, margin
+    pod: Mapping[str, Any],
+    node: Any,
+    found: Sequence[Disruption],
+    events: Sequence[Mapping[str, Any]],
+    spot: bool | None,
+    completed: bool | Callable[[], bool],
+    terminated_by_us: bool,
+    now: float,
+    margin: float,
 ) -> PodVerdict:
     """A pod not ended yet: running, under a notice, or past that notice's deadline."""
     if not found:
@@ -650,31 +658,44 @@ def _notice(
 
 
 def _disrupted(
-    pod, node, found, events, spot, completed, notice_at, now, *, forced: bool = False
+    pod: Mapping[str, Any],
+    node: Any,
+    found: Sequence[Disruption],
+    events: Sequence[Mapping[str, Any]],
+    spot: bool | None,
+    completed: bool | Callable[[], bool],
+    notice_at: float,
+    now: float,
+    *,
+    forced: bool = False,
 ) -> PodVerdict:
     code, ended = _exit(pod, now)
     lead = _decisive(found)
     detail = "; ".join(dict.fromkeys(d.why for d in found))
     force_delete = forced and (node is None or any(d.kind == "node-gone" for d in found))
-    common = dict(
-        disruption=lead,
-        notice_at=notice_at,
-        ended_at=ended if not forced else now,
-        exit_code=code,
-        forced=forced,
-        force_delete=force_delete,
-        evidence=tuple(found),
-    )
+
+    def verdict(outcome: str, reason: str) -> PodVerdict:
+        return PodVerdict(
+            outcome,
+            reason,
+            disruption=lead,
+            notice_at=notice_at,
+            ended_at=ended if not forced else now,
+            exit_code=code,
+            forced=forced,
+            force_delete=force_delete,
+            evidence=tuple(found),
+        )
+
     if forced:
         detail = f"still not ended past its notice's grace period: {detail}"
     if _completed(completed):
-        return PodVerdict(
+        return verdict(
             Outcome.SUCCEEDED.value,
             f"the step reported completion before it was disrupted ({detail})",
-            **common,
         )
     outcome, why = _disruption_outcome(found, event_evidence(events), spot)
-    return PodVerdict(outcome.value, f"{why}: {detail}"[:500], **common)
+    return verdict(outcome.value, f"{why}: {detail}"[:500])
 
 
 def _decisive(found: Sequence[Disruption]) -> Disruption:

@@ -73,7 +73,10 @@ class HourOfWeekProfile:
     def expected_rate(self, zone: str) -> np.ndarray:
         """Expected $/h per hour-of-week slot: spot when available, on-demand otherwise."""
         avail = np.asarray(self.zone_availability[zone])
-        return avail * np.asarray(self.zone_prices[zone]) + (1 - avail) * self.on_demand_price
+        rate: np.ndarray = (
+            avail * np.asarray(self.zone_prices[zone]) + (1 - avail) * self.on_demand_price
+        )
+        return rate
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -203,7 +206,9 @@ def plan_start(
             cost = _expected_cost(profile, zone, start, start + seconds, now, current_offers)
             if best is None or cost < best[0] - 1e-9:
                 best = (cost, start, zone)
-    cost, start, zone = best  # type: ignore[misc]
+    if best is None:  # never: a profile has zones, and the window at least one start
+        raise ValueError(f"no start between {earliest} and {latest} to plan")
+    cost, start, zone = best
     return StartPlan(start, zone, cost, _reason(profile, zone, start, now, cost, seconds))
 
 

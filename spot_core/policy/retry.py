@@ -272,7 +272,7 @@ def _why_on_demand(
             f"the deadline ({_when(record.deadline_at)}) is less than "
             f"{policy.deadline_safety_seconds:g} s away"
         )
-    if policy.on_demand_fallback and _work_forces_on_demand(record, work, now):
+    if policy.on_demand_fallback and work is not None and _work_forces_on_demand(record, work, now):
         return "deadline", (
             f"{work.work_left_seconds:.0f} s of work and two restarts no longer "
             f"fit before the deadline ({_when(record.deadline_at)}) on spot"
@@ -428,7 +428,7 @@ def _wait(
         )
     seconds = min(policy.capacity_wait_seconds, limit - waited)
     last = last_finished(record)
-    if last and _recent_capacity_miss(last, policy, now):
+    if last and _recent_capacity_miss(last, policy, now) and last.ended_at is not None:
         seconds = min(seconds, last.ended_at + policy.capacity_wait_seconds - now)
     if record.deadline_at is not None:
         seconds = min(seconds, record.deadline_at - now)

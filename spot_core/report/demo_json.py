@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from spot_core.model import JobRecord
 
 
@@ -12,7 +14,7 @@ def demo_report(
     final_weights_sha256: str | None,
     uninterrupted_weights_sha256: str,
     accuracy: float | None,
-) -> dict:
+) -> dict[str, Any]:
     """The same keys for every engine."""
     summary = record.summary()
     return {

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from spot_core.model import JobRecord
 from spot_core.report.progress import attempt_line, saving_line
+
+if TYPE_CHECKING:  # rich is imported when the view is drawn
+    from rich.console import RenderableType
+    from rich.panel import Panel
 
 
 class LiveProgress:
@@ -36,7 +41,7 @@ class LiveProgress:
         self.record = record
         self.last = f"{kind}: {detail}" if detail else kind
 
-    def __rich__(self):
+    def __rich__(self) -> Panel:
         from rich.console import Group
         from rich.panel import Panel
         from rich.progress_bar import ProgressBar
@@ -45,7 +50,10 @@ class LiveProgress:
         record = self.record
         if record is None:
             return Panel(Text(self.last), title=Text(self.title))
-        lines = [Text(attempt_line(record, self.clock())), Text(saving_line(record))]
+        lines: list[RenderableType] = [
+            Text(attempt_line(record, self.clock())),
+            Text(saving_line(record)),
+        ]
         step = record.latest_checkpoint.step if record.latest_checkpoint else 0
         if self.total_steps:
             lines.append(Text(f"checkpointed step {step} of {self.total_steps}"))

@@ -65,5 +65,5 @@ def ledger_lines(record: JobRecord, time_scale: float = 1.0) -> str:
     )
 
 
-def _dash(value) -> str:
+def _dash(value: object) -> str:
     return "-" if value is None else str(value)

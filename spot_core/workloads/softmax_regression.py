@@ -24,12 +24,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.errors import SpotError
 from spot_core.safe_files import read_bytes, write_bytes
+
+if TYPE_CHECKING:
+    from spot_core.checkpoint import Checkpointer, CheckpointStore
 
 MAX_DATASET_BYTES = 1 << 30  # the demo's data set is about 1 MB
 
@@ -84,7 +88,13 @@ def load_dataset(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     """The data set at ``path``: a regular file (a FIFO there would block the step)."""
     raw = read_bytes(path, limit=MAX_DATASET_BYTES, what="data set")
     with np.load(io.BytesIO(raw), allow_pickle=False) as data:
-        return data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
+            data["x_train"],
+            data["y_train"],
+            data["x_test"],
+            data["y_test"],
+        )
+        return arrays
 
 
 def initial_state(cfg: TrainConfig) -> dict[str, np.ndarray]:
@@ -93,7 +103,8 @@ def initial_state(cfg: TrainConfig) -> dict[str, np.ndarray]:
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
+    probabilities: np.ndarray = shifted / shifted.sum(axis=1, keepdims=True)
+    return probabilities
 
 
 def train_step(
@@ -142,7 +153,9 @@ class SimulatedCompute:
         self._owed -= time.perf_counter() - started
 
 
-def train(cfg: TrainConfig, checkpointer=None, data: Path | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig, checkpointer: Checkpointer | None = None, data: Path | None = None
+) -> TrainResult:
     """Train to ``cfg.steps``, resuming from and saving to ``checkpointer`` if given.
 
     The final state is saved as the newest checkpoint (``final: true``) so the evaluation
@@ -179,7 +192,7 @@ def train(cfg: TrainConfig, checkpointer=None, data: Path | None = None) -> Trai
     )
 
 
-def evaluate(store, data: Path) -> tuple[str, float]:
+def evaluate(store: CheckpointStore, data: Path) -> tuple[str, float]:
     """The pipeline's last step: (weights sha256, test accuracy) of the final checkpoint."""
     from spot_core.checkpoint.state import arrays_from_bytes
 

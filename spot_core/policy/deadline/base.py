@@ -165,11 +165,12 @@ def truncated(window: Window, ticks: int) -> Window:
     )
 
 
-def _first_ticks(array, ticks: int):
+def _first_ticks(array: np.ndarray, ticks: int) -> np.ndarray:
     """``array[:, :ticks]``; a causal view (``spot_core.policy.deadline.causal``) cuts itself
     without reading the ticks still to come."""
     head = getattr(type(array), "head", None)
-    return head(array, ticks) if head is not None else array[:, :ticks]
+    first: np.ndarray = head(array, ticks) if head is not None else array[:, :ticks]
+    return first
 
 
 def safety_net(window: Window, t: int, progress: float, current: int, left: float) -> int | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -104,7 +104,7 @@ class CausalArray:
             f"`.{name}` of the whole array would read ticks still to come"
         )
 
-    def __iter__(self):
+    def __iter__(self) -> NoReturn:
         raise FutureRead("iterating a window array reads every tick; index it up to now")
 
     def _check(self, ticks: Any) -> None:
@@ -136,10 +136,11 @@ def _last_index(ticks: Any, n: int) -> int | None:
 
 def causal_window(window: Window, clock: Clock) -> Window:
     """``window`` with its ticks behind ``clock`` (the history stays readable)."""
+    # A CausalArray stands in for the window's arrays: a policy indexes it as it would them.
     return dataclasses.replace(
         window,
-        available=CausalArray(window.available, clock),
-        price=CausalArray(window.price, clock),
+        available=cast(np.ndarray, CausalArray(window.available, clock)),
+        price=cast(np.ndarray, CausalArray(window.price, clock)),
     )
 
 

@@ -123,7 +123,7 @@ class MarketModel:
     def states(self, available: np.ndarray) -> np.ndarray:
         """The capacity state at each tick of a (zones x ticks) availability array, from
         that tick and the ones before it only."""
-        return capacity_states(available.any(axis=0), self.up_edges, self.down_edges)
+        return capacity_states(np.asarray(available.any(axis=0)), self.up_edges, self.down_edges)
 
     def state(self, up: bool, age: int) -> int:
         """The capacity state of one tick: up or down, ``age`` ticks into its run."""
@@ -153,7 +153,7 @@ class _SeenStates:
 
     def __init__(self, model: MarketModel, window: Window) -> None:
         self.model, self.window = model, window
-        anywhere = window.past_available.any(axis=0)
+        anywhere = np.asarray(window.past_available.any(axis=0))
         self.up: bool | None = bool(anywhere[-1]) if anywhere.size else None
         self.age = _run_age(anywhere)
         self.seen: list[int] = []
@@ -450,8 +450,8 @@ def fit_model(window: Window, config: ForecastDP) -> MarketModel:
     k = n_up + n_down
     counts = np.zeros((k, k))
     if past.shape[1] > 1:
-        states = capacity_states(past.any(axis=0), up_edges, down_edges)
-        weight = 1.0
+        states = capacity_states(np.asarray(past.any(axis=0)), up_edges, down_edges)
+        weight: float | np.ndarray = 1.0
         if config.history_half_life_hours > 0:  # the newest transition weighs 1
             age = np.arange(past.shape[1] - 2, -1, -1) * tick_hours
             weight = 0.5 ** (age / config.history_half_life_hours)
@@ -509,7 +509,7 @@ def _follow_counts(available: np.ndarray, price: np.ndarray) -> np.ndarray:
     Returns counts: down->up, down->down, up->up, up->down (capacity anywhere), and for
     the followed zone: kept its capacity, lost it while another zone had some (hop).
     """
-    anywhere = available.any(axis=0)
+    anywhere = np.asarray(available.any(axis=0))
     counts = np.zeros(6)
     zone = -1
     for t in range(available.shape[1] - 1):
@@ -607,8 +607,8 @@ class _Table:
                 )
             idle = best
         if state0 is None:
-            up = bool(window.available[:, first].any())
-            state0 = model.joint(0 if up else model.n_up, True)
+            up_now = bool(window.available[:, first].any())
+            state0 = model.joint(0 if up_now else model.n_up, True)
         start = float(idle[state0][-1])
         return cls(window, unit, step, work, phases, actions), start if start < 1e20 else math.inf
 
@@ -664,10 +664,13 @@ never below ~1e-6 a tick) outweighs every saving."""
 def _expect(trans: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``trans @ values`` over the first axis."""
     flat = values.reshape(values.shape[0], -1)
-    return (trans @ flat).reshape((trans.shape[0],) + values.shape[1:])
+    expected: np.ndarray = (trans @ flat).reshape((trans.shape[0],) + values.shape[1:])
+    return expected
 
 
-def _keep_if_better(best: np.ndarray, choice: np.ndarray, runs: np.ndarray, code: int):
+def _keep_if_better(
+    best: np.ndarray, choice: np.ndarray, runs: np.ndarray, code: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Continuing the running instance where that beats the best fresh choice.
 
     ``best``/``choice``: (states, width); ``runs``: (states, phases, width)."""
@@ -731,7 +734,7 @@ class _ZoneChooser:
     def __init__(self, window: Window, weight: float = 0.5) -> None:
         self.window, self.weight = window, weight
         past = window.past_available
-        self.offset = past.shape[1]
+        self.offset: int = past.shape[1]
         self.folded = -1  # the last window tick folded in
         n = window.n_zones
         self.value = past[:, -1].copy() if self.offset else np.zeros(n, dtype=bool)
@@ -781,7 +784,7 @@ class _ZoneChooser:
 
     def mean_run(self, zone: int, t: int) -> float:
         self._fold(t)
-        return float(self.up[zone]) * self.window.tick_seconds / (self.ends[zone] + 1)
+        return float(self.up[zone]) * self.window.tick_seconds / (int(self.ends[zone]) + 1)
 
     def rest(self, zone: int, t: int) -> float:
         """Expected seconds left of the zone's current run at tick t (seen by t only)."""
@@ -801,7 +804,8 @@ class _ZoneChooser:
         )
 
     def best(self, t: int) -> int:
-        scores = [(self.score(z, t), z) for z in np.flatnonzero(self.window.available[:, t])]
+        zones = [int(z) for z in np.flatnonzero(self.window.available[:, t])]
+        scores = [(self.score(z, t), z) for z in zones]
         return int(min(scores)[1])
 
     def switch(self, t: int, zone: int, work_left: float, margin: float) -> int:
@@ -816,7 +820,7 @@ class _ZoneChooser:
         column = self.window.available[:, t]
         if margin == math.inf or column.sum() < 2:
             return zone
-        other = min((self.score(z, t), z) for z in np.flatnonzero(column) if z != zone)[1]
+        other = min((self.score(z, t), z) for z in map(int, np.flatnonzero(column)) if z != zone)[1]
         prices = self.window.price[:, t]
         gain = float(prices[zone] - prices[other]) * min(self.rest(other, t), work_left) / 3600
         cost = float(prices[other]) * self.window.job.restart_overhead_capacity_seconds / 3600

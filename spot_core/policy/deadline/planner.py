@@ -52,15 +52,20 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 
 from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
+from spot_core.model import Attempt, JobRecord, Market, Offer, Outcome, Pool
 from spot_core.policy.deadline.base import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
 from spot_core.policy.deadline.causal import causal_plan
 from spot_core.policy.ranking import rank_pools
 from spot_core.policy.retry import Decision, RetryPolicy, last_finished, on_demand_candidates
+
+if TYPE_CHECKING:
+    from spot_core.market.trace import ZoneTrace
+    from spot_core.market.trace_market import TraceMarket
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +82,7 @@ def check_deadline_policy(name: str) -> str:
     return name
 
 
-def is_trace_market(market: object) -> bool:
+def is_trace_market(market: object) -> TypeGuard[TraceMarket]:
     """True for markets that replay traces on a tick clock (``TraceMarket``, the local
     cloud's, and any market built on it)."""
     from spot_core.market.trace_market import TraceMarket
@@ -166,7 +171,12 @@ class DeadlinePlan:
         return self._launch(action, offers, now, where) or fallback
 
     def _while_running(
-        self, record: JobRecord, running, offers: Sequence[Offer], retry: RetryPolicy, now: float
+        self,
+        record: JobRecord,
+        running: Attempt,
+        offers: Sequence[Offer],
+        retry: RetryPolicy,
+        now: float,
     ) -> Decision:
         """A running attempt moves when the policy, asked as the simulator asks it (on the
         attempt's zone or on on-demand, with the restart overhead still left), answers
@@ -213,7 +223,7 @@ class DeadlinePlan:
             and any(o.pool == self.pools[action] and o.available for o in offers)
         ):
             return keep  # no zone of the window, or one without capacity now
-        return dataclasses.replace(self._launch(action, offers, now, where), move=True)
+        return dataclasses.replace(self._launch_spot(action, offers, now, where), move=True)
 
     def _launch(
         self, action: int, offers: Sequence[Offer], now: float, where: str
@@ -232,7 +242,11 @@ class DeadlinePlan:
                 pools=on_demand,
                 reason=f"deadline policy {self.policy}: on-demand in {on_demand[0].zone} ({where})",
             )
-        chosen = self.pools[action]
+        return self._launch_spot(action, offers, now, where)
+
+    def _launch_spot(self, zone: int, offers: Sequence[Offer], now: float, where: str) -> Decision:
+        """Spot in window zone ``zone``'s pool first, the other spot pools after it."""
+        chosen = self.pools[zone]
         others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
         return Decision(
             "launch",
@@ -323,7 +337,7 @@ def plan_job(
     )
 
 
-def _unrolled(market, trace, first: int, end: int):
+def _unrolled(market: TraceMarket, trace: ZoneTrace, first: int, end: int) -> ZoneTrace:
     """Absolute market ticks ``[first, end)`` of ``trace`` as the market replays them
     (wrapping around, or holding the last tick, past the trace's end)."""
     ticks = np.arange(first, end)
