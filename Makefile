@@ -39,7 +39,7 @@ demo: $(DEMO_ENV)/.synced
 images: $(UV)
 	$(PYTHON) docker/build_images.py --uv $(UV)
 
-test: test-core test-airflow test-prefect test-images
+test: lint test-core test-airflow test-prefect test-images
 
 # ruff (lint and format) over the tree; mypy strict on spot_core (core environment), the
 # engines' packages each in its own environment (they import their engine).

@@ -105,7 +105,7 @@ def detectors() -> list[dict[str, Any]]:
     ]
 
 
-def job_id(*parts: str) -> str:
+def job_id(*parts: str | int | None) -> str:
     """A job id from an engine's parts (a DAG, task, map index and run; a flow run): one
     string safe in store paths, lease tags and pod names, at most 200 characters."""
     text = ".".join(str(p) for p in parts if p not in (None, ""))

@@ -17,6 +17,7 @@ from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import DRIVER_KEY, HEARTBEAT_KEY, DriverBeat, Heartbeat
 from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -181,7 +182,7 @@ def test_a_failed_renewal_leaves_the_round_due(tmp_path):
     blocker.write_text("not a folder")
     beat = DriverBeat(drivers)
     beat.vouch("j", 1, 0.0)
-    with pytest.raises(OSError):  # the store's own error: the folder is a file
+    with pytest.raises(CheckpointError, match="could not write"):  # the folder is a file
         beat.renew(10.0, every=5.0)
     blocker.unlink()
     assert beat.renew(11.0, every=5.0), "the failed round is tried again at the next check"
