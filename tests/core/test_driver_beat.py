@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from test_driver_heartbeat import TIMEOUT, finish, start_watch
+from test_driver_heartbeat import TIMEOUT, finish, saved_on_stop, start_watch
 
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE
 from spot_core.checkpoint import open_store
@@ -88,7 +88,7 @@ def test_a_step_lives_while_its_driver_watches_it_and_stops_once_it_no_longer_do
     assert TIMEOUT - 0.5 <= took < TIMEOUT + 8, took
     assert [e["event"] for e in events] == ["driver_lost"]
     assert renewals["jobs"] == {"other": 1}, "the driver lived on, for the other job only"
-    assert mine.latest().metadata.get("emergency") == "received SIGTERM"
+    assert saved_on_stop(mine.latest().metadata), mine.latest().metadata
 
 
 def test_a_pointer_that_cannot_be_followed_is_no_renewal(emulator, tmp_path):
