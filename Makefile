@@ -22,7 +22,7 @@ ENGINE ?= none
 PROVIDER ?= local
 PYTEST_ARGS ?=
 
-.PHONY: demo images machine test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server envs clean lock
+.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -39,7 +39,23 @@ demo: $(DEMO_ENV)/.synced
 images: $(UV)
 	$(PYTHON) docker/build_images.py --uv $(UV)
 
-test: test-core test-airflow test-prefect test-images
+test: lint test-core test-airflow test-prefect test-images
+
+# ruff (lint and format) over the tree; mypy strict on spot_core (core environment), the
+# engines' packages each in its own environment (they import their engine).
+LINTED := spot_core airflow_spot prefect_spot tests bench dags flows docker
+
+lint: $(CORE)/.synced $(AIRFLOW)/.synced $(PREFECT)/.synced
+	$(CORE)/bin/ruff check $(LINTED)
+	$(CORE)/bin/ruff format --check $(LINTED)
+	$(CORE)/bin/mypy spot_core
+	$(AIRFLOW)/bin/mypy airflow_spot
+	$(PREFECT)/bin/mypy prefect_spot
+
+# What `make lint` then accepts: the formatter, then the fixable lint.
+format: $(CORE)/.synced
+	$(CORE)/bin/ruff format $(LINTED)
+	$(CORE)/bin/ruff check --fix $(LINTED)
 
 # The system packages no Python package gives (the container engine, docker-compose,
 # Chromium): installed with apt-get as root on Debian/Ubuntu, else named in one line.

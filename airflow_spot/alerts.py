@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from spot_core.model import Attempt, JobRecord, Pool
 from spot_core.policy.alerts import PoolAlert, pool_alerts
@@ -25,15 +26,19 @@ def check_pools(market, pools: Sequence[Pool], thresholds: dict, now: float) -> 
     if all(value is None for value in thresholds.values()):
         return []
     offers = market.offers(list(pools), now)
-    stats = market.stats(list(pools), now) if hasattr(market, "stats") else None
+    stats = market.stats(list(pools), now)
     return pool_alerts(offers, stats, **thresholds)
 
 
 def announce(alerts: list[PoolAlert], context, callback: AlertCallback | None) -> None:
     """Each alert to the log, the ``on_spot_alert`` listeners and ``callback``."""
     ti = context.get("ti")
-    where = {"dag_id": getattr(ti, "dag_id", ""), "run_id": getattr(ti, "run_id", ""),
-             "task_id": getattr(ti, "task_id", ""), "map_index": getattr(ti, "map_index", -1)}
+    where = {
+        "dag_id": getattr(ti, "dag_id", ""),
+        "run_id": getattr(ti, "run_id", ""),
+        "task_id": getattr(ti, "task_id", ""),
+        "map_index": getattr(ti, "map_index", -1),
+    }
     hook = _listener_hook()
     for alert in alerts:
         log.warning("spot pool alert: %s", alert.message)
@@ -43,9 +48,13 @@ def announce(alerts: list[PoolAlert], context, callback: AlertCallback | None) -
             callback(alert.to_dict(), context)
 
 
-def on_attempt_end(market_of: Callable[[], Any], pools_of: Callable[[], Sequence[Pool]],
-                   thresholds: dict, context, callback: AlertCallback | None
-                   ) -> Callable[[JobRecord, Attempt], None]:
+def on_attempt_end(
+    market_of: Callable[[], Any],
+    pools_of: Callable[[], Sequence[Pool]],
+    thresholds: dict,
+    context,
+    callback: AlertCallback | None,
+) -> Callable[[JobRecord, Attempt], None]:
     """The persist callback's ``on_attempt_end``: check the job's pools, announce alerts."""
 
     def check(record: JobRecord, attempt: Attempt) -> None:

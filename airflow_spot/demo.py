@@ -23,11 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from spot_core.checkpoint import open_store
+from spot_core.demo import EMULATED_KUBERNETES, LOCAL_CLOUD
 from spot_core.demo.kubernetes import Reclaimer
 from spot_core.localcloud.server import client_environ
 
@@ -35,7 +37,9 @@ DAG_ID = "spot_ml_pipeline"
 # An installed wheel carries dags/ as airflow_spot/example_dags (pyproject's force-include);
 # a clone has it at its top.
 _PACKAGED_DAGS = Path(__file__).resolve().parent / "example_dags"
-DAGS_FOLDER = _PACKAGED_DAGS if _PACKAGED_DAGS.is_dir() else Path(__file__).resolve().parent.parent / "dags"
+DAGS_FOLDER = (
+    _PACKAGED_DAGS if _PACKAGED_DAGS.is_dir() else Path(__file__).resolve().parent.parent / "dags"
+)
 # The local cloud replays 1 s as half a trace hour, and its replay starts when the
 # training step first connects (however long Airflow took to get there), at tick 420 of
 # the shipped excerpt: the ~60 s training run then loses us-east-2a (tick 524) and
@@ -53,17 +57,33 @@ DEMO_SPEEDUP = 3
 DEMO_TIME_SCALE = DEMO_SPEEDUP * TIME_SCALE
 DEMO_STEP_SECONDS = 0.03 / DEMO_SPEEDUP
 SERVER_START_TIMEOUT = 60.0
-RESULT_KEYS = ("engine", "attempts", "preemptions", "fallbacks", "resumed_from_steps",
-               "spot_cost", "on_demand_cost", "savings_fraction", "lost_work_seconds",
-               "final_weights_sha256", "uninterrupted_weights_sha256", "accuracy")
+RESULT_KEYS = (
+    "engine",
+    "attempts",
+    "preemptions",
+    "fallbacks",
+    "resumed_from_steps",
+    "spot_cost",
+    "on_demand_cost",
+    "savings_fraction",
+    "lost_work_seconds",
+    "final_weights_sha256",
+    "uninterrupted_weights_sha256",
+    "accuracy",
+)
 
 
 def airflow_env(airflow_home: Path, dags_folder: Path = DAGS_FOLDER) -> dict[str, str]:
     """Environment for an isolated Airflow on SQLite that loads only our DAGs."""
-    return {"AIRFLOW_HOME": str(airflow_home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")}
+    return {
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get(
+            "AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING"
+        ),
+    }
 
 
 def migrate() -> None:
@@ -77,16 +97,33 @@ def migrate() -> None:
 
 
 @contextmanager
-def cloud_server(workdir: Path, *, time_scale: float = TIME_SCALE,
-                 start_tick: int = START_TICK, start_on_first_client: bool = False
-                 ) -> Iterator[str]:
+def cloud_server(
+    workdir: Path,
+    *,
+    time_scale: float = TIME_SCALE,
+    start_tick: int = START_TICK,
+    start_on_first_client: bool = False,
+) -> Iterator[str]:
     """``python -m spot_core.localcloud.server`` as a child; yields its URL; stops it.
 
     Its token is in ``workdir`` (``client_environ(url, workdir)`` gives both)."""
     anchor = ["--start-on-first-client"] if start_on_first_client else []
-    proc = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server", "--workdir",
-                             str(workdir), "--time-scale", str(time_scale), "--start-tick",
-                             str(start_tick), *anchor], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.localcloud.server",
+            "--workdir",
+            str(workdir),
+            "--time-scale",
+            str(time_scale),
+            "--start-tick",
+            str(start_tick),
+            *anchor,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = _first_line(proc, SERVER_START_TIMEOUT)
         yield url
@@ -102,25 +139,35 @@ def cloud_server(workdir: Path, *, time_scale: float = TIME_SCALE,
 def _first_line(proc: subprocess.Popen, timeout: float) -> str:
     import selectors
 
+    stdout = proc.stdout
+    if stdout is None:  # never: the server is started with stdout=PIPE
+        raise RuntimeError("the local cloud server's output is not a pipe")
     selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
+    selector.register(stdout, selectors.EVENT_READ)
     if not selector.select(timeout):
         raise RuntimeError(f"the local cloud server printed no URL within {timeout:.0f} s")
-    url = proc.stdout.readline().strip()
+    url = stdout.readline().strip()
     if not url.startswith("http://"):
         raise RuntimeError(f"the local cloud server did not start (said {url!r})")
     return url
 
 
-def run_pipeline(workdir: Path, steps: int, *, url: str | None = None,
-                 cloud_workdir: Path | None = None,
-                 step_seconds: float | None = None) -> dict[str, Any]:
+def run_pipeline(
+    workdir: Path,
+    steps: int,
+    *,
+    url: str | None = None,
+    cloud_workdir: Path | None = None,
+    step_seconds: float | None = None,
+) -> dict[str, Any]:
     """Run the example DAG once under ``dag.test()``; return its report.json.
 
     The local cloud server at ``url`` (running in ``cloud_workdir``) is named to the tasks
     and the triggerer by environment: its URL and token (never in task arguments or logs);
     on Kubernetes the caller has set the connection's environment."""
     if url is not None:
+        if cloud_workdir is None:  # its token lives there
+            raise TypeError("run_pipeline(url=...) needs the server's cloud_workdir")
         os.environ.update(client_environ(url, cloud_workdir))
     os.environ["SPOT_PIPELINE_WORKDIR"] = str(workdir)
     from airflow.dag_processing.dagbag import DagBag
@@ -138,12 +185,15 @@ def run_pipeline(workdir: Path, steps: int, *, url: str | None = None,
     return json.loads(reports[-1].read_text())
 
 
-def run_demo(*, workdir: Path | None = None, steps: int = 2000,
-             provider: str = "local") -> dict[str, Any]:
+def run_demo(
+    *, workdir: Path | None = None, steps: int = 2000, provider: str = LOCAL_CLOUD
+) -> dict[str, Any]:
     if steps < 200:
-        raise ValueError(f"steps must be at least 200 (got {steps}) so training lives long "
-                         "enough to be preempted")
-    run = _run_kubernetes if provider == "kubernetes" else _run
+        raise ValueError(
+            f"steps must be at least 200 (got {steps}) so training lives long "
+            "enough to be preempted"
+        )
+    run = _run_kubernetes if provider == EMULATED_KUBERNETES else _run
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="spot-airflow-demo-") as tmp:
             return run(Path(tmp), steps)
@@ -154,17 +204,21 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     env = airflow_env(workdir / "airflow_home")
     os.environ.update(env)
-    os.environ["SPOT_PIPELINE_PROVIDER"] = "local"
-    print(f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, SpotJobOperator on "
-          f"the local spot cloud replaying a real AWS V100 trace, 1 s = "
-          f"{DEMO_TIME_SCALE / 3600:g} h) -> evaluate -> batch inference x3 shards -> report",
-          flush=True)
+    os.environ["SPOT_PIPELINE_PROVIDER"] = LOCAL_CLOUD
+    print(
+        f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, SpotJobOperator on "
+        f"the local spot cloud replaying a real AWS V100 trace, 1 s = "
+        f"{DEMO_TIME_SCALE / 3600:g} h) -> evaluate -> batch inference x3 shards -> report",
+        flush=True,
+    )
     started = time.monotonic()
     migrate()
-    with cloud_server(workdir / "cloud", time_scale=DEMO_TIME_SCALE,
-                      start_on_first_client=True) as url:
-        report = run_pipeline(workdir, steps, url=url, cloud_workdir=workdir / "cloud",
-                              step_seconds=DEMO_STEP_SECONDS)
+    with cloud_server(
+        workdir / "cloud", time_scale=DEMO_TIME_SCALE, start_on_first_client=True
+    ) as url:
+        report = run_pipeline(
+            workdir, steps, url=url, cloud_workdir=workdir / "cloud", step_seconds=DEMO_STEP_SECONDS
+        )
     _print(report, time.monotonic() - started, time_scale=DEMO_TIME_SCALE)
     result = report["result"]
     return {key: result[key] for key in RESULT_KEYS}
@@ -173,23 +227,26 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
 def _run_kubernetes(workdir: Path, steps: int) -> dict[str, Any]:
     """The DAG on the emulator's Karpenter, EKS spot and EKS on-demand node pools, the
     running spot node reclaimed by its flavour twice while the step trains."""
-    from spot_core.demo.kubernetes import KubernetesDemoConfig, cluster_config
+    from spot_core.demo.kubernetes import KubernetesDemoConfig, cluster_config, cluster_watcher
     from spot_core.emulators.kubernetes.cluster import KubeCluster
-    from spot_core.providers.kubernetes import KubernetesProvider
 
     workdir.mkdir(parents=True, exist_ok=True)
     env = airflow_env(workdir / "airflow_home")
     os.environ.update(env)
     cfg = KubernetesDemoConfig(steps=steps)
-    print(f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, "
-          "SpotKubernetesPodOperator on Kubernetes spot node pools: Karpenter, EKS managed, "
-          "EKS on-demand; emulated cluster) -> evaluate -> batch inference x3 shards -> "
-          "report", flush=True)
+    print(
+        f"pipeline (Airflow {DAG_ID}): prepare -> train ({steps} steps, "
+        "SpotKubernetesPodOperator on Kubernetes spot node pools: Karpenter, EKS managed, "
+        "EKS on-demand; emulated cluster) -> evaluate -> batch inference x3 shards -> "
+        "report",
+        flush=True,
+    )
     started = time.monotonic()
     migrate()
-    with KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster, \
-            KubernetesProvider.from_options(kubeconfig=str(cluster.kubeconfig_path),
-                                            node_refresh_seconds=0.5) as watcher:
+    with (
+        KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster,
+        cluster_watcher(cluster) as watcher,
+    ):
         os.environ.update(kubernetes_env(cluster.kubeconfig_path))
         with _RunReclaimer(cluster, watcher, workdir, cfg):
             report = run_pipeline(workdir, steps)
@@ -202,8 +259,11 @@ def kubernetes_env(kubeconfig: Path) -> dict[str, str]:
     """The DAG's Kubernetes set-up: the ``spot_kubernetes`` connection (a kubeconfig
     path, never its contents) and the kubeconfig the inference shards' provider reads."""
     connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
-    return {"SPOT_PIPELINE_PROVIDER": "kubernetes", "SPOT_PIPELINE_KUBECONFIG": str(kubeconfig),
-            "AIRFLOW_CONN_SPOT_KUBERNETES": json.dumps(connection)}
+    return {
+        "SPOT_PIPELINE_PROVIDER": EMULATED_KUBERNETES,
+        "SPOT_PIPELINE_KUBECONFIG": str(kubeconfig),
+        "AIRFLOW_CONN_SPOT_KUBERNETES": json.dumps(connection),
+    }
 
 
 class _RunReclaimer(Reclaimer):
@@ -229,9 +289,11 @@ def _print(report: dict[str, Any], seconds: float, time_scale: float = TIME_SCAL
     print_record(JobRecord.from_dict(report["train_record"]), time_scale)
     result = report["result"]
     same = result["final_weights_sha256"] == result["uninterrupted_weights_sha256"]
-    print(f"final weights  {result['final_weights_sha256']}\n"
-          f"uninterrupted  {result['uninterrupted_weights_sha256']}  "
-          f"{'(equal)' if same else '(DIFFERENT)'}\naccuracy {result['accuracy']:.3f}; "
-          f"batch inference: {result['inference_shards']} shards, "
-          f"{result['inference_preemptions']} preemptions; the DAG ran in {seconds:.0f} s",
-          flush=True)
+    print(
+        f"final weights  {result['final_weights_sha256']}\n"
+        f"uninterrupted  {result['uninterrupted_weights_sha256']}  "
+        f"{'(equal)' if same else '(DIFFERENT)'}\naccuracy {result['accuracy']:.3f}; "
+        f"batch inference: {result['inference_shards']} shards, "
+        f"{result['inference_preemptions']} preemptions; the DAG ran in {seconds:.0f} s",
+        flush=True,
+    )

@@ -22,8 +22,14 @@ import re
 from spot_core.model import Attempt, JobRecord, Market
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-METRIC_NAMES = ("spot.attempts", "spot.preemptions", "spot.fallbacks", "spot.cost",
-                "spot.saved", "spot.lost_work_seconds")
+METRIC_NAMES = (
+    "spot.attempts",
+    "spot.preemptions",
+    "spot.fallbacks",
+    "spot.cost",
+    "spot.saved",
+    "spot.lost_work_seconds",
+)
 
 
 def _tag(value: object) -> str:
@@ -32,9 +38,12 @@ def _tag(value: object) -> str:
 
 
 def attempt_tags(dag_id: str, task_id: str, attempt: Attempt) -> dict[str, str]:
-    return {"dag_id": _tag(dag_id), "task_id": _tag(task_id),
-            "pool": _tag(f"{attempt.pool.zone}.{attempt.pool.instance_type}"),
-            "market": _tag(attempt.pool.market)}
+    return {
+        "dag_id": _tag(dag_id),
+        "task_id": _tag(task_id),
+        "pool": _tag(f"{attempt.pool.zone}.{attempt.pool.instance_type}"),
+        "market": _tag(attempt.pool.market),
+    }
 
 
 def emit_attempt_end(record: JobRecord, attempt: Attempt, *, dag_id: str, task_id: str) -> None:
@@ -55,5 +64,8 @@ def emit_attempt_end(record: JobRecord, attempt: Attempt, *, dag_id: str, task_i
 def _is_fallback(record: JobRecord, attempt: Attempt) -> bool:
     """On-demand right after a spot attempt: the job fell back (JobRecord.fallbacks)."""
     earlier = [a for a in record.attempts if a.number < attempt.number]
-    return (attempt.pool.market is Market.ON_DEMAND and bool(earlier)
-            and earlier[-1].pool.market is Market.SPOT)
+    return (
+        attempt.pool.market is Market.ON_DEMAND
+        and bool(earlier)
+        and earlier[-1].pool.market is Market.SPOT
+    )

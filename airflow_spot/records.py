@@ -10,7 +10,8 @@ Airflow metrics (``airflow_spot.metrics``) and calls ``on_attempt_end`` (alerts)
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -18,16 +19,17 @@ from spot_core.errors import ConfigError
 from spot_core.model import Attempt, JobRecord
 
 # The task state store keys (also read by the Spot UI, airflow_spot/ui/jobs.py).
-JOB_RECORD_KEY = "spot_job_record"     # SpotJobOperator (also its XCom with the full record)
-TASK_RECORD_KEY = "spot_task_record"   # @task.spot (its XCom holds the summary)
+JOB_RECORD_KEY = "spot_job_record"  # SpotJobOperator (also its XCom with the full record)
+TASK_RECORD_KEY = "spot_task_record"  # @task.spot (its XCom holds the summary)
 RECORD_KEYS = (JOB_RECORD_KEY, TASK_RECORD_KEY)
 
 log = logging.getLogger(__name__)
 AttemptEnd = Callable[[JobRecord, Attempt], None]
 
 
-def persister(context, key: str, on_attempt_end: AttemptEnd | None = None
-              ) -> Callable[[JobRecord], None]:
+def persister(
+    context, key: str, on_attempt_end: AttemptEnd | None = None
+) -> Callable[[JobRecord], None]:
     """A controller ``persist`` callback that writes the record under ``key``, then reports
     each attempt that ended since the stored record (metrics, ``on_attempt_end``)."""
     store = context.get("task_state_store")
@@ -54,14 +56,16 @@ def newly_finished(before: Any, after: JobRecord) -> list[Attempt]:
     return [a for a in after.attempts if a.finished and a.number not in done]
 
 
-def _report_attempt_end(ti, record: JobRecord, attempt: Attempt,
-                        on_attempt_end: AttemptEnd | None) -> None:
+def _report_attempt_end(
+    ti, record: JobRecord, attempt: Attempt, on_attempt_end: AttemptEnd | None
+) -> None:
     """Metrics and the callback; neither may fail the task (the record is already written)."""
     from airflow_spot.metrics import emit_attempt_end
 
     try:
-        emit_attempt_end(record, attempt, dag_id=getattr(ti, "dag_id", ""),
-                         task_id=getattr(ti, "task_id", ""))
+        emit_attempt_end(
+            record, attempt, dag_id=getattr(ti, "dag_id", ""), task_id=getattr(ti, "task_id", "")
+        )
     except Exception:  # noqa: BLE001 - a metrics backend outage must not fail the job
         log.warning("spot metrics for attempt %d were not emitted", attempt.number, exc_info=True)
     if on_attempt_end is not None:
@@ -86,4 +90,5 @@ def stored_record(context, key: str, task_id: str) -> JobRecord | None:
             f"{task_id}: the JobRecord in the task state store (key {key!r}) cannot be read: "
             f"{exc}. Upgrade spot-pipelines if it is newer, or delete the key (REST API: "
             f"DELETE .../taskInstances/{{task_id}}/state-store/{key}) to start the job afresh "
-            "from its newest checkpoint") from None
+            "from its newest checkpoint"
+        ) from None

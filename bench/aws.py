@@ -44,8 +44,13 @@ def bench_s3(endpoint: str, size_mib: int, repeats: int) -> dict:
     baseline, ours = [], []
     for i in range(repeats):
         started = time.perf_counter()
-        s3.upload_fileobj(io.BytesIO(data), "bench", f"plain/{i}.bin",
-                          ExtraArgs={"ServerSideEncryption": "AES256"}, Config=config)
+        s3.upload_fileobj(
+            io.BytesIO(data),
+            "bench",
+            f"plain/{i}.bin",
+            ExtraArgs={"ServerSideEncryption": "AES256"},
+            Config=config,
+        )
         baseline.append(time.perf_counter() - started)
         started = time.perf_counter()
         store.save(i, {"model.bin": data})
@@ -53,12 +58,15 @@ def bench_s3(endpoint: str, size_mib: int, repeats: int) -> dict:
         store.prune(keep=1)
         s3.delete_object(Bucket="bench", Key=f"plain/{i}.bin")
     best_base, best_ours = min(baseline), min(ours)
-    return {"payload_mib": size_mib, "repeats": repeats,
-            "upload_fileobj_seconds": round(best_base, 3),
-            "store_save_seconds": round(best_ours, 3),
-            "upload_fileobj_mib_per_s": round(size_mib / best_base, 1),
-            "store_save_mib_per_s": round(size_mib / best_ours, 1),
-            "throughput_ratio": round(best_base / best_ours, 3)}
+    return {
+        "payload_mib": size_mib,
+        "repeats": repeats,
+        "upload_fileobj_seconds": round(best_base, 3),
+        "store_save_seconds": round(best_ours, 3),
+        "upload_fileobj_mib_per_s": round(size_mib / best_base, 1),
+        "store_save_mib_per_s": round(size_mib / best_ours, 1),
+        "throughput_ratio": round(best_base / best_ours, 3),
+    }
 
 
 def bench_watch(endpoint: str, leases: int, polls: int, poll_interval: float) -> dict:
@@ -69,23 +77,46 @@ def bench_watch(endpoint: str, leases: int, polls: int, poll_interval: float) ->
 
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20",
-                               AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone="us-east-1a")[
+        "Subnet"
+    ]["SubnetId"]
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    provider = Ec2Provider.from_options(region="us-east-1", endpoint_url=endpoint,
-                                        subnets=[subnet], instance_types=["g5.xlarge"],
-                                        image_id=image)
+    provider = Ec2Provider.from_options(
+        region="us-east-1",
+        endpoint_url=endpoint,
+        subnets=[subnet],
+        instance_types=["g5.xlarge"],
+        image_id=image,
+    )
     pool = Pool("aws", "us-east-1", "us-east-1a", "g5.xlarge")
     ids: list[str] = []
     while len(ids) < leases:  # launched in bulk: the benchmark is about watching
         batch = min(250, leases - len(ids))
-        answer = ec2.run_instances(ImageId=image, InstanceType="g5.xlarge", MinCount=batch,
-                                   MaxCount=batch, SubnetId=subnet, TagSpecifications=[{
-                                       "ResourceType": "instance", "Tags": [
-                                           {"Key": "spot-pipelines:managed", "Value": "true"}]}])
+        answer = ec2.run_instances(
+            ImageId=image,
+            InstanceType="g5.xlarge",
+            MinCount=batch,
+            MaxCount=batch,
+            SubnetId=subnet,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [{"Key": "spot-pipelines:managed", "Value": "true"}],
+                }
+            ],
+        )
         ids += [i["InstanceId"] for i in answer["Instances"]]
-    watched = [Lease(lease_id=i, pool=pool, job_id=f"job-{n}", attempt=1,
-                     started_at=time.time(), price_per_hour=1.0) for n, i in enumerate(ids)]
+    watched = [
+        Lease(
+            lease_id=i,
+            pool=pool,
+            job_id=f"job-{n}",
+            attempt=1,
+            started_at=time.time(),
+            price_per_hour=1.0,
+        )
+        for n, i in enumerate(ids)
+    ]
     counts: dict[str, int] = {}
 
     def count(model, **kwargs):
@@ -102,11 +133,16 @@ def bench_watch(endpoint: str, leases: int, polls: int, poll_interval: float) ->
     calls = sum(observed.values())
     per_poll = calls / polls
     provider.cleanup_orphans()
-    return {"leases": leases, "polls": polls, "calls_by_operation": observed,
-            "calls_per_poll": per_poll, "poll_interval_seconds": poll_interval,
-            "calls_per_minute": round(per_poll * 60 / poll_interval, 1),
-            "naive_calls_per_minute": round(leases * 60 / poll_interval, 1),
-            "seconds_per_poll": round(elapsed / polls, 3)}
+    return {
+        "leases": leases,
+        "polls": polls,
+        "calls_by_operation": observed,
+        "calls_per_poll": per_poll,
+        "poll_interval_seconds": poll_interval,
+        "calls_per_minute": round(per_poll * 60 / poll_interval, 1),
+        "naive_calls_per_minute": round(leases * 60 / poll_interval, 1),
+        "seconds_per_poll": round(elapsed / polls, 3),
+    }
 
 
 STORE_VARIANTS = ("shared", "own")
@@ -116,14 +152,30 @@ def bench_store_clients(endpoint: str, stores: int) -> dict:
     """Each variant in a fresh interpreter, side by side in one run."""
     results = {}
     for variant in STORE_VARIANTS:
-        done = subprocess.run([sys.executable, "-m", "bench.aws", "--open-stores", variant,
-                               "--stores", str(stores), "--endpoint", endpoint],
-                              capture_output=True, text=True, timeout=1800, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.aws",
+                "--open-stores",
+                variant,
+                "--stores",
+                str(stores),
+                "--endpoint",
+                endpoint,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=True,
+        )
         results[variant] = json.loads(done.stdout)
     own, shared = results["own"], results["shared"]
-    results["own_over_shared"] = {k: round(own[k] / shared[k], 1) for k in
-                                  ("cpu_ms_per_store", "objects_per_store", "full_gc_ms")
-                                  if shared[k]}
+    results["own_over_shared"] = {
+        k: round(own[k] / shared[k], 1)
+        for k in ("cpu_ms_per_store", "objects_per_store", "full_gc_ms")
+        if shared[k]
+    }
     return results
 
 
@@ -145,8 +197,9 @@ def open_stores(endpoint: str, stores: int, variant: str) -> dict:
     for i in range(stores):
         uri = f"s3://bench-stores/job-{i}"
         if variant == "own":  # as before: a boto3 client (and Session) per store
-            client = aws.make_client("s3", endpoint_url=endpoint,
-                                     max_pool_connections=10, retry_attempts=5)
+            client = aws.make_client(
+                "s3", endpoint_url=endpoint, max_pool_connections=10, retry_attempts=5
+            )
             opened.append(open_store(uri, endpoint_url=endpoint, client=client))
         else:
             opened.append(open_store(uri, endpoint_url=endpoint))
@@ -160,25 +213,43 @@ def open_stores(endpoint: str, stores: int, variant: str) -> dict:
     full_gc = time.perf_counter() - collect
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
     assert all(isinstance(s.backend, S3Backend) for s in opened)
-    return {"variant": variant, "stores": stores,
-            "clients": len({id(s.backend.client) for s in opened}),
-            "cpu_ms_per_store": round(cpu / stores * 1e3, 2),
-            "objects_per_store": round(added / stores), "max_rss_growth_mib": round(grown),
-            "full_gc_ms": round(full_gc * 1e3, 1)}
+    return {
+        "variant": variant,
+        "stores": stores,
+        "clients": len({id(s.backend.client) for s in opened}),
+        "cpu_ms_per_store": round(cpu / stores * 1e3, 2),
+        "objects_per_store": round(added / stores),
+        "max_rss_growth_mib": round(grown),
+        "full_gc_ms": round(full_gc * 1e3, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.aws", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.aws", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--leases", type=int, default=1000)
     parser.add_argument("--polls", type=int, default=5)
-    parser.add_argument("--poll-interval", type=float, default=5.0,
-                        help="controller poll interval the per-minute figure assumes")
-    parser.add_argument("--stores", type=int, default=200,
-                        help="S3 stores opened in one process (a client each: ~12 MiB)")
-    parser.add_argument("--only", choices=("s3", "watch", "stores"), action="append",
-                        help="run only these benchmarks (repeatable; default: all)")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=5.0,
+        help="controller poll interval the per-minute figure assumes",
+    )
+    parser.add_argument(
+        "--stores",
+        type=int,
+        default=200,
+        help="S3 stores opened in one process (a client each: ~12 MiB)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("s3", "watch", "stores"),
+        action="append",
+        help="run only these benchmarks (repeatable; default: all)",
+    )
     parser.add_argument("--open-stores", choices=STORE_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -194,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if "s3" in only:
             report["s3_save"] = bench_s3(endpoint, args.size_mib, args.repeats)
         if "watch" in only:
-            report["ec2_watch"] = bench_watch(endpoint, args.leases, args.polls,
-                                              args.poll_interval)
+            report["ec2_watch"] = bench_watch(endpoint, args.leases, args.polls, args.poll_interval)
         if "stores" in only:
             report["store_clients"] = bench_store_clients(endpoint, args.stores)
     print(json.dumps(report, indent=2))

@@ -30,8 +30,10 @@ def one_get(url: str, token: str) -> float | None:
     started = time.perf_counter()
     try:
         with socket.create_connection((host, int(port)), timeout=TIMEOUT_SECONDS) as sock:
-            sock.sendall(f"GET /config HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-                         f"{token}\r\n\r\n".encode())
+            sock.sendall(
+                f"GET /config HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+                f"{token}\r\n\r\n".encode()
+            )
             answer = b""
             while chunk := sock.recv(65536):
                 answer += chunk
@@ -44,8 +46,10 @@ def one_round(backlog: int, clients: int) -> list[float | None]:
     original = cloud_server._Server.request_queue_size
     cloud_server._Server.request_queue_size = backlog
     try:
-        with tempfile.TemporaryDirectory() as workdir, \
-                cloud_server.LocalCloudServer.from_traces(workdir=Path(workdir)) as srv:
+        with (
+            tempfile.TemporaryDirectory() as workdir,
+            cloud_server.LocalCloudServer.from_traces(workdir=Path(workdir)) as srv,
+        ):
             gate = threading.Barrier(clients)
 
             def client(_):
@@ -63,9 +67,11 @@ def summary(latencies: list[float | None]) -> str:
     if not answered:
         return f"answered 0, timed out {len(latencies)}"
     p99 = answered[min(len(answered) - 1, int(0.99 * len(answered)))]
-    return (f"answered {len(answered)}, timed out {len(latencies) - len(answered)}, "
-            f"p50 {statistics.median(answered):.3f} s, p99 {p99:.3f} s, "
-            f"max {answered[-1]:.3f} s")
+    return (
+        f"answered {len(answered)}, timed out {len(latencies) - len(answered)}, "
+        f"p50 {statistics.median(answered):.3f} s, p99 {p99:.3f} s, "
+        f"max {answered[-1]:.3f} s"
+    )
 
 
 def main() -> None:
@@ -75,8 +81,11 @@ def main() -> None:
     args = parser.parse_args()
     for backlog in (cloud_server.BACKLOG, 5):
         for number in range(1, args.rounds + 1):
-            print(f"backlog {backlog:>4}, round {number}: "
-                  f"{summary(one_round(backlog, args.clients))}", flush=True)
+            print(
+                f"backlog {backlog:>4}, round {number}: "
+                f"{summary(one_round(backlog, args.clients))}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

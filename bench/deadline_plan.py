@@ -24,22 +24,32 @@ CASES = ((1, 1), (14, 1), (365, 1), (365, 48), (365, 513))  # (deadline days, wo
 def one(days: float, work_hours: float) -> str:
     from spot_core.market.fixtures import default_traces
     from spot_core.model import JobRecord
-    from spot_core.policy.deadline_planner import plan_job
+    from spot_core.policy.deadline.planner import plan_job
     from spot_core.providers.local import LocalProvider
 
-    with tempfile.TemporaryDirectory() as workdir, LocalProvider.from_traces(
-            default_traces(), time_scale=3600.0, workdir=workdir) as provider:
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        LocalProvider.from_traces(default_traces(), time_scale=3600.0, workdir=workdir) as provider,
+    ):
         now = time.time()
         started = time.perf_counter()
-        plan = plan_job(provider.market, policy="default", pools=provider.pools(),
-                        created_at=now, deadline=now + days * 86400 / 3600,
-                        work_seconds=work_hours * 3600, restart_overhead_seconds=300,
-                        total_steps=10)
+        plan = plan_job(
+            provider.market,
+            policy="default",
+            pools=provider.pools(),
+            created_at=now,
+            deadline_at=now + days * 86400 / 3600,
+            work_capacity_seconds=work_hours * 3600,
+            restart_overhead_capacity_seconds=300,
+            total_steps=10,
+        )
         plan.action(JobRecord(job_id="bench", created_at=now), now)
         seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return (f"deadline {days:g} d, work {work_hours:g} h: window {plan.window.ticks:,} ticks, "
-            f"planned in {seconds:.2f} s, peak RSS {peak:.0f} MB")
+    return (
+        f"deadline {days:g} d, work {work_hours:g} h: window {plan.window.ticks:,} ticks, "
+        f"planned in {seconds:.2f} s, peak RSS {peak:.0f} MB"
+    )
 
 
 def main() -> None:
@@ -50,8 +60,10 @@ def main() -> None:
         print(one(*args.case), flush=True)
         return
     for days, hours in CASES:
-        subprocess.run([sys.executable, "-m", "bench.deadline_plan", "--case", str(days),
-                        str(hours)], check=False)
+        subprocess.run(
+            [sys.executable, "-m", "bench.deadline_plan", "--case", str(days), str(hours)],
+            check=False,
+        )
 
 
 if __name__ == "__main__":

@@ -60,20 +60,28 @@ def bench_save(size_mib: int, trials: int, where: Path) -> dict:
     plain_mbps = size_mib / statistics.median(plain)
     store_mbps = size_mib / statistics.median(stored)
     sha256_mbps = size_mib / statistics.median(stored_sha256)
-    return {"payload_mib": size_mib, "trials": trials, "digest": DEFAULT_DIGEST,
-            "plain_write_fsync_mib_s": round(plain_mbps, 1),
-            "file_store_save_mib_s": round(store_mbps, 1),
-            "ratio": round(store_mbps / plain_mbps, 3), "aim_ratio_at_least": 0.8,
-            "file_store_save_sha256_mib_s": round(sha256_mbps, 1),
-            "ratio_sha256": round(sha256_mbps / plain_mbps, 3)}
+    return {
+        "payload_mib": size_mib,
+        "trials": trials,
+        "digest": DEFAULT_DIGEST,
+        "plain_write_fsync_mib_s": round(plain_mbps, 1),
+        "file_store_save_mib_s": round(store_mbps, 1),
+        "ratio": round(store_mbps / plain_mbps, 3),
+        "aim_ratio_at_least": 0.8,
+        "file_store_save_sha256_mib_s": round(sha256_mbps, 1),
+        "ratio_sha256": round(sha256_mbps / plain_mbps, 3),
+    }
 
 
 def bench_latency(poll_interval: float, trials: int) -> dict:
     samples = measure_detection_latency(poll_interval=poll_interval, trials=trials)
-    return {"poll_interval_s": poll_interval, "trials": trials,
-            "median_s": round(statistics.median(samples), 3),
-            "max_s": round(max(samples), 3),
-            "aim_at_most_s": round(poll_interval + 0.2, 3)}
+    return {
+        "poll_interval_s": poll_interval,
+        "trials": trials,
+        "median_s": round(statistics.median(samples), 3),
+        "max_s": round(max(samples), 3),
+        "aim_at_most_s": round(poll_interval + 0.2, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,17 +90,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-trials", type=int, default=5)
     parser.add_argument("--latency-trials", type=int, default=10)
     parser.add_argument("--poll-interval", type=float, default=1.0)
-    parser.add_argument("--dir", type=Path, default=Path.cwd(),
-                        help="a folder on the disk to measure (default: the current folder)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path.cwd(),
+        help="a folder on the disk to measure (default: the current folder)",
+    )
     args = parser.parse_args(argv)
     save = bench_save(args.size_mib, args.save_trials, args.dir)
-    print(f"checkpoint save, {save['payload_mib']} MiB: file store {save['file_store_save_mib_s']} "
-          f"MiB/s vs plain write+fsync {save['plain_write_fsync_mib_s']} MiB/s -> ratio "
-          f"{save['ratio']} (aim >= 0.8); with sha256 {save['file_store_save_sha256_mib_s']} "
-          f"MiB/s -> ratio {save['ratio_sha256']}", flush=True)
+    print(
+        f"checkpoint save, {save['payload_mib']} MiB: file store {save['file_store_save_mib_s']} "
+        f"MiB/s vs plain write+fsync {save['plain_write_fsync_mib_s']} MiB/s -> ratio "
+        f"{save['ratio']} (aim >= 0.8); with sha256 {save['file_store_save_sha256_mib_s']} "
+        f"MiB/s -> ratio {save['ratio_sha256']}",
+        flush=True,
+    )
     latency = bench_latency(args.poll_interval, args.latency_trials)
-    print(f"notice detection, poll {latency['poll_interval_s']} s: median {latency['median_s']} s, "
-          f"max {latency['max_s']} s (aim <= {latency['aim_at_most_s']} s)", flush=True)
+    print(
+        f"notice detection, poll {latency['poll_interval_s']} s: median {latency['median_s']} s, "
+        f"max {latency['max_s']} s (aim <= {latency['aim_at_most_s']} s)",
+        flush=True,
+    )
     print(json.dumps({"checkpoint_save": save, "notice_detection": latency}))
     return 0
 

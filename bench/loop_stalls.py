@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 WATCHDOG_SLEEP = 0.1  # seconds, as Airflow's TriggerRunner.block_watchdog
-THRESHOLD = 0.2       # seconds, Airflow's default blocked_main_thread_warning_threshold
+THRESHOLD = 0.2  # seconds, Airflow's default blocked_main_thread_warning_threshold
 
 
 class LoopStalls:
@@ -26,12 +26,12 @@ class LoopStalls:
 
     def __init__(self, threshold: float = THRESHOLD) -> None:
         self.threshold = threshold
-        self.stalls: list[tuple[float, float]] = []       # (ended at, seconds)
+        self.stalls: list[tuple[float, float]] = []  # (ended at, seconds)
         self.collections: list[tuple[float, float]] = []  # full collections: (start, seconds)
         self._collecting_since: float | None = None
         self._task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> "LoopStalls":
+    async def __aenter__(self) -> LoopStalls:
         gc.callbacks.append(self._on_collection)
         self._task = asyncio.create_task(self._watchdog())
         return self
@@ -56,20 +56,24 @@ class LoopStalls:
         if phase == "start":
             self._collecting_since = time.monotonic()
         elif self._collecting_since is not None:
-            self.collections.append((self._collecting_since,
-                                     time.monotonic() - self._collecting_since))
+            self.collections.append(
+                (self._collecting_since, time.monotonic() - self._collecting_since)
+            )
             self._collecting_since = None
 
     def _overlaps_collection(self, ended_at: float, seconds: float) -> bool:
-        return any(start < ended_at and start + took > ended_at - seconds
-                   for start, took in self.collections)
+        return any(
+            start < ended_at and start + took > ended_at - seconds
+            for start, took in self.collections
+        )
 
     def summary(self) -> dict[str, Any]:
         over = [s for s in self.stalls if self._overlaps_collection(*s)]
-        return {"loop_stalls": len(self.stalls),
-                "longest_stall_s": round(max((s for _, s in self.stalls), default=0.0), 2),
-                "stalls_during_full_gc": len(over),
-                "full_gcs": len(self.collections),
-                "full_gc_s": round(sum(took for _, took in self.collections), 2),
-                "longest_full_gc_s": round(max((t for _, t in self.collections),
-                                               default=0.0), 2)}
+        return {
+            "loop_stalls": len(self.stalls),
+            "longest_stall_s": round(max((s for _, s in self.stalls), default=0.0), 2),
+            "stalls_during_full_gc": len(over),
+            "full_gcs": len(self.collections),
+            "full_gc_s": round(sum(took for _, took in self.collections), 2),
+            "longest_full_gc_s": round(max((t for _, t in self.collections), default=0.0), 2),
+        }

@@ -14,13 +14,13 @@ import base64
 import json
 import os
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import parse_qs
 
-from spot_core.emulators.moto_server import running_moto
 from bench.processes import measure_window
+from spot_core.emulators.moto_server import running_moto
 
 REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
 HEARTBEAT_KEY = "/heartbeat/driver.json"  # spot_core.checkpoint.heartbeat's object
@@ -33,10 +33,16 @@ def recording_moto(work: Path) -> Iterator[tuple[str, Path]]:
     (endpoint, recording path). Stopped however the block ends."""
     work.mkdir(parents=True, exist_ok=True)
     recording = work / "moto-recording.jsonl"
-    os.environ.update({"MOTO_RECORDER_FILEPATH": str(recording), "AWS_ACCESS_KEY_ID": "bench",
-                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": REGION,
-                       "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-                       "AWS_CONFIG_FILE": "/dev/null"})
+    os.environ.update(
+        {
+            "MOTO_RECORDER_FILEPATH": str(recording),
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_CONFIG_FILE": "/dev/null",
+        }
+    )
     with running_moto() as endpoint:
         yield endpoint, recording
 
@@ -47,16 +53,19 @@ def make_network(endpoint: str, bucket: str) -> dict:
 
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18",
-                               AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/18", AvailabilityZone=ZONE)["Subnet"][
+        "SubnetId"
+    ]
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     boto3.client("s3", region_name=REGION, endpoint_url=endpoint).create_bucket(Bucket=bucket)
     return {"subnet": subnet, "image_id": image, "bucket": bucket}
 
 
 def start_recording(endpoint: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(
-        f"{endpoint}/moto-api/recorder/start-recording", method="POST"), timeout=10).read()
+    urllib.request.urlopen(
+        urllib.request.Request(f"{endpoint}/moto-api/recorder/start-recording", method="POST"),
+        timeout=10,
+    ).read()
 
 
 def recorded(recording: Path) -> list[dict]:
@@ -66,7 +75,7 @@ def recorded(recording: Path) -> list[dict]:
     if not recording.exists():
         return []
     text = recording.read_text()
-    whole = text[:text.rfind("\n") + 1]  # not a last line still being written
+    whole = text[: text.rfind("\n") + 1]  # not a last line still being written
     decoder, entries, at = json.JSONDecoder(), [], 0
     while True:
         at = _skip_space(whole, at)
@@ -126,9 +135,14 @@ def classify(entries: list[dict]) -> dict:
             beats += 1
         elif name == "S3 PUT" and "/drivers/" in entry.get("url", ""):
             driver_beats += 1
-    return {"calls": calls, "polls": polls, "ids_described": ids,
-            "heartbeat_puts": beats, "jobs_renewed": len(beating),
-            "driver_beat_puts": driver_beats}
+    return {
+        "calls": calls,
+        "polls": polls,
+        "ids_described": ids,
+        "heartbeat_puts": beats,
+        "jobs_renewed": len(beating),
+        "driver_beat_puts": driver_beats,
+    }
 
 
 def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> dict:
@@ -139,14 +153,18 @@ def measure_watching(pid: int, recording: Path, seconds: float, jobs: int) -> di
     polls = max(counted["polls"], 1)
     ec2 = {k: v for k, v in counted["calls"].items() if not k.startswith(("S3 ", "other "))}
     describes = {k: v for k, v in ec2.items() if k.startswith("Describe")}
-    return {"window_s": figures["window_s"], "polls": counted["polls"],
-            "ids_described_per_poll": round(counted["ids_described"] / polls, 1),
-            "server_calls": counted["calls"],
-            "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
-            "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
-            "heartbeat_puts_in_window": counted["heartbeat_puts"],
-            "jobs_renewed_in_window": counted["jobs_renewed"],
-            "driver_beat_puts_in_window": counted["driver_beat_puts"], **figures}
+    return {
+        "window_s": figures["window_s"],
+        "polls": counted["polls"],
+        "ids_described_per_poll": round(counted["ids_described"] / polls, 1),
+        "server_calls": counted["calls"],
+        "ec2_describe_calls_per_poll": round(sum(describes.values()) / polls, 2),
+        "ec2_calls_per_poll": round(sum(ec2.values()) / polls, 2),
+        "heartbeat_puts_in_window": counted["heartbeat_puts"],
+        "jobs_renewed_in_window": counted["jobs_renewed"],
+        "driver_beat_puts_in_window": counted["driver_beat_puts"],
+        **figures,
+    }
 
 
 def ec2_client(endpoint: str):
@@ -157,9 +175,16 @@ def ec2_client(endpoint: str):
 
 def live_instances(endpoint: str) -> list[str]:
     """Every pending/running instance the project tagged."""
-    pages = ec2_client(endpoint).get_paginator("describe_instances").paginate(Filters=[
-        {"Name": "tag:spot-pipelines:managed", "Values": ["true"]},
-        {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    pages = (
+        ec2_client(endpoint)
+        .get_paginator("describe_instances")
+        .paginate(
+            Filters=[
+                {"Name": "tag:spot-pipelines:managed", "Values": ["true"]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ]
+        )
+    )
     return [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
 
 
@@ -169,5 +194,5 @@ def terminate_leftovers(endpoint: str, report: dict) -> None:
     report["instances_left_by_process"] = len(left)
     ec2 = ec2_client(endpoint)
     for start in range(0, len(left), 500):
-        ec2.terminate_instances(InstanceIds=left[start:start + 500])
+        ec2.terminate_instances(InstanceIds=left[start : start + 500])
     report["instances_live_at_end"] = len(live_instances(endpoint))

@@ -28,8 +28,8 @@ import numpy as np
 
 from bench.progress import run_rows
 from spot_core.market.trace import load_traces
-from spot_core.policy.deadline import Job
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import Job
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, simulate
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"  # the repository's real traces
@@ -83,8 +83,14 @@ def run_case(args: tuple) -> dict[str, object]:
             if p != "default" and cache is not None:
                 _write_cache(cache, key, stored[key])
         mean[p], misses[p] = stored[key]
-    return {"zones": name, "deadline": deadline, "overhead": overhead, "mean": mean,
-            "misses": misses, "seconds": time.perf_counter() - started}
+    return {
+        "zones": name,
+        "deadline": deadline,
+        "overhead": overhead,
+        "mean": mean,
+        "misses": misses,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def _row_name(row: dict[str, object]) -> str:
@@ -96,8 +102,9 @@ def _override_default() -> None:
     parameters (how the development-set sweeps in bench/README.md were run)."""
     params = os.environ.get("BENCH_DEFAULT")
     if params:
-        from spot_core.policy.deadline_mdp import ForecastDP
-        from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+        from spot_core.policy.deadline.mdp import ForecastDP
+        from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(params).items()}
         DEADLINE_POLICIES.register("default", ForecastDP(**values), replace=True)
 
@@ -118,18 +125,31 @@ def _write_cache(cache: Path, key: str, value: list) -> None:
         f.write(json.dumps([key, value]) + "\n")
 
 
-def table(rows: list[dict[str, object]], windows: int, seconds: float,
-          title: str = f"the evaluation set ({EVALUATION})",
-          command: str | None = None, note: str = "") -> str:
-    head = ["zones", "D h", "R h"] + [f"{p} $ (misses)" for p in POLICIES] + [
-        "default / UP", "default / optimal", "gap UP->opt closed"]
+def table(
+    rows: list[dict[str, object]],
+    windows: int,
+    seconds: float,
+    title: str = f"the evaluation set ({EVALUATION})",
+    command: str | None = None,
+    note: str = "",
+) -> str:
+    head = (
+        ["zones", "D h", "R h"]
+        + [f"{p} $ (misses)" for p in POLICIES]
+        + ["default / UP", "default / optimal", "gap UP->opt closed"]
+    )
     command = command or f"python -m bench.policies --windows {windows}"
-    lines = [f"# Deadline policies on {title}", "",
-             f"Task {TASK_HOURS:g} h, {windows} random windows per row (seed {SEED}), same windows "
-             "for every policy; cost = mean $ per job; misses = windows past the deadline.",
-             "UP = uniform-progress. Gap closed = (UP - default) / (UP - optimal).",
-             f"Produced by `{command}` in {seconds:.0f} s.{note}", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# Deadline policies on {title}",
+        "",
+        f"Task {TASK_HOURS:g} h, {windows} random windows per row (seed {SEED}), same windows "
+        "for every policy; cost = mean $ per job; misses = windows past the deadline.",
+        "UP = uniform-progress. Gap closed = (UP - default) / (UP - optimal).",
+        f"Produced by `{command}` in {seconds:.0f} s.{note}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for row in rows:
         mean, misses = row["mean"], row["misses"]
         up, opt, dflt = mean["uniform-progress"], mean["optimal"], mean["default"]
@@ -140,8 +160,9 @@ def table(rows: list[dict[str, object]], windows: int, seconds: float,
         cells += [f"{dflt / up:.3f}", f"{dflt / opt:.3f}", closed]
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n\n" + summary(rows) + "\n"
-    return text + ("\n" + aims(rows) + "\n" if any(str(r["zones"]).startswith("all ")
-                                                   for r in rows) else "")
+    return text + (
+        "\n" + aims(rows) + "\n" if any(str(r["zones"]).startswith("all ") for r in rows) else ""
+    )
 
 
 def summary(rows: list[dict[str, object]]) -> str:
@@ -152,13 +173,17 @@ def summary(rows: list[dict[str, object]]) -> str:
     closed = [min(max(gap_closed(r["mean"]), -1.0), 1.0) for r in rows]
     ratio = [r["mean"]["default"] / r["mean"]["optimal"] for r in rows]
     multi = [r for r in rows if "zones" in str(r["zones"])]
-    text = (f"Summary: gap closed >= 0.5 in {half} of {len(rows)} rows; default misses {misses}; "
-            f"default worse than UP in {worse_up} rows; mean gap closed (clipped to [-1, 1]) "
-            f"{np.mean(closed):.3f}; mean default / optimal {np.mean(ratio):.4f}.")
+    text = (
+        f"Summary: gap closed >= 0.5 in {half} of {len(rows)} rows; default misses {misses}; "
+        f"default worse than UP in {worse_up} rows; mean gap closed (clipped to [-1, 1]) "
+        f"{np.mean(closed):.3f}; mean default / optimal {np.mean(ratio):.4f}."
+    )
     for r in multi:
         m = r["mean"]
-        text += (f"\n- {r['zones']} {r['deadline']:g} h / {r['overhead']:g} h: default / optimal "
-                 f"{m['default'] / m['optimal']:.4f}, default / greedy {m['default'] / m['greedy']:.4f}")
+        text += (
+            f"\n- {r['zones']} {r['deadline']:g} h / {r['overhead']:g} h: default / optimal "
+            f"{m['default'] / m['optimal']:.4f}, default / greedy {m['default'] / m['greedy']:.4f}"
+        )
     return text
 
 
@@ -176,20 +201,42 @@ def aims(rows: list[dict[str, object]]) -> str:
     configuration."""
     closed = float(np.mean([min(max(gap_closed(r["mean"]), -1.0), 1.0) for r in rows]))
     worse = [r for r in rows if r["mean"]["default"] > r["mean"]["uniform-progress"] + 1e-9]
-    lines = ["| aim | measured | met? |", "|---|---|---|",
-             _aim_line(f"mean gap closed >= {AIM_GAP_CLOSED:g}", f"{closed:.3f}",
-                       closed >= AIM_GAP_CLOSED, f"{AIM_GAP_CLOSED - closed:.3f} short"),
-             _aim_line("no row worse than uniform-progress", f"{len(worse)} rows", not worse,
-                       ", ".join(_row_name(r) for r in worse))]
+    lines = [
+        "| aim | measured | met? |",
+        "|---|---|---|",
+        _aim_line(
+            f"mean gap closed >= {AIM_GAP_CLOSED:g}",
+            f"{closed:.3f}",
+            closed >= AIM_GAP_CLOSED,
+            f"{AIM_GAP_CLOSED - closed:.3f} short",
+        ),
+        _aim_line(
+            "no row worse than uniform-progress",
+            f"{len(worse)} rows",
+            not worse,
+            ", ".join(_row_name(r) for r in worse),
+        ),
+    ]
     every = [r for r in rows if str(r["zones"]).startswith("all ")]
     for r in every:
         m = r["mean"]
         ratio, greedy = m["default"] / m["optimal"], m["default"] / m["greedy"]
-        lines.append(_aim_line(f"{_row_name(r)}: default / optimal <= {AIM_ALL_ZONES_RATIO:g}",
-                               f"{ratio:.4f}", ratio <= AIM_ALL_ZONES_RATIO,
-                               f"{(ratio / AIM_ALL_ZONES_RATIO - 1) * 100:.2f} % over"))
-        lines.append(_aim_line(f"{_row_name(r)}: default / greedy <= 1", f"{greedy:.4f}",
-                               greedy <= 1.0, f"{(greedy - 1) * 100:.2f} % over"))
+        lines.append(
+            _aim_line(
+                f"{_row_name(r)}: default / optimal <= {AIM_ALL_ZONES_RATIO:g}",
+                f"{ratio:.4f}",
+                ratio <= AIM_ALL_ZONES_RATIO,
+                f"{(ratio / AIM_ALL_ZONES_RATIO - 1) * 100:.2f} % over",
+            )
+        )
+        lines.append(
+            _aim_line(
+                f"{_row_name(r)}: default / greedy <= 1",
+                f"{greedy:.4f}",
+                greedy <= 1.0,
+                f"{(greedy - 1) * 100:.2f} % over",
+            )
+        )
     return "Aims (issue 16, item 3):\n\n" + "\n".join(lines)
 
 
@@ -208,16 +255,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--traces", type=Path, default=TRACES)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="default bench/tables/policies.md (evaluation set only)")
-    parser.add_argument("--dev", action="store_true",
-                        help="the development set instead (tuning); prints, writes only --out")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="file that keeps the baselines' results between runs")
-    parser.add_argument("--baselines-only", action="store_true",
-                        help="only fill --cache with the baselines' results (no table)")
-    parser.add_argument("--price-window-only", action="store_true",
-                        help="only the price-window table (seconds), appended to --out")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default bench/tables/policies.md (evaluation set only)",
+    )
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="the development set instead (tuning); prints, writes only --out",
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="file that keeps the baselines' results between runs",
+    )
+    parser.add_argument(
+        "--baselines-only",
+        action="store_true",
+        help="only fill --cache with the baselines' results (no table)",
+    )
+    parser.add_argument(
+        "--price-window-only",
+        action="store_true",
+        help="only the price-window table (seconds), appended to --out",
+    )
     args = parser.parse_args(argv)
     if args.baselines_only and args.cache is None:
         parser.error("--baselines-only needs --cache")
@@ -232,22 +296,32 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     groups = zone_groups(args.traces / EVALUATION)
-    cases = [(name, paths, d, r, args.windows, args.cache) for name, paths in groups.items()
-             for d, r in CONFIGS]
+    cases = [
+        (name, paths, d, r, args.windows, args.cache)
+        for name, paths in groups.items()
+        for d, r in CONFIGS
+    ]
     started = time.perf_counter()
     if args.baselines_only:
         return _fill_cache(args, cases, started)
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = run_rows(pool, run_case, sorted(cases, key=lambda c: -len(c[1])),
-                        label="rows", name=_row_name)
+        rows = run_rows(
+            pool, run_case, sorted(cases, key=lambda c: -len(c[1])), label="rows", name=_row_name
+        )
     order = {name: i for i, name in enumerate(groups)}
     rows.sort(key=lambda r: (order[r["zones"]], r["deadline"], r["overhead"]))
     command = "python -m bench.policies" + " ".join(
-        [""] + [a for a in (argv if argv is not None else __import__("sys").argv[1:])])
-    note = "" if args.cache is None else (
-        " The baselines' results (every policy but default) came from the cache file, filled "
-        "beforehand for the same windows by the same command with `--baselines-only`; "
-        "the time is this run's only (default, plus any baseline not cached).")
+        [""] + [a for a in (argv if argv is not None else __import__("sys").argv[1:])]
+    )
+    note = (
+        ""
+        if args.cache is None
+        else (
+            " The baselines' results (every policy but default) came from the cache file, filled "
+            "beforehand for the same windows by the same command with `--baselines-only`; "
+            "the time is this run's only (default, plus any baseline not cached)."
+        )
+    )
     text = table(rows, args.windows, time.perf_counter() - started, command=command, note=note)
     text += "\n" + price_window_table(args.traces / EVALUATION)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -260,8 +334,9 @@ def _fill_cache(args: argparse.Namespace, cases: list[tuple], started: float) ->
     """``--baselines-only``: every policy but the default into ``--cache``, no table."""
     baselines = tuple(p for p in POLICIES if p != "default")
     with ProcessPoolExecutor(args.jobs) as pool:
-        run_rows(pool, run_case, [c + (baselines,) for c in cases], label="baselines",
-                 name=_row_name)
+        run_rows(
+            pool, run_case, [c + (baselines,) for c in cases], label="baselines", name=_row_name
+        )
     print(f"baselines cached in {args.cache} in {time.perf_counter() - started:.0f} s")
     return 0
 
@@ -269,19 +344,31 @@ def _fill_cache(args: argparse.Namespace, cases: list[tuple], started: float) ->
 def _run_dev(args: argparse.Namespace) -> int:
     """The same table on the development set: what the default's design was tuned on."""
     groups = dev_groups(args.traces)
-    cases = [(name, paths, d, r, args.windows, args.cache) for name, paths in groups.items()
-             for d, r in CONFIGS]
+    cases = [
+        (name, paths, d, r, args.windows, args.cache)
+        for name, paths in groups.items()
+        for d, r in CONFIGS
+    ]
     started = time.perf_counter()
     if args.baselines_only:
         return _fill_cache(args, cases, started)
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = run_rows(pool, run_case, sorted(cases, key=lambda c: -len(c[1])),
-                        label="dev rows", name=_row_name)
+        rows = run_rows(
+            pool,
+            run_case,
+            sorted(cases, key=lambda c: -len(c[1])),
+            label="dev rows",
+            name=_row_name,
+        )
     order = {name: i for i, name in enumerate(groups)}
     rows.sort(key=lambda r: (order[r["zones"]], r["deadline"], r["overhead"]))
-    text = table(rows, args.windows, time.perf_counter() - started,
-                 title="the development set (" + ", ".join(DEVELOPMENT) + ")",
-                 command=f"python -m bench.policies --dev --windows {args.windows}")
+    text = table(
+        rows,
+        args.windows,
+        time.perf_counter() - started,
+        title="the development set (" + ", ".join(DEVELOPMENT) + ")",
+        command=f"python -m bench.policies --dev --windows {args.windows}",
+    )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
@@ -290,8 +377,9 @@ def _run_dev(args: argparse.Namespace) -> int:
 
 
 # -- price-window start ---------------------------------------------------------------------------
-def price_window_table(folder: Path, job_hours: float = 6.0, window_hours: float = 24.0,
-                       windows: int = 50) -> str:
+def price_window_table(
+    folder: Path, job_hours: float = 6.0, window_hours: float = 24.0, windows: int = 50
+) -> str:
     """Where and when to start an H-hour job inside a W-hour window, three ways.
 
     Realised cost of a start: the job runs in one zone, on spot in the ticks where it is
@@ -315,9 +403,14 @@ def price_window_table(folder: Path, job_hours: float = 6.0, window_hours: float
     for s in starts:
         now = traces[0].start_time + s * tick
         profile = build_profile(traces, until=now)
-        plan = plan_start(profile, job_hours=run_ticks * tick / 3600, window_start=now,
-                          window_end=now + span * tick, now=now,
-                          current_offers=_offers_at(traces, s, now))
+        plan = plan_start(
+            profile,
+            job_hours=run_ticks * tick / 3600,
+            window_start=now,
+            window_end=now + span * tick,
+            now=now,
+            current_offers=_offers_at(traces, s, now),
+        )
         zone = replay.zones.index(plan.zone)
         begin = s + round((plan.start_at - now) / tick)
         totals["plan_start"] += cum[zone, begin + run_ticks] - cum[zone, begin]
@@ -325,18 +418,33 @@ def price_window_table(folder: Path, job_hours: float = 6.0, window_hours: float
         now_zone = int(np.argmin(ready)) if np.isfinite(ready).any() else 0
         totals["start now, cheapest zone"] += cum[now_zone, s + run_ticks] - cum[now_zone, s]
         last = s + span - run_ticks
-        totals["oracle"] += float((cum[:, s + run_ticks:last + run_ticks + 1]
-                                   - cum[:, s:last + 1]).min())
-    lines = [f"## Price-window start ({job_hours:g} h job, {window_hours:g} h window, "
-             f"{windows} windows, 9 zones)", "", "| strategy | mean $ |", "|---|---|"]
+        totals["oracle"] += float(
+            (cum[:, s + run_ticks : last + run_ticks + 1] - cum[:, s : last + 1]).min()
+        )
+    lines = [
+        f"## Price-window start ({job_hours:g} h job, {window_hours:g} h window, "
+        f"{windows} windows, 9 zones)",
+        "",
+        "| strategy | mean $ |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v / windows:.2f} |" for k, v in totals.items()]
     return "\n".join(lines) + "\n"
 
 
 def _offers_at(traces, tick: int, now: float):
     from spot_core.model import Offer, Pool
-    return [Offer(Pool(t.cloud, t.region, t.zone, t.instance_type), float(t.spot_price[tick]),
-                  t.on_demand_price, bool(t.available[tick]), now) for t in traces]
+
+    return [
+        Offer(
+            Pool(t.cloud, t.region, t.zone, t.instance_type),
+            float(t.spot_price[tick]),
+            t.on_demand_price,
+            bool(t.available[tick]),
+            now,
+        )
+        for t in traces
+    ]
 
 
 if __name__ == "__main__":

@@ -30,13 +30,22 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.policies import (CONFIGS, EVALUATION, SEED, TASK_HOURS, TRACES, dev_groups,
-                            gap_closed, run_case, zone_groups)
+from bench.policies import (
+    CONFIGS,
+    EVALUATION,
+    SEED,
+    TASK_HOURS,
+    TRACES,
+    dev_groups,
+    gap_closed,
+    run_case,
+    zone_groups,
+)
 from bench.progress import run_rows
 from spot_core.market.trace import load_traces
-from spot_core.policy.deadline import Job, Window
-from spot_core.policy.deadline_mdp import ForecastDP
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import Job, Window
+from spot_core.policy.deadline.mdp import ForecastDP
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window
 
 BASELINES = ("uniform-progress", "optimal")
@@ -44,15 +53,15 @@ BASELINES = ("uniform-progress", "optimal")
 
 def perfect_statistics(window: Window) -> Window:
     """The window with its own ticks as the only history the fit sees."""
-    return dataclasses.replace(window, past_available=window.available.copy(),
-                               past_price=window.price.copy())
+    return dataclasses.replace(
+        window, past_available=window.available.copy(), past_price=window.price.copy()
+    )
 
 
 def ceiling_case(args: tuple) -> dict[str, object]:
     """UP, the causal default, the perfect-statistics DP and the optimum on one case."""
     name, paths, deadline, overhead, windows, cache = args
-    row = run_case((name, paths, deadline, overhead, windows, cache,
-                    BASELINES + ("default",)))
+    row = run_case((name, paths, deadline, overhead, windows, cache, BASELINES + ("default",)))
     replay = Replay.from_traces(load_traces(paths))
     job = Job.from_hours(TASK_HOURS, deadline, overhead)
     starts = sorted(random_starts(replay.n_ticks, replay.deadline_ticks(job), windows, SEED))
@@ -71,47 +80,74 @@ def closed(mean: dict[str, float], policy: str) -> float:
 
 
 def table(rows: list[dict[str, object]], title: str, command: str, seconds: float) -> str:
-    head = ["zones", "D h", "R h", "UP $", "default $", "ceiling $", "optimal $",
-            "default closes", "ceiling closes"]
-    lines = [f"# The default's forecast against perfect statistics, {title}", "",
-             f"Produced by `{command}` in {seconds:.0f} s.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [
+        "zones",
+        "D h",
+        "R h",
+        "UP $",
+        "default $",
+        "ceiling $",
+        "optimal $",
+        "default closes",
+        "ceiling closes",
+    ]
+    lines = [
+        f"# The default's forecast against perfect statistics, {title}",
+        "",
+        f"Produced by `{command}` in {seconds:.0f} s.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for row in rows:
         mean = row["mean"]
         cells = [str(row["zones"]), f"{row['deadline']:g}", f"{row['overhead']:g}"]
         cells += [f"{mean[p]:.2f}" for p in ("uniform-progress", "default", "ceiling", "optimal")]
         cells += [f"{closed(mean, p):.2f}" for p in ("default", "ceiling")]
         lines.append("| " + " | ".join(cells) + " |")
-    summary = [f"{p}: gap closed >= 0.5 in {sum(closed(r['mean'], p) >= 0.5 for r in rows)} "
-               f"of {len(rows)} rows, mean {np.mean([closed(r['mean'], p) for r in rows]):.3f}, "
-               f"worse than UP in {sum(closed(r['mean'], p) < 0 for r in rows)}"
-               for p in ("default", "ceiling")]
+    summary = [
+        f"{p}: gap closed >= 0.5 in {sum(closed(r['mean'], p) >= 0.5 for r in rows)} "
+        f"of {len(rows)} rows, mean {np.mean([closed(r['mean'], p) for r in rows]):.3f}, "
+        f"worse than UP in {sum(closed(r['mean'], p) < 0 for r in rows)}"
+        for p in ("default", "ceiling")
+    ]
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in summary) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.policy_ceiling",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.policy_ceiling", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--windows", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--traces", type=Path, default=TRACES)
     parser.add_argument("--dev", action="store_true", help="the development set")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="the baselines' cache file of bench.policies")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="the baselines' cache file of bench.policies"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = parser.parse_args(argv)
     groups = dev_groups(args.traces) if args.dev else zone_groups(args.traces / EVALUATION)
-    cases = [(name, paths, d, r, args.windows, args.cache) for name, paths in groups.items()
-             for d, r in CONFIGS]
+    cases = [
+        (name, paths, d, r, args.windows, args.cache)
+        for name, paths in groups.items()
+        for d, r in CONFIGS
+    ]
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = run_rows(pool, ceiling_case, sorted(cases, key=lambda c: -len(c[1])),
-                        label="rows", name=lambda r: str(r["zones"]))
+        rows = run_rows(
+            pool,
+            ceiling_case,
+            sorted(cases, key=lambda c: -len(c[1])),
+            label="rows",
+            name=lambda r: str(r["zones"]),
+        )
     order = {name: i for i, name in enumerate(groups)}
     rows.sort(key=lambda r: (order[r["zones"]], r["deadline"], r["overhead"]))
     title = "the development set" if args.dev else f"the evaluation set ({EVALUATION})"
-    command = (f"python -m bench.policy_ceiling{' --dev' if args.dev else ''} "
-               f"--windows {args.windows}")
+    command = (
+        f"python -m bench.policy_ceiling{' --dev' if args.dev else ''} --windows {args.windows}"
+    )
     text = table(rows, title, command, time.perf_counter() - started)
     if args.out is not None:
         args.out.write_text(text)

@@ -14,9 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from spot_core.settings import default
 
@@ -63,11 +63,17 @@ def measure_window(pid: int, seconds: float, jobs: int, snapshot) -> tuple[objec
     cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - wall0
     after = snapshot()
     job_hours = jobs * wall / 3600.0
-    return before, after, {
-        "window_s": round(wall, 1), "cpu_s": round(cpu, 2),
-        "cpu_s_per_job_hour": round(cpu / job_hours, 4),
-        "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
-        "rss_mib": round(rss_bytes(pid, children=True) / 2**20, 1)}
+    return (
+        before,
+        after,
+        {
+            "window_s": round(wall, 1),
+            "cpu_s": round(cpu, 2),
+            "cpu_s_per_job_hour": round(cpu / job_hours, 4),
+            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
+            "rss_mib": round(rss_bytes(pid, children=True) / 2**20, 1),
+        },
+    )
 
 
 def rss_bytes(pid: int, children: bool = False) -> int:
@@ -90,15 +96,31 @@ def py_spy(pid: int, out: Path, seconds: float = 30.0, subprocesses: bool = Fals
     (``pip install py-spy``: not a project dependency). Only the thread holding the GIL is
     sampled (``--gil``): where the process spends Python CPU. py-spy's own idle test
     counts some waiting threads (anyio's worker threads) as busy."""
-    binary = shutil.which("py-spy") or shutil.which(
-        "py-spy", path=str(Path(sys.executable).parent))
+    binary = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if binary is None:
         return "py-spy not found: pip install py-spy"
     extra = ["--subprocesses"] if subprocesses else []
-    done = subprocess.run([binary, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                           "--rate", "50", "--gil", "--format", "raw", *extra,
-                           "--output", str(out)],
-                          capture_output=True, text=True, timeout=seconds + 60)
+    done = subprocess.run(
+        [
+            binary,
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "50",
+            "--gil",
+            "--format",
+            "raw",
+            *extra,
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
     return str(out) if done.returncode == 0 else f"py-spy failed: {done.stderr[-500:]}"
 
 
@@ -125,31 +147,50 @@ def count_alive(started: list, report: dict) -> None:
 WINDOW_SECONDS = 2 * default("heartbeat_timeout") / 4
 
 
-def add_window_arguments(parser, process: str, nothing: str, database: str,
-                         idle_seconds: float) -> None:
+def add_window_arguments(
+    parser, process: str, nothing: str, database: str, idle_seconds: float
+) -> None:
     """The options both process benchmarks take: the measured window, the poll interval,
     py-spy after it, the idle measurement before it, and SQLite instead of PostgreSQL."""
-    parser.add_argument("--seconds", type=float, default=WINDOW_SECONDS,
-                        help="measured window (default: two rounds of heartbeat renewals at "
-                        "the default heartbeat_timeout, so every job renews the same number "
-                        "of times in it)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=WINDOW_SECONDS,
+        help="measured window (default: two rounds of heartbeat renewals at "
+        "the default heartbeat_timeout, so every job renews the same number "
+        "of times in it)",
+    )
     parser.add_argument("--poll-interval", type=float, default=5.0)
-    parser.add_argument("--profile", type=Path, default=None,
-                        help=f"after the window, 30 s of py-spy on the {process} into this file")
-    parser.add_argument("--idle-seconds", type=float, default=idle_seconds,
-                        help=f"the {process}'s CPU with {nothing}, measured first (0: skip)")
-    parser.add_argument("--sqlite", action="store_true",
-                        help=f"{database} on SQLite even if PostgreSQL is configured")
-    parser.add_argument("--driver-beat", action="store_true",
-                        help="the jobs run with heartbeat_uri set: the watching process "
-                        "renews one heartbeat for all of them instead of one per job")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help=f"after the window, 30 s of py-spy on the {process} into this file",
+    )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=idle_seconds,
+        help=f"the {process}'s CPU with {nothing}, measured first (0: skip)",
+    )
+    parser.add_argument(
+        "--sqlite",
+        action="store_true",
+        help=f"{database} on SQLite even if PostgreSQL is configured",
+    )
+    parser.add_argument(
+        "--driver-beat",
+        action="store_true",
+        help="the jobs run with heartbeat_uri set: the watching process "
+        "renews one heartbeat for all of them instead of one per job",
+    )
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 30.0, *,
-                 session: bool = False) -> None:
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0, *, session: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``timeout``. ``session``: signal the whole session of a
     process started with ``start_new_session`` (the server's uvicorn and services too),
     else the process alone (a worker's lease processes must outlive it, as in production)."""
+
     def send(sig: int) -> None:
         try:
             os.killpg(proc.pid, sig) if session else proc.send_signal(sig)
@@ -181,7 +222,8 @@ def fresh_database(admin_url: str, prefix: str, driver: str) -> Iterator[str]:
     """A new PostgreSQL database on the server of ``admin_url`` as a SQLAlchemy URL with
     ``driver`` (``postgresql+asyncpg``, ``postgresql+psycopg2``), dropped afterwards."""
     sys.path.insert(0, str(REPO / "tests" / "core"))
-    from postgres_helpers import fresh_database as fresh, with_driver
+    from postgres_helpers import fresh_database as fresh
+    from postgres_helpers import with_driver
 
     with fresh(admin_url, prefix) as url:
         yield with_driver(url, driver)
@@ -190,7 +232,12 @@ def fresh_database(admin_url: str, prefix: str, driver: str) -> Iterator[str]:
 def commit() -> str:
     """The short hash of the checkout measured."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, cwd=REPO).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=REPO,
+        ).stdout.strip()
     except OSError:
         return "unknown"

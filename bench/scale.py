@@ -49,8 +49,7 @@ from pathlib import Path
 from bench.loop_stalls import LoopStalls
 from bench.moto_recorder import classify, recorded
 from bench.processes import commit
-from bench.scale_backends import (CONTROLLER, Ec2Moto, LocalCloud, controller_options,
-                                  launch_leases)
+from bench.scale_backends import CONTROLLER, Ec2Moto, LocalCloud, controller_options, launch_leases
 
 
 # -- the jobs: controller records on launched leases, as deferred trigger rows ----------------
@@ -59,26 +58,40 @@ def watch_next(lease, checkpoint_uri: str):
     from spot_core.controller import Next
     from spot_core.model import Attempt, JobRecord
 
-    record = JobRecord(job_id=lease.job_id, created_at=lease.started_at,
-                       checkpoint_uri=checkpoint_uri)
-    record = record.start_attempt(Attempt(number=lease.attempt, pool=lease.pool,
-                                          started_at=lease.started_at, lease_id=lease.lease_id,
-                                          lease=lease.to_dict(), checkpoint_step_start=None))
-    return Next("watch", record, until=lease.started_at + CONTROLLER["attempt_timeout"],
-                lease=lease)
+    record = JobRecord(
+        job_id=lease.job_id, created_at=lease.started_at, checkpoint_uri=checkpoint_uri
+    )
+    record = record.start_attempt(
+        Attempt(
+            number=lease.attempt,
+            pool=lease.pool,
+            started_at=lease.started_at,
+            lease_id=lease.lease_id,
+            lease=lease.to_dict(),
+            checkpoint_step_start=None,
+        )
+    )
+    return Next(
+        "watch", record, until=lease.started_at + CONTROLLER["attempt_timeout"], lease=lease
+    )
 
 
-def trigger_rows(provider_name: str, options: dict, leases, uris, poll_interval: float,
-                 controller: dict) -> list:
+def trigger_rows(
+    provider_name: str, options: dict, leases, uris, poll_interval: float, controller: dict
+) -> list:
     """Each job's SpotJobTrigger (``uris``: the jobs' stores), serialized and rebuilt as the
     triggerer does."""
     from airflow_spot.triggers.spot import SpotJobTrigger
 
     rows = []
-    for lease, uri in zip(leases, uris):
-        trigger = SpotJobTrigger(provider=provider_name, provider_options=options,
-                                 next=watch_next(lease, uri).to_dict(), checkpoint_uri=uri,
-                                 controller_options={**controller, "poll_interval": poll_interval})
+    for lease, uri in zip(leases, uris, strict=True):
+        trigger = SpotJobTrigger(
+            provider=provider_name,
+            provider_options=options,
+            next=watch_next(lease, uri).to_dict(),
+            checkpoint_uri=uri,
+            controller_options={**controller, "poll_interval": poll_interval},
+        )
         path, kwargs = trigger.serialize()
         module, _, name = path.rpartition(".")
         rows.append(getattr(importlib.import_module(module), name)(**kwargs))
@@ -86,10 +99,12 @@ def trigger_rows(provider_name: str, options: dict, leases, uris, poll_interval:
 
 
 # -- running them in one event loop ---------------------------------------------------------------
-async def _watch(triggers, observer, seconds: float, poll_interval: float,
-                 count_calls, warm) -> dict:
+async def _watch(
+    triggers, observer, seconds: float, poll_interval: float, count_calls, warm
+) -> dict:
     """Run every trigger; once every lease is watched, two polls were made and ``warm()``
     holds (each job's first heartbeat renewal is done), measure ``seconds`` of watching."""
+
     async def drive(trigger):
         async for event in trigger.run():
             return event.payload
@@ -115,16 +130,23 @@ async def _watch(triggers, observer, seconds: float, poll_interval: float,
     jobs = len(triggers)
     job_hours = jobs * wall / 3600.0
     api = sum(v for k, v in calls.items() if not k.startswith("S3 "))  # not the jobs' stores
-    return {"jobs": jobs, "ended_during_window": ended, "poll_interval_s": poll_interval,
-            "window_s": round(wall, 1), "polls": polls, "observer_describes": describes,
-            "server_calls": calls, "server_calls_per_poll": round(api / max(polls, 1), 2),
-            "cpu_s": round(cpu, 2), "cpu_s_per_job_hour": round(cpu / job_hours, 4),
-            "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
-            **stalls.summary()}
+    return {
+        "jobs": jobs,
+        "ended_during_window": ended,
+        "poll_interval_s": poll_interval,
+        "window_s": round(wall, 1),
+        "polls": polls,
+        "observer_describes": describes,
+        "server_calls": calls,
+        "server_calls_per_poll": round(api / max(polls, 1), 2),
+        "cpu_s": round(cpu, 2),
+        "cpu_s_per_job_hour": round(cpu / job_hours, 4),
+        "core_percent_per_100_jobs": round(100.0 * cpu / wall / jobs * 100, 3),
+        **stalls.summary(),
+    }
 
 
-def run_loop(triggers, observer, seconds, poll_interval, count_calls,
-             warm=lambda: True) -> dict:
+def run_loop(triggers, observer, seconds, poll_interval, count_calls, warm=lambda: True) -> dict:
     return asyncio.run(_watch(triggers, observer, seconds, poll_interval, count_calls, warm))
 
 
@@ -135,11 +157,13 @@ def _observer_of(trigger):
     return shared_observer(hook.cache_key, hook.get_provider())
 
 
-# -- EC2 on moto --------------------------------------------------------------------------------------
+# -- EC2 on moto -----------------------------------------------------------------------------------
 def moto_calls(recording: Path):
     """Requests moto recorded, per EC2 action or S3 method."""
+
     def count() -> dict[str, int]:
         return classify(recorded(recording))["calls"]
+
     return count
 
 
@@ -147,25 +171,44 @@ def bench_ec2(leases: int, seconds: float, poll_interval: float, work: Path) -> 
     with ExitStack() as stack:
         backend = Ec2Moto(stack, work)
         provider, uris, launched, launch_s = launch_leases(backend, leases)
-        triggers = trigger_rows("ec2", dict(provider.options), launched, uris, poll_interval,
-                                controller_options(backend))
+        triggers = trigger_rows(
+            "ec2",
+            dict(provider.options),
+            launched,
+            uris,
+            poll_interval,
+            controller_options(backend),
+        )
         backend.start_counting(uris, [lease.lease_id for lease in launched])
         count = moto_calls(backend.recording)
-        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval, count,
-                          warm=lambda: count().get("S3 PUT", 0) >= leases)
+        result = run_loop(
+            triggers,
+            _observer_of(triggers[0]),
+            seconds,
+            poll_interval,
+            count,
+            warm=lambda: count().get("S3 PUT", 0) >= leases,
+        )
         result["launch_s"] = launch_s
         return result
 
 
-# -- the local cloud ------------------------------------------------------------------------------------
+# -- the local cloud -------------------------------------------------------------------------------
 def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -> dict:
     with ExitStack() as stack:  # stopping the server terminates every lease
         backend = LocalCloud(stack, work)
         provider, uris, launched, launch_s = launch_leases(backend, leases)
-        triggers = trigger_rows("local", dict(provider.options), launched, uris, poll_interval,
-                                controller_options(backend))
-        result = run_loop(triggers, _observer_of(triggers[0]), seconds, poll_interval,
-                          backend.counts)
+        triggers = trigger_rows(
+            "local",
+            dict(provider.options),
+            launched,
+            uris,
+            poll_interval,
+            controller_options(backend),
+        )
+        result = run_loop(
+            triggers, _observer_of(triggers[0]), seconds, poll_interval, backend.counts
+        )
         for name in ("GET /config",):  # the triggers' provider opens, not polls
             result["server_calls"].pop(name, None)
         result["launch_s"] = launch_s
@@ -173,8 +216,9 @@ def bench_local(leases: int, seconds: float, poll_interval: float, work: Path) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.scale",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--ec2-leases", type=int, default=1000)
     parser.add_argument("--local-leases", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
@@ -184,12 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     report = {"commit": commit()}
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         if args.only in (None, "ec2"):
-            report["ec2_moto"] = bench_ec2(args.ec2_leases, args.seconds, args.poll_interval,
-                                           Path(tmp) / "ec2")
+            report["ec2_moto"] = bench_ec2(
+                args.ec2_leases, args.seconds, args.poll_interval, Path(tmp) / "ec2"
+            )
             print(json.dumps({"ec2_moto": report["ec2_moto"]}, indent=2), flush=True)
         if args.only in (None, "local"):
-            report["local_cloud"] = bench_local(args.local_leases, args.seconds,
-                                                args.poll_interval, Path(tmp) / "local")
+            report["local_cloud"] = bench_local(
+                args.local_leases, args.seconds, args.poll_interval, Path(tmp) / "local"
+            )
     print(json.dumps(report, indent=2))
     return 0
 

@@ -20,15 +20,24 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from spot_core.emulators.moto_server import die_with_parent
-from bench.moto_recorder import (INSTANCE_TYPE, REGION, ZONE, classify, make_network,
-                                 measure_watching, recorded, recording_moto, start_recording,
-                                 terminate_leftovers)
+from bench.moto_recorder import (
+    INSTANCE_TYPE,
+    REGION,
+    ZONE,
+    classify,
+    make_network,
+    measure_watching,
+    recorded,
+    recording_moto,
+    start_recording,
+    terminate_leftovers,
+)
 from bench.processes import measure_window, stop_process
+from spot_core.emulators.moto_server import die_with_parent
 
 BUCKET = "bench-scale"
 DESCRIBE_ROUTE = "POST /instances/describe"
@@ -49,8 +58,11 @@ CONTROLLER = {"observe_failure_timeout": 600.0, "attempt_timeout": 86400.0}
 def controller_options(backend) -> dict:
     """The controller settings every benchmarked job runs with on ``backend``: with its
     ``heartbeat_uri`` set (``--driver-beat``), one heartbeat per watching process."""
-    return {**CONTROLLER, "heartbeat_timeout": backend.heartbeat_timeout,
-            "heartbeat_uri": backend.heartbeat_uri}
+    return {
+        **CONTROLLER,
+        "heartbeat_timeout": backend.heartbeat_timeout,
+        "heartbeat_uri": backend.heartbeat_uri,
+    }
 
 
 def launch_spec(job_id: str, store, heartbeat_timeout: float):
@@ -60,8 +72,9 @@ def launch_spec(job_id: str, store, heartbeat_timeout: float):
     from spot_core.providers.base import LaunchSpec
 
     Heartbeat(store).renew(1, time.time())
-    return LaunchSpec(job_id, 1, ("sleep", "86400"), store.uri,
-                      heartbeat_timeout=heartbeat_timeout)
+    return LaunchSpec(
+        job_id, 1, ("sleep", "86400"), store.uri, heartbeat_timeout_seconds=heartbeat_timeout
+    )
 
 
 def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:
@@ -74,9 +87,12 @@ def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:
     stores = provider_stores(provider)
     started = time.monotonic()
     uris = [backend.uri_pattern.format(i=i) for i in range(jobs)]
-    leases = [provider.launch(launch_spec(f"scale-{i}", stores(uri), backend.heartbeat_timeout),
-                              backend.pool)
-              for i, uri in enumerate(uris)]
+    leases = [
+        provider.launch(
+            launch_spec(f"scale-{i}", stores(uri), backend.heartbeat_timeout), backend.pool
+        )
+        for i, uri in enumerate(uris)
+    ]
     return provider, uris, leases, round(time.monotonic() - started, 1)
 
 
@@ -84,9 +100,20 @@ def launch_leases(backend, jobs: int) -> tuple[object, list[str], list, float]:
 def local_cloud_server(workdir: Path) -> Iterator[str]:
     """``python -m spot_core.localcloud.server`` at real time (``--time-scale 1``) in
     ``workdir``; its URL. It dies with this process; stopping it terminates every lease."""
-    server = subprocess.Popen([sys.executable, "-m", "spot_core.localcloud.server",
-                               "--workdir", str(workdir), "--time-scale", "1"],
-                              stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.localcloud.server",
+            "--workdir",
+            str(workdir),
+            "--time-scale",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_parent,
+    )
     try:
         yield server.stdout.readline().strip()
     finally:
@@ -107,9 +134,13 @@ class Ec2Moto:
 
         self.endpoint, self.recording = stack.enter_context(recording_moto(work))
         net = make_network(self.endpoint, BUCKET)
-        self.options = {"region": REGION, "endpoint_url": self.endpoint,
-                        "subnets": [net["subnet"]], "instance_types": [INSTANCE_TYPE],
-                        "image_id": net["image_id"]}
+        self.options = {
+            "region": REGION,
+            "endpoint_url": self.endpoint,
+            "subnets": [net["subnet"]],
+            "instance_types": [INSTANCE_TYPE],
+            "image_id": net["image_id"],
+        }
         self.env = {"SPOT_S3_ENDPOINT_URL": self.endpoint}  # the jobs' stores, on the same moto
         self.pool = Pool("aws", REGION, ZONE, INSTANCE_TYPE, Market.SPOT)
         self.uri_pattern = f"s3://{BUCKET}/scale-{{i}}"
@@ -146,8 +177,11 @@ class LocalCloud:
         url = stack.enter_context(local_cloud_server(workdir))
         self.env = client_environ(url, workdir)  # the triggerer's token, from the workdir
         os.environ.update(self.env)
-        self.options = {"url": url, "workdir": str(workdir),
-                        "watch_poll_interval": LOCAL_WATCH_POLL}
+        self.options = {
+            "url": url,
+            "workdir": str(workdir),
+            "watch_poll_interval": LOCAL_WATCH_POLL,
+        }
         provider = open_provider("local", **self.options)
         self.cloud, self.pool = provider.cloud, provider.pools()[0].on(Market.ON_DEMAND)
         self.uri_pattern = (work / "stores").as_uri() + "/scale-{i}"
@@ -171,19 +205,19 @@ class LocalCloud:
         def snapshot() -> tuple[dict, dict]:
             return self.counts(), self._sequences()
 
-        (calls0, beats0), (calls1, beats1), figures = measure_window(pid, seconds, jobs,
-                                                                     snapshot)
+        (calls0, beats0), (calls1, beats1), figures = measure_window(pid, seconds, jobs, snapshot)
         calls = {k: v - calls0.get(k, 0) for k, v in calls1.items() if v > calls0.get(k, 0)}
         polls = max(calls.get(DESCRIBE_ROUTE, 0), 1)
-        return {"window_s": figures["window_s"], "polls": calls.get(DESCRIBE_ROUTE, 0),
-                "server_calls": calls,
-                "describe_calls_per_poll": round(calls.get(DESCRIBE_ROUTE, 0) / polls, 2),
-                "calls_per_poll": round(sum(calls.values()) / polls, 2),
-                "heartbeat_puts_in_window": sum(beats1[u] - beats0.get(u, 0)
-                                                for u in self._uris),
-                "jobs_renewed_in_window": sum(beats1[u] > beats0.get(u, 0)
-                                              for u in self._uris),
-                **figures}
+        return {
+            "window_s": figures["window_s"],
+            "polls": calls.get(DESCRIBE_ROUTE, 0),
+            "server_calls": calls,
+            "describe_calls_per_poll": round(calls.get(DESCRIBE_ROUTE, 0) / polls, 2),
+            "calls_per_poll": round(sum(calls.values()) / polls, 2),
+            "heartbeat_puts_in_window": sum(beats1[u] - beats0.get(u, 0) for u in self._uris),
+            "jobs_renewed_in_window": sum(beats1[u] > beats0.get(u, 0) for u in self._uris),
+            **figures,
+        }
 
     def end(self, report: dict) -> None:
         """After the watching process stopped: how many leases it left running (all: a

@@ -41,12 +41,28 @@ import time
 from contextlib import ExitStack, redirect_stdout
 from pathlib import Path
 
-from bench.moto_recorder import (INSTANCE_TYPE, REGION, live_instances, make_network,
-                                 measure_watching, recording_moto, start_recording,
-                                 terminate_leftovers)
+from bench.moto_recorder import (
+    INSTANCE_TYPE,
+    REGION,
+    live_instances,
+    make_network,
+    measure_watching,
+    recording_moto,
+    start_recording,
+    terminate_leftovers,
+)
 from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
-from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
-                             fresh_database, idle_cpu, postgres_url, py_spy)
+from bench.processes import (
+    above_idle,
+    add_window_arguments,
+    children,
+    commit,
+    count_alive,
+    fresh_database,
+    idle_cpu,
+    postgres_url,
+    py_spy,
+)
 
 POOL = "spot-scale"
 WORKER_STOP_TIMEOUT = 180.0  # the worker's shutdown stops every attempt it watches
@@ -56,23 +72,34 @@ IDLE_SETTLE = 15.0
 
 
 # -- Prefect: the deployment, its flow runs, the worker ------------------------------------------
-def job_variables(endpoint: str, net: dict, poll_interval: float,
-                  driver_beat: bool = False) -> dict:
-    return {"provider": "ec2", "poll_interval": poll_interval,
-            "checkpoint_root": f"s3://{net['bucket']}/flows",
-            "heartbeat_uri": f"s3://{net['bucket']}/drivers" if driver_beat else None,
-            "provider_options": {"endpoint_url": endpoint, "region": REGION,
-                                 "subnets": [net["subnet"]], "instance_types": [INSTANCE_TYPE],
-                                 "image_id": net["image_id"]}}
+def job_variables(
+    endpoint: str, net: dict, poll_interval: float, driver_beat: bool = False
+) -> dict:
+    return {
+        "provider": "ec2",
+        "poll_interval": poll_interval,
+        "checkpoint_root": f"s3://{net['bucket']}/flows",
+        "heartbeat_uri": f"s3://{net['bucket']}/drivers" if driver_beat else None,
+        "provider_options": {
+            "endpoint_url": endpoint,
+            "region": REGION,
+            "subnets": [net["subnet"]],
+            "instance_types": [INSTANCE_TYPE],
+            "image_id": net["image_id"],
+        },
+    }
 
 
 def create_flow_runs(deployment_id, runs: int) -> list:
     from prefect import get_client
 
     with get_client(sync_client=True) as client:
-        return [client.create_flow_run_from_deployment(
-            deployment_id, name=f"scale-{i}", parameters={"workdir": f"/tmp/scale-{i}"}).id
-            for i in range(runs)]
+        return [
+            client.create_flow_run_from_deployment(
+                deployment_id, name=f"scale-{i}", parameters={"workdir": f"/tmp/scale-{i}"}
+            ).id
+            for i in range(runs)
+        ]
 
 
 def launch_progress(run_ids: list) -> tuple[int, list[str]]:
@@ -84,8 +111,12 @@ def launch_progress(run_ids: list) -> tuple[int, list[str]]:
     leased, ended = 0, []
     with get_client(sync_client=True) as client:
         for start in range(0, len(run_ids), 200):
-            for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                    id=FlowRunFilterId(any_=run_ids[start:start + 200])), limit=200):
+            for run in client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    id=FlowRunFilterId(any_=run_ids[start : start + 200])
+                ),
+                limit=200,
+            ):
                 if (run.infrastructure_pid or "").startswith("i-"):
                     leased += 1
                 elif run.state is not None and run.state.is_final():
@@ -112,26 +143,41 @@ def wait_launched(run_ids: list, worker, log: Path, timeout: float) -> dict:
         leased, ended_states = launch_progress(run_ids)
         ended = len(ended_states)
         if leased + ended == len(run_ids):
-            return {"launch_s": round(time.monotonic() - started, 1), "leased_runs": leased,
-                    "runs_ended_unlaunched": ended, "unlaunched_states": ended_states}
+            return {
+                "launch_s": round(time.monotonic() - started, 1),
+                "leased_runs": leased,
+                "runs_ended_unlaunched": ended,
+                "unlaunched_states": ended_states,
+            }
         if worker.poll() is not None or time.monotonic() - started > timeout:
-            raise RuntimeError(f"the worker reported {leased} of {len(run_ids)} leases "
-                               f"({ended} runs ended without one) in "
-                               f"{time.monotonic() - started:.0f} s (worker exit code "
-                               f"{worker.poll()}): "
-                               + log.read_text(errors="replace")[-3000:])
+            raise RuntimeError(
+                f"the worker reported {leased} of {len(run_ids)} leases "
+                f"({ended} runs ended without one) in "
+                f"{time.monotonic() - started:.0f} s (worker exit code "
+                f"{worker.poll()}): " + log.read_text(errors="replace")[-3000:]
+            )
         time.sleep(5)
 
 
-def bench(runs: int, seconds: float, poll_interval: float, work: Path,
-          database_url: str | None = None, profile: Path | None = None,
-          idle_seconds: float = IDLE_SECONDS, driver_beat: bool = False) -> dict:
+def bench(
+    runs: int,
+    seconds: float,
+    poll_interval: float,
+    work: Path,
+    database_url: str | None = None,
+    profile: Path | None = None,
+    idle_seconds: float = IDLE_SECONDS,
+    driver_beat: bool = False,
+) -> dict:
     """The whole run; every process and instance it started is gone when it returns."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    report: dict = {"runs": runs, "poll_interval_s": poll_interval,
-                    "database": "postgresql" if database_url else "sqlite",
-                    "driver_beat": driver_beat}
+    report: dict = {
+        "runs": runs,
+        "poll_interval_s": poll_interval,
+        "database": "postgresql" if database_url else "sqlite",
+        "driver_beat": driver_beat,
+    }
     started: list = []  # every process the bench started, for the check at the end
     with ExitStack() as stack:
         stack.callback(count_alive, started, report)
@@ -140,16 +186,26 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
         api = stack.enter_context(prefect_server(work / "prefect-server", database_url))
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
         with redirect_stdout(sys.stderr):  # its table; stdout is the JSON report
-            deployment_id = deploy_example_flow(POOL, "scale",
-                                                job_variables(endpoint, net, poll_interval,
-                                                              driver_beat))
+            deployment_id = deploy_example_flow(
+                POOL, "scale", job_variables(endpoint, net, poll_interval, driver_beat)
+            )
         stack.callback(terminate_leftovers, endpoint, report)  # after the worker stopped
         log = work / "worker.log"
-        worker = stack.enter_context(running_worker(
-            POOL, log, limit=runs, stop_timeout=WORKER_STOP_TIMEOUT,
-            env={"SPOT_S3_ENDPOINT_URL": endpoint, "PREFECT_LOGGING_LEVEL": "WARNING",
-                 # Prefect's defaults (the tests' worker asks every second)
-                 "PREFECT_WORKER_QUERY_SECONDS": "10", "PREFECT_WORKER_PREFETCH_SECONDS": "10"}))
+        worker = stack.enter_context(
+            running_worker(
+                POOL,
+                log,
+                limit=runs,
+                stop_timeout=WORKER_STOP_TIMEOUT,
+                env={
+                    "SPOT_S3_ENDPOINT_URL": endpoint,
+                    "PREFECT_LOGGING_LEVEL": "WARNING",
+                    # Prefect's defaults (the tests' worker asks every second)
+                    "PREFECT_WORKER_QUERY_SECONDS": "10",
+                    "PREFECT_WORKER_PREFETCH_SECONDS": "10",
+                },
+            )
+        )
         started += children()
         if idle_seconds:
             report["idle_cpu_s_per_s"] = idle_cpu(worker.pid, idle_seconds, IDLE_SETTLE)
@@ -171,8 +227,9 @@ def bench(runs: int, seconds: float, poll_interval: float, work: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.scale_prefect",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale_prefect", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--runs", type=int, default=200, help="flow runs (one lease each)")
     add_window_arguments(parser, "worker", "no flow run", "the Prefect server", IDLE_SECONDS)
     args = parser.parse_args(argv)
@@ -186,11 +243,19 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect-home")  # not ~/.prefect
         database = None
         if admin_url:
-            database = stack.enter_context(fresh_database(admin_url, "spot_bench_scale",
-                                                          "postgresql+asyncpg"))
-        report["prefect_worker_ec2_moto"] = bench(args.runs, args.seconds, args.poll_interval,
-                                                  Path(tmp), database, args.profile,
-                                                  args.idle_seconds, args.driver_beat)
+            database = stack.enter_context(
+                fresh_database(admin_url, "spot_bench_scale", "postgresql+asyncpg")
+            )
+        report["prefect_worker_ec2_moto"] = bench(
+            args.runs,
+            args.seconds,
+            args.poll_interval,
+            Path(tmp),
+            database,
+            args.profile,
+            args.idle_seconds,
+            args.driver_beat,
+        )
     print(json.dumps(report, indent=2))
     return 0
 

@@ -53,26 +53,36 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from spot_core.emulators.moto_server import free_port
-from bench.processes import (above_idle, add_window_arguments, children, commit, count_alive,
-                             fresh_database, idle_cpu, postgres_url, py_spy, stop_process)
+from bench.processes import (
+    above_idle,
+    add_window_arguments,
+    children,
+    commit,
+    count_alive,
+    fresh_database,
+    idle_cpu,
+    postgres_url,
+    py_spy,
+    stop_process,
+)
 from bench.scale import trigger_rows
 from bench.scale_backends import BACKENDS, controller_options, launch_leases
+from spot_core.emulators.moto_server import free_port
 
 DAG_ID, TASK_ID, RUN_ID = "spot_scale", "job", "bench_scale"
 BIN = Path(sys.executable).parent
 READY_TIMEOUT = 900.0  # every trigger started and renewed its job's heartbeat
-STOP_TIMEOUT = 180.0   # the triggerer's shutdown runs every trigger's cleanup
+STOP_TIMEOUT = 180.0  # the triggerer's shutdown runs every trigger's cleanup
 CLI_TIMEOUT = 600.0
-IDLE_SETTLE = 20.0     # the triggerer's start-up, before its idle cost is measured
+IDLE_SETTLE = 20.0  # the triggerer's start-up, before its idle cost is measured
 IDLE_SECONDS = 20.0
 BLOCKED_NOTE = re.compile(r"async thread was blocked for ([0-9.]+) seconds")
 
-DAG_FILE = '''"""{jobs} deferrable spot jobs on {provider}, one mapped task: bench/scale_triggerer.py."""
+DAG_FILE = '''"""{jobs} deferrable spot jobs on {provider} (bench/scale_triggerer)."""
 from airflow.sdk import DAG
 
 from airflow_spot.operators.spot import SpotJobOperator
@@ -89,32 +99,36 @@ with DAG({dag_id!r}, schedule=None, catchup=False, tags=["bench"]):
 
 
 # -- Airflow: its home, database, DAG and CLI -------------------------------------------------
-def airflow_env(home: Path, database_url: str, backend_env: dict[str, str],
-                jobs: int) -> dict[str, str]:
+def airflow_env(
+    home: Path, database_url: str, backend_env: dict[str, str], jobs: int
+) -> dict[str, str]:
     """This process's environment (moto's throwaway credentials included) for an Airflow in
     ``home`` on ``database_url``, its DAG folder in ``home/dags``; ``backend_env``: how the
     triggerer reaches the jobs' backend (S3 endpoint, local cloud token)."""
     from cryptography.fernet import Fernet
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
-        "AIRFLOW__TRIGGERER__CAPACITY": str(max(jobs, 1000)),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        **backend_env,
-    })
+    env.update(
+        {
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
+            "AIRFLOW__TRIGGERER__CAPACITY": str(max(jobs, 1000)),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            **backend_env,
+        }
+    )
     return env
 
 
 def cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([str(BIN / "airflow"), *args], env=env, capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT)
+    done = subprocess.run(
+        [str(BIN / "airflow"), *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT
+    )
     if done.returncode != 0:
         raise RuntimeError(f"airflow {' '.join(args)} failed: {done.stderr[-3000:]}")
     return done.stdout
@@ -123,32 +137,45 @@ def cli(env: dict[str, str], *args: str) -> str:
 def write_dag(home: Path, jobs: int, backend, poll_interval: float) -> None:
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
-    (dags / "spot_scale.py").write_text(DAG_FILE.format(
-        jobs=jobs, dag_id=DAG_ID, task_id=TASK_ID, provider=backend.provider,
-        uri_pattern=backend.uri_pattern, options=backend.options,
-        poll_interval=poll_interval, **controller_options(backend)))
+    (dags / "spot_scale.py").write_text(
+        DAG_FILE.format(
+            jobs=jobs,
+            dag_id=DAG_ID,
+            task_id=TASK_ID,
+            provider=backend.provider,
+            uri_pattern=backend.uri_pattern,
+            options=backend.options,
+            poll_interval=poll_interval,
+            **controller_options(backend),
+        )
+    )
 
 
 def defer_task_instances(triggers: list) -> int:
     """Each task instance of the run ``deferred`` on its trigger's row, as the execution
     API leaves a task that called ``self.defer``; how many were deferred."""
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.trigger import Trigger
     from airflow.sdk import timezone
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
+    from sqlalchemy import select
 
     now = timezone.utcnow()
     with create_session() as session:
-        run = session.scalar(select(DagRun).where(DagRun.dag_id == DAG_ID,
-                                                  DagRun.run_id == RUN_ID))
+        run = session.scalar(select(DagRun).where(DagRun.dag_id == DAG_ID, DagRun.run_id == RUN_ID))
         run.state, run.start_date = DagRunState.RUNNING, now
-        tis = {ti.map_index: ti for ti in session.scalars(select(TaskInstance).where(
-            TaskInstance.dag_id == DAG_ID, TaskInstance.run_id == RUN_ID,
-            TaskInstance.task_id == TASK_ID))}
+        tis = {
+            ti.map_index: ti
+            for ti in session.scalars(
+                select(TaskInstance).where(
+                    TaskInstance.dag_id == DAG_ID,
+                    TaskInstance.run_id == RUN_ID,
+                    TaskInstance.task_id == TASK_ID,
+                )
+            )
+        }
         for index, trigger in enumerate(triggers):
             row = Trigger.from_object(trigger)
             session.add(row)
@@ -162,22 +189,27 @@ def defer_task_instances(triggers: list) -> int:
 
 def assigned_triggers() -> int:
     """Trigger rows a triggerer has taken."""
-    from sqlalchemy import func, select
-
     from airflow.models.trigger import Trigger
     from airflow.utils.session import create_session
+    from sqlalchemy import func, select
 
     with create_session() as session:
-        return session.scalar(select(func.count(Trigger.id)).where(
-            Trigger.triggerer_id.is_not(None)))
+        return session.scalar(
+            select(func.count(Trigger.id)).where(Trigger.triggerer_id.is_not(None))
+        )
 
 
 @contextmanager
 def running_triggerer(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
     """``airflow triggerer``; stopped with SIGTERM (a restart's stop), then SIGKILL."""
     out = open(log, "wb")
-    proc = subprocess.Popen([str(BIN / "airflow"), "triggerer"], env=env, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "airflow"), "triggerer"],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield proc
     finally:
@@ -185,8 +217,9 @@ def running_triggerer(env: dict[str, str], log: Path) -> Iterator[subprocess.Pop
         out.close()
 
 
-def wait_watching(proc: subprocess.Popen, backend, jobs: int, log: Path,
-                  poll_interval: float) -> dict:
+def wait_watching(
+    proc: subprocess.Popen, backend, jobs: int, log: Path, poll_interval: float
+) -> dict:
     """Until every trigger runs (each renewed its job's heartbeat) and two describe rounds
     followed; bounded."""
     started = time.monotonic()
@@ -195,9 +228,11 @@ def wait_watching(proc: subprocess.Popen, backend, jobs: int, log: Path,
         if renewed >= jobs:
             break
         if proc.poll() is not None or time.monotonic() - started > READY_TIMEOUT:
-            raise RuntimeError(f"{renewed} of {jobs} triggers renewed their heartbeat in "
-                               f"{time.monotonic() - started:.0f} s (triggerer exit code "
-                               f"{proc.poll()}): " + log.read_text(errors="replace")[-3000:])
+            raise RuntimeError(
+                f"{renewed} of {jobs} triggers renewed their heartbeat in "
+                f"{time.monotonic() - started:.0f} s (triggerer exit code "
+                f"{proc.poll()}): " + log.read_text(errors="replace")[-3000:]
+            )
         time.sleep(2)
     ready_s = time.monotonic() - started
     give_up = time.monotonic() + 10 * poll_interval + 300
@@ -205,9 +240,11 @@ def wait_watching(proc: subprocess.Popen, backend, jobs: int, log: Path,
         time.sleep(1)
     assigned = assigned_triggers()
     if assigned < jobs:  # the figures per job would count jobs nobody watches
-        raise RuntimeError(f"only {assigned} of {jobs} triggers still run: the rest of the "
-                           "leases ended before the window (a launch slower than the "
-                           "leases' heartbeat_timeout?)")
+        raise RuntimeError(
+            f"only {assigned} of {jobs} triggers still run: the rest of the "
+            "leases ended before the window (a launch slower than the "
+            "leases' heartbeat_timeout?)"
+        )
     return {"triggers_running_after_s": round(ready_s, 1), "triggers_assigned": assigned}
 
 
@@ -219,26 +256,40 @@ def blocked_notes(log: Path, offset: int) -> dict:
         f.seek(offset)
         text = f.read().decode(errors="replace")
     seconds = [float(s) for s in BLOCKED_NOTE.findall(text)]
-    return {"blocked_notes": len(seconds),
-            "longest_blocked_s": max(seconds, default=0.0)}
+    return {"blocked_notes": len(seconds), "longest_blocked_s": max(seconds, default=0.0)}
 
 
-def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, work: Path,
-          admin_url: str | None, profile: Path | None = None,
-          idle_seconds: float = IDLE_SECONDS, driver_beat: bool = False) -> dict:
+def bench(
+    backend_name: str,
+    jobs: int,
+    seconds: float,
+    poll_interval: float,
+    work: Path,
+    admin_url: str | None,
+    profile: Path | None = None,
+    idle_seconds: float = IDLE_SECONDS,
+    driver_beat: bool = False,
+) -> dict:
     """Every process, database and lease it started is gone when it returns."""
-    report: dict = {"jobs": jobs, "poll_interval_s": poll_interval,
-                    "database": "postgresql" if admin_url else "sqlite",
-                    "driver_beat": driver_beat}
+    report: dict = {
+        "jobs": jobs,
+        "poll_interval_s": poll_interval,
+        "database": "postgresql" if admin_url else "sqlite",
+        "driver_beat": driver_beat,
+    }
     started: list = []
     with ExitStack() as stack:
         stack.callback(count_alive, started, report)
         backend = BACKENDS[backend_name](stack, work)
         if driver_beat:
             backend.heartbeat_uri = backend.drivers_uri
-        database = (stack.enter_context(fresh_database(admin_url, "spot_bench_triggerer",
-                                                       "postgresql+psycopg2"))
-                    if admin_url else f"sqlite:///{work / 'airflow.db'}")
+        database = (
+            stack.enter_context(
+                fresh_database(admin_url, "spot_bench_triggerer", "postgresql+psycopg2")
+            )
+            if admin_url
+            else f"sqlite:///{work / 'airflow.db'}"
+        )
         home = work / "airflow-home"
         env = airflow_env(home, database, backend.env, jobs)
         os.environ.update(env)  # this process's own Airflow (the rows below) is that one
@@ -255,8 +306,14 @@ def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, wo
         if idle_seconds:  # its own cost: the job loop, trigger table queries, heartbeats
             report["idle_cpu_s_per_s"] = idle_cpu(proc.pid, idle_seconds, IDLE_SETTLE)
         provider, uris, leases, report["launch_s"] = launch_leases(backend, jobs)
-        triggers = trigger_rows(backend.provider, dict(provider.options), leases, uris,
-                                poll_interval, controller_options(backend))
+        triggers = trigger_rows(
+            backend.provider,
+            dict(provider.options),
+            leases,
+            uris,
+            poll_interval,
+            controller_options(backend),
+        )
         backend.start_counting(uris, [lease.lease_id for lease in leases])
         report["deferred_task_instances"] = defer_task_instances(triggers)
         report.update(wait_watching(proc, backend, jobs, log, poll_interval))
@@ -272,15 +329,20 @@ def bench(backend_name: str, jobs: int, seconds: float, poll_interval: float, wo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.scale_triggerer",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=sorted(BACKENDS), default="ec2",
-                        help="where the leases live: EC2 on moto, or the local cloud server")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale_triggerer", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        default="ec2",
+        help="where the leases live: EC2 on moto, or the local cloud server",
+    )
     parser.add_argument("--jobs", type=int, default=1000, help="deferred spot jobs (leases)")
-    add_window_arguments(parser, "triggerer", "no trigger", "the metadata database",
-                         IDLE_SECONDS)
-    parser.add_argument("--keep-log", type=Path, default=None,
-                        help="copy the triggerer's log here at the end")
+    add_window_arguments(parser, "triggerer", "no trigger", "the metadata database", IDLE_SECONDS)
+    parser.add_argument(
+        "--keep-log", type=Path, default=None, help="copy the triggerer's log here at the end"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.seconds <= 0 or args.poll_interval <= 0:
         parser.error("--jobs, --seconds and --poll-interval must be positive")
@@ -293,9 +355,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-scale-triggerer-") as tmp:
         try:
             report[f"airflow_triggerer_{BACKENDS[args.backend].label}"] = bench(
-                args.backend, args.jobs, args.seconds, args.poll_interval, Path(tmp),
-                None if args.sqlite else postgres_url(), args.profile, args.idle_seconds,
-                args.driver_beat)
+                args.backend,
+                args.jobs,
+                args.seconds,
+                args.poll_interval,
+                Path(tmp),
+                None if args.sqlite else postgres_url(),
+                args.profile,
+                args.idle_seconds,
+                args.driver_beat,
+            )
         finally:
             if args.keep_log is not None and (Path(tmp) / "triggerer.log").exists():
                 shutil.copyfile(Path(tmp) / "triggerer.log", args.keep_log)

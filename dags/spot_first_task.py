@@ -31,9 +31,17 @@ with DAG(
 ):
     SpotJobOperator(
         task_id="train",
-        command=["python", "-m", "spot_core.workloads.softmax_regression",
-                 "--steps", "{{ params.steps }}", "--step-seconds", "0.01",
-                 "--checkpoint-every-seconds", "1"],
+        command=[
+            "python",
+            "-m",
+            "spot_core.workloads.softmax_regression",
+            "--steps",
+            "{{ params.steps }}",
+            "--step-seconds",
+            "0.01",
+            "--checkpoint-every-seconds",
+            "1",
+        ],
         checkpoint_uri=CHECKPOINT_ROOT + "/airflow/{{ dag.dag_id }}/{{ run_id }}",
         provider="local",
         provider_options={"workdir": CLOUD_WORKDIR} if CLOUD_WORKDIR else {},

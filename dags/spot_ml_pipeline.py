@@ -6,8 +6,8 @@ evaluate -> batch inference mapped over shards (each shard its own spot job) -> 
 
 The local cloud is a server (``python -m spot_core.localcloud.server``) whose URL is in
 ``SPOT_LOCAL_CLOUD_URL`` and token in ``SPOT_LOCAL_CLOUD_TOKEN``, so the worker that
-launches a lease and the triggerer that watches it see the same instances. ``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints
-and predictions go.
+launches a lease and the triggerer that watches it see the same instances.
+``SPOT_PIPELINE_WORKDIR`` is where data, checkpoints and predictions go.
 
 With ``SPOT_PIPELINE_PROVIDER=kubernetes`` the same steps run as pods on Kubernetes spot
 node pools instead: training through ``SpotKubernetesPodOperator`` on the cluster of the
@@ -26,9 +26,9 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_spot.operators.spot import SpotJobOperator
 from spot_core.demo.kubernetes import PRICES
 from spot_core.workloads.example_pipeline import evaluate, infer_command, train_command
-from airflow_spot.operators.spot import SpotJobOperator
 
 WORKDIR = os.environ.get("SPOT_PIPELINE_WORKDIR", "/tmp/spot-ml-pipeline")
 PROVIDER = os.environ.get("SPOT_PIPELINE_PROVIDER", "local")
@@ -40,19 +40,34 @@ MODEL_URI = "file://" + RUN_DIR + "/checkpoints/train"
 
 # The same spot settings for training and every inference shard: the local cloud, two
 # preemptions before on-demand, bounded waits, and the triggerer watching each lease.
-SETTINGS = dict(max_preemptions=2, capacity_wait=0.5, max_capacity_waits=20, poll_interval=0.2,
-                attempt_timeout=timedelta(minutes=10), deferrable=True)
+SETTINGS = dict(
+    max_preemptions=2,
+    capacity_wait=0.5,
+    max_capacity_waits=20,
+    poll_interval=0.2,
+    attempt_timeout=timedelta(minutes=10),
+    deferrable=True,
+)
 SPOT = dict(provider="local", **SETTINGS)
 # On Kubernetes: the step image's watcher (the emulator's kubelet runs it on this machine,
 # so this interpreter's), and $/h per node pool (no cluster API says what a node costs).
-K8S_OPTIONS = {"watch_command": [sys.executable, "-m", "spot_core.cli"],
-               "watch_poll_interval": 0.2, "node_refresh_seconds": 0.5,
-               "prices": PRICES}
+K8S_OPTIONS = {
+    "watch_command": [sys.executable, "-m", "spot_core.cli"],
+    "watch_poll_interval": 0.2,
+    "node_refresh_seconds": 0.5,
+    "prices": PRICES,
+}
 K8S_IMAGE = "spot-pipelines-step:demo"
 if PROVIDER == "kubernetes":
-    SPOT = dict(provider="kubernetes", **SETTINGS, provider_options={
-        **K8S_OPTIONS, "image": K8S_IMAGE,
-        "kubeconfig": os.environ.get("SPOT_PIPELINE_KUBECONFIG", "/nonexistent/kubeconfig")})
+    SPOT = dict(
+        provider="kubernetes",
+        **SETTINGS,
+        provider_options={
+            **K8S_OPTIONS,
+            "image": K8S_IMAGE,
+            "kubeconfig": os.environ.get("SPOT_PIPELINE_KUBECONFIG", "/nonexistent/kubeconfig"),
+        },
+    )
 
 
 def _pathsafe(text: str) -> str:
@@ -85,8 +100,12 @@ with DAG(
         path = Path(params["workdir"]) / "runs" / _pathsafe(run_id) / "data" / "dataset.npz"
         return str(prepare_dataset(TrainConfig(), path))
 
-    TRAIN = train_command(DATA, "{{ params.steps }}", "{{ params.step_seconds }}",
-                          "{{ params.checkpoint_every_seconds }}")
+    TRAIN = train_command(
+        DATA,
+        "{{ params.steps }}",
+        "{{ params.step_seconds }}",
+        "{{ params.checkpoint_every_seconds }}",
+    )
     if PROVIDER == "kubernetes":
         # Imported only here: the pod operator brings the Kubernetes clients, seconds of
         # parse time a local-provider DAG should not pay.
@@ -95,27 +114,43 @@ with DAG(
         from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
 
         train = SpotKubernetesPodOperator(
-            task_id="train", kubernetes_conn_id="spot_kubernetes", image=K8S_IMAGE,
-            cmds=TRAIN, env_vars={"PIPELINE": "spot_ml_pipeline"}, checkpoint_uri=MODEL_URI,
+            task_id="train",
+            kubernetes_conn_id="spot_kubernetes",
+            image=K8S_IMAGE,
+            cmds=TRAIN,
+            env_vars={"PIPELINE": "spot_ml_pipeline"},
+            checkpoint_uri=MODEL_URI,
             # the work folder (data, checkpoints) in every pod: a PVC on a real cluster
             volumes=[k8s.V1Volume(name="work", host_path=k8s.V1HostPathVolumeSource(WORKDIR))],
             volume_mounts=[k8s.V1VolumeMount(name="work", mount_path=WORKDIR)],
-            provider_options=K8S_OPTIONS, **SETTINGS)
+            provider_options=K8S_OPTIONS,
+            **SETTINGS,
+        )
     else:
         train = SpotJobOperator(task_id="train", command=TRAIN, checkpoint_uri=MODEL_URI, **SPOT)
 
     @task
     def evaluate_model(params=None, run_id=None) -> dict:
         run_dir = f"{params['workdir']}/runs/{_pathsafe(run_id)}"
-        return evaluate(f"file://{run_dir}/checkpoints/train", f"{run_dir}/data/dataset.npz",
-                        int(params["steps"]))
+        return evaluate(
+            f"file://{run_dir}/checkpoints/train",
+            f"{run_dir}/data/dataset.npz",
+            int(params["steps"]),
+        )
 
     @task
     def shard_commands(params=None, run_id=None) -> list[list[str]]:
         run_dir = f"{params['workdir']}/runs/{_pathsafe(run_id)}"
-        return [infer_command(f"file://{run_dir}/checkpoints/train", f"{run_dir}/data/dataset.npz",
-                              shard, SHARDS, f"{run_dir}/predictions/shard-{shard}.npy")
-                for shard in range(SHARDS)]
+        return [
+            infer_command(
+                f"file://{run_dir}/checkpoints/train",
+                f"{run_dir}/data/dataset.npz",
+                shard,
+                SHARDS,
+                f"{run_dir}/predictions/shard-{shard}.npy",
+            )
+            for shard in range(SHARDS)
+        ]
 
     inference = SpotJobOperator.partial(
         task_id="batch_inference",

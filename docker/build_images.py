@@ -46,12 +46,13 @@ INPUTS_LABEL = "io.spot-pipelines.inputs-sha256"
 STANDIN_LABEL = "io.spot-pipelines.stand-in-for"
 STANDIN_REPO = "localhost/spot-pipelines-standin"
 DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRRORS = (f"deb http://deb.debian.org/debian {DEBIAN_SUITE} main",
-                  f"deb http://deb.debian.org/debian {DEBIAN_SUITE}-updates main",
-                  f"deb http://deb.debian.org/debian-security {DEBIAN_SUITE}-security main")
+DEBIAN_MIRRORS = (
+    f"deb http://deb.debian.org/debian {DEBIAN_SUITE} main",
+    f"deb http://deb.debian.org/debian {DEBIAN_SUITE}-updates main",
+    f"deb http://deb.debian.org/debian-security {DEBIAN_SUITE}-security main",
+)
 # Slim roots: no documentation, manual pages or translations.
-DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*",
-                 "/usr/share/info/*")
+DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 IMAGE_FORMAT = "docker"  # podman/buildah: OCI image configs have no HEALTHCHECK
 PULL_TIMEOUT_SECONDS = 600
@@ -65,11 +66,12 @@ class BuildError(Exception):
 
 # -- what is built -------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Image:
     """One of the project's images."""
 
-    name: str          # step, airflow, prefect
+    name: str  # step, airflow, prefect
     bases: tuple[str, ...]  # the build arguments naming its bases
 
     @property
@@ -81,49 +83,80 @@ class Image:
         return f"localhost/spot-pipelines-{self.name}:{TAG}"
 
 
-IMAGES = (Image("step", ("PYTHON_IMAGE",)),
-          Image("airflow", ("PYTHON_IMAGE", "AIRFLOW_IMAGE")),
-          Image("prefect", ("PYTHON_IMAGE", "PREFECT_IMAGE")))
+IMAGES = (
+    Image("step", ("PYTHON_IMAGE",)),
+    Image("airflow", ("PYTHON_IMAGE", "AIRFLOW_IMAGE")),
+    Image("prefect", ("PYTHON_IMAGE", "PREFECT_IMAGE")),
+)
 
 
 @dataclass(frozen=True)
 class StandIn:
     """How to make a stand-in for an official image that cannot be pulled."""
 
-    dockerfile: str                       # in docker/standins
-    files: tuple[str, ...] = ()           # more files of docker/standins in its context
-    rootfs: tuple[str, ...] = ()          # Debian packages of a rootfs made by mmdebstrap
-    base: str | None = None               # the build argument of the stand-in it starts from
+    dockerfile: str  # in docker/standins
+    files: tuple[str, ...] = ()  # more files of docker/standins in its context
+    rootfs: tuple[str, ...] = ()  # Debian packages of a rootfs made by mmdebstrap
+    base: str | None = None  # the build argument of the stand-in it starts from
     version_arg: tuple[str, str] | None = None  # (build argument, uv.lock package)
-    uv_export: tuple[str, ...] = ()       # uv export options of its constraints.txt
-    says: str = ""                        # what it is, for its description label
+    uv_export: tuple[str, ...] = ()  # uv export options of its constraints.txt
+    says: str = ""  # what it is, for its description label
 
 
 STANDIN_OF = {
-    "PYTHON_IMAGE": StandIn("python.Dockerfile",
-                            rootfs=("python3", "python3-venv", "ca-certificates"),
-                            says="Debian bookworm's python3 in a virtual environment"),
-    "AIRFLOW_IMAGE": StandIn("airflow.Dockerfile", ("airflow-entrypoint.sh",),
-                             base="PYTHON_IMAGE",
-                             version_arg=("AIRFLOW_VERSION", "apache-airflow"),
-                             uv_export=("--extra", "airflow", "--extra", "aws", "--extra",
-                                        "kubernetes", "--group", "test"),
-                             says="apache-airflow, its amazon and cncf-kubernetes "
-                                  "providers and psycopg2 from PyPI, pinned by uv.lock"),
-    "PREFECT_IMAGE": StandIn("prefect.Dockerfile", ("prefect-entrypoint.sh",),
-                             base="PYTHON_IMAGE",
-                             version_arg=("PREFECT_VERSION", "prefect"),
-                             uv_export=("--extra", "prefect", "--extra", "aws", "--extra",
-                                        "kubernetes", "--group", "test"),
-                             says="prefect from PyPI, pinned by uv.lock"),
-    "MOTO_IMAGE": StandIn("moto.Dockerfile", base="PYTHON_IMAGE",
-                          version_arg=("MOTO_VERSION", "moto"),
-                          uv_export=("--extra", "aws", "--group", "test"),
-                          says="moto[server] from PyPI, pinned by uv.lock"),
-    "POSTGRES_IMAGE": StandIn("postgres.Dockerfile", ("postgres-entrypoint.sh",),
-                              rootfs=("postgresql", "postgresql-client"),
-                              says="Debian bookworm's PostgreSQL (bookworm ships major "
-                                   "15)"),
+    "PYTHON_IMAGE": StandIn(
+        "python.Dockerfile",
+        rootfs=("python3", "python3-venv", "ca-certificates"),
+        says="Debian bookworm's python3 in a virtual environment",
+    ),
+    "AIRFLOW_IMAGE": StandIn(
+        "airflow.Dockerfile",
+        ("airflow-entrypoint.sh",),
+        base="PYTHON_IMAGE",
+        version_arg=("AIRFLOW_VERSION", "apache-airflow"),
+        uv_export=(
+            "--extra",
+            "airflow",
+            "--extra",
+            "aws",
+            "--extra",
+            "kubernetes",
+            "--group",
+            "test",
+        ),
+        says="apache-airflow, its amazon and cncf-kubernetes "
+        "providers and psycopg2 from PyPI, pinned by uv.lock",
+    ),
+    "PREFECT_IMAGE": StandIn(
+        "prefect.Dockerfile",
+        ("prefect-entrypoint.sh",),
+        base="PYTHON_IMAGE",
+        version_arg=("PREFECT_VERSION", "prefect"),
+        uv_export=(
+            "--extra",
+            "prefect",
+            "--extra",
+            "aws",
+            "--extra",
+            "kubernetes",
+            "--group",
+            "test",
+        ),
+        says="prefect from PyPI, pinned by uv.lock",
+    ),
+    "MOTO_IMAGE": StandIn(
+        "moto.Dockerfile",
+        base="PYTHON_IMAGE",
+        version_arg=("MOTO_VERSION", "moto"),
+        uv_export=("--extra", "aws", "--group", "test"),
+        says="moto[server] from PyPI, pinned by uv.lock",
+    ),
+    "POSTGRES_IMAGE": StandIn(
+        "postgres.Dockerfile",
+        ("postgres-entrypoint.sh",),
+        rootfs=("postgresql", "postgresql-client"),
+        says="Debian bookworm's PostgreSQL (bookworm ships major 15)",
+    ),
 }
 COMPOSE_BASES = ("POSTGRES_IMAGE", "MOTO_IMAGE")
 
@@ -133,14 +166,17 @@ def official_defaults() -> dict[str, str]:
     compose.yaml (one place says each version)."""
     found: dict[str, str] = {}
     for image in IMAGES:
-        for name, value in re.findall(r"^ARG (\w+_IMAGE)=(\S+)$", image.dockerfile.read_text(),
-                                      re.M):
+        for name, value in re.findall(
+            r"^ARG (\w+_IMAGE)=(\S+)$", image.dockerfile.read_text(), re.M
+        ):
             if found.setdefault(name, value) != value:
-                raise BuildError(f"{name} defaults to {found[name]} and to {value} in "
-                                 f"{image.dockerfile.relative_to(REPO)}: make them one")
+                raise BuildError(
+                    f"{name} defaults to {found[name]} and to {value} in "
+                    f"{image.dockerfile.relative_to(REPO)}: make them one"
+                )
     compose = (DOCKER / "compose.yaml").read_text()
     for name in COMPOSE_BASES:
-        match = re.search(r"\$\{%s:-([^}]+)\}" % name, compose)
+        match = re.search(r"\$\{" + re.escape(name) + r":-([^}]+)\}", compose)
         if match is None:
             raise BuildError(f"docker/compose.yaml names no ${{{name}:-...}} image")
         found[name] = match.group(1)
@@ -163,20 +199,26 @@ def standin_ref(official: str) -> str:
 
 # -- the engine ------------------------------------------------------------------------------
 
+
 @dataclass
 class Engine:
     """docker, podman or buildah, through its command line."""
 
     program: str
 
-    def run(self, *args: str, timeout: float = ENGINE_TIMEOUT_SECONDS, check: bool = True,
-            quiet: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([self.program, *args], text=True, timeout=timeout,
-                              capture_output=quiet)
+    def run(
+        self,
+        *args: str,
+        timeout: float = ENGINE_TIMEOUT_SECONDS,
+        check: bool = True,
+        quiet: bool = True,
+    ) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [self.program, *args], text=True, timeout=timeout, capture_output=quiet
+        )
         if check and done.returncode != 0:
             tail = (done.stderr or done.stdout or "").strip().splitlines() if quiet else []
-            raise BuildError(f"{self.program} {args[0]} failed"
-                             + (f": {tail[-1]}" if tail else ""))
+            raise BuildError(f"{self.program} {args[0]} failed" + (f": {tail[-1]}" if tail else ""))
         return done
 
     def inspect(self, ref: str) -> dict | None:
@@ -203,12 +245,17 @@ class Engine:
         lines = (done.stderr or done.stdout).strip().splitlines()
         return lines[-1] if lines else f"exit {done.returncode}"
 
-    def build(self, dockerfile: Path, context: Path, ref: str, args: dict[str, str],
-              labels: dict[str, str]) -> None:
+    def build(
+        self,
+        dockerfile: Path,
+        context: Path,
+        ref: str,
+        args: dict[str, str],
+        labels: dict[str, str],
+    ) -> None:
         """Build ``ref``; the image it replaces is removed unless something still uses it."""
         replaced = self.inspect(ref)
-        argv = ["bud" if self.program == "buildah" else "build", "-f", str(dockerfile),
-                "-t", ref]
+        argv = ["bud" if self.program == "buildah" else "build", "-f", str(dockerfile), "-t", ref]
         if self.program != "docker":
             # One layer on the base (the inputs label is the cache); the docker format,
             # since OCI image configs have no HEALTHCHECK (buildah drops it).
@@ -222,12 +269,19 @@ class Engine:
             argv += ["--secret", f"id=ca-bundle,src={ca}"]
         argv.append(str(context))
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-        done = subprocess.run([self.program, *argv], text=True, timeout=BUILD_TIMEOUT_SECONDS,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        done = subprocess.run(
+            [self.program, *argv],
+            text=True,
+            timeout=BUILD_TIMEOUT_SECONDS,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         if done.returncode != 0:
             sys.stderr.write(done.stdout[-6000:])
-            raise BuildError(f"building {ref} from {dockerfile.relative_to(REPO)} failed "
-                             f"(the output above)")
+            raise BuildError(
+                f"building {ref} from {dockerfile.relative_to(REPO)} failed (the output above)"
+            )
         if replaced is not None and replaced["id"] and replaced["id"] != self.inspect(ref)["id"]:
             self.run("rmi", replaced["id"], check=False)  # refused while in use or tagged
 
@@ -242,15 +296,21 @@ def detect_engine(wanted: str | None) -> Engine:
     for program in ("podman", "buildah"):
         if shutil.which(program):
             return Engine(program)
-    raise BuildError("make images needs a container engine: a running Docker, or podman or "
-                     "buildah (Debian/Ubuntu: apt-get install podman buildah)")
+    raise BuildError(
+        "make images needs a container engine: a running Docker, or podman or "
+        "buildah (Debian/Ubuntu: apt-get install podman buildah)"
+    )
 
 
 def _docker_daemon() -> bool:
     """A Docker daemon answers (not podman's Docker API: then podman itself builds)."""
     try:
-        done = subprocess.run(["docker", "version", "--format", "{{json .Server}}"],
-                              capture_output=True, text=True, timeout=15)
+        done = subprocess.run(
+            ["docker", "version", "--format", "{{json .Server}}"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0 and "podman" not in done.stdout.lower()
@@ -266,6 +326,7 @@ def ca_bundle() -> str | None:
 
 # -- inputs ------------------------------------------------------------------------------------
 
+
 def digest(*parts: object) -> str:
     sha = hashlib.sha256()
     for part in parts:
@@ -278,9 +339,15 @@ def tree_digest(paths: list[Path]) -> str:
     """The files under ``paths`` (names and bytes), less Python caches."""
     sha = hashlib.sha256()
     for root in paths:
-        files = [root] if root.is_file() else sorted(
-            p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-            and p.suffix != ".pyc")
+        files = (
+            [root]
+            if root.is_file()
+            else sorted(
+                p
+                for p in root.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            )
+        )
         for path in files:
             sha.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     return sha.hexdigest()
@@ -299,6 +366,7 @@ def copied_sources(dockerfile: Path) -> list[Path]:
 
 
 # -- stand-ins ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Bases:
@@ -338,9 +406,15 @@ class Bases:
         constraints = self._constraints(spec.uv_export) if spec.uv_export else ""
         dockerfile = STANDINS / spec.dockerfile
         base_id = self.engine.inspect(args[spec.base])["id"] if spec.base else ""
-        inputs = digest(dockerfile.read_bytes(), [(f, (STANDINS / f).read_bytes().hex())
-                                                  for f in spec.files],
-                        constraints, args, base_id, spec.rootfs, DEBIAN_MIRRORS)
+        inputs = digest(
+            dockerfile.read_bytes(),
+            [(f, (STANDINS / f).read_bytes().hex()) for f in spec.files],
+            constraints,
+            args,
+            base_id,
+            spec.rootfs,
+            DEBIAN_MIRRORS,
+        )
         found = self.engine.inspect(ref)
         if found is not None and found["labels"].get(INPUTS_LABEL) == inputs:
             return ref
@@ -353,18 +427,34 @@ class Bases:
                 (context / "constraints.txt").write_text(constraints)
             if spec.rootfs:
                 _mmdebstrap(spec.rootfs, context / "rootfs.tar")
-            labels = {INPUTS_LABEL: inputs, STANDIN_LABEL: official,
-                      "org.opencontainers.image.description":
-                          f"Stand-in for {official}, made by make images because it could "
-                          f"not be pulled: {spec.says}"}
+            labels = {
+                INPUTS_LABEL: inputs,
+                STANDIN_LABEL: official,
+                "org.opencontainers.image.description": (
+                    f"Stand-in for {official}, made by make images because it could "
+                    f"not be pulled: {spec.says}"
+                ),
+            }
             self.engine.build(dockerfile, context, ref, args, labels)
         print(f"  stand-in {ref} built in {time.monotonic() - began:.0f} s")
         return ref
 
     def _constraints(self, options: tuple[str, ...]) -> str:
-        done = subprocess.run([self.uv, "export", "--frozen", "--no-hashes",
-                               "--no-emit-project", "--no-header", *options],
-                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        done = subprocess.run(
+            [
+                self.uv,
+                "export",
+                "--frozen",
+                "--no-hashes",
+                "--no-emit-project",
+                "--no-header",
+                *options,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
         if done.returncode != 0:
             raise BuildError(f"uv export failed: {done.stderr.strip().splitlines()[-1:]}")
         return done.stdout
@@ -372,14 +462,24 @@ class Bases:
 
 def _mmdebstrap(packages: tuple[str, ...], out: Path) -> None:
     if shutil.which("mmdebstrap") is None:
-        raise BuildError("stand-in bases are made with mmdebstrap: install it (Debian/Ubuntu: "
-                         "apt-get install mmdebstrap), or give the bases as PYTHON_IMAGE=... "
-                         "AIRFLOW_IMAGE=... PREFECT_IMAGE=... POSTGRES_IMAGE=... MOTO_IMAGE=...")
-    argv = ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(packages)}",
-            *[f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES],
-            DEBIAN_SUITE, str(out), *DEBIAN_MIRRORS]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900,
-                          stdin=subprocess.DEVNULL)
+        raise BuildError(
+            "stand-in bases are made with mmdebstrap: install it (Debian/Ubuntu: "
+            "apt-get install mmdebstrap), or give the bases as PYTHON_IMAGE=... "
+            "AIRFLOW_IMAGE=... PREFECT_IMAGE=... POSTGRES_IMAGE=... MOTO_IMAGE=..."
+        )
+    argv = [
+        "mmdebstrap",
+        "--quiet",
+        "--variant=minbase",
+        f"--include={','.join(packages)}",
+        *[f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES],
+        DEBIAN_SUITE,
+        str(out),
+        *DEBIAN_MIRRORS,
+    ]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL
+    )
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()
         raise BuildError(f"mmdebstrap failed: {tail[-1] if tail else done.returncode}")
@@ -387,24 +487,33 @@ def _mmdebstrap(packages: tuple[str, ...], out: Path) -> None:
 
 # -- the project's images ----------------------------------------------------------------------
 
+
 def build_image(engine: Engine, bases: Bases, image: Image, defaults: dict[str, str]) -> str:
     """Build ``image`` unless its inputs label says it is current; a line for the report."""
     args = {name: bases.resolve(name, defaults[name]) for name in image.bases}
     base_ids = {name: (engine.inspect(ref) or {}).get("id", "") for name, ref in args.items()}
-    inputs = digest(image.dockerfile.read_bytes(), tree_digest(copied_sources(image.dockerfile)),
-                    args, base_ids, IMAGE_FORMAT)
+    inputs = digest(
+        image.dockerfile.read_bytes(),
+        tree_digest(copied_sources(image.dockerfile)),
+        args,
+        base_ids,
+        IMAGE_FORMAT,
+    )
     found = engine.inspect(image.ref)
     if found is not None and found["labels"].get(INPUTS_LABEL) == inputs:
         return f"{image.ref}: up to date"
     began = time.monotonic()
-    labels = {INPUTS_LABEL: inputs,
-              "io.spot-pipelines.bases": " ".join(f"{k}={v}" for k, v in sorted(args.items()))}
+    labels = {
+        INPUTS_LABEL: inputs,
+        "io.spot-pipelines.bases": " ".join(f"{k}={v}" for k, v in sorted(args.items())),
+    }
     engine.build(image.dockerfile, REPO, image.ref, args, labels)
     return f"{image.ref}: built in {time.monotonic() - began:.0f} s"
 
 
-def build(engine_name: str | None = None, uv: str | None = None,
-          only: list[str] | None = None) -> tuple[Bases, list[str]]:
+def build(
+    engine_name: str | None = None, uv: str | None = None, only: list[str] | None = None
+) -> tuple[Bases, list[str]]:
     """Build what is not current; the bases used (compose's too) and one line per image."""
     engine = detect_engine(engine_name)
     defaults = official_defaults()
@@ -415,19 +524,27 @@ def build(engine_name: str | None = None, uv: str | None = None,
         for name in COMPOSE_BASES:
             bases.resolve(name, defaults[name])
     if bases.standins:
-        lines.insert(0, f"stand-in bases ({bases.unreachable}): {', '.join(bases.standins)} "
-                        f"cannot be pulled, so {STANDIN_REPO}/... stand in, made from Debian "
-                        f"packages and PyPI pinned by uv.lock and labelled {STANDIN_LABEL}")
+        lines.insert(
+            0,
+            f"stand-in bases ({bases.unreachable}): {', '.join(bases.standins)} "
+            f"cannot be pulled, so {STANDIN_REPO}/... stand in, made from Debian "
+            f"packages and PyPI pinned by uv.lock and labelled {STANDIN_LABEL}",
+        )
     return bases, lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make images", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--uv", default=None,
-                        help="the uv that exports constraints from uv.lock for stand-ins")
+    parser.add_argument(
+        "--uv", default=None, help="the uv that exports constraints from uv.lock for stand-ins"
+    )
     parser.add_argument("--engine", choices=("docker", "podman", "buildah"), default=None)
-    parser.add_argument("--only", choices=[i.name for i in IMAGES], action="append",
-                        help="build only this image (repeatable)")
+    parser.add_argument(
+        "--only",
+        choices=[i.name for i in IMAGES],
+        action="append",
+        help="build only this image (repeatable)",
+    )
     args = parser.parse_args(argv)
     began = time.monotonic()
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import runpy
 import signal
 import sys
+from typing import NoReturn
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE
 from spot_core.interruption.base import INTERRUPTION
@@ -35,7 +36,7 @@ _running = False  # this process's entry point is main() below
 _relinquished = False
 
 
-def relinquish(cause: BaseException) -> None:
+def relinquish(cause: BaseException) -> NoReturn:
     """End the flow run without a final state, leaving the next one to the spot worker.
 
     Raises ``TerminationSignal`` (from ``cause``) after committing Prefect's
@@ -57,6 +58,7 @@ def relinquish(cause: BaseException) -> None:
     try:
         from prefect._internal import control_listener
         from prefect.exceptions import TerminationSignal
+
         set_intent = control_listener._set_intent
     except (ImportError, AttributeError):
         raise cause from None
@@ -65,7 +67,7 @@ def relinquish(cause: BaseException) -> None:
     raise TerminationSignal(signal.SIGTERM) from cause
 
 
-def _hand_back_on_reclaim(sig_num: int, *_frame: object) -> None:
+def _hand_back_on_reclaim(sig_num: int, *_frame: object) -> NoReturn:
     """Prefect's SIGTERM bridge, with a reclaim notice turned into ``relinquish``."""
     from prefect.exceptions import TerminationSignal
 

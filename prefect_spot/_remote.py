@@ -50,12 +50,19 @@ import os
 import secrets
 import sys
 import traceback
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, AttemptEnv
 from spot_core.errors import ConfigError, Preempted, SpotError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 CHECKPOINTER_PARAMETER = "checkpointer"
 CALL_PREFIX = "call"
@@ -90,9 +97,11 @@ def key_from_environ(environ=None) -> bytes:
     except ValueError:
         key = b""
     if len(key) != KEY_BYTES:
-        raise ConfigError(f"{CALL_KEY_ENV} is missing or not {KEY_BYTES} bytes of hex: this "
-                          "lease cannot verify its call; run it through SpotTaskRunner, "
-                          "which sets it")
+        raise ConfigError(
+            f"{CALL_KEY_ENV} is missing or not {KEY_BYTES} bytes of hex: this "
+            "lease cannot verify its call; run it through SpotTaskRunner, "
+            "which sets it"
+        )
     return key
 
 
@@ -110,9 +119,11 @@ def lease_seals(environ=None, publish=None) -> tuple[Any, Any]:
         return key, key
     text = environ.pop(CALL_PUBKEY_ENV, None)
     if text is None:
-        raise ConfigError(f"{CALL_KEY_ENV} is missing and so is {CALL_PUBKEY_ENV}: this lease "
-                          "cannot verify its call; run it through SpotTaskRunner, which "
-                          "sets one")
+        raise ConfigError(
+            f"{CALL_KEY_ENV} is missing and so is {CALL_PUBKEY_ENV}: this lease "
+            "cannot verify its call; run it through SpotTaskRunner, which "
+            "sets one"
+        )
     verifier = Ed25519Seal.from_public_hex(text, CALL_PUBKEY_ENV)
     signer = Ed25519Seal.generate()
     (publish or _publish_on_own_instance)(signer.public_hex())
@@ -120,18 +131,11 @@ def lease_seals(environ=None, publish=None) -> tuple[Any, Any]:
 
 
 def _publish_on_own_instance(public_hex: str) -> None:
-    """On the lease's own capacity: a pod's annotation (kubernetes provider, where the
-    downward API names the pod), else the EC2 instance's tag."""
-    from spot_core.interruption.kubernetes import POD_NAME_ENV
+    """On the lease's own capacity, by the provider that launched it (its plugin knows its
+    leases: an EC2 instance's tag, a pod's annotation)."""
+    from spot_core.jobs import publish_from_lease
 
-    if os.environ.get(POD_NAME_ENV):
-        from spot_core.providers.kubernetes import annotate_own_pod
-
-        annotate_own_pod(PUBKEY_TAG, public_hex)
-        return
-    from spot_core.providers.ec2_agent import tag_own_instance
-
-    tag_own_instance(PUBKEY_TAG, public_hex)
+    publish_from_lease(PUBKEY_TAG, public_hex, os.environ)
 
 
 def _tag(key: bytes, name: str, data: bytes) -> bytes:
@@ -149,31 +153,37 @@ def unseal(key: bytes, name: str, blob: bytes, where: str) -> bytes:
     head = len(SIGNED_MAGIC) + TAG_BYTES
     if not blob.startswith(SIGNED_MAGIC) or len(blob) < head:
         raise _refused_unsigned(where, name)
-    tag, data = blob[len(SIGNED_MAGIC):head], blob[head:]
+    tag, data = blob[len(SIGNED_MAGIC) : head], blob[head:]
     if not hmac.compare_digest(tag, _tag(key, name, data)):
         raise _refused_bad(where, name, "this job's key")
     return data
 
 
 def _refused_unsigned(where: str, name: str) -> UntrustedObject:
-    return UntrustedObject(f"{where}/{name} is not signed by this job: refused unread "
-                           "(someone else wrote it to the store); check who can write "
-                           "there (docs/aws.md, instance policy)")
+    return UntrustedObject(
+        f"{where}/{name} is not signed by this job: refused unread "
+        "(someone else wrote it to the store); check who can write "
+        "there (docs/aws.md, instance policy)"
+    )
 
 
 def _refused_bad(where: str, name: str, whose: str) -> UntrustedObject:
-    return UntrustedObject(f"{where}/{name} does not verify with {whose}: refused "
-                           "unread (tampered with, or written by another job or run); "
-                           "check who can write there (docs/aws.md, instance policy)")
+    return UntrustedObject(
+        f"{where}/{name} does not verify with {whose}: refused "
+        "unread (tampered with, or written by another job or run); "
+        "check who can write there (docs/aws.md, instance policy)"
+    )
 
 
 class HmacSeal:
     """Sign and verify with the per-call HMAC key (both sides hold it: local leases)."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: object) -> None:
         if not isinstance(key, bytes) or len(key) != KEY_BYTES:
-            raise ConfigError(f"a call exchange needs the job's {KEY_BYTES}-byte key "
-                              "(prefect_spot._remote.new_call_key())")
+            raise ConfigError(
+                f"a call exchange needs the job's {KEY_BYTES}-byte key "
+                "(prefect_spot._remote.new_call_key())"
+            )
         self._key = key
 
     def sign(self, name: str, data: bytes) -> bytes:
@@ -194,10 +204,17 @@ class Ed25519Seal:
     received from the other side; the public half alone cannot sign, so it may travel in
     user-data or a tag."""
 
-    def __init__(self, private_key: Any = None, public_key: Any = None) -> None:
+    def __init__(
+        self,
+        private_key: Ed25519PrivateKey | None = None,
+        public_key: Ed25519PublicKey | None = None,
+    ) -> None:
+        if public_key is None:
+            if private_key is None:
+                raise ConfigError("an Ed25519Seal needs a private or a public key")
+            public_key = private_key.public_key()
         self._private = private_key
-        self._public = public_key if public_key is not None else (
-            private_key.public_key() if private_key is not None else None)
+        self._public = public_key
 
     @classmethod
     def generate(cls) -> Ed25519Seal:
@@ -214,19 +231,24 @@ class Ed25519Seal:
             raw = bytes.fromhex(text or "")
             return cls(public_key=Ed25519PublicKey.from_public_bytes(raw))
         except ValueError:
-            raise ConfigError(f"{what} is missing or not a 32-byte Ed25519 public key in hex: "
-                              "nothing signed with it can be verified") from None
+            raise ConfigError(
+                f"{what} is missing or not a 32-byte Ed25519 public key in hex: "
+                "nothing signed with it can be verified"
+            ) from None
 
     def public_hex(self) -> str:
         from cryptography.hazmat.primitives import serialization
 
-        return self._public.public_bytes(serialization.Encoding.Raw,
-                                         serialization.PublicFormat.Raw).hex()
+        return self._public.public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        ).hex()
 
     def sign(self, name: str, data: bytes) -> bytes:
         if self._private is None:
-            raise ConfigError("this side holds only the other side's public key: it "
-                              "cannot sign (a bug in the call exchange's wiring)")
+            raise ConfigError(
+                "this side holds only the other side's public key: it "
+                "cannot sign (a bug in the call exchange's wiring)"
+            )
         return ED25519_MAGIC + self._private.sign(_message(name, data)) + data
 
     def verify(self, name: str, blob: bytes, where: str) -> bytes:
@@ -235,7 +257,7 @@ class Ed25519Seal:
         head = len(ED25519_MAGIC) + SIGNATURE_BYTES
         if not blob.startswith(ED25519_MAGIC) or len(blob) < head:
             raise _refused_unsigned(where, name)
-        signature, data = blob[len(ED25519_MAGIC):head], blob[head:]
+        signature, data = blob[len(ED25519_MAGIC) : head], blob[head:]
         try:
             self._public.verify(signature, _message(name, data))
         except InvalidSignature:
@@ -279,8 +301,7 @@ class CallExchange:
         self._verifier = self._signer if verify_with is None else _as_seal(verify_with)
 
     @classmethod
-    def open(cls, uri: str, key: Any, *, verify_with: Any = None,
-             **options: Any) -> CallExchange:
+    def open(cls, uri: str, key: Any, *, verify_with: Any = None, **options: Any) -> CallExchange:
         """The exchange at ``uri`` under the job's ``key``; ``options`` go to the S3
         backend (endpoint, region...)."""
         from spot_core.checkpoint import open_store

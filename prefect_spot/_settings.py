@@ -11,27 +11,40 @@ message.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pydantic import Field
 
 from spot_core.errors import ConfigError
-from spot_core.providers import provider_names
+from spot_core.jobs import provider_names
 from spot_core.settings import KNOBS_BY_NAME, SpotSettings, resolve_aliases
 
-# The providers that are built (the registry's names), as the form's choices.
-ProviderName = Literal[provider_names()]  # type: ignore[valid-type]
+# The providers that are built (the registry's names), as the form's choices: a Literal
+# made at import, which a type checker cannot evaluate (to it, a provider name is a str).
+if TYPE_CHECKING:
+    ProviderName = str
+else:
+    ProviderName = Literal[provider_names()]
+
+
+class _Bounds(TypedDict, total=False):
+    """A field's numeric bounds, as pydantic ``Field`` takes them."""
+
+    gt: float
+    ge: float
+    le: float
 
 
 def description(name: str) -> str:
     """The knob's help, with the unit a form user types in."""
     knob = KNOBS_BY_NAME[name]
     if knob.kind == "duration" and knob.absolute:
-        return (f"{knob.help} Seconds of capacity time (in Python also a timedelta or a "
-                "string such as '5m', '2h'), or an ISO time such as '2026-12-01T08:00Z'.")
+        return (
+            f"{knob.help} Seconds of capacity time (in Python also a timedelta or a "
+            "string such as '5m', '2h'), or an ISO time such as '2026-12-01T08:00Z'."
+        )
     if knob.kind == "duration":
-        return (f"{knob.help} Seconds (in Python also a timedelta or a string such as '5m', "
-                "'2h').")
+        return f"{knob.help} Seconds (in Python also a timedelta or a string such as '5m', '2h')."
     if knob.unit:
         return f"{knob.help} In {knob.unit}."
     return knob.help
@@ -40,9 +53,14 @@ def description(name: str) -> str:
 def spot_field(name: str) -> Any:
     """A pydantic ``Field`` with the knob's default and description."""
     knob = KNOBS_BY_NAME[name]
-    bounds: dict[str, float] = {}
-    if knob.minimum is not None and not knob.absolute:  # also the form's minimum (the model checks first)
-        bounds["gt" if knob.strict else "ge"] = knob.minimum
+    bounds: _Bounds = {}
+    if (
+        knob.minimum is not None and not knob.absolute
+    ):  # also the form's minimum (the model checks first)
+        if knob.strict:
+            bounds["gt"] = knob.minimum
+        else:
+            bounds["ge"] = knob.minimum
     if knob.maximum is not None and not knob.absolute:  # the form's maximum
         bounds["le"] = knob.maximum
     if isinstance(knob.default, (dict, tuple)):
@@ -61,8 +79,7 @@ def normalise(data: Any, names: set[str], where: str) -> Any:
             data[name] = KNOBS_BY_NAME[name].parse(data[name])
     except ConfigError as exc:
         message = str(exc)
-        raise ValueError(message if message.startswith(where) else f"{where}: {message}") \
-            from None
+        raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
     for name, value in data.items():  # tuples from the model; the fields are lists
         if isinstance(value, tuple):
             data[name] = list(value)

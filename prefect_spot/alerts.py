@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
-
-from spot_core.model import JobRecord
-from spot_core.policy.alerts import pool_alerts
+from collections.abc import Sequence
 
 from prefect_spot.events import emit_pool_alerts
+from spot_core.model import JobRecord
+from spot_core.policy.alerts import pool_alerts
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +23,19 @@ class PoolAlerts:
     """A controller listener that reads the market (I/O here) and lets the pure
     ``pool_alerts`` decide."""
 
-    def __init__(self, market, *, max_interruption_rate: float | None,
-                 max_spot_price: float | None, related: Sequence[dict[str, str]] = ()) -> None:
+    def __init__(
+        self,
+        market,
+        *,
+        max_interruption_rate: float | None,
+        max_spot_price: float | None,
+        related: Sequence[dict[str, str]] = (),
+    ) -> None:
         self.market = market
-        self.thresholds = {"max_interruption_rate": max_interruption_rate,
-                           "max_spot_price": max_spot_price}
+        self.thresholds = {
+            "max_interruption_rate": max_interruption_rate,
+            "max_spot_price": max_spot_price,
+        }
         self.related = list(related)
         self._raised: set[tuple[str, str]] = set()
 
@@ -45,12 +52,14 @@ class PoolAlerts:
         try:
             now = time.time()
             offers = self.market.offers([pool], now)
-            stats = self.market.stats([pool], now) if hasattr(self.market, "stats") else {}
+            stats = self.market.stats([pool], now)
         except Exception:  # noqa: BLE001 - a market outage must not fail the job
-            log.warning("could not read the market for pool alerts on %s", pool.key,
-                        exc_info=True)
+            log.warning("could not read the market for pool alerts on %s", pool.key, exc_info=True)
             return
-        fresh = [a for a in pool_alerts(offers, stats, **self.thresholds)
-                 if (a.pool.key, a.kind) not in self._raised]
+        fresh = [
+            a
+            for a in pool_alerts(offers, stats, **self.thresholds)
+            if (a.pool.key, a.kind) not in self._raised
+        ]
         self._raised.update((a.pool.key, a.kind) for a in fresh)
         emit_pool_alerts(fresh, record, self.related)

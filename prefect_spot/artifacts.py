@@ -13,49 +13,53 @@ import logging
 import time
 from typing import Any
 
+from prefect_spot._jobs import slug
 from spot_core.charts import attempt_timeline, cost_chart
 from spot_core.errors import SpotError
 from spot_core.model import JobRecord
 from spot_core.report import attempt_line, progress_percent, saving_line
-
-from prefect_spot._jobs import slug
 
 log = logging.getLogger(__name__)
 
 
 def attempts_table(record: JobRecord) -> list[dict[str, Any]]:
     """One row per attempt: pool, market, outcome, cost, resumed-from step."""
-    return [{
-        "attempt": a.number,
-        "pool": f"{a.pool.cloud}/{a.pool.zone}/{a.pool.instance_type}",
-        "market": str(a.pool.market),
-        "outcome": "running" if a.outcome is None else str(a.outcome),
-        "resumed_from_step": a.checkpoint_step_start,
-        "last_checkpoint_step": a.checkpoint_step_end,
-        "cost_usd": round(a.cost, 4),
-        "on_demand_usd": round(a.on_demand_cost, 4),
-        "lost_work_seconds": round(a.lost_work_seconds, 1),
-        "message": a.message[:120],
-    } for a in record.attempts]
+    return [
+        {
+            "attempt": a.number,
+            "pool": f"{a.pool.cloud}/{a.pool.zone}/{a.pool.instance_type}",
+            "market": str(a.pool.market),
+            "outcome": "running" if a.outcome is None else str(a.outcome),
+            "resumed_from_step": a.checkpoint_step_start,
+            "last_checkpoint_step": a.checkpoint_step_end,
+            "cost_usd": round(a.cost, 4),
+            "on_demand_usd": round(a.on_demand_cost, 4),
+            "lost_work_seconds": round(a.lost_work_seconds, 1),
+            "message": a.message[:120],
+        }
+        for a in record.attempts
+    ]
 
 
 def summary_markdown(record: JobRecord) -> str:
     s = record.summary()
-    return "\n".join([
-        f"### Spot job `{record.job_id}`: {s['status']}",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| attempts | {s['attempts']} |",
-        f"| preemptions | {s['preemptions']} |",
-        f"| fallbacks to on-demand | {s['fallbacks']} |",
-        f"| resumed from steps | {s['resumed_from_steps']} |",
-        f"| spot cost | ${s['spot_cost']:.4f} |",
-        f"| on-demand equivalent | ${s['on_demand_cost']:.4f} |",
-        f"| saved | ${s['saved']:.4f} ({s['savings_fraction']:.0%}) |",
-        f"| lost work | {s['lost_work_seconds'] / 3600:.3f} h |",
-        f"| checkpoint overhead | {s['checkpoint_overhead_seconds'] / 3600:.3f} h |",
-    ])
+    return "\n".join(
+        [
+            f"### Spot job `{record.job_id}`: {s['status']}",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| attempts | {s['attempts']} |",
+            f"| preemptions | {s['preemptions']} |",
+            f"| fallbacks to on-demand | {s['fallbacks']} |",
+            f"| resumed from steps | {s['resumed_from_steps']} |",
+            f"| spot cost | ${s['spot_cost']:.4f} |",
+            f"| on-demand equivalent | ${s['on_demand_cost']:.4f} |",
+            f"| saved | ${s['saved']:.4f} ({s['savings_fraction']:.0%}) |",
+            f"| lost work | {s['lost_work_seconds'] / 3600:.3f} h |",
+            f"| checkpoint overhead | {s['checkpoint_overhead_seconds'] / 3600:.3f} h |",
+        ]
+    )
 
 
 def svg_data_uri(svg: str) -> str:
@@ -64,21 +68,24 @@ def svg_data_uri(svg: str) -> str:
 
 def chart_markdown(record: JobRecord) -> str:
     """The attempt timeline and the cost chart as markdown images (no remote URL)."""
-    return "\n".join([
-        f"### Spot job `{record.job_id}`",
-        "",
-        f"![Attempt timeline]({svg_data_uri(attempt_timeline(record))})",
-        "",
-        f"![Cost against on-demand]({svg_data_uri(cost_chart(record))})",
-    ])
+    return "\n".join(
+        [
+            f"### Spot job `{record.job_id}`",
+            "",
+            f"![Attempt timeline]({svg_data_uri(attempt_timeline(record))})",
+            "",
+            f"![Cost against on-demand]({svg_data_uri(cost_chart(record))})",
+        ]
+    )
 
 
 def artifact_key(record: JobRecord) -> str:
     return f"spot-job-{slug(record.job_id, 60)}"
 
 
-def publish(record: JobRecord, *, flow_run_id: Any = None, task_run_id: Any = None,
-            what: str | None = None) -> list[Any]:
+def publish(
+    record: JobRecord, *, flow_run_id: Any = None, task_run_id: Any = None, what: str | None = None
+) -> list[Any]:
     """Create the table, summary and chart artifacts of ``record`` on the given run (the
     UI's view: a failure is logged, never raised into the job)."""
     from prefect import get_client
@@ -94,9 +101,18 @@ def publish(record: JobRecord, *, flow_run_id: Any = None, task_run_id: Any = No
     with get_client(sync_client=True) as client:
         for kind, name, data, description in wanted:
             try:
-                created.append(client.create_artifact(ArtifactCreate(
-                    key=name, type=kind, data=data, description=description,
-                    flow_run_id=flow_run_id, task_run_id=task_run_id)))
+                created.append(
+                    client.create_artifact(
+                        ArtifactCreate(
+                            key=name,
+                            type=kind,
+                            data=data,
+                            description=description,
+                            flow_run_id=flow_run_id,
+                            task_run_id=task_run_id,
+                        )
+                    )
+                )
             except Exception:  # noqa: BLE001 - the UI view must not fail the run
                 log.warning("could not create artifact %s", name, exc_info=True)
     return created
@@ -111,8 +127,9 @@ class JobProgress:
     the job succeeded; 0 while the job's length is unknown); the description says which
     attempt runs where and what the job has saved so far."""
 
-    def __init__(self, *, flow_run_id: Any = None, task_run_id: Any = None,
-                 total_steps: int | None = None) -> None:
+    def __init__(
+        self, *, flow_run_id: Any = None, task_run_id: Any = None, total_steps: int | None = None
+    ) -> None:
         self.flow_run_id, self.task_run_id = flow_run_id, task_run_id
         self.total_steps = total_steps
         self.artifact_id: Any = None
@@ -121,8 +138,9 @@ class JobProgress:
         try:
             self._show(record)
         except Exception:  # noqa: BLE001 - as for every UI view
-            log.warning("could not update the progress artifact of %s", record.job_id,
-                        exc_info=True)
+            log.warning(
+                "could not update the progress artifact of %s", record.job_id, exc_info=True
+            )
 
     def _show(self, record: JobRecord) -> None:
         from prefect import get_client
@@ -135,20 +153,29 @@ class JobProgress:
             if self.artifact_id is None:
                 self.artifact_id = _latest_id(client, key)
             if self.artifact_id is None:
-                self.artifact_id = client.create_artifact(ArtifactCreate(
-                    key=key, type="progress", data=progress, description=description,
-                    flow_run_id=self.flow_run_id, task_run_id=self.task_run_id)).id
+                self.artifact_id = client.create_artifact(
+                    ArtifactCreate(
+                        key=key,
+                        type="progress",
+                        data=progress,
+                        description=description,
+                        flow_run_id=self.flow_run_id,
+                        task_run_id=self.task_run_id,
+                    )
+                ).id
             else:
-                client.update_artifact(self.artifact_id, ArtifactUpdate(
-                    data=progress, description=description))
+                client.update_artifact(
+                    self.artifact_id, ArtifactUpdate(data=progress, description=description)
+                )
 
 
 def _latest_id(client, key: str) -> Any:
-    from prefect.client.schemas.filters import (ArtifactCollectionFilter,
-                                                ArtifactCollectionFilterKey)
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
 
-    found = client.read_latest_artifacts(artifact_filter=ArtifactCollectionFilter(
-        key=ArtifactCollectionFilterKey(any_=[key])), limit=1)
+    found = client.read_latest_artifacts(
+        artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=[key])),
+        limit=1,
+    )
     return found[0].latest_id if found else None
 
 
@@ -177,17 +204,23 @@ def record_key(run_id: Any) -> str:
     return f"spot-record-{str(run_id).lower()}"
 
 
-def save_record(key: str, record: JobRecord, *, flow_run_id: Any = None,
-                task_run_id: Any = None) -> None:
+def save_record(
+    key: str, record: JobRecord, *, flow_run_id: Any = None, task_run_id: Any = None
+) -> None:
     """Write ``record`` as the newest version of ``key`` (before anything acts on it).
 
     Raises RecordNotSaved (one line naming the fix) if Prefect does not take it."""
     from prefect import get_client
     from prefect.client.schemas.actions import ArtifactCreate
 
-    artifact = ArtifactCreate(key=key, type=RECORD_TYPE, data=record.to_dict(),
-                              description=f"JobRecord of spot job {record.job_id}",
-                              flow_run_id=flow_run_id, task_run_id=task_run_id)
+    artifact = ArtifactCreate(
+        key=key,
+        type=RECORD_TYPE,
+        data=record.to_dict(),
+        description=f"JobRecord of spot job {record.job_id}",
+        flow_run_id=flow_run_id,
+        task_run_id=task_run_id,
+    )
     try:
         with get_client(sync_client=True) as client:
             client.create_artifact(artifact)
@@ -196,7 +229,8 @@ def save_record(key: str, record: JobRecord, *, flow_run_id: Any = None,
             f"could not save the JobRecord of spot job {record.job_id} to Prefect (artifact "
             f"{key!r}): {type(exc).__name__}: {str(exc)[:200]}; the job stops rather than "
             "act on an unsaved record: check that the Prefect API (PREFECT_API_URL) is "
-            "reachable and run it again") from exc
+            "reachable and run it again"
+        ) from exc
 
 
 def load_record(key: str) -> JobRecord | None:
@@ -204,12 +238,13 @@ def load_record(key: str) -> JobRecord | None:
 
     A damaged one (not JSON, not a record, edited by hand) is CorruptRecord."""
     from prefect import get_client
-    from prefect.client.schemas.filters import (ArtifactCollectionFilter,
-                                                ArtifactCollectionFilterKey)
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
 
     with get_client(sync_client=True) as client:
-        found = client.read_latest_artifacts(artifact_filter=ArtifactCollectionFilter(
-            key=ArtifactCollectionFilterKey(any_=[key])), limit=1)
+        found = client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=[key])),
+            limit=1,
+        )
     if not found or found[0].data is None:
         return None
     return parse_record(key, found[0].data)
@@ -228,4 +263,5 @@ def parse_record(key: str, data: Any) -> JobRecord:
         raise CorruptRecord(
             f"the JobRecord in Prefect artifact {key!r} is damaged ({reason}); the job does "
             f"not restart its budgets from nothing: run `prefect artifact delete {key}` to "
-            "start it afresh") from None
+            "start it afresh"
+        ) from None

@@ -19,33 +19,36 @@ Field descriptions are what the Prefect UI shows in the block form. Bad values r
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Optional, Union
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
 from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
+from pydantic import Field, field_validator, model_validator
 
+from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
+from prefect_spot.credentials import aws_access, check_cluster_config, kubernetes_api_client
 from spot_core.checkpoint import CheckpointStore, open_store, parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
 from spot_core.settings import BLOCK, SpotSettings, knobs_for
 
-from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
-from prefect_spot.credentials import aws_access, check_cluster_config, kubernetes_api_client
+AWS_FIELD_HELP = (
+    "A saved prefect-aws AwsCredentials block (keys, or a profile that "
+    "may assume a role; region; endpoint in its client parameters) used "
+    "for {what}. Empty: boto3's default chain on the machine that runs "
+    "the work (environment, profile, instance role)."
+)
 
-AWS_FIELD_HELP = ("A saved prefect-aws AwsCredentials block (keys, or a profile that "
-                  "may assume a role; region; endpoint in its client parameters) used "
-                  "for {what}. Empty: boto3's default chain on the machine that runs "
-                  "the work (environment, profile, instance role).")
 
-
-CLUSTER_FIELD_HELP = ("A saved prefect-kubernetes KubernetesClusterConfig block (a "
-                      "kubeconfig's contents and its context) for the kubernetes provider's "
-                      "cluster: it creates, watches and deletes the step pods with it. "
-                      "Then provider_options hold no kubeconfig, context or in_cluster. "
-                      "Empty: those options, else $KUBECONFIG, ~/.kube/config or the "
-                      "service account of the pod that runs the work.")
+CLUSTER_FIELD_HELP = (
+    "A saved prefect-kubernetes KubernetesClusterConfig block (a "
+    "kubeconfig's contents and its context) for the kubernetes provider's "
+    "cluster: it creates, watches and deletes the step pods with it. "
+    "Then provider_options hold no kubeconfig, context or in_cluster. "
+    "Empty: those options, else $KUBECONFIG, ~/.kube/config or the "
+    "service account of the pod that runs the work."
+)
 
 
 def aws_field(what: str) -> Any:
@@ -53,8 +56,7 @@ def aws_field(what: str) -> Any:
 
 
 def cluster_field() -> Any:
-    return Field(default=None, title="Kubernetes Cluster Config",
-                 description=CLUSTER_FIELD_HELP)
+    return Field(default=None, title="Kubernetes Cluster Config", description=CLUSTER_FIELD_HELP)
 
 
 # The knobs a SpotConfiguration holds: the settings model's BLOCK surface.
@@ -69,14 +71,16 @@ class SpotConfiguration(Block):
 
     _block_type_name = "Spot Configuration"
     _block_type_slug = "spot-configuration"
-    _description = ("Spot capacity for ML pipeline steps: pool diversification, max price, "
-                    "preemption budget and on-demand fallback.")
+    _description = (
+        "Spot capacity for ML pipeline steps: pool diversification, max price, "
+        "preemption budget and on-demand fallback."
+    )
 
     provider: ProviderName = spot_field("provider")
     provider_options: dict[str, Any] = spot_field("provider_options")
     zones: list[str] = spot_field("zones")
     instance_types: list[str] = spot_field("instance_types")
-    max_spot_price: Optional[float] = spot_field("max_spot_price")
+    max_spot_price: float | None = spot_field("max_spot_price")
     max_preemptions: int = spot_field("max_preemptions")
     on_demand_fallback: bool = spot_field("on_demand_fallback")
     return_to_spot: bool = spot_field("return_to_spot")
@@ -85,22 +89,23 @@ class SpotConfiguration(Block):
     max_capacity_waits: int = spot_field("max_capacity_waits")
     max_infrastructure_retries: int = spot_field("max_infrastructure_retries")
     max_disruptions: int = spot_field("max_disruptions")
-    deadline: Optional[Union[float, datetime]] = spot_field("deadline")
-    work: Optional[float] = spot_field("work")
-    total_steps: Optional[int] = spot_field("total_steps")
+    deadline: float | datetime | None = spot_field("deadline")
+    work: float | None = spot_field("work")
+    total_steps: int | None = spot_field("total_steps")
     restart_overhead: float = spot_field("restart_overhead")
-    deadline_policy: Optional[str] = spot_field("deadline_policy")
+    deadline_policy: str | None = spot_field("deadline_policy")
     attempt_timeout: float = spot_field("attempt_timeout")
     poll_interval: float = spot_field("poll_interval")
     heartbeat_timeout: float = spot_field("heartbeat_timeout")
-    heartbeat_uri: Optional[str] = spot_field("heartbeat_uri")
+    heartbeat_uri: str | None = spot_field("heartbeat_uri")
     take_over: bool = spot_field("take_over")
     observe_failure_timeout: float = spot_field("observe_failure_timeout")
-    alert_interruption_rate: Optional[float] = spot_field("alert_interruption_rate")
-    alert_spot_price: Optional[float] = spot_field("alert_spot_price")
-    aws_credentials: Optional[AwsCredentials] = aws_field(
-        "EC2 (launch, observe, price history), SQS and the jobs' S3 checkpoint stores")
-    cluster_config: Optional[KubernetesClusterConfig] = cluster_field()
+    alert_interruption_rate: float | None = spot_field("alert_interruption_rate")
+    alert_spot_price: float | None = spot_field("alert_spot_price")
+    aws_credentials: AwsCredentials | None = aws_field(
+        "EC2 (launch, observe, price history), SQS and the jobs' S3 checkpoint stores"
+    )
+    cluster_config: KubernetesClusterConfig | None = cluster_field()
 
     @model_validator(mode="before")
     @classmethod
@@ -111,8 +116,9 @@ class SpotConfiguration(Block):
 
     @model_validator(mode="after")
     def _check_settings(self) -> SpotConfiguration:
-        check_cluster_config(self.provider, self.provider_options, self.cluster_config,
-                             "SpotConfiguration")
+        check_cluster_config(
+            self.provider, self.provider_options, self.cluster_config, "SpotConfiguration"
+        )
         self.settings()  # the provider's option check, and cross-field rules
         return self
 
@@ -143,12 +149,15 @@ class CheckpointStorage(Block):
     _block_type_slug = "spot-checkpoint-storage"
     _description = "Where spot jobs write their checkpoints; every attempt resumes from here."
 
-    uri: str = Field(description="Store location: `file:///absolute/path` or "
-                     "`s3://bucket/prefix`. Each job gets its own folder under it.")
+    uri: str = Field(
+        description="Store location: `file:///absolute/path` or "
+        "`s3://bucket/prefix`. Each job gets its own folder under it."
+    )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Options for S3 stores (`endpoint_url`, `region`, "
-        "`sse`, ...).")
-    aws_credentials: Optional[AwsCredentials] = aws_field("an s3:// store")
+        default_factory=dict,
+        description="Options for S3 stores (`endpoint_url`, `region`, `sse`, ...).",
+    )
+    aws_credentials: AwsCredentials | None = aws_field("an s3:// store")
 
     @field_validator("uri")
     @classmethod
@@ -182,8 +191,16 @@ class CheckpointStorage(Block):
 
 # The S3 backend's options a block may set; credentials never (they would be saved in
 # the block document in plain sight: use aws_credentials, a profile or an instance role).
-S3_STORE_OPTIONS = ("endpoint_url", "region", "sse", "sse_kms_key_id", "part_size",
-                    "max_concurrency", "lock_ttl", "lock_timeout")
+S3_STORE_OPTIONS = (
+    "endpoint_url",
+    "region",
+    "sse",
+    "sse_kms_key_id",
+    "part_size",
+    "max_concurrency",
+    "lock_ttl",
+    "lock_timeout",
+)
 
 
 def refuse_unknown(data: Any, fields: Any, where: str) -> None:
@@ -201,18 +218,29 @@ def check_store_options(uri: str, options: dict[str, Any]) -> None:
     if not options:
         return
     if not uri.startswith("s3://"):
-        raise ValueError(f"options {sorted(options)} apply to s3:// stores only; {uri} is a "
-                         "file store: remove them")
+        raise ValueError(
+            f"options {sorted(options)} apply to s3:// stores only; {uri} is a "
+            "file store: remove them"
+        )
     unknown = sorted(set(options) - set(S3_STORE_OPTIONS))
-    if any("key" in k.lower() and k != "sse_kms_key_id" or "secret" in k.lower()
-           or "token" in k.lower() or "password" in k.lower() for k in unknown):
-        raise ValueError(f"CheckpointStorage options {unknown} look like credentials, which "
-                         "would be saved in the block in plain text: give them through "
-                         "aws_credentials (a saved AwsCredentials block), an AWS profile or "
-                         "an instance role")
+    if any(
+        "key" in k.lower()
+        and k != "sse_kms_key_id"
+        or "secret" in k.lower()
+        or "token" in k.lower()
+        or "password" in k.lower()
+        for k in unknown
+    ):
+        raise ValueError(
+            f"CheckpointStorage options {unknown} look like credentials, which "
+            "would be saved in the block in plain text: give them through "
+            "aws_credentials (a saved AwsCredentials block), an AWS profile or "
+            "an instance role"
+        )
     if unknown:
-        raise ValueError(f"unknown CheckpointStorage option(s) {unknown}; choose from "
-                         f"{list(S3_STORE_OPTIONS)}")
+        raise ValueError(
+            f"unknown CheckpointStorage option(s) {unknown}; choose from {list(S3_STORE_OPTIONS)}"
+        )
 
 
 def _one_line(exc: Exception) -> str:
@@ -229,7 +257,9 @@ def resolve_config(value: SpotConfiguration | str | None) -> SpotConfiguration:
     if value is None:
         return SpotConfiguration()
     if isinstance(value, str):
-        return SpotConfiguration.load(value)
+        # Prefect's async_dispatch types load() as maybe a coroutine; called from sync
+        # code (as here) it returns the block
+        return SpotConfiguration.load(value)  # type: ignore[return-value]
     return value
 
 
@@ -238,8 +268,10 @@ def check_config_argument(value: Any, where: str) -> None:
     if value is None or isinstance(value, SpotConfiguration):
         return
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where} config={value!r} must be a SpotConfiguration, the name of "
-                          "a saved one, or None for the defaults")
+        raise ConfigError(
+            f"{where} config={value!r} must be a SpotConfiguration, the name of "
+            "a saved one, or None for the defaults"
+        )
 
 
 def storage_from_uri(value: Any, where: str) -> CheckpointStorage | None:
@@ -248,9 +280,11 @@ def storage_from_uri(value: Any, where: str) -> CheckpointStorage | None:
     if value is None or isinstance(value, CheckpointStorage):
         return value
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where} checkpoint_storage={value!r} must be a CheckpointStorage, "
-                          "a saved block's name, or a store URI (file:///abs/path, "
-                          "s3://bucket/prefix)")
+        raise ConfigError(
+            f"{where} checkpoint_storage={value!r} must be a CheckpointStorage, "
+            "a saved block's name, or a store URI (file:///abs/path, "
+            "s3://bucket/prefix)"
+        )
     if "://" not in value:
         return None  # a block name: loaded when the job runs
     try:
@@ -265,4 +299,4 @@ def resolve_storage(value: CheckpointStorage | str | None) -> CheckpointStorage 
         return value
     if "://" in value:
         return storage_from_uri(value, "checkpoint_storage")
-    return CheckpointStorage.load(value)
+    return CheckpointStorage.load(value)  # type: ignore[return-value]  # as in resolve_config

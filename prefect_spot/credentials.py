@@ -20,10 +20,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from spot_core import jobs
 from spot_core.adaptors.aws import AwsAccess, kept_access
 from spot_core.adaptors.kubernetes import api_client_from_dict
 
-KUBERNETES = "kubernetes"
 # The kubernetes provider's options that say how to reach the cluster: the block's job.
 CLUSTER_OPTIONS = ("kubeconfig", "context", "in_cluster")
 
@@ -39,20 +39,27 @@ def aws_access(credentials: Any) -> AwsAccess | None:
     if credentials is None:
         return None
     fields = credentials.model_dump(mode="python")
-    secrets = {name: value.get_secret_value() for name, value in fields.items()
-               if hasattr(value, "get_secret_value")}
-    return kept_access(f"prefect {type(credentials).__name__}",
-                       sorted({**fields, **secrets}.items(), key=lambda kv: kv[0]),
-                       lambda: _new_access(credentials))
+    secrets = {
+        name: value.get_secret_value()
+        for name, value in fields.items()
+        if hasattr(value, "get_secret_value")
+    }
+    return kept_access(
+        f"prefect {type(credentials).__name__}",
+        sorted({**fields, **secrets}.items(), key=lambda kv: kv[0]),
+        lambda: _new_access(credentials),
+    )
 
 
 def _new_access(credentials: Any) -> AwsAccess:
     params = credentials.aws_client_parameters
     verify = params.verify
-    return AwsAccess(session=credentials.get_boto3_session(), region=credentials.region_name,
-                     endpoint_url=params.endpoint_url,
-                     verify=None if verify is None else (verify if isinstance(verify, bool)
-                                                          else str(verify)))
+    return AwsAccess(
+        session=credentials.get_boto3_session(),
+        region=credentials.region_name,
+        endpoint_url=params.endpoint_url,
+        verify=None if verify is None else (verify if isinstance(verify, bool) else str(verify)),
+    )
 
 
 def kubernetes_api_client(cluster_config: Any) -> Any:
@@ -63,25 +70,35 @@ def kubernetes_api_client(cluster_config: Any) -> Any:
         return None
     name = getattr(cluster_config, "_block_document_name", None)
     source = f"cluster_config block {name!r}" if name else "the cluster_config block"
-    return api_client_from_dict(cluster_config.config, cluster_config.context_name,
-                                source=source)
+    return api_client_from_dict(cluster_config.config, cluster_config.context_name, source=source)
 
 
-def check_cluster_config(provider: str, provider_options: dict[str, Any],
-                         cluster_config: Any, where: str) -> None:
-    """A cluster block is the kubernetes provider's only way to the cluster when given:
-    refused (ValueError, one line) on another provider or beside kubeconfig options."""
+def check_cluster_config(
+    provider: str, provider_options: dict[str, Any], cluster_config: Any, where: str
+) -> None:
+    """A cluster block is a Kubernetes provider's only way to its cluster when given:
+    refused (ValueError, one line) on a provider that takes no Kubernetes session, or
+    beside kubeconfig options."""
     if cluster_config is None:
         return
-    if provider != KUBERNETES:
-        raise ValueError(f"{where}: cluster_config is the kubernetes provider's cluster; "
-                         f"provider is {provider!r}: set provider='kubernetes' or remove "
-                         "cluster_config")
+    if jobs.plugin(provider).session is not jobs.SessionKind.KUBERNETES:
+        takers = [
+            n
+            for n in jobs.provider_names()
+            if jobs.plugin(n).session is jobs.SessionKind.KUBERNETES
+        ]
+        choice = " or ".join(f"provider={n!r}" for n in takers) or "a Kubernetes provider"
+        raise ValueError(
+            f"{where}: cluster_config is a Kubernetes cluster's and provider "
+            f"{provider!r} takes none: set {choice} or remove cluster_config"
+        )
     given = sorted(set(provider_options or {}) & set(CLUSTER_OPTIONS))
     if given:
-        raise ValueError(f"{where}: cluster_config and provider_options {given} both say how "
-                         f"to reach the cluster: remove {given} from provider_options (the "
-                         "block's kubeconfig and context_name are used)")
+        raise ValueError(
+            f"{where}: cluster_config and provider_options {given} both say how "
+            f"to reach the cluster: remove {given} from provider_options (the "
+            "block's kubeconfig and context_name are used)"
+        )
 
 
 def fingerprint(credentials: Any) -> str:

@@ -20,18 +20,23 @@ from spot_core.errors import ConfigError
 # An installed wheel carries flows/ as prefect_spot/example_flows (pyproject's force-include);
 # a clone has it at its top.
 _PACKAGED_FLOWS = Path(__file__).resolve().parent / "example_flows"
-FLOW_FILE = (_PACKAGED_FLOWS if _PACKAGED_FLOWS.is_dir()
-             else Path(__file__).resolve().parents[1] / "flows") / "spot_ml_pipeline.py"
+FLOW_FILE = (
+    _PACKAGED_FLOWS if _PACKAGED_FLOWS.is_dir() else Path(__file__).resolve().parents[1] / "flows"
+) / "spot_ml_pipeline.py"
 
 
 def load_example_flows(path: Path = FLOW_FILE) -> ModuleType:
     """The example flow module, loaded from its file (it is an example, not a package)."""
     if not path.exists():
-        raise ConfigError(f"the example flow {path} is missing; reinstall spot-pipelines[prefect] "
-                          "or run the demo from a clone (`make demo ENGINE=prefect`)")
+        raise ConfigError(
+            f"the example flow {path} is missing; reinstall spot-pipelines[prefect] "
+            "or run the demo from a clone (`make demo ENGINE=prefect`)"
+        )
     if "spot_ml_pipeline" in sys.modules:
         return sys.modules["spot_ml_pipeline"]
     spec = importlib.util.spec_from_file_location("spot_ml_pipeline", path)
+    if spec is None or spec.loader is None:  # never for an existing .py file
+        raise ConfigError(f"the example flow {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules["spot_ml_pipeline"] = module
     spec.loader.exec_module(module)
@@ -40,8 +45,10 @@ def load_example_flows(path: Path = FLOW_FILE) -> ModuleType:
 
 def run_demo(*, workdir: Path | None = None, steps: int = 2000) -> dict:
     if steps < 200:
-        raise ConfigError(f"--steps must be at least 200 (got {steps}) so the training step "
-                          "lives long enough to be preempted")
+        raise ConfigError(
+            f"--steps must be at least 200 (got {steps}) so the training step "
+            "lives long enough to be preempted"
+        )
     if workdir is not None:
         return _run(Path(workdir), steps)
     with tempfile.TemporaryDirectory(prefix="spot-demo-prefect-") as tmp:
@@ -57,9 +64,12 @@ def _run(workdir: Path, steps: int) -> dict:
 
     workdir.mkdir(parents=True, exist_ok=True)
     flows = load_example_flows()
-    print(f"pipeline (Prefect flow {flows.spot_ml_pipeline.name!r}): prepare data -> train "
-          f"({steps} steps on spot, local cloud replaying a real AWS V100 trace at 1 s = 1 h) "
-          "-> evaluate", flush=True)
+    print(
+        f"pipeline (Prefect flow {flows.spot_ml_pipeline.name!r}): prepare data -> train "
+        f"({steps} steps on spot, local cloud replaying a real AWS V100 trace at 1 s = 1 h) "
+        "-> evaluate",
+        flush=True,
+    )
     reference = train(TrainConfig(steps=steps))
     started = time.monotonic()
     print("starting a temporary Prefect server (SQLite) ...", flush=True)
@@ -70,16 +80,22 @@ def _run(workdir: Path, steps: int) -> dict:
     print_record(record, flows.DEMO_SPOT.provider_options.get("time_scale", 3600.0))
     report = demo_json(record, result, reference.weights_sha256)
     same = report["final_weights_sha256"] == report["uninterrupted_weights_sha256"]
-    print(f"final weights  {report['final_weights_sha256']}\n"
-          f"uninterrupted  {report['uninterrupted_weights_sha256']}  "
-          f"{'(equal)' if same else '(DIFFERENT)'}\naccuracy {report['accuracy']:.3f}",
-          flush=True)
+    print(
+        f"final weights  {report['final_weights_sha256']}\n"
+        f"uninterrupted  {report['uninterrupted_weights_sha256']}  "
+        f"{'(equal)' if same else '(DIFFERENT)'}\naccuracy {report['accuracy']:.3f}",
+        flush=True,
+    )
     return report
 
 
 def demo_json(record, result: dict, uninterrupted_sha: str) -> dict:
     from spot_core.report import demo_report
 
-    return demo_report("prefect", record, final_weights_sha256=result["final_weights_sha256"],
-                       uninterrupted_weights_sha256=uninterrupted_sha,
-                       accuracy=result["accuracy"])
+    return demo_report(
+        "prefect",
+        record,
+        final_weights_sha256=result["final_weights_sha256"],
+        uninterrupted_weights_sha256=uninterrupted_sha,
+        accuracy=result["accuracy"],
+    )

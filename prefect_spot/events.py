@@ -18,7 +18,8 @@ related. Emitting never breaks the job.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from spot_core.model import JobRecord, Market
 from spot_core.policy.alerts import PoolAlert
@@ -33,7 +34,7 @@ EVENT_NAMES: dict[str, str | None] = {
     "user_failed": "spot.job.user-failed",
     "infrastructure_failed": "spot.job.infrastructure-failed",
     "succeeded": "spot.job.succeeded",  # the attempt that succeeded ends the job
-    "done": None,                       # the same news again, when the controller settles
+    "done": None,  # the same news again, when the controller settles
     "failed": "spot.job.failed",
     "wait": "spot.job.waiting",
     "rescheduled": "spot.job.rescheduled",
@@ -44,14 +45,19 @@ POOL_ALERT = "spot.pool.alert"
 
 
 def job_resource(record: JobRecord) -> dict[str, str]:
-    return {"prefect.resource.id": f"spot.job.{record.job_id}",
-            "prefect.resource.name": record.job_id, "prefect.resource.role": "spot-job"}
+    return {
+        "prefect.resource.id": f"spot.job.{record.job_id}",
+        "prefect.resource.name": record.job_id,
+        "prefect.resource.role": "spot-job",
+    }
 
 
 def pool_resource(alert: PoolAlert) -> dict[str, str]:
-    return {"prefect.resource.id": f"spot.pool.{alert.pool.key}",
-            "prefect.resource.name": f"{alert.pool.zone} {alert.pool.instance_type}",
-            "prefect.resource.role": "spot-pool"}
+    return {
+        "prefect.resource.id": f"spot.pool.{alert.pool.key}",
+        "prefect.resource.name": f"{alert.pool.zone} {alert.pool.instance_type}",
+        "prefect.resource.role": "spot-pool",
+    }
 
 
 def events_for(kind: str, record: JobRecord) -> list[str]:
@@ -70,11 +76,14 @@ def job_metrics(record: JobRecord) -> dict[str, Any]:
     ledger = record.ledger
     attempt = record.attempts[-1] if record.attempts else None
     return {
-        "attempts": len(record.attempts), "preemptions": record.preemptions,
-        "fallbacks": record.fallbacks, "user_failures": record.user_failures,
+        "attempts": len(record.attempts),
+        "preemptions": record.preemptions,
+        "fallbacks": record.fallbacks,
+        "user_failures": record.user_failures,
         "spot_cost": round(ledger.spent, 6),
         "on_demand_cost": round(ledger.on_demand_equivalent, 6),
-        "saved": round(ledger.saved, 6), "savings_fraction": round(ledger.savings_fraction, 6),
+        "saved": round(ledger.saved, 6),
+        "savings_fraction": round(ledger.savings_fraction, 6),
         "lost_work_seconds": round(ledger.lost_work_seconds, 3),
         "pool": None if attempt is None else attempt.pool.key,
         "market": None if attempt is None else str(attempt.pool.market),
@@ -82,36 +91,49 @@ def job_metrics(record: JobRecord) -> dict[str, Any]:
     }
 
 
-def emit_job_event(kind: str, record: JobRecord, detail: str = "",
-                   related: Sequence[dict[str, str]] = ()) -> None:
+def emit_job_event(
+    kind: str, record: JobRecord, detail: str = "", related: Sequence[dict[str, str]] = ()
+) -> None:
     try:
         from prefect.events import emit_event
 
         attempt = record.attempts[-1] if record.attempts else None
-        payload: dict[str, Any] = {"detail": detail[:500], "metrics": job_metrics(record),
-                                   "summary": record.summary(),
-                                   "attempt": None if attempt is None else attempt.to_dict()}
+        payload: dict[str, Any] = {
+            "detail": detail[:500],
+            "metrics": job_metrics(record),
+            "summary": record.summary(),
+            "attempt": None if attempt is None else attempt.to_dict(),
+        }
         for name in events_for(kind, record):
-            emit_event(event=name, resource=job_resource(record), related=list(related),
-                       payload=payload)
+            emit_event(
+                event=name, resource=job_resource(record), related=list(related), payload=payload
+            )
     except Exception:  # noqa: BLE001 - an unreachable event stream must not fail the job
         log.warning("could not emit the %s event for %s", kind, record.job_id, exc_info=True)
 
 
-def emit_pool_alerts(alerts: Sequence[PoolAlert], record: JobRecord,
-                     related: Sequence[dict[str, str]] = ()) -> None:
+def emit_pool_alerts(
+    alerts: Sequence[PoolAlert], record: JobRecord, related: Sequence[dict[str, str]] = ()
+) -> None:
     """One ``spot.pool.alert`` per alert, the job that saw it related."""
     try:
         from prefect.events import emit_event
 
         for alert in alerts:
-            emit_event(event=POOL_ALERT, resource=pool_resource(alert),
-                       related=[job_resource(record), *related], payload=alert.to_dict())
+            emit_event(
+                event=POOL_ALERT,
+                resource=pool_resource(alert),
+                related=[job_resource(record), *related],
+                payload=alert.to_dict(),
+            )
     except Exception:  # noqa: BLE001 - as above: alerts never fail the job
         log.warning("could not emit pool alerts for %s", record.job_id, exc_info=True)
 
 
 def _is_fallback(record: JobRecord) -> bool:
     attempts = record.attempts
-    return (len(attempts) >= 2 and attempts[-1].pool.market is Market.ON_DEMAND
-            and attempts[-2].pool.market is Market.SPOT)
+    return (
+        len(attempts) >= 2
+        and attempts[-1].pool.market is Market.ON_DEMAND
+        and attempts[-2].pool.market is Market.SPOT
+    )

@@ -29,28 +29,43 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import cloudpickle
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, PrefectFutureList
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from prefect_spot import _jobs, artifacts
+from prefect_spot._remote import (
+    CALL_KEY_ENV,
+    CALL_PUBKEY_ENV,
+    PUBKEY_TAG,
+    CallExchange,
+    Ed25519Seal,
+    UntrustedObject,
+    call_uri,
+    new_call_key,
+    wants_checkpointer,
+)
+from prefect_spot.blocks import (
+    CheckpointStorage,
+    SpotConfiguration,
+    check_config_argument,
+    resolve_config,
+    resolve_storage,
+    storage_from_uri,
+)
+from spot_core import jobs
 from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError, SpotError
 from spot_core.model import JobRecord, JobStatus, Outcome
 from spot_core.observer import observer_of
-from spot_core.settings import SpotSettings, default, pop_aliases
-
-from prefect_spot import _jobs, artifacts
-from prefect_spot._remote import (CALL_KEY_ENV, CALL_PUBKEY_ENV, PUBKEY_TAG, CallExchange,
-                                  Ed25519Seal, UntrustedObject, call_uri, new_call_key,
-                                  wants_checkpointer)
-from prefect_spot.blocks import (CheckpointStorage, SpotConfiguration,
-                                 check_config_argument, resolve_config, resolve_storage,
-                                 storage_from_uri)
+from spot_core.settings import TASK_RUNNER, SpotSettings, default, knobs_for, pop_aliases
 
 logger = logging.getLogger(__name__)
+
 
 class SpotJobFailed(SpotError):
     """The job ended without success for a reason other than the function's own error."""
@@ -84,48 +99,65 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         max_workers: how many tasks run (and hold leases) at once.
     """
 
-    def __init__(self, config: SpotConfiguration | str | None = None, *,
-                 checkpoint_storage: CheckpointStorage | str | None = None,
-                 spot_tag: str | None = None,
-                 checkpoint_every: float | str | None = default("checkpoint_every"),
-                 checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
-                 workdir: str | Path | None = None, max_workers: int | None = None,
-                 **deprecated: Any) -> None:
+    def __init__(
+        self,
+        config: SpotConfiguration | str | None = None,
+        *,
+        checkpoint_storage: CheckpointStorage | str | None = None,
+        spot_tag: str | None = None,
+        checkpoint_every: float | str | None = default("checkpoint_every"),
+        checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+        workdir: str | Path | None = None,
+        max_workers: int | None = None,
+        **deprecated: Any,
+    ) -> None:
+        given = locals()  # first: the knobs as written (the settings model checks them)
         super().__init__()
         renamed = pop_aliases(deprecated, where="SpotTaskRunner")
         if deprecated:
             raise TypeError(f"SpotTaskRunner got unexpected argument(s) {sorted(deprecated)}")
         check_runner_arguments(config, checkpoint_storage, spot_tag, max_workers)
-        schedule = SpotSettings.build(where="SpotTaskRunner", **{
-            "checkpoint_every": checkpoint_every,
-            "checkpoint_every_steps": checkpoint_every_steps, **renamed})
+        schedule = SpotSettings.build(
+            where="SpotTaskRunner",
+            **{**{k.name: given[k.name] for k in knobs_for(TASK_RUNNER)}, **renamed},
+        )
         self.config = config
         self.checkpoint_storage = checkpoint_storage
         self.spot_tag = spot_tag
-        self.checkpoint_every = schedule.checkpoint_every
+        self.checkpoint_every = schedule.checkpoint_every_seconds
         self.checkpoint_every_steps = schedule.checkpoint_every_steps
         self.workdir = None if workdir is None else str(workdir)
         self.max_workers = max_workers
-        self._threads = ThreadPoolTaskRunner(max_workers=max_workers)
+        self._threads: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=max_workers)
         self._provider = None
         self._provider_lock = threading.Lock()
         self._resolved: tuple[SpotConfiguration, CheckpointStorage | None] | None = None
         self._own_workdir: tempfile.TemporaryDirectory | None = None
 
     def duplicate(self) -> SpotTaskRunner:
-        return type(self)(self.config, checkpoint_storage=self.checkpoint_storage,
-                          spot_tag=self.spot_tag,
-                          checkpoint_every=self.checkpoint_every,
-                          checkpoint_every_steps=self.checkpoint_every_steps,
-                          workdir=self.workdir, max_workers=self.max_workers)
+        return type(self)(
+            self.config,
+            checkpoint_storage=self.checkpoint_storage,
+            spot_tag=self.spot_tag,
+            checkpoint_every=self.checkpoint_every,
+            checkpoint_every_steps=self.checkpoint_every_steps,
+            workdir=self.workdir,
+            max_workers=self.max_workers,
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SpotTaskRunner) and self._settings() == other._settings()
 
     def _settings(self) -> tuple:
-        return (self.config, self.checkpoint_storage, self.spot_tag,
-                self.checkpoint_every, self.checkpoint_every_steps, self.workdir,
-                self.max_workers)
+        return (
+            self.config,
+            self.checkpoint_storage,
+            self.spot_tag,
+            self.checkpoint_every,
+            self.checkpoint_every_steps,
+            self.workdir,
+            self.max_workers,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         # Runners are cloudpickled when a flow run goes to a subprocess: ship the
@@ -163,12 +195,15 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
     @property
     def _root(self) -> Path:
-        return Path(self.workdir if self.workdir is not None else self._own_workdir.name)
+        if self.workdir is not None:
+            return Path(self.workdir)
+        if self._own_workdir is None:  # made when the runner starts
+            raise RuntimeError("SpotTaskRunner has no workdir before it is started")
+        return Path(self._own_workdir.name)
 
     def _resolve(self) -> tuple[SpotConfiguration, CheckpointStorage | None]:
         if self._resolved is None:
-            self._resolved = (resolve_config(self.config),
-                              resolve_storage(self.checkpoint_storage))
+            self._resolved = (resolve_config(self.config), resolve_storage(self.checkpoint_storage))
         return self._resolved
 
     def provider(self):
@@ -177,22 +212,30 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             if self._provider is None:
                 config, _ = self._resolve()
                 self._provider = _jobs.open_configured_provider(
-                    config, workdir=str(self._root / "cloud"))
+                    config, workdir=str(self._root / "cloud")
+                )
             return self._provider
 
     # -- submission ---------------------------------------------------------------------------
-    def submit(self, task, parameters: dict[str, Any],
-               wait_for: Iterable[PrefectFuture[Any]] | None = None,
-               dependencies: dict[str, set[Any]] | None = None) -> PrefectConcurrentFuture[Any]:
+    def submit(
+        self,
+        task,
+        parameters: dict[str, Any],
+        wait_for: Iterable[PrefectFuture[Any]] | None = None,
+        dependencies: dict[str, set[Any]] | None = None,
+    ) -> PrefectConcurrentFuture[Any]:
         if not self._started:
             raise RuntimeError("The task runner must be started before submitting work.")
         if self.spot_tag is None or self.spot_tag in task.tags:
             task = self._on_spot(task)
         return self._threads.submit(task, parameters, wait_for, dependencies)
 
-    def map(self, task, parameters: dict[str, Any],
-            wait_for: Iterable[PrefectFuture[Any]] | None = None,
-            ) -> PrefectFutureList[PrefectConcurrentFuture[Any]]:
+    def map(
+        self,
+        task,
+        parameters: dict[str, Any],
+        wait_for: Iterable[PrefectFuture[Any]] | None = None,
+    ) -> PrefectFutureList[PrefectConcurrentFuture[Any]]:
         return super().map(task, parameters, wait_for)
 
     def _on_spot(self, task):
@@ -204,83 +247,129 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         def run_on_spot(*args: Any, **kwargs: Any) -> Any:
             return runner._run_job(task, fn, args, kwargs)
 
-        run_on_spot.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+        run_on_spot.__signature__ = inspect.signature(fn)
         spot = copy.copy(task)
         spot.fn = run_on_spot
         spot.isasync = False
         return spot
 
     def _run_job(self, task, fn, args: tuple, kwargs: dict) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a spot job: its call through the job's store,
+        driven by the controller in this one Prefect try, its result read back."""
         from prefect.context import TaskRunContext
 
         context = TaskRunContext.get()
+        if context is None:  # the wrapper runs as the body of a Prefect task run
+            raise RuntimeError("a spot task runs inside a Prefect task run")
         task_run = context.task_run
         config, storage = self._resolve()
+        plugin = jobs.plugin(config.provider)
         check_key_channel(config.provider)
-        _jobs.check_store_for(config.provider, None if storage is None else storage.uri,
-                              "checkpoint_storage", config.provider_options)
-        provider = self.provider()
-        job_id = f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}"
-        if storage is not None:
-            checkpoint_uri, store_options = storage.job_uri(job_id), dict(storage.options)
-            # The storage's credentials, else the configuration's (one account, usually).
-            store_options["session"] = storage.aws_session() or config.aws_session()
-        else:
-            job_dir = self._root / "jobs" / job_id
-            checkpoint_uri, store_options = (job_dir / "checkpoints").resolve().as_uri(), {}
+        _jobs.check_store_for(
+            config.provider,
+            None if storage is None else storage.uri,
+            "checkpoint_storage",
+            config.provider_options,
+        )
+        job_id = jobs.job_id(f"{_jobs.slug(task.name, 30)}-{task_run.id.hex[-8:]}")
+        checkpoint_uri, store_options = self._store(job_id, config, storage)
         # The call goes through the job's object store, not a local folder, so a lease on
         # another machine (an EC2 instance) reads it and writes its result back there.
         # Every object in it is signed by its writer and verified before it is unpickled.
-        signer, key_env = _call_keys(config.provider)
+        signer, key_env = _call_keys(plugin)
         exchange = CallExchange.open(call_uri(checkpoint_uri), signer, **store_options)
         exchange.put_payload(_pickle_call(fn, args, kwargs, self._checkpointer_kwargs()))
         record = self._record_for_try(task_run.id)
+        provider = self.provider()
         spec = _jobs.job_spec(
-            config, provider, job_id=job_id, checkpoint_uri=checkpoint_uri,
-            command=(_jobs.lease_python(config.provider, config.provider_options),
-                     "-m", "prefect_spot._remote", exchange.uri),
-            env={**self._lease_env(config), **key_env},
-            created_at=None if record is None else record.created_at)
-        related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
-                    "prefect.resource.role": "task-run"}]
+            config,
+            provider,
+            job_id=job_id,
+            checkpoint_uri=checkpoint_uri,
+            command=(
+                plugin.lease_python(config.provider_options),
+                "-m",
+                "prefect_spot._remote",
+                exchange.uri,
+            ),
+            env={**self._lease_env(plugin), **key_env},
+            created_at=None if record is None else record.created_at,
+        )
+        controller = self._controller(task_run, config, provider, record, storage, store_options)
+        record = self._drive(controller, spec, record, provider)
+        artifacts.publish(
+            record,
+            flow_run_id=task_run.flow_run_id,
+            task_run_id=task_run.id,
+            what=f"task run {task_run.name} on spot",
+        )
+        if _remote_lease(plugin):
+            exchange = _verifying_with_lease_key(provider, record, exchange)
+        return _result(record, exchange)
+
+    def _store(
+        self, job_id: str, config: SpotConfiguration, storage: CheckpointStorage | None
+    ) -> tuple[str, dict[str, Any]]:
+        """The job's store URI and the options (credentials included) that open it: under
+        the CheckpointStorage, else a folder in ``workdir``."""
+        if storage is None:
+            return (self._root / "jobs" / job_id / "checkpoints").resolve().as_uri(), {}
+        options: dict[str, Any] = dict(storage.options)
+        # The storage's credentials, else the configuration's (one account, usually).
+        options["session"] = storage.aws_session() or config.aws_session()
+        return storage.job_uri(job_id), options
+
+    @staticmethod
+    def _controller(
+        task_run: Any,
+        config: SpotConfiguration,
+        provider: Any,
+        record: JobRecord | None,
+        storage: CheckpointStorage | None,
+        store_options: dict[str, Any],
+    ) -> Any:
+        """The job's controller: the record kept in a keyed artifact, a user failure
+        counted against Prefect's retries, the task run's events and progress."""
         key = artifacts.record_key(task_run.id)
-        controller = _jobs.controller_for(
-            config, provider, max_user_retries=0 if record is None else record.user_failures,
-            persist=lambda r: artifacts.save_record(key, r, flow_run_id=task_run.flow_run_id,
-                                                    task_run_id=task_run.id),
-            related=related, progress=artifacts.JobProgress(
-                flow_run_id=task_run.flow_run_id, task_run_id=task_run.id),
-            stores=None if storage is None else functools.partial(open_store, **store_options))
+        ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
+        return _jobs.controller_for(
+            config,
+            provider,
+            max_user_retries=0 if record is None else record.user_failures,
+            persist=lambda r: artifacts.save_record(key, r, **ids),
+            related=[
+                {
+                    "prefect.resource.id": f"prefect.task-run.{task_run.id}",
+                    "prefect.resource.role": "task-run",
+                }
+            ],
+            progress=artifacts.JobProgress(**ids),
+            stores=None if storage is None else functools.partial(open_store, **store_options),
+        )
+
+    @staticmethod
+    def _drive(controller: Any, spec: Any, record: JobRecord | None, provider: Any) -> JobRecord:
+        """The job driven here: preemptions are relaunched inside this one Prefect try
+        (they never spend the task's retries); an exception (the flow cancelled, the
+        process interrupted) stops the running attempt. Every spot task of this runner is
+        watched through one shared observer: a mapped sweep's leases are described
+        together, once per poll."""
         if record is not None and record.current_attempt is not None:
             # A lease an earlier process launched answers to that process's key, which died
             # with it: its result could never verify. Stop it; the next attempt resumes
             # from the checkpoints under this call's key.
-            record = controller.stop(spec, record,
-                                     "stopped: launched by a runner process that is gone")
-        # The controller drives the job here: preemptions are relaunched inside this
-        # one Prefect try (they never spend the task's retries); an exception (the flow
-        # cancelled, the process interrupted) stops the running attempt.
-        # Every spot task of this runner is watched through one shared observer: a mapped
-        # sweep's leases are described together, once per poll.
-        record = controller.run(spec, record, observer=observer_of(provider))
-        artifacts.publish(record, flow_run_id=task_run.flow_run_id, task_run_id=task_run.id,
-                          what=f"task run {task_run.name} on spot")
-        if config.provider != _jobs.LOCAL_PROVIDER:
-            exchange = _verifying_with_lease_key(provider, record, exchange)
-        value = _outcome(record, exchange)
-        try:
-            exchange.clear(a.number for a in record.attempts)
-        except Exception as exc:  # noqa: BLE001 - leftovers cost storage, not the result
-            logger.warning("could not delete the call objects under %s: %s", exchange.uri, exc)
-        return value
+            record = controller.stop(
+                spec, record, "stopped: launched by a runner process that is gone"
+            )
+        return controller.run(spec, record, observer=observer_of(provider))
 
     @staticmethod
-    def _lease_env(config: SpotConfiguration) -> dict[str, str]:
-        """A local lease imports what this process imports; a remote one has its own
-        Python and packages (this machine's paths mean nothing there)."""
-        if config.provider == _jobs.LOCAL_PROVIDER:
-            return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        return {}
+    def _lease_env(plugin: Any) -> dict[str, str]:
+        """A lease on this machine imports what this process imports; a remote one has
+        its own Python and packages (this machine's paths mean nothing there)."""
+        if _remote_lease(plugin):
+            return {}
+        return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
     def _record_for_try(self, task_run_id: uuid.UUID) -> JobRecord | None:
         """The record of an earlier try of this task run (a Prefect retry), reopened."""
@@ -303,35 +392,48 @@ def check_runner_arguments(config: Any, storage: Any, spot_tag: Any, max_workers
     check_config_argument(config, "SpotTaskRunner")
     storage_from_uri(storage, "SpotTaskRunner")
     if spot_tag is not None and (not isinstance(spot_tag, str) or not spot_tag.strip()):
-        raise ConfigError(f"SpotTaskRunner spot_tag={spot_tag!r} must be a tag name (tasks "
-                          "with it run on spot) or None (every task runs on spot)")
-    if max_workers is not None and (isinstance(max_workers, bool)
-                                    or not isinstance(max_workers, int) or max_workers < 1):
-        raise ConfigError(f"SpotTaskRunner max_workers={max_workers!r} must be a whole number "
-                          ">= 1 (tasks holding leases at once) or None for the default")
+        raise ConfigError(
+            f"SpotTaskRunner spot_tag={spot_tag!r} must be a tag name (tasks "
+            "with it run on spot) or None (every task runs on spot)"
+        )
+    if max_workers is not None and (
+        isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
+    ):
+        raise ConfigError(
+            f"SpotTaskRunner max_workers={max_workers!r} must be a whole number "
+            ">= 1 (tasks holding leases at once) or None for the default"
+        )
+
+
+def _remote_lease(plugin: Any) -> bool:
+    """Whether the provider's leases run on other machines than this one."""
+    return jobs.Capability.ON_THIS_MACHINE not in plugin.capabilities
 
 
 def check_key_channel(provider: str) -> None:
     """Refuse a provider whose leases have no safe way to authenticate the call.
 
-    A local lease gets the HMAC key in its process environment; an EC2 or Kubernetes lease
-    needs no secret (Ed25519: public keys in user-data or the pod spec, and in a tag on its
-    own instance or an annotation on its own pod). A provider registered later has neither
-    channel until it is given one."""
-    if provider not in (_jobs.LOCAL_PROVIDER, "ec2", "kubernetes"):
+    A lease on this machine gets the HMAC key in its process environment; a remote lease
+    needs no secret (Ed25519: public keys in its environment, and on its own capacity: a
+    tag on its instance, an annotation on its pod, ``LEASE_TAGS``). A provider with
+    neither has no channel until it declares one."""
+    plugin = jobs.plugin(provider)
+    if _remote_lease(plugin) and jobs.Capability.LEASE_TAGS not in plugin.capabilities:
         raise ConfigError(
-            f"SpotTaskRunner cannot run tasks on provider {provider!r}: it has no channel "
-            "to authenticate the pickled call and its result; use provider='local', 'ec2' "
-            "or 'kubernetes', or run the flow on the spot worker with spot_task")
+            f"SpotTaskRunner cannot run tasks on provider {provider!r}: its leases are "
+            "remote and publish no value of their own (capability lease_tags), so nothing "
+            "can authenticate the pickled call and its result; use a provider that has one "
+            "(`spot-pipelines providers`), or run the flow on the spot worker with spot_task"
+        )
 
 
-def _call_keys(provider: str) -> tuple[Any, dict[str, str]]:
+def _call_keys(plugin: Any) -> tuple[Any, dict[str, str]]:
     """(what signs the payload, what the lease's environment gets to verify it).
 
-    Local: a per-call HMAC key, in the lease's process environment. Remote: a per-call
-    Ed25519 private key kept in this process's memory; only its public half goes to the
-    lease (user-data is readable with DescribeInstanceAttribute, so no secret may)."""
-    if provider == _jobs.LOCAL_PROVIDER:
+    On this machine: a per-call HMAC key, in the lease's process environment. Remote: a
+    per-call Ed25519 private key kept in this process's memory; only its public half goes
+    to the lease (user-data is readable with DescribeInstanceAttribute, so no secret may)."""
+    if not _remote_lease(plugin):
         key = new_call_key()
         return key, {CALL_KEY_ENV: key.hex()}
     signer = Ed25519Seal.generate()
@@ -351,7 +453,8 @@ def _verifying_with_lease_key(provider, record: JobRecord, exchange: CallExchang
             f"attempt {last.number}'s instance {last.lease_id} published no {PUBKEY_TAG} "
             f"tag: its result or error under {exchange.uri} is refused unread; let the "
             "instance role tag its own instance (docs/aws-iam-policy.json, InstancePolicy) "
-            "or the step pod annotate its own pod (deploy/kubernetes/rbac.yaml)")
+            "or the step pod annotate its own pod (deploy/kubernetes/rbac.yaml)"
+        )
     try:
         verifier = Ed25519Seal.from_public_hex(public, f"tag {PUBKEY_TAG} of {last.lease_id}")
     except ConfigError as exc:
@@ -370,8 +473,9 @@ def _pickle_call(fn, args: tuple, kwargs: dict, checkpointer: dict[str, Any]) ->
             bound = inspect.signature(fn).bind_partial(*args, **kwargs)
             bound.arguments.pop("checkpointer", None)
             args, kwargs = bound.args, bound.kwargs
-        return cloudpickle.dumps({"fn": fn, "args": args, "kwargs": kwargs,
-                                  "checkpointer": checkpointer})
+        return cloudpickle.dumps(
+            {"fn": fn, "args": args, "kwargs": kwargs, "checkpointer": checkpointer}
+        )
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(module)
@@ -388,14 +492,26 @@ def _needs_pickle_by_value(module) -> bool:
     return "site-packages" not in path and name not in sys.stdlib_module_names
 
 
+def _result(record: JobRecord, exchange: CallExchange) -> Any:
+    """The call's value (or its error, raised), then its objects deleted from the store."""
+    value = _outcome(record, exchange)
+    try:
+        exchange.clear(a.number for a in record.attempts)
+    except Exception as exc:  # noqa: BLE001 - leftovers cost storage, not the result
+        logger.warning("could not delete the call objects under %s: %s", exchange.uri, exc)
+    return value
+
+
 def _outcome(record: JobRecord, exchange: CallExchange) -> Any:
     last = record.attempts[-1] if record.attempts else None
     if record.status is JobStatus.SUCCEEDED and last is not None:
         try:
             return exchange.result(last.number)
         except FileNotFoundError:
-            raise SpotJobFailed(f"spot job {record.job_id} succeeded but attempt {last.number} "
-                                f"wrote no result to {exchange.uri}") from None
+            raise SpotJobFailed(
+                f"spot job {record.job_id} succeeded but attempt {last.number} "
+                f"wrote no result to {exchange.uri}"
+            ) from None
     report = None
     if last is not None and last.outcome is Outcome.USER_FAILED:
         report = exchange.error(last.number)
@@ -403,6 +519,8 @@ def _outcome(record: JobRecord, exchange: CallExchange) -> Any:
         if report["error"] is not None:
             raise report["error"]
         raise SpotJobFailed(f"the task failed on spot capacity:\n{report['traceback']}")
-    raise SpotJobFailed(f"spot job {record.job_id} ended {record.status} after "
-                        f"{len(record.attempts)} attempt(s): "
-                        f"{last.message if last is not None else 'no attempt ran'}")
+    raise SpotJobFailed(
+        f"spot job {record.job_id} ended {record.status} after "
+        f"{len(record.attempts)} attempt(s): "
+        f"{last.message if last is not None else 'no attempt ran'}"
+    )

@@ -41,38 +41,50 @@ import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Callable
-
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE, AttemptEnv
-from spot_core.controller import Controller, JobSpec
-from spot_core.errors import ConfigError, Preempted
-from spot_core.model import JobRecord, Outcome
-from spot_core.providers.base import LeaseState, LeaseStatus
-from spot_core.providers.in_place import InPlaceProvider
-from spot_core.settings import SpotSettings, default, pop_aliases
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from prefect_spot._jobs import slug
 from prefect_spot._remote import CHECKPOINTER_PARAMETER
-from prefect_spot.artifacts import (RECORD_TYPE, JobProgress, load_record, publish,
-                                    record_key, save_record)
+from prefect_spot.artifacts import (
+    RECORD_TYPE,
+    JobProgress,
+    load_record,
+    publish,
+    record_key,
+    save_record,
+)
 from prefect_spot.blocks import CheckpointStorage, resolve_storage, storage_from_uri
 from prefect_spot.events import emit_job_event
+from spot_core.attempt_env import AttemptEnv
+from spot_core.errors import ConfigError, Preempted
+from spot_core.jobs import InPlaceAttempt
+from spot_core.model import JobRecord, Outcome
+from spot_core.settings import SPOT_TASK, SpotSettings, default, knobs_for, pop_aliases
 
 
 def record_of(task_run_id: uuid.UUID) -> JobRecord | None:
     """The JobRecord a spot task run keeps in Prefect (None before its first call)."""
     from prefect import get_client
-    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterTaskRunId,
-                                                ArtifactFilterType)
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterTaskRunId,
+        ArtifactFilterType,
+    )
     from prefect.client.schemas.sorting import ArtifactSort
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(
-            task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]),
-            type=ArtifactFilterType(any_=[RECORD_TYPE])), sort=ArtifactSort.CREATED_DESC,
-            limit=1)
-    return None if not found else load_record(found[0].key)
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]),
+                type=ArtifactFilterType(any_=[RECORD_TYPE]),
+            ),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )
+    # a record artifact always has its key (save_record); none: no record to read
+    return None if not found or found[0].key is None else load_record(found[0].key)
 
 
 def preemptions_of(task_run_id: uuid.UUID) -> int:
@@ -81,13 +93,17 @@ def preemptions_of(task_run_id: uuid.UUID) -> int:
     return 0 if record is None else record.preemptions
 
 
-def spot_task(__fn: Callable | None = None, *, retries: int = 0,
-              max_preemptions: int = default("max_preemptions"),
-              checkpoint_storage: CheckpointStorage | str | None = None,
-              checkpoint_every: float | str | None = default("checkpoint_every"),
-              checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
-              notice_poll_interval: float | str = default("notice_poll_interval"),
-              **task_kwargs: Any):
+def spot_task(
+    __fn: Callable | None = None,
+    *,
+    retries: int = 0,
+    max_preemptions: int = default("max_preemptions"),
+    checkpoint_storage: CheckpointStorage | str | None = None,
+    checkpoint_every: float | str | None = default("checkpoint_every"),
+    checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+    notice_poll_interval: float | str = default("notice_poll_interval"),
+    **task_kwargs: Any,
+):
     """Decorate a function as a spot task (see the module docstring).
 
     ``max_preemptions``, ``checkpoint_every`` (seconds, a timedelta or ``"5m"``),
@@ -95,60 +111,58 @@ def spot_task(__fn: Callable | None = None, *, retries: int = 0,
     ``spot_core.settings`` (their defaults and checks); the old names
     ``checkpoint_every_seconds`` and ``watch_poll_interval`` still work, deprecated.
     """
+    given = locals()  # first: the knobs as written (the settings model checks them)
     renamed = pop_aliases(task_kwargs, where="spot_task")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"spot_task retries must be a whole number >= 0, got {retries!r}")
-    settings = SpotSettings.build(where="spot_task", **{
-        "max_preemptions": max_preemptions, "checkpoint_every": checkpoint_every,
-        "checkpoint_every_steps": checkpoint_every_steps,
-        "notice_poll_interval": notice_poll_interval, **renamed})
+    settings = SpotSettings.build(
+        where="spot_task", **{**{k.name: given[k.name] for k in knobs_for(SPOT_TASK)}, **renamed}
+    )
     max_preemptions = settings.max_preemptions
     storage_from_uri(checkpoint_storage, "spot_task")  # a bad URI fails here, not at run time
     if "retry_condition_fn" in task_kwargs:
-        raise ConfigError("spot_task decides retries itself (preemptions under "
-                          "max_preemptions, errors under retries); drop retry_condition_fn")
+        raise ConfigError(
+            "spot_task decides retries itself (preemptions under "
+            "max_preemptions, errors under retries); drop retry_condition_fn"
+        )
 
     def decorate(fn: Callable):
         from prefect import task
 
         if CHECKPOINTER_PARAMETER not in inspect.signature(fn).parameters:
-            raise ConfigError(f"spot_task {fn.__name__} needs a `checkpointer` parameter; "
-                              "it receives the restored Checkpointer")
-        options = _Options(checkpoint_storage, settings.checkpoint_every,
-                           settings.checkpoint_every_steps, settings.notice_poll_interval)
-        wrapper = _wrap(fn, options)
-        return task(wrapper, retries=retries + max_preemptions,
-                    retry_condition_fn=_retry_condition(retries, max_preemptions),
-                    **task_kwargs)
+            raise ConfigError(
+                f"spot_task {fn.__name__} needs a `checkpointer` parameter; "
+                "it receives the restored Checkpointer"
+            )
+        wrapper = _wrap(fn, settings, checkpoint_storage)
+        return task(
+            retries=retries + max_preemptions,
+            retry_condition_fn=_retry_condition(retries, max_preemptions),
+            **task_kwargs,
+        )(wrapper)
 
     return decorate(__fn) if __fn is not None else decorate
 
 
-@dataclass(frozen=True)
-class _Options:
-    storage: CheckpointStorage | str | None
-    every_seconds: float | None
-    every_steps: int | None
-    watch_poll_interval: float
-
-
-def _wrap(fn: Callable, options: _Options) -> Callable:
+def _wrap(
+    fn: Callable, settings: SpotSettings, storage: CheckpointStorage | str | None
+) -> Callable:
     signature = inspect.signature(fn)
-    visible = signature.replace(parameters=[p for p in signature.parameters.values()
-                                            if p.name != CHECKPOINTER_PARAMETER])
+    visible = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name != CHECKPOINTER_PARAMETER]
+    )
 
     @functools.wraps(fn)
     def run_spot_task(*args: Any, **kwargs: Any) -> Any:
         from prefect.context import TaskRunContext
 
-        context = TaskRunContext.get()
-        attempt = _InPlaceAttempt(context, options)
-        with _checkpointer(attempt, options) as checkpointer:
+        attempt = _SpotTaskCall(TaskRunContext.get(), settings, storage)
+        with attempt.checkpointed() as checkpointer:
             kwargs[CHECKPOINTER_PARAMETER] = checkpointer
             try:
                 value = fn(*args, **kwargs)
             except Preempted as exc:
-                attempt.end(PREEMPTED_EXIT_CODE, exc, notice=True)
+                attempt.ended(attempt.preempted(exc))
                 if _capacity_going_away(wait=NOTICE_FILE_WAIT_SECONDS):
                     # The lease is going: under the spot worker's engine the flow run
                     # ends with no final state, and the worker reschedules it.
@@ -157,110 +171,83 @@ def _wrap(fn: Callable, options: _Options) -> Callable:
                     relinquish(exc)
                 raise
             except Exception as exc:
-                attempt.end(1, exc)
+                attempt.ended(attempt.failed(exc))
                 raise
             except BaseException as exc:  # cancelled, interrupted: not the step's fault
-                attempt.end(None, exc)
+                attempt.ended(attempt.stopped(exc))
                 raise
-        attempt.end(0, None)
+        attempt.ended(attempt.succeeded())
         return value
 
     run_spot_task.__signature__ = visible  # type: ignore[attr-defined]
     return run_spot_task
 
 
-class _InPlaceAttempt:
-    """One call of a spot task as an attempt the controller opens and closes.
+class _SpotTaskCall(InPlaceAttempt):
+    """One call of a spot task: ``spot_core.jobs.InPlaceAttempt`` with its record kept in
+    Prefect (a keyed artifact, written before the task's retry condition reads it), the
+    same ``spot.job.*`` events and progress artifact as a task runner's job, and, under
+    the spot worker, the attempt number and notice file of the worker's lease."""
 
-    The lease is the worker this process runs on (``InPlaceProvider``); the record is
-    read from and written to Prefect (a keyed artifact) by the controller's persistence
-    callback, before the task's retry condition reads it."""
-
-    def __init__(self, context, options: _Options) -> None:
+    def __init__(
+        self, context: Any, settings: SpotSettings, storage: CheckpointStorage | str | None
+    ) -> None:
         self.env = AttemptEnv.from_environ()
         task_run = context.task_run
         self.key = _record_key(context.task.name, task_run)
-        self.spec = JobSpec(job_id=self.key.removeprefix("spot-record-"), command=(),
-                            checkpoint_uri=_store_uri(context, options.storage, self.env),
-                            pools=())
-        self.open_store = _store_opener(options.storage)
-        self.provider = InPlaceProvider()
         self._ids = {"flow_run_id": task_run.flow_run_id, "task_run_id": task_run.id}
-        self._related = [{"prefect.resource.id": f"prefect.task-run.{task_run.id}",
-                          "prefect.resource.role": "task-run"}]
+        self._related = [
+            {
+                "prefect.resource.id": f"prefect.task-run.{task_run.id}",
+                "prefect.resource.role": "task-run",
+            }
+        ]
         self._progress = JobProgress(**self._ids)
-        self.controller = Controller(self.provider, None, persist=self._save,
-                                     listener=self._transition, stores=self.open_store,
-                                     heartbeat_timeout=None)
-        record = load_record(self.key) or self.controller.persist(
-            self.controller.new_record(self.spec))
+        super().__init__(
+            settings,
+            job_id=self.key.removeprefix("spot-record-"),
+            checkpoint_uri=_store_uri(context, storage, self.env),
+            stores=_store_opener(storage),
+            persist=self._save,
+            listener=self._transition,
+        )
         # Under the spot worker the capacity is its lease, already fenced as SPOT_ATTEMPT
         # in the same store: the attempt keeps that number.
-        under_worker = bool(os.environ.get("SPOT_ATTEMPT")) and options.storage is None
-        self.record, self.lease = self.controller.adopt(
-            self.spec, record, lambda number, now: self.provider.adopt(self.spec.job_id,
-                                                                      number, now),
-            attempt=self.env.attempt if under_worker else None)
+        under_worker = bool(os.environ.get("SPOT_ATTEMPT")) and storage is None
+        self.open(load_record(self.key), attempt=self.env.attempt if under_worker else None)
 
     def _save(self, record: JobRecord) -> None:
         save_record(self.key, record, **self._ids)
 
     def _transition(self, kind: str, record: JobRecord, detail: str) -> None:
-        """The same ``spot.job.*`` events and progress artifact as a task runner's job."""
         emit_job_event(kind, record, detail, related=self._related)
         self._progress(kind, record, detail)
 
-    def end(self, exit_code: int | None, exc: BaseException | None, *,
-            notice: bool = False) -> None:
-        """Report how the call ended; the controller classifies, bills and records it."""
-        now = time.time()
-        state = LeaseState.EXITED if exit_code is not None else LeaseState.TERMINATED
-        message = "" if exc is None else f"{type(exc).__name__}: {exc}"[:300]
-        self.record = self.controller.on_lease_end(self.spec, self.record, LeaseStatus(
-            state, exit_code=exit_code, notice_at=now if notice else None, ended_at=now,
-            message=message), now)
-        publish(self.record, **self._ids, what=f"spot task {self.spec.job_id}")
+    def ended(self, record: JobRecord) -> None:
+        """Show the closed attempt on the flow run (tables, summary, chart)."""
+        publish(record, **self._ids, what=f"spot task {self.spec.job_id}")
 
-
-class _checkpointer:
-    """A restored Checkpointer, with the watcher and the SIGTERM bridge around the call."""
-
-    def __init__(self, attempt: _InPlaceAttempt, options: _Options) -> None:
-        from spot_core.checkpoint import Checkpointer
-
-        env = attempt.env
-        # The controller fenced the store for this attempt when it opened it.
-        self.checkpointer = Checkpointer(attempt.open_store(attempt.spec.checkpoint_uri),
-                                         attempt=attempt.lease.attempt,
-                                         every_seconds=options.every_seconds,
-                                         every_steps=options.every_steps,
-                                         notice_file=env.notice_file)
-        self._env, self._options = env, options
-        self._watcher = None
-
-    def __enter__(self):
-        self.checkpointer.restore()
-        if threading.current_thread() is threading.main_thread():
-            # Prefect's own SIGTERM bridge would end the run without a save; for the
-            # length of the call a SIGTERM is a notice instead (Prefect's is restored).
-            self.checkpointer.attach_signals((signal.SIGTERM,))
-        if self._env.metadata_endpoint:
-            from spot_core.interruption import InterruptionWatcher, detector_for
-
-            detector = detector_for(self._env.cloud or "aws", self._env.metadata_endpoint)
-            self._watcher = InterruptionWatcher([detector], self._options.watch_poll_interval)
-            self._watcher.add_handler(self._on_notice)
-            self._watcher.start()
-        return self.checkpointer
-
-    def _on_notice(self, notice) -> None:
-        if notice.is_interruption:  # a rebalance recommendation is not a reason to stop
-            self.checkpointer.request_emergency_save(f"{notice.cloud} {notice.kind} notice")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._watcher is not None:
-            self._watcher.close()
-        self.checkpointer.close()
+    @contextmanager
+    def checkpointed(self) -> Iterator[Any]:
+        """A restored Checkpointer, with the notice watcher and the SIGTERM bridge around
+        the call."""
+        checkpointer = self.checkpointer(notice_file=self.env.notice_file)
+        watcher = None
+        try:
+            checkpointer.restore()
+            if threading.current_thread() is threading.main_thread():
+                # Prefect's own SIGTERM bridge would end the run without a save; for the
+                # length of the call a SIGTERM is a notice instead (Prefect's is restored).
+                checkpointer.attach_signals((signal.SIGTERM,))
+            if self.env.metadata_endpoint:
+                watcher = self.watch_notices(
+                    checkpointer, cloud=self.env.cloud or "aws", endpoint=self.env.metadata_endpoint
+                )
+            yield checkpointer
+        finally:
+            if watcher is not None:
+                watcher.close()
+            checkpointer.close()
 
 
 def _store_opener(storage):
@@ -283,9 +270,11 @@ def _store_uri(context, storage, env: AttemptEnv) -> str:
         return resolved.job_uri(key)
     if env.checkpoint_uri:
         return env.checkpoint_uri
-    raise ConfigError("spot_task has nowhere to checkpoint: pass checkpoint_storage= (a "
-                      "CheckpointStorage, its block name, or a URI) or run it under the "
-                      "spot worker, which sets SPOT_CHECKPOINT_URI")
+    raise ConfigError(
+        "spot_task has nowhere to checkpoint: pass checkpoint_storage= (a "
+        "CheckpointStorage, its block name, or a URI) or run it under the "
+        "spot worker, which sets SPOT_CHECKPOINT_URI"
+    )
 
 
 def _record_key(task_name: str, task_run) -> str:
@@ -297,9 +286,9 @@ def _record_key(task_name: str, task_run) -> str:
 def _retry_condition(retries: int, max_preemptions: int):
     def should_retry(task, task_run, state) -> bool:
         record = load_record(_record_key(task.name, task_run))
-        last = None if record is None or not record.attempts else record.attempts[-1]
-        if last is None:
+        if record is None or not record.attempts:
             return False
+        last = record.attempts[-1]
         if last.outcome is Outcome.PREEMPTED:
             # The capacity itself is going away (the spot watcher served the notice
             # file): retrying here is pointless; the spot worker reschedules the run.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from spot_core.bounds import MAX_ATTEMPT, MAX_WAIT_SECONDS
 from spot_core.errors import CheckpointError, ConfigError, Preempted, SpotError
@@ -53,20 +53,30 @@ class AttemptEnv:
             cloud=env.get(CLOUD) or None,
             notice_file=env.get(NOTICE_FILE) or None,
             heartbeat_timeout=heartbeat_seconds(env.get(HEARTBEAT_TIMEOUT)),
-            checkpoint_interval=positive_seconds(env.get(CHECKPOINT_INTERVAL),
-                                                 CHECKPOINT_INTERVAL, example="600"),
+            checkpoint_interval=positive_seconds(
+                env.get(CHECKPOINT_INTERVAL), CHECKPOINT_INTERVAL, example="600"
+            ),
             heartbeat_uri=env.get(HEARTBEAT_URI) or None,
         )
 
     def to_environ(self) -> dict[str, str]:
-        pairs = {CHECKPOINT_URI: self.checkpoint_uri, JOB_ID: self.job_id,
-                 ATTEMPT: str(self.attempt), METADATA_ENDPOINT: self.metadata_endpoint,
-                 CLOUD: self.cloud, NOTICE_FILE: self.notice_file,
-                 HEARTBEAT_TIMEOUT: None if self.heartbeat_timeout is None
-                 else f"{self.heartbeat_timeout:g}",
-                 CHECKPOINT_INTERVAL: None if self.checkpoint_interval is None
-                 else f"{self.checkpoint_interval:.6g}", HEARTBEAT_URI: self.heartbeat_uri}
+        pairs = {
+            CHECKPOINT_URI: self.checkpoint_uri,
+            JOB_ID: self.job_id,
+            ATTEMPT: str(self.attempt),
+            METADATA_ENDPOINT: self.metadata_endpoint,
+            CLOUD: self.cloud,
+            NOTICE_FILE: self.notice_file,
+            HEARTBEAT_TIMEOUT: None
+            if self.heartbeat_timeout is None
+            else f"{self.heartbeat_timeout:g}",
+            CHECKPOINT_INTERVAL: None
+            if self.checkpoint_interval is None
+            else f"{self.checkpoint_interval:.6g}",
+            HEARTBEAT_URI: self.heartbeat_uri,
+        }
         return {k: v for k, v in pairs.items() if v is not None}
+
 
 # A step that saved its emergency checkpoint and stopped on a notice exits like a process
 # ended by SIGTERM (128 + 15), which is what a shell or an engine would report anyway.
@@ -91,8 +101,11 @@ def step_exit_code(exc: BaseException) -> int | None:
     store that stayed unreachable); None for anything else (the step's own error)."""
     if isinstance(exc, Preempted):
         return PREEMPTED_EXIT_CODE
-    if isinstance(exc, SpotError) and exc.retryable and (
-            isinstance(exc, CheckpointError) or exc.outcome == "infrastructure_failed"):
+    if (
+        isinstance(exc, SpotError)
+        and exc.retryable
+        and (isinstance(exc, CheckpointError) or exc.outcome == "infrastructure_failed")
+    ):
         return INFRASTRUCTURE_EXIT_CODE
     return None
 
@@ -103,12 +116,13 @@ def attempt_number(text: str | None) -> int:
     if text is None or not str(text).strip():
         return 1
     value = str(text).strip()
-    if value.isascii() and value.isdigit() and len(value) <= 7 \
-            and 1 <= int(value) <= MAX_ATTEMPT:
+    if value.isascii() and value.isdigit() and len(value) <= 7 and 1 <= int(value) <= MAX_ATTEMPT:
         return int(value)
-    raise ConfigError(f"{ATTEMPT}={str(text)[:40]!r} is not an attempt number from 1 to "
-                      f"{MAX_ATTEMPT:,}; spot-pipelines sets it for each attempt (unset it "
-                      "to run a step by hand as attempt 1)")
+    raise ConfigError(
+        f"{ATTEMPT}={str(text)[:40]!r} is not an attempt number from 1 to "
+        f"{MAX_ATTEMPT:,}; spot-pipelines sets it for each attempt (unset it "
+        "to run a step by hand as attempt 1)"
+    )
 
 
 def heartbeat_seconds(text: str | None) -> float | None:
@@ -126,7 +140,9 @@ def positive_seconds(text: str | None, variable: str, *, example: str) -> float 
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or not 0 < value <= MAX_WAIT_SECONDS:
-        raise ConfigError(f"{variable}={str(text)[:40]!r} is not a number of seconds > 0 "
-                          f"and at most {MAX_WAIT_SECONDS:g} (1d); set it like "
-                          f"{variable}={example} or unset it")
+        raise ConfigError(
+            f"{variable}={str(text)[:40]!r} is not a number of seconds > 0 "
+            f"and at most {MAX_WAIT_SECONDS:g} (1d); set it like "
+            f"{variable}={example} or unset it"
+        )
     return value

@@ -24,23 +24,32 @@ import asyncio
 import contextvars
 import time
 import weakref
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-WINDOW = 0.05     # seconds: calls this close together share a hop
-MAX_BATCH = 200   # calls per hop at most; a poll's calls beyond it go in further hops
+WINDOW = 0.05  # seconds: calls this close together share a hop
+MAX_BATCH = 200  # calls per hop at most; a poll's calls beyond it go in further hops
 SETTLE_EVERY = 0.5  # seconds: a slow chunk hands back its finished calls this often
 
-_Call = tuple[asyncio.Future, contextvars.Context, Callable[..., Any], tuple, dict]
+# (the caller's future, its context, fn, args, kwargs)
+_Call = tuple[
+    asyncio.Future[Any],
+    contextvars.Context,
+    Callable[..., Any],
+    tuple[Any, ...],
+    dict[str, Any],
+]
 
 
 class Batcher:
     """The batches of one event loop (``batcher_for``). ``hops``: thread hand-offs made;
     ``calls``: calls run through them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, window: float = WINDOW,
-                 max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, *, window: float = WINDOW, max_batch: int = MAX_BATCH
+    ) -> None:
         if max_batch < 1 or window < 0:
             raise ValueError(f"max_batch={max_batch!r} must be >= 1, window={window!r} >= 0")
         self._loop = loop
@@ -53,7 +62,7 @@ class Batcher:
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in a worker thread, batched with this loop's other calls."""
-        future = self._loop.create_future()
+        future: asyncio.Future[T] = self._loop.create_future()
         self._pending.append((future, contextvars.copy_context(), fn, args, kwargs))
         if self._flush_at is None:
             self._flush_at = self._loop.call_later(self.window, self._flush)
@@ -64,7 +73,7 @@ class Batcher:
         pending = [call for call in self._pending if not call[0].done()]  # done: cancelled
         self._pending = []
         for start in range(0, len(pending), self.max_batch):
-            chunk = pending[start:start + self.max_batch]
+            chunk = pending[start : start + self.max_batch]
             self.hops += 1
             self.calls += len(chunk)
             self._loop.run_in_executor(None, self._run_chunk, chunk)
@@ -73,7 +82,7 @@ class Batcher:
         """In the worker thread: every call of the chunk, then one wake-up of the loop.
         A chunk slowed by I/O (first heartbeats against a slow store) hands back what is
         done every ``SETTLE_EVERY`` seconds, so no caller waits for all the others."""
-        outcomes: list[tuple[asyncio.Future, bool, Any]] = []
+        outcomes: list[tuple[asyncio.Future[Any], bool, Any]] = []
         settled_at = time.monotonic()
         for future, context, fn, args, kwargs in chunk:
             try:
@@ -85,7 +94,7 @@ class Batcher:
                 outcomes, settled_at = [], time.monotonic()
         self._hand_back(outcomes)
 
-    def _hand_back(self, outcomes: list[tuple[asyncio.Future, bool, Any]]) -> None:
+    def _hand_back(self, outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
         if not outcomes:
             return
         try:
@@ -94,7 +103,7 @@ class Batcher:
             pass
 
 
-def _settle(outcomes: list[tuple[asyncio.Future, bool, Any]]) -> None:
+def _settle(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
     for future, ok, value in outcomes:
         if future.done():  # its caller was cancelled meanwhile
             continue
@@ -104,8 +113,9 @@ def _settle(outcomes: list[tuple[asyncio.Future, bool, Any]]) -> None:
             future.set_exception(value)
 
 
-_BATCHERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher]" = \
+_BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher] = (
     weakref.WeakKeyDictionary()
+)
 
 
 def batcher_for(loop: asyncio.AbstractEventLoop | None = None) -> Batcher:

@@ -11,19 +11,20 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from spot_core import __version__
 from spot_core.errors import SpotError
 
-COMMANDS = ("classify-pod", "demo", "report", "run", "simulate", "watch")
+COMMANDS = ("classify-pod", "demo", "providers", "report", "run", "simulate", "watch")
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the flag (exit 2), not a usage block;
     subcommand parsers inherit it (``add_subparsers`` builds them with this class)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -31,12 +32,15 @@ def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     """The parser with ``commands`` registered (each imports its module: all of them
     for ``--help``, only the one named on the command line otherwise)."""
     parser = _Parser(
-        prog="spot-pipelines",
-        description="Run ML pipeline steps on spot capacity, safely.")
+        prog="spot-pipelines", description="Run ML pipeline steps on spot capacity, safely."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default="WARNING",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="logging level for diagnostics on stderr (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level for diagnostics on stderr (default WARNING)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in commands:
         module = importlib.import_module(f"spot_core.commands.{name.replace('-', '_')}")
@@ -60,8 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_named_command(argv))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit

@@ -38,8 +38,8 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 from urllib.parse import unquote, urlparse
 
 from spot_core import attempt_env
@@ -47,17 +47,31 @@ from spot_core.errors import ConfigError
 
 DOCKER = "docker"
 # The AWS SDK's own variables, passed on by name when set (never their values).
-AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-           "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+AWS_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
 DOCKER_INFO_TIMEOUT_SECONDS = 10.0
 REMOVE_TIMEOUT_SECONDS = 60.0
 # What a watcher or an init may send the step; each goes on to the CLI, then the container.
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-                     signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 
 
-def wrap(image: str, command: Sequence[str], env_names: Sequence[str], *,
-         python: str = sys.executable) -> tuple[str, ...]:
+def wrap(
+    image: str, command: Sequence[str], env_names: Sequence[str], *, python: str = sys.executable
+) -> tuple[str, ...]:
     """The command a provider launches for ``image`` + ``command`` (runs this shim)."""
     check_image(image)
     names = [arg for name in sorted(set(env_names)) for arg in ("--env", name)]
@@ -68,22 +82,32 @@ def check_image(image: object) -> str:
     """Refuse what is not an image reference before it reaches ``docker run``: a leading
     '-' would be read as a flag (``-v/:/host``, ``--privileged``), whitespace or control
     characters as more words."""
-    if not isinstance(image, str) or not image or image.startswith("-") \
-            or any(c.isspace() or not c.isprintable() for c in image):
+    if (
+        not isinstance(image, str)
+        or not image
+        or image.startswith("-")
+        or any(c.isspace() or not c.isprintable() for c in image)
+    ):
         shown = image if isinstance(image, str) and image.isprintable() else repr(image)
-        raise ConfigError(f"container image {shown[:100]!r} is not an image reference (empty, "
-                          "a leading '-', whitespace or control characters); pass one like "
-                          "'ghcr.io/acme/train:1.4'")
+        raise ConfigError(
+            f"container image {shown[:100]!r} is not an image reference (empty, "
+            "a leading '-', whitespace or control characters); pass one like "
+            "'ghcr.io/acme/train:1.4'"
+        )
     return image
 
 
-def docker_argv(image: str, command: Sequence[str], environ: Mapping[str, str],
-                env_names: Sequence[str] = (), name: str | None = None) -> list[str]:
+def docker_argv(
+    image: str,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    env_names: Sequence[str] = (),
+    name: str | None = None,
+) -> list[str]:
     """``docker run`` for one attempt, as container ``name``; values stay in ``environ``,
     never on the line."""
     check_image(image)
-    names = sorted({n for n in environ if n.startswith("SPOT_") or n in AWS_ENV}
-                   | set(env_names))
+    names = sorted({n for n in environ if n.startswith("SPOT_") or n in AWS_ENV} | set(env_names))
     argv = [DOCKER, "run", "--name", name or container_name(), "--init", "--network", "host"]
     for name in names:
         argv += ["-e", name]
@@ -108,11 +132,15 @@ def run_container(argv: Sequence[str], name: str) -> int:
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     try:  # also stops it, should the CLI have died before the container
-        subprocess.run([DOCKER, "rm", "--force", name], capture_output=True,
-                       timeout=REMOVE_TIMEOUT_SECONDS)
+        subprocess.run(
+            [DOCKER, "rm", "--force", name], capture_output=True, timeout=REMOVE_TIMEOUT_SECONDS
+        )
     except subprocess.TimeoutExpired:
-        print(f"spot-pipelines: 'docker rm {name}' did not answer in "
-              f"{REMOVE_TIMEOUT_SECONDS:g} s; the container may be left", file=sys.stderr)
+        print(
+            f"spot-pipelines: 'docker rm {name}' did not answer in "
+            f"{REMOVE_TIMEOUT_SECONDS:g} s; the container may be left",
+            file=sys.stderr,
+        )
     return code if code >= 0 else 128 - code
 
 
@@ -141,26 +169,41 @@ def _store_folder(environ: Mapping[str, str]) -> str | None:
 def require_engine(timeout: float = DOCKER_INFO_TIMEOUT_SECONDS) -> None:
     """Raise a one-line ConfigError unless a Docker engine answers on this machine."""
     if shutil.which(DOCKER) is None:
-        raise ConfigError("image= needs Docker on the machine that runs the step, and no "
-                          "'docker' is on PATH; install Docker or drop image= and run a command")
+        raise ConfigError(
+            "image= needs Docker on the machine that runs the step, and no "
+            "'docker' is on PATH; install Docker or drop image= and run a command"
+        )
     try:
-        done = subprocess.run([DOCKER, "info", "--format", "{{.ServerVersion}}"],
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [DOCKER, "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"image= needs a Docker engine, and 'docker info' did not answer in "
-                          f"{timeout:g} s; start the engine or drop image=") from None
+        raise ConfigError(
+            f"image= needs a Docker engine, and 'docker info' did not answer in "
+            f"{timeout:g} s; start the engine or drop image="
+        ) from None
     if done.returncode != 0:
         reason = (done.stderr or done.stdout).strip().splitlines()
-        raise ConfigError("image= needs a Docker engine, and 'docker info' failed ("
-                          f"{reason[-1] if reason else 'no output'}); start the engine or "
-                          "drop image=")
+        raise ConfigError(
+            "image= needs a Docker engine, and 'docker info' failed ("
+            f"{reason[-1] if reason else 'no output'}); start the engine or "
+            "drop image="
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spot_core.container")
     parser.add_argument("--image", required=True)
-    parser.add_argument("--env", action="append", default=[], metavar="NAME",
-                        help="pass this variable of the environment into the container")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="pass this variable of the environment into the container",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -170,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         parser.error(str(exc))  # one line, exit 2
     if shutil.which(DOCKER) is None:
-        print("spot-pipelines: no 'docker' on PATH; the image's step cannot start",
-              file=sys.stderr)
+        print("spot-pipelines: no 'docker' on PATH; the image's step cannot start", file=sys.stderr)
         return 127
     return run_container(argv_, name)
 

@@ -28,24 +28,45 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from spot_core import stopping
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, HEARTBEAT_URI, INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import CheckpointStore, open_store
-from spot_core.checkpoint.heartbeat import Heartbeat, driver_beat, live_holder
+from spot_core.checkpoint.heartbeat import DriverBeat, Heartbeat, driver_beat, live_holder
 from spot_core.errors import ConfigError, DriverConflict, SpotError
-from spot_core.model import Attempt, JobRecord, JobStatus, Lease, Market, Outcome, Pool
+from spot_core.market.base import Market as PriceMarket
+from spot_core.model import (
+    Attempt,
+    CheckpointRef,
+    JobRecord,
+    JobStatus,
+    Lease,
+    Market,
+    Outcome,
+    Pool,
+)
 from spot_core.observer import SharedObserver, wait_timeout
-from spot_core.policy.checkpoint_interval import (CheckpointBounds, mean_save_seconds,
-                                                  pool_checkpoint_interval)
-from spot_core.policy.deadline_live import DeadlineWork
-from spot_core.policy.deadline_planner import DeadlinePlan, check_deadline_policy, plan_job
+from spot_core.policy.checkpoint_interval import (
+    CheckpointBounds,
+    mean_save_seconds,
+    pool_checkpoint_interval,
+)
+from spot_core.policy.deadline.live import DeadlineWork
+from spot_core.policy.deadline.planner import DeadlinePlan, check_deadline_policy, plan_job
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
-from spot_core.providers.base import (Bill, LaunchSpec, LeaseState, LeaseStatus, Observation,
-                                      Provider)
-from spot_core.settings import default
+from spot_core.providers.base import (
+    Bill,
+    Capability,
+    LaunchSpec,
+    LeaseState,
+    LeaseStatus,
+    Observation,
+    Provider,
+)
+from spot_core.settings import SpotSettings
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +82,19 @@ class JobSpec:
     command: tuple[str, ...]
     checkpoint_uri: str
     pools: tuple[Pool, ...]
-    deadline: float | None = None
+    # The job's deadline, a wall-clock POSIX time (``SpotSettings.deadline_spec``).
+    deadline_at: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     # What a deadline-bound job needs, in capacity seconds, so the policy can tell when
     # spot no longer fits before the deadline; progress comes from checkpoint steps.
-    work_seconds: float | None = None
+    work_capacity_seconds: float | None = None
     total_steps: int | None = None
-    restart_overhead_seconds: float = 300.0
+    restart_overhead_capacity_seconds: float = SpotSettings.restart_overhead_capacity_seconds
     # Run ``command`` in this container image (see ``spot_core.container``).
     image: str | None = None
-    # A deadline policy by name (``spot_core.policy.deadline_policies``: greedy,
+    # A deadline policy by name (``spot_core.policy.deadline.policies``: greedy,
     # uniform-progress, default, ...) that decides spot / on-demand / wait between attempts
-    # on a trace market (see ``spot_core.policy.deadline_planner``); None: only the safety
+    # on a trace market (see ``spot_core.policy.deadline.planner``); None: only the safety
     # net (go on-demand once the work and two restarts no longer fit), as on EC2.
     deadline_policy: str | None = None
 
@@ -80,9 +102,11 @@ class JobSpec:
         if self.deadline_policy is None:
             return
         check_deadline_policy(self.deadline_policy)
-        if self.deadline is None or self.work_seconds is None:
-            raise ConfigError(f"deadline policy {self.deadline_policy!r} needs the job's "
-                              "deadline and work_seconds (--deadline and --work)")
+        if self.deadline_at is None or self.work_capacity_seconds is None:
+            raise ConfigError(
+                f"deadline policy {self.deadline_policy!r} needs the job's "
+                "deadline and work (--deadline and --work)"
+            )
 
     def candidate_pools(self) -> tuple[Pool, ...]:
         """The spot pools and their on-demand counterparts, without duplicates."""
@@ -101,7 +125,7 @@ class Next:
 
     ``finished``: the job settled (``record.status`` says how). ``sleep``: call
     ``advance`` again at ``until``. ``watch``: the attempt runs on ``lease``; call
-    ``check`` every ``poll_interval`` (its bound is ``until``, the attempt's time limit).
+    ``check`` every ``poll_interval_seconds`` (its bound is ``until``, the attempt's time limit).
     ``ended``: the watched attempt just closed (``record.attempts[-1]`` says how); call
     ``advance`` for what comes next.
     """
@@ -112,50 +136,78 @@ class Next:
     lease: Lease | None = None
     reason: str = ""
     failing_since: float | None = None  # watch: start of a run of failed observations
-    notice_at: float | None = None      # watch: first interruption notice seen
+    notice_at: float | None = None  # watch: first interruption notice seen
 
     @property
     def last_attempt(self) -> Attempt | None:
         return self.record.attempts[-1] if self.record.attempts else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able, so a driver can carry it across processes (a trigger's kwargs)."""
-        return {"action": self.action, "record": self.record.to_dict(), "until": self.until,
-                "lease": None if self.lease is None else self.lease.to_dict(),
-                "reason": self.reason, "failing_since": self.failing_since,
-                "notice_at": self.notice_at}
+        return {
+            "action": self.action,
+            "record": self.record.to_dict(),
+            "until": self.until,
+            "lease": None if self.lease is None else self.lease.to_dict(),
+            "reason": self.reason,
+            "failing_since": self.failing_since,
+            "notice_at": self.notice_at,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Next":
+    def from_dict(cls, data: Mapping[str, Any]) -> Next:
         """``to_dict()``'s output back; anything else is one ConfigError (a trigger's kwargs
         or event read back can be truncated or forged)."""
         try:
             if data.get("action") not in NEXT_ACTIONS:
-                raise ValueError(f"action={data.get('action')!r} is not one of "
-                                 f"{', '.join(NEXT_ACTIONS)}")
+                raise ValueError(
+                    f"action={data.get('action')!r} is not one of {', '.join(NEXT_ACTIONS)}"
+                )
             times = {name: data.get(name) for name in ("until", "failing_since", "notice_at")}
             for name, value in times.items():
-                if value is not None and (isinstance(value, bool) or not isinstance(
-                        value, (int, float)) or not math.isfinite(value)):
+                if value is not None and (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                ):
                     raise ValueError(f"{name}={value!r} is not a finite time")
             lease = data.get("lease")
             record = JobRecord.from_dict(data["record"])
-            return cls(action=data["action"], record=record,
-                       until=float(times["until"] or 0.0),
-                       lease=None if lease is None else Lease.from_dict(lease),
-                       reason=str(data.get("reason") or ""),
-                       failing_since=times["failing_since"], notice_at=times["notice_at"])
+            return cls(
+                action=data["action"],
+                record=record,
+                until=float(times["until"] or 0.0),
+                lease=None if lease is None else Lease.from_dict(lease),
+                reason=str(data.get("reason") or ""),
+                failing_since=times["failing_since"],
+                notice_at=times["notice_at"],
+            )
         except ConfigError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"the controller's Next is malformed ({type(exc).__name__}: "
-                              f"{exc}); it was not written by spot-pipelines") from None
+            raise ConfigError(
+                f"the controller's Next is malformed ({type(exc).__name__}: "
+                f"{exc}); it was not written by spot-pipelines"
+            ) from None
 
 
-def provider_stores(provider) -> Callable[[str], CheckpointStore]:
+@runtime_checkable
+class _OpensStores(Protocol):
+    """The optional method of a provider that declares ``Capability.OWN_STORES``."""
+
+    def open_store(self, uri: str) -> CheckpointStore: ...
+
+
+def provider_stores(provider: Provider) -> Callable[[str], CheckpointStore]:
     """How a job's store is opened: the provider's own opener (its credentials and
-    clients), else ``open_store``."""
-    return getattr(provider, "open_store", None) or open_store
+    clients) when it declares ``OWN_STORES``, else ``open_store``."""
+    if Capability.OWN_STORES not in provider.capabilities:
+        return open_store
+    if not isinstance(provider, _OpensStores):
+        raise AttributeError(
+            f"the {provider.name} provider declares OWN_STORES but has no open_store method"
+        )
+    return provider.open_store
 
 
 def classify(status: LeaseStatus) -> Outcome:
@@ -177,65 +229,66 @@ def classify(status: LeaseStatus) -> Outcome:
 class Controller:
     """Runs one job's attempts under a provider, a market and a retry policy.
 
-    ``poll_interval``: seconds between observations in ``run`` (drivers that watch
-    elsewhere choose their own). ``attempt_timeout``: the longest one attempt may run.
-    ``heartbeat_timeout``: how long a lease outlives a driver that stopped renewing its
-    heartbeat (passed to the node's watcher; None: never). ``heartbeat_uri``: a store
+    Its bounds are the settings model's knobs (``SpotSettings.controller_options()`` gives
+    them all; each default here is the model's): ``poll_interval_seconds`` between
+    observations in ``run`` (drivers that watch elsewhere choose their own);
+    ``attempt_timeout_seconds``, the longest one attempt may run;
+    ``heartbeat_timeout_seconds``, how long a lease outlives a driver that stopped renewing
+    its heartbeat (passed to the node's watcher; None: never); ``heartbeat_uri``, a store
     every node can read where this process keeps one heartbeat for all the jobs it
-    watches (``spot_core.checkpoint.heartbeat.DriverBeat``; None: one per job, in its
-    own store). ``take_over``: launch even though another driver process renewed the
-    job's heartbeat within its timeout (otherwise ``DriverConflict``: one live driver per
-    job). ``observe_failure_timeout``:
-    how long observing a lease may keep failing before the attempt ends as
-    ``infrastructure_failed`` (its lease is still terminated). ``stores``: opens a job's
-    checkpoint store by URI; by default the provider's ``open_store`` (it reaches the
-    store with the provider's own credentials) if it has one, else ``open_store`` with
-    boto3's default chain.
+    watches (``spot_core.checkpoint.heartbeat.DriverBeat``; None: one per job, in its own
+    store); ``take_over``: launch even though another driver process renewed the job's
+    heartbeat within its timeout (otherwise ``DriverConflict``: one live driver per job);
+    ``observe_failure_timeout_seconds``, how long observing a lease may keep failing
+    before the attempt ends as ``infrastructure_failed`` (its lease is still terminated);
+    ``checkpoint_*_seconds``, what shapes each attempt's checkpoint interval.
+    ``stores``: opens a job's checkpoint store by URI; by default the provider's
+    ``open_store`` (it reaches the store with the provider's own credentials) if it
+    declares ``Capability.OPENS_STORES``, else ``open_store`` with boto3's default chain.
     """
 
-    def __init__(self, provider: Provider, market, policy: RetryPolicy = RetryPolicy(), *,
-                 persist: Persist | None = None, listener: Listener | None = None,
-                 stores: Callable[[str], CheckpointStore] | None = None,
-                 clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = stopping.sleep,
-                 poll_interval: float = default("poll_interval"),
-                 attempt_timeout: float = default("attempt_timeout"),
-                 heartbeat_timeout: float | None = default("heartbeat_timeout"),
-                 heartbeat_uri: str | None = default("heartbeat_uri"),
-                 observe_failure_timeout: float = default("observe_failure_timeout"),
-                 checkpoint_cost: float = default("checkpoint_cost"),
-                 checkpoint_interval_min: float = default("checkpoint_interval_min"),
-                 checkpoint_interval_max: float = default("checkpoint_interval_max"),
-                 take_over: bool = default("take_over")) -> None:
-        for name, value in (("poll_interval", poll_interval), ("attempt_timeout", attempt_timeout),
-                            ("observe_failure_timeout", observe_failure_timeout),
-                            ("heartbeat_timeout", heartbeat_timeout),
-                            ("checkpoint_cost", checkpoint_cost),
-                            ("checkpoint_interval_min", checkpoint_interval_min),
-                            ("checkpoint_interval_max", checkpoint_interval_max)):
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
-        if checkpoint_interval_min > checkpoint_interval_max:
-            raise ConfigError(f"checkpoint_interval_min ({checkpoint_interval_min:g} s) exceeds "
-                              f"checkpoint_interval_max ({checkpoint_interval_max:g} s); lower "
-                              "the minimum or raise the maximum")
+    def __init__(
+        self,
+        provider: Provider,
+        market: PriceMarket | None,
+        policy: RetryPolicy = RetryPolicy(),
+        *,
+        persist: Persist | None = None,
+        listener: Listener | None = None,
+        stores: Callable[[str], CheckpointStore] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = stopping.sleep,
+        poll_interval_seconds: float = SpotSettings.poll_interval_seconds,
+        attempt_timeout_seconds: float = SpotSettings.attempt_timeout_seconds,
+        heartbeat_timeout_seconds: float | None = SpotSettings.heartbeat_timeout_seconds,
+        heartbeat_uri: str | None = SpotSettings.heartbeat_uri,
+        observe_failure_timeout_seconds: float = (SpotSettings.observe_failure_timeout_seconds),
+        checkpoint_cost_seconds: float = SpotSettings.checkpoint_cost_seconds,
+        checkpoint_interval_min_seconds: float = (SpotSettings.checkpoint_interval_min_seconds),
+        checkpoint_interval_max_seconds: float = (SpotSettings.checkpoint_interval_max_seconds),
+        take_over: bool = SpotSettings.take_over,
+    ) -> None:
+        self.checkpoint_bounds = CheckpointBounds(
+            checkpoint_cost_seconds,
+            checkpoint_interval_min_seconds,
+            checkpoint_interval_max_seconds,
+        )
         self.provider = provider
         self.market = market
         self.policy = policy
         self.stores = stores or provider_stores(provider)
-        self.poll_interval = poll_interval
-        self.attempt_timeout = attempt_timeout
-        self.heartbeat_timeout = heartbeat_timeout
+        self.poll_interval_seconds = poll_interval_seconds
+        self.attempt_timeout_seconds = attempt_timeout_seconds
+        self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
         self.heartbeat_uri = heartbeat_uri
         self.take_over = bool(take_over)
-        self.observe_failure_timeout = observe_failure_timeout
-        self.checkpoint_bounds = CheckpointBounds(checkpoint_cost, checkpoint_interval_min,
-                                                  checkpoint_interval_max)
+        self.observe_failure_timeout_seconds = observe_failure_timeout_seconds
         self._persist = persist or (lambda record: None)
         self._listener = listener or (lambda kind, record, detail: None)
         self._clock = clock
         self._sleep = sleep
-        self._plans: dict[tuple, DeadlinePlan | None] = {}
+        # (job id, created at, deadline at, policy) -> the job's plan
+        self._plans: dict[tuple[str, float, float, str], DeadlinePlan | None] = {}
         self._beats: dict[str, float] = {}  # job id -> when this process last renewed
         self._heartbeats: dict[tuple[str, str], Heartbeat] = {}  # (job id, store) -> writer
         self._pointed: dict[str, int] = {}  # job id -> attempt its pointer names (heartbeat_uri)
@@ -257,12 +310,21 @@ class Controller:
             self._last_saved[record.job_id] = record
 
     def new_record(self, spec: JobSpec) -> JobRecord:
-        return JobRecord(job_id=spec.job_id, created_at=self._clock(), deadline=spec.deadline,
-                         checkpoint_uri=spec.checkpoint_uri)
+        return JobRecord(
+            job_id=spec.job_id,
+            created_at=self._clock(),
+            deadline_at=spec.deadline_at,
+            checkpoint_uri=spec.checkpoint_uri,
+        )
 
     # -- the synchronous driver -------------------------------------------------------------
-    def run(self, spec: JobSpec, record: JobRecord | None = None, *,
-            observer: SharedObserver | None = None) -> JobRecord:
+    def run(
+        self,
+        spec: JobSpec,
+        record: JobRecord | None = None,
+        *,
+        observer: SharedObserver | None = None,
+    ) -> JobRecord:
         """Drive the job to a final status in this process (``spot-pipelines run``, the
         Prefect task runner).
 
@@ -294,7 +356,7 @@ class Controller:
         if nxt.action == "watch":
             if observer is not None:
                 return self._watch_shared(spec, nxt, observer)
-            self._sleep(self.poll_interval)
+            self._sleep(self.poll_interval_seconds)
             return self.check(spec, nxt)
         return self.advance(spec, nxt.record)  # ended
 
@@ -302,12 +364,18 @@ class Controller:
         """Check the watched lease on each of the shared observer's polls until its
         attempt ends (the waits are bounded: a stalled describe is a retryable error)."""
         lease = nxt.lease
-        with observer.watching(lease, self.poll_interval):
+        if lease is None:
+            raise ValueError(
+                f"_watch_shared() needs a Next that watches a lease, got {nxt.action!r}"
+            )
+        with observer.watching(lease, self.poll_interval_seconds):
             after = time.time()  # the observer's clock: its observations are POSIX time
             while nxt.action == "watch":
-                observed = observer.wait(lease.lease_id, after, wait_timeout(self.poll_interval))
+                observed = observer.wait(
+                    lease.lease_id, after, wait_timeout(self.poll_interval_seconds)
+                )
                 nxt = self.check(spec, nxt, observed=observed)
-                after = observed.at + self.poll_interval / 2  # the next poll's
+                after = observed.at + self.poll_interval_seconds / 2  # the next poll's
         return nxt
 
     # -- the resumable API --------------------------------------------------------------------
@@ -330,18 +398,30 @@ class Controller:
                 return Next("finished", settled, reason=decision.reason)
             if decision.action == "wait":
                 self._listener("wait", record, decision.reason)
-                return Next("sleep", record, until=now + decision.wait_seconds,
-                            reason=decision.reason)
+                return Next(
+                    "sleep", record, until=now + decision.wait_seconds, reason=decision.reason
+                )
             record, lease = self._start_attempt(spec, record, decision, now)
             if lease is not None:
-                return Next("watch", record, until=self._end_by(lease), lease=lease,
-                            reason=decision.reason)
+                return Next(
+                    "watch", record, until=self._end_by(lease), lease=lease, reason=decision.reason
+                )
             now = self._clock()
-        return Next("sleep", record, until=now + self.policy.capacity_wait_seconds,
-                    reason="no pool had capacity in this round")
+        return Next(
+            "sleep",
+            record,
+            until=now + self.policy.capacity_wait_seconds,
+            reason="no pool had capacity in this round",
+        )
 
-    def check(self, spec: JobSpec, watch: Next, now: float | None = None, *,
-              observed: Observation | None = None) -> Next:
+    def check(
+        self,
+        spec: JobSpec,
+        watch: Next,
+        now: float | None = None,
+        *,
+        observed: Observation | None = None,
+    ) -> Next:
         """Observe the watched lease once; the same ``watch`` (updated) or ``ended``.
 
         ``observed``: the lease as a shared observer (``spot_core.observer``) already saw
@@ -352,15 +432,22 @@ class Controller:
         if watch.action != "watch" or lease is None:
             raise ValueError(f"check() needs a Next that watches a lease, got {watch.action!r}")
         if observed is not None and observed.lease_id != lease.lease_id:
-            raise ValueError(f"check(): observation of lease {observed.lease_id} for the "
-                             f"watch of lease {lease.lease_id}")
+            raise ValueError(
+                f"check(): observation of lease {observed.lease_id} for the "
+                f"watch of lease {lease.lease_id}"
+            )
         self._renew_heartbeat(spec, lease, now)
         try:
-            status = (self.provider.observe([lease]).get(lease.lease_id) if observed is None
-                      else observed.result())
+            status = (
+                self.provider.observe([lease]).get(lease.lease_id)
+                if observed is None
+                else observed.result()
+            )
             if status is None:
-                raise SpotError(f"the {self.provider.name} provider does not know lease "
-                                f"{lease.lease_id}", retryable=True)
+                raise SpotError(
+                    f"the {self.provider.name} provider does not know lease {lease.lease_id}",
+                    retryable=True,
+                )
         except Exception as exc:  # noqa: BLE001 - read as data: retryable or not
             return self._observe_failed(spec, watch, exc, now)
         if status.ended:
@@ -368,21 +455,31 @@ class Controller:
                 status = dataclasses.replace(status, notice_at=watch.notice_at)
             return self._ended(spec, record, lease, status, now)
         if now >= watch.until:
-            return self._ended(spec, record, lease, _stopped(
-                now, f"stopped: the attempt's time limit ({self.attempt_timeout:g} s) passed"), now)
-        if record.deadline is not None and now >= record.deadline:
-            return self._ended(spec, record, lease, _stopped(
-                now, "stopped: the job's deadline passed"), now)
+            return self._ended(
+                spec,
+                record,
+                lease,
+                _stopped(
+                    now,
+                    "stopped: the attempt's time limit "
+                    f"({self.attempt_timeout_seconds:g} s) passed",
+                ),
+                now,
+            )
+        if record.deadline_at is not None and now >= record.deadline_at:
+            return self._ended(
+                spec, record, lease, _stopped(now, "stopped: the job's deadline passed"), now
+            )
         notice_at = watch.notice_at if watch.notice_at is not None else status.notice_at
         if notice_at is not None and watch.notice_at is None:
             self._listener("notice", record, f"interruption notice on {lease.pool.key}")
         watch = dataclasses.replace(watch, failing_since=None, notice_at=notice_at)
         if notice_at is None:
-            return self._maybe_drain(spec, watch, now)
+            return self._maybe_drain(spec, watch, lease, now)
         return watch
 
     # -- voluntary drain: a move mid-run -------------------------------------------------------
-    def _maybe_drain(self, spec: JobSpec, watch: Next, now: float) -> Next:
+    def _maybe_drain(self, spec: JobSpec, watch: Next, lease: Lease, now: float) -> Next:
         """Move a running attempt when the policy says the move pays.
 
         At most once per market tick (or ``capacity_wait``), the job's policy is asked what
@@ -395,8 +492,13 @@ class Controller:
         emergency checkpoint and stops, and the attempt closes as ``drained`` (no budget
         spent)."""
         running = watch.record.current_attempt
-        if (running is None or running.drain_requested_at is not None
-                or now - self._drain_looks.get(spec.job_id, -math.inf) < self._drain_every()):
+        if self.market is None:  # an in-place step's: nowhere else to move it
+            return watch
+        if (
+            running is None
+            or running.drain_requested_at is not None
+            or now - self._drain_looks.get(spec.job_id, -math.inf) < self._drain_every()
+        ):
             return watch
         self._drain_looks[spec.job_id] = now
         try:
@@ -408,32 +510,44 @@ class Controller:
                 record = record.with_checkpoint(latest)
             decision = self.decide(spec, record, now)
         except Exception as exc:  # noqa: BLE001 - a missed look costs savings, not the job
-            log.warning("job %s: could not look for a better place to run (%s)",
-                        spec.job_id, exc)
+            log.warning("job %s: could not look for a better place to run (%s)", spec.job_id, exc)
             return watch
         if not decision.move:
             return watch
-        record = self._save(record.with_running(drain_requested_at=now), "draining",
-                            decision.reason)
-        self._terminate(watch.lease)
+        record = self._save(
+            record.with_running(drain_requested_at=now), "draining", decision.reason
+        )
+        self._terminate(lease)
         return dataclasses.replace(watch, record=record)
 
     def _drain_every(self) -> float:
         """Seconds between looks: one market tick in wall time, at most ``capacity_wait``."""
-        tick = getattr(self.market, "tick_seconds", None)
-        scale = getattr(self.market, "time_scale", 1.0) or 1.0
+        market = self._priced()
+        tick = market.tick_seconds
         every = self.policy.capacity_wait_seconds
-        return min(every, tick / scale) if tick else every
+        return min(every, tick / market.time_scale) if tick else every
 
-    def on_lease_end(self, spec: JobSpec, record: JobRecord, status: LeaseStatus,
-                     now: float | None = None) -> JobRecord:
+    def _priced(self) -> PriceMarket:
+        """The market that prices the job's pools; an in-place step's controller has none
+        (it only opens and closes attempts on capacity the engine runs)."""
+        if self.market is None:
+            raise ConfigError(
+                "this controller has no market (an in-place step's): it cannot decide "
+                "where the job runs; pass the provider's market"
+            )
+        return self.market
+
+    def on_lease_end(
+        self, spec: JobSpec, record: JobRecord, status: LeaseStatus, now: float | None = None
+    ) -> JobRecord:
         """Close the running attempt whose lease ended as ``status`` (observed elsewhere)."""
         now = self._clock() if now is None else now
         lease = self._running_lease(record)
         return self._ended(spec, record, lease, status, now).record
 
-    def stop(self, spec: JobSpec, record: JobRecord, reason: str,
-             now: float | None = None) -> JobRecord:
+    def stop(
+        self, spec: JobSpec, record: JobRecord, reason: str, now: float | None = None
+    ) -> JobRecord:
         """The driver was told to stop (killed, cancelled, marked failed): terminate the
         running attempt's lease and close the attempt. A record with none is returned as is."""
         if record.current_attempt is None:
@@ -441,15 +555,22 @@ class Controller:
         now = self._clock() if now is None else now
         return self.on_lease_end(spec, record, _stopped(now, reason), now)
 
-    def cancel(self, spec: JobSpec, record: JobRecord, reason: str,
-               now: float | None = None) -> JobRecord:
+    def cancel(
+        self, spec: JobSpec, record: JobRecord, reason: str, now: float | None = None
+    ) -> JobRecord:
         """The user cancelled the job (a cancelled flow run): stop its running attempt and
         settle the record as failed, with ``reason`` on the last attempt."""
         record = self.stop(spec, record, reason, now)
         return self._save(record.with_status(JobStatus.FAILED), "cancelled", reason)
 
-    def adopt(self, spec: JobSpec, record: JobRecord, lease_for: Callable[[int, float], Lease],
-              now: float | None = None, attempt: int | None = None) -> tuple[JobRecord, Lease]:
+    def adopt(
+        self,
+        spec: JobSpec,
+        record: JobRecord,
+        lease_for: Callable[[int, float], Lease],
+        now: float | None = None,
+        attempt: int | None = None,
+    ) -> tuple[JobRecord, Lease]:
         """Open an attempt on capacity the driver already runs on (``@task.spot``,
         ``spot_task``): close one a vanished earlier run left open, fence the store, and
         record the new attempt on the lease ``lease_for(number, now)`` describes. Its end is
@@ -461,29 +582,43 @@ class Controller:
         fence, so the launcher's next attempt is not pushed up."""
         now = self._clock() if now is None else now
         if record.current_attempt is not None:  # the earlier worker vanished mid-call
-            record = self.on_lease_end(spec, record, LeaseStatus(
-                LeaseState.RECLAIMED, ended_at=now, notice_at=now,
-                message="the worker vanished without a report (killed or reclaimed)"), now)
+            record = self.on_lease_end(
+                spec,
+                record,
+                LeaseStatus(
+                    LeaseState.RECLAIMED,
+                    ended_at=now,
+                    notice_at=now,
+                    message="the worker vanished without a report (killed or reclaimed)",
+                ),
+                now,
+            )
         store = self.stores(spec.checkpoint_uri)
         floor = store.fence_level() + 1 if attempt is None else attempt
         number = max(record.next_attempt_number, floor)
         store.fence(number)
         start_ref = store.latest()
         lease = lease_for(number, now)
-        attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
-                          lease_id=lease.lease_id, lease=lease.to_dict(),
-                          checkpoint_step_start=None if start_ref is None else start_ref.step)
+        opened = Attempt(
+            number=number,
+            pool=lease.pool,
+            started_at=lease.started_at,
+            lease_id=lease.lease_id,
+            lease=lease.to_dict(),
+            checkpoint_step_start=None if start_ref is None else start_ref.step,
+        )
         if start_ref is not None:
             record = record.with_checkpoint(start_ref)
-        return self._save(record.start_attempt(attempt), "launched", "in place"), lease
+        return self._save(record.start_attempt(opened), "launched", "in place"), lease
 
     # -- deciding ----------------------------------------------------------------------------
     def decide(self, spec: JobSpec, record: JobRecord, now: float | None = None) -> Decision:
         """Observe the market and ask the policy what the job does next (no side effect)."""
         now = self._clock() if now is None else now
-        offers = self.market.offers(spec.candidate_pools(), now)
-        decision = decide_next(record, offers, self.policy, now=now,
-                               work=self._deadline_work(spec, record))
+        offers = self._priced().offers(spec.candidate_pools(), now)
+        decision = decide_next(
+            record, offers, self.policy, now=now, work=self._deadline_work(spec, record)
+        )
         plan = self._deadline_plan(spec, record)
         if plan is None:
             return decision
@@ -491,48 +626,63 @@ class Controller:
 
     def _deadline_plan(self, spec: JobSpec, record: JobRecord) -> DeadlinePlan | None:
         """The job's window planned once by its deadline policy (trace markets only)."""
-        if spec.deadline_policy is None or record.deadline is None or spec.work_seconds is None:
+        if (
+            spec.deadline_policy is None
+            or record.deadline_at is None
+            or spec.work_capacity_seconds is None
+        ):
             return None
-        key = (spec.job_id, record.created_at, record.deadline, spec.deadline_policy)
+        key = (spec.job_id, record.created_at, record.deadline_at, spec.deadline_policy)
         if key not in self._plans:
-            plan = plan_job(self.market, policy=spec.deadline_policy, pools=spec.pools,
-                            created_at=record.created_at, deadline=record.deadline,
-                            work_seconds=spec.work_seconds,
-                            restart_overhead_seconds=spec.restart_overhead_seconds,
-                            total_steps=spec.total_steps)
+            plan = plan_job(
+                self.market,
+                policy=spec.deadline_policy,
+                pools=spec.pools,
+                created_at=record.created_at,
+                deadline_at=record.deadline_at,
+                work_capacity_seconds=spec.work_capacity_seconds,
+                restart_overhead_capacity_seconds=(spec.restart_overhead_capacity_seconds),
+                total_steps=spec.total_steps,
+            )
             if plan is None:
-                log.info("job %s: deadline policy %s does not apply here (no trace market or "
-                         "no room); the safety net alone decides", spec.job_id,
-                         spec.deadline_policy)
+                log.info(
+                    "job %s: deadline policy %s does not apply here (no trace market or "
+                    "no room); the safety net alone decides",
+                    spec.job_id,
+                    spec.deadline_policy,
+                )
             self._plans[key] = plan
         return self._plans[key]
 
     def _deadline_work(self, spec: JobSpec, record: JobRecord) -> DeadlineWork | None:
         """Work left and restart overhead in wall seconds, for a job with a deadline."""
-        if record.deadline is None or spec.work_seconds is None:
+        if record.deadline_at is None or spec.work_capacity_seconds is None:
             return None
         done = 0.0
         if spec.total_steps and record.latest_checkpoint is not None:
             done = min(1.0, record.latest_checkpoint.step / spec.total_steps)
         scale = self.provider.capacity_seconds(1.0)  # capacity seconds per wall second
-        tick = getattr(self.market, "tick_seconds", 60.0)
-        return DeadlineWork(work_left_seconds=spec.work_seconds * (1.0 - done) / scale,
-                            restart_overhead_seconds=spec.restart_overhead_seconds / scale,
-                            tick_seconds=tick / scale)
+        tick = self._priced().tick_seconds or 60.0
+        return DeadlineWork(
+            work_left_seconds=spec.work_capacity_seconds * (1.0 - done) / scale,
+            restart_overhead_seconds=spec.restart_overhead_capacity_seconds / scale,
+            tick_seconds=tick / scale,
+        )
 
     def _settle(self, record: JobRecord, decision: Decision, now: float) -> JobRecord | None:
         """The final record if ``decision`` ends the job, else None."""
         if decision.action == "done":
             return self._save(record.with_status(JobStatus.SUCCEEDED), "done", decision.reason)
         if decision.action == "fail":
-            missed = record.deadline is not None and now >= record.deadline
+            missed = record.deadline_at is not None and now >= record.deadline_at
             status = JobStatus.DEADLINE_MISSED if missed else JobStatus.FAILED
             return self._save(record.with_status(status), "failed", decision.reason)
         return None
 
     # -- launching ---------------------------------------------------------------------------
-    def _start_attempt(self, spec: JobSpec, record: JobRecord, decision: Decision,
-                       now: float) -> tuple[JobRecord, Lease | None]:
+    def _start_attempt(
+        self, spec: JobSpec, record: JobRecord, decision: Decision, now: float
+    ) -> tuple[JobRecord, Lease | None]:
         """Fence the store above every attempt it has seen, launch in the first ranked pool
         with capacity, and record the attempt (or a ``capacity_unavailable`` one)."""
         store = self.stores(spec.checkpoint_uri)
@@ -544,19 +694,29 @@ class Controller:
         store.fence(number)
         start_ref = store.latest()
         start_step = None if start_ref is None else start_ref.step
-        if self.heartbeat_timeout is not None:
+        if self.heartbeat_timeout_seconds is not None:
             if self.heartbeat_uri is None:
                 self._heartbeat(spec, store).renew(number, now)  # the watcher sees one at once
                 self._beats[spec.job_id] = now
             else:
                 self._point(spec, number, now, store)
-        env = spec.env if self.heartbeat_uri is None or self.heartbeat_timeout is None \
+        env = (
+            spec.env
+            if self.heartbeat_uri is None or self.heartbeat_timeout_seconds is None
             else {**spec.env, HEARTBEAT_URI: self.heartbeat_uri}
-        launch = LaunchSpec(job_id=spec.job_id, attempt=number, command=spec.command,
-                            checkpoint_uri=spec.checkpoint_uri, env=env, image=spec.image,
-                            heartbeat_timeout=self.heartbeat_timeout)
-        intervals = {pool.key: self._checkpoint_interval(pool, start_ref, now)
-                     for pool in decision.pools}
+        )
+        launch = LaunchSpec(
+            job_id=spec.job_id,
+            attempt=number,
+            command=spec.command,
+            checkpoint_uri=spec.checkpoint_uri,
+            env=env,
+            image=spec.image,
+            heartbeat_timeout_seconds=self.heartbeat_timeout_seconds,
+        )
+        intervals = {
+            pool.key: self._checkpoint_interval(pool, start_ref, now) for pool in decision.pools
+        }
         try:
             lease, problems, failure = self._launch_first(decision.pools, launch, intervals)
         except BaseException:
@@ -565,13 +725,19 @@ class Controller:
         if lease is None:
             self._release(spec, number, now)
             outcome = Outcome.INFRASTRUCTURE_FAILED if failure else Outcome.CAPACITY_UNAVAILABLE
-            return self._record_no_lease(record, number, decision, start_step, problems,
-                                         outcome, now), None
+            return self._record_no_lease(
+                record, number, decision, start_step, problems, outcome, now
+            ), None
         try:
-            attempt = Attempt(number=number, pool=lease.pool, started_at=lease.started_at,
-                              lease_id=lease.lease_id, checkpoint_step_start=start_step,
-                              lease=lease.to_dict(),
-                              checkpoint_interval_seconds=intervals.get(lease.pool.key))
+            attempt = Attempt(
+                number=number,
+                pool=lease.pool,
+                started_at=lease.started_at,
+                lease_id=lease.lease_id,
+                checkpoint_step_start=start_step,
+                lease=lease.to_dict(),
+                checkpoint_interval_seconds=intervals.get(lease.pool.key),
+            )
             if start_ref is not None:
                 record = record.with_checkpoint(start_ref)
             return self._save(record.start_attempt(attempt), "launched", decision.reason), lease
@@ -581,8 +747,9 @@ class Controller:
             self._terminate(lease)
             raise
 
-    def _claim(self, spec: JobSpec, record: JobRecord, store: CheckpointStore,
-               fence_level: int, now: float) -> None:
+    def _claim(
+        self, spec: JobSpec, record: JobRecord, store: CheckpointStore, fence_level: int, now: float
+    ) -> None:
         """One live driver per job: refuse to launch (``DriverConflict``, one line) while
         another driver process holds the job. Launching would fence that driver's attempt
         out, and the two would take the job from each other in turns, two steps running
@@ -590,48 +757,56 @@ class Controller:
         an attempt neither closed in this record nor fenced out; or another driver raised
         the fence above this record's last attempt within the timeout (this driver was
         the one fenced out, as a paused driver finds when it is resumed)."""
-        if self.take_over or self.heartbeat_timeout is None:
+        if self.take_over or self.heartbeat_timeout_seconds is None:
             return
         drivers = None if self.heartbeat_uri is None else self.stores(self.heartbeat_uri)
-        holder = live_holder(store, now, timeout=self.heartbeat_timeout, drivers=drivers)
+        holder = live_holder(store, now, timeout=self.heartbeat_timeout_seconds, drivers=drivers)
         closed = {a.number for a in record.attempts if a.ended_at is not None}
         if holder is not None and holder.attempt not in closed and holder.attempt >= fence_level:
             raise DriverConflict(
                 f"job {spec.job_id} is driven by another driver: {holder.describe()}; stop "
                 f"that driver, or wait until its heartbeat is {holder.timeout_seconds:g}s "
-                "old, or start with --take-over (take_over=True) once it is gone")
+                "old, or start with --take-over (take_over=True) once it is gone"
+            )
         last = record.attempts[-1].number if record.attempts else None
         fenced_at = store.fenced_at() if last is not None and fence_level > last else None
         age = None if fenced_at is None else time.time() - fenced_at  # the fencer's clock
-        if age is not None and age < self.heartbeat_timeout:
+        if age is not None and age < self.heartbeat_timeout_seconds:
             raise DriverConflict(
                 f"job {spec.job_id} was taken over: another driver started attempt "
                 f"{fence_level} {max(0.0, age):.0f}s ago, after this driver's attempt {last}; "
                 "this driver stops (start again with --take-over (take_over=True) only "
-                "once that driver is gone)")
+                "once that driver is gone)"
+            )
 
-    def _checkpoint_interval(self, pool: Pool, start_ref, now: float) -> float:
+    def _checkpoint_interval(
+        self, pool: Pool, start_ref: CheckpointRef | None, now: float
+    ) -> float:
         """The attempt's time-based checkpoint interval on ``pool``, in capacity seconds:
         Young/Daly from the pool's interruption rate (0 on on-demand) and the job's mean
         measured save, else the configured cost. A market that cannot say counts as no
         interruptions seen (the notice remains the first line of defence)."""
         rate = 0.0
-        stats = getattr(self.market, "stats", None)  # a market without a feed has none
-        if pool.is_spot and stats is not None:
-            try:
-                stat = stats([pool], now).get(pool.key)
+        if pool.is_spot:
+            try:  # a market that keeps no history has no stat for the pool
+                stat = self._priced().stats([pool], now).get(pool.key)
                 rate = 0.0 if stat is None else float(stat.interruptions_per_hour)
             except Exception as exc:  # noqa: BLE001 - an interval is advice, not a launch
-                log.warning("no interruption rate for %s (%s); checkpoint interval at its "
-                            "maximum", pool.key, exc)
+                log.warning(
+                    "no interruption rate for %s (%s); checkpoint interval at its maximum",
+                    pool.key,
+                    exc,
+                )
         measured = mean_save_seconds(start_ref)
-        cost = (self.provider.capacity_seconds(measured) if measured
-                else self.checkpoint_bounds.cost)
+        cost = self.provider.capacity_seconds(measured) if measured else self.checkpoint_bounds.cost
         return pool_checkpoint_interval(rate, cost, self.checkpoint_bounds)
 
-    def _launch_first(self, pools, launch: LaunchSpec,
-                      intervals: Mapping[str, float] | None = None,
-                      ) -> tuple[Lease | None, list[str], bool]:
+    def _launch_first(
+        self,
+        pools: Sequence[Pool],
+        launch: LaunchSpec,
+        intervals: Mapping[str, float] | None = None,
+    ) -> tuple[Lease | None, list[str], bool]:
         """Try the ranked pools in order; the first with capacity wins.
 
         Errors are read as data: a capacity miss moves to the next pool, another retryable
@@ -642,8 +817,11 @@ class Controller:
         failure = False
         for pool in pools:
             try:
-                return self.provider.launch(self._with_interval(launch, pool, intervals),
-                                            pool), problems, failure
+                return (
+                    self.provider.launch(self._with_interval(launch, pool, intervals), pool),
+                    problems,
+                    failure,
+                )
             except SpotError as exc:
                 if not exc.retryable:
                     raise
@@ -651,8 +829,9 @@ class Controller:
                 problems.append(f"{pool.key}: {exc}")
         return None, problems, failure
 
-    def _with_interval(self, launch: LaunchSpec, pool: Pool,
-                       intervals: Mapping[str, float] | None) -> LaunchSpec:
+    def _with_interval(
+        self, launch: LaunchSpec, pool: Pool, intervals: Mapping[str, float] | None
+    ) -> LaunchSpec:
         """``launch`` telling the step its checkpoint interval on ``pool`` in wall seconds
         (the step's clock), unless the job's own environment already sets one."""
         interval = (intervals or {}).get(pool.key)
@@ -661,23 +840,44 @@ class Controller:
         wall = interval / max(self.provider.capacity_seconds(1.0), 1e-12)
         return dataclasses.replace(launch, env={**launch.env, CHECKPOINT_INTERVAL: f"{wall:.6g}"})
 
-    def _record_no_lease(self, record, number, decision, start_step, problems, outcome,
-                         now) -> JobRecord:
-        pool = decision.pools[0] if decision.pools else None
-        running = Attempt(number=number, pool=pool, started_at=now, checkpoint_step_start=start_step)
-        finished = dataclasses.replace(running, ended_at=now, outcome=outcome,
-                                       checkpoint_step_end=start_step,
-                                       message="; ".join(problems)[:500])
+    def _record_no_lease(
+        self,
+        record: JobRecord,
+        number: int,
+        decision: Decision,
+        start_step: int | None,
+        problems: list[str],
+        outcome: Outcome,
+        now: float,
+    ) -> JobRecord:
+        pool = decision.pools[0]  # a launch decision names at least one pool
+        running = Attempt(
+            number=number, pool=pool, started_at=now, checkpoint_step_start=start_step
+        )
+        finished = dataclasses.replace(
+            running,
+            ended_at=now,
+            outcome=outcome,
+            checkpoint_step_end=start_step,
+            message="; ".join(problems)[:500],
+        )
         record = record.start_attempt(running).finish_attempt(finished)
         return self._save(record, str(outcome), finished.message)
 
     # -- watching ----------------------------------------------------------------------------
-    def _watch_running(self, spec, record: JobRecord, running: Attempt, now: float) -> Next:
+    def _watch_running(
+        self, spec: JobSpec, record: JobRecord, running: Attempt, now: float
+    ) -> Next:
         lease = self._running_lease(record)
         if lease is None:  # recorded without a lease (cannot happen for launched attempts)
             return self._ended(spec, record, None, _stopped(now, "the attempt had no lease"), now)
-        return Next("watch", record, until=self._end_by(lease), lease=lease,
-                    reason=f"watching attempt {running.number} on {lease.pool.key}")
+        return Next(
+            "watch",
+            record,
+            until=self._end_by(lease),
+            lease=lease,
+            reason=f"watching attempt {running.number} on {lease.pool.key}",
+        )
 
     def _running_lease(self, record: JobRecord) -> Lease | None:
         running = record.current_attempt
@@ -686,17 +886,17 @@ class Controller:
         return running.lease_of(record.job_id)
 
     def _end_by(self, lease: Lease) -> float:
-        return lease.started_at + self.attempt_timeout
+        return lease.started_at + self.attempt_timeout_seconds
 
     def _renew_heartbeat(self, spec: JobSpec, lease: Lease, now: float) -> None:
         """Tell the node's watcher a driver still watches (throttled; never fatal)."""
-        if self.heartbeat_timeout is None:
+        if self.heartbeat_timeout_seconds is None:
             return
         # A quarter of the timeout: three renewals in a row may fail before the node's
         # watcher gives up. Each renewal is a store write per job (1,000 watched jobs at the
         # 5m default: 1,000 S3 PUTs every 75 s); renewing more often would not stop a
         # node sooner after its driver died (it stops a timeout after the last renewal).
-        every = self.heartbeat_timeout / 4
+        every = self.heartbeat_timeout_seconds / 4
         if self.heartbeat_uri is not None:
             return self._renew_driver_beat(spec, lease, now, every)
         if now - self._beats.get(spec.job_id, float("-inf")) < every:
@@ -707,8 +907,7 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the heartbeat: %s", spec.job_id, exc)
 
-    def _renew_driver_beat(self, spec: JobSpec, lease: Lease, now: float,
-                           every: float) -> None:
+    def _renew_driver_beat(self, spec: JobSpec, lease: Lease, now: float, every: float) -> None:
         """With ``heartbeat_uri``: vouch for the job in this process's one beat, point the
         job's heartbeat at it once per attempt, and renew the process's object when due
         (one write per round for every job the process watches). A job stays listed
@@ -716,16 +915,17 @@ class Controller:
         try:
             if self._pointed.get(spec.job_id) != lease.attempt:
                 self._point(spec, lease.attempt, now)
-            beat = driver_beat(self.heartbeat_uri, self.stores)
+            beat = self._driver_beat()
             beat.vouch(spec.job_id, lease.attempt, now)
-            beat.renew(now, every=every, window=every + self.poll_interval)
+            beat.renew(now, every=every, window=every + self.poll_interval_seconds)
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.warning("job %s: could not renew the driver heartbeat: %s", spec.job_id, exc)
 
-    def _point(self, spec: JobSpec, attempt: int, now: float,
-               store: CheckpointStore | None = None) -> None:
+    def _point(
+        self, spec: JobSpec, attempt: int, now: float, store: CheckpointStore | None = None
+    ) -> None:
         """The job's heartbeat names this process's beat, which lists the job first."""
-        beat = driver_beat(self.heartbeat_uri, self.stores)
+        beat = self._driver_beat()
         beat.vouch(spec.job_id, attempt, now)
         self._heartbeat(spec, store).point(attempt, beat, spec.job_id, now)
         self._pointed[spec.job_id] = attempt
@@ -737,7 +937,8 @@ class Controller:
         heartbeat = self._heartbeats.get(key)
         if heartbeat is None:
             heartbeat = self._heartbeats[key] = Heartbeat(
-                store or self.stores(spec.checkpoint_uri), timeout=self.heartbeat_timeout)
+                store or self.stores(spec.checkpoint_uri), timeout=self.heartbeat_timeout_seconds
+            )
         return heartbeat
 
     def _forget_heartbeat(self, spec: JobSpec) -> None:
@@ -747,24 +948,40 @@ class Controller:
         self._heartbeats.pop((spec.job_id, spec.checkpoint_uri), None)
         self._beats.pop(spec.job_id, None)
         if self._pointed.pop(spec.job_id, None) is not None:
-            driver_beat(self.heartbeat_uri, self.stores).drop(spec.job_id)
+            self._driver_beat().drop(spec.job_id)
+
+    def _driver_beat(self) -> DriverBeat:
+        """This process's beat at ``heartbeat_uri`` (jobs are pointed at it only with one)."""
+        if self.heartbeat_uri is None:
+            raise ConfigError("no heartbeat_uri: each job keeps its own heartbeat")
+        return driver_beat(self.heartbeat_uri, self.stores)
 
     def _observe_failed(self, spec: JobSpec, watch: Next, exc: Exception, now: float) -> Next:
         """A failed observation is not a lease end; only a sustained failure is."""
         since = watch.failing_since if watch.failing_since is not None else now
         retryable = getattr(exc, "retryable", True) is not False
         message = f"{type(exc).__name__}: {exc}"
-        if retryable and now - since < self.observe_failure_timeout:
-            log.warning("job %s: observing lease %s failed (%s); retrying for up to %g s",
-                        spec.job_id, watch.lease.lease_id, message, self.observe_failure_timeout)
+        if retryable and now - since < self.observe_failure_timeout_seconds:
+            log.warning(
+                "job %s: observing lease %s failed (%s); retrying for up to %g s",
+                spec.job_id,
+                None if watch.lease is None else watch.lease.lease_id,
+                message,
+                self.observe_failure_timeout_seconds,
+            )
             return dataclasses.replace(watch, failing_since=since)
-        why = (f"could not observe the lease for {now - since:.0f} s" if retryable
-               else "observing the lease failed for good")
-        return self._ended(spec, watch.record, watch.lease,
-                           _stopped(now, f"stopped: {why}: {message}"[:500]), now)
+        why = (
+            f"could not observe the lease for {now - since:.0f} s"
+            if retryable
+            else "observing the lease failed for good"
+        )
+        return self._ended(
+            spec, watch.record, watch.lease, _stopped(now, f"stopped: {why}: {message}"[:500]), now
+        )
 
-    def _ended(self, spec: JobSpec, record: JobRecord, lease: Lease | None,
-               status: LeaseStatus, now: float) -> Next:
+    def _ended(
+        self, spec: JobSpec, record: JobRecord, lease: Lease | None, status: LeaseStatus, now: float
+    ) -> Next:
         """Terminate (idempotent), classify, bill and close the running attempt."""
         if lease is not None:
             self._terminate(lease)
@@ -775,36 +992,53 @@ class Controller:
         try:
             self.provider.terminate(lease)
         except Exception:  # noqa: BLE001 - logged; cleanup_orphans and the heartbeat remain
-            log.exception("could not terminate lease %s; the node's heartbeat watch ends it",
-                          lease.lease_id)
+            log.exception(
+                "could not terminate lease %s; the node's heartbeat watch ends it", lease.lease_id
+            )
 
     # -- closing -----------------------------------------------------------------------------
-    def _close_attempt(self, spec: JobSpec, record: JobRecord, lease: Lease | None,
-                       status: LeaseStatus, now: float) -> JobRecord:
+    def _close_attempt(
+        self, spec: JobSpec, record: JobRecord, lease: Lease | None, status: LeaseStatus, now: float
+    ) -> JobRecord:
         ended_at = status.ended_at or now
         store = self.stores(spec.checkpoint_uri)
         end_ref = store.latest()
         running = record.current_attempt
+        if running is None:
+            raise ValueError(f"job {record.job_id} has no running attempt to close")
         outcome = classify(status)
         if running.drain_requested_at is not None and outcome is not Outcome.SUCCEEDED:
             outcome = Outcome.DRAINED  # the controller stopped it to move the job
-        fenced_by = _fenced_above(store, running.number) \
-            if outcome is Outcome.USER_FAILED else None
+        fenced_by = _fenced_above(store, running.number) if outcome is Outcome.USER_FAILED else None
         if fenced_by is not None:  # its saves were refused: not the step's own failure
             outcome = Outcome.INFRASTRUCTURE_FAILED
-            status = dataclasses.replace(status, message=(
-                f"fenced out: attempt {fenced_by} of this job was started by another driver "
-                f"(exit code {status.exit_code})"))
-        bill = (self.provider.bill(lease, ended_at) if lease is not None
-                else Bill(cost=0.0, on_demand_cost=0.0, capacity_seconds=0.0))
+            status = dataclasses.replace(
+                status,
+                message=(
+                    f"fenced out: attempt {fenced_by} of this job was started by another driver "
+                    f"(exit code {status.exit_code})"
+                ),
+            )
+        bill = (
+            self.provider.bill(lease, ended_at)
+            if lease is not None
+            else Bill(cost=0.0, on_demand_cost=0.0, capacity_seconds=0.0)
+        )
         finished = dataclasses.replace(
-            running, ended_at=ended_at, outcome=outcome, cost=bill.cost,
-            on_demand_cost=bill.on_demand_cost, data_transfer_cost=bill.data_transfer_cost,
+            running,
+            ended_at=ended_at,
+            outcome=outcome,
+            cost=bill.cost,
+            on_demand_cost=bill.on_demand_cost,
+            data_transfer_cost=bill.data_transfer_cost,
             checkpoint_step_end=None if end_ref is None else end_ref.step,
             lost_work_seconds=self._lost_work(outcome, running, end_ref, ended_at),
             checkpoint_overhead_seconds=self.provider.capacity_seconds(
-                _checkpoint_seconds(end_ref, running.number)),
-            message=_message(outcome, status), notice_at=status.notice_at)
+                _checkpoint_seconds(end_ref, running.number)
+            ),
+            message=_message(outcome, status),
+            notice_at=status.notice_at,
+        )
         record = record.finish_attempt(finished)
         if end_ref is not None:
             record = record.with_checkpoint(end_ref)
@@ -815,14 +1049,16 @@ class Controller:
     def _release(self, spec: JobSpec, attempt: int, now: float) -> None:
         """Tell a later driver that nobody holds the job now (never fatal: an unreleased
         beat only makes a re-run wait for its timeout, or pass ``take_over``)."""
-        if self.heartbeat_timeout is None:
+        if self.heartbeat_timeout_seconds is None:
             return
         try:
             self._heartbeat(spec).release(attempt, now)
         except Exception as exc:  # noqa: BLE001
             log.warning("job %s: could not release the heartbeat: %s", spec.job_id, exc)
 
-    def _lost_work(self, outcome: Outcome, running: Attempt, end_ref, ended_at: float) -> float:
+    def _lost_work(
+        self, outcome: Outcome, running: Attempt, end_ref: CheckpointRef | None, ended_at: float
+    ) -> float:
         """Work done after the last durable checkpoint, which the next attempt must redo."""
         if outcome is Outcome.SUCCEEDED:
             return 0.0
@@ -861,7 +1097,7 @@ def _stopped(now: float, message: str) -> LeaseStatus:
     return LeaseStatus(LeaseState.TERMINATED, ended_at=now, message=message)
 
 
-def _checkpoint_seconds(ref, attempt: int) -> float:
+def _checkpoint_seconds(ref: CheckpointRef | None, attempt: int) -> float:
     """Save time the attempt's Checkpointer reported in its newest checkpoint's metadata."""
     if ref is None or ref.attempt != attempt:
         return 0.0

@@ -9,10 +9,13 @@ password or a token. Nothing here ever quotes a value, so every reason is safe t
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
-SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|"
-                         r"API_KEY|APIKEY|AUTH|WEBHOOK)|(^|_)(PAT|KEY|DSN)(_|$)", re.I)
+SECRET_NAME = re.compile(
+    r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|"
+    r"API_KEY|APIKEY|AUTH|WEBHOOK)|(^|_)(PAT|KEY|DSN)(_|$)",
+    re.I,
+)
 # Credential shapes, each with what it is; the value itself is never shown.
 SECRET_VALUES = (
     (re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@", re.I), "a URL with a password"),

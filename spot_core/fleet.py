@@ -9,9 +9,10 @@ price is the price of the newest lease launched in it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterable
+from datetime import UTC, datetime
+from typing import TypedDict
 
 from spot_core.model import JobRecord, Outcome
 
@@ -42,7 +43,7 @@ class Savings:
 class PoolFigures:
     """One spot pool as the records saw it."""
 
-    pool: str                     # zone/instance type, e.g. "us-east-1a/p3.2xlarge"
+    pool: str  # zone/instance type, e.g. "us-east-1a/p3.2xlarge"
     attempts: int
     interruptions: int
     spot_hours: float
@@ -62,40 +63,74 @@ def pool_name(zone: str, instance_type: str) -> str:
 
 def day_of(timestamp: float) -> str:
     """The UTC day (YYYY-MM-DD) a POSIX time falls on: the 'over time' axis of savings."""
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(timestamp, tz=UTC).strftime("%Y-%m-%d")
 
 
 def savings_by(keyed: Iterable[tuple[tuple[str, ...], JobRecord]]) -> list[Savings]:
     """Sum each group's records. ``keyed`` pairs a group key (e.g. (dag_id, task_id) or
     (dag_id, task_id, day_of(record.created_at))) with a record; rows come sorted by key."""
-    sums: dict[tuple[str, ...], list] = {}
+    sums: dict[tuple[str, ...], Savings] = {}
     for key, record in keyed:
-        row = sums.setdefault(tuple(key), [0, 0.0, 0.0, 0.0, 0])
-        row[0] += 1
-        row[1] += record.ledger.spent
-        row[2] += record.ledger.on_demand_equivalent
-        row[3] += record.ledger.lost_work_seconds
-        row[4] += record.preemptions
-    return [Savings(key, *values) for key, values in sorted(sums.items())]
+        group = tuple(key)
+        row = sums.get(group) or Savings(group, 0, 0.0, 0.0, 0.0, 0)
+        sums[group] = Savings(
+            group,
+            row.jobs + 1,
+            row.spent + record.ledger.spent,
+            row.on_demand_equivalent + record.ledger.on_demand_equivalent,
+            row.lost_work_seconds + record.ledger.lost_work_seconds,
+            row.preemptions + record.preemptions,
+        )
+    return [sums[group] for group in sorted(sums)]
+
+
+class _PoolRow(TypedDict):
+    attempts: int
+    interruptions: int
+    hours: float
+    lost: float
+    price: float | None
+    price_at: float | None
 
 
 def pool_figures(records: Iterable[JobRecord]) -> list[PoolFigures]:
     """Per spot pool: attempts, interruptions, hours on spot and the newest lease price."""
-    rows: dict[str, dict] = {}
+    rows: dict[str, _PoolRow] = {}
     for record in records:
         for attempt in record.attempts:
             if not attempt.pool.is_spot:
                 continue
             name = pool_name(attempt.pool.zone, attempt.pool.instance_type)
-            row = rows.setdefault(name, {"attempts": 0, "interruptions": 0, "hours": 0.0,
-                                         "lost": 0.0, "price": None, "price_at": None})
+            row = rows.setdefault(
+                name,
+                {
+                    "attempts": 0,
+                    "interruptions": 0,
+                    "hours": 0.0,
+                    "lost": 0.0,
+                    "price": None,
+                    "price_at": None,
+                },
+            )
             row["attempts"] += 1
             row["interruptions"] += attempt.outcome is Outcome.PREEMPTED
             row["lost"] += attempt.lost_work_seconds
             if attempt.ended_at is not None:
                 row["hours"] += max(0.0, attempt.ended_at - attempt.started_at) / SECONDS_PER_HOUR
             price = (attempt.lease or {}).get("price_per_hour")
-            if price is not None and (row["price_at"] is None or attempt.started_at >= row["price_at"]):
+            if price is not None and (
+                row["price_at"] is None or attempt.started_at >= row["price_at"]
+            ):
                 row["price"], row["price_at"] = float(price), attempt.started_at
-    return [PoolFigures(name, r["attempts"], r["interruptions"], r["hours"], r["lost"],
-                        r["price"], r["price_at"]) for name, r in sorted(rows.items())]
+    return [
+        PoolFigures(
+            name,
+            r["attempts"],
+            r["interruptions"],
+            r["hours"],
+            r["lost"],
+            r["price"],
+            r["price_at"],
+        )
+        for name, r in sorted(rows.items())
+    ]

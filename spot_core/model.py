@@ -9,11 +9,13 @@ results and artifacts) and never on the node that can vanish. Times are POSIX se
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any, Literal, overload
 
 from spot_core.bounds import MAX_PRICE
 from spot_core.errors import ConfigError
@@ -83,13 +85,23 @@ class Pool:
         return dataclasses.replace(self, market=Market(market))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cloud": self.cloud, "region": self.region, "zone": self.zone,
-                "instance_type": self.instance_type, "market": str(self.market)}
+        return {
+            "cloud": self.cloud,
+            "region": self.region,
+            "zone": self.zone,
+            "instance_type": self.instance_type,
+            "market": str(self.market),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Pool:
-        return cls(cloud=data["cloud"], region=data["region"], zone=data["zone"],
-                   instance_type=data["instance_type"], market=Market(data["market"]))
+        return cls(
+            cloud=data["cloud"],
+            region=data["region"],
+            zone=data["zone"],
+            instance_type=data["instance_type"],
+            market=Market(data["market"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -124,17 +136,27 @@ class Lease:
     details: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lease_id": self.lease_id, "pool": self.pool.to_dict(), "job_id": self.job_id,
-                "attempt": self.attempt, "started_at": self.started_at,
-                "price_per_hour": self.price_per_hour, "details": dict(self.details)}
+        return {
+            "lease_id": self.lease_id,
+            "pool": self.pool.to_dict(),
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "started_at": self.started_at,
+            "price_per_hour": self.price_per_hour,
+            "details": dict(self.details),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Lease:
-        return cls(lease_id=data["lease_id"], pool=Pool.from_dict(data["pool"]),
-                   job_id=data["job_id"], attempt=int(data["attempt"]),
-                   started_at=float(data["started_at"]),
-                   price_per_hour=float(data["price_per_hour"]),
-                   details=dict(data.get("details", {})))
+        return cls(
+            lease_id=data["lease_id"],
+            pool=Pool.from_dict(data["pool"]),
+            job_id=data["job_id"],
+            attempt=int(data["attempt"]),
+            started_at=float(data["started_at"]),
+            price_per_hour=float(data["price_per_hour"]),
+            details=dict(data.get("details", {})),
+        )
 
 
 @dataclass(frozen=True)
@@ -149,15 +171,25 @@ class CheckpointRef:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"store_uri": self.store_uri, "checkpoint_id": self.checkpoint_id,
-                "step": self.step, "attempt": self.attempt, "created_at": self.created_at,
-                "metadata": dict(self.metadata)}
+        return {
+            "store_uri": self.store_uri,
+            "checkpoint_id": self.checkpoint_id,
+            "step": self.step,
+            "attempt": self.attempt,
+            "created_at": self.created_at,
+            "metadata": dict(self.metadata),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CheckpointRef:
-        return cls(store_uri=data["store_uri"], checkpoint_id=data["checkpoint_id"],
-                   step=int(data["step"]), attempt=int(data["attempt"]),
-                   created_at=float(data["created_at"]), metadata=dict(data.get("metadata", {})))
+        return cls(
+            store_uri=data["store_uri"],
+            checkpoint_id=data["checkpoint_id"],
+            step=int(data["step"]),
+            attempt=int(data["attempt"]),
+            created_at=float(data["created_at"]),
+            metadata=dict(data.get("metadata", {})),
+        )
 
 
 @dataclass(frozen=True)
@@ -202,8 +234,14 @@ class Attempt:
             return Lease.from_dict(self.lease)
         if self.lease_id is None:
             return None
-        return Lease(lease_id=self.lease_id, pool=self.pool, job_id=job_id, attempt=self.number,
-                     started_at=self.started_at, price_per_hour=0.0)
+        return Lease(
+            lease_id=self.lease_id,
+            pool=self.pool,
+            job_id=job_id,
+            attempt=self.number,
+            started_at=self.started_at,
+            price_per_hour=0.0,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -226,9 +264,18 @@ class Attempt:
         return cls(**values)
 
 
-_ATTEMPT_REALS = ("started_at", "ended_at", "cost", "on_demand_cost", "lost_work_seconds",
-                  "checkpoint_overhead_seconds", "data_transfer_cost",
-                  "checkpoint_interval_seconds", "drain_requested_at", "notice_at")
+_ATTEMPT_REALS = (
+    "started_at",
+    "ended_at",
+    "cost",
+    "on_demand_cost",
+    "lost_work_seconds",
+    "checkpoint_overhead_seconds",
+    "data_transfer_cost",
+    "checkpoint_interval_seconds",
+    "drain_requested_at",
+    "notice_at",
+)
 _ATTEMPT_OPTIONAL = ("ended_at", "notice_at", "checkpoint_interval_seconds", "drain_requested_at")
 _ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
 
@@ -237,16 +284,27 @@ def _non_finite(data: Any, path: str = "") -> str:
     """Where the first NaN or Infinity in ``data`` is, e.g. ``attempts[0].cost=inf``."""
     if isinstance(data, float) and not math.isfinite(data):
         return f"{path}={data}"
-    items = data.items() if isinstance(data, Mapping) else \
-        enumerate(data) if isinstance(data, (list, tuple)) else ()
+    items = (
+        data.items()
+        if isinstance(data, Mapping)
+        else enumerate(data)
+        if isinstance(data, (list, tuple))
+        else ()
+    )
     for key, value in items:
-        found = _non_finite(value, f"{path}[{key}]" if isinstance(key, int)
-                            else f"{path}.{key}" if path else str(key))
+        found = _non_finite(
+            value,
+            f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key),
+        )
         if found:
             return found
     return ""
 
 
+@overload
+def _real(value: Any, name: str, *, optional: Literal[False] = False) -> float: ...
+@overload
+def _real(value: Any, name: str, *, optional: bool) -> float | None: ...
 def _real(value: Any, name: str, *, optional: bool = False) -> float | None:
     """A finite number read back from a record (no strings, bools, NaN or Infinity)."""
     if value is None and optional:
@@ -256,6 +314,10 @@ def _real(value: Any, name: str, *, optional: bool = False) -> float | None:
     return float(value)
 
 
+@overload
+def _whole(value: Any, name: str, *, optional: Literal[False] = False) -> int: ...
+@overload
+def _whole(value: Any, name: str, *, optional: bool) -> int | None: ...
 def _whole(value: Any, name: str, *, optional: bool = False) -> int | None:
     """A whole number read back from a record (no strings, bools or fractions)."""
     if value is None and optional:
@@ -322,7 +384,8 @@ class JobRecord:
     disruptions: int = 0
     latest_checkpoint: CheckpointRef | None = None
     ledger: CostLedger = field(default_factory=CostLedger)
-    deadline: float | None = None
+    # The job's deadline, a wall-clock POSIX time (``SpotSettings.deadline_spec``).
+    deadline_at: float | None = None
     checkpoint_uri: str | None = None
 
     # -- derived views -------------------------------------------------------------
@@ -340,16 +403,22 @@ class JobRecord:
     def fallbacks(self) -> int:
         """How many times the job moved from spot to on-demand."""
         markets = [a.pool.market for a in self.attempts]
-        return sum(1 for prev, cur in zip(markets, markets[1:])
-                   if prev is Market.SPOT and cur is Market.ON_DEMAND)
+        return sum(
+            1
+            for prev, cur in itertools.pairwise(markets)
+            if prev is Market.SPOT and cur is Market.ON_DEMAND
+        )
 
     # -- transitions (pure: each returns a new record) -----------------------------
     def start_attempt(self, attempt: Attempt) -> JobRecord:
         if self.current_attempt is not None:
-            raise ValueError(f"job {self.job_id}: attempt {self.current_attempt.number} "
-                             "is still running; finish it before starting another")
-        return dataclasses.replace(self, attempts=self.attempts + (attempt,),
-                                   status=JobStatus.RUNNING)
+            raise ValueError(
+                f"job {self.job_id}: attempt {self.current_attempt.number} "
+                "is still running; finish it before starting another"
+            )
+        return dataclasses.replace(
+            self, attempts=self.attempts + (attempt,), status=JobStatus.RUNNING
+        )
 
     def finish_attempt(self, finished: Attempt) -> JobRecord:
         """Close the running attempt and update counters and the ledger."""
@@ -364,8 +433,10 @@ class JobRecord:
             Outcome.CAPACITY_UNAVAILABLE: "capacity_misses",
             Outcome.DISRUPTED: "disruptions",
         }
-        changes: dict[str, Any] = {"attempts": self.attempts[:-1] + (finished,),
-                                   "ledger": self.ledger.add(finished)}
+        changes: dict[str, Any] = {
+            "attempts": self.attempts[:-1] + (finished,),
+            "ledger": self.ledger.add(finished),
+        }
         if finished.outcome in counters:
             name = counters[finished.outcome]
             changes[name] = getattr(self, name) + 1
@@ -379,7 +450,8 @@ class JobRecord:
         if running is None:
             raise ValueError(f"job {self.job_id}: no attempt is running")
         return dataclasses.replace(
-            self, attempts=self.attempts[:-1] + (dataclasses.replace(running, **changes),))
+            self, attempts=self.attempts[:-1] + (dataclasses.replace(running, **changes),)
+        )
 
     def with_checkpoint(self, ref: CheckpointRef) -> JobRecord:
         if self.latest_checkpoint is not None and ref.step < self.latest_checkpoint.step:
@@ -402,10 +474,12 @@ class JobRecord:
             "infrastructure_failures": self.infrastructure_failures,
             "capacity_misses": self.capacity_misses,
             "disruptions": self.disruptions,
-            "latest_checkpoint": None if self.latest_checkpoint is None
+            "latest_checkpoint": None
+            if self.latest_checkpoint is None
             else self.latest_checkpoint.to_dict(),
             "ledger": self.ledger.to_dict(),
-            "deadline": self.deadline,
+            # Persisted under its first name, so records read alike before and after.
+            "deadline": self.deadline_at,
             "checkpoint_uri": self.checkpoint_uri,
         }
 
@@ -414,13 +488,17 @@ class JobRecord:
         """The record from ``to_dict()``'s output. Anything else (another schema version,
         a truncated or hand-edited record, NaN) is one ConfigError naming what is wrong."""
         if not isinstance(data, Mapping):
-            raise ConfigError(f"JobRecord is a {type(data).__name__}, not a mapping; it was "
-                              "not written by spot-pipelines (pass JobRecord.to_dict())")
+            raise ConfigError(
+                f"JobRecord is a {type(data).__name__}, not a mapping; it was "
+                "not written by spot-pipelines (pass JobRecord.to_dict())"
+            )
         version = data.get("schema_version")
         if version != RECORD_SCHEMA_VERSION:
-            raise ConfigError(f"JobRecord schema_version {version!r} is not supported (this "
-                              f"spot-pipelines reads version {RECORD_SCHEMA_VERSION}); upgrade "
-                              "spot-pipelines or start the job afresh")
+            raise ConfigError(
+                f"JobRecord schema_version {version!r} is not supported (this "
+                f"spot-pipelines reads version {RECORD_SCHEMA_VERSION}); upgrade "
+                "spot-pipelines or start the job afresh"
+            )
         try:
             checkpoint = data.get("latest_checkpoint")
             return cls(
@@ -430,19 +508,26 @@ class JobRecord:
                 attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
                 preemptions=_whole(data["preemptions"], "preemptions"),
                 user_failures=_whole(data["user_failures"], "user_failures"),
-                infrastructure_failures=_whole(data["infrastructure_failures"],
-                                               "infrastructure_failures"),
+                infrastructure_failures=_whole(
+                    data["infrastructure_failures"], "infrastructure_failures"
+                ),
                 capacity_misses=_whole(data["capacity_misses"], "capacity_misses"),
                 # absent from records written before voluntary disruptions had a budget
                 disruptions=_whole(data.get("disruptions", 0), "disruptions"),
-                latest_checkpoint=None if checkpoint is None else CheckpointRef.from_dict(checkpoint),
+                latest_checkpoint=None
+                if checkpoint is None
+                else CheckpointRef.from_dict(checkpoint),
                 ledger=CostLedger.from_dict(data["ledger"]),
-                deadline=_real(data.get("deadline"), "deadline", optional=True),
+                deadline_at=_real(
+                    data.get("deadline", data.get("deadline_at")), "deadline", optional=True
+                ),
                 checkpoint_uri=data.get("checkpoint_uri"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"JobRecord is malformed ({type(exc).__name__}: {exc}); it was not "
-                              "written by spot-pipelines or was edited by hand") from exc
+            raise ConfigError(
+                f"JobRecord is malformed ({type(exc).__name__}: {exc}); it was not "
+                "written by spot-pipelines or was edited by hand"
+            ) from exc
 
     def to_json(self) -> str:
         """Strict JSON (no NaN or Infinity, which ``from_json`` and other readers refuse);
@@ -451,23 +536,30 @@ class JobRecord:
         try:
             return json.dumps(data, sort_keys=True, allow_nan=False)
         except ValueError:
-            raise ConfigError(f"job {self.job_id}: the record holds a non-finite number "
-                              f"({_non_finite(data)}); a price or duration was out of range, "
-                              "so it cannot be written as JSON") from None
+            raise ConfigError(
+                f"job {self.job_id}: the record holds a non-finite number "
+                f"({_non_finite(data)}); a price or duration was out of range, "
+                "so it cannot be written as JSON"
+            ) from None
 
     @classmethod
     def from_json(cls, text: str) -> JobRecord:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"JobRecord is not valid JSON ({exc}); pass the text that "
-                              "JobRecord.to_json() produced") from exc
+            raise ConfigError(
+                f"JobRecord is not valid JSON ({exc}); pass the text that "
+                "JobRecord.to_json() produced"
+            ) from exc
         return cls.from_dict(data)
 
     def summary(self) -> dict[str, Any]:
         """The small view an engine shows in its UI and passes downstream."""
-        resumed = [a.checkpoint_step_start for a in self.attempts[1:]
-                   if a.checkpoint_step_start is not None]
+        resumed = [
+            a.checkpoint_step_start
+            for a in self.attempts[1:]
+            if a.checkpoint_step_start is not None
+        ]
         return {
             "job_id": self.job_id,
             "status": str(self.status),
@@ -484,6 +576,7 @@ class JobRecord:
             "lost_work_seconds": round(self.ledger.lost_work_seconds, 3),
             "checkpoint_overhead_seconds": round(self.ledger.checkpoint_overhead_seconds, 3),
             "data_transfer_cost": round(self.ledger.data_transfer_cost, 6),
-            "latest_checkpoint_step": None if self.latest_checkpoint is None
+            "latest_checkpoint_step": None
+            if self.latest_checkpoint is None
             else self.latest_checkpoint.step,
         }

@@ -29,9 +29,10 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from spot_core import stopping
 from spot_core.errors import SpotError
@@ -40,9 +41,9 @@ from spot_core.providers.base import Observation
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1000           # leases per provider.observe call (the provider splits further)
-MIN_INTERVAL = 0.05    # seconds: the fastest poll cadence accepted
-IDLE_SECONDS = 30.0    # the polling thread ends after this long with nothing to watch
+CHUNK = 1000  # leases per provider.observe call (the provider splits further)
+MIN_INTERVAL = 0.05  # seconds: the fastest poll cadence accepted
+IDLE_SECONDS = 30.0  # the polling thread ends after this long with nothing to watch
 
 
 class ObserverTimeout(SpotError):
@@ -59,7 +60,8 @@ class _Waiter:
     after: float
     deliver: Callable[[Observation], None]
     loop: asyncio.AbstractEventLoop | None = None
-    future: Any = None  # the asyncio future, for grouped delivery on its loop
+    # the asyncio future, for grouped delivery on its loop
+    future: asyncio.Future[Observation] | None = None
 
 
 @dataclass
@@ -78,12 +80,18 @@ class SharedObserver:
     error to its leases' waiters only. ``clock``: POSIX time (``Observation.at``).
     """
 
-    def __init__(self, provider: Any, *, name: str = "", chunk: int = CHUNK,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        provider: Any,
+        *,
+        name: str = "",
+        chunk: int = CHUNK,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if chunk < 1:
             raise ValueError(f"chunk={chunk!r} must be at least 1 lease")
         self.provider = provider
-        self.name = name or getattr(provider, "name", "provider")
+        self.name = name or provider.name
         self.chunk = chunk
         self._clock = clock
         self._cond = threading.Condition()
@@ -91,8 +99,8 @@ class SharedObserver:
         self._latest: dict[str, Observation] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.polls = 0      # describe rounds made (each one call per chunk)
-        self.calls = 0      # provider.observe calls made
+        self.polls = 0  # describe rounds made (each one call per chunk)
+        self.calls = 0  # provider.observe calls made
 
     # -- registering -----------------------------------------------------------------------
     def watch(self, lease: Lease, poll_interval: float) -> None:
@@ -125,13 +133,17 @@ class SharedObserver:
             del self._watched[lease_id]
             self._latest.pop(lease_id, None)
             waiters = watched.waiters
-        gone = Observation(lease_id, error=SpotError(
-            f"lease {lease_id} is no longer watched by the shared observer", retryable=True),
-            at=self._clock())
+        gone = Observation(
+            lease_id,
+            error=SpotError(
+                f"lease {lease_id} is no longer watched by the shared observer", retryable=True
+            ),
+            at=self._clock(),
+        )
         self._deliver([(w, gone) for w in waiters])
 
     @contextmanager
-    def watching(self, lease: Lease, poll_interval: float) -> Iterator["SharedObserver"]:
+    def watching(self, lease: Lease, poll_interval: float) -> Iterator[SharedObserver]:
         """``watch`` for the body of a ``with`` block, ``unwatch`` however it ends."""
         self.watch(lease, poll_interval)
         try:
@@ -171,21 +183,26 @@ class SharedObserver:
         """``wait`` for an event loop: awaits without blocking the loop (the Airflow
         triggerer runs every trigger in one)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[Observation] = loop.create_future()
         waiter = self._add_waiter(lease_id, _Waiter(after, future.set_result, loop, future))
         if waiter is None:
             return future.result()
         try:
             return await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._timed_out(lease_id, timeout)
         finally:
             self._remove_waiter(lease_id, waiter)
 
     def _timed_out(self, lease_id: str, timeout: float) -> Observation:
-        return Observation(lease_id, error=ObserverTimeout(
-            f"the shared observer of {self.name} gave no status for lease {lease_id} in "
-            f"{timeout:g} s (its describe is stalled)"), at=self._clock())
+        return Observation(
+            lease_id,
+            error=ObserverTimeout(
+                f"the shared observer of {self.name} gave no status for lease {lease_id} in "
+                f"{timeout:g} s (its describe is stalled)"
+            ),
+            at=self._clock(),
+        )
 
     def _add_waiter(self, lease_id: str, waiter: _Waiter) -> _Waiter | None:
         """Register ``waiter``, or deliver at once (and return None) if the latest
@@ -196,10 +213,14 @@ class SharedObserver:
             if watched is not None and (latest is None or latest.at < waiter.after):
                 watched.waiters.append(waiter)
                 return waiter
-        if watched is None:
-            latest = Observation(lease_id, error=SpotError(
-                f"lease {lease_id} is not watched: call watch() first", retryable=False),
-                at=self._clock())
+        if watched is None or latest is None:  # (a watched lease with none waits above)
+            latest = Observation(
+                lease_id,
+                error=SpotError(
+                    f"lease {lease_id} is not watched: call watch() first", retryable=False
+                ),
+                at=self._clock(),
+            )
         waiter.deliver(latest)
         return None
 
@@ -213,8 +234,9 @@ class SharedObserver:
     def _ensure_thread(self) -> None:
         """Start the polling thread if none runs (caller holds the lock)."""
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"spot-observer-{self.name}")
+            self._thread = threading.Thread(
+                target=self._run, daemon=True, name=f"spot-observer-{self.name}"
+            )
             self._thread.start()
 
     def _run(self) -> None:
@@ -245,8 +267,10 @@ class SharedObserver:
             return [w.lease for w in self._watched.values()]
 
     def _interval(self) -> float:
-        return max(MIN_INTERVAL, min((w.poll_interval for w in self._watched.values()),
-                                     default=IDLE_SECONDS))
+        return max(
+            MIN_INTERVAL,
+            min((w.poll_interval for w in self._watched.values()), default=IDLE_SECONDS),
+        )
 
     def _sleep_until_next(self, started: float) -> None:
         """Until one interval after the last poll began (shortened if a watch asks for a
@@ -263,17 +287,18 @@ class SharedObserver:
         to each of its leases. Made in the polling thread."""
         observations: list[Observation] = []
         for start in range(0, len(leases), self.chunk):
-            chunk = leases[start:start + self.chunk]
+            chunk = leases[start : start + self.chunk]
             self.calls += 1
             try:
                 statuses = self.provider.observe(chunk)
             except Exception as exc:  # noqa: BLE001 - handed to every waiter of the chunk
-                log.warning("describing %d lease(s) on %s failed: %s", len(chunk), self.name,
-                            exc)
-                observations += [Observation(l.lease_id, error=exc, at=at) for l in chunk]
+                log.warning("describing %d lease(s) on %s failed: %s", len(chunk), self.name, exc)
+                observations += [Observation(each.lease_id, error=exc, at=at) for each in chunk]
                 continue
-            observations += [Observation(l.lease_id, status=statuses.get(l.lease_id), at=at)
-                             for l in chunk]
+            observations += [
+                Observation(each.lease_id, status=statuses.get(each.lease_id), at=at)
+                for each in chunk
+            ]
         self.polls += 1
         return observations
 
@@ -287,8 +312,11 @@ class SharedObserver:
                 self._latest[observation.lease_id] = observation
                 keep = []
                 for waiter in watched.waiters:
-                    (ready.append((waiter, observation)) if waiter.after <= observation.at
-                     else keep.append(waiter))
+                    (
+                        ready.append((waiter, observation))
+                        if waiter.after <= observation.at
+                        else keep.append(waiter)
+                    )
                 watched.waiters = keep
         self._deliver(ready)
 
@@ -311,18 +339,29 @@ class SharedObserver:
         """Stop polling; waiters left are handed an error."""
         with self._cond:
             self._closed = True
-            waiters = [(w, lid) for lid, watched in self._watched.items()
-                       for w in watched.waiters]
+            waiters = [(w, lid) for lid, watched in self._watched.items() for w in watched.waiters]
             self._watched.clear()
             self._cond.notify_all()
-        self._deliver([(w, Observation(lid, error=SpotError(
-            f"the shared observer of {self.name} was closed", retryable=True),
-            at=self._clock())) for w, lid in waiters])
+        self._deliver(
+            [
+                (
+                    w,
+                    Observation(
+                        lid,
+                        error=SpotError(
+                            f"the shared observer of {self.name} was closed", retryable=True
+                        ),
+                        at=self._clock(),
+                    ),
+                )
+                for w, lid in waiters
+            ]
+        )
 
 
 def _resolve(items: list[tuple[_Waiter, Observation]]) -> None:
     for waiter, observation in items:
-        if not waiter.future.done():
+        if waiter.future is not None and not waiter.future.done():
             waiter.future.set_result(observation)
 
 
@@ -355,8 +394,7 @@ def observer_of(provider: Any) -> SharedObserver:
     # Keyed without the object's identity: a reopened provider replaces the entry (no
     # leak of one observer per provider a long-lived process opened), and the entry is
     # only ever handed to the provider object it describes with.
-    key = observer_key(getattr(provider, "name", "provider"),
-                       getattr(provider, "options", None), "synchronous drivers")
+    key = observer_key(provider.name, provider.options, "synchronous drivers")
     return shared_observer(key, provider)
 
 

@@ -23,8 +23,9 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import BinaryIO, Union
 
 from spot_core.errors import ConfigError, SpotError
 
@@ -52,8 +53,9 @@ class UnsafeFile(ConfigError):
 
 
 # -- reading --------------------------------------------------------------------------------
-def read_bytes(path: PathLike, *, limit: int, what: str = "file",
-               follow_symlinks: bool = True) -> bytes:
+def read_bytes(
+    path: PathLike, *, limit: int, what: str = "file", follow_symlinks: bool = True
+) -> bytes:
     """The whole regular file at ``path``, at most ``limit`` bytes.
 
     FileNotFoundError and IsADirectoryError pass through (callers name those in their
@@ -67,13 +69,12 @@ def read_bytes(path: PathLike, *, limit: int, what: str = "file",
         return _read_at_most(handle, path, limit, what, size)
 
 
-def read_text(path: PathLike, *, limit: int, what: str = "file",
-              encoding: str = "utf-8") -> str:
+def read_text(path: PathLike, *, limit: int, what: str = "file", encoding: str = "utf-8") -> str:
     """``read_bytes`` decoded (UnicodeDecodeError passes through)."""
     return read_bytes(path, limit=limit, what=what).decode(encoding)
 
 
-def read_stream(stream, *, limit: int, what: str = "standard input") -> bytes:
+def read_stream(stream: BinaryIO, *, limit: int, what: str = "standard input") -> bytes:
     """At most ``limit`` bytes of an open binary stream (stdin redirected from /dev/zero
     must not read for ever); more is UnsafeFile."""
     data = stream.read(limit + 1)
@@ -82,7 +83,7 @@ def read_stream(stream, *, limit: int, what: str = "standard input") -> bytes:
     return data
 
 
-def open_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = True):
+def open_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = True) -> BinaryIO:
     """An unbuffered binary handle on the regular file at ``path``, opened without blocking.
 
     Checked before opening (a tape drive rewinds, a FIFO blocks, on open) and again on the
@@ -124,8 +125,11 @@ def is_regular(path: PathLike, *, follow_symlinks: bool = False) -> bool:
 
 def _check_no_nul(path: PathLike, what: str) -> None:
     if "\x00" in os.fspath(path):
-        raise UnsafeFile(f"{what} {os.fspath(path)!r} holds a NUL character; no file has "
-                         "such a name, check the path", problem="names no file (a NUL in it)")
+        raise UnsafeFile(
+            f"{what} {os.fspath(path)!r} holds a NUL character; no file has "
+            "such a name, check the path",
+            problem="names no file (a NUL in it)",
+        )
 
 
 def _check_readable(path: PathLike, info: os.stat_result, what: str) -> None:
@@ -135,7 +139,7 @@ def _check_readable(path: PathLike, info: os.stat_result, what: str) -> None:
         raise not_regular(path, info.st_mode, what)
 
 
-def _read_at_most(handle, path: PathLike, limit: int, what: str, size: int) -> bytes:
+def _read_at_most(handle: BinaryIO, path: PathLike, limit: int, what: str, size: int) -> bytes:
     """Read to the end, one allocation in the common case (the size ``fstat`` gave)."""
     first = handle.read(size + 1) if size else handle.read(min(READ_CHUNK, limit + 1))
     parts, total = [first], len(first)
@@ -152,22 +156,30 @@ def _read_at_most(handle, path: PathLike, limit: int, what: str, size: int) -> b
 
 def not_regular(path: PathLike, mode: int, what: str) -> UnsafeFile:
     problem = f"is {kind_of(mode)}, not a regular file"
-    return UnsafeFile(f"{what} {os.fspath(path)} {problem}; pass the path of a regular file",
-                      problem=problem)
+    return UnsafeFile(
+        f"{what} {os.fspath(path)} {problem}; pass the path of a regular file", problem=problem
+    )
 
 
 def too_large(path: PathLike, size: int, limit: int, what: str) -> UnsafeFile:
     problem = f"holds more than {_size(limit)} ({_size(size)} read)"
-    return UnsafeFile(f"{what} {os.fspath(path)} {problem}; that is not a file of this "
-                      "kind, check the path", problem=problem)
+    return UnsafeFile(
+        f"{what} {os.fspath(path)} {problem}; that is not a file of this kind, check the path",
+        problem=problem,
+    )
 
 
 def kind_of(mode: int) -> str:
     """'a FIFO', 'a character device', ... for a stat mode: what a user should look for."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
-                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISREG, "a regular file")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISREG, "a regular file"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -181,8 +193,9 @@ def _size(n: int) -> str:
 
 
 # -- writing --------------------------------------------------------------------------------
-def check_target(path: PathLike, *, inputs: Sequence[PathLike | int] = (),
-                 what: str = "output") -> Path:
+def check_target(
+    path: PathLike, *, inputs: Sequence[PathLike | int] = (), what: str = "output"
+) -> Path:
     """Refuse, in one line, a path a command must not write; return it as a Path.
 
     ``inputs``: the command's input paths (or open descriptors, such as stdin's 0), which
@@ -191,45 +204,64 @@ def check_target(path: PathLike, *, inputs: Sequence[PathLike | int] = (),
     _check_no_nul(path, what)
     target = Path(path)
     if not target.name or target.name in (".", ".."):
-        raise UnsafeFile(f"{what} {target} names a folder; give a file name such as "
-                         f"{target / 'out'}")
+        raise UnsafeFile(
+            f"{what} {target} names a folder; give a file name such as {target / 'out'}"
+        )
     folder = target.parent
     if not folder.is_dir():
         problem = "is not a folder" if os.path.lexists(folder) else "does not exist"
-        raise UnsafeFile(f"{what} {target}: folder {folder} {problem}; create it or choose "
-                         "another path")
+        raise UnsafeFile(
+            f"{what} {target}: folder {folder} {problem}; create it or choose another path"
+        )
     try:
         info = os.lstat(target)
     except FileNotFoundError:
         return target
     if stat.S_ISLNK(info.st_mode):
-        raise UnsafeFile(f"{what} {target} is a symbolic link (to {os.readlink(target)}); "
-                         "give the path of the file itself, or remove the link (writing "
-                         "would replace the link, not the file it points to)")
+        raise UnsafeFile(
+            f"{what} {target} is a symbolic link (to {os.readlink(target)}); "
+            "give the path of the file itself, or remove the link (writing "
+            "would replace the link, not the file it points to)"
+        )
     if stat.S_ISDIR(info.st_mode):
-        raise UnsafeFile(f"{what} {target} is a folder; give a file name inside it, such as "
-                         f"{target / 'out'}")
+        raise UnsafeFile(
+            f"{what} {target} is a folder; give a file name inside it, such as {target / 'out'}"
+        )
     if not stat.S_ISREG(info.st_mode):
-        raise UnsafeFile(f"{what} {target} is {kind_of(info.st_mode)}, not a regular file; "
-                         "give the path of a regular file (it is replaced whole)")
+        raise UnsafeFile(
+            f"{what} {target} is {kind_of(info.st_mode)}, not a regular file; "
+            "give the path of a regular file (it is replaced whole)"
+        )
     for source in inputs:
         if _same_file(info, source):
             shown = "standard input" if isinstance(source, int) else os.fspath(source)
-            raise UnsafeFile(f"{what} {target} is the same file as the input {shown}; write "
-                             "to another path (the input would be destroyed)")
+            raise UnsafeFile(
+                f"{what} {target} is the same file as the input {shown}; write "
+                "to another path (the input would be destroyed)"
+            )
     return target
 
 
-def write_bytes(path: PathLike, data: bytes | str | Iterable[bytes], *,
-                inputs: Sequence[PathLike | int] = (), what: str = "output") -> Path:
+def write_bytes(
+    path: PathLike,
+    data: bytes | bytearray | memoryview | str | Iterable[bytes],
+    *,
+    inputs: Sequence[PathLike | int] = (),
+    what: str = "output",
+) -> Path:
     """Replace (or create) the file at ``path`` with ``data`` whole, or change nothing.
 
     ``check_target`` first; the bytes go to a temporary file in the same folder (created
     with O_EXCL, mode 0666 less the umask), are fsynced, take the old file's mode, and
     are renamed over the target, whose folder is then fsynced."""
     target = check_target(path, inputs=inputs, what=what)
-    chunks = [data.encode("utf-8")] if isinstance(data, str) else \
-        [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    chunks = (
+        [data.encode("utf-8")]
+        if isinstance(data, str)
+        else [data]
+        if isinstance(data, (bytes, bytearray, memoryview))
+        else data
+    )
     fd, temp = _new_temp(target, what)
     try:
         _write_all(fd, chunks)
@@ -254,8 +286,9 @@ def _new_temp(target: Path, what: str) -> tuple[int, Path]:
     for _ in range(16):
         temp = target.parent / f"{TEMP_PREFIX}{target.name[:64]}-{secrets.token_hex(4)}"
         try:
-            return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                           | os.O_NOFOLLOW, 0o666), temp
+            return os.open(
+                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666
+            ), temp
         except FileExistsError:
             continue
         except OSError as exc:
@@ -266,8 +299,10 @@ def _new_temp(target: Path, what: str) -> tuple[int, Path]:
 def _write_failed(target: Path, what: str, exc: OSError) -> WriteFailed:
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     fix = "free space there" if full else "choose a writable folder"
-    return WriteFailed(f"{what} {target}: could not write it ({exc.strerror or exc}); {fix} "
-                       "(nothing was changed)", retryable=full)
+    return WriteFailed(
+        f"{what} {target}: could not write it ({exc.strerror or exc}); {fix} (nothing was changed)",
+        retryable=full,
+    )
 
 
 def _keep_mode(fd: int, target: Path) -> None:
@@ -295,7 +330,7 @@ def _write_all(fd: int, chunks: Iterable[bytes | bytearray | memoryview]) -> Non
     for chunk in chunks:
         view = memoryview(chunk).cast("B")
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
 
 
 def _fsync_dir(directory: Path) -> None:

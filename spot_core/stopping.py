@@ -27,8 +27,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
-from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -41,10 +41,10 @@ class _State:
     """What the handler and the main thread's waits share (written in the main thread only)."""
 
     def __init__(self) -> None:
-        self.active = 0            # stop_on_signals blocks in force
+        self.active = 0  # stop_on_signals blocks in force
         self.pending: int | None = None  # the first signal, not yet raised
-        self.raised = False        # a Stopped was raised: the next signal raises at once
-        self.waits = 0             # how deep the main thread is in safe waits
+        self.raised = False  # a Stopped was raised: the next signal raises at once
+        self.waits = 0  # how deep the main thread is in safe waits
 
 
 _state = _State()
@@ -63,8 +63,10 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _state.waits > 0 or _state.raised or _state.pending is not None:
         raise _stopped(signum)
     _state.pending = signum  # raised by the main thread's next wait
-    _say(f"{signal.Signals(signum).name}: stopping once the cloud call under way returns "
-         "(send it again to stop at once)")
+    _say(
+        f"{signal.Signals(signum).name}: stopping once the cloud call under way returns "
+        "(send it again to stop at once)"
+    )
 
 
 def _say(line: str) -> None:
@@ -104,8 +106,10 @@ def stop_on_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
     """While in force (main thread only), ``signals`` stop the driver at its next safe wait;
     the previous handlers come back after."""
     if not _in_main_thread():
-        raise RuntimeError("stop_on_signals must be entered in the main thread: Python only "
-                           "delivers signals to handlers set there")
+        raise RuntimeError(
+            "stop_on_signals must be entered in the main thread: Python only "
+            "delivers signals to handlers set there"
+        )
     previous = {sig: signal.signal(sig, _on_signal) for sig in signals}
     _state.active += 1
     try:

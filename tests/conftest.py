@@ -32,8 +32,10 @@ def _refused(reason: str) -> str | None:
     """The failure text for a skip that CI does not allow, or None when it is allowed."""
     if any(allowed in reason for allowed in DELIBERATE_SKIPS):
         return None
-    return (f"skipped under CI=true ({reason}); a CI run must not skip: install what the "
-            "test needs, or list a deliberate platform skip in tests/conftest.py")
+    return (
+        f"skipped under CI=true ({reason}); a CI run must not skip: install what the "
+        "test needs, or list a deliberate platform skip in tests/conftest.py"
+    )
 
 
 @pytest.hookimpl(wrapper=True)

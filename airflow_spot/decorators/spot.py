@@ -6,9 +6,10 @@ takes them). While it runs, an interruption watcher polls the node's metadata se
 (or SIGTERM); on a notice the checkpointer's next ``maybe_save`` writes an emergency
 checkpoint and raises ``Preempted``.
 
-It is a thin driver of the controller: ``Controller.adopt`` opens each attempt on the
-worker this call runs on (``InPlaceProvider``), ``Controller.on_lease_end`` closes it
-(classified, billed, recorded), and the JobRecord lives in the task state store.
+It is a thin driver of the controller through ``spot_core.jobs.InPlaceAttempt`` (the same
+in-place attempt as Prefect's ``spot_task``): it opens each attempt on the worker this
+call runs on, closes it (classified, billed, recorded) when the call ends, and the
+JobRecord lives in the task state store.
 
 Budgets. A preemption does not spend an Airflow try: the task raises
 ``AirflowRescheduleException`` and goes ``up_for_reschedule``, which Airflow 3.3 re-queues
@@ -22,27 +23,30 @@ preempted and resumes from the last periodic checkpoint.
 from __future__ import annotations
 
 import inspect
-import time
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk.exceptions import (AirflowException, AirflowFailException,
-                                    AirflowRescheduleException)
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowRescheduleException,
+)
 
 from airflow_spot.hooks.connections import aws_access, check_conn_id
 from airflow_spot.records import TASK_RECORD_KEY, persister, stored_record
 from spot_core.checkpoint.uri import parse_store_uri
-from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError, Preempted
-from spot_core.model import JobRecord, JobStatus
-from spot_core.providers.base import LeaseState, LeaseStatus
-from spot_core.providers.in_place import InPlaceProvider
-from spot_core.settings import SpotSettings, default, knob, pop_aliases
+from spot_core.jobs import InPlaceAttempt, job_id
+from spot_core.model import JobRecord
+from spot_core.settings import DECORATOR, SpotSettings, default, knobs_for, pop_aliases
+
+if TYPE_CHECKING:
+    from spot_core.adaptors.aws import AwsAccess
 
 RECORD_KEY = TASK_RECORD_KEY
-CLOUDS = knob("cloud").allowed
 # How soon a preempted task is re-queued: long enough for Airflow to see it go.
 RESCHEDULE_DELAY_SECONDS = 1.0
 
@@ -56,43 +60,63 @@ class SpotTaskPreempted(AirflowException):
 class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
     """Runs the callable with a restored Checkpointer under an interruption watcher."""
 
-    template_fields: Sequence[str] = ("templates_dict", "op_args", "op_kwargs", "checkpoint_uri",
-                                      "metadata_endpoint")
+    template_fields: Sequence[str] = (
+        "templates_dict",
+        "op_args",
+        "op_kwargs",
+        "checkpoint_uri",
+        "metadata_endpoint",
+    )
     template_fields_renderers = {"templates_dict": "json", "op_args": "py", "op_kwargs": "py"}
     custom_operator_name = "@task.spot"
 
-    def __init__(self, *, python_callable: Callable, op_args, op_kwargs,
-                 checkpoint_uri: str, cloud: str = default("cloud"),
-                 metadata_endpoint: str | None = None,
-                 checkpoint_every: float | str | None = default("checkpoint_every"),
-                 checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
-                 keep_checkpoints: int = default("keep_checkpoints"),
-                 notice_poll_interval: float | str = default("notice_poll_interval"),
-                 max_preemptions: int = default("max_preemptions"),
-                 aws_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        python_callable: Callable,
+        op_args,
+        op_kwargs,
+        checkpoint_uri: str,
+        cloud: str = default("cloud"),
+        metadata_endpoint: str | None = None,
+        checkpoint_every: float | str | None = default("checkpoint_every"),
+        checkpoint_every_steps: int | None = default("checkpoint_every_steps"),
+        keep_checkpoints: int = default("keep_checkpoints"),
+        notice_poll_interval: float | str = default("notice_poll_interval"),
+        max_preemptions: int = default("max_preemptions"),
+        aws_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        given = locals()  # first: the knobs as written (the settings model checks them)
         # No ``retries`` default from max_preemptions: preemptions reschedule without a try.
         check_conn_id(aws_conn_id, "aws_conn_id", kwargs.get("task_id", "@task.spot"))
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
-        super().__init__(kwargs_to_upstream={"python_callable": python_callable,
-                                             "op_args": op_args, "op_kwargs": op_kwargs},
-                         python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs,
-                         **kwargs)
+        super().__init__(
+            kwargs_to_upstream={
+                "python_callable": python_callable,
+                "op_args": op_args,
+                "op_kwargs": op_kwargs,
+            },
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            **kwargs,
+        )
         self.checkpoint_uri = checkpoint_uri
         self.metadata_endpoint = metadata_endpoint
         self.aws_conn_id = aws_conn_id
-        self._aws = None  # the AWS connection's access, resolved on the worker when used
+        self._aws: AwsAccess | None = (
+            None  # the AWS connection's access, resolved on the worker when used
+        )
         self._validate()
-        self.settings = self._settings({
-            "cloud": cloud, "checkpoint_every": checkpoint_every,
-            "checkpoint_every_steps": checkpoint_every_steps,
-            "keep_checkpoints": keep_checkpoints, "notice_poll_interval": notice_poll_interval,
-            "max_preemptions": max_preemptions, **renamed})
+        self.settings = self._settings(
+            {**{k.name: given[k.name] for k in knobs_for(DECORATOR)}, **renamed}
+        )
         self.cloud = self.settings.cloud
-        self.checkpoint_every = self.settings.checkpoint_every
+        self.checkpoint_every = self.settings.checkpoint_every_seconds
         self.checkpoint_every_steps = self.settings.checkpoint_every_steps
         self.keep_checkpoints = self.settings.keep_checkpoints
-        self.notice_poll_interval = self.settings.notice_poll_interval
+        self.notice_poll_interval = self.settings.notice_poll_interval_seconds
         self.max_preemptions = self.settings.max_preemptions
 
     def _settings(self, values: dict[str, Any]) -> SpotSettings:
@@ -113,13 +137,19 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
             except ConfigError as exc:
                 raise error(f"{self.task_id}: checkpoint_uri: {exc}") from None
             if not str(uri).startswith(("file://", "s3://")):
-                raise error(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// "
-                            "or s3://, e.g. file:///data/checkpoints/etl")
+                raise error(
+                    f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// "
+                    "or s3://, e.g. file:///data/checkpoints/etl"
+                )
         endpoint = self.metadata_endpoint
-        if endpoint is not None and not (isinstance(endpoint, str) and (
-                "{{" in endpoint or endpoint.startswith(("http://", "https://")))):
-            raise error(f"{self.task_id}: metadata_endpoint={endpoint!r} must be an http:// "
-                        "URL (e.g. http://169.254.169.254) or None for the cloud's own")
+        if endpoint is not None and not (
+            isinstance(endpoint, str)
+            and ("{{" in endpoint or endpoint.startswith(("http://", "https://")))
+        ):
+            raise error(
+                f"{self.task_id}: metadata_endpoint={endpoint!r} must be an http:// "
+                "URL (e.g. http://169.254.169.254) or None for the cloud's own"
+            )
 
     # -- the record in the task state store, the attempt through the controller ---------------
     def _open_store(self, uri: str):
@@ -132,60 +162,53 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
             self._aws = aws_access(self.aws_conn_id)
         return open_store(uri, session=self._aws)
 
-    def _controller(self, context, provider: InPlaceProvider) -> Controller:
-        return Controller(provider, provider.market, self.settings.retry_policy(),
-                          persist=persister(context, RECORD_KEY), stores=self._open_store,
-                          heartbeat_timeout=None)  # the engine owns the worker
-
-    def _spec(self, context, provider: InPlaceProvider) -> JobSpec:
+    def _attempt(self, context) -> InPlaceAttempt:
+        """This call as an attempt of the task's job (its record in the task state store)."""
         ti = context["ti"]
         index = getattr(ti, "map_index", -1)
-        suffix = "" if index is None or index < 0 else f".{index}"
-        return JobSpec(job_id=f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}", command=(),
-                       checkpoint_uri=self.checkpoint_uri, pools=provider.pools())
-
-    def _load(self, context, controller: Controller, spec: JobSpec) -> JobRecord:
-        """The record an earlier run left, or a new one (``airflow_spot.records``)."""
-        stored = stored_record(context, RECORD_KEY, self.task_id)
-        return controller.persist(controller.new_record(spec)) if stored is None else stored
+        return InPlaceAttempt(
+            self.settings,
+            job_id=job_id(
+                ti.dag_id, ti.task_id, None if index is None or index < 0 else index, ti.run_id
+            ),
+            checkpoint_uri=self.checkpoint_uri,
+            stores=self._open_store,
+            persist=persister(context, RECORD_KEY),
+            cloud=self.cloud,
+        )
 
     # -- execution ------------------------------------------------------------------------------
     def execute(self, context) -> Any:
-        from spot_core.checkpoint import Checkpointer
-
         self._validate(AirflowFailException)  # templated fields as rendered for this run
-        provider = InPlaceProvider(cloud=self.cloud)
-        controller = self._controller(context, provider)
-        spec = self._spec(context, provider)
-        record, lease = controller.adopt(spec, self._load(context, controller, spec),
-                                         lambda number, now: provider.adopt(spec.job_id, number, now))
-        checkpointer = Checkpointer(self._open_store(self.checkpoint_uri), attempt=lease.attempt,
-                                    **self.settings.checkpointer_options())
+        attempt = self._attempt(context)
+        record = attempt.open(stored_record(context, RECORD_KEY, self.task_id))
+        checkpointer = attempt.checkpointer()
         restored = checkpointer.restore()
-        self.log.info("attempt %d starts from checkpoint step %s (%d preemption(s) so far, "
-                      "try %s)", lease.attempt, None if restored is None else restored[0],
-                      record.preemptions, context["ti"].try_number)
+        lease = attempt.lease
+        if lease is None:  # never: open() set it, checkpointer() needs it
+            raise ValueError("InPlaceAttempt.open() first")
+        self.log.info(
+            "attempt %d starts from checkpoint step %s (%d preemption(s) so far, try %s)",
+            lease.attempt,
+            None if restored is None else restored[0],
+            record.preemptions,
+            context["ti"].try_number,
+        )
         self._inject(checkpointer, restored)
-        watcher = self._watcher(checkpointer)
+        watcher = attempt.watch_notices(
+            checkpointer, cloud=self.cloud, endpoint=self.metadata_endpoint
+        )
         try:
             result = super().execute(context)
         except Preempted as exc:
-            now = time.time()
-            record = controller.on_lease_end(spec, record, LeaseStatus(
-                LeaseState.RECLAIMED, ended_at=now, notice_at=now, message=str(exc)[:300]))
-            self._rerun_elsewhere(record, exc)
+            self._rerun_elsewhere(attempt.preempted(exc), exc)
         except BaseException as exc:
-            controller.on_lease_end(spec, record, LeaseStatus(
-                LeaseState.EXITED, exit_code=1, ended_at=time.time(),
-                message=f"{type(exc).__name__}: {exc}"[:300]))
+            attempt.failed(exc)
             raise
         finally:
             watcher.close()
             checkpointer.close()
-        record = controller.on_lease_end(spec, record, LeaseStatus(
-            LeaseState.EXITED, exit_code=0, ended_at=time.time()))
-        record = controller.persist(record.with_status(JobStatus.SUCCEEDED))
-        context["ti"].xcom_push(key=RECORD_KEY, value=record.summary())
+        context["ti"].xcom_push(key=RECORD_KEY, value=attempt.succeeded().summary())
         return result
 
     def _rerun_elsewhere(self, record: JobRecord, exc: Preempted) -> None:
@@ -193,14 +216,21 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
         past it: fail the try, so Airflow's own retries decide."""
         step = record.latest_checkpoint and record.latest_checkpoint.step
         if record.preemptions <= self.max_preemptions:
-            self.log.warning("preemption %d of %d: rescheduled without spending a try; the "
-                             "rerun resumes from checkpoint step %s", record.preemptions,
-                             self.max_preemptions, step)
+            self.log.warning(
+                "preemption %d of %d: rescheduled without spending a try; the "
+                "rerun resumes from checkpoint step %s",
+                record.preemptions,
+                self.max_preemptions,
+                step,
+            )
             raise AirflowRescheduleException(
-                datetime.now(timezone.utc) + timedelta(seconds=RESCHEDULE_DELAY_SECONDS)) from exc
-        raise SpotTaskPreempted(f"{exc}; preemption {record.preemptions} is past "
-                                f"max_preemptions={self.max_preemptions}: the try fails and "
-                                f"Airflow's retries apply (checkpoint step {step} is kept)") from exc
+                datetime.now(UTC) + timedelta(seconds=RESCHEDULE_DELAY_SECONDS)
+            ) from exc
+        raise SpotTaskPreempted(
+            f"{exc}; preemption {record.preemptions} is past "
+            f"max_preemptions={self.max_preemptions}: the try fails and "
+            f"Airflow's retries apply (checkpoint step {step} is kept)"
+        ) from exc
 
     def _inject(self, checkpointer, restored) -> None:
         parameters = inspect.signature(self.python_callable).parameters
@@ -209,22 +239,10 @@ class _SpotDecoratedOperator(DecoratedOperator, PythonOperator):
             if accepts_any or name in parameters:
                 self.op_kwargs = {**self.op_kwargs, name: value}
 
-    def _watcher(self, checkpointer):
-        from spot_core.interruption import InterruptionWatcher, detector_for
 
-        detector = detector_for(self.cloud, self.metadata_endpoint)
-        watcher = InterruptionWatcher([detector], poll_interval=self.notice_poll_interval)
-
-        def on_notice(notice) -> None:
-            if notice.is_interruption:
-                checkpointer.request_emergency_save(f"{notice.cloud} {notice.action} notice")
-
-        watcher.add_handler(on_notice)
-        return watcher.start()
-
-
-def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | None = None,
-              **kwargs: Any):
+def spot_task(
+    python_callable: Callable | None = None, multiple_outputs: bool | None = None, **kwargs: Any
+):
     """``@task.spot(checkpoint_uri=...)``: run the callable in place with checkpoints and notices.
 
     :param checkpoint_uri: ``file://`` or ``s3://`` store for this task's checkpoints.
@@ -241,6 +259,9 @@ def spot_task(python_callable: Callable | None = None, multiple_outputs: bool | 
 
     Defaults and checks are the knobs' in ``spot_core.settings``.
     """
-    return task_decorator_factory(python_callable=python_callable,
-                                  multiple_outputs=multiple_outputs,
-                                  decorated_operator_class=_SpotDecoratedOperator, **kwargs)
+    return task_decorator_factory(
+        python_callable=python_callable,
+        multiple_outputs=multiple_outputs,
+        decorated_operator_class=_SpotDecoratedOperator,
+        **kwargs,
+    )

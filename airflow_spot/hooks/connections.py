@@ -36,8 +36,10 @@ def check_conn_id(value: Any, name: str, where: str) -> None:
     if value is None:
         return
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
-        raise ValueError(f"{where}: {name}={value!r} must be an Airflow connection id such as "
-                         f"'aws_default', or None")
+        raise ValueError(
+            f"{where}: {name}={value!r} must be an Airflow connection id such as "
+            f"'aws_default', or None"
+        )
 
 
 def _require(conn_id: str, kind: str) -> Any:
@@ -52,7 +54,8 @@ def _require(conn_id: str, kind: str) -> Any:
         raise ConnectionMissing(
             f"{kind} connection {conn_id!r} is not defined in this process; define it in "
             f"a secrets backend or as AIRFLOW_CONN_{conn_id.upper()} in every Airflow "
-            "component that runs spot tasks (workers and the triggerer)") from None
+            "component that runs spot tasks (workers and the triggerer)"
+        ) from None
 
 
 def aws_access(conn_id: str) -> AwsAccess:
@@ -63,10 +66,11 @@ def aws_access(conn_id: str) -> AwsAccess:
     and its clients rather than build a session per trigger; an edited connection
     (rotated keys) gets a new one."""
     connection = _require(conn_id, "AWS")
-    fields = [getattr(connection, name, None) for name in
-              ("conn_type", "host", "login", "password", "schema", "port", "extra")]
-    return kept_access(f"airflow connection {conn_id}", fields,
-                       lambda: _new_aws_access(conn_id))
+    fields = [
+        getattr(connection, name, None)
+        for name in ("conn_type", "host", "login", "password", "schema", "port", "extra")
+    ]
+    return kept_access(f"airflow connection {conn_id}", fields, lambda: _new_aws_access(conn_id))
 
 
 def _new_aws_access(conn_id: str) -> AwsAccess:
@@ -75,10 +79,13 @@ def _new_aws_access(conn_id: str) -> AwsAccess:
     hook = AwsBaseHook(aws_conn_id=conn_id, client_type="ec2")
     config = hook.conn_config
     endpoints = {service: config.get_service_endpoint_url(service) for service in AWS_SERVICES}
-    return AwsAccess(session=hook.get_session(region_name=config.region_name),
-                     region=config.region_name, endpoint_url=config.endpoint_url,
-                     service_endpoints={s: url for s, url in endpoints.items() if url},
-                     verify=config.verify)
+    return AwsAccess(
+        session=hook.get_session(region_name=config.region_name),
+        region=config.region_name,
+        endpoint_url=config.endpoint_url,
+        service_endpoints={s: url for s, url in endpoints.items() if url},
+        verify=config.verify,
+    )
 
 
 def kubernetes_client(conn_id: str) -> Any:

@@ -17,8 +17,9 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from airflow_spot.hooks.spot import SpotHook
 
@@ -36,14 +37,22 @@ class SpotKubernetesHook(SpotHook):
         own ``config_file`` / ``in_cluster`` or the default kubeconfig).
     """
 
-    def __init__(self, provider_options: Mapping[str, Any] | None = None, *,
-                 kubernetes_conn_id: str | None = None, cluster_context: str | None = None,
-                 config_file: str | None = None, in_cluster: bool | None = None) -> None:
+    def __init__(
+        self,
+        provider_options: Mapping[str, Any] | None = None,
+        *,
+        kubernetes_conn_id: str | None = None,
+        cluster_context: str | None = None,
+        config_file: str | None = None,
+        in_cluster: bool | None = None,
+    ) -> None:
         given = sorted(set(provider_options or {}) & set(CONNECTION_OPTIONS))
         if given:
-            raise ValueError(f"provider_options {given} say how to reach the cluster; pass "
-                             "kubernetes_conn_id (or config_file / in_cluster / "
-                             "cluster_context) instead")
+            raise ValueError(
+                f"provider_options {given} say how to reach the cluster; pass "
+                "kubernetes_conn_id (or config_file / in_cluster / "
+                "cluster_context) instead"
+            )
         super().__init__(PROVIDER, provider_options)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.cluster_context = cluster_context
@@ -61,9 +70,12 @@ class SpotKubernetesHook(SpotHook):
     def _kube_hook(self):
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        return KubernetesHook(conn_id=self.kubernetes_conn_id, in_cluster=self.in_cluster,
-                              config_file=self.config_file,
-                              cluster_context=self.cluster_context)
+        return KubernetesHook(
+            conn_id=self.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            config_file=self.config_file,
+            cluster_context=self.cluster_context,
+        )
 
     @property
     def reopen_options(self) -> dict[str, Any]:
@@ -81,8 +93,10 @@ def _resolve(hook) -> dict[str, Any]:
     path = _first(hook.config_file, field("kube_config_path"))
     inline = field("kube_config")
     if sum(1 for o in (in_cluster, path, inline) if o) > 1:
-        raise ValueError(f"connection {hook.conn_id!r}: kube_config_path, kube_config and "
-                         "in_cluster are mutually exclusive; set only one")
+        raise ValueError(
+            f"connection {hook.conn_id!r}: kube_config_path, kube_config and "
+            "in_cluster are mutually exclusive; set only one"
+        )
     options: dict[str, Any] = {}
     if in_cluster:
         options["in_cluster"] = True

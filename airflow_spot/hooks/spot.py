@@ -1,13 +1,13 @@
 """The hook: every call from Airflow into spot capacity goes through here.
 
-``SpotHook`` opens a capacity provider by name (``local``, ``ec2``, and ``kubernetes``
-through the same ``open_provider`` registry) from JSON-able options, so the worker that
-launches a lease and the triggerer that watches it can each open the same provider in
-their own process. Credentials are never among those options: the hook resolves the
-connection ids it is given (``aws_conn_id`` for ec2 and S3 checkpoint stores,
-``kubernetes_conn_id`` for kubernetes) through the amazon and cncf-kubernetes hooks in
-the process that opens the provider (``airflow_spot.hooks.connections``). It also
-builds the controller both of them drive.
+``SpotHook`` opens a capacity provider by name from JSON-able options, through the
+``spot_core.jobs`` façade, so the worker that launches a lease and the triggerer that
+watches it can each open the same provider in their own process. Credentials are never
+among those options: the hook resolves the connection of the kind the provider takes
+(its plugin's ``session``: ``aws_conn_id`` for an AWS session, ``kubernetes_conn_id`` for
+a Kubernetes API client; ``aws_conn_id`` also for S3 checkpoint stores) through the
+amazon and cncf-kubernetes hooks in the process that opens the provider
+(``airflow_spot.hooks.connections``). It also builds the controller both of them drive.
 """
 
 from __future__ import annotations
@@ -15,22 +15,20 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping
+from typing import Any
 
 from airflow.sdk import BaseHook
 
 from airflow_spot.hooks.connections import aws_access, kubernetes_client
+from spot_core import jobs
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, Persist
-from spot_core.model import Lease, Pool
-from spot_core.policy.retry import RetryPolicy
 from spot_core.errors import ConfigError
-from spot_core.providers import PROVIDER_NAMES, open_provider, takes_session
-from spot_core.providers.base import Provider
+from spot_core.model import Lease
+from spot_core.settings import SpotSettings
 
-PROVIDERS = PROVIDER_NAMES
-
-_OPEN: dict[str, Provider] = {}
+_OPEN: dict[str, Any] = {}
 _OPEN_LOCK = threading.Lock()
 
 
@@ -43,13 +41,20 @@ class SpotHook(BaseHook):
 
     hook_name = "Spot capacity"
 
-    def __init__(self, provider: str = "local", provider_options: Mapping[str, Any] | None = None,
-                 *, aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        provider: str = SpotSettings.provider,
+        provider_options: Mapping[str, Any] | None = None,
+        *,
+        aws_conn_id: str | None = None,
+        kubernetes_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        if provider not in PROVIDERS:
-            raise ValueError(f"unknown capacity provider {provider!r}: use one of "
-                             f"{', '.join(PROVIDERS)}")
+        try:  # read when used, so a provider installed after this module loaded counts
+            jobs.plugin(provider)
+        except ConfigError as exc:
+            raise ValueError(f"unknown capacity provider {provider!r}: {exc}") from None
         self.provider_name = provider
         self.provider_options = dict(provider_options or {})
         self.aws_conn_id = aws_conn_id
@@ -64,64 +69,66 @@ class SpotHook(BaseHook):
         return self.aws_conn_id, self.kubernetes_conn_id
 
     @functools.cached_property
-    def aws(self):
+    def aws(self) -> Any:
         """The AWS connection's ``AwsAccess`` (None without ``aws_conn_id``: boto3's chain)."""
         return None if self.aws_conn_id is None else aws_access(self.aws_conn_id)
 
     def _session(self) -> Any:
-        """What the provider reaches its cloud with, from this process's connections."""
-        if self.provider_name == "kubernetes" and self.kubernetes_conn_id is not None:
-            if not takes_session("kubernetes"):  # never ignore a connection silently
-                raise ConfigError(f"kubernetes_conn_id={self.kubernetes_conn_id!r}: this "
-                                  "build's kubernetes provider takes no API client; drop "
-                                  "kubernetes_conn_id (the provider's kubeconfig options "
-                                  "apply) or upgrade spot-pipelines")
+        """What the provider reaches its cloud with: the connection of the kind its plugin
+        says it takes, resolved in this process (None: its SDK's default chain)."""
+        kind = jobs.plugin(self.provider_name).session
+        if kind is jobs.SessionKind.AWS:
+            return self.aws
+        if kind is jobs.SessionKind.KUBERNETES and self.kubernetes_conn_id is not None:
             return kubernetes_client(self.kubernetes_conn_id)
-        return self.aws
+        return None
 
-    def get_provider(self) -> Provider:
+    def get_provider(self) -> Any:
         """The provider for these options and connections; one instance per process."""
         with _OPEN_LOCK:
             provider = _OPEN.get(self.cache_key)
             if provider is None:
-                provider = open_provider(self.provider_name, session=self._session(),
-                                         **self.provider_options)
+                provider = jobs.reopen_provider(
+                    self.provider_name, self.provider_options, session=self._session()
+                )
                 _OPEN[self.cache_key] = provider
                 # A trigger running in this process (dag.test) reopens it by its options.
-                reopen = getattr(provider, "options", None)
-                if reopen:
-                    _OPEN.setdefault(_key(self.provider_name, reopen, *self._conn_ids),
-                                     provider)
+                if provider.options:
+                    _OPEN.setdefault(
+                        _key(self.provider_name, provider.options, *self._conn_ids), provider
+                    )
             return provider
 
-    def open_store(self, uri: str):
+    def open_store(self, uri: str) -> Any:
         """A checkpoint store reached with the AWS connection (boto3's chain without one)."""
         return open_store(uri, session=self.aws)
 
     @property
     def reopen_options(self) -> dict[str, Any]:
-        """Options another process passes to ``open_provider`` to reach the same capacity."""
-        options = getattr(self.get_provider(), "options", None)
-        return dict(options) if options is not None else dict(self.provider_options)
+        """Options another process passes to the provider to reach the same capacity."""
+        return dict(self.get_provider().options or self.provider_options)
 
-    def pools(self, zones: Sequence[str] | None = None) -> tuple[Pool, ...]:
-        provider = self.get_provider()
-        pools = tuple(provider.pools()) if hasattr(provider, "pools") else ()
-        if zones:
-            pools = tuple(p for p in pools if p.zone in set(zones))
-        return pools
+    def pools(self, zones: Any = None) -> tuple:
+        """The provider's pools in ``zones`` (every one when None)."""
+        return jobs.select_pools(self.get_provider(), zones=zones or ())
 
-    def controller(self, policy: RetryPolicy = RetryPolicy(), persist: Persist | None = None,
-                   **options: Any) -> Controller:
-        """The controller over this provider; ``options`` are the Controller's keyword
-        options (poll_interval, attempt_timeout, heartbeat_timeout, observe_failure_timeout),
-        the same in the worker that launches and the triggerer that watches."""
-        provider = self.get_provider()
-        # The provider's own store access if it has one (ec2: the same session), else
-        # the AWS connection's (an s3:// store under the local provider).
-        stores = None if hasattr(provider, "open_store") else self.open_store
-        return Controller(provider, provider.market, policy, persist=persist, stores=stores,
-                          **options)
+    def controller(
+        self,
+        settings: SpotSettings,
+        *,
+        max_user_retries: int | None = None,
+        persist: Persist | None = None,
+    ) -> Controller:
+        """The controller over this provider under ``settings``, the same in the worker
+        that launches and the triggerer that watches; stores are reached with the
+        provider's own credentials when it has them, else with the AWS connection."""
+        return jobs.controller(
+            settings,
+            self.get_provider(),
+            max_user_retries=max_user_retries,
+            persist=persist,
+            engine_stores=self.open_store,
+        )
 
     # -- leases -----------------------------------------------------------------------------
     def terminate(self, lease: Lease) -> None:
@@ -132,4 +139,3 @@ class SpotHook(BaseHook):
             provider = _OPEN.pop(self.cache_key, None)
         if provider is not None:
             provider.close()
-

@@ -18,8 +18,10 @@ class SpotKubernetesPodLink(_XComLink):
     @staticmethod
     def url_for(api_server: str, namespace: str, pod: str) -> str:
         quote = urllib.parse.quote
-        return (f"{api_server.rstrip('/')}/api/v1/namespaces/{quote(namespace, safe='')}"
-                f"/pods/{quote(pod, safe='')}")
+        return (
+            f"{api_server.rstrip('/')}/api/v1/namespaces/{quote(namespace, safe='')}"
+            f"/pods/{quote(pod, safe='')}"
+        )
 
     @staticmethod
     def pod_of(lease: Lease) -> tuple[str, str] | None:

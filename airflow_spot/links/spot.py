@@ -38,8 +38,7 @@ class SpotCheckpointLink(_XComLink):
         parts = urllib.parse.urlsplit(checkpoint_uri)
         if parts.scheme == "s3":
             prefix = urllib.parse.quote(parts.path.lstrip("/").rstrip("/") + "/")
-            return (f"https://s3.console.aws.amazon.com/s3/buckets/{parts.netloc}"
-                    f"?prefix={prefix}")
+            return f"https://s3.console.aws.amazon.com/s3/buckets/{parts.netloc}?prefix={prefix}"
         return checkpoint_uri
 
 
@@ -49,5 +48,7 @@ class SpotEc2InstanceLink(_XComLink):
 
     @staticmethod
     def url_for(region: str, instance_id: str) -> str:
-        return (f"https://console.aws.amazon.com/ec2/home?region={region}"
-                f"#InstanceDetails:instanceId={instance_id}")
+        return (
+            f"https://console.aws.amazon.com/ec2/home?region={region}"
+            f"#InstanceDetails:instanceId={instance_id}"
+        )

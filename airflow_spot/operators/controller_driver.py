@@ -13,16 +13,19 @@ the next try resumes from the latest checkpoint with the JobRecord read back fro
 task state store (a running attempt is reattached, not relaunched).
 
 An operator using ``ControllerDriverMixin`` provides ``settings`` (``SpotSettings``),
-``policy``, ``deferrable``, ``checkpoint_uri``, ``spot_hook`` (a ``SpotHook``), and
-``_spec(record)``, ``_validate_rendered()`` and ``_trigger(spec, nxt, not_before)``.
+``deferrable``, ``checkpoint_uri``, ``spot_hook`` (a ``SpotHook``), and
+``_spec(job_id, created_at)`` (its JobSpec, through ``spot_core.jobs``),
+``_validate_rendered()`` and ``_trigger(spec, nxt, not_before)``. The job itself (its
+spec, id and controller) is assembled by ``spot_core.jobs``; this module only drives it
+the Airflow way.
 """
 
 from __future__ import annotations
 
-import re
 import time
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -30,9 +33,18 @@ from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink
 from airflow_spot.records import persister, stored_record
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
+from spot_core import jobs
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
+from spot_core.policy.retry import RetryPolicy
+
+if TYPE_CHECKING:  # what the mixin drives: the operator it is mixed into
+    from airflow.sdk import BaseOperator
+
+    _Operator = BaseOperator
+else:
+    _Operator = object
 
 RECORD_KEY = "spot_job_record"
 NOTICE_WATCH_SECONDS = 180.0  # after a notice: the longest notice (120 s) plus grace
@@ -54,8 +66,9 @@ def defer_hold_seconds() -> float:
         from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
     except ImportError:  # another Task SDK layout: keep the safe hold
         return MIN_DEFER_SECONDS
-    in_process = isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None),
-                            InProcessSupervisorComms)
+    in_process = isinstance(
+        getattr(task_runner, "SUPERVISOR_COMMS", None), InProcessSupervisorComms
+    )
     return 0.0 if in_process else MIN_DEFER_SECONDS
 
 
@@ -67,71 +80,76 @@ class SpotJobFailed(AirflowException):
     """The policy gave up (budgets spent, no capacity for too long)."""
 
 
-def safe_id(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:200]
-
-
-class ControllerDriverMixin:
+class ControllerDriverMixin(_Operator):
     """Drives one job through ``spot_core.controller`` from an Airflow task."""
 
-    spot_hook: SpotHook
+    if TYPE_CHECKING:  # provided by the operator (see the module's docstring)
+        deferrable: bool
+        checkpoint_uri: str
+
+        @property
+        def spot_hook(self) -> SpotHook: ...
+
+        def _spec(self, job_id: str, created_at: float | None) -> JobSpec: ...
+
+        def _validate_rendered(self) -> None: ...
+
     _watching: tuple[Controller, JobSpec, Next] | None = None  # while watching here
     _killed: bool = False
 
     # -- building blocks ----------------------------------------------------------------------
     def _adopt_settings(self, settings) -> None:
-        """Keep the checked settings and what the driver reads from them (each operator
-        builds its ``SpotSettings`` from its own parameters, then hands them here)."""
+        """Keep the checked settings (each operator builds its ``SpotSettings`` from its own
+        parameters, then hands them here)."""
         self.settings = settings
         self.zones = list(settings.zones) or None
-        self.poll_interval = settings.poll_interval  # also KPO's attribute: the spot value
-        # A user failure never spends a policy budget: Airflow's own retries are its budget.
-        self.policy = settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
+        self.poll_interval = settings.poll_interval_seconds  # also KPO's attribute
+
+    @property
+    def policy(self) -> RetryPolicy:
+        """The retry policy the controller runs with: a user failure never spends a policy
+        budget, Airflow's own retries are its budget."""
+        return self.settings.retry_policy(max_user_retries=UNLIMITED_USER_RETRIES)
 
     def controller_options(self) -> dict[str, Any]:
-        """The Controller's options from the settings, the same in worker and trigger."""
-        return self.settings.controller_options()
-
-    def _deadline_spec(self, created_at: float) -> dict[str, Any]:
-        """JobSpec's deadline fields under the settings' time convention
-        (``spot_core.settings``): durations count in the provider's capacity time."""
-        provider = self.spot_hook.get_provider()
-        return self.settings.deadline_spec(created_at=created_at,
-                                           capacity_per_wall=provider.capacity_seconds(1.0))
+        """The controller's knobs from the settings (their surface names, JSON-able: the
+        trigger's kwargs carry them), the same in worker and trigger."""
+        return self.settings.knob_values(controller_only=True)
 
     def _controller(self, context) -> Controller:
-        return self.spot_hook.controller(self.policy, persist=persister(context, RECORD_KEY),
-                                         **self.controller_options())
+        return self.spot_hook.controller(
+            self.settings,
+            max_user_retries=UNLIMITED_USER_RETRIES,
+            persist=persister(context, RECORD_KEY),
+        )
 
     def _job_id(self, context) -> str:
         ti = context["ti"]
         index = getattr(ti, "map_index", -1)
-        suffix = "" if index is None or index < 0 else f".{index}"
-        return safe_id(f"{ti.dag_id}.{ti.task_id}{suffix}.{ti.run_id}")
+        return jobs.job_id(
+            ti.dag_id, ti.task_id, None if index is None or index < 0 else index, ti.run_id
+        )
 
     def _stored_record(self, context) -> JobRecord | None:
         """The record an earlier try left in the task state store, if any."""
         return stored_record(context, RECORD_KEY, self.task_id)
 
-    def _load_record(self, context, controller: Controller,
-                     stored: JobRecord | None = None) -> JobRecord:
-        """The record from the task state store (an earlier try, read by
-        ``_stored_record``), or a new one."""
+    def _job_spec(self, context, stored: JobRecord | None) -> JobSpec:
+        """The job of this try: an earlier try's (its id and creation time, so it keeps
+        its deadline), or a new one."""
         if stored is None:
-            stored = self._stored_record(context)
-        if stored is None:
-            now = time.time()
-            record = JobRecord(job_id=self._job_id(context), created_at=now,
-                               checkpoint_uri=self.checkpoint_uri,
-                               deadline=self._deadline_spec(now)["deadline"])
-            controller.persist(record)
-            return record
-        record = stored
-        self.log.info("resuming job %s from the task state store: %s", record.job_id,
-                      record.summary())
-        if record.status is JobStatus.FAILED:  # a new Airflow try is a new chance
-            record = record.with_status(JobStatus.RUNNING if record.current_attempt
-                                        else JobStatus.PENDING)
+            return self._spec(self._job_id(context), None)
+        return self._spec(stored.job_id, stored.created_at)
+
+    def _resumed(self, record: JobRecord) -> JobRecord:
+        """An earlier try's record, reopened: a new Airflow try is a new chance."""
+        self.log.info(
+            "resuming job %s from the task state store: %s", record.job_id, record.summary()
+        )
+        if record.status is JobStatus.FAILED:
+            return record.with_status(
+                JobStatus.RUNNING if record.current_attempt else JobStatus.PENDING
+            )
         return record
 
     # -- execution: a driver of the controller's lifecycle --------------------------------------
@@ -140,29 +158,40 @@ class ControllerDriverMixin:
         self._validate_rendered()
         stored = self._stored_record(context)  # a corrupt record stops before anything opens
         controller = self._controller(context)
-        record = self._load_record(context, controller, stored)
+        spec = self._job_spec(context, stored)
+        record = (
+            controller.persist(controller.new_record(spec))
+            if stored is None
+            else self._resumed(stored)
+        )
         SpotCheckpointLink.persist(context, SpotCheckpointLink.url_for(self.checkpoint_uri))
         self._persist_lease_link(context, None)  # filled in when an attempt runs
         if record.current_attempt is not None:  # an earlier try left it running: reattach
-            self.log.info("reattaching to attempt %d (lease %s) left by an earlier try",
-                          record.current_attempt.number, record.current_attempt.lease_id)
-        spec = self._spec(record)
+            self.log.info(
+                "reattaching to attempt %d (lease %s) left by an earlier try",
+                record.current_attempt.number,
+                record.current_attempt.lease_id,
+            )
         return self._drive(context, controller, spec, controller.advance(spec, record))
 
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Back from the trigger: keep its record, then go on driving from its Next."""
         nxt = self._event_next(event)
+        assert event is not None  # _event_next refused anything but a known event
         controller = self._controller(context)
         controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
-        spec = self._spec(nxt.record)
+        spec = self._spec(nxt.record.job_id, nxt.record.created_at)
         if event["status"] == "error":  # the next try reattaches to the recorded attempt
-            raise AirflowException(f"job {nxt.record.job_id}: the trigger failed: "
-                                   f"{event.get('message')}")
+            raise AirflowException(
+                f"job {nxt.record.job_id}: the trigger failed: {event.get('message')}"
+            )
         if event["status"] == "wake":
             nxt = controller.advance(spec, nxt.record)
         elif event["status"] == "notice":
-            self.log.warning("attempt %d got an interruption notice; the step saves an emergency "
-                             "checkpoint", nxt.lease.attempt)
+            self.log.warning(
+                "attempt %d got an interruption notice; the step saves an emergency checkpoint",
+                self._lease_of(nxt).attempt,
+            )
         return self._drive(context, controller, spec, nxt)
 
     def _event_next(self, event: Any) -> Next:
@@ -170,14 +199,18 @@ class ControllerDriverMixin:
         persists nothing: the retry resumes from the record already in the task state store."""
         status = event.get("status") if isinstance(event, Mapping) else None
         if status not in EVENT_STATUSES:
-            raise AirflowException(f"{self.task_id}: unexpected trigger event (status "
-                                   f"{status!r}, expected one of {', '.join(EVENT_STATUSES)}); "
-                                   "the next try resumes from the task state store")
+            raise AirflowException(
+                f"{self.task_id}: unexpected trigger event (status "
+                f"{status!r}, expected one of {', '.join(EVENT_STATUSES)}); "
+                "the next try resumes from the task state store"
+            )
         try:
             return Next.from_dict(event.get("next"))
         except ConfigError as exc:
-            raise AirflowException(f"{self.task_id}: the trigger's event cannot be read: {exc}; "
-                                   "the next try resumes from the task state store") from None
+            raise AirflowException(
+                f"{self.task_id}: the trigger's event cannot be read: {exc}; "
+                "the next try resumes from the task state store"
+            ) from None
 
     def _drive(self, context, controller: Controller, spec: JobSpec, nxt: Next) -> dict[str, Any]:
         """Follow the controller's answers until the job finishes or the task defers."""
@@ -200,12 +233,25 @@ class ControllerDriverMixin:
             else:  # watch
                 self._persist_lease_link(context, nxt.lease)
                 if self.deferrable and not self._notice_pending(nxt):
-                    self.log.info("watching attempt %d on %s (lease %s)%s from the triggerer: %s",
-                                  nxt.lease.attempt, nxt.lease.pool.key, nxt.lease.lease_id,
-                                  self._trace_position(), nxt.reason)
+                    lease = self._lease_of(nxt)
+                    self.log.info(
+                        "watching attempt %d on %s (lease %s)%s from the triggerer: %s",
+                        lease.attempt,
+                        lease.pool.key,
+                        lease.lease_id,
+                        self._trace_position(),
+                        nxt.reason,
+                    )
                     self._defer(spec, nxt)
                 nxt = self._watch_here(controller, spec, nxt)
         raise SpotJobFailed(f"job {spec.job_id} did not settle in {MAX_ROUNDS} rounds")
+
+    @staticmethod
+    def _lease_of(nxt: Next) -> Lease:
+        """The lease a watch step (and a trigger's notice) carries."""
+        if nxt.lease is None:
+            raise AirflowException(f"job {nxt.record.job_id}: a {nxt.action} step without a lease")
+        return nxt.lease
 
     @staticmethod
     def _notice_pending(nxt: Next) -> bool:
@@ -221,7 +267,7 @@ class ControllerDriverMixin:
         self._watching = (controller, spec, nxt)
         try:
             while nxt.action == "watch" and not (self.deferrable and not self._notice_pending(nxt)):
-                time.sleep(self.settings.poll_interval)
+                time.sleep(self.settings.poll_interval_seconds)
                 if self._killed:
                     raise AirflowException(f"job {spec.job_id}: the task was killed")
                 nxt = controller.check(spec, nxt)
@@ -244,27 +290,42 @@ class ControllerDriverMixin:
         """Log how the attempt ended; a failure of the step's own code spends an Airflow try."""
         attempt = record.attempts[-1]
         pool = attempt.pool.key if attempt.pool is not None else "-"
-        self.log.info("attempt %d ended %s on %s (checkpoint %s -> %s) %s", attempt.number,
-                      attempt.outcome, pool, attempt.checkpoint_step_start,
-                      attempt.checkpoint_step_end, attempt.message)
+        self.log.info(
+            "attempt %d ended %s on %s (checkpoint %s -> %s) %s",
+            attempt.number,
+            attempt.outcome,
+            pool,
+            attempt.checkpoint_step_start,
+            attempt.checkpoint_step_end,
+            attempt.message,
+        )
         if attempt.outcome is Outcome.USER_FAILED:
             why = attempt.message or "it exited with a non-zero code"
-            raise SpotUserStepFailed(f"the step's own code failed on attempt {attempt.number} "
-                                     f"({why}); the next try resumes from checkpoint step "
-                                     f"{attempt.checkpoint_step_end}")
+            raise SpotUserStepFailed(
+                f"the step's own code failed on attempt {attempt.number} "
+                f"({why}); the next try resumes from checkpoint step "
+                f"{attempt.checkpoint_step_end}"
+            )
 
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
         """The trigger that watches ``nxt`` in the triggerer."""
-        return SpotJobTrigger(provider=self.settings.provider,
-                              provider_options=self.spot_hook.reopen_options,
-                              next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
-                              controller_options=self.controller_options(),
-                              not_before=not_before)
+        return SpotJobTrigger(
+            provider=self.settings.provider,
+            provider_options=self.spot_hook.reopen_options,
+            next=nxt.to_dict(),
+            checkpoint_uri=spec.checkpoint_uri,
+            controller_options=self.controller_options(),
+            not_before=not_before,
+        )
 
     def _defer(self, spec: JobSpec, nxt: Next) -> None:
         trigger = self._trigger(spec, nxt, not_before=time.time() + defer_hold_seconds())
         # Airflow's own bound sits past the controller's (attempt limit, observe failures).
-        end_by = nxt.until if nxt.action == "sleep" else nxt.until + self.settings.observe_failure_timeout
+        end_by = (
+            nxt.until
+            if nxt.action == "sleep"
+            else nxt.until + self.settings.observe_failure_timeout_seconds
+        )
         timeout = timedelta(seconds=max(0.0, end_by - time.time()) + 600)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
 
@@ -284,9 +345,8 @@ class ControllerDriverMixin:
         return bool(self.do_xcom_push)
 
     def _trace_position(self) -> str:
-        """Where a trace-replaying market is in its trace (for the logs), or nothing."""
-        tick_at = getattr(self.spot_hook.get_provider().market, "tick_at", None)
-        return "" if tick_at is None else f" at trace tick {tick_at(time.time())}"
+        """Where a trace-replaying provider is in its traces (for the logs), or nothing."""
+        return jobs.trace_position(self.spot_hook.get_provider())
 
     def _persist_lease_link(self, context, lease: Lease | None) -> None:
         """Store the link to the capacity ``lease`` runs on (None: before any attempt)."""

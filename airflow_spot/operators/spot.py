@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowFailException
@@ -27,16 +28,20 @@ from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.links.spot import SpotCheckpointLink, SpotEc2InstanceLink
 from airflow_spot.operators.controller_driver import (  # noqa: F401 - re-exported names
-    RECORD_KEY, UNLIMITED_USER_RETRIES, ControllerDriverMixin, SpotJobFailed,
-    SpotUserStepFailed)
+    RECORD_KEY,
+    UNLIMITED_USER_RETRIES,
+    ControllerDriverMixin,
+    SpotJobFailed,
+    SpotUserStepFailed,
+)
 from airflow_spot.records import persister
 from airflow_spot.triggers.spot import SpotJobTrigger
+from spot_core import jobs
 from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, Lease
-from spot_core.providers import check_provider
-from spot_core.settings import SpotSettings, default, knob, pop_aliases
+from spot_core.model import Lease
+from spot_core.settings import OPERATOR, SpotSettings, default, knob, knobs_for, pop_aliases
 
 CHECKPOINT_SCHEMES = ("file://", "s3://")
 
@@ -119,44 +124,56 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     fields as written, before rendering).
     """
 
-    template_fields: Sequence[str] = ("command", "checkpoint_uri", "provider_options", "env",
-                                      "image")
+    template_fields: Sequence[str] = (
+        "command",
+        "checkpoint_uri",
+        "provider_options",
+        "env",
+        "image",
+    )
     template_fields_renderers = {"provider_options": "json", "env": "json"}
     operator_extra_links = (SpotCheckpointLink(), SpotEc2InstanceLink())
     ui_color = "#f9d27a"
 
-    def __init__(self, *, command: str | Sequence[str], checkpoint_uri: str,
-                 provider: str = default("provider"),
-                 provider_options: Mapping[str, Any] | None = None,
-                 image: str | None = default("image"), zones: Sequence[str] = default("zones"),
-                 env: Mapping[str, str] | None = None,
-                 max_preemptions: int = default("max_preemptions"),
-                 on_demand_fallback: bool = default("on_demand_fallback"),
-                 return_to_spot: bool = default("return_to_spot"),
-                 min_on_demand: Duration = default("min_on_demand"),
-                 max_spot_price: float | None = default("max_spot_price"),
-                 capacity_wait: Duration = default("capacity_wait"),
-                 max_capacity_waits: int = default("max_capacity_waits"),
-                 max_infrastructure_retries: int = default("max_infrastructure_retries"),
-                 max_disruptions: int = default("max_disruptions"),
-                 deadline: Duration | datetime | None = default("deadline"),
-                 work: Duration | None = default("work"),
-                 total_steps: int | None = default("total_steps"),
-                 restart_overhead: Duration = default("restart_overhead"),
-                 deadline_policy: str | None = default("deadline_policy"),
-                 attempt_timeout: Duration = default("attempt_timeout"),
-                 poll_interval: Duration = default("poll_interval"),
-                 heartbeat_timeout: Duration = default("heartbeat_timeout"),
-                 heartbeat_uri: str | None = default("heartbeat_uri"),
-                 take_over: bool = default("take_over"),
-                 observe_failure_timeout: Duration = default("observe_failure_timeout"),
-                 alert_interruption_rate: float | None = default("alert_interruption_rate"),
-                 alert_spot_price: float | None = default("alert_spot_price"),
-                 on_spot_alert: Callable[[dict, Any], None] | None = None,
-                 deferrable: bool = conf.getboolean("operators", "default_deferrable",
-                                                    fallback=False),
-                 aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        command: str | Sequence[str],
+        checkpoint_uri: str,
+        provider: str = default("provider"),
+        provider_options: Mapping[str, Any] | None = None,
+        image: str | None = default("image"),
+        zones: Sequence[str] = default("zones"),
+        env: Mapping[str, str] | None = None,
+        max_preemptions: int = default("max_preemptions"),
+        on_demand_fallback: bool = default("on_demand_fallback"),
+        return_to_spot: bool = default("return_to_spot"),
+        min_on_demand: Duration = default("min_on_demand"),
+        max_spot_price: float | None = default("max_spot_price"),
+        capacity_wait: Duration = default("capacity_wait"),
+        max_capacity_waits: int = default("max_capacity_waits"),
+        max_infrastructure_retries: int = default("max_infrastructure_retries"),
+        max_disruptions: int = default("max_disruptions"),
+        deadline: Duration | datetime | None = default("deadline"),
+        work: Duration | None = default("work"),
+        total_steps: int | None = default("total_steps"),
+        restart_overhead: Duration = default("restart_overhead"),
+        deadline_policy: str | None = default("deadline_policy"),
+        attempt_timeout: Duration = default("attempt_timeout"),
+        poll_interval: Duration = default("poll_interval"),
+        heartbeat_timeout: Duration = default("heartbeat_timeout"),
+        heartbeat_uri: str | None = default("heartbeat_uri"),
+        take_over: bool = default("take_over"),
+        observe_failure_timeout: Duration = default("observe_failure_timeout"),
+        alert_interruption_rate: float | None = default("alert_interruption_rate"),
+        alert_spot_price: float | None = default("alert_spot_price"),
+        on_spot_alert: Callable[[dict, Any], None] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        aws_conn_id: str | None = None,
+        kubernetes_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        given = locals()  # first: the knobs as written (the settings model checks them)
         renamed = pop_aliases(kwargs, where=kwargs.get("task_id", ""))
         super().__init__(**kwargs)
         check_conn_id(aws_conn_id, "aws_conn_id", self.task_id)
@@ -166,40 +183,35 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         self.command = command
         self.checkpoint_uri = checkpoint_uri
         if env is not None and not isinstance(env, Mapping):
-            raise ValueError(f"{self.task_id}: env={env!r} must be a mapping of variable "
-                             "names to strings, e.g. {'MODEL': 'resnet'}")
+            raise ValueError(
+                f"{self.task_id}: env={env!r} must be a mapping of variable "
+                "names to strings, e.g. {'MODEL': 'resnet'}"
+            )
         self.env = dict(env or {})
         self.image = image
         if not isinstance(deferrable, bool):
             raise ValueError(f"{self.task_id}: deferrable={deferrable!r} must be True or False")
         self.deferrable = deferrable
         self._validate_static()
-        self._adopt_settings(self._settings({
-            "provider": provider,
-            "provider_options": {} if provider_options is None else provider_options,
-            "image": image, "zones": () if zones is None else zones,
-            "max_preemptions": max_preemptions, "on_demand_fallback": on_demand_fallback,
-            "return_to_spot": return_to_spot, "min_on_demand": min_on_demand,
-            "max_spot_price": max_spot_price, "capacity_wait": capacity_wait,
-            "max_capacity_waits": max_capacity_waits,
-            "max_infrastructure_retries": max_infrastructure_retries, "max_disruptions": max_disruptions, "deadline": deadline,
-            "work": work, "total_steps": total_steps, "restart_overhead": restart_overhead,
-            "deadline_policy": deadline_policy,
-            "attempt_timeout": attempt_timeout, "poll_interval": poll_interval,
-            "heartbeat_timeout": heartbeat_timeout, "heartbeat_uri": heartbeat_uri,
-            "take_over": take_over,
-            "observe_failure_timeout": observe_failure_timeout,
-            "alert_interruption_rate": alert_interruption_rate,
-            "alert_spot_price": alert_spot_price, **renamed}))
+        self._adopt_settings(
+            self._settings(
+                {
+                    **{k.name: given[k.name] for k in knobs_for(OPERATOR)},
+                    "provider_options": {} if provider_options is None else provider_options,
+                    "zones": () if zones is None else zones,
+                    **renamed,
+                }
+            )
+        )
         if on_spot_alert is not None and not callable(on_spot_alert):
-            raise ValueError(f"{self.task_id}: on_spot_alert={on_spot_alert!r} must be a "
-                             "function taking (alert, context), or None")
+            raise ValueError(
+                f"{self.task_id}: on_spot_alert={on_spot_alert!r} must be a "
+                "function taking (alert, context), or None"
+            )
         self.on_spot_alert = on_spot_alert
         settings = self.settings
         self.provider = settings.provider
         self.provider_options = dict(settings.provider_options)
-        self.deadline_seconds = settings.deadline
-        self.attempt_timeout_seconds = settings.attempt_timeout
         self._hook: SpotHook | None = None
 
     # -- parse-time validation --------------------------------------------------------------
@@ -212,15 +224,20 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         try:  # what the provider refuses in the step's environment (ec2: credentials)
-            check_provider(settings.provider, settings.provider_options,
-                           env={k: v for k, v in self.env.items() if not _is_template(v)})
+            jobs.check_provider(
+                settings.provider,
+                settings.provider_options,
+                env={k: v for k, v in self.env.items() if not _is_template(v)},
+            )
         except ConfigError as exc:
             raise ValueError(f"{self.task_id}: {exc}") from None
         try:  # trigger kwargs and the task state store hold them as JSON
             json.dumps(settings.provider_options, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{self.task_id}: provider_options must be JSON-able (strings, "
-                             f"finite numbers, lists, mappings): {exc}") from None
+            raise ValueError(
+                f"{self.task_id}: provider_options must be JSON-able (strings, "
+                f"finite numbers, lists, mappings): {exc}"
+            ) from None
         return settings
 
     def _validate_static(self) -> None:
@@ -228,18 +245,30 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         command = self.command
         if isinstance(command, str):
             if not command.strip():
-                raise ValueError(f"{self.task_id}: command is empty; pass the step's command, "
-                                 "e.g. command=['python', '-m', 'my.train']")
-        elif not isinstance(command, (list, tuple)) or not command \
-                or not all(isinstance(a, str) for a in command):
-            raise ValueError(f"{self.task_id}: command={command!r} must be a non-empty string "
-                             "or list of strings, e.g. ['python', '-m', 'my.train']")
+                raise ValueError(
+                    f"{self.task_id}: command is empty; pass the step's command, "
+                    "e.g. command=['python', '-m', 'my.train']"
+                )
+        elif (
+            not isinstance(command, (list, tuple))
+            or not command
+            or not all(isinstance(a, str) for a in command)
+        ):
+            raise ValueError(
+                f"{self.task_id}: command={command!r} must be a non-empty string "
+                "or list of strings, e.g. ['python', '-m', 'my.train']"
+            )
         self._check_uri(self.checkpoint_uri, ValueError)
         image = self.image
-        if image is not None and not (isinstance(image, str) and image.strip()
-                                      and (_is_template(image) or not any(c.isspace() for c in image))):
-            raise ValueError(f"{self.task_id}: image={image!r} is not an image reference; pass "
-                             "one like 'ghcr.io/acme/train:1.4' or drop image=")
+        if image is not None and not (
+            isinstance(image, str)
+            and image.strip()
+            and (_is_template(image) or not any(c.isspace() for c in image))
+        ):
+            raise ValueError(
+                f"{self.task_id}: image={image!r} is not an image reference; pass "
+                "one like 'ghcr.io/acme/train:1.4' or drop image="
+            )
         if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in self.env.items()):
             raise ValueError(f"{self.task_id}: env must map strings to strings; quote numbers")
 
@@ -253,8 +282,10 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         except ConfigError as exc:
             raise error(f"{self.task_id}: checkpoint_uri: {exc}") from None
         if not str(uri).startswith(CHECKPOINT_SCHEMES):
-            raise error(f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// or "
-                        "s3://, e.g. file:///data/checkpoints/train or s3://bucket/train")
+            raise error(
+                f"{self.task_id}: checkpoint_uri={uri!r} must start with file:// or "
+                "s3://, e.g. file:///data/checkpoints/train or s3://bucket/train"
+            )
 
     def _validate_rendered(self) -> None:
         """Templated fields as rendered for this run: the same checks as at parse time,
@@ -263,12 +294,14 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         try:
             knob("image").parse(self.image or None)
             if not isinstance(self.provider_options, Mapping):
-                raise ConfigError(f"provider_options rendered as {self.provider_options!r}, "
-                                  "not a mapping")
+                raise ConfigError(
+                    f"provider_options rendered as {self.provider_options!r}, not a mapping"
+                )
             if not isinstance(self.env, Mapping) or not all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+            ):
                 raise ConfigError(f"env rendered as {self.env!r}; it must map names to strings")
-            check_provider(self.provider, self.provider_options, env=self.env)
+            jobs.check_provider(self.provider, self.provider_options, env=self.env)
         except ConfigError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
@@ -276,9 +309,12 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     @property
     def spot_hook(self) -> SpotHook:
         if self._hook is None:
-            self._hook = SpotHook(self.provider, self.provider_options,
-                                  aws_conn_id=self.aws_conn_id,
-                                  kubernetes_conn_id=self.kubernetes_conn_id)
+            self._hook = SpotHook(
+                self.provider,
+                self.provider_options,
+                aws_conn_id=self.aws_conn_id,
+                kubernetes_conn_id=self.kubernetes_conn_id,
+            )
         return self._hook
 
     hook = spot_hook  # the operator's hook, by Airflow's usual name
@@ -286,40 +322,54 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     def _controller(self, context) -> Controller:
         """The mixin's controller, whose persist callback also checks the job's pools
         against the alert thresholds at each attempt end (``on_spot_alert``)."""
-        check = alerts.on_attempt_end(lambda: self.spot_hook.get_provider().market,
-                                      lambda: self.spot_hook.pools(self.zones),
-                                      self.settings.alert_thresholds(), context, self.on_spot_alert)
-        return self.spot_hook.controller(self.policy, persist=persister(context, RECORD_KEY, check),
-                                         **self.controller_options())
+        check = alerts.on_attempt_end(
+            lambda: self.spot_hook.get_provider().market,
+            lambda: self.spot_hook.pools(self.zones),
+            self.settings.alert_thresholds(),
+            context,
+            self.on_spot_alert,
+        )
+        return self.spot_hook.controller(
+            self.settings,
+            max_user_retries=UNLIMITED_USER_RETRIES,
+            persist=persister(context, RECORD_KEY, check),
+        )
 
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
         """The mixin's trigger, with the connections the triggerer resolves again by id."""
-        return SpotJobTrigger(provider=self.settings.provider,
-                              provider_options=self.spot_hook.reopen_options,
-                              next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
-                              controller_options=self.controller_options(),
-                              not_before=not_before, aws_conn_id=self.aws_conn_id,
-                              kubernetes_conn_id=self.kubernetes_conn_id)
+        return SpotJobTrigger(
+            provider=self.settings.provider,
+            provider_options=self.spot_hook.reopen_options,
+            next=nxt.to_dict(),
+            checkpoint_uri=spec.checkpoint_uri,
+            controller_options=self.controller_options(),
+            not_before=not_before,
+            aws_conn_id=self.aws_conn_id,
+            kubernetes_conn_id=self.kubernetes_conn_id,
+        )
 
-    def _spec(self, record: JobRecord) -> JobSpec:
+    def _spec(self, job_id: str, created_at: float | None) -> JobSpec:
         command = shlex.split(self.command) if isinstance(self.command, str) else self.command
-        pools = self.hook.pools(self.zones)
-        offered = sorted({p.zone for p in self.hook.pools()})
-        missing = sorted(set(self.zones or ()) - set(offered))
-        if missing or not pools:
-            raise AirflowFailException(f"{self.task_id}: provider {self.provider!r} has no zone(s) "
-                                       f"{missing or self.zones}; set zones= to some of "
-                                       f"{', '.join(offered) or 'its zones'}, or drop zones=")
-        return JobSpec(job_id=record.job_id, command=tuple(command),
-                       checkpoint_uri=self.checkpoint_uri, pools=pools, env=self.env,
-                       image=self.image or None, **self._deadline_spec(record.created_at))
+        try:
+            return jobs.job_spec(
+                self.settings,
+                self.spot_hook.get_provider(),
+                job_id=job_id,
+                command=command,
+                checkpoint_uri=self.checkpoint_uri,
+                env=self.env,
+                image=self.image or None,
+                created_at=created_at,
+            )
+        except ConfigError as exc:  # no zone it has, a deadline the work cannot fit
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
     def execute(self, context) -> dict[str, Any]:
         return self._start(context)
 
     def _persist_lease_link(self, context, lease: Lease | None) -> None:
-        if lease is None:
-            SpotEc2InstanceLink.persist(context, "")  # filled in when an attempt runs on EC2
-        elif lease.pool.cloud == "aws" and self.provider == "ec2":
-            SpotEc2InstanceLink.persist(context, SpotEc2InstanceLink.url_for(
-                lease.pool.region, lease.lease_id))
+        """The console page of the capacity the attempt runs on, if its provider has one
+        (the EC2 console for an EC2 instance); "" before any attempt."""
+        link = None if lease is None else jobs.plugin(self.provider).console_link(lease)
+        if lease is None or link is not None:
+            SpotEc2InstanceLink.persist(context, link or "")

@@ -17,10 +17,19 @@ from airflow_spot.ui.app import URL_PREFIX, app
 
 # Airflow fills {DAG_ID}, {RUN_ID}, {TASK_ID} and {MAP_INDEX} and shows url_route's page
 # in an iframe; every task instance gets the tab (a non-spot task's says so).
-SPOT_TAB = {"name": "Spot", "href": f"{URL_PREFIX}/ti/{{DAG_ID}}/{{RUN_ID}}/{{TASK_ID}}/{{MAP_INDEX}}",
-            "destination": "task_instance", "url_route": "spot"}
-SPOT_JOBS = {"name": "Spot jobs", "href": f"{URL_PREFIX}/jobs", "destination": "nav",
-             "category": "browse", "url_route": "spot-jobs"}
+SPOT_TAB = {
+    "name": "Spot",
+    "href": f"{URL_PREFIX}/ti/{{DAG_ID}}/{{RUN_ID}}/{{TASK_ID}}/{{MAP_INDEX}}",
+    "destination": "task_instance",
+    "url_route": "spot",
+}
+SPOT_JOBS = {
+    "name": "Spot jobs",
+    "href": f"{URL_PREFIX}/jobs",
+    "destination": "nav",
+    "category": "browse",
+    "url_route": "spot-jobs",
+}
 
 
 class SpotPipelinesPlugin(AirflowPlugin):

@@ -10,17 +10,22 @@ the job that follows. Deferrable: the wait happens in the triggerer.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseSensorOperator, conf
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
-from airflow_spot.triggers.price_window import (SpotPriceWindowTrigger, check_window_arguments,
-                                                window_decision)
+from airflow_spot.triggers.price_window import (
+    SpotPriceWindowTrigger,
+    check_window_arguments,
+    window_decision,
+)
 from spot_core.errors import ConfigError
+from spot_core.settings import SpotSettings
 
 POOL_KEY = "spot_pool"
 
@@ -41,34 +46,50 @@ class SpotPriceWindowSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("provider_options", "zones")
     ui_color = "#c8e6c9"
 
-    def __init__(self, *, job_hours: float, window_end: datetime | timedelta,
-                 profile: Any = None, max_price: float | None = None, provider: str = "local",
-                 provider_options: Mapping[str, Any] | None = None,
-                 zones: Sequence[str] | None = None,
-                 deferrable: bool = conf.getboolean("operators", "default_deferrable",
-                                                    fallback=False),
-                 aws_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        job_hours: float,
+        window_end: datetime | timedelta,
+        profile: Any = None,
+        max_price: float | None = None,
+        provider: str = SpotSettings.provider,
+        provider_options: Mapping[str, Any] | None = None,
+        zones: Sequence[str] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        aws_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("poke_interval", 60.0)
         super().__init__(**kwargs)
         check_conn_id(aws_conn_id, "aws_conn_id", self.task_id)
         self.aws_conn_id = aws_conn_id
         if profile is None and max_price is None:
-            raise ValueError(f"{self.task_id}: pass profile= (an HourOfWeekProfile from "
-                             "build_profile) or max_price= (a $/h threshold), or both")
+            raise ValueError(
+                f"{self.task_id}: pass profile= (an HourOfWeekProfile from "
+                "build_profile) or max_price= (a $/h threshold), or both"
+            )
         profile = profile.to_dict() if hasattr(profile, "to_dict") else profile
         try:
-            check_window_arguments(provider=provider, provider_options=provider_options or {},
-                                   zones=zones, profile=profile, job_hours=job_hours,
-                                   max_price=max_price)
+            check_window_arguments(
+                provider=provider,
+                provider_options=provider_options or {},
+                zones=zones,
+                profile=profile,
+                job_hours=job_hours,
+                max_price=max_price,
+            )
         except ConfigError as exc:
             raise ValueError(f"{self.task_id}: {exc}") from None
         if not isinstance(window_end, (datetime, timedelta)):
-            raise ValueError(f"{self.task_id}: window_end={window_end!r} must be a datetime or "
-                             "a timedelta")
+            raise ValueError(
+                f"{self.task_id}: window_end={window_end!r} must be a datetime or a timedelta"
+            )
         if isinstance(window_end, timedelta) and window_end.total_seconds() < job_hours * 3600:
-            raise ValueError(f"{self.task_id}: a {job_hours:g} h job cannot finish within "
-                             f"window_end={window_end}; widen the window or shorten job_hours")
+            raise ValueError(
+                f"{self.task_id}: a {job_hours:g} h job cannot finish within "
+                f"window_end={window_end}; widen the window or shorten job_hours"
+            )
         if not isinstance(deferrable, bool):
             raise ValueError(f"{self.task_id}: deferrable={deferrable!r} must be True or False")
         self.job_hours = float(job_hours)
@@ -91,10 +112,17 @@ class SpotPriceWindowSensor(BaseSensorOperator):
     def _trigger(self, context) -> SpotPriceWindowTrigger:
         start, end = self._window(context)
         return SpotPriceWindowTrigger(
-            provider=self.provider, provider_options=self._hook().reopen_options,
-            zones=self.zones, profile=self.profile, job_hours=self.job_hours,
-            window_start=start, window_end=end, max_price=self.max_price,
-            poll_interval=float(self.poke_interval), aws_conn_id=self.aws_conn_id)
+            provider=self.provider,
+            provider_options=self._hook().reopen_options,
+            zones=self.zones,
+            profile=self.profile,
+            job_hours=self.job_hours,
+            window_start=start,
+            window_end=end,
+            max_price=self.max_price,
+            poll_interval=float(self.poke_interval),
+            aws_conn_id=self.aws_conn_id,
+        )
 
     def _hook(self) -> SpotHook:
         return SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id)
@@ -102,8 +130,11 @@ class SpotPriceWindowSensor(BaseSensorOperator):
     def execute(self, context) -> Any:
         if self.deferrable:
             start, end = self._window(context)
-            self.defer(trigger=self._trigger(context), method_name="execute_complete",
-                       timeout=timedelta(seconds=max(0.0, end - time.time()) + 600))
+            self.defer(
+                trigger=self._trigger(context),
+                method_name="execute_complete",
+                timeout=timedelta(seconds=max(0.0, end - time.time()) + 600),
+            )
         return super().execute(context)
 
     def poke(self, context) -> bool:
@@ -111,8 +142,15 @@ class SpotPriceWindowSensor(BaseSensorOperator):
         decision = trigger.decide(self._hook(), time.time())
         self.log.info("%s: %s", "start" if decision.start else "wait", decision.reason)
         if decision.start:
-            self._push(context, {"zone": decision.zone, "pool": decision.pool,
-                                 "price": decision.price, "reason": decision.reason})
+            self._push(
+                context,
+                {
+                    "zone": decision.zone,
+                    "pool": decision.pool,
+                    "price": decision.price,
+                    "reason": decision.reason,
+                },
+            )
         return decision.start
 
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict:

@@ -16,7 +16,8 @@ through ``KubernetesHook`` in its own process, as the stock trigger does.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from airflow_spot.hooks.kubernetes import PROVIDER, SpotKubernetesHook
 from airflow_spot.triggers.spot import SpotJobTrigger
@@ -35,25 +36,44 @@ class SpotKubernetesPodTrigger(SpotJobTrigger):
     The other parameters are ``SpotJobTrigger``'s; ``provider`` is always ``kubernetes``.
     """
 
-    def __init__(self, *, provider_options: Mapping[str, Any],
-                 next: Mapping[str, Any],  # noqa: A002 - SpotJobTrigger's name for the Next
-                 checkpoint_uri: str, kubernetes_conn_id: str | None = None,
-                 cluster_context: str | None = None, config_file: str | None = None,
-                 in_cluster: bool | None = None, provider: str = PROVIDER,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        provider_options: Mapping[str, Any],
+        next: Mapping[str, Any],  # noqa: A002 - SpotJobTrigger's name for the Next
+        checkpoint_uri: str,
+        kubernetes_conn_id: str | None = None,
+        cluster_context: str | None = None,
+        config_file: str | None = None,
+        in_cluster: bool | None = None,
+        provider: str = PROVIDER,
+        **kwargs: Any,
+    ) -> None:
         if provider != PROVIDER:
-            raise ValueError(f"SpotKubernetesPodTrigger: provider={provider!r}; it watches "
-                             f"{PROVIDER!r} leases only (use SpotJobTrigger for others)")
-        for name, value in (("kubernetes_conn_id", kubernetes_conn_id),
-                            ("cluster_context", cluster_context), ("config_file", config_file)):
+            raise ValueError(
+                f"SpotKubernetesPodTrigger: provider={provider!r}; it watches "
+                f"{PROVIDER!r} leases only (use SpotJobTrigger for others)"
+            )
+        for name, value in (
+            ("kubernetes_conn_id", kubernetes_conn_id),
+            ("cluster_context", cluster_context),
+            ("config_file", config_file),
+        ):
             if value is not None and not (isinstance(value, str) and value.strip()):
-                raise ValueError(f"SpotKubernetesPodTrigger: {name}={value!r} must be a "
-                                 "non-empty string or None")
+                raise ValueError(
+                    f"SpotKubernetesPodTrigger: {name}={value!r} must be a non-empty string or None"
+                )
         if in_cluster is not None and not isinstance(in_cluster, bool):
-            raise ValueError(f"SpotKubernetesPodTrigger: in_cluster={in_cluster!r} must be "
-                             "True, False or None")
-        super().__init__(provider=PROVIDER, provider_options=provider_options, next=next,
-                         checkpoint_uri=checkpoint_uri, **kwargs)
+            raise ValueError(
+                f"SpotKubernetesPodTrigger: in_cluster={in_cluster!r} must be True, False or None"
+            )
+        super().__init__(
+            provider=PROVIDER,
+            provider_options=provider_options,
+            next=next,
+            checkpoint_uri=checkpoint_uri,
+            **kwargs,
+        )
         self.kubernetes_conn_id = kubernetes_conn_id
         self.cluster_context = cluster_context
         self.config_file = config_file
@@ -62,13 +82,20 @@ class SpotKubernetesPodTrigger(SpotJobTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         classpath, kwargs = super().serialize()  # names this class, not the stock pod trigger
         kwargs.pop("provider")
-        return classpath, {**kwargs, "kubernetes_conn_id": self.kubernetes_conn_id,
-                           "cluster_context": self.cluster_context,
-                           "config_file": self.config_file, "in_cluster": self.in_cluster}
+        return classpath, {
+            **kwargs,
+            "kubernetes_conn_id": self.kubernetes_conn_id,
+            "cluster_context": self.cluster_context,
+            "config_file": self.config_file,
+            "in_cluster": self.in_cluster,
+        }
 
     def hook(self) -> SpotKubernetesHook:
         """The connection resolved in this process (the triggerer's), then the provider."""
-        return SpotKubernetesHook(self.provider_options,
-                                  kubernetes_conn_id=self.kubernetes_conn_id,
-                                  cluster_context=self.cluster_context,
-                                  config_file=self.config_file, in_cluster=self.in_cluster)
+        return SpotKubernetesHook(
+            self.provider_options,
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            cluster_context=self.cluster_context,
+            config_file=self.config_file,
+            in_cluster=self.in_cluster,
+        )

@@ -25,25 +25,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
-from spot_core import batched
+from spot_core import batched, jobs
+from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import ConfigError
 from spot_core.observer import SharedObserver, shared_observer, wait_timeout
-from spot_core.providers import check_provider
-from spot_core.checkpoint.uri import parse_store_uri
-from spot_core.settings import Knob, knob
+from spot_core.settings import KNOBS, Knob, SpotSettings
 
 EVENT_STATUSES = ("ended", "notice", "wake", "error")
-CONTROLLER_OPTIONS = ("poll_interval", "attempt_timeout", "heartbeat_timeout", "heartbeat_uri",
-                      "observe_failure_timeout", "checkpoint_cost", "checkpoint_interval_min",
-                      "checkpoint_interval_max", "take_over")
-_NOT_BEFORE = Knob("not_before", "number", 0.0, "POSIX time", frozenset(), minimum=0)
+# The controller's knobs a trigger carries (their surface names): the settings model's.
+CONTROLLER_OPTIONS = tuple(k.name for k in KNOBS if k.controller)
+_NOT_BEFORE = Knob("not_before", "number", "POSIX time", frozenset(), minimum=0, default=0.0)
 KILLED = "stopped: the task was marked failed, cleared or killed while deferred"
 
 
@@ -65,14 +64,29 @@ class SpotJobTrigger(BaseTrigger):
         ``AIRFLOW_CONN_<ID>``), so no credential is ever in these kwargs.
     """
 
-    def __init__(self, *, provider: str, provider_options: Mapping[str, Any],
-                 next: Mapping[str, Any], checkpoint_uri: str,  # noqa: A002 - the Next
-                 controller_options: Mapping[str, Any] | None = None,
-                 return_on_notice: bool = True, not_before: float = 0.0,
-                 aws_conn_id: str | None = None, kubernetes_conn_id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        provider: str,
+        provider_options: Mapping[str, Any],
+        next: Mapping[str, Any],
+        checkpoint_uri: str,  # noqa: A002 - the Next
+        controller_options: Mapping[str, Any] | None = None,
+        return_on_notice: bool = True,
+        not_before: float = 0.0,
+        aws_conn_id: str | None = None,
+        kubernetes_conn_id: str | None = None,
+    ) -> None:
         super().__init__()
-        self._check(provider, provider_options, next, checkpoint_uri, controller_options,
-                    return_on_notice, not_before)
+        self._check(
+            provider,
+            provider_options,
+            next,
+            checkpoint_uri,
+            controller_options,
+            return_on_notice,
+            not_before,
+        )
         check_conn_id(aws_conn_id, "aws_conn_id", "SpotJobTrigger")
         check_conn_id(kubernetes_conn_id, "kubernetes_conn_id", "SpotJobTrigger")
         self.aws_conn_id = aws_conn_id
@@ -82,74 +96,97 @@ class SpotJobTrigger(BaseTrigger):
         self.next = dict(next)
         self.checkpoint_uri = checkpoint_uri
         self.controller_options = dict(controller_options or {})
+        # The controller's bounds: the settings model's, under the knobs the worker used.
+        self.settings = SpotSettings.build(check_options=False, **self.controller_options)
         self.return_on_notice = return_on_notice
         self.not_before = float(not_before)
         self._current: Next | None = None  # the latest Next, for on_kill / cleanup
-        self._done = False                 # an event fired or the lease was stopped
+        self._done = False  # an event fired or the lease was stopped
 
     @staticmethod
-    def _check(provider, provider_options, nxt, checkpoint_uri, controller_options,
-               return_on_notice, not_before) -> None:
+    def _check(
+        provider,
+        provider_options,
+        nxt,
+        checkpoint_uri,
+        controller_options,
+        return_on_notice,
+        not_before,
+    ) -> None:
         """Kwargs as the operator writes them; anything else (a forged or truncated row in
         the trigger table) is one ValueError line here, before anything is watched."""
         try:
             if not isinstance(provider_options, Mapping):
                 raise ConfigError(f"provider_options={provider_options!r} is not a mapping")
-            check_provider(provider, provider_options)
+            jobs.check_provider(provider, provider_options)
             parse_store_uri(checkpoint_uri)
             options = dict(controller_options or {})
             unknown = sorted(set(options) - set(CONTROLLER_OPTIONS))
             if unknown:
-                raise ConfigError(f"unknown controller_options {unknown}; choose from "
-                                  f"{', '.join(CONTROLLER_OPTIONS)}")
-            for name, value in options.items():
-                knob(name).parse(value)  # the settings model's checks (finite, > 0, ...)
+                raise ConfigError(
+                    f"unknown controller_options {unknown}; choose from "
+                    f"{', '.join(CONTROLLER_OPTIONS)}"
+                )
+            # the settings model's checks (finite, > 0, ...)
+            SpotSettings.build(check_options=False, **options)
             if not isinstance(return_on_notice, bool):
                 raise ConfigError(f"return_on_notice={return_on_notice!r} must be True or False")
             _NOT_BEFORE.parse(not_before)
             parsed = Next.from_dict(nxt)
             if parsed.action not in ("watch", "sleep"):
-                raise ConfigError(f"next.action={parsed.action!r}: a trigger watches or "
-                                  "sleeps only")
+                raise ConfigError(
+                    f"next.action={parsed.action!r}: a trigger watches or sleeps only"
+                )
         except ConfigError as exc:
             raise ValueError(f"SpotJobTrigger: {exc}") from None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{self.__class__.__module__}.{self.__class__.__qualname__}", {
-            "provider": self.provider, "provider_options": self.provider_options,
-            "next": self.next, "checkpoint_uri": self.checkpoint_uri,
-            "controller_options": self.controller_options,
-            "return_on_notice": self.return_on_notice, "not_before": self.not_before,
-            "aws_conn_id": self.aws_conn_id, "kubernetes_conn_id": self.kubernetes_conn_id,
-        })
+        return (
+            f"{self.__class__.__module__}.{self.__class__.__qualname__}",
+            {
+                "provider": self.provider,
+                "provider_options": self.provider_options,
+                "next": self.next,
+                "checkpoint_uri": self.checkpoint_uri,
+                "controller_options": self.controller_options,
+                "return_on_notice": self.return_on_notice,
+                "not_before": self.not_before,
+                "aws_conn_id": self.aws_conn_id,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+            },
+        )
 
     # -- what the controller needs -----------------------------------------------------------
     def _spec(self, nxt: Next) -> JobSpec:
         """``check`` and ``stop`` read only the job id and its store from the spec."""
-        return JobSpec(job_id=nxt.record.job_id, command=(), checkpoint_uri=self.checkpoint_uri,
-                       pools=())
+        return jobs.watch_spec(nxt.record.job_id, self.checkpoint_uri)
 
     def hook(self) -> SpotHook:
         """The hook that opens (once per process) the provider these kwargs name."""
-        return SpotHook(self.provider, self.provider_options, aws_conn_id=self.aws_conn_id,
-                        kubernetes_conn_id=self.kubernetes_conn_id)
+        return SpotHook(
+            self.provider,
+            self.provider_options,
+            aws_conn_id=self.aws_conn_id,
+            kubernetes_conn_id=self.kubernetes_conn_id,
+        )
 
     def _controller(self) -> Controller:
         """Blocking (it resolves the connections and may open the provider): call it
         from a thread, never on the triggerer's event loop."""
-        return self.hook().controller(**self.controller_options)
+        return self.hook().controller(self.settings)
 
     def _open(self) -> tuple[Controller, SharedObserver]:
         """The controller and the triggerer's one observer for its provider (keyed as the
         hook's provider cache: name, options, connection ids), shared by every trigger
         watching on it. Blocking, like ``_controller``."""
         hook = self.hook()
-        controller = hook.controller(**self.controller_options)
+        controller = hook.controller(self.settings)
         return controller, shared_observer(hook.cache_key, controller.provider)
 
     @property
     def poll_interval(self) -> float:
-        return float(self.controller_options.get("poll_interval", 5.0))
+        """Seconds between checks: the ``poll_interval`` knob (its default unless given)."""
+        return self.settings.poll_interval_seconds
 
     # -- running -----------------------------------------------------------------------------
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -168,8 +205,7 @@ class SpotJobTrigger(BaseTrigger):
             status, message = "error", f"{type(exc).__name__}: {exc}"
         await asyncio.sleep(max(0.0, self.not_before - time.time()))
         self._done = True
-        yield TriggerEvent({"status": status, "next": self._current.to_dict(),
-                            "message": message})
+        yield TriggerEvent({"status": status, "next": self._current.to_dict(), "message": message})
 
     async def _watch(self, controller: Controller, observer: SharedObserver, nxt: Next) -> str:
         """Each poll: the lease's status from the shared observer (one describe for every
@@ -177,12 +213,15 @@ class SpotJobTrigger(BaseTrigger):
         heartbeat, the failure timeout, closing the attempt), batched with the other
         triggers' checks of the same poll into one hop."""
         spec, lease = self._spec(nxt), nxt.lease
+        if lease is None:  # a "watch" step always carries its lease
+            raise ValueError(f"job {nxt.record.job_id}: a watch step without a lease")
         observer.watch(lease, self.poll_interval)
         try:
             after = time.time()
             while True:
-                observed = await observer.wait_async(lease.lease_id, after,
-                                                     wait_timeout(self.poll_interval))
+                observed = await observer.wait_async(
+                    lease.lease_id, after, wait_timeout(self.poll_interval)
+                )
                 nxt = await batched.to_thread(controller.check, spec, nxt, observed=observed)
                 self._current = nxt
                 if nxt.action != "watch":
@@ -206,8 +245,9 @@ class SpotJobTrigger(BaseTrigger):
         try:
             state = await self._task_state()
         except Exception:  # noqa: BLE001 - unknown: keep the lease (the heartbeat is the backstop)
-            self.log.warning("could not read the task state; leaving the lease running",
-                             exc_info=True)
+            self.log.warning(
+                "could not read the task state; leaving the lease running", exc_info=True
+            )
             return
         if state is not None and str(state) != "deferred":
             self.log.info("task instance is %s, no longer deferred: stopping its lease", state)
@@ -224,10 +264,15 @@ class SpotJobTrigger(BaseTrigger):
         if self._done or nxt is None:
             return
         self._done = True
-        self.log.warning("stopping lease %s of job %s: %s", nxt.lease and nxt.lease.lease_id,
-                         nxt.record.job_id, KILLED)
-        await asyncio.to_thread(lambda: self._controller().stop(self._spec(nxt), nxt.record,
-                                                                 KILLED))
+        self.log.warning(
+            "stopping lease %s of job %s: %s",
+            nxt.lease and nxt.lease.lease_id,
+            nxt.record.job_id,
+            KILLED,
+        )
+        await asyncio.to_thread(
+            lambda: self._controller().stop(self._spec(nxt), nxt.record, KILLED)
+        )
 
     async def _task_state(self) -> str | None:
         """The task instance's state through the Task SDK (None without a task instance)."""
@@ -236,9 +281,16 @@ class SpotJobTrigger(BaseTrigger):
             return None
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        states = await asyncio.to_thread(RuntimeTaskInstance.get_task_states, dag_id=ti.dag_id,
-                                         task_ids=[ti.task_id], run_ids=[ti.run_id],
-                                         map_index=ti.map_index)
-        key = f"{ti.task_id}_{ti.map_index}" if ti.map_index is not None and ti.map_index >= 0 \
+        states = await asyncio.to_thread(
+            RuntimeTaskInstance.get_task_states,
+            dag_id=ti.dag_id,
+            task_ids=[ti.task_id],
+            run_ids=[ti.run_id],
+            map_index=ti.map_index,
+        )
+        key = (
+            f"{ti.task_id}_{ti.map_index}"
+            if ti.map_index is not None and ti.map_index >= 0
             else ti.task_id
+        )
         return (states.get(ti.run_id) or {}).get(key)

@@ -26,8 +26,10 @@ app = FastAPI(title="Spot pipelines", docs_url=None, redoc_url=None, openapi_url
 _bearer = HTTPBearer(auto_error=False)
 
 
-async def current_user(request: Request, bearer: Annotated[
-        HTTPAuthorizationCredentials | None, Depends(_bearer)] = None):
+async def current_user(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None,
+):
     """The Airflow user of this request (bearer token first, then the UI's cookie)."""
     from airflow.api_fastapi.core_api.security import get_user
 
@@ -51,19 +53,23 @@ def readable_dag_ids(user, session) -> frozenset[str]:
     """The DAGs whose jobs this user may see: those the auth manager lets them read."""
     from airflow.api_fastapi.app import get_auth_manager
 
-    return frozenset(get_auth_manager().get_authorized_dag_ids(user=user, method="GET",
-                                                               session=session))
+    return frozenset(
+        get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
+    )
 
 
 def _may_read_task_instances(user, dag_id: str, session) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import (DagAccessEntity,
-                                                                          DagDetails)
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
     from airflow.models.dag import DagModel
 
     details = DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id, session=session))
-    return get_auth_manager().is_authorized_dag(method="GET", user=user, details=details,
-                                                access_entity=DagAccessEntity.TASK_INSTANCE)
+    return get_auth_manager().is_authorized_dag(
+        method="GET", user=user, details=details, access_entity=DagAccessEntity.TASK_INSTANCE
+    )
 
 
 def _map_index(text: str) -> int:
@@ -75,8 +81,9 @@ def _map_index(text: str) -> int:
 
 
 @app.get("/ti/{dag_id}/{run_id}/{task_id}/{map_index}", response_class=HTMLResponse)
-def spot_tab(dag_id: str, run_id: str, task_id: str, map_index: str, user: User,
-             session: Session) -> HTMLResponse:
+def spot_tab(
+    dag_id: str, run_id: str, task_id: str, map_index: str, user: User, session: Session
+) -> HTMLResponse:
     """The Spot tab of one task instance (Airflow's external view, in an iframe)."""
     from airflow_spot.ui.jobs import Where, load_jobs
     from airflow_spot.ui.pages import task_tab
@@ -84,10 +91,20 @@ def spot_tab(dag_id: str, run_id: str, task_id: str, map_index: str, user: User,
     if not _may_read_task_instances(user, dag_id, session):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read DAG {dag_id!r}")
     index = _map_index(map_index)
-    jobs, _ = load_jobs(session, Where(frozenset({dag_id}), dag_id=dag_id, run_id=run_id,
-                                       task_id=task_id, map_index=index))
-    return HTMLResponse(task_tab(jobs[0] if jobs else None, dag_id=dag_id, run_id=run_id,
-                                 task_id=task_id, map_index=index, now=time.time()))
+    jobs, _ = load_jobs(
+        session,
+        Where(frozenset({dag_id}), dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=index),
+    )
+    return HTMLResponse(
+        task_tab(
+            jobs[0] if jobs else None,
+            dag_id=dag_id,
+            run_id=run_id,
+            task_id=task_id,
+            map_index=index,
+            now=time.time(),
+        )
+    )
 
 
 @app.get("/jobs", response_class=HTMLResponse)
@@ -106,7 +123,19 @@ def spot_jobs_json(user: User, session: Session, dag_id: str | None = None) -> d
     from airflow_spot.ui.jobs import Where, load_jobs
 
     jobs, unreadable = load_jobs(session, Where(readable_dag_ids(user, session), dag_id=dag_id))
-    return {"jobs": [{"dag_id": j.dag_id, "run_id": j.run_id, "task_id": j.task_id,
-                      "map_index": j.map_index, "state": j.state, "source": j.source,
-                      "running": j.running, "summary": j.record.summary()} for j in jobs],
-            "unreadable": unreadable}
+    return {
+        "jobs": [
+            {
+                "dag_id": j.dag_id,
+                "run_id": j.run_id,
+                "task_id": j.task_id,
+                "map_index": j.map_index,
+                "state": j.state,
+                "source": j.source,
+                "running": j.running,
+                "summary": j.record.summary(),
+            }
+            for j in jobs
+        ],
+        "unreadable": unreadable,
+    }

@@ -11,24 +11,31 @@ the DAG ids the user may read; nothing outside them is ever selected.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
+from airflow.models.task_state_store import TaskStateStoreModel
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.xcom import XComModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-
-from airflow.models.taskinstance import TaskInstance
-from airflow.models.task_state_store import TaskStateStoreModel
-from airflow.models.xcom import XComModel
 
 from airflow_spot.records import JOB_RECORD_KEY, RECORD_KEYS
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord
 
 MAX_JOBS = 500  # newest first; the page says when it shows only these
-ACTIVE_STATES = ("running", "deferred", "queued", "scheduled", "up_for_reschedule",
-                 "up_for_retry", "restarting")
+ACTIVE_STATES = (
+    "running",
+    "deferred",
+    "queued",
+    "scheduled",
+    "up_for_reschedule",
+    "up_for_retry",
+    "restarting",
+)
 
 
 @dataclass(frozen=True)
@@ -40,14 +47,18 @@ class SpotJob:
     task_id: str
     map_index: int
     record: JobRecord
-    source: str                 # "task state store" or "xcom"
-    state: str | None           # the task instance's state
+    source: str  # "task state store" or "xcom"
+    state: str | None  # the task instance's state
     updated_at: datetime | None
 
     @property
     def running(self) -> bool:
         """A job whose task is live and whose record has an attempt on a lease now."""
         return self.state in ACTIVE_STATES and self.record.current_attempt is not None
+
+
+# A task instance: (dag_id, run_id, task_id, map_index).
+TaskKey = tuple[str, str, str, int]
 
 
 @dataclass(frozen=True)
@@ -73,19 +84,36 @@ def load_jobs(session: Session, where: Where, limit: int = MAX_JOBS) -> tuple[li
     """The jobs ``where`` selects, newest first, and how many records could not be read."""
     if not where.dag_ids:
         return [], 0
-    rows: dict[tuple, tuple[Any, str, datetime | None]] = {}
-    stored = where.apply(select(TaskStateStoreModel.dag_id, TaskStateStoreModel.run_id,
-                                TaskStateStoreModel.task_id, TaskStateStoreModel.map_index,
-                                TaskStateStoreModel.value, TaskStateStoreModel.updated_at)
-                         .where(TaskStateStoreModel.key.in_(RECORD_KEYS)), TaskStateStoreModel)
+    rows: dict[TaskKey, tuple[Any, str, datetime | None]] = {}
+    stored = where.apply(
+        select(
+            TaskStateStoreModel.dag_id,
+            TaskStateStoreModel.run_id,
+            TaskStateStoreModel.task_id,
+            TaskStateStoreModel.map_index,
+            TaskStateStoreModel.value,
+            TaskStateStoreModel.updated_at,
+        ).where(TaskStateStoreModel.key.in_(RECORD_KEYS)),
+        TaskStateStoreModel,
+    )
     for dag_id, run_id, task_id, map_index, value, updated in session.execute(
-            stored.order_by(TaskStateStoreModel.updated_at.desc()).limit(limit)):
+        stored.order_by(TaskStateStoreModel.updated_at.desc()).limit(limit)
+    ):
         rows[(dag_id, run_id, task_id, map_index)] = (value, "task state store", updated)
-    pushed = where.apply(select(XComModel.dag_id, XComModel.run_id, XComModel.task_id,
-                                XComModel.map_index, XComModel.value, XComModel.timestamp)
-                         .where(XComModel.key == JOB_RECORD_KEY), XComModel)
+    pushed = where.apply(
+        select(
+            XComModel.dag_id,
+            XComModel.run_id,
+            XComModel.task_id,
+            XComModel.map_index,
+            XComModel.value,
+            XComModel.timestamp,
+        ).where(XComModel.key == JOB_RECORD_KEY),
+        XComModel,
+    )
     for dag_id, run_id, task_id, map_index, value, updated in session.execute(
-            pushed.order_by(XComModel.timestamp.desc()).limit(limit)):
+        pushed.order_by(XComModel.timestamp.desc()).limit(limit)
+    ):
         rows.setdefault((dag_id, run_id, task_id, map_index), (value, "xcom", updated))
     states = _states(session, where, rows)
     jobs, unreadable = [], 0
@@ -94,22 +122,34 @@ def load_jobs(session: Session, where: Where, limit: int = MAX_JOBS) -> tuple[li
         if record is None:
             unreadable += 1
             continue
-        jobs.append(SpotJob(*key, record=record, source=source, state=states.get(key),
-                            updated_at=updated))
+        jobs.append(
+            SpotJob(*key, record=record, source=source, state=states.get(key), updated_at=updated)
+        )
     jobs.sort(key=lambda job: job.record.created_at, reverse=True)
     return jobs[:limit], unreadable
 
 
-def _states(session: Session, where: Where, keys: Iterable[tuple]) -> dict[tuple, str | None]:
+def _states(session: Session, where: Where, keys: Iterable[TaskKey]) -> dict[TaskKey, str | None]:
     """The task instances' states, for the jobs found (one query)."""
     keys = set(keys)
     if not keys:
         return {}
-    statement = where.apply(select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id,
-                                   TaskInstance.map_index, TaskInstance.state), TaskInstance)
+    statement = where.apply(
+        select(
+            TaskInstance.dag_id,
+            TaskInstance.run_id,
+            TaskInstance.task_id,
+            TaskInstance.map_index,
+            TaskInstance.state,
+        ),
+        TaskInstance,
+    )
     statement = statement.where(TaskInstance.run_id.in_(sorted({k[1] for k in keys})))
-    return {(d, r, t, m): (None if s is None else str(s))
-            for d, r, t, m, s in session.execute(statement) if (d, r, t, m) in keys}
+    return {
+        (d, r, t, m): (None if s is None else str(s))
+        for d, r, t, m, s in session.execute(statement)
+        if (d, r, t, m) in keys
+    }
 
 
 def _record(value: Any) -> JobRecord | None:

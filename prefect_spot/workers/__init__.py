@@ -2,8 +2,18 @@
 (it is the package's ``prefect.collections`` entry point)."""
 
 from prefect_spot.blocks import CheckpointStorage, SpotConfiguration
-from prefect_spot.workers.spot import (SpotJobConfiguration, SpotJobVariables, SpotWorker,
-                                       SpotWorkerResult)
+from prefect_spot.workers.spot import (
+    SpotJobConfiguration,
+    SpotJobVariables,
+    SpotWorker,
+    SpotWorkerResult,
+)
 
-__all__ = ["CheckpointStorage", "SpotConfiguration", "SpotJobConfiguration",
-           "SpotJobVariables", "SpotWorker", "SpotWorkerResult"]
+__all__ = [
+    "CheckpointStorage",
+    "SpotConfiguration",
+    "SpotJobConfiguration",
+    "SpotJobVariables",
+    "SpotWorker",
+    "SpotWorkerResult",
+]

@@ -13,20 +13,22 @@ flow runs every interval was most of an idle worker's CPU per watched run.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 import anyio
 
 CANCEL_CHECK_SECONDS = 2.0  # how often the watched flow runs are checked for cancellation
-PAGE = 200                  # ids per read (the Prefect API's default page limit)
+PAGE = 200  # ids per read (the Prefect API's default page limit)
 
 
 class CancellingRuns:
     """The watched flow runs and, as of the last read, those cancelling or cancelled."""
 
-    def __init__(self, interval: float = CANCEL_CHECK_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float = CANCEL_CHECK_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._interval = interval
         self._clock = clock
         self._watched: dict[UUID, int] = {}
@@ -62,20 +64,28 @@ class CancellingRuns:
 
     @staticmethod
     async def _read(client: Any, ids: list[UUID]) -> set[UUID]:
-        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId,
-                                                    FlowRunFilterState,
-                                                    FlowRunFilterStateType)
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterId,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
         from prefect.client.schemas.objects import StateType
 
-        ending = FlowRunFilterState(type=FlowRunFilterStateType(
-            any_=[StateType.CANCELLING, StateType.CANCELLED]))
+        ending = FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.CANCELLING, StateType.CANCELLED])
+        )
         unique = list(dict.fromkeys(ids))
         found: set[UUID] = set()
         for start in range(0, len(unique), PAGE):
-            page = unique[start:start + PAGE]
+            page = unique[start : start + PAGE]
             runs = await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=page), state=ending),
-                limit=len(page))
-            found.update(run.id for run in runs if run.state is not None
-                         and (run.state.is_cancelling() or run.state.is_cancelled()))
+                limit=len(page),
+            )
+            found.update(
+                run.id
+                for run in runs
+                if run.state is not None and (run.state.is_cancelling() or run.state.is_cancelled())
+            )
         return found

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.interruption.driver import Freshness
+from spot_core.jobs import LeaseStatus
 from spot_core.model import JobRecord
-from spot_core.providers.base import LeaseStatus
 
 ORPHAN_CHECK_SECONDS = 30.0
 """How often a worker looks for orphaned runs (a read of its pool's Running runs)."""
@@ -71,13 +72,16 @@ def orphaned(evidence: Evidence, heartbeat_timeout: float | None) -> str | None:
     status = evidence.status
     if status is None or not status.ended:
         return None  # the lease runs (or is unknown yet): the node's watcher ends it
-    return (f"attempt {record.current_attempt.number} is open, its lease "
-            f"{record.current_attempt.lease_id} has ended and its heartbeat has not "
-            f"changed for {evidence.silent_for:.0f} s")
+    return (
+        f"attempt {record.current_attempt.number} is open, its lease "
+        f"{record.current_attempt.lease_id} has ended and its heartbeat has not "
+        f"changed for {evidence.silent_for:.0f} s"
+    )
 
 
-def may_take(current: bytes | None, seen: tuple[bytes, float] | None, now: float,
-             timeout: float) -> bool:
+def may_take(
+    current: bytes | None, seen: tuple[bytes, float] | None, now: float, timeout: float
+) -> bool:
     """Whether this worker may claim an orphan's open attempt (pure): nobody claims it, or
     the claim is the one this worker first saw ``timeout`` seconds ago (``seen``: its
     bytes and that moment on this worker's monotonic clock), so its adopter died."""
@@ -86,9 +90,16 @@ def may_take(current: bytes | None, seen: tuple[bytes, float] | None, now: float
     return seen is not None and seen[0] == current and now - seen[1] >= timeout
 
 
-def gather(freshness: Freshness, checkpoint_uri: str, stores, heartbeat_timeout: float,
-           now: float, read_record: Callable[[], JobRecord | None], provider,
-           heartbeat_uri: str | None = None) -> Evidence:
+def gather(
+    freshness: Freshness,
+    checkpoint_uri: str,
+    stores,
+    heartbeat_timeout: float,
+    now: float,
+    read_record: Callable[[], JobRecord | None],
+    provider,
+    heartbeat_uri: str | None = None,
+) -> Evidence:
     """Read the job's heartbeat into ``freshness`` and, only once it has been silent for
     the timeout, the record and its open attempt's lease status (blocking I/O: run in a
     thread). A run some worker drives costs one read (two when its worker keeps one beat
@@ -99,8 +110,9 @@ def gather(freshness: Freshness, checkpoint_uri: str, stores, heartbeat_timeout:
     if silent < heartbeat_timeout:
         return Evidence(None, silent, None)
     record = read_record()
-    running = record.current_attempt if record is not None else None
-    lease = running.lease_of(record.job_id) if running is not None else None
+    lease = None
+    if record is not None and (running := record.current_attempt) is not None:
+        lease = running.lease_of(record.job_id)
     if lease is None:
         return Evidence(record, silent, None)
     return Evidence(record, silent, provider.observe([lease]).get(lease.lease_id))
@@ -125,8 +137,10 @@ class Looks:
         """After a look: a silent run again at the next check, one that beats not before
         the timeout (nor a new one: silence is only seen over a whole timeout)."""
         silent = evidence.silent_for >= heartbeat_timeout
-        self.runs[run_id] = (self.runs[run_id][0],
-                             self.monotonic() + (0.0 if silent else heartbeat_timeout))
+        self.runs[run_id] = (
+            self.runs[run_id][0],
+            self.monotonic() + (0.0 if silent else heartbeat_timeout),
+        )
 
     def never(self, run_id: Any) -> None:
         self.runs[run_id] = (self.runs[run_id][0], float("inf"))

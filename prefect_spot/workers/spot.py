@@ -34,38 +34,40 @@ import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from datetime import datetime
-from typing import Any, Optional, Union
+from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect.client.schemas.objects import FlowRun
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig
-
-from spot_core import batched
-from spot_core.checkpoint import parse_store_uri
-from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, JobStatus, Lease, Outcome
-from spot_core.controller import provider_stores
-from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
-from spot_core.providers.base import LeaseStatus, Observation
-from spot_core.settings import WORKER, knobs_for
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from prefect_spot import _jobs
-from prefect_spot.workers import orphans
-from prefect_spot.workers.cancelling import CancellingRuns
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
-from prefect_spot.blocks import (AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HELP,
-                                 SpotConfiguration)
+from prefect_spot.blocks import AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HELP, SpotConfiguration
 from prefect_spot.credentials import check_cluster_config, fingerprint
+from prefect_spot.workers import orphans
+from prefect_spot.workers.cancelling import CancellingRuns
+from spot_core import batched, jobs
+from spot_core.checkpoint import parse_store_uri
+from spot_core.controller import provider_stores
+from spot_core.errors import ConfigError
+from spot_core.jobs import LeaseStatus, Observation
+from spot_core.model import JobRecord, JobStatus, Lease, Outcome
+from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
+from spot_core.settings import WORKER, knobs_for
 
-RESCHEDULE_AFTER = (Outcome.PREEMPTED, Outcome.INFRASTRUCTURE_FAILED, Outcome.DRAINED,
-                    Outcome.DISRUPTED)
+RESCHEDULE_AFTER = (
+    Outcome.PREEMPTED,
+    Outcome.INFRASTRUCTURE_FAILED,
+    Outcome.DRAINED,
+    Outcome.DISRUPTED,
+)
 ORPHAN_PAGE = 200
 """Running flow runs read per API call when looking for orphans."""
 
@@ -86,12 +88,14 @@ def _check_settings(values):
     """The settings model's checks (the provider's options without touching the cloud);
     a remote provider needs an ``s3://`` checkpoint_root (its instances cannot see the
     worker's disk); a cluster block only on kubernetes, instead of kubeconfig options."""
-    check_cluster_config(values.provider, values.provider_options, values.cluster_config,
-                         "spot worker")
+    check_cluster_config(
+        values.provider, values.provider_options, values.cluster_config, "spot worker"
+    )
     settings_of(values, WORKER_FIELDS, "spot worker")
     try:
-        _jobs.check_store_for(values.provider, values.checkpoint_root, "checkpoint_root",
-                              values.provider_options)
+        _jobs.check_store_for(
+            values.provider, values.checkpoint_root, "checkpoint_root", values.provider_options
+        )
     except ConfigError as exc:
         raise ValueError(str(exc)) from exc
     return values
@@ -128,21 +132,31 @@ class _SpotFields:
     alert_interruption_rate = spot_field("alert_interruption_rate")
     alert_spot_price = spot_field("alert_spot_price")
     # As prefect-aws' ECS worker: an empty block (the default) is boto3's default chain.
-    aws_credentials = Field(default_factory=AwsCredentials, title="AWS Credentials",
-                            description=AWS_FIELD_HELP.format(
-                                what="EC2, SQS and the checkpoint_root store; in a "
-                                "deployment's job variables reference the saved block "
-                                "(`{\"$ref\": {\"block_document_id\": ...}}`), never its keys"))
+    aws_credentials = Field(
+        default_factory=AwsCredentials,
+        title="AWS Credentials",
+        description=AWS_FIELD_HELP.format(
+            what="EC2, SQS and the checkpoint_root store; in a "
+            "deployment's job variables reference the saved block "
+            '(`{"$ref": {"block_document_id": ...}}`), never its keys'
+        ),
+    )
     # As prefect-kubernetes' worker (its `cluster_config`): empty is the default kubeconfig.
-    cluster_config = Field(default=None, title="Kubernetes Cluster Config",
-                           description=CLUSTER_FIELD_HELP + " In a deployment's job "
-                           "variables reference the saved block (`{\"$ref\": "
-                           "{\"block_document_id\": ...}}`), never its kubeconfig.")
-    checkpoint_root = Field(default=None, description="Checkpoint store (`file:///abs/path` "
-                            "or `s3://bucket/prefix`); each flow run gets a folder, passed "
-                            "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
-                            "(local provider only; `ec2` needs `s3://`, `kubernetes` `s3://` "
-                            "or a path on a volume its pod_template mounts).")
+    cluster_config = Field(
+        default=None,
+        title="Kubernetes Cluster Config",
+        description=CLUSTER_FIELD_HELP + " In a deployment's job "
+        'variables reference the saved block (`{"$ref": '
+        '{"block_document_id": ...}}`), never its kubeconfig.',
+    )
+    checkpoint_root = Field(
+        default=None,
+        description="Checkpoint store (`file:///abs/path` "
+        "or `s3://bucket/prefix`); each flow run gets a folder, passed "
+        "to it as SPOT_CHECKPOINT_URI. Empty: a folder on the worker "
+        "(local provider only; `ec2` needs `s3://`, `kubernetes` `s3://` "
+        "or a path on a volume its pod_template mounts).",
+    )
 
 
 class _SpotValues(BaseModel):
@@ -153,7 +167,7 @@ class _SpotValues(BaseModel):
     provider_options: dict[str, Any] = _SpotFields.provider_options
     zones: list[str] = _SpotFields.zones
     instance_types: list[str] = _SpotFields.instance_types
-    max_spot_price: Optional[float] = _SpotFields.max_spot_price
+    max_spot_price: float | None = _SpotFields.max_spot_price
     max_preemptions: int = _SpotFields.max_preemptions
     on_demand_fallback: bool = _SpotFields.on_demand_fallback
     return_to_spot: bool = _SpotFields.return_to_spot
@@ -162,49 +176,52 @@ class _SpotValues(BaseModel):
     max_capacity_waits: int = _SpotFields.max_capacity_waits
     max_infrastructure_retries: int = _SpotFields.max_infrastructure_retries
     max_disruptions: int = _SpotFields.max_disruptions
-    deadline: Optional[Union[float, datetime]] = _SpotFields.deadline
-    work: Optional[float] = _SpotFields.work
-    total_steps: Optional[int] = _SpotFields.total_steps
+    deadline: float | datetime | None = _SpotFields.deadline
+    work: float | None = _SpotFields.work
+    total_steps: int | None = _SpotFields.total_steps
     restart_overhead: float = _SpotFields.restart_overhead
-    deadline_policy: Optional[str] = _SpotFields.deadline_policy
+    deadline_policy: str | None = _SpotFields.deadline_policy
     attempt_timeout: float = _SpotFields.attempt_timeout
     poll_interval: float = _SpotFields.poll_interval
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
-    heartbeat_uri: Optional[str] = _SpotFields.heartbeat_uri
+    heartbeat_uri: str | None = _SpotFields.heartbeat_uri
     take_over: bool = _SpotFields.take_over
     observe_failure_timeout: float = _SpotFields.observe_failure_timeout
-    alert_interruption_rate: Optional[float] = _SpotFields.alert_interruption_rate
-    alert_spot_price: Optional[float] = _SpotFields.alert_spot_price
-    checkpoint_root: Optional[str] = _SpotFields.checkpoint_root
+    alert_interruption_rate: float | None = _SpotFields.alert_interruption_rate
+    alert_spot_price: float | None = _SpotFields.alert_spot_price
+    checkpoint_root: str | None = _SpotFields.checkpoint_root
     aws_credentials: AwsCredentials = _SpotFields.aws_credentials
-    cluster_config: Optional[KubernetesClusterConfig] = _SpotFields.cluster_config
+    cluster_config: KubernetesClusterConfig | None = _SpotFields.cluster_config
 
     @model_validator(mode="before")
     @classmethod
     def _normalise(cls, data: Any) -> Any:
         return normalise(data, WORKER_FIELDS, "spot worker")
 
-    _check_root = field_validator("checkpoint_root")(classmethod(
-        lambda cls, value: _check_store_uri(value)))
+    _check_root = field_validator("checkpoint_root")(
+        classmethod(lambda cls, value: _check_store_uri(value))
+    )
     _check_fields = model_validator(mode="after")(lambda self: _check_settings(self))
 
     def spot_configuration(self) -> SpotConfiguration:
-        return SpotConfiguration(**{name: getattr(self, name) for name in BLOCK_FIELDS},
-                                 aws_credentials=self.aws_credentials,
-                                 cluster_config=self.cluster_config)
+        return SpotConfiguration(
+            **{name: getattr(self, name) for name in BLOCK_FIELDS},
+            aws_credentials=self.aws_credentials,
+            cluster_config=self.cluster_config,
+        )
 
 
 class SpotJobConfiguration(_SpotValues, BaseJobConfiguration):
-    def prepare_for_flow_run(self, flow_run, deployment=None, flow=None, work_pool=None,
-                             worker_name=None, worker_id=None) -> None:
+    def prepare_for_flow_run(
+        self, flow_run, deployment=None, flow=None, work_pool=None, worker_name=None, worker_id=None
+    ) -> None:
         # Prefect's engine in the lease's main process, so a spot_task can turn the
         # notice's SIGTERM into an emergency checkpoint, and end a preempted run without
         # a final state (prefect_spot._engine).
         # On a remote lease (ec2) the instance's own Python runs it (`agent_python`).
-        python = _jobs.lease_python(self.provider, self.provider_options)
+        python = jobs.plugin(self.provider).lease_python(self.provider_options)
         self.command = self.command or f"{shlex.quote(python)} -m prefect_spot._engine"
-        super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name,
-                                     worker_id)
+        super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
 
 
 class SpotJobVariables(_SpotValues, BaseVariables):
@@ -214,17 +231,21 @@ class SpotJobVariables(_SpotValues, BaseVariables):
 class SpotWorkerResult(BaseWorkerResult):
     """The lease of the last attempt, its exit code, and the job's record summary."""
 
-    record: Optional[dict[str, Any]] = None
+    record: dict[str, Any] | None = None
 
 
 class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerResult]):
     type = "spot"
     job_configuration = SpotJobConfiguration
     job_configuration_variables = SpotJobVariables
-    _description = ("Run flow runs on spot capacity: pool diversification, price cap, "
-                    "preemption budget, on-demand fallback; preempted runs are rescheduled "
-                    "and resume from their checkpoints.")
-    _documentation_url = "https://github.com/spot-pipelines/spot-pipelines/blob/main/docs/prefect.md"
+    _description = (
+        "Run flow runs on spot capacity: pool diversification, price cap, "
+        "preemption budget, on-demand fallback; preempted runs are rescheduled "
+        "and resume from their checkpoints."
+    )
+    _documentation_url = (
+        "https://github.com/spot-pipelines/spot-pipelines/blob/main/docs/prefect.md"
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -262,9 +283,12 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
     def _provider_key(configuration: SpotJobConfiguration) -> str:
         """The provider's reopen identity: name, options, the credentials' fingerprint."""
         config = configuration.spot_configuration()
-        return observer_key(config.provider, config.provider_options,
-                            fingerprint(config.aws_credentials),
-                            fingerprint(config.cluster_config))
+        return observer_key(
+            config.provider,
+            config.provider_options,
+            fingerprint(config.aws_credentials),
+            fingerprint(config.cluster_config),
+        )
 
     def _observer(self, configuration: SpotJobConfiguration, provider) -> SharedObserver:
         """The worker's one observer for ``provider``: every flow run it watches there is
@@ -279,12 +303,18 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         with self._providers_lock:
             if key not in self._providers:
                 self._providers[key] = _jobs.open_configured_provider(
-                    config, workdir=str(self._scratch_dir() / f"cloud-{len(self._providers)}"))
+                    config, workdir=str(self._scratch_dir() / f"cloud-{len(self._providers)}")
+                )
             return self._providers[key]
 
     # -- running a flow run -------------------------------------------------------------------
-    async def run(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
-                  task_status: Optional[anyio.abc.TaskStatus[str]] = None) -> SpotWorkerResult:
+    async def run(
+        self,
+        flow_run: FlowRun,
+        configuration: SpotJobConfiguration,
+        # Prefect types it TaskStatus[int] (a process id); the id we report is a lease's
+        task_status: anyio.abc.TaskStatus[str] | None = None,  # type: ignore[override]
+    ) -> SpotWorkerResult:
         """Drive the flow run's job through the controller until it settles or is handed
         back to the work pool (rescheduled after a preemption)."""
         self._driving.add(flow_run.id)
@@ -293,24 +323,47 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         finally:
             self._driving.discard(flow_run.id)
 
-    async def _drive(self, flow_run: FlowRun, configuration: SpotJobConfiguration,
-                     task_status: Optional[anyio.abc.TaskStatus[str]]) -> SpotWorkerResult:
+    def _job(
+        self, flow_run: FlowRun, configuration: SpotJobConfiguration, provider: Any
+    ) -> tuple[Any, Any, JobRecord]:
+        """The flow run's job: its spec (the flow run's command on a lease, with the
+        environment a lease may get), its controller (the record kept in Prefect, each
+        exit code read with the flow run's state) and its record. Blocking."""
         config = configuration.spot_configuration()
-        provider = await anyio.to_thread.run_sync(self._provider, configuration)
-        record = await anyio.to_thread.run_sync(self._load_record, flow_run)
-        spec = _jobs.job_spec(config, provider, job_id=f"flow-run-{flow_run.id}",
-                              command=shlex.split(configuration.command),
-                              checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
-                              env=_jobs.lease_env(config.provider, {
-                                  k: v for k, v in configuration.env.items() if v is not None},
-                                  self.get_flow_run_logger(flow_run)),
-                              created_at=None if record is None else record.created_at)
+        stored = self._load_record(flow_run)
+        spec = _jobs.job_spec(
+            config,
+            provider,
+            job_id=jobs.job_id(f"flow-run-{flow_run.id}"),
+            command=shlex.split(configuration.command),
+            checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
+            env=_jobs.lease_env(
+                config.provider,
+                {k: v for k, v in configuration.env.items() if v is not None},
+                self.get_flow_run_logger(flow_run),
+            ),
+            created_at=None if stored is None else stored.created_at,
+        )
         controller = _jobs.controller_for(
-            config, _FlowRunExit(provider, flow_run.id), related=_related(flow_run),
+            config,
+            _FlowRunExit(provider, flow_run.id),
+            related=_related(flow_run),
             persist=lambda r: self._remember(flow_run, r),
-            progress=JobProgress(flow_run_id=flow_run.id))
-        if record is None:
-            record = controller.persist(controller.new_record(spec))
+            progress=JobProgress(flow_run_id=flow_run.id),
+        )
+        record = stored or controller.persist(controller.new_record(spec))
+        return spec, controller, record
+
+    async def _drive(
+        self,
+        flow_run: FlowRun,
+        configuration: SpotJobConfiguration,
+        task_status: anyio.abc.TaskStatus[str] | None,
+    ) -> SpotWorkerResult:
+        provider = await anyio.to_thread.run_sync(self._provider, configuration)
+        spec, controller, record = await anyio.to_thread.run_sync(
+            self._job, flow_run, configuration, provider
+        )
         runs_before = await self._runs_before(flow_run, record)
         started = _Started(task_status)
         nxt = await anyio.to_thread.run_sync(controller.advance, spec, record)
@@ -321,12 +374,14 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                     await anyio.sleep(max(0.0, nxt.until - time.time()))
                 elif nxt.action == "watch":
                     started(nxt.lease.lease_id)
-                    nxt = await self._watch(controller, self._observer(configuration, provider),
-                                            spec, nxt, flow_run)
+                    nxt = await self._watch(
+                        controller, self._observer(configuration, provider), spec, nxt, flow_run
+                    )
                     continue
                 else:  # ended
-                    handed_back = await self._after_attempt(controller, spec, nxt.record,
-                                                            flow_run, runs_before)
+                    handed_back = await self._after_attempt(
+                        controller, spec, nxt.record, flow_run, runs_before
+                    )
                     if handed_back is not None:
                         started(handed_back.identifier)
                         return handed_back
@@ -335,19 +390,19 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             if nxt.action == "watch":  # the worker is stopping: end the attempt it runs
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(
-                        controller.stop, spec, nxt.record, "stopped: the worker shut down")
+                        controller.stop, spec, nxt.record, "stopped: the worker shut down"
+                    )
             raise
         started("")
         return await self._finish(flow_run, nxt.record)
 
-    async def _watch(self, controller, observer: SharedObserver, spec, nxt,
-                     flow_run: FlowRun):
+    async def _watch(self, controller, observer: SharedObserver, spec, nxt, flow_run: FlowRun):
         """Check the lease every poll until the attempt ends, with its status from the
         worker's shared observer (one describe per poll for all its flow runs) and the
         checks of one poll run in one thread hop (``spot_core.batched``); a flow run
         cancelled meanwhile stops the attempt (the controller terminates and closes
         it)."""
-        lease, poll = nxt.lease, controller.poll_interval
+        lease, poll = nxt.lease, controller.poll_interval_seconds
         observer.watch(lease, poll)
         self._cancelling.watch(flow_run.id)
         try:
@@ -356,10 +411,11 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                 observed = await observer.wait_async(lease.lease_id, after, wait_timeout(poll))
                 if await self._cancelling.is_cancelling(self.client, flow_run.id):
                     record = await anyio.to_thread.run_sync(
-                        controller.cancel, spec, nxt.record,
-                        "stopped: the flow run was cancelled")
-                    return dataclasses.replace(nxt, action="ended", record=record,
-                                               lease=None, reason="cancelled")
+                        controller.cancel, spec, nxt.record, "stopped: the flow run was cancelled"
+                    )
+                    return dataclasses.replace(
+                        nxt, action="ended", record=record, lease=None, reason="cancelled"
+                    )
                 with anyio.CancelScope(shield=True):  # as run_sync: a started check completes
                     nxt = await batched.to_thread(_check, controller, spec, nxt, observed)
                 after = observed.at + poll / 2  # the next poll's, not this one
@@ -368,19 +424,23 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             observer.unwatch(lease.lease_id)
         return nxt
 
-    async def _after_attempt(self, controller, spec, record: JobRecord, flow_run: FlowRun,
-                             runs_before: int) -> SpotWorkerResult | None:
+    async def _after_attempt(
+        self, controller, spec, record: JobRecord, flow_run: FlowRun, runs_before: int
+    ) -> SpotWorkerResult | None:
         """After an attempt closed: a result if the flow run leaves this worker now
         (cancelled, or rescheduled for its next attempt), else None (advance here)."""
         last = record.attempts[-1]
-        self.get_flow_run_logger(flow_run).info("attempt %d ended %s: %s", last.number,
-                                                last.outcome, last.message)
+        self.get_flow_run_logger(flow_run).info(
+            "attempt %d ended %s: %s", last.number, last.outcome, last.message
+        )
         if await self._cancelled(flow_run, since=last.started_at):
-            record = await anyio.to_thread.run_sync(controller.cancel, spec, record,
-                                                    "the flow run was cancelled")
+            record = await anyio.to_thread.run_sync(
+                controller.cancel, spec, record, "the flow run was cancelled"
+            )
             await self._publish(flow_run, record)
-            return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
-                                    record=record.summary())
+            return SpotWorkerResult(
+                identifier=last.lease_id or "", status_code=0, record=record.summary()
+            )
         if last.outcome not in RESCHEDULE_AFTER:
             return None
         if await self._completed(flow_run):
@@ -388,18 +448,21 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             # exit): its work is done and rescheduling it would run it again.
             self.get_flow_run_logger(flow_run).info(
                 "the flow run completed before attempt %d's lease ended; not rescheduled",
-                last.number)
+                last.number,
+            )
             await self._publish(flow_run, record)
-            return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
-                                    record=record.summary())
+            return SpotWorkerResult(
+                identifier=last.lease_id or "", status_code=0, record=record.summary()
+            )
         following = await anyio.to_thread.run_sync(controller.decide, spec, record)
         if following.action not in ("launch", "wait"):
             return None  # advance settles the job (budget spent)
         await self._refund_flow_retries(flow_run, runs_before)
         await self._reschedule(flow_run, record, last)
         await self._publish(flow_run, record)
-        return SpotWorkerResult(identifier=last.lease_id or "", status_code=0,
-                                record=record.summary())
+        return SpotWorkerResult(
+            identifier=last.lease_id or "", status_code=0, record=record.summary()
+        )
 
     async def _completed(self, flow_run: FlowRun) -> bool:
         """Whether Prefect already has the flow run in a Completed state."""
@@ -456,14 +519,19 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         from prefect.states import Cancelled
 
         history = await self.client.read_flow_run_states(flow_run.id)
-        if not any(s.type in (StateType.CANCELLING, StateType.CANCELLED)
-                   and s.timestamp.timestamp() >= since - 1.0 for s in history):
+        if not any(
+            s.type in (StateType.CANCELLING, StateType.CANCELLED)
+            and s.timestamp.timestamp() >= since - 1.0
+            for s in history
+        ):
             return False
         current = (await self.client.read_flow_run(flow_run.id)).state
         if current is None or not current.is_cancelled():
             await self.client.set_flow_run_state(
-                flow_run.id, Cancelled(message="cancelled; its spot lease was terminated"),
-                force=True)
+                flow_run.id,
+                Cancelled(message="cancelled; its spot lease was terminated"),
+                force=True,
+            )
         return True
 
     async def _reschedule(self, flow_run: FlowRun, record: JobRecord, last) -> None:
@@ -471,11 +539,14 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         from prefect.states import AwaitingRetry
 
         step = record.latest_checkpoint.step if record.latest_checkpoint else None
-        message = (f"spot capacity {last.outcome} on {last.pool.zone} {last.pool.instance_type} "
-                   f"(attempt {last.number}); rescheduled to resume from checkpoint step "
-                   f"{step if step is not None else '- (none yet)'}")
-        await self.client.set_flow_run_state(flow_run.id, AwaitingRetry(message=message),
-                                             force=True)
+        message = (
+            f"spot capacity {last.outcome} on {last.pool.zone} {last.pool.instance_type} "
+            f"(attempt {last.number}); rescheduled to resume from checkpoint step "
+            f"{step if step is not None else '- (none yet)'}"
+        )
+        await self.client.set_flow_run_state(
+            flow_run.id, AwaitingRetry(message=message), force=True
+        )
         self.get_flow_run_logger(flow_run).info(message)
         from prefect_spot.events import emit_job_event
 
@@ -487,28 +558,40 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             await self._fail_unless_final(flow_run, record)
         await self._publish(flow_run, record)
         code = 0 if record.status is JobStatus.SUCCEEDED else 1
-        return SpotWorkerResult(identifier=(last.lease_id or "") if last else "",
-                                status_code=code, record=record.summary())
+        return SpotWorkerResult(
+            identifier=(last.lease_id or "") if last else "",
+            status_code=code,
+            record=record.summary(),
+        )
 
     async def _fail_unless_final(self, flow_run: FlowRun, record: JobRecord) -> None:
         from prefect.states import Failed
 
         current = await self.client.read_flow_run(flow_run.id)
-        if current.state is not None and current.state.is_final() \
-                and not current.state.is_crashed():
+        if (
+            current.state is not None
+            and current.state.is_final()
+            and not current.state.is_crashed()
+        ):
             return
         await self.client.set_flow_run_state(
-            flow_run.id, Failed(message=f"spot job ended {record.status}: "
-                                        f"{record.attempts[-1].message if record.attempts else ''}"),
-            force=True)
+            flow_run.id,
+            Failed(
+                message=f"spot job ended {record.status}: "
+                f"{record.attempts[-1].message if record.attempts else ''}"
+            ),
+            force=True,
+        )
 
     # -- runs a dead worker left Running (prefect_spot.workers.orphans) ----------------------------
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
         """Prefect's poll for scheduled runs, then (every ``ORPHAN_CHECK_SECONDS``) a look
         for runs of this pool that a dead spot worker left ``Running``."""
         submitted = await super().get_and_submit_flow_runs()
-        if getattr(self, "_work_pool", None) is not None \
-                and time.monotonic() >= self._next_orphan_check:
+        if (
+            getattr(self, "_work_pool", None) is not None
+            and time.monotonic() >= self._next_orphan_check
+        ):
             self._next_orphan_check = time.monotonic() + orphans.ORPHAN_CHECK_SECONDS
             try:
                 await self._adopt_orphans()
@@ -517,10 +600,14 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         return submitted
 
     async def _adopt_orphans(self) -> None:
-        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId,
-                                                    FlowRunFilterState,
-                                                    FlowRunFilterStateType, WorkPoolFilter,
-                                                    WorkPoolFilterName)
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterId,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            WorkPoolFilter,
+            WorkPoolFilterName,
+        )
         from prefect.client.schemas.objects import StateType
 
         # The runs this worker drives are left out by the server: a worker watching 200
@@ -529,11 +616,16 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         running: list[FlowRun] = []
         while True:  # every Running run of the pool that others drive, a page at a time
             page = await self.client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(id=driving, state=FlowRunFilterState(
-                    type=FlowRunFilterStateType(any_=[StateType.RUNNING]))),
+                flow_run_filter=FlowRunFilter(
+                    id=driving,
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])),
+                ),
                 work_pool_filter=WorkPoolFilter(
-                    name=WorkPoolFilterName(any_=[self._work_pool_name])),
-                limit=ORPHAN_PAGE, offset=len(running))
+                    name=WorkPoolFilterName(any_=[self._work_pool_name])
+                ),
+                limit=ORPHAN_PAGE,
+                offset=len(running),
+            )
             running += page
             if len(page) < ORPHAN_PAGE:
                 break
@@ -545,14 +637,19 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             try:
                 await self._look_at(flow_run, freshness)
             except Exception:  # noqa: BLE001 - one unreadable run does not hide the others
-                self._logger.warning("could not check flow run %s for adoption", flow_run.id,
-                                     exc_info=True)
+                self._logger.warning(
+                    "could not check flow run %s for adoption", flow_run.id, exc_info=True
+                )
 
     async def _look_at(self, flow_run: FlowRun, freshness) -> None:
         """Adopt ``flow_run`` if it is an orphan; remember when it is next worth a look."""
         configuration = await self.job_configuration.resolve_for_flow_run(
-            flow_run, client=self.client, work_pool=copy.deepcopy(self.work_pool),
-            worker_name=self.name, worker_id=self.backend_id)
+            flow_run,
+            client=self.client,
+            work_pool=copy.deepcopy(self.work_pool),
+            worker_name=self.name,
+            worker_id=self.backend_id,
+        )
         spot = configuration.spot_configuration()
         timeout = spot.heartbeat_timeout
         if not configuration.checkpoint_root or timeout is None:
@@ -562,19 +659,34 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
         uri, stores = self._checkpoint_uri(configuration, flow_run), provider_stores(provider)
         evidence = await anyio.to_thread.run_sync(
-            orphans.gather, freshness, uri, stores, timeout, self._looks.monotonic(),
-            lambda: load_record(record_key(flow_run.id)), provider, spot.heartbeat_uri)
+            orphans.gather,
+            freshness,
+            uri,
+            stores,
+            timeout,
+            self._looks.monotonic(),
+            lambda: load_record(record_key(flow_run.id)),
+            provider,
+            spot.heartbeat_uri,
+        )
         self._looks.looked(flow_run.id, evidence, timeout)
         reason = orphans.orphaned(evidence, timeout)
-        if reason is None or flow_run.id in self._driving:
-            return
-        attempt = evidence.record.current_attempt.number
-        if not await anyio.to_thread.run_sync(self._looks.claim, flow_run.id, stores(uri),
-                                              attempt, self._adopter, timeout):
-            self._logger.info("flow run %s is an orphan another worker adopts (it claimed "
-                              "attempt %d first)", flow_run.id, attempt)
+        running = None if evidence.record is None else evidence.record.current_attempt
+        if reason is None or running is None or flow_run.id in self._driving:
+            return  # (an orphan always has its record's open attempt)
+        attempt = running.number
+        if not await anyio.to_thread.run_sync(
+            self._looks.claim, flow_run.id, stores(uri), attempt, self._adopter, timeout
+        ):
+            self._logger.info(
+                "flow run %s is an orphan another worker adopts (it claimed attempt %d first)",
+                flow_run.id,
+                attempt,
+            )
             return
         self.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
+        if self._runs_task_group is None:  # made when the worker starts
+            raise RuntimeError("Worker not properly initialized")
         self._driving.add(flow_run.id)  # the next check must not adopt it again
         self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
 
@@ -605,14 +717,16 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
 
     async def _publish(self, flow_run: FlowRun, record: JobRecord) -> None:
         """The job's table, summary and chart on the flow run (a failure is logged)."""
-        await anyio.to_thread.run_sync(functools.partial(
-            publish, record, flow_run_id=flow_run.id,
-            what=f"flow run {flow_run.name} on spot"))
+        await anyio.to_thread.run_sync(
+            functools.partial(
+                publish, record, flow_run_id=flow_run.id, what=f"flow run {flow_run.name} on spot"
+            )
+        )
 
     # -- cancellation ---------------------------------------------------------------------------
-    async def kill_infrastructure(self, infrastructure_pid: str,
-                                  configuration: SpotJobConfiguration,
-                                  grace_seconds: int = 30) -> None:
+    async def kill_infrastructure(
+        self, infrastructure_pid: str, configuration: SpotJobConfiguration, grace_seconds: int = 30
+    ) -> None:
         """Terminate the lease whose id is the flow run's infrastructure id."""
         from prefect.exceptions import InfrastructureNotFound
 
@@ -621,8 +735,9 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         provider = await anyio.to_thread.run_sync(self._provider, configuration)
         found = await anyio.to_thread.run_sync(_observe_by_id, provider, infrastructure_pid)
         if not found:
-            raise InfrastructureNotFound(f"lease {infrastructure_pid} is unknown to the "
-                                         f"{provider.name} provider")
+            raise InfrastructureNotFound(
+                f"lease {infrastructure_pid} is unknown to the {provider.name} provider"
+            )
         for stub, status in found:
             if not status.ended or len(found) == 1:
                 await anyio.to_thread.run_sync(provider.terminate, stub)
@@ -635,8 +750,12 @@ def _check(controller, spec, nxt, observed: Observation):
 
 
 def _related(flow_run: FlowRun) -> list[dict[str, str]]:
-    return [{"prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
-             "prefect.resource.role": "flow-run"}]
+    return [
+        {
+            "prefect.resource.id": f"prefect.flow-run.{flow_run.id}",
+            "prefect.resource.role": "flow-run",
+        }
+    ]
 
 
 class _Started:
@@ -675,8 +794,11 @@ class _FlowRunExit:
         return dataclasses.replace(observed, status=self._corrected(observed.status))
 
     def _corrected(self, status: LeaseStatus) -> LeaseStatus:
-        if not status.ended or status.exit_code != 0 or status.outcome not in (
-                None, Outcome.SUCCEEDED):
+        if (
+            not status.ended
+            or status.exit_code != 0
+            or status.outcome not in (None, Outcome.SUCCEEDED)
+        ):
             return status  # a provider's verdict other than success stands
         from prefect import get_client
 
@@ -684,8 +806,11 @@ class _FlowRunExit:
             state = client.read_flow_run(self._flow_run_id).state
         if state is not None and state.is_completed():
             return status
-        message = (state.message if state is not None and state.message
-                   else "the flow run did not complete")
+        message = (
+            state.message
+            if state is not None and state.message
+            else "the flow run did not complete"
+        )
         return dataclasses.replace(status, exit_code=1, outcome=None, message=message[:300])
 
     def __getattr__(self, name: str) -> Any:
@@ -698,8 +823,12 @@ def _lease_stubs(provider, lease_id: str) -> list[Lease]:
     by_region: dict[str, Any] = {}
     for pool in provider.pools():
         by_region.setdefault(pool.region, pool)
-    return [Lease(lease_id=lease_id, pool=pool, job_id="", attempt=0, started_at=0.0,
-                  price_per_hour=0.0) for pool in by_region.values()]
+    return [
+        Lease(
+            lease_id=lease_id, pool=pool, job_id="", attempt=0, started_at=0.0, price_per_hour=0.0
+        )
+        for pool in by_region.values()
+    ]
 
 
 def _observe_by_id(provider, lease_id: str) -> list[tuple[Lease, LeaseStatus]]:

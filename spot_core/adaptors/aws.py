@@ -16,57 +16,77 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from types import ModuleType
+from typing import Any, Generic, TypeVar
 
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError, SpotError
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 S3_ENDPOINT_ENV = "SPOT_S3_ENDPOINT_URL"
 EC2_ENDPOINT_ENV = "SPOT_EC2_ENDPOINT_URL"
 
-CAPACITY_CODES = frozenset({
-    "InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
-    "InsufficientCapacity", "InsufficientHostCapacity", "Unsupported",
-    "InstanceLimitExceeded", "VcpuLimitExceeded",
-})
-THROTTLE_CODES = frozenset({
-    "RequestLimitExceeded", "Throttling", "ThrottlingException", "SlowDown",
-    "RequestThrottled", "TooManyRequestsException",
-})
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "Unsupported",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+    }
+)
+THROTTLE_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "SlowDown",
+        "RequestThrottled",
+        "TooManyRequestsException",
+    }
+)
 CONFIG_CODES = {
     "UnauthorizedOperation": "the controller's IAM role lacks this action; attach the policy "
-                             "in docs/aws-iam-policy.json",
-    "AccessDenied": "the IAM role lacks this action; attach the policy in "
-                    "docs/aws-iam-policy.json",
+    "in docs/aws-iam-policy.json",
+    "AccessDenied": "the IAM role lacks this action; attach the policy in docs/aws-iam-policy.json",
     "AuthFailure": "AWS rejected the credentials; check the controller's role or profile",
     "InvalidAMIID.NotFound": "the image id does not exist in this region; pass image_id "
-                             "of an AMI in the pool's region",
+    "of an AMI in the pool's region",
     "InvalidAMIID.Malformed": "the image id is malformed; pass an id like ami-0123456789abcdef0",
     "InvalidSubnetID.NotFound": "a subnet does not exist; check the subnets option",
     "InvalidParameterValue": "a launch parameter was rejected; check instance type, image "
-                             "and subnet for this region",
+    "and subnet for this region",
     "InvalidParameterCombination": "these launch parameters cannot be combined; check "
-                                   "the instance type against the image",
+    "the instance type against the image",
     "NoSuchBucket": "the checkpoint bucket does not exist; create it or fix the s3:// URI",
 }
 
 
-def boto3():  # noqa: ANN201 - the module
+def boto3() -> ModuleType:
     """Import boto3 on first use, with a message that names the extra."""
     try:
         import boto3 as module
     except ImportError as exc:
-        raise ConfigError("the ec2 provider and s3:// checkpoint stores need boto3: "
-                          "pip install 'spot-pipelines[aws]'") from exc
-    return module
+        raise ConfigError(
+            "the ec2 provider and s3:// checkpoint stores need boto3: "
+            "pip install 'spot-pipelines[aws]'"
+        ) from exc
+    loaded: ModuleType = module  # boto3 ships no types: Any here
+    return loaded
 
 
 def client_error_class() -> type[Exception]:
     from botocore.exceptions import ClientError
 
-    return ClientError
+    error_class: type[Exception] = ClientError  # botocore is untyped here
+    return error_class
 
 
 def error_code(exc: BaseException) -> str:
@@ -104,13 +124,23 @@ class AwsAccess:
         this access's for every service (None: boto3 decides)."""
         return explicit or self.service_endpoints.get(service) or self.endpoint_url or None
 
-    def client(self, service: str, *, region: str | None = None,
-               endpoint_url: str | None = None, config: Any = None) -> Any:
+    def client(
+        self,
+        service: str,
+        *,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        config: Any = None,
+    ) -> Any:
         session = self.session if self.session is not None else boto3().session.Session()
         extra = {} if self.verify is None else {"verify": self.verify}
-        return session.client(service, region_name=region or self.region,
-                              endpoint_url=self.endpoint(service, endpoint_url),
-                              config=config, **extra)
+        return session.client(
+            service,
+            region_name=region or self.region,
+            endpoint_url=self.endpoint(service, endpoint_url),
+            config=config,
+            **extra,
+        )
 
 
 Access = Any  # an AwsAccess, a boto3 Session, or None (boto3's default chain)
@@ -124,15 +154,24 @@ def access_of(value: Access) -> AwsAccess:
     if isinstance(value, AwsAccess):
         return value
     if not callable(getattr(value, "client", None)):
-        raise ConfigError(f"session={type(value).__name__} is not a boto3 Session or an "
-                          "AwsAccess; pass boto3.Session(...) or leave it out for boto3's "
-                          "default credentials")
+        raise ConfigError(
+            f"session={type(value).__name__} is not a boto3 Session or an "
+            "AwsAccess; pass boto3.Session(...) or leave it out for boto3's "
+            "default credentials"
+        )
     return AwsAccess(session=value, region=getattr(value, "region_name", None))
 
 
-def make_client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
-                session: Access = None, max_pool_connections: int = 10,
-                retry_attempts: int = RETRY_ATTEMPTS, **extra: Any):
+def make_client(
+    service: str,
+    *,
+    region: str | None = None,
+    endpoint_url: str | None = None,
+    session: Access = None,
+    max_pool_connections: int = 10,
+    retry_attempts: int = RETRY_ATTEMPTS,
+    **extra: Any,
+) -> Any:
     """A boto3 client with botocore's bounded ``standard`` retries: transient errors (5xx,
     reset or refused connections, timeouts) and throttling are retried with backoff
     before anything reaches the controller, which then tolerates the rest for its
@@ -140,24 +179,29 @@ def make_client(service: str, *, region: str | None = None, endpoint_url: str | 
     ``AwsAccess``; None: boto3's default chain)."""
     from botocore.config import Config
 
-    config = Config(retries={"max_attempts": retry_attempts, "mode": "standard"},
-                    max_pool_connections=max_pool_connections,
-                    connect_timeout=10, read_timeout=60, **extra)
-    return access_of(session).client(service, region=region, endpoint_url=endpoint_url,
-                                     config=config)
+    config = Config(
+        retries={"max_attempts": retry_attempts, "mode": "standard"},
+        max_pool_connections=max_pool_connections,
+        connect_timeout=10,
+        read_timeout=60,
+        **extra,
+    )
+    return access_of(session).client(
+        service, region=region, endpoint_url=endpoint_url, config=config
+    )
 
 
-class Kept:
+class Kept(Generic[K, V]):
     """A small map kept for the process's life: built on a miss, least recently used
     dropped beyond ``size``, safe from any thread (a build runs under the lock, so two
     threads never build the same value twice)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._values: OrderedDict[Any, Any] = OrderedDict()
+        self._values: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Any, build: Callable[[], T]) -> T:
+    def get(self, key: K, build: Callable[[], V]) -> V:
         with self._lock:
             if key in self._values:
                 self._values.move_to_end(key)
@@ -168,15 +212,21 @@ class Kept:
             return value
 
 
-_clients = Kept(32)
+_clients: Kept[tuple[Any, ...], tuple[Any, Any]] = Kept(32)
 """Shared clients: a handful of credential sources, regions and endpoints in practice; the
 bound only caps what a caller that makes a new boto3 Session per call could pile up."""
-_accesses = Kept(16)
+_accesses: Kept[tuple[str, str], AwsAccess] = Kept(16)
 
 
-def shared_client(service: str, *, region: str | None = None, endpoint_url: str | None = None,
-                  session: Access = None, max_pool_connections: int = 10,
-                  retry_attempts: int = RETRY_ATTEMPTS):
+def shared_client(
+    service: str,
+    *,
+    region: str | None = None,
+    endpoint_url: str | None = None,
+    session: Access = None,
+    max_pool_connections: int = 10,
+    retry_attempts: int = RETRY_ATTEMPTS,
+) -> Any:
     """``make_client``'s client, made once per process for the same credentials, region,
     endpoint and settings, and shared (boto3 clients are thread-safe).
 
@@ -191,14 +241,27 @@ def shared_client(service: str, *, region: str | None = None, endpoint_url: str 
     """
     access = access_of(session)
     # The pid: a forked child must not share its parent's pooled connections.
-    key = (os.getpid(), _credential_source(access), service, region or access.region,
-           access.endpoint(service, endpoint_url), access.verify, max_pool_connections,
-           retry_attempts)
+    key = (
+        os.getpid(),
+        _credential_source(access),
+        service,
+        region or access.region,
+        access.endpoint(service, endpoint_url),
+        access.verify,
+        max_pool_connections,
+        retry_attempts,
+    )
 
     def build() -> tuple[Any, Any]:  # the session pinned with its client: its id stays unique
         return access.session, make_client(
-            service, region=region, endpoint_url=endpoint_url, session=access,
-            max_pool_connections=max_pool_connections, retry_attempts=retry_attempts)
+            service,
+            region=region,
+            endpoint_url=endpoint_url,
+            session=access,
+            max_pool_connections=max_pool_connections,
+            retry_attempts=retry_attempts,
+        )
+
     return _clients.get(key, build)[1]
 
 
@@ -238,15 +301,20 @@ def translate(exc: BaseException, action: str) -> SpotError:
     if code in CAPACITY_CODES:
         return CapacityUnavailable(f"{action}: {code} ({message}); trying the next pool")
     if code in THROTTLE_CODES:
-        return InfrastructureError(f"{action}: AWS kept throttling ({code}) after bounded "
-                                   "backoff; lower the poll rate or raise the account's API "
-                                   "limits", retryable=True)
+        return InfrastructureError(
+            f"{action}: AWS kept throttling ({code}) after bounded "
+            "backoff; lower the poll rate or raise the account's API "
+            "limits",
+            retryable=True,
+        )
     hint = CONFIG_CODES.get(code)
     if hint is not None:
         return ConfigError(f"{action}: {code} ({message}); {hint}")
-    return InfrastructureError(f"{action}: AWS answered {code or type(exc).__name__} "
-                               f"({message}); retry, and check the AWS status page if it "
-                               "persists")
+    return InfrastructureError(
+        f"{action}: AWS answered {code or type(exc).__name__} "
+        f"({message}); retry, and check the AWS status page if it "
+        "persists"
+    )
 
 
 def is_throttle(exc: BaseException) -> bool:
@@ -258,20 +326,33 @@ THROTTLE_ATTEMPTS = 3
 THROTTLE_MAX_WAIT = 8.0
 
 
-def call_raw(fn: Callable[..., T], *args: Any, attempts: int = THROTTLE_ATTEMPTS,
-             max_wait: float = THROTTLE_MAX_WAIT, **kwargs: Any) -> T:
+def call_raw(
+    fn: Callable[..., T],
+    *args: Any,
+    attempts: int = THROTTLE_ATTEMPTS,
+    max_wait: float = THROTTLE_MAX_WAIT,
+    **kwargs: Any,
+) -> T:
     """Call ``fn``, retrying throttling errors with bounded, jittered exponential backoff."""
     import tenacity
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_throttle),
         wait=tenacity.wait_random_exponential(multiplier=0.2, max=max_wait),
-        stop=tenacity.stop_after_attempt(attempts), reraise=True)
+        stop=tenacity.stop_after_attempt(attempts),
+        reraise=True,
+    )
     return retrying(fn, *args, **kwargs)
 
 
-def call(action: str, fn: Callable[..., T], *args: Any, attempts: int = THROTTLE_ATTEMPTS,
-         max_wait: float = THROTTLE_MAX_WAIT, **kwargs: Any) -> T:
+def call(
+    action: str,
+    fn: Callable[..., T],
+    *args: Any,
+    attempts: int = THROTTLE_ATTEMPTS,
+    max_wait: float = THROTTLE_MAX_WAIT,
+    **kwargs: Any,
+) -> T:
     """``call_raw``, and every AWS error translated into a SpotError saying what to do."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -280,15 +361,20 @@ def call(action: str, fn: Callable[..., T], *args: Any, attempts: int = THROTTLE
     except ClientError as exc:
         raise translate(exc, action) from exc
     except BotoCoreError as exc:  # endpoint down, no credentials, ...
-        raise InfrastructureError(f"{action}: {type(exc).__name__}: {exc}; check the endpoint "
-                                  "URL, network and credentials") from exc
+        raise InfrastructureError(
+            f"{action}: {type(exc).__name__}: {exc}; check the endpoint "
+            "URL, network and credentials"
+        ) from exc
 
 
 def translated(action: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Decorator form of ``call`` for methods that make one AWS call."""
+
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> T:
             return call(action, fn, *args, **kwargs)
+
         return inner
+
     return wrap

@@ -3,18 +3,23 @@ on-demand, one line per series (a DAG and task, a flow, a pool), one dot per job
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from html import escape
-from typing import Iterable
 
-from spot_core.charts.svg import (SERIES_COLOURS, document, element, line, money, rect, text)
+from spot_core.charts.svg import SERIES_COLOURS, document, element, line, money, rect, text
 from spot_core.model import JobRecord
 
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 760, 320, 70, 44, 40, 60
 
 
-def savings_over_time(jobs: Iterable[tuple[str, JobRecord]], *, width: int = WIDTH,
-                      height: int = HEIGHT, title: str = "Saved against on-demand") -> str:
+def savings_over_time(
+    jobs: Iterable[tuple[str, JobRecord]],
+    *,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+    title: str = "Saved against on-demand",
+) -> str:
     """``jobs``: (series label, record) pairs, in any order; a job counts when it ended
     (its last attempt's end, or its creation if it has none)."""
     series: dict[str, list[tuple[float, JobRecord]]] = {}
@@ -40,18 +45,44 @@ def savings_over_time(jobs: Iterable[tuple[str, JobRecord]], *, width: int = WID
     for i, (label, curve) in enumerate(curves.items()):
         colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(t, v) for t, v, _ in curve))
-        body.append(element("polyline", {"points": points, "fill": "none", "stroke": colour,
-                                         "stroke-width": 2, "class": "series",
-                                         "data-series": label}))
+        body.append(
+            element(
+                "polyline",
+                {
+                    "points": points,
+                    "fill": "none",
+                    "stroke": colour,
+                    "stroke-width": 2,
+                    "class": "series",
+                    "data-series": label,
+                },
+            )
+        )
         for t, v, record in curve:
             x, y = xy(t, v)
-            body.append(element("circle", {"cx": f"{x:.1f}", "cy": f"{y:.1f}", "r": 3.5,
-                                           "fill": colour, "class": "job",
-                                           "data-job": record.job_id},
-                                f"<title>{_escaped(label, record)}</title>"))
+            body.append(
+                element(
+                    "circle",
+                    {
+                        "cx": f"{x:.1f}",
+                        "cy": f"{y:.1f}",
+                        "r": 3.5,
+                        "fill": colour,
+                        "class": "job",
+                        "data-job": record.job_id,
+                    },
+                    f"<title>{_escaped(label, record)}</title>",
+                )
+            )
         body += _legend(i, label, colour, width, height)
-    return document(width, height + 18 * ((len(curves) + 2) // 3), heading, body,
-                    class_="spot-chart spot-savings", data_series=len(curves))
+    return document(
+        width,
+        height + 18 * ((len(curves) + 2) // 3),
+        heading,
+        body,
+        class_="spot-chart spot-savings",
+        data_series=len(curves),
+    )
 
 
 def _ended(record: JobRecord) -> float:
@@ -68,21 +99,32 @@ def _cumulative(points: list[tuple[float, JobRecord]]) -> list[tuple[float, floa
 
 
 def _escaped(label: str, record: JobRecord) -> str:
-    return escape(f"{label}: {record.job_id} saved {money(record.ledger.saved)} "
-                  f"({record.ledger.savings_fraction:.0%})")
+    return escape(
+        f"{label}: {record.job_id} saved {money(record.ledger.saved)} "
+        f"({record.ledger.savings_fraction:.0%})"
+    )
 
 
-def _axes(t0: float, t1: float, v0: float, v1: float, xy, plot_w: float) -> list[str]:
+def _axes(
+    t0: float,
+    t1: float,
+    v0: float,
+    v1: float,
+    xy: Callable[[float, float], tuple[float, float]],
+    plot_w: float,
+) -> list[str]:
     parts = []
     for i in range(5):
         v = v0 + (v1 - v0) * i / 4
         x, y = xy(t0, v)
-        parts += [line(LEFT, y, LEFT + plot_w, y, stroke="#eeeeee"),
-                  text(LEFT - 6, y + 4, money(v), text_anchor="end", fill="#555", font_size=10)]
+        parts += [
+            line(LEFT, y, LEFT + plot_w, y, stroke="#eeeeee"),
+            text(LEFT - 6, y + 4, money(v), text_anchor="end", fill="#555", font_size=10),
+        ]
     for i in range(4):
         t = t0 + (t1 - t0) * i / 3
         x, y = xy(t, v0)
-        stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%m-%d %H:%M")
+        stamp = datetime.fromtimestamp(t, UTC).strftime("%m-%d %H:%M")
         parts.append(text(x, y + 16, stamp, text_anchor="middle", fill="#555", font_size=10))
     return parts
 

@@ -6,8 +6,8 @@ label read from a record (which a user or a cloud API wrote) can never open a ta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from html import escape
-from typing import Mapping
 
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:12px"
 
@@ -26,14 +26,23 @@ SPOT_COLOUR = "#2e7d32"
 ON_DEMAND_COLOUR = "#90a4ae"
 LOST_COLOUR = "#c62828"
 OVERHEAD_COLOUR = "#ffb300"
-SERIES_COLOURS = ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#c62828", "#00838f",
-                  "#5d4037", "#ad1457")
+SERIES_COLOURS = (
+    "#1565c0",
+    "#2e7d32",
+    "#ef6c00",
+    "#6a1b9a",
+    "#c62828",
+    "#00838f",
+    "#5d4037",
+    "#ad1457",
+)
 
 
 def attrs(values: Mapping[str, object]) -> str:
     """``key="value"`` pairs, escaped; None values are left out."""
-    return "".join(f' {k}="{escape(_text(v), quote=True)}"' for k, v in values.items()
-                   if v is not None)
+    return "".join(
+        f' {k}="{escape(_text(v), quote=True)}"' for k, v in values.items() if v is not None
+    )
 
 
 def element(tag: str, values: Mapping[str, object], body: str = "") -> str:
@@ -46,12 +55,16 @@ def text(x: float, y: float, content: object, **values: object) -> str:
     return f"<text{attrs({'x': x, 'y': y, **_dashed(values)})}>{escape(_text(content))}</text>"
 
 
-def rect(x: float, y: float, width: float, height: float, tooltip: object = None,
-         **values: object) -> str:
+def rect(
+    x: float, y: float, width: float, height: float, tooltip: object = None, **values: object
+) -> str:
     """A rectangle, with an escaped ``<title>`` tooltip when given."""
     body = "" if tooltip is None else f"<title>{escape(_text(tooltip))}</title>"
-    return element("rect", {"x": x, "y": y, "width": max(width, 0.0), "height": height,
-                            **_dashed(values)}, body)
+    return element(
+        "rect",
+        {"x": x, "y": y, "width": max(width, 0.0), "height": height, **_dashed(values)},
+        body,
+    )
 
 
 def line(x1: float, y1: float, x2: float, y2: float, **values: object) -> str:
@@ -61,14 +74,25 @@ def line(x1: float, y1: float, x2: float, y2: float, **values: object) -> str:
 def document(width: int, height: int, title: object, body: list[str], **values: object) -> str:
     """The ``<svg>`` element: its own size, an accessible title, the shared font, and a
     text colour of its own (``fill``) so a dark page does not hide the labels."""
-    head = {"xmlns": "http://www.w3.org/2000/svg", "width": width, "height": height,
-            "viewBox": f"0 0 {width} {height}", "role": "img", "style": FONT, "fill": "#212121",
-            **_dashed(values)}
+    head = {
+        "xmlns": "http://www.w3.org/2000/svg",
+        "width": width,
+        "height": height,
+        "viewBox": f"0 0 {width} {height}",
+        "role": "img",
+        "style": FONT,
+        "fill": "#212121",
+        **_dashed(values),
+    }
     # An opaque background: the charts stay readable on a dark theme (Prefect's, Airflow's).
-    background = element("rect", {"width": "100%", "height": "100%", "fill": "#fff",
-                                  "class": "background"})
-    return (f"<svg{attrs(head)}><title>{escape(_text(title))}</title>{background}"
-            + "".join(body) + "</svg>")
+    background = element(
+        "rect", {"width": "100%", "height": "100%", "fill": "#fff", "class": "background"}
+    )
+    return (
+        f"<svg{attrs(head)}><title>{escape(_text(title))}</title>{background}"
+        + "".join(body)
+        + "</svg>"
+    )
 
 
 def money(value: float) -> str:

@@ -20,5 +20,13 @@ from spot_core.checkpoint.store import CheckpointStore
 from spot_core.checkpoint.uri import StoreLocation, parse_store_uri
 from spot_core.model import CheckpointRef
 
-__all__ = ["CheckpointRef", "CheckpointStore", "Checkpointer", "FileBackend", "ObjectBackend",
-           "StoreLocation", "open_store", "parse_store_uri"]
+__all__ = [
+    "CheckpointRef",
+    "CheckpointStore",
+    "Checkpointer",
+    "FileBackend",
+    "ObjectBackend",
+    "StoreLocation",
+    "open_store",
+    "parse_store_uri",
+]

@@ -10,8 +10,9 @@ reader's bound) as ``CorruptCheckpoint``, so readers skip it like any corrupt ob
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Iterable, Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @runtime_checkable

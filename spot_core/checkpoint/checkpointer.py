@@ -27,8 +27,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
@@ -43,10 +44,17 @@ PayloadFactory = Callable[[], Mapping[str, Any]]
 class Checkpointer:
     """Decides when a training loop saves, and measures what saving costs."""
 
-    def __init__(self, store: CheckpointStore, *, attempt: int = 1,
-                 every_seconds: float | None = None, every_steps: int | None = None,
-                 keep: int = 3, clock: Callable[[], float] = time.monotonic,
-                 notice_file: str | None = None) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        *,
+        attempt: int = 1,
+        every_seconds: float | None = None,
+        every_steps: int | None = None,
+        keep: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+        notice_file: str | None = None,
+    ) -> None:
         _check_interval("every_seconds", every_seconds)
         _check_interval("every_steps", every_steps)
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
@@ -76,8 +84,10 @@ class Checkpointer:
 
         env = AttemptEnv.from_environ(environ)
         if not env.checkpoint_uri:
-            raise ConfigError(f"{CHECKPOINT_URI} is not set; run the step under spot-pipelines "
-                              "or set it to file:///absolute/path")
+            raise ConfigError(
+                f"{CHECKPOINT_URI} is not set; run the step under spot-pipelines "
+                "or set it to file:///absolute/path"
+            )
         store = open_store(env.checkpoint_uri)
         store.fence(env.attempt)
         kwargs.setdefault("notice_file", env.notice_file)
@@ -105,8 +115,9 @@ class Checkpointer:
         return 0 if self.restored is None else self.restored.step
 
     # -- saving ----------------------------------------------------------------------
-    def maybe_save(self, step: int, make_payload: PayloadFactory,
-                   metadata: Mapping[str, Any] | None = None) -> CheckpointRef | None:
+    def maybe_save(
+        self, step: int, make_payload: PayloadFactory, metadata: Mapping[str, Any] | None = None
+    ) -> CheckpointRef | None:
         """Save if a schedule is due; on a pending notice save now and raise Preempted."""
         reason = self._pending_notice()
         if reason is not None:
@@ -115,8 +126,9 @@ class Checkpointer:
             return None
         return self.save_now(step, make_payload, metadata)
 
-    def save_now(self, step: int, make_payload: PayloadFactory,
-                 metadata: Mapping[str, Any] | None = None) -> CheckpointRef:
+    def save_now(
+        self, step: int, make_payload: PayloadFactory, metadata: Mapping[str, Any] | None = None
+    ) -> CheckpointRef:
         """Serialise and save right away; the measured time includes serialisation.
 
         The metadata carries ``checkpoint_seconds_total`` and ``checkpoint_saves`` so the
@@ -129,22 +141,30 @@ class Checkpointer:
             raise step_went_back(step, self._last_saved_step, self.store.uri)
         started = time.perf_counter()
         payload = make_payload()
-        ledger = {"checkpoint_seconds_total": self.total_save_seconds
-                  + (time.perf_counter() - started), "checkpoint_saves": self.saves + 1}
+        ledger = {
+            "checkpoint_seconds_total": self.total_save_seconds + (time.perf_counter() - started),
+            "checkpoint_saves": self.saves + 1,
+        }
         ref = self.store.save(step, payload, {**(metadata or {}), **ledger}, attempt=self.attempt)
         self._record(ref, time.perf_counter() - started)
         self._prune()
         return ref
 
-    def _emergency_save(self, step: int, make_payload: PayloadFactory,
-                        metadata: Mapping[str, Any] | None, reason: str) -> None:
+    def _emergency_save(
+        self,
+        step: int,
+        make_payload: PayloadFactory,
+        metadata: Mapping[str, Any] | None,
+        reason: str,
+    ) -> None:
         log.warning("emergency checkpoint at step %d: %s", step, reason)
         try:
             if self._last_saved_step != step:
                 self.save_now(step, make_payload, {**(metadata or {}), "emergency": reason})
         except Exception as exc:
-            raise Preempted(f"preempted ({reason}); the emergency checkpoint at step {step} "
-                            f"failed: {exc}") from exc
+            raise Preempted(
+                f"preempted ({reason}); the emergency checkpoint at step {step} failed: {exc}"
+            ) from exc
         raise Preempted(f"preempted ({reason}); state saved at step {step}")
 
     def _due(self, step: int) -> bool:
@@ -166,7 +186,7 @@ class Checkpointer:
     def _prune(self) -> None:
         try:
             self.store.prune(keep=self.keep)
-        except Exception as exc:  # a failed prune costs disk, never progress
+        except Exception as exc:  # noqa: BLE001 - a failed prune costs disk, never progress
             log.warning("could not prune %s: %s", self.store.uri, exc)
 
     # -- notices ---------------------------------------------------------------------
@@ -186,8 +206,10 @@ class Checkpointer:
     def attach_signals(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> Checkpointer:
         """Turn ``signals`` into emergency-save requests until ``close()``; main thread only."""
         if threading.current_thread() is not threading.main_thread():
-            raise ConfigError("attach_signals() must be called from the main thread; from "
-                              "other threads call request_emergency_save() instead")
+            raise ConfigError(
+                "attach_signals() must be called from the main thread; from "
+                "other threads call request_emergency_save() instead"
+            )
         for signum in signals:
             self._old_handlers[signum] = signal.signal(signum, self._on_signal)
         return self

@@ -13,13 +13,17 @@ BLAKE3 runs on one thread: the other core is the writer's (a save is max(write, 
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from spot_core.errors import ConfigError
 
+if TYPE_CHECKING:  # collections.abc.Buffer from 3.12; typing_extensions is a typing-only need
+    from typing_extensions import Buffer
+
 
 class Digest(Protocol):
-    def update(self, data: bytes | memoryview, /) -> object: ...
+    def update(self, data: Buffer, /) -> object: ...
 
     def hexdigest(self) -> str: ...
 
@@ -28,8 +32,10 @@ def _blake3() -> Digest:
     try:
         from blake3 import blake3
     except ImportError as exc:  # a core dependency; a broken install says so
-        raise ConfigError("checkpoint digest blake3 needs the 'blake3' package: "
-                          "pip install 'blake3>=1.0' (a spot-pipelines dependency)") from exc
+        raise ConfigError(
+            "checkpoint digest blake3 needs the 'blake3' package: "
+            "pip install 'blake3>=1.0' (a spot-pipelines dependency)"
+        ) from exc
     return blake3(max_threads=1)
 
 
@@ -44,8 +50,9 @@ def new_digest(name: str) -> Digest:
     """A fresh hasher for the digest called ``name``."""
     maker = DIGESTS.get(name)
     if maker is None:
-        raise ConfigError(f"unknown checkpoint digest {name!r}; choose one of "
-                          f"{', '.join(sorted(DIGESTS))}")
+        raise ConfigError(
+            f"unknown checkpoint digest {name!r}; choose one of {', '.join(sorted(DIGESTS))}"
+        )
     return maker()
 
 

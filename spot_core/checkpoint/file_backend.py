@@ -17,12 +17,17 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 from spot_core.safe_files import (
-    UnsafeFile, is_regular, kind_of, not_regular, open_regular, read_bytes,
+    UnsafeFile,
+    is_regular,
+    kind_of,
+    not_regular,
+    open_regular,
+    read_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -40,11 +45,15 @@ class FileBackend:
         try:
             os.makedirs(self.root, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as exc:
-            raise ConfigError(f"checkpoint store path {self.root} exists and is not a "
-                              "directory; point the store URI at a directory") from exc
+            raise ConfigError(
+                f"checkpoint store path {self.root} exists and is not a "
+                "directory; point the store URI at a directory"
+            ) from exc
         except OSError as exc:  # permission, read-only or pseudo file system, no space
-            raise ConfigError(f"cannot create checkpoint store directory {self.root} "
-                              f"({exc.strerror}); choose a writable path") from exc
+            raise ConfigError(
+                f"cannot create checkpoint store directory {self.root} "
+                f"({exc.strerror}); choose a writable path"
+            ) from exc
 
     def __repr__(self) -> str:
         return f"FileBackend({self.root!r})"
@@ -100,8 +109,7 @@ class FileBackend:
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         limit = sys.maxsize if max_bytes is None else max_bytes
         try:
-            return read_bytes(self._path(key), limit=limit, what="object",
-                              follow_symlinks=False)
+            return read_bytes(self._path(key), limit=limit, what="object", follow_symlinks=False)
         except UnsafeFile as exc:
             raise _not_an_object(key, exc) from None
 
@@ -138,13 +146,16 @@ class FileBackend:
     def lock(self) -> Iterator[None]:
         """``flock`` on a lock file; bounded wait so a hung holder cannot block forever."""
         path = os.path.join(self.root, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-                     | os.O_NONBLOCK, 0o644)
+        fd = os.open(
+            path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644
+        )
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
-                raise CheckpointError(f"the store's lock file {path} is {kind_of(mode)}, not a "
-                                      "regular file; remove it (no writer holds it)")
+                raise CheckpointError(
+                    f"the store's lock file {path} is {kind_of(mode)}, not a "
+                    "regular file; remove it (no writer holds it)"
+                )
             self._acquire(fd)
             yield
         finally:
@@ -161,7 +172,8 @@ class FileBackend:
                     raise CheckpointError(
                         f"timed out after {self.lock_timeout:.0f}s waiting for the lock on "
                         f"{self.root}; another process holds it (is a writer hung?)",
-                        retryable=True) from None
+                        retryable=True,
+                    ) from None
                 time.sleep(0.005)
 
     # -- helpers -----------------------------------------------------------------
@@ -185,8 +197,9 @@ class FileBackend:
 
 
 def _not_an_object(key: str, exc: UnsafeFile) -> CorruptCheckpoint:
-    return CorruptCheckpoint(f"object {key} {exc.problem}; no writer of this store made it "
-                             "(remove it)")
+    return CorruptCheckpoint(
+        f"object {key} {exc.problem}; no writer of this store made it (remove it)"
+    )
 
 
 def _write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:

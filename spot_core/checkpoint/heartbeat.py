@@ -39,10 +39,14 @@ import re
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from spot_core.errors import FencedOut
+
+if TYPE_CHECKING:
+    from spot_core.checkpoint.store import CheckpointStore
 
 HEARTBEAT_KEY = "heartbeat/driver.json"
 DRIVER_KEY = "drivers/{}.json"  # a driver process's beat, in the heartbeat_uri store
@@ -101,8 +105,11 @@ class Beat:
     released: bool = False
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, Any] = {"attempt": self.attempt, "renewed_at": self.renewed_at,
-                               "sequence": self.sequence}
+        doc: dict[str, Any] = {
+            "attempt": self.attempt,
+            "renewed_at": self.renewed_at,
+            "sequence": self.sequence,
+        }
         if self.driver is not None:
             doc.update(driver=self.driver, job=self.job)
         if self.owner is not None:
@@ -114,7 +121,7 @@ class Beat:
         return json.dumps(doc, allow_nan=False).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Beat | None":
+    def from_bytes(cls, data: bytes) -> Beat | None:
         """None for anything a driver did not write (garbage, NaN, deep nesting, a pointer
         naming no valid driver id): an unreadable beat is no beat, never an exception in
         the node's watcher."""
@@ -123,8 +130,12 @@ class Beat:
             beat = cls(int(doc["attempt"]), float(doc["renewed_at"]), int(doc["sequence"]))
             if "driver" in doc:
                 driver, job = doc["driver"], doc["job"]
-                if not (isinstance(driver, str) and _DRIVER_ID.fullmatch(driver)
-                        and isinstance(job, str) and job):
+                if not (
+                    isinstance(driver, str)
+                    and _DRIVER_ID.fullmatch(driver)
+                    and isinstance(job, str)
+                    and job
+                ):
                     return None
                 beat = cls(beat.attempt, beat.renewed_at, beat.sequence, driver, job)
             beat = dataclasses.replace(beat, **_writer(doc))
@@ -133,7 +144,7 @@ class Beat:
         return beat if math.isfinite(beat.renewed_at) else None
 
 
-def _writer(doc: dict) -> dict[str, Any]:
+def _writer(doc: dict[str, Any]) -> dict[str, Any]:
     """The writer fields of a beat document; a malformed one is dropped field by field
     (the beat itself still counts for the node, which never reads them)."""
     owner, host, pid, timeout = (doc.get(k) for k in ("owner", "host", "pid", "timeout"))
@@ -142,8 +153,12 @@ def _writer(doc: dict) -> dict[str, Any]:
         fields["owner"] = owner
         fields["host"] = host[:255] if isinstance(host, str) else None
         fields["pid"] = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
-            and math.isfinite(timeout) and timeout > 0:
+    if (
+        isinstance(timeout, (int, float))
+        and not isinstance(timeout, bool)
+        and math.isfinite(timeout)
+        and timeout > 0
+    ):
         fields["timeout"] = float(timeout)
     return fields
 
@@ -154,8 +169,14 @@ class Heartbeat:
     ``drivers``: the ``heartbeat_uri`` store, where a pointer's driver keeps its beat; a
     reader without it cannot follow a pointer (and so sees no renewal)."""
 
-    def __init__(self, store, drivers=None, *, timeout: float | None = None,
-                 identity: DriverIdentity | None = None) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        drivers: CheckpointStore | None = None,
+        *,
+        timeout: float | None = None,
+        identity: DriverIdentity | None = None,
+    ) -> None:
         self.store = store
         self.drivers = drivers
         self.timeout = timeout  # the writer's heartbeat timeout, written into its beats
@@ -172,7 +193,7 @@ class Heartbeat:
         write (a triggerer watching 1,000 jobs renews 1,000 heartbeats a minute)."""
         return self._write(attempt, now)
 
-    def point(self, attempt: int, driver: "DriverBeat", job: str, now: float) -> Beat:
+    def point(self, attempt: int, driver: DriverBeat, job: str, now: float) -> Beat:
         """Write a pointer: ``driver``'s object renews ``job``'s ``attempt`` from now on.
         One write per attempt and driver process (the driver lists the job first)."""
         return self._write(attempt, now, driver=driver.driver_id, job=job)
@@ -196,14 +217,24 @@ class Heartbeat:
         if self._sequence == 0 or silent:
             last = self.read_own()
             if last is not None and last.attempt > attempt:
-                raise FencedOut(f"the job's heartbeat names attempt {last.attempt}, newer "
-                                f"than {attempt}: another driver took the job over")
+                raise FencedOut(
+                    f"the job's heartbeat names attempt {last.attempt}, newer "
+                    f"than {attempt}: another driver took the job over"
+                )
             self._sequence = max(self._sequence, 0 if last is None else last.sequence)
         self._sequence += 1
         self._written_at = now
         me = self.identity or this_driver()
-        beat = Beat(attempt=attempt, renewed_at=now, sequence=self._sequence, owner=me.owner,
-                    host=me.host, pid=me.pid, timeout=self.timeout, **extra)
+        beat = Beat(
+            attempt=attempt,
+            renewed_at=now,
+            sequence=self._sequence,
+            owner=me.owner,
+            host=me.host,
+            pid=me.pid,
+            timeout=self.timeout,
+            **extra,
+        )
         self.store.put_object(HEARTBEAT_KEY, beat.to_bytes())
         return beat
 
@@ -250,7 +281,7 @@ class DriverBeat:
     out at the next renewal, so its node's timeout runs from then, as if its own beat had
     stopped. Thread-safe: a triggerer's checks run on many threads."""
 
-    def __init__(self, store, driver_id: str | None = None) -> None:
+    def __init__(self, store: CheckpointStore, driver_id: str | None = None) -> None:
         self.store = store
         self.driver_id = driver_id or uuid.uuid4().hex
         self._lock = threading.Lock()
@@ -276,11 +307,16 @@ class DriverBeat:
             previous, self._renewed_at = self._renewed_at, now
             self._jobs = {j: v for j, v in self._jobs.items() if now - v[1] <= window}
             self._sequence += 1
-            doc = {"driver": self.driver_id, "renewed_at": now, "sequence": self._sequence,
-                   "jobs": {j: attempt for j, (attempt, _) in self._jobs.items()}}
+            doc = {
+                "driver": self.driver_id,
+                "renewed_at": now,
+                "sequence": self._sequence,
+                "jobs": {j: attempt for j, (attempt, _) in self._jobs.items()},
+            }
         try:
-            self.store.put_object(DRIVER_KEY.format(self.driver_id),
-                                  json.dumps(doc, allow_nan=False).encode())
+            self.store.put_object(
+                DRIVER_KEY.format(self.driver_id), json.dumps(doc, allow_nan=False).encode()
+            )
         except BaseException:
             with self._lock:
                 self._renewed_at = min(self._renewed_at, previous)
@@ -315,12 +351,20 @@ class Holder:
 
     def describe(self) -> str:
         pid = "" if self.pid is None else f" pid {self.pid}"
-        return (f"{self.host}{pid} renewed its heartbeat {self.age_seconds:.0f}s ago "
-                f"(attempt {self.attempt}, timeout {self.timeout_seconds:g}s)")
+        return (
+            f"{self.host}{pid} renewed its heartbeat {self.age_seconds:.0f}s ago "
+            f"(attempt {self.attempt}, timeout {self.timeout_seconds:g}s)"
+        )
 
 
-def live_holder(store, now: float, *, timeout: float, drivers=None,
-                me: DriverIdentity | None = None) -> Holder | None:
+def live_holder(
+    store: CheckpointStore,
+    now: float,
+    *,
+    timeout: float,
+    drivers: CheckpointStore | None = None,
+    me: DriverIdentity | None = None,
+) -> Holder | None:
     """The driver process other than ``me`` that holds the job whose store is ``store``,
     or None: its beat is renewed within its timeout (``timeout`` for a beat that names
     none), not released, and not written by ``me``. A pointer's renewals are read from
@@ -348,7 +392,7 @@ _driver_beats: dict[str, DriverBeat] = {}
 _driver_beats_lock = threading.Lock()
 
 
-def driver_beat(uri: str, open_store: Callable[[str], Any]) -> DriverBeat:
+def driver_beat(uri: str, open_store: Callable[[str], CheckpointStore]) -> DriverBeat:
     """This process's ``DriverBeat`` at ``uri`` (made once, with ``open_store(uri)``):
     every controller in the process (each trigger of a triggerer) shares it."""
     with _driver_beats_lock:

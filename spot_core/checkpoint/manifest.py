@@ -13,8 +13,9 @@ import json
 import math
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from spot_core.checkpoint.digests import DIGESTS
 from spot_core.checkpoint.names import MANIFEST_NAME, name_problem
@@ -34,7 +35,8 @@ MAX_DEPTH = 64  # metadata nesting a save accepts, so a reader can bound what it
 
 
 def new_checkpoint_id(step: int, attempt: int) -> str:
-    """A lexically sortable, collision-free id such as ``step-000000000010-attempt-0002-1a2b3c4d``."""
+    """A lexically sortable, collision-free id such as
+    ``step-000000000010-attempt-0002-1a2b3c4d``."""
     return f"step-{step:012d}-attempt-{attempt:04d}-{secrets.token_hex(4)}"
 
 
@@ -57,11 +59,14 @@ def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(metadata, Mapping):
         raise ConfigError(f"checkpoint metadata must be a dict, got {type(metadata).__name__}")
     try:
-        encoded = json.loads(json.dumps(dict(metadata), allow_nan=False, sort_keys=True))
+        encoded: dict[str, Any] = json.loads(
+            json.dumps(dict(metadata), allow_nan=False, sort_keys=True)
+        )
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ConfigError(f"checkpoint metadata is not JSON-serialisable ({exc}); use only "
-                          "dicts with str keys, lists, str, int, finite float, bool and None"
-                          ) from exc
+        raise ConfigError(
+            f"checkpoint metadata is not JSON-serialisable ({exc}); use only "
+            "dicts with str keys, lists, str, int, finite float, bool and None"
+        ) from exc
     if _deeper_than(encoded, MAX_DEPTH):
         raise ConfigError(f"checkpoint metadata nests deeper than {MAX_DEPTH} levels; flatten it")
     return encoded
@@ -89,22 +94,32 @@ class Manifest:
     files: Mapping[str, FileEntry] = field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": FORMAT_VERSION,
-                "checkpoint_id": self.checkpoint_id, "step": self.step,
-                "attempt": self.attempt, "created_at": self.created_at,
-                "metadata": dict(self.metadata),
-                "files": {n: {"size": e.size, e.algorithm: e.digest}
-                          for n, e in self.files.items()}}
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "checkpoint_id": self.checkpoint_id,
+            "step": self.step,
+            "attempt": self.attempt,
+            "created_at": self.created_at,
+            "metadata": dict(self.metadata),
+            "files": {n: {"size": e.size, e.algorithm: e.digest} for n, e in self.files.items()},
+        }
 
     def encode(self) -> bytes:
         body = self.body()
-        return json.dumps({**body, "body_sha256": _body_digest(body)},
-                          sort_keys=True, indent=1).encode()
+        return json.dumps(
+            {**body, "body_sha256": _body_digest(body)}, sort_keys=True, indent=1
+        ).encode()
 
     def to_ref(self, store_uri: str) -> CheckpointRef:
-        return CheckpointRef(store_uri=store_uri, checkpoint_id=self.checkpoint_id,
-                             step=self.step, attempt=self.attempt,
-                             created_at=self.created_at, metadata=dict(self.metadata))
+        return CheckpointRef(
+            store_uri=store_uri,
+            checkpoint_id=self.checkpoint_id,
+            step=self.step,
+            attempt=self.attempt,
+            created_at=self.created_at,
+            metadata=dict(self.metadata),
+        )
 
     @property
     def order_key(self) -> tuple[int, int, float, str]:
@@ -133,13 +148,16 @@ def _strict_json(data: bytes, where: str) -> Any:
     recursion are corruption like any other, never an exception that escapes ``latest``.
     """
     if len(data) > MAX_MANIFEST_BYTES:
-        raise CorruptCheckpoint(f"{where} is {len(data)} bytes, over the {MAX_MANIFEST_BYTES} "
-                                "a manifest can have; not a spot-pipelines manifest")
+        raise CorruptCheckpoint(
+            f"{where} is {len(data)} bytes, over the {MAX_MANIFEST_BYTES} "
+            "a manifest can have; not a spot-pipelines manifest"
+        )
     try:
         doc = json.loads(data, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CorruptCheckpoint(f"{where} is not strict JSON ({type(exc).__name__}: "
-                                f"{str(exc)[:120]}); torn or edited") from exc
+        raise CorruptCheckpoint(
+            f"{where} is not strict JSON ({type(exc).__name__}: {str(exc)[:120]}); torn or edited"
+        ) from exc
     if _deeper_than(doc, MAX_DEPTH + 1):  # the body holds metadata one level down
         raise CorruptCheckpoint(f"{where} nests deeper than {MAX_DEPTH} levels; torn or edited")
     return doc
@@ -171,25 +189,35 @@ def _check_header(doc: Mapping[str, Any], where: str, checkpoint_id: str) -> Non
     if doc.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{where} has format {doc.get('format')!r}, expected {FORMAT!r}")
     if doc.get("version") not in READABLE_VERSIONS:
-        raise CorruptCheckpoint(f"{where} has format version {doc.get('version')!r}; this "
-                                f"spot-pipelines reads versions {READABLE_VERSIONS} (upgrade it)")
+        raise CorruptCheckpoint(
+            f"{where} has format version {doc.get('version')!r}; this "
+            f"spot-pipelines reads versions {READABLE_VERSIONS} (upgrade it)"
+        )
     if doc.get("checkpoint_id") != checkpoint_id:
-        raise CorruptCheckpoint(f"{where} names checkpoint {doc.get('checkpoint_id')!r}; "
-                                "it was copied from another checkpoint")
+        raise CorruptCheckpoint(
+            f"{where} names checkpoint {doc.get('checkpoint_id')!r}; "
+            "it was copied from another checkpoint"
+        )
 
 
 def _from_body(doc: Mapping[str, Any], where: str) -> Manifest:
     try:
         files = {_file_name(n, where): _file_entry(e) for n, e in doc["files"].items()}
-        manifest = Manifest(checkpoint_id=doc["checkpoint_id"], step=_count(doc["step"]),
-                            attempt=_count(doc["attempt"]),
-                            created_at=_finite(doc["created_at"]),
-                            metadata=dict(doc["metadata"]), files=files)
+        manifest = Manifest(
+            checkpoint_id=doc["checkpoint_id"],
+            step=_count(doc["step"]),
+            attempt=_count(doc["attempt"]),
+            created_at=_finite(doc["created_at"]),
+            metadata=dict(doc["metadata"]),
+            files=files,
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CorruptCheckpoint(f"{where} is missing or mistypes a field ({exc!r})") from exc
     if parse_checkpoint_id(manifest.checkpoint_id) != (manifest.step, manifest.attempt):
-        raise CorruptCheckpoint(f"{where} claims step {manifest.step} attempt "
-                                f"{manifest.attempt}, which its id does not encode; edited")
+        raise CorruptCheckpoint(
+            f"{where} claims step {manifest.step} attempt "
+            f"{manifest.attempt}, which its id does not encode; edited"
+        )
     return manifest
 
 
@@ -197,18 +225,21 @@ def _file_name(name: object, where: str) -> str:
     """A payload name a save could have written; anything else (``..``, absolute, control
     characters) would let a forged manifest reach outside the checkpoint on load."""
     problem = "is not a string" if not isinstance(name, str) else name_problem(name)
-    if problem:
-        raise CorruptCheckpoint(f"{where} lists payload file {str(name)[:80]!r}, which "
-                                f"{problem}; forged or edited")
-    return name  # type: ignore[return-value]
+    if problem or not isinstance(name, str):
+        raise CorruptCheckpoint(
+            f"{where} lists payload file {str(name)[:80]!r}, which {problem}; forged or edited"
+        )
+    return name
 
 
 def _file_entry(entry: Mapping[str, Any]) -> FileEntry:
     """size plus exactly one known digest, named by its key (``sha256``, ``blake3``)."""
     named = [name for name in DIGESTS if name in entry]
     if len(named) != 1 or set(entry) != {"size", named[0]}:
-        raise ValueError(f"file entry keys {sorted(entry)[:5]} are not 'size' and one digest "
-                         f"of {sorted(DIGESTS)}")
+        raise ValueError(
+            f"file entry keys {sorted(entry)[:5]} are not 'size' and one digest "
+            f"of {sorted(DIGESTS)}"
+        )
     value = entry[named[0]]
     if not isinstance(value, str) or not _HEX64_RE.match(value):
         raise ValueError(f"{named[0]} {str(value)[:80]!r} is not 64 hex digits")

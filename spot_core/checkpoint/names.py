@@ -23,8 +23,10 @@ def name_problem(name: str) -> str | None:
         return "contains a NUL character"
     odd = next((c for c in name if _invisible(c)), None)
     if odd is not None:
-        return (f"contains the control, format or separator character U+{ord(odd):04X} "
-                "(it would hide or reorder what a listing shows)")
+        return (
+            f"contains the control, format or separator character U+{ord(odd):04X} "
+            "(it would hide or reorder what a listing shows)"
+        )
     if "\\" in name:
         return "contains a backslash (use '/' to separate directories)"
     if name.startswith("/"):
@@ -48,4 +50,3 @@ def _invisible(char: str) -> bool:
     and isolates such as U+202E, zero-width characters, U+FEFF), line and paragraph
     separators (U+2028, U+2029), and lone surrogates (no file system can store them)."""
     return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs")
-

@@ -25,9 +25,11 @@ def open_store(uri: str, *, session: Any = None, **options: Any) -> CheckpointSt
     if location.scheme == "s3":
         from spot_core.checkpoint.s3_backend import S3Backend  # boto3 only when used
 
-        return CheckpointStore(S3Backend(location.bucket, location.prefix, session=session,
-                                         **options), location.uri)
+        return CheckpointStore(
+            S3Backend(location.bucket, location.prefix, session=session, **options), location.uri
+        )
     if options:
-        raise ConfigError(f"options {sorted(options)} apply to s3:// stores only; "
-                          f"{location.uri} is a file store")
+        raise ConfigError(
+            f"options {sorted(options)} apply to s3:// stores only; {location.uri} is a file store"
+        )
     return CheckpointStore(FileBackend(location.path), location.uri)

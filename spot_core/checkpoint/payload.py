@@ -14,18 +14,20 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator, Mapping
+from typing import Any, BinaryIO
 
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, new_digest
-from spot_core.checkpoint.manifest import MANIFEST_NAME
-from spot_core.checkpoint.names import name_problem
+from spot_core.checkpoint.names import MANIFEST_NAME, name_problem
 from spot_core.errors import ConfigError
 
 CHUNK_SIZE = 4 << 20
-_NAME_RULES = ("payload names are relative POSIX paths like 'model.bin' or 'optim/state.pt': "
-               "non-empty parts separated by '/', no '..' or '.', no backslash, no control, "
-               f"format (bidi) or line-separator characters, not {MANIFEST_NAME!r}")
+_NAME_RULES = (
+    "payload names are relative POSIX paths like 'model.bin' or 'optim/state.pt': "
+    "non-empty parts separated by '/', no '..' or '.', no backslash, no control, "
+    f"format (bidi) or line-separator characters, not {MANIFEST_NAME!r}"
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class PayloadItem:
         """The entry's bytes in order, in chunks of at most ``chunk_size``."""
         if isinstance(self.source, memoryview):
             for start in range(0, len(self.source), chunk_size):
-                yield self.source[start:start + chunk_size]
+                yield self.source[start : start + chunk_size]
             return
         if isinstance(self.source, str):
             with open(self.source, "rb", buffering=0) as fh:
@@ -52,8 +54,10 @@ class PayloadItem:
 def prepare_payload(payload: Mapping[str, Any]) -> list[PayloadItem]:
     """Validate every name and value; raise ConfigError before anything is written."""
     if not isinstance(payload, Mapping) or not payload:
-        raise ConfigError("checkpoint payload must be a non-empty dict of name -> bytes or "
-                          f"file path, got {type(payload).__name__}")
+        raise ConfigError(
+            "checkpoint payload must be a non-empty dict of name -> bytes or "
+            f"file path, got {type(payload).__name__}"
+        )
     names = [validate_name(n) for n in payload]
     _check_no_nesting(names)
     return [_item(name, payload[name]) for name in names]
@@ -77,8 +81,10 @@ def _check_no_nesting(names: list[str]) -> None:
         for i in range(1, len(parts)):
             parent = "/".join(parts[:i])
             if parent in taken:
-                raise ConfigError(f"payload names {parent!r} and {name!r} collide: "
-                                  f"{parent!r} cannot be both a file and a directory; rename one")
+                raise ConfigError(
+                    f"payload names {parent!r} and {name!r} collide: "
+                    f"{parent!r} cannot be both a file and a directory; rename one"
+                )
 
 
 def _item(name: str, value: Any) -> PayloadItem:
@@ -88,14 +94,18 @@ def _item(name: str, value: Any) -> PayloadItem:
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         if not isinstance(path, str) or not os.path.isfile(path):
-            raise ConfigError(f"payload {name!r}: {path!r} is not an existing file; pass bytes, "
-                              "or a path (str or pathlib.Path) to a file to stream (text "
-                              "content must be encoded to bytes first)")
+            raise ConfigError(
+                f"payload {name!r}: {path!r} is not an existing file; pass bytes, "
+                "or a path (str or pathlib.Path) to a file to stream (text "
+                "content must be encoded to bytes first)"
+            )
         return PayloadItem(name, path, os.path.getsize(path))
     if callable(getattr(value, "read", None)):
         return PayloadItem(name, value, None)
-    raise ConfigError(f"payload {name!r} is a {type(value).__name__}; pass bytes, bytearray, "
-                      "memoryview, a path to a file, or a binary file object")
+    raise ConfigError(
+        f"payload {name!r} is a {type(value).__name__}; pass bytes, bytearray, "
+        "memoryview, a path to a file, or a binary file object"
+    )
 
 
 def _read_chunks(fh: BinaryIO, chunk_size: int, name: str) -> Iterator[bytes]:
@@ -104,8 +114,10 @@ def _read_chunks(fh: BinaryIO, chunk_size: int, name: str) -> Iterator[bytes]:
         if not chunk:
             return
         if not isinstance(chunk, (bytes, bytearray, memoryview)):
-            raise ConfigError(f"payload {name!r}: file object returned {type(chunk).__name__}, "
-                              "not bytes; open it in binary mode ('rb')")
+            raise ConfigError(
+                f"payload {name!r}: file object returned {type(chunk).__name__}, "
+                "not bytes; open it in binary mode ('rb')"
+            )
         yield chunk
 
 
@@ -121,8 +133,9 @@ class HashingStream:
     the same number of bytes (a source modified mid-save is an error).
     """
 
-    def __init__(self, item: PayloadItem, chunk_size: int = CHUNK_SIZE,
-                 algorithm: str = DEFAULT_DIGEST) -> None:
+    def __init__(
+        self, item: PayloadItem, chunk_size: int = CHUNK_SIZE, algorithm: str = DEFAULT_DIGEST
+    ) -> None:
         self._item = item
         self._chunk_size = chunk_size
         self.algorithm = algorithm
@@ -161,9 +174,11 @@ class HashingStream:
         if self._helper_error is not None:
             raise self._helper_error
         if self._hashed != self.size:
-            raise ConfigError(f"payload {self._item.name!r} changed while it was being saved "
-                              f"({self._hashed} bytes hashed, {self.size} written); do not "
-                              "modify a payload source until save() returns")
+            raise ConfigError(
+                f"payload {self._item.name!r} changed while it was being saved "
+                f"({self._hashed} bytes hashed, {self.size} written); do not "
+                "modify a payload source until save() returns"
+            )
 
     def _inline(self) -> Iterator[bytes | memoryview]:
         for chunk in self._item.chunks(self._chunk_size):
@@ -185,5 +200,5 @@ class HashingStream:
             for chunk in self._item.chunks(self._chunk_size):
                 self._hash.update(chunk)
                 self._hashed += len(chunk)
-        except BaseException as exc:  # re-raised in finish() on the saving thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised in finish() on the saving thread
             self._helper_error = exc

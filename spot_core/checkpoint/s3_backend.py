@@ -31,11 +31,17 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 from spot_core.adaptors import aws
+from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
+
+if TYPE_CHECKING:  # collections.abc.Buffer from 3.12; typing_extensions is a typing-only need
+    from typing_extensions import Buffer
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -50,42 +56,78 @@ LOCK_TTL_ENV = "SPOT_S3_LOCK_TTL"
 class S3Backend:
     """Objects under ``s3://bucket/prefix``; keys are relative POSIX paths."""
 
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
-                 region: str | None = None, sse: str | None = "AES256",
-                 sse_kms_key_id: str | None = None, part_size: int = DEFAULT_PART_SIZE,
-                 max_concurrency: int = 8, lock_ttl: float | None = None, lock_timeout: float = 120.0,
-                 client: Any = None, session: aws.Access = None) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        sse: str | None = "AES256",
+        sse_kms_key_id: str | None = None,
+        part_size: int = DEFAULT_PART_SIZE,
+        max_concurrency: int = 8,
+        lock_ttl: float | None = None,
+        lock_timeout: float = 120.0,
+        client: Any = None,
+        session: aws.Access = None,
+    ) -> None:
         if sse not in SSE_CHOICES:
-            raise ConfigError(f"sse={sse!r} is not one of {SSE_CHOICES}; use 'AES256' (SSE-S3), "
-                              "'aws:kms' with sse_kms_key_id, or None to turn it off")
+            raise ConfigError(
+                f"sse={sse!r} is not one of {SSE_CHOICES}; use 'AES256' (SSE-S3), "
+                "'aws:kms' with sse_kms_key_id, or None to turn it off"
+            )
         if part_size < MIN_PART_SIZE:
             raise ConfigError(f"part_size {part_size} is below S3's 5 MiB minimum part size")
         self.bucket, self.prefix = bucket, prefix.strip("/")
         access = aws.access_of(session)  # the engine's credentials, or boto3's chain
         self.endpoint_url = access.endpoint("s3", endpoint_url) or aws.s3_endpoint()
-        self.region = region or access.region or os.environ.get("AWS_REGION") or \
-            os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        self.region = (
+            region
+            or access.region
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+            or "us-east-1"
+        )
         self.sse, self.sse_kms_key_id = sse, sse_kms_key_id
         self.part_size, self.max_concurrency = part_size, max(1, max_concurrency)
         self.lock_ttl = float(lock_ttl or os.environ.get(LOCK_TTL_ENV) or DEFAULT_LOCK_TTL)
         self.lock_timeout = lock_timeout
         self.client = client or aws.shared_client(  # one per credentials, region, endpoint
-            "s3", region=self.region, endpoint_url=self.endpoint_url, session=access,
-            max_pool_connections=max(10, self.max_concurrency + 2), retry_attempts=5)
+            "s3",
+            region=self.region,
+            endpoint_url=self.endpoint_url,
+            session=access,
+            max_pool_connections=max(10, self.max_concurrency + 2),
+            retry_attempts=5,
+        )
 
     def __repr__(self) -> str:
         return f"S3Backend('s3://{self.bucket}/{self.prefix}')"
 
     # -- writes ------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._call("put", self.client.put_object, Bucket=self.bucket, Key=self._key(key),
-                   Body=bytes(data), **self._sse())
+        self._call(
+            "put",
+            self.client.put_object,
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Body=bytes(data),
+            **self._sse(),
+        )
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """PUT only if nothing is stored under ``key``; False if something was."""
         try:
-            self._call("put", self.client.put_object, Bucket=self.bucket, Key=self._key(key),
-                       Body=bytes(data), IfNoneMatch="*", **self._sse())
+            self._call(
+                "put",
+                self.client.put_object,
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=bytes(data),
+                IfNoneMatch="*",
+                **self._sse(),
+            )
             return True
         except _Conflict:
             return False
@@ -97,8 +139,14 @@ class S3Backend:
             buffer += chunk
             if len(buffer) >= self.part_size:
                 return self._multipart(full, buffer, iterator)
-        self._call("put", self.client.put_object, Bucket=self.bucket, Key=full,
-                   Body=bytes(buffer), **self._sse())
+        self._call(
+            "put",
+            self.client.put_object,
+            Bucket=self.bucket,
+            Key=full,
+            Body=bytes(buffer),
+            **self._sse(),
+        )
         return len(buffer)
 
     def _multipart(self, key: str, buffer: bytearray, rest: Iterator[bytes | memoryview]) -> int:
@@ -107,17 +155,27 @@ class S3Backend:
         from boto3.s3.transfer import TransferConfig
 
         reader = _ChunkReader(buffer, rest)
-        config = TransferConfig(multipart_threshold=self.part_size,
-                                multipart_chunksize=self.part_size,
-                                max_concurrency=self.max_concurrency, use_threads=True)
-        self._call("multipart upload", self.client.upload_fileobj, reader, self.bucket, key,
-                   ExtraArgs=self._sse(), Config=config)
+        config = TransferConfig(
+            multipart_threshold=self.part_size,
+            multipart_chunksize=self.part_size,
+            max_concurrency=self.max_concurrency,
+            use_threads=True,
+        )
+        self._call(
+            "multipart upload",
+            self.client.upload_fileobj,
+            reader,
+            self.bucket,
+            key,
+            ExtraArgs=self._sse(),
+            Config=config,
+        )
         return reader.consumed
 
     def _abort(self, key: str, upload: str) -> None:
         try:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
-        except Exception as exc:  # cleanup must not hide the original error
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the original error
             log.warning("could not abort multipart upload of %s: %s", key, exc)
 
     def delete(self, key: str) -> None:
@@ -128,11 +186,16 @@ class S3Backend:
         full = self._key(prefix) + "/"
         keys = [o["Key"] for o in self._list(full, delimiter=None)]
         for start in range(0, len(keys), 1000):
-            batch = [{"Key": k} for k in keys[start:start + 1000]]
-            self._call("delete", self.client.delete_objects, Bucket=self.bucket,
-                       Delete={"Objects": batch, "Quiet": True})
-        uploads = self._call("list uploads", self.client.list_multipart_uploads,
-                             Bucket=self.bucket, Prefix=full).get("Uploads", [])
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            self._call(
+                "delete",
+                self.client.delete_objects,
+                Bucket=self.bucket,
+                Delete={"Objects": batch, "Quiet": True},
+            )
+        uploads = self._call(
+            "list uploads", self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=full
+        ).get("Uploads", [])
         for upload in uploads:
             self._abort(upload["Key"], upload["UploadId"])
 
@@ -141,16 +204,19 @@ class S3Backend:
         response = self._get(key)
         body = response["Body"]
         if max_bytes is None:
-            return body.read()
+            whole: bytes = body.read()  # boto3's StreamingBody
+            return whole
         try:  # judged by its length before any byte is read, and read no further anyway
             length = int(response.get("ContentLength") or 0)
             data = body.read(max_bytes + 1) if length <= max_bytes else b""
         finally:
             body.close()
         if length > max_bytes or len(data) > max_bytes:
-            raise CorruptCheckpoint(f"object {key} holds more than {max_bytes} bytes "
-                                    f"({max(length, len(data))}); no writer of this store "
-                                    "made it (remove it)")
+            raise CorruptCheckpoint(
+                f"object {key} holds more than {max_bytes} bytes "
+                f"({max(length, len(data))}); no writer of this store "
+                "made it (remove it)"
+            )
         return data
 
     def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
@@ -174,30 +240,43 @@ class S3Backend:
         full = (self._key(prefix) + "/") if prefix else (self.prefix + "/" if self.prefix else "")
         names: set[str] = set()
         paginator = self.client.get_paginator("list_objects_v2")
-        pages = self._call("list", lambda: list(paginator.paginate(
-            Bucket=self.bucket, Prefix=full, Delimiter="/")))
+        pages = self._call(
+            "list", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"))
+        )
         for page in pages:
-            names.update(p["Prefix"][len(full):].rstrip("/") for p in page.get("CommonPrefixes", []))
-            names.update(o["Key"][len(full):] for o in page.get("Contents", []))
+            names.update(
+                p["Prefix"][len(full) :].rstrip("/") for p in page.get("CommonPrefixes", [])
+            )
+            names.update(o["Key"][len(full) :] for o in page.get("Contents", []))
         return sorted(n for n in names if n and not n.startswith(LOCK_NAME))
 
     def prefix_size(self, prefix: str) -> int:
         """Total bytes stored under ``prefix`` (one LIST; no object is read)."""
         return sum(int(o["Size"]) for o in self._list(self._key(prefix) + "/", delimiter=None))
 
-    def _get(self, key: str) -> dict:
-        return self._call("get", self.client.get_object, Bucket=self.bucket, Key=self._key(key),
-                          missing=key)
+    def _get(self, key: str) -> dict[str, Any]:
+        return cast(  # boto3 response
+            "dict[str, Any]",
+            self._call(
+                "get", self.client.get_object, Bucket=self.bucket, Key=self._key(key), missing=key
+            ),
+        )
 
-    def _head(self, key: str) -> dict:
-        return self._call("head", self.client.head_object, Bucket=self.bucket, Key=self._key(key),
-                          missing=key)
+    def _head(self, key: str) -> dict[str, Any]:
+        return cast(  # boto3 response
+            "dict[str, Any]",
+            self._call(
+                "head", self.client.head_object, Bucket=self.bucket, Key=self._key(key), missing=key
+            ),
+        )
 
-    def _list(self, full_prefix: str, delimiter: str | None) -> list[dict]:
+    def _list(self, full_prefix: str, delimiter: str | None) -> list[dict[str, Any]]:
         paginator = self.client.get_paginator("list_objects_v2")
         extra = {"Delimiter": delimiter} if delimiter else {}
-        pages = self._call("list", lambda: list(paginator.paginate(
-            Bucket=self.bucket, Prefix=full_prefix, **extra)))
+        pages = self._call(
+            "list",
+            lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=full_prefix, **extra)),
+        )
         return [o for page in pages for o in page.get("Contents", [])]
 
     # -- locking -----------------------------------------------------------------
@@ -220,7 +299,9 @@ class S3Backend:
                 raise CheckpointError(
                     f"timed out after {self.lock_timeout:.0f}s waiting for the lock on "
                     f"s3://{self.bucket}/{self.prefix}; another writer holds it (is one hung? "
-                    f"a stale lock expires after {self.lock_ttl:.0f}s)", retryable=True)
+                    f"a stale lock expires after {self.lock_ttl:.0f}s)",
+                    retryable=True,
+                )
             time.sleep(wait)
             wait = min(wait * 2, 0.1)
 
@@ -244,8 +325,9 @@ class S3Backend:
         except FileNotFoundError:
             log.warning("the lock on s3://%s/%s expired while held", self.bucket, self.prefix)
         except (ValueError, CheckpointError) as exc:
-            log.warning("could not release the lock on s3://%s/%s: %s", self.bucket,
-                        self.prefix, exc)
+            log.warning(
+                "could not release the lock on s3://%s/%s: %s", self.bucket, self.prefix, exc
+            )
 
     # -- helpers -----------------------------------------------------------------
     def _key(self, key: str) -> str:
@@ -262,7 +344,14 @@ class S3Backend:
             extra["SSEKMSKeyId"] = self.sse_kms_key_id
         return extra
 
-    def _call(self, what: str, fn, *args: Any, missing: str | None = None, **kwargs: Any):
+    def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        missing: str | None = None,
+        **kwargs: Any,
+    ) -> T:
         """One S3 call: throttling backed off; 404 -> FileNotFoundError; 412 -> _Conflict;
         anything else -> CheckpointError (an OSError subclass is not used: the store's
         save path would mislabel it as a disk problem)."""
@@ -273,16 +362,20 @@ class S3Backend:
         except ClientError as exc:
             code = aws.error_code(exc)
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket"):
+            if code in ("NoSuchKey", "404", "NotFound") or (
+                status == 404 and code != "NoSuchBucket"
+            ):
                 raise FileNotFoundError(2, "no such object", missing or what) from None
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
                 raise _Conflict(code) from None
             error = aws.translate(exc, f"S3 {what} on s3://{self.bucket}/{self.prefix}")
             raise CheckpointError(str(error), retryable=error.retryable) from exc
         except BotoCoreError as exc:
-            raise CheckpointError(f"S3 {what} on s3://{self.bucket}/{self.prefix} failed: {exc}; "
-                                  "check the endpoint URL, network and credentials",
-                                  retryable=True) from exc
+            raise CheckpointError(
+                f"S3 {what} on s3://{self.bucket}/{self.prefix} failed: {exc}; "
+                "check the endpoint URL, network and credentials",
+                retryable=True,
+            ) from exc
 
 
 class _ChunkReader(io.RawIOBase):
@@ -297,14 +390,15 @@ class _ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, target) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, target: Buffer) -> int:
         while not self._pending:
             chunk = next(self._rest, None)
             if chunk is None:
                 return 0
             self._pending = memoryview(chunk).cast("B")
-        n = min(len(target), len(self._pending))
-        target[:n] = self._pending[:n]
+        with memoryview(target) as view:  # the caller's buffer (a bytearray), as bytes
+            n = min(len(view), len(self._pending))
+            view[:n] = self._pending[:n]
         self._pending = self._pending[n:]
         self.consumed += n
         return n

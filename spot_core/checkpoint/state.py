@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 import json
 import pickle
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -22,10 +23,12 @@ def arrays_to_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     """Serialise named arrays (no object dtypes, so loading never unpickles)."""
     for name, array in arrays.items():
         if np.asarray(array).dtype.hasobject:
-            raise ConfigError(f"array {name!r} has an object dtype; convert it to a numeric "
-                              "dtype or use pickle_dumps for trusted data")
+            raise ConfigError(
+                f"array {name!r} has an object dtype; convert it to a numeric "
+                "dtype or use pickle_dumps for trusted data"
+            )
     buffer = io.BytesIO()
-    np.savez(buffer, **{name: np.asarray(a) for name, a in arrays.items()})
+    np.savez(buffer, allow_pickle=False, **{name: np.asarray(a) for name, a in arrays.items()})
     return buffer.getvalue()
 
 

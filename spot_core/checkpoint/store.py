@@ -9,6 +9,7 @@ progress of the attempt that resumed the job elsewhere.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import logging
@@ -16,18 +17,30 @@ import math
 import numbers
 import os
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from spot_core.bounds import MAX_ATTEMPT
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
-    CHECKPOINTS_PREFIX, MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest, checkpoint_key,
-    encode_metadata, new_checkpoint_id, parse_checkpoint_id,
+    CHECKPOINTS_PREFIX,
+    MAX_MANIFEST_BYTES,
+    FileEntry,
+    Manifest,
+    checkpoint_key,
+    encode_metadata,
+    new_checkpoint_id,
+    parse_checkpoint_id,
 )
+from spot_core.checkpoint.names import MANIFEST_NAME
 from spot_core.checkpoint.payload import CHUNK_SIZE, HashingStream, PayloadItem, prepare_payload
 from spot_core.errors import (
-    CheckpointError, CheckpointNotFound, ConfigError, CorruptCheckpoint, FencedOut,
+    CheckpointError,
+    CheckpointNotFound,
+    ConfigError,
+    CorruptCheckpoint,
+    FencedOut,
 )
 from spot_core.model import CheckpointRef
 from spot_core.safe_files import WriteFailed, write_bytes
@@ -42,8 +55,14 @@ MAX_OBJECT_BYTES = 16 << 20  # heartbeats, driver beats, status reports: kilobyt
 class CheckpointStore:
     """Durable, atomic, versioned checkpoints of one job in one backend."""
 
-    def __init__(self, backend: ObjectBackend, uri: str, *, chunk_size: int = CHUNK_SIZE,
-                 digest: str = DEFAULT_DIGEST) -> None:
+    def __init__(
+        self,
+        backend: ObjectBackend,
+        uri: str,
+        *,
+        chunk_size: int = CHUNK_SIZE,
+        digest: str = DEFAULT_DIGEST,
+    ) -> None:
         new_digest(digest)  # an unknown name fails here, not halfway through a save
         self.backend = backend
         self.uri = uri
@@ -57,8 +76,14 @@ class CheckpointStore:
         return f"CheckpointStore({self.uri!r})"
 
     # -- save ------------------------------------------------------------------------
-    def save(self, step: int, payload: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
-             *, attempt: int = 1) -> CheckpointRef:
+    def save(
+        self,
+        step: int,
+        payload: Mapping[str, Any],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        attempt: int = 1,
+    ) -> CheckpointRef:
         """Write ``payload`` as the checkpoint of ``step``; atomic: all of it or nothing.
 
         Values are bytes-like, or a path / binary file object streamed in chunks.
@@ -75,24 +100,43 @@ class CheckpointStore:
         checkpoint_id = new_checkpoint_id(step, attempt)
         manifest = self._write_and_commit(checkpoint_id, step, attempt, meta, items)
         self._verified.add(checkpoint_id)
-        log.info("saved checkpoint %s (%d files, %d bytes) to %s", checkpoint_id,
-                 len(manifest.files), sum(e.size for e in manifest.files.values()), self.uri)
+        log.info(
+            "saved checkpoint %s (%d files, %d bytes) to %s",
+            checkpoint_id,
+            len(manifest.files),
+            sum(e.size for e in manifest.files.values()),
+            self.uri,
+        )
         return manifest.to_ref(self.uri)
 
-    def _write_and_commit(self, checkpoint_id: str, step: int, attempt: int,
-                          meta: dict[str, Any], items: list[PayloadItem]) -> Manifest:
+    def _write_and_commit(
+        self,
+        checkpoint_id: str,
+        step: int,
+        attempt: int,
+        meta: dict[str, Any],
+        items: list[PayloadItem],
+    ) -> Manifest:
         """Payload first, manifest last; on any failure remove what this save wrote."""
         committed = False
         try:
             files = {item.name: self._write_file(checkpoint_id, item) for item in items}
-            manifest = Manifest(checkpoint_id=checkpoint_id, step=step, attempt=attempt,
-                                created_at=time.time(), metadata=meta, files=files)
+            manifest = Manifest(
+                checkpoint_id=checkpoint_id,
+                step=step,
+                attempt=attempt,
+                created_at=time.time(),
+                metadata=meta,
+                files=files,
+            )
             committed = self._commit(manifest)
             return manifest
         except OSError as exc:
-            raise CheckpointError(f"could not save checkpoint {checkpoint_id} to {self.uri}: "
-                                  f"{exc}; check free space and permissions",
-                                  retryable=True) from exc
+            raise CheckpointError(
+                f"could not save checkpoint {checkpoint_id} to {self.uri}: "
+                f"{exc}; check free space and permissions",
+                retryable=True,
+            ) from exc
         finally:
             if not committed:
                 self._discard(checkpoint_id)
@@ -119,7 +163,7 @@ class CheckpointStore:
     def _discard(self, checkpoint_id: str) -> None:
         try:
             self.backend.delete_prefix(checkpoint_key(checkpoint_id))
-        except Exception as exc:  # cleanup must not hide the original error
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the original error
             log.warning("could not remove partial checkpoint %s: %s", checkpoint_id, exc)
 
     # -- the job's other objects -------------------------------------------------------
@@ -219,8 +263,7 @@ class CheckpointStore:
             when = doc["fenced_at"]
         except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
             return None
-        if isinstance(when, bool) or not isinstance(when, (int, float)) \
-                or not math.isfinite(when):
+        if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
             return None
         return float(when)
 
@@ -228,9 +271,11 @@ class CheckpointStore:
         committed = self._committed() if committed is None else committed
         level = max([self._fence_object(), *(m.attempt for m in committed)])
         if attempt < level:
-            raise FencedOut(f"attempt {attempt} may not write to {self.uri}: attempt {level} "
-                            "has started or committed there, so this writer is stale (its "
-                            "capacity was reclaimed); stop it instead of retrying")
+            raise FencedOut(
+                f"attempt {attempt} may not write to {self.uri}: attempt {level} "
+                "has started or committed there, so this writer is stale (its "
+                "capacity was reclaimed); stop it instead of retrying"
+            )
 
     def _check_save(self, step: int, attempt: int) -> None:
         """The fence, then the step rule, from one listing of the manifests."""
@@ -273,8 +318,12 @@ class CheckpointStore:
             return 0
         attempt = _fence_attempt(data)
         if attempt is None:
-            self._warn_once(FENCE_KEY, CorruptCheckpoint(
-                f"{FENCE_KEY} is not a fence object; the next fence() replaces it"))
+            self._warn_once(
+                FENCE_KEY,
+                CorruptCheckpoint(
+                    f"{FENCE_KEY} is not a fence object; the next fence() replaces it"
+                ),
+            )
             return 0
         return attempt
 
@@ -305,8 +354,10 @@ class CheckpointStore:
         CheckpointError (never a raw OSError) says why the store could not be read."""
         manifest = self._manifest_for(ref)
         try:
-            return {name: self._read_verified(manifest, name, entry)
-                    for name, entry in manifest.files.items()}
+            return {
+                name: self._read_verified(manifest, name, entry)
+                for name, entry in manifest.files.items()
+            }
         except OSError as exc:
             raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
 
@@ -319,24 +370,31 @@ class CheckpointStore:
         manifest = self._manifest_for(ref)
         targets = _targets_inside(manifest, os.fspath(directory))  # before creating anything
         try:
-            return {name: self._copy_verified(manifest, name, entry, targets[name])
-                    for name, entry in manifest.files.items()}
+            return {
+                name: self._copy_verified(manifest, name, entry, targets[name])
+                for name, entry in manifest.files.items()
+            }
         except WriteFailed as exc:  # says which file and the fix
-            raise CheckpointError(f"could not load checkpoint {manifest.checkpoint_id}: {exc}",
-                                  retryable=exc.retryable) from exc
+            raise CheckpointError(
+                f"could not load checkpoint {manifest.checkpoint_id}: {exc}",
+                retryable=exc.retryable,
+            ) from exc
         except OSError as exc:
             full = _is_full(exc)
             raise CheckpointError(
                 f"could not load checkpoint {manifest.checkpoint_id} into "
                 f"{os.fspath(directory)} ({exc.strerror or exc}); "
                 f"{'free space there' if full else 'choose a writable directory'}",
-                retryable=full) from exc
+                retryable=full,
+            ) from exc
 
     def _manifest_for(self, ref: CheckpointRef) -> Manifest:
         if ref is None:
-            raise CheckpointNotFound(f"no checkpoint to load: {self.uri} has no verified "
-                                     "checkpoint (store.latest() returned None); check for None "
-                                     "and start from scratch")
+            raise CheckpointNotFound(
+                f"no checkpoint to load: {self.uri} has no verified "
+                "checkpoint (store.latest() returned None); check for None "
+                "and start from scratch"
+            )
         checkpoint_id = getattr(ref, "checkpoint_id", None)
         if not isinstance(checkpoint_id, str) or parse_checkpoint_id(checkpoint_id) is None:
             raise CheckpointNotFound(f"{checkpoint_id!r} is not a checkpoint id of {self.uri}")
@@ -344,16 +402,19 @@ class CheckpointStore:
         try:
             data = self.backend.get_bytes(key, max_bytes=MAX_MANIFEST_BYTES)
         except (FileNotFoundError, IsADirectoryError):
-            raise CheckpointNotFound(f"checkpoint {checkpoint_id} is not in {self.uri} (pruned "
-                                     "or never committed); use store.latest()") from None
+            raise CheckpointNotFound(
+                f"checkpoint {checkpoint_id} is not in {self.uri} (pruned "
+                "or never committed); use store.latest()"
+            ) from None
         except OSError as exc:
             raise _unreadable(self.uri, key, exc) from exc
         return Manifest.decode(data, checkpoint_id)
 
     def _read_verified(self, manifest: Manifest, name: str, entry: FileEntry) -> bytes:
         try:  # never more than the manifest says: a forged or grown file is not read whole
-            data = self.backend.get_bytes(checkpoint_key(manifest.checkpoint_id, name),
-                                          max_bytes=entry.size)
+            data = self.backend.get_bytes(
+                checkpoint_key(manifest.checkpoint_id, name), max_bytes=entry.size
+            )
         except (FileNotFoundError, IsADirectoryError):
             raise _corrupt(manifest, name, "is missing (or not a file)") from None
         if len(data) != entry.size:
@@ -365,12 +426,12 @@ class CheckpointStore:
     def _copy_verified(self, manifest: Manifest, name: str, entry: FileEntry, target: str) -> str:
         """Written beside ``target`` and renamed over it only once every byte verified."""
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        write_bytes(target, self._verified_chunks(manifest, name, entry),
-                    what=f"payload file {name!r} in")
+        write_bytes(
+            target, self._verified_chunks(manifest, name, entry), what=f"payload file {name!r} in"
+        )
         return target
 
-    def _verified_chunks(self, manifest: Manifest, name: str,
-                         entry: FileEntry) -> Iterator[bytes]:
+    def _verified_chunks(self, manifest: Manifest, name: str, entry: FileEntry) -> Iterator[bytes]:
         """The file's chunks, then CorruptCheckpoint if its size or digest is not the
         manifest's (the caller's temporary file is then removed, never renamed)."""
         digest, size = new_digest(entry.algorithm), 0
@@ -383,21 +444,23 @@ class CheckpointStore:
         if size != entry.size or digest.hexdigest() != entry.digest:
             raise _corrupt(manifest, name, f"fails its size or {entry.algorithm} check")
 
-    def _chunks(self, manifest: Manifest, name: str):  # type: ignore[no-untyped-def]
+    def _chunks(self, manifest: Manifest, name: str) -> Iterator[bytes]:
         try:
-            yield from self.backend.iter_chunks(checkpoint_key(manifest.checkpoint_id, name),
-                                                self.chunk_size)
+            yield from self.backend.iter_chunks(
+                checkpoint_key(manifest.checkpoint_id, name), self.chunk_size
+            )
         except (FileNotFoundError, IsADirectoryError):
             raise _corrupt(manifest, name, "is missing (or not a file)") from None
 
     # -- verification helpers ----------------------------------------------------------
-    def _committed(self) -> list[Manifest]:
+    def _committed(self) -> builtins.list[Manifest]:
         """Self-verified manifests, oldest to newest; torn saves (no manifest) are skipped."""
-        manifests = []
+        manifests: builtins.list[Manifest] = []
         for checkpoint_id in self._checkpoint_ids():
             try:
-                data = self.backend.get_bytes(checkpoint_key(checkpoint_id, MANIFEST_NAME),
-                                              max_bytes=MAX_MANIFEST_BYTES)
+                data = self.backend.get_bytes(
+                    checkpoint_key(checkpoint_id, MANIFEST_NAME), max_bytes=MAX_MANIFEST_BYTES
+                )
                 manifests.append(Manifest.decode(data, checkpoint_id))
             except IsADirectoryError:
                 self._warn_once(checkpoint_id, CorruptCheckpoint(f"{MANIFEST_NAME} is a folder"))
@@ -407,9 +470,12 @@ class CheckpointStore:
                 self._warn_once(checkpoint_id, exc)
         return sorted(manifests, key=lambda m: m.order_key)
 
-    def _checkpoint_ids(self) -> list[str]:
-        return [c for c in self.backend.children(CHECKPOINTS_PREFIX)
-                if parse_checkpoint_id(c) is not None]
+    def _checkpoint_ids(self) -> builtins.list[str]:
+        return [
+            c
+            for c in self.backend.children(CHECKPOINTS_PREFIX)
+            if parse_checkpoint_id(c) is not None
+        ]
 
     def _check_files(self, manifest: Manifest, *, hash_files: bool) -> None:
         for name, entry in manifest.files.items():
@@ -429,8 +495,11 @@ class CheckpointStore:
         try:
             self._check_files(manifest, hash_files=False)
         except CorruptCheckpoint as exc:
-            raise CheckpointError(f"{exc} before its manifest was written (removed by a "
-                                  "concurrent prune?); save again", retryable=True) from exc
+            raise CheckpointError(
+                f"{exc} before its manifest was written (removed by a "
+                "concurrent prune?); save again",
+                retryable=True,
+            ) from exc
 
     def _check_size(self, manifest: Manifest, name: str, entry: FileEntry) -> None:
         try:
@@ -446,7 +515,7 @@ class CheckpointStore:
             log.warning("skipping checkpoint %s in %s: %s", checkpoint_id, self.uri, exc)
 
     # -- prune -----------------------------------------------------------------------
-    def prune(self, keep: int = 3) -> list[str]:
+    def prune(self, keep: int = 3) -> builtins.list[str]:
         """Delete all but the newest ``keep`` committed checkpoints; return deleted ids.
 
         The newest checkpoint that fully verifies is always kept, even when newer
@@ -455,8 +524,10 @@ class CheckpointStore:
         progress and are left alone.
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ConfigError(f"prune(keep={keep!r}): keep must be an int >= 1 (the newest "
-                              "valid checkpoint is never deleted)")
+            raise ConfigError(
+                f"prune(keep={keep!r}): keep must be an int >= 1 (the newest "
+                "valid checkpoint is never deleted)"
+            )
         try:
             with self.backend.lock():
                 doomed = self._prune_candidates(keep)
@@ -468,7 +539,7 @@ class CheckpointStore:
             log.info("pruned %d checkpoint(s) from %s", len(doomed), self.uri)
         return doomed
 
-    def _prune_candidates(self, keep: int) -> list[str]:
+    def _prune_candidates(self, keep: int) -> builtins.list[str]:
         committed = self._committed()
         if not committed:
             return []
@@ -479,11 +550,16 @@ class CheckpointStore:
         committed_ids = {m.checkpoint_id for m in committed}
         doomed = [m.checkpoint_id for m in committed if m.checkpoint_id not in kept]
         newest = (committed[-1].step, committed[-1].attempt)
-        torn = [c for c in self._checkpoint_ids()
-                if c not in committed_ids and parse_checkpoint_id(c) < newest]  # type: ignore[operator]
+        torn = [
+            c
+            for c in self._checkpoint_ids()
+            if c not in committed_ids
+            and (order := parse_checkpoint_id(c)) is not None  # _checkpoint_ids: never None
+            and order < newest
+        ]
         return doomed + torn
 
-    def _newest_valid(self, committed: list[Manifest]) -> str | None:
+    def _newest_valid(self, committed: builtins.list[Manifest]) -> str | None:
         """Like ``latest`` but trusts files this instance already hashed (sizes still checked)."""
         for manifest in reversed(committed):
             known = manifest.checkpoint_id in self._verified
@@ -499,10 +575,16 @@ class CheckpointStore:
 
 def _object_key(key: str) -> str:
     parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts) \
-            or parts[0] in (CHECKPOINTS_PREFIX, FENCE_KEY):
-        raise ConfigError(f"object key {key!r} is not a plain relative key outside "
-                          f"{CHECKPOINTS_PREFIX}/; use one like 'status/attempt-000001.json'")
+    if (
+        not key
+        or key.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or parts[0] in (CHECKPOINTS_PREFIX, FENCE_KEY)
+    ):
+        raise ConfigError(
+            f"object key {key!r} is not a plain relative key outside "
+            f"{CHECKPOINTS_PREFIX}/; use one like 'status/attempt-000001.json'"
+        )
     return key
 
 
@@ -535,19 +617,23 @@ def _targets_inside(manifest: Manifest, directory: str) -> dict[str, str]:
 
 def step_went_back(step: int, newest: int, uri: str) -> ConfigError:
     """The one line for a save whose step is below a checkpoint's the store holds."""
-    return ConfigError(f"checkpoint step {step} is below step {newest}, which {uri} already "
-                       "holds: steps must never go back (the new checkpoint would rank below "
-                       "the old ones, so latest() would skip it and pruning would delete "
-                       "it); pass a step that keeps growing across epochs and restarts, "
-                       "e.g. epoch * steps_per_epoch + step, or continue from the restored "
-                       "step (nothing was written)")
+    return ConfigError(
+        f"checkpoint step {step} is below step {newest}, which {uri} already "
+        "holds: steps must never go back (the new checkpoint would rank below "
+        "the old ones, so latest() would skip it and pruning would delete "
+        "it); pass a step that keeps growing across epochs and restarts, "
+        "e.g. epoch * steps_per_epoch + step, or continue from the restored "
+        "step (nothing was written)"
+    )
 
 
 def _unreadable(uri: str, key: str, exc: OSError) -> CheckpointError:
     """A store that cannot be read (permissions, an I/O error) as one line naming the fix."""
-    return CheckpointError(f"could not read {key} in {uri}: {exc.strerror or exc}; check the "
-                           "store's permissions and disk (nothing was changed)",
-                           retryable=exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT))
+    return CheckpointError(
+        f"could not read {key} in {uri}: {exc.strerror or exc}; check the "
+        "store's permissions and disk (nothing was changed)",
+        retryable=exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT),
+    )
 
 
 def _is_full(exc: OSError) -> bool:
@@ -558,20 +644,28 @@ def _unwritable(uri: str, what: str, exc: OSError) -> CheckpointError:
     """A full, read-only or unreachable store as one line that names the fix."""
     full = _is_full(exc)
     fix = "free space on it" if full else "make it writable or point the store URI elsewhere"
-    return CheckpointError(f"could not {what} in {uri}: {exc.strerror or exc}; {fix} (existing "
-                           "checkpoints are untouched)", retryable=full)
+    return CheckpointError(
+        f"could not {what} in {uri}: {exc.strerror or exc}; {fix} (existing "
+        "checkpoints are untouched)",
+        retryable=full,
+    )
 
 
 def _corrupt(manifest: Manifest, name: str, problem: str) -> CorruptCheckpoint:
-    return CorruptCheckpoint(f"checkpoint {manifest.checkpoint_id} (step {manifest.step}): "
-                             f"payload file {name!r} {problem}")
+    return CorruptCheckpoint(
+        f"checkpoint {manifest.checkpoint_id} (step {manifest.step}): "
+        f"payload file {name!r} {problem}"
+    )
 
 
-def _check_count(what: str, value: object, *, minimum: int,
-                 maximum: int | None = None) -> int:
+def _check_count(what: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
     """Accept any integral (also numpy ints), never bools or floats; return a plain int."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum \
-            or (maximum is not None and value > maximum):
+    if (
+        not isinstance(value, numbers.Integral)
+        or isinstance(value, bool)
+        or int(value) < minimum
+        or (maximum is not None and int(value) > maximum)
+    ):
         bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
         raise ConfigError(f"{what} must be an int {bound}, got {repr(value)[:40]}")
     return int(value)

@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import io
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-MODEL, OPTIMIZER, SCHEDULER, RNG, EXTRA = "model.pt", "optimizer.pt", "scheduler.pt", "rng.pt", "extra.pt"
+MODEL, OPTIMIZER, SCHEDULER, RNG, EXTRA = (
+    "model.pt",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng.pt",
+    "extra.pt",
+)
 
 
-def torch_payload(model: Any, optimizer: Any = None, scheduler: Any = None,
-                  extra: Any = None) -> dict[str, bytes]:
+def torch_payload(
+    model: Any, optimizer: Any = None, scheduler: Any = None, extra: Any = None
+) -> dict[str, bytes]:
     """Payload dict for ``store.save``; ``extra`` must be tensors / plain Python values."""
     payload = {MODEL: _dumps(model.state_dict()), RNG: _dumps(capture_rng())}
     if optimizer is not None:
@@ -32,8 +40,9 @@ def torch_payload(model: Any, optimizer: Any = None, scheduler: Any = None,
     return payload
 
 
-def restore_torch(payload: Mapping[str, bytes], model: Any, optimizer: Any = None,
-                  scheduler: Any = None) -> Any:
+def restore_torch(
+    payload: Mapping[str, bytes], model: Any, optimizer: Any = None, scheduler: Any = None
+) -> Any:
     """Load state into the given objects and restore RNGs; return ``extra`` (or None)."""
     model.load_state_dict(_loads(payload[MODEL]))
     if optimizer is not None:
@@ -48,12 +57,20 @@ def capture_rng() -> dict[str, Any]:
     """Every global RNG state as tensors and plain values."""
     import torch
 
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    if not isinstance(legacy, tuple):  # a dict only when the global generator is not MT19937
+        raise ValueError("numpy's global random generator is not MT19937; its state is a dict")
+    kind, keys, pos, has_gauss, cached = legacy
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": {"version": version, "internal": list(internal), "gauss": gauss},
     }
     if torch.cuda.is_available():
@@ -66,8 +83,15 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        (
+            n["kind"],
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
     p = state["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available():

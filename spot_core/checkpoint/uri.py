@@ -29,32 +29,43 @@ class StoreLocation:
 def parse_store_uri(uri: object) -> StoreLocation:
     """Validate ``uri`` and return its normalised location; raise ConfigError otherwise."""
     if not isinstance(uri, (str, os.PathLike)) or not str(uri).strip():
-        raise ConfigError(f"checkpoint store URI is empty or not a string ({uri!r}); "
-                          f"pass {ACCEPTED_FORMS} (or set SPOT_CHECKPOINT_URI)")
+        raise ConfigError(
+            f"checkpoint store URI is empty or not a string ({uri!r}); "
+            f"pass {ACCEPTED_FORMS} (or set SPOT_CHECKPOINT_URI)"
+        )
     text = str(uri).strip()
     if "://" not in text:
         hint = f" (did you mean file://{os.path.abspath(text)}?)" if text.startswith("/") else ""
-        raise ConfigError(f"checkpoint store URI {text!r} has no scheme{hint}; pass {ACCEPTED_FORMS}")
+        raise ConfigError(
+            f"checkpoint store URI {text!r} has no scheme{hint}; pass {ACCEPTED_FORMS}"
+        )
     parts = urlsplit(text)
     if parts.query or parts.fragment:
-        raise ConfigError(f"checkpoint store URI {text!r} has a query or fragment; "
-                          f"pass {ACCEPTED_FORMS} without '?' or '#'")
+        raise ConfigError(
+            f"checkpoint store URI {text!r} has a query or fragment; "
+            f"pass {ACCEPTED_FORMS} without '?' or '#'"
+        )
     if parts.scheme == "file":
         return _parse_file(text, parts.netloc, parts.path)
     if parts.scheme == "s3":
         return _parse_s3(text, parts.netloc, parts.path)
-    raise ConfigError(f"checkpoint store URI {text!r} has unsupported scheme "
-                      f"{parts.scheme!r}; pass {ACCEPTED_FORMS}")
+    raise ConfigError(
+        f"checkpoint store URI {text!r} has unsupported scheme "
+        f"{parts.scheme!r}; pass {ACCEPTED_FORMS}"
+    )
 
 
 def _parse_file(text: str, host: str, raw_path: str) -> StoreLocation:
     if host.lower() not in ("", "localhost"):  # RFC 8089: localhost is this machine
-        raise ConfigError(f"file URI {text!r} names host {host!r}: a file store needs an "
-                          f"absolute path with three slashes, e.g. file:///{host}{raw_path}")
+        raise ConfigError(
+            f"file URI {text!r} names host {host!r}: a file store needs an "
+            f"absolute path with three slashes, e.g. file:///{host}{raw_path}"
+        )
     path = unquote(raw_path)
     if not path.startswith("/") or path == "/":
-        raise ConfigError(f"file URI {text!r} has no absolute directory; use "
-                          "file:///absolute/path/to/checkpoints")
+        raise ConfigError(
+            f"file URI {text!r} has no absolute directory; use file:///absolute/path/to/checkpoints"
+        )
     if "\x00" in path:
         raise ConfigError(f"file URI {text!r} contains a NUL character; remove it")
     path = os.path.normpath(path)

@@ -23,14 +23,23 @@ from spot_core.safe_files import check_target, read_stream, read_text, write_byt
 MAX_RECORD_BYTES = 64 << 20
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "report", help="show a JobRecord (from `run --json`) as tables, and as an HTML page "
-        "with SVG charts")
-    parser.add_argument("record", metavar="RECORD.json",
-                        help="the JobRecord JSON (`run --json` output), or - for stdin")
-    parser.add_argument("--html", metavar="FILE", type=Path, default=None,
-                        help="also write a self-contained HTML page (tables and charts)")
+        "report",
+        help="show a JobRecord (from `run --json`) as tables, and as an HTML page with SVG charts",
+    )
+    parser.add_argument(
+        "record",
+        metavar="RECORD.json",
+        help="the JobRecord JSON (`run --json` output), or - for stdin",
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="also write a self-contained HTML page (tables and charts)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -55,8 +64,9 @@ def read_record(source: str) -> JobRecord:
     text = _read_stdin() if source == "-" else _read_file(source)
     where = "standard input" if source == "-" else source
     if not text.strip():
-        raise ConfigError(f"{where} is empty; pass the JobRecord JSON that "
-                          "`spot-pipelines run --json` prints")
+        raise ConfigError(
+            f"{where} is empty; pass the JobRecord JSON that `spot-pipelines run --json` prints"
+        )
     try:
         return _record(text)
     except ConfigError as whole:
@@ -77,9 +87,11 @@ def _record(text: str) -> JobRecord:
     except json.JSONDecodeError:
         return JobRecord.from_json(text)  # its one-line "not valid JSON" error
     if isinstance(data, dict) and "schema_version" not in data and "job_id" not in data:
-        raise ConfigError("this JSON is not a JobRecord (no job_id or schema_version; `demo "
-                          "--json` prints a summary): pass `run --json` output or the "
-                          "demo's WORKDIR/record.json")
+        raise ConfigError(
+            "this JSON is not a JobRecord (no job_id or schema_version; `demo "
+            "--json` prints a summary): pass `run --json` output or the "
+            "demo's WORKDIR/record.json"
+        )
     return JobRecord.from_dict(data)
 
 
@@ -96,13 +108,15 @@ def _read_file(source: str) -> str:
     try:
         return read_text(source, limit=MAX_RECORD_BYTES, what="RECORD.json")
     except FileNotFoundError:
-        raise ConfigError(f"{source}: no such file; pass the path of a JobRecord JSON file "
-                          "(`spot-pipelines run --json ... > record.json`) or - for stdin") \
-            from None
+        raise ConfigError(
+            f"{source}: no such file; pass the path of a JobRecord JSON file "
+            "(`spot-pipelines run --json ... > record.json`) or - for stdin"
+        ) from None
     except IsADirectoryError:
         raise ConfigError(f"{source} is a folder; pass a JobRecord JSON file") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{source} is not UTF-8 text; pass a JobRecord JSON file") from None
     except OSError as exc:
-        raise ConfigError(f"{source}: cannot read it ({exc.strerror}); pass a readable "
-                          "JobRecord JSON file") from None
+        raise ConfigError(
+            f"{source}: cannot read it ({exc.strerror}); pass a readable JobRecord JSON file"
+        ) from None

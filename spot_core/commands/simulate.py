@@ -12,36 +12,57 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Iterable
 
 from spot_core.errors import ConfigError
 from spot_core.market.trace import load_traces
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import Job
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import policy_names, random_starts, simulate
-from spot_core.policy.deadline import Job
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "simulate", help="replay a deadline policy on real spot traces",
-        description=__doc__.split("\n\n")[1])
-    parser.add_argument("--trace", action="append", required=True, metavar="PATH",
-                        help="a trace file (CSV or JSON); repeat for several zones")
-    parser.add_argument("--prices", metavar="PATH",
-                        help="per-tick spot prices {trace_stem: [$/h, ...]}")
+        "simulate",
+        help="replay a deadline policy on real spot traces",
+        description=__doc__.split("\n\n")[1],
+    )
+    parser.add_argument(
+        "--trace",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="a trace file (CSV or JSON); repeat for several zones",
+    )
+    parser.add_argument(
+        "--prices", metavar="PATH", help="per-tick spot prices {trace_stem: [$/h, ...]}"
+    )
     parser.add_argument("--task-hours", type=_number, required=True, metavar="C")
     parser.add_argument("--deadline-hours", type=_number, required=True, metavar="D")
     parser.add_argument("--restart-overhead-hours", type=_number, required=True, metavar="R")
-    parser.add_argument("--policy", default="default",
-                        help=f"one of {', '.join(policy_names())} (default: default)")
+    parser.add_argument(
+        "--policy", default="default", help=f"one of {', '.join(policy_names())} (default: default)"
+    )
     parser.add_argument("--windows", type=int, metavar="N", help="random windows to replay")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="seed for --windows (default 0)")
-    parser.add_argument("--start-tick", type=int, action="append", metavar="T",
-                        help="a window's first tick; repeat for several windows")
-    parser.add_argument("--on-demand-price", type=_number, metavar="P",
-                        help="on-demand $/h (default: the traces', else 3.06 for V100)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the JSON object only (it is always printed)")
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed for --windows (default 0)"
+    )
+    parser.add_argument(
+        "--start-tick",
+        type=int,
+        action="append",
+        metavar="T",
+        help="a window's first tick; repeat for several windows",
+    )
+    parser.add_argument(
+        "--on-demand-price",
+        type=_number,
+        metavar="P",
+        help="on-demand $/h (default: the traces', else 3.06 for V100)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the JSON object only (it is always printed)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -62,16 +83,19 @@ def _check_hours(args: argparse.Namespace) -> None:
     if not args.deadline_hours > 0:
         raise ConfigError(f"--deadline-hours must be > 0, got {args.deadline_hours:g}")
     if args.restart_overhead_hours < 0:
-        raise ConfigError(f"--restart-overhead-hours must be >= 0, got "
-                          f"{args.restart_overhead_hours:g}")
+        raise ConfigError(
+            f"--restart-overhead-hours must be >= 0, got {args.restart_overhead_hours:g}"
+        )
 
 
-def _check_start_ticks(ticks, last: int) -> None:
+def _check_start_ticks(ticks: Iterable[int], last: int) -> None:
     """A window must fit in the traces from its first tick to its deadline."""
     for tick in ticks:
         if not 0 <= tick <= last:
-            raise ConfigError(f"--start-tick {tick} leaves no room for the deadline's window "
-                              f"in the traces; give a start tick from 0 to {last}")
+            raise ConfigError(
+                f"--start-tick {tick} leaves no room for the deadline's window "
+                f"in the traces; give a start tick from 0 to {last}"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
     traces = load_traces(args.trace, prices=args.prices, on_demand_price=args.on_demand_price)
     replay = Replay.from_traces(traces, args.on_demand_price)
     _check_start_ticks(args.start_tick or (), replay.n_ticks - replay.deadline_ticks(job))
-    starts = args.start_tick or random_starts(replay.n_ticks, replay.deadline_ticks(job),
-                                              args.windows, args.seed)
+    starts = args.start_tick or random_starts(
+        replay.n_ticks, replay.deadline_ticks(job), args.windows, args.seed
+    )
     report = simulate(replay, job, args.policy, starts)
     print(json.dumps(report.to_dict(), allow_nan=False))
     return 0

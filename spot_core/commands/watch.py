@@ -10,8 +10,8 @@ SIGTERM to the watcher itself counts as an interruption (that is how Kubernetes 
 With ``--heartbeat-timeout`` (default ``$SPOT_HEARTBEAT_TIMEOUT``, which every provider
 sets from the job's setting) it also reads the driver's heartbeat from the job's store at
 ``$SPOT_CHECKPOINT_URI`` (following its pointer into ``$SPOT_HEARTBEAT_URI`` when the
-driver keeps one beat for all its jobs); when the beat has not changed for that long (by this machine's
-clock, counted from the watcher's start; unreadable counts as unchanged) it prints a
+driver keeps one beat for all its jobs); when the beat has not changed for that long (by
+this machine's clock, counted from the watcher's start; unreadable counts as unchanged) it prints a
 ``driver_lost`` event, stops the command exactly as on an interruption, and exits 75
 (``DRIVER_LOST_EXIT_CODE``), which ends the lease.
 """
@@ -30,27 +30,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from spot_core import attempt_env
 from spot_core.bounds import MAX_WAIT_SECONDS
+from spot_core.durations import parse_duration
 from spot_core.errors import ConfigError
 from spot_core.interruption import InterruptionWatcher, Notice, SignalDetector
 from spot_core.interruption.base import Detector
 from spot_core.interruption.driver import DriverMonitor
 from spot_core.interruption.forward import ChildForwarder, exit_code
 from spot_core.interruption.notice_file import check_notice_path, is_notice_file, write_notice
-from spot_core.interruption.selection import CHOICES, detectors_for, normalize_cloud
-from spot_core.settings import parse_duration
+from spot_core.interruption.selection import cloud_choices, detectors_for, normalize_cloud
 
 logger = logging.getLogger(__name__)
 
-TICK = 0.05        # s: the babysitter's step while a kill deadline is armed, or if it
-                   # cannot be woken by the child's exit (no pidfd: not Linux 5.3+)
-IDLE_TICK = 0.5    # s: its longest sleep otherwise; the child's exit, a Ctrl-C and a
-                   # notice wake it at once (a watcher per local lease: 0.05 s ticks cost
-                   # about 0.3 % of a core each, doing nothing)
+TICK = 0.05  # s: the babysitter's step while a kill deadline is armed, or if it
+# cannot be woken by the child's exit (no pidfd: not Linux 5.3+)
+IDLE_TICK = 0.5  # s: its longest sleep otherwise; the child's exit, a Ctrl-C and a
+# notice wake it at once (a watcher per local lease: 0.05 s ticks cost
+# about 0.3 % of a core each, doing nothing)
 
 
 @dataclass(frozen=True)
@@ -69,31 +72,57 @@ class WatchSettings:
     heartbeat_uri: str | None = None
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "watch", help="watch for spot interruption notices (and forward them to a command)",
-        description=__doc__.split("\n\n")[1])
-    parser.add_argument("--cloud", help=f"{'|'.join(CHOICES)} (default: $"
-                        f"{attempt_env.CLOUD} or auto)")
-    parser.add_argument("--endpoint", help="metadata service URL (default: $"
-                        f"{attempt_env.METADATA_ENDPOINT} or the cloud's own)")
-    parser.add_argument("--poll-interval", default="1.0", metavar="S",
-                        help="seconds between polls (default 1)")
-    parser.add_argument("--timeout", default="1.0", metavar="S",
-                        help="seconds each metadata request may take (default 1)")
-    parser.add_argument("--notice-file", metavar="PATH", help="where to write the notice "
-                        f"(default: ${attempt_env.NOTICE_FILE}, or a temp file for CMD)")
-    parser.add_argument("--grace-seconds", metavar="S", help="SIGKILL the command this long "
-                        "after the notice if it is still running (default: the deadline)")
-    parser.add_argument("--heartbeat-timeout", metavar="DURATION", help="with CMD: stop it "
-                        "(as on an interruption) and exit 75 when the driver's heartbeat in "
-                        f"${attempt_env.CHECKPOINT_URI} has not changed for this long, e.g. "
-                        f"300, 90s or 5m (default: ${attempt_env.HEARTBEAT_TIMEOUT}; unset: "
-                        "never)")
-    parser.add_argument("--report", action="store_true", help="with CMD: write the attempt's "
-                        f"status object (notice time, exit code) to the store at "
-                        f"${attempt_env.CHECKPOINT_URI} at the first notice and at the end, "
-                        "for the controller (a pod's node may vanish with it)")
+        "watch",
+        help="watch for spot interruption notices (and forward them to a command)",
+        description=__doc__.split("\n\n")[1],
+    )
+    parser.add_argument(
+        "--cloud", help=f"{'|'.join(cloud_choices())} (default: ${attempt_env.CLOUD} or auto)"
+    )
+    parser.add_argument(
+        "--endpoint",
+        help=f"metadata service URL (default: ${attempt_env.METADATA_ENDPOINT} or the cloud's own)",
+    )
+    parser.add_argument(
+        "--poll-interval", default="1.0", metavar="S", help="seconds between polls (default 1)"
+    )
+    parser.add_argument(
+        "--timeout",
+        default="1.0",
+        metavar="S",
+        help="seconds each metadata request may take (default 1)",
+    )
+    parser.add_argument(
+        "--notice-file",
+        metavar="PATH",
+        help="where to write the notice "
+        f"(default: ${attempt_env.NOTICE_FILE}, or a temp file for CMD)",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        metavar="S",
+        help="SIGKILL the command this long "
+        "after the notice if it is still running (default: the deadline)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        metavar="DURATION",
+        help="with CMD: stop it "
+        "(as on an interruption) and exit 75 when the driver's heartbeat in "
+        f"${attempt_env.CHECKPOINT_URI} has not changed for this long, e.g. "
+        f"300, 90s or 5m (default: ${attempt_env.HEARTBEAT_TIMEOUT}; unset: "
+        "never)",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="with CMD: write the attempt's "
+        f"status object (notice time, exit code) to the store at "
+        f"${attempt_env.CHECKPOINT_URI} at the first notice and at the end, "
+        "for the controller (a pod's node may vanish with it)",
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     parser.set_defaults(handler=run)
 
@@ -119,12 +148,16 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
     timeout = _heartbeat_timeout(args.heartbeat_timeout, bool(command))
     uri = os.environ.get(attempt_env.CHECKPOINT_URI) or None
     if getattr(args, "report", False) and (uri is None or not command):
-        raise ConfigError(f"--report needs a command after -- and the job's store in "
-                          f"${attempt_env.CHECKPOINT_URI}; set it, or drop --report")
+        raise ConfigError(
+            f"--report needs a command after -- and the job's store in "
+            f"${attempt_env.CHECKPOINT_URI}; set it, or drop --report"
+        )
     if timeout is not None and uri is None:
-        raise ConfigError(f"--heartbeat-timeout needs the job's store in "
-                          f"${attempt_env.CHECKPOINT_URI} (the driver's heartbeat lives "
-                          "there); set it, or drop the timeout")
+        raise ConfigError(
+            f"--heartbeat-timeout needs the job's store in "
+            f"${attempt_env.CHECKPOINT_URI} (the driver's heartbeat lives "
+            "there); set it, or drop the timeout"
+        )
     attempt = os.environ.get(attempt_env.ATTEMPT)
     drivers = os.environ.get(attempt_env.HEARTBEAT_URI) or None
     if drivers is not None:
@@ -137,11 +170,16 @@ def settings_from_args(args: argparse.Namespace) -> WatchSettings:
         poll_interval=_seconds("--poll-interval", args.poll_interval, "e.g. 1"),
         timeout=_seconds("--timeout", args.timeout, "e.g. 1"),
         notice_file=_notice_file(args.notice_file),
-        grace_seconds=None if grace is None else _seconds("--grace-seconds", grace,
-                                                          "e.g. 30", allow_zero=True),
-        command=tuple(command), heartbeat_timeout=timeout, checkpoint_uri=uri,
+        grace_seconds=None
+        if grace is None
+        else _seconds("--grace-seconds", grace, "e.g. 30", allow_zero=True),
+        command=tuple(command),
+        heartbeat_timeout=timeout,
+        checkpoint_uri=uri,
         attempt=attempt_env.attempt_number(attempt) if attempt else None,
-        report=bool(getattr(args, "report", False)), heartbeat_uri=drivers)
+        report=bool(getattr(args, "report", False)),
+        heartbeat_uri=drivers,
+    )
 
 
 def _notice_file(flag: str | None) -> str | None:
@@ -155,18 +193,25 @@ def _notice_file(flag: str | None) -> str | None:
 def _heartbeat_timeout(text: str | None, has_command: bool) -> float | None:
     """The flag (seconds or 90s/5m/1h), else the environment's; only with a command."""
     if text is None:
-        return attempt_env.heartbeat_seconds(os.environ.get(attempt_env.HEARTBEAT_TIMEOUT)) \
-            if has_command else None
+        return (
+            attempt_env.heartbeat_seconds(os.environ.get(attempt_env.HEARTBEAT_TIMEOUT))
+            if has_command
+            else None
+        )
     try:
         value = parse_duration(text, name="--heartbeat-timeout")
     except ConfigError:
         value = 0.0
     if not 0 < value <= MAX_WAIT_SECONDS:
-        raise ConfigError(f"--heartbeat-timeout {text[:40]!r} is not a duration > 0 and at "
-                          "most 1d; write it like 300, 90s or 5m")
+        raise ConfigError(
+            f"--heartbeat-timeout {text[:40]!r} is not a duration > 0 and at "
+            "most 1d; write it like 300, 90s or 5m"
+        )
     if not has_command:
-        raise ConfigError("--heartbeat-timeout stops a command: put it after --, e.g. "
-                          "`spot-pipelines watch --heartbeat-timeout 5m -- python train.py`")
+        raise ConfigError(
+            "--heartbeat-timeout stops a command: put it after --, e.g. "
+            "`spot-pipelines watch --heartbeat-timeout 5m -- python train.py`"
+        )
     return value
 
 
@@ -177,12 +222,18 @@ def _seconds(option: str, text: str, example: str, allow_zero: bool = False) -> 
         value = float(text)
     except (TypeError, ValueError):
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) \
-            or value > MAX_WAIT_SECONDS:
+    if (
+        not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+        or value > MAX_WAIT_SECONDS
+    ):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{option} must be a number of seconds {bound} and at most "
-                          f"{MAX_WAIT_SECONDS:g} (1d), got {str(text)[:40]!r}: "
-                          f"use {option} {example.removeprefix('e.g. ')}")
+        raise ConfigError(
+            f"{option} must be a number of seconds {bound} and at most "
+            f"{MAX_WAIT_SECONDS:g} (1d), got {str(text)[:40]!r}: "
+            f"use {option} {example.removeprefix('e.g. ')}"
+        )
     return value
 
 
@@ -202,8 +253,9 @@ def _watch(settings: WatchSettings, detectors: list[Detector]) -> int:
     """No command: print events until the first interruption (bounded waits, Ctrl-C ends)."""
     watcher = InterruptionWatcher(detectors, settings.poll_interval)
     watcher.add_handler(_print_event)
-    if settings.notice_file:
-        watcher.add_handler(lambda notice: write_notice(settings.notice_file, notice))
+    notice_file = settings.notice_file
+    if notice_file:
+        watcher.add_handler(lambda notice: write_notice(notice_file, notice))
     with watcher:
         while watcher.wait(timeout=1.0) is None:
             pass
@@ -226,8 +278,11 @@ def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
         watcher.add_handler(lambda notice: wake.set())  # the kill deadline is armed now
         with wake, watcher, _ForwardSigint(wake) as sigint:
             returncode = _babysit(forwarder, sigint, wake, monitor)
-            code = attempt_env.DRIVER_LOST_EXIT_CODE if monitor is not None \
-                and monitor.lost is not None else exit_code(returncode)
+            code = (
+                attempt_env.DRIVER_LOST_EXIT_CODE
+                if monitor is not None and monitor.lost is not None
+                else exit_code(returncode)
+            )
             if reporter is not None:  # before stopping the watcher: SIGKILL may be near
                 reporter.finish(code)
         return code
@@ -242,13 +297,18 @@ def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
     """Started only with a heartbeat timeout: without one the store is never read."""
     if settings.heartbeat_timeout is None:
         return None
+    if settings.checkpoint_uri is None:  # _settings refuses a timeout without a store
+        raise ConfigError(
+            f"--heartbeat-timeout needs the job's store in ${attempt_env.CHECKPOINT_URI}"
+        )
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.heartbeat import Heartbeat
 
     drivers = None if settings.heartbeat_uri is None else open_store(settings.heartbeat_uri)
     heartbeat = Heartbeat(open_store(settings.checkpoint_uri), drivers)
-    return DriverMonitor(heartbeat.read, settings.heartbeat_timeout,
-                         attempt=settings.attempt).start()
+    return DriverMonitor(
+        heartbeat.read, settings.heartbeat_timeout, attempt=settings.attempt
+    ).start()
 
 
 def _notice_path(configured: str | None) -> tuple[str, str | None]:
@@ -261,17 +321,22 @@ def _notice_path(configured: str | None) -> tuple[str, str | None]:
     return os.path.join(scratch, "notice.json"), scratch
 
 
-def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen:
+def _spawn(command: tuple[str, ...], notice_file: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, attempt_env.NOTICE_FILE: notice_file}
     try:
         return subprocess.Popen(list(command), env=env, start_new_session=True)
     except (FileNotFoundError, PermissionError) as exc:
-        raise ConfigError(f"cannot run {command[0]!r}: {exc.strerror}; check the command "
-                          "after --") from exc
+        raise ConfigError(
+            f"cannot run {command[0]!r}: {exc.strerror}; check the command after --"
+        ) from exc
 
 
-def _babysit(forwarder: ChildForwarder, sigint: _ForwardSigint, wake: _Wake,
-             monitor: DriverMonitor | None = None) -> int:
+def _babysit(
+    forwarder: ChildForwarder,
+    sigint: _ForwardSigint,
+    wake: _Wake,
+    monitor: DriverMonitor | None = None,
+) -> int:
     """Until the child exits: forward Ctrl-C, stop it when the driver is lost, SIGKILL
     past the deadline. Then its code."""
     try:
@@ -299,7 +364,7 @@ def _check_driver(monitor: DriverMonitor | None, forwarder: ChildForwarder) -> N
 
 
 class _Reporter:
-    """The attempt's status object (``ec2_agent.write_report``): the first interruption
+    """The attempt's status object (``spot_core.checkpoint.status``): the first interruption
     notice at once, the exit code at the end. Failures are logged, never fatal."""
 
     def __init__(self, detectors: list[Detector]) -> None:
@@ -323,7 +388,7 @@ class _Reporter:
         self._write(code, now)
 
     def _write(self, code: int | None, ended_at: float | None) -> None:
-        from spot_core.providers.ec2_agent import write_report
+        from spot_core.checkpoint.status import write_report
 
         try:
             write_report(exit_code=code, notice_at=self.notice_at, ended_at=ended_at)
@@ -335,7 +400,7 @@ class _Wake:
     """What the babysitter sleeps on: the child's exit (a pidfd, where Linux has one) or
     ``set()`` (a Ctrl-C, a notice), whichever comes first; else the timeout."""
 
-    def __init__(self, child: subprocess.Popen) -> None:
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         self._pidfd: int | None = None
@@ -377,7 +442,7 @@ class _ForwardSigint:
     def __init__(self, wake: _Wake) -> None:
         self._pending: collections.deque[int] = collections.deque()
         self._count = 0
-        self._previous: object = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
         self._wake = wake
 
     def __enter__(self) -> _ForwardSigint:

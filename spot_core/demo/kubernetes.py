@@ -21,61 +21,100 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec, Listener
 from spot_core.demo.pipeline import DemoData, DemoReport, demo_policy
 from spot_core.model import Market
+from spot_core.policy.pod_outcomes import ANNOTATION_POOL, node_of
 from spot_core.providers import kubernetes_pods as pods
 from spot_core.providers.kubernetes import KubernetesProvider
 
+if TYPE_CHECKING:
+    from spot_core.emulators.kubernetes.cluster import KubeCluster
+    from spot_core.emulators.kubernetes.config import ClusterConfig
+
 # $/h of m5.xlarge (us-east-1): spot as configured per node pool; on-demand the list price.
-PRICES = {"karpenter-spot": {"spot": 0.0651}, "eks-spot": {"spot": 0.0725},
-          "m5.xlarge": {"on_demand": 0.192}}
+PRICES = {
+    "karpenter-spot": {"spot": 0.0651},
+    "eks-spot": {"spot": 0.0725},
+    "m5.xlarge": {"on_demand": 0.192},
+}
 
 
 @dataclass(frozen=True)
 class KubernetesDemoConfig:
     steps: int = 2000
-    step_seconds: float = 0.006           # about 12 s of training
+    step_seconds: float = 0.006  # about 12 s of training
     checkpoint_every_seconds: float = 1.0
     # Reclaim the running spot node once the step has saved past these fractions...
     reclaim_at: tuple[float, ...] = (0.25, 0.6)
     # ...then drain its on-demand node (an upgrade: voluntary) past this one (None: never).
     drain_at: float | None = 0.85
     max_preemptions: int = 2
-    time_scale: float = 0.1               # the emulator's grace periods, scaled
+    time_scale: float = 0.1  # the emulator's grace periods, scaled
     timeout_seconds: float = 240.0
 
 
-def cluster_config(cfg: KubernetesDemoConfig):
+def cluster_config(cfg: KubernetesDemoConfig) -> ClusterConfig:
     from spot_core.emulators.kubernetes.config import ClusterConfig
     from spot_core.emulators.kubernetes.pools import NodePool
 
-    return ClusterConfig(pools=[
-        NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None),
-        NodePool("eks-spot", "eks", "spot", "us-east-1a", replace_after_seconds=None),
-        NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c", nodes=2)],
-        time_scale=cfg.time_scale)
+    return ClusterConfig(
+        pools=[
+            NodePool(
+                "karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None
+            ),
+            NodePool("eks-spot", "eks", "spot", "us-east-1a", replace_after_seconds=None),
+            NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c", nodes=2),
+        ],
+        time_scale=cfg.time_scale,
+    )
 
 
-def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
-             listener: Listener | None = None) -> DemoReport:
+def cluster_watcher(cluster: KubeCluster) -> KubernetesProvider:
+    """A provider over the emulated ``cluster`` that a ``Reclaimer`` reads node and pod
+    state through (the Airflow demo's: its job's own provider lives in the DAG)."""
+    return KubernetesProvider.from_options(
+        kubeconfig=str(cluster.kubeconfig_path), node_refresh_seconds=0.5
+    )
+
+
+def run_demo(
+    workdir: Path,
+    cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
+    listener: Listener | None = None,
+) -> DemoReport:
     from spot_core.emulators.kubernetes.cluster import KubeCluster
 
     demo = DemoData.prepare(workdir, cfg.steps)
     store_uri = demo.store_uri
-    with KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster, \
-            KubernetesProvider.from_options(
-                kubeconfig=str(cluster.kubeconfig_path), image="spot-pipelines-step:demo",
-                watch_command=[sys.executable, "-m", "spot_core.cli"],
-                watch_poll_interval=0.2, prices=PRICES, node_refresh_seconds=0.5) as provider:
-        spec = JobSpec(job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
-                       command=_train_command(cfg, demo.data), checkpoint_uri=store_uri,
-                       pools=provider.pools())
-        controller = Controller(provider, provider.market, demo_policy(cfg.max_preemptions),
-                                listener=listener,
-                                poll_interval=0.2, attempt_timeout=cfg.timeout_seconds)
+    with (
+        KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster,
+        KubernetesProvider.from_options(
+            kubeconfig=str(cluster.kubeconfig_path),
+            image="spot-pipelines-step:demo",
+            watch_command=[sys.executable, "-m", "spot_core.cli"],
+            watch_poll_interval=0.2,
+            prices=PRICES,
+            node_refresh_seconds=0.5,
+        ) as provider,
+    ):
+        spec = JobSpec(
+            job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
+            command=_train_command(cfg, demo.data),
+            checkpoint_uri=store_uri,
+            pools=provider.pools(),
+        )
+        controller = Controller(
+            provider,
+            provider.market,
+            demo_policy(cfg.max_preemptions),
+            listener=listener,
+            poll_interval_seconds=0.2,
+            attempt_timeout_seconds=cfg.timeout_seconds,
+        )
         reclaimer = Reclaimer(cluster, provider, spec.job_id, store_uri, cfg)
         with reclaimer:
             record = controller.run(spec)
@@ -85,10 +124,17 @@ def run_demo(workdir: Path, cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
 class Reclaimer:
     """Takes the running attempt's node away each time the step has checkpointed past the
     next threshold (a background thread): a spot node by its flavour's reclaim for each of
-    ``cfg.reclaim_at``, then an on-demand node by a drain at ``cfg.drain_at``."""
+    ``cfg.reclaim_at``, then an on-demand node by a drain at ``cfg.drain_at``. A
+    ``job_id`` of None watches every managed job's pods."""
 
-    def __init__(self, cluster, provider: KubernetesProvider, job_id: str, store_uri: str,
-                 cfg: KubernetesDemoConfig) -> None:
+    def __init__(
+        self,
+        cluster: KubeCluster,
+        provider: KubernetesProvider,
+        job_id: str | None,
+        store_uri: str,
+        cfg: KubernetesDemoConfig,
+    ) -> None:
         self.cluster, self.provider, self.job_id = cluster, provider, job_id
         self.store = open_store(store_uri)
         self.thresholds = [int(f * cfg.steps) for f in cfg.reclaim_at]
@@ -114,6 +160,8 @@ class Reclaimer:
                     self.reclaimed.append(node)
                     self.thresholds.pop(0)
                 continue
+            if self.drain_step is None:  # not reached: the loop's condition
+                break
             node = self._node_past(self.drain_step, Market.ON_DEMAND)
             if node is not None:
                 self.cluster.reclaim(node, "drain")
@@ -128,10 +176,14 @@ class Reclaimer:
         attempt is at or past ``step``."""
         from spot_core.adaptors import kubernetes as k8s
 
-        listed = k8s.raw("list pods", self.provider.api.list_namespaced_pod, "default",
-                         label_selector=pods.job_selector(self.job_id))
+        listed = k8s.raw(
+            "list pods",
+            self.provider.api.list_namespaced_pod,
+            "default",
+            label_selector=pods.job_selector(self.job_id),
+        )
         for pod in listed.get("items") or []:
-            node = pods.node_of(pod)
+            node = node_of(pod)
             attempt = int(pod["metadata"]["labels"].get(pods.LABEL_ATTEMPT, 0))
             latest = self.store.latest()
             if node in self.reclaimed or node is None or latest is None:
@@ -139,15 +191,24 @@ class Reclaimer:
             if (pod.get("status") or {}).get("phase") != "Running" or latest.attempt != attempt:
                 continue
             pool = self.provider.market.refresh().get(
-                pod["metadata"]["annotations"].get(pods.ANNOTATION_POOL, ""))
+                pod["metadata"]["annotations"].get(ANNOTATION_POOL, "")
+            )
             if latest.step >= step and pool is not None and pool.pool.market is market:
                 return node
         return None
 
 
 def _train_command(cfg: KubernetesDemoConfig, data: Path) -> tuple[str, ...]:
-    return (sys.executable, "-m", "spot_core.workloads.softmax_regression",
-            "--data", str(data), "--steps", str(cfg.steps),
-            "--step-seconds", str(cfg.step_seconds),
-            "--checkpoint-every-seconds", f"{cfg.checkpoint_every_seconds:g}")
-
+    return (
+        sys.executable,
+        "-m",
+        "spot_core.workloads.softmax_regression",
+        "--data",
+        str(data),
+        "--steps",
+        str(cfg.steps),
+        "--step-seconds",
+        str(cfg.step_seconds),
+        "--checkpoint-every-seconds",
+        f"{cfg.checkpoint_every_seconds:g}",
+    )

@@ -22,8 +22,7 @@ from spot_core.model import JobRecord
 from spot_core.policy.checkpoint_interval import checkpoint_interval
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
-from spot_core.workloads.softmax_regression import (TrainConfig, evaluate, prepare_dataset,
-                                                    train)
+from spot_core.workloads.softmax_regression import TrainConfig, evaluate, prepare_dataset, train
 
 REFERENCE_TIMEOUT = 300.0  # seconds the report waits for the uninterrupted run
 
@@ -31,13 +30,13 @@ REFERENCE_TIMEOUT = 300.0  # seconds the report waits for the uninterrupted run
 @dataclass(frozen=True)
 class DemoConfig:
     steps: int = 2000
-    step_seconds: float = 0.01        # simulated compute per step: about 20 s of training
-    time_scale: float = 3600.0        # one trace hour per wall second
+    step_seconds: float = 0.01  # simulated compute per step: about 20 s of training
+    time_scale: float = 3600.0  # one trace hour per wall second
     # Where in the shipped trace excerpt the pipeline starts: a day into it (so the
     # look-back statistics have history), shortly before us-east-2a loses capacity and
     # about 16 trace hours before us-west-2b does.
     start_tick: int = 450
-    max_preemptions: int = 2          # then the rest runs on on-demand
+    max_preemptions: int = 2  # then the rest runs on on-demand
     checkpoint_cost_seconds: float = 60.0  # capacity seconds a save is expected to take
 
 
@@ -76,31 +75,52 @@ class DemoData:
     def uninterrupted_weights_sha256(self) -> str:
         return self.reference.result(timeout=REFERENCE_TIMEOUT)
 
-    def report(self, record: JobRecord, checkpoint_every_seconds: float,
-               time_scale: float) -> DemoReport:
+    def report(
+        self, record: JobRecord, checkpoint_every_seconds: float, time_scale: float
+    ) -> DemoReport:
         """Evaluate the final checkpoint (the pipeline's last step) beside the reference."""
         sha, accuracy = evaluate(open_store(self.store_uri), self.data)
-        return DemoReport(record, sha, self.uninterrupted_weights_sha256, accuracy,
-                          checkpoint_every_seconds, time_scale)
+        return DemoReport(
+            record,
+            sha,
+            self.uninterrupted_weights_sha256,
+            accuracy,
+            checkpoint_every_seconds,
+            time_scale,
+        )
 
 
 def demo_policy(max_preemptions: int) -> RetryPolicy:
     """The demos' retry policy: spot until ``max_preemptions``, then on-demand for good."""
-    return RetryPolicy(max_preemptions=max_preemptions, capacity_wait_seconds=0.5,
-                       max_capacity_waits=20, min_on_demand_seconds=1e9)
+    return RetryPolicy(
+        max_preemptions=max_preemptions,
+        capacity_wait_seconds=0.5,
+        max_capacity_waits=20,
+        min_on_demand_seconds=1e9,
+    )
 
 
-def run_demo(workdir: Path, cfg: DemoConfig = DemoConfig(),
-             listener: Listener | None = None) -> DemoReport:
+def run_demo(
+    workdir: Path, cfg: DemoConfig = DemoConfig(), listener: Listener | None = None
+) -> DemoReport:
     demo = DemoData.prepare(workdir, cfg.steps)
-    with LocalProvider.from_traces(time_scale=cfg.time_scale, start_tick=cfg.start_tick,
-                                   workdir=workdir / "cloud") as provider:
+    with LocalProvider.from_traces(
+        time_scale=cfg.time_scale, start_tick=cfg.start_tick, workdir=workdir / "cloud"
+    ) as provider:
         every = _checkpoint_every(provider, cfg)
-        spec = JobSpec(job_id=f"demo-train-{uuid.uuid4().hex[:6]}", command=_train_command(
-            cfg, demo.data, every), checkpoint_uri=demo.store_uri, pools=provider.pools())
-        controller = Controller(provider, provider.market, demo_policy(cfg.max_preemptions),
-                                listener=listener,
-                                poll_interval=0.1)  # a trace hour passes each wall second
+        spec = JobSpec(
+            job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
+            command=_train_command(cfg, demo.data, every),
+            checkpoint_uri=demo.store_uri,
+            pools=provider.pools(),
+        )
+        controller = Controller(
+            provider,
+            provider.market,
+            demo_policy(cfg.max_preemptions),
+            listener=listener,
+            poll_interval_seconds=0.1,
+        )  # a trace hour passes each wall second
         record = controller.run(spec)
     return demo.report(record, every, cfg.time_scale)
 
@@ -110,13 +130,23 @@ def _checkpoint_every(provider: LocalProvider, cfg: DemoConfig) -> float:
     now = provider.cloud.clock()
     stats = provider.market.stats(provider.pools(), now).values()
     rate = max((s.interruptions_per_hour for s in stats), default=0.0)
-    capacity_interval = checkpoint_interval(cfg.checkpoint_cost_seconds, rate,
-                                            min_seconds=300, max_seconds=3600)
+    capacity_interval = checkpoint_interval(
+        cfg.checkpoint_cost_seconds, rate, min_seconds=300, max_seconds=3600
+    )
     return capacity_interval / cfg.time_scale
 
 
 def _train_command(cfg: DemoConfig, data: Path, every_seconds: float) -> tuple[str, ...]:
-    return (sys.executable, "-m", "spot_core.workloads.softmax_regression",
-            "--data", str(data), "--steps", str(cfg.steps),
-            "--step-seconds", str(cfg.step_seconds),
-            "--checkpoint-every-seconds", f"{every_seconds:.4f}")
+    return (
+        sys.executable,
+        "-m",
+        "spot_core.workloads.softmax_regression",
+        "--data",
+        str(data),
+        "--steps",
+        str(cfg.steps),
+        "--step-seconds",
+        str(cfg.step_seconds),
+        "--checkpoint-every-seconds",
+        f"{every_seconds:.4f}",
+    )

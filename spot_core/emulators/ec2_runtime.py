@@ -36,9 +36,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from spot_core.attempt_env import METADATA_ENDPOINT
 from spot_core.emulators.lease_processes import LEASE_MARKER, lease_pids, signal_lease
@@ -56,7 +57,7 @@ class RuntimeInstance:
     zone: str
     instance_type: str
     spot: bool
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     emulator: MetadataEmulator
     log_path: Path
     started_at: float
@@ -85,12 +86,15 @@ class Ec2InstanceRuntime:
 
         self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._clients = {r: boto3.client("ec2", region_name=r, endpoint_url=self.endpoint_url)
-                         for r in self.regions}
+        self._clients = {
+            r: boto3.client("ec2", region_name=r, endpoint_url=self.endpoint_url)
+            for r in self.regions
+        }
         self._sqs = None
         if self.sqs_queue_url:
-            self._sqs = boto3.client("sqs", region_name=self.regions[0],
-                                     endpoint_url=self.endpoint_url)
+            self._sqs = boto3.client(
+                "sqs", region_name=self.regions[0], endpoint_url=self.endpoint_url
+            )
         self.instances: dict[str, RuntimeInstance] = {}
         self.preempted: list[str] = []
         self._lock = threading.RLock()
@@ -137,7 +141,9 @@ class Ec2InstanceRuntime:
         self._send_event(instance, now)
         log.info("preempting %s: notice served, reclaim in %.1fs", instance_id, wait)
 
-    def wait_for(self, predicate, timeout: float = 30.0) -> bool:
+    def wait_for(
+        self, predicate: Callable[[Ec2InstanceRuntime], object], timeout: float = 30.0
+    ) -> bool:
         give_up = time.monotonic() + timeout
         while time.monotonic() < give_up:
             with self._lock:
@@ -168,7 +174,7 @@ class Ec2InstanceRuntime:
             for instance in self.instances.values():
                 self._advance(instance, now)
 
-    def _describe(self, client: Any) -> list[dict]:
+    def _describe(self, client: Any) -> list[dict[str, Any]]:
         pages = client.get_paginator("describe_instances").paginate(Filters=[MANAGED_FILTER])
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 
@@ -191,7 +197,11 @@ class Ec2InstanceRuntime:
             if instance.reclaim_at is None and instance.kill_at is None:
                 self._terminate_in_api(instance)  # the script powered the instance off
                 instance.done = True
-        if instance.reclaim_at is not None and now >= instance.reclaim_at and instance.kill_at is None:
+        if (
+            instance.reclaim_at is not None
+            and now >= instance.reclaim_at
+            and instance.kill_at is None
+        ):
             self._terminate_in_api(instance)
             self._kill(instance, signal.SIGTERM)
             instance.kill_at = now + self.grace_seconds
@@ -199,10 +209,15 @@ class Ec2InstanceRuntime:
             self._kill(instance, signal.SIGKILL)
             instance.emulator.stop()
             instance.done = True
-        if (self.preempt_spot_after is not None and instance.spot and instance.notice_at is None
-                and not instance.done and instance.kill_at is None
-                and len(self.preempted) < self.max_auto_preemptions
-                and now - instance.started_at >= self.preempt_spot_after):
+        if (
+            self.preempt_spot_after is not None
+            and instance.spot
+            and instance.notice_at is None
+            and not instance.done
+            and instance.kill_at is None
+            and len(self.preempted) < self.max_auto_preemptions
+            and now - instance.started_at >= self.preempt_spot_after
+        ):
             self.preempt(instance.instance_id)
 
     def _boot(self, region: str, client: Any, described: Mapping[str, Any], now: float) -> None:
@@ -213,24 +228,49 @@ class Ec2InstanceRuntime:
         script_path = self.workdir / f"{instance_id}.user-data.sh"
         script_path.write_text(script)
         zone = described.get("Placement", {}).get("AvailabilityZone", f"{region}a")
-        emulator = MetadataEmulator(clouds=("aws",), zone=zone, instance_id=instance_id,
-                                    instance_type=described.get("InstanceType", "m5.large"))
+        emulator = MetadataEmulator(
+            clouds=("aws",),
+            zone=zone,
+            instance_id=instance_id,
+            instance_type=described.get("InstanceType", "m5.large"),
+        )
         emulator.start()
         log_path = self.workdir / f"{instance_id}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_")}
         env.update(self.instance_env)
-        env.update({METADATA_ENDPOINT: emulator.url, LEASE_MARKER: instance_id,
-                    "SPOT_WATCH_LOG": str(self.workdir / f"{instance_id}.watch.log"),
-                    "SPOT_BOOTSTRAP_LOG": str(self.workdir / f"{instance_id}.bootstrap.log"),
-                    "SPOT_SHUTDOWN_COMMAND": "true"})
+        env.update(
+            {
+                METADATA_ENDPOINT: emulator.url,
+                LEASE_MARKER: instance_id,
+                "SPOT_WATCH_LOG": str(self.workdir / f"{instance_id}.watch.log"),
+                "SPOT_BOOTSTRAP_LOG": str(self.workdir / f"{instance_id}.bootstrap.log"),
+                "SPOT_SHUTDOWN_COMMAND": "true",
+            }
+        )
         with open(log_path, "wb") as out:
-            process = subprocess.Popen(["bash", str(script_path)], env=env, stdout=out,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, cwd=self.workdir)
+            process = subprocess.Popen(
+                ["bash", str(script_path)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.workdir,
+            )
         spot = described.get("InstanceLifecycle") == "spot" or bool(
-            described.get("SpotInstanceRequestId"))
-        instance = RuntimeInstance(instance_id, region, zone, described.get("InstanceType", ""),
-                                   spot, process, emulator, log_path, now)
+            described.get("SpotInstanceRequestId")
+        )
+        instance = RuntimeInstance(
+            instance_id,
+            region,
+            zone,
+            described.get("InstanceType", ""),
+            spot,
+            process,
+            emulator,
+            log_path,
+            now,
+        )
         with self._lock:
             self.instances[instance_id] = instance
         log.info("booted %s (%s, %s)", instance_id, zone, "spot" if spot else "on-demand")
@@ -238,7 +278,7 @@ class Ec2InstanceRuntime:
     def _terminate_in_api(self, instance: RuntimeInstance) -> None:
         try:
             self._clients[instance.region].terminate_instances(InstanceIds=[instance.instance_id])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged; the emulator goes on
             log.warning("could not terminate %s in the API: %s", instance.instance_id, exc)
 
     def _kill(self, instance: RuntimeInstance, signum: int) -> None:
@@ -253,8 +293,10 @@ class Ec2InstanceRuntime:
         body = json.dumps(interruption_event(instance.instance_id, at, instance.region))
         try:
             self._sqs.send_message(QueueUrl=self.sqs_queue_url, MessageBody=body)
-        except Exception as exc:
-            log.warning("could not send the interruption event of %s: %s", instance.instance_id, exc)
+        except Exception as exc:  # noqa: BLE001 - logged; the emulator goes on
+            log.warning(
+                "could not send the interruption event of %s: %s", instance.instance_id, exc
+            )
 
 
 def default_instance_env(endpoint_url: str, region: str) -> dict[str, str]:
@@ -262,16 +304,20 @@ def default_instance_env(endpoint_url: str, region: str) -> dict[str, str]:
     credentials (what IMDS would serve), the region, the S3 endpoint, and this Python's
     ``bin`` on PATH (the AMI would have spot-pipelines installed)."""
     bin_dir = str(Path(sys.executable).parent)
-    return {"AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
-            "AWS_DEFAULT_REGION": region, "SPOT_S3_ENDPOINT_URL": endpoint_url,
-            "SPOT_EC2_ENDPOINT_URL": endpoint_url,
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return {
+        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+        "AWS_DEFAULT_REGION": region,
+        "SPOT_S3_ENDPOINT_URL": endpoint_url,
+        "SPOT_EC2_ENDPOINT_URL": endpoint_url,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spot_core.emulators.ec2_runtime",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m spot_core.emulators.ec2_runtime", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--endpoint-url", required=True)
     parser.add_argument("--region", action="append", default=None)
     parser.add_argument("--workdir", default=".spot-ec2-runtime")
@@ -281,12 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sqs-queue-url", default=None)
     args = parser.parse_args(argv)
     regions = args.region or ["us-east-1"]
-    runtime = Ec2InstanceRuntime(args.endpoint_url, Path(args.workdir), regions,
-                                 default_instance_env(args.endpoint_url, regions[0]),
-                                 notice_seconds=args.notice_seconds,
-                                 preempt_spot_after=args.preempt_spot_after,
-                                 max_auto_preemptions=args.max_preemptions,
-                                 sqs_queue_url=args.sqs_queue_url)
+    runtime = Ec2InstanceRuntime(
+        args.endpoint_url,
+        Path(args.workdir),
+        regions,
+        default_instance_env(args.endpoint_url, regions[0]),
+        notice_seconds=args.notice_seconds,
+        preempt_spot_after=args.preempt_spot_after,
+        max_auto_preemptions=args.max_preemptions,
+        sqs_queue_url=args.sqs_queue_url,
+    )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -51,10 +51,16 @@ def live_leases(prefix: str = "", job_id: str | None = None) -> dict[str, list[i
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        lease = next((v[len(marker):].decode(errors="replace") for v in environ
-                      if v.startswith(marker)), None)
-        if (lease is None or not lease.startswith(prefix) or _is_zombie(entry)
-                or (job_id is not None and job not in environ)):
+        lease = next(
+            (v[len(marker) :].decode(errors="replace") for v in environ if v.startswith(marker)),
+            None,
+        )
+        if (
+            lease is None
+            or not lease.startswith(prefix)
+            or _is_zombie(entry)
+            or (job_id is not None and job not in environ)
+        ):
             continue
         found.setdefault(lease, []).append(int(entry.name))
     return found

@@ -27,9 +27,10 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,10 @@ def rfc3339_seconds(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
+class _Server(ThreadingHTTPServer):
+    emulator: MetadataEmulator  # set by MetadataEmulator.start before it serves
+
+
 def _serve(server: ThreadingHTTPServer, wake: socket.socket) -> None:
     """``serve_forever`` without its polling: it blocks until a connection or ``wake``
     arrives. Why: serve_forever wakes every poll interval to check for a shutdown, and
@@ -104,10 +109,18 @@ class MetadataEmulator:
     """An IMDS look-alike on 127.0.0.1; control it with the ``schedule_*`` and ``fail_*``
     methods. Scheduled times are read from ``clock`` so tests can drive time."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
-                 clock: Callable[[], float] = time.time, require_token: bool = True,
-                 clouds: Iterable[str] = CLOUDS, instance_id: str = "i-0e1a2b3c4d5e6f708",
-                 zone: str = "us-east-1a", instance_type: str = "m5.xlarge") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        clock: Callable[[], float] = time.time,
+        require_token: bool = True,
+        clouds: Iterable[str] = CLOUDS,
+        instance_id: str = "i-0e1a2b3c4d5e6f708",
+        zone: str = "us-east-1a",
+        instance_type: str = "m5.xlarge",
+    ) -> None:
         unknown = set(clouds) - set(CLOUDS)
         if unknown:
             raise ValueError(f"unknown clouds {sorted(unknown)}: choose from {CLOUDS}")
@@ -145,15 +158,19 @@ class MetadataEmulator:
         if self._server is not None:
             return self
         self._release.clear()
-        server = ThreadingHTTPServer((self.host, self._port), _Handler)
+        server = _Server((self.host, self._port), _Handler)
         server.daemon_threads = True
-        server.emulator = self  # type: ignore[attr-defined]
+        server.emulator = self
         server.timeout = ACCEPT_TIMEOUT
         self._port = server.server_address[1]
         self._server = server
         self._wake = socket.socketpair()
-        self._thread = threading.Thread(target=_serve, args=(server, self._wake[0]),
-                                        name=f"metadata-emulator-{self._port}", daemon=True)
+        self._thread = threading.Thread(
+            target=_serve,
+            args=(server, self._wake[0]),
+            name=f"metadata-emulator-{self._port}",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -164,6 +181,8 @@ class MetadataEmulator:
             return
         self._release.set()
         wake, self._wake = self._wake, None
+        if wake is None:  # start() makes it with the server; as indexing None did
+            raise TypeError("the emulator's wake-up sockets are missing")
         wake[1].send(b"x")  # the serving thread returns at once
         if self._thread is not None:
             self._thread.join(timeout)
@@ -179,8 +198,9 @@ class MetadataEmulator:
 
     # --- control ---------------------------------------------------------------------
 
-    def schedule_interruption(self, at: float | None = None, action: str = "terminate",
-                              notice_seconds: float = 120.0) -> float:
+    def schedule_interruption(
+        self, at: float | None = None, action: str = "terminate", notice_seconds: float = 120.0
+    ) -> float:
         """Serve a notice from ``at`` (default now) on; return its deadline.
 
         The deadline (AWS ``time``, Azure ``NotBefore``) is ``at + notice_seconds``
@@ -213,9 +233,16 @@ class MetadataEmulator:
         with self._lock:
             self._tokens.clear()
 
-    def fail_requests(self, status: int = 500, *, mode: str = "status",
-                      count: int | None = None, duration: float | None = None,
-                      body: str | None = None, hang_seconds: float = 10.0) -> None:
+    def fail_requests(
+        self,
+        status: int = 500,
+        *,
+        mode: str = "status",
+        count: int | None = None,
+        duration: float | None = None,
+        body: str | None = None,
+        hang_seconds: float = 10.0,
+    ) -> None:
         """Misbehave on the next ``count`` requests / for ``duration`` s / until recover().
 
         ``mode``: ``status`` answers ``status``; ``garbage`` answers 200 with ``body``
@@ -226,8 +253,9 @@ class MetadataEmulator:
             raise ValueError(f"mode must be one of {FAIL_MODES}, got {mode!r}")
         with self._lock:
             until = None if duration is None else self.clock() + duration
-            self._failure = _Failure(mode, status, GARBAGE if body is None else body,
-                                     count, until, hang_seconds)
+            self._failure = _Failure(
+                mode, status, GARBAGE if body is None else body, count, until, hang_seconds
+            )
 
     def recover(self) -> None:
         """End any failure mode set by fail_requests()."""
@@ -323,8 +351,7 @@ class MetadataEmulator:
             notice, rebalance_at = self._interruption, self._rebalance_at
         pending = notice if notice is not None and now >= notice.at else None
         fixed = {
-            "/latest/meta-data/": "ami-id\nevents/\ninstance-id\ninstance-type\n"
-                                  "placement/\nspot/",
+            "/latest/meta-data/": "ami-id\nevents/\ninstance-id\ninstance-type\nplacement/\nspot/",
             "/latest/meta-data/instance-id": self.instance_id,
             "/latest/meta-data/instance-type": self.instance_type,
             "/latest/meta-data/placement/availability-zone": self.zone,
@@ -333,13 +360,18 @@ class MetadataEmulator:
         if path in fixed:
             return fixed[path]
         if path == "/latest/meta-data/spot/instance-action" and pending:
-            return json.dumps({"action": pending.action,
-                               "time": rfc3339_seconds(pending.deadline)})
-        if path == "/latest/meta-data/spot/termination-time" and pending \
-                and pending.action == "terminate":
+            return json.dumps({"action": pending.action, "time": rfc3339_seconds(pending.deadline)})
+        if (
+            path == "/latest/meta-data/spot/termination-time"
+            and pending
+            and pending.action == "terminate"
+        ):
             return rfc3339_seconds(pending.deadline)
-        if path == "/latest/meta-data/events/recommendations/rebalance" \
-                and rebalance_at is not None and now >= rebalance_at:
+        if (
+            path == "/latest/meta-data/events/recommendations/rebalance"
+            and rebalance_at is not None
+            and now >= rebalance_at
+        ):
             return json.dumps({"noticeTime": rfc3339_seconds(rebalance_at)})
         return None
 
@@ -352,9 +384,11 @@ class MetadataEmulator:
             return _Reply(403, "Missing Metadata-Flavor:Google header.", headers=flavor)
         if method != "GET":
             return _Reply(405, "", headers=flavor)
-        values = {"/computeMetadata/v1/instance/preempted": self._gce_preempted(),
-                  "/computeMetadata/v1/instance/id": "4520031799277581759",
-                  "/computeMetadata/v1/instance/zone": "projects/1/zones/us-central1-a"}
+        values = {
+            "/computeMetadata/v1/instance/preempted": self._gce_preempted(),
+            "/computeMetadata/v1/instance/id": "4520031799277581759",
+            "/computeMetadata/v1/instance/zone": "projects/1/zones/us-central1-a",
+        }
         if path not in values:
             return _Reply(404, "Not Found", headers=flavor)
         return _Reply(200, values[path], content_type="application/text", headers=flavor)
@@ -366,8 +400,9 @@ class MetadataEmulator:
 
     # --- Azure Scheduled Events ---------------------------------------------------------
 
-    def _azure(self, method: str, path: str, query: dict[str, list[str]],
-               headers: dict[str, str]) -> _Reply:
+    def _azure(
+        self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]
+    ) -> _Reply:
         if headers.get("metadata", "").lower() != "true":
             return _azure_error("Bad request. Required metadata header not specified")
         if query.get("api-version", [""])[0] not in AZURE_API_VERSIONS:
@@ -378,18 +413,24 @@ class MetadataEmulator:
             return _Reply(200, "", "application/json")
         return _Reply(200, json.dumps(self._azure_document()), "application/json")
 
-    def _azure_document(self) -> dict:
+    def _azure_document(self) -> dict[str, Any]:
         with self._lock:
             notice, generation = self._interruption, self._generation
         events = []
         if notice is not None and self.clock() >= notice.at:
-            events.append({
-                "EventId": notice.event_id, "EventType": "Preempt",
-                "ResourceType": "VirtualMachine", "Resources": [self.instance_id],
-                "EventStatus": "Scheduled",
-                "NotBefore": email.utils.formatdate(notice.deadline, usegmt=True),
-                "Description": "Spot eviction", "EventSource": "Platform",
-                "DurationInSeconds": -1})
+            events.append(
+                {
+                    "EventId": notice.event_id,
+                    "EventType": "Preempt",
+                    "ResourceType": "VirtualMachine",
+                    "Resources": [self.instance_id],
+                    "EventStatus": "Scheduled",
+                    "NotBefore": email.utils.formatdate(notice.deadline, usegmt=True),
+                    "Description": "Spot eviction",
+                    "EventSource": "Platform",
+                    "DurationInSeconds": -1,
+                }
+            )
         return {"DocumentIncarnation": generation, "Events": events}
 
 
@@ -404,8 +445,10 @@ def _azure_error(message: str) -> _Reply:
 
 
 def _not_found_html() -> str:
-    return ("<?xml version=\"1.0\" encoding=\"iso-8859-1\"?>\n<html><head><title>404 - "
-            "Not Found</title></head><body><h1>404 - Not Found</h1></body></html>")
+    return (
+        '<?xml version="1.0" encoding="iso-8859-1"?>\n<html><head><title>404 - '
+        "Not Found</title></head><body><h1>404 - Not Found</h1></body></html>"
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -413,9 +456,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     server_version = "EC2ws"
     sys_version = ""
+    server: _Server  # the server that made this handler: ours, with its emulator
 
     def _serve(self) -> None:
-        emulator: MetadataEmulator = self.server.emulator  # type: ignore[attr-defined]
+        emulator = self.server.emulator
         headers = {k.lower(): v for k, v in self.headers.items()}
         length = int(headers.get("content-length") or 0)
         if length:
@@ -449,19 +493,31 @@ class _Handler(BaseHTTPRequestHandler):
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m spot_core.emulators.metadata",
-        description="Serve AWS IMDSv2 / GCE / Azure metadata shapes on 127.0.0.1.")
+        description="Serve AWS IMDSv2 / GCE / Azure metadata shapes on 127.0.0.1.",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = any free port")
-    parser.add_argument("--interrupt-after", type=float, metavar="S",
-                        help="serve an interruption notice S seconds after start")
-    parser.add_argument("--action", default="terminate",
-                        choices=["terminate", "stop", "hibernate"])
+    parser.add_argument(
+        "--interrupt-after",
+        type=float,
+        metavar="S",
+        help="serve an interruption notice S seconds after start",
+    )
+    parser.add_argument("--action", default="terminate", choices=["terminate", "stop", "hibernate"])
     parser.add_argument("--notice-seconds", type=float, default=120.0)
     parser.add_argument("--rebalance-after", type=float, metavar="S")
-    parser.add_argument("--no-require-token", action="store_true",
-                        help="also answer IMDSv1 requests without a token")
-    parser.add_argument("--exit-after", type=float, default=3600.0, metavar="S",
-                        help="stop serving after S seconds (default 3600), a safety net")
+    parser.add_argument(
+        "--no-require-token",
+        action="store_true",
+        help="also answer IMDSv1 requests without a token",
+    )
+    parser.add_argument(
+        "--exit-after",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="stop serving after S seconds (default 3600), a safety net",
+    )
     return parser.parse_args(argv)
 
 
@@ -479,8 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     with emulator:
         now = emulator.clock()
         if args.interrupt_after is not None:
-            emulator.schedule_interruption(now + args.interrupt_after, args.action,
-                                           args.notice_seconds)
+            emulator.schedule_interruption(
+                now + args.interrupt_after, args.action, args.notice_seconds
+            )
         if args.rebalance_after is not None:
             emulator.schedule_rebalance(now + args.rebalance_after)
         print(emulator.url, flush=True)

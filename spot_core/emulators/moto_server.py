@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine imports moto in a few
 
@@ -24,7 +24,8 @@ START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine imports moto in a few
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # (host, port) of an AF_INET socket
+        return port
 
 
 @contextmanager
@@ -35,11 +36,15 @@ def running_moto(log: Path | None = None) -> Iterator[str]:
     command = [str(binary)] if binary.exists() else [sys.executable, "-m", "moto.server"]
     out = open(log, "wb") if log is not None else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=die_with_parent)
+        proc = subprocess.Popen(
+            [*command, "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
     finally:
-        if log is not None:
+        if not isinstance(out, int):  # our log file, not DEVNULL
             out.close()
     url = f"http://127.0.0.1:{port}"
     try:
@@ -54,7 +59,7 @@ def running_moto(log: Path | None = None) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
-def _wait_until_it_answers(proc: subprocess.Popen, url: str, log: Path | None) -> None:
+def _wait_until_it_answers(proc: subprocess.Popen[bytes], url: str, log: Path | None) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         try:

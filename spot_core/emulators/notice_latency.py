@@ -19,8 +19,9 @@ from spot_core.interruption.aws import AwsDetector
 from spot_core.interruption.watcher import InterruptionWatcher
 
 
-def measure_detection_latency(poll_interval: float = 1.0, trials: int = 10, *,
-                              seed: int | None = 0, timeout: float = 1.0) -> list[float]:
+def measure_detection_latency(
+    poll_interval: float = 1.0, trials: int = 10, *, seed: int | None = 0, timeout: float = 1.0
+) -> list[float]:
     """Seconds from notice visible to handler fired, one sample per trial (AWS IMDSv2).
 
     Each trial uses a fresh watcher (fresh token, fresh dedupe) against one emulator;
@@ -30,12 +31,14 @@ def measure_detection_latency(poll_interval: float = 1.0, trials: int = 10, *,
         raise ValueError("need trials >= 1 and poll_interval > 0")
     phases = random.Random(seed)
     with MetadataEmulator() as emulator:
-        return [_one_trial(emulator, poll_interval, phases.random(), timeout)
-                for _ in range(trials)]
+        return [
+            _one_trial(emulator, poll_interval, phases.random(), timeout) for _ in range(trials)
+        ]
 
 
-def _one_trial(emulator: MetadataEmulator, poll_interval: float, phase: float,
-               timeout: float) -> float:
+def _one_trial(
+    emulator: MetadataEmulator, poll_interval: float, phase: float, timeout: float
+) -> float:
     emulator.clear()
     fired = threading.Event()
     fired_at: list[float] = []

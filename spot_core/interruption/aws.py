@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import INTERRUPTION, REBALANCE, Notice, parse_rfc3339
-from spot_core.interruption.endpoint import (DEFAULT_TIMEOUT, Check, HttpDetector, Response,
-                                         bad_answer, check_status)
+from spot_core.interruption.base import (
+    INTERRUPTION,
+    REBALANCE,
+    DetectorPlugin,
+    Notice,
+    parse_rfc3339,
+)
+from spot_core.interruption.endpoint import (
+    DEFAULT_TIMEOUT,
+    Check,
+    HttpDetector,
+    Response,
+    bad_answer,
+    check_status,
+)
 
 ENDPOINT = "http://169.254.169.254"
 TOKEN_PATH = "/latest/api/token"
@@ -32,9 +45,13 @@ class AwsDetector(HttpDetector):
 
     name = "aws"
 
-    def __init__(self, endpoint: str = ENDPOINT, timeout: float = DEFAULT_TIMEOUT,
-                 token_ttl: int = MAX_TTL,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        endpoint: str = ENDPOINT,
+        timeout: float = DEFAULT_TIMEOUT,
+        token_ttl: int = MAX_TTL,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not 1 <= int(token_ttl) <= MAX_TTL:
             raise ValueError(f"token_ttl must be 1..{MAX_TTL} seconds, got {token_ttl}")
         super().__init__(endpoint, timeout)
@@ -55,6 +72,8 @@ class AwsDetector(HttpDetector):
         action, when = doc.get("action"), doc.get("time")
         if action not in ACTIONS:
             raise bad_answer("aws", "instance-action action", resp.body)
+        if not isinstance(when, str):  # what _timestamp refuses too
+            raise bad_answer("aws", "timestamp", resp.body)
         deadline = _timestamp(when, resp.body)
         return [Notice(INTERRUPTION, "aws", action, deadline, now, raw=doc, identity=when)]
 
@@ -65,9 +84,10 @@ class AwsDetector(HttpDetector):
         check_status("aws rebalance", resp)
         doc = _json_object(resp.body, "rebalance recommendation")
         notice_time = doc.get("noticeTime")
+        if not isinstance(notice_time, str):  # what _timestamp refuses too
+            raise bad_answer("aws", "timestamp", resp.body)
         _timestamp(notice_time, resp.body)
-        return [Notice(REBALANCE, "aws", "rebalance", None, now, raw=doc,
-                       identity=notice_time)]
+        return [Notice(REBALANCE, "aws", "rebalance", None, now, raw=doc, identity=notice_time)]
 
     def metadata(self, path: str) -> str:
         """One metadata value (e.g. ``/latest/meta-data/instance-id``), with the token."""
@@ -123,3 +143,13 @@ def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
         return bool(AwsDetector(endpoint, timeout, token_ttl=60)._new_token())
     except MetadataEndpointError:
         return False
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: AwsDetector(endpoint or ENDPOINT, timeout=timeout),
+    summary="AWS IMDSv2: spot instance-action and rebalance recommendations",
+    probe=probe,
+    endpoint=ENDPOINT,
+    rank=0,
+    aliases=("ec2",),
+)

@@ -12,9 +12,15 @@ import json
 from typing import Any
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import INTERRUPTION, Notice, parse_rfc1123
-from spot_core.interruption.endpoint import (DEFAULT_TIMEOUT, Check, HttpDetector, bad_answer,
-                                         check_status, fetch)
+from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice, parse_rfc1123
+from spot_core.interruption.endpoint import (
+    DEFAULT_TIMEOUT,
+    Check,
+    HttpDetector,
+    bad_answer,
+    check_status,
+    fetch,
+)
 
 ENDPOINT = "http://169.254.169.254"
 API_VERSION = "2020-07-01"
@@ -38,8 +44,9 @@ class AzureDetector(HttpDetector):
         resp = self.fetch("GET", EVENTS_PATH, HEADERS)
         check_status("azure scheduledevents", resp)
         events = _events(resp.body)
-        return [_notice(event, now, resp.body) for event in events
-                if event.get("EventType") == PREEMPT]
+        return [
+            _notice(event, now, resp.body) for event in events if event.get("EventType") == PREEMPT
+        ]
 
 
 def _events(body: str) -> list[dict[str, Any]]:
@@ -62,8 +69,7 @@ def _notice(event: dict[str, Any], now: float, body: str) -> Notice:
         deadline = parse_rfc1123(not_before) if not_before else None
     except ValueError as exc:
         raise bad_answer("azure", "NotBefore", body) from exc
-    return Notice(INTERRUPTION, "azure", PREEMPT, deadline, now, raw=event,
-                  identity=event_id)
+    return Notice(INTERRUPTION, "azure", PREEMPT, deadline, now, raw=event, identity=event_id)
 
 
 def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
@@ -73,3 +79,13 @@ def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
         return resp.status == 200 and isinstance(_events(resp.body), list)
     except MetadataEndpointError:
         return False
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: AzureDetector(endpoint or ENDPOINT, timeout=timeout),
+    summary="Azure Scheduled Events: Preempt",
+    probe=probe,
+    endpoint=ENDPOINT,
+    rank=2,
+    aliases=(),
+)

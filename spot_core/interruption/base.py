@@ -10,8 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import json
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 INTERRUPTION = "interruption"
 REBALANCE = "rebalance"
@@ -78,13 +79,12 @@ class Detector(Protocol):
 
     name: str
 
-    def poll(self, now: float) -> list[Notice]:
-        ...
+    def poll(self, now: float) -> list[Notice]: ...
 
 
 def format_rfc3339(ts: float) -> str:
     """UTC RFC 3339 with a ``Z``; milliseconds only when the time has a fraction."""
-    when = dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(ts, tz=dt.UTC)
     if when.microsecond:
         return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -96,7 +96,7 @@ def parse_rfc3339(text: Any) -> float:
         raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
     when = dt.datetime.fromisoformat(text.strip())
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
 
 
@@ -109,9 +109,29 @@ def parse_rfc1123(text: Any) -> float:
     except (TypeError, ValueError, IndexError) as exc:
         raise ValueError(f"not an HTTP date: {text!r}") from exc
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
 
 
 def format_rfc1123(ts: float) -> str:
     return email.utils.formatdate(ts, usegmt=True)
+
+
+@dataclass(frozen=True)
+class DetectorPlugin:
+    """What a notice detector declares, in its own module, for the registry
+    (``spot_core.interruption.registry``: entry point group ``spot_pipelines.detectors``).
+
+    ``make(endpoint, timeout, environ)`` builds the detector (``endpoint``: its metadata
+    service, None for its default). ``probe(endpoint, timeout)``: whether its metadata
+    service answers here, for ``--cloud auto`` (None: it is never probed). ``endpoint``:
+    its service's default address. ``aliases``: other names users give it. ``rank``: its
+    place in lists and ``auto``'s preference when several services answer (lower first).
+    """
+
+    make: Callable[[str | None, float, Mapping[str, str]], Detector]
+    summary: str = ""
+    probe: Callable[[str, float], bool] | None = None
+    endpoint: str | None = None
+    aliases: tuple[str, ...] = ()
+    rank: int = 100

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from spot_core.interruption.base import DRIVER_LOST, Notice
 
@@ -62,10 +63,16 @@ class Freshness:
 class DriverMonitor:
     """Reads the heartbeat every ``interval`` s on a daemon thread; ``expired`` judges."""
 
-    def __init__(self, read: Callable[[], Any], timeout: float, *, attempt: int | None = None,
-                 interval: float | None = None,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        read: Callable[[], Any],
+        timeout: float,
+        *,
+        attempt: int | None = None,
+        interval: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.timeout = float(timeout)
         self.interval = read_interval(self.timeout) if interval is None else float(interval)
         self._read = read
@@ -79,8 +86,7 @@ class DriverMonitor:
         self.lost: Notice | None = None
 
     def start(self) -> DriverMonitor:
-        self._thread = threading.Thread(target=self._run, name="spot-driver-heartbeat",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="spot-driver-heartbeat", daemon=True)
         self._thread.start()
         return self
 
@@ -107,8 +113,11 @@ class DriverMonitor:
             beat = self._read()
         except Exception as exc:  # noqa: BLE001 - an outage must not kill the monitor
             if not self._failing:
-                logger.warning("cannot read the driver heartbeat (%s); counting it as no "
-                               "renewal, will log again only after it recovers", exc)
+                logger.warning(
+                    "cannot read the driver heartbeat (%s); counting it as no "
+                    "renewal, will log again only after it recovers",
+                    exc,
+                )
             self._failing, beat = True, None
         else:
             if self._failing:
@@ -124,9 +133,18 @@ class DriverMonitor:
     def expired(self) -> Notice | None:
         """The driver-lost notice (once, then the same one) when the beat is too old."""
         if self.lost is None and self.age() >= self.timeout:
-            self.lost = Notice(DRIVER_LOST, SOURCE, STOP_ACTION, deadline=None,
-                               detected_at=self._clock(), identity="driver-lost")
-            logger.warning("no new driver heartbeat for %.1fs (timeout %.1fs): the driver is "
-                           "gone; stopping the step and ending the lease", self.age(),
-                           self.timeout)
+            self.lost = Notice(
+                DRIVER_LOST,
+                SOURCE,
+                STOP_ACTION,
+                deadline=None,
+                detected_at=self._clock(),
+                identity="driver-lost",
+            )
+            logger.warning(
+                "no new driver heartbeat for %.1fs (timeout %.1fs): the driver is "
+                "gone; stopping the step and ending the lease",
+                self.age(),
+                self.timeout,
+            )
         return self.lost

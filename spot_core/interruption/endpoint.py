@@ -12,8 +12,9 @@ import http.client
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from email.message import Message
 
 from spot_core.errors import MetadataEndpointError
 from spot_core.interruption.base import Notice
@@ -38,8 +39,12 @@ class Response:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-def fetch(method: str, url: str, headers: Mapping[str, str] | None = None,
-          timeout: float = DEFAULT_TIMEOUT) -> Response:
+def fetch(
+    method: str,
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Response:
     """One request; any HTTP status comes back as a Response, transport trouble raises."""
     request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
     try:
@@ -65,7 +70,7 @@ def _read_quietly(exc: urllib.error.HTTPError) -> bytes:
         return b""
 
 
-def _response(status: int, body: bytes, headers: object) -> Response:
+def _response(status: int, body: bytes, headers: Message | None) -> Response:
     text = body.decode("utf-8", errors="replace")
     pairs = {k.lower(): v for k, v in headers.items()} if headers is not None else {}
     return Response(status=status, body=text, headers=pairs)
@@ -87,16 +92,20 @@ class FailureStreak:
     def failed(self, error: BaseException) -> None:
         self.failures += 1
         if not self.failing:
-            self._log.warning("%s: metadata endpoint failing (%s); "
-                              "will log again only after it recovers", self.source, error)
+            self._log.warning(
+                "%s: metadata endpoint failing (%s); will log again only after it recovers",
+                self.source,
+                error,
+            )
         else:
             self._log.debug("%s: still failing (%s)", self.source, error)
         self.failing = True
 
     def succeeded(self) -> None:
         if self.failing:
-            self._log.info("%s: metadata endpoint recovered after %d failed polls",
-                           self.source, self.failures)
+            self._log.info(
+                "%s: metadata endpoint recovered after %d failed polls", self.source, self.failures
+            )
         self.failing = False
         self.failures = 0
 

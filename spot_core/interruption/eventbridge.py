@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ KINDS = {INTERRUPTION: "interruption", REBALANCE: "rebalance"}
 @dataclass(frozen=True)
 class InstanceEvent:
     instance_id: str
-    kind: str            # "interruption" | "rebalance"
-    at: float            # the event's time (POSIX seconds)
+    kind: str  # "interruption" | "rebalance"
+    at: float  # the event's time (POSIX seconds)
     action: str | None = None
 
 
@@ -47,27 +47,34 @@ def parse_event(body: str) -> InstanceEvent | None:
         return None
 
 
-def interruption_event(instance_id: str, at: float, region: str = "us-east-1",
-                       kind: str = "interruption") -> dict[str, Any]:
+def interruption_event(
+    instance_id: str, at: float, region: str = "us-east-1", kind: str = "interruption"
+) -> dict[str, Any]:
     """The event as EventBridge delivers it (used by the instance runtime harness)."""
-    from datetime import timezone
 
     detail_type = INTERRUPTION if kind == "interruption" else REBALANCE
     detail = {"instance-id": instance_id}
     if kind == "interruption":
         detail["instance-action"] = "terminate"
-    return {"version": "0", "id": f"evt-{instance_id}-{int(at)}", "detail-type": detail_type,
-            "source": "aws.ec2", "account": "123456789012",
-            "time": datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "region": region, "resources": [f"arn:aws:ec2:{region}:123456789012:instance/"
-                                             f"{instance_id}"], "detail": detail}
+    return {
+        "version": "0",
+        "id": f"evt-{instance_id}-{int(at)}",
+        "detail-type": detail_type,
+        "source": "aws.ec2",
+        "account": "123456789012",
+        "time": datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region,
+        "resources": [f"arn:aws:ec2:{region}:123456789012:instance/{instance_id}"],
+        "detail": detail,
+    }
 
 
 class EventQueue:
     """Drains EventBridge instance events from one SQS queue."""
 
-    def __init__(self, client: Any, queue_url: str, *, max_batches: int = 5,
-                 wait_seconds: int = 0) -> None:
+    def __init__(
+        self, client: Any, queue_url: str, *, max_batches: int = 5, wait_seconds: int = 0
+    ) -> None:
         self.client, self.queue_url = client, queue_url
         self.max_batches, self.wait_seconds = max_batches, wait_seconds
 
@@ -76,9 +83,13 @@ class EventQueue:
 
         events: list[InstanceEvent] = []
         for _ in range(self.max_batches):
-            answer = aws.call("sqs:ReceiveMessage", self.client.receive_message,
-                              QueueUrl=self.queue_url, MaxNumberOfMessages=10,
-                              WaitTimeSeconds=self.wait_seconds)
+            answer = aws.call(
+                "sqs:ReceiveMessage",
+                self.client.receive_message,
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=self.wait_seconds,
+            )
             messages = answer.get("Messages", [])
             if not messages:
                 break
@@ -86,10 +97,15 @@ class EventQueue:
                 event = parse_event(message.get("Body", ""))
                 if event is not None:
                     events.append(event)
-            aws.call("sqs:DeleteMessageBatch", self.client.delete_message_batch,
-                     QueueUrl=self.queue_url,
-                     Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
-                              for i, m in enumerate(messages)])
+            aws.call(
+                "sqs:DeleteMessageBatch",
+                self.client.delete_message_batch,
+                QueueUrl=self.queue_url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                    for i, m in enumerate(messages)
+                ],
+            )
             if len(messages) < 10:
                 break
         return events

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from spot_core.interruption.base import Notice
 from spot_core.interruption.notice_file import write_notice
@@ -31,9 +31,13 @@ class ChildForwarder:
     a lock keeps ``poll`` (which reaps) and signalling apart.
     """
 
-    def __init__(self, child: subprocess.Popen, notice_file: str,
-                 grace_seconds: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        child: subprocess.Popen[bytes],
+        notice_file: str,
+        grace_seconds: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.child = child
         self.notice_file = notice_file
         self.grace_seconds = grace_seconds
@@ -87,8 +91,7 @@ class ChildForwarder:
         if self.kill_at is not None and not self._killed and self._clock() >= self.kill_at:
             self._killed = True
             if self.signal(signal.SIGKILL):
-                logger.warning("child %d outlived its notice deadline: SIGKILL",
-                               self.child.pid)
+                logger.warning("child %d outlived its notice deadline: SIGKILL", self.child.pid)
 
 
 def exit_code(returncode: int) -> int:

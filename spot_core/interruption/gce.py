@@ -8,9 +8,15 @@ metadata server says nothing about the exact time, so the deadline is detection 
 from __future__ import annotations
 
 from spot_core.errors import MetadataEndpointError
-from spot_core.interruption.base import INTERRUPTION, Notice
-from spot_core.interruption.endpoint import (DEFAULT_TIMEOUT, Check, HttpDetector, bad_answer,
-                                         check_status, fetch)
+from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice
+from spot_core.interruption.endpoint import (
+    DEFAULT_TIMEOUT,
+    Check,
+    HttpDetector,
+    bad_answer,
+    check_status,
+    fetch,
+)
 
 ENDPOINT = "http://metadata.google.internal"
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
@@ -23,8 +29,12 @@ class GceDetector(HttpDetector):
 
     name = "gcp"
 
-    def __init__(self, endpoint: str = ENDPOINT, timeout: float = DEFAULT_TIMEOUT,
-                 notice_seconds: float = NOTICE_SECONDS) -> None:
+    def __init__(
+        self,
+        endpoint: str = ENDPOINT,
+        timeout: float = DEFAULT_TIMEOUT,
+        notice_seconds: float = NOTICE_SECONDS,
+    ) -> None:
         super().__init__(endpoint, timeout)
         self.notice_seconds = notice_seconds
 
@@ -39,8 +49,17 @@ class GceDetector(HttpDetector):
             return []
         if value != "TRUE":
             raise bad_answer("gcp", "preempted value", resp.body)
-        return [Notice(INTERRUPTION, "gcp", "terminate", now + self.notice_seconds, now,
-                       raw=resp.body, identity="preempted")]
+        return [
+            Notice(
+                INTERRUPTION,
+                "gcp",
+                "terminate",
+                now + self.notice_seconds,
+                now,
+                raw=resp.body,
+                identity="preempted",
+            )
+        ]
 
 
 def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
@@ -50,3 +69,13 @@ def probe(endpoint: str = ENDPOINT, timeout: float = 0.4) -> bool:
     except MetadataEndpointError:
         return False
     return resp.status == 200 and resp.headers.get("metadata-flavor") == "Google"
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: GceDetector(endpoint or ENDPOINT, timeout=timeout),
+    summary="GCE metadata: instance/preempted",
+    probe=probe,
+    endpoint=ENDPOINT,
+    rank=1,
+    aliases=("gce",),
+)

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from spot_core.interruption.base import INTERRUPTION, Notice
+from spot_core.errors import ConfigError
+from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ POD_NAMESPACE_ENV = "SPOT_POD_NAMESPACE"
 # taint key -> the action the notice names
 NOTICE_TAINTS: Mapping[str, str] = {
     "karpenter.sh/disrupted": "karpenter-disruption",
-    "karpenter.sh/disruption": "karpenter-disruption",   # Karpenter before v1
+    "karpenter.sh/disruption": "karpenter-disruption",  # Karpenter before v1
     "node.kubernetes.io/unschedulable": "drain",
     "ToBeDeletedByClusterAutoscaler": "autoscaler-scale-down",
     "cloud.google.com/impending-node-termination": "gke-termination",
@@ -82,8 +84,17 @@ class KubernetesNodeDetector:
         if seen is None:
             return []
         action, why = seen
-        return [Notice(INTERRUPTION, "kubernetes", action, None, now,
-                       raw={"node": self.node_name, "seen": why}, identity=self.node_name)]
+        return [
+            Notice(
+                INTERRUPTION,
+                "kubernetes",
+                action,
+                None,
+                now,
+                raw={"node": self.node_name, "seen": why},
+                identity=self.node_name,
+            )
+        ]
 
 
 def _api_reader() -> Callable[[str], Mapping[str, Any]]:
@@ -96,3 +107,23 @@ def _api_reader() -> Callable[[str], Mapping[str, Any]]:
 def node_name_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     return env.get(NODE_NAME_ENV) or None
+
+
+def node_detector(environ: Mapping[str, str]) -> KubernetesNodeDetector:
+    """The detector of the pod's own node, named by the downward API's ``SPOT_NODE_NAME``."""
+    node = node_name_from_env(environ)
+    if node is None:
+        raise ConfigError(
+            f"--cloud kubernetes needs the pod's node name in ${NODE_NAME_ENV} "
+            "(the kubernetes provider sets it from the downward API: env "
+            "valueFrom.fieldRef.fieldPath: spec.nodeName)"
+        )
+    return KubernetesNodeDetector(node)
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: node_detector(environ),
+    summary="the pod's own node: its taints and cordon (a pod of the kubernetes provider)",
+    rank=3,
+    aliases=("k8s",),
+)

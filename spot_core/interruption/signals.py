@@ -13,11 +13,12 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from spot_core.errors import ConfigError
-from spot_core.interruption.base import INTERRUPTION, Notice
+from spot_core.interruption.base import INTERRUPTION, DetectorPlugin, Notice
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +34,17 @@ class SignalDetector:
 
     name = "signal"
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,),
-                 notice_seconds: float | None = DEFAULT_NOTICE_SECONDS,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        signals: tuple[int, ...] = (signal.SIGTERM,),
+        notice_seconds: float | None = DEFAULT_NOTICE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if threading.current_thread() is not threading.main_thread():
-            raise ConfigError("SignalDetector must be created in the main thread: "
-                              "Python only delivers signals to handlers set there")
+            raise ConfigError(
+                "SignalDetector must be created in the main thread: "
+                "Python only delivers signals to handlers set there"
+            )
         self.notice_seconds = notice_seconds
         self._clock = clock
         self._received: collections.deque[tuple[int, float]] = collections.deque()
@@ -59,15 +65,15 @@ class SignalDetector:
     def _notice(self, signum: int, at: float) -> Notice:
         name = signal.Signals(signum).name
         deadline = None if self.notice_seconds is None else at + self.notice_seconds
-        return Notice(INTERRUPTION, "signal", "terminate", deadline, at, raw=name,
-                      identity=name)
+        return Notice(INTERRUPTION, "signal", "terminate", deadline, at, raw=name, identity=name)
 
     def close(self) -> None:
         """Give the signals back to whoever handled them before; safe to call twice."""
         if threading.current_thread() is not threading.main_thread():
             if self._previous:
-                logger.warning("SignalDetector.close() outside the main thread: "
-                               "signal handlers left installed")
+                logger.warning(
+                    "SignalDetector.close() outside the main thread: signal handlers left installed"
+                )
             return
         while self._previous:
             signum, previous = self._previous.popitem()
@@ -78,3 +84,10 @@ class SignalDetector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+PLUGIN = DetectorPlugin(
+    make=lambda endpoint, timeout, environ: SignalDetector(),
+    summary="SIGTERM only: the notice a node's shutdown gives every process",
+    rank=4,
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.errors import ConfigError
@@ -27,11 +27,17 @@ DEFAULT_STOP_TIMEOUT = 5.0
 class InterruptionWatcher:
     """Polls every detector every ``poll_interval`` seconds on a daemon thread."""
 
-    def __init__(self, detectors: Iterable[Detector], poll_interval: float = 1.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        detectors: Iterable[Detector],
+        poll_interval: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not 0 < poll_interval <= MAX_WAIT_SECONDS:  # a thread cannot wait 1e300 s
-            raise ConfigError(f"poll_interval must be > 0 and at most {MAX_WAIT_SECONDS:g} "
-                              f"seconds (1d), got {poll_interval!r}")
+            raise ConfigError(
+                f"poll_interval must be > 0 and at most {MAX_WAIT_SECONDS:g} "
+                f"seconds (1d), got {poll_interval!r}"
+            )
         self.detectors = list(detectors)
         self.poll_interval = float(poll_interval)
         self._clock = clock
@@ -42,8 +48,7 @@ class InterruptionWatcher:
         self._stop = threading.Event()
         self._interrupted = threading.Event()
         self._thread: threading.Thread | None = None
-        self._streaks = {id(d): FailureStreak(f"detector {d.name}", logger)
-                         for d in self.detectors}
+        self._streaks = {id(d): FailureStreak(f"detector {d.name}", logger) for d in self.detectors}
 
     def add_handler(self, handler: Handler) -> None:
         """``handler(notice)`` runs on the watcher thread, once per distinct notice."""
@@ -63,8 +68,9 @@ class InterruptionWatcher:
         if self.running:
             return self
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="spot-interruption-watcher",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="spot-interruption-watcher", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -76,8 +82,11 @@ class InterruptionWatcher:
             return True
         thread.join(timeout)
         if thread.is_alive():
-            logger.warning("interruption watcher still busy after %.1fs (a detector is "
-                           "slower than its timeout); leaving the daemon thread", timeout)
+            logger.warning(
+                "interruption watcher still busy after %.1fs (a detector is "
+                "slower than its timeout); leaving the daemon thread",
+                timeout,
+            )
         return not thread.is_alive()
 
     def close(self) -> None:

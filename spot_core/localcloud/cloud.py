@@ -24,9 +24,10 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Protocol
 
 from spot_core.emulators.lease_processes import LEASE_MARKER, signal_lease
 from spot_core.emulators.metadata import MetadataEmulator
@@ -51,14 +52,16 @@ HOST_PYTHON = "@python"
 
 @dataclass(frozen=True)
 class LocalCloudConfig:
-    min_notice_wall_seconds: float = 1.0   # floor for the scaled notice period
-    grace_wall_seconds: float = 2.0        # SIGTERM -> SIGKILL at reclaim
-    monitor_interval: float = 0.02         # how often the trace is checked
+    min_notice_wall_seconds: float = 1.0  # floor for the scaled notice period
+    grace_wall_seconds: float = 2.0  # SIGTERM -> SIGKILL at reclaim
+    monitor_interval: float = 0.02  # how often the trace is checked
 
     def __post_init__(self) -> None:
         for name in ("min_notice_wall_seconds", "grace_wall_seconds", "monitor_interval"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"LocalCloudConfig.{name} must be > 0, got {getattr(self, name)!r}")
+                raise ConfigError(
+                    f"LocalCloudConfig.{name} must be > 0, got {getattr(self, name)!r}"
+                )
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,37 @@ class InstanceView:
     terminated: bool
 
 
+class LocalCloud(Protocol):
+    """The face the local provider and server use: a ``LocalSpotCloud`` in this process,
+    or a ``RemoteLocalCloud`` talking to a server that holds one."""
+
+    @property
+    def market(self) -> TraceMarket: ...
+
+    @property
+    def workdir(self) -> Path: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def run_instance(
+        self, pool: Pool, command: Sequence[str], env: Mapping[str, str], endpoint_env: str
+    ) -> InstanceView: ...
+
+    def describe(self, instance_ids: Sequence[str]) -> dict[str, InstanceView]: ...
+
+    def terminate_instance(self, instance_id: str) -> None: ...
+
+    def log_tail(self, instance_id: str, lines: int = 5) -> str: ...
+
+    def shutdown(self) -> None: ...
+
+
 @dataclass
 class _Instance:
     instance_id: str
     pool: Pool
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     emulator: MetadataEmulator
     log_path: Path
     launched_at: float
@@ -92,8 +121,15 @@ class _Instance:
     exit_code: int | None = None
 
     def view(self) -> InstanceView:
-        return InstanceView(self.instance_id, self.ended_at is None, self.exit_code,
-                            self.notice_at, self.ended_at, self.reclaimed, self.terminated)
+        return InstanceView(
+            self.instance_id,
+            self.ended_at is None,
+            self.exit_code,
+            self.notice_at,
+            self.ended_at,
+            self.reclaimed,
+            self.terminated,
+        )
 
 
 @dataclass
@@ -111,57 +147,88 @@ class LocalSpotCloud:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # shutdown() removes it; the finalizer covers a cloud that is only garbage
         # collected or alive at interpreter exit, so no run leaves a temp folder behind.
-        self._remove_workdir = weakref.finalize(
-            self, shutil.rmtree, str(self.workdir), True) if self.owns_workdir else None
+        self._remove_workdir = (
+            weakref.finalize(self, shutil.rmtree, str(self.workdir), True)
+            if self.owns_workdir
+            else None
+        )
         self._instances: dict[str, _Instance] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
 
     @classmethod
-    def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *,
-                    time_scale: float = DEFAULT_TIME_SCALE, start_tick: int = 0,
-                    workdir: str | Path | None = None, config: LocalCloudConfig | None = None,
-                    clock: Callable[[], float] = time.time) -> LocalSpotCloud:
+    def from_traces(
+        cls,
+        traces: Sequence[ZoneTrace] | None = None,
+        *,
+        time_scale: float = DEFAULT_TIME_SCALE,
+        start_tick: int = 0,
+        workdir: str | Path | None = None,
+        config: LocalCloudConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> LocalSpotCloud:
         """A cloud replaying ``traces`` (default: the shipped excerpt) from ``start_tick`` now.
 
         Lives here, not in the provider, so the server builds its cloud without importing
         the provider that is its client."""
         traces = list(traces) if traces is not None else default_traces()
         ticks = min(t.n_ticks for t in traces) if traces else 0
-        if isinstance(start_tick, bool) or not isinstance(start_tick, int) \
-                or not 0 <= start_tick < max(ticks, 1):
-            raise ConfigError(f"start_tick={start_tick!r} must be a whole tick from 0 to "
-                              f"{ticks - 1} (the traces have {ticks} ticks)")
+        if (
+            isinstance(start_tick, bool)
+            or not isinstance(start_tick, int)
+            or not 0 <= start_tick < max(ticks, 1)
+        ):
+            raise ConfigError(
+                f"start_tick={start_tick!r} must be a whole tick from 0 to "
+                f"{ticks - 1} (the traces have {ticks} ticks)"
+            )
         origin = clock() - start_tick * traces[0].tick_seconds / time_scale
         market = TraceMarket(traces, tick_origin=origin, time_scale=time_scale)
         owns = not workdir
         workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="spot-local-cloud-"))
-        return cls(market=market, workdir=workdir, config=config or LocalCloudConfig(),
-                   clock=clock, owns_workdir=owns)
+        return cls(
+            market=market,
+            workdir=workdir,
+            config=config or LocalCloudConfig(),
+            clock=clock,
+            owns_workdir=owns,
+        )
 
     # -- the "API" ------------------------------------------------------------------------
-    def run_instance(self, pool: Pool, command: Sequence[str], env: Mapping[str, str],
-                     endpoint_env: str) -> InstanceView:
+    def run_instance(
+        self, pool: Pool, command: Sequence[str], env: Mapping[str, str], endpoint_env: str
+    ) -> InstanceView:
         """Start ``command`` on new capacity in ``pool``; ``endpoint_env`` names the
         variable that receives the instance's metadata endpoint URL. ``HOST_PYTHON`` in
         ``command`` is this machine's Python."""
         command = [sys.executable if part == HOST_PYTHON else part for part in command]
         now = self.clock()
         if pool.is_spot and not self.market.is_available(pool.zone, now):
-            raise CapacityUnavailable(f"no spot capacity in {pool.key} at trace tick "
-                                      f"{self.market.tick_at(now)} (InsufficientInstanceCapacity)")
+            raise CapacityUnavailable(
+                f"no spot capacity in {pool.key} at trace tick "
+                f"{self.market.tick_at(now)} (InsufficientInstanceCapacity)"
+            )
         instance_id = f"{INSTANCE_PREFIX}{uuid.uuid4().hex[:12]}"
-        emulator = MetadataEmulator(clouds=(self._emulated_cloud(pool),), zone=pool.zone,
-                                    instance_id=instance_id, instance_type=pool.instance_type)
+        emulator = MetadataEmulator(
+            clouds=(self._emulated_cloud(pool),),
+            zone=pool.zone,
+            instance_id=instance_id,
+            instance_type=pool.instance_type,
+        )
         emulator.start()
         log_path = self.workdir / f"{instance_id}.log"
         full_env = {**env, endpoint_env: emulator.url, LEASE_MARKER: instance_id}
         try:
             with open(log_path, "wb") as log_file:
-                process = subprocess.Popen(list(command), env=full_env, stdout=log_file,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    list(command),
+                    env=full_env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         except BaseException:
             emulator.stop()
             raise
@@ -227,8 +294,9 @@ class LocalSpotCloud:
     # -- the trace replay ------------------------------------------------------------------
     def _ensure_monitor(self) -> None:
         if self._monitor is None:
-            self._monitor = threading.Thread(target=self._run_monitor, daemon=True,
-                                             name="local-spot-cloud")
+            self._monitor = threading.Thread(
+                target=self._run_monitor, daemon=True, name="local-spot-cloud"
+            )
             self._monitor.start()
 
     def _run_monitor(self) -> None:
@@ -258,9 +326,16 @@ class LocalSpotCloud:
             wall_notice = self._wall_notice(instance.pool)
             instance.emulator.schedule_interruption(at=now, notice_seconds=wall_notice)
             instance.notice_at, instance.reclaim_at = now, now + wall_notice
-            log.info("%s: capacity reclaimed in %s; notice served", instance.instance_id,
-                     instance.pool.key)
-        elif instance.reclaim_at is not None and now >= instance.reclaim_at and instance.kill_at is None:
+            log.info(
+                "%s: capacity reclaimed in %s; notice served",
+                instance.instance_id,
+                instance.pool.key,
+            )
+        elif (
+            instance.reclaim_at is not None
+            and now >= instance.reclaim_at
+            and instance.kill_at is None
+        ):
             instance.reclaimed = instance.ended_at is None  # it was still running when taken
             instance.kill_at = now + self.config.grace_wall_seconds
             self._signal(instance, signal.SIGTERM)

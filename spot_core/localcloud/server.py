@@ -47,11 +47,13 @@ import os
 import re
 import secrets
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
@@ -61,14 +63,13 @@ from spot_core.localcloud.cloud import LocalCloudConfig, LocalSpotCloud
 from spot_core.market.trace import ZoneTrace
 from spot_core.model import Pool
 
-
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
-BACKLOG = 1024                 # pending connections the kernel holds (socketserver's 5 dropped
-                               # 25 of 200 concurrent clients); Linux caps it at somaxconn
-MAX_BODY_BYTES = 1 << 20       # 1 MiB: a launch or a describe of 10,000 ids is far smaller
-MAX_JSON_DEPTH = 32            # the API's bodies nest 3 deep
+BACKLOG = 1024  # pending connections the kernel holds (socketserver's 5 dropped
+# 25 of 200 concurrent clients); Linux caps it at somaxconn
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a launch or a describe of 10,000 ids is far smaller
+MAX_JSON_DEPTH = 32  # the API's bodies nest 3 deep
 MAX_LOG_LINES = 10_000
 MAX_IDS = 10_000
 REQUEST_TIMEOUT_SECONDS = 10.0  # a silent client frees its thread after this
@@ -87,8 +88,10 @@ def read_token(workdir: str | Path) -> str:
     try:
         return path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the local cloud token {path} ({exc}); give the "
-                          f"workdir of a running server, or set ${TOKEN_ENV}") from None
+        raise ConfigError(
+            f"cannot read the local cloud token {path} ({exc}); give the "
+            f"workdir of a running server, or set ${TOKEN_ENV}"
+        ) from None
 
 
 def client_environ(url: str, workdir: str | Path) -> dict[str, str]:
@@ -109,18 +112,27 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def trace_to_dict(trace: ZoneTrace) -> dict[str, Any]:
-    return {"name": trace.name, "tick_seconds": trace.tick_seconds,
-            "available": trace.available.astype(int).tolist(),
-            "spot_price": trace.spot_price.tolist(), "on_demand_price": trace.on_demand_price,
-            "start_time": trace.start_time, "source": trace.source}
+    return {
+        "name": trace.name,
+        "tick_seconds": trace.tick_seconds,
+        "available": trace.available.astype(int).tolist(),
+        "spot_price": trace.spot_price.tolist(),
+        "on_demand_price": trace.on_demand_price,
+        "start_time": trace.start_time,
+        "source": trace.source,
+    }
 
 
 def trace_from_dict(data: dict[str, Any]) -> ZoneTrace:
-    return ZoneTrace(name=data["name"], tick_seconds=float(data["tick_seconds"]),
-                     available=np.asarray(data["available"], dtype=bool),
-                     spot_price=np.asarray(data["spot_price"], dtype=float),
-                     on_demand_price=float(data["on_demand_price"]),
-                     start_time=data["start_time"], source=data["source"])
+    return ZoneTrace(
+        name=data["name"],
+        tick_seconds=float(data["tick_seconds"]),
+        available=np.asarray(data["available"], dtype=bool),
+        spot_price=np.asarray(data["spot_price"], dtype=float),
+        on_demand_price=float(data["on_demand_price"]),
+        start_time=data["start_time"],
+        source=data["source"],
+    )
 
 
 class RequestStats:
@@ -147,8 +159,14 @@ class LocalCloudServer:
     """Serves one ``LocalSpotCloud`` on 127.0.0.1, or on ``host`` (a container's
     ``0.0.0.0``, so that the stack's other containers reach it; the token still guards it)."""
 
-    def __init__(self, cloud: LocalSpotCloud, *, port: int = 0, host: str = LOOPBACK,
-                 start_on_first_client: bool = False) -> None:
+    def __init__(
+        self,
+        cloud: LocalSpotCloud,
+        *,
+        port: int = 0,
+        host: str = LOOPBACK,
+        start_on_first_client: bool = False,
+    ) -> None:
         self.cloud = cloud
         self._host = host
         self._port = port
@@ -165,13 +183,21 @@ class LocalCloudServer:
         return token_path(self.cloud.workdir)
 
     @classmethod
-    def from_traces(cls, traces: Sequence[ZoneTrace] | None = None, *, workdir: str | Path,
-                    time_scale: float = 3600.0, start_tick: int = 0,
-                    config: LocalCloudConfig | None = None, port: int = 0,
-                    host: str = LOOPBACK,
-                    start_on_first_client: bool = False) -> LocalCloudServer:
-        cloud = LocalSpotCloud.from_traces(traces, time_scale=time_scale, start_tick=start_tick,
-                                           workdir=workdir, config=config)
+    def from_traces(
+        cls,
+        traces: Sequence[ZoneTrace] | None = None,
+        *,
+        workdir: str | Path,
+        time_scale: float = 3600.0,
+        start_tick: int = 0,
+        config: LocalCloudConfig | None = None,
+        port: int = 0,
+        host: str = LOOPBACK,
+        start_on_first_client: bool = False,
+    ) -> LocalCloudServer:
+        cloud = LocalSpotCloud.from_traces(
+            traces, time_scale=time_scale, start_tick=start_tick, workdir=workdir, config=config
+        )
         return cls(cloud, port=port, host=host, start_on_first_client=start_on_first_client)
 
     @property
@@ -183,14 +209,15 @@ class LocalCloudServer:
     def start(self) -> LocalCloudServer:
         _write_private(self.token_file, self.token)  # before the first request can come
         server = _Server((self._host, self._port), _Handler)
-        server.cloud = self.cloud  # type: ignore[attr-defined]
-        server.token = self.token  # type: ignore[attr-defined]
-        server.first_client = self.first_client  # type: ignore[attr-defined]
-        server.stats = self.stats  # type: ignore[attr-defined]
+        server.cloud = self.cloud
+        server.token = self.token
+        server.first_client = self.first_client
+        server.stats = self.stats
         self._port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, daemon=True,
-                                        name=f"local-cloud-{self._port}")
+        self._thread = threading.Thread(
+            target=server.serve_forever, daemon=True, name=f"local-cloud-{self._port}"
+        )
         self._thread.start()
         return self
 
@@ -228,8 +255,12 @@ class LocalCloudServer:
 
 def config_of(cloud: LocalSpotCloud) -> dict[str, Any]:
     market = cloud.market
-    return {"traces": [trace_to_dict(t) for t in market.traces], "tick_origin": market.tick_origin,
-            "time_scale": market.time_scale, "workdir": str(cloud.workdir)}
+    return {
+        "traces": [trace_to_dict(t) for t in market.traces],
+        "tick_origin": market.tick_origin,
+        "time_scale": market.time_scale,
+        "workdir": str(cloud.workdir),
+    }
 
 
 class BadRequest(Exception):
@@ -246,8 +277,15 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = BACKLOG
+    # Set by LocalCloudServer.start before it serves; read by each _Handler.
+    cloud: LocalSpotCloud
+    token: str
+    first_client: Callable[[], None]
+    stats: RequestStats
 
-    def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+    def handle_error(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: object
+    ) -> None:
         log.debug("local cloud: connection from %s failed", client_address, exc_info=True)
 
 
@@ -258,21 +296,30 @@ class _Handler(BaseHTTPRequestHandler):
     # JSON too; its fields come HTML-escaped, which keeps them valid JSON strings.
     error_content_type = "application/json"
     error_message_format = '{"error": "http_%(code)d", "message": "%(message)s: %(explain)s"}'
+    server: _Server  # the server that made this handler: ours, with its cloud and token
 
     @property
     def cloud(self) -> LocalSpotCloud:
-        return self.server.cloud  # type: ignore[attr-defined]
+        return self.server.cloud
 
     def _authorized(self) -> bool:
         """The bearer token, compared in constant time; else a 401 is sent."""
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
-        expected = self.server.token  # type: ignore[attr-defined]
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
-                                                              expected.encode()):
+        expected = self.server.token
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), expected.encode()
+        ):
             return True
-        self._send(401, {"error": "unauthorized", "message": "send the server's token as "
-                         f"'Authorization: Bearer TOKEN' (it is in the server's workdir, "
-                         f"{TOKEN_FILE})"}, extra={"WWW-Authenticate": "Bearer"})
+        self._send(
+            401,
+            {
+                "error": "unauthorized",
+                "message": "send the server's token as "
+                f"'Authorization: Bearer TOKEN' (it is in the server's workdir, "
+                f"{TOKEN_FILE})",
+            },
+            extra={"WWW-Authenticate": "Bearer"},
+        )
         return False
 
     def _json_body_declared(self) -> bool:
@@ -281,8 +328,14 @@ class _Handler(BaseHTTPRequestHandler):
         kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if kind == "application/json":
             return True
-        self._send(415, {"error": "unsupported_media_type", "message": "POST bodies must be "
-                         f"Content-Type: application/json (got {kind or 'none'!r})"})
+        self._send(
+            415,
+            {
+                "error": "unsupported_media_type",
+                "message": "POST bodies must be "
+                f"Content-Type: application/json (got {kind or 'none'!r})",
+            },
+        )
         return False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
@@ -291,13 +344,18 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         self._answer(self._post)
 
-    def _answer(self, route) -> None:  # noqa: ANN001
+    def _answer(self, route: Callable[[], None]) -> None:
         """Run ``route``; whatever goes wrong, the client gets one JSON answer."""
         try:
             route()
         except BadRequest as exc:
-            self._send(exc.status, {"error": "bad_request" if exc.status == 400 else
-                                    "payload_too_large", "message": str(exc)[:500]})
+            self._send(
+                exc.status,
+                {
+                    "error": "bad_request" if exc.status == 400 else "payload_too_large",
+                    "message": str(exc)[:500],
+                },
+            )
         except CapacityUnavailable as exc:
             self._send(409, {"error": "capacity_unavailable", "message": str(exc)})
         except ConfigError as exc:  # the cloud's own check of what was asked (a zone)
@@ -305,8 +363,13 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):
             self.close_connection = True  # the client went away or fell silent
         except Exception as exc:  # noqa: BLE001 - an answer, never a dropped connection
-            log.warning("local cloud: %s %s failed: %s: %s", self.command, self.path,
-                        type(exc).__name__, exc)
+            log.warning(
+                "local cloud: %s %s failed: %s: %s",
+                self.command,
+                self.path,
+                type(exc).__name__,
+                exc,
+            )
             self._send(500, {"error": "internal", "message": f"{type(exc).__name__}: {exc}"[:500]})
 
     def _get(self) -> None:
@@ -316,10 +379,10 @@ class _Handler(BaseHTTPRequestHandler):
         parts = url.path.strip("/").split("/")
         if url.path == "/config":
             self._count("GET /config")
-            self.server.first_client()  # type: ignore[attr-defined]
+            self.server.first_client()
             return self._send(200, config_of(self.cloud))
         if url.path == "/stats":
-            return self._send(200, self.server.stats.to_dict())  # type: ignore[attr-defined]
+            return self._send(200, self.server.stats.to_dict())
         if len(parts) == 3 and parts[0] == "instances" and parts[2] == "log":
             self._count("GET /instances/<id>/log")
             lines = _lines(parse_qs(url.query).get("lines", ["5"])[0])
@@ -334,12 +397,13 @@ class _Handler(BaseHTTPRequestHandler):
         if parts == ["instances"]:
             self._count("POST /instances")
             pool, command, env, endpoint_env = _launch_request(body)
-            self.server.first_client()  # type: ignore[attr-defined]
+            self.server.first_client()
             try:
                 view = self.cloud.run_instance(pool, command, env, endpoint_env)
             except OSError as exc:  # no such binary, not executable: the client's to fix
-                raise BadRequest(f"cannot run command {command[0]!r}: "
-                                 f"{exc.strerror or exc}") from None
+                raise BadRequest(
+                    f"cannot run command {command[0]!r}: {exc.strerror or exc}"
+                ) from None
             return self._send(200, dataclasses.asdict(view))
         if parts == ["instances", "describe"]:
             ids = _ids(body)
@@ -353,7 +417,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, {"error": "not_found", "message": f"no route {self.path}"})
 
     def _count(self, route: str, described: Sequence[str] = ()) -> None:
-        self.server.stats.count(route, described)  # type: ignore[attr-defined]
+        self.server.stats.count(route, described)
 
     def _body(self) -> dict[str, Any]:
         """The request's JSON object, read only when it is declared no larger than
@@ -365,15 +429,17 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(declared)
         if length > MAX_BODY_BYTES:
             self.close_connection = True  # its body is never read: do not parse it as a request
-            raise BadRequest(f"the body is {length} bytes; at most {MAX_BODY_BYTES} are "
-                             "accepted", status=413)
+            raise BadRequest(
+                f"the body is {length} bytes; at most {MAX_BODY_BYTES} are accepted", status=413
+            )
         data = self.rfile.read(length)
         if len(data) < length:
             raise ConnectionError("the client sent less than its Content-Length")
         return parse_body(data or b"{}")
 
-    def _send(self, status: int, payload: dict[str, Any],
-              extra: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, payload: dict[str, Any], extra: dict[str, str] | None = None
+    ) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -427,21 +493,27 @@ def _launch_request(body: dict[str, Any]) -> tuple[Pool, list[str], dict[str, st
     missing = [k for k in ("pool", "command", "env", "endpoint_env") if k not in body]
     if missing:
         raise BadRequest(f"missing field(s) {', '.join(missing)}")
-    pool, command, env, endpoint_env = (body[k] for k in ("pool", "command", "env",
-                                                          "endpoint_env"))
+    pool, command, env, endpoint_env = (body[k] for k in ("pool", "command", "env", "endpoint_env"))
     if not isinstance(pool, dict):
         raise BadRequest("pool must be an object (cloud, region, zone, instance_type, market)")
     try:
         pool = Pool.from_dict(pool)
     except (KeyError, TypeError, ValueError) as exc:
         raise BadRequest(f"pool is not a pool: {type(exc).__name__}: {exc}") from None
-    if not (isinstance(command, list) and command
-            and all(isinstance(w, str) and "\0" not in w for w in command) and command[0]):
-        raise BadRequest("command must be a non-empty list of strings, e.g. [\"python\", "
-                         "\"train.py\"]")
-    if not (isinstance(env, dict) and all(isinstance(k, str) and _ENV_NAME.fullmatch(k)
-                                          and isinstance(v, str) and "\0" not in v
-                                          for k, v in env.items())):
+    if not (
+        isinstance(command, list)
+        and command
+        and all(isinstance(w, str) and "\0" not in w for w in command)
+        and command[0]
+    ):
+        raise BadRequest('command must be a non-empty list of strings, e.g. ["python", "train.py"]')
+    if not (
+        isinstance(env, dict)
+        and all(
+            isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v
+            for k, v in env.items()
+        )
+    ):
         raise BadRequest("env must be an object of variable names to strings")
     if not (isinstance(endpoint_env, str) and _ENV_NAME.fullmatch(endpoint_env)):
         raise BadRequest("endpoint_env must be an environment variable name")
@@ -450,16 +522,14 @@ def _launch_request(body: dict[str, Any]) -> tuple[Pool, list[str], dict[str, st
 
 def _ids(body: dict[str, Any]) -> list[str]:
     ids = body.get("ids")
-    if not (isinstance(ids, list) and len(ids) <= MAX_IDS
-            and all(isinstance(i, str) for i in ids)):
+    if not (isinstance(ids, list) and len(ids) <= MAX_IDS and all(isinstance(i, str) for i in ids)):
         raise BadRequest(f"ids must be a list of at most {MAX_IDS} instance ids (strings)")
     return ids
 
 
 def _lines(text: str) -> int:
     if not (text.isascii() and text.isdigit() and int(text) <= MAX_LOG_LINES):
-        raise BadRequest(f"lines={text[:20]!r} must be a whole number from 0 to "
-                         f"{MAX_LOG_LINES}")
+        raise BadRequest(f"lines={text[:20]!r} must be a whole number from 0 to {MAX_LOG_LINES}")
     return int(text)
 
 
@@ -471,21 +541,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=3600.0)
     parser.add_argument("--start-tick", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--host", default=LOOPBACK,
-                        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
-    parser.add_argument("--start-on-first-client", action="store_true",
-                        help="hold the replay at --start-tick until the first client connects")
+    parser.add_argument(
+        "--host",
+        default=LOOPBACK,
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)",
+    )
+    parser.add_argument(
+        "--start-on-first-client",
+        action="store_true",
+        help="hold the replay at --start-tick until the first client connects",
+    )
     args = parser.parse_args(argv)
     from spot_core.market.trace import load_traces
 
     try:
         traces = None if not args.trace else load_traces(args.trace, prices=args.prices)
-        server = LocalCloudServer.from_traces(traces, workdir=args.workdir,
-                                              time_scale=args.time_scale,
-                                              start_tick=args.start_tick, port=args.port,
-                                              host=args.host,
-                                              start_on_first_client=args.start_on_first_client
-                                              ).start()
+        server = LocalCloudServer.from_traces(
+            traces,
+            workdir=args.workdir,
+            time_scale=args.time_scale,
+            start_tick=args.start_tick,
+            port=args.port,
+            host=args.host,
+            start_on_first_client=args.start_on_first_client,
+        ).start()
     except ConfigError as exc:
         print(f"cloud_server: error: {exc}", file=sys.stderr)
         return 2

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from spot_core.errors import ConfigError
 from spot_core.safe_files import read_text
@@ -61,8 +62,10 @@ class Band:
         return -math.log1p(-min(self.typical, 0.999)) / HOURS_PER_MONTH
 
 
-_LABEL = re.compile(r"^\s*(?:<\s*(?P<lt>\d+(?:\.\d+)?)|>\s*(?P<gt>\d+(?:\.\d+)?)"
-                    r"|(?P<lo>\d+(?:\.\d+)?)\s*-\s*(?P<hi>\d+(?:\.\d+)?))\s*%\s*$")
+_LABEL = re.compile(
+    r"^\s*(?:<\s*(?P<lt>\d+(?:\.\d+)?)|>\s*(?P<gt>\d+(?:\.\d+)?)"
+    r"|(?P<lo>\d+(?:\.\d+)?)\s*-\s*(?P<hi>\d+(?:\.\d+)?))\s*%\s*$"
+)
 
 
 def band_from_range(entry: Mapping[str, Any]) -> Band:
@@ -74,8 +77,10 @@ def band_from_range(entry: Mapping[str, Any]) -> Band:
     label = str(entry.get("label", ""))
     match = _LABEL.match(label)
     if match is None:
-        raise ConfigError(f"spot advisor band label {label!r} is not '<N%', 'A-B%' or '>N%'; "
-                          "pass the feed's own 'ranges' table unchanged")
+        raise ConfigError(
+            f"spot advisor band label {label!r} is not '<N%', 'A-B%' or '>N%'; "
+            "pass the feed's own 'ranges' table unchanged"
+        )
     if match["lt"] is not None:
         return Band(label, 0.0, float(match["lt"]) / 100)
     if match["gt"] is not None:
@@ -107,22 +112,29 @@ class SpotAdvisor:
 
     def _entry(self, region: str, instance_type: str, os: str) -> Mapping[str, int]:
         if region not in self.entries:
-            raise ConfigError(f"spot advisor has no region {region!r} (it has "
-                              f"{', '.join(self.regions()[:6])}, ...); check the region name")
-        types = self.entries[region].get(os, {}) if isinstance(self.entries[region],
-                                                                Mapping) else {}
+            raise ConfigError(
+                f"spot advisor has no region {region!r} (it has "
+                f"{', '.join(self.regions()[:6])}, ...); check the region name"
+            )
+        types = (
+            self.entries[region].get(os, {}) if isinstance(self.entries[region], Mapping) else {}
+        )
         if not isinstance(types, Mapping) or instance_type not in types:
-            raise ConfigError(f"spot advisor lists no {os} {instance_type!r} in {region}; "
-                              "check the instance type, or rank this pool without a prior")
+            raise ConfigError(
+                f"spot advisor lists no {os} {instance_type!r} in {region}; "
+                "check the instance type, or rank this pool without a prior"
+            )
         return types[instance_type]
 
     def interruption_band(self, region: str, instance_type: str, os: str = "Linux") -> Band:
         """The band AWS currently puts this instance type in, in this region."""
         index = self._number(region, instance_type, os, "r")
         if not 0 <= index < len(self.bands):
-            raise ConfigError(f"spot advisor entry for {instance_type} in {region} names band "
-                              f"{index}, but the feed defines {len(self.bands)}; the file is "
-                              "corrupt")
+            raise ConfigError(
+                f"spot advisor entry for {instance_type} in {region} names band "
+                f"{index}, but the feed defines {len(self.bands)}; the file is "
+                "corrupt"
+            )
         return self.bands[index]
 
     def find_band(self, region: str, instance_type: str, os: str = "Linux") -> Band | None:
@@ -138,29 +150,40 @@ class SpotAdvisor:
 
     def _number(self, region: str, instance_type: str, os: str, key: str) -> int:
         """One whole-number field of an entry; a missing or odd one is a corrupt feed."""
-        value = self._entry(region, instance_type, os).get(key) if isinstance(
-            self._entry(region, instance_type, os), Mapping) else None
+        value = (
+            self._entry(region, instance_type, os).get(key)
+            if isinstance(self._entry(region, instance_type, os), Mapping)
+            else None
+        )
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"spot advisor entry for {instance_type} in {region} has "
-                              f"{key}={value!r}, not a whole number; the file is corrupt")
+            raise ConfigError(
+                f"spot advisor entry for {instance_type} in {region} has "
+                f"{key}={value!r}, not a whole number; the file is corrupt"
+            )
         return value
 
 
 def parse_advisor(data: Mapping[str, Any], source: str = "") -> SpotAdvisor:
     """Validate the feed's shape and build a ``SpotAdvisor``."""
     if not isinstance(data, Mapping) or "spot_advisor" not in data:
-        raise ConfigError(f"{source or 'spot advisor data'} has no 'spot_advisor' key; pass "
-                          "the AWS Spot Advisor feed (spot-advisor-data.json)")
+        raise ConfigError(
+            f"{source or 'spot advisor data'} has no 'spot_advisor' key; pass "
+            "the AWS Spot Advisor feed (spot-advisor-data.json)"
+        )
     try:
         ranges = sorted(data.get("ranges") or STANDARD_RANGES, key=lambda e: int(e["index"]))
         bands = tuple(band_from_range(e) for e in ranges)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{source or 'spot advisor data'}: 'ranges' is not a list of "
-                          f"{{index, label}} entries ({type(exc).__name__}: {exc}); pass the "
-                          "feed unchanged") from None
+        raise ConfigError(
+            f"{source or 'spot advisor data'}: 'ranges' is not a list of "
+            f"{{index, label}} entries ({type(exc).__name__}: {exc}); pass the "
+            "feed unchanged"
+        ) from None
     if not isinstance(data["spot_advisor"], Mapping):
-        raise ConfigError(f"{source or 'spot advisor data'}: 'spot_advisor' must be an object "
-                          "of regions; pass the feed unchanged")
+        raise ConfigError(
+            f"{source or 'spot advisor data'}: 'spot_advisor' must be an object "
+            "of regions; pass the feed unchanged"
+        )
     return SpotAdvisor(bands=bands, entries=data["spot_advisor"], source=source)
 
 
@@ -177,15 +200,19 @@ def load_advisor(path: str | Path | Mapping[str, Any] | None = None) -> SpotAdvi
     try:
         data = json.loads(read_text(file, limit=MAX_FEED_BYTES, what="spot advisor file"))
     except UnicodeDecodeError:
-        raise ConfigError(f"spot advisor file {file} is not UTF-8 text; download the feed "
-                          "again") from None
+        raise ConfigError(
+            f"spot advisor file {file} is not UTF-8 text; download the feed again"
+        ) from None
     except IsADirectoryError:
-        raise ConfigError(f"spot advisor file {file} is a folder; pass the path of "
-                          "spot-advisor-data.json") from None
+        raise ConfigError(
+            f"spot advisor file {file} is a folder; pass the path of spot-advisor-data.json"
+        ) from None
     except FileNotFoundError as exc:
-        raise ConfigError(f"spot advisor file {file} does not exist; pass the path of "
-                          "spot-advisor-data.json") from exc
+        raise ConfigError(
+            f"spot advisor file {file} does not exist; pass the path of spot-advisor-data.json"
+        ) from exc
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"spot advisor file {file} is not JSON ({exc}); download the feed "
-                          "again") from exc
+        raise ConfigError(
+            f"spot advisor file {file} is not JSON ({exc}); download the feed again"
+        ) from exc
     return parse_advisor(data, str(file))

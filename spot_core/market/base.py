@@ -12,7 +12,8 @@ here is the *source of offers*. Import this module as ``market_base`` where both
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from spot_core.errors import ConfigError
 from spot_core.model import Offer, Pool
@@ -47,15 +48,20 @@ def as_pool_stat(value: PoolStat | Sequence[float]) -> PoolStat:
 
 @runtime_checkable
 class Market(Protocol):
-    """A source of offers: price and capacity of each pool at wall-clock time ``now``."""
+    """A source of offers: price and capacity of each pool at wall-clock time ``now``, and
+    what it has seen of each pool. Every market declares its clock: ``time_scale``,
+    capacity seconds per wall second (1 but for a trace replayed faster), and
+    ``tick_seconds``, the capacity seconds between its changes (None: no tick clock)."""
+
+    @property
+    def time_scale(self) -> float: ...
+
+    @property
+    def tick_seconds(self) -> float | None: ...
 
     def offers(self, pools: Sequence[Pool], now: float) -> list[Offer]:
         """One offer per pool it knows; pools it cannot price raise ``ConfigError``."""
 
-
-@runtime_checkable
-class ObservedMarket(Market, Protocol):
-    """A market that can also report per-pool history without looking past ``now``."""
-
     def stats(self, pools: Sequence[Pool], now: float) -> dict[str, PoolStat]:
-        """``pool.key -> PoolStat`` over the market's look-back window ending at ``now``."""
+        """``pool.key -> PoolStat`` over the market's look-back window ending at ``now``,
+        for the pools it has seen (none, for a market that keeps no history)."""

@@ -25,12 +25,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from spot_core.errors import ConfigError, SpotError
-from spot_core.market.advisor import SpotAdvisor, load_advisor
+from spot_core.market.advisor import Band, SpotAdvisor, load_advisor
 from spot_core.market.base import PoolStat
 from spot_core.model import Market, Offer, Pool
 
@@ -41,17 +42,39 @@ PRODUCTS = (PRODUCT, "Linux/UNIX (Amazon VPC)")  # the second is the same produc
 
 ON_DEMAND_PRICES: Mapping[str, float] = {
     # GPU (us-east-1, Linux, $/h)
-    "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p3.16xlarge": 24.48,
-    "p4d.24xlarge": 32.7726, "p5.48xlarge": 55.04,
-    "g4dn.xlarge": 0.526, "g4dn.2xlarge": 0.752, "g4dn.4xlarge": 1.204,
-    "g4dn.12xlarge": 3.912, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624,
-    "g5.12xlarge": 5.672, "g5.48xlarge": 16.288, "g6.xlarge": 0.8048, "g6.2xlarge": 0.9776,
+    "p3.2xlarge": 3.06,
+    "p3.8xlarge": 12.24,
+    "p3.16xlarge": 24.48,
+    "p4d.24xlarge": 32.7726,
+    "p5.48xlarge": 55.04,
+    "g4dn.xlarge": 0.526,
+    "g4dn.2xlarge": 0.752,
+    "g4dn.4xlarge": 1.204,
+    "g4dn.12xlarge": 3.912,
+    "g5.xlarge": 1.006,
+    "g5.2xlarge": 1.212,
+    "g5.4xlarge": 1.624,
+    "g5.12xlarge": 5.672,
+    "g5.48xlarge": 16.288,
+    "g6.xlarge": 0.8048,
+    "g6.2xlarge": 0.9776,
     "g6e.xlarge": 1.861,
     # CPU
-    "t3.medium": 0.0416, "t3.large": 0.0832, "m5.large": 0.096, "m5.xlarge": 0.192,
-    "m5.2xlarge": 0.384, "m6i.large": 0.096, "m6i.xlarge": 0.192, "m6i.2xlarge": 0.384,
-    "c5.large": 0.085, "c5.xlarge": 0.17, "c5.2xlarge": 0.34, "c6i.xlarge": 0.17,
-    "c6i.2xlarge": 0.34, "r5.xlarge": 0.252, "r5.2xlarge": 0.504,
+    "t3.medium": 0.0416,
+    "t3.large": 0.0832,
+    "m5.large": 0.096,
+    "m5.xlarge": 0.192,
+    "m5.2xlarge": 0.384,
+    "m6i.large": 0.096,
+    "m6i.xlarge": 0.192,
+    "m6i.2xlarge": 0.384,
+    "c5.large": 0.085,
+    "c5.xlarge": 0.17,
+    "c5.2xlarge": 0.34,
+    "c6i.xlarge": 0.17,
+    "c6i.2xlarge": 0.34,
+    "r5.xlarge": 0.252,
+    "r5.2xlarge": 0.504,
 }
 """On-demand list prices (us-east-1, Linux/UNIX). Other regions differ by a few percent;
 pass ``on_demand_prices={"eu-west-1": {"g5.xlarge": 1.123}}`` for exact figures."""
@@ -73,6 +96,7 @@ class Ec2Market:
     use_placement_scores: bool = True
     clock: Any = time.time
     time_scale: float = 1.0  # EC2 runs in real time; the trace market's is faster
+    tick_seconds: float | None = None  # prices change whenever EC2 says, on no tick
 
     def __post_init__(self) -> None:
         self._prices: dict[tuple[str, str, str], float] = {}
@@ -112,10 +136,16 @@ class Ec2Market:
         missed = now - self._misses.get(pool.key, -math.inf) < self.capacity_cooldown_seconds
         score = self.placement_score(pool, now)
         available = price is not None and not missed and (score is None or score > 1)
-        return Offer(pool, on_demand if price is None else price, on_demand, available, now,
-                     interruption_band=None if band is None else band.label)
+        return Offer(
+            pool,
+            on_demand if price is None else price,
+            on_demand,
+            available,
+            now,
+            interruption_band=None if band is None else band.label,
+        )
 
-    def _band(self, pool: Pool):  # type: ignore[no-untyped-def]
+    def _band(self, pool: Pool) -> Band | None:
         if self.advisor is None:
             return None
         return self.advisor.find_band(pool.region, pool.instance_type)
@@ -133,48 +163,69 @@ class Ec2Market:
             return float(self.on_demand_prices[instance_type])
         if instance_type in ON_DEMAND_PRICES:
             return ON_DEMAND_PRICES[instance_type]
-        raise ConfigError(f"no on-demand price known for {instance_type}; pass "
-                          f"on_demand_prices={{'{instance_type}': PRICE_PER_HOUR}}")
+        raise ConfigError(
+            f"no on-demand price known for {instance_type}; pass "
+            f"on_demand_prices={{'{instance_type}': PRICE_PER_HOUR}}"
+        )
 
     def spot_price(self, region: str, zone: str, instance_type: str, now: float) -> float | None:
         key = (region, zone, instance_type)
         if now - self._fetched_at.get(key, -math.inf) >= self.refresh_seconds:
             try:
-                history = self.price_history(region, instance_type, zone,
-                                             start=now - self.history_hours * 3600, end=now)
+                history = self.price_history(
+                    region, instance_type, zone, start=now - self.history_hours * 3600, end=now
+                )
             except SpotError as exc:
-                log.warning("spot price history for %s %s unavailable: %s", zone,
-                            instance_type, exc)
+                log.warning(
+                    "spot price history for %s %s unavailable: %s", zone, instance_type, exc
+                )
                 history = []
             self._fetched_at[key] = now
             if history:
                 self._prices[key] = float(max(history, key=_timestamp)["SpotPrice"])
         return self._prices.get(key)
 
-    def price_history(self, region: str, instance_type: str, zone: str, *, start: float,
-                      end: float) -> list[dict[str, Any]]:
+    def price_history(
+        self, region: str, instance_type: str, zone: str, *, start: float, end: float
+    ) -> list[dict[str, Any]]:
         """Every ``Linux/UNIX`` price change of one type in one AZ between start and end."""
         from spot_core.adaptors import aws
 
         paginator = self.clients[region].get_paginator("describe_spot_price_history")
-        pages = aws.call(f"ec2:DescribeSpotPriceHistory {zone} {instance_type}", lambda: list(
-            paginator.paginate(InstanceTypes=[instance_type], AvailabilityZone=zone,
-                               ProductDescriptions=[PRODUCT], StartTime=_utc(start),
-                               EndTime=_utc(end))))
-        return [entry for page in pages for entry in page.get("SpotPriceHistory", [])
-                if entry.get("ProductDescription", PRODUCT) in PRODUCTS
-                and entry.get("AvailabilityZone", zone) == zone]
+        pages = aws.call(
+            f"ec2:DescribeSpotPriceHistory {zone} {instance_type}",
+            lambda: list(
+                paginator.paginate(
+                    InstanceTypes=[instance_type],
+                    AvailabilityZone=zone,
+                    ProductDescriptions=[PRODUCT],
+                    StartTime=_utc(start),
+                    EndTime=_utc(end),
+                )
+            ),
+        )
+        return [
+            entry
+            for page in pages
+            for entry in page.get("SpotPriceHistory", [])
+            if entry.get("ProductDescription", PRODUCT) in PRODUCTS
+            and entry.get("AvailabilityZone", zone) == zone
+        ]
 
     def spot_cost(self, pool: Pool, start: float, end: float, launch_price: float) -> float:
         """Dollars for a spot instance held from ``start`` to ``end``, at the price in effect
         each second (EC2 bills spot per second at the current price, not the launch price).
         Without history (an API error, an emulator's empty answer) the launch price holds."""
         try:
-            history = self.price_history(pool.region, pool.instance_type, pool.zone,
-                                         start=start, end=end)
+            history = self.price_history(
+                pool.region, pool.instance_type, pool.zone, start=start, end=end
+            )
         except SpotError as exc:
-            log.warning("spot price history for %s unavailable, billing at the launch price: "
-                        "%s", pool.key, exc)
+            log.warning(
+                "spot price history for %s unavailable, billing at the launch price: %s",
+                pool.key,
+                exc,
+            )
             history = []
         changes = [(_timestamp(e), float(e["SpotPrice"])) for e in history]
         return integrate_prices(changes, start, end, launch_price)
@@ -184,10 +235,14 @@ class Ec2Market:
         ready for ``load_spot_price_history`` (the simulator's input)."""
         entries = []
         for pool in self.pools_offered:
-            entries += self.price_history(pool.region, pool.instance_type, pool.zone,
-                                          start=start, end=end)
-        return {"SpotPriceHistory": [{**e, "Timestamp": _timestamp(e), "ProductDescription": PRODUCT}
-                                     for e in entries]}
+            entries += self.price_history(
+                pool.region, pool.instance_type, pool.zone, start=start, end=end
+            )
+        return {
+            "SpotPriceHistory": [
+                {**e, "Timestamp": _timestamp(e), "ProductDescription": PRODUCT} for e in entries
+            ]
+        }
 
     # -- placement scores -----------------------------------------------------------------
     def placement_score(self, pool: Pool, now: float) -> int | None:
@@ -207,13 +262,19 @@ class Ec2Market:
         client = self.clients[region]
         for instance_type in types:
             try:
-                answer = aws.call_raw(client.get_spot_placement_scores, InstanceTypes=[instance_type],
-                                      TargetCapacity=1, SingleAvailabilityZone=True,
-                                      RegionNames=[region])
-            except Exception as exc:  # not implemented, not allowed, not in this partition
+                answer = aws.call_raw(
+                    client.get_spot_placement_scores,
+                    InstanceTypes=[instance_type],
+                    TargetCapacity=1,
+                    SingleAvailabilityZone=True,
+                    RegionNames=[region],
+                )
+            except Exception as exc:  # noqa: BLE001 - not implemented, not allowed, not in this partition
                 self._scores_supported = False
-                log.info("spot placement scores unavailable (%s); ranking without them",
-                         aws.error_code(exc) or type(exc).__name__)
+                log.info(
+                    "spot placement scores unavailable (%s); ranking without them",
+                    aws.error_code(exc) or type(exc).__name__,
+                )
                 return
             for entry in answer.get("SpotPlacementScores", []):
                 zone = entry.get("AvailabilityZone") or _zone_of(entry, zones)
@@ -221,8 +282,9 @@ class Ec2Market:
                     self._scores[(region, zone, instance_type)] = int(entry["Score"])
 
 
-def integrate_prices(changes: Sequence[tuple[float, float]], start: float, end: float,
-                     initial: float) -> float:
+def integrate_prices(
+    changes: Sequence[tuple[float, float]], start: float, end: float, initial: float
+) -> float:
     """Dollars over [start, end] of a $/h step function: ``initial`` until the first change,
     then each ``(time, price)`` from its time on (changes before ``start`` set the price
     in effect at ``start``)."""
@@ -256,7 +318,7 @@ def _timestamp(entry: Mapping[str, Any]) -> float:
 
 
 def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
+    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def load_ec2_advisor(path: str | None = None) -> SpotAdvisor:

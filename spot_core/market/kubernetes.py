@@ -26,10 +26,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from spot_core.errors import ConfigError
+from spot_core.market.base import PoolStat
 from spot_core.model import MAX_PRICE_PER_HOUR, Market, Offer, Pool
 
 log = logging.getLogger(__name__)
@@ -55,12 +57,27 @@ class Flavour:
 FLAVOURS: tuple[Flavour, ...] = (
     Flavour("karpenter", "karpenter.sh/capacity-type", "spot", "karpenter.sh/nodepool"),
     Flavour("eks", "eks.amazonaws.com/capacityType", "SPOT", "eks.amazonaws.com/nodegroup"),
-    Flavour("gke-spot", "cloud.google.com/gke-spot", "true", "cloud.google.com/gke-nodepool",
-            spot_taint="cloud.google.com/gke-spot"),
-    Flavour("gke-preemptible", "cloud.google.com/gke-preemptible", "true",
-            "cloud.google.com/gke-nodepool", spot_taint="cloud.google.com/gke-preemptible"),
-    Flavour("aks", "kubernetes.azure.com/scalesetpriority", "spot",
-            "kubernetes.azure.com/agentpool", spot_taint="kubernetes.azure.com/scalesetpriority"),
+    Flavour(
+        "gke-spot",
+        "cloud.google.com/gke-spot",
+        "true",
+        "cloud.google.com/gke-nodepool",
+        spot_taint="cloud.google.com/gke-spot",
+    ),
+    Flavour(
+        "gke-preemptible",
+        "cloud.google.com/gke-preemptible",
+        "true",
+        "cloud.google.com/gke-nodepool",
+        spot_taint="cloud.google.com/gke-preemptible",
+    ),
+    Flavour(
+        "aks",
+        "kubernetes.azure.com/scalesetpriority",
+        "spot",
+        "kubernetes.azure.com/agentpool",
+        spot_taint="kubernetes.azure.com/scalesetpriority",
+    ),
 )
 FLAVOURS_BY_NAME = {f.name: f for f in FLAVOURS}
 
@@ -75,9 +92,9 @@ class NodeInfo:
 
     name: str
     pool: Pool
-    flavour: str            # a FLAVOURS name, or "generic" for an unlabelled on-demand node
-    node_pool: str          # the flavour's node pool label, or "" when it has none
-    schedulable: bool       # Ready, not cordoned, no taint a new pod would not tolerate
+    flavour: str  # a FLAVOURS name, or "generic" for an unlabelled on-demand node
+    node_pool: str  # the flavour's node pool label, or "" when it has none
+    schedulable: bool  # Ready, not cordoned, no taint a new pod would not tolerate
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo:
@@ -86,15 +103,22 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
     labels = meta.get("labels") or {}
     market, flavour = capacity_of(labels)
     instance_type = next((labels[k] for k in INSTANCE_TYPE_LABELS if labels.get(k)), ANY)
-    pool = Pool(CLOUD, labels.get(REGION_LABEL) or ANY, labels.get(ZONE_LABEL) or ANY,
-                instance_type, market)
+    pool = Pool(
+        CLOUD, labels.get(REGION_LABEL) or ANY, labels.get(ZONE_LABEL) or ANY, instance_type, market
+    )
     spec = node.get("spec") or {}
     tolerated = {FLAVOURS_BY_NAME[flavour].spot_taint} if flavour in FLAVOURS_BY_NAME else set()
-    blocking = [t for t in spec.get("taints") or []
-                if t.get("effect") not in IGNORED_TAINT_EFFECTS and t.get("key") not in tolerated]
+    blocking = [
+        t
+        for t in spec.get("taints") or []
+        if t.get("effect") not in IGNORED_TAINT_EFFECTS and t.get("key") not in tolerated
+    ]
     schedulable = is_ready(node) and not spec.get("unschedulable") and not blocking
-    node_pool = labels.get(FLAVOURS_BY_NAME[flavour].node_pool_label, "") \
-        if flavour in FLAVOURS_BY_NAME else _generic_node_pool(labels)
+    node_pool = (
+        labels.get(FLAVOURS_BY_NAME[flavour].node_pool_label, "")
+        if flavour in FLAVOURS_BY_NAME
+        else _generic_node_pool(labels)
+    )
     return NodeInfo(str(meta.get("name", "")), pool, flavour, node_pool, schedulable)
 
 
@@ -134,11 +158,16 @@ def group_pools(nodes: Iterable[NodeInfo]) -> dict[str, PoolNodes]:
     grouped: dict[str, list[NodeInfo]] = {}
     for info in nodes:
         grouped.setdefault(info.pool.key, []).append(info)
-    return {key: PoolNodes(infos[0].pool, tuple(i.name for i in infos),
-                           tuple(i.name for i in infos if i.schedulable),
-                           tuple(dict.fromkeys(i.node_pool for i in infos if i.node_pool)),
-                           tuple(dict.fromkeys(i.flavour for i in infos)))
-            for key, infos in grouped.items()}
+    return {
+        key: PoolNodes(
+            infos[0].pool,
+            tuple(i.name for i in infos),
+            tuple(i.name for i in infos if i.schedulable),
+            tuple(dict.fromkeys(i.node_pool for i in infos if i.node_pool)),
+            tuple(dict.fromkeys(i.flavour for i in infos)),
+        )
+        for key, infos in grouped.items()
+    }
 
 
 # -- prices ------------------------------------------------------------------------------------
@@ -148,23 +177,35 @@ def check_prices(prices: Any) -> dict[str, dict[str, float]]:
     if prices is None:
         return {}
     if not isinstance(prices, Mapping):
-        raise ConfigError(f"kubernetes provider option prices={prices!r} must map a node pool "
-                          "or instance type to {'spot': 0.12, 'on_demand': 0.38} ($/h)")
+        raise ConfigError(
+            f"kubernetes provider option prices={prices!r} must map a node pool "
+            "or instance type to {'spot': 0.12, 'on_demand': 0.38} ($/h)"
+        )
     out: dict[str, dict[str, float]] = {}
     for name, value in prices.items():
         entry = {"on_demand": value} if _is_price(value) else value
-        if not isinstance(entry, Mapping) or not entry or set(entry) - {"spot", "on_demand"} \
-                or not all(_is_price(v) for v in entry.values()):
-            raise ConfigError(f"kubernetes provider option prices[{name!r}]={value!r} must be "
-                              f"a price in $/h from 0 to {MAX_PRICE_PER_HOUR:,.0f} or "
-                              "{'spot': 0.12, 'on_demand': 0.38}")
+        if (
+            not isinstance(entry, Mapping)
+            or not entry
+            or set(entry) - {"spot", "on_demand"}
+            or not all(_is_price(v) for v in entry.values())
+        ):
+            raise ConfigError(
+                f"kubernetes provider option prices[{name!r}]={value!r} must be "
+                f"a price in $/h from 0 to {MAX_PRICE_PER_HOUR:,.0f} or "
+                "{'spot': 0.12, 'on_demand': 0.38}"
+            )
         out[str(name)] = {k: float(v) for k, v in entry.items()}
     return out
 
 
 def _is_price(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and 0 <= value <= MAX_PRICE_PER_HOUR
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 <= value <= MAX_PRICE_PER_HOUR
+    )
 
 
 @dataclass
@@ -182,9 +223,11 @@ class PriceTable:
         if pool.instance_type in ON_DEMAND_PRICES:
             return ON_DEMAND_PRICES[pool.instance_type]
         name = node_pools[0] if node_pools else pool.instance_type
-        raise ConfigError(f"no on-demand price known for node pool {name!r} (instance type "
-                          f"{pool.instance_type}); pass the kubernetes provider option "
-                          f"prices={{'{name}': {{'spot': 0.12, 'on_demand': 0.38}}}}")
+        raise ConfigError(
+            f"no on-demand price known for node pool {name!r} (instance type "
+            f"{pool.instance_type}); pass the kubernetes provider option "
+            f"prices={{'{name}': {{'spot': 0.12, 'on_demand': 0.38}}}}"
+        )
 
     def price(self, pool: Pool, node_pools: Sequence[str] = ()) -> float:
         """What the pool costs on its own market."""
@@ -218,6 +261,7 @@ class KubernetesMarket:
     capacity_cooldown_seconds: float = 120.0
     clock: Callable[[], float] = time.time
     time_scale: float = 1.0  # pods run in real time
+    tick_seconds: float | None = None  # node pools change whenever the cluster does
 
     def __post_init__(self) -> None:
         self._pools: dict[str, PoolNodes] = {}
@@ -235,8 +279,9 @@ class KubernetesMarket:
         return self.refresh().get(pool.key)
 
     def pools(self, market: Market | None = None) -> tuple[Pool, ...]:
-        return tuple(p.pool for p in self.refresh().values()
-                     if market is None or p.pool.market is market)
+        return tuple(
+            p.pool for p in self.refresh().values() if market is None or p.pool.market is market
+        )
 
     def offers(self, pools: Sequence[Pool], now: float) -> list[Offer]:
         return [self._offer(pool, now) for pool in pools]
@@ -255,9 +300,17 @@ class KubernetesMarket:
         """The on-demand price of the pool's instance type: configured for its on-demand
         twin's node pools, its own or its spot twin's, else by type."""
         pools = self.refresh()
-        names = tuple(name for market in (Market.ON_DEMAND, pool.market, Market.SPOT)
-                      for name in getattr(pools.get(pool.on(market).key), "node_pools", ()))
+        names = tuple(
+            name
+            for market in (Market.ON_DEMAND, pool.market, Market.SPOT)
+            for name in getattr(pools.get(pool.on(market).key), "node_pools", ())
+        )
         return self.price_table.on_demand(pool, tuple(dict.fromkeys(names)))
+
+    def stats(self, pools: Sequence[Pool], now: float) -> dict[str, PoolStat]:
+        """None kept: a cluster's node pools carry no interruption history here (the
+        controller then gives every attempt the longest checkpoint interval)."""
+        return {}
 
     def note_capacity_miss(self, pool: Pool, now: float | None = None) -> None:
         self._misses[pool.key] = self.clock() if now is None else now

@@ -1,7 +1,7 @@
 """Pool alerts: which pools' interruption rate or spot price passed a threshold.
 
 Pure: the market's offers and per-pool statistics (``Market.offers`` and
-``ObservedMarket.stats``) and the thresholds in, alerts out. The engines raise them their
+``Market.stats``) and the thresholds in, alerts out. The engines raise them their
 own way (a Prefect event ``spot.pool.alert`` an automation can trigger on; an Airflow
 listener hook) and read the thresholds from ``spot_core.settings``
 (``alert_interruption_rate``, ``alert_spot_price``).
@@ -9,8 +9,8 @@ listener hook) and read the thresholds from ``spot_core.settings``
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from spot_core.market.base import PoolStat, as_pool_stat
 from spot_core.model import Offer, Pool
@@ -24,7 +24,7 @@ class PoolAlert:
     """One threshold one pool passed, at ``observed_at``."""
 
     pool: Pool
-    kind: str            # INTERRUPTION_RATE (per hour on spot) or SPOT_PRICE (USD/h)
+    kind: str  # INTERRUPTION_RATE (per hour on spot) or SPOT_PRICE (USD/h)
     value: float
     threshold: float
     observed_at: float
@@ -32,20 +32,34 @@ class PoolAlert:
     @property
     def message(self) -> str:
         if self.kind == INTERRUPTION_RATE:
-            return (f"{self.pool.key}: {self.value:.3g} interruptions per spot hour, above the "
-                    f"alert threshold {self.threshold:g} (alert_interruption_rate)")
-        return (f"{self.pool.key}: spot price ${self.value:.4g}/h, above the alert threshold "
-                f"${self.threshold:g}/h (alert_spot_price)")
+            return (
+                f"{self.pool.key}: {self.value:.3g} interruptions per spot hour, above the "
+                f"alert threshold {self.threshold:g} (alert_interruption_rate)"
+            )
+        return (
+            f"{self.pool.key}: spot price ${self.value:.4g}/h, above the alert threshold "
+            f"${self.threshold:g}/h (alert_spot_price)"
+        )
 
     def to_dict(self) -> dict[str, object]:
-        return {"pool": self.pool.to_dict(), "pool_key": self.pool.key, "kind": self.kind,
-                "value": self.value, "threshold": self.threshold,
-                "observed_at": self.observed_at, "message": self.message}
+        return {
+            "pool": self.pool.to_dict(),
+            "pool_key": self.pool.key,
+            "kind": self.kind,
+            "value": self.value,
+            "threshold": self.threshold,
+            "observed_at": self.observed_at,
+            "message": self.message,
+        }
 
 
-def pool_alerts(offers: Sequence[Offer], stats: Mapping[str, PoolStat | tuple] | None = None,
-                *, max_interruption_rate: float | None,
-                max_spot_price: float | None) -> list[PoolAlert]:
+def pool_alerts(
+    offers: Sequence[Offer],
+    stats: Mapping[str, PoolStat | tuple[float, float]] | None = None,
+    *,
+    max_interruption_rate: float | None,
+    max_spot_price: float | None,
+) -> list[PoolAlert]:
     """Every spot pool whose observed interruption rate is above ``max_interruption_rate``
     or whose spot price is above ``max_spot_price`` (None: that check is off).
 
@@ -59,9 +73,19 @@ def pool_alerts(offers: Sequence[Offer], stats: Mapping[str, PoolStat | tuple] |
         if max_interruption_rate is not None and stat is not None:
             rate = as_pool_stat(stat).interruptions_per_hour
             if rate > max_interruption_rate:
-                alerts.append(PoolAlert(offer.pool, INTERRUPTION_RATE, rate,
-                                        max_interruption_rate, offer.observed_at))
+                alerts.append(
+                    PoolAlert(
+                        offer.pool,
+                        INTERRUPTION_RATE,
+                        rate,
+                        max_interruption_rate,
+                        offer.observed_at,
+                    )
+                )
         if max_spot_price is not None and offer.price_per_hour > max_spot_price:
-            alerts.append(PoolAlert(offer.pool, SPOT_PRICE, offer.price_per_hour,
-                                    max_spot_price, offer.observed_at))
+            alerts.append(
+                PoolAlert(
+                    offer.pool, SPOT_PRICE, offer.price_per_hour, max_spot_price, offer.observed_at
+                )
+            )
     return alerts

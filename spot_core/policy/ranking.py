@@ -13,8 +13,8 @@ history is neither trusted blindly nor ignored. Pure: offers, stats and ``now`` 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from spot_core.errors import ConfigError
 from spot_core.market.advisor import band_for_label
@@ -83,9 +83,14 @@ def is_usable(offer: Offer, now: float, config: RankingConfig) -> bool:
     return offer.available and (age is None or now - offer.observed_at <= age)
 
 
-def rank_pools(offers: Sequence[Offer], stats: PoolStats | None = None, *, now: float,
-               config: RankingConfig | None = None,
-               market: Market | None = Market.SPOT) -> tuple[Offer, ...]:
+def rank_pools(
+    offers: Sequence[Offer],
+    stats: PoolStats | None = None,
+    *,
+    now: float,
+    config: RankingConfig | None = None,
+    market: Market | None = Market.SPOT,
+) -> tuple[Offer, ...]:
     """Offers on ``market`` (None: all), best first; unusable ones dropped or put last.
 
     Ties break on higher observed availability, then pool key, so the order is stable.
@@ -99,7 +104,11 @@ def rank_pools(offers: Sequence[Offer], stats: PoolStats | None = None, *, now: 
     def key(offer: Offer) -> tuple[bool, float, float, str]:
         stat = table.get(offer.pool.key)
         availability = 0.0 if stat is None else stat.availability
-        return (not is_usable(offer, now, config), effective_price(offer, stat, config),
-                -availability, offer.pool.key)
+        return (
+            not is_usable(offer, now, config),
+            effective_price(offer, stat, config),
+            -availability,
+            offer.pool.key,
+        )
 
     return tuple(sorted(chosen, key=key))

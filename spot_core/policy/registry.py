@@ -10,9 +10,10 @@ at once and loaded only when asked for."""
 from __future__ import annotations
 
 import threading
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Generic, TypeVar
 
+from spot_core import plugins
 from spot_core.errors import ConfigError
 
 T = TypeVar("T")
@@ -21,20 +22,27 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Name -> strategy (a frozen policy object or a pure function), with a default."""
 
-    def __init__(self, kind: str, default: str = "default", *,
-                 entry_point_group: str | None = None, method: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        default: str = "default",
+        *,
+        entry_point_group: str | None = None,
+        method: str | None = None,
+    ) -> None:
         self.kind = kind
         self.default = default
         self.entry_point_group = entry_point_group
         self.method = method  # what a loaded entry point must have (e.g. "plan")
         self._items: dict[str, T] = {}
-        self._plugins: dict[str, EntryPoint] | None = None  # found on first use
         self._lock = threading.Lock()
 
     def register(self, name: str, value: T, *, replace: bool = False) -> T:
         if name in self._items and not replace:
-            raise ConfigError(f"{self.kind} {name!r} is already registered; pick another name "
-                              "or pass replace=True")
+            raise ConfigError(
+                f"{self.kind} {name!r} is already registered; pick another name "
+                "or pass replace=True"
+            )
         self._items[name] = value
         return value
 
@@ -45,8 +53,9 @@ class Registry(Generic[T]):
             return self._items[key]
         plugin = self._found().get(key)
         if plugin is None:
-            raise ConfigError(f"unknown {self.kind} {key!r}; choose one of "
-                              f"{', '.join(self.names())}")
+            raise ConfigError(
+                f"unknown {self.kind} {key!r}; choose one of {', '.join(self.names())}"
+            )
         return self._load(key, plugin)
 
     def names(self) -> list[str]:
@@ -61,27 +70,19 @@ class Registry(Generic[T]):
         registered in code first, so those win)."""
         if self.entry_point_group is None:
             return {}
-        if self._plugins is None:
-            self._plugins = {ep.name: ep for ep in entry_points(group=self.entry_point_group)}
-        return self._plugins
+        return plugins.named(self.entry_point_group)
 
     def _load(self, name: str, plugin: EntryPoint) -> T:
-        """Import the entry point once; a class is instantiated with no arguments."""
+        """Import the entry point once (a class is instantiated with no arguments)."""
         with self._lock:
             if name in self._items:
                 return self._items[name]
-            try:
-                value = plugin.load()
-                if isinstance(value, type):
-                    value = value()
-            except Exception as exc:  # noqa: BLE001 - any import error, said in one line
-                raise ConfigError(
-                    f"{self.kind} {name!r} ({plugin.value}, entry point group "
-                    f"{self.entry_point_group}) could not be loaded: "
-                    f"{type(exc).__name__}: {exc}; install its package in this environment "
-                    "or fix the entry point") from None
+            assert self.entry_point_group is not None  # only named entries come here
+            value: T = plugins.load(self.entry_point_group, plugin, self.kind)
             if self.method is not None and not callable(getattr(value, self.method, None)):
-                raise ConfigError(f"{self.kind} {name!r} ({plugin.value}) has no "
-                                  f"{self.method}() method; point the entry point at an "
-                                  f"object or class with one")
+                raise ConfigError(
+                    f"{self.kind} {name!r} ({plugin.value}) has no "
+                    f"{self.method}() method; point the entry point at an "
+                    f"object or class with one"
+                )
             return self.register(name, value)

@@ -40,14 +40,15 @@ away tends to stay away for a while).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Literal, Sequence
+from datetime import UTC, datetime
+from typing import Literal
 
 from spot_core.errors import ConfigError
 from spot_core.market.base import PoolStats
 from spot_core.model import Attempt, JobRecord, JobStatus, Market, Offer, Outcome, Pool
-from spot_core.policy.deadline_live import DeadlineWork
+from spot_core.policy.deadline.live import DeadlineWork
 from spot_core.policy.ranking import RankingConfig, rank_pools
 from spot_core.policy.registry import Registry
 
@@ -75,24 +76,34 @@ class RetryPolicy:
     max_spot_price: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_preemptions", "max_user_retries", "max_infrastructure_retries",
-                     "max_disruptions"):
+        for name in (
+            "max_preemptions",
+            "max_user_retries",
+            "max_infrastructure_retries",
+            "max_disruptions",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"RetryPolicy.{name} must be a whole number >= 0, got {value!r}")
         if not isinstance(self.max_capacity_waits, int) or self.max_capacity_waits < 1:
-            raise ConfigError("RetryPolicy.max_capacity_waits must be a whole number >= 1, "
-                              f"got {self.max_capacity_waits!r}")
+            raise ConfigError(
+                "RetryPolicy.max_capacity_waits must be a whole number >= 1, "
+                f"got {self.max_capacity_waits!r}"
+            )
         if not self.capacity_wait_seconds > 0:
-            raise ConfigError("RetryPolicy.capacity_wait_seconds must be > 0, "
-                              f"got {self.capacity_wait_seconds!r}")
+            raise ConfigError(
+                f"RetryPolicy.capacity_wait_seconds must be > 0, got {self.capacity_wait_seconds!r}"
+            )
         for name in ("deadline_safety_seconds", "min_on_demand_seconds"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"RetryPolicy.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.max_spot_price is not None and not (
-                isinstance(self.max_spot_price, (int, float)) and self.max_spot_price > 0):
-            raise ConfigError("RetryPolicy.max_spot_price must be a price in $/h > 0 (or None "
-                              f"for no cap), got {self.max_spot_price!r}")
+            isinstance(self.max_spot_price, (int, float)) and self.max_spot_price > 0
+        ):
+            raise ConfigError(
+                "RetryPolicy.max_spot_price must be a price in $/h > 0 (or None "
+                f"for no cap), got {self.max_spot_price!r}"
+            )
 
     @property
     def max_total_wait_seconds(self) -> float:
@@ -128,15 +139,21 @@ class Decision:
             raise ValueError("a wait decision needs a positive wait_seconds")
 
 
-def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy, *,
-                now: float, stats: PoolStats | None = None,
-                ranking: RankingConfig | None = None,
-                work: DeadlineWork | None = None) -> Decision:
+def decide_next(
+    record: JobRecord,
+    offers: Sequence[Offer],
+    policy: RetryPolicy,
+    *,
+    now: float,
+    stats: PoolStats | None = None,
+    ranking: RankingConfig | None = None,
+    work: DeadlineWork | None = None,
+) -> Decision:
     """The next step for ``record`` given what the market offers at ``now``.
 
     ``work``: the work left and restart overhead of a deadline-bound job; with it and
-    ``record.deadline``, the deadline policies' safety net decides when spot is no
-    longer safe (see ``spot_core.policy.deadline_live``).
+    ``record.deadline_at``, the deadline policies' safety net decides when spot is no
+    longer safe (see ``spot_core.policy.deadline.live``).
     """
     settled = _settled(record, policy, now)
     if settled is not None:
@@ -145,8 +162,7 @@ def decide_next(record: JobRecord, offers: Sequence[Offer], policy: RetryPolicy,
     running = record.current_attempt
     if running is not None:
         return _while_running(record, running, spot, policy, now, work, offers)
-    return _next_launch(record, spot, on_demand_candidates(offers), policy, now, work,
-                        priced_out)
+    return _next_launch(record, spot, on_demand_candidates(offers), policy, now, work, priced_out)
 
 
 # -- terminal states and budgets ---------------------------------------------------------------
@@ -156,37 +172,59 @@ def _settled(record: JobRecord, policy: RetryPolicy, now: float) -> Decision | N
         return Decision("done", reason=f"the job succeeded after {len(record.attempts)} attempt(s)")
     if record.status in (JobStatus.FAILED, JobStatus.DEADLINE_MISSED):
         return Decision("fail", reason=f"the job already ended as {record.status}")
-    if record.deadline is not None and now >= record.deadline:
-        return Decision("fail", reason=f"deadline missed: it passed at {_when(record.deadline)} "
-                                       f"before the job finished ({_progress(record)})")
+    if record.deadline_at is not None and now >= record.deadline_at:
+        return Decision(
+            "fail",
+            reason=f"deadline missed: it passed at {_when(record.deadline_at)} "
+            f"before the job finished ({_progress(record)})",
+        )
     if record.user_failures > policy.max_user_retries:
-        return Decision("fail", reason=f"the step's own code failed {record.user_failures} "
-                                       f"time(s); user retries are used up "
-                                       f"(max_user_retries={policy.max_user_retries})")
+        return Decision(
+            "fail",
+            reason=f"the step's own code failed {record.user_failures} "
+            f"time(s); user retries are used up "
+            f"(max_user_retries={policy.max_user_retries})",
+        )
     if record.infrastructure_failures > policy.max_infrastructure_retries:
-        return Decision("fail", reason=f"{record.infrastructure_failures} infrastructure "
-                                       "failures; infrastructure retries are used up "
-                                       f"(max_infrastructure_retries="
-                                       f"{policy.max_infrastructure_retries})")
+        return Decision(
+            "fail",
+            reason=f"{record.infrastructure_failures} infrastructure "
+            "failures; infrastructure retries are used up "
+            f"(max_infrastructure_retries="
+            f"{policy.max_infrastructure_retries})",
+        )
     if record.disruptions > policy.max_disruptions:
-        return Decision("fail", reason=f"the cluster disrupted the job {record.disruptions} "
-                                       "time(s) on purpose (consolidation, drain, scale-down); "
-                                       f"max_disruptions={policy.max_disruptions} is used up")
+        return Decision(
+            "fail",
+            reason=f"the cluster disrupted the job {record.disruptions} "
+            "time(s) on purpose (consolidation, drain, scale-down); "
+            f"max_disruptions={policy.max_disruptions} is used up",
+        )
     misses = _trailing_capacity_misses(record)
     if misses >= policy.max_capacity_waits:
-        return Decision("fail", reason=f"{misses} launch(es) in a row found no capacity "
-                                       f"(max_capacity_waits={policy.max_capacity_waits})")
+        return Decision(
+            "fail",
+            reason=f"{misses} launch(es) in a row found no capacity "
+            f"(max_capacity_waits={policy.max_capacity_waits})",
+        )
     return None
 
 
 # -- candidates ---------------------------------------------------------------------------------
-def _spot_candidates(record: JobRecord, offers: Sequence[Offer], now: float,
-                     stats: PoolStats | None, ranking: RankingConfig | None,
-                     max_price: float | None = None) -> tuple[tuple[Pool, ...], float | None]:
+def _spot_candidates(
+    record: JobRecord,
+    offers: Sequence[Offer],
+    now: float,
+    stats: PoolStats | None,
+    ranking: RankingConfig | None,
+    max_price: float | None = None,
+) -> tuple[tuple[Pool, ...], float | None]:
     """Ranked spot pools with capacity now, at or below ``max_price``; the pool that just
     let the job down goes last. Also the cheapest price of those the cap left out."""
     usable = rank_pools(offers, stats, now=now, config=ranking)
-    dear = [o.price_per_hour for o in usable if max_price is not None and o.price_per_hour > max_price]
+    dear = [
+        o.price_per_hour for o in usable if max_price is not None and o.price_per_hour > max_price
+    ]
     ranked = [o.pool for o in usable if max_price is None or o.price_per_hour <= max_price]
     last = last_finished(record)
     if last and last.outcome in (Outcome.PREEMPTED, Outcome.CAPACITY_UNAVAILABLE):
@@ -199,26 +237,46 @@ def on_demand_candidates(offers: Sequence[Offer]) -> tuple[Pool, ...]:
     explicit = [o for o in offers if not o.pool.is_spot and o.available]
     if explicit:
         return tuple(o.pool for o in sorted(explicit, key=lambda o: (o.price_per_hour, o.pool.key)))
-    derived = sorted(((o.on_demand_price_per_hour, o.pool.on(Market.ON_DEMAND).key,
-                       o.pool.on(Market.ON_DEMAND)) for o in offers if o.pool.is_spot),
-                     key=lambda item: item[:2])
+    derived = sorted(
+        (
+            (
+                o.on_demand_price_per_hour,
+                o.pool.on(Market.ON_DEMAND).key,
+                o.pool.on(Market.ON_DEMAND),
+            )
+            for o in offers
+            if o.pool.is_spot
+        ),
+        key=lambda item: item[:2],
+    )
     return tuple(dict.fromkeys(pool for _, _, pool in derived))
 
 
 # -- choosing a market --------------------------------------------------------------------------
-def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolicy,
-                   now: float, work: DeadlineWork | None = None) -> tuple[str, str] | None:
+def _why_on_demand(
+    record: JobRecord,
+    spot: tuple[Pool, ...],
+    policy: RetryPolicy,
+    now: float,
+    work: DeadlineWork | None = None,
+) -> tuple[str, str] | None:
     """(kind, reason) for not using spot now, or None when spot is fine."""
     last = last_finished(record)
     if record.preemptions >= policy.max_preemptions:
-        return "budget", (f"the spot preemption budget is spent ({record.preemptions} of "
-                          f"{policy.max_preemptions} preemptions)")
+        return "budget", (
+            f"the spot preemption budget is spent ({record.preemptions} of "
+            f"{policy.max_preemptions} preemptions)"
+        )
     if policy.on_demand_fallback and _near_deadline(record, policy, now):
-        return "deadline", (f"the deadline ({_when(record.deadline)}) is less than "
-                            f"{policy.deadline_safety_seconds:g} s away")
-    if policy.on_demand_fallback and _work_forces_on_demand(record, work, now):
-        return "deadline", (f"{work.work_left_seconds:.0f} s of work and two restarts no longer "
-                            f"fit before the deadline ({_when(record.deadline)}) on spot")
+        return "deadline", (
+            f"the deadline ({_when(record.deadline_at)}) is less than "
+            f"{policy.deadline_safety_seconds:g} s away"
+        )
+    if policy.on_demand_fallback and work is not None and _work_forces_on_demand(record, work, now):
+        return "deadline", (
+            f"{work.work_left_seconds:.0f} s of work and two restarts no longer "
+            f"fit before the deadline ({_when(record.deadline_at)}) on spot"
+        )
     if policy.on_demand_fallback and last and not last.pool.is_spot and not policy.return_to_spot:
         return "sticky", "the job fell back to on-demand and return_to_spot is off"
     if last and last.pool.is_spot and _recent_capacity_miss(last, policy, now):
@@ -228,41 +286,65 @@ def _why_on_demand(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolic
     return None
 
 
-def _next_launch(record: JobRecord, spot: tuple[Pool, ...], on_demand: tuple[Pool, ...],
-                 policy: RetryPolicy, now: float, work: DeadlineWork | None = None,
-                 priced_out: float | None = None) -> Decision:
+def _next_launch(
+    record: JobRecord,
+    spot: tuple[Pool, ...],
+    on_demand: tuple[Pool, ...],
+    policy: RetryPolicy,
+    now: float,
+    work: DeadlineWork | None = None,
+    priced_out: float | None = None,
+) -> Decision:
     why = _why_on_demand(record, spot, policy, now, work)
     if why is None:
         return _launch(Market.SPOT, spot, _spot_reason(record, spot, policy))
     kind, reason = why
     if kind == "capacity" and not spot and priced_out is not None:
-        waiting = _wait(record, policy, now, f"spot costs ${priced_out:.4g}/h, above "
-                        f"max_spot_price ${policy.max_spot_price:.4g}/h", "a cheaper window")
+        waiting = _wait(
+            record,
+            policy,
+            now,
+            f"spot costs ${priced_out:.4g}/h, above max_spot_price ${policy.max_spot_price:.4g}/h",
+            "a cheaper window",
+        )
         if waiting.action == "wait" or not (policy.on_demand_fallback and on_demand):
             return waiting
         reason = f"{waiting.reason}; the price window did not come"
     if policy.on_demand_fallback and on_demand:
         last = last_finished(record)
         if last and not last.pool.is_spot and _recent_capacity_miss(last, policy, now):
-            return _wait(record, policy, now, f"{reason}, and on-demand had no capacity at the "
-                         "last launch")
+            return _wait(
+                record, policy, now, f"{reason}, and on-demand had no capacity at the last launch"
+            )
         target = f"{on_demand[0].zone} {on_demand[0].instance_type}"
         return _launch(Market.ON_DEMAND, on_demand, f"{reason}; running on on-demand {target}")
     if kind == "budget":
         return Decision("fail", reason=f"{reason} and on-demand fallback is off")
-    missing = ("the market offers no on-demand pool" if policy.on_demand_fallback
-               else "on-demand fallback is off")
+    missing = (
+        "the market offers no on-demand pool"
+        if policy.on_demand_fallback
+        else "on-demand fallback is off"
+    )
     return _wait(record, policy, now, f"{reason} and {missing}")
 
 
-def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
-                   policy: RetryPolicy, now: float, work: DeadlineWork | None = None,
-                   offers: Sequence[Offer] = ()) -> Decision:
+def _while_running(
+    record: JobRecord,
+    running: Attempt,
+    spot: tuple[Pool, ...],
+    policy: RetryPolicy,
+    now: float,
+    work: DeadlineWork | None = None,
+    offers: Sequence[Offer] = (),
+) -> Decision:
     """Keep a running attempt, unless an on-demand one may move back to spot (the
     controller then drains it: an emergency checkpoint, and the next attempt on spot)."""
-    keep = Decision("wait", wait_seconds=policy.capacity_wait_seconds,
-                    reason=f"attempt {running.number} is running on {running.pool.market} "
-                           f"in {running.pool.zone}")
+    keep = Decision(
+        "wait",
+        wait_seconds=policy.capacity_wait_seconds,
+        reason=f"attempt {running.number} is running on {running.pool.market} "
+        f"in {running.pool.zone}",
+    )
     if running.pool.is_spot or not (policy.return_to_spot and spot):
         return keep
     if record.preemptions >= policy.max_preemptions or _near_deadline(record, policy, now):
@@ -273,17 +355,23 @@ def _while_running(record: JobRecord, running: Attempt, spot: tuple[Pool, ...],
         return keep
     if not _move_pays(running, spot[0], offers, work):
         return keep
-    return Decision("launch", market=Market.SPOT, pools=spot, move=True,
-                    reason=f"spot capacity is back in {spot[0].zone}; move the job from "
-                           f"on-demand back to spot ({_progress(record)})")
+    return Decision(
+        "launch",
+        market=Market.SPOT,
+        pools=spot,
+        move=True,
+        reason=f"spot capacity is back in {spot[0].zone}; move the job from "
+        f"on-demand back to spot ({_progress(record)})",
+    )
 
 
 MOVE_MARGIN = 2.0
 """A move back to spot must save this many times what its restart costs."""
 
 
-def _move_pays(running: Attempt, target: Pool, offers: Sequence[Offer],
-               work: DeadlineWork | None) -> bool:
+def _move_pays(
+    running: Attempt, target: Pool, offers: Sequence[Offer], work: DeadlineWork | None
+) -> bool:
     """Whether the saving over the work left repays the restart (``MOVE_MARGIN`` times):
     ``(on-demand - spot) * work left > margin * on-demand * restart overhead``. Unknown
     work left (no ``work``): the move is taken, as ``min_on_demand_seconds`` already kept
@@ -292,8 +380,10 @@ def _move_pays(running: Attempt, target: Pool, offers: Sequence[Offer],
         return True
     prices = {o.pool.key: o.price_per_hour for o in offers}
     spot_price = prices.get(target.key)
-    on_demand = prices.get(running.pool.key, next(
-        (o.on_demand_price_per_hour for o in offers if o.pool.key == target.key), None))
+    on_demand = prices.get(
+        running.pool.key,
+        next((o.on_demand_price_per_hour for o in offers if o.pool.key == target.key), None),
+    )
     if spot_price is None or on_demand is None:
         return True
     saving = (on_demand - spot_price) * work.work_left_seconds
@@ -308,34 +398,45 @@ def _spot_reason(record: JobRecord, spot: tuple[Pool, ...], policy: RetryPolicy)
     last = last_finished(record)
     where = f"{spot[0].zone} {spot[0].instance_type}"
     if last and not last.pool.is_spot:
-        return (f"spot capacity is back; returning to spot in {where} ({record.preemptions} of "
-                f"{policy.max_preemptions} preemptions used)")
+        return (
+            f"spot capacity is back; returning to spot in {where} ({record.preemptions} of "
+            f"{policy.max_preemptions} preemptions used)"
+        )
     if last and last.outcome is Outcome.PREEMPTED:
         return f"resuming on spot in {where} after preemption {record.preemptions}"
     if last and last.outcome is Outcome.DISRUPTED:
-        return (f"resuming on spot in {where} after voluntary disruption {record.disruptions} "
-                "(no preemption spent)")
+        return (
+            f"resuming on spot in {where} after voluntary disruption {record.disruptions} "
+            "(no preemption spent)"
+        )
     return f"launching on spot in {where}, the best of {len(spot)} pool(s) with capacity"
 
 
 # -- bounded waiting -----------------------------------------------------------------------------
-def _wait(record: JobRecord, policy: RetryPolicy, now: float, reason: str,
-          what: str = "capacity") -> Decision:
+def _wait(
+    record: JobRecord, policy: RetryPolicy, now: float, reason: str, what: str = "capacity"
+) -> Decision:
     """Wait for capacity, never longer in total than ``max_capacity_waits`` waits."""
     waited = now - _idle_since(record)
     limit = policy.max_total_wait_seconds
     if waited >= limit:
-        return Decision("fail", reason=f"{reason}; gave up after waiting {waited:.0f} s "
-                                       f"(max_capacity_waits={policy.max_capacity_waits} x "
-                                       f"{policy.capacity_wait_seconds:g} s)")
+        return Decision(
+            "fail",
+            reason=f"{reason}; gave up after waiting {waited:.0f} s "
+            f"(max_capacity_waits={policy.max_capacity_waits} x "
+            f"{policy.capacity_wait_seconds:g} s)",
+        )
     seconds = min(policy.capacity_wait_seconds, limit - waited)
     last = last_finished(record)
-    if last and _recent_capacity_miss(last, policy, now):
+    if last and _recent_capacity_miss(last, policy, now) and last.ended_at is not None:
         seconds = min(seconds, last.ended_at + policy.capacity_wait_seconds - now)
-    if record.deadline is not None:
-        seconds = min(seconds, record.deadline - now)
-    return Decision("wait", wait_seconds=max(seconds, 1e-3),
-                    reason=f"{reason}; waiting {seconds:.0f} s for {what}")
+    if record.deadline_at is not None:
+        seconds = min(seconds, record.deadline_at - now)
+    return Decision(
+        "wait",
+        wait_seconds=max(seconds, 1e-3),
+        reason=f"{reason}; waiting {seconds:.0f} s for {what}",
+    )
 
 
 def _trailing_capacity_misses(record: JobRecord) -> int:
@@ -356,8 +457,11 @@ def _idle_since(record: JobRecord) -> float:
 
 
 def _recent_capacity_miss(attempt: Attempt, policy: RetryPolicy, now: float) -> bool:
-    return (attempt.outcome is Outcome.CAPACITY_UNAVAILABLE and attempt.ended_at is not None
-            and now - attempt.ended_at < policy.capacity_wait_seconds)
+    return (
+        attempt.outcome is Outcome.CAPACITY_UNAVAILABLE
+        and attempt.ended_at is not None
+        and now - attempt.ended_at < policy.capacity_wait_seconds
+    )
 
 
 # -- small helpers -------------------------------------------------------------------------------
@@ -368,21 +472,29 @@ def last_finished(record: JobRecord) -> Attempt | None:
 
 def _work_forces_on_demand(record: JobRecord, work: DeadlineWork | None, now: float) -> bool:
     """The deadline policies' safety net: spot is no longer safe for this job."""
-    return (work is not None and record.deadline is not None
-            and work.forces_on_demand(record.deadline, now))
+    return (
+        work is not None
+        and record.deadline_at is not None
+        and work.forces_on_demand(record.deadline_at, now)
+    )
 
 
 def _near_deadline(record: JobRecord, policy: RetryPolicy, now: float) -> bool:
-    return (policy.deadline_safety_seconds > 0 and record.deadline is not None
-            and record.deadline - now <= policy.deadline_safety_seconds)
+    return (
+        policy.deadline_safety_seconds > 0
+        and record.deadline_at is not None
+        and record.deadline_at - now <= policy.deadline_safety_seconds
+    )
 
 
 def _when(moment: float | None) -> str:
     if moment is None:
         return "never"
-    return datetime.fromtimestamp(moment, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(moment, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _progress(record: JobRecord) -> str:
-    return (f"{len(record.attempts)} attempt(s), {record.preemptions} preemption(s), "
-            f"{record.fallbacks} fallback(s) so far")
+    return (
+        f"{len(record.attempts)} attempt(s), {record.preemptions} preemption(s), "
+        f"{record.fallbacks} fallback(s) so far"
+    )

@@ -48,20 +48,36 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from spot_core import attempt_env, container
+from spot_core.adaptors import aws
+from spot_core.checkpoint.status import parse_report, status_key
 from spot_core.credentials import credential_findings
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.market.ec2 import Ec2Market
 from spot_core.model import Lease, Market, Pool
-from spot_core.adaptors import aws
 from spot_core.providers import ec2_agent, ec2_lean
+from spot_core.providers.base import (
+    Bill,
+    Capability,
+    LaunchSpec,
+    LeaseState,
+    LeaseStatus,
+    Provider,
+    ProviderPlugin,
+    SessionKind,
+    key_values,
+)
 from spot_core.providers.ec2_bootstrap import Bootstrap
-from spot_core.providers.base import Bill, LaunchSpec, LeaseState, LeaseStatus
+
+if TYPE_CHECKING:
+    from spot_core.checkpoint.store import CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +85,25 @@ CLOUD = "aws"
 TAG_MANAGED = "spot-pipelines:managed"
 TAG_JOB = "spot-pipelines:job"
 TAG_ATTEMPT = "spot-pipelines:attempt"
-DESCRIBE_BATCH = 500     # ids per describe by id
+DESCRIBE_BATCH = 500  # ids per describe by id
 NOT_FOUND_GRACE = 120.0  # seconds after launch an id EC2 does not know yet is still starting
-LIST_PAGE = 1000         # MaxResults of a listing (EC2's maximum; not allowed with ids)
+LIST_PAGE = 1000  # MaxResults of a listing (EC2's maximum; not allowed with ids)
 ENDED_STATES = ("shutting-down", "terminated", "stopping", "stopped")  # not pending/running
 ENDED_FILTER = ({"Name": "instance-state-name", "Values": list(ENDED_STATES)},)
 LISTED_SPOT_STATES = ("open", "active")
 LIST_SIZE_MEMORY = 600.0  # seconds a listing's size is trusted to predict the next one
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 NOTICE_CODES = frozenset({"marked-for-termination", "marked-for-stop", "marked-for-hibernation"})
-RECLAIM_CODES = frozenset({"instance-terminated-by-price", "instance-terminated-no-capacity",
-                           "instance-terminated-capacity-oversubscribed",
-                           "instance-terminated-launch-group-constraint",
-                           "instance-stopped-by-price", "instance-stopped-no-capacity"})
+RECLAIM_CODES = frozenset(
+    {
+        "instance-terminated-by-price",
+        "instance-terminated-no-capacity",
+        "instance-terminated-capacity-oversubscribed",
+        "instance-terminated-launch-group-constraint",
+        "instance-stopped-by-price",
+        "instance-stopped-no-capacity",
+    }
+)
 SPOT_RECLAIM_REASON = "Server.SpotInstanceTermination"
 GB = 1 << 30
 
@@ -90,14 +112,14 @@ GB = 1 << 30
 class Ec2Options:
     """Everything the provider needs, as plain JSON-able values (see ``from_plain``)."""
 
-    subnets: Mapping[str, Sequence[str]]        # region -> subnet ids
+    subnets: Mapping[str, Sequence[str]]  # region -> subnet ids
     instance_types: tuple[str, ...]
-    image_id: Mapping[str, str]                 # region -> AMI id
-    instance_profile: str | None = None         # name or ARN
+    image_id: Mapping[str, str]  # region -> AMI id
+    instance_profile: str | None = None  # name or ARN
     security_group_ids: Mapping[str, Sequence[str]] = field(default_factory=dict)
     endpoint_url: str | None = None
     checkpoint_region: str | None = None
-    launch_mode: str = "instance"               # instance | fleet
+    launch_mode: str = "instance"  # instance | fleet
     allocation_strategy: str = "price-capacity-optimized"
     spot_max_price: float | None = None
     watch_command: str = "spot-pipelines"
@@ -114,12 +136,19 @@ class Ec2Options:
     bootstrap: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_plain(cls, *, region: str | None = None, endpoint_url: str | None = None,
-                   subnets: Sequence[str] | Mapping[str, Sequence[str]] = (),
-                   instance_types: Sequence[str] = (), image_id: str | Mapping[str, str] = "",
-                   instance_profile: str | None = None,
-                   security_group_ids: Sequence[str] | Mapping[str, Sequence[str]] = (),
-                   checkpoint_region: str | None = None, **rest: Any) -> Ec2Options:
+    def from_plain(
+        cls,
+        *,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        subnets: Sequence[str] | Mapping[str, Sequence[str]] = (),
+        instance_types: Sequence[str] = (),
+        image_id: str | Mapping[str, str] = "",
+        instance_profile: str | None = None,
+        security_group_ids: Sequence[str] | Mapping[str, Sequence[str]] = (),
+        checkpoint_region: str | None = None,
+        **rest: Any,
+    ) -> Ec2Options:
         """Checked options from plain JSON-able values, without any AWS call.
 
         ``subnets``: a list of subnet ids in ``region``, or ``{region: [subnet ids]}`` for
@@ -129,20 +158,26 @@ class Ec2Options:
         check_option_names(rest)
         by_region = _per_region(subnets, region, "subnets")
         images = _per_region_scalar(image_id, by_region, "image_id")
-        groups = _per_region(security_group_ids, region, "security_group_ids") \
-            if security_group_ids else {}
+        groups = (
+            _per_region(security_group_ids, region, "security_group_ids")
+            if security_group_ids
+            else {}
+        )
         for key in ("extra_tags", "on_demand_prices"):
             if key in rest:
                 rest[key] = dict(rest[key])
         if isinstance(rest.get("bootstrap"), Mapping):  # anything else: Bootstrap says why
             rest["bootstrap"] = dict(rest["bootstrap"])
-        options = cls(subnets={r: tuple(s) for r, s in by_region.items()},
-                      instance_types=tuple(instance_types), image_id=images,
-                      instance_profile=instance_profile,
-                      security_group_ids={r: tuple(g) for r, g in groups.items()},
-                      endpoint_url=endpoint_url,
-                      checkpoint_region=checkpoint_region or next(iter(by_region), None),
-                      **rest)
+        options = cls(
+            subnets={r: tuple(s) for r, s in by_region.items()},
+            instance_types=tuple(instance_types),
+            image_id=images,
+            instance_profile=instance_profile,
+            security_group_ids={r: tuple(g) for r, g in groups.items()},
+            endpoint_url=endpoint_url,
+            checkpoint_region=checkpoint_region or next(iter(by_region), None),
+            **rest,
+        )
         _validate(options)
         return options
 
@@ -152,12 +187,14 @@ class Ec2Options:
 
     def to_options(self) -> dict[str, Any]:
         """Plain JSON-able keyword arguments for ``Ec2Provider.from_options``."""
+
         def plain(value: Any) -> Any:
             if isinstance(value, Mapping):
                 return {str(k): plain(v) for k, v in value.items()}
             if isinstance(value, (list, tuple)):
                 return [plain(v) for v in value]
             return value
+
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
 
 
@@ -165,9 +202,24 @@ class Ec2Provider:
     """Provider protocol over the EC2 API (and anything that speaks it, such as moto)."""
 
     name = "ec2"
+    capabilities = (
+        Capability.SPOT
+        | Capability.OWN_STORES
+        | Capability.LAUNCH_ANY
+        | Capability.LEASE_TAGS
+        | Capability.CLEANUP_ORPHANS
+        | Capability.IMAGES
+    )
 
-    def __init__(self, options: Ec2Options, *, clients: Mapping[str, Any] | None = None,
-                 sqs_client: Any = None, session: aws.Access = None, clock=time.time) -> None:
+    def __init__(
+        self,
+        options: Ec2Options,
+        *,
+        clients: Mapping[str, Any] | None = None,
+        sqs_client: Any = None,
+        session: aws.Access = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         _validate(options)
         self.config = options
         # JSON-able and credential-free: `open_provider("ec2", session=..., **provider.options)`
@@ -176,10 +228,15 @@ class Ec2Provider:
         self.options = options.to_options()
         self.access = aws.access_of(session)
         self.clock = clock
-        self.clients = dict(clients or {r: aws.make_client("ec2", region=r,
-                                                           endpoint_url=options.endpoint_url,
-                                                           session=self.access)
-                                        for r in options.regions})
+        self.clients = dict(
+            clients
+            or {
+                r: aws.make_client(
+                    "ec2", region=r, endpoint_url=options.endpoint_url, session=self.access
+                )
+                for r in options.regions
+            }
+        )
         for client in self.clients.values():
             ec2_lean.install(client)
         self._listed: dict[tuple[str, str], tuple[int, float]] = {}  # (what, region) -> size, when
@@ -187,16 +244,24 @@ class Ec2Provider:
         self._zones = self._resolve_subnets()
         from spot_core.market.advisor import load_advisor
 
-        self.market = Ec2Market(self.clients, self._spot_pools(), load_advisor(options.advisor_path),
-                                on_demand_prices=options.on_demand_prices,
-                                refresh_seconds=options.price_refresh_seconds, clock=clock)
+        self.market = Ec2Market(
+            self.clients,
+            self._spot_pools(),
+            load_advisor(options.advisor_path),
+            on_demand_prices=options.on_demand_prices,
+            refresh_seconds=options.price_refresh_seconds,
+            clock=clock,
+        )
         self._events = None
         if options.sqs_queue_url:
             from spot_core.interruption.eventbridge import EventQueue
 
-            sqs = sqs_client or aws.make_client("sqs", region=options.regions[0],
-                                                endpoint_url=options.endpoint_url,
-                                                session=self.access)
+            sqs = sqs_client or aws.make_client(
+                "sqs",
+                region=options.regions[0],
+                endpoint_url=options.endpoint_url,
+                session=self.access,
+            )
             self._events = EventQueue(sqs, options.sqs_queue_url)
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
@@ -214,7 +279,7 @@ class Ec2Provider:
             options = {**options, "region": access.region}
         return cls(Ec2Options.from_plain(**options), session=access)
 
-    def open_store(self, uri: str, region: str | None = None):
+    def open_store(self, uri: str, region: str | None = None) -> CheckpointStore:
         """The job's checkpoint store, reached with this provider's credentials and
         endpoint (the controller opens every store of its jobs through here)."""
         from spot_core.checkpoint import open_store
@@ -222,26 +287,38 @@ class Ec2Provider:
         if not uri.startswith("s3://"):
             return open_store(uri)
         # The stores share one S3 client per region (``aws.shared_client``).
-        return open_store(uri, session=self.access, endpoint_url=self.config.endpoint_url,
-                          region=region or self.config.checkpoint_region)
+        return open_store(
+            uri,
+            session=self.access,
+            endpoint_url=self.config.endpoint_url,
+            region=region or self.config.checkpoint_region,
+        )
 
     # -- pools --------------------------------------------------------------------------
     def _resolve_subnets(self) -> dict[str, dict[str, tuple[str, ...]]]:
         """region -> zone -> subnet ids, from one describe_subnets per region."""
         zones: dict[str, dict[str, tuple[str, ...]]] = {}
         for region, subnet_ids in self.config.subnets.items():
-            answer = aws.call(f"ec2:DescribeSubnets in {region}",
-                              self.clients[region].describe_subnets, SubnetIds=list(subnet_ids))
+            answer = aws.call(
+                f"ec2:DescribeSubnets in {region}",
+                self.clients[region].describe_subnets,
+                SubnetIds=list(subnet_ids),
+            )
             per_zone: dict[str, list[str]] = {}
-            for subnet in sorted(answer["Subnets"], key=lambda s: list(subnet_ids).index(s["SubnetId"])):
+            for subnet in sorted(
+                answer["Subnets"], key=lambda s: list(subnet_ids).index(s["SubnetId"])
+            ):
                 per_zone.setdefault(subnet["AvailabilityZone"], []).append(subnet["SubnetId"])
             zones[region] = {z: tuple(s) for z, s in per_zone.items()}
         return zones
 
     def _spot_pools(self) -> tuple[Pool, ...]:
-        return tuple(Pool(CLOUD, region, zone, instance_type, Market.SPOT)
-                     for region, zones in self._zones.items() for zone in zones
-                     for instance_type in self.config.instance_types)
+        return tuple(
+            Pool(CLOUD, region, zone, instance_type, Market.SPOT)
+            for region, zones in self._zones.items()
+            for zone in zones
+            for instance_type in self.config.instance_types
+        )
 
     def pools(self) -> tuple[Pool, ...]:
         return self._spot_pools()
@@ -259,37 +336,50 @@ class Ec2Provider:
             except CapacityUnavailable as exc:
                 errors.append(str(exc))
         self.market.note_capacity_miss(pool, self.clock())
-        raise CapacityUnavailable(f"no {pool.market} capacity for {pool.instance_type} in "
-                                  f"{pool.zone}: {'; '.join(errors)}")
+        raise CapacityUnavailable(
+            f"no {pool.market} capacity for {pool.instance_type} in "
+            f"{pool.zone}: {'; '.join(errors)}"
+        )
 
     def launch_any(self, spec: LaunchSpec, pools: Sequence[Pool]) -> Lease:
         """One instance from any of ``pools`` (same region and market) via one instant fleet."""
         if not pools or len({(p.region, p.market) for p in pools}) != 1:
             raise ConfigError("launch_any needs pools of one region and one market")
-        return self._launch_fleet(spec, list(pools),
-                                  subnets_by_pool={p.key: self._subnets_for(p) for p in pools})
+        return self._launch_fleet(
+            spec, list(pools), subnets_by_pool={p.key: self._subnets_for(p) for p in pools}
+        )
 
     def _subnets_for(self, pool: Pool) -> tuple[str, ...]:
         try:
             return self._zones[pool.region][pool.zone]
         except KeyError:
-            raise ConfigError(f"pool {pool.key} is not one this provider offers: no subnet in "
-                              f"{pool.zone}; add one to the subnets option") from None
+            raise ConfigError(
+                f"pool {pool.key} is not one this provider offers: no subnet in "
+                f"{pool.zone}; add one to the subnets option"
+            ) from None
 
     def _run_instance(self, spec: LaunchSpec, pool: Pool, subnet: str) -> Lease:
         request = self._instance_request(spec, pool)
-        request.update(ImageId=self.config.image_id[pool.region], InstanceType=pool.instance_type,
-                       MinCount=1, MaxCount=1, SubnetId=subnet,
-                       ClientToken=f"{spec.job_id}-{spec.attempt}-{pool.zone}-"
-                                   f"{pool.instance_type}-{pool.market}"[:64])
+        request.update(
+            ImageId=self.config.image_id[pool.region],
+            InstanceType=pool.instance_type,
+            MinCount=1,
+            MaxCount=1,
+            SubnetId=subnet,
+            ClientToken=f"{spec.job_id}-{spec.attempt}-{pool.zone}-"
+            f"{pool.instance_type}-{pool.market}"[:64],
+        )
         if pool.is_spot:
             spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             if self.config.spot_max_price is not None:
                 spot["MaxPrice"] = f"{self.config.spot_max_price:.4f}"
             request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
         with self._reaping(spec, pool.region):
-            answer = aws.call(f"ec2:RunInstances {pool.market} {pool.instance_type} in "
-                              f"{pool.zone}", self.clients[pool.region].run_instances, **request)
+            answer = aws.call(
+                f"ec2:RunInstances {pool.market} {pool.instance_type} in {pool.zone}",
+                self.clients[pool.region].run_instances,
+                **request,
+            )
             return self._lease(spec, pool, answer["Instances"][0])
 
     @contextlib.contextmanager
@@ -304,39 +394,58 @@ class Ec2Provider:
             raise
         except BaseException:
             try:
-                ids = self._live_tagged(region, [{"Name": f"tag:{TAG_JOB}", "Values": [spec.job_id]},
-                                                 {"Name": f"tag:{TAG_ATTEMPT}",
-                                                  "Values": [str(spec.attempt)]}])
+                ids = self._live_tagged(
+                    region,
+                    [
+                        {"Name": f"tag:{TAG_JOB}", "Values": [spec.job_id]},
+                        {"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(spec.attempt)]},
+                    ],
+                )
                 if ids:
                     self._terminate_ids(region, ids)
-                    log.warning("terminated %s: its launch for %s attempt %d was cut short",
-                                ", ".join(ids), spec.job_id, spec.attempt)
+                    log.warning(
+                        "terminated %s: its launch for %s attempt %d was cut short",
+                        ", ".join(ids),
+                        spec.job_id,
+                        spec.attempt,
+                    )
             except Exception as exc:  # noqa: BLE001 - the first error is the one to report
-                log.warning("could not check for instances of %s attempt %d after a cut-short "
-                            "launch (cleanup_orphans remains): %s", spec.job_id, spec.attempt, exc)
+                log.warning(
+                    "could not check for instances of %s attempt %d after a cut-short "
+                    "launch (cleanup_orphans remains): %s",
+                    spec.job_id,
+                    spec.attempt,
+                    exc,
+                )
             raise
 
     def _instance_request(self, spec: LaunchSpec, pool: Pool) -> dict[str, Any]:
         """The launch parameters every instance shares (run_instances and launch templates)."""
         request: dict[str, Any] = {
             "UserData": self._user_data(spec),
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
-                                "HttpPutResponseHopLimit": 2},
+            "MetadataOptions": {
+                "HttpTokens": "required",
+                "HttpEndpoint": "enabled",
+                "HttpPutResponseHopLimit": 2,
+            },
             "InstanceInitiatedShutdownBehavior": "terminate",
-            "TagSpecifications": [{"ResourceType": kind, "Tags": self._tags(spec)}
-                                  for kind in ("instance", "volume")],
+            "TagSpecifications": [
+                {"ResourceType": kind, "Tags": self._tags(spec)} for kind in ("instance", "volume")
+            ],
         }
         profile = self.config.instance_profile
         if profile:
-            request["IamInstanceProfile"] = {"Arn": profile} if profile.startswith("arn:") \
-                else {"Name": profile}
+            request["IamInstanceProfile"] = (
+                {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
+            )
         groups = self.config.security_group_ids.get(pool.region)
         if groups:
             request["SecurityGroupIds"] = list(groups)
         return request
 
-    def _launch_fleet(self, spec: LaunchSpec, pools: list[Pool],
-                      subnets_by_pool: Mapping[str, Sequence[str]]) -> Lease:
+    def _launch_fleet(
+        self, spec: LaunchSpec, pools: list[Pool], subnets_by_pool: Mapping[str, Sequence[str]]
+    ) -> Lease:
         region = pools[0].region
         client = self.clients[region]
         template = self._instance_request(spec, pools[0])
@@ -345,31 +454,54 @@ class Ec2Provider:
         # run_instances base64-encodes user-data itself; launch template data must carry it so.
         template["UserData"] = base64.b64encode(template["UserData"].encode()).decode()
         name = f"spot-pipelines-{spec.job_id}-{spec.attempt}-{int(self.clock() * 1000)}"[:128]
-        created = aws.call(f"ec2:CreateLaunchTemplate in {region}", client.create_launch_template,
-                           LaunchTemplateName=name, LaunchTemplateData=template,
-                           TagSpecifications=[{"ResourceType": "launch-template",
-                                               "Tags": self._tags(spec)}])
+        created = aws.call(
+            f"ec2:CreateLaunchTemplate in {region}",
+            client.create_launch_template,
+            LaunchTemplateName=name,
+            LaunchTemplateData=template,
+            TagSpecifications=[{"ResourceType": "launch-template", "Tags": self._tags(spec)}],
+        )
         template_id = created["LaunchTemplate"]["LaunchTemplateId"]
         with self._reaping(spec, region):
             return self._fleet_lease(spec, pools, client, template_id, subnets_by_pool)
 
-    def _fleet_lease(self, spec: LaunchSpec, pools: list[Pool], client: Any, template_id: str,
-                     subnets_by_pool: Mapping[str, Sequence[str]]) -> Lease:
+    def _fleet_lease(
+        self,
+        spec: LaunchSpec,
+        pools: list[Pool],
+        client: Any,
+        template_id: str,
+        subnets_by_pool: Mapping[str, Sequence[str]],
+    ) -> Lease:
         region, market = pools[0].region, pools[0].market
         try:
-            overrides = [{"InstanceType": p.instance_type, "SubnetId": s, "Priority": float(rank)}
-                         for rank, p in enumerate(pools) for s in subnets_by_pool[p.key]]
+            overrides = [
+                {"InstanceType": p.instance_type, "SubnetId": s, "Priority": float(rank)}
+                for rank, p in enumerate(pools)
+                for s in subnets_by_pool[p.key]
+            ]
             capacity = "spot" if market is Market.SPOT else "on-demand"
-            answer = aws.call(f"ec2:CreateFleet {capacity} in {region}", client.create_fleet,
-                              Type="instant",
-                              LaunchTemplateConfigs=[{"LaunchTemplateSpecification": {
-                                  "LaunchTemplateId": template_id, "Version": "$Latest"},
-                                  "Overrides": overrides}],
-                              TargetCapacitySpecification={"TotalTargetCapacity": 1,
-                                                           "DefaultTargetCapacityType": capacity},
-                              SpotOptions={"AllocationStrategy": self.config.allocation_strategy},
-                              OnDemandOptions={"AllocationStrategy": "prioritized"},
-                              TagSpecifications=[{"ResourceType": "fleet", "Tags": self._tags(spec)}])
+            answer = aws.call(
+                f"ec2:CreateFleet {capacity} in {region}",
+                client.create_fleet,
+                Type="instant",
+                LaunchTemplateConfigs=[
+                    {
+                        "LaunchTemplateSpecification": {
+                            "LaunchTemplateId": template_id,
+                            "Version": "$Latest",
+                        },
+                        "Overrides": overrides,
+                    }
+                ],
+                TargetCapacitySpecification={
+                    "TotalTargetCapacity": 1,
+                    "DefaultTargetCapacityType": capacity,
+                },
+                SpotOptions={"AllocationStrategy": self.config.allocation_strategy},
+                OnDemandOptions={"AllocationStrategy": "prioritized"},
+                TagSpecifications=[{"ResourceType": "fleet", "Tags": self._tags(spec)}],
+            )
         finally:
             self._delete_template(client, template_id)
         instance_ids = [i for group in answer.get("Instances", []) for i in group["InstanceIds"]]
@@ -377,45 +509,73 @@ class Ec2Provider:
             codes = sorted({e.get("ErrorCode", "?") for e in answer.get("Errors", [])})
             for pool in pools:
                 self.market.note_capacity_miss(pool, self.clock())
-            raise CapacityUnavailable(f"fleet found no {capacity} capacity in {region} for "
-                                      f"{[p.key for p in pools]} ({', '.join(codes) or 'no reason'})")
+            raise CapacityUnavailable(
+                f"fleet found no {capacity} capacity in {region} for "
+                f"{[p.key for p in pools]} ({', '.join(codes) or 'no reason'})"
+            )
         extra = instance_ids[1:]
         if extra:  # never more than one lease per attempt
             self._terminate_ids(region, extra)
         described = self._describe(region, instance_ids[:1]).get(instance_ids[0])
         if described is None:
-            raise InfrastructureError(f"fleet reported {instance_ids[0]} but describe_instances "
-                                      "does not know it; retry")
-        pool = next((p for p in pools if p.instance_type == described["InstanceType"]
-                     and p.zone == described.get("Placement", {}).get("AvailabilityZone")), pools[0])
+            raise InfrastructureError(
+                f"fleet reported {instance_ids[0]} but describe_instances does not know it; retry"
+            )
+        pool = next(
+            (
+                p
+                for p in pools
+                if p.instance_type == described["InstanceType"]
+                and p.zone == described.get("Placement", {}).get("AvailabilityZone")
+            ),
+            pools[0],
+        )
         return self._lease(spec, pool, described)
 
     def _delete_template(self, client: Any, template_id: str) -> None:
         try:
-            aws.call("ec2:DeleteLaunchTemplate", client.delete_launch_template,
-                     LaunchTemplateId=template_id)
-        except Exception as exc:  # a leftover template costs nothing; say so and go on
+            aws.call(
+                "ec2:DeleteLaunchTemplate",
+                client.delete_launch_template,
+                LaunchTemplateId=template_id,
+            )
+        except Exception as exc:  # noqa: BLE001 - a leftover template costs nothing; say so and go on
             log.warning("could not delete launch template %s: %s", template_id, exc)
 
     def _lease(self, spec: LaunchSpec, pool: Pool, instance: Mapping[str, Any]) -> Lease:
         now = self.clock()
         offer = self.market.offers([pool], now)[0]
         transfer_bytes = self._transfer_bytes(spec, pool)
-        details = {"region": pool.region, "subnet": str(instance.get("SubnetId", "")),
-                   "checkpoint_uri": spec.checkpoint_uri,
-                   "checkpoint_region": str(self.config.checkpoint_region or pool.region),
-                   "data_transfer_bytes": str(transfer_bytes),
-                   "data_transfer_cost": f"{transfer_bytes / GB * self.config.data_transfer_price_per_gb:.6f}",
-                   "tags": f"{TAG_JOB}={spec.job_id},{TAG_ATTEMPT}={spec.attempt}"}
+        transfer_cost = transfer_bytes / GB * self.config.data_transfer_price_per_gb
+        details = {
+            "region": pool.region,
+            "subnet": str(instance.get("SubnetId", "")),
+            "checkpoint_uri": spec.checkpoint_uri,
+            "checkpoint_region": str(self.config.checkpoint_region or pool.region),
+            "data_transfer_bytes": str(transfer_bytes),
+            "data_transfer_cost": f"{transfer_cost:.6f}",
+            "tags": f"{TAG_JOB}={spec.job_id},{TAG_ATTEMPT}={spec.attempt}",
+        }
         if instance.get("SpotInstanceRequestId"):
             details["spot_request_id"] = instance["SpotInstanceRequestId"]
-        lease = Lease(lease_id=instance["InstanceId"], pool=pool, job_id=spec.job_id,
-                      attempt=spec.attempt, started_at=now, price_per_hour=offer.price_per_hour,
-                      details=details)
+        lease = Lease(
+            lease_id=instance["InstanceId"],
+            pool=pool,
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            started_at=now,
+            price_per_hour=offer.price_per_hour,
+            details=details,
+        )
         with self._lock:
             self._leases[lease.lease_id] = lease
-        log.info("launched %s (%s) for %s attempt %d", lease.lease_id, pool.key, spec.job_id,
-                 spec.attempt)
+        log.info(
+            "launched %s (%s) for %s attempt %d",
+            lease.lease_id,
+            pool.key,
+            spec.job_id,
+            spec.attempt,
+        )
         return lease
 
     def _transfer_bytes(self, spec: LaunchSpec, pool: Pool) -> int:
@@ -430,24 +590,38 @@ class Ec2Provider:
     def _user_data(self, spec: LaunchSpec) -> str:
         env = dict(spec.env)
         refuse_credentials_in_env(env)
-        attempt = attempt_env.AttemptEnv(checkpoint_uri=spec.checkpoint_uri, job_id=spec.job_id,
-                                         attempt=spec.attempt, metadata_endpoint=None,
-                                         cloud=CLOUD, notice_file=None,
-                                         heartbeat_timeout=spec.heartbeat_timeout)
+        attempt = attempt_env.AttemptEnv(
+            checkpoint_uri=spec.checkpoint_uri,
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            metadata_endpoint=None,
+            cloud=CLOUD,
+            notice_file=None,
+            heartbeat_timeout=spec.heartbeat_timeout_seconds,
+        )
         env.update(attempt.to_environ())
         command = spec.command
         if spec.image:
-            command = container.wrap(spec.image, spec.command, tuple(spec.env),
-                                     python=self.config.agent_python)
-        return ec2_agent.user_data(command=command, environ=env,
-                                   watch_command=self.config.watch_command,
-                                   agent_python=self.config.agent_python,
-                                   poll_interval=self.config.watch_poll_interval,
-                                   bootstrap=Bootstrap.from_plain(self.config.bootstrap))
+            command = container.wrap(
+                spec.image, spec.command, tuple(spec.env), python=self.config.agent_python
+            )
+        return ec2_agent.user_data(
+            command=command,
+            environ=env,
+            watch_command=self.config.watch_command,
+            agent_python=self.config.agent_python,
+            poll_interval=self.config.watch_poll_interval,
+            bootstrap=Bootstrap.from_plain(self.config.bootstrap),
+        )
 
     def _tags(self, spec: LaunchSpec) -> list[dict[str, str]]:
-        tags = {**self.config.extra_tags, "Name": f"spot-pipelines {spec.job_id} #{spec.attempt}",
-                TAG_MANAGED: "true", TAG_JOB: spec.job_id, TAG_ATTEMPT: str(spec.attempt)}
+        tags = {
+            **self.config.extra_tags,
+            "Name": f"spot-pipelines {spec.job_id} #{spec.attempt}",
+            TAG_MANAGED: "true",
+            TAG_JOB: spec.job_id,
+            TAG_ATTEMPT: str(spec.attempt),
+        }
         return [{"Key": k, "Value": str(v)} for k, v in tags.items()]
 
     # -- observe ------------------------------------------------------------------------
@@ -475,68 +649,95 @@ class Ec2Provider:
             for event in self._events.poll():
                 if event.kind == "interruption":
                     self._notices.setdefault(event.instance_id, event.at)
-        except Exception as exc:  # the queue is a hint; describe_instances is the truth
+        except Exception as exc:  # noqa: BLE001 - the queue is a hint; describe_instances is the truth
             log.warning("could not read interruption events: %s", exc)
 
-    def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict | None]:
+    def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         """The watched instances that are no longer pending or running: id -> description
         (None: EC2 does not know the id). Every id absent from the answer is alive."""
         return self._describe_in_batches(region, instance_ids, ENDED_FILTER)
 
-    def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict]:
+    def _describe(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Instance id -> description; an unknown id is left out."""
-        return {i: d for i, d in self._describe_in_batches(region, instance_ids).items()
-                if d is not None}
+        return {
+            i: d
+            for i, d in self._describe_in_batches(region, instance_ids).items()
+            if d is not None
+        }
 
-    def _describe_in_batches(self, region: str, instance_ids: Sequence[str],
-                             filters: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict | None]:
+    def _describe_in_batches(
+        self, region: str, instance_ids: Sequence[str], filters: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, dict[str, Any] | None]:
         """``_describe_batch`` over ``DESCRIBE_BATCH`` ids per call."""
-        found: dict[str, dict | None] = {}
+        found: dict[str, dict[str, Any] | None] = {}
         for start in range(0, len(instance_ids), DESCRIBE_BATCH):
-            found.update(self._describe_batch(
-                region, list(instance_ids[start:start + DESCRIBE_BATCH]), filters))
+            found.update(
+                self._describe_batch(
+                    region, list(instance_ids[start : start + DESCRIBE_BATCH]), filters
+                )
+            )
         return found
 
-    def _describe_batch(self, region: str, ids: list[str],
-                        filters: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict | None]:
+    def _describe_batch(
+        self, region: str, ids: list[str], filters: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, dict[str, Any] | None]:
         """The ids' descriptions that match ``filters``; an id EC2 does not know maps to
         None (EC2 refuses the whole call for one unknown id: it is found by halving)."""
         if not ids:
             return {}
         client = self.clients[region]
-        query: dict[str, Any] = {"InstanceIds": ids, **({"Filters": list(filters)} if filters else {})}
+        query: dict[str, Any] = {
+            "InstanceIds": ids,
+            **({"Filters": list(filters)} if filters else {}),
+        }
         try:
-            pages = aws.call_raw(lambda: list(client.get_paginator("describe_instances")
-                                              .paginate(**query)))
+            pages = aws.call_raw(
+                lambda: list(client.get_paginator("describe_instances").paginate(**query))
+            )
         except aws.client_error_class() as exc:
             if aws.error_code(exc) != "InvalidInstanceID.NotFound":
                 raise aws.translate(exc, f"ec2:DescribeInstances in {region}") from exc
             if len(ids) == 1:
                 return {ids[0]: None}
             half = len(ids) // 2  # find the unknown ids by halving; rare
-            return {**self._describe_batch(region, ids[:half], filters),
-                    **self._describe_batch(region, ids[half:], filters)}
-        return {i["InstanceId"]: i for page in pages for r in page["Reservations"]
-                for i in r["Instances"]}
+            return {
+                **self._describe_batch(region, ids[:half], filters),
+                **self._describe_batch(region, ids[half:], filters),
+            }
+        return {
+            i["InstanceId"]: i
+            for page in pages
+            for r in page["Reservations"]
+            for i in r["Instances"]
+        }
 
-    def _spot_request_ids(self, region: str, group: Sequence[Lease],
-                          ended: Mapping[str, dict | None]) -> list[str]:
+    def _spot_request_ids(
+        self, region: str, group: Sequence[Lease], ended: Mapping[str, dict[str, Any] | None]
+    ) -> list[str]:
         """The spot request of each watched spot lease: from the launch (``details``),
         else from a description (an ended instance's, or, once per lease, a running one's)."""
         for lease_id in ended:  # an ended lease's request is read from its description
             self._request_ids.pop(lease_id, None)
-        unknown = [l.lease_id for l in group if l.pool.market is Market.SPOT
-                   and not l.details.get("spot_request_id") and l.lease_id not in ended
-                   and l.lease_id not in self._request_ids]
+        unknown = [
+            each.lease_id
+            for each in group
+            if each.pool.market is Market.SPOT
+            and not each.details.get("spot_request_id")
+            and each.lease_id not in ended
+            and each.lease_id not in self._request_ids
+        ]
         if unknown:
             described = self._describe(region, unknown)
-            self._request_ids.update({i: str(described.get(i, {}).get("SpotInstanceRequestId", ""))
-                                      for i in unknown})
+            self._request_ids.update(
+                {i: str(described.get(i, {}).get("SpotInstanceRequestId", "")) for i in unknown}
+            )
         requests = []
         for lease in group:
-            request = (lease.details.get("spot_request_id")
-                       or (ended.get(lease.lease_id) or {}).get("SpotInstanceRequestId")
-                       or self._request_ids.get(lease.lease_id))
+            request = (
+                lease.details.get("spot_request_id")
+                or (ended.get(lease.lease_id) or {}).get("SpotInstanceRequestId")
+                or self._request_ids.get(lease.lease_id)
+            )
             if request:
                 requests.append(request)
         return requests
@@ -546,11 +747,12 @@ class Ec2Provider:
         a while), or None if it has no such tag or is unknown."""
         client = self.clients.get(region)
         if client is None:
-            raise ConfigError(f"instance {instance_id} is in region {region!r}, which this "
-                              f"provider does not use ({list(self.clients)})")
+            raise ConfigError(
+                f"instance {instance_id} is in region {region!r}, which this "
+                f"provider does not use ({list(self.clients)})"
+            )
         instance = self._describe_batch(region, [instance_id]).get(instance_id) or {}
-        return next((t.get("Value") for t in instance.get("Tags", []) if t.get("Key") == key),
-                    None)
+        return next((t.get("Value") for t in instance.get("Tags", []) if t.get("Key") == key), None)
 
     def _listing_pays(self, what: str, region: str, wanted: int) -> bool:
         """Whether one listing (pages of ``LIST_PAGE``, sized as the last one in the past
@@ -568,31 +770,52 @@ class Ec2Provider:
         codes: dict[str, str] = {}
         if self._listing_pays("spot", region, len(requests)):
             listed = self._list_spot_requests(region)
-            codes = {listed[rid].get("InstanceId", ""): listed[rid].get("Status", {}).get("Code", "")
-                     for rid in requests if rid in listed}
+            codes = {
+                listed[rid].get("InstanceId", ""): listed[rid].get("Status", {}).get("Code", "")
+                for rid in requests
+                if rid in listed
+            }
             requests = [rid for rid in requests if rid not in listed]
         for start in range(0, len(requests), DESCRIBE_BATCH):  # as many ids per call
-            answer = aws.call(f"ec2:DescribeSpotInstanceRequests in {region}",
-                              self.clients[region].describe_spot_instance_requests,
-                              SpotInstanceRequestIds=requests[start:start + DESCRIBE_BATCH])
-            codes.update({r.get("InstanceId", ""): r.get("Status", {}).get("Code", "")
-                          for r in answer.get("SpotInstanceRequests", [])})
+            answer = aws.call(
+                f"ec2:DescribeSpotInstanceRequests in {region}",
+                self.clients[region].describe_spot_instance_requests,
+                SpotInstanceRequestIds=requests[start : start + DESCRIBE_BATCH],
+            )
+            codes.update(
+                {
+                    r.get("InstanceId", ""): r.get("Status", {}).get("Code", "")
+                    for r in answer.get("SpotInstanceRequests", [])
+                }
+            )
         return codes
 
-    def _list_spot_requests(self, region: str) -> dict[str, dict]:
+    def _list_spot_requests(self, region: str) -> dict[str, dict[str, Any]]:
         """The region's open and active spot requests (a closed one is asked by id)."""
         client = self.clients[region]
-        pages = aws.call(f"ec2:DescribeSpotInstanceRequests in {region}", lambda: list(
-            client.get_paginator("describe_spot_instance_requests").paginate(
-                Filters=[{"Name": "state", "Values": list(LISTED_SPOT_STATES)}],
-                PaginationConfig={"PageSize": LIST_PAGE})))
-        listed = {r["SpotInstanceRequestId"]: r for page in pages
-                  for r in page.get("SpotInstanceRequests", [])}
+        pages = aws.call(
+            f"ec2:DescribeSpotInstanceRequests in {region}",
+            lambda: list(
+                client.get_paginator("describe_spot_instance_requests").paginate(
+                    Filters=[{"Name": "state", "Values": list(LISTED_SPOT_STATES)}],
+                    PaginationConfig={"PageSize": LIST_PAGE},
+                )
+            ),
+        )
+        listed = {
+            r["SpotInstanceRequestId"]: r
+            for page in pages
+            for r in page.get("SpotInstanceRequests", [])
+        }
         self._listed[("spot", region)] = (len(listed), time.monotonic())
         return listed
 
-    def _status(self, lease: Lease, ended: Mapping[str, dict | None],
-                spot_codes: Mapping[str, str]) -> LeaseStatus:
+    def _status(
+        self,
+        lease: Lease,
+        ended: Mapping[str, dict[str, Any] | None],
+        spot_codes: Mapping[str, str],
+    ) -> LeaseStatus:
         code = spot_codes.get(lease.lease_id, "")
         if code in NOTICE_CODES:
             self._notices.setdefault(lease.lease_id, self.clock())
@@ -601,14 +824,15 @@ class Ec2Provider:
             return LeaseStatus(LeaseState.RUNNING, notice_at=notice)
         return self._ended_status(lease, ended[lease.lease_id] or {}, code, notice)
 
-    def _not_visible_yet(self, lease: Lease, ended: Mapping[str, dict | None]) -> bool:
+    def _not_visible_yet(self, lease: Lease, ended: Mapping[str, dict[str, Any] | None]) -> bool:
         """EC2's API is eventually consistent: an instance just launched can be unknown to
         DescribeInstances for a while. Within ``NOT_FOUND_GRACE`` of its launch such a
         lease is still starting, not gone."""
         return ended[lease.lease_id] is None and self.clock() - lease.started_at < NOT_FOUND_GRACE
 
-    def _ended_status(self, lease: Lease, instance: Mapping[str, Any], code: str,
-                      notice: float | None) -> LeaseStatus:
+    def _ended_status(
+        self, lease: Lease, instance: Mapping[str, Any], code: str, notice: float | None
+    ) -> LeaseStatus:
         reason = instance.get("StateReason", {}).get("Code", "")
         agent = self._agent_report(lease)
         ended = float(agent.get("ended_at") or self.clock())
@@ -618,25 +842,51 @@ class Ec2Provider:
         if exit_code == 0:
             return LeaseStatus(LeaseState.EXITED, 0, notice, ended)
         if by_aws:
-            return LeaseStatus(LeaseState.RECLAIMED, exit_code, notice or ended, ended,
-                               message=f"spot capacity reclaimed ({reason or code})")
+            return LeaseStatus(
+                LeaseState.RECLAIMED,
+                exit_code,
+                notice or ended,
+                ended,
+                message=f"spot capacity reclaimed ({reason or code})",
+            )
         if exit_code == attempt_env.DRIVER_LOST_EXIT_CODE and notice is None:
-            return LeaseStatus(LeaseState.TERMINATED, int(exit_code), None, ended,
-                               message=f"{lease.lease_id} ended itself: its driver stopped "
-                                       "renewing the heartbeat for longer than the timeout")
+            return LeaseStatus(
+                LeaseState.TERMINATED,
+                int(exit_code),
+                None,
+                ended,
+                message=f"{lease.lease_id} ended itself: its driver stopped "
+                "renewing the heartbeat for longer than the timeout",
+            )
         if exit_code is not None:
             why = "after an interruption notice" if notice is not None else "on its own"
-            return LeaseStatus(LeaseState.EXITED, int(exit_code), notice, ended,
-                               message=f"the step exited with code {exit_code} {why} on "
-                                       f"{lease.lease_id}")
+            return LeaseStatus(
+                LeaseState.EXITED,
+                int(exit_code),
+                notice,
+                ended,
+                message=f"the step exited with code {exit_code} {why} on {lease.lease_id}",
+            )
         if lease.lease_id in self._terminated:
-            return LeaseStatus(LeaseState.TERMINATED, None, notice, ended, "terminated by the controller")
+            return LeaseStatus(
+                LeaseState.TERMINATED, None, notice, ended, "terminated by the controller"
+            )
         if notice is not None:
-            return LeaseStatus(LeaseState.RECLAIMED, None, notice, ended,
-                               message="reclaimed after an interruption notice")
-        return LeaseStatus(LeaseState.TERMINATED, None, None, ended,
-                           message=f"{lease.lease_id} ended ({reason or 'no reason given'}) "
-                                   "without a status report from its agent")
+            return LeaseStatus(
+                LeaseState.RECLAIMED,
+                None,
+                notice,
+                ended,
+                message="reclaimed after an interruption notice",
+            )
+        return LeaseStatus(
+            LeaseState.TERMINATED,
+            None,
+            None,
+            ended,
+            message=f"{lease.lease_id} ended ({reason or 'no reason given'}) "
+            "without a status report from its agent",
+        )
 
     def _agent_report(self, lease: Lease) -> dict[str, Any]:
         uri = lease.details.get("checkpoint_uri")
@@ -644,10 +894,10 @@ class Ec2Provider:
             return {}
         try:
             store = self.open_store(uri, region=lease.details.get("checkpoint_region"))
-            return ec2_agent.parse_report(store.get_object(ec2_agent.status_key(lease.attempt)))
+            return parse_report(store.get_object(status_key(lease.attempt)))
         except FileNotFoundError:
             return {}
-        except Exception as exc:  # a missing report only makes the outcome less precise
+        except Exception as exc:  # noqa: BLE001 - a missing report only makes the outcome less precise
             log.warning("could not read the status report of %s: %s", lease.lease_id, exc)
             return {}
 
@@ -659,13 +909,17 @@ class Ec2Provider:
         on_demand = self.market.on_demand_price(lease.pool.region, lease.pool.instance_type)
         transfer = float(lease.details.get("data_transfer_cost", 0.0) or 0.0)
         if lease.pool.is_spot:
-            capacity_cost = self.market.spot_cost(lease.pool, lease.started_at,
-                                                  lease.started_at + seconds, lease.price_per_hour)
+            capacity_cost = self.market.spot_cost(
+                lease.pool, lease.started_at, lease.started_at + seconds, lease.price_per_hour
+            )
         else:
             capacity_cost = on_demand * seconds / 3600.0
-        return Bill(cost=capacity_cost + transfer,
-                    on_demand_cost=on_demand * seconds / 3600.0, capacity_seconds=seconds,
-                    data_transfer_cost=transfer)
+        return Bill(
+            cost=capacity_cost + transfer,
+            on_demand_cost=on_demand * seconds / 3600.0,
+            capacity_seconds=seconds,
+            data_transfer_cost=transfer,
+        )
 
     def capacity_seconds(self, wall_seconds: float) -> float:
         return wall_seconds
@@ -678,10 +932,13 @@ class Ec2Provider:
 
     def _terminate_ids(self, region: str, ids: Sequence[str]) -> None:
         for start in range(0, len(ids), 1000):
-            batch = list(ids[start:start + 1000])
+            batch = list(ids[start : start + 1000])
             try:
-                aws.call(f"ec2:TerminateInstances in {region}",
-                         self.clients[region].terminate_instances, InstanceIds=batch)
+                aws.call(
+                    f"ec2:TerminateInstances in {region}",
+                    self.clients[region].terminate_instances,
+                    InstanceIds=batch,
+                )
             except InfrastructureError as exc:
                 if "InvalidInstanceID.NotFound" not in str(exc):
                     raise
@@ -692,7 +949,7 @@ class Ec2Provider:
         """Terminate every instance this provider launched (idempotent)."""
         with self._lock:
             leases = list(self._leases.values())
-            self._terminated.update(l.lease_id for l in leases)
+            self._terminated.update(each.lease_id for each in leases)
         by_region: dict[str, list[str]] = {}
         for lease in leases:
             by_region.setdefault(lease.pool.region, []).append(lease.lease_id)
@@ -710,7 +967,9 @@ class Ec2Provider:
                 self._terminate_ids(region, ids)
                 doomed += ids
         if doomed:
-            shown = ", ".join(doomed[:10]) + (f" and {len(doomed) - 10} more" if len(doomed) > 10 else "")
+            shown = ", ".join(doomed[:10]) + (
+                f" and {len(doomed) - 10} more" if len(doomed) > 10 else ""
+            )
             log.warning("terminated %d orphaned instance(s): %s", len(doomed), shown)
         return doomed
 
@@ -718,12 +977,18 @@ class Ec2Provider:
         """The ids of the live instances this project launched in ``region`` that match
         ``filters`` as well."""
         client = self.clients[region]
-        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                   {"Name": "instance-state-name", "Values": list(LIVE_STATES)}, *filters]
-        pages = aws.call(f"ec2:DescribeInstances in {region}", lambda: list(
-            client.get_paginator("describe_instances").paginate(Filters=filters)))
-        return [i["InstanceId"] for page in pages for r in page["Reservations"]
-                for i in r["Instances"]]
+        filters = [
+            {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            *filters,
+        ]
+        pages = aws.call(
+            f"ec2:DescribeInstances in {region}",
+            lambda: list(client.get_paginator("describe_instances").paginate(Filters=filters)),
+        )
+        return [
+            i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"]
+        ]
 
     def __enter__(self) -> Ec2Provider:
         return self
@@ -739,8 +1004,7 @@ def check_option_names(names: Iterable[str]) -> None:
     known = {f.name for f in fields(Ec2Options)} | {"region"}
     unknown = sorted(set(names) - known)
     if unknown:
-        raise ConfigError(f"unknown ec2 provider option(s) {unknown}; choose from "
-                          f"{sorted(known)}")
+        raise ConfigError(f"unknown ec2 provider option(s) {unknown}; choose from {sorted(known)}")
 
 
 def refuse_credentials_in_env(env: Mapping[str, str]) -> None:
@@ -749,47 +1013,216 @@ def refuse_credentials_in_env(env: Mapping[str, str]) -> None:
     found = credential_findings(env)
     if found:
         which = ", ".join(f"{name} ({why})" for name, why in sorted(found.items()))
-        raise ConfigError(f"env {which} looks like credentials and would be written into "
-                          "EC2 user-data, which anyone with ec2:DescribeInstanceAttribute "
-                          "can read; grant access through the instance profile (or read "
-                          "the secret from Secrets Manager in the step) instead, or "
-                          "rename a variable that holds no secret")
+        raise ConfigError(
+            f"env {which} looks like credentials and would be written into "
+            "EC2 user-data, which anyone with ec2:DescribeInstanceAttribute "
+            "can read; grant access through the instance profile (or read "
+            "the secret from Secrets Manager in the step) instead, or "
+            "rename a variable that holds no secret"
+        )
 
 
 def _validate(options: Ec2Options) -> None:
     if not options.subnets or not all(options.subnets.values()):
-        raise ConfigError("the ec2 provider needs subnets: subnets=['subnet-...'] (one per "
-                          "availability zone to use) or {region: [subnet ids]}")
+        raise ConfigError(
+            "the ec2 provider needs subnets: subnets=['subnet-...'] (one per "
+            "availability zone to use) or {region: [subnet ids]}"
+        )
     if not options.instance_types:
-        raise ConfigError("the ec2 provider needs instance_types, e.g. ['g5.xlarge', 'g4dn.xlarge']")
+        raise ConfigError(
+            "the ec2 provider needs instance_types, e.g. ['g5.xlarge', 'g4dn.xlarge']"
+        )
     missing = [r for r in options.regions if not options.image_id.get(r)]
     if missing:
-        raise ConfigError(f"no image_id for region(s) {missing}; pass image_id='ami-...' or "
-                          "{region: 'ami-...'} (an AMI with spot-pipelines installed, or "
-                          "one with Python 3.11+ and the bootstrap option)")
+        raise ConfigError(
+            f"no image_id for region(s) {missing}; pass image_id='ami-...' or "
+            "{region: 'ami-...'} (an AMI with spot-pipelines installed, or "
+            "one with Python 3.11+ and the bootstrap option)"
+        )
     Bootstrap.from_plain(options.bootstrap)
     if options.launch_mode not in ("instance", "fleet"):
         raise ConfigError(f"launch_mode {options.launch_mode!r} is not 'instance' or 'fleet'")
-    if options.allocation_strategy not in ("price-capacity-optimized", "capacity-optimized",
-                                           "lowest-price", "diversified"):
-        raise ConfigError(f"allocation_strategy {options.allocation_strategy!r} is not one of "
-                          "price-capacity-optimized, capacity-optimized, lowest-price, diversified")
+    if options.allocation_strategy not in (
+        "price-capacity-optimized",
+        "capacity-optimized",
+        "lowest-price",
+        "diversified",
+    ):
+        raise ConfigError(
+            f"allocation_strategy {options.allocation_strategy!r} is not one of "
+            "price-capacity-optimized, capacity-optimized, lowest-price, diversified"
+        )
 
 
-def _per_region(value: Sequence[str] | Mapping[str, Sequence[str]], region: str | None,
-                what: str) -> dict[str, list[str]]:
+def _per_region(
+    value: Sequence[str] | Mapping[str, Sequence[str]], region: str | None, what: str
+) -> dict[str, list[str]]:
     if isinstance(value, Mapping):
         return {str(r): list(v) for r, v in value.items()}
     if isinstance(value, str):
         value = [value]
     if not region:
-        raise ConfigError(f"{what} given as a list needs region=... (or a region on the AWS "
-                          f"connection / credentials block); or pass {{region: [...]}}")
+        raise ConfigError(
+            f"{what} given as a list needs region=... (or a region on the AWS "
+            f"connection / credentials block); or pass {{region: [...]}}"
+        )
     return {region: list(value)}
 
 
-def _per_region_scalar(value: str | Mapping[str, str], regions: Mapping[str, Any],
-                       what: str) -> dict[str, str]:
+def _per_region_scalar(
+    value: str | Mapping[str, str], regions: Mapping[str, Any], what: str
+) -> dict[str, str]:
     if isinstance(value, Mapping):
         return {str(r): str(v) for r, v in value.items()}
     return {r: str(value) for r in regions} if value else {}
+
+
+# -- the plugin: what the engines know of this provider -----------------------------------------
+REQUIRED = ("subnets", "image_id")
+
+
+class Ec2Plugin(ProviderPlugin):
+    """EC2 spot and on-demand instances, reached with an AWS session."""
+
+    capabilities = Ec2Provider.capabilities
+    session = SessionKind.AWS
+    summary = "AWS EC2 spot and on-demand instances (needs an s3:// checkpoint store)"
+    lease_noun = "instances"
+
+    def open(self, options: Mapping[str, Any], session: Any = None) -> Provider:
+        return Ec2Provider.from_options(session=session, **options)
+
+    def check_options(self, options: Mapping[str, Any], instance_types: Sequence[str]) -> None:
+        """Every name an ec2 option; ``subnets``, ``image_id`` and ``instance_types`` (in the
+        options or the configuration's own list) present; a ``bootstrap`` well formed. The
+        region may come from the environment of the process that opens the provider, so it
+        is not required here."""
+        check_option_names(options)
+        Bootstrap.from_plain(options.get("bootstrap"))
+        missing = [name for name in REQUIRED if not options.get(name)]
+        if not options.get("instance_types") and not instance_types:
+            missing.append("instance_types")
+        if missing:
+            raise ConfigError(
+                f"provider {self.name!r} needs provider_options {missing}, e.g. "
+                "{'region': 'us-east-1', 'subnets': ['subnet-...'], 'image_id': "
+                "'ami-...', 'instance_types': ['g5.xlarge'], 'instance_profile': "
+                "'spot-step'} (see docs/aws.md)"
+            )
+
+    def check_env(self, env: Mapping[str, str]) -> None:
+        refuse_credentials_in_env(env)
+
+    def option_defaults(
+        self,
+        options: Mapping[str, Any],
+        *,
+        instance_types: Sequence[str] = (),
+        session: Any = None,
+        scratch_dir: str | None = None,
+    ) -> dict[str, Any]:
+        """The region: the session's, else ``AWS_REGION`` / ``AWS_DEFAULT_REGION``; the
+        instance types: the settings' when the options name none."""
+        options = dict(options)
+        region = (
+            (None if session is None else aws.access_of(session).region)
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+        )
+        if region and "region" not in options:
+            options["region"] = region
+        if instance_types and not options.get("instance_types"):
+            options["instance_types"] = list(instance_types)
+        return options
+
+    def lease_python(self, options: Mapping[str, Any]) -> str:
+        """The instance's own Python: ``agent_python`` (the on-instance agent's)."""
+        return str(options.get("agent_python") or "python3")
+
+    def console_link(self, lease: Lease) -> str | None:
+        return (
+            f"https://console.aws.amazon.com/ec2/home?region={lease.pool.region}"
+            f"#InstanceDetails:instanceId={lease.lease_id}"
+        )
+
+    def publish_from_lease(self, key: str, value: str, environ: Mapping[str, str]) -> bool:
+        """On one of its instances (user-data exports ``SPOT_CLOUD=aws``): a tag on the
+        instance itself, which only that instance may set."""
+        if environ.get(attempt_env.CLOUD) != CLOUD:
+            return False
+        ec2_agent.tag_own_instance(key, value, environ)
+        return True
+
+    def add_cli_arguments(self, parser: Any) -> None:
+        group = parser.add_argument_group("ec2 provider (see docs/aws.md)")
+        group.add_argument(
+            "--region",
+            default=None,
+            help="ec2: region of the subnets (default: $AWS_REGION / $AWS_DEFAULT_REGION)",
+        )
+        group.add_argument(
+            "--endpoint-url",
+            default=None,
+            help="ec2: EC2/S3/SQS endpoint (an emulator such as moto; default: AWS)",
+        )
+        group.add_argument(
+            "--subnets",
+            default=None,
+            help="ec2: comma-separated subnet ids, one per availability zone to use",
+        )
+        group.add_argument(
+            "--instance-types",
+            default=None,
+            help="ec2: comma-separated instance types, e.g. g5.xlarge,g4dn.xlarge",
+        )
+        group.add_argument(
+            "--image-id", default=None, help="ec2: AMI with spot-pipelines installed"
+        )
+        group.add_argument(
+            "--instance-profile",
+            default=None,
+            help="ec2: IAM instance "
+            "profile (name or ARN) that gives the step access to the "
+            "checkpoint bucket",
+        )
+        group.add_argument(
+            "--ec2-option",
+            action="append",
+            default=[],
+            metavar="KEY=JSON",
+            help='ec2: any other Ec2Provider option, e.g. launch_mode="fleet" '
+            "or security_group_ids='[\"sg-1\"]' (repeatable)",
+        )
+
+    def cli_options(self, args: Any) -> dict[str, Any]:
+        options = key_values(args.ec2_option, "--ec2-option")
+        missing = [
+            flag
+            for flag, value in (
+                ("--subnets", args.subnets),
+                ("--instance-types", args.instance_types),
+                ("--image-id", args.image_id),
+            )
+            if not value
+        ]
+        if missing:
+            raise ConfigError(
+                f"--provider {self.name} needs {', '.join(missing)} (see docs/aws.md)"
+            )
+        if args.endpoint_url:
+            os.environ.setdefault("SPOT_S3_ENDPOINT_URL", args.endpoint_url)
+        return {
+            "region": args.region
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION"),
+            "endpoint_url": args.endpoint_url,
+            "subnets": _words(args.subnets),
+            "instance_types": _words(args.instance_types),
+            "image_id": args.image_id,
+            "instance_profile": args.instance_profile,
+            **options,
+        }
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip() for w in text.split(",") if w.strip()]

@@ -11,7 +11,8 @@ The report is a small JSON object written next to the checkpoints, at
 ``status/attempt-NNNNNN.json``: exit code, when the watcher saw a notice, when the step
 ended. The kubernetes provider's pods write the same object from ``spot-pipelines watch
 --report`` (``write_report``), at the first notice and again when the step ends, since a
-reclaimed node may not live to run anything after its step. The controller reads it once the instance is gone; it is how the provider tells
+reclaimed node may not live to run anything after its step (``spot_core.checkpoint.status``).
+The controller reads it once the instance is gone; it is how the provider tells
 "the step exited 0" from "the node was reclaimed" when EC2's own state reason is
 ambiguous. It needs ``s3:PutObject`` on the checkpoint prefix, which the instance profile
 has anyway; no credential ever appears in user-data.
@@ -21,34 +22,42 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import sys
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from spot_core import attempt_env
+from spot_core.checkpoint.status import (  # noqa: F401 - the agent's report
+    STATUS_PREFIX,
+    parse_report,
+    status_key,
+    write_report,
+)
 from spot_core.providers.ec2_bootstrap import Bootstrap
 
-STATUS_PREFIX = "status"
 WATCH_LOG = "/var/log/spot-pipelines-watch.log"
 # Powers the instance off (a termination, by the launch's shutdown behaviour); the
 # instance runtime emulator replaces it.
 SHUTDOWN = "${SPOT_SHUTDOWN_COMMAND:-shutdown -h now}"
 
 
-def status_key(attempt: int) -> str:
-    return f"{STATUS_PREFIX}/attempt-{attempt:06d}.json"
-
-
-def user_data(*, command: Sequence[str], environ: Mapping[str, str], watch_command: str,
-              agent_python: str, poll_interval: float = 1.0,
-              bootstrap: Bootstrap | None = None) -> str:
+def user_data(
+    *,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    watch_command: str,
+    agent_python: str,
+    poll_interval: float = 1.0,
+    bootstrap: Bootstrap | None = None,
+) -> str:
     """The cloud-init shell script that runs one attempt (no credentials in it, ever);
     with ``bootstrap``, it first installs spot-pipelines (``ec2_bootstrap``)."""
-    exports = "\n".join(f"export {name}={shlex.quote(value)}"
-                        for name, value in sorted(environ.items()))
+    exports = "\n".join(
+        f"export {name}={shlex.quote(value)}" for name, value in sorted(environ.items())
+    )
     step = " ".join(shlex.quote(word) for word in command)
     return f"""#!/bin/bash
 # spot-pipelines attempt launcher. Credentials come from the instance profile, never from here.
@@ -60,33 +69,10 @@ trap 'true' TERM
 {bootstrap.shell(SHUTDOWN) if bootstrap else ""}LOG="${{SPOT_WATCH_LOG:-{WATCH_LOG}}}"
 {watch_command} watch --cloud aws --poll-interval {poll_interval:g} -- {step} 2>&1 | tee -a "$LOG"
 rc=${{PIPESTATUS[0]}}
-{shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report --exit-code "$rc" --watch-log "$LOG" || true
+{shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report \\
+    --exit-code "$rc" --watch-log "$LOG" || true
 {SHUTDOWN}
 """
-
-
-def parse_report(data: bytes | None) -> dict:
-    """The typed fields of a status report (``exit_code`` int, ``notice_at`` and ``ended_at``
-    finite seconds); anything else, or an unreadable object, is dropped as corrupt.
-
-    The node writes the report into a store others can write too, so what is read back is
-    judged, never trusted: a forged or torn report only makes the outcome less precise."""
-    try:
-        doc = json.loads(data or b"{}", parse_constant=float)
-    except (ValueError, RecursionError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
-    out: dict = {}
-    code = doc.get("exit_code")
-    if isinstance(code, int) and not isinstance(code, bool) and -255 <= code <= 255:
-        out["exit_code"] = code
-    for key in ("notice_at", "ended_at"):
-        value = doc.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value) and value >= 0:
-            out[key] = float(value)
-    return out
 
 
 def first_notice(log_path: str) -> float | None:
@@ -119,23 +105,15 @@ def _seconds(value: object) -> float:
         return time.time()
 
 
-def report(exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None) -> dict:
-    return write_report(exit_code=exit_code,
-                        notice_at=first_notice(watch_log) if watch_log else None,
-                        ended_at=time.time(), environ=environ)
-
-
-def write_report(*, exit_code: int | None, notice_at: float | None, ended_at: float | None,
-                 environ: Mapping[str, str] | None = None) -> dict:
-    """Write the attempt's status object to its store (``$SPOT_CHECKPOINT_URI``)."""
-    from spot_core.checkpoint import open_store
-
-    env = attempt_env.AttemptEnv.from_environ(environ)
-    doc = {"job_id": env.job_id, "attempt": env.attempt, "exit_code": exit_code,
-           "notice_at": notice_at, "ended_at": ended_at}
-    store = open_store(env.checkpoint_uri)
-    store.put_object(status_key(env.attempt), json.dumps(doc, allow_nan=False).encode())
-    return doc
+def report(
+    exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    return write_report(
+        exit_code=exit_code,
+        notice_at=first_notice(watch_log) if watch_log else None,
+        ended_at=time.time(),
+        environ=environ,
+    )
 
 
 def own_instance(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -145,8 +123,10 @@ def own_instance(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
 
     env = os.environ if environ is None else environ
     imds = AwsDetector(env.get(attempt_env.METADATA_ENDPOINT) or ENDPOINT)
-    return (imds.metadata("/latest/meta-data/instance-id"),
-            imds.metadata("/latest/meta-data/placement/region"))
+    return (
+        imds.metadata("/latest/meta-data/instance-id"),
+        imds.metadata("/latest/meta-data/placement/region"),
+    )
 
 
 def tag_own_instance(key: str, value: str, environ: Mapping[str, str] | None = None) -> str:
@@ -157,9 +137,10 @@ def tag_own_instance(key: str, value: str, environ: Mapping[str, str] | None = N
 
     instance_id, region = own_instance(environ)
     client = aws.make_client("ec2", region=region, endpoint_url=aws.ec2_endpoint())
-    aws.call(f"ec2:CreateTags on {instance_id} (its own instance)",
-             lambda: client.create_tags(Resources=[instance_id],
-                                        Tags=[{"Key": key, "Value": value}]))
+    aws.call(
+        f"ec2:CreateTags on {instance_id} (its own instance)",
+        lambda: client.create_tags(Resources=[instance_id], Tags=[{"Key": key, "Value": value}]),
+    )
     return instance_id
 
 

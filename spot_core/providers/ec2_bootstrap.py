@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Mapping
+from typing import Any
 
 from spot_core.credentials import value_kind
 from spot_core.errors import ConfigError
@@ -36,18 +37,23 @@ DEFAULT_VENV = "/opt/spot-pipelines"
 DEFAULT_TIMEOUT_SECONDS = 900.0
 BOOTSTRAP_LOG = "/var/log/spot-pipelines-bootstrap.log"
 KEYS = ("pip", "wheel", "venv", "python", "system_site_packages", "pip_args", "timeout_seconds")
-EXAMPLE = ('{"pip": "spot-pipelines[aws]==0.1.0"} or '
-           '{"wheel": "s3://bucket/spot_pipelines-0.1.0-py3-none-any.whl"}')
+EXAMPLE = (
+    '{"pip": "spot-pipelines[aws]==0.1.0"} or '
+    '{"wheel": "s3://bucket/spot_pipelines-0.1.0-py3-none-any.whl"}'
+)
 # A pinned requirement on this package, extras allowed: `spot-pipelines[aws]==0.1.0`.
-PINNED = re.compile(r"spot[-_.]pipelines(\[[A-Za-z0-9_,.\s-]+\])?\s*==\s*[0-9][A-Za-z0-9.+!_-]*",
-                    re.I)
+PINNED = re.compile(
+    r"spot[-_.]pipelines(\[[A-Za-z0-9_,.\s-]+\])?\s*==\s*[0-9][A-Za-z0-9.+!_-]*", re.I
+)
 # A wheel file name (PEP 427): name-version(-build)?-python-abi-platform.whl
 WHEEL_NAME = re.compile(r"[A-Za-z0-9_.]+-[0-9][^-]*(-[0-9][^-]*)?-[^-]+-[^-]+-[^-]+\.whl")
 # The wheel fetch runs in the target environment's Python: boto3 finds the instance
 # profile's credentials itself; SPOT_S3_ENDPOINT_URL (tests, S3-compatible stores) is honoured.
-FETCH = ('import os, sys, boto3; bucket, _, key = sys.argv[1][len("s3://"):].partition("/"); '
-         's3 = boto3.client("s3", endpoint_url=os.environ.get("SPOT_S3_ENDPOINT_URL") or None); '
-         's3.download_file(bucket, key, sys.argv[2])')
+FETCH = (
+    'import os, sys, boto3; bucket, _, key = sys.argv[1][len("s3://"):].partition("/"); '
+    's3 = boto3.client("s3", endpoint_url=os.environ.get("SPOT_S3_ENDPOINT_URL") or None); '
+    "s3.download_file(bucket, key, sys.argv[2])"
+)
 
 
 @dataclass(frozen=True)
@@ -77,51 +83,79 @@ class Bootstrap:
         if ("pip" in value) == ("wheel" in value):
             raise ConfigError(f"bootstrap needs exactly one of 'pip' or 'wheel', e.g. {EXAMPLE}")
         if "venv" in value and "python" in value:
-            raise ConfigError("bootstrap takes 'venv' (a new environment to create) or 'python' "
-                              "(an interpreter whose environment gets the package), not both")
-        boot = cls(pip=value.get("pip"), wheel=value.get("wheel"),
-                   venv=None if "python" in value else value.get("venv", DEFAULT_VENV),
-                   python=value.get("python"),
-                   system_site_packages=value.get("system_site_packages", True),
-                   pip_args=_pip_args(value.get("pip_args", ())),
-                   timeout_seconds=value.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS))
+            raise ConfigError(
+                "bootstrap takes 'venv' (a new environment to create) or 'python' "
+                "(an interpreter whose environment gets the package), not both"
+            )
+        boot = cls(
+            pip=value.get("pip"),
+            wheel=value.get("wheel"),
+            venv=None if "python" in value else value.get("venv", DEFAULT_VENV),
+            python=value.get("python"),
+            system_site_packages=value.get("system_site_packages", True),
+            pip_args=_pip_args(value.get("pip_args", ())),
+            timeout_seconds=value.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS),
+        )
         boot._check()
         return boot
 
     def _check(self) -> None:
-        if self.pip is not None and _rendered(self.pip) and not (
-                isinstance(self.pip, str) and PINNED.fullmatch(self.pip.strip())):
-            raise ConfigError(f"bootstrap pip={self.pip!r} must pin spot-pipelines, e.g. "
-                              "'spot-pipelines[aws]==0.1.0' (the same version as the driver's)")
+        if (
+            self.pip is not None
+            and _rendered(self.pip)
+            and not (isinstance(self.pip, str) and PINNED.fullmatch(self.pip.strip()))
+        ):
+            raise ConfigError(
+                f"bootstrap pip={self.pip!r} must pin spot-pipelines, e.g. "
+                "'spot-pipelines[aws]==0.1.0' (the same version as the driver's)"
+            )
         if self.wheel is not None and _rendered(self.wheel):
             _check_wheel_uri(self.wheel)
         for name in ("venv", "python"):
             path = getattr(self, name)
-            if path is not None and _rendered(path) and not (
-                    isinstance(path, str) and PurePosixPath(path).is_absolute()):
-                raise ConfigError(f"bootstrap {name}={path!r} must be an absolute path on the "
-                                  "instance, e.g. '/opt/spot-pipelines'")
+            if (
+                path is not None
+                and _rendered(path)
+                and not (isinstance(path, str) and PurePosixPath(path).is_absolute())
+            ):
+                raise ConfigError(
+                    f"bootstrap {name}={path!r} must be an absolute path on the "
+                    "instance, e.g. '/opt/spot-pipelines'"
+                )
         if not isinstance(self.system_site_packages, bool):
-            raise ConfigError(f"bootstrap system_site_packages={self.system_site_packages!r} "
-                              "must be true or false")
+            raise ConfigError(
+                f"bootstrap system_site_packages={self.system_site_packages!r} "
+                "must be true or false"
+            )
         seconds = self.timeout_seconds
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-                or not math.isfinite(seconds) or seconds <= 0:
-            raise ConfigError(f"bootstrap timeout_seconds={seconds!r} must be a number of "
-                              "seconds > 0, e.g. 900")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or seconds <= 0
+        ):
+            raise ConfigError(
+                f"bootstrap timeout_seconds={seconds!r} must be a number of seconds > 0, e.g. 900"
+            )
 
     @property
     def bin_dir(self) -> str:
         """Where the installed ``spot-pipelines`` and the environment's ``python3`` live."""
         if self.python is not None:
             return str(PurePosixPath(self.python).parent)
+        if self.venv is None:  # from_plain lets `"venv": null` through: as PurePosixPath did
+            raise TypeError("bootstrap has neither venv nor python (expected a path, not None)")
         return str(PurePosixPath(self.venv) / "bin")
 
     def install_lines(self) -> list[str]:
         """The commands that install the package; ``pip_args`` go to every pip install."""
         py = shlex.quote(self.python or f"{self.venv}/bin/python")
-        pip = " ".join([f"{py} -m pip install --quiet --disable-pip-version-check",
-                        *map(shlex.quote, self.pip_args)])
+        pip = " ".join(
+            [
+                f"{py} -m pip install --quiet --disable-pip-version-check",
+                *map(shlex.quote, self.pip_args),
+            ]
+        )
         lines = []
         if self.venv is not None:
             site = " --system-site-packages" if self.system_site_packages else ""
@@ -129,11 +163,15 @@ class Bootstrap:
         if self.pip is not None:
             lines.append(f"{pip} {shlex.quote(self.pip.strip())}")
         else:
+            if self.wheel is None:  # from_plain lets `"wheel": null` through: as before
+                raise TypeError("bootstrap has neither pip nor wheel (expected a path, not None)")
             wheel = '"$dir"/' + shlex.quote(PurePosixPath(self.wheel).name)
-            lines += [f"{py} -c 'import boto3' 2>/dev/null || {pip} boto3",
-                      'dir="$(mktemp -d)"',
-                      f"{py} -c {shlex.quote(FETCH)} {shlex.quote(self.wheel)} {wheel}",
-                      f"{pip} {wheel}'[aws]'"]  # the agent writes its status report to S3
+            lines += [
+                f"{py} -c 'import boto3' 2>/dev/null || {pip} boto3",
+                'dir="$(mktemp -d)"',
+                f"{py} -c {shlex.quote(FETCH)} {shlex.quote(self.wheel)} {wheel}",
+                f"{pip} {wheel}'[aws]'",
+            ]  # the agent writes its status report to S3
         lines.append(f"{shlex.quote(self.bin_dir)}/spot-pipelines --help > /dev/null")
         return lines
 
@@ -148,7 +186,8 @@ spot_bootstrap() {{
 }}
 export -f spot_bootstrap
 BOOTSTRAP_LOG="${{SPOT_BOOTSTRAP_LOG:-{BOOTSTRAP_LOG}}}"
-if ! (set -o pipefail; timeout {seconds} bash -c spot_bootstrap 2>&1 | tee -a "$BOOTSTRAP_LOG"); then
+if ! (set -o pipefail
+      timeout {seconds} bash -c spot_bootstrap 2>&1 | tee -a "$BOOTSTRAP_LOG"); then
     echo "spot-pipelines bootstrap failed or took over {seconds}s; see $BOOTSTRAP_LOG" >&2
     {shutdown_command}
     exit 1
@@ -163,22 +202,34 @@ def _rendered(text: Any) -> bool:
 
 
 def _check_wheel_uri(uri: Any) -> None:
-    if not isinstance(uri, str) or not uri.startswith("s3://") \
-            or any(c.isspace() or not c.isprintable() for c in uri):
-        raise ConfigError(f"bootstrap wheel={uri!r} must be an s3:// URI of a wheel (no "
-                          "spaces or control characters), e.g. "
-                          "'s3://bucket/dist/spot_pipelines-0.1.0-py3-none-any.whl'")
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    if (
+        not isinstance(uri, str)
+        or not uri.startswith("s3://")
+        or any(c.isspace() or not c.isprintable() for c in uri)
+    ):
+        raise ConfigError(
+            f"bootstrap wheel={uri!r} must be an s3:// URI of a wheel (no "
+            "spaces or control characters), e.g. "
+            "'s3://bucket/dist/spot_pipelines-0.1.0-py3-none-any.whl'"
+        )
+    bucket, _, key = uri[len("s3://") :].partition("/")
     if not bucket or not WHEEL_NAME.fullmatch(PurePosixPath(key).name or "-"):
-        raise ConfigError(f"bootstrap wheel={uri!r} must name a wheel file as built "
-                          "(`uv build`), e.g. s3://bucket/dist/spot_pipelines-0.1.0-py3-none-any.whl")
+        raise ConfigError(
+            f"bootstrap wheel={uri!r} must name a wheel file as built "
+            "(`uv build`), e.g. s3://bucket/dist/spot_pipelines-0.1.0-py3-none-any.whl"
+        )
 
 
 def _pip_args(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) \
-            or not all(isinstance(a, str) and a for a in value):
-        raise ConfigError(f"bootstrap pip_args={value!r} must be a list of pip arguments, e.g. "
-                          "['--index-url', 'https://pypi.example.com/simple']")
+    if (
+        isinstance(value, str)
+        or not isinstance(value, (list, tuple))
+        or not all(isinstance(a, str) and a for a in value)
+    ):
+        raise ConfigError(
+            f"bootstrap pip_args={value!r} must be a list of pip arguments, e.g. "
+            "['--index-url', 'https://pypi.example.com/simple']"
+        )
     return tuple(value)
 
 
@@ -191,6 +242,8 @@ def _refuse_credentials(value: Mapping[str, Any]) -> None:
     for key, text in texts:
         kind = value_kind(text)
         if kind:
-            raise ConfigError(f"bootstrap {key} holds {kind}, which would be written into EC2 "
-                              "user-data; give the instance access through its profile or a "
-                              "pip configuration in the image instead")
+            raise ConfigError(
+                f"bootstrap {key} holds {kind}, which would be written into EC2 "
+                "user-data; give the instance access through its profile or a "
+                "pip configuration in the image instead"
+            )

@@ -19,17 +19,22 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 from xml.etree import ElementTree
 
 # operation -> (the list element whose items are cut, the item elements kept)
 KEPT: dict[str, tuple[str, frozenset[str]]] = {
-    "DescribeInstances": ("instancesSet", frozenset({
-        "instanceId", "instanceState", "stateReason", "spotInstanceRequestId"})),
-    "DescribeSpotInstanceRequests": ("spotInstanceRequestSet", frozenset({
-        "spotInstanceRequestId", "instanceId", "state", "status"})),
+    "DescribeInstances": (
+        "instancesSet",
+        frozenset({"instanceId", "instanceState", "stateReason", "spotInstanceRequestId"}),
+    ),
+    "DescribeSpotInstanceRequests": (
+        "spotInstanceRequestSet",
+        frozenset({"spotInstanceRequestId", "instanceId", "state", "status"}),
+    ),
 }
 
 _state = threading.local()
@@ -39,8 +44,9 @@ def install(client: Any) -> None:
     """Register the cutting handler on an EC2 ``client`` (idempotent; inert outside
     ``lean()``)."""
     for operation in KEPT:
-        client.meta.events.register(f"before-parse.ec2.{operation}", _cut,
-                                    unique_id=f"spot-pipelines-lean-{operation}")
+        client.meta.events.register(
+            f"before-parse.ec2.{operation}", _cut, unique_id=f"spot-pipelines-lean-{operation}"
+        )
 
 
 @contextmanager
@@ -53,7 +59,7 @@ def lean() -> Iterator[None]:
         _state.depth -= 1
 
 
-def _cut(operation_model: Any, response_dict: dict, **_: Any) -> None:
+def _cut(operation_model: Any, response_dict: dict[str, Any], **_: Any) -> None:
     if not getattr(_state, "depth", 0) or response_dict.get("status_code", 500) >= 300:
         return
     kept = KEPT.get(operation_model.name)
@@ -79,7 +85,7 @@ def cut(body: bytes, list_element: str, keep: frozenset[str]) -> bytes:
 def tree_cut(body: bytes, list_element: str, keep: frozenset[str]) -> bytes:
     """``cut`` through ElementTree: any well-formed answer, at the cost of its whole tree."""
     root = ElementTree.fromstring(body)
-    namespace = root.tag[:root.tag.find("}") + 1]  # "{uri}" or ""
+    namespace = root.tag[: root.tag.find("}") + 1]  # "{uri}" or ""
     wanted = {namespace + name for name in keep}
     for items in list(root.iter(namespace + list_element)):
         for item in items:
@@ -89,7 +95,9 @@ def tree_cut(body: bytes, list_element: str, keep: frozenset[str]) -> bytes:
 
 
 @lru_cache(maxsize=16)
-def _patterns(list_element: str, keep: frozenset[str]) -> tuple[re.Pattern, re.Pattern]:
+def _patterns(
+    list_element: str, keep: frozenset[str]
+) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     names = "|".join(re.escape(name) for name in sorted(keep))
     tokens = re.compile(rf"<(/?)(item|{re.escape(list_element)})(/?)>".encode())
     kept = re.compile(rf"<({names})(?:\s*/>|>.*?</\1\s*>)".encode(), re.S)
@@ -110,27 +118,27 @@ def scan_cut(body: bytes, list_element: str, keep: frozenset[str]) -> bytes | No
         return None
     tokens, kept = _patterns(list_element, keep)
     out: list[bytes] = []
-    copied = 0      # body[:copied] is in out
-    depth = -1      # -1: outside a list element; 0: in it; 1: in one of its items; ...
+    copied = 0  # body[:copied] is in out
+    depth = -1  # -1: outside a list element; 0: in it; 1: in one of its items; ...
     item_start = 0
     for token in tokens.finditer(body):
         closing, name, empty = token.group(1), token.group(2), token.group(3)
         if name != b"item":
             if empty:
-                continue                           # <instancesSet/>: no items
+                continue  # <instancesSet/>: no items
             if closing:
                 if depth != 0:
-                    return None                    # the list closed inside an item
+                    return None  # the list closed inside an item
                 depth = -1
             elif depth == -1:
                 depth = 0
-                out.append(body[copied:token.end()])
+                out.append(body[copied : token.end()])
                 copied = token.end()
             else:
-                return None                        # a list element nested in an item
+                return None  # a list element nested in an item
             continue
         if depth < 0 or empty:
-            continue                               # an item elsewhere, or an empty one
+            continue  # an item elsewhere, or an empty one
         if not closing:
             depth += 1
             if depth == 1:

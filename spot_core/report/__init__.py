@@ -12,6 +12,16 @@ from spot_core.report.progress import attempt_line, progress_percent, saving_lin
 from spot_core.report.rows import COLUMNS, attempt_cells, ledger_lines
 from spot_core.report.terminal import attempts_table, print_record
 
-__all__ = ["COLUMNS", "LiveProgress", "attempt_cells", "attempt_line", "attempts_table",
-           "demo_report", "html_page", "ledger_lines", "print_record", "progress_percent",
-           "saving_line"]
+__all__ = [
+    "COLUMNS",
+    "LiveProgress",
+    "attempt_cells",
+    "attempt_line",
+    "attempts_table",
+    "demo_report",
+    "html_page",
+    "ledger_lines",
+    "print_record",
+    "progress_percent",
+    "saving_line",
+]

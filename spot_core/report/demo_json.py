@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from spot_core.model import JobRecord
 
 
-def demo_report(engine: str, record: JobRecord, *, final_weights_sha256: str | None,
-                uninterrupted_weights_sha256: str, accuracy: float | None) -> dict:
+def demo_report(
+    engine: str,
+    record: JobRecord,
+    *,
+    final_weights_sha256: str | None,
+    uninterrupted_weights_sha256: str,
+    accuracy: float | None,
+) -> dict[str, Any]:
     """The same keys for every engine."""
     summary = record.summary()
     return {

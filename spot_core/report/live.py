@@ -9,17 +9,27 @@ It is the controller's listener and a rich renderable at once; the driver owns t
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from spot_core.model import JobRecord
 from spot_core.report.progress import attempt_line, saving_line
+
+if TYPE_CHECKING:  # rich is imported when the view is drawn
+    from rich.console import RenderableType
+    from rich.panel import Panel
 
 
 class LiveProgress:
     """What the last transition said, drawn with the time since the attempt started."""
 
-    def __init__(self, total_steps: int | None = None, *, title: str = "spot job",
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        total_steps: int | None = None,
+        *,
+        title: str = "spot job",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.total_steps = total_steps
         self.title = title
         self.clock = clock
@@ -31,7 +41,7 @@ class LiveProgress:
         self.record = record
         self.last = f"{kind}: {detail}" if detail else kind
 
-    def __rich__(self):
+    def __rich__(self) -> Panel:
         from rich.console import Group
         from rich.panel import Panel
         from rich.progress_bar import ProgressBar
@@ -40,11 +50,15 @@ class LiveProgress:
         record = self.record
         if record is None:
             return Panel(Text(self.last), title=Text(self.title))
-        lines = [Text(attempt_line(record, self.clock())), Text(saving_line(record))]
+        lines: list[RenderableType] = [
+            Text(attempt_line(record, self.clock())),
+            Text(saving_line(record)),
+        ]
         step = record.latest_checkpoint.step if record.latest_checkpoint else 0
         if self.total_steps:
             lines.append(Text(f"checkpointed step {step} of {self.total_steps}"))
-            lines.append(ProgressBar(total=self.total_steps,
-                                     completed=min(step, self.total_steps), width=60))
+            lines.append(
+                ProgressBar(total=self.total_steps, completed=min(step, self.total_steps), width=60)
+            )
         lines.append(Text(f"last: {self.last}"[:160], style="dim"))
         return Panel(Group(*lines), title=Text(f"{self.title} {record.job_id}"))

@@ -25,18 +25,20 @@ def html_page(record: JobRecord) -> str:
     attempt timeline, cost and lost-work charts."""
     title = f"Spot job {record.job_id} ({record.status})"
     charts = (attempt_timeline(record), cost_chart(record), lost_work_chart(record))
-    return "".join([
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        # No script, no remote anything: the page is data, whatever the record holds.
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-        "style-src 'unsafe-inline'; img-src data:\">",
-        f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>{escape(title)}</h1>",
-        f"<p class=\"ledger\">{escape(ledger_lines(record))}</p>",
-        _attempts_table(record),
-        *(f"<figure>{svg}</figure>" for svg in charts),
-        "</body></html>\n",
-    ])
+    return "".join(
+        [
+            '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+            # No script, no remote anything: the page is data, whatever the record holds.
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+            "style-src 'unsafe-inline'; img-src data:\">",
+            f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
+            f"<h1>{escape(title)}</h1>",
+            f'<p class="ledger">{escape(ledger_lines(record))}</p>',
+            _attempts_table(record),
+            *(f"<figure>{svg}</figure>" for svg in charts),
+            "</body></html>\n",
+        ]
+    )
 
 
 NUMBER = ' class="num"'
@@ -46,8 +48,12 @@ def _attempts_table(record: JobRecord) -> str:
     head = "".join(f"<th>{escape(heading)}</th>" for heading, _ in COLUMNS)
     rows = []
     for attempt in record.attempts:
-        cells = "".join(f"<td{'' if left else NUMBER}>{escape(cell)}</td>"
-                        for (_, left), cell in zip(COLUMNS, attempt_cells(attempt)))
-        rows.append(f"<tr class=\"attempt-row\" data-attempt=\"{attempt.number}\">{cells}</tr>")
-    return (f"<table class=\"attempts\"><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
+        cells = "".join(
+            f"<td{'' if left else NUMBER}>{escape(cell)}</td>"
+            for (_, left), cell in zip(COLUMNS, attempt_cells(attempt), strict=True)
+        )
+        rows.append(f'<tr class="attempt-row" data-attempt="{attempt.number}">{cells}</tr>')
+    return (
+        f'<table class="attempts"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )

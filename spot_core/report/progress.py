@@ -16,18 +16,24 @@ def attempt_line(record: JobRecord, now: float) -> str:
         price = (attempt.lease or {}).get("price_per_hour")
         rate = f" at ${price:.3f}/h" if isinstance(price, (int, float)) else ""
         running = max(0.0, now - attempt.started_at)
-        return (f"attempt {attempt.number} running on {pool.zone} {pool.instance_type} "
-                f"({pool.market}){rate} for {running:.0f} s")
-    return (f"attempt {attempt.number} on {pool.zone} {pool.instance_type} ({pool.market}) "
-            f"ended {attempt.outcome}")
+        return (
+            f"attempt {attempt.number} running on {pool.zone} {pool.instance_type} "
+            f"({pool.market}){rate} for {running:.0f} s"
+        )
+    return (
+        f"attempt {attempt.number} on {pool.zone} {pool.instance_type} ({pool.market}) "
+        f"ended {attempt.outcome}"
+    )
 
 
 def saving_line(record: JobRecord) -> str:
     """What the closed attempts survived, spent and saved."""
     ledger = record.ledger
-    return (f"preemptions {record.preemptions}, fallbacks {record.fallbacks}; spent "
-            f"${ledger.spent:.2f} vs on-demand ${ledger.on_demand_equivalent:.2f}: saved so "
-            f"far ${ledger.saved:.2f} ({ledger.savings_fraction:.0%})")
+    return (
+        f"preemptions {record.preemptions}, fallbacks {record.fallbacks}; spent "
+        f"${ledger.spent:.2f} vs on-demand ${ledger.on_demand_equivalent:.2f}: saved so "
+        f"far ${ledger.saved:.2f} ({ledger.savings_fraction:.0%})"
+    )
 
 
 def progress_percent(record: JobRecord, total_steps: int | None = None) -> float:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from spot_core.model import JobRecord
 from spot_core.report.rows import COLUMNS, attempt_cells, ledger_lines
 
+if TYPE_CHECKING:  # rich is imported when a table is drawn
+    from rich.console import Console
+    from rich.table import Table
 
-def attempts_table(record: JobRecord):
+
+def attempts_table(record: JobRecord) -> Table:
     """A rich Table with one row per attempt."""
     from rich.table import Table
 
@@ -18,7 +24,9 @@ def attempts_table(record: JobRecord):
     return table
 
 
-def print_record(record: JobRecord, time_scale: float = 1.0, console=None) -> None:
+def print_record(
+    record: JobRecord, time_scale: float = 1.0, console: Console | None = None
+) -> None:
     from rich.console import Console
 
     console = console or Console(highlight=False, width=120)

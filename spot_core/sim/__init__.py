@@ -1,1 +1,2 @@
-"""The trace simulator alone: replays deadline policies on real traces (``spot-pipelines simulate``)."""
+"""The trace simulator alone: replays deadline policies on real traces
+(``spot-pipelines simulate``)."""

@@ -22,18 +22,18 @@ for speed, and the tests check that no policy's choice changes when the future d
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from spot_core.bounds import MAX_SEED, MAX_WINDOWS
 from spot_core.errors import ConfigError
-from spot_core.policy.causal import causal_plan
-from spot_core.policy.deadline import IDLE, Decide, Job, Window
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.policy.deadline_optimal import optimal_cost
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import IDLE, Decide, Job, Window
+from spot_core.policy.deadline.causal import causal_plan
+from spot_core.policy.deadline.optimal import optimal_cost
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.replay import Replay
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,16 @@ def random_starts(n_ticks: int, window_ticks: int, count: int, seed: int) -> lis
         raise ConfigError(f"--seed must be a whole number from 0 to {MAX_SEED}, got {seed}")
     room = n_ticks - window_ticks + 1
     if room < 1:
-        raise ConfigError(f"the traces ({n_ticks} ticks) are shorter than one window "
-                          f"({window_ticks} ticks); shorten the deadline")
+        raise ConfigError(
+            f"the traces ({n_ticks} ticks) are shorter than one window "
+            f"({window_ticks} ticks); shorten the deadline"
+        )
     rng = np.random.default_rng(seed)
-    picks = rng.choice(room, size=count, replace=False) if count <= room else \
-        rng.integers(0, room, size=count)
+    picks = (
+        rng.choice(room, size=count, replace=False)
+        if count <= room
+        else rng.integers(0, room, size=count)
+    )
     return sorted(int(s) for s in picks)
 
 
@@ -72,7 +77,7 @@ def run_window(window: Window, decide: Decide) -> WindowResult:
     job, tick = window.job, window.tick_seconds
     avail, price, od = window.available, window.price, window.on_demand_price
     dt_hours = tick / 3600.0
-    target = job.task_seconds - 1e-6
+    target = job.work_capacity_seconds - 1e-6
     progress, current, left, cost = 0.0, IDLE, 0.0, 0.0
     preemptions = restarts = spot_ticks = od_ticks = 0
     for t in range(window.ticks):
@@ -84,28 +89,39 @@ def run_window(window: Window, decide: Decide) -> WindowResult:
             continue
         if action >= 0:
             if not avail[action, t]:
-                raise RuntimeError(f"policy chose spot in zone {action} at tick {t}, where it "
-                                   "is unavailable")
+                raise RuntimeError(
+                    f"policy chose spot in zone {action} at tick {t}, where it is unavailable"
+                )
             cost += price[action, t] * dt_hours
             spot_ticks += 1
         else:
             cost += od * dt_hours
             od_ticks += 1
         if action != current:
-            current, left, restarts = action, job.overhead_seconds, restarts + 1
+            current, left, restarts = action, job.restart_overhead_capacity_seconds, restarts + 1
         progress += max(0.0, tick - left)
         left = max(0.0, left - tick)
         if progress >= target:
             return WindowResult(cost, True, t, preemptions, restarts, spot_ticks, od_ticks)
-    remaining = job.task_seconds - progress + job.overhead_seconds
-    return WindowResult(cost + od * remaining / 3600.0, False, window.ticks, preemptions, restarts,
-                   spot_ticks, od_ticks)
+    remaining = job.work_capacity_seconds - progress + job.restart_overhead_capacity_seconds
+    return WindowResult(
+        cost + od * remaining / 3600.0,
+        False,
+        window.ticks,
+        preemptions,
+        restarts,
+        spot_ticks,
+        od_ticks,
+    )
 
 
 def on_demand_cost(window: Window) -> float:
     """Always-on-demand: one launch, whole ticks until the work and one overhead are done."""
     job = window.job
-    ticks = math.ceil((job.task_seconds + job.overhead_seconds) / window.tick_seconds - 1e-9)
+    ticks = math.ceil(
+        (job.work_capacity_seconds + job.restart_overhead_capacity_seconds) / window.tick_seconds
+        - 1e-9
+    )
     return ticks * window.tick_seconds / 3600.0 * window.on_demand_price
 
 
@@ -137,10 +153,14 @@ class SimulationReport:
         return self.mean_cost / float(np.mean(self.on_demand_costs))
 
     def to_dict(self) -> dict[str, object]:
-        return {"policy": self.policy, "mean_cost": self.mean_cost, "costs": list(self.costs),
-                "deadline_misses": self.deadline_misses,
-                "mean_cost_vs_on_demand": self.mean_cost_vs_on_demand,
-                "start_ticks": list(self.starts)}
+        return {
+            "policy": self.policy,
+            "mean_cost": self.mean_cost,
+            "costs": list(self.costs),
+            "deadline_misses": self.deadline_misses,
+            "mean_cost_vs_on_demand": self.mean_cost_vs_on_demand,
+            "start_ticks": list(self.starts),
+        }
 
 
 def window_cost(window: Window, policy: str) -> tuple[float, bool]:
@@ -161,6 +181,10 @@ def simulate(replay: Replay, job: Job, policy: str, starts: Sequence[int]) -> Si
     ordered = tuple(sorted(int(s) for s in starts))
     windows = [replay.window(s, job) for s in ordered]
     results = [window_cost(w, policy) for w in windows]
-    return SimulationReport(policy, ordered, tuple(c for c, _ in results),
-                            sum(1 for _, ok in results if not ok),
-                            tuple(on_demand_cost(w) for w in windows))
+    return SimulationReport(
+        policy,
+        ordered,
+        tuple(c for c, _ in results),
+        sum(1 for _, ok in results if not ok),
+        tuple(on_demand_cost(w) for w in windows),
+    )

@@ -23,30 +23,59 @@ STATE_FILE = "state.npz"
 PREDICTIONS_FILE = "predictions.npy"
 
 
-def train_command(data: str, steps: int | str, step_seconds: float | str,
-                  every_seconds: float | str) -> list[str]:
-    return [sys.executable, "-m", "spot_core.workloads.softmax_regression", "--data", str(data),
-            "--steps", str(steps), "--step-seconds", str(step_seconds),
-            "--checkpoint-every-seconds", str(every_seconds)]
+def train_command(
+    data: str, steps: int | str, step_seconds: float | str, every_seconds: float | str
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "spot_core.workloads.softmax_regression",
+        "--data",
+        str(data),
+        "--steps",
+        str(steps),
+        "--step-seconds",
+        str(step_seconds),
+        "--checkpoint-every-seconds",
+        str(every_seconds),
+    ]
 
 
-def infer_command(model_uri: str, data: str, shard: int, shards: int, out: str,
-                  chunk_seconds: float = 0.2) -> list[str]:
-    return [sys.executable, "-m", "spot_core.workloads.example_pipeline", "--model-uri", model_uri,
-            "--data", data, "--shard", str(shard), "--shards", str(shards), "--out", out,
-            "--chunk-seconds", str(chunk_seconds)]
+def infer_command(
+    model_uri: str, data: str, shard: int, shards: int, out: str, chunk_seconds: float = 0.2
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "spot_core.workloads.example_pipeline",
+        "--model-uri",
+        model_uri,
+        "--data",
+        data,
+        "--shard",
+        str(shard),
+        "--shards",
+        str(shards),
+        "--out",
+        out,
+        "--chunk-seconds",
+        str(chunk_seconds),
+    ]
 
 
 def evaluate(model_uri: str, data: str, steps: int) -> dict[str, Any]:
     """Final weights' hash and accuracy, next to an uninterrupted run's hash."""
     from spot_core.checkpoint import open_store
-    from spot_core.workloads.softmax_regression import TrainConfig, evaluate as core_evaluate
-    from spot_core.workloads.softmax_regression import train
+    from spot_core.workloads.softmax_regression import TrainConfig, train
+    from spot_core.workloads.softmax_regression import evaluate as core_evaluate
 
     sha, accuracy = core_evaluate(open_store(model_uri), Path(data))
     reference = train(TrainConfig(steps=steps), data=Path(data))
-    return {"final_weights_sha256": sha, "uninterrupted_weights_sha256": reference.weights_sha256,
-            "accuracy": accuracy}
+    return {
+        "final_weights_sha256": sha,
+        "uninterrupted_weights_sha256": reference.weights_sha256,
+        "accuracy": accuracy,
+    }
 
 
 def _load_weights(model_uri: str) -> dict[str, np.ndarray]:
@@ -60,8 +89,15 @@ def _load_weights(model_uri: str) -> dict[str, np.ndarray]:
     return arrays_from_bytes(store.load(ref)[STATE_FILE])
 
 
-def infer(model_uri: str, data: Path, shard: int, shards: int, out: Path,
-          chunk_seconds: float, chunk_rows: int = 50) -> int:
+def infer(
+    model_uri: str,
+    data: Path,
+    shard: int,
+    shards: int,
+    out: Path,
+    chunk_seconds: float,
+    chunk_rows: int = 50,
+) -> int:
     """Predict rows ``shard::shards`` of the test set, resuming from the last checkpoint."""
     from spot_core.checkpoint import Checkpointer
     from spot_core.checkpoint.state import arrays_from_bytes, arrays_to_bytes
@@ -81,13 +117,14 @@ def infer(model_uri: str, data: Path, shard: int, shards: int, out: Path,
             predictions = arrays_from_bytes(payload[STATE_FILE])["predictions"]
         try:
             while done < len(rows):
-                chunk = rows[done:done + chunk_rows]
+                chunk = rows[done : done + chunk_rows]
                 logits = chunk @ weights["W"] + weights["b"]
-                predictions[done:done + len(chunk)] = logits.argmax(axis=1)
+                predictions[done : done + len(chunk)] = logits.argmax(axis=1)
                 done += len(chunk)
                 time.sleep(chunk_seconds)
-                checkpointer.maybe_save(done, lambda: {STATE_FILE: arrays_to_bytes(
-                    {"predictions": predictions})})
+                checkpointer.maybe_save(
+                    done, lambda: {STATE_FILE: arrays_to_bytes({"predictions": predictions})}
+                )
         except Preempted as exc:
             print(json.dumps({"preempted": True, "reason": str(exc)}), flush=True)
             return 143

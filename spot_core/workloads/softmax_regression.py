@@ -24,12 +24,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.errors import SpotError
 from spot_core.safe_files import read_bytes, write_bytes
+
+if TYPE_CHECKING:
+    from spot_core.checkpoint import Checkpointer, CheckpointStore
 
 MAX_DATASET_BYTES = 1 << 30  # the demo's data set is about 1 MB
 
@@ -45,7 +49,9 @@ class TrainConfig:
     features: int = 16
     classes: int = 4
     samples: int = 4000
-    step_seconds: float = 0.0  # simulated extra compute per step, to make runs long enough to interrupt
+    step_seconds: float = (
+        0.0  # simulated extra compute per step, to make runs long enough to interrupt
+    )
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,13 @@ def load_dataset(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     """The data set at ``path``: a regular file (a FIFO there would block the step)."""
     raw = read_bytes(path, limit=MAX_DATASET_BYTES, what="data set")
     with np.load(io.BytesIO(raw), allow_pickle=False) as data:
-        return data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
+            data["x_train"],
+            data["y_train"],
+            data["x_test"],
+            data["y_test"],
+        )
+        return arrays
 
 
 def initial_state(cfg: TrainConfig) -> dict[str, np.ndarray]:
@@ -91,11 +103,13 @@ def initial_state(cfg: TrainConfig) -> dict[str, np.ndarray]:
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
+    probabilities: np.ndarray = shifted / shifted.sum(axis=1, keepdims=True)
+    return probabilities
 
 
-def train_step(state: dict[str, np.ndarray], step: int, x: np.ndarray, y: np.ndarray,
-               cfg: TrainConfig) -> None:
+def train_step(
+    state: dict[str, np.ndarray], step: int, x: np.ndarray, y: np.ndarray, cfg: TrainConfig
+) -> None:
     """One SGD step on the mini-batch that belongs to ``step`` (in place)."""
     batch = np.random.default_rng([cfg.seed, step]).integers(0, len(x), size=cfg.batch_size)
     xb, yb = x[batch], y[batch]
@@ -139,7 +153,9 @@ class SimulatedCompute:
         self._owed -= time.perf_counter() - started
 
 
-def train(cfg: TrainConfig, checkpointer=None, data: Path | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig, checkpointer: Checkpointer | None = None, data: Path | None = None
+) -> TrainResult:
     """Train to ``cfg.steps``, resuming from and saving to ``checkpointer`` if given.
 
     The final state is saved as the newest checkpoint (``final: true``) so the evaluation
@@ -161,8 +177,11 @@ def train(cfg: TrainConfig, checkpointer=None, data: Path | None = None) -> Trai
         if checkpointer is not None:
             checkpointer.maybe_save(step + 1, lambda: {STATE_FILE: arrays_to_bytes(state)})
     if checkpointer is not None:
-        checkpointer.save_now(cfg.steps, lambda: {STATE_FILE: arrays_to_bytes(state)},
-                              {"final": True, "accuracy": accuracy(state, x_test, y_test)})
+        checkpointer.save_now(
+            cfg.steps,
+            lambda: {STATE_FILE: arrays_to_bytes(state)},
+            {"final": True, "accuracy": accuracy(state, x_test, y_test)},
+        )
     return TrainResult(
         steps_done=cfg.steps,
         resumed_from_step=None if restored is None else start,
@@ -173,7 +192,7 @@ def train(cfg: TrainConfig, checkpointer=None, data: Path | None = None) -> Trai
     )
 
 
-def evaluate(store, data: Path) -> tuple[str, float]:
+def evaluate(store: CheckpointStore, data: Path) -> tuple[str, float]:
     """The pipeline's last step: (weights sha256, test accuracy) of the final checkpoint."""
     from spot_core.checkpoint.state import arrays_from_bytes
 
@@ -190,12 +209,20 @@ def _parse(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespace]:
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="data set written by prepare_dataset (default: generate it)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="data set written by prepare_dataset (default: generate it)",
+    )
     parser.add_argument("--checkpoint-every-steps", type=int, default=None)
     parser.add_argument("--checkpoint-every-seconds", type=float, default=None)
-    parser.add_argument("--result", type=Path, default=None,
-                        help="write the TrainResult as JSON here when training completes")
+    parser.add_argument(
+        "--result",
+        type=Path,
+        default=None,
+        help="write the TrainResult as JSON here when training completes",
+    )
     args = parser.parse_args(argv)
     return TrainConfig(steps=args.steps, step_seconds=args.step_seconds, seed=args.seed), args
 
@@ -205,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg, args = _parse(argv)
     try:
-        chosen = {"every_steps": args.checkpoint_every_steps,
-                  "every_seconds": args.checkpoint_every_seconds}
+        chosen = {
+            "every_steps": args.checkpoint_every_steps,
+            "every_seconds": args.checkpoint_every_seconds,
+        }
         checkpointer = Checkpointer.from_env(**{k: v for k, v in chosen.items() if v is not None})
         with checkpointer.attach_signals():
             result = train(cfg, checkpointer, args.data)

@@ -23,27 +23,34 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "core"))
 from aws_helpers import aws_env, moto_server  # noqa: E402,F401  (pytest fixtures)
 from postgres_helpers import postgres_url  # noqa: E402,F401  (pytest fixture)
+
 sys.path.insert(0, str(Path(__file__).parent))
 # One `airflow standalone` per session, shared by test_standalone and the Spot UI tests.
-from standalone_server import runs, standalone, statsd  # noqa: E402,F401  (pytest fixtures)
 # One Kubernetes emulator for the whole session (fixtures imported here, not per module).
 from kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: E402,F401
+from standalone_server import runs, standalone, statsd  # noqa: E402,F401  (pytest fixtures)
+
 _HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
 # The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.
 DAGS = _HOME / "dags"
 DAGS.mkdir()
-for _dag_file in [REPO / "dags" / "spot_ml_pipeline.py", *(Path(__file__).parent / "dags").glob("*.py")]:
+for _dag_file in [
+    REPO / "dags" / "spot_ml_pipeline.py",
+    *(Path(__file__).parent / "dags").glob("*.py"),
+]:
     (DAGS / _dag_file.name).symlink_to(_dag_file)
 TEST_DIR = _HOME / "task-tests"
 TEST_DIR.mkdir()
-os.environ.update({
-    "AIRFLOW_HOME": str(_HOME),
-    "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-    "SPOT_TEST_DIR": str(TEST_DIR),
-    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_HOME}/airflow.db",
-    "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
-})
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_HOME),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "SPOT_TEST_DIR": str(TEST_DIR),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_HOME}/airflow.db",
+        "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+    }
+)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -62,8 +69,13 @@ def load_dag(dag_id: str):
 def airflow_home() -> Path:
     """A migrated SQLite metadata database in the session's AIRFLOW_HOME."""
     airflow = Path(sys.executable).parent / "airflow"
-    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True,
-                   timeout=300, env=os.environ.copy())
+    subprocess.run(
+        [str(airflow), "db", "migrate"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=os.environ.copy(),
+    )
     return _HOME
 
 
@@ -97,8 +109,9 @@ def pipeline_cloud(workdir, airflow_home):
     this DAG ran in a full suite, it was minutes further on.)"""
     from airflow_spot.demo import DEMO_TIME_SCALE, cloud_server
 
-    with cloud_server(workdir / "pipeline-cloud", time_scale=DEMO_TIME_SCALE,
-                      start_on_first_client=True) as url:
+    with cloud_server(
+        workdir / "pipeline-cloud", time_scale=DEMO_TIME_SCALE, start_on_first_client=True
+    ) as url:
         yield url
 
 
@@ -111,13 +124,16 @@ def pipeline_run(pipeline_cloud, workdir):
     from airflow_spot.demo import DEMO_STEP_SECONDS
     from spot_core.localcloud.server import client_environ
 
-    environ = {**client_environ(pipeline_cloud, workdir / "pipeline-cloud"),
-               "SPOT_PIPELINE_WORKDIR": str(workdir)}
+    environ = {
+        **client_environ(pipeline_cloud, workdir / "pipeline-cloud"),
+        "SPOT_PIPELINE_WORKDIR": str(workdir),
+    }
     saved = {name: os.environ.get(name) for name in environ}
     os.environ.update(environ)
     try:
-        run = load_dag("spot_ml_pipeline").test(run_conf={
-            "workdir": str(workdir), "steps": 2000, "step_seconds": DEMO_STEP_SECONDS})
+        run = load_dag("spot_ml_pipeline").test(
+            run_conf={"workdir": str(workdir), "steps": 2000, "step_seconds": DEMO_STEP_SECONDS}
+        )
     finally:
         for name, value in saved.items():
             if value is None:

@@ -17,13 +17,12 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
-
 from process_helpers import free_port, stop_tree
 
 BIN = Path(sys.executable).parent
@@ -54,21 +53,23 @@ def standalone_env(home: Path, port: int, dags: str) -> dict[str, str]:
     its AIRFLOW_* and SPOT_* settings, in ``home``, serving on 127.0.0.1:``port`` with
     free log-server ports, parsing ``dags`` and scheduling quickly."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPOT_"))}
-    env.update({
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": dags,
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
-        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-    })
+    env.update(
+        {
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": dags,
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        }
+    )
     return env
 
 
@@ -79,12 +80,24 @@ class Standalone:
         self.extra: list[subprocess.Popen] = []
 
     def cli(self, *args: str, timeout: float = 120) -> str:
-        return subprocess.run([str(BIN / "airflow"), *args], env=self.env, check=True,
-                              capture_output=True, text=True, timeout=timeout).stdout
+        return subprocess.run(
+            [str(BIN / "airflow"), *args],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        ).stdout
 
     def state(self, dag_id: str) -> dict:
-        out = subprocess.run([sys.executable, "-c", QUERY, dag_id], env=self.env, check=True,
-                             capture_output=True, text=True, timeout=120).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", QUERY, dag_id],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
@@ -107,16 +120,19 @@ class Standalone:
             if state["runs"].get(run_id) in ("success", "failed"):
                 return state
             time.sleep(3)
-        raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout} s: "
-                             f"{self.state(dag_id)}")
+        raise AssertionError(
+            f"{dag_id} run {run_id} did not finish in {timeout} s: {self.state(dag_id)}"
+        )
 
     def token(self, username: str = "admin") -> str:
         """A JWT for one of ``USERS`` from ``POST /auth/token``, as a script would get it."""
         password = next(p for u, _, p in USERS if u == username)
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/auth/token", method="POST",
+            f"http://127.0.0.1:{self.port}/auth/token",
+            method="POST",
             data=json.dumps({"username": username, "password": password}).encode(),
-            headers={"Content-Type": "application/json"})
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())["access_token"]
 
@@ -151,26 +167,30 @@ def standalone(tmp_path_factory, postgres_url, statsd):
     work = tmp_path_factory.mktemp("standalone-work")
     port = free_port()
     env = standalone_env(home, port, str(DAGS))
-    env.update({
-        # Real logins (the Spot UI test logs in; no token is a 401): the simple auth
-        # manager's users with passwords the tests know.
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r, _ in USERS),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "SPOT_TEST_DIR": str(TEST_DIR),
-        "SPOT_PIPELINE_WORKDIR": str(work),
-        # Airflow's metrics (and the provider's spot.* metrics) to the test's UDP listener;
-        # the InfluxDB line format carries the tags (dag_id, task_id, pool).
-        "AIRFLOW__METRICS__STATSD_ON": "True",
-        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
-        "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
-    })
+    env.update(
+        {
+            # Real logins (the Spot UI test logs in; no token is a 401): the simple auth
+            # manager's users with passwords the tests know.
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r, _ in USERS),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "SPOT_TEST_DIR": str(TEST_DIR),
+            "SPOT_PIPELINE_WORKDIR": str(work),
+            # Airflow's metrics (and the provider's spot.* metrics) to the test's UDP listener;
+            # the InfluxDB line format carries the tags (dag_id, task_id, pool).
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+            "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
+        }
+    )
     (home / "passwords.json").write_text(json.dumps({u: p for u, _, p in USERS}))
     # The trace's clock starts at the first launch (the train task's), as in `make demo`, so
     # training meets the demo's preemptions however long Airflow took to start.
-    with fresh_database(postgres_url, "spot_airflow_standalone") as database, \
-            cloud_server(work / "cloud", start_on_first_client=True) as url:
+    with (
+        fresh_database(postgres_url, "spot_airflow_standalone") as database,
+        cloud_server(work / "cloud", start_on_first_client=True) as url,
+    ):
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
         env.update(client_environ(url, work / "cloud"))
         with running_standalone(home, env, port) as airflow:
@@ -183,9 +203,13 @@ def running_standalone(home: Path, env: dict[str, str], port: int) -> Iterator[S
     healthy on ``port``; it and every process a test added to ``extra`` are stopped after."""
     airflow = Standalone(home, env, port)
     log = open(home / "standalone.log", "wb")
-    airflow.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+    airflow.proc = subprocess.Popen(
+        [str(BIN / "airflow"), "standalone"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         _wait_healthy(airflow)
         yield airflow
@@ -205,23 +229,30 @@ def _wait_healthy(airflow: Standalone) -> None:
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 health = json.loads(response.read())
-            if all((health.get(part) or {}).get("status") == "healthy"
-                   for part in ("metadatabase", "scheduler", "triggerer")):
+            if all(
+                (health.get(part) or {}).get("status") == "healthy"
+                for part in ("metadatabase", "scheduler", "triggerer")
+            ):
                 return
         except OSError:
             pass
         time.sleep(2)
-    raise AssertionError(f"airflow standalone did not become healthy ({health}): "
-                         + (airflow.home / "standalone.log").read_text()[-3000:])
+    raise AssertionError(
+        f"airflow standalone did not become healthy ({health}): "
+        + (airflow.home / "standalone.log").read_text()[-3000:]
+    )
 
 
 @pytest.fixture(scope="session")
 def runs(standalone) -> dict[str, str]:
     """Both DAG runs at once (they run side by side; the tests look at them in turn)."""
     work = standalone.env["SPOT_PIPELINE_WORKDIR"]
-    return {"spot_ml_pipeline": standalone.trigger("spot_ml_pipeline",
-                                                   {"workdir": work, "steps": 2000}),
-            "spot_task_sigkill": standalone.trigger("spot_task_sigkill")}
+    return {
+        "spot_ml_pipeline": standalone.trigger(
+            "spot_ml_pipeline", {"workdir": work, "steps": 2000}
+        ),
+        "spot_task_sigkill": standalone.trigger("spot_task_sigkill"),
+    }
 
 
 class StatsdListener:

@@ -44,8 +44,7 @@ def drive_deferrals(op, context, *, event_timeout: float = 120, max_deferrals: i
     except TaskDeferred as deferred:
         pending = deferred
     for _ in range(max_deferrals):
-        payload = asyncio.run(asyncio.wait_for(first_event(pending.trigger),
-                                               timeout=event_timeout))
+        payload = asyncio.run(asyncio.wait_for(first_event(pending.trigger), timeout=event_timeout))
         try:
             return getattr(op, pending.method_name)(context, payload)
         except TaskDeferred as deferred:

@@ -9,12 +9,11 @@ import sys
 from datetime import datetime
 
 import pytest
-
 from airflow.listeners import hookimpl
 from airflow.sdk import DAG
+from task_context import TI, StateStore
 
 from airflow_spot.operators.spot import SpotJobOperator
-from task_context import TI, StateStore
 
 
 class Listener:
@@ -39,18 +38,30 @@ def listener():
 
 def _operator(cloud_url, tmp_path, **alerting) -> SpotJobOperator:
     with DAG("alerting", schedule=None, start_date=datetime(2026, 1, 1)):
-        return SpotJobOperator(task_id="t", command=[sys.executable, "-c", "print('done')"],
-                               checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                               provider_options={"url": cloud_url}, deferrable=False,
-                               poll_interval=0.1, capacity_wait=0.5, on_demand_fallback=True,
-                               **alerting)
+        return SpotJobOperator(
+            task_id="t",
+            command=[sys.executable, "-c", "print('done')"],
+            checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+            provider_options={"url": cloud_url},
+            deferrable=False,
+            poll_interval=0.1,
+            capacity_wait=0.5,
+            on_demand_fallback=True,
+            **alerting,
+        )
 
 
 def test_a_pool_above_the_price_threshold_reaches_the_listener_and_the_callback(
-        cloud_url, tmp_path, listener):
+    cloud_url, tmp_path, listener
+):
     seen = []
-    op = _operator(cloud_url, tmp_path, alert_spot_price=0.01, alert_interruption_rate=None,
-                   on_spot_alert=lambda alert, context: seen.append(alert))
+    op = _operator(
+        cloud_url,
+        tmp_path,
+        alert_spot_price=0.01,
+        alert_interruption_rate=None,
+        on_spot_alert=lambda alert, context: seen.append(alert),
+    )
     op.execute({"task_state_store": StateStore(), "ti": TI()})
     pools = {p.key for p in op.hook.pools() if p.is_spot}
     assert seen and {a["pool_key"] for a in seen} == pools  # every spot pool costs > $0.01/h
@@ -61,8 +72,13 @@ def test_a_pool_above_the_price_threshold_reaches_the_listener_and_the_callback(
 
 def test_no_threshold_no_alert(cloud_url, tmp_path, listener):
     seen = []
-    op = _operator(cloud_url, tmp_path, alert_spot_price=None, alert_interruption_rate=None,
-                   on_spot_alert=lambda alert, context: seen.append(alert))
+    op = _operator(
+        cloud_url,
+        tmp_path,
+        alert_spot_price=None,
+        alert_interruption_rate=None,
+        on_spot_alert=lambda alert, context: seen.append(alert),
+    )
     op.execute({"task_state_store": StateStore(), "ti": TI()})
     assert seen == [] and listener.calls == []
 

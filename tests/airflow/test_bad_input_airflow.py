@@ -14,42 +14,58 @@ from __future__ import annotations
 
 import math
 import textwrap
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 import pytest
-
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from task_context import TI, StateStore
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger
 from airflow_spot.triggers.spot import SpotJobTrigger
 from spot_core.model import JobRecord, Pool
-from task_context import TI, StateStore
 
 GITHUB = "ghp_" + "a" * 36
 NAN, INF = float("nan"), float("inf")
 OPERATOR_CASES = [  # (argument, bad value as Python source, words the line must hold)
-    ("max_preemptions", "-1", ">= 0"), ("max_preemptions", "True", "whole number"),
-    ("max_preemptions", "1.5", "whole number"), ("max_preemptions", "'3'", "whole number"),
-    ("max_capacity_waits", "0", ">= 1"), ("max_infrastructure_retries", "-2", ">= 0"),
-    ("max_spot_price", "float('nan')", "number"), ("max_spot_price", "float('inf')", "number"),
-    ("max_spot_price", "-0.5", "> 0"), ("max_spot_price", "0", "> 0"),
-    ("max_spot_price", "'cheap'", "number"), ("max_spot_price", "True", "number"),
-    ("capacity_wait", "float('nan')", "duration"), ("capacity_wait", "float('inf')", "duration"),
-    ("capacity_wait", "-5", "> 0"), ("capacity_wait", "'0s'", "> 0"),
-    ("capacity_wait", "'soon'", "duration"), ("capacity_wait", "True", "duration"),
-    ("capacity_wait", "'inf'", "duration"), ("capacity_wait", "'nan'", "duration"),
-    ("deadline", "'0s'", "> 0"), ("deadline", "timedelta(hours=-1)", "> 0"),
-    ("attempt_timeout", "0", "> 0"), ("poll_interval", "-1", "> 0"),
-    ("heartbeat_timeout", "float('nan')", "duration"), ("observe_failure_timeout", "[]", "duration"),
+    ("max_preemptions", "-1", ">= 0"),
+    ("max_preemptions", "True", "whole number"),
+    ("max_preemptions", "1.5", "whole number"),
+    ("max_preemptions", "'3'", "whole number"),
+    ("max_capacity_waits", "0", ">= 1"),
+    ("max_infrastructure_retries", "-2", ">= 0"),
+    ("max_spot_price", "float('nan')", "number"),
+    ("max_spot_price", "float('inf')", "number"),
+    ("max_spot_price", "-0.5", "> 0"),
+    ("max_spot_price", "0", "> 0"),
+    ("max_spot_price", "'cheap'", "number"),
+    ("max_spot_price", "True", "number"),
+    ("capacity_wait", "float('nan')", "duration"),
+    ("capacity_wait", "float('inf')", "duration"),
+    ("capacity_wait", "-5", "> 0"),
+    ("capacity_wait", "'0s'", "> 0"),
+    ("capacity_wait", "'soon'", "duration"),
+    ("capacity_wait", "True", "duration"),
+    ("capacity_wait", "'inf'", "duration"),
+    ("capacity_wait", "'nan'", "duration"),
+    ("deadline", "'0s'", "> 0"),
+    ("deadline", "timedelta(hours=-1)", "> 0"),
+    ("attempt_timeout", "0", "> 0"),
+    ("poll_interval", "-1", "> 0"),
+    ("heartbeat_timeout", "float('nan')", "duration"),
+    ("observe_failure_timeout", "[]", "duration"),
     ("min_on_demand", "-1", ">= 0"),
-    ("on_demand_fallback", "'yes'", "True or False"), ("return_to_spot", "1", "True or False"),
+    ("on_demand_fallback", "'yes'", "True or False"),
+    ("return_to_spot", "1", "True or False"),
     ("deferrable", "'yes'", "True or False"),
-    ("zones", "'us-east-2a'", "list of names"), ("zones", "['']", "list of names"),
-    ("zones", "[1]", "list of names"), ("zones", "{'us-east-2a': 1}", "list of names"),
-    ("provider", "'gcp'", "not built; choose one of"), ("provider", "''", "not built"),
+    ("zones", "'us-east-2a'", "list of names"),
+    ("zones", "['']", "list of names"),
+    ("zones", "[1]", "list of names"),
+    ("zones", "{'us-east-2a': 1}", "list of names"),
+    ("provider", "'gcp'", "not built; choose one of"),
+    ("provider", "''", "not built"),
     ("provider", "None", "not built"),
     ("provider_options", "'url=http://x'", "mapping"),
     ("provider_options", "{'regoin': 'us-east-1'}", "unknown local provider option"),
@@ -62,69 +78,110 @@ OPERATOR_CASES = [  # (argument, bad value as Python source, words the line must
     ("provider_options", "{'aws_secret_access_key': 'x'}", "credential"),
     ("provider_options", "{'url': 'http://u:pw@127.0.0.1:1'}", "a URL with a password"),
     ("provider_options", "{'workdir': object()}", "non-empty string"),
-    ("command", "''", "command"), ("command", "[]", "command"), ("command", "123", "command"),
+    ("command", "''", "command"),
+    ("command", "[]", "command"),
+    ("command", "123", "command"),
     ("command", "['python', 1]", "command"),
-    ("checkpoint_uri", "''", "checkpoint_uri"), ("checkpoint_uri", "'relative/ckpt'", "no scheme"),
+    ("checkpoint_uri", "''", "checkpoint_uri"),
+    ("checkpoint_uri", "'relative/ckpt'", "no scheme"),
     ("checkpoint_uri", "'/abs/ckpt'", "file:///abs/ckpt"),
     ("checkpoint_uri", "'ftp://host/ckpt'", "unsupported scheme"),
-    ("checkpoint_uri", "'file://host/x'", "names host"), ("checkpoint_uri", "'file:///'", "absolute"),
-    ("checkpoint_uri", "'s3://'", "no bucket"), ("checkpoint_uri", "'file:///c?v=1'", "query"),
-    ("checkpoint_uri", "'file:///a%00b'", "NUL"), ("checkpoint_uri", "None", "checkpoint_uri"),
-    ("image", "'-v/:/host'", "leading '-'"), ("image", "'--privileged'", "leading '-'"),
-    ("image", "'a b'", "image"), ("image", "''", "image"), ("image", "'img\\x07'", "image"),
-    ("env", "['A=1']", "mapping"), ("env", "{'N': 1}", "strings"),
+    ("checkpoint_uri", "'file://host/x'", "names host"),
+    ("checkpoint_uri", "'file:///'", "absolute"),
+    ("checkpoint_uri", "'s3://'", "no bucket"),
+    ("checkpoint_uri", "'file:///c?v=1'", "query"),
+    ("checkpoint_uri", "'file:///a%00b'", "NUL"),
+    ("checkpoint_uri", "None", "checkpoint_uri"),
+    ("image", "'-v/:/host'", "leading '-'"),
+    ("image", "'--privileged'", "leading '-'"),
+    ("image", "'a b'", "image"),
+    ("image", "''", "image"),
+    ("image", "'img\\x07'", "image"),
+    ("env", "['A=1']", "mapping"),
+    ("env", "{'N': 1}", "strings"),
 ]
-EC2 = ("{'region': 'us-east-1', 'subnets': ['subnet-1'], 'image_id': 'ami-1', "
-       "'instance_types': ['g5.xlarge']")
+EC2 = (
+    "{'region': 'us-east-1', 'subnets': ['subnet-1'], 'image_id': 'ami-1', "
+    "'instance_types': ['g5.xlarge']"
+)
 EC2_CASES = [
     ("provider_options", EC2 + ", 'aws_access_key_id': 'AKIA'}", "credential"),
     ("provider_options", EC2 + ", 'extra_tags': {'t': '" + GITHUB + "'}}", "a GitHub token"),
     ("provider_options", EC2 + ", 'endpoint_url': 'https://u:p@aws.example'}", "password"),
     ("provider_options", EC2 + ", 'subnet': ['subnet-1']}", "unknown ec2 provider option"),
-    ("provider_options", "{'region': 'us-east-1', 'subnets': [], 'image_id': 'ami-1', "
-                         "'instance_types': ['g5.xlarge']}", "needs provider_options"),
-    ("provider_options", "{'region': 'us-east-1', 'subnets': ['s'], 'image_id': 'ami-1', "
-                         "'instance_types': []}", "instance_types"),
+    (
+        "provider_options",
+        "{'region': 'us-east-1', 'subnets': [], 'image_id': 'ami-1', "
+        "'instance_types': ['g5.xlarge']}",
+        "needs provider_options",
+    ),
+    (
+        "provider_options",
+        "{'region': 'us-east-1', 'subnets': ['s'], 'image_id': 'ami-1', 'instance_types': []}",
+        "instance_types",
+    ),
     ("env", "{'DATABASE_URL': 'postgres://u:p@db/x'}", "DATABASE_URL"),
     ("env", "{'HF_TOKEN': 'x'}", "HF_TOKEN"),
     ("env", "{'DEPLOY': '-----BEGIN RSA PRIVATE KEY-----'}", "PEM"),
 ]
 DECORATOR_CASES = [
-    ("checkpoint_uri", "'file://host/x'", "names host"), ("checkpoint_uri", "'s3://'", "no bucket"),
-    ("checkpoint_uri", "'ftp://x/y'", "unsupported scheme"), ("checkpoint_uri", "''", "checkpoint_uri"),
-    ("cloud", "'aws-ish'", "is not one of"), ("max_preemptions", "-1", ">= 0"),
-    ("max_preemptions", "False", "whole number"), ("keep_checkpoints", "0", ">= 1"),
-    ("checkpoint_every", "float('nan')", "duration"), ("checkpoint_every", "'0s'", "> 0"),
-    ("checkpoint_every_steps", "0", ">= 1"), ("checkpoint_every_steps", "2.5", "whole number"),
-    ("notice_poll_interval", "float('inf')", "duration"), ("notice_poll_interval", "-1", "> 0"),
+    ("checkpoint_uri", "'file://host/x'", "names host"),
+    ("checkpoint_uri", "'s3://'", "no bucket"),
+    ("checkpoint_uri", "'ftp://x/y'", "unsupported scheme"),
+    ("checkpoint_uri", "''", "checkpoint_uri"),
+    ("cloud", "'aws-ish'", "is not one of"),
+    ("max_preemptions", "-1", ">= 0"),
+    ("max_preemptions", "False", "whole number"),
+    ("keep_checkpoints", "0", ">= 1"),
+    ("checkpoint_every", "float('nan')", "duration"),
+    ("checkpoint_every", "'0s'", "> 0"),
+    ("checkpoint_every_steps", "0", ">= 1"),
+    ("checkpoint_every_steps", "2.5", "whole number"),
+    ("notice_poll_interval", "float('inf')", "duration"),
+    ("notice_poll_interval", "-1", "> 0"),
     ("metadata_endpoint", "'169.254.169.254'", "http://"),
 ]
-PROFILE = "{'zone_prices': {'z': [0.3] * 168}, 'zone_availability': {'z': [1.0] * 168}, " \
-          "'on_demand_price': 1.0}"
+PROFILE = (
+    "{'zone_prices': {'z': [0.3] * 168}, 'zone_availability': {'z': [1.0] * 168}, "
+    "'on_demand_price': 1.0}"
+)
 SENSOR_CASES = [
-    ("job_hours", "float('nan')", "job_hours"), ("job_hours", "float('inf')", "job_hours"),
-    ("job_hours", "-1", "job_hours"), ("job_hours", "True", "job_hours"),
-    ("job_hours", "'2'", "job_hours"), ("max_price", "float('nan')", "max_price"),
-    ("max_price", "float('inf')", "max_price"), ("max_price", "-1", "max_price"),
-    ("max_price", "'1'", "max_price"), ("provider", "'gce'", "not built"),
+    ("job_hours", "float('nan')", "job_hours"),
+    ("job_hours", "float('inf')", "job_hours"),
+    ("job_hours", "-1", "job_hours"),
+    ("job_hours", "True", "job_hours"),
+    ("job_hours", "'2'", "job_hours"),
+    ("max_price", "float('nan')", "max_price"),
+    ("max_price", "float('inf')", "max_price"),
+    ("max_price", "-1", "max_price"),
+    ("max_price", "'1'", "max_price"),
+    ("provider", "'gce'", "not built"),
     ("provider_options", "{'nope': 1}", "unknown local provider option"),
     ("provider_options", "{'url': 'http://u:p@h:1'}", "password"),
-    ("zones", "'us-east-2a'", "list of names"), ("window_end", "'tomorrow'", "window_end"),
-    ("window_end", "timedelta(hours=1)", "cannot finish"), ("deferrable", "'no'", "True or False"),
-    ("profile", "{'zone_prices': {}}", "profile"), ("profile", "'cheap'", "profile"),
+    ("zones", "'us-east-2a'", "list of names"),
+    ("window_end", "'tomorrow'", "window_end"),
+    ("window_end", "timedelta(hours=1)", "cannot finish"),
+    ("deferrable", "'no'", "True or False"),
+    ("profile", "{'zone_prices': {}}", "profile"),
+    ("profile", "'cheap'", "profile"),
     ("profile", PROFILE.replace("'on_demand_price': 1.0", "'on_demand_price': 'x'"), "malformed"),
     ("profile", PROFILE.replace("[1.0] * 168", "[float('nan')] * 168"), "finite"),
 ]
 TIMETABLE_CASES = [
-    ("job_hours", "float('nan')", "job_hours"), ("job_hours", "True", "job_hours"),
-    ("job_hours", "9", "fit in the 8 h window"), ("job_hours", "0", "job_hours"),
-    ("start_hour", "True", "whole hours"), ("start_hour", "-1", "whole hours"),
-    ("end_hour", "25", "whole hours"), ("end_hour", "8.5", "whole hours"),
-    ("profile", "{'zone_prices': 1}", "profile"), ("profile", "None", "profile"),
+    ("job_hours", "float('nan')", "job_hours"),
+    ("job_hours", "True", "job_hours"),
+    ("job_hours", "9", "fit in the 8 h window"),
+    ("job_hours", "0", "job_hours"),
+    ("start_hour", "True", "whole hours"),
+    ("start_hour", "-1", "whole hours"),
+    ("end_hour", "25", "whole hours"),
+    ("end_hour", "8.5", "whole hours"),
+    ("profile", "{'zone_prices': 1}", "profile"),
+    ("profile", "None", "profile"),
     ("profile", PROFILE.replace("[0.3] * 168", "[0.3] * 24"), "168"),
 ]
 
-HEADER = '''
+HEADER = """
 import os, sys
 from datetime import datetime, timedelta
 from airflow.sdk import DAG, task
@@ -133,14 +190,14 @@ from airflow_spot.sensors.price_window import SpotPriceWindowSensor
 from airflow_spot.timetables.price_window import PriceWindowTimetable
 CKPT = {ckpt!r}
 PROFILE = {profile}
-'''
-OPERATOR_DAG = '''
+"""
+OPERATOR_DAG = """
 args = dict(command=["python", "-c", "print(1)"], checkpoint_uri=CKPT)
 args[{arg!r}] = {value}
 with DAG("bad", schedule=None, start_date=datetime(2026, 1, 1)):
     SpotJobOperator(task_id="train", **{{**{base}, **args}})
-'''
-DECORATOR_DAG = '''
+"""
+DECORATOR_DAG = """
 args = dict(checkpoint_uri=CKPT)
 args[{arg!r}] = {value}
 with DAG("bad", schedule=None, start_date=datetime(2026, 1, 1)):
@@ -148,23 +205,23 @@ with DAG("bad", schedule=None, start_date=datetime(2026, 1, 1)):
     def step():
         return 1
     step()
-'''
-SENSOR_DAG = '''
+"""
+SENSOR_DAG = """
 args = dict(job_hours=2, window_end=timedelta(hours=8), profile=PROFILE)
 args[{arg!r}] = {value}
 with DAG("bad", schedule=None, start_date=datetime(2026, 1, 1)):
     SpotPriceWindowSensor(task_id="train", **args)
-'''
-TIMETABLE_DAG = '''
+"""
+TIMETABLE_DAG = """
 args = dict(profile=PROFILE, job_hours=2, start_hour=0, end_hour=8)
 args[{arg!r}] = {value}
 with DAG("bad", schedule=PriceWindowTimetable(**args), start_date=datetime(2026, 1, 1)):
     pass
-'''
-GOOD_DAG = '''
+"""
+GOOD_DAG = """
 with DAG("good", schedule=None, start_date=datetime(2026, 1, 1)):
     SpotJobOperator(task_id="train", command=["python", "-c", "print(1)"], checkpoint_uri=CKPT)
-'''
+"""
 
 
 def _parse(folder: Path, body: str) -> tuple[dict, dict]:
@@ -197,62 +254,82 @@ def _assert_refused(tmp_path: Path, body: str, words: str, *, task: str | None =
     assert words in message, message
     assert "Traceback" not in message and len(message) < 600
     # nothing damaged: nothing created beside the DAG files (no checkpoint folder, no cloud)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == \
-        ["bad_dag.py", "good_dag.py"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == [
+        "bad_dag.py",
+        "good_dag.py",
+    ]
     return message
 
 
-@pytest.mark.parametrize("arg,value,words", OPERATOR_CASES,
-                         ids=[f"{a}={v}" for a, v, _ in OPERATOR_CASES])
+@pytest.mark.parametrize(
+    "arg,value,words", OPERATOR_CASES, ids=[f"{a}={v}" for a, v, _ in OPERATOR_CASES]
+)
 def test_operator_refuses_bad_arguments_at_parse_time(tmp_path, arg, value, words):
-    message = _assert_refused(tmp_path, OPERATOR_DAG.format(arg=arg, value=value, base="{}"),
-                              words)
+    message = _assert_refused(tmp_path, OPERATOR_DAG.format(arg=arg, value=value, base="{}"), words)
     assert arg.split("_")[0] in message or arg in ("deferrable",)
 
 
-@pytest.mark.parametrize("arg,value,words", EC2_CASES, ids=[f"{a}={v[-40:]}" for a, v, _ in EC2_CASES])
-def test_operator_on_ec2_refuses_credentials_and_bad_options_at_parse_time(tmp_path, arg,
-                                                                            value, words):
+@pytest.mark.parametrize(
+    "arg,value,words", EC2_CASES, ids=[f"{a}={v[-40:]}" for a, v, _ in EC2_CASES]
+)
+def test_operator_on_ec2_refuses_credentials_and_bad_options_at_parse_time(
+    tmp_path, arg, value, words
+):
     base = "{'provider': 'ec2', 'provider_options': " + EC2 + "}}"
-    message = _assert_refused(tmp_path, OPERATOR_DAG.format(arg=arg, value=value, base=base),
-                              words)
+    message = _assert_refused(tmp_path, OPERATOR_DAG.format(arg=arg, value=value, base=base), words)
     assert GITHUB not in message and ":p@" not in message and ":pw@" not in message
 
 
-@pytest.mark.parametrize("arg,value,words", DECORATOR_CASES,
-                         ids=[f"{a}={v}" for a, v, _ in DECORATOR_CASES])
+@pytest.mark.parametrize(
+    "arg,value,words", DECORATOR_CASES, ids=[f"{a}={v}" for a, v, _ in DECORATOR_CASES]
+)
 def test_task_spot_refuses_bad_arguments_at_parse_time(tmp_path, arg, value, words):
     message = _assert_refused(tmp_path, DECORATOR_DAG.format(arg=arg, value=value), words)
     assert arg in message or arg == "cloud"
 
 
-@pytest.mark.parametrize("arg,value,words", SENSOR_CASES,
-                         ids=[f"{a}={v[:40]}" for a, v, _ in SENSOR_CASES])
+@pytest.mark.parametrize(
+    "arg,value,words", SENSOR_CASES, ids=[f"{a}={v[:40]}" for a, v, _ in SENSOR_CASES]
+)
 def test_price_window_sensor_refuses_bad_arguments_at_parse_time(tmp_path, arg, value, words):
     _assert_refused(tmp_path, SENSOR_DAG.format(arg=arg, value=value), words)
 
 
-@pytest.mark.parametrize("arg,value,words", TIMETABLE_CASES,
-                         ids=[f"{a}={v[:40]}" for a, v, _ in TIMETABLE_CASES])
+@pytest.mark.parametrize(
+    "arg,value,words", TIMETABLE_CASES, ids=[f"{a}={v[:40]}" for a, v, _ in TIMETABLE_CASES]
+)
 def test_price_window_timetable_refuses_bad_arguments_at_parse_time(tmp_path, arg, value, words):
-    message = _assert_refused(tmp_path, TIMETABLE_DAG.format(arg=arg, value=value), words,
-                              task=None)
+    message = _assert_refused(
+        tmp_path, TIMETABLE_DAG.format(arg=arg, value=value), words, task=None
+    )
     assert message.startswith("PriceWindowTimetable: "), message
 
 
 # -- the triggers' kwargs (what the triggerer reads back from its table) ------------------------
 def _next(**changes) -> dict:
     record = JobRecord(job_id="j", created_at=1.0e9)
-    data = {"action": "sleep", "record": record.to_dict(), "until": 1.0e9 + 5, "lease": None,
-            "reason": "", "failing_since": None, "notice_at": None}
+    data = {
+        "action": "sleep",
+        "record": record.to_dict(),
+        "until": 1.0e9 + 5,
+        "lease": None,
+        "reason": "",
+        "failing_since": None,
+        "notice_at": None,
+    }
     return {**data, **changes}
 
 
-GOOD_JOB_TRIGGER = dict(provider="local", provider_options={"url": "http://127.0.0.1:1"},
-                        next=_next(), checkpoint_uri="file:///c",
-                        controller_options={"poll_interval": 0.5})
+GOOD_JOB_TRIGGER = dict(
+    provider="local",
+    provider_options={"url": "http://127.0.0.1:1"},
+    next=_next(),
+    checkpoint_uri="file:///c",
+    controller_options={"poll_interval": 0.5},
+)
 JOB_TRIGGER_CASES = [
-    ("provider", "gcp", "not built"), ("provider_options", "x", "mapping"),
+    ("provider", "gcp", "not built"),
+    ("provider_options", "x", "mapping"),
     ("provider_options", {"token": "x"}, "credential"),
     ("checkpoint_uri", "file://host/x", "names host"),
     ("controller_options", {"poll_interval": NAN}, "poll_interval"),
@@ -261,18 +338,24 @@ JOB_TRIGGER_CASES = [
     ("controller_options", {"poll_interval": "soon"}, "poll_interval"),
     ("controller_options", {"heartbeat_timeout": -1}, "heartbeat_timeout"),
     ("controller_options", {"poll": 1}, "unknown controller_options"),
-    ("return_on_notice", "no", "return_on_notice"), ("not_before", NAN, "not_before"),
+    ("return_on_notice", "no", "return_on_notice"),
+    ("not_before", NAN, "not_before"),
     ("not_before", "soon", "not_before"),
-    ("next", _next(action="explode"), "action"), ("next", _next(action="finished"), "watches"),
-    ("next", _next(until=NAN), "until"), ("next", _next(record={"schema_version": 99}),
-                                          "schema_version 99"),
+    ("next", _next(action="explode"), "action"),
+    ("next", _next(action="finished"), "watches"),
+    ("next", _next(until=NAN), "until"),
+    ("next", _next(record={"schema_version": 99}), "schema_version 99"),
     ("next", _next(record={**_next()["record"], "created_at": NAN}), "created_at"),
-    ("next", {"action": "sleep"}, "malformed"), ("next", [], "malformed"),
+    ("next", {"action": "sleep"}, "malformed"),
+    ("next", [], "malformed"),
 ]
 
 
-@pytest.mark.parametrize("arg,value,words", JOB_TRIGGER_CASES,
-                         ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(JOB_TRIGGER_CASES)])
+@pytest.mark.parametrize(
+    "arg,value,words",
+    JOB_TRIGGER_CASES,
+    ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(JOB_TRIGGER_CASES)],
+)
 def test_spot_job_trigger_refuses_bad_kwargs_in_one_line(arg, value, words):
     SpotJobTrigger(**GOOD_JOB_TRIGGER)  # the good kwargs construct
     with pytest.raises(ValueError) as info:
@@ -282,19 +365,40 @@ def test_spot_job_trigger_refuses_bad_kwargs_in_one_line(arg, value, words):
     assert "\n" not in message
 
 
-GOOD_WINDOW_TRIGGER = dict(provider="local", provider_options={}, zones=None, profile=None,
-                           job_hours=2.0, window_start=1.0e9, window_end=1.0e9 + 8 * 3600,
-                           max_price=0.5, poll_interval=30.0)
+GOOD_WINDOW_TRIGGER = dict(
+    provider="local",
+    provider_options={},
+    zones=None,
+    profile=None,
+    job_hours=2.0,
+    window_start=1.0e9,
+    window_end=1.0e9 + 8 * 3600,
+    max_price=0.5,
+    poll_interval=30.0,
+)
 WINDOW_TRIGGER_CASES = [
-    ("job_hours", NAN), ("job_hours", -1), ("job_hours", "2"), ("window_start", INF),
-    ("window_end", NAN), ("window_end", 1.0e9 - 1), ("max_price", NAN), ("max_price", 0),
-    ("poll_interval", INF), ("poll_interval", 0), ("provider", "azure"), ("zones", "us-east-2a"),
-    ("profile", {"zone_prices": {}}), ("provider_options", {"password": "x"}),
+    ("job_hours", NAN),
+    ("job_hours", -1),
+    ("job_hours", "2"),
+    ("window_start", INF),
+    ("window_end", NAN),
+    ("window_end", 1.0e9 - 1),
+    ("max_price", NAN),
+    ("max_price", 0),
+    ("poll_interval", INF),
+    ("poll_interval", 0),
+    ("provider", "azure"),
+    ("zones", "us-east-2a"),
+    ("profile", {"zone_prices": {}}),
+    ("provider_options", {"password": "x"}),
 ]
 
 
-@pytest.mark.parametrize("arg,value", WINDOW_TRIGGER_CASES,
-                         ids=[f"{a}-{i}" for i, (a, _) in enumerate(WINDOW_TRIGGER_CASES)])
+@pytest.mark.parametrize(
+    "arg,value",
+    WINDOW_TRIGGER_CASES,
+    ids=[f"{a}-{i}" for i, (a, _) in enumerate(WINDOW_TRIGGER_CASES)],
+)
 def test_price_window_trigger_refuses_bad_kwargs_in_one_line(arg, value):
     SpotPriceWindowTrigger(**GOOD_WINDOW_TRIGGER)
     with pytest.raises(ValueError) as info:
@@ -306,10 +410,15 @@ def test_price_window_trigger_refuses_bad_kwargs_in_one_line(arg, value):
 
 # -- run time: templates as rendered, zones the provider lacks ---------------------------------
 def _operator(**kwargs) -> SpotJobOperator:
-    with DAG("bad_at_run", schedule=None, start_date=datetime(2026, 1, 1),
-             params={"uri": "file:///tmp/x", "image": "img", "zone": "us-east-2a"}):
-        return SpotJobOperator(task_id="train", command=["python", "-c", "print(1)"],
-                               deferrable=False, **kwargs)
+    with DAG(
+        "bad_at_run",
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        params={"uri": "file:///tmp/x", "image": "img", "zone": "us-east-2a"},
+    ):
+        return SpotJobOperator(
+            task_id="train", command=["python", "-c", "print(1)"], deferrable=False, **kwargs
+        )
 
 
 RENDERED_CASES = [
@@ -318,17 +427,29 @@ RENDERED_CASES = [
     ({"checkpoint_uri": "{{ params.uri }}"}, {"uri": ""}, "checkpoint_uri"),
     ({"image": "{{ params.image }}"}, {"image": "--privileged"}, "leading '-'"),
     ({"provider_options": {"url": "{{ params.uri }}"}}, {"uri": "http://u:p@h:1"}, "password"),
-    ({"env": {"DB": "{{ params.uri }}"}, "provider": "ec2",
-      "provider_options": {"region": "us-east-1", "subnets": ["s"], "image_id": "ami-1",
-                           "instance_types": ["g5.xlarge"]}},
-     {"uri": "postgres://u:p@db/x"}, "DB (holds a URL with a password)"),
+    (
+        {
+            "env": {"DB": "{{ params.uri }}"},
+            "provider": "ec2",
+            "provider_options": {
+                "region": "us-east-1",
+                "subnets": ["s"],
+                "image_id": "ami-1",
+                "instance_types": ["g5.xlarge"],
+            },
+        },
+        {"uri": "postgres://u:p@db/x"},
+        "DB (holds a URL with a password)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("kwargs,params,words", RENDERED_CASES,
-                         ids=[w for _, _, w in RENDERED_CASES])
-def test_templated_values_that_render_bad_fail_the_task_in_one_line(tmp_path, kwargs, params,
-                                                                      words):
+@pytest.mark.parametrize(
+    "kwargs,params,words", RENDERED_CASES, ids=[w for _, _, w in RENDERED_CASES]
+)
+def test_templated_values_that_render_bad_fail_the_task_in_one_line(
+    tmp_path, kwargs, params, words
+):
     kwargs = {"checkpoint_uri": (tmp_path / "ckpt").as_uri(), **kwargs}
     op = _operator(**kwargs)  # parses: a template is checked once rendered
     store, ti = StateStore(), TI()
@@ -345,8 +466,7 @@ def test_templated_values_that_render_bad_fail_the_task_in_one_line(tmp_path, kw
 def test_zones_the_provider_lacks_fail_the_task_in_one_line_naming_its_zones(tmp_path):
     from airflow_spot.hooks.spot import SpotHook
 
-    op = _operator(checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                   zones=["us-east-2a", "mars-1a"])
+    op = _operator(checkpoint_uri=(tmp_path / "ckpt").as_uri(), zones=["us-east-2a", "mars-1a"])
     store, ti = StateStore(), TI()
     try:
         with pytest.raises(AirflowFailException) as info:
@@ -366,10 +486,20 @@ def _good_record() -> dict:
     from spot_core.model import Attempt, Outcome
 
     record = JobRecord(job_id="j", created_at=1.0e9).start_attempt(
-        Attempt(number=1, pool=pool, started_at=1.0e9, lease_id="i-1"))
-    record = record.finish_attempt(Attempt(number=1, pool=pool, started_at=1.0e9, lease_id="i-1",
-                                           ended_at=1.0e9 + 60, outcome=Outcome.PREEMPTED,
-                                           cost=0.1, on_demand_cost=0.3))
+        Attempt(number=1, pool=pool, started_at=1.0e9, lease_id="i-1")
+    )
+    record = record.finish_attempt(
+        Attempt(
+            number=1,
+            pool=pool,
+            started_at=1.0e9,
+            lease_id="i-1",
+            ended_at=1.0e9 + 60,
+            outcome=Outcome.PREEMPTED,
+            cost=0.1,
+            on_demand_cost=0.3,
+        )
+    )
     return record.to_dict()
 
 
@@ -401,29 +531,45 @@ def _corrupt(kind: str):
         data["attempts"][0]["outcome"] = "vanished"
         return data
     if kind == "a string":
-        return "{\"schema_version\": 1, \"job_id\""
+        return '{"schema_version": 1, "job_id"'
     if kind == "a list":
         return [data]
     raise AssertionError(kind)
 
 
-CORRUPT = ["newer schema", "no schema", "truncated", "NaN cost", "Infinity created_at",
-           "string counter", "bool counter", "foreign attempt field", "attempts not a list",
-           "ledger NaN", "bad outcome", "a string", "a list"]
+CORRUPT = [
+    "newer schema",
+    "no schema",
+    "truncated",
+    "NaN cost",
+    "Infinity created_at",
+    "string counter",
+    "bool counter",
+    "foreign attempt field",
+    "attempts not a list",
+    "ledger NaN",
+    "bad outcome",
+    "a string",
+    "a list",
+]
 
 
 @pytest.mark.parametrize("kind", CORRUPT)
-def test_a_corrupt_record_in_the_task_state_store_is_one_clear_error_and_left_alone(tmp_path,
-                                                                                   kind):
-    op = _operator(checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                   provider_options={"url": "http://127.0.0.1:1"})  # never reached
+def test_a_corrupt_record_in_the_task_state_store_is_one_clear_error_and_left_alone(tmp_path, kind):
+    op = _operator(
+        checkpoint_uri=(tmp_path / "ckpt").as_uri(), provider_options={"url": "http://127.0.0.1:1"}
+    )  # never reached
     store, ti = StateStore(), TI()
     store.data[RECORD_KEY] = bad = _corrupt(kind)
     with pytest.raises(AirflowFailException) as info:  # no retry: a retry reads the same
         op.execute({"task_state_store": store, "ti": ti})
     message = str(info.value)
-    assert message.startswith("train: the JobRecord in the task state store") and \
-        "\n" not in message and "delete the key" in message and RECORD_KEY in message
+    assert (
+        message.startswith("train: the JobRecord in the task state store")
+        and "\n" not in message
+        and "delete the key" in message
+        and RECORD_KEY in message
+    )
     if kind == "newer schema":
         assert "schema_version 2" in message and "Upgrade spot-pipelines" in message
     assert store.data[RECORD_KEY] is bad and ti.xcom == {}  # left as it was
@@ -435,15 +581,18 @@ def test_a_corrupt_record_for_task_spot_is_one_clear_error_and_left_alone(tmp_pa
     from airflow.sdk import task
 
     with DAG("bad_record", schedule=None, start_date=datetime(2026, 1, 1)):
-        op = task.spot(task_id="train", checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                       cloud="signal")(lambda: 1)().operator
+        op = task.spot(
+            task_id="train", checkpoint_uri=(tmp_path / "ckpt").as_uri(), cloud="signal"
+        )(lambda: 1)().operator
     store, ti = StateStore(), TI()
     ti.try_number = 1
     store.data["spot_task_record"] = bad = _corrupt(kind)
     with pytest.raises(AirflowFailException) as info:
         op.execute({"task_state_store": store, "ti": ti})
     message = str(info.value)
-    assert message.startswith("train: the JobRecord in the task state store") and "\n" not in message
+    assert (
+        message.startswith("train: the JobRecord in the task state store") and "\n" not in message
+    )
     assert store.data["spot_task_record"] is bad and not (tmp_path / "ckpt").exists()
 
 
@@ -452,18 +601,23 @@ EVENTS = {
     "unknown status": {"status": "great", "next": _next()},
     "no next": {"status": "ended"},
     "next not a mapping": {"status": "ended", "next": "x"},
-    "newer record": {"status": "ended", "next": _next(record={**_good_record(),
-                                                              "schema_version": 7})},
-    "NaN in record": {"status": "wake", "next": _next(record={**_good_record(),
-                                                              "created_at": NAN})},
+    "newer record": {
+        "status": "ended",
+        "next": _next(record={**_good_record(), "schema_version": 7}),
+    },
+    "NaN in record": {
+        "status": "wake",
+        "next": _next(record={**_good_record(), "created_at": NAN}),
+    },
     "truncated next": {"status": "notice", "next": {"action": "watch"}},
 }
 
 
 @pytest.mark.parametrize("kind", list(EVENTS))
 def test_a_corrupt_trigger_event_is_one_line_and_the_stored_record_is_kept(tmp_path, kind):
-    op = _operator(checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                   provider_options={"url": "http://127.0.0.1:1"})
+    op = _operator(
+        checkpoint_uri=(tmp_path / "ckpt").as_uri(), provider_options={"url": "http://127.0.0.1:1"}
+    )
     store, ti = StateStore(), TI()
     store.data[RECORD_KEY] = good = _good_record()
     with pytest.raises(AirflowException) as info:  # a retry resumes from the kept record

@@ -22,15 +22,34 @@ JOBS = 3
 
 def _run(tmp_path, backend: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    done = subprocess.run([sys.executable, "-m", "bench.scale_triggerer", "--backend", backend,
-                           "--jobs", str(JOBS), "--seconds", "5", "--poll-interval", "1",
-                           "--sqlite", "--idle-seconds", "0"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=380)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.scale_triggerer",
+            "--backend",
+            backend,
+            "--jobs",
+            str(JOBS),
+            "--seconds",
+            "5",
+            "--poll-interval",
+            "1",
+            "--sqlite",
+            "--idle-seconds",
+            "0",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     label = {"ec2": "ec2_moto", "local": "local_cloud"}[backend]
     result = json.loads(done.stdout)[f"airflow_triggerer_{label}"]
     assert result["deferred_task_instances"] == JOBS
-    assert result["triggers_assigned"] == JOBS          # the triggerer took every row
+    assert result["triggers_assigned"] == JOBS  # the triggerer took every row
     assert result["polls"] >= 2
     assert result["triggerer_alive_after_window"]
     assert result["cpu_s"] > 0
@@ -44,7 +63,7 @@ def _run(tmp_path, backend: str) -> dict:
 @pytest.mark.timeout(400)
 def test_bench_runs_one_triggerer_over_deferred_rows_and_cleans_up(tmp_path):
     result = _run(tmp_path, "ec2")
-    assert result["ids_described_per_poll"] == JOBS     # every lease, each poll
+    assert result["ids_described_per_poll"] == JOBS  # every lease, each poll
     assert result["ec2_describe_calls_per_poll"] == 1.0  # in one DescribeInstances
 
 
@@ -52,5 +71,5 @@ def test_bench_runs_one_triggerer_over_deferred_rows_and_cleans_up(tmp_path):
 @pytest.mark.timeout(400)
 def test_bench_runs_one_triggerer_on_the_local_cloud_and_cleans_up(tmp_path):
     result = _run(tmp_path, "local")
-    assert result["describe_calls_per_poll"] == 1.0     # every lease in one describe
-    assert result["calls_per_poll"] == 1.0              # and nothing else
+    assert result["describe_calls_per_poll"] == 1.0  # every lease in one describe
+    assert result["calls_per_poll"] == 1.0  # and nothing else

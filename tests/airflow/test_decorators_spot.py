@@ -44,8 +44,10 @@ def test_task_spot_rejects_bad_parameters_at_parse_time():
             task.spot(checkpoint_uri="file:///x", cloud="ibm")(step)()
         with pytest.raises(ValueError, match="checkpoint_every=0 must be > 0s"):
             task.spot(checkpoint_uri="file:///x", checkpoint_every=0)(step)()
-        with pytest.warns(DeprecationWarning, match="checkpoint_every_seconds is deprecated"), \
-                pytest.raises(ValueError, match="checkpoint_every=0 must be > 0s"):
+        with (
+            pytest.warns(DeprecationWarning, match="checkpoint_every_seconds is deprecated"),
+            pytest.raises(ValueError, match="checkpoint_every=0 must be > 0s"),
+        ):
             task.spot(checkpoint_uri="file:///x", checkpoint_every_seconds=0)(step)()
 
 
@@ -74,14 +76,25 @@ def _run_with_notices(dag_id: str, at_steps: list[int], monkeypatch):
 
     def preempt() -> None:
         for at in at_steps:
-            _wait_for(lambda: step() >= at, 120, f"step {at}")
+            _wait_for(lambda at=at: step() >= at, 120, f"step {at}")
             emulator.clear_log()
             emulator.schedule_interruption(notice_seconds=30)
-            _wait_for(lambda: any(r.path.endswith("/spot/instance-action") and r.status == 200
-                                  for r in emulator.requests), 60, f"the notice at step {at}")
+            _wait_for(
+                lambda: any(
+                    r.path.endswith("/spot/instance-action") and r.status == 200
+                    for r in emulator.requests
+                ),
+                60,
+                f"the notice at step {at}",
+            )
             emulator.clear()  # served once: the rerun runs on fresh capacity
-            ref = _wait_for(lambda: (r := store.latest()) and r.metadata.get("emergency")
-                            and r.step >= at and r, 60, "the emergency checkpoint")
+            ref = _wait_for(
+                lambda at=at: (
+                    (r := store.latest()) and r.metadata.get("emergency") and r.step >= at and r
+                ),
+                60,
+                "the emergency checkpoint",
+            )
             emergency.append(ref.step)
 
     helper = threading.Thread(target=preempt, daemon=True)
@@ -96,7 +109,8 @@ def _run_with_notices(dag_id: str, at_steps: list[int], monkeypatch):
 
 
 def test_a_preemption_reruns_from_the_emergency_checkpoint_without_spending_a_try(
-        airflow_home, monkeypatch):
+    airflow_home, monkeypatch
+):
     run, emergency = _run_with_notices("spot_task_notice", [25], monkeypatch)
     (ti,) = run.get_task_instances()
     assert run.state == "success"
@@ -116,7 +130,9 @@ def test_max_preemptions_bounds_the_free_reruns(airflow_home, monkeypatch):
     assert run.state == "success" and emergency == [25, 50]
     assert ti.try_number == 2, "only the preemption past max_preemptions=1 spends a try"
     assert ti.xcom_pull(task_ids="crunch_budget", key="return_value") == {
-        "start": emergency[1], "try": 2}
+        "start": emergency[1],
+        "try": 2,
+    }
     summary = ti.xcom_pull(task_ids="crunch_budget", key="spot_task_record")
     assert summary["preemptions"] == 2 and summary["resumed_from_steps"] == emergency
 

@@ -42,9 +42,23 @@ def test_the_dag_trains_through_the_pod_operator_on_kubernetes(airflow_home, mon
 def test_make_demo_engine_airflow_provider_kubernetes_holds_the_contract(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     cli = Path(sys.executable).parent / "spot-pipelines"
-    done = subprocess.run([str(cli), "demo", "--engine", "airflow", "--provider", "kubernetes",
-                           "--json", "--workdir", str(tmp_path)], env=env, text=True,
-                          capture_output=True, timeout=900)
+    done = subprocess.run(
+        [
+            str(cli),
+            "demo",
+            "--engine",
+            "airflow",
+            "--provider",
+            "kubernetes",
+            "--json",
+            "--workdir",
+            str(tmp_path),
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["engine"] == "airflow"
@@ -53,7 +67,10 @@ def test_make_demo_engine_airflow_provider_kubernetes_holds_the_contract(tmp_pat
     assert result["spot_cost"] < result["on_demand_cost"]
     report = json.loads(next((tmp_path / "runs").glob("*/report.json")).read_text())
     pools = [a["pool"] for a in report["train_record"]["attempts"]]
-    preempted = [p["zone"] for p, a in zip(pools, report["train_record"]["attempts"])
-                 if a["outcome"] == "preempted"]
+    preempted = [
+        p["zone"]
+        for p, a in zip(pools, report["train_record"]["attempts"], strict=True)
+        if a["outcome"] == "preempted"
+    ]
     assert len(set(preempted)) >= 2, "two different spot node pools (flavours) were reclaimed"
     assert pools[-1]["market"] == "on-demand"

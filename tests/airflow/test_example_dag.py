@@ -16,8 +16,14 @@ def test_example_dag_imports_with_zero_import_errors(airflow_home):
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     dag = bag.dags["spot_ml_pipeline"]
-    assert {t.task_id for t in dag.tasks} == {"prepare", "train", "evaluate_model",
-                                             "shard_commands", "batch_inference", "report"}
+    assert {t.task_id for t in dag.tasks} == {
+        "prepare",
+        "train",
+        "evaluate_model",
+        "shard_commands",
+        "batch_inference",
+        "report",
+    }
     assert dag.get_task("train").deferrable
     assert bag.dags["spot_first_task"].get_task("train").deferrable  # the docker/ stack's
 
@@ -68,8 +74,7 @@ def test_no_lease_outlives_the_run(pipeline_run, pipeline_cloud, workdir):
     from spot_core.localcloud.server import read_token
     from spot_core.providers.local import LocalProvider
 
-    provider = LocalProvider.connect(pipeline_cloud,
-                                     token=read_token(workdir / "pipeline-cloud"))
+    provider = LocalProvider.connect(pipeline_cloud, token=read_token(workdir / "pipeline-cloud"))
     _, tis, _ = pipeline_run
     record = tis[("train", -1)].xcom_pull(task_ids="train", key="spot_job_record")
     ids = [a["lease_id"] for a in record["attempts"] if a["lease_id"]]
@@ -79,9 +84,14 @@ def test_no_lease_outlives_the_run(pipeline_run, pipeline_cloud, workdir):
 
 def test_airflow_lists_the_provider(airflow_home):
     airflow = Path(sys.executable).parent / "airflow"
-    out = subprocess.run([str(airflow), "providers", "list", "-o", "json"], check=True,
-                         capture_output=True, text=True, timeout=120).stdout
-    names = {p["package_name"] for p in json.loads(out[out.index("["):])}
+    out = subprocess.run(
+        [str(airflow), "providers", "list", "-o", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    names = {p["package_name"] for p in json.loads(out[out.index("[") :])}
     assert "spot-pipelines" in names
 
 
@@ -96,7 +106,10 @@ def test_provider_info_names_importable_things():
         for entry in info[kind]:
             for module in entry["python-modules"]:
                 importlib.import_module(module)
-    for path in [*info["extra-links"], info["task-decorators"][0]["class-name"],
-                 info["plugins"][0]["plugin-class"]]:
+    for path in [
+        *info["extra-links"],
+        info["task-decorators"][0]["class-name"],
+        info["plugins"][0]["plugin-class"],
+    ]:
         module, _, name = path.rpartition(".")
         assert getattr(importlib.import_module(module), name)

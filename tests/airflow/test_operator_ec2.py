@@ -13,16 +13,21 @@ import sys
 from datetime import datetime
 
 import pytest
-
 from airflow.sdk import DAG
-
-from aws_helpers import (bucket, client, make_network, managed_live_instances,  # noqa: F401
-                         preempt_after_checkpoints, unique)
-from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
-from spot_core.model import JobRecord
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from aws_helpers import (
+    bucket,  # noqa: F401 - a fixture / shared name
+    client,
+    make_network,
+    managed_live_instances,  # noqa: F401
+    preempt_after_checkpoints,
+    unique,
+)
 from spot_helpers import train_command
-from task_context import StateStore, TI, drive_deferrals
+from task_context import TI, StateStore, drive_deferrals
+
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_core.model import JobRecord
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,29 +38,53 @@ def ec2(aws_env, bucket, tmp_path):
     # Interruption warnings go to an EventBridge-fed SQS queue too, as in a real account, so
     # a reclaim is recognised even if the agent's report is slow on a loaded machine.
     queue = client("sqs", aws_env).create_queue(QueueName=unique("spot-events"))["QueueUrl"]
-    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", ("us-east-1",),
-                                 default_instance_env(aws_env, "us-east-1"),
-                                 sqs_queue_url=queue, notice_seconds=10.0)
+    runtime = Ec2InstanceRuntime(
+        aws_env,
+        tmp_path / "runtime",
+        ("us-east-1",),
+        default_instance_env(aws_env, "us-east-1"),
+        sqs_queue_url=queue,
+        notice_seconds=10.0,
+    )
     with runtime:
         yield aws_env, {**net, "queue": queue}, bucket, runtime
     assert managed_live_instances(aws_env) == [], "orphans left"
 
 
 def _operator(endpoint, net, **kwargs) -> SpotJobOperator:
-    options = {"region": "us-east-1", "endpoint_url": endpoint, "subnets": net["subnets"],
-               "instance_types": ["g4dn.xlarge"], "image_id": net["image_id"],
-               "instance_profile": net["instance_profile"], "agent_python": sys.executable,
-               "watch_poll_interval": 0.1, "sqs_queue_url": net["queue"]}
+    options = {
+        "region": "us-east-1",
+        "endpoint_url": endpoint,
+        "subnets": net["subnets"],
+        "instance_types": ["g4dn.xlarge"],
+        "image_id": net["image_id"],
+        "instance_profile": net["instance_profile"],
+        "agent_python": sys.executable,
+        "watch_poll_interval": 0.1,
+        "sqs_queue_url": net["queue"],
+    }
     with DAG("ec2_dag", schedule=None, start_date=datetime(2026, 1, 1)):
-        return SpotJobOperator(task_id="train", provider="ec2", provider_options=options,
-                               poll_interval=0.2, capacity_wait=1.0, **kwargs)
+        return SpotJobOperator(
+            task_id="train",
+            provider="ec2",
+            provider_options=options,
+            poll_interval=0.2,
+            capacity_wait=1.0,
+            **kwargs,
+        )
 
 
 def test_deferrable_ec2_job_is_preempted_and_resumes_from_s3_on_demand(ec2):
     endpoint, net, bucket, runtime = ec2
     uri = f"s3://{bucket}/airflow-train"
-    op = _operator(endpoint, net, command=list(train_command(steps=300, every_steps=25)),
-                   checkpoint_uri=uri, max_preemptions=1, deferrable=True)
+    op = _operator(
+        endpoint,
+        net,
+        command=list(train_command(steps=300, every_steps=25)),
+        checkpoint_uri=uri,
+        max_preemptions=1,
+        deferrable=True,
+    )
     store, ti = StateStore(), TI()
     preempt_after_checkpoints(runtime, uri, attempts=(1,))
     summary = drive_deferrals(op, {"task_state_store": store, "ti": ti})
@@ -66,15 +95,22 @@ def test_deferrable_ec2_job_is_preempted_and_resumes_from_s3_on_demand(ec2):
     assert all(a.cost > 0 for a in record.attempts)
     assert ti.xcom["spot_ec2_instance_link"] == (
         "https://console.aws.amazon.com/ec2/home?region=us-east-1"
-        f"#InstanceDetails:instanceId={record.attempts[-1].lease_id}")
+        f"#InstanceDetails:instanceId={record.attempts[-1].lease_id}"
+    )
     assert ti.xcom[RECORD_KEY]["status"] == "succeeded"
 
 
 def test_image_reaches_the_instance_and_a_failing_container_is_a_user_failure(ec2):
     endpoint, net, bucket, runtime = ec2
-    op = _operator(endpoint, net, command=["python", "train.py"], image="ghcr.io/acme/train:1.4",
-                   checkpoint_uri=f"s3://{bucket}/image-job", env={"WANDB_MODE": "offline"},
-                   deferrable=False)
+    op = _operator(
+        endpoint,
+        net,
+        command=["python", "train.py"],
+        image="ghcr.io/acme/train:1.4",
+        checkpoint_uri=f"s3://{bucket}/image-job",
+        env={"WANDB_MODE": "offline"},
+        deferrable=False,
+    )
     store, ti = StateStore(), TI()
     # The image exists nowhere (and no engine need run here): the container cannot start,
     # which is the step failing. tests/images runs image jobs on EC2 under a real engine.
@@ -82,7 +118,8 @@ def test_image_reaches_the_instance_and_a_failing_container_is_a_user_failure(ec
         op.execute({"task_state_store": store, "ti": ti})
     record = JobRecord.from_dict(store.data[RECORD_KEY])
     raw = client("ec2", endpoint).describe_instance_attribute(
-        InstanceId=record.attempts[0].lease_id, Attribute="userData")
+        InstanceId=record.attempts[0].lease_id, Attribute="userData"
+    )
     script = base64.b64decode(raw["UserData"]["Value"]).decode()
     # The container gets the job's environment by name (values never on the command line),
     # SPOT_CHECKPOINT_INTERVAL (the attempt's checkpoint interval) among it.

@@ -10,20 +10,25 @@ import time
 from datetime import datetime
 
 import pytest
-
 from airflow.sdk import DAG
+from task_context import TI, StateStore
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
 from spot_core.model import JobRecord
-from task_context import TI, StateStore
 
 
 def _operator(cloud_url, tmp_path, script: str) -> SpotJobOperator:
     with DAG("worker_mode", schedule=None, start_date=datetime(2026, 1, 1)):
-        return SpotJobOperator(task_id="t", command=[sys.executable, "-c", script],
-                               checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                               provider_options={"url": cloud_url}, deferrable=False,
-                               poll_interval=0.1, capacity_wait=0.5, on_demand_fallback=True)
+        return SpotJobOperator(
+            task_id="t",
+            command=[sys.executable, "-c", script],
+            checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+            provider_options={"url": cloud_url},
+            deferrable=False,
+            poll_interval=0.1,
+            capacity_wait=0.5,
+            on_demand_fallback=True,
+        )
 
 
 def test_non_deferrable_run_succeeds_and_keeps_the_record(cloud_url, tmp_path):
@@ -41,8 +46,9 @@ def test_user_failure_raises_and_the_next_try_resumes_the_same_record(cloud_url,
     store, ti = StateStore(), TI()
     flag = tmp_path / "fail-once"
     flag.write_text("x")
-    script = (f"import os, sys; p = {str(flag)!r}\n"
-              "if os.path.exists(p):\n    os.remove(p); sys.exit(3)\n")
+    script = (
+        f"import os, sys; p = {str(flag)!r}\nif os.path.exists(p):\n    os.remove(p); sys.exit(3)\n"
+    )
     op = _operator(cloud_url, tmp_path, script)
     # the shared cloud replays a real trace from the session's start, so a preemption may
     # come first (then the failure is on attempt 2): the failure is what this checks
@@ -83,20 +89,27 @@ def _run_catching(op, store, ti, errors):
         errors.append(exc)
 
 
-
 def test_a_price_cap_reaches_the_policy_and_the_job_still_finishes(cloud_url, tmp_path):
     store, ti = StateStore(), TI()
     with DAG("worker_mode_cap", schedule=None, start_date=datetime(2026, 1, 1)):
-        op = SpotJobOperator(task_id="t", command=[sys.executable, "-c", "print('done')"],
-                             checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                             provider_options={"url": cloud_url}, deferrable=False,
-                             poll_interval=0.1, max_spot_price=0.01,  # below every trace price
-                             capacity_wait=0.5, max_capacity_waits=2)
+        op = SpotJobOperator(
+            task_id="t",
+            command=[sys.executable, "-c", "print('done')"],
+            checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+            provider_options={"url": cloud_url},
+            deferrable=False,
+            poll_interval=0.1,
+            max_spot_price=0.01,  # below every trace price
+            capacity_wait=0.5,
+            max_capacity_waits=2,
+        )
     assert op.policy.max_spot_price == 0.01
     summary = op.execute({"task_state_store": store, "ti": ti})
     record = JobRecord.from_dict(store.data[RECORD_KEY])
     assert summary["status"] == "succeeded"
-    assert [str(a.pool.market) for a in record.attempts] == ["on-demand"], "never spot above the cap"
+    assert [str(a.pool.market) for a in record.attempts] == ["on-demand"], (
+        "never spot above the cap"
+    )
 
 
 def test_a_new_try_reattaches_to_the_attempt_an_earlier_try_left_running(cloud_url, tmp_path):
@@ -106,8 +119,9 @@ def test_a_new_try_reattaches_to_the_attempt_an_earlier_try_left_running(cloud_u
     op = _operator(cloud_url, tmp_path, "import time; time.sleep(2)")
     context = {"task_state_store": store, "ti": ti}
     controller = op._controller(context)
-    record = op._load_record(context, controller)
-    left = controller.advance(op._spec(record), record)  # launched, then the worker vanished
+    spec = op._job_spec(context, None)  # a new job, as a first try makes it
+    record = controller.persist(controller.new_record(spec))
+    left = controller.advance(spec, record)  # launched, then the worker vanished
     assert left.action == "watch"
     assert JobRecord.from_dict(store.data[RECORD_KEY]).current_attempt is not None
     summary = op.execute(context)

@@ -22,21 +22,19 @@ import threading
 from datetime import datetime
 
 import pytest
-
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
+from kube_helpers import add_test_pool
 from kubernetes import client as k8s
+from spot_helpers import train_command, wait_until
+from task_context import StateStore, first_event
 
 from airflow_spot.operators.controller_driver import RECORD_KEY, SpotUserStepFailed
 from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
 from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
 from spot_core.checkpoint import open_store
 from spot_core.model import JobRecord, Outcome
-from spot_core.workloads.softmax_regression import (STATE_FILE, TrainConfig, train,
-                                                     weights_sha256)
-from kube_helpers import add_test_pool
-from spot_helpers import train_command, wait_until
-from task_context import StateStore, first_event
+from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,14 +42,33 @@ CONN_ID = "spot_k8s"
 MANAGED = "spot-pipelines/managed=true"
 # The kubelet runs the pod's command on this machine: the watcher from this environment.
 WATCH = [sys.executable, "-m", "spot_core.cli"]
-OPTIONS = {"watch_command": WATCH, "unschedulable_timeout": 20, "watch_poll_interval": 0.2,
-           "node_refresh_seconds": 0.5, "capacity_cooldown_seconds": 5}
+OPTIONS = {
+    "watch_command": WATCH,
+    "unschedulable_timeout": 20,
+    "watch_poll_interval": 0.2,
+    "node_refresh_seconds": 0.5,
+    "capacity_cooldown_seconds": 5,
+}
 STEPS, EVERY = 400, 20
 # An instance type per test (the emulator's default pools are m5.xlarge): a pool is
 # (zone, instance type, market), so no test's pods land on another test's nodes, and every
 # pool has a list price for a job that sees them all (SpotJobOperator has no node_pools).
-_types = iter(["g5.xlarge", "g5.2xlarge", "g6.xlarge", "g6.2xlarge", "m5.large", "m5.2xlarge",
-               "m6i.large", "m6i.xlarge", "c5.large", "c5.xlarge", "c6i.xlarge", "t3.large"])
+_types = iter(
+    [
+        "g5.xlarge",
+        "g5.2xlarge",
+        "g6.xlarge",
+        "g6.2xlarge",
+        "m5.large",
+        "m5.2xlarge",
+        "m6i.large",
+        "m6i.xlarge",
+        "c5.large",
+        "c5.xlarge",
+        "c6i.xlarge",
+        "t3.large",
+    ]
+)
 
 
 @pytest.fixture
@@ -60,23 +77,40 @@ def pools(kube_cluster):
     node group), of an instance type no other test uses, and their prices."""
     instance_type = next(_types)
     made = {}
-    for flavour, capacity, zone in (("karpenter", "spot", "us-east-1a"),
-                                    ("gke", "spot", "us-east-1b"),
-                                    ("eks", "on-demand", "us-east-1c")):
-        name, _ = add_test_pool(kube_cluster, flavour, capacity_type=capacity, zone=zone,
-                                instance_type=instance_type, pods=4)
+    for flavour, capacity, zone in (
+        ("karpenter", "spot", "us-east-1a"),
+        ("gke", "spot", "us-east-1b"),
+        ("eks", "on-demand", "us-east-1c"),
+    ):
+        name, _ = add_test_pool(
+            kube_cluster,
+            flavour,
+            capacity_type=capacity,
+            zone=zone,
+            instance_type=instance_type,
+            pods=4,
+        )
         made[flavour] = name
-    prices = {made["karpenter"]: {"spot": 0.3}, made["gke"]: {"spot": 0.25},
-              made["eks"]: {"on_demand": 1.0}}
+    prices = {
+        made["karpenter"]: {"spot": 0.3},
+        made["gke"]: {"spot": 0.25},
+        made["eks"]: {"on_demand": 1.0},
+    }
     return made, {**OPTIONS, "prices": prices}
 
 
 @pytest.fixture
 def conn(kube_cluster, monkeypatch):
     """The Airflow connection the operator and the trigger resolve (as a deployment would)."""
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({
-        "conn_type": "kubernetes",
-        "extra": {"extra__kubernetes__kube_config_path": str(kube_cluster.kubeconfig_path)}}))
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{CONN_ID.upper()}",
+        json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"extra__kubernetes__kube_config_path": str(kube_cluster.kubeconfig_path)},
+            }
+        ),
+    )
     return CONN_ID
 
 
@@ -86,8 +120,9 @@ def core(kube_client, kube_namespace, conn):
     api = k8s.CoreV1Api(kube_client)
     api.namespace = kube_namespace
     yield api
-    assert wait_until(lambda: not _pods(api), timeout=60), \
+    assert wait_until(lambda: not _pods(api), timeout=60), (
         f"pods left behind: {[p.metadata.name for p in _pods(api)]}"
+    )
 
 
 def _pods(api, selector: str = MANAGED) -> list:
@@ -112,20 +147,30 @@ def _context(task_id: str, store: StateStore | None = None) -> dict:
     return {"ti": ti, "run_id": ti.run_id, "dag": None, "task_state_store": store or StateStore()}
 
 
-def _operator(task_id: str, *, conn: str, cmds, pools, api, checkpoint_uri: str,
-              **kwargs) -> SpotKubernetesPodOperator:
+def _operator(
+    task_id: str, *, conn: str, cmds, pools, api, checkpoint_uri: str, **kwargs
+) -> SpotKubernetesPodOperator:
     """The operator with its checkpoint folder mounted into every pod (hostPath here, a
     PVC on a real cluster): a store the pods cannot see is refused."""
     names, options = pools
     folder = checkpoint_uri.removeprefix("file://")
     with DAG(f"k8s_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
         return SpotKubernetesPodOperator(
-            task_id=task_id, kubernetes_conn_id=conn, namespace=api.namespace,
-            image="python:3.11", cmds=list(cmds), provider_options=options,
-            checkpoint_uri=checkpoint_uri, node_pools=list(names.values()),
+            task_id=task_id,
+            kubernetes_conn_id=conn,
+            namespace=api.namespace,
+            image="python:3.11",
+            cmds=list(cmds),
+            provider_options=options,
+            checkpoint_uri=checkpoint_uri,
+            node_pools=list(names.values()),
             volumes=[k8s.V1Volume(name="ckpt", host_path=k8s.V1HostPathVolumeSource(folder))],
             volume_mounts=[k8s.V1VolumeMount(name="ckpt", mount_path=folder)],
-            poll_interval=0.3, capacity_wait=1.0, heartbeat_timeout=120, **kwargs)
+            poll_interval=0.3,
+            capacity_wait=1.0,
+            heartbeat_timeout=120,
+            **kwargs,
+        )
 
 
 def _final_weights(uri: str) -> str:
@@ -145,15 +190,23 @@ def _uninterrupted() -> str:
     return UNINTERRUPTED
 
 
-def _reclaim_when_checkpointed(cluster, api, uri: str, attempt: int, flavour: str,
-                               seen: dict, after: threading.Event | None = None
-                               ) -> threading.Thread:
+def _reclaim_when_checkpointed(
+    cluster,
+    api,
+    uri: str,
+    attempt: int,
+    flavour: str,
+    seen: dict,
+    after: threading.Event | None = None,
+) -> threading.Thread:
     """Once attempt ``attempt`` has saved a checkpoint (and ``after`` is set), reclaim its
     node the way ``flavour`` does; keep the pod as it ran (for the assertions)."""
+
     def run():
         def checkpointed():
             ref = open_store(uri).latest()
             return ref is not None and ref.attempt == attempt and ref.step >= 2 * EVERY
+
         if not wait_until(checkpointed, timeout=120, interval=0.1):
             return
         if after is not None and not after.wait(timeout=120):
@@ -168,14 +221,23 @@ def _reclaim_when_checkpointed(cluster, api, uri: str, attempt: int, flavour: st
     return thread
 
 
-def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(kube_cluster, core, conn,
-                                                                  pools, tmp_path, capfd):
+def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(
+    kube_cluster, core, conn, pools, tmp_path, capfd
+):
     cluster = kube_cluster
     uri = (tmp_path / "ckpt").as_uri()
-    op = _operator("train_sync", conn=conn, pools=pools, api=core,
-                   cmds=train_command(STEPS, 0.02, 7, EVERY),
-                   checkpoint_uri=uri, env_vars={"MODEL": "softmax"}, labels={"team": "ml"},
-                   max_preemptions=2, deferrable=False)
+    op = _operator(
+        "train_sync",
+        conn=conn,
+        pools=pools,
+        api=core,
+        cmds=train_command(STEPS, 0.02, 7, EVERY),
+        checkpoint_uri=uri,
+        env_vars={"MODEL": "softmax"},
+        labels={"team": "ml"},
+        max_preemptions=2,
+        deferrable=False,
+    )
     context, seen = _context("train_sync"), {}
     reclaimer = _reclaim_when_checkpointed(cluster, core, uri, 1, "karpenter", seen)
     summary = op.execute(context)  # one Airflow try: no exception
@@ -196,7 +258,7 @@ def test_a_reclaimed_pod_resumes_on_a_new_pod_in_one_airflow_try(kube_cluster, c
     assert env["SPOT_ATTEMPT"] == "1"
     assert pod.metadata.labels["team"] == "ml" and pod.metadata.labels["task_id"] == "train_sync"
     assert pod.metadata.labels["spot-pipelines/managed"] == "true"
-    assert step.command[:len(WATCH) + 1] == [*WATCH, "watch"]
+    assert step.command[: len(WATCH) + 1] == [*WATCH, "watch"]
     assert context["ti"].xcom["spot_kubernetes_pod_link"].startswith(cluster.url)
     # KPO's get_logs: the step's own output (its final report line) is in the task log.
     assert '"steps_done": 400' in capfd.readouterr().out
@@ -220,19 +282,31 @@ async def _restart_then_run(trigger, api, after: float, restarted: threading.Eve
     await asyncio.gather(task, return_exceptions=True)
     await trigger.cleanup()  # still deferred (no task instance): the lease must live on
     running = await asyncio.to_thread(_pods, api)
-    assert running and all(p.metadata.deletion_timestamp is None for p in running), \
+    assert running and all(p.metadata.deletion_timestamp is None for p in running), (
         "a triggerer restart must not stop the attempt"
+    )
     restarted.set()
     return await asyncio.wait_for(first_event(_recreate(trigger)), timeout=240)
 
 
 def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
-        kube_cluster, core, conn, pools, tmp_path):
+    kube_cluster, core, conn, pools, tmp_path
+):
     cluster = kube_cluster
     uri = (tmp_path / "ckpt").as_uri()
-    make = lambda: _operator("train_defer", conn=conn, pools=pools, api=core,  # noqa: E731
-                             cmds=train_command(STEPS, 0.03, 7, EVERY), checkpoint_uri=uri,
-                             max_preemptions=1, deferrable=True)
+
+    def make():
+        return _operator(
+            "train_defer",
+            conn=conn,
+            pools=pools,
+            api=core,
+            cmds=train_command(STEPS, 0.03, 7, EVERY),
+            checkpoint_uri=uri,
+            max_preemptions=1,
+            deferrable=True,
+        )
+
     context, seen = _context("train_defer"), {}
     restarted = threading.Event()  # the reclaim comes after the triggerer's restart
     reclaimer = _reclaim_when_checkpointed(cluster, core, uri, 1, "gke", seen, restarted)
@@ -247,8 +321,11 @@ def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
         assert isinstance(trigger, SpotKubernetesPodTrigger)
         assert "kubeconfig" not in trigger.provider_options  # the conn id, never its contents
         triggers.append(trigger)
-        event = asyncio.run(_restart_then_run(trigger, core, 1.0, restarted) if round_ == 0
-                            else asyncio.wait_for(first_event(trigger), timeout=240))
+        event = asyncio.run(
+            _restart_then_run(trigger, core, 1.0, restarted)
+            if round_ == 0
+            else asyncio.wait_for(first_event(trigger), timeout=240)
+        )
         try:
             summary = getattr(make(), pending.method_name)(context, event)
             break
@@ -264,12 +341,18 @@ def test_the_deferrable_operator_survives_a_triggerer_restart_and_a_reclaim(
     assert record.attempts[0].cost > 0 and record.ledger.spent < record.ledger.on_demand_equivalent
 
 
-def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn, pools,
-                                                                      tmp_path):
+def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn, pools, tmp_path):
     hog = "b = bytearray(400 * 1024 * 1024); import time; time.sleep(30)"
-    op = _operator("oom", conn=conn, pools=pools, api=core, cmds=[sys.executable, "-c", hog],
-                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False,
-                   container_resources=k8s.V1ResourceRequirements(limits={"memory": "64Mi"}))
+    op = _operator(
+        "oom",
+        conn=conn,
+        pools=pools,
+        api=core,
+        cmds=[sys.executable, "-c", hog],
+        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+        deferrable=False,
+        container_resources=k8s.V1ResourceRequirements(limits={"memory": "64Mi"}),
+    )
     context = _context("oom")
     with pytest.raises(SpotUserStepFailed, match="OOMKilled"):
         op.execute(context)
@@ -279,9 +362,15 @@ def test_an_oom_kill_is_the_steps_failure_and_spends_an_airflow_retry(core, conn
 
 
 def test_on_kill_deletes_the_running_pod(core, conn, pools, tmp_path):
-    op = _operator("killed", conn=conn, pools=pools, api=core,
-                   cmds=[sys.executable, "-c", "import time; time.sleep(120)"],
-                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), deferrable=False)
+    op = _operator(
+        "killed",
+        conn=conn,
+        pools=pools,
+        api=core,
+        cmds=[sys.executable, "-c", "import time; time.sleep(120)"],
+        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+        deferrable=False,
+    )
     errors: list[BaseException] = []
 
     def work():
@@ -303,8 +392,14 @@ def test_on_kill_deletes_the_running_pod(core, conn, pools, tmp_path):
 def test_a_store_outside_the_pods_volumes_fails_before_any_pod(core, conn, pools, tmp_path):
     from airflow.sdk.exceptions import AirflowFailException
 
-    op = _operator("unmounted", conn=conn, pools=pools, api=core, cmds=["true"],
-                   checkpoint_uri=(tmp_path / "mounted").as_uri())
+    op = _operator(
+        "unmounted",
+        conn=conn,
+        pools=pools,
+        api=core,
+        cmds=["true"],
+        checkpoint_uri=(tmp_path / "mounted").as_uri(),
+    )
     op.checkpoint_uri = (tmp_path / "elsewhere").as_uri()  # as a template could render it
     context = _context("unmounted")
     with pytest.raises(AirflowFailException, match="which the pods cannot see"):

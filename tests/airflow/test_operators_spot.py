@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-
 from airflow.sdk import DAG
 
 from airflow_spot.operators.spot import SpotJobOperator
@@ -14,10 +13,14 @@ from airflow_spot.sensors.price_window import SpotPriceWindowSensor
 GOOD = {"command": ["python", "-c", "print(1)"], "checkpoint_uri": "file:///tmp/ckpt"}
 
 BAD_CASES = [
-    ({"provider": "gce"}, "train: provider='gce' is not built; choose one of local, ec2, "
-                          "kubernetes"),
-    ({"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
-     "unknown kubernetes provider option"),
+    (
+        {"provider": "gce"},
+        "train: provider='gce' is not built; choose one of local, ec2, kubernetes",
+    ),
+    (
+        {"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
+        "unknown kubernetes provider option",
+    ),
     ({"provider": "ec2"}, "train: provider 'ec2' needs provider_options"),
     ({"provider_options": {"colour": "red"}}, "unknown local provider option"),
     ({"command": []}, "must be a non-empty string or list of strings"),
@@ -43,8 +46,11 @@ BAD_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("override", "message"), BAD_CASES,
-                         ids=[next(iter(o)) + "-" + str(i) for i, (o, _) in enumerate(BAD_CASES)])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    BAD_CASES,
+    ids=[next(iter(o)) + "-" + str(i) for i, (o, _) in enumerate(BAD_CASES)],
+)
 def test_bad_parameters_raise_value_error_at_parse_time(override, message):
     with DAG("bad_params", schedule=None, start_date=datetime(2026, 1, 1)):
         with pytest.raises(ValueError, match=message.replace("[", r"\[")) as info:
@@ -55,8 +61,7 @@ def test_bad_parameters_raise_value_error_at_parse_time(override, message):
 SENSOR_BAD = [
     ({}, "pass profile= .* or max_price="),
     ({"max_price": 1.0, "job_hours": 0}, "wait: job_hours=0 must be > 0 h"),
-    ({"max_price": 1.0, "window_end": timedelta(hours=1), "job_hours": 2},
-     "cannot finish within"),
+    ({"max_price": 1.0, "window_end": timedelta(hours=1), "job_hours": 2}, "cannot finish within"),
     ({"max_price": -1.0}, "wait: max_price=-1.0 must be > 0 USD/h"),
     ({"max_price": 1.0, "provider": "nope"}, "wait: provider 'nope' is not built; choose one of"),
 ]
@@ -78,7 +83,8 @@ def test_a_dag_file_with_bad_parameters_is_an_import_error(tmp_path):
         "from airflow.sdk import DAG\n"
         "from airflow_spot.operators.spot import SpotJobOperator\n"
         "with DAG('bad', schedule=None, start_date=datetime(2026, 1, 1)):\n"
-        "    SpotJobOperator(task_id='t', command=['true'], checkpoint_uri='/no/scheme')\n")
+        "    SpotJobOperator(task_id='t', command=['true'], checkpoint_uri='/no/scheme')\n"
+    )
     bag = DagBag(dag_folder=str(tmp_path))
     (error,) = bag.import_errors.values()
     assert "checkpoint_uri: checkpoint store URI '/no/scheme' has no scheme" in error
@@ -86,15 +92,25 @@ def test_a_dag_file_with_bad_parameters_is_an_import_error(tmp_path):
 
 def test_template_fields_exist_and_render():
     with DAG("tpl", schedule=None, start_date=datetime(2026, 1, 1)):
-        op = SpotJobOperator(task_id="train", command=["train", "--day", "{{ ds }}"],
-                             checkpoint_uri="file:///ckpt/{{ ds_nodash }}",
-                             env={"DAY": "{{ ds }}"}, provider_options={"url": "{{ var_url }}"})
-    assert set(op.template_fields) == {"command", "checkpoint_uri", "provider_options", "env",
-                                       "image"}
+        op = SpotJobOperator(
+            task_id="train",
+            command=["train", "--day", "{{ ds }}"],
+            checkpoint_uri="file:///ckpt/{{ ds_nodash }}",
+            env={"DAY": "{{ ds }}"},
+            provider_options={"url": "{{ var_url }}"},
+        )
+    assert set(op.template_fields) == {
+        "command",
+        "checkpoint_uri",
+        "provider_options",
+        "env",
+        "image",
+    }
     for name in op.template_fields:
         assert hasattr(op, name)
-    op.render_template_fields({"ds": "2026-01-02", "ds_nodash": "20260102",
-                               "var_url": "http://127.0.0.1:1"})
+    op.render_template_fields(
+        {"ds": "2026-01-02", "ds_nodash": "20260102", "var_url": "http://127.0.0.1:1"}
+    )
     assert op.command == ["train", "--day", "2026-01-02"]
     assert op.checkpoint_uri == "file:///ckpt/20260102"
     assert op.env == {"DAY": "2026-01-02"}

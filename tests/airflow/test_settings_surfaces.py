@@ -5,15 +5,14 @@ one line naming the task."""
 from __future__ import annotations
 
 import inspect
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
-
 from airflow.sdk import DAG, task
 
 from airflow_spot.operators.spot import SpotJobOperator
 from spot_core.errors import ConfigError
-from spot_core.settings import (DECORATOR, KNOBS_BY_NAME, OPERATOR, SpotSettings, knobs_for)
+from spot_core.settings import DECORATOR, KNOBS_BY_NAME, OPERATOR, SpotSettings, knobs_for
 
 GOOD = {"command": ["python", "-c", "print(1)"], "checkpoint_uri": "file:///tmp/ckpt"}
 OPERATOR_KNOBS = knobs_for(OPERATOR)
@@ -26,8 +25,14 @@ def _bad(k):
         return "nope"
     if k.kind == "duration":
         return "0s" if k.strict else -1
-    return {"int": -1 if not k.minimum else 0, "number": 0, "bool": "yes", "text": "",
-            "names": "us-east-2a", "mapping": "region=us-east-1"}[k.kind]
+    return {
+        "int": -1 if not k.minimum else 0,
+        "number": 0,
+        "bool": "yes",
+        "text": "",
+        "names": "us-east-2a",
+        "mapping": "region=us-east-1",
+    }[k.kind]
 
 
 def _operator(**kwargs) -> SpotJobOperator:
@@ -48,8 +53,9 @@ def test_the_surfaces_expose_exactly_their_knobs():
     assert operator == {k.name for k in OPERATOR_KNOBS}
     from airflow_spot.decorators.spot import _SpotDecoratedOperator
 
-    decorator = set(inspect.signature(_SpotDecoratedOperator.__init__).parameters) \
-        & set(KNOBS_BY_NAME)
+    decorator = set(inspect.signature(_SpotDecoratedOperator.__init__).parameters) & set(
+        KNOBS_BY_NAME
+    )
     assert decorator == {k.name for k in DECORATOR_KNOBS}
 
 
@@ -58,7 +64,7 @@ def test_operator_default_is_the_models(k):
     parameter = inspect.signature(SpotJobOperator.__init__).parameters[k.name]
     if k.kind != "mapping":  # provider_options=None means {}, like env
         assert parameter.default == k.default
-    assert getattr(_operator().settings, k.name) == k.default
+    assert k.read(_operator().settings) == k.default
 
 
 @pytest.mark.parametrize("k", OPERATOR_KNOBS, ids=[k.name for k in OPERATOR_KNOBS])
@@ -77,7 +83,7 @@ def test_decorator_default_is_the_models(k):
 
     parameter = inspect.signature(_SpotDecoratedOperator.__init__).parameters[k.name]
     assert parameter.default == k.default
-    assert getattr(_decorated().settings, k.name) == k.default
+    assert k.read(_decorated().settings) == k.default
 
 
 @pytest.mark.parametrize("k", DECORATOR_KNOBS, ids=[k.name for k in DECORATOR_KNOBS])
@@ -91,31 +97,44 @@ def test_decorator_refuses_what_the_model_refuses(k):
 
 
 def test_operator_takes_durations_in_any_form_and_builds_the_policy():
-    op = _operator(capacity_wait="2m", attempt_timeout="6h", heartbeat_timeout=90,
-                   max_spot_price=0.8)
-    assert (op.settings.capacity_wait, op.attempt_timeout_seconds, op.settings.heartbeat_timeout) \
-        == (120.0, 21600.0, 90.0)
+    op = _operator(
+        capacity_wait="2m", attempt_timeout="6h", heartbeat_timeout=90, max_spot_price=0.8
+    )
+    assert (
+        op.settings.capacity_wait_seconds,
+        op.settings.attempt_timeout_seconds,
+        op.settings.heartbeat_timeout_seconds,
+    ) == (120.0, 21600.0, 90.0)
     assert op.policy.capacity_wait_seconds == 120.0 and op.policy.max_spot_price == 0.8
-    assert op.settings.controller_options()["heartbeat_timeout"] == 90.0
+    assert op.settings.controller_options()["heartbeat_timeout_seconds"] == 90.0
 
 
 def test_operator_old_names_still_work_with_a_warning():
     with pytest.warns(DeprecationWarning, match="train: capacity_wait_seconds is deprecated"):
         op = _operator(capacity_wait_seconds=5)
-    assert op.settings.capacity_wait == 5.0 and op.policy.capacity_wait_seconds == 5.0
+    assert op.settings.capacity_wait_seconds == 5.0 and op.policy.capacity_wait_seconds == 5.0
 
 
 def test_operator_takes_the_deadline_knobs_in_any_form():
-    from datetime import timedelta, timezone
+    from datetime import timedelta
 
-    op = _operator(deadline=timedelta(hours=2), work="30m", total_steps=10,
-                   restart_overhead=60, deadline_policy="greedy")
-    assert (op.settings.deadline, op.settings.work, op.settings.total_steps,
-            op.settings.restart_overhead, op.settings.deadline_policy) == \
-        (7200.0, 1800.0, 10, 60.0, "greedy")
-    when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
-    assert _operator(deadline="2026-12-01T08:00Z").settings.deadline == when
-    assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline == when
+    op = _operator(
+        deadline=timedelta(hours=2),
+        work="30m",
+        total_steps=10,
+        restart_overhead=60,
+        deadline_policy="greedy",
+    )
+    assert (
+        op.settings.deadline_capacity_seconds,
+        op.settings.work_capacity_seconds,
+        op.settings.total_steps,
+        op.settings.restart_overhead_capacity_seconds,
+        op.settings.deadline_policy,
+    ) == (7200.0, 1800.0, 10, 60.0, "greedy")
+    when = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    assert _operator(deadline="2026-12-01T08:00Z").settings.deadline_at == when
+    assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline_at == when
 
 
 # -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------

@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from standalone_server import BIN, Standalone
 
 # Standalone start-up, parsing and two DAG runs take minutes on a busy machine.
@@ -53,9 +52,15 @@ def test_pipeline_survives_a_triggerer_restart_mid_training(standalone, runs):
     for pid in pids:
         os.kill(pid, signal.SIGKILL)  # our own standalone's triggerer, by pid
     time.sleep(5)  # training goes on on its lease while no triggerer watches it
-    standalone.extra.append(subprocess.Popen([str(BIN / "airflow"), "triggerer"],
-                                             env=standalone.env, stdout=subprocess.DEVNULL,
-                                             stderr=subprocess.DEVNULL, start_new_session=True))
+    standalone.extra.append(
+        subprocess.Popen(
+            [str(BIN / "airflow"), "triggerer"],
+            env=standalone.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    )
 
     state = standalone.wait_run(dag_id, run_id, timeout=400)
     assert state["runs"][run_id] == "success", state
@@ -65,8 +70,11 @@ def test_pipeline_survives_a_triggerer_restart_mid_training(standalone, runs):
     outcomes = [a["outcome"] for a in record["attempts"]]
     assert "infrastructure_failed" not in outcomes and outcomes[-1] == "succeeded"
     # No progress lost: no attempt after the restart went back before the step reached.
-    later = [a for a in record["attempts"] if a["checkpoint_step_end"] is not None
-             and a["checkpoint_step_end"] >= step_at_kill]
+    later = [
+        a
+        for a in record["attempts"]
+        if a["checkpoint_step_end"] is not None and a["checkpoint_step_end"] >= step_at_kill
+    ]
     assert later, record
     starts = [a["checkpoint_step_start"] or 0 for a in record["attempts"]]
     assert starts == sorted(starts)
@@ -95,10 +103,12 @@ def _api(standalone: Standalone, method: str, path: str, body: dict | None = Non
     """One call to the standalone's REST API with the admin's token."""
     base = f"http://127.0.0.1:{standalone.port}"
     token = standalone.token()
-    request = urllib.request.Request(f"{base}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Authorization": f"Bearer {token}",
-                                              "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base}{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read() or b"{}")
 
@@ -111,11 +121,21 @@ def test_a_deferred_spot_task_marked_failed_leaves_no_lease(standalone):
     dag_id, task_id = "spot_job_mark_failed", "long_step"
     mine = str(TEST_DIR / f"ckpt-{dag_id}")
     run_id = standalone.trigger(dag_id)
-    assert wait_until(lambda: standalone.state(dag_id)["tis"].get(f"{task_id}:-1", [None])[0]
-                      == "deferred" and marked_processes(mine), timeout=240, interval=2), \
-        f"the task never deferred with a running lease: {standalone.state(dag_id)}"
-    _api(standalone, "PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
-         {"new_state": "failed"})
-    assert wait_until(lambda: not marked_processes(mine), timeout=90, interval=1), \
+    assert wait_until(
+        lambda: (
+            standalone.state(dag_id)["tis"].get(f"{task_id}:-1", [None])[0] == "deferred"
+            and marked_processes(mine)
+        ),
+        timeout=240,
+        interval=2,
+    ), f"the task never deferred with a running lease: {standalone.state(dag_id)}"
+    _api(
+        standalone,
+        "PATCH",
+        f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
+        {"new_state": "failed"},
+    )
+    assert wait_until(lambda: not marked_processes(mine), timeout=90, interval=1), (
         "the lease of the task marked failed is still running"
+    )
     assert standalone.state(dag_id)["tis"][f"{task_id}:-1"][0] == "failed"

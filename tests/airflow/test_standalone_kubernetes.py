@@ -15,13 +15,13 @@ import subprocess
 import time
 
 import pytest
-from kubernetes import client as k8s
-
 from kube_helpers import add_test_pool
-from spot_core.checkpoint import open_store
-from spot_helpers import wait_until
+from kubernetes import client as k8s
 from process_helpers import free_port
+from spot_helpers import wait_until
 from standalone_server import BIN, running_standalone, standalone_env
+
+from spot_core.checkpoint import open_store
 
 pytestmark = pytest.mark.timeout(900)
 DAG_ID = "spot_k8s_triggerer_restart"
@@ -36,25 +36,41 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster, postgres_url):
 
     dags = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]  # the session's, set by conftest.py
     made = {}
-    for flavour, capacity, zone in (("karpenter", "spot", "us-east-1a"),
-                                    ("eks", "on-demand", "us-east-1c")):
-        made[flavour], _ = add_test_pool(kube_cluster, flavour, capacity_type=capacity,
-                                         zone=zone, instance_type="c6i.2xlarge", pods=4)
+    for flavour, capacity, zone in (
+        ("karpenter", "spot", "us-east-1a"),
+        ("eks", "on-demand", "us-east-1c"),
+    ):
+        made[flavour], _ = add_test_pool(
+            kube_cluster,
+            flavour,
+            capacity_type=capacity,
+            zone=zone,
+            instance_type="c6i.2xlarge",
+            pods=4,
+        )
     namespace = f"sa-{time.time_ns() % 10**8}"
     kube_cluster.api.create("namespaces", "", {"metadata": {"name": namespace}})
     home = tmp_path_factory.mktemp("k8s-standalone-home")
     work = tmp_path_factory.mktemp("k8s-standalone-work")
     port = free_port()
     env = standalone_env(home, port, dags)
-    env.update({
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW_CONN_SPOT_K8S_STANDALONE": json.dumps({"conn_type": "kubernetes", "extra": {
-            "kube_config_path": str(kube_cluster.kubeconfig_path)}}),
-        "SPOT_K8S_WORK": str(work), "SPOT_K8S_NAMESPACE": namespace,
-        "SPOT_K8S_NODE_POOLS": ",".join(made.values()),
-        "SPOT_K8S_PRICES": json.dumps({made["karpenter"]: {"spot": 0.2},
-                                       made["eks"]: {"on_demand": 0.34}}),
-    })
+    env.update(
+        {
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW_CONN_SPOT_K8S_STANDALONE": json.dumps(
+                {
+                    "conn_type": "kubernetes",
+                    "extra": {"kube_config_path": str(kube_cluster.kubeconfig_path)},
+                }
+            ),
+            "SPOT_K8S_WORK": str(work),
+            "SPOT_K8S_NAMESPACE": namespace,
+            "SPOT_K8S_NODE_POOLS": ",".join(made.values()),
+            "SPOT_K8S_PRICES": json.dumps(
+                {made["karpenter"]: {"spot": 0.2}, made["eks"]: {"on_demand": 0.34}}
+            ),
+        }
+    )
     # `airflow standalone` migrates its own (fresh) database on start.
     with fresh_database(postgres_url, "spot_airflow_k8s_standalone") as database:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
@@ -66,7 +82,8 @@ def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster, postgres_url):
 
 
 def test_a_killed_triggerer_and_a_reclaim_cost_no_try_and_leave_no_pod(
-        k8s_standalone, kube_cluster, kube_client):
+    k8s_standalone, kube_cluster, kube_client
+):
     airflow, work, namespace = k8s_standalone
     api = k8s.CoreV1Api(kube_client)
     pods = lambda: api.list_namespaced_pod(namespace, label_selector=MANAGED).items  # noqa: E731
@@ -77,6 +94,7 @@ def test_a_killed_triggerer_and_a_reclaim_cost_no_try_and_leave_no_pod(
         ref = store.latest()
         state = airflow.state(DAG_ID)["tis"].get("train:-1", [None])[0]
         return state == "deferred" and ref is not None and ref.step >= 100
+
     assert wait_until(deferred_and_training, timeout=300, interval=1), airflow.state(DAG_ID)
 
     pids = airflow.triggerer_pids()
@@ -85,11 +103,18 @@ def test_a_killed_triggerer_and_a_reclaim_cost_no_try_and_leave_no_pod(
         os.kill(pid, signal.SIGKILL)  # our own standalone's triggerer, by pid
     time.sleep(3)
     running = pods()
-    assert len(running) == 1 and running[0].metadata.deletion_timestamp is None, \
+    assert len(running) == 1 and running[0].metadata.deletion_timestamp is None, (
         "a killed triggerer must not stop the attempt"
-    airflow.extra.append(subprocess.Popen([str(BIN / "airflow"), "triggerer"], env=airflow.env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True))
+    )
+    airflow.extra.append(
+        subprocess.Popen(
+            [str(BIN / "airflow"), "triggerer"],
+            env=airflow.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    )
     step_before = store.latest().step
     kube_cluster.reclaim(running[0].spec.node_name, "karpenter")
 

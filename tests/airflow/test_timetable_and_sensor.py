@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -23,17 +23,19 @@ def test_timetable_places_runs_at_the_cheapest_hour_of_the_window():
 
     from airflow_spot.timetables.price_window import PriceWindowTimetable
 
-    timetable = PriceWindowTimetable(profile=_profile(cheap_hour=3), job_hours=1, start_hour=0,
-                                     end_hour=8)
-    start = datetime(2026, 3, 2, tzinfo=timezone.utc)
+    timetable = PriceWindowTimetable(
+        profile=_profile(cheap_hour=3), job_hours=1, start_hour=0, end_hour=8
+    )
+    start = datetime(2026, 3, 2, tzinfo=UTC)
     restriction = TimeRestriction(earliest=start, latest=None, catchup=True)
     first = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
     assert first.data_interval.start == start
     assert first.data_interval.end == start + timedelta(hours=8)
     assert first.run_after == start + timedelta(hours=3)
     assert hour_of_week(first.run_after.timestamp()) % 24 == 3
-    second = timetable.next_dagrun_info(last_automated_data_interval=first.data_interval,
-                                        restriction=restriction)
+    second = timetable.next_dagrun_info(
+        last_automated_data_interval=first.data_interval, restriction=restriction
+    )
     assert second.run_after == first.run_after + timedelta(days=1)
     again = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
     assert again == first  # deterministic
@@ -58,18 +60,24 @@ def test_a_dag_with_the_timetable_serialises_for_the_scheduler():
 
     from airflow_spot.timetables.price_window import PriceWindowTimetable
 
-    with DAG("nightly", schedule=PriceWindowTimetable(profile=_profile(), job_hours=1),
-             start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)) as dag:
+    with DAG(
+        "nightly",
+        schedule=PriceWindowTimetable(profile=_profile(), job_hours=1),
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    ) as dag:
         pass
     data = DagSerialization.to_dict(dag)
     restored = DagSerialization.from_dict(data)
     assert restored.timetable.summary == dag.timetable.summary
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"start_hour": 8, "end_hour": 8}, "is not inside one day"),
-    ({"job_hours": 9}, "must be > 0 and fit"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"start_hour": 8, "end_hour": 8}, "is not inside one day"),
+        ({"job_hours": 9}, "must be > 0 and fit"),
+    ],
+)
 def test_timetable_rejects_bad_windows(kwargs, message):
     from airflow_spot.timetables.price_window import PriceWindowTimetable
 
@@ -94,12 +102,15 @@ def test_sensor_poke_pushes_the_chosen_pool(tmp_path, monkeypatch):
     # (a tick lasts 195 s): the answer cannot depend on how far the suite's shared cloud
     # has got (at a moment when no zone has capacity the sensor rightly waits).
     traces = default_traces()
-    tick = next(t for t in range(200, min(tr.n_ticks for tr in traces))
-                if all(tr.available[t] for tr in traces))
+    tick = next(
+        t
+        for t in range(200, min(tr.n_ticks for tr in traces))
+        if all(tr.available[t] for tr in traces)
+    )
     pushed = {}
 
     class TI:
-        start_date = datetime.now(timezone.utc)
+        start_date = datetime.now(UTC)
 
         def xcom_push(self, key, value):
             pushed[key] = value
@@ -110,10 +121,13 @@ def test_sensor_poke_pushes_the_chosen_pool(tmp_path, monkeypatch):
 
         def poke(task_id: str, max_price: float) -> bool:
             with DAG(f"sensor_{task_id}", schedule=None, start_date=datetime(2026, 1, 1)):
-                sensor = SpotPriceWindowSensor(task_id=task_id, job_hours=1,
-                                               window_end=timedelta(hours=8),
-                                               max_price=max_price,
-                                               provider_options={"url": url})
+                sensor = SpotPriceWindowSensor(
+                    task_id=task_id,
+                    job_hours=1,
+                    window_end=timedelta(hours=8),
+                    max_price=max_price,
+                    provider_options={"url": url},
+                )
             return sensor.poke({"ti": TI()})
 
         assert poke("dear", 0.9 * min(prices)) is False, "every pool is above max_price: wait"

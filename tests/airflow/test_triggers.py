@@ -11,16 +11,15 @@ import threading
 import time
 
 import pytest
-
 from airflow.triggers.base import BaseTrigger
+from fault_proxy import FaultProxy
+from spot_helpers import marked_processes, wait_until
 
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger, window_decision
 from airflow_spot.triggers.spot import SpotJobTrigger
 from spot_core.controller import JobSpec, Next
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
-
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, wait_until
+from spot_core.settings import SpotSettings
 
 
 def _recreate(trigger: BaseTrigger) -> BaseTrigger:
@@ -33,23 +32,48 @@ def _record() -> dict:
     return JobRecord(job_id="dag.train.run", created_at=1.0e9, checkpoint_uri="file:///c").to_dict()
 
 
-LEASE = {"lease_id": "i-local-1", "pool": Pool("aws", "us-east-2", "us-east-2a", "p3.2xlarge").to_dict(),
-         "job_id": "dag.train.run", "attempt": 1, "started_at": 1.0e9, "price_per_hour": 0.9,
-         "details": {"log": "/tmp/x.log"}}
-WATCH = {"action": "watch", "record": _record(), "until": 2.0e9, "lease": LEASE, "reason": "",
-         "failing_since": None, "notice_at": None}
+LEASE = {
+    "lease_id": "i-local-1",
+    "pool": Pool("aws", "us-east-2", "us-east-2a", "p3.2xlarge").to_dict(),
+    "job_id": "dag.train.run",
+    "attempt": 1,
+    "started_at": 1.0e9,
+    "price_per_hour": 0.9,
+    "details": {"log": "/tmp/x.log"},
+}
+WATCH = {
+    "action": "watch",
+    "record": _record(),
+    "until": 2.0e9,
+    "lease": LEASE,
+    "reason": "",
+    "failing_since": None,
+    "notice_at": None,
+}
 SLEEP = {**WATCH, "action": "sleep", "lease": None}
 
 TRIGGERS = [
-    SpotJobTrigger(provider="local", provider_options={"url": "http://127.0.0.1:1"},
-                   next=WATCH, checkpoint_uri="file:///c",
-                   controller_options={"poll_interval": 0.5, "heartbeat_timeout": 60.0},
-                   return_on_notice=False, not_before=1.0e9 + 3),
+    SpotJobTrigger(
+        provider="local",
+        provider_options={"url": "http://127.0.0.1:1"},
+        next=WATCH,
+        checkpoint_uri="file:///c",
+        controller_options={"poll_interval": 0.5, "heartbeat_timeout": 60.0},
+        return_on_notice=False,
+        not_before=1.0e9 + 3,
+    ),
     SpotJobTrigger(provider="local", provider_options={}, next=SLEEP, checkpoint_uri="file:///c"),
-    SpotPriceWindowTrigger(provider="local", provider_options={"url": "http://127.0.0.1:1"},
-                           zones=["us-east-2a"], profile=None, job_hours=2.0,
-                           window_start=1.0e9, window_end=1.0e9 + 8 * 3600, max_price=0.5,
-                           poll_interval=30.0),
+    SpotPriceWindowTrigger(
+        provider="local",
+        provider_options={"url": "http://127.0.0.1:1"},
+        zones=["us-east-2a"],
+        profile=None,
+        job_hours=2.0,
+        window_start=1.0e9,
+        window_end=1.0e9 + 8 * 3600,
+        max_price=0.5,
+        poll_interval=30.0,
+    ),
 ]
 
 
@@ -81,6 +105,7 @@ def _run(trigger, timeout: float = 60) -> dict:
     async def first():
         async for event in trigger.run():
             return event.payload
+
     return asyncio.run(asyncio.wait_for(first(), timeout=timeout))
 
 
@@ -94,14 +119,22 @@ def _launch(url: str, tmp_path, script: str, **options):
     hook = SpotHook("local", {"url": url})
     provider = hook.get_provider()
     pools = tuple(p.on(Market.ON_DEMAND) for p in provider.pools()[:1])
-    spec = JobSpec(job_id=f"trig-{tmp_path.name}", command=(sys.executable, "-c", script),
-                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=pools)
-    controller = hook.controller(**{**OPTIONS, **options})
+    spec = JobSpec(
+        job_id=f"trig-{tmp_path.name}",
+        command=(sys.executable, "-c", script),
+        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+        pools=pools,
+    )
+    controller = hook.controller(SpotSettings.build(**{**OPTIONS, **options}))
     nxt = controller.advance(spec, controller.new_record(spec))
     assert nxt.action == "watch", nxt
-    trigger = SpotJobTrigger(provider="local", provider_options=hook.reopen_options,
-                             next=nxt.to_dict(), checkpoint_uri=spec.checkpoint_uri,
-                             controller_options={**OPTIONS, **options})
+    trigger = SpotJobTrigger(
+        provider="local",
+        provider_options=hook.reopen_options,
+        next=nxt.to_dict(),
+        checkpoint_uri=spec.checkpoint_uri,
+        controller_options={**OPTIONS, **options},
+    )
     return _recreate(trigger), nxt, provider
 
 
@@ -115,8 +148,9 @@ def test_spot_trigger_fires_with_the_closed_record_when_the_lease_ends(cloud_url
 
 
 def test_spot_trigger_ends_the_attempt_at_its_time_limit(cloud_url, tmp_path):
-    trigger, nxt, provider = _launch(cloud_url, tmp_path, "import time; time.sleep(60)",
-                                     attempt_timeout=1.0)
+    trigger, nxt, provider = _launch(
+        cloud_url, tmp_path, "import time; time.sleep(60)", attempt_timeout=1.0
+    )
     event = _run(trigger)
     record = Next.from_dict(event["next"]).record
     assert event["status"] == "ended" and "time limit" in record.attempts[-1].message
@@ -173,8 +207,11 @@ async def _cancel_then(trigger, *hooks):
 def test_sleep_trigger_wakes_after_its_bounded_sleep():
     started = time.monotonic()
     nxt = Next("sleep", JobRecord.from_dict(_record()), until=time.time() + 0.3)
-    event = _run(SpotJobTrigger(provider="local", provider_options={}, next=nxt.to_dict(),
-                                checkpoint_uri="file:///c"))
+    event = _run(
+        SpotJobTrigger(
+            provider="local", provider_options={}, next=nxt.to_dict(), checkpoint_uri="file:///c"
+        )
+    )
     assert event["status"] == "wake" and time.monotonic() - started >= 0.25
 
 
@@ -183,8 +220,14 @@ def _offer(zone: str, price: float, available: bool = True) -> Offer:
 
 
 def test_window_decision_starts_at_a_low_price_and_never_after_the_latest_start():
-    common = {"profile": None, "job_hours": 1.0, "window_start": 0.0, "window_end": 7200.0,
-              "max_price": 1.0, "poll_interval": 10.0}
+    common = {
+        "profile": None,
+        "job_hours": 1.0,
+        "window_start": 0.0,
+        "window_end": 7200.0,
+        "max_price": 1.0,
+        "poll_interval": 10.0,
+    }
     cheap = window_decision(now=10.0, offers=[_offer("us-east-2a", 0.9)], **common)
     assert cheap.start and cheap.zone == "us-east-2a"
     dear = window_decision(now=10.0, offers=[_offer("us-east-2a", 2.0)], **common)
@@ -206,10 +249,17 @@ def _window_trigger(cloud_url, max_price: float, window_end: float) -> SpotPrice
     from airflow_spot.hooks.spot import SpotHook
 
     hook = SpotHook("local", {"url": cloud_url})
-    return SpotPriceWindowTrigger(provider="local", provider_options=hook.reopen_options,
-                                  zones=None, profile=None, job_hours=1.0,
-                                  window_start=time.time(), window_end=window_end,
-                                  max_price=max_price, poll_interval=0.2)
+    return SpotPriceWindowTrigger(
+        provider="local",
+        provider_options=hook.reopen_options,
+        zones=None,
+        profile=None,
+        job_hours=1.0,
+        window_start=time.time(),
+        window_end=window_end,
+        max_price=max_price,
+        poll_interval=0.2,
+    )
 
 
 def test_price_window_trigger_fires_when_the_local_market_is_cheap(cloud_url):
@@ -223,7 +273,8 @@ def test_price_window_trigger_fires_when_the_local_market_is_cheap(cloud_url):
 def test_price_window_trigger_above_max_price_waits_for_the_latest_start(cloud_url):
     """Dearer than max_price everywhere: no start until only job_hours are left."""
     started = time.time()
-    event = _run(_window_trigger(cloud_url, 0.9 * min(_trace_prices()),
-                                 started + 3600 + 2.0))  # latest start 2 s from now
+    event = _run(
+        _window_trigger(cloud_url, 0.9 * min(_trace_prices()), started + 3600 + 2.0)
+    )  # latest start 2 s from now
     assert event["status"] == "start" and "latest start" in event["reason"], event
     assert time.time() - started >= 1.9, "started before the latest start, above max_price"

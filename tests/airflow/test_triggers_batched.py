@@ -18,6 +18,7 @@ from spot_core.controller import Controller, Next
 from spot_core.model import Attempt, JobRecord, Lease, Market, Outcome, Pool
 from spot_core.observer import SharedObserver
 from spot_core.providers.base import Bill, LeaseState, LeaseStatus
+from spot_core.settings import SpotSettings
 
 pytestmark = pytest.mark.timeout(240)
 JOBS = 1000
@@ -44,8 +45,9 @@ class Leases:
             return LeaseStatus(LeaseState.RUNNING)
         if int(lease.job_id.split("-")[1]) % 2 == 0:
             return LeaseStatus(LeaseState.EXITED, 0, None, self.ended_at)
-        return LeaseStatus(LeaseState.RECLAIMED, None, self.ended_at, self.ended_at,
-                           message="reclaimed")
+        return LeaseStatus(
+            LeaseState.RECLAIMED, None, self.ended_at, self.ended_at, message="reclaimed"
+        )
 
     def terminate(self, lease: Lease) -> None:
         with self._lock:
@@ -61,23 +63,42 @@ class Leases:
 def _watch_next(index: int, uri: str, now: float) -> Next:
     lease = Lease(f"lease-{index}", POOL, f"job-{index}", 1, now, 1.0)
     record = JobRecord(job_id=lease.job_id, created_at=now, checkpoint_uri=uri)
-    record = record.start_attempt(Attempt(number=1, pool=POOL, started_at=now,
-                                          lease_id=lease.lease_id, lease=lease.to_dict()))
+    record = record.start_attempt(
+        Attempt(number=1, pool=POOL, started_at=now, lease_id=lease.lease_id, lease=lease.to_dict())
+    )
     return Next("watch", record, until=now + 3600, lease=lease)
 
 
-def test_a_thousand_triggers_check_in_a_few_hops_per_poll_and_all_end_right(tmp_path,
-                                                                            monkeypatch):
+def test_a_thousand_triggers_check_in_a_few_hops_per_poll_and_all_end_right(tmp_path, monkeypatch):
     provider, observer = Leases(), None
     observer = SharedObserver(provider)
     options = {"poll_interval": POLL, "heartbeat_timeout": 60.0}
-    monkeypatch.setattr(SpotJobTrigger, "_open", lambda self: (
-        Controller(provider, market=None, stores=open_store, **options), observer))
+    monkeypatch.setattr(
+        SpotJobTrigger,
+        "_open",
+        lambda self: (
+            Controller(
+                provider,
+                market=None,
+                stores=open_store,
+                **SpotSettings.build(**options).controller_options(),
+            ),
+            observer,
+        ),
+    )
     now = time.time()
     uris = [(tmp_path / f"store-{i}").as_uri() for i in range(JOBS)]
-    triggers = [SpotJobTrigger(provider="local", provider_options={}, return_on_notice=False,
-                               next=_watch_next(i, uri, now).to_dict(), checkpoint_uri=uri,
-                               controller_options=options) for i, uri in enumerate(uris)]
+    triggers = [
+        SpotJobTrigger(
+            provider="local",
+            provider_options={},
+            return_on_notice=False,
+            next=_watch_next(i, uri, now).to_dict(),
+            checkpoint_uri=uri,
+            controller_options=options,
+        )
+        for i, uri in enumerate(uris)
+    ]
 
     async def main():
         async def first(trigger):
@@ -86,7 +107,7 @@ def test_a_thousand_triggers_check_in_a_few_hops_per_poll_and_all_end_right(tmp_
 
         tasks = [asyncio.create_task(first(t)) for t in triggers]
         batcher = batched.batcher_for()
-        while batcher.calls < 3 * JOBS:                        # a few polls of watching
+        while batcher.calls < 3 * JOBS:  # a few polls of watching
             await asyncio.sleep(0.05)
         provider.ended_at = time.time()
         events = await asyncio.wait_for(asyncio.gather(*tasks), 120)
@@ -99,7 +120,8 @@ def test_a_thousand_triggers_check_in_a_few_hops_per_poll_and_all_end_right(tmp_
     # Before batching each check was its own hop (calls == hops); a poll's checks now
     # share hops of up to MAX_BATCH (stragglers of a poll can make a small extra one).
     assert hops <= 2 * calls / batched.MAX_BATCH + polls, (
-        f"{hops} thread hops for {calls} checks in {polls} polls: one hop per trigger?")
+        f"{hops} thread hops for {calls} checks in {polls} polls: one hop per trigger?"
+    )
     for uri in uris:  # each job's heartbeat is in its own store
         beat = Heartbeat(open_store(uri)).read()
         assert beat is not None and beat.attempt == 1, uri
@@ -107,6 +129,7 @@ def test_a_thousand_triggers_check_in_a_few_hops_per_poll_and_all_end_right(tmp_
         assert event["status"] == "ended", event
         record = Next.from_dict(event["next"]).record
         assert record.job_id == f"job-{index}" and record.current_attempt is None
-        assert record.attempts[-1].outcome == (Outcome.SUCCEEDED if index % 2 == 0
-                                               else Outcome.PREEMPTED), record.attempts[-1]
+        assert record.attempts[-1].outcome == (
+            Outcome.SUCCEEDED if index % 2 == 0 else Outcome.PREEMPTED
+        ), record.attempts[-1]
     assert len(provider.terminated) == JOBS  # every ended lease was terminated (idempotent)

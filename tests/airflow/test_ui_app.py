@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -26,36 +26,75 @@ SPOT = Pool("local", "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
 def _record(job_id: str) -> JobRecord:
     """Preempted on spot (with a notice), then finished on on-demand: a fallback."""
     record = JobRecord(job_id=job_id, created_at=1_700_000_000.0)
-    first = Attempt(1, SPOT, 1_700_000_010.0, lease_id="l-1",
-                    lease={"lease_id": "l-1", "pool": SPOT.to_dict(), "job_id": job_id,
-                           "attempt": 1, "started_at": 1_700_000_010.0,
-                           "price_per_hour": 0.91, "details": {}})
-    record = record.start_attempt(first).finish_attempt(Attempt(
-        1, SPOT, 1_700_000_010.0, lease_id="l-1", lease=first.lease, ended_at=1_700_003_610.0,
-        outcome=Outcome.PREEMPTED, cost=0.91, on_demand_cost=3.06, checkpoint_step_end=300,
-        lost_work_seconds=42.0, notice_at=1_700_003_500.0,
-        message="<script>alert(1)</script> reclaimed"))
+    first = Attempt(
+        1,
+        SPOT,
+        1_700_000_010.0,
+        lease_id="l-1",
+        lease={
+            "lease_id": "l-1",
+            "pool": SPOT.to_dict(),
+            "job_id": job_id,
+            "attempt": 1,
+            "started_at": 1_700_000_010.0,
+            "price_per_hour": 0.91,
+            "details": {},
+        },
+    )
+    record = record.start_attempt(first).finish_attempt(
+        Attempt(
+            1,
+            SPOT,
+            1_700_000_010.0,
+            lease_id="l-1",
+            lease=first.lease,
+            ended_at=1_700_003_610.0,
+            outcome=Outcome.PREEMPTED,
+            cost=0.91,
+            on_demand_cost=3.06,
+            checkpoint_step_end=300,
+            lost_work_seconds=42.0,
+            notice_at=1_700_003_500.0,
+            message="<script>alert(1)</script> reclaimed",
+        )
+    )
     od = SPOT.on(Market.ON_DEMAND)
-    record = record.start_attempt(Attempt(2, od, 1_700_003_700.0, lease_id="l-2",
-                                          checkpoint_step_start=300))
-    return record.finish_attempt(Attempt(2, od, 1_700_003_700.0, lease_id="l-2",
-                                         checkpoint_step_start=300, ended_at=1_700_005_500.0,
-                                         outcome=Outcome.SUCCEEDED, cost=1.53,
-                                         on_demand_cost=1.53))
+    record = record.start_attempt(
+        Attempt(2, od, 1_700_003_700.0, lease_id="l-2", checkpoint_step_start=300)
+    )
+    return record.finish_attempt(
+        Attempt(
+            2,
+            od,
+            1_700_003_700.0,
+            lease_id="l-2",
+            checkpoint_step_start=300,
+            ended_at=1_700_005_500.0,
+            outcome=Outcome.SUCCEEDED,
+            cost=1.53,
+            on_demand_cost=1.53,
+        )
+    )
 
 
 def _running(job_id: str) -> JobRecord:
     """One attempt on a spot lease, still running."""
-    lease = {"lease_id": "l-live", "pool": SPOT.to_dict(), "job_id": job_id, "attempt": 1,
-             "started_at": 1_700_000_000.0, "price_per_hour": 0.88, "details": {}}
+    lease = {
+        "lease_id": "l-live",
+        "pool": SPOT.to_dict(),
+        "job_id": job_id,
+        "attempt": 1,
+        "started_at": 1_700_000_000.0,
+        "price_per_hour": 0.88,
+        "details": {},
+    }
     return JobRecord(job_id=job_id, created_at=1_700_000_000.0).start_attempt(
-        Attempt(1, SPOT, 1_700_000_000.0, lease_id="l-live", lease=lease))
+        Attempt(1, SPOT, 1_700_000_000.0, lease_id="l-live", lease=lease)
+    )
 
 
 @pytest.fixture(scope="module")
 def client(airflow_home):
-    from fastapi.testclient import TestClient
-
     from airflow.api_fastapi.app import create_app, purge_cached_app
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
@@ -64,32 +103,64 @@ def client(airflow_home):
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.team import Team
     from airflow.utils.session import create_session
+    from fastapi.testclient import TestClient
     from sqlalchemy import insert, select
 
     with create_session() as session:
-        bundles = {name: session.merge(DagBundleModel(name=name))
-                   for name in ("ui-open", "ui-research")}
+        bundles = {
+            name: session.merge(DagBundleModel(name=name)) for name in ("ui-open", "ui-research")
+        }
         bundles["ui-research"].teams.append(session.merge(Team(name="research")))
         session.flush()
         for dag_id, bundle in (("ui_open", "ui-open"), ("ui_research", "ui-research")):
             session.merge(DagModel(dag_id=dag_id, bundle_name=bundle, fileloc="/dev/null"))
-            run = DagRun(dag_id=dag_id, run_id=RUN_ID, run_type="manual", state="success",
-                         run_after=datetime.now(timezone.utc))
+            run = DagRun(
+                dag_id=dag_id,
+                run_id=RUN_ID,
+                run_type="manual",
+                state="success",
+                run_after=datetime.now(UTC),
+            )
             session.add(run)
             session.flush()
-            session.add(TaskStateStoreModel(
-                dag_run_id=run.id, task_id="train", map_index=-1, key="spot_job_record",
-                dag_id=dag_id, run_id=RUN_ID,
-                value=json.dumps(_record(f"{dag_id}.train").to_dict())))
+            session.add(
+                TaskStateStoreModel(
+                    dag_run_id=run.id,
+                    task_id="train",
+                    map_index=-1,
+                    key="spot_job_record",
+                    dag_id=dag_id,
+                    run_id=RUN_ID,
+                    value=json.dumps(_record(f"{dag_id}.train").to_dict()),
+                )
+            )
         # A deferred task whose job holds a lease now (a task instance row as the scheduler
         # keeps it; the record where the operator writes it).
-        session.execute(insert(TaskInstance.__table__).values(
-            id=uuid.uuid4(), dag_id="ui_open", task_id="serve", run_id=RUN_ID, map_index=-1,
-            state="deferred", pool="default_pool", pool_slots=1, try_number=1))
+        session.execute(
+            insert(TaskInstance.__table__).values(
+                id=uuid.uuid4(),
+                dag_id="ui_open",
+                task_id="serve",
+                run_id=RUN_ID,
+                map_index=-1,
+                state="deferred",
+                pool="default_pool",
+                pool_slots=1,
+                try_number=1,
+            )
+        )
         run_id = session.scalar(select(DagRun.id).where(DagRun.dag_id == "ui_open"))
-        session.add(TaskStateStoreModel(
-            dag_run_id=run_id, task_id="serve", map_index=-1, key="spot_job_record",
-            dag_id="ui_open", run_id=RUN_ID, value=json.dumps(_running("ui_open.serve").to_dict())))
+        session.add(
+            TaskStateStoreModel(
+                dag_run_id=run_id,
+                task_id="serve",
+                map_index=-1,
+                key="spot_job_record",
+                dag_id="ui_open",
+                run_id=RUN_ID,
+                value=json.dumps(_running("ui_open.serve").to_dict()),
+            )
+        )
     app = create_app(apps="core")
     with TestClient(app) as test_client:
         yield test_client
@@ -100,16 +171,18 @@ def _token(role: str, teams: list[str] | None = None) -> str:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=f"{role}-user",
-                                                                 role=role, teams=teams))
+    return get_auth_manager().generate_jwt(
+        SimpleAuthManagerUser(username=f"{role}-user", role=role, teams=teams)
+    )
 
 
 def _as(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.mark.parametrize("path", ["/spot/jobs", "/spot/api/jobs",
-                                  f"/spot/ti/ui_open/{RUN_ID}/train/-1"])
+@pytest.mark.parametrize(
+    "path", ["/spot/jobs", "/spot/api/jobs", f"/spot/ti/ui_open/{RUN_ID}/train/-1"]
+)
 def test_no_token_is_refused(client, path):
     assert client.get(path).status_code == 401
     assert client.get(path, headers=_as("not-a-jwt")).status_code in (401, 403)
@@ -125,8 +198,9 @@ def test_a_user_sees_only_the_jobs_of_dags_they_may_read(client):
     assert {"ui_open", "ui_research"} <= {j["dag_id"] for j in research["jobs"]}
     page = client.get("/spot/jobs", headers=_as(_token("viewer", ["ml"]))).text
     assert "ui_open" in page and "ui_research" not in page
-    tab = client.get(f"/spot/ti/ui_research/{RUN_ID}/train/-1",
-                     headers=_as(_token("viewer", ["ml"])))
+    tab = client.get(
+        f"/spot/ti/ui_research/{RUN_ID}/train/-1", headers=_as(_token("viewer", ["ml"]))
+    )
     assert tab.status_code == 403 and "ui_research.train" not in tab.text
 
 
@@ -139,8 +213,9 @@ def test_the_ui_cookie_authenticates_the_iframe(client):
 
 
 def test_the_tab_shows_each_attempt_its_costs_and_escapes_the_record(client):
-    tab = client.get(f"/spot/ti/ui_open/{RUN_ID}/train/{{MAP_INDEX}}",
-                     headers=_as(_token("viewer")))
+    tab = client.get(
+        f"/spot/ti/ui_open/{RUN_ID}/train/{{MAP_INDEX}}", headers=_as(_token("viewer"))
+    )
     assert tab.status_code == 200, tab.text
     html = tab.text
     assert len(re.findall(r'<tr class="attempt-row">', html)) == 2

@@ -24,11 +24,18 @@ import pytest
 pytestmark = pytest.mark.timeout(900)
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-ARTIFACTS = Path(os.environ.get("SPOT_TEST_ARTIFACTS",
-                                Path(__file__).resolve().parents[1] / "artifacts"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(
+    os.environ.get("SPOT_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "artifacts")
+)
 PAGE_TIMEOUT_MS = 60_000
 
 
@@ -39,21 +46,26 @@ def finished(standalone, runs) -> dict:
     state = standalone.wait_run(dag_id, runs[dag_id], timeout=600)
     assert state["runs"][runs[dag_id]] == "success", state
     record = state["xcom"]["train:-1:spot_job_record"]
-    return {"run_id": runs[dag_id],
-            "record": json.loads(record) if isinstance(record, str) else record}
+    return {
+        "run_id": runs[dag_id],
+        "record": json.loads(record) if isinstance(record, str) else record,
+    }
 
 
 @pytest.fixture(scope="module")
 def browser(standalone):
     """Chromium with a fresh profile, logged in to the UI as the admin through its form."""
     from playwright.sync_api import sync_playwright
-
     from standalone_server import USERS
 
     with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1500, "height": 1100})
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1500, "height": 1100},
+        )
         try:
             page = context.new_page()
             page.goto(f"http://127.0.0.1:{standalone.port}/", timeout=PAGE_TIMEOUT_MS)
@@ -98,24 +110,29 @@ def test_the_spot_tab_of_the_train_task_in_chromium(standalone, finished, browse
     assert record["preemptions"] >= 1 and len(attempts) >= 2
     page = browser.new_page()
     base = f"http://127.0.0.1:{standalone.port}"
-    page.goto(f"{base}/dags/spot_ml_pipeline/runs/{quote(finished['run_id'], safe='')}"
-              "/tasks/train/plugin/spot", timeout=PAGE_TIMEOUT_MS)
+    page.goto(
+        f"{base}/dags/spot_ml_pipeline/runs/{quote(finished['run_id'], safe='')}"
+        "/tasks/train/plugin/spot",
+        timeout=PAGE_TIMEOUT_MS,
+    )
     try:
         frame = _plugin_frame(page, "/spot/ti/spot_ml_pipeline/")
         rows = frame.locator("table.attempts tr.attempt-row")
         assert rows.count() == len(attempts)
-        for row, attempt in zip(rows.all_inner_texts(), attempts):
+        for row, attempt in zip(rows.all_inner_texts(), attempts, strict=True):
             assert attempt["outcome"] in row and f"{attempt['cost']:.4f}" in row
         assert frame.locator("svg.spot-timeline rect.attempt").count() == len(attempts)
         ledger = frame.locator("table.ledger").inner_text()
         assert f"${record['ledger']['spent']:.4f}" in ledger
         assert f"${record['ledger']['on_demand_equivalent']:.4f}" in ledger
-        assert re.search(r"preemptions\s+%d" % record["preemptions"], ledger)
+        assert re.search(rf"preemptions\s+{record['preemptions']:d}", ledger)
     finally:
         _shot(page, "spot-tab.png")
     tab = browser.new_page()  # the tab's own page, whole (the iframe scrolls inside Airflow)
-    tab.goto(base + page.locator('iframe[src*="/spot/ti/"]').get_attribute("src"),
-             timeout=PAGE_TIMEOUT_MS)
+    tab.goto(
+        base + page.locator('iframe[src*="/spot/ti/"]').get_attribute("src"),
+        timeout=PAGE_TIMEOUT_MS,
+    )
     assert tab.locator("svg.spot-timeline rect.attempt").count() == len(attempts)
     _shot(tab, "spot-tab-page.png")
 
@@ -140,8 +157,9 @@ def test_spot_metrics_reach_statsd(standalone, finished, statsd):
     """One spot.attempts per finished attempt of train, tagged with its DAG, task and pool."""
     record = finished["record"]
     lines = [line for line in list(statsd.lines) if line.startswith(("airflow.spot.", "spot."))]
-    train = [line for line in lines if "dag_id=spot_ml_pipeline" in line
-             and "task_id=train" in line]
+    train = [
+        line for line in lines if "dag_id=spot_ml_pipeline" in line and "task_id=train" in line
+    ]
     attempts = [line for line in train if re.match(r"(airflow\.)?spot\.attempts,", line)]
     assert len(attempts) == len(record["attempts"]), lines[:50]
     preempted = [line for line in train if re.match(r"(airflow\.)?spot\.preemptions,", line)]

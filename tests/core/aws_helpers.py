@@ -13,8 +13,8 @@ import os
 import time
 
 import pytest
-
 from process_helpers import free_port  # noqa: F401  (also imported from here)
+
 from spot_core.emulators.moto_server import running_moto  # noqa: F401  (also imported from here)
 
 REGION = "us-east-1"
@@ -27,9 +27,18 @@ def moto_server(tmp_path_factory):
         yield url
 
 
-AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-           "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "SPOT_S3_ENDPOINT_URL",
-           "AWS_ENDPOINT_URL_S3", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+AWS_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "SPOT_S3_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+)
 
 
 @pytest.fixture
@@ -66,8 +75,13 @@ def client(service: str, endpoint: str, region: str = REGION):
     so it works in tests whose process has no AWS credentials at all."""
     import boto3
 
-    return boto3.client(service, region_name=region, endpoint_url=endpoint,
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    return boto3.client(
+        service,
+        region_name=region,
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
 
 
 def managed_live_instances(endpoint: str, regions=(REGION,)) -> list[str]:
@@ -75,9 +89,12 @@ def managed_live_instances(endpoint: str, regions=(REGION,)) -> list[str]:
     found = []
     for region in regions:
         ec2 = client("ec2", endpoint, region)
-        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
-            {"Name": "tag:spot-pipelines:managed", "Values": ["true"]},
-            {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[
+                {"Name": "tag:spot-pipelines:managed", "Values": ["true"]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ]
+        )
         found += [i["InstanceId"] for p in pages for r in p["Reservations"] for i in r["Instances"]]
     return found
 
@@ -97,21 +114,29 @@ def make_network(endpoint: str, region: str = REGION, zones: int = 2) -> dict:
 def _make_network(endpoint: str, region: str, zones: int) -> dict:
     ec2 = client("ec2", endpoint, region)
     vpc = ec2.create_vpc(CidrBlock=f"10.{zones}.0.0/16")["Vpc"]["VpcId"]
-    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.{zones}.{i}.0/24",
-                                 AvailabilityZone=f"{region}{'abcdef'[i]}")["Subnet"]["SubnetId"]
-               for i in range(zones)]
+    subnets = [
+        ec2.create_subnet(
+            VpcId=vpc, CidrBlock=f"10.{zones}.{i}.0/24", AvailabilityZone=f"{region}{'abcdef'[i]}"
+        )["Subnet"]["SubnetId"]
+        for i in range(zones)
+    ]
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     iam = client("iam", endpoint, region)
     try:
         iam.create_instance_profile(InstanceProfileName="spot-pipelines-step")
     except iam.exceptions.EntityAlreadyExistsException:
         pass
-    return {"region": region, "subnets": subnets, "image_id": image,
-            "instance_profile": "spot-pipelines-step"}
+    return {
+        "region": region,
+        "subnets": subnets,
+        "image_id": image,
+        "instance_profile": "spot-pipelines-step",
+    }
 
 
-def inject_errors(client, operation: str, code: str, *, times: int | None = None,
-                  when=lambda params: True) -> list[dict]:
+def inject_errors(
+    client, operation: str, code: str, *, times: int | None = None, when=lambda params: True
+) -> list[dict]:
     """A fault injector in front of a real client: raise ``code`` for ``operation`` calls
     whose parameters match ``when`` (at most ``times`` times). Returns the calls it failed."""
     from botocore.exceptions import ClientError
@@ -151,8 +176,11 @@ def preempt_after_checkpoints(runtime, store_uri: str, attempts, timeout: float 
 
     def victim():
         with runtime._lock:
-            running = [i for i in runtime.instances.values()
-                       if i.spot and i.notice_at is None and i.process.poll() is None]
+            running = [
+                i
+                for i in runtime.instances.values()
+                if i.spot and i.notice_at is None and i.process.poll() is None
+            ]
         return running[0].instance_id if running else None
 
     def run():

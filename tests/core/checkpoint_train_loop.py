@@ -29,8 +29,10 @@ def main(total: int, step_seconds: float) -> int:
         rng.bit_generator.state = json.loads(restored[1]["rng.json"])
 
     def payload() -> dict[str, bytes]:
-        return {"weights.npz": arrays_to_bytes({"w": weights}),
-                "rng.json": json.dumps(rng.bit_generator.state).encode()}
+        return {
+            "weights.npz": arrays_to_bytes({"w": weights}),
+            "rng.json": json.dumps(rng.bit_generator.state).encode(),
+        }
 
     print(f"ready {ckpt.start_step}", flush=True)
     try:

@@ -31,24 +31,31 @@ def compose_command() -> list[str]:
     legacy = shutil.which("docker-compose")
     if legacy is not None:
         return [legacy]
-    pytest.skip("no compose implementation: install Debian's docker-compose "
-                "(apt-get install docker-compose) or the docker compose plugin")
+    pytest.skip(
+        "no compose implementation: install Debian's docker-compose "
+        "(apt-get install docker-compose) or the docker compose plugin"
+    )
 
 
-def run_config(compose_file: Path = COMPOSE_FILE, env: dict[str, str] | None = None
-               ) -> subprocess.CompletedProcess:
+def run_config(
+    compose_file: Path = COMPOSE_FILE, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``compose -f FILE config``: exit 0 and the resolved model, or the validation error."""
     import os
 
     environ = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
     environ.update(env or {})
-    return subprocess.run([*compose_command(), "-f", str(compose_file), "config"],
-                          capture_output=True, text=True, timeout=60, env=environ,
-                          cwd=compose_file.parent)
+    return subprocess.run(
+        [*compose_command(), "-f", str(compose_file), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+        cwd=compose_file.parent,
+    )
 
 
-def resolved_model(compose_file: Path = COMPOSE_FILE,
-                   env: dict[str, str] | None = None) -> dict:
+def resolved_model(compose_file: Path = COMPOSE_FILE, env: dict[str, str] | None = None) -> dict:
     done = run_config(compose_file, env)
     assert done.returncode == 0, f"compose rejected {compose_file.name}: {done.stderr}"
     return yaml.safe_load(done.stdout)
@@ -73,8 +80,14 @@ def services(model: dict) -> dict[str, Service]:
     for name, spec in model["services"].items():
         argv = tuple(_as_list(spec.get("entrypoint")) + _as_list(spec.get("command")))
         env = {k: "" if v is None else str(v) for k, v in (spec.get("environment") or {}).items()}
-        found[name] = Service(name, argv, env, tuple(int(p) for p in spec.get("expose") or ()),
-                              _binds(spec.get("volumes") or ()), spec.get("image", ""))
+        found[name] = Service(
+            name,
+            argv,
+            env,
+            tuple(int(p) for p in spec.get("expose") or ()),
+            _binds(spec.get("volumes") or ()),
+            spec.get("image", ""),
+        )
     return found
 
 

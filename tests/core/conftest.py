@@ -1,7 +1,6 @@
 """Shared fixtures for tests/core."""
 
 import pytest
-
 from aws_helpers import aws_env, moto_server  # noqa: F401  (pytest fixtures)
 from dist_helpers import build_dist
 from kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: F401,E402

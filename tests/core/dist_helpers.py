@@ -20,21 +20,34 @@ COMMAND_TIMEOUT = 240
 
 def find_uv() -> str:
     """The uv executable: $UV, the Makefile's .venv-tools/bin/uv, or uv on PATH."""
-    for candidate in (os.environ.get("UV"), str(REPO / ".venv-tools" / "bin" / "uv"),
-                      shutil.which("uv")):
+    for candidate in (
+        os.environ.get("UV"),
+        str(REPO / ".venv-tools" / "bin" / "uv"),
+        shutil.which("uv"),
+    ):
         if candidate and Path(candidate).is_file():
             return candidate
-    raise RuntimeError("uv not found: run `make envs` (it installs .venv-tools/bin/uv) or set "
-                       "UV=/path/to/uv")
+    raise RuntimeError(
+        "uv not found: run `make envs` (it installs .venv-tools/bin/uv) or set UV=/path/to/uv"
+    )
 
 
-def run(*args: str, cwd: Path | None = None, env: dict | None = None,
-        timeout: float = COMMAND_TIMEOUT) -> str:
+def run(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = COMMAND_TIMEOUT
+) -> str:
     """Run a command; its stdout, or an AssertionError carrying its output."""
-    done = subprocess.run([str(a) for a in args], cwd=cwd, env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, (f"{' '.join(map(str, args))} exited {done.returncode}:\n"
-                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    done = subprocess.run(
+        [str(a) for a in args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, (
+        f"{' '.join(map(str, args))} exited {done.returncode}:\n"
+        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout
 
 
@@ -49,8 +62,20 @@ def locked_requirements(out: Path, *extras: str) -> Path:
     requirements file usable as constraints or requirements."""
     path = out / f"locked-{'-'.join(extras) or 'core'}.txt"
     extra_args = [arg for extra in extras for arg in ("--extra", extra)]
-    run(find_uv(), "export", "--frozen", "--no-hashes", "--no-emit-project", "--no-dev",
-        "--no-header", "--no-annotate", *extra_args, "--output-file", path, cwd=REPO)
+    run(
+        find_uv(),
+        "export",
+        "--frozen",
+        "--no-hashes",
+        "--no-emit-project",
+        "--no-dev",
+        "--no-header",
+        "--no-annotate",
+        *extra_args,
+        "--output-file",
+        path,
+        cwd=REPO,
+    )
     return path
 
 

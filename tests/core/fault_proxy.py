@@ -26,8 +26,13 @@ class FaultProxy:
     (the local cloud server's own 409 no-capacity answer), or are held ``delay`` seconds
     before they are forwarded while ``mode`` is ``"slow"``."""
 
-    def __init__(self, upstream: str, match: str = "", methods: tuple[str, ...] | None = None,
-                 delay: float = 0.5) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        match: str = "",
+        methods: tuple[str, ...] | None = None,
+        delay: float = 0.5,
+    ) -> None:
         self.upstream = urlsplit(upstream)
         self.match = match
         self.methods = methods
@@ -50,7 +55,8 @@ class FaultProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 mode = proxy.mode
                 if not (proxy.methods is None or self.command in proxy.methods) or not (
-                        proxy.match in self.requestline or proxy.match.encode() in body):
+                    proxy.match in self.requestline or proxy.match.encode() in body
+                ):
                     mode = None
                 if mode:
                     proxy.failed += 1
@@ -58,13 +64,16 @@ class FaultProxy:
                     time.sleep(proxy.delay)
                 elif mode:
                     if mode == "reset":
-                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                                   struct.pack("ii", 1, 0))
+                        self.connection.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
                         self.close_connection = True
                         return
                     if mode == "capacity":
-                        data = (b'{"error": "capacity_unavailable", "message": '
-                                b'"InsufficientInstanceCapacity (injected)"}')
+                        data = (
+                            b'{"error": "capacity_unavailable", "message": '
+                            b'"InsufficientInstanceCapacity (injected)"}'
+                        )
                         self.send_response(409)
                         self.send_header("Content-Type", "application/json")
                     else:
@@ -75,17 +84,22 @@ class FaultProxy:
                     self.wfile.write(data)
                     return
                 proxy._count(self.command, self.path, body)
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,
-                                                  timeout=30)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("host", "expect")}
+                conn = http.client.HTTPConnection(
+                    proxy.upstream.hostname, proxy.upstream.port, timeout=30
+                )
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "expect")
+                }
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 answer = conn.getresponse()
                 data = answer.read()
                 self.send_response(answer.status)
                 # A HEAD answer has no body but tells the length of the object (S3's size check).
-                length = (answer.getheader("Content-Length", "0") if self.command == "HEAD"
-                          else str(len(data)))
+                length = (
+                    answer.getheader("Content-Length", "0")
+                    if self.command == "HEAD"
+                    else str(len(data))
+                )
                 for key, value in answer.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(key, value)

@@ -25,9 +25,16 @@ _pools = itertools.count(1)
 
 
 def test_config() -> ClusterConfig:
-    return ClusterConfig(time_scale=TIME_SCALE, timings=Timings(
-        image_pull_seconds=0.05, node_gone_seconds=1.0, gke_shutdown_grace_seconds=30,
-        gke_shutdown_critical_seconds=10, vm_shutdown_seconds=10))
+    return ClusterConfig(
+        time_scale=TIME_SCALE,
+        timings=Timings(
+            image_pull_seconds=0.05,
+            node_gone_seconds=1.0,
+            gke_shutdown_grace_seconds=30,
+            gke_shutdown_critical_seconds=10,
+            vm_shutdown_seconds=10,
+        ),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,15 +60,17 @@ def kube_namespace(kube_cluster):
     kube_cluster.api.create("namespaces", "", {"metadata": {"name": name}})
     yield name
     kube_cluster.delete_namespace(name)
-    wait_for(lambda: kube_cluster.store.find("namespaces", "", name) is None, 30,
-             f"namespace {name} to go")
+    wait_for(
+        lambda: kube_cluster.store.find("namespaces", "", name) is None,
+        30,
+        f"namespace {name} to go",
+    )
 
 
 def add_test_pool(cluster: KubeCluster, flavour: str, **options) -> tuple[str, list[str]]:
     """A pool of this test's own: (pool name, node names)."""
     name = f"{flavour}-{options.get('capacity_type', 'spot')[:4]}-{next(_pools)}"
-    nodes = cluster.add_pool(NodePool(name, flavour, **{"replace_after_seconds": None,
-                                                         **options}))
+    nodes = cluster.add_pool(NodePool(name, flavour, **{"replace_after_seconds": None, **options}))
     return name, nodes
 
 

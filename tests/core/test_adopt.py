@@ -15,11 +15,12 @@ from spot_core.providers.in_place import InPlaceProvider
 
 def _adopt(tmp_path, record=None, attempt=None):
     provider = InPlaceProvider(price_per_hour=0.5)
-    controller = Controller(provider, None, heartbeat_timeout=None)
+    controller = Controller(provider, None, heartbeat_timeout_seconds=None)
     spec = JobSpec("in-place", (), (tmp_path / "ckpt").as_uri(), ())
     record = record or controller.new_record(spec)
     record, lease = controller.adopt(
-        spec, record, lambda n, now: provider.adopt(spec.job_id, n, now), attempt=attempt)
+        spec, record, lambda n, now: provider.adopt(spec.job_id, n, now), attempt=attempt
+    )
     return controller, spec, record, lease
 
 

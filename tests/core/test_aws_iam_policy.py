@@ -20,21 +20,33 @@ import pytest
 botocore = pytest.importorskip("botocore.session")
 
 REPO = Path(__file__).resolve().parents[2]
-CONTROLLER_MODULES = ["spot_core/providers/ec2.py", "spot_core/adaptors/aws.py",
-                      "spot_core/providers/ec2_agent.py", "spot_core/market/ec2.py",
-                      "spot_core/interruption/eventbridge.py", "spot_core/checkpoint/s3_backend.py"]
+CONTROLLER_MODULES = [
+    "spot_core/providers/ec2.py",
+    "spot_core/adaptors/aws.py",
+    "spot_core/providers/ec2_agent.py",
+    "spot_core/market/ec2.py",
+    "spot_core/interruption/eventbridge.py",
+    "spot_core/checkpoint/s3_backend.py",
+]
 INSTANCE_MODULES = ["spot_core/checkpoint/s3_backend.py", "spot_core/providers/ec2_agent.py"]
 S3_ACTIONS = {
-    "PutObject": "s3:PutObject", "CreateMultipartUpload": "s3:PutObject",
-    "UploadPart": "s3:PutObject", "CompleteMultipartUpload": "s3:PutObject",
-    "GetObject": "s3:GetObject", "HeadObject": "s3:GetObject",
-    "DeleteObject": "s3:DeleteObject", "DeleteObjects": "s3:DeleteObject",
-    "AbortMultipartUpload": "s3:AbortMultipartUpload", "ListObjectsV2": "s3:ListBucket",
+    "PutObject": "s3:PutObject",
+    "CreateMultipartUpload": "s3:PutObject",
+    "UploadPart": "s3:PutObject",
+    "CompleteMultipartUpload": "s3:PutObject",
+    "GetObject": "s3:GetObject",
+    "HeadObject": "s3:GetObject",
+    "DeleteObject": "s3:DeleteObject",
+    "DeleteObjects": "s3:DeleteObject",
+    "AbortMultipartUpload": "s3:AbortMultipartUpload",
+    "ListObjectsV2": "s3:ListBucket",
     "ListMultipartUploads": "s3:ListBucketMultipartUploads",
 }
 SQS_ACTIONS = {"ReceiveMessage": "sqs:ReceiveMessage", "DeleteMessageBatch": "sqs:DeleteMessage"}
-IMPLIED = {"ec2:RunInstances": {"ec2:CreateTags", "iam:PassRole"},
-           "ec2:CreateFleet": {"ec2:CreateTags", "iam:PassRole", "iam:CreateServiceLinkedRole"}}
+IMPLIED = {
+    "ec2:RunInstances": {"ec2:CreateTags", "iam:PassRole"},
+    "ec2:CreateFleet": {"ec2:CreateTags", "iam:PassRole", "iam:CreateServiceLinkedRole"},
+}
 
 
 def _operations() -> dict[str, set[str]]:
@@ -99,20 +111,27 @@ def test_instance_policy_is_exactly_what_the_step_side_calls(document):
 def test_an_instance_may_tag_only_itself_and_only_with_its_call_key(document):
     """The lease publishes its public key on its own instance (prefect_spot._remote); if a
     node could tag another instance, another job's node could forge this call's result."""
-    [statement] = [s for s in document["InstancePolicy"]["Statement"]
-                   if s["Action"] == "ec2:CreateTags"]
+    [statement] = [
+        s for s in document["InstancePolicy"]["Statement"] if s["Action"] == "ec2:CreateTags"
+    ]
     assert statement["Resource"] == "arn:aws:ec2:*:ACCOUNT:instance/*"
     assert statement["Condition"]["ArnEquals"] == {
-        "ec2:SourceInstanceARN": "arn:aws:ec2:*:ACCOUNT:instance/${ec2:InstanceID}"}
+        "ec2:SourceInstanceARN": "arn:aws:ec2:*:ACCOUNT:instance/${ec2:InstanceID}"
+    }
     assert statement["Condition"]["ForAllValues:StringEquals"] == {
-        "aws:TagKeys": ["spot-pipelines/call-pubkey"]}
+        "aws:TagKeys": ["spot-pipelines/call-pubkey"]
+    }
 
 
 def test_terminate_is_scoped_to_managed_instances(document):
-    [statement] = [s for s in document["ControllerPolicy"]["Statement"]
-                   if s["Action"] == "ec2:TerminateInstances"]
+    [statement] = [
+        s
+        for s in document["ControllerPolicy"]["Statement"]
+        if s["Action"] == "ec2:TerminateInstances"
+    ]
     assert statement["Condition"]["StringEquals"] == {
-        "aws:ResourceTag/spot-pipelines:managed": "true"}
+        "aws:ResourceTag/spot-pipelines:managed": "true"
+    }
 
 
 def test_the_instance_policy_reaches_only_the_checkpoint_prefix(document):

@@ -13,8 +13,8 @@ import json
 
 import boto3
 import pytest
-
 from aws_helpers import AWS_ENV, REGION, bucket, client, make_network, unique  # noqa: F401
+
 from spot_core.adaptors.aws import AwsAccess, access_of
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec
@@ -37,13 +37,16 @@ def no_env_credentials(aws_env, bucket, tmp_path, monkeypatch):
 
 
 def _session() -> boto3.Session:
-    return boto3.Session(aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                         region_name=REGION)
+    return boto3.Session(aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name=REGION)
 
 
 def _options(endpoint: str, net: dict) -> dict:
-    return {"endpoint_url": endpoint, "subnets": net["subnets"], "image_id": net["image_id"],
-            "instance_types": ["g4dn.xlarge"]}
+    return {
+        "endpoint_url": endpoint,
+        "subnets": net["subnets"],
+        "image_id": net["image_id"],
+        "instance_types": ["g4dn.xlarge"],
+    }
 
 
 def test_without_a_session_nothing_can_sign(no_env_credentials):
@@ -105,8 +108,9 @@ def test_the_stores_of_one_process_share_a_client_per_credentials_and_endpoint(a
     assert len({id(store.backend.client) for store in stores}) == 1
     for i, store in enumerate(stores):
         store.put_object("heartbeat/driver.json", str(i).encode())
-    assert [store.get_object("heartbeat/driver.json") for store in stores] == \
-        [str(i).encode() for i in range(20)]
+    assert [store.get_object("heartbeat/driver.json") for store in stores] == [
+        str(i).encode() for i in range(20)
+    ]
     session = _session()
     with_session = [open_store(f"s3://{bucket}/{unique('s')}", session=session) for _ in range(2)]
     assert with_session[0].backend.client is with_session[1].backend.client

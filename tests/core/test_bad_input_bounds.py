@@ -7,7 +7,7 @@ import json
 import resource
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -30,8 +30,11 @@ def store(tmp_path):
 @pytest.mark.parametrize("attempt", ["abc", "1" + "0" * 23, "0", "-3", "2.0", "1e3"])
 def test_a_bad_spot_attempt_is_one_config_error_and_fences_nothing(store, attempt):
     environ = {"SPOT_ATTEMPT": attempt, "SPOT_CHECKPOINT_URI": store.uri}
-    with pytest.raises(ConfigError, match=r"SPOT_ATTEMPT=.* is not an attempt number from 1 "
-                       r"to 1,000,000") as info:
+    with pytest.raises(
+        ConfigError,
+        match=r"SPOT_ATTEMPT=.* is not an attempt number from 1 "
+        r"to 1,000,000",
+    ) as info:
         Checkpointer.from_env(environ)
     assert "\n" not in str(info.value)
     assert store.fence_level() == 1
@@ -56,8 +59,9 @@ def test_a_fence_or_save_past_the_bound_is_refused_and_the_store_stays_usable(st
 
 
 def test_a_fence_left_at_10_to_the_23_by_an_older_version_does_not_fence_for_ever(store):
-    (Path(store.backend.root) / FENCE_KEY).write_bytes(json.dumps(
-        {"attempt": 10**23, "fenced_at": 1.0}).encode())
+    (Path(store.backend.root) / FENCE_KEY).write_bytes(
+        json.dumps({"attempt": 10**23, "fenced_at": 1.0}).encode()
+    )
     assert store.fence_level() == 1  # read as corrupt (warned): committed attempts fence
     store.fence(2)  # the next attempt rewrites it
     store.save(2, {"a": b"2"}, attempt=2)
@@ -68,17 +72,24 @@ def test_work_beyond_the_deadline_is_refused_on_every_surface_in_one_line():
     """The model's check, so the CLI, the operators, the block and the worker (which all
     build ``SpotSettings``) refuse it alike; an absolute deadline is checked where the job
     spec is built, against its capacity time."""
-    with pytest.raises(ConfigError, match=r"^work=3h is more than deadline=2h: the job "
-                       r"cannot finish in time even on on-demand"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^work=3h is more than deadline=2h: the job "
+        r"cannot finish in time even on on-demand",
+    ):
         SpotSettings.build(work="3h", deadline="2h")
-    assert SpotSettings.build(work="2h", deadline="2h").work == 7200.0
-    soon = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert SpotSettings.build(work="2h", deadline="2h").work_capacity_seconds == 7200.0
+    soon = datetime.now(UTC) + timedelta(hours=1)
     settings = SpotSettings.build(work="3h", deadline=soon)
     with pytest.raises(ConfigError, match=r"work=3h is more than deadline=.*of capacity time"):
         settings.deadline_spec(created_at=soon.timestamp() - 3600, capacity_per_wall=1.0)
     # the local cloud replays 3,600 trace seconds per wall second: 1 wall hour is plenty
-    assert settings.deadline_spec(created_at=soon.timestamp() - 3600,
-                                  capacity_per_wall=3600.0)["work_seconds"] == 10800.0
+    assert (
+        settings.deadline_spec(created_at=soon.timestamp() - 3600, capacity_per_wall=3600.0)[
+            "work_capacity_seconds"
+        ]
+        == 10800.0
+    )
 
 
 MEMORY_CAP = 1536 * 2**20  # bytes of address space for the planning rows below
@@ -88,12 +99,40 @@ def _capped() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-@pytest.mark.parametrize("command", [
-    ["run", "--deadline", "365d", "--work", "1h", "--total-steps", "10",
-     "--deadline-policy", "default", "--", "true"],
-    ["simulate", "--trace", "TRACE", "--task-hours", "1", "--deadline-hours", "336",
-     "--restart-overhead-hours", "0.1", "--policy", "default", "--start-tick", "2000"],
-], ids=["run a year ahead", "simulate 14 days"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [
+            "run",
+            "--deadline",
+            "365d",
+            "--work",
+            "1h",
+            "--total-steps",
+            "10",
+            "--deadline-policy",
+            "default",
+            "--",
+            "true",
+        ],
+        [
+            "simulate",
+            "--trace",
+            "TRACE",
+            "--task-hours",
+            "1",
+            "--deadline-hours",
+            "336",
+            "--restart-overhead-hours",
+            "0.1",
+            "--policy",
+            "default",
+            "--start-tick",
+            "2000",
+        ],
+    ],
+    ids=["run a year ahead", "simulate 14 days"],
+)
 def test_a_far_deadline_is_planned_in_bounded_memory(tmp_path, command):
     """The deadline policy's tables are sized from the work: a job of an hour with a
     deadline a year away (hundreds of GiB before), or 14 days in `simulate` (3 GB and
@@ -103,31 +142,44 @@ def test_a_far_deadline_is_planned_in_bounded_memory(tmp_path, command):
 
     trace = TRACES / "aws-v100-2023-02" / "us-east-1a_v100_1.csv"
     words = [str(trace) if w == "TRACE" else w for w in command]
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", *words], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240, preexec_fn=_capped)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", *words],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=_capped,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_work_past_what_a_plan_holds_is_refused_in_one_line():
-    from spot_core.policy.deadline import PLAN_MAX_TICKS, Job
-    from spot_core.policy.deadline_mdp import ForecastDP
-    from spot_core.policy.replay import Replay
     from spot_helpers import trace
 
-    replay = Replay.from_traces([trace("us-east-1a_v100_1", "1" * (PLAN_MAX_TICKS + 700),
-                                       tick_seconds=600.0)])
+    from spot_core.policy.deadline.base import PLAN_MAX_TICKS, Job
+    from spot_core.policy.deadline.mdp import ForecastDP
+    from spot_core.policy.deadline.replay import Replay
+
+    replay = Replay.from_traces(
+        [trace("us-east-1a_v100_1", "1" * (PLAN_MAX_TICKS + 700), tick_seconds=600.0)]
+    )
     tick = replay.tick_seconds
     job = Job(PLAN_MAX_TICKS * tick, (PLAN_MAX_TICKS + 600) * tick, 0.0)
-    with pytest.raises(ConfigError, match=r"^deadline policy default: the work and two "
-                       r"restarts need 10,000 ticks .* a plan holds at most 10,000"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^deadline policy default: the work and two "
+        r"restarts need 10,000 ticks .* a plan holds at most 10,000",
+    ):
         ForecastDP().plan(replay.window(0, job))
 
 
-@pytest.mark.parametrize("variable, value", [("SPOT_HEARTBEAT_TIMEOUT", "1e300"),
-                                             ("SPOT_CHECKPOINT_INTERVAL", "1e300")])
+@pytest.mark.parametrize(
+    "variable, value", [("SPOT_HEARTBEAT_TIMEOUT", "1e300"), ("SPOT_CHECKPOINT_INTERVAL", "1e300")]
+)
 def test_an_absurd_seconds_variable_is_one_line(variable, value):
-    with pytest.raises(ConfigError, match=f"{variable}='1e300' is not a number of seconds > 0 "
-                       "and at most 86400"):
+    with pytest.raises(
+        ConfigError, match=f"{variable}='1e300' is not a number of seconds > 0 and at most 86400"
+    ):
         AttemptEnv.from_environ({variable: value})
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -18,9 +18,17 @@ pytestmark = pytest.mark.timeout(120)
 
 TRACE = str(fixture_trace_paths()[0])
 # An absolute deadline 30 wall minutes ahead: 2 h of work cannot fit at --time-scale 1.
-SOON = (datetime.now(timezone.utc) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%MZ")
-SIM = ("--trace", TRACE, "--task-hours", "2", "--deadline-hours", "4",
-       "--restart-overhead-hours", "0.1")
+SOON = (datetime.now(UTC) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%MZ")
+SIM = (
+    "--trace",
+    TRACE,
+    "--task-hours",
+    "2",
+    "--deadline-hours",
+    "4",
+    "--restart-overhead-hours",
+    "0.1",
+)
 
 RUN_ROWS = [
     (["--max-spot-price", "nan"], "--max-spot-price"),
@@ -49,11 +57,11 @@ RUN_ROWS = [
     (["--heartbeat-timeout", "0"], "--heartbeat-timeout"),
     (["--max-capacity-waits", "0"], "--max-capacity-waits"),
     (["--attempt-timeout", "nan"], "--attempt-timeout"),
-    (["--job-id", ""], "--job-id"),              # given but empty: never "no job id"
+    (["--job-id", ""], "--job-id"),  # given but empty: never "no job id"
     (["--work", "2h", "--deadline", "1h"], "--work 2h is more than --deadline 1h"),
     (["--time-scale", "1", "--work", "2h", "--deadline", SOON], "--work 2h is more than"),
     (["--time-scale", "1e12"], "--time-scale"),  # spun a core per trace tick
-    (["--time-scale", "1e6"], "--time-scale"),   # one 195 s tick under a millisecond
+    (["--time-scale", "1e6"], "--time-scale"),  # one 195 s tick under a millisecond
     (["--poll-interval", "1e300"], "--poll-interval"),  # a traceback from Event.wait
     (["--deadline", "18250d", "--work", "1h", "--deadline-policy", "default"], "--deadline"),
     (["--max-preemptions", "99999999999999999999"], "--max-preemptions"),
@@ -104,21 +112,30 @@ def _windows(args: list[str]) -> list[str]:
     return args if {"--windows", "--start-tick"} & set(args) else [*args, "--windows", "2"]
 
 
-ROWS = ([("run", a, ["--", "true"], w) for a, w in RUN_ROWS]
-        + [("simulate", a, [*SIM, *_windows(a)], w) for a, w in SIMULATE_ROWS]
-        + [("watch", a, ["--", "true"], w) for a, w in WATCH_ROWS]
-        + [("demo", a, [], w) for a, w in DEMO_ROWS])
+ROWS = (
+    [("run", a, ["--", "true"], w) for a, w in RUN_ROWS]
+    + [("simulate", a, [*SIM, *_windows(a)], w) for a, w in SIMULATE_ROWS]
+    + [("watch", a, ["--", "true"], w) for a, w in WATCH_ROWS]
+    + [("demo", a, [], w) for a, w in DEMO_ROWS]
+)
 
 
-@pytest.mark.parametrize("command, args, more, flag", ROWS,
-                         ids=[f"{c} {' '.join(a)[:40]}" for c, a, _, _ in ROWS])
-def test_a_bad_flag_is_one_line_naming_it_exit_2_and_nothing_created(tmp_path, command,
-                                                                       args, more, flag):
+@pytest.mark.parametrize(
+    "command, args, more, flag", ROWS, ids=[f"{c} {' '.join(a)[:40]}" for c, a, _, _ in ROWS]
+)
+def test_a_bad_flag_is_one_line_naming_it_exit_2_and_nothing_created(
+    tmp_path, command, args, more, flag
+):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     words = [*more] if command == "simulate" else [*args, *more]
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", command, *words],
-                          capture_output=True, text=True, timeout=100, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", command, *words],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=cwd,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1, proc.stderr[-2000:]
@@ -130,9 +147,14 @@ def test_a_bad_flag_is_one_line_naming_it_exit_2_and_nothing_created(tmp_path, c
 def test_a_closed_stdout_ends_quietly(tmp_path):
     """`spot-pipelines simulate ... | head -c1`: no BrokenPipeError traceback. The reader
     here (`true`) leaves before the simulation prints, so the pipe is surely closed."""
-    proc = subprocess.run(f"{sys.executable} -m spot_core.cli simulate {' '.join(SIM)} "
-                          "--windows 3 | true", shell=True, capture_output=True,
-                          text=True, timeout=100, cwd=tmp_path)
+    proc = subprocess.run(
+        f"{sys.executable} -m spot_core.cli simulate {' '.join(SIM)} --windows 3 | true",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+    )
     assert proc.stderr == "", proc.stderr
 
 
@@ -140,10 +162,19 @@ def test_a_closed_stdout_ends_quietly(tmp_path):
 def test_a_bad_spot_attempt_is_one_line(tmp_path, attempt):
     """``SPOT_ATTEMPT`` is set by the providers; a hand-set bad one (a word, 10^23, which
     would fence the store there for ever) is one line naming it, not a raw ValueError."""
-    env = {**os.environ, "SPOT_ATTEMPT": attempt,
-           "SPOT_CHECKPOINT_URI": (tmp_path / "ckpt").as_uri()}
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "watch", "--", "true"],
-                          capture_output=True, text=True, timeout=100, cwd=tmp_path, env=env)
+    env = {
+        **os.environ,
+        "SPOT_ATTEMPT": attempt,
+        "SPOT_CHECKPOINT_URI": (tmp_path / "ckpt").as_uri(),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "watch", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+        env=env,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert "SPOT_ATTEMPT" in lines[0] and "1,000,000" in lines[0], lines[0]

@@ -25,7 +25,7 @@ from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY, Heartbeat
 from spot_core.checkpoint.manifest import _body_digest
 from spot_core.checkpoint.store import FENCE_KEY
-from spot_core.errors import CheckpointError, CheckpointNotFound, ConfigError, CorruptCheckpoint
+from spot_core.errors import CheckpointNotFound, ConfigError, CorruptCheckpoint
 
 GOOD = {"model.bin": b"good" * 100}
 
@@ -62,6 +62,7 @@ def _with_files(name: str):
     def edit(doc: dict) -> str:
         doc["files"] = {name: doc["files"]["model.bin"]}
         return _signed(doc)
+
     return edit
 
 
@@ -74,7 +75,8 @@ BAD_MANIFESTS = {
     "infinity step": lambda doc: _signed_allow_nan({**doc, "step": float("inf")}),
     "deep nesting (100k)": lambda doc: _deep_json(100_000),
     "deep nesting under the limit of the parser": lambda doc: _signed(
-        {**doc, "metadata": json.loads("[" * 200 + "]" * 200)}),
+        {**doc, "metadata": json.loads("[" * 200 + "]" * 200)}
+    ),
     "dotdot file name": _with_files("../../escape.bin"),
     "absolute file name": _with_files("/etc/escape.bin"),
     "newline in file name": _with_files("model\n.bin"),
@@ -83,19 +85,36 @@ BAD_MANIFESTS = {
     "backslash file name": _with_files("..\\escape.bin"),
     "empty file name": _with_files(""),
     "very long file name": _with_files("x" * 300),
-    "size is a string": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": "6", "blake3": doc["files"]["model.bin"]["blake3"]}}}),
-    "negative size": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": -1, "blake3": doc["files"]["model.bin"]["blake3"]}}}),
-    "digest not hex": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": 6, "blake3": "z" * 64}}}),
-    "sha256 not hex": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": 6, "sha256": "z" * 64}}}),
-    "unknown digest": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": 6, "md5": "0" * 64}}}),
-    "two digests": lambda doc: _signed({**doc, "files": {
-        "model.bin": {"size": 6, "blake3": doc["files"]["model.bin"]["blake3"],
-                      "sha256": hashlib.sha256(b"forged").hexdigest()}}}),
+    "size is a string": lambda doc: _signed(
+        {
+            **doc,
+            "files": {"model.bin": {"size": "6", "blake3": doc["files"]["model.bin"]["blake3"]}},
+        }
+    ),
+    "negative size": lambda doc: _signed(
+        {**doc, "files": {"model.bin": {"size": -1, "blake3": doc["files"]["model.bin"]["blake3"]}}}
+    ),
+    "digest not hex": lambda doc: _signed(
+        {**doc, "files": {"model.bin": {"size": 6, "blake3": "z" * 64}}}
+    ),
+    "sha256 not hex": lambda doc: _signed(
+        {**doc, "files": {"model.bin": {"size": 6, "sha256": "z" * 64}}}
+    ),
+    "unknown digest": lambda doc: _signed(
+        {**doc, "files": {"model.bin": {"size": 6, "md5": "0" * 64}}}
+    ),
+    "two digests": lambda doc: _signed(
+        {
+            **doc,
+            "files": {
+                "model.bin": {
+                    "size": 6,
+                    "blake3": doc["files"]["model.bin"]["blake3"],
+                    "sha256": hashlib.sha256(b"forged").hexdigest(),
+                }
+            },
+        }
+    ),
     "format version from the future": lambda doc: _signed({**doc, "version": 3}),
     "files is a list": lambda doc: _signed({**doc, "files": []}),
     "step disagrees with the id": lambda doc: _signed({**doc, "step": 10**9}),
@@ -134,8 +153,9 @@ def test_load_to_dir_creates_nothing_outside_its_target(store, tmp_path, name) -
     path = _forge(store, 2, _with_files(name))
     target = tmp_path / "restore" / "here"
     before = sorted(p.name for p in tmp_path.iterdir())
-    forged_ref = type(store.latest())(store_uri=store.uri, checkpoint_id=path.parent.name,
-                                      step=2, attempt=1, created_at=0.0)
+    forged_ref = type(store.latest())(
+        store_uri=store.uri, checkpoint_id=path.parent.name, step=2, attempt=1, created_at=0.0
+    )
     with pytest.raises(CorruptCheckpoint, match="escape.bin"):
         store.load_to_dir(forged_ref, target)
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "nothing created beside"
@@ -164,8 +184,16 @@ def test_load_of_nothing_is_checkpoint_not_found(tmp_path, ref) -> None:
         empty.load_to_dir(ref, tmp_path / "out")
 
 
-BAD_FENCES = [b"", b"garbage", b"[]", b'{"attempt": NaN}', b'{"attempt": -3}',
-              b'{"attempt": "7"}', b'{"attempt": true}', b"[" * 100_000]
+BAD_FENCES = [
+    b"",
+    b"garbage",
+    b"[]",
+    b'{"attempt": NaN}',
+    b'{"attempt": -3}',
+    b'{"attempt": "7"}',
+    b'{"attempt": true}',
+    b"[" * 100_000,
+]
 
 
 @pytest.mark.parametrize("data", BAD_FENCES, ids=lambda d: repr(d[:20]))
@@ -178,9 +206,15 @@ def test_a_corrupt_fence_blocks_neither_latest_nor_the_next_attempt(store, data)
     assert store.latest().step == 2
 
 
-BAD_BEATS = [b"", b"garbage", b"[]", b'{"attempt": 1, "renewed_at": NaN, "sequence": 1}',
-             b'{"attempt": 1, "renewed_at": "x", "sequence": 1}', b"[" * 100_000,
-             b'{"attempt": 1e999, "renewed_at": 1, "sequence": 1}']
+BAD_BEATS = [
+    b"",
+    b"garbage",
+    b"[]",
+    b'{"attempt": 1, "renewed_at": NaN, "sequence": 1}',
+    b'{"attempt": 1, "renewed_at": "x", "sequence": 1}',
+    b"[" * 100_000,
+    b'{"attempt": 1e999, "renewed_at": 1, "sequence": 1}',
+]
 
 
 @pytest.mark.parametrize("data", BAD_BEATS, ids=lambda d: repr(d[:20]))
@@ -217,9 +251,13 @@ def _huge(path: Path) -> None:
         fh.truncate(1 << 40)  # sparse: a TiB that takes no disk (and hours to hash)
 
 
-NOT_OBJECTS = {"fifo": _fifo, "symlink to /dev/zero": _zero_link,
-               "symlink elsewhere": _link_elsewhere, "char device": _device,
-               "a sparse TiB": _huge}
+NOT_OBJECTS = {
+    "fifo": _fifo,
+    "symlink to /dev/zero": _zero_link,
+    "symlink elsewhere": _link_elsewhere,
+    "char device": _device,
+    "a sparse TiB": _huge,
+}
 
 
 def _replace(path: Path, make) -> None:
@@ -231,8 +269,9 @@ def _replace(path: Path, make) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", sorted(NOT_OBJECTS))
 @pytest.mark.parametrize("which", ["payload", "manifest"])
-def test_a_payload_or_manifest_that_is_no_file_is_skipped_and_never_blocks(store, kind,
-                                                                          which) -> None:
+def test_a_payload_or_manifest_that_is_no_file_is_skipped_and_never_blocks(
+    store, kind, which
+) -> None:
     ref = store.save(2, {"model.bin": b"newer"})
     folder = Path(store.backend.root) / "checkpoints" / ref.checkpoint_id
     _replace(folder / ("model.bin" if which == "payload" else "MANIFEST.json"), NOT_OBJECTS[kind])
@@ -249,8 +288,7 @@ def test_a_payload_or_manifest_that_is_no_file_is_skipped_and_never_blocks(store
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", sorted(NOT_OBJECTS))
-def test_a_fence_that_is_no_file_blocks_nothing_and_the_next_fence_replaces_it(store,
-                                                                            kind) -> None:
+def test_a_fence_that_is_no_file_blocks_nothing_and_the_next_fence_replaces_it(store, kind) -> None:
     _replace(Path(store.backend.root) / FENCE_KEY, NOT_OBJECTS[kind])
     assert store.latest().step == 1
     assert store.save(2, GOOD).step == 2
@@ -270,32 +308,53 @@ def test_a_heartbeat_that_is_no_file_reads_as_no_beat(store, kind) -> None:
     assert Heartbeat(store).read().attempt == 1
 
 
-@pytest.mark.parametrize("data,expected", [
-    (None, {}), (b"garbage", {}), (b"[1, 2]", {}), (b"[" * 100_000, {}),
-    (b'{"exit_code": "0", "ended_at": NaN}', {}),
-    (b'{"exit_code": true, "notice_at": -5, "ended_at": "soon"}', {}),
-    (b'{"exit_code": 3, "notice_at": 10.5, "ended_at": 12}',
-     {"exit_code": 3, "notice_at": 10.5, "ended_at": 12.0}),
-], ids=lambda v: repr(v)[:24])
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        (None, {}),
+        (b"garbage", {}),
+        (b"[1, 2]", {}),
+        (b"[" * 100_000, {}),
+        (b'{"exit_code": "0", "ended_at": NaN}', {}),
+        (b'{"exit_code": true, "notice_at": -5, "ended_at": "soon"}', {}),
+        (
+            b'{"exit_code": 3, "notice_at": 10.5, "ended_at": 12}',
+            {"exit_code": 3, "notice_at": 10.5, "ended_at": 12.0},
+        ),
+    ],
+    ids=lambda v: repr(v)[:24],
+)
 def test_a_corrupt_status_report_keeps_only_well_typed_fields(data, expected) -> None:
     from spot_core.providers.ec2_agent import parse_report
 
     assert parse_report(data) == expected
 
 
-@pytest.mark.parametrize("name", [
-    "a\nb.bin", "x" * 256,
-    # Unicode control (Cc), format (Cf: bidi overrides and isolates, zero-width) and
-    # line/paragraph separators: documented as refused, they used to pass
-    "next\x85line.bin", "model\u202enib.exe", "rtl\u2067.bin", "line\u2028sep.bin",
-    "para\u2029sep.bin", "zero\u200bwidth.bin", "bom\ufeff.bin", "c1\x9b.bin",
-], ids=repr)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a\nb.bin",
+        "x" * 256,
+        # Unicode control (Cc), format (Cf: bidi overrides and isolates, zero-width) and
+        # line/paragraph separators: documented as refused, they used to pass
+        "next\x85line.bin",
+        "model\u202enib.exe",
+        "rtl\u2067.bin",
+        "line\u2028sep.bin",
+        "para\u2029sep.bin",
+        "zero\u200bwidth.bin",
+        "bom\ufeff.bin",
+        "c1\x9b.bin",
+    ],
+    ids=repr,
+)
 def test_odd_payload_names_are_refused_on_save(store, name) -> None:
     with pytest.raises(ConfigError, match="payload name"):
         store.save(5, {name: b"x"})
     assert store.latest().step == 1
-    assert [p.name for p in (Path(store.backend.root) / "checkpoints").iterdir()] == \
-        [store.latest().checkpoint_id], "nothing was written"
+    assert [p.name for p in (Path(store.backend.root) / "checkpoints").iterdir()] == [
+        store.latest().checkpoint_id
+    ], "nothing was written"
 
 
 @pytest.mark.parametrize("name", ["ü-model.bin", "日本語/重み.bin", "emoji-\U0001f600.bin"])
@@ -342,7 +401,8 @@ UNWRITABLE = textwrap.dedent("""
         result = {"raised": type(exc).__name__, "message": str(exc), "raw": True}
     result["intact"] = store.load(store.latest()) == {"model.bin": b"good" * 100}
     result["fence_kept"] = open(f"{mount}/store/FENCE.json", "rb").read() == fence_before
-    result["leftovers"] = sorted(n for n in os.listdir(f"{mount}/store") if n.startswith(".spot-tmp"))
+    names = os.listdir(f"{mount}/store")
+    result["leftovers"] = sorted(n for n in names if n.startswith(".spot-tmp"))
     print(json.dumps(result))
 """)
 
@@ -355,9 +415,13 @@ def test_fence_on_an_unwritable_store_is_one_clear_error(tmp_path, mode, fix) ->
     mount.mkdir()
     script = tmp_path / "unwritable.py"
     script.write_text(UNWRITABLE)
-    done = subprocess.run(["unshare", "-rm", sys.executable, str(script), str(mount), mode],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = subprocess.run(
+        ["unshare", "-rm", sys.executable, str(script), str(mount), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["raised"] == "CheckpointError", result
@@ -407,9 +471,17 @@ UNWRITABLE_OPS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mode,op", [("read-only", "prune"), ("read-only", "put_object"),
-                                     ("read-only", "delete_object"), ("read-only", "load_to_dir"),
-                                     ("full", "put_object"), ("full", "load_to_dir")])
+@pytest.mark.parametrize(
+    "mode,op",
+    [
+        ("read-only", "prune"),
+        ("read-only", "put_object"),
+        ("read-only", "delete_object"),
+        ("read-only", "load_to_dir"),
+        ("full", "put_object"),
+        ("full", "load_to_dir"),
+    ],
+)
 def test_every_write_to_an_unwritable_store_is_one_clear_error(tmp_path, mode, op) -> None:
     if shutil.which("unshare") is None:
         pytest.fail("this test needs util-linux 'unshare' (apt-get install util-linux)")
@@ -417,9 +489,13 @@ def test_every_write_to_an_unwritable_store_is_one_clear_error(tmp_path, mode, o
     mount.mkdir()
     script = tmp_path / "unwritable_ops.py"
     script.write_text(UNWRITABLE_OPS)
-    done = subprocess.run(["unshare", "-rm", sys.executable, str(script), str(mount), mode, op],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = subprocess.run(
+        ["unshare", "-rm", sys.executable, str(script), str(mount), mode, op],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["raised"] == "CheckpointError", result
@@ -427,4 +503,3 @@ def test_every_write_to_an_unwritable_store_is_one_clear_error(tmp_path, mode, o
     assert fix in result["message"] and "\n" not in result["message"], result
     assert result["retryable"] is (mode == "full")
     assert result["intact"] and result["leftovers"] == []
-

@@ -12,7 +12,6 @@ import gc
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,24 +22,30 @@ from spot_core.providers.local import LocalProvider
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize("uri,path", [
-    ("file://localhost/data/ckpt", "/data/ckpt"),
-    ("file://LocalHost/data/ckpt", "/data/ckpt"),
-    ("file:///data/a%20b", "/data/a b"),
-    ("file://localhost/data/caf%C3%A9", "/data/café"),
-    ("file:///data/x/../ckpt", "/data/ckpt"),
-])
+@pytest.mark.parametrize(
+    "uri,path",
+    [
+        ("file://localhost/data/ckpt", "/data/ckpt"),
+        ("file://LocalHost/data/ckpt", "/data/ckpt"),
+        ("file:///data/a%20b", "/data/a b"),
+        ("file://localhost/data/caf%C3%A9", "/data/café"),
+        ("file:///data/x/../ckpt", "/data/ckpt"),
+    ],
+)
 def test_file_uris_mean_the_local_decoded_path(uri, path):
     assert parse_store_uri(uri).path == path
 
 
-@pytest.mark.parametrize("uri,words", [
-    ("file://fileserver/data/ckpt", "names host 'fileserver'"),
-    ("file://localhost:8080/data", "names host"),
-    ("file:///data/a%00b", "NUL"),
-    ("file://localhost", "no absolute directory"),
-    ("file:data/ckpt", "file:///"),
-])
+@pytest.mark.parametrize(
+    "uri,words",
+    [
+        ("file://fileserver/data/ckpt", "names host 'fileserver'"),
+        ("file://localhost:8080/data", "names host"),
+        ("file:///data/a%00b", "NUL"),
+        ("file://localhost", "no absolute directory"),
+        ("file:data/ckpt", "file:///"),
+    ],
+)
 def test_bad_file_uris_are_one_line(uri, words):
     with pytest.raises(ConfigError) as caught:
         parse_store_uri(uri)
@@ -56,8 +61,14 @@ def test_an_opened_store_uses_the_decoded_path(tmp_path):
 
 def _run(*args, cwd, tmpdir):
     env = {**os.environ, "TMPDIR": str(tmpdir)}
-    return subprocess.run([sys.executable, "-m", "spot_core.cli", "run", *args],
-                          capture_output=True, text=True, timeout=100, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=cwd,
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -68,17 +79,22 @@ def dirs(tmp_path):
     return work, tmp
 
 
-@pytest.mark.parametrize("uri,folder", [
-    ("file://localhost{work}/store", "store"),
-    ("file://{work_quoted}/a%20b", "a b"),
-    (None, ".spot-runs"),
-])
+@pytest.mark.parametrize(
+    "uri,folder",
+    [
+        ("file://localhost{work}/store", "store"),
+        ("file://{work_quoted}/a%20b", "a b"),
+        (None, ".spot-runs"),
+    ],
+)
 def test_a_run_writes_where_the_uri_says_and_leaves_no_temp_folder(dirs, uri, folder):
     work, tmp = dirs
     args = ["--job-id", "job-ok", "--pools", "us-east-2a"]
     if uri is not None:
-        args += ["--checkpoint-uri",
-                 uri.format(work=work, work_quoted=str(work).replace(" ", "%20"))]
+        args += [
+            "--checkpoint-uri",
+            uri.format(work=work, work_quoted=str(work).replace(" ", "%20")),
+        ]
     proc = _run(*args, "--", sys.executable, "-c", "pass", cwd=work, tmpdir=tmp)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in work.iterdir()) == [folder], "no stray ./localhost or %20"
@@ -87,8 +103,9 @@ def test_a_run_writes_where_the_uri_says_and_leaves_no_temp_folder(dirs, uri, fo
     assert list(tmp.iterdir()) == [], "the local cloud's temp folder is removed"
 
 
-@pytest.mark.parametrize("job_id", ["../x", "a/b", "..", ".hidden", "x" * 129, "a\x01b",
-                                    "-rf", "a b"])
+@pytest.mark.parametrize(
+    "job_id", ["../x", "a/b", "..", ".hidden", "x" * 129, "a\x01b", "-rf", "a b"]
+)
 def test_a_job_id_that_is_not_a_plain_name_is_one_line_and_creates_nothing(dirs, job_id):
     work, tmp = dirs
     proc = _run(f"--job-id={job_id}", "--", "true", cwd=work, tmpdir=tmp)

@@ -21,16 +21,41 @@ from spot_core.emulators.metadata import MetadataEmulator
 
 pytestmark = pytest.mark.timeout(60)
 BOUND = 30  # seconds: every process wait here is bounded by this
-OLD_NOTICE = json.dumps({"event": "interruption", "action": "terminate", "deadline": None,
-                         "detected_at": "2026-01-01T00:00:00Z", "cloud": "aws"}) + "\n"
+OLD_NOTICE = (
+    json.dumps(
+        {
+            "event": "interruption",
+            "action": "terminate",
+            "deadline": None,
+            "detected_at": "2026-01-01T00:00:00Z",
+            "cloud": "aws",
+        }
+    )
+    + "\n"
+)
 
 
 def _watch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_")}
-    return subprocess.run([sys.executable, "-m", "spot_core.cli", "watch", "--cloud", "aws",
-                           "--endpoint", "http://127.0.0.1:9", "--poll-interval", "0.05",
-                           *args], capture_output=True, text=True, timeout=BOUND,
-                          env={**base, **(env or {})})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.cli",
+            "watch",
+            "--cloud",
+            "aws",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--poll-interval",
+            "0.05",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        env={**base, **(env or {})},
+    )
 
 
 def _user_file(tmp_path: Path) -> Path:
@@ -59,8 +84,9 @@ def _symlink_to_user_file(tmp_path: Path) -> Path:
 
 def _big_notice_lookalike(tmp_path: Path) -> Path:
     path = tmp_path / "big.json"
-    path.write_text(json.dumps({"event": "interruption", "detected_at": "x",
-                                "data": "y" * 100_000}))
+    path.write_text(
+        json.dumps({"event": "interruption", "detected_at": "x", "data": "y" * 100_000})
+    )
     return path
 
 
@@ -74,15 +100,18 @@ CASES = {
 
 
 def _snapshot(root: Path) -> dict[str, bytes | str]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "dir")
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "dir")
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.mark.parametrize("via", ["flag", "env"])
 @pytest.mark.parametrize("with_command", [True, False], ids=["command", "no-command"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_notice_path_holding_something_else_is_one_line_and_untouched(tmp_path, case, via,
-                                                                        with_command):
+def test_a_notice_path_holding_something_else_is_one_line_and_untouched(
+    tmp_path, case, via, with_command
+):
     make, words = CASES[case]
     path = make(tmp_path)
     before = _snapshot(tmp_path)
@@ -105,27 +134,48 @@ def test_a_stale_notice_the_watcher_wrote_is_replaced_and_the_step_is_told(tmp_p
     path = tmp_path / "notice.json"
     path.write_text(OLD_NOTICE)
     seen = tmp_path / "seen"
-    child = ("import os, pathlib, signal, time, sys\n"
-             "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # read the notice, then exit\n"
-             f"seen = pathlib.Path({str(seen)!r})\n"
-             "p = pathlib.Path(os.environ['SPOT_NOTICE_FILE'])\n"
-             "seen.write_text('stale' if p.exists() else 'clean')\n"
-             "for _ in range(400):\n"
-             "    if p.exists():\n"
-             "        seen.write_text(p.read_text()); sys.exit(0)\n"
-             "    time.sleep(0.05)\n"
-             "sys.exit(4)\n")
+    child = (
+        "import os, pathlib, signal, time, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # read the notice, then exit\n"
+        f"seen = pathlib.Path({str(seen)!r})\n"
+        "p = pathlib.Path(os.environ['SPOT_NOTICE_FILE'])\n"
+        "seen.write_text('stale' if p.exists() else 'clean')\n"
+        "for _ in range(400):\n"
+        "    if p.exists():\n"
+        "        seen.write_text(p.read_text()); sys.exit(0)\n"
+        "    time.sleep(0.05)\n"
+        "sys.exit(4)\n"
+    )
     with MetadataEmulator() as emulator:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "spot_core.cli", "watch", "--cloud", "aws", "--endpoint",
-             emulator.url, "--poll-interval", "0.05", "--notice-file", str(path),
-             "--grace-seconds", "10", "--", sys.executable, "-c", child],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("SPOT_")})
+            [
+                sys.executable,
+                "-m",
+                "spot_core.cli",
+                "watch",
+                "--cloud",
+                "aws",
+                "--endpoint",
+                emulator.url,
+                "--poll-interval",
+                "0.05",
+                "--notice-file",
+                str(path),
+                "--grace-seconds",
+                "10",
+                "--",
+                sys.executable,
+                "-c",
+                child,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SPOT_")},
+        )
         try:
             deadline = time.monotonic() + BOUND
-            while not seen.exists() and proc.poll() is None \
-                    and time.monotonic() < deadline:
+            while not seen.exists() and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert seen.read_text() == "clean", "the stale notice was removed before the step"
             emulator.schedule_interruption(notice_seconds=120)
@@ -153,4 +203,3 @@ def test_a_notice_file_that_is_a_fifo_never_blocks_a_reader_and_is_refused(tmp_p
     assert done.returncode == 2 and "is not a notice file" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert path.is_fifo()
-

@@ -25,8 +25,7 @@ def test_calls_of_one_moment_share_hops_and_each_gets_its_own_result_or_error():
         return await batched.to_thread(work, i)
 
     async def main():
-        results = await asyncio.gather(*(caller(i) for i in range(450)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(caller(i) for i in range(450)), return_exceptions=True)
         return results, batched.batcher_for()
 
     results, batcher = asyncio.run(main())

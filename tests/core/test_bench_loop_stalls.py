@@ -51,9 +51,11 @@ def test_an_idle_loop_has_no_stall_and_leaves_gc_as_it_found_it():
 def test_the_triggerer_bench_counts_airflows_notes_in_its_window_only(tmp_path):
     from bench.scale_triggerer import blocked_notes
 
-    note = ("[info] Triggerer's async thread was blocked for {:.2f} seconds, exceeding the "
-            "configured warning threshold of 0.20 seconds. This is likely caused by a "
-            "badly-written trigger.\n")
+    note = (
+        "[info] Triggerer's async thread was blocked for {:.2f} seconds, exceeding the "
+        "configured warning threshold of 0.20 seconds. This is likely caused by a "
+        "badly-written trigger.\n"
+    )
     log = tmp_path / "triggerer.log"
     log.write_text(note.format(3.0))  # before the window
     offset = log.stat().st_size

@@ -8,16 +8,29 @@ from bench.policies import aims, table
 
 
 def _row(zones, deadline, default, greedy=10.0, up=10.0, optimal=8.0):
-    mean = {"on-demand": 30.0, "greedy": greedy, "uniform-progress": up,
-            "default": default, "optimal": optimal}
-    return {"zones": zones, "deadline": deadline, "overhead": 0.2, "mean": mean,
-            "misses": {p: 0 for p in mean}, "seconds": 0.0}
+    mean = {
+        "on-demand": 30.0,
+        "greedy": greedy,
+        "uniform-progress": up,
+        "default": default,
+        "optimal": optimal,
+    }
+    return {
+        "zones": zones,
+        "deadline": deadline,
+        "overhead": 0.2,
+        "mean": mean,
+        "misses": {p: 0 for p in mean},
+        "seconds": 0.0,
+    }
 
 
 def test_met_aims_say_met_and_missed_aims_say_by_how_much():
-    rows = [_row("z1", 52.0, default=8.5),              # closes 0.75 of the gap
-            _row("z2", 52.0, default=10.5),             # worse than UP
-            _row("all 9 zones", 70.0, default=8.2, greedy=9.0)]
+    rows = [
+        _row("z1", 52.0, default=8.5),  # closes 0.75 of the gap
+        _row("z2", 52.0, default=10.5),  # worse than UP
+        _row("all 9 zones", 70.0, default=8.2, greedy=9.0),
+    ]
     text = aims(rows)
     # mean gap closed: (0.75 - 0.25 + 0.9) / 3 = 0.467, 0.133 short of 0.6
     assert "| mean gap closed >= 0.6 | 0.467 | missed: 0.133 short |" in text

@@ -5,9 +5,9 @@ run of the same DP, bounded below by the optimum and never missing the deadline.
 from __future__ import annotations
 
 import numpy as np
+from spot_helpers import TRACES
 
 from bench.policy_ceiling import ceiling_case, perfect_statistics, table
-from spot_helpers import TRACES
 
 
 def test_the_ceiling_is_a_real_run_no_cheaper_than_the_optimum(tmp_path):
@@ -22,13 +22,21 @@ def test_the_ceiling_is_a_real_run_no_cheaper_than_the_optimum(tmp_path):
 
 
 def test_perfect_statistics_hide_nothing_of_the_window_from_the_fit():
-    from spot_core.policy.deadline import Job, Window
+    from spot_core.policy.deadline.base import Job, Window
 
     available = np.array([[True, False, True, True]])
-    window = Window(start=0, ticks=4, tick_seconds=600.0, job=Job.from_hours(0.5, 1.0, 0.05),
-                    available=available, price=np.ones((1, 4)), on_demand_price=3.0,
-                    past_available=np.zeros((1, 0), dtype=bool), past_price=np.zeros((1, 0)),
-                    zones=("z",))
+    window = Window(
+        start=0,
+        ticks=4,
+        tick_seconds=600.0,
+        job=Job.from_hours(0.5, 1.0, 0.05),
+        available=available,
+        price=np.ones((1, 4)),
+        on_demand_price=3.0,
+        past_available=np.zeros((1, 0), dtype=bool),
+        past_price=np.zeros((1, 0)),
+        zones=("z",),
+    )
     seen = perfect_statistics(window)
     assert (seen.past_available == available).all() and seen.past_price.shape == (1, 4)
     assert window.past_available.shape == (1, 0)  # the original is untouched

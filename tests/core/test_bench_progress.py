@@ -32,9 +32,14 @@ def _script(tmp_path: Path) -> Path:
 
 
 def test_rows_report_progress_on_stderr_off_a_terminal(tmp_path):
-    proc = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(_script(tmp_path))],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str([f"zone {i}" for i in range(5)])
     lines = proc.stderr.strip().splitlines()
@@ -44,9 +49,14 @@ def test_rows_report_progress_on_stderr_off_a_terminal(tmp_path):
 
 def test_rows_show_a_progress_bar_on_a_terminal(tmp_path):
     main, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, str(_script(tmp_path))], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm"},
-                            stdin=child, stdout=child, stderr=child)
+    proc = subprocess.Popen(
+        [sys.executable, str(_script(tmp_path))],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm"},
+        stdin=child,
+        stdout=child,
+        stderr=child,
+    )
     os.close(child)
     seen = bytearray()
     while True:

@@ -23,10 +23,13 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from aws_helpers import client, unique
+from fault_proxy import FaultProxy
+from spot_helpers import marked_processes, trace, train_command, wait_until
 
+from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE, PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.state import arrays_from_bytes
-from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE, PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.controller import Controller, JobSpec, Next, classify
 from spot_core.errors import CheckpointError, FencedOut, Preempted
 from spot_core.localcloud.cloud import LocalCloudConfig
@@ -35,12 +38,7 @@ from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LeaseState, LeaseStatus
-from spot_core.workloads.softmax_regression import (STATE_FILE, TrainConfig, train,
-                                                   weights_sha256)
-
-from aws_helpers import client, unique
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, trace, train_command, wait_until
+from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
 
 STEPS, STEP_SECONDS, EVERY = 300, 0.01, 60
 QUICK_SEEDS = (3, 4, 20, 12)  # file store; failing puts; s3; a sustained outage
@@ -54,9 +52,9 @@ class ImdsFault:
     """What one attempt's metadata service does wrong, and when (seconds after ``anchor``:
     the lease's start or the first notice the controller saw)."""
 
-    anchor: str      # "start" | "notice"
+    anchor: str  # "start" | "notice"
     offset: float
-    kind: str        # "5xx" | "garbage" | "revoke" | "hang"
+    kind: str  # "5xx" | "garbage" | "revoke" | "hang"
     duration: float
     status: int = 500
 
@@ -68,7 +66,7 @@ class StoreFault:
 
     start: float
     duration: float | None
-    mode: str        # "503" | "reset" | "slow"
+    mode: str  # "503" | "reset" | "slow"
     delay: float = 0.0
 
 
@@ -76,12 +74,12 @@ class StoreFault:
 class Scenario:
     seed: int
     patterns: tuple[str, str]
-    tick_seconds: float          # trace seconds per tick; one tick is one wall second
-    min_notice: float            # the local cloud's notice floor, wall seconds
-    grace: float                 # SIGTERM -> SIGKILL at reclaim, wall seconds
+    tick_seconds: float  # trace seconds per tick; one tick is one wall second
+    min_notice: float  # the local cloud's notice floor, wall seconds
+    grace: float  # SIGTERM -> SIGKILL at reclaim, wall seconds
     policy: RetryPolicy
-    store: str                   # "file" | "s3"
-    imds: tuple[tuple[ImdsFault, ...], ...]   # per attempt number - 1 (cycled)
+    store: str  # "file" | "s3"
+    imds: tuple[tuple[ImdsFault, ...], ...]  # per attempt number - 1 (cycled)
     store_faults: tuple[StoreFault, ...] = field(default=())
 
     @property
@@ -93,9 +91,11 @@ class Scenario:
         return any(f.mode != "slow" for f in self.store_faults)
 
     def describe(self) -> str:
-        return (f"seed {self.seed}: zones {self.patterns[0][:14]}../{self.patterns[1][:14]}.. "
-                f"tick {self.tick_seconds:g}s notice>={self.min_notice:g}s grace {self.grace:g}s "
-                f"store {self.store} faults {self.store_faults} imds {self.imds} {self.policy}")
+        return (
+            f"seed {self.seed}: zones {self.patterns[0][:14]}../{self.patterns[1][:14]}.. "
+            f"tick {self.tick_seconds:g}s notice>={self.min_notice:g}s grace {self.grace:g}s "
+            f"store {self.store} faults {self.store_faults} imds {self.imds} {self.policy}"
+        )
 
 
 def availability(rng: random.Random) -> str:
@@ -111,10 +111,15 @@ def imds_faults(rng: random.Random) -> tuple[ImdsFault, ...]:
     for _ in range(rng.choice((0, 1, 1, 2, 3))):
         kind = rng.choice(("5xx", "garbage", "revoke", "hang"))
         anchor = rng.choice(("start", "notice"))
-        faults.append(ImdsFault(anchor=anchor, kind=kind,
-                                offset=round(rng.uniform(0.0, 3.0 if anchor == "start" else 0.6), 2),
-                                duration=round(rng.uniform(0.2, 3.0), 2),
-                                status=rng.choice((500, 502, 503))))
+        faults.append(
+            ImdsFault(
+                anchor=anchor,
+                kind=kind,
+                offset=round(rng.uniform(0.0, 3.0 if anchor == "start" else 0.6), 2),
+                duration=round(rng.uniform(0.2, 3.0), 2),
+                status=rng.choice((500, 502, 503)),
+            )
+        )
     return tuple(faults)
 
 
@@ -123,14 +128,24 @@ def store_faults(rng: random.Random) -> tuple[StoreFault, ...]:
     if roll < 0.3:
         return ()
     if roll < 0.45:  # a sustained outage of every node put from early on
-        return (StoreFault(start=round(rng.uniform(0.0, 2.0), 2), duration=None,
-                           mode=rng.choice(("503", "reset"))),)
+        return (
+            StoreFault(
+                start=round(rng.uniform(0.0, 2.0), 2),
+                duration=None,
+                mode=rng.choice(("503", "reset")),
+            ),
+        )
     faults = []
     for _ in range(rng.randint(1, 3)):
         mode = rng.choice(("503", "reset", "slow", "slow"))
-        faults.append(StoreFault(start=round(rng.uniform(0.0, 12.0), 2),
-                                 duration=round(rng.uniform(0.3, 4.0), 2), mode=mode,
-                                 delay=round(rng.uniform(0.05, 0.6), 2) if mode == "slow" else 0))
+        faults.append(
+            StoreFault(
+                start=round(rng.uniform(0.0, 12.0), 2),
+                duration=round(rng.uniform(0.3, 4.0), 2),
+                mode=mode,
+                delay=round(rng.uniform(0.05, 0.6), 2) if mode == "slow" else 0,
+            )
+        )
     return tuple(faults)
 
 
@@ -138,18 +153,27 @@ def scenario(seed: int) -> Scenario:
     """The whole scenario, from the seed alone."""
     rng = random.Random(seed)
     patterns = (availability(rng), availability(rng) if rng.random() < 0.6 else "0" * 600)
-    policy = RetryPolicy(max_preemptions=rng.randint(0, 4),
-                         max_infrastructure_retries=rng.randint(1, 3),
-                         on_demand_fallback=rng.random() < 0.6,
-                         return_to_spot=rng.random() < 0.5,
-                         min_on_demand_seconds=rng.choice((0.0, 5.0, 600.0)),
-                         capacity_wait_seconds=0.5, max_capacity_waits=30)
+    policy = RetryPolicy(
+        max_preemptions=rng.randint(0, 4),
+        max_infrastructure_retries=rng.randint(1, 3),
+        on_demand_fallback=rng.random() < 0.6,
+        return_to_spot=rng.random() < 0.5,
+        min_on_demand_seconds=rng.choice((0.0, 5.0, 600.0)),
+        capacity_wait_seconds=0.5,
+        max_capacity_waits=30,
+    )
     store = "s3" if rng.random() < 0.6 else "file"
-    return Scenario(seed=seed, patterns=patterns, tick_seconds=rng.choice((60.0, 120.0, 240.0, 480.0)),
-                    min_notice=round(rng.uniform(0.25, 1.5), 2), grace=round(rng.uniform(0.3, 1.5), 2),
-                    policy=policy, store=store,
-                    imds=tuple(imds_faults(rng) for _ in range(4)),
-                    store_faults=store_faults(rng) if store == "s3" else ())
+    return Scenario(
+        seed=seed,
+        patterns=patterns,
+        tick_seconds=rng.choice((60.0, 120.0, 240.0, 480.0)),
+        min_notice=round(rng.uniform(0.25, 1.5), 2),
+        grace=round(rng.uniform(0.3, 1.5), 2),
+        policy=policy,
+        store=store,
+        imds=tuple(imds_faults(rng) for _ in range(4)),
+        store_faults=store_faults(rng) if store == "s3" else (),
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,8 +200,11 @@ class Chaos:
         if self.proxy is None:
             return
         age = now - self.began
-        active = [f for f in self.scene.store_faults
-                  if f.start <= age and (f.duration is None or age < f.start + f.duration)]
+        active = [
+            f
+            for f in self.scene.store_faults
+            if f.start <= age and (f.duration is None or age < f.start + f.duration)
+        ]
         self.proxy.mode = active[0].mode if active else None
         self.proxy.delay = active[0].delay if active else 0.0
 
@@ -186,18 +213,26 @@ class Chaos:
         faults = self.scene.imds[(lease.attempt - 1) % len(self.scene.imds)]
         for index, fault in enumerate(faults):
             anchor = lease.started_at if fault.anchor == "start" else nxt.notice_at
-            if anchor is None or now < anchor + fault.offset or (lease.lease_id, index) in self.applied:
+            if (
+                anchor is None
+                or now < anchor + fault.offset
+                or (lease.lease_id, index) in self.applied
+            ):
                 continue
             self.applied.add((lease.lease_id, index))
             emulator = self.server.cloud.metadata_emulator(lease.lease_id)
             if fault.kind == "revoke":
                 emulator.expire_tokens()
             elif fault.kind == "hang":
-                emulator.fail_requests(mode="hang", duration=fault.duration,
-                                       hang_seconds=min(fault.duration, 1.5))
+                emulator.fail_requests(
+                    mode="hang", duration=fault.duration, hang_seconds=min(fault.duration, 1.5)
+                )
             else:
-                emulator.fail_requests(fault.status, mode="status" if fault.kind == "5xx"
-                                       else "garbage", duration=fault.duration)
+                emulator.fail_requests(
+                    fault.status,
+                    mode="status" if fault.kind == "5xx" else "garbage",
+                    duration=fault.duration,
+                )
 
 
 def drive(controller: Controller, spec: JobSpec, chaos: Chaos) -> tuple[Next, list[Next]]:
@@ -227,10 +262,13 @@ def drive(controller: Controller, spec: JobSpec, chaos: Chaos) -> tuple[Next, li
 
 def run_scenario(scene: Scenario, tmp_path, moto_endpoint: str):
     """Run the job of ``scene``; return (final Next, store URI)."""
-    traces = [trace(zone, pattern, tick_seconds=scene.tick_seconds)
-              for zone, pattern in zip(ZONES, scene.patterns)]
-    config = LocalCloudConfig(min_notice_wall_seconds=scene.min_notice,
-                              grace_wall_seconds=scene.grace)
+    traces = [
+        trace(zone, pattern, tick_seconds=scene.tick_seconds)
+        for zone, pattern in zip(ZONES, scene.patterns, strict=True)
+    ]
+    config = LocalCloudConfig(
+        min_notice_wall_seconds=scene.min_notice, grace_wall_seconds=scene.grace
+    )
     env = {"CHAOS_RUN": str(tmp_path)}  # so the lease check finds this test's processes
     if scene.store == "s3":
         bucket = unique("chaos")
@@ -238,20 +276,35 @@ def run_scenario(scene: Scenario, tmp_path, moto_endpoint: str):
         uri = f"s3://{bucket}/job"
     else:
         uri = (tmp_path / "ckpt").as_uri()
-    with LocalCloudServer.from_traces(traces, time_scale=scene.tick_seconds,
-                                      workdir=tmp_path / "cloud", config=config) as server, \
-            FaultProxy(moto_endpoint, methods=("PUT", "POST")) as proxy:
+    with (
+        LocalCloudServer.from_traces(
+            traces, time_scale=scene.tick_seconds, workdir=tmp_path / "cloud", config=config
+        ) as server,
+        FaultProxy(moto_endpoint, methods=("PUT", "POST")) as proxy,
+    ):
         if scene.store == "s3":
             env["SPOT_S3_ENDPOINT_URL"] = proxy.url  # the nodes' puts go through the faults
         provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
-        spec = JobSpec(f"chaos-{scene.seed}", train_command(STEPS, STEP_SECONDS, 7, EVERY), uri,
-                       provider.pools(), env=env)
-        controller = Controller(provider, provider.market, scene.policy, heartbeat_timeout=None,
-                                attempt_timeout=90.0, observe_failure_timeout=10.0)
+        spec = JobSpec(
+            f"chaos-{scene.seed}",
+            train_command(STEPS, STEP_SECONDS, 7, EVERY),
+            uri,
+            provider.pools(),
+            env=env,
+        )
+        controller = Controller(
+            provider,
+            provider.market,
+            scene.policy,
+            heartbeat_timeout_seconds=None,
+            attempt_timeout_seconds=90.0,
+            observe_failure_timeout_seconds=10.0,
+        )
         final, _ = drive(controller, spec, Chaos(scene, server, proxy))
         proxy.mode = None
-    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15), \
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15), (
         f"{scene.describe()}: a lease process outlived its attempt"
+    )
     return final, uri
 
 
@@ -259,7 +312,7 @@ def allowed_failures(scene: Scenario) -> list[str]:
     """The reasons a job of this scenario may fail for; none other."""
     reasons = []
     if not scene.policy.on_demand_fallback:
-        reasons.append("on-demand fallback is off")   # the preemption budget is spent
+        reasons.append("on-demand fallback is off")  # the preemption budget is spent
     if scene.failing_puts:
         reasons.append("infrastructure retries are used up")
     return reasons
@@ -267,12 +320,15 @@ def allowed_failures(scene: Scenario) -> list[str]:
 
 def check(scene: Scenario, final: Next, uri: str) -> None:
     record, why = final.record, scene.describe()
-    story = "; ".join(f"#{a.number} {a.pool.key if a.pool else '-'} {a.outcome} "
-                      f"[{a.checkpoint_step_start}->{a.checkpoint_step_end}] {a.message[:400]}"
-                      for a in record.attempts)
+    story = "; ".join(
+        f"#{a.number} {a.pool.key if a.pool else '-'} {a.outcome} "
+        f"[{a.checkpoint_step_start}->{a.checkpoint_step_end}] {a.message[:400]}"
+        for a in record.attempts
+    )
     why = f"{why}\n  attempts: {story}\n  end: {record.status} {final.reason}"
-    assert all(a.outcome is not Outcome.USER_FAILED for a in record.attempts), \
+    assert all(a.outcome is not Outcome.USER_FAILED for a in record.attempts), (
         f"an attempt was blamed on the step's own code, which has no bug:\n{why}"
+    )
     assert record.preemptions == sum(a.outcome is Outcome.PREEMPTED for a in record.attempts), why
     if scene.sustained_outage:
         assert record.status is JobStatus.FAILED, f"no checkpoint could be written, yet:\n{why}"
@@ -284,8 +340,9 @@ def check(scene: Scenario, final: Next, uri: str) -> None:
         assert weights == uninterrupted_weights(), f"final weights differ:\n{why}"
         return
     assert record.status is JobStatus.FAILED, why
-    assert any(reason in final.reason for reason in allowed_failures(scene)), \
+    assert any(reason in final.reason for reason in allowed_failures(scene)), (
         f"the job failed for a reason its scenario does not allow:\n{why}"
+    )
 
 
 def run_seed(seed: int, tmp_path, moto_endpoint: str) -> None:
@@ -303,8 +360,9 @@ def test_a_store_outage_on_the_node_is_not_the_steps_fault():
     assert step_exit_code(ValueError("the step's own bug")) is None
     ended = LeaseStatus(LeaseState.EXITED, exit_code=INFRASTRUCTURE_EXIT_CODE, ended_at=1.0)
     assert classify(ended) is Outcome.INFRASTRUCTURE_FAILED
-    assert classify(LeaseStatus(LeaseState.EXITED, exit_code=1, ended_at=1.0)) \
-        is Outcome.USER_FAILED
+    assert (
+        classify(LeaseStatus(LeaseState.EXITED, exit_code=1, ended_at=1.0)) is Outcome.USER_FAILED
+    )
 
 
 def test_scenarios_come_from_the_seed_alone():

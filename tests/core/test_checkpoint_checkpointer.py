@@ -120,9 +120,17 @@ def test_time_schedule_with_injected_clock(store: CheckpointStore) -> None:
     assert ckpt.maybe_save(5, make).step == 5 and len(calls) == 2
 
 
-@pytest.mark.parametrize("kwargs", [{"every_seconds": 0}, {"every_seconds": -1},
-                                    {"every_steps": 0}, {"every_steps": -5},
-                                    {"every_seconds": float("nan")}, {"keep": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"every_seconds": 0},
+        {"every_seconds": -1},
+        {"every_steps": 0},
+        {"every_steps": -5},
+        {"every_seconds": float("nan")},
+        {"keep": 0},
+    ],
+)
 def test_bad_intervals(store: CheckpointStore, kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         Checkpointer(store, **kwargs)
@@ -201,8 +209,12 @@ def test_from_env_fences_older_attempts(store: CheckpointStore) -> None:
 
 def _run_loop(uri: str, attempt: int, total: int, sigterm_after: float | None):
     env = {**os.environ, "SPOT_CHECKPOINT_URI": uri, "SPOT_ATTEMPT": str(attempt)}
-    proc = subprocess.Popen([sys.executable, str(TRAIN_LOOP), str(total), "0.002"], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(TRAIN_LOOP), str(total), "0.002"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     ready = proc.stdout.readline()
     if sigterm_after is not None:
         time.sleep(sigterm_after)

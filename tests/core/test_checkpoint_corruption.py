@@ -30,8 +30,9 @@ def _flip_byte(path: Path, offset: int = 100) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_flipped_payload_byte_fails_load_and_latest_falls_back(store: CheckpointStore,
-                                                                caplog) -> None:
+def test_flipped_payload_byte_fails_load_and_latest_falls_back(
+    store: CheckpointStore, caplog
+) -> None:
     newest = store.latest()
     _flip_byte(_dir(store, 2) / "model.bin")
     with pytest.raises(CorruptCheckpoint, match=rf"{newest.checkpoint_id}.*'model.bin'"):

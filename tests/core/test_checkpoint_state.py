@@ -8,15 +8,24 @@ import numpy as np
 import pytest
 
 from spot_core.checkpoint.state import (
-    arrays_from_bytes, arrays_to_bytes, json_dumps, json_loads, pickle_dumps, pickle_loads,
+    arrays_from_bytes,
+    arrays_to_bytes,
+    json_dumps,
+    json_loads,
+    pickle_dumps,
+    pickle_loads,
 )
 from spot_core.errors import ConfigError, CorruptCheckpoint
 
 
 def test_arrays_round_trip_bit_exact() -> None:
     rng = np.random.default_rng(0)
-    arrays = {"w": rng.standard_normal((3, 4)), "i": np.arange(5, dtype=np.int16),
-              "scalar": np.float32(1.5), "empty": np.zeros((0, 2))}
+    arrays = {
+        "w": rng.standard_normal((3, 4)),
+        "i": np.arange(5, dtype=np.int16),
+        "scalar": np.float32(1.5),
+        "empty": np.zeros((0, 2)),
+    }
     back = arrays_from_bytes(arrays_to_bytes(arrays))
     assert set(back) == set(arrays)
     for name, value in arrays.items():

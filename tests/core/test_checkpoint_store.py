@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from spot_helpers import ZOMBIE_WRITER
 
 from spot_core.checkpoint import CheckpointRef, CheckpointStore, open_store
@@ -23,21 +22,25 @@ def store(tmp_path: Path) -> CheckpointStore:
 
 
 def _files_on_disk(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                  and p.name != ".spot-lock")
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != ".spot-lock"
+    )
 
 
 # -- open_store ----------------------------------------------------------------------
-@pytest.mark.parametrize("uri, words", [
-    ("", "empty"),
-    ("file://relative/dir", "three slashes"),
-    ("/abs/path", "file:///abs/path"),
-    ("relative", "no scheme"),
-    ("gs://bucket/x", "unsupported scheme"),
-    ("file:///", "absolute"),
-    ("file:///tmp/x?y=1", "query"),
-    ("s3://", "bucket"),
-])
+@pytest.mark.parametrize(
+    "uri, words",
+    [
+        ("", "empty"),
+        ("file://relative/dir", "three slashes"),
+        ("/abs/path", "file:///abs/path"),
+        ("relative", "no scheme"),
+        ("gs://bucket/x", "unsupported scheme"),
+        ("file:///", "absolute"),
+        ("file:///tmp/x?y=1", "query"),
+        ("s3://", "bucket"),
+    ],
+)
 def test_bad_uris_name_the_fix(uri: str, words: str) -> None:
     with pytest.raises(ConfigError, match="file:///|s3://bucket") as info:
         open_store(uri)
@@ -65,8 +68,12 @@ def test_empty_store_has_no_latest(store: CheckpointStore) -> None:
 
 def test_round_trip_with_metadata(store: CheckpointStore) -> None:
     meta = {"loss": 0.25, "tags": ["a", "b"], "nested": {"lr": 1e-3, "ok": True, "none": None}}
-    payload = {"model.bin": os.urandom(5000), "optim/state.bin": bytearray(b"opt"),
-               "view.bin": memoryview(b"abcdef")[1:4], "empty": b""}
+    payload = {
+        "model.bin": os.urandom(5000),
+        "optim/state.bin": bytearray(b"opt"),
+        "view.bin": memoryview(b"abcdef")[1:4],
+        "empty": b"",
+    }
     ref = store.save(step=10, payload=payload, metadata=meta, attempt=2)
     assert isinstance(ref, CheckpointRef)
     assert (ref.step, ref.attempt, ref.metadata) == (10, 2, meta)
@@ -124,12 +131,23 @@ def test_refs_from_another_process_load_here(store: CheckpointStore) -> None:
 
 
 # -- validation: nothing is written ------------------------------------------------------
-@pytest.mark.parametrize("name, words", [
-    ("../x", ".."), ("a/../../x", ".."), ("/abs", "absolute"), ("", "empty"),
-    ("a\\b", "backslash"), ("MANIFEST.json", "manifest"), ("a\x00b", "NUL"),
-    ("a//b", "empty part"), ("dir/", "empty part"), ("./a", "'.'"),
-    (".spot-tmp-x", "reserved"), (3, "int"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("../x", ".."),
+        ("a/../../x", ".."),
+        ("/abs", "absolute"),
+        ("", "empty"),
+        ("a\\b", "backslash"),
+        ("MANIFEST.json", "manifest"),
+        ("a\x00b", "NUL"),
+        ("a//b", "empty part"),
+        ("dir/", "empty part"),
+        ("./a", "'.'"),
+        (".spot-tmp-x", "reserved"),
+        (3, "int"),
+    ],
+)
 def test_bad_payload_names_write_nothing(store: CheckpointStore, name: object, words: str) -> None:
     root = Path(store.backend.root)
     with pytest.raises(ConfigError, match="relative POSIX paths") as info:
@@ -138,16 +156,22 @@ def test_bad_payload_names_write_nothing(store: CheckpointStore, name: object, w
     assert _files_on_disk(root) == []
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"step": -1}, "step"), ({"step": 1.5}, "step"), ({"step": True}, "step"),
-    ({"attempt": -2}, "attempt"), ({"payload": {}}, "non-empty"),
-    ({"payload": {"a": "text"}}, "not an existing file"),
-    ({"payload": {"a": 42}}, "int"),
-    ({"payload": {"a": b"1", "a/b": b"2"}}, "collide"),
-    ({"metadata": {"when": object()}}, "JSON"),
-    ({"metadata": {"x": float("nan")}}, "JSON"),
-    ({"metadata": ["not", "a", "dict"]}, "dict"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"step": -1}, "step"),
+        ({"step": 1.5}, "step"),
+        ({"step": True}, "step"),
+        ({"attempt": -2}, "attempt"),
+        ({"payload": {}}, "non-empty"),
+        ({"payload": {"a": "text"}}, "not an existing file"),
+        ({"payload": {"a": 42}}, "int"),
+        ({"payload": {"a": b"1", "a/b": b"2"}}, "collide"),
+        ({"metadata": {"when": object()}}, "JSON"),
+        ({"metadata": {"x": float("nan")}}, "JSON"),
+        ({"metadata": ["not", "a", "dict"]}, "dict"),
+    ],
+)
 def test_bad_save_arguments_write_nothing(store: CheckpointStore, kwargs: dict, words: str) -> None:
     store.save(1, {"a": b"keep"})
     before = _files_on_disk(Path(store.backend.root))
@@ -233,8 +257,10 @@ def test_older_attempt_is_fenced_out_after_newer_commit(store: CheckpointStore) 
     latest = store.latest()
     assert (latest.step, latest.attempt) == (12, 2)
     assert all(r.attempt == 2 or r.step == 10 for r in store.list())
-    assert not any("attempt-0001" in p and "step-000000000020" in p
-                   for p in _files_on_disk(Path(store.backend.root)))
+    assert not any(
+        "attempt-0001" in p and "step-000000000020" in p
+        for p in _files_on_disk(Path(store.backend.root))
+    )
 
 
 def test_fence_refuses_old_attempt_before_new_one_saves(store: CheckpointStore) -> None:
@@ -249,11 +275,10 @@ def test_fence_refuses_old_attempt_before_new_one_saves(store: CheckpointStore) 
     assert store.fence_level() == 2
 
 
-
-
 def _zombie_is_refused(store: CheckpointStore, fence_it) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_WRITER, store.uri], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ZOMBIE_WRITER, store.uri], stdout=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 20
         while not any(r.attempt == 1 for r in store.list()):
@@ -291,9 +316,13 @@ def _as_version_1(store, ref) -> None:
     doc = _json.loads((folder / "MANIFEST.json").read_text())
     doc.pop("body_sha256")
     doc["version"] = 1
-    doc["files"] = {name: {"size": entry["size"],
-                           "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()}
-                    for name, entry in doc["files"].items()}
+    doc["files"] = {
+        name: {
+            "size": entry["size"],
+            "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest(),
+        }
+        for name, entry in doc["files"].items()
+    }
     (folder / "MANIFEST.json").write_text(_json.dumps({**doc, "body_sha256": _body_digest(doc)}))
 
 
@@ -307,8 +336,10 @@ def test_new_saves_name_blake3_and_verify(tmp_path: Path) -> None:
     ref = store.save(1, payload)
     folder = Path(store.backend.root) / "checkpoints" / ref.checkpoint_id
     files = _json.loads((folder / "MANIFEST.json").read_text())["files"]
-    assert files["model.bin"] == {"size": 9 << 20,
-                                  "blake3": blake3(payload["model.bin"]).hexdigest()}
+    assert files["model.bin"] == {
+        "size": 9 << 20,
+        "blake3": blake3(payload["model.bin"]).hexdigest(),
+    }
     assert store.load(store.latest()) == payload
 
 
@@ -330,5 +361,6 @@ def test_a_version_1_checkpoint_with_damaged_bytes_is_skipped(tmp_path: Path) ->
     old = store.save(2, {"model.bin": b"from 0.1"})
     _as_version_1(store, old)
     (Path(store.backend.root) / "checkpoints" / old.checkpoint_id / "model.bin").write_bytes(
-        b"from 0.X")
+        b"from 0.X"
+    )
     assert store.latest().step == 1

@@ -16,8 +16,13 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "k8s_pod_statuses"
 
 
 def cli(*args, stdin: str | None = None):
-    return subprocess.run([sys.executable, "-m", "spot_core.cli", "classify-pod", *args],
-                          input=stdin, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "classify-pod", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def listed() -> tuple[dict, list[str], list[str]]:
@@ -37,10 +42,15 @@ def listed() -> tuple[dict, list[str], list[str]]:
             pod.setdefault("spec", {})["nodeName"] = node["metadata"]["name"]
             items.append(node)
         for event in doc.get("events", ()):
-            items.append({**event, "kind": "Event", "apiVersion": "v1",
-                          "metadata": {"name": f"{path.stem}.1", "namespace": "corpus"},
-                          "involvedObject": {"kind": "Pod", "name": path.stem,
-                                             "namespace": "corpus"}})
+            items.append(
+                {
+                    **event,
+                    "kind": "Event",
+                    "apiVersion": "v1",
+                    "metadata": {"name": f"{path.stem}.1", "namespace": "corpus"},
+                    "involvedObject": {"kind": "Pod", "name": path.stem, "namespace": "corpus"},
+                }
+            )
         items.append(pod)
         names.append(f"corpus/{path.stem}")
         expected.append(doc["expected"]["outcome"])
@@ -73,8 +83,12 @@ def test_a_client_dump_in_snake_case_and_stdin_give_the_same_answers():
     for pod in pods:  # the fields the client's models require
         pod.setdefault("spec", {}).setdefault("containers", [{"name": "main"}])
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            for field, value in (("image", ""), ("imageID", ""), ("ready", False),
-                                 ("restartCount", 0)):
+            for field, value in (
+                ("image", ""),
+                ("imageID", ""),
+                ("ready", False),
+                ("restartCount", 0),
+            ):
                 status.setdefault(field, value)
     api = kubernetes.client.ApiClient()
     dump = api._ApiClient__deserialize({"items": pods, "metadata": {}}, "V1PodList").to_dict()
@@ -89,20 +103,29 @@ def test_node_given_apart_decides_a_drain(tmp_path):
     doc = json.loads((CORPUS / "dt-eviction-api-docs.json").read_text())
     (tmp_path / "pod.json").write_text(json.dumps(doc["pod"]))
     (tmp_path / "node.json").write_text(json.dumps(doc["node"]))
-    assert lines(cli(str(tmp_path / "pod.json"), "--node", str(tmp_path / "node.json")))[0][
-        "outcome"] == "disrupted"
+    assert (
+        lines(cli(str(tmp_path / "pod.json"), "--node", str(tmp_path / "node.json")))[0]["outcome"]
+        == "disrupted"
+    )
     spot = json.loads(json.dumps(doc["node"]))
     spot["metadata"]["labels"] = {"eks.amazonaws.com/capacityType": "SPOT"}
     (tmp_path / "spot.json").write_text(json.dumps({"kind": "List", "items": [spot]}))
-    assert lines(cli(str(tmp_path / "pod.json"), "--node", str(tmp_path / "spot.json")))[0][
-        "outcome"] == "preempted"
+    assert (
+        lines(cli(str(tmp_path / "pod.json"), "--node", str(tmp_path / "spot.json")))[0]["outcome"]
+        == "preempted"
+    )
 
 
-@pytest.mark.parametrize("stdin,fix", [
-    ("", "is empty"), ("apiVersion: v1\nkind: Pod\n", "looks like YAML: use -o json"),
-    ("[1, 2]", "not a Kubernetes object"), ('{"kind": "Node", "metadata": {"name": "n"}}',
-                                            "holds no Pod (found: Node)"),
-    ("{nope", "is not JSON")])
+@pytest.mark.parametrize(
+    "stdin,fix",
+    [
+        ("", "is empty"),
+        ("apiVersion: v1\nkind: Pod\n", "looks like YAML: use -o json"),
+        ("[1, 2]", "not a Kubernetes object"),
+        ('{"kind": "Node", "metadata": {"name": "n"}}', "holds no Pod (found: Node)"),
+        ("{nope", "is not JSON"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_fix(stdin, fix):
     proc = cli("-", stdin=stdin)
     assert proc.returncode == 2 and not proc.stdout

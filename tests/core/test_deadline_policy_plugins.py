@@ -15,7 +15,7 @@ import numpy as np
 
 POLICIES = textwrap.dedent('''
     """A package of deadline policies, as a team would install it."""
-    from spot_core.policy.deadline import ON_DEMAND
+    from spot_core.policy.deadline.base import ON_DEMAND
 
 
     class EveryTickOnDemand:
@@ -50,22 +50,44 @@ def _trace(tmp_path):
     start = np.datetime64("2023-02-15T00:00:00")
     lines = ["date,availability"] + [
         f"{str(start + np.timedelta64(600 * i, 's')).replace('T', ' ')},{int(i % 5 != 2)}"
-        for i in range(60)]
+        for i in range(60)
+    ]
     path = tmp_path / "us-east-1a_v100_1.csv"
     path.write_text("\n".join(lines) + "\n")
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"us-east-1a_v100_1": [1.0] * 60}))
-    return ["--trace", str(path), "--prices", str(prices), "--task-hours", "2",
-            "--deadline-hours", "4", "--restart-overhead-hours", "0.1", "--start-tick", "0",
-            "--start-tick", "20", "--json"]
+    return [
+        "--trace",
+        str(path),
+        "--prices",
+        str(prices),
+        "--task-hours",
+        "2",
+        "--deadline-hours",
+        "4",
+        "--restart-overhead-hours",
+        "0.1",
+        "--start-tick",
+        "0",
+        "--start-tick",
+        "20",
+        "--json",
+    ]
 
 
 def _simulate(tmp_path, plugins: str, policy: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [plugins, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return subprocess.run([sys.executable, "-m", "spot_core.cli", "simulate",
-                           *_trace(tmp_path), "--policy", policy],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([plugins, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "simulate", *_trace(tmp_path), "--policy", policy],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 def test_an_installed_policy_is_found_by_name_and_simulated(tmp_path):

@@ -15,9 +15,20 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-CONTRACT = {"engine", "attempts", "preemptions", "fallbacks", "resumed_from_steps",
-            "spot_cost", "on_demand_cost", "savings_fraction", "lost_work_seconds",
-            "final_weights_sha256", "uninterrupted_weights_sha256", "accuracy"}
+CONTRACT = {
+    "engine",
+    "attempts",
+    "preemptions",
+    "fallbacks",
+    "resumed_from_steps",
+    "spot_cost",
+    "on_demand_cost",
+    "savings_fraction",
+    "lost_work_seconds",
+    "final_weights_sha256",
+    "uninterrupted_weights_sha256",
+    "accuracy",
+}
 ANSI = re.compile(r"\x1b\[")
 
 
@@ -25,9 +36,12 @@ ANSI = re.compile(r"\x1b\[")
 def demo(tmp_path_factory):
     """One run of the demo with --json into a pipe (not a terminal), shared."""
     workdir = tmp_path_factory.mktemp("demo")
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--json",
-                           "--workdir", str(workdir)],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--json", "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc, workdir
 
@@ -65,25 +79,43 @@ def test_report_renders_the_demos_record_as_tables_and_an_html_page(demo, tmp_pa
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     record = json.loads((workdir / "record.json").read_text())
     page = tmp_path / "report.html"
-    shown = subprocess.run([sys.executable, "-m", "spot_core.cli", "report",
-                            str(workdir / "record.json"), "--html", str(page)],
-                           capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.cli",
+            "report",
+            str(workdir / "record.json"),
+            "--html",
+            str(page),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     assert f"job {record['job_id']} (succeeded)" in shown.stdout
     assert shown.stdout.count("preempted") == summary["preemptions"]
-    assert f"spot cost ${summary['spot_cost']:.2f} vs on-demand " \
-           f"${summary['on_demand_cost']:.2f}" in shown.stdout
+    assert (
+        f"spot cost ${summary['spot_cost']:.2f} vs on-demand "
+        f"${summary['on_demand_cost']:.2f}" in shown.stdout
+    )
     html = page.read_text()
     assert html.count('class="attempt-row"') == summary["attempts"]
     svgs = re.findall(r"<svg.*?</svg>", html, flags=re.S)
     assert len(svgs) == 3
     timeline = ET.fromstring(svgs[0])
-    bars = [e for e in timeline.iter("{http://www.w3.org/2000/svg}rect")
-            if "attempt" in e.get("class", "").split()]
-    assert [b.get("data-outcome") for b in bars] == \
-        ["preempted"] * summary["preemptions"] + ["succeeded"]
+    bars = [
+        e
+        for e in timeline.iter("{http://www.w3.org/2000/svg}rect")
+        if "attempt" in e.get("class", "").split()
+    ]
+    assert [b.get("data-outcome") for b in bars] == ["preempted"] * summary["preemptions"] + [
+        "succeeded"
+    ]
     assert "<script" not in html and "http://" not in html.replace(
-        'xmlns="http://www.w3.org/2000/svg"', "")  # nothing loads from anywhere
+        'xmlns="http://www.w3.org/2000/svg"', ""
+    )  # nothing loads from anywhere
 
 
 @pytest.mark.timeout(200)
@@ -91,9 +123,13 @@ def test_demo_on_a_terminal_shows_a_live_display_of_the_attempt_and_saving(tmp_p
     """Under a pseudo-terminal the demo redraws a panel with the running attempt and
     the saving so far, then prints the same report."""
     main, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "spot_core.cli", "demo", "--workdir",
-                             str(tmp_path)], stdin=child, stdout=child, stderr=child,
-                            env={**os.environ, "COLUMNS": "140", "TERM": "xterm"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--workdir", str(tmp_path)],
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        env={**os.environ, "COLUMNS": "140", "TERM": "xterm"},
+    )
     os.close(child)
     seen = bytearray()
     deadline = time.monotonic() + 180
@@ -119,8 +155,7 @@ def test_demo_on_a_terminal_shows_a_live_display_of_the_attempt_and_saving(tmp_p
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["fifo", "folder", "symlink"])
-def test_a_demo_record_path_that_is_no_regular_file_is_one_line_before_the_run(tmp_path,
-                                                                                kind):
+def test_a_demo_record_path_that_is_no_regular_file_is_one_line_before_the_run(tmp_path, kind):
     """WORKDIR/record.json is written when the pipeline ends: a FIFO there used to hang
     the demo after its whole run, a folder to end it in a traceback."""
     record = tmp_path / "record.json"
@@ -131,12 +166,17 @@ def test_a_demo_record_path_that_is_no_regular_file_is_one_line_before_the_run(t
     else:
         (tmp_path / "mine.json").write_text("a user's file")
         record.symlink_to(tmp_path / "mine.json")
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--workdir",
-                           str(tmp_path)], capture_output=True, text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and "demo record" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["record.json"] + (["mine.json"] if kind == "symlink" else [])), "nothing ran"
+        ["record.json"] + (["mine.json"] if kind == "symlink" else [])
+    ), "nothing ran"
 
 
 @pytest.mark.timeout(30)
@@ -144,8 +184,7 @@ def test_the_data_set_step_never_blocks_on_a_fifo(tmp_path):
     """The pipeline's first step writes WORKDIR/data/dataset.npz and the training step reads
     it (``--data``): a FIFO there used to block either for ever."""
     from spot_core.errors import ConfigError
-    from spot_core.workloads.softmax_regression import (TrainConfig, load_dataset,
-                                                        prepare_dataset)
+    from spot_core.workloads.softmax_regression import TrainConfig, load_dataset, prepare_dataset
 
     fifo = tmp_path / "dataset.npz"
     os.mkfifo(fifo)
@@ -159,8 +198,12 @@ def test_the_data_set_step_never_blocks_on_a_fifo(tmp_path):
 
 
 def test_demo_rejects_unbuilt_engine_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--engine", "airflow"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--engine", "airflow"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
@@ -171,9 +214,22 @@ def test_demo_on_kubernetes_spot_node_pools(tmp_path):
     preemptions by two flavours' reclaims, a fallback to the on-demand node group, one
     voluntary disruption there (a drain for an upgrade) that spends no preemption, and the
     uninterrupted run's weights."""
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "demo", "--provider",
-                           "kubernetes", "--json", "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.cli",
+            "demo",
+            "--provider",
+            "kubernetes",
+            "--json",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["preemptions"] >= 2 and report["fallbacks"] >= 1

@@ -17,18 +17,25 @@ import sys
 import time
 
 import pytest
+from aws_helpers import (
+    client,
+    count_calls,
+    inject_errors,
+    make_network,
+    managed_live_instances,
+    preempt_after_checkpoints,
+    running_moto,
+    unique,
+)
+from spot_helpers import train_command
 
-from aws_helpers import (client, count_calls, inject_errors, make_network,
-                         managed_live_instances, preempt_after_checkpoints, running_moto,
-                         unique)
 from spot_core.controller import Controller, JobSpec
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.model import Lease, Market, Pool
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.ec2 import Ec2Provider
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
-from spot_helpers import train_command
 
 pytestmark = pytest.mark.timeout(120)
 BUCKET = "ckpt"  # plus a per-test suffix: see the net fixture
@@ -46,15 +53,26 @@ def net(aws_env, monkeypatch):
 
 def _provider(endpoint, net, **extra) -> Ec2Provider:
     return Ec2Provider.from_options(
-        region="us-east-1", endpoint_url=endpoint, subnets=net["subnets"],
-        instance_types=["g4dn.xlarge", "g5.xlarge"], image_id=net["image_id"],
-        instance_profile=net["instance_profile"], agent_python=sys.executable,
-        watch_poll_interval=0.1, **extra)
+        region="us-east-1",
+        endpoint_url=endpoint,
+        subnets=net["subnets"],
+        instance_types=["g4dn.xlarge", "g5.xlarge"],
+        image_id=net["image_id"],
+        instance_profile=net["instance_profile"],
+        agent_python=sys.executable,
+        watch_poll_interval=0.1,
+        **extra,
+    )
 
 
 def _spec(job="job-1", attempt=1, command=("true",), env=None) -> LaunchSpec:
-    return LaunchSpec(job_id=job, attempt=attempt, command=tuple(command),
-                      checkpoint_uri=f"s3://{BUCKET}/{job}", env=env or {})
+    return LaunchSpec(
+        job_id=job,
+        attempt=attempt,
+        command=tuple(command),
+        checkpoint_uri=f"s3://{BUCKET}/{job}",
+        env=env or {},
+    )
 
 
 def _described(endpoint, instance_id, region="us-east-1") -> dict:
@@ -65,8 +83,10 @@ def _described(endpoint, instance_id, region="us-east-1") -> dict:
 def test_launch_parameters_as_moto_recorded_them(aws_env, net):
     with _provider(aws_env, net) as provider:
         pool = provider.pools()[0]
-        lease = provider.launch(_spec(command=("python", "train.py", "--lr", "0.1"),
-                                      env={"WANDB_MODE": "offline"}), pool)
+        lease = provider.launch(
+            _spec(command=("python", "train.py", "--lr", "0.1"), env={"WANDB_MODE": "offline"}),
+            pool,
+        )
         got = _described(aws_env, lease.lease_id)
         assert got["InstanceLifecycle"] == "spot"
         assert got["MetadataOptions"]["HttpTokens"] == "required"
@@ -77,37 +97,50 @@ def test_launch_parameters_as_moto_recorded_them(aws_env, net):
         assert tags["spot-pipelines:managed"] == "true"
         assert (tags["spot-pipelines:job"], tags["spot-pipelines:attempt"]) == ("job-1", "1")
         ec2 = client("ec2", aws_env)
-        volumes = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
-                                                 "Values": [lease.lease_id]}])["Volumes"]
-        assert volumes and all({"Key": "spot-pipelines:job", "Value": "job-1"} in v.get("Tags", [])
-                               for v in volumes)
+        volumes = ec2.describe_volumes(
+            Filters=[{"Name": "attachment.instance-id", "Values": [lease.lease_id]}]
+        )["Volumes"]
+        assert volumes and all(
+            {"Key": "spot-pipelines:job", "Value": "job-1"} in v.get("Tags", []) for v in volumes
+        )
         raw = ec2.describe_instance_attribute(InstanceId=lease.lease_id, Attribute="userData")
         script = base64.b64decode(raw["UserData"]["Value"]).decode()
         assert "spot-pipelines watch --cloud aws" in script and "train.py --lr 0.1" in script
         assert "SPOT_ATTEMPT=1" in script and f"s3://{BUCKET}/job-1" in script
         assert "WANDB_MODE=offline" in script
-        for secret in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "testing"):
+        for secret in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "testing",
+        ):
             assert secret not in script
         for name in ("HF_TOKEN", "PREFECT_API_KEY", "WANDB_API_KEY", "PREFECT_API_AUTH_STRING"):
             with pytest.raises(ConfigError, match="credentials"):
                 provider.launch(_spec(job="job-2", env={name: "s3cr3t"}), pool)
         on_demand = provider.launch(_spec(job="job-3"), pool.on(Market.ON_DEMAND))
         assert "InstanceLifecycle" not in _described(aws_env, on_demand.lease_id)
-    assert all(_described(aws_env, i)["State"]["Name"] == "terminated"
-               for i in (lease.lease_id, on_demand.lease_id)), "close() terminates every lease"
+    assert all(
+        _described(aws_env, i)["State"]["Name"] == "terminated"
+        for i in (lease.lease_id, on_demand.lease_id)
+    ), "close() terminates every lease"
 
 
 def test_an_image_job_runs_under_docker_from_user_data(aws_env, net):
     with _provider(aws_env, net) as provider:
-        spec = dataclasses.replace(_spec(job="job-img", command=("python", "train.py"),
-                                         env={"WANDB_MODE": "offline"}),
-                                   image="ghcr.io/acme/train:1.4")
+        spec = dataclasses.replace(
+            _spec(job="job-img", command=("python", "train.py"), env={"WANDB_MODE": "offline"}),
+            image="ghcr.io/acme/train:1.4",
+        )
         lease = provider.launch(spec, provider.pools()[0])
-        raw = client("ec2", aws_env).describe_instance_attribute(InstanceId=lease.lease_id,
-                                                                 Attribute="userData")
+        raw = client("ec2", aws_env).describe_instance_attribute(
+            InstanceId=lease.lease_id, Attribute="userData"
+        )
         script = base64.b64decode(raw["UserData"]["Value"]).decode()
-        step = (f"{sys.executable} -m spot_core.container --image ghcr.io/acme/train:1.4 "
-                "--env WANDB_MODE -- python train.py")
+        step = (
+            f"{sys.executable} -m spot_core.container --image ghcr.io/acme/train:1.4 "
+            "--env WANDB_MODE -- python train.py"
+        )
         assert f"spot-pipelines watch --cloud aws --poll-interval 0.1 -- {step}" in script
         for secret in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "testing"):
             assert secret not in script
@@ -116,17 +149,21 @@ def test_an_image_job_runs_under_docker_from_user_data(aws_env, net):
 def test_capacity_errors_move_the_job_to_the_next_pool(aws_env, net, tmp_path):
     with _provider(aws_env, net) as provider, _runtime(aws_env, tmp_path) as runtime:
         first = provider.pools()[0]
-        failed = inject_errors(provider.clients["us-east-1"], "RunInstances",
-                               "InsufficientInstanceCapacity",
-                               when=lambda p: p["InstanceType"] == first.instance_type)
+        failed = inject_errors(
+            provider.clients["us-east-1"],
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            when=lambda p: p["InstanceType"] == first.instance_type,
+        )
         record = _run(provider, train_command(steps=60, step_seconds=0.0), pools=provider.pools())
     assert record.status == "succeeded" and failed
     assert record.attempts[-1].pool.instance_type != first.instance_type
     assert runtime.instances, "the job ran on an instance the harness booted"
 
 
-@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "SpotMaxPriceTooLow",
-                                  "MaxSpotInstanceCountExceeded"])
+@pytest.mark.parametrize(
+    "code", ["InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"]
+)
 def test_capacity_codes_are_capacity_unavailable_in_every_subnet(aws_env, net, code):
     with _provider(aws_env, net) as provider:
         pool = provider.pools()[0]
@@ -160,11 +197,17 @@ def test_throttling_is_backed_off_and_bounded(aws_env, net):
 def test_preempted_job_resumes_from_s3_then_falls_back_to_on_demand(aws_env, net, tmp_path):
     sqs = client("sqs", aws_env)
     queue = sqs.create_queue(QueueName=unique("spot-events"))["QueueUrl"]
-    with _provider(aws_env, net, sqs_queue_url=queue) as provider, \
-            _runtime(aws_env, tmp_path, sqs_queue_url=queue) as runtime:
+    with (
+        _provider(aws_env, net, sqs_queue_url=queue) as provider,
+        _runtime(aws_env, tmp_path, sqs_queue_url=queue) as runtime,
+    ):
         preempt_after_checkpoints(runtime, f"s3://{BUCKET}/run", attempts=(1, 2))
-        record = _run(provider, train_command(steps=200, step_seconds=0.01, every_steps=20),
-                      pools=provider.pools(), max_preemptions=2)
+        record = _run(
+            provider,
+            train_command(steps=200, step_seconds=0.01, every_steps=20),
+            pools=provider.pools(),
+            max_preemptions=2,
+        )
     assert record.status == "succeeded", record.summary()
     assert record.preemptions == 2 and record.fallbacks == 1
     markets = [a.pool.market for a in record.attempts]
@@ -182,13 +225,17 @@ def test_observe_batches_many_leases_into_few_calls(aws_env, net):
     (only the ended ones are asked for); the first poll also describes the spot instances
     whose request id the launch did not give (moto gives none), once."""
     with _provider(aws_env, net) as provider:
-        leases = [provider.launch(_spec(job=f"job-{i}"), provider.pools()[i % 4]) for i in range(12)]
+        leases = [
+            provider.launch(_spec(job=f"job-{i}"), provider.pools()[i % 4]) for i in range(12)
+        ]
         assert {s.state for s in provider.observe(leases).values()} == {LeaseState.RUNNING}
         counts, answered = count_calls(provider.clients["us-east-1"]), []
         provider.clients["us-east-1"].meta.events.register(
             "after-call.ec2.DescribeInstances",
-            lambda parsed, **_: answered.extend(i["InstanceId"] for r in parsed["Reservations"]
-                                                for i in r["Instances"]))
+            lambda parsed, **_: answered.extend(
+                i["InstanceId"] for r in parsed["Reservations"] for i in r["Instances"]
+            ),
+        )
         statuses = provider.observe(leases)
         assert {s.state for s in statuses.values()} == {LeaseState.RUNNING}
         assert counts == {"DescribeInstances": 1} and answered == []
@@ -206,30 +253,61 @@ def _spot_leases(endpoint: str, net: dict, count: int) -> list[Lease]:
     ec2 = client("ec2", endpoint)
     vpc = ec2.describe_subnets(SubnetIds=net["subnets"][:1])["Subnets"][0]["VpcId"]
     cidr = f"10.{vpc_octet(ec2, vpc)}.64.0/20"  # 4,091 addresses; the net's /24s hold 251
-    subnet = next((s["SubnetId"] for s in ec2.describe_subnets(Filters=[
-        {"Name": "cidr-block", "Values": [cidr]}])["Subnets"]), None) or ec2.create_subnet(
-        VpcId=vpc, CidrBlock=cidr, AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
-    answer = ec2.request_spot_instances(InstanceCount=count, LaunchSpecification={
-        "ImageId": net["image_id"], "InstanceType": "g5.xlarge", "SubnetId": subnet})
+    subnet = (
+        next(
+            (
+                s["SubnetId"]
+                for s in ec2.describe_subnets(Filters=[{"Name": "cidr-block", "Values": [cidr]}])[
+                    "Subnets"
+                ]
+            ),
+            None,
+        )
+        or ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone="us-east-1a")["Subnet"][
+            "SubnetId"
+        ]
+    )
+    answer = ec2.request_spot_instances(
+        InstanceCount=count,
+        LaunchSpecification={
+            "ImageId": net["image_id"],
+            "InstanceType": "g5.xlarge",
+            "SubnetId": subnet,
+        },
+    )
     requests = [r["SpotInstanceRequestId"] for r in answer["SpotInstanceRequests"]]
-    described = ec2.describe_spot_instance_requests(
-        SpotInstanceRequestIds=requests)["SpotInstanceRequests"]
+    described = ec2.describe_spot_instance_requests(SpotInstanceRequestIds=requests)[
+        "SpotInstanceRequests"
+    ]
     assert len(described) == count and all(r.get("InstanceId") for r in described)
     job = unique("many")
-    ec2.create_tags(Resources=[r["InstanceId"] for r in described], Tags=[
-        {"Key": "spot-pipelines:managed", "Value": "true"},
-        {"Key": "spot-pipelines:job", "Value": job}, {"Key": "spot-pipelines:attempt", "Value": "1"}])
+    ec2.create_tags(
+        Resources=[r["InstanceId"] for r in described],
+        Tags=[
+            {"Key": "spot-pipelines:managed", "Value": "true"},
+            {"Key": "spot-pipelines:job", "Value": job},
+            {"Key": "spot-pipelines:attempt", "Value": "1"},
+        ],
+    )
     pool = Pool("aws", "us-east-1", "us-east-1a", "g5.xlarge", Market.SPOT)
-    return [Lease(lease_id=r["InstanceId"], pool=pool, job_id=f"{job}-{n}", attempt=1,
-                  started_at=time.time(), price_per_hour=1.0,
-                  details={"spot_request_id": r["SpotInstanceRequestId"]})
-            for n, r in enumerate(described)]
+    return [
+        Lease(
+            lease_id=r["InstanceId"],
+            pool=pool,
+            job_id=f"{job}-{n}",
+            attempt=1,
+            started_at=time.time(),
+            price_per_hour=1.0,
+            details={"spot_request_id": r["SpotInstanceRequestId"]},
+        )
+        for n, r in enumerate(described)
+    ]
 
 
 def _add_spot_request_ids(ec2, leases: list[Lease]) -> None:
     """moto's instances lack the ``SpotInstanceRequestId`` EC2 reports for a spot instance
     (docs/aws.md, moto limits): put moto's own request id back into each answer."""
-    ids = {l.lease_id: l.details["spot_request_id"] for l in leases}
+    ids = {each.lease_id: each.details["spot_request_id"] for each in leases}
 
     def add(parsed, **_):
         for reservation in parsed.get("Reservations", []):
@@ -251,13 +329,19 @@ def test_an_instance_ec2_does_not_know_reads_as_ended_not_alive(aws_env, net):
     consistent: a new instance can be unknown to DescribeInstances for a while)."""
     with _provider(aws_env, net) as provider:
         real = [provider.launch(_spec(job=f"known-{i}"), provider.pools()[0]) for i in range(3)]
-        ghost = Lease(lease_id="i-0123456789abcdef0", pool=real[0].pool, job_id="ghost",
-                      attempt=1, started_at=time.time() - 3600, price_per_hour=1.0,
-                      details={"spot_request_id": "sir-ghost"})
+        ghost = Lease(
+            lease_id="i-0123456789abcdef0",
+            pool=real[0].pool,
+            job_id="ghost",
+            attempt=1,
+            started_at=time.time() - 3600,
+            price_per_hour=1.0,
+            details={"spot_request_id": "sir-ghost"},
+        )
         newborn = dataclasses.replace(ghost, lease_id="i-0fedcba9876543210", started_at=time.time())
         statuses = provider.observe([real[0], ghost, *real[1:], newborn])
         assert statuses[ghost.lease_id].ended
-        assert [statuses[l.lease_id].state for l in real] == [LeaseState.RUNNING] * 3
+        assert [statuses[each.lease_id].state for each in real] == [LeaseState.RUNNING] * 3
         assert statuses[newborn.lease_id].state is LeaseState.RUNNING
 
 
@@ -297,19 +381,25 @@ def _observe_many(endpoint: str, net: dict) -> None:
 
             proxy.forwarded.clear()
             few = provider.observe(leases[:3])
-            assert [few[l.lease_id].state for l in leases[:3]] == \
-                [LeaseState.RUNNING, LeaseState.RUNNING, LeaseState.RUNNING]
+            assert [few[each.lease_id].state for each in leases[:3]] == [
+                LeaseState.RUNNING,
+                LeaseState.RUNNING,
+                LeaseState.RUNNING,
+            ]
             assert proxy.forwarded == {"DescribeInstances": 1, "DescribeSpotInstanceRequests": 1}
     finally:
-        ec2.terminate_instances(InstanceIds=[l.lease_id for l in leases])
+        ec2.terminate_instances(InstanceIds=[each.lease_id for each in leases])
         ec2.cancel_spot_instance_requests(
-            SpotInstanceRequestIds=[l.details["spot_request_id"] for l in leases])
+            SpotInstanceRequestIds=[each.details["spot_request_id"] for each in leases]
+        )
 
 
 def test_cleanup_orphans_terminates_what_is_tagged(aws_env, net):
     with _provider(aws_env, net) as launcher:
-        ids = {job: launcher.launch(_spec(job=job), launcher.pools()[0]).lease_id
-               for job in ("job-a", "job-b")}
+        ids = {
+            job: launcher.launch(_spec(job=job), launcher.pools()[0]).lease_id
+            for job in ("job-a", "job-b")
+        }
         other = _provider(aws_env, net)  # e.g. after the controller's process died
         assert other.cleanup_orphans(job_id="job-a") == [ids["job-a"]]
         assert managed_live_instances(aws_env) == [ids["job-b"]]
@@ -317,17 +407,16 @@ def test_cleanup_orphans_terminates_what_is_tagged(aws_env, net):
         assert managed_live_instances(aws_env) == []
 
 
-@pytest.mark.parametrize("mode,operation", [("instance", "RunInstances"),
-                                            ("fleet", "CreateFleet")])
+@pytest.mark.parametrize("mode,operation", [("instance", "RunInstances"), ("fleet", "CreateFleet")])
 def test_a_stop_landing_as_the_launch_answers_leaves_no_instance(aws_env, net, mode, operation):
     """A Ctrl-C (or the CLI's SIGTERM) arriving just after EC2 made the instance, before its
     answer is read: the instance is found by its tags and terminated, not left running."""
+
     def interrupted(**_):
         raise KeyboardInterrupt
 
     provider = _provider(aws_env, net, launch_mode=mode)
-    provider.clients["us-east-1"].meta.events.register(f"after-call.ec2.{operation}",
-                                                       interrupted)
+    provider.clients["us-east-1"].meta.events.register(f"after-call.ec2.{operation}", interrupted)
     with pytest.raises(KeyboardInterrupt):
         provider.launch(_spec(job="cut"), provider.pools()[0])
     assert managed_live_instances(aws_env) == [], "the cut-short launch left an instance"
@@ -353,11 +442,13 @@ def test_cross_region_attempt_counts_the_checkpoint_transfer(aws_env, net):
 
     open_store(f"s3://{BUCKET}/job-x").save(5, {"w.bin": b"x" * 3_000_000})
     provider = Ec2Provider.from_options(
-        endpoint_url=aws_env, subnets={"us-east-1": net["subnets"][:1],
-                                       "us-west-2": west["subnets"]},
-        instance_types=["g5.xlarge"], image_id={"us-east-1": net["image_id"],
-                                                "us-west-2": west["image_id"]},
-        checkpoint_region="us-east-1", data_transfer_price_per_gb=0.02)
+        endpoint_url=aws_env,
+        subnets={"us-east-1": net["subnets"][:1], "us-west-2": west["subnets"]},
+        instance_types=["g5.xlarge"],
+        image_id={"us-east-1": net["image_id"], "us-west-2": west["image_id"]},
+        checkpoint_region="us-east-1",
+        data_transfer_price_per_gb=0.02,
+    )
     with provider:
         assert {p.region for p in provider.pools()} == {"us-east-1", "us-west-2"}
         [west_pool] = [p for p in provider.pools() if p.region == "us-west-2"]
@@ -366,8 +457,10 @@ def test_cross_region_attempt_counts_the_checkpoint_transfer(aws_env, net):
         bill = provider.bill(lease, lease.started_at)
         assert bill.cost == pytest.approx(3_000_000 / (1 << 30) * 0.02, rel=0.01)
         assert bill.data_transfer_cost == bill.cost, "itemised for the ledger"
-        home = provider.launch(_spec(job="job-x", attempt=2),
-                               [p for p in provider.pools() if p.region == "us-east-1"][0])
+        home = provider.launch(
+            _spec(job="job-x", attempt=2),
+            [p for p in provider.pools() if p.region == "us-east-1"][0],
+        )
         assert home.details["data_transfer_bytes"] == "0"
         reopened = Ec2Provider.from_options(**json.loads(json.dumps(provider.options)))
         assert reopened.pools() == provider.pools()
@@ -375,19 +468,29 @@ def test_cross_region_attempt_counts_the_checkpoint_transfer(aws_env, net):
 
 # -- helpers ---------------------------------------------------------------------------------
 def _runtime(endpoint, tmp_path, *, preempt_after=None, max_preemptions=0, sqs_queue_url=None):
-    return Ec2InstanceRuntime(endpoint, tmp_path / "runtime", ("us-east-1",),
-                              default_instance_env(endpoint, "us-east-1"),
-                              preempt_spot_after=preempt_after,
-                              max_auto_preemptions=max_preemptions, notice_seconds=2.0,
-                              sqs_queue_url=sqs_queue_url)
+    return Ec2InstanceRuntime(
+        endpoint,
+        tmp_path / "runtime",
+        ("us-east-1",),
+        default_instance_env(endpoint, "us-east-1"),
+        preempt_spot_after=preempt_after,
+        max_auto_preemptions=max_preemptions,
+        notice_seconds=2.0,
+        sqs_queue_url=sqs_queue_url,
+    )
 
 
 def _run(provider, command, *, pools, max_preemptions=3):
-    policy = RetryPolicy(max_preemptions=max_preemptions, capacity_wait_seconds=1.0,
-                         max_capacity_waits=5)
-    spec = JobSpec(job_id=f"job-{int(time.time() * 1000) % 10**8}", command=tuple(command),
-                   checkpoint_uri=f"s3://{BUCKET}/run", pools=tuple(pools))
-    return Controller(provider, provider.market, policy, poll_interval=0.2).run(spec)
+    policy = RetryPolicy(
+        max_preemptions=max_preemptions, capacity_wait_seconds=1.0, max_capacity_waits=5
+    )
+    spec = JobSpec(
+        job_id=f"job-{int(time.time() * 1000) % 10**8}",
+        command=tuple(command),
+        checkpoint_uri=f"s3://{BUCKET}/run",
+        pools=tuple(pools),
+    )
+    return Controller(provider, provider.market, policy, poll_interval_seconds=0.2).run(spec)
 
 
 def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path):
@@ -398,19 +501,25 @@ def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.heartbeat import Heartbeat
 
-    spec = dataclasses.replace(_spec(job=unique("job-hb"), command=(
-        sys.executable, "-c", "import time; time.sleep(120)")), heartbeat_timeout=2.0)
+    spec = dataclasses.replace(
+        _spec(job=unique("job-hb"), command=(sys.executable, "-c", "import time; time.sleep(120)")),
+        heartbeat_timeout_seconds=2.0,
+    )
     Heartbeat(open_store(spec.checkpoint_uri)).renew(1, time.time())  # then silence
-    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", ("us-east-1",),
-                                 default_instance_env(aws_env, "us-east-1"))
+    runtime = Ec2InstanceRuntime(
+        aws_env, tmp_path / "runtime", ("us-east-1",), default_instance_env(aws_env, "us-east-1")
+    )
     with runtime, _provider(aws_env, net) as provider:
         lease = provider.launch(spec, provider.pools()[0])
-        raw = client("ec2", aws_env).describe_instance_attribute(InstanceId=lease.lease_id,
-                                                                 Attribute="userData")
+        raw = client("ec2", aws_env).describe_instance_attribute(
+            InstanceId=lease.lease_id, Attribute="userData"
+        )
         assert "SPOT_HEARTBEAT_TIMEOUT=2" in base64.b64decode(raw["UserData"]["Value"]).decode()
         started = time.monotonic()
-        assert runtime.wait_for(lambda rt: lease.lease_id in rt.instances and rt.instances[
-            lease.lease_id].done, timeout=40)
+        assert runtime.wait_for(
+            lambda rt: lease.lease_id in rt.instances and rt.instances[lease.lease_id].done,
+            timeout=40,
+        )
         assert time.monotonic() - started < 30
         status = provider.observe([lease])[lease.lease_id]
         assert status.state is LeaseState.TERMINATED, status
@@ -424,13 +533,24 @@ def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_pat
     standard retries and the controller's observe tolerance keep the attempt alive."""
     from fault_proxy import FaultProxy
 
-    with FaultProxy(aws_env, match="Action=DescribeInstances") as proxy, \
-            _provider(proxy.url, net) as provider, _runtime(aws_env, tmp_path):
-        spec = JobSpec(job_id=unique("job-flaky"), checkpoint_uri=f"s3://{BUCKET}/flaky",
-                       command=(sys.executable, "-c", "import time; time.sleep(6)"),
-                       pools=provider.pools()[:1])
-        controller = Controller(provider, provider.market, RetryPolicy(max_infrastructure_retries=0),
-                                poll_interval=0.2, observe_failure_timeout=60.0)
+    with (
+        FaultProxy(aws_env, match="Action=DescribeInstances") as proxy,
+        _provider(proxy.url, net) as provider,
+        _runtime(aws_env, tmp_path),
+    ):
+        spec = JobSpec(
+            job_id=unique("job-flaky"),
+            checkpoint_uri=f"s3://{BUCKET}/flaky",
+            command=(sys.executable, "-c", "import time; time.sleep(6)"),
+            pools=provider.pools()[:1],
+        )
+        controller = Controller(
+            provider,
+            provider.market,
+            RetryPolicy(max_infrastructure_retries=0),
+            poll_interval_seconds=0.2,
+            observe_failure_timeout_seconds=60.0,
+        )
         nxt = controller.advance(spec, controller.new_record(spec))
         proxy.mode = mode
         flaky_until = time.monotonic() + 4
@@ -441,4 +561,6 @@ def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_pat
             nxt = controller.check(spec, nxt)
         assert proxy.failed > 0
         record = nxt.record
-        assert [str(a.outcome) for a in record.attempts] == ["succeeded"], record.attempts[-1].message
+        assert [str(a.outcome) for a in record.attempts] == ["succeeded"], record.attempts[
+            -1
+        ].message

@@ -8,10 +8,9 @@ import time
 
 import pytest
 
-from spot_core.interruption import (AwsDetector, AzureDetector, GceDetector,
-                                    InterruptionWatcher)
-from spot_core.interruption.base import parse_rfc1123, parse_rfc3339
 from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.interruption import AwsDetector, AzureDetector, GceDetector, InterruptionWatcher
+from spot_core.interruption.base import parse_rfc1123, parse_rfc3339
 
 POLL = 0.05
 TIMEOUT = 0.3
@@ -37,8 +36,11 @@ def make(cloud: str, emulator: MetadataEmulator, **kwargs):
 
 
 def warnings_from_detectors(caplog) -> list[logging.LogRecord]:
-    return [r for r in caplog.records
-            if r.levelno >= logging.WARNING and r.name.startswith("spot_core.interruption")]
+    return [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("spot_core.interruption")
+    ]
 
 
 @pytest.mark.parametrize("cloud", DETECTORS)
@@ -89,8 +91,10 @@ def test_azure_deadline_is_not_before_and_other_events_are_ignored(emulator):
 
 
 def test_azure_non_preempt_events_are_not_interruptions(emulator):
-    body = ('{"DocumentIncarnation": 3, "Events": [{"EventId": "e1", "EventType": "Reboot",'
-            ' "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT"}]}')
+    body = (
+        '{"DocumentIncarnation": 3, "Events": [{"EventId": "e1", "EventType": "Reboot",'
+        ' "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT"}]}'
+    )
     emulator.fail_requests(mode="garbage", body=body)
     assert make("azure", emulator).poll(time.time()) == []
 
@@ -165,12 +169,21 @@ def test_5xx_for_a_while_then_recovers(emulator, cloud):
 
 
 GARBAGE = {
-    "aws": ['not json', '[1, 2]', '{"action": "explode", "time": "2026-11-30T10:00:00Z"}',
-            '{"action": "terminate", "time": "soon"}', '{"action": "terminate"}'],
-    "gcp": ['MAYBE', '<html>'],
-    "azure": ['not json', '{"Events": "none"}', '[]',
-              '{"Events": [{"EventType": "Preempt", "EventId": "x", "NotBefore": "later"}]}',
-              '{"Events": [{"EventType": "Preempt"}]}'],
+    "aws": [
+        "not json",
+        "[1, 2]",
+        '{"action": "explode", "time": "2026-11-30T10:00:00Z"}',
+        '{"action": "terminate", "time": "soon"}',
+        '{"action": "terminate"}',
+    ],
+    "gcp": ["MAYBE", "<html>"],
+    "azure": [
+        "not json",
+        '{"Events": "none"}',
+        "[]",
+        '{"Events": [{"EventType": "Preempt", "EventId": "x", "NotBefore": "later"}]}',
+        '{"Events": [{"EventType": "Preempt"}]}',
+    ],
 }
 
 

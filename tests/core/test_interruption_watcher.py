@@ -15,13 +15,20 @@ import time
 
 import pytest
 
-from spot_core.errors import ConfigError
-from spot_core.interruption import (AwsDetector, AzureDetector, GceDetector,
-                                    InterruptionWatcher, Notice, SignalDetector,
-                                    detector_for, probe_cloud)
-from spot_core.emulators.notice_latency import measure_detection_latency
-from spot_core.interruption.notice_file import read_notice, write_notice
 from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.emulators.notice_latency import measure_detection_latency
+from spot_core.errors import ConfigError
+from spot_core.interruption import (
+    AwsDetector,
+    AzureDetector,
+    GceDetector,
+    InterruptionWatcher,
+    Notice,
+    SignalDetector,
+    detector_for,
+    probe_cloud,
+)
+from spot_core.interruption.notice_file import read_notice, write_notice
 
 POLL = 0.05
 # What a loaded 2-core machine may add to a thread's wake-up or a socket timeout. The hangs
@@ -55,8 +62,9 @@ class ScriptedDetector:
 
 
 def notice(**overrides) -> Notice:
-    fields = dict(kind="interruption", cloud="aws", action="terminate", deadline=100.0,
-                  detected_at=1.0)
+    fields = dict(
+        kind="interruption", cloud="aws", action="terminate", deadline=100.0, detected_at=1.0
+    )
     return Notice(**{**fields, **overrides})
 
 
@@ -81,8 +89,13 @@ def test_notice_key_ignores_detection_time_and_raw():
 
 def test_to_event_formats_rfc3339_and_null_deadline():
     event = notice(deadline=None, detected_at=1_800_000_000.25).to_event()
-    assert event == {"event": "interruption", "action": "terminate", "deadline": None,
-                     "detected_at": "2027-01-15T08:00:00.250Z", "cloud": "aws"}
+    assert event == {
+        "event": "interruption",
+        "action": "terminate",
+        "deadline": None,
+        "detected_at": "2027-01-15T08:00:00.250Z",
+        "cloud": "aws",
+    }
 
 
 def test_handler_exception_is_logged_and_others_still_run(caplog):
@@ -151,8 +164,9 @@ def test_unknown_cloud_names_the_choices():
         detector_for("mars", "http://127.0.0.1:9")
 
 
-@pytest.mark.parametrize("endpoint", ["169.254.169.254", "ftp://x", "http://", "http://h:99999",
-                                      "http://h/?q=1"])
+@pytest.mark.parametrize(
+    "endpoint", ["169.254.169.254", "ftp://x", "http://", "http://h:99999", "http://h/?q=1"]
+)
 def test_malformed_endpoint_is_a_config_error(endpoint):
     with pytest.raises(ConfigError, match="http://HOST"):
         detector_for("aws", endpoint)
@@ -164,8 +178,9 @@ def test_aliases_and_env_endpoint(monkeypatch, emulator):
     assert isinstance(detector, GceDetector) and detector.endpoint == emulator.url
 
 
-@pytest.mark.parametrize("cloud,kind", [("aws", AwsDetector), ("gcp", GceDetector),
-                                        ("azure", AzureDetector)])
+@pytest.mark.parametrize(
+    "cloud,kind", [("aws", AwsDetector), ("gcp", GceDetector), ("azure", AzureDetector)]
+)
 def test_auto_picks_the_service_that_answers(cloud, kind):
     with MetadataEmulator(clouds=(cloud,)) as emulator:
         assert probe_cloud(emulator.url, timeout=0.3) == cloud
@@ -233,8 +248,9 @@ SIGTERM_SCRIPT = textwrap.dedent("""
 
 
 def test_sigterm_detector_in_a_subprocess():
-    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_SCRIPT], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         sent = time.time()
@@ -244,8 +260,11 @@ def test_sigterm_detector_in_a_subprocess():
         proc.kill()
     event_line, restored = out.splitlines()
     event = json.loads(event_line)
-    assert (event["event"], event["cloud"], event["action"]) == ("interruption", "signal",
-                                                                 "terminate")
+    assert (event["event"], event["cloud"], event["action"]) == (
+        "interruption",
+        "signal",
+        "terminate",
+    )
     assert restored == "restored" and proc.returncode == 0
     assert time.time() - sent < 5
 

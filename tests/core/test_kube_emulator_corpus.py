@@ -16,13 +16,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from kube_helpers import add_test_pool, wait_for
 
 kubernetes = pytest.importorskip("kubernetes")
-from kubernetes import client as k8s, watch  # noqa: E402
+from kubernetes import client as k8s  # noqa: E402
+from kubernetes import watch  # noqa: E402
 
-from spot_core.providers import kubernetes_classify as classify  # noqa: E402
+from spot_core.policy import pod_outcomes as classify  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "k8s_pod_statuses"
 STEP = """
@@ -51,8 +51,7 @@ class Recorder:
 
     def _run(self, v1, namespace):
         try:
-            for event in self._watch.stream(v1.list_namespaced_pod, namespace,
-                                            timeout_seconds=120):
+            for event in self._watch.stream(v1.list_namespaced_pod, namespace, timeout_seconds=120):
                 pod = self.api.sanitize_for_serialization(event["object"])
                 self.seen[pod["metadata"]["name"]] = pod
                 if event["type"] == "DELETED":
@@ -68,36 +67,63 @@ class Recorder:
 
 
 def step_pod(name, pool, *, exit_code=143, annotations=None, priority_class=None):
-    spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 10,
-            "nodeSelector": {"spot-emulator/pool": pool},
-            "tolerations": [{"operator": "Exists", "effect": "NoSchedule",
-                             "key": "kubernetes.azure.com/scalesetpriority"}],
-            "containers": [{"name": "step", "image": "python:3.11-slim",
-                            "command": [sys.executable, "-c", STEP, str(exit_code)]}]}
+    spec = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 10,
+        "nodeSelector": {"spot-emulator/pool": pool},
+        "tolerations": [
+            {
+                "operator": "Exists",
+                "effect": "NoSchedule",
+                "key": "kubernetes.azure.com/scalesetpriority",
+            }
+        ],
+        "containers": [
+            {
+                "name": "step",
+                "image": "python:3.11-slim",
+                "command": [sys.executable, "-c", STEP, str(exit_code)],
+            }
+        ],
+    }
     if priority_class:
         spec["priorityClassName"] = priority_class
-    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-            "metadata": {"name": name, "annotations": annotations or {}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": spec,
+        "metadata": {"name": name, "annotations": annotations or {}},
+    }
 
 
 def running(v1, ns, name):
     def ready():
         pod = v1.read_namespaced_pod(name, ns)
         return pod.status.phase == "Running" and "ready" in v1.read_namespaced_pod_log(name, ns)
+
     wait_for(ready, 30, f"{name} to run")
 
 
 def ended(recorder, name, timeout=60):
-    wait_for(lambda: name in recorder.deleted or (
-        recorder.seen.get(name, {}).get("status", {}).get("phase") in ("Succeeded", "Failed")),
-        timeout, f"{name} to end")
+    wait_for(
+        lambda: (
+            name in recorder.deleted
+            or (
+                recorder.seen.get(name, {}).get("status", {}).get("phase")
+                in ("Succeeded", "Failed")
+            )
+        ),
+        timeout,
+        f"{name} to end",
+    )
     return recorder.last(name)
 
 
 def events_of(v1, ns, pod_name, node_name):
     found = v1.list_namespaced_event(ns, field_selector=f"involvedObject.name={pod_name}").items
-    found += v1.list_namespaced_event("default", field_selector=(
-        f"involvedObject.kind=Node,involvedObject.name={node_name}")).items
+    found += v1.list_namespaced_event(
+        "default", field_selector=(f"involvedObject.kind=Node,involvedObject.name={node_name}")
+    ).items
     return [v1.api_client.sanitize_for_serialization(e) for e in found]
 
 
@@ -111,12 +137,12 @@ def run_flavour(flavour, cluster, client, ns, tmp_path):
         recorder.stop()
 
 
-def _reclaim(pool_flavour, reclaim_flavour, *, exit_code=143, annotations=None,
-             **pool_options):
+def _reclaim(pool_flavour, reclaim_flavour, *, exit_code=143, annotations=None, **pool_options):
     def run(cluster, v1, ns, recorder):
         pool, (node,) = add_test_pool(cluster, pool_flavour, **pool_options)
-        v1.create_namespaced_pod(ns, step_pod("victim", pool, exit_code=exit_code,
-                                              annotations=annotations))
+        v1.create_namespaced_pod(
+            ns, step_pod("victim", pool, exit_code=exit_code, annotations=annotations)
+        )
         running(v1, ns, "victim")
         node_obj = v1.api_client.sanitize_for_serialization(v1.read_node(node))
         reclaim = cluster.reclaim(node, reclaim_flavour)
@@ -124,13 +150,15 @@ def _reclaim(pool_flavour, reclaim_flavour, *, exit_code=143, annotations=None,
         assert reclaim.wait(60) and reclaim.error is None, reclaim.as_dict()
         wait_for(lambda: "victim" in recorder.deleted or pod["status"].get("phase"), 5, "end")
         return recorder.last("victim"), events_of(v1, ns, "victim", node), node_obj
+
     return run
 
 
 def _preemption(cluster, v1, ns, recorder):
     klass = f"high-{ns}"
     k8s.SchedulingV1Api(v1.api_client).create_priority_class(
-        {"metadata": {"name": klass}, "value": 1000})
+        {"metadata": {"name": klass}, "value": 1000}
+    )
     pool, (node,) = add_test_pool(cluster, "gke", zone="us-central1-c", pods=1)
     v1.create_namespaced_pod(ns, step_pod("victim", pool))
     running(v1, ns, "victim")
@@ -145,9 +173,11 @@ def _taint_manager(cluster, v1, ns, recorder):
     v1.create_namespaced_pod(ns, step_pod("victim", pool))
     running(v1, ns, "victim")
     request = urllib.request.Request(
-        f"{cluster.url}/emulator/v1/nodes/{node}/taint", method="POST",
+        f"{cluster.url}/emulator/v1/nodes/{node}/taint",
+        method="POST",
         data=json.dumps({"key": "example.com/out", "effect": "NoExecute"}).encode(),
-        headers={"Authorization": f"Bearer {cluster.token}", "Content-Type": "application/json"})
+        headers={"Authorization": f"Bearer {cluster.token}", "Content-Type": "application/json"},
+    )
     urllib.request.urlopen(request, timeout=5).read()
     wait_for(lambda: "victim" in recorder.deleted, 60, "the victim to go")
     return recorder.last("victim"), events_of(v1, ns, "victim", node), None
@@ -158,8 +188,9 @@ _RUNS = {
     "gke-exit-0": _reclaim("gke", "gke", exit_code=0, zone="us-central1-b"),
     "aks": _reclaim("aks", "aks", zone="eastus-1"),
     "eks": _reclaim("eks", "eks"),
-    "karpenter": _reclaim("karpenter", "karpenter",
-                          annotations={"karpenter.sh/do-not-disrupt": "true"}),
+    "karpenter": _reclaim(
+        "karpenter", "karpenter", annotations={"karpenter.sh/do-not-disrupt": "true"}
+    ),
     "karpenter-consolidation": _reclaim("karpenter", "karpenter-consolidation"),
     "autoscaler-scale-down": _reclaim("eks", "autoscaler-scale-down"),
     "drain": _reclaim("eks", "drain", capacity_type="on-demand"),
@@ -169,17 +200,23 @@ _RUNS = {
 
 
 def _disruption(pod):
-    return next(((c.get("reason"), c.get("message")) for c in pod["status"].get(
-        "conditions") or [] if c["type"] == "DisruptionTarget"), None)
+    return next(
+        (
+            (c.get("reason"), c.get("message"))
+            for c in pod["status"].get("conditions") or []
+            if c["type"] == "DisruptionTarget"
+        ),
+        None,
+    )
 
 
 @pytest.mark.parametrize("flavour", sorted(_RUNS))
-def test_each_flavour_produces_what_the_corpus_shows(flavour, kube_cluster, kube_client,
-                                                    kube_namespace, tmp_path):
+def test_each_flavour_produces_what_the_corpus_shows(
+    flavour, kube_cluster, kube_client, kube_namespace, tmp_path
+):
     documents = corpus_for(flavour)
     assert documents, f"no corpus document names the emulator flavour {flavour!r}"
-    pod, events, node = run_flavour(flavour, kube_cluster, kube_client, kube_namespace,
-                                    tmp_path)
+    pod, events, node = run_flavour(flavour, kube_cluster, kube_client, kube_namespace, tmp_path)
     for doc in documents:
         want = doc["pod"]["status"]
         for field in ("phase", "reason", "message"):
@@ -188,13 +225,20 @@ def test_each_flavour_produces_what_the_corpus_shows(flavour, kube_cluster, kube
         if _disruption(doc["pod"]):
             assert _disruption(pod) == _disruption(doc["pod"])
         for event in doc.get("events", ()):
-            assert any(e["reason"] == event["reason"] and e["message"] == event["message"]
-                       and (e.get("source") or {}).get("component")
-                       == event["source"]["component"] for e in events), (event, events)
+            assert any(
+                e["reason"] == event["reason"]
+                and e["message"] == event["message"]
+                and (e.get("source") or {}).get("component") == event["source"]["component"]
+                for e in events
+            ), (event, events)
         # the classifier reads the emulator's pod as it reads the document, the node gone
-        verdict = classify.classify_pod(pod, None if node is not None else classify.UNKNOWN,
-                                        events=events, spot=doc.get("spot", _spot(node)),
-                                        now=classify.parse_time("2040-01-01T00:00:00Z"))
+        verdict = classify.classify_pod(
+            pod,
+            None if node is not None else classify.UNKNOWN,
+            events=events,
+            spot=doc.get("spot", _spot(node)),
+            now=classify.parse_time("2040-01-01T00:00:00Z"),
+        )
         assert verdict.outcome == doc["expected"]["outcome"], verdict.reason
 
 
@@ -202,11 +246,13 @@ def _spot(node):
     return None if node is None else classify.spot_of({}, node)
 
 
-@pytest.mark.parametrize("flavour,pool_flavour", [("karpenter-consolidation", "karpenter"),
-                                                  ("autoscaler-scale-down", "eks")])
-def test_voluntary_flavours_leave_a_do_not_disrupt_pod_alone(flavour, pool_flavour,
-                                                             kube_cluster, kube_client,
-                                                             kube_namespace):
+@pytest.mark.parametrize(
+    "flavour,pool_flavour",
+    [("karpenter-consolidation", "karpenter"), ("autoscaler-scale-down", "eks")],
+)
+def test_voluntary_flavours_leave_a_do_not_disrupt_pod_alone(
+    flavour, pool_flavour, kube_cluster, kube_client, kube_namespace
+):
     from spot_core.providers.kubernetes_pods import DO_NOT_DISRUPT
 
     v1 = k8s.CoreV1Api(kube_client)
@@ -218,4 +264,5 @@ def test_voluntary_flavours_leave_a_do_not_disrupt_pod_alone(flavour, pool_flavo
     assert v1.read_namespaced_pod("kept", kube_namespace).status.phase == "Running"
     assert not v1.read_node(node).spec.taints or all(
         t.key not in ("karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler")
-        for t in v1.read_node(node).spec.taints)
+        for t in v1.read_node(node).spec.taints
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spot_core.model import Outcome
-from spot_core.providers import kubernetes_classify as classify
+from spot_core.policy import pod_outcomes as classify
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "k8s_pod_statuses"
 LATEST_MINOR = 36
@@ -33,9 +33,14 @@ def verdict_of(doc: dict) -> classify.PodVerdict:
     node = doc.get("node", classify.UNKNOWN)
     node = None if node == "gone" else node
     now = classify.parse_time(doc["observed_at"]) if "observed_at" in doc else LONG_AFTER
-    return classify.classify_pod(doc["pod"], node, events=doc.get("events", ()),
-                                 spot=doc.get("spot"), earlier=doc.get("earlier", ()),
-                                 now=now if not doc.get("earlier") else LONG_AFTER)
+    return classify.classify_pod(
+        doc["pod"],
+        node,
+        events=doc.get("events", ()),
+        spot=doc.get("spot"),
+        earlier=doc.get("earlier", ()),
+        now=now if not doc.get("earlier") else LONG_AFTER,
+    )
 
 
 def test_the_corpus_is_real_documents_with_their_sources():
@@ -91,8 +96,12 @@ def test_the_same_documents_as_kubernetes_client_objects():
         body = json.loads(json.dumps(doc["pod"]))
         body.setdefault("spec", {}).setdefault("containers", [{"name": "main"}])
         for status in (body.get("status") or {}).get("containerStatuses") or []:
-            for field, value in (("image", ""), ("imageID", ""), ("ready", False),
-                                 ("restartCount", 0)):  # required by the client's model
+            for field, value in (
+                ("image", ""),
+                ("imageID", ""),
+                ("ready", False),
+                ("restartCount", 0),
+            ):  # required by the client's model
                 status.setdefault(field, value)
         model = api._ApiClient__deserialize(body, "V1Pod")
         for shape in (model, model.to_dict()):

@@ -38,29 +38,50 @@ WATCH_OPTION = "watch_command=" + json.dumps(WATCH)
 
 def mounted(path: Path) -> str:
     """--k8s-option: the checkpoint folder on a volume every step pod mounts."""
-    return "pod_template=" + json.dumps({"spec": {
-        "volumes": [{"name": "ckpt", "hostPath": {"path": str(path)}}],
-        "containers": [{"name": "step", "volumeMounts": [{"name": "ckpt",
-                                                          "mountPath": str(path)}]}]}})
+    return "pod_template=" + json.dumps(
+        {
+            "spec": {
+                "volumes": [{"name": "ckpt", "hostPath": {"path": str(path)}}],
+                "containers": [
+                    {"name": "step", "volumeMounts": [{"name": "ckpt", "mountPath": str(path)}]}
+                ],
+            }
+        }
+    )
+
+
 PRICES = {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}}
 
 
 @contextlib.contextmanager
 def cluster_of(workdir: Path, *pools: NodePool, time_scale: float = 0.1):
-    with KubeCluster(workdir / "cluster", ClusterConfig(pools=list(pools),
-                                                         time_scale=time_scale)) as cluster:
+    with KubeCluster(
+        workdir / "cluster", ClusterConfig(pools=list(pools), time_scale=time_scale)
+    ) as cluster:
         yield cluster
 
 
 def provider_for(cluster, **options) -> KubernetesProvider:
-    return KubernetesProvider.from_options(**{
-        "kubeconfig": str(cluster.kubeconfig_path), "image": "step:1", "watch_command": WATCH,
-        "watch_poll_interval": 0.2, "node_refresh_seconds": 0.2, "prices": PRICES, **options})
+    return KubernetesProvider.from_options(
+        **{
+            "kubeconfig": str(cluster.kubeconfig_path),
+            "image": "step:1",
+            "watch_command": WATCH,
+            "watch_poll_interval": 0.2,
+            "node_refresh_seconds": 0.2,
+            "prices": PRICES,
+            **options,
+        }
+    )
 
 
 def job_pods(provider: KubernetesProvider, job_id: str | None = None) -> list[dict]:
-    listed = k8s.raw("list pods", provider.api.list_namespaced_pod, "default",
-                     label_selector=pods.job_selector(job_id))
+    listed = k8s.raw(
+        "list pods",
+        provider.api.list_namespaced_pod,
+        "default",
+        label_selector=pods.job_selector(job_id),
+    )
     return listed.get("items") or []
 
 
@@ -81,9 +102,19 @@ def dataset(tmp_path_factory):
 
 
 def train_command(data: Path, step_seconds: float = 0.01) -> tuple[str, ...]:
-    return (sys.executable, "-m", "spot_core.workloads.softmax_regression", "--data", str(data),
-            "--steps", str(STEPS), "--step-seconds", str(step_seconds),
-            "--checkpoint-every-seconds", "0.5")
+    return (
+        sys.executable,
+        "-m",
+        "spot_core.workloads.softmax_regression",
+        "--data",
+        str(data),
+        "--steps",
+        str(STEPS),
+        "--step-seconds",
+        str(step_seconds),
+        "--checkpoint-every-seconds",
+        "0.5",
+    )
 
 
 def run_in_thread(controller: Controller, spec: JobSpec):
@@ -94,14 +125,19 @@ def run_in_thread(controller: Controller, spec: JobSpec):
             result["record"] = controller.run(spec)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             result["error"] = exc
+
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread, result
 
 
 # -- each flavour's reclaim -------------------------------------------------------------------
-FLAVOUR_ZONES = {"eks": "us-east-1a", "karpenter": "us-east-1b", "gke": "us-central1-a",
-                 "aks": "eastus-1"}
+FLAVOUR_ZONES = {
+    "eks": "us-east-1a",
+    "karpenter": "us-east-1b",
+    "gke": "us-central1-a",
+    "aks": "eastus-1",
+}
 
 
 @pytest.mark.timeout(180)
@@ -109,23 +145,45 @@ FLAVOUR_ZONES = {"eks": "us-east-1a", "karpenter": "us-east-1b", "gke": "us-cent
 def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dataset, flavour):
     data, reference = dataset
     zone = FLAVOUR_ZONES[flavour]
-    with cluster_of(tmp_path, NodePool(f"{flavour}-spot", flavour, "spot", zone,
-                                       replace_after_seconds=None),
-                    NodePool(f"{flavour}-od", flavour, "on-demand", zone)) as cluster:
+    with cluster_of(
+        tmp_path,
+        NodePool(f"{flavour}-spot", flavour, "spot", zone, replace_after_seconds=None),
+        NodePool(f"{flavour}-od", flavour, "on-demand", zone),
+    ) as cluster:
         provider = provider_for(cluster)
         store_uri = (tmp_path / "ckpt").as_uri()
-        spec = JobSpec(job_id=f"train-{flavour}", command=train_command(data),
-                       checkpoint_uri=store_uri, pools=provider.pools())
-        controller = Controller(provider, provider.market, RetryPolicy(
-            max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
-            poll_interval=0.2, attempt_timeout=150)
+        spec = JobSpec(
+            job_id=f"train-{flavour}",
+            command=train_command(data),
+            checkpoint_uri=store_uri,
+            pools=provider.pools(),
+        )
+        controller = Controller(
+            provider,
+            provider.market,
+            RetryPolicy(max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
+            poll_interval_seconds=0.2,
+            attempt_timeout_seconds=150,
+        )
         thread, result = run_in_thread(controller, spec)
         store = open_store(store_uri)
-        pod = wait_for(lambda: next((p for p in job_pods(provider, spec.job_id)
-                                     if p["status"].get("phase") == "Running"), None),
-                       30, "the first attempt's pod to run")
-        wait_for(lambda: (store.latest() or 0) and store.latest().step >= STEPS // 4, 60,
-                 "a checkpoint a quarter in")
+        pod = wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in job_pods(provider, spec.job_id)
+                    if p["status"].get("phase") == "Running"
+                ),
+                None,
+            ),
+            30,
+            "the first attempt's pod to run",
+        )
+        wait_for(
+            lambda: (store.latest() or 0) and store.latest().step >= STEPS // 4,
+            60,
+            "a checkpoint a quarter in",
+        )
         cluster.reclaim(pod["spec"]["nodeName"])
         thread.join(150)
         assert not thread.is_alive() and "error" not in result, result.get("error")
@@ -136,6 +194,7 @@ def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dat
         assert record.preemptions == 1 and record.user_failures == 0
         assert last.pool.market is Market.ON_DEMAND and last.checkpoint_step_start >= STEPS // 4
         from spot_core.workloads.softmax_regression import evaluate
+
         assert evaluate(store, data)[0] == reference
         assert 0 < first.cost < first.on_demand_cost
         wait_for(lambda: not job_pods(provider), 30, "every pod to be gone")
@@ -146,14 +205,33 @@ def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dat
 @pytest.mark.timeout(120)
 def test_oom_kill_is_the_users_failure_and_is_not_retried(tmp_path):
     with cluster_of(tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b")) as cluster:
-        provider = provider_for(cluster, pod_template={"spec": {"containers": [{
-            "name": "step", "resources": {"limits": {"memory": "64Mi"}}}]}})
-        hog = (sys.executable, "-c", "import time; b = bytearray(400 * 2**20); "
-               "b[::4096] = b'x' * len(b[::4096]); time.sleep(30)")
-        spec = JobSpec(job_id="oom", command=hog, checkpoint_uri=(tmp_path / "c").as_uri(),
-                       pools=provider.pools())
-        record = Controller(provider, provider.market, RetryPolicy(max_user_retries=0),
-                            poll_interval=0.2, attempt_timeout=60).run(spec)
+        provider = provider_for(
+            cluster,
+            pod_template={
+                "spec": {
+                    "containers": [{"name": "step", "resources": {"limits": {"memory": "64Mi"}}}]
+                }
+            },
+        )
+        hog = (
+            sys.executable,
+            "-c",
+            "import time; b = bytearray(400 * 2**20); "
+            "b[::4096] = b'x' * len(b[::4096]); time.sleep(30)",
+        )
+        spec = JobSpec(
+            job_id="oom",
+            command=hog,
+            checkpoint_uri=(tmp_path / "c").as_uri(),
+            pools=provider.pools(),
+        )
+        record = Controller(
+            provider,
+            provider.market,
+            RetryPolicy(max_user_retries=0),
+            poll_interval_seconds=0.2,
+            attempt_timeout_seconds=60,
+        ).run(spec)
         assert record.status is JobStatus.FAILED and len(record.attempts) == 1
         (attempt,) = record.attempts
         assert attempt.outcome is Outcome.USER_FAILED and "OOMKilled" in attempt.message
@@ -166,19 +244,35 @@ def test_an_unschedulable_pod_is_deleted_and_the_next_pool_tried(tmp_path):
     small = NodePool("small-spot", "karpenter", "spot", "us-east-1a", cpu="1")
     big = NodePool("big-spot", "eks", "spot", "us-east-1b", cpu="8")
     with cluster_of(tmp_path, small, big) as cluster:
-        provider = provider_for(cluster, unschedulable_timeout=2, prices={
-            "small-spot": {"spot": 0.03, "on_demand": 0.192},
-            "big-spot": {"spot": 0.09, "on_demand": 0.192}},
-            pod_template={"spec": {"containers": [{"name": "step", "resources": {
-                "requests": {"cpu": "2"}}}]}})
-        spec = JobSpec(job_id="fit", command=(sys.executable, "-c", "print('ok')"),
-                       checkpoint_uri=(tmp_path / "c").as_uri(), pools=provider.pools())
-        record = Controller(provider, provider.market, RetryPolicy(), poll_interval=0.2,
-                            attempt_timeout=60).run(spec)
+        provider = provider_for(
+            cluster,
+            unschedulable_timeout=2,
+            prices={
+                "small-spot": {"spot": 0.03, "on_demand": 0.192},
+                "big-spot": {"spot": 0.09, "on_demand": 0.192},
+            },
+            pod_template={
+                "spec": {"containers": [{"name": "step", "resources": {"requests": {"cpu": "2"}}}]}
+            },
+        )
+        spec = JobSpec(
+            job_id="fit",
+            command=(sys.executable, "-c", "print('ok')"),
+            checkpoint_uri=(tmp_path / "c").as_uri(),
+            pools=provider.pools(),
+        )
+        record = Controller(
+            provider,
+            provider.market,
+            RetryPolicy(),
+            poll_interval_seconds=0.2,
+            attempt_timeout_seconds=60,
+        ).run(spec)
         assert record.status is JobStatus.SUCCEEDED
         assert record.attempts[-1].pool.zone == "us-east-1b"  # the small pool had no room
-        assert not provider.market.offers([p for p in provider.pools()
-                                           if p.zone == "us-east-1a"], time.time())[0].available
+        assert not provider.market.offers(
+            [p for p in provider.pools() if p.zone == "us-east-1a"], time.time()
+        )[0].available
         wait_for(lambda: not job_pods(provider), 30, "every pod to be gone")
 
 
@@ -186,13 +280,34 @@ def test_an_unschedulable_pod_is_deleted_and_the_next_pool_tried(tmp_path):
 def test_a_bad_image_is_one_clear_configuration_failure(tmp_path):
     with cluster_of(tmp_path, NodePool("spot", "gke", "spot", "us-central1-a")) as cluster:
         proc = subprocess.run(
-            [sys.executable, "-m", "spot_core.cli", "run", "--provider", "kubernetes",
-             "--kubeconfig", str(cluster.kubeconfig_path), "--job-id", "bad-image",
-             "--checkpoint-uri", (tmp_path / "c").as_uri(),
-             "--k8s-option", 'image="registry.example/doesnotexist:1"',
-             "--k8s-option", WATCH_OPTION, "--k8s-option", mounted(tmp_path),
-             "--", "python", "-c", "print(1)"],
-            capture_output=True, text=True, timeout=100)
+            [
+                sys.executable,
+                "-m",
+                "spot_core.cli",
+                "run",
+                "--provider",
+                "kubernetes",
+                "--kubeconfig",
+                str(cluster.kubeconfig_path),
+                "--job-id",
+                "bad-image",
+                "--checkpoint-uri",
+                (tmp_path / "c").as_uri(),
+                "--k8s-option",
+                'image="registry.example/doesnotexist:1"',
+                "--k8s-option",
+                WATCH_OPTION,
+                "--k8s-option",
+                mounted(tmp_path),
+                "--",
+                "python",
+                "-c",
+                "print(1)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
         assert proc.returncode == 2, proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()
         assert "ErrImagePull" in line or "ImagePullBackOff" in line, line
@@ -209,8 +324,21 @@ def test_bad_options_fail_in_one_line_before_any_api_call():
     with pytest.raises(ConfigError, match="unschedulable_timeout"):
         check_provider("kubernetes", {"unschedulable_timeout": 0})
     with pytest.raises(ConfigError, match="credential"):
-        check_provider("kubernetes", {"pod_template": {"spec": {"containers": [{
-            "name": "step", "env": [{"name": "X", "value": "AKIAIOSFODNN7EXAMPLE"}]}]}}})
+        check_provider(
+            "kubernetes",
+            {
+                "pod_template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "step",
+                                "env": [{"name": "X", "value": "AKIAIOSFODNN7EXAMPLE"}],
+                            }
+                        ]
+                    }
+                }
+            },
+        )
 
 
 # -- no pod left behind ---------------------------------------------------------------------------
@@ -218,29 +346,62 @@ def test_bad_options_fail_in_one_line_before_any_api_call():
 def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
     with cluster_of(tmp_path, NodePool("spot", "eks", "spot", "us-east-1a", pods=4)) as cluster:
         provider = provider_for(cluster)
-        run = [sys.executable, "-m", "spot_core.cli", "run", "--provider", "kubernetes",
-               "--kubeconfig", str(cluster.kubeconfig_path),
-               "--k8s-option", 'image="step:1"', "--k8s-option", WATCH_OPTION,
-               "--k8s-option", mounted(tmp_path),
-               "--", "sleep", "120"]
+        run = [
+            sys.executable,
+            "-m",
+            "spot_core.cli",
+            "run",
+            "--provider",
+            "kubernetes",
+            "--kubeconfig",
+            str(cluster.kubeconfig_path),
+            "--k8s-option",
+            'image="step:1"',
+            "--k8s-option",
+            WATCH_OPTION,
+            "--k8s-option",
+            mounted(tmp_path),
+            "--",
+            "sleep",
+            "120",
+        ]
 
         def started(job_id):
-            return lambda: any(p["status"].get("phase") == "Running"
-                               for p in job_pods(provider, job_id))
+            return lambda: any(
+                p["status"].get("phase") == "Running" for p in job_pods(provider, job_id)
+            )
 
         # SIGTERM (as Ctrl-C): the run deletes its pod before it exits.
-        stopped = subprocess.Popen([*run[:4], "--job-id", "stopped", "--checkpoint-uri",
-                                    (tmp_path / "s").as_uri(), *run[4:]],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stopped = subprocess.Popen(
+            [
+                *run[:4],
+                "--job-id",
+                "stopped",
+                "--checkpoint-uri",
+                (tmp_path / "s").as_uri(),
+                *run[4:],
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(started("stopped"), 60, "the stopped run's pod")
         stopped.send_signal(signal.SIGTERM)
         stopped.wait(60)
         wait_for(lambda: not job_pods(provider, "stopped"), 90, "the stopped run's pod to go")
 
         # SIGKILL: nobody deletes the pod; cleanup_orphans does.
-        killed = subprocess.Popen([*run[:4], "--job-id", "killed", "--checkpoint-uri",
-                                   (tmp_path / "k").as_uri(), *run[4:]],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        killed = subprocess.Popen(
+            [
+                *run[:4],
+                "--job-id",
+                "killed",
+                "--checkpoint-uri",
+                (tmp_path / "k").as_uri(),
+                *run[4:],
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(started("killed"), 60, "the killed run's pod")
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(10)
@@ -272,19 +433,37 @@ def test_a_stop_landing_in_the_create_call_deletes_the_pod(tmp_path):
         provider = provider_for(cluster)
         provider.api = StoppedAfterCreate(provider.api)
         with pytest.raises(KeyboardInterrupt):
-            provider.launch(LaunchSpec("cut", 1, ("sleep", "30"), (tmp_path / "c").as_uri()),
-                            provider.pools()[0])
+            provider.launch(
+                LaunchSpec("cut", 1, ("sleep", "30"), (tmp_path / "c").as_uri()),
+                provider.pools()[0],
+            )
         wait_for(lambda: not job_pods(provider, "cut"), 30, "the interrupted launch's pod to go")
         provider.close()
 
 
 def test_run_refuses_a_store_the_pods_cannot_reach(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "run", "--provider",
-                           "kubernetes", "--checkpoint-uri", (tmp_path / "c").as_uri(), "--",
-                           "python", "-c", "1"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.cli",
+            "run",
+            "--provider",
+            "kubernetes",
+            "--checkpoint-uri",
+            (tmp_path / "c").as_uri(),
+            "--",
+            "python",
+            "-c",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "needs --checkpoint-uri s3://" in line and "volumeMount" in line
+    assert "needs --checkpoint-uri 's3://" in line and "volumeMount" in line
 
 
 class CountingApi:
@@ -301,6 +480,7 @@ class CountingApi:
         def counted(*args, **kwargs):
             self.calls[name] = self.calls.get(name, 0) + 1
             return target(*args, **kwargs)
+
         return counted
 
 
@@ -308,12 +488,18 @@ class CountingApi:
 def test_observe_answers_many_leases_with_one_pod_list_and_one_node_list(tmp_path):
     from spot_core.providers.base import LaunchSpec, LeaseState
 
-    with cluster_of(tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b", pods=8)) as cluster:
+    with cluster_of(
+        tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b", pods=8)
+    ) as cluster:
         provider = provider_for(cluster)
         store = open_store((tmp_path / "c").as_uri())
         store.fence(1)
-        leases = [provider.launch(LaunchSpec(f"job-{i}", 1, ("sleep", "30"), store.uri),
-                                  provider.pools()[0]) for i in range(5)]
+        leases = [
+            provider.launch(
+                LaunchSpec(f"job-{i}", 1, ("sleep", "30"), store.uri), provider.pools()[0]
+            )
+            for i in range(5)
+        ]
         provider.api = counting = CountingApi(provider.api)
         statuses = provider.observe(leases)
         assert [s.state for s in statuses.values()] == [LeaseState.RUNNING] * 5
@@ -330,13 +516,23 @@ def test_step_pods_carry_the_do_not_disrupt_annotations_unless_turned_off(tmp_pa
     from spot_core.providers.base import LaunchSpec
 
     with cluster_of(tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b")) as cluster:
-        for option, expected in ((True, {"karpenter.sh/do-not-disrupt": "true",
-                                         "cluster-autoscaler.kubernetes.io/safe-to-evict":
-                                         "false"}), (False, {})):
+        for option, expected in (
+            (
+                True,
+                {
+                    "karpenter.sh/do-not-disrupt": "true",
+                    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                },
+            ),
+            (False, {}),
+        ):
             provider = provider_for(cluster, do_not_disrupt=option)
-            spec = LaunchSpec(job_id=f"annotated-{option}", attempt=1,
-                              command=("sleep", "30"),
-                              checkpoint_uri=(tmp_path / str(option)).as_uri())
+            spec = LaunchSpec(
+                job_id=f"annotated-{option}",
+                attempt=1,
+                command=("sleep", "30"),
+                checkpoint_uri=(tmp_path / str(option)).as_uri(),
+            )
             lease = provider.launch(spec, provider.pools()[0])
             received = provider.api.read_namespaced_pod(lease.lease_id, "default")
             annotations = received.metadata.annotations or {}
@@ -349,9 +545,9 @@ def test_step_pods_carry_the_do_not_disrupt_annotations_unless_turned_off(tmp_pa
             provider_for(cluster, do_not_disrupt="no")
 
 
-SECOND_ATTEMPT_FINISHES = ("import os, time\n"
-                           "if os.environ['SPOT_ATTEMPT'] == '1':\n"
-                           "    time.sleep(600)\n")
+SECOND_ATTEMPT_FINISHES = (
+    "import os, time\nif os.environ['SPOT_ATTEMPT'] == '1':\n    time.sleep(600)\n"
+)
 
 
 @pytest.mark.timeout(180)
@@ -364,25 +560,51 @@ def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_
     from spot_core.emulators.kubernetes import Timings
     from spot_core.emulators.kubernetes import reclaim as reclaims
 
-    config = ClusterConfig(pools=[NodePool("first", "eks", "spot", "us-east-1a"),
-                                  NodePool("second", "karpenter", "spot", "us-east-1b")],
-                           time_scale=0.1, timings=Timings(pod_gc_seconds=36000))
+    config = ClusterConfig(
+        pools=[
+            NodePool("first", "eks", "spot", "us-east-1a"),
+            NodePool("second", "karpenter", "spot", "us-east-1b"),
+        ],
+        time_scale=0.1,
+        timings=Timings(pod_gc_seconds=36000),
+    )
     with KubeCluster(tmp_path / "cluster", config) as cluster:
-        provider = provider_for(cluster, notice_margin_seconds=1.0, pod_template={
-            "spec": {"terminationGracePeriodSeconds": 2}})
-        spec = JobSpec(job_id=f"lost-{node_fate}", checkpoint_uri=(tmp_path / "c").as_uri(),
-                       command=(sys.executable, "-c", SECOND_ATTEMPT_FINISHES),
-                       pools=provider.pools())
-        controller = Controller(provider, provider.market, RetryPolicy(capacity_wait_seconds=0.5),
-                                poll_interval=0.2, attempt_timeout=3600)
+        provider = provider_for(
+            cluster,
+            notice_margin_seconds=1.0,
+            pod_template={"spec": {"terminationGracePeriodSeconds": 2}},
+        )
+        spec = JobSpec(
+            job_id=f"lost-{node_fate}",
+            checkpoint_uri=(tmp_path / "c").as_uri(),
+            command=(sys.executable, "-c", SECOND_ATTEMPT_FINISHES),
+            pools=provider.pools(),
+        )
+        controller = Controller(
+            provider,
+            provider.market,
+            RetryPolicy(capacity_wait_seconds=0.5),
+            poll_interval_seconds=0.2,
+            attempt_timeout_seconds=3600,
+        )
         thread, result = run_in_thread(controller, spec)
-        pod = wait_for(lambda: next((p for p in job_pods(provider, spec.job_id)
-                                     if p["status"].get("phase") == "Running"), None),
-                       30, "the first attempt's pod to run")
+        pod = wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in job_pods(provider, spec.job_id)
+                    if p["status"].get("phase") == "Running"
+                ),
+                None,
+            ),
+            30,
+            "the first attempt's pod to run",
+        )
         node = pod["spec"]["nodeName"]
         lost_at = time.time()
-        reclaims._mark_node_not_ready(cluster, node, "Kubelet stopped posting node status.",
-                                      "Unknown", "NodeStatusUnknown")
+        reclaims._mark_node_not_ready(
+            cluster, node, "Kubelet stopped posting node status.", "Unknown", "NodeStatusUnknown"
+        )
         for worker in [w for w in list(cluster.workers.values()) if w.node == node]:
             worker.machine_lost(0.0)
         if node_fate == "gone":
@@ -398,6 +620,7 @@ def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_
         assert "still not ended past its notice" in first.message
         if node_fate == "gone":  # deleted with grace 0: no kubelet was left to confirm it
             with pytest.raises(k8s.NotFound):
-                k8s.raw("get pod", provider.api.read_namespaced_pod, pod["metadata"]["name"],
-                        "default")
+                k8s.raw(
+                    "get pod", provider.api.read_namespaced_pod, pod["metadata"]["name"], "default"
+                )
         provider.close()

@@ -17,28 +17,53 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("spot_core", "airflow_spot", "prefect_spot")
 
-FORBIDDEN = {"airflow", "prefect", "boto3", "botocore", "kubernetes", "torch",
-             "airflow_spot", "prefect_spot"}
+FORBIDDEN = {
+    "airflow",
+    "prefect",
+    "boto3",
+    "botocore",
+    "kubernetes",
+    "torch",
+    "airflow_spot",
+    "prefect_spot",
+}
 
 # Bottom first. A floor holds sibling groups; a group is one prefix or a tuple of prefixes.
 # A module may import its own group and any group on a lower floor; never a sibling on its
 # own floor, never a higher floor.
 FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
-    ("spot_core", "spot_core.errors", "spot_core.credentials", "spot_core.stopping",
-     "spot_core.bounds"),                                          # stdlib only
-    (("spot_core.model", "spot_core.attempt_env"), "spot_core.safe_files"),  # safe_files: users' files
-    ("spot_core.adaptors",),                                       # lazy cloud SDKs
+    (
+        "spot_core",
+        "spot_core.errors",
+        "spot_core.credentials",
+        "spot_core.stopping",
+        "spot_core.bounds",
+    ),  # stdlib only
+    (
+        ("spot_core.model", "spot_core.attempt_env"),
+        "spot_core.safe_files",  # safe_files: users' files
+        "spot_core.durations",
+        "spot_core.plugins",
+    ),  # "90s"; entry points
+    ("spot_core.adaptors",),  # lazy cloud SDKs
     ("spot_core.checkpoint", "spot_core.market", "spot_core.interruption"),
-    ("spot_core.policy", "spot_core.container", "spot_core.workloads", "spot_core.emulators",
-     "spot_core.charts", "spot_core.fleet"),                       # charts: model -> SVG; fleet: records -> figures
-    ("spot_core.localcloud",),                                     # nodes are emulators
-    ("spot_core.providers",),                                      # local one uses localcloud
-    ("spot_core.settings",),                                       # checks provider/policy names
-    ("spot_core.observer", "spot_core.batched"),                   # batched watching
-    ("spot_core.controller",),                                     # run() watches through an observer
+    (
+        "spot_core.policy",
+        "spot_core.container",
+        "spot_core.workloads",
+        "spot_core.emulators",
+        "spot_core.charts",
+        "spot_core.fleet",
+    ),  # charts: model -> SVG; fleet: records -> figures
+    ("spot_core.localcloud",),  # nodes are emulators
+    ("spot_core.providers",),  # local one uses localcloud
+    ("spot_core.settings",),  # checks provider/policy names
+    ("spot_core.observer", "spot_core.batched"),  # batched watching
+    ("spot_core.controller",),  # run() watches through an observer
+    ("spot_core.jobs",),  # a job assembled once
     ("spot_core.sim", "spot_core.demo", "spot_core.report"),
-    (("spot_core.cli", "spot_core.commands"),),                    # cli loads commands by name
-    ("airflow_spot", "prefect_spot"),                              # never import each other
+    (("spot_core.cli", "spot_core.commands"),),  # cli loads commands by name
+    ("airflow_spot", "prefect_spot"),  # never import each other
 )
 # The package root holds only __version__: every subpackage of spot_core must be placed.
 EXACT_ONLY = {"spot_core"}
@@ -74,7 +99,7 @@ def _imported(node: ast.AST, here: str, is_package: bool, modules) -> set[str]:
     base = node.module or ""
     if node.level:
         package = here.split(".") if is_package else here.split(".")[:-1]
-        package = package[:len(package) - node.level + 1]
+        package = package[: len(package) - node.level + 1]
         base = ".".join(package + ([node.module] if node.module else []))
     targets = set()
     for alias in node.names:
@@ -149,8 +174,10 @@ def _group_of(module: str) -> tuple[int, str]:
 
 
 def test_core_imports_no_engine_or_cloud_sdk():
-    code = ("import spot_core.cli, spot_core.model, spot_core.checkpoint, spot_core.interruption\n"
-            "import sys; print('\\n'.join(sys.modules))")
+    code = (
+        "import spot_core.cli, spot_core.model, spot_core.checkpoint, spot_core.interruption\n"
+        "import sys; print('\\n'.join(sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     loaded = {name.split(".")[0] for name in out.stdout.split()}
     assert not loaded & FORBIDDEN
@@ -168,8 +195,9 @@ def test_the_graph_sees_lazy_and_relative_imports():
 
 
 def test_no_import_cycle():
-    graph = {m: {t for t in ts if (m, t) not in CYCLE_EXCEPTIONS}
-             for m, ts in import_graph().items()}
+    graph = {
+        m: {t for t in ts if (m, t) not in CYCLE_EXCEPTIONS} for m, ts in import_graph().items()
+    }
     cycles = [" -> ".join(_one_cycle(graph, c)) for c in _strongly_connected(graph)]
     assert not cycles, "import cycles (move the shared code down a floor):\n" + "\n".join(cycles)
 
@@ -184,6 +212,29 @@ def test_no_upward_or_sideways_import():
                 how = "up" if t_floor > floor else "sideways to a sibling"
                 bad.append(f"{module} ({group}) imports {target} ({t_group}): {how}")
     assert not bad, "imports against the floors in test_layering.FLOORS:\n" + "\n".join(bad)
+
+
+# What each provider knows lives in its module: the engines and the commands reach providers
+# only through the spot_core.jobs façade (its plugin, its capabilities), never by import.
+THROUGH_THE_FACADE = ("airflow_spot", "prefect_spot", "spot_core.commands", "spot_core.cli")
+
+
+def _under(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_engines_and_commands_reach_providers_only_through_the_jobs_facade():
+    bad = [
+        f"{module} imports {target}"
+        for module, targets in sorted(import_graph().items())
+        if _under(module, THROUGH_THE_FACADE)
+        for target in sorted(targets)
+        if _under(target, ("spot_core.providers",))
+    ]
+    assert not bad, (
+        "import spot_core.jobs instead (engines and commands never import a "
+        "provider):\n" + "\n".join(bad)
+    )
 
 
 def test_every_exception_is_still_needed():

@@ -5,20 +5,23 @@ from __future__ import annotations
 import math
 
 import pytest
+from spot_helpers import TRACES
 
 from spot_core.errors import ConfigError
-from spot_core.market.advisor import (Band, band_for_label, band_from_range, load_advisor)
-from spot_helpers import TRACES
+from spot_core.market.advisor import Band, band_for_label, band_from_range, load_advisor
 
 FEED = TRACES / "aws-spot-advisor" / "spot-advisor-data.json"
 
 
-@pytest.mark.parametrize("entry,band", [
-    ({"label": "<5%", "max": 5}, Band("<5%", 0.0, 0.05)),
-    ({"label": "5-10%", "max": 11}, Band("5-10%", 0.05, 0.10)),
-    ({"label": "15-20%", "max": 22}, Band("15-20%", 0.15, 0.20)),
-    ({"label": ">20%", "max": 100}, Band(">20%", 0.20, 1.0)),
-])
+@pytest.mark.parametrize(
+    "entry,band",
+    [
+        ({"label": "<5%", "max": 5}, Band("<5%", 0.0, 0.05)),
+        ({"label": "5-10%", "max": 11}, Band("5-10%", 0.05, 0.10)),
+        ({"label": "15-20%", "max": 22}, Band("15-20%", 0.15, 0.20)),
+        ({"label": ">20%", "max": 100}, Band(">20%", 0.20, 1.0)),
+    ],
+)
 def test_band_edges_come_from_labels(entry, band):
     assert band_from_range(entry) == band
 
@@ -31,8 +34,10 @@ def test_band_rate_is_a_monthly_fraction_as_poisson_rate(label, typical):
 
 
 def test_band_rates_increase_with_band():
-    rates = [band_for_label(x).interruptions_per_hour
-             for x in ("<5%", "5-10%", "10-15%", "15-20%", ">20%")]
+    rates = [
+        band_for_label(x).interruptions_per_hour
+        for x in ("<5%", "5-10%", "10-15%", "15-20%", ">20%")
+    ]
     assert rates == sorted(rates) and len(set(rates)) == 5
 
 
@@ -54,13 +59,18 @@ def test_full_feed_from_the_repository_traces():
     excerpt = load_advisor()
     for region in excerpt.regions():
         for instance_type in excerpt.entries[region]["Linux"]:
-            assert (advisor.interruption_band(region, instance_type)
-                    == excerpt.interruption_band(region, instance_type))
+            assert advisor.interruption_band(region, instance_type) == excerpt.interruption_band(
+                region, instance_type
+            )
 
 
-@pytest.mark.parametrize("data,match", [({"ranges": []}, "no 'spot_advisor' key"),
-                                        ({"spot_advisor": {}, "ranges": [{"index": 0,
-                                          "label": "lots"}]}, "is not")])
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ({"ranges": []}, "no 'spot_advisor' key"),
+        ({"spot_advisor": {}, "ranges": [{"index": 0, "label": "lots"}]}, "is not"),
+    ],
+)
 def test_bad_feed(data, match):
     with pytest.raises(ConfigError, match=match):
         load_advisor(data)

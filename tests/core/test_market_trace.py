@@ -8,23 +8,35 @@ traces/README.md, not against our own reading of the files.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from spot_core.errors import ConfigError
-from spot_core.market import (default_json_trace, default_traces, fixture_json_trace_path,
-                              fixture_prices_path, fixture_trace_paths, load_spot_price_history,
-                              load_trace, load_traces)
-from spot_core.market.trace import ZoneTrace, zone_region
 from spot_helpers import TRACES
 
+from spot_core.errors import ConfigError
+from spot_core.market import (
+    default_json_trace,
+    default_traces,
+    fixture_json_trace_path,
+    fixture_prices_path,
+    fixture_trace_paths,
+    load_spot_price_history,
+    load_trace,
+    load_traces,
+)
+from spot_core.market.trace import ZoneTrace, zone_region
 
 README_AVAILABILITY = {  # traces/README.md, "Observed availability of the AWS V100 zones"
-    "us-east-1a": 0.167, "us-east-1c": 0.467, "us-east-1d": 0.447, "us-east-1f": 0.591,
-    "us-east-2a": 0.759, "us-east-2b": 0.682, "us-west-2a": 0.883, "us-west-2b": 0.905,
+    "us-east-1a": 0.167,
+    "us-east-1c": 0.467,
+    "us-east-1d": 0.447,
+    "us-east-1f": 0.591,
+    "us-east-2a": 0.759,
+    "us-east-2b": 0.682,
+    "us-west-2a": 0.883,
+    "us-west-2b": 0.905,
     "us-west-2c": 0.891,
 }
 
@@ -45,7 +57,7 @@ def test_csv_set_shape_ticks_and_prices(aws_csv):
     trace = aws_csv["us-east-1a"]
     assert trace.n_ticks == 20158
     assert trace.tick_seconds == 195.0  # median of jittered diffs
-    assert trace.start_time == datetime(2023, 2, 15, 22, 8, 16, tzinfo=timezone.utc).timestamp()
+    assert trace.start_time == datetime(2023, 2, 15, 22, 8, 16, tzinfo=UTC).timestamp()
     assert trace.on_demand_price == 3.06
     assert trace.spot_price[0] == pytest.approx(1.6703)
     assert aws_csv["us-east-2a"].spot_price[0] == pytest.approx(0.918)
@@ -85,7 +97,8 @@ def test_gcp_set_loads_with_prices_and_start_time():
         assert 0.0 < trace.availability_fraction <= 1.0
     first = traces[0]
     assert first.start_time == pytest.approx(
-        datetime(2025, 10, 4, 0, 10, 0, 2281, tzinfo=timezone.utc).timestamp())
+        datetime(2025, 10, 4, 0, 10, 0, 2281, tzinfo=UTC).timestamp()
+    )
     assert first.region == "asia-south2"
 
 
@@ -149,9 +162,14 @@ def test_trace_arrays_are_read_only():
         default_traces()[0].available[0] = True
 
 
-@pytest.mark.parametrize("zone,region", [("us-east-1a", "us-east-1"),
-                                         ("us-central1-a", "us-central1"),
-                                         ("asia-southeast1-b", "asia-southeast1")])
+@pytest.mark.parametrize(
+    "zone,region",
+    [
+        ("us-east-1a", "us-east-1"),
+        ("us-central1-a", "us-central1"),
+        ("asia-southeast1-b", "asia-southeast1"),
+    ],
+)
 def test_zone_region(zone, region):
     assert zone_region(zone) == region
 
@@ -166,16 +184,19 @@ def _csv(tmp_path: Path, name: str, rows: list[str]) -> Path:
 ROWS = ["2023-02-15 22:08:16,1", "2023-02-15 22:11:31,0", "2023-02-15 22:14:46,1"]
 
 
-@pytest.mark.parametrize("case,match", [
-    ("missing file", "does not exist"),
-    ("unknown format", "unknown format"),
-    ("price length mismatch", "align row for row"),
-    ("zone missing from prices", "no entry for"),
-    ("no price file", "pass prices="),
-    ("bad availability value", "0 or 1"),
-    ("no on-demand price", "on_demand_price="),
-    ("not a trace json", "neither an availability trace"),
-])
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("missing file", "does not exist"),
+        ("unknown format", "unknown format"),
+        ("price length mismatch", "align row for row"),
+        ("zone missing from prices", "no entry for"),
+        ("no price file", "pass prices="),
+        ("bad availability value", "0 or 1"),
+        ("no on-demand price", "on_demand_price="),
+        ("not a trace json", "neither an availability trace"),
+    ],
+)
 def test_bad_input_raises_config_error(tmp_path, case, match):
     if case == "missing file":
         call = lambda: load_trace(tmp_path / "nope.csv")  # noqa: E731
@@ -208,8 +229,9 @@ def test_bad_input_raises_config_error(tmp_path, case, match):
 
 def test_traces_with_different_ticks_cannot_be_mixed():
     with pytest.raises(ConfigError, match="different tick lengths"):
-        load_traces([fixture_trace_paths()[0], fixture_json_trace_path()],
-                    prices=fixture_prices_path())
+        load_traces(
+            [fixture_trace_paths()[0], fixture_json_trace_path()], prices=fixture_prices_path()
+        )
 
 
 def test_the_same_zone_twice_is_rejected():
@@ -219,20 +241,38 @@ def test_the_same_zone_twice_is_rejected():
 
 
 # -- EC2 spot price history -------------------------------------------------------------------
-HISTORY = {"SpotPriceHistory": [
-    {"AvailabilityZone": "us-east-1a", "InstanceType": "p3.2xlarge",
-     "ProductDescription": "Linux/UNIX", "SpotPrice": "0.918000",
-     "Timestamp": "2023-02-15T22:00:00+00:00"},
-    {"AvailabilityZone": "us-east-1a", "InstanceType": "p3.2xlarge",
-     "ProductDescription": "Linux/UNIX", "SpotPrice": "1.100000",
-     "Timestamp": "2023-02-15T22:25:00+00:00"},
-    {"AvailabilityZone": "us-east-1b", "InstanceType": "p3.2xlarge",
-     "ProductDescription": "Linux/UNIX", "SpotPrice": "0.950000",
-     "Timestamp": datetime(2023, 2, 15, 22, 10, tzinfo=timezone.utc)},
-    {"AvailabilityZone": "us-east-1a", "InstanceType": "p3.2xlarge",
-     "ProductDescription": "Windows", "SpotPrice": "9.000000",
-     "Timestamp": "2023-02-15T22:05:00+00:00"},
-]}
+HISTORY = {
+    "SpotPriceHistory": [
+        {
+            "AvailabilityZone": "us-east-1a",
+            "InstanceType": "p3.2xlarge",
+            "ProductDescription": "Linux/UNIX",
+            "SpotPrice": "0.918000",
+            "Timestamp": "2023-02-15T22:00:00+00:00",
+        },
+        {
+            "AvailabilityZone": "us-east-1a",
+            "InstanceType": "p3.2xlarge",
+            "ProductDescription": "Linux/UNIX",
+            "SpotPrice": "1.100000",
+            "Timestamp": "2023-02-15T22:25:00+00:00",
+        },
+        {
+            "AvailabilityZone": "us-east-1b",
+            "InstanceType": "p3.2xlarge",
+            "ProductDescription": "Linux/UNIX",
+            "SpotPrice": "0.950000",
+            "Timestamp": datetime(2023, 2, 15, 22, 10, tzinfo=UTC),
+        },
+        {
+            "AvailabilityZone": "us-east-1a",
+            "InstanceType": "p3.2xlarge",
+            "ProductDescription": "Windows",
+            "SpotPrice": "9.000000",
+            "Timestamp": "2023-02-15T22:05:00+00:00",
+        },
+    ]
+}
 
 
 def test_spot_price_history_becomes_step_series():

@@ -7,7 +7,7 @@ import pytest
 
 from spot_core.errors import ConfigError
 from spot_core.market import Market as MarketProtocol
-from spot_core.market import ObservedMarket, TraceMarket, ZoneTrace, default_traces, load_advisor
+from spot_core.market import TraceMarket, ZoneTrace, default_traces, load_advisor
 from spot_core.model import Market, Pool
 
 ORIGIN = 1_000_000.0
@@ -28,18 +28,21 @@ SPOT = Pool("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
 
 def test_trace_market_satisfies_the_protocols():
     market = _market()
-    assert isinstance(market, MarketProtocol) and isinstance(market, ObservedMarket)
+    assert isinstance(market, MarketProtocol)  # offers, stats and its clock
 
 
-@pytest.mark.parametrize("now,scale,tick", [
-    (ORIGIN - 50, 1.0, 0),      # before the origin: the first tick
-    (ORIGIN, 1.0, 0),
-    (ORIGIN + 99.9, 1.0, 0),
-    (ORIGIN + 100, 1.0, 1),
-    (ORIGIN + 250, 1.0, 2),
-    (ORIGIN + 10, 10.0, 1),     # ten times faster than real time
-    (ORIGIN + 0.3, 1000.0, 3),
-])
+@pytest.mark.parametrize(
+    "now,scale,tick",
+    [
+        (ORIGIN - 50, 1.0, 0),  # before the origin: the first tick
+        (ORIGIN, 1.0, 0),
+        (ORIGIN + 99.9, 1.0, 0),
+        (ORIGIN + 100, 1.0, 1),
+        (ORIGIN + 250, 1.0, 2),
+        (ORIGIN + 10, 10.0, 1),  # ten times faster than real time
+        (ORIGIN + 0.3, 1000.0, 3),
+    ],
+)
 def test_tick_at_maps_wall_clock_to_ticks(now, scale, tick):
     assert _market(time_scale=scale).tick_at(now) == tick
 
@@ -50,7 +53,10 @@ def test_offers_follow_the_trace(tick, available, price):
     now = market.wall_time(tick) + 1
     spot, od = market.offers([SPOT, SPOT.on(Market.ON_DEMAND)], now)
     assert (spot.available, spot.price_per_hour, spot.on_demand_price_per_hour) == (
-        available, pytest.approx(price), 3.06)
+        available,
+        pytest.approx(price),
+        3.06,
+    )
     assert (od.available, od.price_per_hour) == (True, 3.06)  # on-demand never runs out
     assert spot.observed_at == now and od.pool.market is Market.ON_DEMAND
     assert market.is_available("us-east-1a", now) is available
@@ -65,13 +71,16 @@ def test_wrap_replays_from_the_start_and_hold_keeps_the_last_tick():
     assert wrapping.is_available("us-east-1a", ORIGIN + 10 * 100) is True
 
 
-@pytest.mark.parametrize("flags,now_tick,expected_tick,wrap", [
-    ("1100111000", 0, 2, True),     # available until tick 2
-    ("1100111000", 2, 4, True),     # unavailable until tick 4
-    ("1100111000", 7, 10, True),    # wraps: tick 10 is tick 0 again (available)
-    ("1100111000", 7, None, False), # never changes again without wrapping
-    ("1111", 1, None, True),        # never changes at all
-])
+@pytest.mark.parametrize(
+    "flags,now_tick,expected_tick,wrap",
+    [
+        ("1100111000", 0, 2, True),  # available until tick 2
+        ("1100111000", 2, 4, True),  # unavailable until tick 4
+        ("1100111000", 7, 10, True),  # wraps: tick 10 is tick 0 again (available)
+        ("1100111000", 7, None, False),  # never changes again without wrapping
+        ("1111", 1, None, True),  # never changes at all
+    ],
+)
 def test_next_change(flags, now_tick, expected_tick, wrap):
     market = _market(flags, wrap=wrap)
     got = market.next_change("us-east-1a", market.wall_time(now_tick) + 5)
@@ -117,8 +126,10 @@ def test_stats_per_pool_key():
 def test_pools_are_named_after_the_traces():
     market = TraceMarket(default_traces(), ORIGIN)
     assert [p.key for p in market.pools()] == [
-        "aws/us-east-1/us-east-1d/p3.2xlarge/spot", "aws/us-east-2/us-east-2a/p3.2xlarge/spot",
-        "aws/us-west-2/us-west-2b/p3.2xlarge/spot"]
+        "aws/us-east-1/us-east-1d/p3.2xlarge/spot",
+        "aws/us-east-2/us-east-2a/p3.2xlarge/spot",
+        "aws/us-west-2/us-west-2b/p3.2xlarge/spot",
+    ]
 
 
 def test_replay_matches_the_trace_tick_by_tick():
@@ -127,7 +138,7 @@ def test_replay_matches_the_trace_tick_by_tick():
     pools = market.pools()
     for tick in range(0, traces[0].n_ticks, 7):
         now = market.wall_time(tick) + 0.5 * traces[0].tick_seconds / 60.0
-        for trace, offer in zip(traces, market.offers(pools, now)):
+        for trace, offer in zip(traces, market.offers(pools, now), strict=True):
             assert offer.available == trace.available[tick]
             assert offer.price_per_hour == trace.spot_price[tick]
 

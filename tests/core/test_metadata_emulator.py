@@ -104,14 +104,16 @@ def test_expire_tokens_revokes_issued_tokens(emulator):
 
 def test_nothing_pending_is_404(emulator):
     tok = token(emulator)
-    for path in (ACTION, "/latest/meta-data/events/recommendations/rebalance",
-                 "/latest/meta-data/spot/termination-time"):
+    for path in (
+        ACTION,
+        "/latest/meta-data/events/recommendations/rebalance",
+        "/latest/meta-data/spot/termination-time",
+    ):
         assert call(emulator.url + path, headers={TOKEN: tok})[0] == 404
 
 
 def test_instance_action_becomes_visible_at_its_time_in_rfc3339(emulator, clock):
-    deadline = emulator.schedule_interruption(at=clock.now + 5, action="stop",
-                                              notice_seconds=120)
+    deadline = emulator.schedule_interruption(at=clock.now + 5, action="stop", notice_seconds=120)
     tok = token(emulator)
     assert call(emulator.url + ACTION, headers={TOKEN: tok})[0] == 404
     clock.now += 5
@@ -125,11 +127,14 @@ def test_instance_action_becomes_visible_at_its_time_in_rfc3339(emulator, clock)
 
 def test_rebalance_recommendation_shape(emulator, clock):
     emulator.schedule_rebalance()
-    status, body, _ = call(emulator.url + "/latest/meta-data/events/recommendations/rebalance",
-                           headers={TOKEN: token(emulator)})
+    status, body, _ = call(
+        emulator.url + "/latest/meta-data/events/recommendations/rebalance",
+        headers={TOKEN: token(emulator)},
+    )
     assert status == 200
-    assert json.loads(body) == {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                            time.gmtime(clock.now))}
+    assert json.loads(body) == {
+        "noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock.now))
+    }
 
 
 def test_clear_withdraws_notices(emulator):
@@ -225,14 +230,25 @@ def test_request_log_records_what_clients_sent(emulator):
 
 
 def test_runs_as_a_subprocess_and_prints_its_url_first():
-    proc = subprocess.Popen([sys.executable, "-m", "spot_core.emulators.metadata",
-                             "--port", "0", "--interrupt-after", "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.emulators.metadata",
+            "--port",
+            "0",
+            "--interrupt-after",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = proc.stdout.readline().strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url)
-        status, body, _ = call(url + "/computeMetadata/v1/instance/preempted",
-                               headers={"Metadata-Flavor": "Google"})
+        status, body, _ = call(
+            url + "/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
+        )
         assert (status, body) == (200, "TRUE")
     finally:
         proc.terminate()

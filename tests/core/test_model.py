@@ -7,33 +7,74 @@ import json
 
 import pytest
 
-from spot_core.errors import (CapacityUnavailable, ConfigError, CorruptCheckpoint, FencedOut,
-                              Preempted, SpotError, UserStepFailed)
-from spot_core.model import (Attempt, CheckpointRef, CostLedger, JobRecord, JobStatus, Market,
-                             Outcome, Pool)
+from spot_core.errors import (
+    CapacityUnavailable,
+    ConfigError,
+    CorruptCheckpoint,
+    FencedOut,
+    Preempted,
+    SpotError,
+    UserStepFailed,
+)
+from spot_core.model import (
+    Attempt,
+    CheckpointRef,
+    CostLedger,
+    JobRecord,
+    JobStatus,
+    Market,
+    Outcome,
+    Pool,
+)
 
 SPOT = Pool("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
 ON_DEMAND = SPOT.on(Market.ON_DEMAND)
 
 
 def _finished(number: int, pool: Pool, outcome: Outcome, **kw) -> Attempt:
-    return Attempt(number=number, pool=pool, started_at=1000.0 + number, ended_at=2000.1 + number,
-                   outcome=outcome, **kw)
+    return Attempt(
+        number=number,
+        pool=pool,
+        started_at=1000.0 + number,
+        ended_at=2000.1 + number,
+        outcome=outcome,
+        **kw,
+    )
 
 
 def _record_with_history() -> JobRecord:
-    record = JobRecord(job_id="train-42", created_at=1_700_000_000.123456789, deadline=1.7e9 + 0.1)
+    record = JobRecord(
+        job_id="train-42", created_at=1_700_000_000.123456789, deadline_at=1.7e9 + 0.1
+    )
     record = record.start_attempt(Attempt(1, SPOT, 1000.0, lease_id="i-1"))
-    record = record.finish_attempt(_finished(1, SPOT, Outcome.PREEMPTED, lease_id="i-1",
-                                             cost=0.1 + 0.2, on_demand_cost=3.06,
-                                             checkpoint_step_start=None, checkpoint_step_end=40,
-                                             lost_work_seconds=12.5,
-                                             checkpoint_overhead_seconds=0.7))
-    record = record.with_checkpoint(CheckpointRef("file:///tmp/x", "step-40", 40, 1, 1500.5,
-                                                  {"loss": 0.25, "tags": ["a", "b"]}))
+    record = record.finish_attempt(
+        _finished(
+            1,
+            SPOT,
+            Outcome.PREEMPTED,
+            lease_id="i-1",
+            cost=0.1 + 0.2,
+            on_demand_cost=3.06,
+            checkpoint_step_start=None,
+            checkpoint_step_end=40,
+            lost_work_seconds=12.5,
+            checkpoint_overhead_seconds=0.7,
+        )
+    )
+    record = record.with_checkpoint(
+        CheckpointRef("file:///tmp/x", "step-40", 40, 1, 1500.5, {"loss": 0.25, "tags": ["a", "b"]})
+    )
     record = record.start_attempt(Attempt(2, ON_DEMAND, 2100.0, checkpoint_step_start=40))
-    return record.finish_attempt(_finished(2, ON_DEMAND, Outcome.SUCCEEDED, cost=1.0 / 3.0,
-                                           on_demand_cost=1.0 / 3.0, checkpoint_step_start=40))
+    return record.finish_attempt(
+        _finished(
+            2,
+            ON_DEMAND,
+            Outcome.SUCCEEDED,
+            cost=1.0 / 3.0,
+            on_demand_cost=1.0 / 3.0,
+            checkpoint_step_start=40,
+        )
+    )
 
 
 def test_json_round_trip_is_lossless():
@@ -83,11 +124,14 @@ def test_older_checkpoint_never_replaces_newer():
     assert record.with_checkpoint(CheckpointRef("u", "a", 10, 1, 2.0)).latest_checkpoint.step == 50
 
 
-@pytest.mark.parametrize("text, fix", [
-    ("{not json", "to_json"),
-    ('{"schema_version": 99}', "upgrade"),
-    ('{"schema_version": 1, "job_id": "x"}', "malformed"),
-])
+@pytest.mark.parametrize(
+    "text, fix",
+    [
+        ("{not json", "to_json"),
+        ('{"schema_version": 99}', "upgrade"),
+        ('{"schema_version": 1, "job_id": "x"}', "malformed"),
+    ],
+)
 def test_bad_record_text_gets_a_clear_error(text, fix):
     with pytest.raises(ConfigError, match=fix):
         JobRecord.from_json(text)
@@ -110,8 +154,14 @@ def test_ledger_savings_fraction():
 
 def test_data_transfer_is_itemised_in_the_ledger_and_old_records_still_load():
     running = Attempt(1, SPOT, 0.0)
-    cross = dataclasses.replace(running, ended_at=10.0, outcome=Outcome.SUCCEEDED, cost=0.5,
-                                on_demand_cost=1.0, data_transfer_cost=0.2)
+    cross = dataclasses.replace(
+        running,
+        ended_at=10.0,
+        outcome=Outcome.SUCCEEDED,
+        cost=0.5,
+        on_demand_cost=1.0,
+        data_transfer_cost=0.2,
+    )
     record = JobRecord("j", 0.0).start_attempt(running).finish_attempt(cross)
     assert record.ledger.spent == 0.5 and record.ledger.data_transfer_cost == 0.2
     assert record.summary()["data_transfer_cost"] == 0.2

@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+from fault_proxy import FaultProxy
+from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import InfrastructureError
@@ -20,9 +22,6 @@ from spot_core.observer import SharedObserver, observer_key, shared_observer
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState, Observation
 
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, trace, wait_until
-
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
 POLL = 0.2
@@ -32,8 +31,12 @@ SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("observer-cloud")
-    with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", "1" * 400)], time_scale=60.0,
-                                      workdir=workdir / "cloud", config=FAST) as server:
+    with LocalCloudServer.from_traces(
+        [trace("us-east-1a_v100_1", "1" * 400)],
+        time_scale=60.0,
+        workdir=workdir / "cloud",
+        config=FAST,
+    ) as server:
         yield server
     assert wait_until(lambda: not marked_processes(str(workdir)), timeout=15)
 
@@ -44,8 +47,10 @@ def leases(server, tmp_path_factory):
     provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
     pool = provider.pools()[0].on(Market.ON_DEMAND)
     ckpt = tmp_path_factory.mktemp("observer-ckpt")
-    launched = [provider.launch(LaunchSpec(f"job-{i}", 1, SLEEPER, (ckpt / str(i)).as_uri()),
-                                pool) for i in range(3)]
+    launched = [
+        provider.launch(LaunchSpec(f"job-{i}", 1, SLEEPER, (ckpt / str(i)).as_uri()), pool)
+        for i in range(3)
+    ]
     yield launched
     for lease in launched:
         provider.terminate(lease)
@@ -73,8 +78,7 @@ def _wait_all(observer, leases, after, timeout=10.0):
 def test_many_waiters_share_one_describe_per_poll(server, leases):
     """Every waiter of a round gets the same describe, and the server sees one describe
     per poll (not one per lease), polls paced by the cadence, not by the waiters."""
-    observer = SharedObserver(open_provider("local", url=server.url,
-                                            workdir=server.cloud.workdir))
+    observer = SharedObserver(open_provider("local", url=server.url, workdir=server.cloud.workdir))
     before = _describes(server)  # before the first watch starts the polling thread
     started = time.monotonic()
     try:
@@ -93,16 +97,18 @@ def test_many_waiters_share_one_describe_per_poll(server, leases):
     elapsed = time.monotonic() - started
     # A describe may still be on its way to the server as the observer closes.
     wait_until(lambda: _describes(server) - before == observer.calls == observer.polls, 5)
-    assert _describes(server) - before == observer.calls, \
+    assert _describes(server) - before == observer.calls, (
         "the server saw describes the observer did not make"
+    )
     assert observer.calls == observer.polls, "more than one describe per poll of 3 leases"
     assert 6 <= observer.polls <= elapsed / POLL + 2, (observer.polls, elapsed)
 
 
 def test_a_failing_describe_reaches_every_waiter_then_recovers(server, leases):
     with FaultProxy(server.url, match="/describe") as proxy:
-        observer = SharedObserver(open_provider("local", url=proxy.url,
-                                                workdir=server.cloud.workdir))
+        observer = SharedObserver(
+            open_provider("local", url=proxy.url, workdir=server.cloud.workdir)
+        )
         try:
             proxy.mode = "503"  # before the first poll, which watching starts
             for lease in leases:
@@ -118,14 +124,15 @@ def test_a_failing_describe_reaches_every_waiter_then_recovers(server, leases):
             observer.close()
 
 
-def test_the_controller_reads_a_shared_failure_against_its_failure_timeout(server, leases,
-                                                                            tmp_path):
+def test_the_controller_reads_a_shared_failure_against_its_failure_timeout(
+    server, leases, tmp_path
+):
     """An observation's error is a failed observation like any other: absorbed until
     ``observe_failure_timeout``, then the attempt ends as infrastructure_failed."""
     provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
     pool = provider.pools()[0].on(Market.ON_DEMAND)
     spec = JobSpec("job-obs-fail", SLEEPER, (tmp_path / "ckpt").as_uri(), (pool,))
-    controller = Controller(provider, provider.market, observe_failure_timeout=30.0)
+    controller = Controller(provider, provider.market, observe_failure_timeout_seconds=30.0)
     nxt = controller.advance(spec, controller.new_record(spec))
     assert nxt.action == "watch"
     failed = Observation(nxt.lease.lease_id, error=InfrastructureError("describe: 503"), at=1.0)
@@ -140,8 +147,7 @@ def test_the_controller_reads_a_shared_failure_against_its_failure_timeout(serve
 
 
 def test_an_unwatched_lease_is_no_longer_described(server, leases):
-    observer = SharedObserver(open_provider("local", url=server.url,
-                                            workdir=server.cloud.workdir))
+    observer = SharedObserver(open_provider("local", url=server.url, workdir=server.cloud.workdir))
     kept, dropped = leases[0], leases[1]
     try:
         observer.watch(kept, POLL)
@@ -167,8 +173,7 @@ def test_asyncio_waiters_in_one_loop_never_block_it(server, leases):
     while the describe runs in the observer's thread."""
     provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
     observer = shared_observer(observer_key("local", {"url": server.url}, "test"), provider)
-    assert shared_observer(observer_key("local", {"url": server.url}, "test"),
-                           provider) is observer
+    assert shared_observer(observer_key("local", {"url": server.url}, "test"), provider) is observer
 
     async def main():
         ticks = 0
@@ -183,10 +188,15 @@ def test_asyncio_waiters_in_one_loop_never_block_it(server, leases):
         for lease in leases:
             observer.watch(lease, POLL)
         try:
-            found = await asyncio.gather(*(observer.wait_async(l.lease_id, 0.0, 10.0)
-                                           for l in leases))
-            found2 = await asyncio.gather(*(observer.wait_async(
-                l.lease_id, found[0].at + POLL / 2, 10.0) for l in leases))
+            found = await asyncio.gather(
+                *(observer.wait_async(each.lease_id, 0.0, 10.0) for each in leases)
+            )
+            found2 = await asyncio.gather(
+                *(
+                    observer.wait_async(each.lease_id, found[0].at + POLL / 2, 10.0)
+                    for each in leases
+                )
+            )
         finally:
             for lease in leases:
                 observer.unwatch(lease.lease_id)
@@ -202,8 +212,9 @@ def test_asyncio_waiters_in_one_loop_never_block_it(server, leases):
 
 def test_a_stalled_describe_is_a_bounded_wait(server, leases):
     with FaultProxy(server.url, match="/describe", delay=3.0) as proxy:
-        observer = SharedObserver(open_provider("local", url=proxy.url,
-                                                workdir=server.cloud.workdir))
+        observer = SharedObserver(
+            open_provider("local", url=proxy.url, workdir=server.cloud.workdir)
+        )
         try:
             observer.watch(leases[0], POLL)
             proxy.mode = "slow"
@@ -223,5 +234,8 @@ def test_next_cannot_be_checked_against_another_leases_observation(server, lease
     record = JobRecord(job_id="j", created_at=1.0, checkpoint_uri=(tmp_path / "c").as_uri())
     watch = Next("watch", record, until=2e9, lease=leases[0])
     with pytest.raises(ValueError, match="observation of lease"):
-        controller.check(JobSpec("j", (), record.checkpoint_uri, ()), watch,
-                         observed=Observation(leases[1].lease_id))
+        controller.check(
+            JobSpec("j", (), record.checkpoint_uri, ()),
+            watch,
+            observed=Observation(leases[1].lease_id),
+        )

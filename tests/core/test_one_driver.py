@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import DriverIdentity, Heartbeat
@@ -28,36 +29,64 @@ from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.model import Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 HEARTBEAT = 60.0  # seconds: long enough that no beat in these tests goes stale by itself
-SLACK = 60.0      # seconds: what a loaded machine may add to a wait
+SLACK = 60.0  # seconds: what a loaded machine may add to a wait
 OTHER = DriverIdentity("f" * 32, "other-host", 4242)
 
 
 def calm_trace(tmp_path: Path) -> Path:
     """One zone whose spot capacity never goes away (JSON traces count 1 as preempted)."""
     path = tmp_path / "us-east-1a_calm.json"
-    path.write_text(json.dumps({"metadata": {"gap_seconds": 600, "price_info": {
-        "price": 0.9, "on_demand_price": 3.06}}, "data": [0] * 5000}))
+    path.write_text(
+        json.dumps(
+            {
+                "metadata": {
+                    "gap_seconds": 600,
+                    "price_info": {"price": 0.9, "on_demand_price": 3.06},
+                },
+                "data": [0] * 5000,
+            }
+        )
+    )
     return path
 
 
-def start_run(tmp_path: Path, job_id: str, uri: str, *extra: str,
-              steps: int = 100000) -> subprocess.Popen:
-    args = ["--trace", str(calm_trace(tmp_path)), "--job-id", job_id, "--checkpoint-uri", uri,
-            "--heartbeat-timeout", f"{HEARTBEAT:g}s", "--json", *extra, "--",
-            *train_command(steps=steps, step_seconds=0.02, every_steps=20)]
-    return subprocess.Popen([sys.executable, "-m", "spot_core.cli", "run", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+def start_run(
+    tmp_path: Path, job_id: str, uri: str, *extra: str, steps: int = 100000
+) -> subprocess.Popen:
+    args = [
+        "--trace",
+        str(calm_trace(tmp_path)),
+        "--job-id",
+        job_id,
+        "--checkpoint-uri",
+        uri,
+        "--heartbeat-timeout",
+        f"{HEARTBEAT:g}s",
+        "--json",
+        *extra,
+        "--",
+        *train_command(steps=steps, step_seconds=0.02, every_steps=20),
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "spot_core.cli", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
 
 
 def wait_for_progress(store, proc: subprocess.Popen, above: int = 0) -> None:
-    assert wait_until(lambda: (store.latest() is not None and store.latest().step > above)
-                      or proc.poll() is not None, timeout=SLACK), "no checkpoint in time"
+    assert wait_until(
+        lambda: (
+            (store.latest() is not None and store.latest().step > above) or proc.poll() is not None
+        ),
+        timeout=SLACK,
+    ), "no checkpoint in time"
     assert proc.poll() is None, proc.communicate(timeout=10)
 
 
@@ -147,8 +176,11 @@ def test_a_resumed_driver_that_was_taken_over_stops_without_a_user_failure(tmp_p
     out, err = first.communicate(timeout=SLACK)
     assert first.returncode == 2, err[-2000:]
     assert re.search(r"(driven by another driver|was taken over)", err), err[-2000:]
-    closed = [line for line in out.splitlines() if "attempt 1 " in line
-              and line.split()[1:2] != ["launched"]]
+    closed = [
+        line
+        for line in out.splitlines()
+        if "attempt 1 " in line and line.split()[1:2] != ["launched"]
+    ]
     assert closed and "infrastructure_failed" in closed[0] and "fenced out" in closed[0], out
     assert "user_failed" not in out
     record = final_record(second)
@@ -159,18 +191,29 @@ def test_a_resumed_driver_that_was_taken_over_stops_without_a_user_failure(tmp_p
 # -- the controller itself ------------------------------------------------------------------
 def _controller(tmp_path, **options) -> tuple[Controller, JobSpec, LocalProvider]:
     provider = LocalProvider.from_traces(
-        [trace("us-east-1a_calm", "1" * 4000, tick_seconds=600.0)], time_scale=600.0,
+        [trace("us-east-1a_calm", "1" * 4000, tick_seconds=600.0)],
+        time_scale=600.0,
         workdir=tmp_path / "cloud",
-        config=LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0))
-    spec = JobSpec(job_id="job", command=train_command(steps=100000, step_seconds=0.02,
-                                                       every_steps=5),
-                   checkpoint_uri=(tmp_path / "ckpt").as_uri(), pools=provider.pools())
+        config=LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0),
+    )
+    spec = JobSpec(
+        job_id="job",
+        command=train_command(steps=100000, step_seconds=0.02, every_steps=5),
+        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+        pools=provider.pools(),
+    )
     return _driver(provider, **options), spec, provider
 
 
 def _driver(provider, **options) -> Controller:
-    return Controller(provider, provider.market, RetryPolicy(max_user_retries=0),
-                      poll_interval=0.1, heartbeat_timeout=HEARTBEAT, **options)
+    return Controller(
+        provider,
+        provider.market,
+        RetryPolicy(max_user_retries=0),
+        poll_interval_seconds=0.1,
+        heartbeat_timeout_seconds=HEARTBEAT,
+        **options,
+    )
 
 
 def test_a_fenced_out_step_is_an_infrastructure_failure_and_the_driver_stops(tmp_path):
@@ -199,18 +242,24 @@ def test_a_fenced_out_step_is_an_infrastructure_failure_and_the_driver_stops(tmp
     assert not marked_processes(str(tmp_path))
 
 
-@pytest.mark.parametrize("beat, refused", [
-    ("fresh", True),          # renewed 1 s ago by another process
-    ("stale", False),         # older than the writer's own timeout: it is gone
-    ("released", False),      # its driver closed the attempt
-    ("mine", False),          # this process's own beat (a driver that resumes its job)
-])
+@pytest.mark.parametrize(
+    "beat, refused",
+    [
+        ("fresh", True),  # renewed 1 s ago by another process
+        ("stale", False),  # older than the writer's own timeout: it is gone
+        ("released", False),  # its driver closed the attempt
+        ("mine", False),  # this process's own beat (a driver that resumes its job)
+    ],
+)
 def test_a_launch_reads_who_holds_the_job(tmp_path, beat, refused):
     controller, spec, provider = _controller(tmp_path)
     store = open_store(spec.checkpoint_uri)
     now = time.time()
-    writer = Heartbeat(store, timeout=5.0 if beat == "stale" else HEARTBEAT,
-                       identity=None if beat == "mine" else OTHER)
+    writer = Heartbeat(
+        store,
+        timeout=5.0 if beat == "stale" else HEARTBEAT,
+        identity=None if beat == "mine" else OTHER,
+    )
     if beat == "released":
         writer.renew(1, now - 1)
         writer.release(1, now - 1)
@@ -219,8 +268,11 @@ def test_a_launch_reads_who_holds_the_job(tmp_path, beat, refused):
     store.fence(1)
     with provider:
         if refused:
-            with pytest.raises(DriverConflict, match=r"other-host pid 4242 renewed its heartbeat "
-                               r"1s ago \(attempt 1, timeout 60s\).*--take-over"):
+            with pytest.raises(
+                DriverConflict,
+                match=r"other-host pid 4242 renewed its heartbeat "
+                r"1s ago \(attempt 1, timeout 60s\).*--take-over",
+            ):
                 controller.advance(spec, controller.new_record(spec))
             assert store.fence_level() == 1
             controller = _driver(provider, take_over=True)
@@ -231,7 +283,7 @@ def test_a_launch_reads_who_holds_the_job(tmp_path, beat, refused):
 
 
 def test_take_over_is_a_setting_of_every_job_surface():
-    from spot_core.settings import CLI, OPERATOR, POD_OPERATOR, BLOCK, WORKER, knob
+    from spot_core.settings import BLOCK, CLI, OPERATOR, POD_OPERATOR, WORKER, knob
 
     assert knob("take_over").surfaces >= {CLI, OPERATOR, POD_OPERATOR, BLOCK, WORKER}
     assert knob("take_over").default is False

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from spot_core.market.trace import load_traces
-from spot_core.policy.causal import FutureRead, causal_plan
-from spot_core.policy.deadline import IDLE, ON_DEMAND, Job, Window
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import IDLE, ON_DEMAND, Job, Window
+from spot_core.policy.deadline.causal import FutureRead, causal_plan
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
@@ -33,9 +33,9 @@ def _windows(paths: list[Path], count: int, deadline_hours: float, overhead_hour
 def _scrambled_after(window: Window, t: int, rng: np.random.Generator) -> Window:
     """The same window up to tick t; random availability and prices after it."""
     available, price = window.available.copy(), window.price.copy()
-    after = available[:, t + 1:].shape
-    available[:, t + 1:] = rng.random(after) < 0.5
-    price[:, t + 1:] = rng.uniform(0.1, 3.0, after) * price.max()
+    after = available[:, t + 1 :].shape
+    available[:, t + 1 :] = rng.random(after) < 0.5
+    price[:, t + 1 :] = rng.uniform(0.1, 3.0, after) * price.max()
     return dataclasses.replace(window, available=available, price=price)
 
 
@@ -46,6 +46,7 @@ def _actions(policy_name: str, window: Window) -> list[int]:
     def recording(t: int, progress: float, current: int, left: float) -> int:
         actions.append(decide(t, progress, current, left))
         return actions[-1]
+
     run_window(window, recording)
     return actions
 
@@ -62,7 +63,8 @@ def test_actions_up_to_t_do_not_depend_on_what_comes_after(policy: str, market: 
                 upto = min(int(t) + 1, len(real), len(other))
                 assert real[:upto] == other[:upto], (
                     f"{policy} on {market} acted differently before tick {t} once the "
-                    "future changed")
+                    "future changed"
+                )
 
 
 def _window() -> Window:
@@ -72,8 +74,7 @@ def _window() -> Window:
 @dataclasses.dataclass(frozen=True)
 class _PeeksAtNextTick:
     def plan(self, window: Window):
-        return lambda t, progress, current, left: (
-            0 if window.available[0, t + 1] else ON_DEMAND)
+        return lambda t, progress, current, left: 0 if window.available[0, t + 1] else ON_DEMAND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,8 @@ class _PlansOnTheWholeWindow:
 class _SumsTheFuture:
     def plan(self, window: Window):
         return lambda t, progress, current, left: (
-            ON_DEMAND if window.price[:, t:t + 5].sum() > 0 else IDLE)
+            ON_DEMAND if window.price[:, t : t + 5].sum() > 0 else IDLE
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +99,11 @@ class _CallsArrayMethods:
         return lambda t, progress, current, left: 0 if up else ON_DEMAND
 
 
-@pytest.mark.parametrize("cheat", [_PeeksAtNextTick(), _PlansOnTheWholeWindow(),
-                                   _SumsTheFuture(), _CallsArrayMethods()],
-                         ids=lambda c: type(c).__name__)
+@pytest.mark.parametrize(
+    "cheat",
+    [_PeeksAtNextTick(), _PlansOnTheWholeWindow(), _SumsTheFuture(), _CallsArrayMethods()],
+    ids=lambda c: type(c).__name__,
+)
 def test_a_policy_that_reads_ahead_is_stopped(cheat) -> None:
     with pytest.raises(FutureRead, match="tick"):
         run_window(_window(), causal_plan(cheat, _window()))
@@ -114,7 +118,9 @@ def test_reads_up_to_now_and_the_history_are_allowed() -> None:
         def plan(self, view: Window):
             seen.append(float(view.past_price.mean()))
             return lambda t, progress, current, left: (
-                seen.append(float(view.price[:, :t + 1].sum()) + int(view.available[-1, t]))
-                or ON_DEMAND)
+                seen.append(float(view.price[:, : t + 1].sum()) + int(view.available[-1, t]))
+                or ON_DEMAND
+            )
+
     result = run_window(window, causal_plan(Honest(), window))
     assert result.finished and len(seen) > 1

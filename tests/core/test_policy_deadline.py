@@ -7,8 +7,8 @@ import pytest
 
 from spot_core.errors import ConfigError
 from spot_core.model import Attempt, JobRecord, Market, Offer, Pool
-from spot_core.policy.deadline_live import DeadlineWork
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.live import DeadlineWork
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 from spot_core.policy.retry import RetryPolicy, decide_next
 
 T0 = 1_700_000_000.0
@@ -32,13 +32,13 @@ def test_bad_work_is_a_config_error():
 
 
 def test_decide_next_launches_spot_while_the_work_fits():
-    record = JobRecord("j", T0, deadline=T0 + 3 * 3600)
+    record = JobRecord("j", T0, deadline_at=T0 + 3 * 3600)
     decision = decide_next(record, OFFERS, RetryPolicy(), now=T0, work=WORK)
     assert decision.action == "launch" and decision.market is Market.SPOT
 
 
 def test_decide_next_goes_on_demand_when_the_safety_net_says_so():
-    record = JobRecord("j", T0, deadline=T0 + 70 * 60)
+    record = JobRecord("j", T0, deadline_at=T0 + 70 * 60)
     decision = decide_next(record, OFFERS, RetryPolicy(), now=T0, work=WORK)
     assert decision.market is Market.ON_DEMAND and "no longer fit" in decision.reason
     # without the work amount the old behaviour stands
@@ -46,11 +46,13 @@ def test_decide_next_goes_on_demand_when_the_safety_net_says_so():
 
 
 def test_running_on_demand_stays_when_leaving_would_risk_the_deadline():
-    record = JobRecord("j", T0 - 3600, deadline=T0 + 70 * 60).start_attempt(
-        Attempt(1, OD, T0 - 3600))
+    record = JobRecord("j", T0 - 3600, deadline_at=T0 + 70 * 60).start_attempt(
+        Attempt(1, OD, T0 - 3600)
+    )
     assert decide_next(record, OFFERS, RetryPolicy(), now=T0, work=WORK).action == "wait"
-    roomy = JobRecord("j", T0 - 3600, deadline=T0 + 5 * 3600).start_attempt(
-        Attempt(1, OD, T0 - 3600))
+    roomy = JobRecord("j", T0 - 3600, deadline_at=T0 + 5 * 3600).start_attempt(
+        Attempt(1, OD, T0 - 3600)
+    )
     moved = decide_next(roomy, OFFERS, RetryPolicy(), now=T0, work=WORK)
     assert moved.action == "launch" and moved.market is Market.SPOT
 

@@ -9,15 +9,15 @@ at tick t+1. Properties checked on every decision, not just at the end.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import pytest
+from spot_helpers import TRACES
 
-from spot_core.market import (TraceMarket, ZoneTrace, default_json_trace, default_traces,
-                              load_traces)
+from spot_core.market import TraceMarket, ZoneTrace, default_json_trace, default_traces, load_traces
 from spot_core.model import Attempt, JobRecord, Market, Outcome
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
-from spot_helpers import TRACES
 
 ORIGIN = 1_700_000_000.0
 
@@ -36,8 +36,14 @@ def _finish(record: JobRecord, outcome: Outcome, now: float) -> JobRecord:
     return record.finish_attempt(dataclasses.replace(running, ended_at=now, outcome=outcome))
 
 
-def _observe(market: TraceMarket, record: JobRecord, tick: int, progress: int, work: int,
-             user_failure_at: int | None) -> JobRecord:
+def _observe(
+    market: TraceMarket,
+    record: JobRecord,
+    tick: int,
+    progress: int,
+    work: int,
+    user_failure_at: int | None,
+) -> JobRecord:
     running, now = record.current_attempt, market.wall_time(tick)
     if running is None:
         return record
@@ -50,8 +56,14 @@ def _observe(market: TraceMarket, record: JobRecord, tick: int, progress: int, w
     return record
 
 
-def replay(traces: list[ZoneTrace], policy: RetryPolicy, *, work_ticks: int, start: int = 0,
-           user_failure_at: int | None = None) -> Replay:
+def replay(
+    traces: list[ZoneTrace],
+    policy: RetryPolicy,
+    *,
+    work_ticks: int,
+    start: int = 0,
+    user_failure_at: int | None = None,
+) -> Replay:
     market = TraceMarket(traces, ORIGIN, wrap=False)
     pools = market.pools() + market.pools(Market.ON_DEMAND)
     state = Replay(JobRecord("replay", created_at=market.wall_time(start)))
@@ -60,8 +72,13 @@ def replay(traces: list[ZoneTrace], policy: RetryPolicy, *, work_ticks: int, sta
         now = market.wall_time(tick)
         state.record = _observe(market, state.record, tick, progress, work_ticks, user_failure_at)
         if state.record.current_attempt is None:
-            decision = decide_next(state.record, market.offers(pools, now), policy, now=now,
-                                   stats=market.stats(pools, now))
+            decision = decide_next(
+                state.record,
+                market.offers(pools, now),
+                policy,
+                now=now,
+                stats=market.stats(pools, now),
+            )
             state.decisions.append((tick, decision, state.record))
             if decision.action in ("done", "fail"):
                 break
@@ -112,16 +129,23 @@ def test_preempted_zone_is_not_retried_first(fixture_traces):
     traces = [fixture_traces["us-east-1d"], fixture_traces["us-east-2a"]]
     state = replay(traces, RetryPolicy(max_preemptions=3), work_ticks=600)
     attempts = state.record.attempts
-    hops = [(p.pool.zone, n.pool.zone) for p, n in zip(attempts, attempts[1:])
-            if p.outcome is Outcome.PREEMPTED and n.pool.is_spot]
+    hops = [
+        (p.pool.zone, n.pool.zone)
+        for p, n in itertools.pairwise(attempts)
+        if p.outcome is Outcome.PREEMPTED and n.pool.is_spot
+    ]
     assert hops and all(a != b for a, b in hops)
 
 
 @pytest.mark.parametrize("start", [0, 300, 600])
 def test_spot_only_waits_boundedly_and_never_exceeds_budget(fixture_traces, start):
     traces = [fixture_traces["us-east-1d"]]
-    policy = RetryPolicy(max_preemptions=3, on_demand_fallback=False, capacity_wait_seconds=195,
-                         max_capacity_waits=200)
+    policy = RetryPolicy(
+        max_preemptions=3,
+        on_demand_fallback=False,
+        capacity_wait_seconds=195,
+        max_capacity_waits=200,
+    )
     state = replay(traces, policy, work_ticks=250, start=start)
     _assert_invariants(traces, state, policy)
     assert not any(a.pool.market is Market.ON_DEMAND for a in state.record.attempts)
@@ -139,7 +163,7 @@ def test_user_failure_spends_user_retries_only(fixture_traces):
     assert state.record.user_failures == 1
     assert state.decisions[-1][1].action == "done"
     # preemption events leave the user-failure count alone
-    for prev, nxt in zip(state.decisions, state.decisions[1:]):
+    for prev, nxt in itertools.pairwise(state.decisions):
         if nxt[2].preemptions > prev[2].preemptions:
             assert nxt[2].user_failures == prev[2].user_failures
 
@@ -164,8 +188,10 @@ def test_replay_of_the_json_format_excerpt():
 def test_replay_on_the_full_evaluation_set(start):
     folder = TRACES / "aws-v100-2023-02"
     names = ("us-east-1a", "us-east-1c", "us-east-2b")
-    traces = [t.slice(start, start + 1200)
-              for t in load_traces([folder / f"{z}_v100_1.csv" for z in names])]
+    traces = [
+        t.slice(start, start + 1200)
+        for t in load_traces([folder / f"{z}_v100_1.csv" for z in names])
+    ]
     policy = RetryPolicy(max_preemptions=2)
     state = replay(traces, policy, work_ticks=800)
     _assert_invariants(traces, state, policy)

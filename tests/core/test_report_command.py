@@ -13,15 +13,20 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_charts import EVIL, three_attempts
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def report(*args: str, stdin: str | None = None, cwd: Path | None = None):
-    return subprocess.run([sys.executable, "-m", "spot_core.cli", "report", *args],
-                          input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "report", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 def test_html_page_has_a_row_and_a_bar_per_attempt_and_escapes_every_label(tmp_path):
@@ -42,14 +47,30 @@ def test_html_page_has_a_row_and_a_bar_per_attempt_and_escapes_every_label(tmp_p
 def test_report_reads_what_a_real_run_json_writes(tmp_path):
     """The whole output of `run --json` (event lines, the table, the record), from a file
     and from stdin, and the page from it."""
-    run = subprocess.run([sys.executable, "-m", "spot_core.cli", "run", "--json", "--job-id",
-                          "real-run", "--", "true"], capture_output=True, text=True,
-                         timeout=100, cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.cli",
+            "run",
+            "--json",
+            "--job-id",
+            "real-run",
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     assert "Infinity" not in run.stdout and "NaN" not in run.stdout
     (tmp_path / "run.out").write_text(run.stdout)
-    for args, stdin in (([str(tmp_path / "run.out"), "--html", str(tmp_path / "r.html")], None),
-                        (["-"], run.stdout)):
+    for args, stdin in (
+        ([str(tmp_path / "run.out"), "--html", str(tmp_path / "r.html")], None),
+        (["-"], run.stdout),
+    ):
         proc = report(*args, stdin=stdin)
         assert proc.returncode == 0, proc.stderr
         assert "job real-run (succeeded)" in proc.stdout
@@ -65,16 +86,18 @@ def test_reads_stdin_and_the_whole_output_of_run_json(tmp_path):
     assert "saved $5.31 (60%)" in proc.stdout
 
 
-@pytest.mark.parametrize("content, says", [
-    (None, "no such file"),
-    ("", "is empty"),
-    ("not json at all", "not valid JSON"),
-    (json.dumps({"engine": "none", "attempts": 3}), "not a JobRecord"),  # demo --json output
-    (json.dumps({**three_attempts().to_dict(), "schema_version": 99}), "schema_version 99"),
-    (json.dumps({**three_attempts().to_dict(), "attempts": "many"}), "malformed"),
-])
-def test_bad_records_are_one_line_naming_the_fix_and_leave_the_page_alone(tmp_path, content,
-                                                                         says):
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (None, "no such file"),
+        ("", "is empty"),
+        ("not json at all", "not valid JSON"),
+        (json.dumps({"engine": "none", "attempts": 3}), "not a JobRecord"),  # demo --json output
+        (json.dumps({**three_attempts().to_dict(), "schema_version": 99}), "schema_version 99"),
+        (json.dumps({**three_attempts().to_dict(), "attempts": "many"}), "malformed"),
+    ],
+)
+def test_bad_records_are_one_line_naming_the_fix_and_leave_the_page_alone(tmp_path, content, says):
     source = tmp_path / "record.json"
     if content is not None:
         source.write_text(content)
@@ -151,7 +174,8 @@ TARGETS = {
     "the input itself": (lambda tmp_path, source: source, "same file as the input"),
     "the input by another spelling": (
         lambda tmp_path, source: tmp_path / "." / ".." / tmp_path.name / source.name,
-        "same file as the input"),
+        "same file as the input",
+    ),
     "a hard link to the input": (_hard_link, "same file as the input"),
     "a symlink to the input": (_symlink_to_input, "symbolic link"),
     "a symlink to a file elsewhere": (_symlink_elsewhere, "symbolic link"),
@@ -170,8 +194,7 @@ def _state(path: Path):
 
 
 @pytest.mark.parametrize("case", sorted(TARGETS))
-def test_html_onto_an_input_or_a_non_regular_file_is_one_line_and_damages_nothing(tmp_path,
-                                                                                  case):
+def test_html_onto_an_input_or_a_non_regular_file_is_one_line_and_damages_nothing(tmp_path, case):
     source = tmp_path / "record.json"
     source.write_text(three_attempts().to_json())
     make, words = TARGETS[case]
@@ -192,9 +215,13 @@ def test_html_onto_the_file_on_stdin_is_refused(tmp_path):
     text = three_attempts().to_json()
     source.write_text(text)
     with open(source) as stdin:
-        proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "report", "-", "--html",
-                               str(source)], stdin=stdin, capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "spot_core.cli", "report", "-", "--html", str(source)],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode == 2 and "same file as the input standard input" in proc.stderr
     assert source.read_text() == text
 
@@ -207,9 +234,13 @@ def test_an_existing_page_keeps_its_mode_and_a_new_one_follows_the_umask(tmp_pat
     private.chmod(0o600)
     fresh = tmp_path / "fresh.html"
     for page in (private, fresh):
-        proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "report", str(source),
-                               "--html", str(page)], capture_output=True, text=True,
-                              timeout=60, preexec_fn=lambda: os.umask(0o027))
+        proc = subprocess.run(
+            [sys.executable, "-m", "spot_core.cli", "report", str(source), "--html", str(page)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=lambda: os.umask(0o027),
+        )
         assert proc.returncode == 0, proc.stderr
         assert "<svg" in page.read_text()
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
@@ -227,12 +258,22 @@ def test_a_record_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path, sourc
     else:
         args, stdin = ["-"], open("/dev/zero", "rb")
     try:
-        proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "report", *args],
-                              stdin=stdin, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "spot_core.cli", "report", *args],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         if stdin is not None:
             stdin.close()
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert ("FIFO" if source == "a FIFO" else "character device" if source == "/dev/zero"
-            else "more than 64 MiB") in proc.stderr
+    assert (
+        "FIFO"
+        if source == "a FIFO"
+        else "character device"
+        if source == "/dev/zero"
+        else "more than 64 MiB"
+    ) in proc.stderr

@@ -9,6 +9,7 @@ import sys
 import threading
 
 import pytest
+from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.localcloud.cloud import LocalCloudConfig
@@ -17,8 +18,6 @@ from spot_core.model import JobStatus, Market
 from spot_core.observer import observer_of
 from spot_core.providers import open_provider
 
-from spot_helpers import marked_processes, trace, wait_until
-
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
 STEP = (sys.executable, "-c", "import time; time.sleep(4)")
@@ -26,16 +25,19 @@ JOBS = 3
 
 
 def test_jobs_driven_in_one_process_share_one_describe_per_poll(tmp_path):
-    with LocalCloudServer.from_traces([trace("us-east-1a_v100_1", "1" * 400)], time_scale=60.0,
-                                      workdir=tmp_path / "cloud", config=FAST) as server:
+    with LocalCloudServer.from_traces(
+        [trace("us-east-1a_v100_1", "1" * 400)],
+        time_scale=60.0,
+        workdir=tmp_path / "cloud",
+        config=FAST,
+    ) as server:
         provider = open_provider("local", url=server.url, workdir=server.cloud.workdir)
         pool = provider.pools()[0].on(Market.ON_DEMAND)
         records: dict[int, object] = {}
 
         def drive(index: int) -> None:
-            spec = JobSpec(f"shared-{index}", STEP, (tmp_path / f"ckpt-{index}").as_uri(),
-                           (pool,))
-            controller = Controller(provider, provider.market, poll_interval=0.2)
+            spec = JobSpec(f"shared-{index}", STEP, (tmp_path / f"ckpt-{index}").as_uri(), (pool,))
+            controller = Controller(provider, provider.market, poll_interval_seconds=0.2)
             records[index] = controller.run(spec, observer=observer_of(provider))
 
         threads = [threading.Thread(target=drive, args=(i,)) for i in range(JOBS)]

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
+from aws_helpers import client, unique
 from spot_helpers import ZOMBIE_WRITER
 
-from aws_helpers import client, unique
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.s3_backend import LOCK_NAME
 from spot_core.errors import CorruptCheckpoint, FencedOut
@@ -76,7 +75,10 @@ def test_large_payload_goes_up_in_parts_and_streams_back(store, s3, tmp_path):
     head = s3.head_object(Bucket=BUCKET, Key=_key_of(store, 7, "weights.bin"))
     assert head["ContentLength"] == len(big) and head["ETag"].strip('"').endswith("-5")
     out = store.load_to_dir(ref, tmp_path / "out")
-    assert hashlib.sha256(Path(out["weights.bin"]).read_bytes()).digest() == hashlib.sha256(big).digest()
+    assert (
+        hashlib.sha256(Path(out["weights.bin"]).read_bytes()).digest()
+        == hashlib.sha256(big).digest()
+    )
     assert not s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
 
@@ -121,8 +123,11 @@ def test_damaged_manifest_is_skipped(two, s3, damage):
     if damage == "delete":
         s3.delete_object(Bucket=BUCKET, Key=key)
     else:
-        s3.put_object(Bucket=BUCKET, Key=key,
-                      Body=text[: len(text) // 2] if damage == "truncate" else b"\x00 not json")
+        s3.put_object(
+            Bucket=BUCKET,
+            Key=key,
+            Body=text[: len(text) // 2] if damage == "truncate" else b"\x00 not json",
+        )
     assert two.latest().step == 1
     assert [r.step for r in two.list()] == [1]
 
@@ -145,17 +150,17 @@ def test_fence_refuses_older_attempts(store):
 
 def test_stale_lock_of_a_dead_writer_expires(s3):
     store = open_store(f"s3://{BUCKET}/jobs/j1", lock_ttl=0.5)
-    s3.put_object(Bucket=BUCKET, Key=f"jobs/j1/{LOCK_NAME}",
-                  Body=b'{"owner": "dead", "expires_at": 0}')
+    s3.put_object(
+        Bucket=BUCKET, Key=f"jobs/j1/{LOCK_NAME}", Body=b'{"owner": "dead", "expires_at": 0}'
+    )
     store.save(1, {"a": b"1"})
     assert store.latest().step == 1
 
 
-
-
 def test_zombie_writer_process_is_fenced_by_the_new_attempt(store):
-    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_WRITER, store.uri], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ZOMBIE_WRITER, store.uri], stdout=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 30
         while not any(r.attempt == 1 for r in store.list()):
@@ -173,7 +178,9 @@ def test_zombie_writer_process_is_fenced_by_the_new_attempt(store):
 
 
 def _writer_module():
-    spec = importlib.util.spec_from_file_location("checkpoint_writer", HERE / "checkpoint_writer.py")
+    spec = importlib.util.spec_from_file_location(
+        "checkpoint_writer", HERE / "checkpoint_writer.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -197,8 +204,11 @@ def _kill_trials(store, monkeypatch, trials: int) -> None:
     rng = random.Random(99)
     newest_seen, progressed, committing = 0, 0, 0
     for _ in range(trials):
-        proc = subprocess.Popen([sys.executable, str(HERE / "checkpoint_writer.py"), store.uri],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "checkpoint_writer.py"), store.uri],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout.readline().startswith("ready")
         # Half the trials let a save return first (kills then land in a later save),
         # whatever the machine's load; a returned save must survive the kill.

@@ -14,13 +14,13 @@ import subprocess
 import sys
 
 import pytest
-
 from aws_helpers import client, make_network, managed_live_instances, unique
+
 from spot_core import container
+from spot_core.credentials import credential_findings
 from spot_core.errors import ConfigError
 from spot_core.providers.base import LaunchSpec
 from spot_core.providers.ec2 import Ec2Provider
-from spot_core.credentials import credential_findings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,8 +28,11 @@ pytestmark = pytest.mark.timeout(120)
 CREDENTIALS = [
     ("DATABASE_URL", "postgres://svc:hunter2@db.internal:5432/prod", "URL with a password"),
     ("BROKER", "amqp://guest:guest@mq:5672//", "URL with a password"),
-    ("TLS_MATERIAL", "-----BEGIN RSA PRIVATE KEY-----\nMIIEow...\n-----END RSA PRIVATE KEY-----",
-     "PEM block"),
+    (
+        "TLS_MATERIAL",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEow...\n-----END RSA PRIVATE KEY-----",
+        "PEM block",
+    ),
     ("REPO_ACCESS", "ghp_" + "a1B2" * 9, "GitHub token"),
     ("GH", "github_pat_11ABCDEFG0" + "x" * 40, "GitHub token"),
     ("LLM", "sk-proj-" + "Z9y8" * 10, "OpenAI-style secret key"),
@@ -42,10 +45,17 @@ CREDENTIALS = [
     ("SENTRY_DSN", "anything", "its name"),
     ("HF_TOKEN", "anything", "its name"),
 ]
-HARMLESS = {"WANDB_MODE": "offline", "DATA": "s3://bucket/train/", "PATH": "/usr/bin:/bin",
-            "MODEL_REPO": "https://huggingface.co/acme/model", "PATTERN": "*.parquet",
-            "MONKEY": "patch", "GIT_URL": "https://github.com/acme/repo.git",
-            "SKETCH": "sk-short", "PROXY": "http://proxy.internal:3128"}
+HARMLESS = {
+    "WANDB_MODE": "offline",
+    "DATA": "s3://bucket/train/",
+    "PATH": "/usr/bin:/bin",
+    "MODEL_REPO": "https://huggingface.co/acme/model",
+    "PATTERN": "*.parquet",
+    "MONKEY": "patch",
+    "GIT_URL": "https://github.com/acme/repo.git",
+    "SKETCH": "sk-short",
+    "PROXY": "http://proxy.internal:3128",
+}
 
 
 @pytest.mark.parametrize("name,value,why", CREDENTIALS, ids=[c[0] for c in CREDENTIALS])
@@ -70,14 +80,24 @@ def net(aws_env):
 
 def _provider(endpoint, net) -> Ec2Provider:
     return Ec2Provider.from_options(
-        region="us-east-1", endpoint_url=endpoint, subnets=net["subnets"],
-        instance_types=["g4dn.xlarge"], image_id=net["image_id"],
-        instance_profile=net["instance_profile"], agent_python=sys.executable)
+        region="us-east-1",
+        endpoint_url=endpoint,
+        subnets=net["subnets"],
+        instance_types=["g4dn.xlarge"],
+        image_id=net["image_id"],
+        instance_profile=net["instance_profile"],
+        agent_python=sys.executable,
+    )
 
 
 def _spec(net, env=None, image=None) -> LaunchSpec:
-    spec = LaunchSpec(job_id="job-s", attempt=1, command=("python", "train.py"),
-                      checkpoint_uri=f"s3://{net['bucket']}/job-s", env=env or {})
+    spec = LaunchSpec(
+        job_id="job-s",
+        attempt=1,
+        command=("python", "train.py"),
+        checkpoint_uri=f"s3://{net['bucket']}/job-s",
+        env=env or {},
+    )
     return dataclasses.replace(spec, image=image) if image else spec
 
 
@@ -94,8 +114,10 @@ def test_the_ec2_provider_refuses_every_credential_in_one_line(aws_env, net):
                 assert f"{harmless} (" not in message
 
 
-@pytest.mark.parametrize("image", ["-v/:/host", "--privileged", "alpine --privileged",
-                                   "alpine\n--rm", "alpine\x00", "\tubuntu"])
+@pytest.mark.parametrize(
+    "image",
+    ["-v/:/host", "--privileged", "alpine --privileged", "alpine\n--rm", "alpine\x00", "\tubuntu"],
+)
 def test_an_image_name_that_could_inject_flags_is_refused(image, aws_env, net):
     with pytest.raises(ConfigError, match="not an image reference"):
         container.wrap(image, ("true",), ())
@@ -107,8 +129,12 @@ def test_an_image_name_that_could_inject_flags_is_refused(image, aws_env, net):
 
 @pytest.mark.parametrize("image", ["-v/:/host", "--privileged"])
 def test_the_container_shim_refuses_a_flag_for_an_image_in_one_line(image):
-    done = subprocess.run([sys.executable, "-m", "spot_core.container", f"--image={image}",
-                           "--", "true"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "spot_core.container", f"--image={image}", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "not an image reference" in done.stderr.strip().splitlines()[-1]
     assert "Traceback" not in done.stderr

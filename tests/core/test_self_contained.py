@@ -9,16 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spot_core.market.trace import load_trace
 from spot_helpers import REPO, TRACES
+
+from spot_core.market.trace import load_trace
 
 # Spelled in parts so that this file passes its own check.
 OUTSIDE = ("../" + "shared", "parents[2]" + ".parent", "parents[1]" + ".parent")
 
 
 def _repository_files() -> list[Path]:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return [REPO / name for name in listed.stdout.splitlines() if (REPO / name).is_file()]
 
 
@@ -40,14 +47,17 @@ def test_the_traces_carry_their_licence_and_every_set_loads():
     assert "Apache License" in (TRACES / "LICENSE-skynomad-artifact").read_text()
     counts = {"aws-v100-2023-02": 9, "aws-v100-4node-600s": 3, "gcp-h100-2025-10": 13}
     for folder, zones in counts.items():
-        files = sorted(p for p in (TRACES / folder).iterdir()
-                       if p.name.endswith(("_1.csv", "_1.json", "_16.json")))
+        files = sorted(
+            p
+            for p in (TRACES / folder).iterdir()
+            if p.name.endswith(("_1.csv", "_1.json", "_16.json"))
+        )
         assert len(files) == zones, folder
         assert load_trace(files[0]).n_ticks > 100
     assert (TRACES / "aws-spot-advisor" / "spot-advisor-data.json").stat().st_size > 100_000
 
 
-SKIPPING = '''
+SKIPPING = """
 import pytest
 
 def test_runs():
@@ -66,16 +76,21 @@ def test_fixture_skips(needs_tool):
 @pytest.mark.xfail(reason="known", strict=True)
 def test_expected_failure():
     assert False
-'''
+"""
 
 
 def _run_pytest(folder: Path, name: str, ci: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           name], capture_output=True, text=True, timeout=120, env=env,
-                          cwd=folder)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=folder,
+    )
 
 
 def test_under_ci_a_skip_is_a_failure_and_elsewhere_a_skip(tmp_path):
@@ -84,7 +99,8 @@ def test_under_ci_a_skip_is_a_failure_and_elsewhere_a_skip(tmp_path):
     (tmp_path / "test_skipping.py").write_text(SKIPPING)
     (tmp_path / "test_module_skip.py").write_text(
         'import pytest\npytest.importorskip("no_such_module_for_spot_tests")\n'
-        'def test_never():\n    pass\n')
+        "def test_never():\n    pass\n"
+    )
 
     local = _run_pytest(tmp_path, "test_skipping.py", None)
     assert local.returncode == 0, local.stdout

@@ -13,15 +13,36 @@ from spot_core.cli import build_parser, main
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import check_provider, open_provider, provider_names
-from spot_core.settings import (CLI, KNOBS, SURFACES, SpotSettings, cli_flag, format_duration,
-                                knob, knobs_for, parse_duration, settings_from_cli)
+from spot_core.settings import (
+    CLI,
+    KNOBS,
+    SURFACES,
+    SpotSettings,
+    cli_flag,
+    format_duration,
+    knob,
+    knobs_for,
+    parse_duration,
+    settings_from_cli,
+)
 
 
-@pytest.mark.parametrize("value, seconds", [
-    (90, 90.0), (2.5, 2.5), ("90", 90.0), ("90s", 90.0), ("5m", 300.0), ("2h", 7200.0),
-    ("1d", 86400.0), ("1h30m", 5400.0), ("1.5h", 5400.0), (" 5M ", 300.0),
-    (timedelta(minutes=3), 180.0),
-])
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        (90, 90.0),
+        (2.5, 2.5),
+        ("90", 90.0),
+        ("90s", 90.0),
+        ("5m", 300.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        ("1h30m", 5400.0),
+        ("1.5h", 5400.0),
+        (" 5M ", 300.0),
+        (timedelta(minutes=3), 180.0),
+    ],
+)
 def test_durations_take_seconds_timedeltas_and_unit_strings(value, seconds):
     assert parse_duration(value) == seconds
 
@@ -35,52 +56,87 @@ def test_a_bad_duration_is_one_line_naming_the_forms(value):
 
 
 def test_format_duration_is_the_shortest_exact_form():
-    assert [format_duration(s) for s in (60, 600, 86400, 5400, 1.5)] == \
-        ["1m", "10m", "1d", "90m", "1.5s"]
+    assert [format_duration(s) for s in (60, 600, 86400, 5400, 1.5)] == [
+        "1m",
+        "10m",
+        "1d",
+        "90m",
+        "1.5s",
+    ]
 
 
 def test_every_knob_is_declared_whole():
     for k in KNOBS:
         assert k.help.strip() and k.surfaces and k.surfaces <= set(SURFACES), k.name
         assert k.parse(k.default) == k.default, k.name  # the default passes its own check
-    assert {f for f in SpotSettings.__dataclass_fields__} == {k.name for k in KNOBS}
-    durations = [k.name for k in KNOBS if k.kind == "duration"]
-    assert not [n for n in durations if n.endswith(("_seconds", "_hours"))]
+    # every field is a knob's, but the deadline's absolute form, which the knob fills too
+    assert {f for f in SpotSettings.__dataclass_fields__} == {k.field for k in KNOBS} | {
+        k.absolute_field for k in KNOBS if k.absolute
+    }
+    durations = [k for k in KNOBS if k.kind == "duration"]
+    # a surface shows the knob's name; the field carries the unit (capacity time as such)
+    assert not [k.name for k in durations if k.name.endswith(("_seconds", "_hours"))]
+    assert all(k.field.endswith("_seconds") for k in durations)
+    capacity = {"deadline", "work", "restart_overhead"}
+    assert {k.name for k in durations if k.field.endswith("_capacity_seconds")} == capacity
+    assert all(k.absolute_field.endswith("_at") for k in KNOBS if k.absolute)
 
 
 def test_defaults_are_the_documented_ones():
     s = SpotSettings()
-    assert (s.capacity_wait, s.max_capacity_waits, s.attempt_timeout, s.heartbeat_timeout,
-            s.observe_failure_timeout, s.min_on_demand) == (60.0, 10, 86400.0, 300.0, 180.0, 600.0)
+    assert (
+        s.capacity_wait_seconds,
+        s.max_capacity_waits,
+        s.attempt_timeout_seconds,
+        s.heartbeat_timeout_seconds,
+        s.observe_failure_timeout_seconds,
+        s.min_on_demand_seconds,
+    ) == (60.0, 10, 86400.0, 300.0, 180.0, 600.0)
     assert s.provider == "local" and s.max_spot_price is None and s.max_preemptions == 3
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"capacity_wait": 0}, "train: capacity_wait=0 must be > 0s"),
-    ({"capacity_wait": "-5m"}, "train: capacity_wait='-5m' is not a duration"),
-    ({"max_preemptions": -1}, "train: max_preemptions=-1 must be >= 0"),
-    ({"max_preemptions": True}, "train: max_preemptions=True must be a whole number"),
-    ({"max_capacity_waits": 0}, "train: max_capacity_waits=0 must be >= 1"),
-    ({"max_spot_price": 0}, "train: max_spot_price=0 must be > 0 USD/h"),
-    ({"max_spot_price": "cheap"}, "train: max_spot_price='cheap' must be a number USD/h"),
-    ({"on_demand_fallback": "yes"}, "train: on_demand_fallback='yes' must be True or False"),
-    ({"zones": "us-east-2a"}, "train: zones='us-east-2a' must be a list of names"),
-    ({"provider": "gke-autopilot"}, "train: provider='gke-autopilot' is not built; choose one "
-                                    "of local, ec2, kubernetes"),
-    ({"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
-     "train: unknown kubernetes provider option(s) ['namepsace']"),
-    ({"provider": "ec2"}, "train: provider 'ec2' needs provider_options ['subnets', "
-                          "'image_id', 'instance_types']"),
-    ({"provider_options": {"colour": "red"}}, "train: unknown local provider option(s) "
-                                              "['colour']"),
-    ({"provider_options": {"watch_poll_interval": 0}},
-     "train: local provider option watch_poll_interval=0 must be a finite number of "
-     "seconds > 0"),
-    ({"deadline_policy": "greedy"}, "train: deadline_policy='greedy' needs deadline and work"),
-    ({"deadline_policy": "psychic", "deadline": "2h", "work": "1h"},
-     "train: deadline_policy='psychic' is not one of"),
-    ({"capacity_wiat": 5}, "train: unknown setting(s) ['capacity_wiat']; choose from"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"capacity_wait": 0}, "train: capacity_wait=0 must be > 0s"),
+        ({"capacity_wait": "-5m"}, "train: capacity_wait='-5m' is not a duration"),
+        ({"max_preemptions": -1}, "train: max_preemptions=-1 must be >= 0"),
+        ({"max_preemptions": True}, "train: max_preemptions=True must be a whole number"),
+        ({"max_capacity_waits": 0}, "train: max_capacity_waits=0 must be >= 1"),
+        ({"max_spot_price": 0}, "train: max_spot_price=0 must be > 0 USD/h"),
+        ({"max_spot_price": "cheap"}, "train: max_spot_price='cheap' must be a number USD/h"),
+        ({"on_demand_fallback": "yes"}, "train: on_demand_fallback='yes' must be True or False"),
+        ({"zones": "us-east-2a"}, "train: zones='us-east-2a' must be a list of names"),
+        (
+            {"provider": "gke-autopilot"},
+            "train: provider='gke-autopilot' is not built; choose one of local, ec2, kubernetes",
+        ),
+        (
+            {"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
+            "train: unknown kubernetes provider option(s) ['namepsace']",
+        ),
+        (
+            {"provider": "ec2"},
+            "train: provider 'ec2' needs provider_options ['subnets', "
+            "'image_id', 'instance_types']",
+        ),
+        (
+            {"provider_options": {"colour": "red"}},
+            "train: unknown local provider option(s) ['colour']",
+        ),
+        (
+            {"provider_options": {"watch_poll_interval": 0}},
+            "train: local provider option watch_poll_interval=0 must be a finite number of "
+            "seconds > 0",
+        ),
+        ({"deadline_policy": "greedy"}, "train: deadline_policy='greedy' needs deadline and work"),
+        (
+            {"deadline_policy": "psychic", "deadline": "2h", "work": "1h"},
+            "train: deadline_policy='psychic' is not one of",
+        ),
+        ({"capacity_wiat": 5}, "train: unknown setting(s) ['capacity_wiat']; choose from"),
+    ],
+)
 def test_bad_values_are_one_line_naming_where_and_the_fix(values, message):
     with pytest.raises(ConfigError) as info:
         SpotSettings.build(where="train", **values)
@@ -88,12 +144,17 @@ def test_bad_values_are_one_line_naming_where_and_the_fix(values, message):
 
 
 def test_old_names_work_with_a_deprecation_warning_and_not_twice():
-    with pytest.warns(DeprecationWarning, match="capacity_wait_seconds is deprecated; use "
-                                                "capacity_wait"):
-        settings = SpotSettings.build(capacity_wait_seconds=5, max_price_per_hour=0.8,
-                                      min_on_demand_seconds="2m")
-    assert (settings.capacity_wait, settings.max_spot_price, settings.min_on_demand) == \
-        (5.0, 0.8, 120.0)
+    with pytest.warns(
+        DeprecationWarning, match="capacity_wait_seconds is deprecated; use capacity_wait"
+    ):
+        settings = SpotSettings.build(
+            capacity_wait_seconds=5, max_price_per_hour=0.8, min_on_demand_seconds="2m"
+        )
+    assert (
+        settings.capacity_wait_seconds,
+        settings.max_spot_price,
+        settings.min_on_demand_seconds,
+    ) == (5.0, 0.8, 120.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ConfigError, match="old name of capacity_wait; pass only"):
@@ -105,34 +166,55 @@ def test_retry_policy_defaults_are_the_models():
 
 
 def test_builders_carry_every_knob_in_seconds():
-    settings = SpotSettings.build(max_preemptions=1, max_user_retries=2,
-                                  max_infrastructure_retries=4, on_demand_fallback=False,
-                                  return_to_spot=False, min_on_demand="15m",
-                                  capacity_wait=timedelta(seconds=30), max_capacity_waits=7,
-                                  max_spot_price=1.25, attempt_timeout="2h",
-                                  poll_interval="5s", heartbeat_timeout="4m",
-                                  heartbeat_uri="s3://beats/drivers",
-                                  observe_failure_timeout=90, checkpoint_cost="45s",
-                                  checkpoint_interval_min="2m", checkpoint_interval_max="30m")
+    settings = SpotSettings.build(
+        max_preemptions=1,
+        max_user_retries=2,
+        max_infrastructure_retries=4,
+        on_demand_fallback=False,
+        return_to_spot=False,
+        min_on_demand="15m",
+        capacity_wait=timedelta(seconds=30),
+        max_capacity_waits=7,
+        max_spot_price=1.25,
+        attempt_timeout="2h",
+        poll_interval="5s",
+        heartbeat_timeout="4m",
+        heartbeat_uri="s3://beats/drivers",
+        observe_failure_timeout=90,
+        checkpoint_cost="45s",
+        checkpoint_interval_min="2m",
+        checkpoint_interval_max="30m",
+    )
     assert settings.retry_policy() == RetryPolicy(
-        max_preemptions=1, max_user_retries=2, max_infrastructure_retries=4,
-        on_demand_fallback=False, return_to_spot=False, min_on_demand_seconds=900.0,
-        capacity_wait_seconds=30.0, max_capacity_waits=7, max_spot_price=1.25)
+        max_preemptions=1,
+        max_user_retries=2,
+        max_infrastructure_retries=4,
+        on_demand_fallback=False,
+        return_to_spot=False,
+        min_on_demand_seconds=900.0,
+        capacity_wait_seconds=30.0,
+        max_capacity_waits=7,
+        max_spot_price=1.25,
+    )
     assert settings.retry_policy(max_user_retries=9).max_user_retries == 9
-    assert settings.controller_options() == {"poll_interval": 5.0, "attempt_timeout": 7200.0,
-                                             "heartbeat_timeout": 240.0,
-                                             "heartbeat_uri": "s3://beats/drivers",
-                                             "observe_failure_timeout": 90.0,
-                                             "checkpoint_cost": 45.0,
-                                             "checkpoint_interval_min": 120.0,
-                                             "checkpoint_interval_max": 1800.0,
-                                             "take_over": False}
+    assert settings.controller_options() == {
+        "poll_interval_seconds": 5.0,
+        "attempt_timeout_seconds": 7200.0,
+        "heartbeat_timeout_seconds": 240.0,
+        "heartbeat_uri": "s3://beats/drivers",
+        "observe_failure_timeout_seconds": 90.0,
+        "checkpoint_cost_seconds": 45.0,
+        "checkpoint_interval_min_seconds": 120.0,
+        "checkpoint_interval_max_seconds": 1800.0,
+        "take_over": False,
+    }
 
 
 def test_the_provider_registry_refuses_what_is_not_built():
     assert provider_names() == ("local", "ec2", "kubernetes")
-    with pytest.raises(ConfigError, match="provider 'nomad' is not built; choose one of "
-                                          "local, ec2, kubernetes"):
+    with pytest.raises(
+        ConfigError, match="provider 'nomad' is not built; choose one of local, ec2, kubernetes"
+    ):
         open_provider("nomad")
     with pytest.raises(ConfigError, match=r"unknown ec2 provider option\(s\) \['colour'\]"):
         check_provider("ec2", {"colour": "red"})
@@ -161,7 +243,7 @@ CLI_VALUED = [k for k in knobs_for(CLI) if k.kind != "bool"]
 def test_cli_defaults_are_the_models():
     settings = settings_from_cli(_cli_args())
     for k in knobs_for(CLI):
-        assert getattr(settings, k.name) == k.default, k.name
+        assert k.read(settings) == k.default, k.name
     help_text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
     for k in knobs_for(CLI):
         assert cli_flag(k) in help_text, k.name
@@ -178,14 +260,30 @@ def test_cli_refuses_what_the_model_refuses_in_one_line(k, capsys):
 
 
 def test_cli_values_reach_the_model():
-    args = _cli_args("--capacity-wait", "2m", "--heartbeat-timeout", "90s",
-                     "--attempt-timeout", "6h", "--observe-failure-timeout", "1m",
-                     "--max-spot-price", "0.7", "--no-fallback", "--no-return-to-spot",
-                     "--max-preemptions", "5")
+    args = _cli_args(
+        "--capacity-wait",
+        "2m",
+        "--heartbeat-timeout",
+        "90s",
+        "--attempt-timeout",
+        "6h",
+        "--observe-failure-timeout",
+        "1m",
+        "--max-spot-price",
+        "0.7",
+        "--no-fallback",
+        "--no-return-to-spot",
+        "--max-preemptions",
+        "5",
+    )
     settings = settings_from_cli(args)
-    assert (settings.capacity_wait, settings.heartbeat_timeout, settings.attempt_timeout,
-            settings.observe_failure_timeout, settings.max_spot_price) == \
-        (120.0, 90.0, 21600.0, 60.0, 0.7)
+    assert (
+        settings.capacity_wait_seconds,
+        settings.heartbeat_timeout_seconds,
+        settings.attempt_timeout_seconds,
+        settings.observe_failure_timeout_seconds,
+        settings.max_spot_price,
+    ) == (120.0, 90.0, 21600.0, 60.0, 0.7)
     assert settings.on_demand_fallback is False and settings.return_to_spot is False
     assert settings.max_preemptions == 5
     assert knob("heartbeat_timeout").default == 300.0

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from bounds_cases import bounded, model_line, over
+
 from spot_core.settings import CLI, KNOBS, cli_flag
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,10 +24,15 @@ def test_every_number_has_a_maximum():
 @pytest.mark.parametrize("k", CLI_KNOBS, ids=[k.name for k in CLI_KNOBS])
 def test_the_cli_refuses_past_the_maximum_with_the_models_line(tmp_path, k):
     value = over(k)
-    proc = subprocess.run([sys.executable, "-m", "spot_core.cli", "run", cli_flag(k),
-                           str(value), "--", "true"], capture_output=True, text=True,
-                          timeout=100, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "run", cli_flag(k), str(value), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip() == (f"spot-pipelines run: error: {cli_flag(k)}: "
-                                   f"{model_line(k, value)}"), proc.stderr[-2000:]
+    assert proc.stderr.strip() == (
+        f"spot-pipelines run: error: {cli_flag(k)}: {model_line(k, value)}"
+    ), proc.stderr[-2000:]
     assert not list(tmp_path.iterdir())

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from spot_helpers import TRACES
 
 from spot_core.market.trace import load_traces
 from spot_core.market.trace_market import TraceMarket
-from spot_core.policy.deadline import Job
-from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-from spot_core.policy.replay import Replay
+from spot_core.policy.deadline.base import Job
+from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window, simulate
-from spot_helpers import TRACES
-
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +95,7 @@ def _simulated_preemptions(window) -> list[int]:
             ticks.append(t)
         state["last"] = decide(t, progress, current, left)
         return state["last"]
+
     result = run_window(window, watch)
     assert result.preemptions == len(ticks)
     return ticks
@@ -113,8 +113,9 @@ def test_uniform_progress_saves_about_half_on_the_evaluation_zones(traces_dir):
     job = Job.from_hours(48, 52, 0.05)
     savings, greedy = {}, {}
     for zone in ("us-east-2a", "us-east-2b", "us-west-2a", "us-west-2b", "us-west-2c"):
-        replay = Replay.from_traces(load_traces(
-            [traces_dir / "aws-v100-2023-02" / f"{zone}_v100_1.csv"]))
+        replay = Replay.from_traces(
+            load_traces([traces_dir / "aws-v100-2023-02" / f"{zone}_v100_1.csv"])
+        )
         starts = random_starts(replay.n_ticks, replay.deadline_ticks(job), 10, 0)
         report = simulate(replay, job, "uniform-progress", starts)
         assert report.deadline_misses == 0, zone

@@ -29,8 +29,7 @@ def library_call(lock: threading.Lock, signum: int) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_during_a_client_call_stops_at_the_next_wait_with_no_lock_left_held(
-        signum, capfd):
+def test_a_signal_during_a_client_call_stops_at_the_next_wait_with_no_lock_left_held(signum, capfd):
     lock = threading.Lock()
     with stop_on_signals():
         library_call(lock, signum)  # no exception inside the call

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from aws_helpers import client, unique
+
 from spot_core.checkpoint import open_store
 
 pytestmark = pytest.mark.timeout(120)

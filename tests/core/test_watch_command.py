@@ -66,14 +66,31 @@ def child(tmp_path: Path) -> Path:
 
 
 def watch_cmd(emulator, *extra: str, cloud: str = "aws") -> list[str]:
-    return [sys.executable, "-m", "spot_core.cli", "watch", "--cloud", cloud,
-            "--endpoint", emulator.url, "--poll-interval", POLL, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "spot_core.cli",
+        "watch",
+        "--cloud",
+        cloud,
+        "--endpoint",
+        emulator.url,
+        "--poll-interval",
+        POLL,
+        *extra,
+    ]
 
 
 def start(cmd: list[str], **kwargs) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOT_")}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**env, **kwargs.pop("env", {})}, **kwargs)
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, **kwargs.pop("env", {})},
+        **kwargs,
+    )
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = BOUND) -> None:
@@ -92,18 +109,15 @@ def finish(proc: subprocess.Popen) -> tuple[int, list[dict], str]:
     return proc.returncode, events, err
 
 
-def test_child_gets_sigterm_and_the_notice_file_and_its_code_is_returned(emulator, child,
-                                                                         tmp_path):
+def test_child_gets_sigterm_and_the_notice_file_and_its_code_is_returned(emulator, child, tmp_path):
     ready = tmp_path / "out"
-    proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(ready),
-                  "graceful"])
+    proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(ready), "graceful"])
     wait_for_file(ready, proc)
     deadline = emulator.schedule_interruption(notice_seconds=60)
     code, events, err = finish(proc)
     assert code == 7, err
     (event,) = events
-    assert (event["event"], event["action"], event["cloud"]) == ("interruption", "terminate",
-                                                                 "aws")
+    assert (event["event"], event["action"], event["cloud"]) == ("interruption", "terminate", "aws")
     assert event["deadline"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
     assert json.loads(ready.with_suffix(".notice").read_text()) == event
     notice_file = json.loads(ready.read_text())["notice_file"]
@@ -112,8 +126,16 @@ def test_child_gets_sigterm_and_the_notice_file_and_its_code_is_returned(emulato
 
 def test_child_ignoring_sigterm_is_killed_after_the_grace(emulator, child, tmp_path):
     ready = tmp_path / "out"
-    proc = start([*watch_cmd(emulator, "--grace-seconds", "0.5"), "--", sys.executable,
-                  str(child), str(ready), "stubborn"])
+    proc = start(
+        [
+            *watch_cmd(emulator, "--grace-seconds", "0.5"),
+            "--",
+            sys.executable,
+            str(child),
+            str(ready),
+            "stubborn",
+        ]
+    )
     wait_for_file(ready, proc)
     emulator.schedule_interruption(notice_seconds=120)
     started = time.monotonic()
@@ -125,8 +147,16 @@ def test_child_ignoring_sigterm_is_killed_after_the_grace(emulator, child, tmp_p
 
 def test_child_outliving_the_notice_deadline_is_killed(emulator, child, tmp_path):
     ready = tmp_path / "out"
-    proc = start([*watch_cmd(emulator, cloud="azure"), "--", sys.executable, str(child),
-                  str(ready), "stubborn"])
+    proc = start(
+        [
+            *watch_cmd(emulator, cloud="azure"),
+            "--",
+            sys.executable,
+            str(child),
+            str(ready),
+            "stubborn",
+        ]
+    )
     wait_for_file(ready, proc)
     emulator.schedule_interruption(notice_seconds=1)
     code, events, _ = finish(proc)
@@ -135,25 +165,38 @@ def test_child_outliving_the_notice_deadline_is_killed(emulator, child, tmp_path
 
 
 def test_exit_code_passes_through_without_a_notice(emulator, child, tmp_path):
-    proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(tmp_path / "o"),
-                  "exit3"])
+    proc = start(
+        [*watch_cmd(emulator), "--", sys.executable, str(child), str(tmp_path / "o"), "exit3"]
+    )
     code, events, err = finish(proc)
     assert (code, events) == (3, [])
     assert err == ""
 
 
 def test_child_killed_by_a_signal_exits_like_a_shell_reports_it(emulator, child, tmp_path):
-    proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(tmp_path / "o"),
-                  "die-by-signal"])
+    proc = start(
+        [
+            *watch_cmd(emulator),
+            "--",
+            sys.executable,
+            str(child),
+            str(tmp_path / "o"),
+            "die-by-signal",
+        ]
+    )
     assert finish(proc)[0] == 128 + signal.SIGUSR1
 
 
 def test_given_notice_file_and_rebalance_does_not_sigterm(emulator, child, tmp_path):
     ready, notice_file = tmp_path / "out", tmp_path / "notice.json"
-    notice_file.write_text('{"event": "interruption", "action": "terminate", "deadline": null, '
-                           '"detected_at": "2026-01-01T00:00:00Z", "cloud": "aws"}')  # stale
-    proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(ready),
-                  "wait-file"], env={"SPOT_NOTICE_FILE": str(notice_file)})
+    notice_file.write_text(
+        '{"event": "interruption", "action": "terminate", "deadline": null, '
+        '"detected_at": "2026-01-01T00:00:00Z", "cloud": "aws"}'
+    )  # stale
+    proc = start(
+        [*watch_cmd(emulator), "--", sys.executable, str(child), str(ready), "wait-file"],
+        env={"SPOT_NOTICE_FILE": str(notice_file)},
+    )
     wait_for_file(ready, proc)
     emulator.schedule_rebalance()
     code, events, err = finish(proc)
@@ -165,8 +208,7 @@ def test_given_notice_file_and_rebalance_does_not_sigterm(emulator, child, tmp_p
 
 def test_sigterm_to_the_watcher_is_forwarded_as_a_notice(emulator, child, tmp_path):
     ready = tmp_path / "out"
-    proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(ready),
-                  "graceful"])
+    proc = start([*watch_cmd(emulator), "--", sys.executable, str(child), str(ready), "graceful"])
     wait_for_file(ready, proc)
     proc.send_signal(signal.SIGTERM)
     code, events, _ = finish(proc)
@@ -174,15 +216,21 @@ def test_sigterm_to_the_watcher_is_forwarded_as_a_notice(emulator, child, tmp_pa
     assert [(e["event"], e["cloud"]) for e in events] == [("interruption", "signal")]
 
 
-def test_report_writes_the_attempts_status_at_the_notice_and_the_end(emulator, child,
-                                                                    tmp_path):
+def test_report_writes_the_attempts_status_at_the_notice_and_the_end(emulator, child, tmp_path):
     """``--report`` (a kubernetes pod's watcher): the status object the controller reads
     when the pod is gone holds when the notice came and how the step ended."""
     ready, store = tmp_path / "out", tmp_path / "store"
-    proc = start([*watch_cmd(emulator, "--report"), "--", sys.executable, str(child),
-                  str(ready), "graceful"],
-                 env={"SPOT_CHECKPOINT_URI": store.as_uri(), "SPOT_ATTEMPT": "4",
-                      "SPOT_JOB_ID": "job-r"})
+    proc = start(
+        [
+            *watch_cmd(emulator, "--report"),
+            "--",
+            sys.executable,
+            str(child),
+            str(ready),
+            "graceful",
+        ],
+        env={"SPOT_CHECKPOINT_URI": store.as_uri(), "SPOT_ATTEMPT": "4", "SPOT_JOB_ID": "job-r"},
+    )
     wait_for_file(ready, proc)
     emulator.schedule_interruption(notice_seconds=60)
     code, events, err = finish(proc)
@@ -213,22 +261,27 @@ def test_without_a_command_prints_the_event_and_exits_zero(emulator, cloud, tmp_
     assert json.loads(notice_file.read_text()) == event
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--poll-interval", "0"], "--poll-interval"),
-    (["--poll-interval", "-1"], "--poll-interval"),
-    (["--poll-interval", "soon"], "--poll-interval"),
-    (["--grace-seconds", "-2"], "--grace-seconds"),
-    (["--cloud", "mars"], "aws, gcp, azure"),
-    (["--endpoint", "169.254.169.254"], "http://HOST"),
-    (["--cloud", "aws", "--endpoint", "http://127.0.0.1:9", "--", "/no/such/cmd"],
-     "/no/such/cmd"),
-    (["--heartbeat-timeout", "soon", "--", "true"], "--heartbeat-timeout"),
-    (["--heartbeat-timeout", "0", "--", "true"], "--heartbeat-timeout"),
-    (["--heartbeat-timeout", "5m"], "put it after --"),
-    (["--heartbeat-timeout", "5", "--", "true"], "SPOT_CHECKPOINT_URI"),
-    (["--report", "--", "true"], "--report needs"),
-    (["--cloud", "kubernetes", "--", "true"], "SPOT_NODE_NAME"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--poll-interval", "0"], "--poll-interval"),
+        (["--poll-interval", "-1"], "--poll-interval"),
+        (["--poll-interval", "soon"], "--poll-interval"),
+        (["--grace-seconds", "-2"], "--grace-seconds"),
+        (["--cloud", "mars"], "aws, gcp, azure"),
+        (["--endpoint", "169.254.169.254"], "http://HOST"),
+        (
+            ["--cloud", "aws", "--endpoint", "http://127.0.0.1:9", "--", "/no/such/cmd"],
+            "/no/such/cmd",
+        ),
+        (["--heartbeat-timeout", "soon", "--", "true"], "--heartbeat-timeout"),
+        (["--heartbeat-timeout", "0", "--", "true"], "--heartbeat-timeout"),
+        (["--heartbeat-timeout", "5m"], "put it after --"),
+        (["--heartbeat-timeout", "5", "--", "true"], "SPOT_CHECKPOINT_URI"),
+        (["--report", "--", "true"], "--report needs"),
+        (["--cloud", "kubernetes", "--", "true"], "SPOT_NODE_NAME"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     proc = start([sys.executable, "-m", "spot_core.cli", "watch", *args])
     code, _, err = finish(proc)

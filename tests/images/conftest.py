@@ -34,14 +34,18 @@ class Images:
 def engine(tmp_path_factory) -> EngineEnv:
     """A Docker API the docker CLI talks to, for the whole session."""
     if shutil.which("docker") is None:
-        pytest.fail("the container tests drive the real docker CLI, and none is on PATH: "
-                    "install docker's CLI (Debian/Ubuntu: apt-get install docker.io)")
+        pytest.fail(
+            "the container tests drive the real docker CLI, and none is on PATH: "
+            "install docker's CLI (Debian/Ubuntu: apt-get install docker.io)"
+        )
     if docker_daemon():
         yield EngineEnv("docker", {})
         return
     if shutil.which("podman") is None:
-        pytest.fail("no Docker daemon answers and podman is missing: apt-get install podman "
-                    "buildah (make test does it when run as root on Debian/Ubuntu)")
+        pytest.fail(
+            "no Docker daemon answers and podman is missing: apt-get install podman "
+            "buildah (make test does it when run as root on Debian/Ubuntu)"
+        )
     with podman_service(tmp_path_factory.mktemp("engine")) as found:
         yield found
 

@@ -25,10 +25,10 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 START_TIMEOUT_SECONDS = 60.0
 NPROC_CAP = 32768
@@ -39,19 +39,21 @@ STOP_TIMEOUT_SECONDS = 20.0
 class EngineEnv:
     """What a client of the engine needs in its environment."""
 
-    kind: str                # "docker" or "podman"
+    kind: str  # "docker" or "podman"
     environ: dict[str, str]  # DOCKER_HOST (and CONTAINERS_CONF for podman's own CLI)
 
     def env(self, **more: str) -> dict[str, str]:
         return {**os.environ, **self.environ, **more}
 
     def podman(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(["podman", *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env())
+        return subprocess.run(
+            ["podman", *args], capture_output=True, text=True, timeout=timeout, env=self.env()
+        )
 
     def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env())
+        return subprocess.run(
+            ["docker", *args], capture_output=True, text=True, timeout=timeout, env=self.env()
+        )
 
 
 def docker_daemon() -> bool:
@@ -59,8 +61,12 @@ def docker_daemon() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        done = subprocess.run(["docker", "version", "--format", "{{json .Server}}"],
-                              capture_output=True, text=True, timeout=15)
+        done = subprocess.run(
+            ["docker", "version", "--format", "{{json .Server}}"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0 and "podman" not in done.stdout.lower()
@@ -75,8 +81,13 @@ def containers_conf(path: Path) -> Path:
     engine = ['events_logger = "file"']
     if not Path("/run/systemd/system").is_dir():
         engine.append('cgroup_manager = "cgroupfs"')
-    path.write_text("[containers]\ndefault_ulimits = " + json.dumps(limits) + "\n\n[engine]\n"
-                    + "\n".join(engine) + "\n")
+    path.write_text(
+        "[containers]\ndefault_ulimits = "
+        + json.dumps(limits)
+        + "\n\n[engine]\n"
+        + "\n".join(engine)
+        + "\n"
+    )
     return path
 
 
@@ -91,16 +102,24 @@ def podman_service(workdir: Path) -> Iterator[EngineEnv]:
     socket = workdir / "podman.sock"
     env = {"CONTAINERS_CONF": str(conf), "DOCKER_HOST": f"unix://{socket}"}
     log = open(workdir / "podman-service.log", "wb")
-    proc = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"],
-                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{socket}"],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         engine = EngineEnv("podman", env)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while engine.docker("version", "--format", "{{.Server.Version}}", timeout=30).returncode:
-            assert proc.poll() is None, \
+            assert proc.poll() is None, (
                 f"podman system service exited {proc.returncode}: {_tail(workdir)}"
-            assert time.monotonic() < deadline, f"podman's Docker API did not answer: {_tail(workdir)}"
+            )
+            assert time.monotonic() < deadline, (
+                f"podman's Docker API did not answer: {_tail(workdir)}"
+            )
             time.sleep(0.5)
         yield engine
     finally:
@@ -158,8 +177,9 @@ class HealthcheckRunner:
             name = entry["Names"][0]
             if entry.get("State") != "running" or not entry.get("Status", "").endswith(")"):
                 continue  # "Up 3 seconds ago (starting)": only healthchecked ones say a state
-            inspected = self.engine.podman("inspect", name, "--format",
-                                           "{{json .Config.Healthcheck}}")
+            inspected = self.engine.podman(
+                "inspect", name, "--format", "{{json .Config.Healthcheck}}"
+            )
             check = json.loads(inspected.stdout or "null") if inspected.returncode == 0 else None
             if check and check.get("Test"):
                 found[name] = max(1.0, (check.get("Interval") or 30e9) / 1e9)

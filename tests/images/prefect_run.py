@@ -34,11 +34,17 @@ def wait_for_pool(pool: str, timeout: float) -> None:
 
 def main(pool: str, flows: str, job_variables: str, parameters: str, timeout: str) -> int:
     wait_for_pool(pool, 120)
-    deployable = flow.from_source(source=flows,
-                                  entrypoint="spot_ml_pipeline.py:spot_ml_pipeline_on_worker")
-    deployment_id = deployable.deploy(name="stack", work_pool_name=pool,
-                                      job_variables=json.loads(job_variables), build=False,
-                                      push=False, print_next_steps=False)
+    deployable = flow.from_source(
+        source=flows, entrypoint="spot_ml_pipeline.py:spot_ml_pipeline_on_worker"
+    )
+    deployment_id = deployable.deploy(
+        name="stack",
+        work_pool_name=pool,
+        job_variables=json.loads(job_variables),
+        build=False,
+        push=False,
+        print_next_steps=False,
+    )
     run = run_deployment(deployment_id, timeout=0, parameters=json.loads(parameters))
     deadline = time.monotonic() + float(timeout)
     with get_client(sync_client=True) as client:
@@ -48,8 +54,15 @@ def main(pool: str, flows: str, job_variables: str, parameters: str, timeout: st
                 break
             time.sleep(1)
         states = [state.name for state in client.read_flow_run_states(run.id)]
-    print(json.dumps({"state": run.state.type.value if run.state else None,
-                      "states": states, "flow_run_id": str(run.id)}))
+    print(
+        json.dumps(
+            {
+                "state": run.state.type.value if run.state else None,
+                "states": states,
+                "flow_run_id": str(run.id),
+            }
+        )
+    )
     return 0
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from compose_helpers import COMPOSE_FILE, REPO
 from engine import HealthcheckRunner
 from process_helpers import free_port
@@ -32,9 +31,17 @@ pytestmark = pytest.mark.timeout(1200)
 DAG_ID = "spot_first_task"
 RUN_TIMEOUT = 300.0
 UP_TIMEOUT = 900.0
-LONG_RUNNING = ("postgres", "object-store", "spot-cloud", "airflow-api-server",
-                "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-                "prefect-server", "prefect-worker")
+LONG_RUNNING = (
+    "postgres",
+    "object-store",
+    "spot-cloud",
+    "airflow-api-server",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+    "prefect-server",
+    "prefect-worker",
+)
 
 
 @dataclass
@@ -43,22 +50,30 @@ class Stack:
     env: dict[str, str]
     airflow_url: str
 
-    def compose(self, *args: str, timeout: float = 300, check: bool = True
-                ) -> subprocess.CompletedProcess:
+    def compose(
+        self, *args: str, timeout: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess:
         argv = [_compose_program(), "-f", str(COMPOSE_FILE), "-p", self.project, *args]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=self.env, cwd=REPO, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+        )
         if check:
-            assert done.returncode == 0, f"{' '.join(args)}: {done.stdout[-3000:]}" \
-                                         f"{done.stderr[-3000:]}"
+            assert done.returncode == 0, (
+                f"{' '.join(args)}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
         return done
 
     def exec(self, service: str, *command: str, timeout: float = 120) -> str:
         return self.compose("exec", "-T", service, *command, timeout=timeout).stdout
 
     def logs(self, *services: str, tail: int = 60) -> str:
-        return self.compose("logs", "--no-color", f"--tail={tail}", *services,
-                            check=False).stdout
+        return self.compose("logs", "--no-color", f"--tail={tail}", *services, check=False).stdout
 
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service).stdout.strip()
@@ -67,18 +82,23 @@ class Stack:
 def _compose_program() -> str:
     found = shutil.which("docker-compose")
     if found is None:
-        pytest.fail("the stack test runs docker/compose.yaml with docker-compose: install it "
-                    "(Debian/Ubuntu: apt-get install docker-compose)")
+        pytest.fail(
+            "the stack test runs docker/compose.yaml with docker-compose: install it "
+            "(Debian/Ubuntu: apt-get install docker-compose)"
+        )
     return found
 
 
 @pytest.fixture(scope="module")
 def stack(engine, images, tmp_path_factory):
     project = f"spotstack{os.getpid()}"
-    env = engine.env(AIRFLOW_PORT=str(free_port()), PREFECT_PORT=str(free_port()),
-                     POSTGRES_IMAGE=images.bases["POSTGRES_IMAGE"],
-                     MOTO_IMAGE=images.bases["MOTO_IMAGE"],
-                     COMPOSE_HTTP_TIMEOUT="300")
+    env = engine.env(
+        AIRFLOW_PORT=str(free_port()),
+        PREFECT_PORT=str(free_port()),
+        POSTGRES_IMAGE=images.bases["POSTGRES_IMAGE"],
+        MOTO_IMAGE=images.bases["MOTO_IMAGE"],
+        COMPOSE_HTTP_TIMEOUT="300",
+    )
     env = {k: v for k, v in env.items() if not k.startswith("COMPOSE_FILE")}
     stack = Stack(project, env, f"http://127.0.0.1:{env['AIRFLOW_PORT']}")
     runner = HealthcheckRunner(engine, project) if engine.kind == "podman" else None
@@ -96,8 +116,14 @@ def stack(engine, images, tmp_path_factory):
         if runner is not None:
             runner.__exit__(None, None, None)
         print(f"stack down in {time.monotonic() - stopped:.0f} s")
-        left = engine.docker("ps", "-a", "--filter", f"label=com.docker.compose.project={project}",
-                             "--format", "{{.Names}}").stdout.split()
+        left = engine.docker(
+            "ps",
+            "-a",
+            "--filter",
+            f"label=com.docker.compose.project={project}",
+            "--format",
+            "{{.Names}}",
+        ).stdout.split()
         assert down.returncode == 0 and not left, f"{down.stderr[-2000:]} left: {left}"
 
 
@@ -111,9 +137,11 @@ class AirflowApi:
         with urllib.request.urlopen(f"{self.base}/auth/token", timeout=30) as response:
             token = json.loads(response.read())["access_token"]
         request = urllib.request.Request(
-            f"{self.base}/api/v2{path}", method=method,
+            f"{self.base}/api/v2{path}",
+            method=method,
             data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             return json.loads(response.read() or b"{}")
 
@@ -146,32 +174,59 @@ def _start_prefect_run(stack: Stack, engine) -> subprocess.Popen:
     }
     parameters = {"workdir": "/tmp/spot-ml", "steps": 400, "step_seconds": 0.01}
     worker = stack.container("prefect-worker")
-    copied = engine.docker("cp", str(Path(__file__).with_name("prefect_run.py")),
-                           f"{worker}:/tmp/prefect_run.py")
+    copied = engine.docker(
+        "cp", str(Path(__file__).with_name("prefect_run.py")), f"{worker}:/tmp/prefect_run.py"
+    )
     assert copied.returncode == 0, copied.stderr
-    argv = [_compose_program(), "-f", str(COMPOSE_FILE), "-p", stack.project, "exec", "-T",
-            "-e", "PREFECT_LOGGING_LEVEL=WARNING", "prefect-worker", "python",
-            "/tmp/prefect_run.py", "spot", "/opt/prefect/flows", json.dumps(job_variables),
-            json.dumps(parameters), str(RUN_TIMEOUT)]
-    return subprocess.Popen(argv, env=stack.env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    argv = [
+        _compose_program(),
+        "-f",
+        str(COMPOSE_FILE),
+        "-p",
+        stack.project,
+        "exec",
+        "-T",
+        "-e",
+        "PREFECT_LOGGING_LEVEL=WARNING",
+        "prefect-worker",
+        "python",
+        "/tmp/prefect_run.py",
+        "spot",
+        "/opt/prefect/flows",
+        json.dumps(job_variables),
+        json.dumps(parameters),
+        str(RUN_TIMEOUT),
+    ]
+    return subprocess.Popen(
+        argv,
+        env=stack.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _bucket_keys(stack: Stack, prefix: str) -> list[str]:
     """Keys under ``prefix`` in the stack's bucket, listed from a container on its network."""
-    script = ("import boto3, json, os, sys; print(json.dumps([o['Key'] for o in boto3.client("
-              "'s3').list_objects_v2(Bucket=os.environ['SPOT_CHECKPOINT_BUCKET'], "
-              "Prefix=sys.argv[1]).get('Contents', [])]))")
-    done = stack.compose("run", "--rm", "--no-deps", "object-store-init", script, prefix,
-                         timeout=120)
+    script = (
+        "import boto3, json, os, sys; print(json.dumps([o['Key'] for o in boto3.client("
+        "'s3').list_objects_v2(Bucket=os.environ['SPOT_CHECKPOINT_BUCKET'], "
+        "Prefix=sys.argv[1]).get('Contents', [])]))"
+    )
+    done = stack.compose(
+        "run", "--rm", "--no-deps", "object-store-init", script, prefix, timeout=120
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _sql(stack: Stack, database: str, query: str) -> str:
     env = stack.env
     user = env.get("POSTGRES_USER", "spot")
-    return stack.exec("postgres", "psql", "-U", user, "-d", database, "-X", "-A", "-t", "-c",
-                      query).strip()
+    return stack.exec(
+        "postgres", "psql", "-U", user, "-d", database, "-X", "-A", "-t", "-c", query
+    ).strip()
 
 
 def test_a_spot_dag_and_a_spot_flow_run_to_success_on_the_stack(stack, engine):
@@ -181,8 +236,9 @@ def test_a_spot_dag_and_a_spot_flow_run_to_success_on_the_stack(stack, engine):
         api = AirflowApi(stack.airflow_url)
         api.wait_for_dag(DAG_ID, timeout=240)
         api.call("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
-        run = api.call("POST", f"/dags/{DAG_ID}/dagRuns",
-                       {"logical_date": None, "conf": {"steps": 300}})
+        run = api.call(
+            "POST", f"/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"steps": 300}}
+        )
         run_id = run["dag_run_id"]
         deadline = time.monotonic() + RUN_TIMEOUT
         while run["state"] not in ("success", "failed") and time.monotonic() < deadline:
@@ -190,11 +246,12 @@ def test_a_spot_dag_and_a_spot_flow_run_to_success_on_the_stack(stack, engine):
             run = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
         task = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train")
         assert run["state"] == "success", (
-            f"{run}\n{task}\n"
-            f"{stack.logs('airflow-scheduler', 'airflow-triggerer', 'spot-cloud')}")
+            f"{run}\n{task}\n{stack.logs('airflow-scheduler', 'airflow-triggerer', 'spot-cloud')}"
+        )
         assert task["try_number"] == 1  # preemptions, if any, spent no Airflow try
-        assert _bucket_keys(stack, f"airflow/{DAG_ID}/{run_id}/"), \
+        assert _bucket_keys(stack, f"airflow/{DAG_ID}/{run_id}/"), (
             "no checkpoint of the DAG run in the stack's bucket"
+        )
         print(f"DAG run done at {time.monotonic() - began:.0f} s")
         out, err = prefect.communicate(timeout=RUN_TIMEOUT + 200)
         print(f"flow run done at {time.monotonic() - began:.0f} s: {out.strip()[-600:]}")
@@ -204,14 +261,22 @@ def test_a_spot_dag_and_a_spot_flow_run_to_success_on_the_stack(stack, engine):
             prefect.wait(timeout=10)
     assert prefect.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["state"] == "COMPLETED", f"{result}\n{err[-2000:]}\n" \
-                                          f"{stack.logs('prefect-worker', 'spot-cloud')}"
+    assert result["state"] == "COMPLETED", (
+        f"{result}\n{err[-2000:]}\n{stack.logs('prefect-worker', 'spot-cloud')}"
+    )
     assert _bucket_keys(stack, "prefect/"), "no checkpoint of the flow run in the bucket"
     # Both engines kept their state in the stack's PostgreSQL.
-    assert _sql(stack, "airflow", f"SELECT state FROM dag_run WHERE run_id = '{run_id}'") \
-        == "success"
-    assert _sql(stack, "prefect", "SELECT state_type FROM flow_run WHERE id = "
-                f"'{result['flow_run_id']}'") == "COMPLETED"
+    assert (
+        _sql(stack, "airflow", f"SELECT state FROM dag_run WHERE run_id = '{run_id}'") == "success"
+    )
+    assert (
+        _sql(
+            stack,
+            "prefect",
+            f"SELECT state_type FROM flow_run WHERE id = '{result['flow_run_id']}'",
+        )
+        == "COMPLETED"
+    )
 
 
 def test_the_services_share_the_cloud_token_by_uid_and_stay_healthy(stack, engine):
@@ -221,14 +286,20 @@ def test_the_services_share_the_cloud_token_by_uid_and_stay_healthy(stack, engin
     for service in ("airflow-triggerer", "airflow-scheduler", "prefect-worker"):
         uid = stack.exec(service, "id", "-u").strip()
         assert uid == "50000", (service, uid)
-        token = stack.exec(service, "python", "-c", "import sys; from spot_core.localcloud."
-                           "server import read_token; print(len(read_token(sys.argv[1])))",
-                           "/var/lib/spot-cloud")
+        token = stack.exec(
+            service,
+            "python",
+            "-c",
+            "import sys; from spot_core.localcloud."
+            "server import read_token; print(len(read_token(sys.argv[1])))",
+            "/var/lib/spot-cloud",
+        )
         assert int(token) > 20, (service, token)
     for service in LONG_RUNNING:
         container = stack.container(service)
-        status = engine.docker("inspect", "--format", "{{.State.Health.Status}}",
-                               container).stdout.strip()
+        status = engine.docker(
+            "inspect", "--format", "{{.State.Health.Status}}", container
+        ).stdout.strip()
         assert status == "healthy", (service, status, stack.logs(service, tail=30))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.timeout(300)
@@ -19,8 +18,9 @@ pytestmark = pytest.mark.timeout(300)
 SHARED_UID = "50000"
 
 
-def _run(engine, image: str, *command: str, entrypoint: str | None = None,
-         volumes: tuple[str, ...] = ()) -> str:
+def _run(
+    engine, image: str, *command: str, entrypoint: str | None = None, volumes: tuple[str, ...] = ()
+) -> str:
     argv = ["run", "--rm", "--network", "host", "-e", "AIRFLOW__CORE__LOAD_EXAMPLES=False"]
     if entrypoint is not None:
         argv += ["--entrypoint", entrypoint]
@@ -42,11 +42,20 @@ def _config(engine, image: str, field: str = "") -> dict:
 
 def test_airflow_lists_the_provider_and_parses_the_example_dags(engine, images):
     airflow = images.airflow
-    providers = json.loads(_run(engine, airflow, "airflow", "providers", "list", "--output",
-                                "json"))
+    providers = json.loads(
+        _run(engine, airflow, "airflow", "providers", "list", "--output", "json")
+    )
     assert any(p["package_name"] == "spot-pipelines" for p in providers), providers
-    parsed = json.loads(_run(engine, airflow, "python", "-c", _PARSE_DAGS,
-                             volumes=(f"{REPO / 'dags'}:/opt/airflow/dags:ro",)).splitlines()[-1])
+    parsed = json.loads(
+        _run(
+            engine,
+            airflow,
+            "python",
+            "-c",
+            _PARSE_DAGS,
+            volumes=(f"{REPO / 'dags'}:/opt/airflow/dags:ro",),
+        ).splitlines()[-1]
+    )
     assert not parsed["errors"], parsed["errors"]
     assert {"spot_first_task", "spot_ml_pipeline"} <= set(parsed["dags"]), parsed
 
@@ -79,8 +88,9 @@ print(f"{worker.__module__}.{worker.__name__}")
 @pytest.mark.parametrize("name", ["step", "airflow", "prefect"])
 def test_each_image_runs_as_the_shared_non_root_uid_and_keeps_no_dist(engine, images, name):
     image = getattr(images, name)
-    out = _run(engine, image, "-c", "id -u; id -g; test ! -e /dist && echo no-dist",
-               entrypoint="/bin/sh")
+    out = _run(
+        engine, image, "-c", "id -u; id -g; test ! -e /dist && echo no-dist", entrypoint="/bin/sh"
+    )
     uid, gid, dist = out.split()
     assert (uid, gid, dist) == (SHARED_UID, "0", "no-dist"), out
     labels = _config(engine, image).get("Labels") or {}
@@ -100,14 +110,21 @@ def test_the_images_install_what_uv_lock_pins(engine, images):
     from the lock), not whatever the index served the day of the build."""
     import tomllib
 
-    lock = {p["name"]: p["version"] for p in
-            tomllib.loads((REPO / "uv.lock").read_text())["package"]
-            if p["name"] in ("boto3", "apache-airflow", "prefect")}
+    lock = {
+        p["name"]: p["version"]
+        for p in tomllib.loads((REPO / "uv.lock").read_text())["package"]
+        if p["name"] in ("boto3", "apache-airflow", "prefect")
+    }
     versions = "from importlib.metadata import version as v; print(v('boto3'), v('{}'))"
     step, airflow, prefect = images.step, images.airflow, images.prefect
-    assert _run(engine, step, "python", "-c", versions.format("boto3")).split() == \
-        [lock["boto3"]] * 2
-    assert _run(engine, airflow, "python", "-c", versions.format("apache-airflow")).split() == \
-        [lock["boto3"], lock["apache-airflow"]]
-    assert _run(engine, prefect, "python", "-c", versions.format("prefect")).split() == \
-        [lock["boto3"], lock["prefect"]]
+    assert (
+        _run(engine, step, "python", "-c", versions.format("boto3")).split() == [lock["boto3"]] * 2
+    )
+    assert _run(engine, airflow, "python", "-c", versions.format("apache-airflow")).split() == [
+        lock["boto3"],
+        lock["apache-airflow"],
+    ]
+    assert _run(engine, prefect, "python", "-c", versions.format("prefect")).split() == [
+        lock["boto3"],
+        lock["prefect"],
+    ]

@@ -16,12 +16,17 @@ import subprocess
 import sys
 
 import pytest
+from aws_helpers import (
+    aws_env,  # noqa: F401 - a fixture / shared name
+    bucket,  # noqa: F401 - a fixture / shared name
+    make_network,
+    managed_live_instances,  # noqa: F401
+    moto_server,  # noqa: F401 - a fixture / shared name
+)
 
-from aws_helpers import (aws_env, bucket, make_network, managed_live_instances,  # noqa: F401
-                         moto_server)
 from spot_core.checkpoint import open_store
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.checkpoint.state import arrays_from_bytes
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
 
 pytestmark = pytest.mark.timeout(600)
@@ -35,17 +40,43 @@ EVERY_STEPS = 100_000
 
 def _step_command(steps: int = STEPS) -> list[str]:
     """The training step, run by the image's own Python."""
-    return ["python", "-m", "spot_core.workloads.softmax_regression", "--steps", str(steps),
-            "--step-seconds", str(STEP_SECONDS), "--seed", "7",
-            "--checkpoint-every-steps", str(EVERY_STEPS)]
+    return [
+        "python",
+        "-m",
+        "spot_core.workloads.softmax_regression",
+        "--steps",
+        str(steps),
+        "--step-seconds",
+        str(STEP_SECONDS),
+        "--seed",
+        "7",
+        "--checkpoint-every-steps",
+        str(EVERY_STEPS),
+    ]
 
 
-def _run(engine, image: str, cwd, *options: str, timeout: float = 300
-         ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spot_core.cli", "run", "--image", image,
-                           "--pools", "us-east-2a", "--json", *options],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=engine.env())
+def _run(
+    engine, image: str, cwd, *options: str, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spot_core.cli",
+            "run",
+            "--image",
+            image,
+            "--pools",
+            "us-east-2a",
+            "--json",
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=engine.env(),
+    )
 
 
 def _containers_of(engine, image: str) -> list[str]:
@@ -58,8 +89,19 @@ def test_a_reclaimed_step_resumes_in_its_next_container(engine, images, tmp_path
     step_image = images.step
     store = tmp_path / "store"
     # Tick 450 of the trace: us-east-2a's spot capacity is reclaimed a few seconds in.
-    proc = _run(engine, step_image, tmp_path, "--start-tick", "450", "--max-preemptions", "1",
-                "--checkpoint-uri", store.as_uri(), "--", *_step_command())
+    proc = _run(
+        engine,
+        step_image,
+        tmp_path,
+        "--start-tick",
+        "450",
+        "--max-preemptions",
+        "1",
+        "--checkpoint-uri",
+        store.as_uri(),
+        "--",
+        *_step_command(),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["status"] == "succeeded" and record["preemptions"] == 1, record
@@ -87,8 +129,21 @@ def test_the_reclaims_sigterm_reaches_the_step_inside_its_container(engine, imag
     `spot-pipelines watch` -> the step, which records it (with its PID in the container's
     own PID namespace) and exits 143; the next attempt finds the record and finishes."""
     store = tmp_path / "store"
-    proc = _run(engine, images.step, tmp_path, "--start-tick", "450", "--max-preemptions",
-                "1", "--checkpoint-uri", store.as_uri(), "--", "python", "-c", _SIGTERM_STEP)
+    proc = _run(
+        engine,
+        images.step,
+        tmp_path,
+        "--start-tick",
+        "450",
+        "--max-preemptions",
+        "1",
+        "--checkpoint-uri",
+        store.as_uri(),
+        "--",
+        "python",
+        "-c",
+        _SIGTERM_STEP,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["preemptions"] == 1 and record["status"] == "succeeded", record
@@ -113,8 +168,9 @@ time.sleep(300)
 """
 
 
-def test_an_image_job_runs_in_its_container_on_an_ec2_instance(engine, images, aws_env, bucket,
-                                                               tmp_path, monkeypatch):
+def test_an_image_job_runs_in_its_container_on_an_ec2_instance(
+    engine, images, aws_env, bucket, tmp_path, monkeypatch
+):
     """`--provider ec2 --image`: moto launches the instance, the instance runtime harness
     runs its user-data, which starts the step image through the instance's docker CLI; the
     step checkpoints to S3 (moto) with the credentials the instance has."""
@@ -122,18 +178,47 @@ def test_an_image_job_runs_in_its_container_on_an_ec2_instance(engine, images, a
         monkeypatch.setenv(name, value)
     net = make_network(aws_env)
     uri = f"s3://{bucket}/in-image"
-    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", ("us-east-1",),
-                                 default_instance_env(aws_env, "us-east-1"))
+    runtime = Ec2InstanceRuntime(
+        aws_env, tmp_path / "runtime", ("us-east-1",), default_instance_env(aws_env, "us-east-1")
+    )
     with runtime:
         proc = subprocess.run(
-            [sys.executable, "-m", "spot_core.cli", "run", "--provider", "ec2",
-             "--endpoint-url", aws_env, "--region", "us-east-1",
-             "--subnets", ",".join(net["subnets"]), "--instance-types", "g4dn.xlarge",
-             "--image-id", net["image_id"], "--instance-profile", net["instance_profile"],
-             "--ec2-option", f"agent_python={sys.executable}",
-             "--ec2-option", "watch_poll_interval=0.1", "--image", images.step,
-             "--checkpoint-uri", uri, "--json", "--", *_step_command(steps=100)],
-            capture_output=True, text=True, timeout=240, cwd=tmp_path)
+            [
+                sys.executable,
+                "-m",
+                "spot_core.cli",
+                "run",
+                "--provider",
+                "ec2",
+                "--endpoint-url",
+                aws_env,  # noqa: F401 - a fixture / shared name
+                "--region",
+                "us-east-1",
+                "--subnets",
+                ",".join(net["subnets"]),
+                "--instance-types",
+                "g4dn.xlarge",
+                "--image-id",
+                net["image_id"],
+                "--instance-profile",
+                net["instance_profile"],
+                "--ec2-option",
+                f"agent_python={sys.executable}",
+                "--ec2-option",
+                "watch_poll_interval=0.1",
+                "--image",
+                images.step,
+                "--checkpoint-uri",
+                uri,
+                "--json",
+                "--",
+                *_step_command(steps=100),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=tmp_path,
+        )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["status"] == "succeeded", record
@@ -147,8 +232,9 @@ def test_an_image_job_runs_in_its_container_on_an_ec2_instance(engine, images, a
 
 
 def test_an_image_that_is_nowhere_fails_the_step_not_the_controller(engine, images, tmp_path):
-    proc = _run(engine, "localhost/spot-pipelines-no-such-image:dev", tmp_path, "--", "true",
-                timeout=120)
+    proc = _run(
+        engine, "localhost/spot-pipelines-no-such-image:dev", tmp_path, "--", "true", timeout=120
+    )
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 1 and record["status"] == "failed", proc.stderr[-2000:]
     assert record["attempts"][-1]["outcome"] == "user_failed"

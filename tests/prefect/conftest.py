@@ -46,9 +46,12 @@ def prefect_server_on_postgres(postgres_url, tmp_path_factory):
     from bench.prefect_stack import prefect_server
 
     home = tmp_path_factory.mktemp("prefect-postgres-home")
-    with fresh_database(postgres_url, "spot_prefect_server") as database, \
-            prefect_server(home, with_driver(database, "postgresql+asyncpg"),
-                           SERVER_START_TIMEOUT) as api:
+    with (
+        fresh_database(postgres_url, "spot_prefect_server") as database,
+        prefect_server(
+            home, with_driver(database, "postgresql+asyncpg"), SERVER_START_TIMEOUT
+        ) as api,
+    ):
         assert "flow_run" in psql(database, "-c", "SELECT to_regclass('flow_run')")
         with temporary_settings(updates={PREFECT_API_URL: api}):
             yield api

@@ -10,10 +10,15 @@ import time
 
 from prefect import task
 
-from bench.prefect_stack import (FLOWS, PREFECT, deploy_example_flow,  # noqa: F401  (shared)
-                                 running_worker, wait_healthy)
-from spot_core.model import JobRecord
+from bench.prefect_stack import (
+    FLOWS,  # noqa: F401 - a fixture / shared name
+    PREFECT,  # noqa: F401 - a fixture / shared name
+    deploy_example_flow,  # noqa: F401  (shared)
+    running_worker,  # noqa: F401 - a fixture / shared name
+    wait_healthy,  # noqa: F401 - a fixture / shared name
+)
 from spot_core.emulators.lease_processes import LEASE_MARKER
+from spot_core.model import JobRecord
 
 
 @task
@@ -22,7 +27,7 @@ def count_to(total: int, pause: float, checkpointer=None) -> dict:
     start = 0 if checkpointer.restored is None else checkpointer.restored.step
     for step in range(start, total):
         time.sleep(pause)
-        checkpointer.maybe_save(step + 1, lambda: {"n": str(step + 1).encode()})
+        checkpointer.maybe_save(step + 1, lambda n=step + 1: {"n": str(n).encode()})
     return {"total": total, "started_at": start, "instance": os.environ.get(LEASE_MARKER)}
 
 
@@ -45,7 +50,6 @@ def final_record(flow_run_id, timeout: float = 60) -> JobRecord:
     deadline = time.monotonic() + timeout
     while True:
         record = load_record(record_key(flow_run_id))
-        if (record is not None and record.status.value != "running") \
-                or time.monotonic() > deadline:
+        if (record is not None and record.status.value != "running") or time.monotonic() > deadline:
             return record
         time.sleep(0.5)

@@ -15,16 +15,20 @@ import uuid
 import pytest
 from prefect import flow, task
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from spot_helpers import marked_processes, wait_until  # tests/core
 
-from prefect_spot import CheckpointStorage, SpotConfiguration, SpotTaskRunner, spot_task
-from prefect_spot import _jobs
-from prefect_spot.artifacts import (RECORD_TYPE, CorruptRecord, RecordNotSaved, load_record,
-                                    record_key, save_record)
+from prefect_spot import CheckpointStorage, SpotConfiguration, SpotTaskRunner, _jobs, spot_task
+from prefect_spot.artifacts import (
+    RECORD_TYPE,
+    CorruptRecord,
+    RecordNotSaved,
+    load_record,
+    record_key,
+    save_record,
+)
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 from spot_core.errors import ConfigError
 from spot_core.model import Attempt, JobRecord, Market, Outcome, Pool
-
-from spot_helpers import marked_processes, wait_until  # tests/core
 
 EC2 = {"subnets": ["subnet-1"], "image_id": "ami-1", "instance_types": ["g5.xlarge"]}
 DEAD_API = "http://127.0.0.1:9/api"  # nothing listens on the discard port
@@ -59,43 +63,87 @@ CASES = [
     ("block", lambda: SpotConfiguration(max_premptions=2), ["max_premptions", "choose from"]),
     # provider options
     ("provider", lambda: SpotConfiguration(provider="gcp"), ["provider", "local, ec2"]),
-    ("provider", lambda: SpotConfiguration(provider_options={"colour": 1}),
-     ["colour", "choose from"]),
-    ("provider", lambda: SpotConfiguration(provider_options={"time_scale": float("nan")}),
-     ["time_scale", "finite number > 0"]),
-    ("provider", lambda: SpotConfiguration(provider_options={"time_scale": float("inf")}),
-     ["time_scale", "finite number > 0"]),
-    ("provider", lambda: SpotConfiguration(provider_options={"start_tick": -1}),
-     ["start_tick", ">= 0"]),
-    ("provider", lambda: SpotConfiguration(provider="ec2", provider_options={**EC2, "colour": 1}),
-     ["unknown ec2 provider option", "colour"]),
-    ("provider", lambda: SpotConfiguration(provider="ec2", provider_options={
-        **EC2, "aws_secret_access_key": "x"}), ["aws_secret_access_key"]),
-    ("provider", lambda: SpotConfiguration(provider="ec2", provider_options={"image_id": "a",
-                                                                              "instance_types": ["g"]}),
-     ["subnets"]),
+    (
+        "provider",
+        lambda: SpotConfiguration(provider_options={"colour": 1}),
+        ["colour", "choose from"],
+    ),
+    (
+        "provider",
+        lambda: SpotConfiguration(provider_options={"time_scale": float("nan")}),
+        ["time_scale", "finite number > 0"],
+    ),
+    (
+        "provider",
+        lambda: SpotConfiguration(provider_options={"time_scale": float("inf")}),
+        ["time_scale", "finite number > 0"],
+    ),
+    (
+        "provider",
+        lambda: SpotConfiguration(provider_options={"start_tick": -1}),
+        ["start_tick", ">= 0"],
+    ),
+    (
+        "provider",
+        lambda: SpotConfiguration(provider="ec2", provider_options={**EC2, "colour": 1}),
+        ["unknown ec2 provider option", "colour"],
+    ),
+    (
+        "provider",
+        lambda: SpotConfiguration(
+            provider="ec2", provider_options={**EC2, "aws_secret_access_key": "x"}
+        ),
+        ["aws_secret_access_key"],
+    ),
+    (
+        "provider",
+        lambda: SpotConfiguration(
+            provider="ec2", provider_options={"image_id": "a", "instance_types": ["g"]}
+        ),
+        ["subnets"],
+    ),
     # the spot worker's variables and job configuration
     ("worker", lambda: SpotJobVariables(max_preemptions=-1), ["max_preemptions", ">= 0"]),
-    ("worker", lambda: SpotJobVariables(checkpoint_root="ckpt"),
-     ["checkpoint_root", "file:///absolute/path"]),
+    (
+        "worker",
+        lambda: SpotJobVariables(checkpoint_root="ckpt"),
+        ["checkpoint_root", "file:///absolute/path"],
+    ),
     ("worker", lambda: SpotJobVariables(checkpoint_root="ftp://x/y"), ["checkpoint_root", "ftp"]),
-    ("worker", lambda: SpotJobVariables(provider="ec2", provider_options=EC2,
-                                        checkpoint_root="file:///tmp/x"),
-     ["checkpoint_root", "s3://bucket/prefix"]),
+    (
+        "worker",
+        lambda: SpotJobVariables(
+            provider="ec2", provider_options=EC2, checkpoint_root="file:///tmp/x"
+        ),
+        ["checkpoint_root", "s3://bucket/prefix"],
+    ),
     ("worker", lambda: SpotJobConfiguration(max_spot_price=float("nan")), ["max_spot_price"]),
     ("worker", lambda: SpotJobConfiguration(attempt_timeout="soon"), ["attempt_timeout", "'2h'"]),
     # CheckpointStorage URIs and options
     ("storage", lambda: CheckpointStorage(uri="ckpt"), ["no scheme", "file:///absolute/path"]),
-    ("storage", lambda: CheckpointStorage(uri="file://otherhost/x"), ["otherhost", "three slashes"]),
+    (
+        "storage",
+        lambda: CheckpointStorage(uri="file://otherhost/x"),
+        ["otherhost", "three slashes"],
+    ),
     ("storage", lambda: CheckpointStorage(uri="s3://"), ["no bucket", "s3://bucket/prefix"]),
     ("storage", lambda: CheckpointStorage(uri="http://x/y"), ["'http'", "s3://bucket/prefix"]),
     ("storage", lambda: CheckpointStorage(uri="file:///tmp/a\x00b"), ["NUL", "remove it"]),
-    ("storage", lambda: CheckpointStorage(uri="s3://b/p", options={"aws_secret_access_key": "x"}),
-     ["aws_secret_access_key", "credentials", "instance role"]),
-    ("storage", lambda: CheckpointStorage(uri="s3://b/p", options={"colour": 1}),
-     ["colour", "choose from"]),
-    ("storage", lambda: CheckpointStorage(uri="file:///tmp/x", options={"region": "eu"}),
-     ["s3:// stores only", "remove them"]),
+    (
+        "storage",
+        lambda: CheckpointStorage(uri="s3://b/p", options={"aws_secret_access_key": "x"}),
+        ["aws_secret_access_key", "credentials", "instance role"],
+    ),
+    (
+        "storage",
+        lambda: CheckpointStorage(uri="s3://b/p", options={"colour": 1}),
+        ["colour", "choose from"],
+    ),
+    (
+        "storage",
+        lambda: CheckpointStorage(uri="file:///tmp/x", options={"region": "eu"}),
+        ["s3:// stores only", "remove them"],
+    ),
     # spot_task options
     ("spot_task", lambda: spot_task(retries=-1), ["retries", ">= 0"]),
     ("spot_task", lambda: spot_task(max_preemptions=-1), ["max_preemptions", ">= 0"]),
@@ -104,16 +152,26 @@ CASES = [
     ("spot_task", lambda: spot_task(checkpoint_every_steps=0), ["checkpoint_every_steps", ">= 1"]),
     ("spot_task", lambda: spot_task(notice_poll_interval=float("nan")), ["notice_poll_interval"]),
     ("spot_task", lambda: spot_task(lambda x: x), ["checkpointer", "parameter"]),
-    ("spot_task", lambda: spot_task(retry_condition_fn=lambda *a: True)(with_checkpointer),
-     ["retry_condition_fn", "drop"]),
-    ("spot_task", lambda: spot_task(checkpoint_storage="ftp://x")(with_checkpointer),
-     ["checkpoint_storage", "'ftp'", "s3://bucket/prefix"]),
+    (
+        "spot_task",
+        lambda: spot_task(retry_condition_fn=lambda *a: True)(with_checkpointer),
+        ["retry_condition_fn", "drop"],
+    ),
+    (
+        "spot_task",
+        lambda: spot_task(checkpoint_storage="ftp://x")(with_checkpointer),
+        ["checkpoint_storage", "'ftp'", "s3://bucket/prefix"],
+    ),
     # SpotTaskRunner arguments
     ("runner", lambda: SpotTaskRunner(checkpoint_every=-1), ["checkpoint_every", "> 0"]),
     ("runner", lambda: SpotTaskRunner(checkpoint_every_steps="ten"), ["checkpoint_every_steps"]),
     ("runner", lambda: SpotTaskRunner(max_workers=0), ["max_workers", ">= 1"]),
     ("runner", lambda: SpotTaskRunner(max_workers=True), ["max_workers", ">= 1"]),
-    ("runner", lambda: SpotTaskRunner(checkpoint_storage="ftp://x"), ["checkpoint_storage", "'ftp'"]),
+    (
+        "runner",
+        lambda: SpotTaskRunner(checkpoint_storage="ftp://x"),
+        ["checkpoint_storage", "'ftp'"],
+    ),
     ("runner", lambda: SpotTaskRunner(checkpoint_storage=""), ["checkpoint_storage", "store URI"]),
     ("runner", lambda: SpotTaskRunner(config=5), ["config", "SpotConfiguration"]),
     ("runner", lambda: SpotTaskRunner(spot_tag=""), ["spot_tag", "tag name"]),
@@ -123,8 +181,9 @@ IDS = [f"{surface}-{i}" for i, (surface, _, _) in enumerate(CASES)]
 
 
 @pytest.mark.parametrize("surface, build, words", CASES, ids=IDS)
-def test_bad_input_is_one_line_naming_the_field_and_the_fix(surface, build, words, tmp_path,
-                                                            monkeypatch):
+def test_bad_input_is_one_line_naming_the_field_and_the_fix(
+    surface, build, words, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     with pytest.raises((ConfigError, ValueError, TypeError)) as caught:
         build()
@@ -143,16 +202,31 @@ def long_record(attempts: int) -> JobRecord:
     """A record of ``attempts`` closed attempts, as a long job under many preemptions."""
     record = JobRecord(job_id="long-job", created_at=1_000.0)
     for n in range(1, attempts + 1):
-        running = Attempt(number=n, pool=POOL, started_at=1_000.0 + n * 10, lease_id=f"i-{n:08x}",
-                          checkpoint_step_start=(n - 1) * 100)
-        record = record.start_attempt(running).finish_attempt(Attempt(
-            number=n, pool=POOL if n < attempts else Pool(**{**POOL.__dict__,
-                                                             "market": Market.ON_DEMAND}),
-            started_at=running.started_at, lease_id=running.lease_id,
-            ended_at=running.started_at + 9, cost=0.01 * n, on_demand_cost=0.03 * n,
-            outcome=Outcome.PREEMPTED if n < attempts else Outcome.SUCCEEDED,
-            checkpoint_step_start=(n - 1) * 100, checkpoint_step_end=n * 100,
-            lost_work_seconds=1.5, message=f"reclaimed in us-east-1a (attempt {n}) " * 3))
+        running = Attempt(
+            number=n,
+            pool=POOL,
+            started_at=1_000.0 + n * 10,
+            lease_id=f"i-{n:08x}",
+            checkpoint_step_start=(n - 1) * 100,
+        )
+        record = record.start_attempt(running).finish_attempt(
+            Attempt(
+                number=n,
+                pool=POOL
+                if n < attempts
+                else Pool(**{**POOL.__dict__, "market": Market.ON_DEMAND}),
+                started_at=running.started_at,
+                lease_id=running.lease_id,
+                ended_at=running.started_at + 9,
+                cost=0.01 * n,
+                on_demand_cost=0.03 * n,
+                outcome=Outcome.PREEMPTED if n < attempts else Outcome.SUCCEEDED,
+                checkpoint_step_start=(n - 1) * 100,
+                checkpoint_step_end=n * 100,
+                lost_work_seconds=1.5,
+                message=f"reclaimed in us-east-1a (attempt {n}) " * 3,
+            )
+        )
     return record
 
 
@@ -175,13 +249,20 @@ def test_a_failed_record_write_is_one_clear_error(prefect_api):
 
 
 def _local_controller(tmp_path, persist):
-    config = SpotConfiguration(provider_options={"start_tick": 600, "time_scale": 60.0},
-                               zones=["us-west-2b"], poll_interval=0.1)
+    config = SpotConfiguration(
+        provider_options={"start_tick": 600, "time_scale": 60.0},
+        zones=["us-west-2b"],
+        poll_interval=0.1,
+    )
     provider = _jobs.open_configured_provider(config, workdir=str(tmp_path / "cloud"))
-    spec = _jobs.job_spec(config, provider, job_id=f"rec-{uuid.uuid4().hex[:8]}",
-                          command=("sleep", "60"),
-                          checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                          env={"SPOT_TEST_MARK": str(tmp_path)})
+    spec = _jobs.job_spec(
+        config,
+        provider,
+        job_id=f"rec-{uuid.uuid4().hex[:8]}",
+        command=("sleep", "60"),
+        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+        env={"SPOT_TEST_MARK": str(tmp_path)},
+    )
     return provider, spec, _jobs.controller_for(config, provider, persist=persist)
 
 
@@ -199,7 +280,8 @@ def test_the_record_names_the_lease_before_the_driver_watches_it(prefect_api, tm
 
 
 def test_a_lease_whose_record_cannot_be_saved_is_terminated_and_the_driver_stops(
-        prefect_api, tmp_path):
+    prefect_api, tmp_path
+):
     key = record_key(uuid.uuid4())
 
     def persist(record: JobRecord) -> None:
@@ -213,8 +295,9 @@ def test_a_lease_whose_record_cannot_be_saved_is_terminated_and_the_driver_stops
     with provider:
         with pytest.raises(RecordNotSaved, match="the job stops"):
             controller.run(spec)
-        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), \
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), (
             "the launched lease was terminated"
+        )
     assert load_record(key).attempts == ()  # the last record Prefect took
 
 
@@ -231,8 +314,10 @@ def test_the_worker_stops_on_a_failed_record_write(prefect_api):
     assert worker._records == {}, "the worker does not go on from an unsaved record"
 
 
-@pytest.mark.parametrize("data", ["not json {", "[1, 2]", {"attempts": "x"},
-                                  {"schema_version": 99}, "[" * 5000 + "]" * 5000])
+@pytest.mark.parametrize(
+    "data",
+    ["not json {", "[1, 2]", {"attempts": "x"}, {"schema_version": 99}, "[" * 5000 + "]" * 5000],
+)
 def test_a_damaged_record_is_one_clear_error(prefect_api, data):
     from prefect import get_client
     from prefect.client.schemas.actions import ArtifactCreate
@@ -254,8 +339,9 @@ def double(x: int) -> int:
 def test_a_task_run_leaves_its_record_artifact_and_no_variable(prefect_api, tmp_path):
     from prefect import get_client
 
-    config = SpotConfiguration(provider_options={"start_tick": 600}, zones=["us-west-2b"],
-                               poll_interval=0.1)
+    config = SpotConfiguration(
+        provider_options={"start_tick": 600}, zones=["us-west-2b"], poll_interval=0.1
+    )
 
     @flow(task_runner=SpotTaskRunner(config, workdir=tmp_path / "runner"))
     def pipeline():

@@ -24,16 +24,33 @@ RUNS = 3
 def test_bench_watches_every_flow_run_in_one_describe_per_poll_and_cleans_up(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home")}
     env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-m", "bench.scale_prefect", "--runs", str(RUNS),
-                           "--seconds", "5", "--poll-interval", "1", "--idle-seconds", "0"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.scale_prefect",
+            "--runs",
+            str(RUNS),
+            "--seconds",
+            "5",
+            "--poll-interval",
+            "1",
+            "--idle-seconds",
+            "0",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)["prefect_worker_ec2_moto"]
     assert result["leased_runs"] == RUNS and result["runs_ended_unlaunched"] == 0
     assert result["live_instances_in_window"] == RUNS
     assert result["polls"] >= 2
-    assert result["ids_described_per_poll"] == RUNS          # every lease, each poll
-    assert result["ec2_describe_calls_per_poll"] == 1.0     # in one DescribeInstances
+    assert result["ids_described_per_poll"] == RUNS  # every lease, each poll
+    assert result["ec2_describe_calls_per_poll"] == 1.0  # in one DescribeInstances
     assert result["cpu_s"] > 0 and result["cpu_s_per_job_hour"] > 0
     assert result["instances_live_at_end"] == 0
     assert result["processes_started"] >= 3 and result["processes_alive_at_end"] == 0

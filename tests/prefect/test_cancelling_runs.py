@@ -45,8 +45,7 @@ def test_one_read_answers_every_watched_run(prefect_api):
     assert reads == 1
 
 
-def test_cancelled_runs_are_found_past_the_first_page_and_the_answer_holds_only_them(
-        prefect_api):
+def test_cancelled_runs_are_found_past_the_first_page_and_the_answer_holds_only_them(prefect_api):
     async def scenario():
         async with get_client() as client:
             runs = [await client.create_flow_run(_idle, state=Running()) for _ in range(205)]
@@ -65,8 +64,9 @@ def test_cancelled_runs_are_found_past_the_first_page_and_the_answer_holds_only_
             checker = CancellingRuns(interval=60.0)
             for run in runs:
                 checker.watch(run.id)
-            flagged = [i for i, run in enumerate(runs)
-                       if await checker.is_cancelling(client, run.id)]
+            flagged = [
+                i for i, run in enumerate(runs) if await checker.is_cancelling(client, run.id)
+            ]
             return flagged, answered
 
     flagged, answered = anyio.run(scenario)

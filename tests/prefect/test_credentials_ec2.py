@@ -20,11 +20,16 @@ import sys
 import uuid
 
 import pytest
+from aws_helpers import (
+    AWS_ENV,
+    bucket,  # noqa: F401 - a fixture / shared name
+    make_network,
+    managed_live_instances,  # noqa: F401
+    unique,
+)
 from prefect import flow
-
-from aws_helpers import (AWS_ENV, bucket, make_network, managed_live_instances,  # noqa: F401
-                         unique)
 from prefect_helpers import count_to
+
 from prefect_spot import CheckpointStorage, SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.model import Outcome
@@ -45,11 +50,15 @@ def block_only(prefect_api, aws_env, bucket, tmp_path, monkeypatch):
 
     net = make_network(aws_env)
     name = unique("spot-aws")
-    AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-                   region_name=REGION,
-                   aws_client_parameters=AwsClientParameters(endpoint_url=aws_env)).save(name)
-    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", (REGION,),
-                                 default_instance_env(aws_env, REGION))
+    AwsCredentials(
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name=REGION,
+        aws_client_parameters=AwsClientParameters(endpoint_url=aws_env),
+    ).save(name)
+    runtime = Ec2InstanceRuntime(
+        aws_env, tmp_path / "runtime", (REGION,), default_instance_env(aws_env, REGION)
+    )
     for variable in AWS_ENV:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
@@ -62,9 +71,14 @@ def block_only(prefect_api, aws_env, bucket, tmp_path, monkeypatch):
 
 def _provider_options(net: dict) -> dict:
     """No endpoint, no region: both come from the credentials block."""
-    return {"subnets": net["subnets"], "instance_types": ["g4dn.xlarge"],
-            "image_id": net["image_id"], "instance_profile": net["instance_profile"],
-            "agent_python": sys.executable, "watch_poll_interval": 0.1}
+    return {
+        "subnets": net["subnets"],
+        "instance_types": ["g4dn.xlarge"],
+        "image_id": net["image_id"],
+        "instance_profile": net["instance_profile"],
+        "agent_python": sys.executable,
+        "watch_poll_interval": 0.1,
+    }
 
 
 def _no_secret_in(text: str) -> list[str]:
@@ -79,14 +93,25 @@ def test_a_saved_credentials_block_drives_a_task_on_ec2(block_only, tmp_path, ca
     caplog.set_level(logging.DEBUG)
     credentials = AwsCredentials.load(name)
     config_name, storage_name = unique("spot-ec2"), unique("spot-ckpt")
-    SpotConfiguration(provider="ec2", provider_options=_provider_options(net),
-                      capacity_wait=0.5, poll_interval=0.2,
-                      aws_credentials=credentials).save(config_name)
-    CheckpointStorage(uri=f"s3://{bucket}/block-tasks",
-                      aws_credentials=credentials).save(storage_name)
+    SpotConfiguration(
+        provider="ec2",
+        provider_options=_provider_options(net),
+        capacity_wait=0.5,
+        poll_interval=0.2,
+        aws_credentials=credentials,
+    ).save(config_name)
+    CheckpointStorage(uri=f"s3://{bucket}/block-tasks", aws_credentials=credentials).save(
+        storage_name
+    )
 
-    @flow(task_runner=SpotTaskRunner(config_name, checkpoint_storage=storage_name,
-                                     checkpoint_every_steps=10, workdir=tmp_path / "runner"))
+    @flow(
+        task_runner=SpotTaskRunner(
+            config_name,
+            checkpoint_storage=storage_name,
+            checkpoint_every_steps=10,
+            workdir=tmp_path / "runner",
+        )
+    )
     def pipeline():
         future = count_to.submit(60, 0.01)
         return future.result(), spot_record(future)
@@ -99,8 +124,10 @@ def test_a_saved_credentials_block_drives_a_task_on_ec2(block_only, tmp_path, ca
     # (reading one back hydrates the reference: prefect-aws shows the key id, never the
     # secret key).
     with get_client(sync_client=True) as client:
-        for block, slug in ((config_name, "spot-configuration"),
-                            (storage_name, "spot-checkpoint-storage")):
+        for block, slug in (
+            (config_name, "spot-configuration"),
+            (storage_name, "spot-checkpoint-storage"),
+        ):
             document = client.read_block_document_by_name(block, slug, include_secrets=False)
             reference = document.block_document_references["aws_credentials"]
             assert str(reference["block_document"]["id"]) == str(credentials._block_document_id)
@@ -119,8 +146,8 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_ec2_with_it(b
     from prefect import get_client
     from prefect.client.schemas.objects import FlowRun
     from prefect_aws import AwsCredentials
-
     from prefect_helpers import deploy_example_flow
+
     from prefect_spot.workers import SpotJobConfiguration, SpotWorker
     from spot_core.providers.base import LaunchSpec
 
@@ -129,9 +156,16 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_ec2_with_it(b
     template = SpotWorker.get_default_base_job_template()
     template["variables"]["properties"]["aws_credentials"]["default"] = reference
     pool = unique("spot-block-pool")
-    deployment_id = deploy_example_flow(pool, "block-credentials", {
-        "provider": "ec2", "checkpoint_root": f"s3://{bucket}/flows",
-        "provider_options": _provider_options(net)}, base_job_template=template)
+    deployment_id = deploy_example_flow(
+        pool,
+        "block-credentials",
+        {
+            "provider": "ec2",
+            "checkpoint_root": f"s3://{bucket}/flows",
+            "provider_options": _provider_options(net),
+        },
+        base_job_template=template,
+    )
     with get_client(sync_client=True) as client:
         stored = client.read_deployment(deployment_id).job_variables
         pool_template = client.read_work_pool(pool).base_job_template
@@ -141,7 +175,8 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_ec2_with_it(b
     async def scenario():
         async with get_client() as client:
             configuration = await SpotJobConfiguration.from_template_and_values(
-                pool_template, stored, client=client)
+                pool_template, stored, client=client
+            )
         assert configuration.aws_credentials.aws_access_key_id == ACCESS_KEY  # resolved here
         flow_run = FlowRun(id=uuid.uuid4(), name="block-run", flow_id=uuid.uuid4())
         configuration.prepare_for_flow_run(flow_run)
@@ -149,9 +184,15 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_ec2_with_it(b
         async with SpotWorker(work_pool_name=pool) as worker:
             provider = worker._provider(configuration)
             assert {p.region for p in provider.pools()} == {REGION}  # the block's region
-            lease = provider.launch(LaunchSpec(
-                job_id="block-job", attempt=1, command=("sleep", "60"),
-                checkpoint_uri=f"s3://{bucket}/flows/block-job"), provider.pools()[0])
+            lease = provider.launch(
+                LaunchSpec(
+                    job_id="block-job",
+                    attempt=1,
+                    command=("sleep", "60"),
+                    checkpoint_uri=f"s3://{bucket}/flows/block-job",
+                ),
+                provider.pools()[0],
+            )
             assert lease.lease_id in managed_live_instances(endpoint)
             await worker.kill_infrastructure(lease.lease_id, configuration, grace_seconds=1)
             assert lease.lease_id not in managed_live_instances(endpoint)
@@ -168,8 +209,8 @@ def test_the_spot_worker_runs_a_flow_run_on_ec2_with_the_block_only(block_only, 
     from prefect import get_client
     from prefect.deployments import run_deployment
     from prefect_aws import AwsCredentials
-
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
+
     from prefect_spot.workers import SpotWorker
 
     endpoint, net, bucket, name = block_only
@@ -177,13 +218,24 @@ def test_the_spot_worker_runs_a_flow_run_on_ec2_with_the_block_only(block_only, 
     template = SpotWorker.get_default_base_job_template()
     template["variables"]["properties"]["aws_credentials"]["default"] = reference
     pool = unique("spot-block-e2e")
-    deployment_id = deploy_example_flow(pool, "block-e2e", {
-        "provider": "ec2", "capacity_wait": 0.5, "checkpoint_root": f"s3://{bucket}/flows",
-        "provider_options": _provider_options(net)}, base_job_template=template)
+    deployment_id = deploy_example_flow(
+        pool,
+        "block-e2e",
+        {
+            "provider": "ec2",
+            "capacity_wait": 0.5,
+            "checkpoint_root": f"s3://{bucket}/flows",
+            "provider_options": _provider_options(net),
+        },
+        base_job_template=template,
+    )
     log = tmp_path / "worker.log"
     with running_worker(pool, log):
-        run = run_deployment(deployment_id, timeout=0, parameters={
-            "workdir": str(tmp_path / "work"), "steps": 200, "step_seconds": 0.01})
+        run = run_deployment(
+            deployment_id,
+            timeout=0,
+            parameters={"workdir": str(tmp_path / "work"), "steps": 200, "step_seconds": 0.01},
+        )
         with get_client(sync_client=True) as client:
             run = wait_completed(client, run.id, timeout=300)
             variables = client.read_flow_run(run.id).job_variables
@@ -204,8 +256,12 @@ def test_stores_opened_with_one_block_share_a_session_and_a_client(block_only):
     from prefect_aws import AwsCredentials
 
     endpoint, net, bucket, name = block_only
-    storages = [CheckpointStorage(uri=f"s3://{bucket}/{unique('run')}",
-                                  aws_credentials=AwsCredentials.load(name)) for _ in range(3)]
+    storages = [
+        CheckpointStorage(
+            uri=f"s3://{bucket}/{unique('run')}", aws_credentials=AwsCredentials.load(name)
+        )
+        for _ in range(3)
+    ]
     stores = [storage.open(unique("job")) for storage in storages]
     assert len({id(store.backend.client) for store in stores}) == 1
     stores[0].save(step=4, payload={"w": b"y"})  # signed with the block's keys
@@ -213,5 +269,7 @@ def test_stores_opened_with_one_block_share_a_session_and_a_client(block_only):
     assert storages[0].aws_session() is storages[1].aws_session()
     other = AwsCredentials.load(name)
     other.aws_access_key_id = "AKIASPOTBLOCKTEST002"
-    assert CheckpointStorage(uri=storages[0].uri, aws_credentials=other).aws_session() \
+    assert (
+        CheckpointStorage(uri=storages[0].uri, aws_credentials=other).aws_session()
         is not storages[0].aws_session()
+    )

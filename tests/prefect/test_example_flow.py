@@ -47,17 +47,20 @@ def test_artifacts_show_the_attempts_and_the_ledger(pipeline_run):
     key = artifact_key(record)
     with get_client(sync_client=True) as client:
         tables = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
         notes = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-summary"])))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-summary"]))
+        )
     assert len(tables) == 1 and tables[0].type == "table"
     assert tables[0].task_run_id is not None and tables[0].flow_run_id is not None
     rows = json.loads(tables[0].data) if isinstance(tables[0].data, str) else tables[0].data
     assert [r["attempt"] for r in rows] == [a.number for a in record.attempts]
     assert [r["outcome"] for r in rows] == [str(a.outcome) for a in record.attempts]
     assert [r["market"] for r in rows] == [str(a.pool.market) for a in record.attempts]
-    assert [r["resumed_from_step"] for r in rows] == [a.checkpoint_step_start
-                                                      for a in record.attempts]
+    assert [r["resumed_from_step"] for r in rows] == [
+        a.checkpoint_step_start for a in record.attempts
+    ]
     assert sum(r["cost_usd"] for r in rows) == pytest.approx(record.ledger.spent, abs=1e-3)
     assert rows[-1]["market"] == str(Market.ON_DEMAND) or record.fallbacks == 0
     markdown = notes[0].data
@@ -76,17 +79,29 @@ def test_events_reach_prefect_for_automations(pipeline_run):
 
     _, record = pipeline_run
     EventsWorker.drain_all(timeout=10)
-    wanted = {"spot.job.launched", "spot.job.preempted", "spot.job.resumed",
-              "spot.job.fallback", "spot.job.succeeded"}
+    wanted = {
+        "spot.job.launched",
+        "spot.job.preempted",
+        "spot.job.resumed",
+        "spot.job.fallback",
+        "spot.job.succeeded",
+    }
     events: list[dict] = []
     deadline = time.monotonic() + 30
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline and not wanted <= {e["event"] for e in events}:
-            response = client.request("POST", "/events/filter", json={
-                "filter": {"event": {"prefix": ["spot.job."]},
-                           "any_resource": {"id": [f"spot.job.{record.job_id}"]},
-                           "occurred": {"since": "2000-01-01T00:00:00Z"}},
-                "limit": 50})
+            response = client.request(
+                "POST",
+                "/events/filter",
+                json={
+                    "filter": {
+                        "event": {"prefix": ["spot.job."]},
+                        "any_resource": {"id": [f"spot.job.{record.job_id}"]},
+                        "occurred": {"since": "2000-01-01T00:00:00Z"},
+                    },
+                    "limit": 50,
+                },
+            )
             events = response.json()["events"]
             time.sleep(1)
     names = {e["event"] for e in events}
@@ -102,10 +117,12 @@ def test_events_reach_prefect_for_automations(pipeline_run):
     assert metrics["saved"] == pytest.approx(record.ledger.saved, abs=1e-5)
     assert metrics["lost_work_seconds"] == pytest.approx(record.ledger.lost_work_seconds, abs=0.01)
     assert metrics["pool"] == record.attempts[-1].pool.key
-    resumed = sorted((e for e in events if e["event"] == "spot.job.resumed"),
-                     key=lambda e: e["occurred"])
-    assert [e["payload"]["metrics"]["resumed_from_step"] for e in resumed] == \
-        record.summary()["resumed_from_steps"]
+    resumed = sorted(
+        (e for e in events if e["event"] == "spot.job.resumed"), key=lambda e: e["occurred"]
+    )
+    assert [e["payload"]["metrics"]["resumed_from_step"] for e in resumed] == record.summary()[
+        "resumed_from_steps"
+    ]
 
 
 def test_progress_and_chart_artifacts_follow_the_job(pipeline_run):
@@ -120,9 +137,11 @@ def test_progress_and_chart_artifacts_follow_the_job(pipeline_run):
     key = artifact_key(record)
     with get_client(sync_client=True) as client:
         progress = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-progress"])))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-progress"]))
+        )
         charts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-chart"])))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-chart"]))
+        )
     # one progress artifact, updated in place as attempts started and ended
     assert len(progress) == 1 and progress[0].type == "progress"
     assert float(progress[0].data) == 100.0
@@ -131,10 +150,14 @@ def test_progress_and_chart_artifacts_follow_the_job(pipeline_run):
     assert "saved so far" in progress[0].description
     assert progress[0].task_run_id is not None
     assert len(charts) == 1 and charts[0].type == "markdown"
-    images = re.findall(r"!\[[^\]]*\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)",
-                        charts[0].data)
+    images = re.findall(
+        r"!\[[^\]]*\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", charts[0].data
+    )
     assert len(images) == 2
     timeline = ET.fromstring(base64.b64decode(images[0]))
-    bars = [e for e in timeline.iter("{http://www.w3.org/2000/svg}rect")
-            if "attempt" in e.get("class", "").split()]
+    bars = [
+        e
+        for e in timeline.iter("{http://www.w3.org/2000/svg}rect")
+        if "attempt" in e.get("class", "").split()
+    ]
     assert [b.get("data-outcome") for b in bars] == [str(a.outcome) for a in record.attempts]

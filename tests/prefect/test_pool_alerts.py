@@ -20,8 +20,7 @@ def square(x: int) -> int:
 
 
 def _run(tmp_path, **thresholds):
-    config = SpotConfiguration(provider_options={"start_tick": 600}, zones=[ZONE],
-                               **thresholds)
+    config = SpotConfiguration(provider_options={"start_tick": 600}, zones=[ZONE], **thresholds)
 
     @flow(task_runner=SpotTaskRunner(config, workdir=tmp_path))
     def pipeline():
@@ -37,11 +36,18 @@ def _alerts_for(job_id: str, want: int, timeout: float = 30) -> list[dict]:
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            response = client.request("POST", "/events/filter", json={
-                "filter": {"event": {"name": ["spot.pool.alert"]},
-                           "related": {"id": [f"spot.job.{job_id}"]},
-                           "occurred": {"since": "2000-01-01T00:00:00Z"}},
-                "limit": 50})
+            response = client.request(
+                "POST",
+                "/events/filter",
+                json={
+                    "filter": {
+                        "event": {"name": ["spot.pool.alert"]},
+                        "related": {"id": [f"spot.job.{job_id}"]},
+                        "occurred": {"since": "2000-01-01T00:00:00Z"},
+                    },
+                    "limit": 50,
+                },
+            )
             found = response.json()["events"]
             if len(found) >= want:
                 break
@@ -91,9 +97,13 @@ def test_an_automation_on_the_alert_pauses_a_work_pool(prefect_api, tmp_path):
         work_pool = client.create_work_pool(WorkPoolCreate(name=name, type="process"))
     automation = Automation(
         name=f"pause {name} on a spot pool alert",
-        trigger=EventTrigger(expect={"spot.pool.alert"},
-                             match={"prefect.resource.id": "spot.pool.*"},
-                             posture=Posture.Reactive, threshold=1, within=timedelta(0)),
+        trigger=EventTrigger(
+            expect={"spot.pool.alert"},
+            match={"prefect.resource.id": "spot.pool.*"},
+            posture=Posture.Reactive,
+            threshold=1,
+            within=timedelta(0),
+        ),
         actions=[PauseWorkPool(source="selected", work_pool_id=work_pool.id)],
     ).create()
     try:

@@ -13,9 +13,21 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from prefect_spot._remote import (CALL_KEY_ENV, CALL_PUBKEY_ENV, PAYLOAD_KEY, CallExchange,
-                                  Ed25519Seal, UntrustedObject, call_uri, error_key,
-                                  lease_seals, main, new_call_key, result_key, seal)
+from prefect_spot._remote import (
+    CALL_KEY_ENV,
+    CALL_PUBKEY_ENV,
+    PAYLOAD_KEY,
+    CallExchange,
+    Ed25519Seal,
+    UntrustedObject,
+    call_uri,
+    error_key,
+    lease_seals,
+    main,
+    new_call_key,
+    result_key,
+    seal,
+)
 from spot_core.errors import ConfigError
 
 KEY = new_call_key()
@@ -33,8 +45,9 @@ def _exchange(tmp_path, fn, *args, key: bytes = KEY) -> CallExchange:
     exchange = CallExchange.open(call_uri((tmp_path / "ckpt").as_uri()), key)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        exchange.put_payload(cloudpickle.dumps({"fn": fn, "args": args, "kwargs": {},
-                                                "checkpointer": {}}))
+        exchange.put_payload(
+            cloudpickle.dumps({"fn": fn, "args": args, "kwargs": {}, "checkpointer": {}})
+        )
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     return exchange
@@ -53,8 +66,7 @@ def test_result_is_written_under_the_attempt(tmp_path, monkeypatch):
     assert exchange.error(3) is None
 
 
-def test_the_kubernetes_provider_finds_the_result_where_the_call_leaves_it(tmp_path,
-                                                                         monkeypatch):
+def test_the_kubernetes_provider_finds_the_result_where_the_call_leaves_it(tmp_path, monkeypatch):
     """A pod that wrote its result and was then disrupted (its exit 0 cut short by the
     SIGTERM) counts as completed: the provider looks at the same key from the store root."""
     from spot_core.checkpoint import open_store
@@ -81,8 +93,13 @@ def _run_remote(exchange: CallExchange, key: bytes | None = KEY):
     env = {k: v for k, v in os.environ.items() if k != CALL_KEY_ENV}
     if key is not None:
         env[CALL_KEY_ENV] = key.hex()
-    return subprocess.run([sys.executable, "-m", "prefect_spot._remote", exchange.uri],
-                          capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "prefect_spot._remote", exchange.uri],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def test_a_call_that_cannot_be_loaded_is_reported_not_just_an_exit_code(tmp_path):
@@ -144,8 +161,7 @@ def test_a_forged_payload_is_refused_on_the_lease_and_never_runs(tmp_path, how):
 
 @pytest.mark.parametrize("what", ["result", "error"])
 @pytest.mark.parametrize("how", HOW)
-def test_a_forged_result_or_error_is_refused_by_the_runner_before_unpickling(tmp_path, what,
-                                                                           how):
+def test_a_forged_result_or_error_is_refused_by_the_runner_before_unpickling(tmp_path, what, how):
     exchange = CallExchange.open(call_uri((tmp_path / "ckpt").as_uri()), KEY)
     marker = tmp_path / "marker"
     _plant(exchange, result_key(2) if what == "result" else error_key(2), marker, how)
@@ -181,8 +197,7 @@ def test_the_key_is_not_in_the_store_nor_passed_to_the_steps_children(tmp_path, 
 
 
 def _ed25519_exchange(tmp_path, signer, verifier=None) -> CallExchange:
-    return CallExchange.open(call_uri((tmp_path / "ckpt").as_uri()), signer,
-                             verify_with=verifier)
+    return CallExchange.open(call_uri((tmp_path / "ckpt").as_uri()), signer, verify_with=verifier)
 
 
 def test_remote_leases_need_no_secret_each_side_verifies_the_others_public_key(tmp_path):
@@ -207,25 +222,31 @@ def test_remote_leases_need_no_secret_each_side_verifies_the_others_public_key(t
 @pytest.mark.parametrize("how", ["unsigned", "another key", "hmac", "replayed", "bytes changed"])
 def test_a_forged_ed25519_object_is_refused_before_unpickling(tmp_path, how):
     lease = Ed25519Seal.generate()
-    reading = _ed25519_exchange(tmp_path, Ed25519Seal.generate(),
-                                Ed25519Seal.from_public_hex(lease.public_hex(), "tag"))
+    reading = _ed25519_exchange(
+        tmp_path, Ed25519Seal.generate(), Ed25519Seal.from_public_hex(lease.public_hex(), "tag")
+    )
     marker, name = tmp_path / "marker", result_key(2)
     evil = pickle.dumps(WritesMarker(marker))
-    blob = {"unsigned": lambda: evil,
-            "another key": lambda: Ed25519Seal.generate().sign(name, evil),
-            "hmac": lambda: seal(KEY, name, evil),
-            "replayed": lambda: lease.sign(result_key(1), evil),
-            "bytes changed": lambda: lease.sign(name, pickle.dumps("fine"))[:-3] + b"xx."}[how]()
+    blob = {
+        "unsigned": lambda: evil,
+        "another key": lambda: Ed25519Seal.generate().sign(name, evil),
+        "hmac": lambda: seal(KEY, name, evil),
+        "replayed": lambda: lease.sign(result_key(1), evil),
+        "bytes changed": lambda: lease.sign(name, pickle.dumps("fine"))[:-3] + b"xx.",
+    }[how]()
     reading.backend.put_bytes(name, blob)
     with pytest.raises(UntrustedObject, match="refused unread") as caught:
         reading.result(2)
     assert not marker.exists() and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("environ, message", [
-    ({}, "SPOT_CALL_KEY is missing and so is SPOT_CALL_PUBKEY"),
-    ({CALL_PUBKEY_ENV: "zz"}, "SPOT_CALL_PUBKEY is missing or not a 32-byte Ed25519"),
-])
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({}, "SPOT_CALL_KEY is missing and so is SPOT_CALL_PUBKEY"),
+        ({CALL_PUBKEY_ENV: "zz"}, "SPOT_CALL_PUBKEY is missing or not a 32-byte Ed25519"),
+    ],
+)
 def test_a_lease_without_a_usable_key_says_which(environ, message):
     with pytest.raises(ConfigError, match=message):
         lease_seals(environ, publish=lambda _: None)

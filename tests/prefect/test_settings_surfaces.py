@@ -6,6 +6,7 @@ model refuses is refused by the surface too."""
 from __future__ import annotations
 
 import inspect
+from datetime import UTC
 
 import pytest
 from pydantic import ValidationError
@@ -14,13 +15,23 @@ from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_task
 from prefect_spot._settings import description
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
 from spot_core.errors import ConfigError
-from spot_core.settings import (BLOCK, KNOBS_BY_NAME, SPOT_TASK, TASK_RUNNER, WORKER,
-                                SpotSettings, knobs_for)
+from spot_core.settings import (
+    BLOCK,
+    KNOBS_BY_NAME,
+    SPOT_TASK,
+    TASK_RUNNER,
+    WORKER,
+    SpotSettings,
+    knobs_for,
+)
 
 BLOCK_KNOBS, WORKER_KNOBS = knobs_for(BLOCK), knobs_for(WORKER)
 SPOT_TASK_KNOBS, RUNNER_KNOBS = knobs_for(SPOT_TASK), knobs_for(TASK_RUNNER)
-MODELS = {"block": SpotConfiguration, "variables": SpotJobVariables,
-          "job_configuration": SpotJobConfiguration}
+MODELS = {
+    "block": SpotConfiguration,
+    "variables": SpotJobVariables,
+    "job_configuration": SpotJobConfiguration,
+}
 
 
 def _bad(k):
@@ -29,28 +40,36 @@ def _bad(k):
         return "nope"
     if k.kind == "duration":
         return "0s" if k.strict else -1
-    return {"int": -1 if not k.minimum else 0, "number": 0, "bool": "maybe", "text": "",
-            "names": "us-east-2a", "mapping": "region=us-east-1"}[k.kind]
+    return {
+        "int": -1 if not k.minimum else 0,
+        "number": 0,
+        "bool": "maybe",
+        "text": "",
+        "names": "us-east-2a",
+        "mapping": "region=us-east-1",
+    }[k.kind]
 
 
 def _cases(knobs, surfaces):
     return [(name, k) for name in surfaces for k in knobs]
 
 
-FIELD_CASES = _cases(BLOCK_KNOBS, ["block"]) + _cases(WORKER_KNOBS,
-                                                     ["variables", "job_configuration"])
+FIELD_CASES = _cases(BLOCK_KNOBS, ["block"]) + _cases(
+    WORKER_KNOBS, ["variables", "job_configuration"]
+)
 FIELD_IDS = [f"{name}-{k.name}" for name, k in FIELD_CASES]
 
 
 def test_the_surfaces_expose_exactly_their_knobs():
-    assert set(SpotConfiguration.model_fields) & set(KNOBS_BY_NAME) == \
-        {k.name for k in BLOCK_KNOBS}
+    assert set(SpotConfiguration.model_fields) & set(KNOBS_BY_NAME) == {k.name for k in BLOCK_KNOBS}
     for model in (SpotJobVariables, SpotJobConfiguration):
         assert set(model.model_fields) & set(KNOBS_BY_NAME) == {k.name for k in WORKER_KNOBS}
-    assert set(inspect.signature(spot_task).parameters) & set(KNOBS_BY_NAME) == \
-        {k.name for k in SPOT_TASK_KNOBS}
-    assert set(inspect.signature(SpotTaskRunner).parameters) & set(KNOBS_BY_NAME) == \
-        {k.name for k in RUNNER_KNOBS}
+    assert set(inspect.signature(spot_task).parameters) & set(KNOBS_BY_NAME) == {
+        k.name for k in SPOT_TASK_KNOBS
+    }
+    assert set(inspect.signature(SpotTaskRunner).parameters) & set(KNOBS_BY_NAME) == {
+        k.name for k in RUNNER_KNOBS
+    }
 
 
 @pytest.mark.parametrize("surface, k", FIELD_CASES, ids=FIELD_IDS)
@@ -101,23 +120,31 @@ def test_task_runner_default_is_the_models_and_refuses_the_same(k):
 
 
 def test_durations_in_any_form_reach_the_policy_and_the_controller_options():
-    config = SpotConfiguration(capacity_wait="2m", heartbeat_timeout="4m",
-                               attempt_timeout="6h", max_spot_price=0.9)
+    config = SpotConfiguration(
+        capacity_wait="2m", heartbeat_timeout="4m", attempt_timeout="6h", max_spot_price=0.9
+    )
     assert config.capacity_wait == 120.0
     policy = config.retry_policy(max_user_retries=2)
-    assert (policy.capacity_wait_seconds, policy.max_spot_price, policy.max_user_retries) == \
-        (120.0, 0.9, 2)
-    assert config.controller_options() == {"poll_interval": 1.0, "attempt_timeout": 21600.0,
-                                           "heartbeat_timeout": 240.0,
-                                           "heartbeat_uri": None,
-                                           "observe_failure_timeout": 180.0,
-                                           "checkpoint_cost": 60.0,
-                                           "checkpoint_interval_min": 60.0,
-                                           "checkpoint_interval_max": 3600.0,
-                                           "take_over": False}
+    assert (policy.capacity_wait_seconds, policy.max_spot_price, policy.max_user_retries) == (
+        120.0,
+        0.9,
+        2,
+    )
+    assert config.controller_options() == {
+        "poll_interval_seconds": 1.0,
+        "attempt_timeout_seconds": 21600.0,
+        "heartbeat_timeout_seconds": 240.0,
+        "heartbeat_uri": None,
+        "observe_failure_timeout_seconds": 180.0,
+        "checkpoint_cost_seconds": 60.0,
+        "checkpoint_interval_min_seconds": 60.0,
+        "checkpoint_interval_max_seconds": 3600.0,
+        "take_over": False,
+    }
     variables = SpotJobVariables(capacity_wait="90s", max_spot_price=0.5)
-    configuration = SpotJobConfiguration(**variables.model_dump(exclude={"name", "labels",
-                                                                         "command", "env"}))
+    configuration = SpotJobConfiguration(
+        **variables.model_dump(exclude={"name", "labels", "command", "env"})
+    )
     assert configuration.spot_configuration().retry_policy().capacity_wait_seconds == 90.0
     assert SpotTaskRunner(checkpoint_every="5m").checkpoint_every == 300.0
 
@@ -131,32 +158,43 @@ def test_old_worker_variable_names_still_load_with_a_warning():
 
 
 def test_the_deadline_knobs_take_any_form_on_the_block_and_the_worker():
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    config = SpotConfiguration(deadline="2h", work=1800, total_steps=10,
-                               restart_overhead="1m", deadline_policy="greedy")
-    assert (config.deadline, config.work, config.total_steps, config.restart_overhead,
-            config.deadline_policy) == (7200.0, 1800.0, 10, 60.0, "greedy")
-    when = datetime(2026, 12, 1, 8, tzinfo=timezone.utc)
+    config = SpotConfiguration(
+        deadline="2h", work=1800, total_steps=10, restart_overhead="1m", deadline_policy="greedy"
+    )
+    assert (
+        config.deadline,
+        config.work,
+        config.total_steps,
+        config.restart_overhead,
+        config.deadline_policy,
+    ) == (7200.0, 1800.0, 10, 60.0, "greedy")
+    when = datetime(2026, 12, 1, 8, tzinfo=UTC)
     variables = SpotJobVariables(deadline="2026-12-01T08:00Z", work="1h")
     assert variables.deadline == when
-    configuration = SpotJobConfiguration(**variables.model_dump(
-        exclude={"name", "labels", "command", "env"}))
-    assert configuration.spot_configuration().settings().deadline == when
+    configuration = SpotJobConfiguration(
+        **variables.model_dump(exclude={"name", "labels", "command", "env"})
+    )
+    assert configuration.spot_configuration().settings().deadline_at == when
 
 
 # -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------
 from bounds_cases import bounded, model_line, over  # noqa: E402
 
-BOUND_CASES = ([("block", k) for k in bounded(BLOCK)]
-               + [(name, k) for name in ("variables", "job_configuration")
-                  for k in bounded(WORKER)])
-PREFIX = {"block": "SpotConfiguration", "variables": "spot worker",
-          "job_configuration": "spot worker"}
+BOUND_CASES = [("block", k) for k in bounded(BLOCK)] + [
+    (name, k) for name in ("variables", "job_configuration") for k in bounded(WORKER)
+]
+PREFIX = {
+    "block": "SpotConfiguration",
+    "variables": "spot worker",
+    "job_configuration": "spot worker",
+}
 
 
-@pytest.mark.parametrize("surface, k", BOUND_CASES,
-                         ids=[f"{surface}-{k.name}" for surface, k in BOUND_CASES])
+@pytest.mark.parametrize(
+    "surface, k", BOUND_CASES, ids=[f"{surface}-{k.name}" for surface, k in BOUND_CASES]
+)
 def test_block_and_worker_refuse_past_the_maximum_with_the_models_line(surface, k):
     with pytest.raises(ValidationError) as info:
         MODELS[surface](**{k.name: over(k)})

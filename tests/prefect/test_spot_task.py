@@ -12,9 +12,9 @@ from prefect import flow
 
 from prefect_spot import spot_task
 from prefect_spot.tasks import preemptions_of, record_of
-from spot_core.model import Outcome
 from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError, Preempted
+from spot_core.model import Outcome
 
 
 def _notice_once(flag: Path) -> bool:
@@ -28,8 +28,12 @@ def _notice_once(flag: Path) -> bool:
 def test_notice_saves_and_the_retry_resumes_without_using_user_retries(prefect_api, tmp_path):
     seen: list[int | None] = []
 
-    @spot_task(retries=0, max_preemptions=2, checkpoint_storage=tmp_path.as_uri(),
-               checkpoint_every_steps=1000)
+    @spot_task(
+        retries=0,
+        max_preemptions=2,
+        checkpoint_storage=tmp_path.as_uri(),
+        checkpoint_every_steps=1000,
+    )
     def train(total: int, checkpointer) -> int:
         from prefect.context import TaskRunContext
 
@@ -37,7 +41,7 @@ def test_notice_saves_and_the_retry_resumes_without_using_user_retries(prefect_a
         for step in range(checkpointer.start_step, total):
             if step == 57 and _notice_once(tmp_path / "flag"):
                 os.kill(os.getpid(), signal.SIGTERM)  # what the spot watcher forwards
-            checkpointer.maybe_save(step + 1, lambda: {"step": str(step + 1).encode()})
+            checkpointer.maybe_save(step + 1, lambda n=step + 1: {"step": str(n).encode()})
         train.last_run = TaskRunContext.get().task_run.id
         return total
 
@@ -57,8 +61,7 @@ def test_notice_saves_and_the_retry_resumes_without_using_user_retries(prefect_a
     assert ref.step == 58 and ref.metadata["emergency"].startswith("received SIGTERM")
 
 
-def test_notice_file_saves_and_leaves_recovery_to_the_worker(prefect_api, tmp_path,
-                                                            monkeypatch):
+def test_notice_file_saves_and_leaves_recovery_to_the_worker(prefect_api, tmp_path, monkeypatch):
     """The spot watcher's notice file means this node is going away: the task saves an
     emergency checkpoint and ends as preempted without retrying here (the spot worker
     reschedules the flow run elsewhere)."""
@@ -116,8 +119,10 @@ def test_user_errors_use_retries_and_preemption_budget_is_separate(prefect_api, 
 
 def test_spot_task_needs_a_checkpointer_parameter():
     with pytest.raises(ConfigError, match="needs a `checkpointer` parameter"):
+
         @spot_task
         def no_checkpointer(x: int) -> int:
             return x
+
     with pytest.raises(ConfigError, match="max_preemptions"):
         spot_task(max_preemptions=-1)

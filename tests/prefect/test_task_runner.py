@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from prefect import flow, task
-
 from prefect_helpers import count_to
+
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.model import Market, Outcome
 
@@ -14,9 +14,13 @@ from spot_core.model import Market, Outcome
 # 2-core machine meets for starting the step and saving its first checkpoints (at one
 # trace hour per second it was 4 s, less than a step's start-up under load). us-west-2b
 # stays up for 37 s more. The step computes for 20 s, so the preemption still comes.
-PREEMPT_SOON = SpotConfiguration(provider_options={"start_tick": 450, "time_scale": 1200.0},
-                                 max_preemptions=2, capacity_wait=0.5,
-                                 poll_interval=0.1, min_on_demand="365d")
+PREEMPT_SOON = SpotConfiguration(
+    provider_options={"start_tick": 450, "time_scale": 1200.0},
+    max_preemptions=2,
+    capacity_wait=0.5,
+    poll_interval=0.1,
+    min_on_demand="365d",
+)
 
 
 @task
@@ -41,8 +45,7 @@ def always_fails() -> None:
 
 
 def test_preempted_task_resumes_from_its_checkpoint(prefect_api, tmp_path):
-    @flow(task_runner=SpotTaskRunner(PREEMPT_SOON, checkpoint_every_steps=10,
-                                     workdir=tmp_path))
+    @flow(task_runner=SpotTaskRunner(PREEMPT_SOON, checkpoint_every_steps=10, workdir=tmp_path))
     def pipeline():
         future = count_to.submit(400, 0.05)
         return future.result(), spot_record(future), future.task_run_id

@@ -20,16 +20,22 @@ import time
 from pathlib import Path
 
 import pytest
-from prefect import flow, task
-
 from aws_helpers import client, make_network, managed_live_instances, preempt_after_checkpoints
+from prefect import flow, task
 from prefect_helpers import count_to
+
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
-from prefect_spot._remote import (CALL_PUBKEY_ENV, PAYLOAD_KEY, PUBKEY_TAG, Ed25519Seal,
-                                  UntrustedObject, result_key)
+from prefect_spot._remote import (
+    CALL_PUBKEY_ENV,
+    PAYLOAD_KEY,
+    PUBKEY_TAG,
+    Ed25519Seal,
+    UntrustedObject,
+    result_key,
+)
+from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"
@@ -61,8 +67,9 @@ class WritesMarker:
 def ec2(aws_env, bucket, tmp_path):
     """(endpoint, network, bucket, runtime); afterwards moto shows no live instance."""
     net = make_network(aws_env)
-    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", (REGION,),
-                                 default_instance_env(aws_env, REGION))
+    runtime = Ec2InstanceRuntime(
+        aws_env, tmp_path / "runtime", (REGION,), default_instance_env(aws_env, REGION)
+    )
     with runtime:
         yield aws_env, net, bucket, runtime
     assert managed_live_instances(aws_env) == [], "orphans left"
@@ -73,8 +80,9 @@ def held_ec2(aws_env, bucket, tmp_path):
     """Like ``ec2``, but no instance boots until the test starts the runtime: a forger
     acts between the runner's write and the lease's start, with no race."""
     net = make_network(aws_env)
-    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", (REGION,),
-                                 default_instance_env(aws_env, REGION))
+    runtime = Ec2InstanceRuntime(
+        aws_env, tmp_path / "runtime", (REGION,), default_instance_env(aws_env, REGION)
+    )
     try:
         yield aws_env, net, bucket, runtime
     finally:
@@ -83,12 +91,19 @@ def held_ec2(aws_env, bucket, tmp_path):
 
 
 def ec2_config(endpoint: str, net: dict, **fields) -> SpotConfiguration:
-    options = {"endpoint_url": endpoint, "region": REGION, "subnets": net["subnets"],
-               "instance_types": ["g4dn.xlarge"], "image_id": net["image_id"],
-               "instance_profile": net["instance_profile"], "agent_python": sys.executable,
-               "watch_poll_interval": 0.1}
-    return SpotConfiguration(provider="ec2", provider_options=options,
-                             capacity_wait=0.5, poll_interval=0.2, **fields)
+    options = {
+        "endpoint_url": endpoint,
+        "region": REGION,
+        "subnets": net["subnets"],
+        "instance_types": ["g4dn.xlarge"],
+        "image_id": net["image_id"],
+        "instance_profile": net["instance_profile"],
+        "agent_python": sys.executable,
+        "watch_poll_interval": 0.1,
+    }
+    return SpotConfiguration(
+        provider="ec2", provider_options=options, capacity_wait=0.5, poll_interval=0.2, **fields
+    )
 
 
 def _wait_for_call(endpoint: str, bucket: str, prefix: str, timeout: float = 120.0) -> str:
@@ -97,10 +112,13 @@ def _wait_for_call(endpoint: str, bucket: str, prefix: str, timeout: float = 120
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
-        payloads = [o["Key"] for o in listed.get("Contents", [])
-                    if o["Key"].endswith(f"/call/{PAYLOAD_KEY}")]
+        payloads = [
+            o["Key"]
+            for o in listed.get("Contents", [])
+            if o["Key"].endswith(f"/call/{PAYLOAD_KEY}")
+        ]
         if payloads:
-            return payloads[0][:-len(PAYLOAD_KEY)]
+            return payloads[0][: -len(PAYLOAD_KEY)]
         time.sleep(0.1)
     raise AssertionError(f"no call payload under s3://{bucket}/{prefix} in {timeout:g}s")
 
@@ -108,9 +126,10 @@ def _wait_for_call(endpoint: str, bucket: str, prefix: str, timeout: float = 120
 def preempt_first_attempt(runtime, endpoint: str, bucket: str, prefix: str) -> threading.Thread:
     """Find the job's store from its call payload in S3 (the job id holds the task run id),
     then reclaim attempt 1's instance once it has committed a checkpoint."""
+
     def run():
         call = _wait_for_call(endpoint, bucket, prefix)
-        job = call[:-len("/call/")]
+        job = call[: -len("/call/")]
         preempt_after_checkpoints(runtime, f"s3://{bucket}/{job}", attempts=(1,)).join()
 
     thread = threading.Thread(target=run, daemon=True, name="find-and-preempt")
@@ -118,10 +137,12 @@ def preempt_first_attempt(runtime, endpoint: str, bucket: str, prefix: str) -> t
     return thread
 
 
-def forge_then_boot(runtime, endpoint: str, bucket: str, prefix: str, name: str,
-                    blob: bytes) -> threading.Thread:
+def forge_then_boot(
+    runtime, endpoint: str, bucket: str, prefix: str, name: str, blob: bytes
+) -> threading.Thread:
     """Another writer of the store puts ``blob`` at ``call/<name>`` once the runner has
     written its payload, then the instances boot."""
+
     def run():
         try:
             call = _wait_for_call(endpoint, bucket, prefix)
@@ -135,13 +156,20 @@ def forge_then_boot(runtime, endpoint: str, bucket: str, prefix: str, name: str,
 
 
 def test_task_preempted_on_ec2_resumes_from_s3_checkpoint_on_a_new_instance(
-        prefect_api, ec2, tmp_path):
+    prefect_api, ec2, tmp_path
+):
     endpoint, net, bucket, runtime = ec2
     config = ec2_config(endpoint, net, max_preemptions=1)
     workdir = tmp_path / "runner"
 
-    @flow(task_runner=SpotTaskRunner(config, checkpoint_storage=f"s3://{bucket}/tasks",
-                                     checkpoint_every_steps=10, workdir=workdir))
+    @flow(
+        task_runner=SpotTaskRunner(
+            config,
+            checkpoint_storage=f"s3://{bucket}/tasks",
+            checkpoint_every_steps=10,
+            workdir=workdir,
+        )
+    )
     def pipeline():
         future = count_to.submit(300, 0.02)
         return future.result(), spot_record(future)
@@ -165,8 +193,12 @@ def test_task_preempted_on_ec2_resumes_from_s3_checkpoint_on_a_new_instance(
     # The call went through the job's store (the preempter found its payload there while
     # the task ran), was deleted once the result was read, and no local folder was used.
     job = record.job_id
-    keys = {o["Key"] for o in client("s3", endpoint).list_objects_v2(
-        Bucket=bucket, Prefix=f"tasks/{job}/call/").get("Contents", [])}
+    keys = {
+        o["Key"]
+        for o in client("s3", endpoint)
+        .list_objects_v2(Bucket=bucket, Prefix=f"tasks/{job}/call/")
+        .get("Contents", [])
+    }
     assert keys == set(), "the pickled call and its result are deleted once read"
     assert not (workdir / "jobs").exists()
     # What went to the instances: the instance's own Python, no credentials, no local
@@ -182,7 +214,9 @@ def test_task_preempted_on_ec2_resumes_from_s3_checkpoint_on_a_new_instance(
     ec2_client = client("ec2", endpoint)
     published = {}
     for attempt in record.attempts:
-        [reservation] = ec2_client.describe_instances(InstanceIds=[attempt.lease_id])["Reservations"]
+        [reservation] = ec2_client.describe_instances(InstanceIds=[attempt.lease_id])[
+            "Reservations"
+        ]
         tags = {t["Key"]: t["Value"] for t in reservation["Instances"][0].get("Tags", [])}
         published[attempt.lease_id] = tags[PUBKEY_TAG]
     assert len(set(published.values())) == len(record.attempts)
@@ -219,13 +253,16 @@ def _forged(marker: Path, name: str, how: str) -> bytes:
 
 def _instance_logs(runtime) -> str:
     """The tail of every log the instance runtime kept (boot, watcher, step)."""
-    return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-1500:]}"
-                     for path in sorted(runtime.workdir.glob("*.log")))
+    return "\n".join(
+        f"--- {path.name}\n{path.read_text(errors='replace')[-1500:]}"
+        for path in sorted(runtime.workdir.glob("*.log"))
+    )
 
 
 @pytest.mark.parametrize("how", ["unsigned", "another node's key"])
-def test_a_result_forged_in_s3_is_refused_unread_by_the_runner(prefect_api, held_ec2,
-                                                               tmp_path, how):
+def test_a_result_forged_in_s3_is_refused_unread_by_the_runner(
+    prefect_api, held_ec2, tmp_path, how
+):
     """The lease exits 0 without a result; a forged result.pkl is there instead."""
     endpoint, net, bucket, runtime = held_ec2
     config = ec2_config(endpoint, net, max_preemptions=0)
@@ -249,8 +286,9 @@ def test_a_result_forged_in_s3_is_refused_unread_by_the_runner(prefect_api, held
     assert not marker.exists(), "the forged pickle ran in the flow runner"
 
 
-def test_a_payload_forged_in_s3_is_refused_by_the_lease_and_never_runs(prefect_api, held_ec2,
-                                                                       tmp_path):
+def test_a_payload_forged_in_s3_is_refused_by_the_lease_and_never_runs(
+    prefect_api, held_ec2, tmp_path
+):
     endpoint, net, bucket, runtime = held_ec2
     config = ec2_config(endpoint, net, max_preemptions=0)
     marker = tmp_path / "marker"
@@ -260,8 +298,14 @@ def test_a_payload_forged_in_s3_is_refused_by_the_lease_and_never_runs(prefect_a
         future = count_to.submit(5, 0.0)
         return future.wait() or future.state, spot_record(future)
 
-    forger = forge_then_boot(runtime, endpoint, bucket, "payload", PAYLOAD_KEY,
-                             _forged(marker, PAYLOAD_KEY, "another node's key"))
+    forger = forge_then_boot(
+        runtime,
+        endpoint,
+        bucket,
+        "payload",
+        PAYLOAD_KEY,
+        _forged(marker, PAYLOAD_KEY, "another node's key"),
+    )
     state, record = pipeline()
     forger.join(timeout=5)
     assert state.is_failed()
@@ -272,9 +316,15 @@ def test_a_payload_forged_in_s3_is_refused_by_the_lease_and_never_runs(prefect_a
 
 
 def test_ec2_runner_needs_an_s3_store(prefect_api, aws_env):
-    config = SpotConfiguration(provider="ec2", provider_options={
-        "region": REGION, "subnets": ["subnet-1"], "instance_types": ["g4dn.xlarge"],
-        "image_id": "ami-1"})
+    config = SpotConfiguration(
+        provider="ec2",
+        provider_options={
+            "region": REGION,
+            "subnets": ["subnet-1"],
+            "instance_types": ["g4dn.xlarge"],
+            "image_id": "ami-1",
+        },
+    )
 
     @flow(task_runner=SpotTaskRunner(config))
     def pipeline():
@@ -284,12 +334,25 @@ def test_ec2_runner_needs_an_s3_store(prefect_api, aws_env):
         pipeline()
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"subnets": ["subnet-1"], "image_id": "ami-1", "instance_types": ["g5.xlarge"],
-      "aws_secret_access_key": "x"}, r"provider_options\['aws_secret_access_key'\] looks like a credential"),
-    ({"image_id": "ami-1", "instance_types": ["g5.xlarge"]}, r"needs provider_options \['subnets'\]"),
-    ({"subnets": ["subnet-1"], "image_id": "ami-1"}, r"\['instance_types'\]"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {
+                "subnets": ["subnet-1"],
+                "image_id": "ami-1",
+                "instance_types": ["g5.xlarge"],
+                "aws_secret_access_key": "x",
+            },
+            r"provider_options\['aws_secret_access_key'\] looks like a credential",
+        ),
+        (
+            {"image_id": "ami-1", "instance_types": ["g5.xlarge"]},
+            r"needs provider_options \['subnets'\]",
+        ),
+        ({"subnets": ["subnet-1"], "image_id": "ami-1"}, r"\['instance_types'\]"),
+    ],
+)
 def test_bad_ec2_configuration_is_rejected_up_front(options, message):
     from pydantic import ValidationError
 
@@ -298,6 +361,9 @@ def test_bad_ec2_configuration_is_rejected_up_front(options, message):
 
 
 def test_ec2_instance_types_may_come_from_the_configuration():
-    config = SpotConfiguration(provider="ec2", instance_types=["g5.xlarge"],
-                               provider_options={"subnets": ["subnet-1"], "image_id": "ami-1"})
+    config = SpotConfiguration(
+        provider="ec2",
+        instance_types=["g5.xlarge"],
+        provider_options={"subnets": ["subnet-1"], "image_id": "ami-1"},
+    )
     assert config.provider == "ec2"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from prefect import flow, task
-
 from prefect_helpers import count_to
+
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot._remote import CALL_PUBKEY_ENV, PUBKEY_TAG, UntrustedObject
 from spot_core.checkpoint import open_store
@@ -33,24 +33,42 @@ def cluster(tmp_path, monkeypatch):
     """A Karpenter spot pool and an EKS on-demand pool; the pods' `python3` is this
     environment's (the emulator's pods get its PATH, as an image has its own Python)."""
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    pools = [NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b",
-                      replace_after_seconds=None),
-             NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c")]
+    pools = [
+        NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None),
+        NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c"),
+    ]
     with KubeCluster(tmp_path / "cluster", ClusterConfig(pools=pools, time_scale=0.1)) as kube:
         yield kube
 
 
 def k8s_config(cluster, root: Path, **fields) -> SpotConfiguration:
-    template = {"spec": {"volumes": [{"name": "store", "hostPath": {"path": str(root)}}],
-                         "containers": [{"name": "step", "env": [
-                             {"name": "PYTHONPATH", "value": TESTS}],
-                             "volumeMounts": [{"name": "store", "mountPath": str(root)}]}]}}
-    options = {"kubeconfig": str(cluster.kubeconfig_path), "image": "tasks:1",
-               "watch_command": [sys.executable, "-m", "spot_core.cli"],
-               "watch_poll_interval": 0.2, "pod_template": template,
-               "prices": {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}}}
-    return SpotConfiguration(provider="kubernetes", provider_options=options,
-                             capacity_wait=0.5, poll_interval=0.2, **fields)
+    template = {
+        "spec": {
+            "volumes": [{"name": "store", "hostPath": {"path": str(root)}}],
+            "containers": [
+                {
+                    "name": "step",
+                    "env": [{"name": "PYTHONPATH", "value": TESTS}],
+                    "volumeMounts": [{"name": "store", "mountPath": str(root)}],
+                }
+            ],
+        }
+    }
+    options = {
+        "kubeconfig": str(cluster.kubeconfig_path),
+        "image": "tasks:1",
+        "watch_command": [sys.executable, "-m", "spot_core.cli"],
+        "watch_poll_interval": 0.2,
+        "pod_template": template,
+        "prices": {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}},
+    }
+    return SpotConfiguration(
+        provider="kubernetes",
+        provider_options=options,
+        capacity_wait=0.5,
+        poll_interval=0.2,
+        **fields,
+    )
 
 
 def reclaim_first_attempt(cluster, root: Path) -> threading.Thread:
@@ -58,8 +76,12 @@ def reclaim_first_attempt(cluster, root: Path) -> threading.Thread:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             pods = cluster.store.list("pods", None)[0]
-            running = [p for p in pods if p["status"].get("phase") == "Running"
-                       and (p["metadata"].get("labels") or {}).get("spot-pipelines/attempt") == "1"]
+            running = [
+                p
+                for p in pods
+                if p["status"].get("phase") == "Running"
+                and (p["metadata"].get("labels") or {}).get("spot-pipelines/attempt") == "1"
+            ]
             for pod in running:
                 job = pod["metadata"]["annotations"]["spot-pipelines/job-id"]
                 store = open_store((root / job).as_uri())
@@ -67,20 +89,28 @@ def reclaim_first_attempt(cluster, root: Path) -> threading.Thread:
                     cluster.reclaim(pod["spec"]["nodeName"], "karpenter")
                     return
             time.sleep(0.1)
+
     thread = threading.Thread(target=run, daemon=True, name="reclaimer")
     thread.start()
     return thread
 
 
 def test_task_preempted_on_kubernetes_resumes_on_demand_and_its_result_verifies(
-        prefect_api, cluster, tmp_path):
+    prefect_api, cluster, tmp_path
+):
     root = tmp_path / "tasks"
     root.mkdir()
     config = k8s_config(cluster, root, max_preemptions=1)
     seen: dict[str, dict] = {}
 
-    @flow(task_runner=SpotTaskRunner(config, checkpoint_storage=root.as_uri(),
-                                     checkpoint_every_steps=10, workdir=tmp_path / "runner"))
+    @flow(
+        task_runner=SpotTaskRunner(
+            config,
+            checkpoint_storage=root.as_uri(),
+            checkpoint_every_steps=10,
+            workdir=tmp_path / "runner",
+        )
+    )
     def pipeline():
         future = count_to.submit(200, 0.02)
         return future.result(), spot_record(future)
@@ -100,8 +130,7 @@ def test_task_preempted_on_kubernetes_resumes_on_demand_and_its_result_verifies(
     assert not cluster.store.list("pods", None)[0], "every pod deleted"
     # Each pod published its own public key on itself; the pod spec held only the
     # runner's public key, never a secret.
-    published = {name: pod["metadata"]["annotations"].get(PUBKEY_TAG)
-                 for name, pod in seen.items()}
+    published = {name: pod["metadata"]["annotations"].get(PUBKEY_TAG) for name, pod in seen.items()}
     assert set(published) == {a.lease_id for a in record.attempts}
     assert all(published.values()) and len(set(published.values())) == len(published)
     for pod in seen.values():
@@ -118,8 +147,7 @@ def forge_own_result_key() -> str:
     return annotate_own_pod(PUBKEY_TAG, Ed25519Seal.generate().public_hex())
 
 
-def test_a_result_that_does_not_verify_with_the_pods_key_is_refused(
-        prefect_api, cluster, tmp_path):
+def test_a_result_that_does_not_verify_with_the_pods_key_is_refused(prefect_api, cluster, tmp_path):
     """The annotation a pod publishes is the only key its result verifies with: a result
     signed by one key while the pod shows another is refused unread."""
     root = tmp_path / "forged"

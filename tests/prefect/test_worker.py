@@ -10,10 +10,15 @@ import sys
 import time
 
 import pytest
+from prefect_helpers import (
+    PREFECT,
+    deploy_example_flow,
+    final_record,
+    running_worker,
+    wait_completed,
+)
 from pydantic import ValidationError
 
-from prefect_helpers import (PREFECT, deploy_example_flow, final_record, running_worker,
-                             wait_completed)
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
 from spot_core.model import JobRecord, Outcome
 
@@ -28,29 +33,40 @@ def test_worker_type_is_discoverable_as_spot():
     from prefect.workers.base import BaseWorker
 
     assert BaseWorker.get_worker_class_from_type("spot") is SpotWorker
-    proc = subprocess.run([str(PREFECT), "worker", "start", "--help"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [str(PREFECT), "worker", "start", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0
 
 
 def test_base_job_template_describes_every_variable():
     template = SpotWorker.get_default_base_job_template()
     properties = template["variables"]["properties"]
-    for name in ("zones", "instance_types", "max_spot_price", "max_preemptions",
-                 "on_demand_fallback", "checkpoint_root", "provider_options"):
+    for name in (
+        "zones",
+        "instance_types",
+        "max_spot_price",
+        "max_preemptions",
+        "on_demand_fallback",
+        "checkpoint_root",
+        "provider_options",
+    ):
         assert properties[name]["description"], name
         assert template["job_configuration"][name] == "{{ " + name + " }}"
     assert properties["max_preemptions"]["minimum"] == 0
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"max_preemptions": -1}, "spot worker: max_preemptions=-1 must be >= 0"),
-    ({"max_spot_price": 0}, "spot worker: max_spot_price=0 must be > 0 USD/h"),
-    ({"checkpoint_root": "ftp://host/ckpt"}, "pass file:///absolute/path or s3://"),
-    ({"provider": "azure-batch"}, "provider='azure-batch' is not built; choose one of local"),
-    ({"max_capacity_waits": 0}, "max_capacity_waits=0 must be >= 1"),
-    ({"heartbeat_timeout": "soon"}, "heartbeat_timeout='soon' is not a duration"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"max_preemptions": -1}, "spot worker: max_preemptions=-1 must be >= 0"),
+        ({"max_spot_price": 0}, "spot worker: max_spot_price=0 must be > 0 USD/h"),
+        ({"checkpoint_root": "ftp://host/ckpt"}, "pass file:///absolute/path or s3://"),
+        ({"provider": "azure-batch"}, "provider='azure-batch' is not built; choose one of local"),
+        ({"max_capacity_waits": 0}, "max_capacity_waits=0 must be >= 1"),
+        ({"heartbeat_timeout": "soon"}, "heartbeat_timeout='soon' is not a duration"),
+    ],
+)
 def test_bad_job_variables_are_rejected_with_clear_messages(values, message):
     with pytest.raises(ValidationError, match=message):
         SpotJobVariables(**values)
@@ -63,14 +79,23 @@ def test_server_rejects_a_deployment_with_bad_job_variables(prefect_api):
     from prefect.client.schemas.actions import WorkPoolCreate
 
     with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(
-            name="spot-validation", type="spot",
-            base_job_template=SpotWorker.get_default_base_job_template()), overwrite=True)
+        client.create_work_pool(
+            WorkPoolCreate(
+                name="spot-validation",
+                type="spot",
+                base_job_template=SpotWorker.get_default_base_job_template(),
+            ),
+            overwrite=True,
+        )
         flow_id = client.create_flow_from_name("validation-flow")
         with pytest.raises(Exception, match="max_preemptions|-1"):
-            client.create_deployment(flow_id=flow_id, name="bad", work_pool_name="spot-validation",
-                                     job_variables={"max_preemptions": -1},
-                                     entrypoint="x.py:f")
+            client.create_deployment(
+                flow_id=flow_id,
+                name="bad",
+                work_pool_name="spot-validation",
+                job_variables={"max_preemptions": -1},
+                entrypoint="x.py:f",
+            )
 
 
 def _artifacts_of(flow_run_id, record: JobRecord, timeout: float = 30) -> list:
@@ -80,8 +105,11 @@ def _artifacts_of(flow_run_id, record: JobRecord, timeout: float = 30) -> list:
     deadline, found = time.monotonic() + timeout, []
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            found = client.read_artifacts(artifact_filter=ArtifactFilter(
-                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            found = client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+                )
+            )
             if _final_table(found, record) is not None:
                 return found
             time.sleep(0.5)
@@ -94,12 +122,12 @@ def _rows(artifact) -> list[dict]:
 
 def _final_table(artifacts: list, record: JobRecord):
     """The table artifact version that shows every attempt (earlier versions show fewer)."""
-    return next((a for a in artifacts if a.type == "table"
-                 and len(_rows(a)) == len(record.attempts)), None)
+    return next(
+        (a for a in artifacts if a.type == "table" and len(_rows(a)) == len(record.attempts)), None
+    )
 
 
-def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(
-        prefect_api, tmp_path):
+def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(prefect_api, tmp_path):
     from prefect import get_client
     from prefect.deployments import run_deployment
 
@@ -108,13 +136,23 @@ def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(
     # per second (the trace starts when the worker opens its cloud, at its first run),
     # then loses it: the flow run is preempted in the middle of training, with room for
     # a slow flow-run start on a busy machine.
-    deployment_id = deploy_example_flow(pool, "e2e", {
-        "zones": ["us-west-2b"], "max_preemptions": 1,
-        "provider_options": {"start_tick": 479, "time_scale": 1800.0},
-        "checkpoint_root": (tmp_path / "ckpt").as_uri(), "capacity_wait": 0.5})
+    deployment_id = deploy_example_flow(
+        pool,
+        "e2e",
+        {
+            "zones": ["us-west-2b"],
+            "max_preemptions": 1,
+            "provider_options": {"start_tick": 479, "time_scale": 1800.0},
+            "checkpoint_root": (tmp_path / "ckpt").as_uri(),
+            "capacity_wait": 0.5,
+        },
+    )
     with running_worker(pool, tmp_path / "worker.log"):
-        run = run_deployment(deployment_id, timeout=0, parameters={
-            "workdir": str(tmp_path / "work"), "steps": 4000, "step_seconds": 0.01})
+        run = run_deployment(
+            deployment_id,
+            timeout=0,
+            parameters={"workdir": str(tmp_path / "work"), "steps": 4000, "step_seconds": 0.01},
+        )
         with get_client(sync_client=True) as client:
             run = wait_completed(client, run.id, timeout=240)
             states = client.read_flow_run_states(run.id)
@@ -137,8 +175,7 @@ def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(
     assert rows[-1]["resumed_from_step"] == resumed[-1]
 
 
-def test_a_flow_run_whose_worker_is_killed_ends_failed_rather_than_running(
-        prefect_api, tmp_path):
+def test_a_flow_run_whose_worker_is_killed_ends_failed_rather_than_running(prefect_api, tmp_path):
     """Only a reclaim notice hands a run back without a final state: when the worker is
     killed, nobody would reschedule it, so after the heartbeat timeout the lease's
     watcher stops the step (a driver_lost notice) and the run ends Failed, not left
@@ -150,14 +187,27 @@ def test_a_flow_run_whose_worker_is_killed_ends_failed_rather_than_running(
 
     pool = "spot-orphan"
     # us-west-2b has capacity for hours of trace time from tick 479 at real time.
-    deployment_id = deploy_example_flow(pool, "orphan", {
-        "zones": ["us-west-2b"], "heartbeat_timeout": 15,
-        "provider_options": {"start_tick": 479, "time_scale": 1.0},
-        "checkpoint_root": (tmp_path / "ckpt").as_uri()})
+    deployment_id = deploy_example_flow(
+        pool,
+        "orphan",
+        {
+            "zones": ["us-west-2b"],
+            "heartbeat_timeout": 15,
+            "provider_options": {"start_tick": 479, "time_scale": 1.0},
+            "checkpoint_root": (tmp_path / "ckpt").as_uri(),
+        },
+    )
     with get_client(sync_client=True) as client:
         with running_worker(pool, tmp_path / "worker.log") as worker:
-            run = run_deployment(deployment_id, timeout=0, parameters={
-                "workdir": str(tmp_path / "work"), "steps": 100_000, "step_seconds": 0.01})
+            run = run_deployment(
+                deployment_id,
+                timeout=0,
+                parameters={
+                    "workdir": str(tmp_path / "work"),
+                    "steps": 100_000,
+                    "step_seconds": 0.01,
+                },
+            )
             store = open_store((tmp_path / "ckpt" / str(run.id)).as_uri())
             deadline = time.monotonic() + 120
             while store.latest() is None:  # the spot_task is training
@@ -177,17 +227,21 @@ def test_kill_infrastructure_terminates_the_lease(prefect_api, tmp_path):
 
     from spot_core.providers.base import LaunchSpec
 
-    configuration = SpotJobConfiguration(zones=["us-west-2b"],
-                                         provider_options={"start_tick": 600})
+    configuration = SpotJobConfiguration(zones=["us-west-2b"], provider_options={"start_tick": 600})
 
     async def scenario():
         async with SpotWorker(work_pool_name="spot-kill", create_pool_if_not_found=True) as worker:
             provider = worker._provider(configuration)
             pool = next(p for p in provider.pools() if p.zone == "us-west-2b")
-            lease = provider.launch(LaunchSpec(
-                job_id="kill-me", attempt=1, command=(sys.executable, "-c",
-                                                      "import time; time.sleep(120)"),
-                checkpoint_uri=(tmp_path / "ckpt").as_uri()), pool)
+            lease = provider.launch(
+                LaunchSpec(
+                    job_id="kill-me",
+                    attempt=1,
+                    command=(sys.executable, "-c", "import time; time.sleep(120)"),
+                    checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+                ),
+                pool,
+            )
             assert not provider.observe([lease])[lease.lease_id].ended
             await worker.kill_infrastructure(lease.lease_id, configuration, grace_seconds=1)
             status = provider.observe([lease])[lease.lease_id]
@@ -206,19 +260,27 @@ def test_kill_infrastructure_reaches_a_lease_launched_by_another_process(prefect
     and the worker terminates it by id (as on cancellation from the UI)."""
     import anyio
 
+    from spot_core.localcloud.server import LocalCloudServer
     from spot_core.providers import open_provider
     from spot_core.providers.base import LaunchSpec
-    from spot_core.localcloud.server import LocalCloudServer
 
     with LocalCloudServer.from_traces(workdir=tmp_path / "cloud", start_tick=600) as server:
-        launcher = open_provider("local", url=server.url, workdir=server.cloud.workdir)  # stands in for another process
+        launcher = open_provider(
+            "local", url=server.url, workdir=server.cloud.workdir
+        )  # stands in for another process
         pool = next(p for p in launcher.pools() if p.zone == "us-west-2b")
-        lease = launcher.launch(LaunchSpec(
-            job_id="remote", attempt=1, command=(sys.executable, "-c",
-                                                 "import time; time.sleep(120)"),
-            checkpoint_uri=(tmp_path / "ckpt").as_uri()), pool)
-        configuration = SpotJobConfiguration(provider_options={
-            "url": server.url, "workdir": str(server.cloud.workdir)})
+        lease = launcher.launch(
+            LaunchSpec(
+                job_id="remote",
+                attempt=1,
+                command=(sys.executable, "-c", "import time; time.sleep(120)"),
+                checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+            ),
+            pool,
+        )
+        configuration = SpotJobConfiguration(
+            provider_options={"url": server.url, "workdir": str(server.cloud.workdir)}
+        )
 
         async def kill():
             async with SpotWorker(work_pool_name="spot-kill-remote") as worker:

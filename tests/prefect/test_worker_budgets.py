@@ -8,14 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
-from spot_core.model import Outcome
-from spot_core.localcloud.server import LocalCloudServer
-from spot_core.localcloud.cloud import LocalCloudConfig
-
 from fault_proxy import FaultProxy  # tests/core (on sys.path through conftest)
+from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 from spot_helpers import marked_processes, trace, wait_until
+
+from spot_core.localcloud.cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.model import Outcome
 
 HERE = Path(__file__).resolve().parent
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
@@ -24,9 +23,13 @@ pytestmark = pytest.mark.timeout(420)
 
 def _cloud(tmp_path, pattern: str, time_scale: float) -> LocalCloudServer:
     """A one-zone local cloud whose clock starts when the worker first connects."""
-    return LocalCloudServer.from_traces([trace("us-east-1a_v100_1", pattern)],
-                                        time_scale=time_scale, workdir=tmp_path / "cloud",
-                                        config=FAST, start_on_first_client=True)
+    return LocalCloudServer.from_traces(
+        [trace("us-east-1a_v100_1", pattern)],
+        time_scale=time_scale,
+        workdir=tmp_path / "cloud",
+        config=FAST,
+        start_on_first_client=True,
+    )
 
 
 def test_preemptions_leave_the_flows_retries_for_its_own_errors(prefect_api, tmp_path):
@@ -37,25 +40,38 @@ def test_preemptions_leave_the_flows_retries_for_its_own_errors(prefect_api, tmp
     # One trace tick per second: up 25 s, down 3 s, up 25 s, down 3 s, then up.
     pattern = "1" * 25 + "0" * 3 + "1" * 25 + "0" * 3 + "1" * 2000
     with _cloud(tmp_path, pattern, time_scale=60.0) as cloud:
-        deployment_id = deploy_example_flow("spot-budgets", "budgets", {
-            "provider_options": {"url": cloud.url, "workdir": str(cloud.cloud.workdir)},
-            "on_demand_fallback": False,
-            "max_preemptions": 3, "capacity_wait": 0.5, "max_capacity_waits": 200,
-            "checkpoint_root": (tmp_path / "ckpt").as_uri()},
-            source=HERE, entrypoint="spot_test_flows.py:preempted_twice_then_fails_once")
+        deployment_id = deploy_example_flow(
+            "spot-budgets",
+            "budgets",
+            {
+                "provider_options": {"url": cloud.url, "workdir": str(cloud.cloud.workdir)},
+                "on_demand_fallback": False,
+                "max_preemptions": 3,
+                "capacity_wait": 0.5,
+                "max_capacity_waits": 200,
+                "checkpoint_root": (tmp_path / "ckpt").as_uri(),
+            },
+            source=HERE,
+            entrypoint="spot_test_flows.py:preempted_twice_then_fails_once",
+        )
         with running_worker("spot-budgets", tmp_path / "worker.log"):
-            run = run_deployment(deployment_id, timeout=0,
-                                 parameters={"marks": str(tmp_path / "marks")})
+            run = run_deployment(
+                deployment_id, timeout=0, parameters={"marks": str(tmp_path / "marks")}
+            )
             with get_client(sync_client=True) as client:
                 run = wait_completed(client, run.id, timeout=300)
                 names = [s.name for s in client.read_flow_run_states(run.id)]
             record = final_record(run.id)
-        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), \
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), (
             "a lease process outlived the flow run"
+        )
     logs = (tmp_path / "worker.log").read_text(errors="replace")
     assert run.state.is_completed(), f"{run.state!r} {names}\n{logs[-3000:]}"
     assert [a.outcome for a in record.attempts] == [
-        Outcome.PREEMPTED, Outcome.PREEMPTED, Outcome.SUCCEEDED], record.attempts
+        Outcome.PREEMPTED,
+        Outcome.PREEMPTED,
+        Outcome.SUCCEEDED,
+    ], record.attempts
     # A plain flow (no spot_task) is handed back on the reclaim notice too: never shown
     # Crashed or Failed on the way, so automations on those states do not fire.
     assert not {"Crashed", "Failed"} & set(names), names
@@ -63,8 +79,7 @@ def test_preemptions_leave_the_flows_retries_for_its_own_errors(prefect_api, tmp
     assert names[-4:] == ["Running", "AwaitingRetry", "Running", "Completed"], names
     assert (tmp_path / "marks" / "failed-once").exists()
     # Runs spent by preemptions were given back: the one retry is still the user's.
-    assert run.empirical_policy.retries == run.run_count - 1, (run.run_count,
-                                                               run.empirical_policy)
+    assert run.empirical_policy.retries == run.run_count - 1, (run.run_count, run.empirical_policy)
     assert record.preemptions == 2 and record.user_failures == 0
 
 
@@ -73,15 +88,24 @@ def test_transient_observe_errors_do_not_end_the_attempt(prefect_api, tmp_path):
     from prefect.deployments import run_deployment
 
     marks = tmp_path / "marks"
-    with _cloud(tmp_path, "1" * 5000, time_scale=60.0) as cloud, \
-            FaultProxy(cloud.url, match="/describe") as proxy:
-        deployment_id = deploy_example_flow("spot-flaky", "flaky", {
-            "provider_options": {"url": proxy.url, "workdir": str(cloud.cloud.workdir)},
-            "checkpoint_root": (tmp_path / "ckpt").as_uri()},
-            source=HERE, entrypoint="spot_test_flows.py:naps")
+    with (
+        _cloud(tmp_path, "1" * 5000, time_scale=60.0) as cloud,
+        FaultProxy(cloud.url, match="/describe") as proxy,
+    ):
+        deployment_id = deploy_example_flow(
+            "spot-flaky",
+            "flaky",
+            {
+                "provider_options": {"url": proxy.url, "workdir": str(cloud.cloud.workdir)},
+                "checkpoint_root": (tmp_path / "ckpt").as_uri(),
+            },
+            source=HERE,
+            entrypoint="spot_test_flows.py:naps",
+        )
         with running_worker("spot-flaky", tmp_path / "worker.log"):
-            run = run_deployment(deployment_id, timeout=0,
-                                 parameters={"seconds": 12.0, "marks": str(marks)})
+            run = run_deployment(
+                deployment_id, timeout=0, parameters={"seconds": 12.0, "marks": str(marks)}
+            )
             assert wait_until(lambda: (marks / "started").exists(), timeout=120)
             for mode in ("503", "reset"):  # the cloud API fails for a while, then heals
                 proxy.mode = mode
@@ -105,22 +129,32 @@ def test_cancelling_a_flow_run_stops_its_attempt_and_lease(prefect_api, tmp_path
 
     marks = tmp_path / "marks"
     with _cloud(tmp_path, "1" * 5000, time_scale=60.0) as cloud:
-        deployment_id = deploy_example_flow("spot-cancel", "cancel", {
-            "provider_options": {"url": cloud.url, "workdir": str(cloud.cloud.workdir)},
-            "checkpoint_root": (tmp_path / "ckpt").as_uri()},
-            source=HERE, entrypoint="spot_test_flows.py:naps")
+        deployment_id = deploy_example_flow(
+            "spot-cancel",
+            "cancel",
+            {
+                "provider_options": {"url": cloud.url, "workdir": str(cloud.cloud.workdir)},
+                "checkpoint_root": (tmp_path / "ckpt").as_uri(),
+            },
+            source=HERE,
+            entrypoint="spot_test_flows.py:naps",
+        )
         with running_worker("spot-cancel", tmp_path / "worker.log"):
-            run = run_deployment(deployment_id, timeout=0,
-                                 parameters={"seconds": 240.0, "marks": str(marks)})
+            run = run_deployment(
+                deployment_id, timeout=0, parameters={"seconds": 240.0, "marks": str(marks)}
+            )
             assert wait_until(lambda: (marks / "started").exists(), timeout=120)
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(run.id, Cancelling(), force=True)
                 assert wait_until(
-                    lambda: client.read_flow_run(run.id).state.is_cancelled(), timeout=60)
-            assert wait_until(lambda: (load_record(record_key(run.id)).current_attempt
-                                       is None), timeout=30)
-            assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), \
+                    lambda: client.read_flow_run(run.id).state.is_cancelled(), timeout=60
+                )
+            assert wait_until(
+                lambda: load_record(record_key(run.id)).current_attempt is None, timeout=30
+            )
+            assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=20), (
                 "the cancelled flow run's lease is still running"
+            )
             record = load_record(record_key(run.id))
     assert len(record.attempts) == 1 and record.attempts[0].outcome is not None
     assert record.attempts[0].outcome is not Outcome.SUCCEEDED

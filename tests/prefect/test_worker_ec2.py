@@ -10,27 +10,43 @@ import sys
 import uuid
 
 import pytest
+from aws_helpers import make_network, managed_live_instances
 from pydantic import ValidationError
 
-from aws_helpers import make_network, managed_live_instances
 from prefect_spot import _jobs
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
 
 pytestmark = pytest.mark.timeout(180)
 REGION = "us-east-1"
-GOOD = {"region": REGION, "subnets": ["subnet-1"], "image_id": "ami-1",
-        "instance_types": ["g4dn.xlarge"]}
+GOOD = {
+    "region": REGION,
+    "subnets": ["subnet-1"],
+    "image_id": "ami-1",
+    "instance_types": ["g4dn.xlarge"],
+}
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"provider_options": {**GOOD, "colour": "blue"}, "checkpoint_root": "s3://b/flows"},
-     r"unknown ec2 provider option\(s\) \['colour'\]"),
-    ({"provider_options": {k: v for k, v in GOOD.items() if k != "image_id"},
-      "checkpoint_root": "s3://b/flows"}, r"needs provider_options \['image_id'\]"),
-    ({"provider_options": GOOD}, "needs checkpoint_root 's3://bucket/prefix'"),
-    ({"provider_options": GOOD, "checkpoint_root": "file:///tmp/ckpt"},
-     "its instances cannot see this machine's disk"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"provider_options": {**GOOD, "colour": "blue"}, "checkpoint_root": "s3://b/flows"},
+            r"unknown ec2 provider option\(s\) \['colour'\]",
+        ),
+        (
+            {
+                "provider_options": {k: v for k, v in GOOD.items() if k != "image_id"},
+                "checkpoint_root": "s3://b/flows",
+            },
+            r"needs provider_options \['image_id'\]",
+        ),
+        ({"provider_options": GOOD}, "needs checkpoint_root 's3://bucket/prefix'"),
+        (
+            {"provider_options": GOOD, "checkpoint_root": "file:///tmp/ckpt"},
+            "its instances cannot see this machine's disk",
+        ),
+    ],
+)
 def test_bad_ec2_job_variables_are_rejected_with_clear_messages(values, message):
     for model in (SpotJobVariables, SpotJobConfiguration):
         with pytest.raises(ValidationError, match=message):
@@ -38,16 +54,21 @@ def test_bad_ec2_job_variables_are_rejected_with_clear_messages(values, message)
 
 
 def test_ec2_job_variables_are_accepted_and_offered_in_the_template():
-    config = SpotJobConfiguration(provider="ec2", provider_options=GOOD,
-                                  checkpoint_root="s3://b/flows")
+    config = SpotJobConfiguration(
+        provider="ec2", provider_options=GOOD, checkpoint_root="s3://b/flows"
+    )
     assert config.spot_configuration().provider == "ec2"
     template = SpotWorker.get_default_base_job_template()
     assert template["variables"]["properties"]["provider"]["enum"] == ["local", "ec2", "kubernetes"]
 
 
 def test_lease_env_keeps_credentials_off_remote_leases(caplog):
-    env = {"PREFECT_API_URL": "http://prefect:4200/api", "PREFECT_API_KEY": "pnu_x",
-           "DB_PASSWORD": "hunter2", "BATCH": "7"}
+    env = {
+        "PREFECT_API_URL": "http://prefect:4200/api",
+        "PREFECT_API_KEY": "pnu_x",
+        "DB_PASSWORD": "hunter2",
+        "BATCH": "7",
+    }
     with caplog.at_level(logging.WARNING):
         remote = _jobs.lease_env("ec2", env, logging.getLogger("test"))
     assert remote == {"PREFECT_API_URL": "http://prefect:4200/api", "BATCH": "7"}
@@ -63,11 +84,18 @@ def test_worker_opens_ec2_and_terminates_an_instance_by_id(prefect_api, aws_env,
 
     net = make_network(aws_env)
     configuration = SpotJobConfiguration(
-        provider="ec2", checkpoint_root=f"s3://{bucket}/flows",
-        provider_options={"endpoint_url": aws_env, "region": REGION, "subnets": net["subnets"],
-                          "instance_types": ["g4dn.xlarge"], "image_id": net["image_id"],
-                          "instance_profile": net["instance_profile"],
-                          "agent_python": "/opt/step/bin/python"})
+        provider="ec2",
+        checkpoint_root=f"s3://{bucket}/flows",
+        provider_options={
+            "endpoint_url": aws_env,
+            "region": REGION,
+            "subnets": net["subnets"],
+            "instance_types": ["g4dn.xlarge"],
+            "image_id": net["image_id"],
+            "instance_profile": net["instance_profile"],
+            "agent_python": "/opt/step/bin/python",
+        },
+    )
     flow_run = FlowRun(id=uuid.uuid4(), name="ec2-run", flow_id=uuid.uuid4())
     configuration.prepare_for_flow_run(flow_run)
     assert configuration.command.startswith("/opt/step/bin/python -m prefect_spot._engine")
@@ -77,11 +105,19 @@ def test_worker_opens_ec2_and_terminates_an_instance_by_id(prefect_api, aws_env,
             provider = worker._provider(configuration)
             assert provider.name == "ec2"
             assert {p.zone for p in provider.pools()} == {f"{REGION}a", f"{REGION}b"}
-            assert worker._checkpoint_uri(configuration, flow_run) == \
-                f"s3://{bucket}/flows/{flow_run.id}"
-            lease = provider.launch(LaunchSpec(
-                job_id="kill-me", attempt=1, command=("sleep", "120"),
-                checkpoint_uri=f"s3://{bucket}/flows/kill-me"), provider.pools()[0])
+            assert (
+                worker._checkpoint_uri(configuration, flow_run)
+                == f"s3://{bucket}/flows/{flow_run.id}"
+            )
+            lease = provider.launch(
+                LaunchSpec(
+                    job_id="kill-me",
+                    attempt=1,
+                    command=("sleep", "120"),
+                    checkpoint_uri=f"s3://{bucket}/flows/kill-me",
+                ),
+                provider.pools()[0],
+            )
             assert lease.lease_id in managed_live_instances(aws_env)
             await worker.kill_infrastructure(lease.lease_id, configuration, grace_seconds=1)
             # Gone now, not only when the worker closes its providers on exit.
@@ -93,44 +129,67 @@ def test_worker_opens_ec2_and_terminates_an_instance_by_id(prefect_api, aws_env,
 
 @pytest.mark.timeout(420)
 def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_completes(
-        prefect_api, aws_env, bucket, tmp_path):
+    prefect_api, aws_env, bucket, tmp_path
+):
     """End to end: the flow run itself on an (emulated) EC2 instance; reclaimed after its
     first S3 checkpoint, rescheduled, resumed from S3 on a new instance, completed."""
+    from aws_helpers import preempt_after_checkpoints
     from prefect import get_client
     from prefect.deployments import run_deployment
-
-    from aws_helpers import preempt_after_checkpoints
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
-    from spot_core.model import Outcome
+
     from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+    from spot_core.model import Outcome
 
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"
-    deployment_id = deploy_example_flow(pool, "ec2-e2e", {
-        "provider": "ec2", "max_preemptions": 1, "capacity_wait": 0.5,
-        "checkpoint_root": f"s3://{bucket}/flows",
-        "provider_options": {"endpoint_url": aws_env, "region": REGION,
-                             "subnets": net["subnets"], "instance_types": ["g4dn.xlarge"],
-                             "image_id": net["image_id"],
-                             "instance_profile": net["instance_profile"],
-                             "agent_python": sys.executable, "watch_poll_interval": 0.1}})
+    deployment_id = deploy_example_flow(
+        pool,
+        "ec2-e2e",
+        {
+            "provider": "ec2",
+            "max_preemptions": 1,
+            "capacity_wait": 0.5,
+            "checkpoint_root": f"s3://{bucket}/flows",
+            "provider_options": {
+                "endpoint_url": aws_env,
+                "region": REGION,
+                "subnets": net["subnets"],
+                "instance_types": ["g4dn.xlarge"],
+                "image_id": net["image_id"],
+                "instance_profile": net["instance_profile"],
+                "agent_python": sys.executable,
+                "watch_poll_interval": 0.1,
+            },
+        },
+    )
     # A notice long enough for the flow run's engine to save, report its state and exit,
     # and for the on-instance agent to write its status report (EC2 gives two minutes).
-    runtime = Ec2InstanceRuntime(aws_env, tmp_path / "runtime", (REGION,),
-                                 default_instance_env(aws_env, REGION), notice_seconds=20.0,
-                                 grace_seconds=5.0)
+    runtime = Ec2InstanceRuntime(
+        aws_env,
+        tmp_path / "runtime",
+        (REGION,),
+        default_instance_env(aws_env, REGION),
+        notice_seconds=20.0,
+        grace_seconds=5.0,
+    )
     with runtime, running_worker(pool, tmp_path / "worker.log"):
-        run = run_deployment(deployment_id, timeout=0, parameters={
-            "workdir": str(tmp_path / "work"), "steps": 600, "step_seconds": 0.01})
-        preempt_after_checkpoints(runtime, f"s3://{bucket}/flows/{run.id}", attempts=(1,),
-                                  timeout=150)
+        run = run_deployment(
+            deployment_id,
+            timeout=0,
+            parameters={"workdir": str(tmp_path / "work"), "steps": 600, "step_seconds": 0.01},
+        )
+        preempt_after_checkpoints(
+            runtime, f"s3://{bucket}/flows/{run.id}", attempts=(1,), timeout=150
+        )
         with get_client(sync_client=True) as client:
             run = wait_completed(client, run.id, timeout=240)
             states = client.read_flow_run_states(run.id)
         record = final_record(run.id)
     logs = (tmp_path / "worker.log").read_text(errors="replace")
-    instance_logs = "\n".join(p.read_text(errors="replace")[-1500:]
-                              for p in (tmp_path / "runtime").glob("i-*.log"))
+    instance_logs = "\n".join(
+        p.read_text(errors="replace")[-1500:] for p in (tmp_path / "runtime").glob("i-*.log")
+    )
     assert run.state.is_completed(), f"{run.state!r}\n{logs[-3000:]}\n{instance_logs}"
     assert "AwaitingRetry" in [s.name for s in states]
     assert record.preemptions == 1

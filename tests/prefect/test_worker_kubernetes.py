@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
+from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 from pydantic import ValidationError
 
-from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 
 pytestmark = pytest.mark.timeout(300)
@@ -23,19 +23,29 @@ def test_kubernetes_job_variables_need_a_store_every_pod_reaches(tmp_path):
         with pytest.raises(ValidationError, match="its pods cannot see this machine's disk"):
             model(provider="kubernetes", checkpoint_root=tmp_path.as_uri())
         with pytest.raises(ValidationError, match="unknown kubernetes provider option"):
-            model(provider="kubernetes", provider_options={"nmespace": "ml"},
-                  checkpoint_root="s3://bucket/flows")
+            model(
+                provider="kubernetes",
+                provider_options={"nmespace": "ml"},
+                checkpoint_root="s3://bucket/flows",
+            )
     mounted = SpotJobConfiguration(
-        provider="kubernetes", checkpoint_root=(tmp_path / "flows").as_uri(),
-        provider_options={"pod_template": _shared_volume(tmp_path)})
+        provider="kubernetes",
+        checkpoint_root=(tmp_path / "flows").as_uri(),
+        provider_options={"pod_template": _shared_volume(tmp_path)},
+    )
     assert mounted.spot_configuration().provider == "kubernetes"
 
 
 def _shared_volume(path) -> dict:
     """The checkpoint folder on a volume every step pod mounts at the same path."""
-    return {"spec": {"volumes": [{"name": "ckpt", "hostPath": {"path": str(path)}}],
-                     "containers": [{"name": "step", "volumeMounts": [
-                         {"name": "ckpt", "mountPath": str(path)}]}]}}
+    return {
+        "spec": {
+            "volumes": [{"name": "ckpt", "hostPath": {"path": str(path)}}],
+            "containers": [
+                {"name": "step", "volumeMounts": [{"name": "ckpt", "mountPath": str(path)}]}
+            ],
+        }
+    }
 
 
 def _reclaim_after_checkpoint(cluster, store_uri: str, timeout: float):
@@ -48,9 +58,15 @@ def _reclaim_after_checkpoint(cluster, store_uri: str, timeout: float):
 
     def victim():
         pods = cluster.store.list("pods", None)[0]
-        return next((p["spec"].get("nodeName") for p in pods
-                     if (p["metadata"].get("labels") or {}).get("spot-pipelines/attempt") == "1"
-                     and p["status"].get("phase") == "Running"), None)
+        return next(
+            (
+                p["spec"].get("nodeName")
+                for p in pods
+                if (p["metadata"].get("labels") or {}).get("spot-pipelines/attempt") == "1"
+                and p["status"].get("phase") == "Running"
+            ),
+            None,
+        )
 
     def run():
         deadline = time.monotonic() + timeout
@@ -71,41 +87,60 @@ def _reclaim_after_checkpoint(cluster, store_uri: str, timeout: float):
 
 
 def test_worker_reschedules_a_flow_run_preempted_on_kubernetes_and_it_completes(
-        prefect_api, tmp_path):
+    prefect_api, tmp_path
+):
     from prefect import get_client
     from prefect.deployments import run_deployment
-
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
+
     from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
     from spot_core.model import Market, Outcome
 
     root = tmp_path / "flows"
-    pools = [NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b",
-                      replace_after_seconds=None),
-             NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c")]
+    pools = [
+        NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None),
+        NodePool("eks-on-demand", "eks", "on-demand", "us-east-1c"),
+    ]
     with KubeCluster(tmp_path / "cluster", ClusterConfig(pools=pools, time_scale=0.1)) as cluster:
-        deployment_id = deploy_example_flow("spot-k8s-e2e", "k8s-e2e", {
-            "provider": "kubernetes", "max_preemptions": 1, "capacity_wait": 0.5,
-            "checkpoint_root": root.as_uri(),
-            # the flow run's engine in the pod: this environment's Python (the image's)
-            "command": f"{sys.executable} -m prefect_spot._engine",
-            "provider_options": {
-                "kubeconfig": str(cluster.kubeconfig_path), "image": "flows:1",
-                "watch_command": [sys.executable, "-m", "spot_core.cli"],
-                "watch_poll_interval": 0.2, "pod_template": _shared_volume(root),
-                "prices": {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}}}})
+        deployment_id = deploy_example_flow(
+            "spot-k8s-e2e",
+            "k8s-e2e",
+            {
+                "provider": "kubernetes",
+                "max_preemptions": 1,
+                "capacity_wait": 0.5,
+                "checkpoint_root": root.as_uri(),
+                # the flow run's engine in the pod: this environment's Python (the image's)
+                "command": f"{sys.executable} -m prefect_spot._engine",
+                "provider_options": {
+                    "kubeconfig": str(cluster.kubeconfig_path),
+                    "image": "flows:1",
+                    "watch_command": [sys.executable, "-m", "spot_core.cli"],
+                    "watch_poll_interval": 0.2,
+                    "pod_template": _shared_volume(root),
+                    "prices": {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}},
+                },
+            },
+        )
         with running_worker("spot-k8s-e2e", tmp_path / "worker.log"):
-            run = run_deployment(deployment_id, timeout=0, parameters={
-                "workdir": str(tmp_path / "work"), "steps": 600, "step_seconds": 0.01})
-            thread, reclaimed = _reclaim_after_checkpoint(cluster, f"{root.as_uri()}/{run.id}",
-                                                          timeout=150)
+            run = run_deployment(
+                deployment_id,
+                timeout=0,
+                parameters={"workdir": str(tmp_path / "work"), "steps": 600, "step_seconds": 0.01},
+            )
+            thread, reclaimed = _reclaim_after_checkpoint(
+                cluster, f"{root.as_uri()}/{run.id}", timeout=150
+            )
             with get_client(sync_client=True) as client:
                 run = wait_completed(client, run.id, timeout=240)
                 states = client.read_flow_run_states(run.id)
             record = final_record(run.id)
             thread.join(5)
-            left = [p["metadata"]["name"] for p in cluster.store.list("pods", None)[0]
-                    if (p["metadata"].get("labels") or {}).get("spot-pipelines/managed")]
+            left = [
+                p["metadata"]["name"]
+                for p in cluster.store.list("pods", None)[0]
+                if (p["metadata"].get("labels") or {}).get("spot-pipelines/managed")
+            ]
     logs = (tmp_path / "worker.log").read_text(errors="replace")
     assert reclaimed, f"the first attempt never checkpointed\n{logs[-3000:]}"
     assert run.state.is_completed(), f"{run.state!r}\n{logs[-3000:]}"
@@ -120,7 +155,8 @@ def test_worker_reschedules_a_flow_run_preempted_on_kubernetes_and_it_completes(
 
 
 def test_cancelling_a_flow_run_deletes_its_pod_when_the_pools_span_two_regions(
-        prefect_api, kube_cluster, kube_namespace, tmp_path):
+    prefect_api, kube_cluster, kube_namespace, tmp_path
+):
     """Prefect hands ``kill_infrastructure`` the infrastructure id alone; the worker tries
     it in every region its pools cover (an EC2 id does not say its region). A cluster is
     one place whatever its nodes' regions: every try must find the pod, and it is deleted."""
@@ -134,25 +170,42 @@ def test_cancelling_a_flow_run_deletes_its_pod_when_the_pools_span_two_regions(
     zones = ["eu-west-1a", "ap-south-1b"]  # this test's own pools, in two regions
     for zone in zones:
         add_test_pool(kube_cluster, "karpenter", capacity_type="spot", zone=zone, pods=2)
-    options = {"kubeconfig": str(kube_cluster.kubeconfig_path), "namespace": kube_namespace,
-               "image": "flows:1", "pod_template": _shared_volume(tmp_path)}
+    options = {
+        "kubeconfig": str(kube_cluster.kubeconfig_path),
+        "namespace": kube_namespace,
+        "image": "flows:1",
+        "pod_template": _shared_volume(tmp_path),
+    }
     configuration = SpotJobConfiguration(
-        provider="kubernetes", zones=zones, checkpoint_root=(tmp_path / "flows").as_uri(),
-        provider_options=options)
+        provider="kubernetes",
+        zones=zones,
+        checkpoint_root=(tmp_path / "flows").as_uri(),
+        provider_options=options,
+    )
     launcher = open_provider("kubernetes", **options)  # the run's worker, not this one
     assert {p.region for p in launcher.pools()} >= {"eu-west-1", "ap-south-1"}
     pool = next(p for p in launcher.pools() if p.zone == zones[1] and p.market is Market.SPOT)
-    lease = launcher.launch(LaunchSpec(
-        job_id="cancel-me", attempt=1, command=("sleep", "120"),
-        checkpoint_uri=(tmp_path / "flows" / "cancel-me").as_uri()), pool)
+    lease = launcher.launch(
+        LaunchSpec(
+            job_id="cancel-me",
+            attempt=1,
+            command=("sleep", "120"),
+            checkpoint_uri=(tmp_path / "flows" / "cancel-me").as_uri(),
+        ),
+        pool,
+    )
     assert kube_cluster.store.find("pods", kube_namespace, lease.lease_id)
 
     async def cancel():
-        async with SpotWorker(work_pool_name="spot-kill-k8s",
-                              create_pool_if_not_found=True) as worker:
+        async with SpotWorker(
+            work_pool_name="spot-kill-k8s", create_pool_if_not_found=True
+        ) as worker:
             await worker.kill_infrastructure(lease.lease_id, configuration, grace_seconds=1)
-            wait_for(lambda: kube_cluster.store.find("pods", kube_namespace, lease.lease_id)
-                     is None, 30, "the cancelled flow run's pod to go")
+            wait_for(
+                lambda: kube_cluster.store.find("pods", kube_namespace, lease.lease_id) is None,
+                30,
+                "the cancelled flow run's pod to go",
+            )
 
     try:
         anyio.run(cancel)

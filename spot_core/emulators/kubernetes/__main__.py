@@ -21,7 +21,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m spot_core.emulators.kubernetes",
         description="A Kubernetes API emulator whose pods run as local processes; serves "
-                    "until SIGTERM and prints its URL and kubeconfig path as JSON.")
+        "until SIGTERM and prints its URL and kubeconfig path as JSON.",
+    )
     parser.add_argument("--workdir", required=True, help="kubeconfig, pod dirs, emulator.json")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--cluster", help="cluster.json: pools, time_scale, timings, images")
@@ -43,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     cluster = KubeCluster(args.workdir, config, port=args.port).start()
     try:
-        info = {"url": cluster.url, "kubeconfig": str(cluster.kubeconfig_path),
-                "nodes": [n["metadata"]["name"] for n in cluster.store.all("nodes")]}
+        info = {
+            "url": cluster.url,
+            "kubeconfig": str(cluster.kubeconfig_path),
+            "nodes": [n["metadata"]["name"] for n in cluster.store.all("nodes")],
+        }
         (cluster.workdir / "emulator.json").write_text(json.dumps(info, indent=2))
         print(json.dumps(info), flush=True)
         while not stop.wait(1.0):

@@ -13,21 +13,38 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from typing import Any, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from . import pod_defaults, pod_status as ps
+from . import pod_defaults
+from . import pod_status as ps
 from .errors import ApiError, conflict, invalid, not_found, status_object
 from .patch import apply_patch
 from .resources import RESOURCES
 from .scheduler import TERMINAL
-from .selectors import (fields_match, label_selector_object, matches_all,
-                        parse_field_selector, parse_label_selector)
+from .selectors import (
+    fields_match,
+    label_selector_object,
+    matches_all,
+    parse_field_selector,
+    parse_label_selector,
+)
 from .timefmt import rfc3339
 
-Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
+if TYPE_CHECKING:
+    from .store import Store
 
-IMMUTABLE_META = ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
-                  "deletionGracePeriodSeconds", "generateName")
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
+
+IMMUTABLE_META = (
+    "name",
+    "namespace",
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generateName",
+)
 STATUS_OWNED = ("pods", "nodes", "namespaces", "poddisruptionbudgets")
 EVICTION_MESSAGE = "Eviction API: evicting"
 
@@ -35,42 +52,61 @@ EVICTION_MESSAGE = "Eviction API: evicting"
 class ApiServer:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.store = cluster.store
+        self.store: Store = cluster.store
 
     # -- reads ---------------------------------------------------------------------------
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         self._check_namespace(resource, namespace, must_exist=False)
         return self.store.get(resource, namespace, name)
 
-    def list(self, resource: str, namespace: str | None, label_selector: str | None = None,
-             field_selector: str | None = None, limit: int | None = None,
-             continue_token: str | None = None) -> dict[str, Any]:
+    def list(
+        self,
+        resource: str,
+        namespace: str | None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> dict[str, Any]:
         """A list, paged with ``limit`` and ``continue`` as the API server pages it (the
         token carries the position; a token from another list is 400)."""
         items, rv = self.store.list(resource, namespace or None)
         keep = self.matcher(resource, label_selector, field_selector)
         res = RESOURCES[resource]
-        items = sorted((i for i in items if keep(i)), key=lambda o: (
-            o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        items = sorted(
+            (i for i in items if keep(i)),
+            key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]),
+        )
         start = _continue_position(continue_token, resource) if continue_token else None
         if start is not None:
-            items = [i for i in items if (i["metadata"].get("namespace", ""),
-                                          i["metadata"]["name"]) > start]
+            items = [
+                i
+                for i in items
+                if (i["metadata"].get("namespace", ""), i["metadata"]["name"]) > start
+            ]
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
         if limit and limit > 0 and len(items) > limit:
             last = items[limit - 1]["metadata"]
-            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
-                [resource, last.get("namespace", ""), last["name"]]).encode()).decode()
+            meta["continue"] = base64.urlsafe_b64encode(
+                json.dumps([resource, last.get("namespace", ""), last["name"]]).encode()
+            ).decode()
             meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
-        return {"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                "metadata": meta, "items": items}
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.api_version,
+            "metadata": meta,
+            "items": items,
+        }
 
-    def matcher(self, resource: str, label_selector: str | None, field_selector: str | None):
+    def matcher(
+        self, resource: str, label_selector: str | None, field_selector: str | None
+    ) -> Callable[[Mapping[str, Any]], bool]:
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, resource)
-        return lambda obj: (matches_all(labels, obj["metadata"].get("labels"))
-                            and fields_match(fields, obj))
+        return lambda obj: (
+            matches_all(labels, obj["metadata"].get("labels")) and fields_match(fields, obj)
+        )
 
     # -- create --------------------------------------------------------------------------
     def create(self, resource: str, namespace: str, body: Any) -> dict[str, Any]:
@@ -78,12 +114,20 @@ class ApiServer:
         if not isinstance(body, dict):
             raise ApiError(400, f"the body of a create must be a {res.kind} object")
         if body.get("kind") not in (None, res.kind):
-            raise ApiError(400, f"the API version in the data ({body.get('apiVersion')}) does "
-                                f"not match the expected API version ({res.api_version})")
+            raise ApiError(
+                400,
+                f"the API version in the data ({body.get('apiVersion')}) does "
+                f"not match the expected API version ({res.api_version})",
+            )
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
-        for key in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                    "deletionGracePeriodSeconds"):
+        for key in (
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ):
             meta.pop(key, None)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = pod_defaults.generated_name(meta["generateName"])
@@ -110,33 +154,44 @@ class ApiServer:
         spec, name = pod["spec"], pod["metadata"]["name"]
         classes = self.store.list("priorityclasses")[0]
         wanted = spec.get("priorityClassName")
-        found = next((c for c in classes if c["metadata"]["name"] == wanted), None) \
-            if wanted else next((c for c in classes if c.get("globalDefault")), None)
+        found = (
+            next((c for c in classes if c["metadata"]["name"] == wanted), None)
+            if wanted
+            else next((c for c in classes if c.get("globalDefault")), None)
+        )
         if wanted and found is None:
-            raise ApiError(403, f'pods "{name}" is forbidden: no PriorityClass with name '
-                                f"{wanted} was found", "Forbidden")
+            raise ApiError(
+                403,
+                f'pods "{name}" is forbidden: no PriorityClass with name {wanted} was found',
+                "Forbidden",
+            )
         value = int(found.get("value", 0)) if found else 0
         if spec.get("priority") is not None and spec["priority"] != value:
-            raise ApiError(403, f'pods "{name}" is forbidden: the integer value of priority '
-                                f"({spec['priority']}) must not be provided in pod spec; "
-                                "priority admission controller computed "
-                                f"{value} from the given PriorityClass name", "Forbidden")
+            raise ApiError(
+                403,
+                f'pods "{name}" is forbidden: the integer value of priority '
+                f"({spec['priority']}) must not be provided in pod spec; "
+                "priority admission controller computed "
+                f"{value} from the given PriorityClass name",
+                "Forbidden",
+            )
         spec["priority"] = value
         if found:
             spec["priorityClassName"] = found["metadata"]["name"]
-            spec.setdefault("preemptionPolicy",
-                            found.get("preemptionPolicy") or "PreemptLowerPriority")
+            spec.setdefault(
+                "preemptionPolicy", found.get("preemptionPolicy") or "PreemptLowerPriority"
+            )
 
     def _admit_priorityclasses(self, klass: dict[str, Any]) -> None:
         if not isinstance(klass.get("value"), int):
-            raise invalid("PriorityClass", klass["metadata"]["name"],
-                          [("value", "Required value")])
+            raise invalid("PriorityClass", klass["metadata"]["name"], [("value", "Required value")])
 
     def _admit_namespaces(self, namespace: dict[str, Any]) -> None:
         namespace["spec"] = {"finalizers": ["kubernetes"]}
         namespace["status"] = {"phase": "Active"}
-        namespace["metadata"].setdefault("labels", {})[
-            "kubernetes.io/metadata.name"] = namespace["metadata"]["name"]
+        namespace["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = namespace[
+            "metadata"
+        ]["name"]
 
     def _admit_secrets(self, secret: dict[str, Any]) -> None:
         data = secret.setdefault("data", {})
@@ -150,8 +205,9 @@ class ApiServer:
 
     def _admit_events(self, event: dict[str, Any]) -> None:
         if not event.get("involvedObject"):
-            raise invalid("Event", event["metadata"]["name"],
-                          [("involvedObject", "Required value")])
+            raise invalid(
+                "Event", event["metadata"]["name"], [("involvedObject", "Required value")]
+            )
 
     def _check_namespace(self, resource: str, namespace: str, must_exist: bool) -> None:
         if not RESOURCES[resource].namespaced or not must_exist:
@@ -160,35 +216,56 @@ class ApiServer:
         if found is None:
             raise not_found("namespaces", namespace)
         if found["metadata"].get("deletionTimestamp"):
-            raise ApiError(403, f'{resource} "" is forbidden: unable to create new content '
-                                f"in namespace {namespace} because it is being terminated",
-                           "Forbidden")
+            raise ApiError(
+                403,
+                f'{resource} "" is forbidden: unable to create new content '
+                f"in namespace {namespace} because it is being terminated",
+                "Forbidden",
+            )
 
     # -- update and patch ----------------------------------------------------------------
-    def replace(self, resource: str, namespace: str, name: str, body: Any,
-                subresource: str | None = None) -> dict[str, Any]:
+    def replace(
+        self, resource: str, namespace: str, name: str, body: Any, subresource: str | None = None
+    ) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of an update must be an object")
         if (body.get("metadata") or {}).get("name", name) != name:
             raise ApiError(400, "the name of the object does not match the name on the URL")
         expect = (body.get("metadata") or {}).get("resourceVersion")
-        return self.store.update(resource, namespace, name,
-                                 lambda obj: self._merge_write(resource, obj, body, subresource),
-                                 expect_rv=expect)
+        return self.store.update(
+            resource,
+            namespace,
+            name,
+            lambda obj: self._merge_write(resource, obj, body, subresource),
+            expect_rv=expect,
+        )
 
-    def patch(self, resource: str, namespace: str, name: str, body: Any, content_type: str,
-              subresource: str | None = None) -> dict[str, Any]:
+    def patch(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        body: Any,
+        content_type: str,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         def mutate(obj: dict[str, Any]) -> None:
             patched = apply_patch(obj, body, content_type)
             expect = (patched.get("metadata") or {}).get("resourceVersion")
             if expect and expect != obj["metadata"]["resourceVersion"]:
-                raise conflict(resource, name, "the object has been modified; please apply "
-                                               "your changes to the latest version and try again")
+                raise conflict(
+                    resource,
+                    name,
+                    "the object has been modified; please apply "
+                    "your changes to the latest version and try again",
+                )
             self._merge_write(resource, obj, patched, subresource)
+
         return self.store.update(resource, namespace, name, mutate)
 
-    def _merge_write(self, resource: str, obj: dict[str, Any], new: dict[str, Any],
-                     subresource: str | None) -> None:
+    def _merge_write(
+        self, resource: str, obj: dict[str, Any], new: dict[str, Any], subresource: str | None
+    ) -> None:
         """Write ``new`` over ``obj`` keeping what this endpoint may not change: the main
         resource never changes status (of types with a status subresource), the status
         subresource changes only status, and identity metadata never changes."""
@@ -215,44 +292,64 @@ class ApiServer:
             self._admit_secrets(obj)
 
     # -- delete --------------------------------------------------------------------------
-    def delete(self, resource: str, namespace: str, name: str,
-               options: Mapping[str, Any]) -> dict[str, Any]:
+    def delete(
+        self, resource: str, namespace: str, name: str, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
         current = self.store.get(resource, namespace, name)
         self._check_preconditions(resource, current, options.get("preconditions") or {})
         if options.get("dryRun"):
             return current
         if resource == "pods":
-            return self.cluster.delete_pod(namespace, name, options.get("gracePeriodSeconds"))
+            pod: dict[str, Any] = self.cluster.delete_pod(
+                namespace, name, options.get("gracePeriodSeconds")
+            )
+            return pod
         if resource == "namespaces":
-            return self.cluster.delete_namespace(name)
+            namespace_object: dict[str, Any] = self.cluster.delete_namespace(name)
+            return namespace_object
         return self.store.delete(resource, namespace, name)
 
-    def delete_collection(self, resource: str, namespace: str | None,
-                          label_selector: str | None, field_selector: str | None,
-                          options: Mapping[str, Any]) -> dict[str, Any]:
+    def delete_collection(
+        self,
+        resource: str,
+        namespace: str | None,
+        label_selector: str | None,
+        field_selector: str | None,
+        options: Mapping[str, Any],
+    ) -> dict[str, Any]:
         """``deletecollection``: each selected object deleted as a single delete would."""
         listed = self.list(resource, namespace, label_selector, field_selector)
         deleted = []
         for obj in listed["items"]:
             meta = obj["metadata"]
             try:
-                deleted.append(self.delete(resource, meta.get("namespace", ""), meta["name"],
-                                           {k: v for k, v in options.items()
-                                            if k != "preconditions"}))
+                deleted.append(
+                    self.delete(
+                        resource,
+                        meta.get("namespace", ""),
+                        meta["name"],
+                        {k: v for k, v in options.items() if k != "preconditions"},
+                    )
+                )
             except ApiError as exc:
                 if exc.code != 404:
                     raise
         listed["items"] = deleted
         return listed
 
-    def _check_preconditions(self, resource: str, obj: Mapping[str, Any],
-                             preconditions: Mapping[str, Any]) -> None:
+    def _check_preconditions(
+        self, resource: str, obj: Mapping[str, Any], preconditions: Mapping[str, Any]
+    ) -> None:
         meta = obj["metadata"]
         for key in ("uid", "resourceVersion"):
             want = preconditions.get(key)
             if want and want != meta.get(key):
-                raise conflict(resource, meta["name"], f"Precondition failed: {key} in "
-                               f"precondition: {want}, {key} in object meta: {meta.get(key)}")
+                raise conflict(
+                    resource,
+                    meta["name"],
+                    f"Precondition failed: {key} in "
+                    f"precondition: {want}, {key} in object meta: {meta.get(key)}",
+                )
 
     # -- pod subresources ----------------------------------------------------------------
     def evict(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
@@ -268,8 +365,7 @@ class ApiServer:
             return status_object(201, failure=False)
         if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
             self._check_budgets(pod)
-        self.cluster.mark_disruption(namespace, name, "EvictionByEvictionAPI",
-                                     EVICTION_MESSAGE)
+        self.cluster.mark_disruption(namespace, name, "EvictionByEvictionAPI", EVICTION_MESSAGE)
         self.cluster.delete_pod(namespace, name, options.get("gracePeriodSeconds"))
         return status_object(201, failure=False)
 
@@ -281,17 +377,24 @@ class ApiServer:
             selector = label_selector_object((pdb.get("spec") or {}).get("selector"))
             if not matches_all(selector, pod["metadata"].get("labels")):
                 continue
-            members = [p for p in self.store.list("pods", namespace)[0]
-                       if matches_all(selector, p["metadata"].get("labels"))]
+            members = [
+                p
+                for p in self.store.list("pods", namespace)[0]
+                if matches_all(selector, p["metadata"].get("labels"))
+            ]
             healthy = sum(1 for p in members if _healthy(p))
             needed = _pdb_needed(pdb["spec"], len(members))
             if healthy - 1 < needed:
-                message = (f"The disruption budget {pdb['metadata']['name']} needs {needed} "
-                           f"healthy pods and has {healthy} currently")
-                raise ApiError(429, "Cannot evict pod as it would violate the pod's "
-                                    "disruption budget.", "TooManyRequests", {
-                                    "causes": [{"reason": "DisruptionBudget",
-                                                "message": message}]})
+                message = (
+                    f"The disruption budget {pdb['metadata']['name']} needs {needed} "
+                    f"healthy pods and has {healthy} currently"
+                )
+                raise ApiError(
+                    429,
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                    "TooManyRequests",
+                    {"causes": [{"reason": "DisruptionBudget", "message": message}]},
+                )
 
     def bind(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
         target = (body or {}).get("target") or {}
@@ -305,8 +408,11 @@ def _continue_position(token: str, resource: str) -> tuple[str, str]:
     try:
         kind, namespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
     except (ValueError, TypeError):
-        raise ApiError(400, "continue key is not valid: incorrect encoded start "
-                            "resourceVersion (version meta.k8s.io/v1)") from None
+        raise ApiError(
+            400,
+            "continue key is not valid: incorrect encoded start "
+            "resourceVersion (version meta.k8s.io/v1)",
+        ) from None
     if kind != resource:
         raise ApiError(400, "continue key is not valid: it was issued for another list")
     return namespace, name
@@ -314,9 +420,12 @@ def _continue_position(token: str, resource: str) -> tuple[str, str]:
 
 def _healthy(pod: Mapping[str, Any]) -> bool:
     ready = ps.condition(dict(pod), "Ready")
-    return (not pod["metadata"].get("deletionTimestamp")
-            and pod.get("status", {}).get("phase") == "Running"
-            and ready is not None and ready["status"] == "True")
+    return (
+        not pod["metadata"].get("deletionTimestamp")
+        and pod.get("status", {}).get("phase") == "Running"
+        and ready is not None
+        and ready["status"] == "True"
+    )
 
 
 def _pdb_needed(spec: Mapping[str, Any], members: int) -> int:
@@ -324,6 +433,7 @@ def _pdb_needed(spec: Mapping[str, Any], members: int) -> int:
         if isinstance(raw, str) and raw.endswith("%"):
             return -(-int(raw[:-1]) * members // 100)
         return int(raw)
+
     if spec.get("minAvailable") is not None:
         return value(spec["minAvailable"])
     if spec.get("maxUnavailable") is not None:

@@ -18,8 +18,10 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...attempt_env import METADATA_ENDPOINT
 from ..metadata import MetadataEmulator
@@ -37,16 +39,24 @@ from .timefmt import rfc3339
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 NUMERIC_ENV_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "GOTO_", "BLIS_")
-SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000,
-                           "system-node-critical": 2000001000}
+SYSTEM_PRIORITY_CLASSES = {
+    "system-cluster-critical": 2000000000,
+    "system-node-critical": 2000001000,
+}
 
 
 class KubeCluster:
     node_ip = "127.0.0.1"
 
-    def __init__(self, workdir: str | Path, config: ClusterConfig | None = None, *,
-                 port: int = 0, token: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        workdir: str | Path,
+        config: ClusterConfig | None = None,
+        *,
+        port: int = 0,
+        token: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.workdir = Path(workdir)
         self.config = config or ClusterConfig()
         self.timings = self.config.timings
@@ -55,31 +65,39 @@ class KubeCluster:
         self.store = Store(clock)
         self.api = ApiServer(self)
         self.pools: dict[str, NodePool] = {}
-        self.workers: dict[str, PodWorker] = {}          # pod uid -> its kubelet worker
+        self.workers: dict[str, PodWorker] = {}  # pod uid -> its kubelet worker
         self.metadata: dict[str, MetadataEmulator] = {}  # node name -> its metadata server
         self.reclaims: list[Reclaim] = []
         self.stopping = threading.Event()
         self._port = port
         self._pulled: dict[str, set[str]] = {}
-        self._events: dict[tuple, str] = {}
+        # (uid, reason, message, component) -> the (namespace, name) of its Event
+        self._events: dict[tuple[str, str, str, str], tuple[str, str]] = {}
         self._lock = threading.RLock()
-        self._server = None
+        self._server: ThreadingHTTPServer | None = None
         self._loop = ControlLoop(self)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> KubeCluster:
         from .server import serve
+
         self.workdir.mkdir(parents=True, exist_ok=True)
         for name in SYSTEM_NAMESPACES:
             self.api.create("namespaces", "", {"metadata": {"name": name}})
         for account_ns in SYSTEM_NAMESPACES:
-            self.store.create("serviceaccounts", {"metadata": {"name": "default",
-                                                               "namespace": account_ns}})
+            self.store.create(
+                "serviceaccounts", {"metadata": {"name": "default", "namespace": account_ns}}
+            )
         for name, value in SYSTEM_PRIORITY_CLASSES.items():
-            self.api.create("priorityclasses", "", {"metadata": {"name": name},
-                                                    "value": value, "description": "Used "
-                                                    "for system critical pods that must run "
-                                                    "in the cluster."})
+            self.api.create(
+                "priorityclasses",
+                "",
+                {
+                    "metadata": {"name": name},
+                    "value": value,
+                    "description": "Used for system critical pods that must run in the cluster.",
+                },
+            )
         for pool in self.config.pools:
             self.add_pool(pool)
         self._server = serve(self, self._port)
@@ -98,7 +116,8 @@ class KubeCluster:
         for worker in list(self.workers.values()):
             worker.done.wait(10.0)
         for reclaim in self.reclaims:
-            reclaim.thread.join(2.0)
+            if reclaim.thread is not None:  # start_reclaim sets it before it is listed
+                reclaim.thread.join(2.0)
         for emulator in self.metadata.values():
             emulator.stop()
         if self._server is not None:
@@ -122,12 +141,24 @@ class KubeCluster:
 
     def _write_kubeconfig(self) -> None:
         """JSON is YAML: the clients' loaders read it. 0600, as it holds the token."""
-        config = {"apiVersion": "v1", "kind": "Config", "current-context": "spot-emulator",
-                  "clusters": [{"name": "spot-emulator", "cluster": {"server": self.url}}],
-                  "users": [{"name": "spot-emulator", "user": {"token": self.token}}],
-                  "contexts": [{"name": "spot-emulator", "context": {
-                      "cluster": "spot-emulator", "user": "spot-emulator",
-                      "namespace": "default"}}], "preferences": {}}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "spot-emulator",
+            "clusters": [{"name": "spot-emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "spot-emulator", "user": {"token": self.token}}],
+            "contexts": [
+                {
+                    "name": "spot-emulator",
+                    "context": {
+                        "cluster": "spot-emulator",
+                        "user": "spot-emulator",
+                        "namespace": "default",
+                    },
+                }
+            ],
+            "preferences": {},
+        }
         path = self.kubeconfig_path
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
@@ -152,26 +183,52 @@ class KubeCluster:
     def add_node(self, pool_name: str) -> str:
         pool = self.pools[pool_name]
         node = pool.node_object()
-        name = node["metadata"]["name"]
+        name: str = node["metadata"]["name"]
         now = self.clock()
-        ps.set_condition(node["status"], "MemoryPressure", "False", now,
-                         "KubeletHasSufficientMemory", "kubelet has sufficient memory available")
-        ps.set_condition(node["status"], "DiskPressure", "False", now,
-                         "KubeletHasNoDiskPressure", "kubelet has no disk pressure")
-        ps.set_condition(node["status"], "PIDPressure", "False", now,
-                         "KubeletHasSufficientPID", "kubelet has sufficient PID available")
-        ps.set_condition(node["status"], "Ready", "True", now, "KubeletReady",
-                         "kubelet is posting ready status")
+        ps.set_condition(
+            node["status"],
+            "MemoryPressure",
+            "False",
+            now,
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+        )
+        ps.set_condition(
+            node["status"],
+            "DiskPressure",
+            "False",
+            now,
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+        )
+        ps.set_condition(
+            node["status"],
+            "PIDPressure",
+            "False",
+            now,
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available",
+        )
+        ps.set_condition(
+            node["status"], "Ready", "True", now, "KubeletReady", "kubelet is posting ready status"
+        )
         for condition in node["status"]["conditions"]:
             condition["lastHeartbeatTime"] = condition.pop("lastProbeTime") or rfc3339(now)
         if pool.metadata:
-            emulator = MetadataEmulator(clouds=(metadata_cloud(pool.flavour),),
-                                        zone=pool.zone, instance_type=pool.instance_type)
+            emulator = MetadataEmulator(
+                clouds=(metadata_cloud(pool.flavour),),
+                zone=pool.zone,
+                instance_type=pool.instance_type,
+            )
             self.metadata[name] = emulator.start()
         self.api.create("nodes", "", node)
-        self.event(self.store.get("nodes", "", name), "Normal", "RegisteredNode",
-                   f"Node {name} event: Registered Node {name} in Controller",
-                   component="node-controller")
+        self.event(
+            self.store.get("nodes", "", name),
+            "Normal",
+            "RegisteredNode",
+            f"Node {name} event: Registered Node {name} in Controller",
+            component="node-controller",
+        )
         return name
 
     def pool_of(self, node: dict[str, Any]) -> NodePool | None:
@@ -215,8 +272,9 @@ class KubeCluster:
         if current is not None and current <= grace:
             return pod
         now = self.clock()
-        return self.store.update("pods", namespace, name,
-                                 lambda p: p["metadata"].update(deletion_fields(now, grace)))
+        return self.store.update(
+            "pods", namespace, name, lambda p: p["metadata"].update(deletion_fields(now, grace))
+        )
 
     def finish_deletion(self, namespace: str, name: str, uid: str) -> None:
         """The kubelet has stopped a deleted pod's containers: the object goes."""
@@ -227,8 +285,15 @@ class KubeCluster:
             except ApiError:
                 pass
 
-    def mark_disruption(self, namespace: str, name: str, reason: str, message: str,
-                        phase: str | None = None, status_reason: str | None = None) -> None:
+    def mark_disruption(
+        self,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        phase: str | None = None,
+        status_reason: str | None = None,
+    ) -> None:
         """Add ``DisruptionTarget=True`` (and a terminal phase) as the controllers do."""
         now = self.clock()
 
@@ -239,6 +304,7 @@ class KubeCluster:
                 if status_reason:
                     pod["status"]["reason"] = status_reason
                     pod["status"]["message"] = message
+
         self.store.update("pods", namespace, name, mutate)
 
     def bind(self, namespace: str, name: str, node_name: str) -> None:
@@ -246,22 +312,40 @@ class KubeCluster:
 
         def mutate(pod: dict[str, Any]) -> None:
             if pod["spec"].get("nodeName"):
-                raise conflict("pods/binding", name, f'pod {name} is already assigned to node '
-                               f'"{pod["spec"]["nodeName"]}"')
+                raise conflict(
+                    "pods/binding",
+                    name,
+                    f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"',
+                )
             pod["spec"]["nodeName"] = node_name
             ps.set_condition(pod["status"], "PodScheduled", "True", now)
+
         pod = self.store.update("pods", namespace, name, mutate)
-        self.event(pod, "Normal", "Scheduled", f"Successfully assigned {namespace}/{name} to "
-                   f"{node_name}", component="default-scheduler")
+        self.event(
+            pod,
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {namespace}/{name} to {node_name}",
+            component="default-scheduler",
+        )
 
     def delete_namespace(self, name: str) -> dict[str, Any]:
         if name in SYSTEM_NAMESPACES:
-            raise ApiError(403, f'namespaces "{name}" is forbidden: this namespace may not '
-                                "be deleted", "Forbidden")
+            raise ApiError(
+                403,
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                "Forbidden",
+            )
         now = self.clock()
-        namespace = self.store.update("namespaces", "", name, lambda ns: (
-            ns["metadata"].update(deletion_fields(now, 0)), ns["status"].update(
-                phase="Terminating")))
+        namespace = self.store.update(
+            "namespaces",
+            "",
+            name,
+            lambda ns: (
+                ns["metadata"].update(deletion_fields(now, 0)),
+                ns["status"].update(phase="Terminating"),
+            ),
+        )
         for pod in self.store.list("pods", name)[0]:
             self.delete_pod(name, pod["metadata"]["name"])
         return namespace
@@ -292,18 +376,28 @@ class KubeCluster:
         kernels, so a step resumed in a pod computes bit for bit what the same step
         computes outside one."""
         env = {k: v for k, v in os.environ.items() if k.startswith(NUMERIC_ENV_PREFIXES)}
-        env |= {"PATH": _interpreter_first(os.environ.get("PATH", "")),
-                "HOME": os.environ.get("HOME", "/"),
-                "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                "KUBERNETES_SERVICE_PORT": str(self._port), "KUBECONFIG":
-                str(self.kubeconfig_path)}
+        env |= {
+            "PATH": _interpreter_first(os.environ.get("PATH", "")),
+            "HOME": os.environ.get("HOME", "/"),
+            "HOSTNAME": pod["metadata"]["name"],
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self._port),
+            "KUBECONFIG": str(self.kubeconfig_path),
+        }
         emulator = self.metadata.get(pod["spec"].get("nodeName", ""))
         if emulator is not None:
             env[METADATA_ENDPOINT] = emulator.url
         return env
 
-    def event(self, obj: dict[str, Any], type_: str, reason: str, message: str,
-              host: str | None = None, component: str = "kubelet") -> None:
+    def event(
+        self,
+        obj: Mapping[str, Any],
+        type_: str,
+        reason: str,
+        message: str,
+        host: str | None = None,
+        component: str = "kubelet",
+    ) -> None:
         """Record a core/v1 Event (repeats bump ``count``, as the event recorder does)."""
         meta = obj["metadata"]
         key = (meta["uid"], reason, message, component)
@@ -313,27 +407,46 @@ class KubeCluster:
             if existing is not None:
                 namespace, name = existing
                 try:
-                    self.store.update("events", namespace, name, lambda e: e.update(
-                        count=e.get("count", 1) + 1, lastTimestamp=rfc3339(now)))
+                    self.store.update(
+                        "events",
+                        namespace,
+                        name,
+                        lambda e: e.update(count=e.get("count", 1) + 1, lastTimestamp=rfc3339(now)),
+                    )
                     return
                 except ApiError:
-                    self._events.pop(key, None)     # expired, or its namespace went
+                    self._events.pop(key, None)  # expired, or its namespace went
             namespace = meta.get("namespace") or "default"
             name = f"{meta['name']}.{time.time_ns():x}"
-            involved = {"kind": obj["kind"], "name": meta["name"], "uid": meta["uid"],
-                        "apiVersion": obj["apiVersion"],
-                        "resourceVersion": meta.get("resourceVersion", "")}
+            involved = {
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "apiVersion": obj["apiVersion"],
+                "resourceVersion": meta.get("resourceVersion", ""),
+            }
             if meta.get("namespace"):
                 involved["namespace"] = meta["namespace"]
             source = {"component": component}
             if host:
                 source["host"] = host
-            self.store.create("events", {
-                "metadata": {"name": name, "namespace": namespace}, "involvedObject": involved,
-                "reason": reason, "message": message, "source": source, "type": type_,
-                "firstTimestamp": rfc3339(now), "lastTimestamp": rfc3339(now), "count": 1,
-                "eventTime": None, "reportingComponent": component,
-                "reportingInstance": host or ""})
+            self.store.create(
+                "events",
+                {
+                    "metadata": {"name": name, "namespace": namespace},
+                    "involvedObject": involved,
+                    "reason": reason,
+                    "message": message,
+                    "source": source,
+                    "type": type_,
+                    "firstTimestamp": rfc3339(now),
+                    "lastTimestamp": rfc3339(now),
+                    "count": 1,
+                    "eventTime": None,
+                    "reportingComponent": component,
+                    "reportingInstance": host or "",
+                },
+            )
             self._events[key] = (namespace, name)
 
     def start_worker(self, pod: dict[str, Any]) -> PodWorker:

@@ -13,20 +13,32 @@ import time
 from typing import Any
 
 from .errors import ApiError
-from .scheduler import (TERMINAL, UNSCHEDULABLE_TAINT, place, preempt, priority, tolerates,
-                        untolerated_taint)
+from .scheduler import (
+    TERMINAL,
+    UNSCHEDULABLE_TAINT,
+    place,
+    preempt,
+    priority,
+    tolerates,
+    untolerated_taint,
+)
 from .timefmt import rfc3339
 
-Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 TAINT_MANAGER_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 POD_GC_MESSAGE = "PodGC: node no longer exists"
 PREEMPTION_MESSAGE = "default-scheduler: preempting to accommodate a higher priority pod"
-NAMESPACED_LEFTOVERS = ("events", "secrets", "configmaps", "serviceaccounts",
-                        "poddisruptionbudgets")
-MIN_KILL_GRACE = 2.0          # the kubelet's minimumGracePeriodInSeconds
-RETRY_UNSCHEDULABLE = 10.0     # seconds between FailedScheduling reports of one message
+NAMESPACED_LEFTOVERS = (
+    "events",
+    "secrets",
+    "configmaps",
+    "serviceaccounts",
+    "poddisruptionbudgets",
+)
+MIN_KILL_GRACE = 2.0  # the kubelet's minimumGracePeriodInSeconds
+RETRY_UNSCHEDULABLE = 10.0  # seconds between FailedScheduling reports of one message
 
 
 class ControlLoop:
@@ -77,11 +89,16 @@ class ControlLoop:
 
     # -- scheduler -------------------------------------------------------------------------
     def _schedule(self, nodes: dict[str, Any], pods: list[dict[str, Any]]) -> None:
-        pending = sorted((p for p in pods if not p["spec"].get("nodeName")
-                          and not p["metadata"].get("deletionTimestamp")
-                          and p["spec"].get("schedulerName", "default-scheduler")
-                          == "default-scheduler"),
-                         key=lambda p: (-priority(p), p["metadata"]["creationTimestamp"]))
+        pending = sorted(
+            (
+                p
+                for p in pods
+                if not p["spec"].get("nodeName")
+                and not p["metadata"].get("deletionTimestamp")
+                and p["spec"].get("schedulerName", "default-scheduler") == "default-scheduler"
+            ),
+            key=lambda p: (-priority(p), p["metadata"]["creationTimestamp"]),
+        )
         live = [n for n in nodes.values() if not n["metadata"].get("deletionTimestamp")]
         for pod in pending:
             placement = place(pod, live, pods)
@@ -97,13 +114,16 @@ class ControlLoop:
             self._report_unschedulable(pod, placement.message)
             self._preempt(pod, live, pods)
 
-    def _preempt(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
-                 pods: list[dict[str, Any]]) -> None:
+    def _preempt(
+        self, pod: dict[str, Any], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
+    ) -> None:
         """Evict lower-priority pods for ``pod`` (DisruptionTarget PreemptionByScheduler)
         and nominate the node; nothing more while earlier victims are still going."""
         nominated = pod["status"].get("nominatedNodeName")
-        if nominated and any(p["spec"].get("nodeName") == nominated
-                             and p["metadata"].get("deletionTimestamp") for p in pods):
+        if nominated and any(
+            p["spec"].get("nodeName") == nominated and p["metadata"].get("deletionTimestamp")
+            for p in pods
+        ):
             return
         choice = preempt(pod, nodes, pods)
         if choice is None:
@@ -112,22 +132,32 @@ class ControlLoop:
         for victim in choice.victims:
             vmeta = victim["metadata"]
             try:
-                self.cluster.mark_disruption(vmeta["namespace"], vmeta["name"],
-                                             "PreemptionByScheduler", PREEMPTION_MESSAGE)
-                self.cluster.event(victim, "Normal", "Preempted", f"Preempted by pod "
-                                   f"{meta['uid']} on node {choice.node}",
-                                   component="default-scheduler")
+                self.cluster.mark_disruption(
+                    vmeta["namespace"], vmeta["name"], "PreemptionByScheduler", PREEMPTION_MESSAGE
+                )
+                self.cluster.event(
+                    victim,
+                    "Normal",
+                    "Preempted",
+                    f"Preempted by pod {meta['uid']} on node {choice.node}",
+                    component="default-scheduler",
+                )
                 self.cluster.delete_pod(vmeta["namespace"], vmeta["name"])
             except ApiError:
                 continue
         try:
-            self.store.update("pods", meta["namespace"], meta["name"], lambda p: p[
-                "status"].update(nominatedNodeName=choice.node))
+            self.store.update(
+                "pods",
+                meta["namespace"],
+                meta["name"],
+                lambda p: p["status"].update(nominatedNodeName=choice.node),
+            )
         except ApiError:
             pass
 
     def _report_unschedulable(self, pod: dict[str, Any], message: str) -> None:
         from . import pod_status as ps
+
         uid = pod["metadata"]["uid"]
         last = self._unschedulable.get(uid)
         now = time.monotonic()
@@ -136,14 +166,19 @@ class ControlLoop:
         self._unschedulable[uid] = (message, now)
         stamp = self.cluster.clock()
         try:
-            pod = self.store.update("pods", pod["metadata"]["namespace"], pod["metadata"]["name"],
-                                    lambda p: ps.set_condition(p["status"], "PodScheduled",
-                                                               "False", stamp, "Unschedulable",
-                                                               message))
+            pod = self.store.update(
+                "pods",
+                pod["metadata"]["namespace"],
+                pod["metadata"]["name"],
+                lambda p: ps.set_condition(
+                    p["status"], "PodScheduled", "False", stamp, "Unschedulable", message
+                ),
+            )
         except ApiError:
             return
-        self.cluster.event(pod, "Warning", "FailedScheduling", message,
-                           component="default-scheduler")
+        self.cluster.event(
+            pod, "Warning", "FailedScheduling", message, component="default-scheduler"
+        )
 
     # -- kubelets --------------------------------------------------------------------------
     def _sync_kubelets(self, nodes: dict[str, Any], pods: list[dict[str, Any]]) -> None:
@@ -157,7 +192,7 @@ class ControlLoop:
             if meta.get("deletionTimestamp"):
                 if worker is None:
                     self.cluster.finish_deletion(meta["namespace"], meta["name"], meta["uid"])
-                else:       # a second, shorter delete shortens the grace of the first
+                else:  # a second, shorter delete shortens the grace of the first
                     worker.request_termination(float(meta.get("deletionGracePeriodSeconds", 0)))
             elif worker is None and pod["status"].get("phase") not in TERMINAL:
                 self.cluster.start_worker(pod)
@@ -176,18 +211,26 @@ class ControlLoop:
         now = self.cluster.clock()
         for pod in pods:
             node = nodes.get(pod["spec"].get("nodeName") or "")
-            if node is None or pod["metadata"].get("deletionTimestamp") \
-                    or pod["status"].get("phase") in TERMINAL:
+            if (
+                node is None
+                or pod["metadata"].get("deletionTimestamp")
+                or pod["status"].get("phase") in TERMINAL
+            ):
                 continue
             if not self._evicts(pod, node, now):
                 continue
             meta = pod["metadata"]
             try:
-                self.cluster.mark_disruption(meta["namespace"], meta["name"],
-                                             "DeletionByTaintManager", TAINT_MANAGER_MESSAGE)
-                self.cluster.event(pod, "Normal", "TaintManagerEviction", "Marking for "
-                                   f"deletion Pod {meta['namespace']}/{meta['name']}",
-                                   component="taint-eviction-controller")
+                self.cluster.mark_disruption(
+                    meta["namespace"], meta["name"], "DeletionByTaintManager", TAINT_MANAGER_MESSAGE
+                )
+                self.cluster.event(
+                    pod,
+                    "Normal",
+                    "TaintManagerEviction",
+                    f"Marking for deletion Pod {meta['namespace']}/{meta['name']}",
+                    component="taint-eviction-controller",
+                )
                 self.cluster.delete_pod(meta["namespace"], meta["name"])
             except ApiError:
                 continue
@@ -223,8 +266,9 @@ class ControlLoop:
                 continue
             try:
                 if pod["status"].get("phase") not in TERMINAL:
-                    self.cluster.mark_disruption(meta["namespace"], meta["name"],
-                                                 "DeletionByPodGC", POD_GC_MESSAGE, "Failed")
+                    self.cluster.mark_disruption(
+                        meta["namespace"], meta["name"], "DeletionByPodGC", POD_GC_MESSAGE, "Failed"
+                    )
                 self.store.delete("pods", meta["namespace"], meta["name"])
             except ApiError:
                 pass
@@ -249,11 +293,15 @@ class ControlLoop:
                 continue
 
             def mutate(obj: dict[str, Any]) -> None:
-                kept = [t for t in obj["spec"].get("taints") or []
-                        if t.get("key") != UNSCHEDULABLE_TAINT["key"]]
+                kept = [
+                    t
+                    for t in obj["spec"].get("taints") or []
+                    if t.get("key") != UNSCHEDULABLE_TAINT["key"]
+                ]
                 if obj["spec"].get("unschedulable"):
                     kept.append({**UNSCHEDULABLE_TAINT, "timeAdded": stamp})
                 obj["spec"]["taints"] = kept
+
             try:
                 nodes[name] = self.store.update("nodes", "", name, mutate)
             except ApiError:
@@ -280,8 +328,9 @@ class ControlLoop:
         for event in self.store.all("events"):
             if (event.get("lastTimestamp") or "") < cutoff:
                 try:
-                    self.store.delete("events", event["metadata"]["namespace"],
-                                      event["metadata"]["name"])
+                    self.store.delete(
+                        "events", event["metadata"]["namespace"], event["metadata"]["name"]
+                    )
                 except ApiError:
                     pass
 
@@ -291,7 +340,8 @@ class ControlLoop:
         for namespace in self.store.all("namespaces"):
             name = namespace["metadata"]["name"]
             if not namespace["metadata"].get("deletionTimestamp") or any(
-                    p["metadata"]["namespace"] == name for p in pods):
+                p["metadata"]["namespace"] == name for p in pods
+            ):
                 continue
             for resource in NAMESPACED_LEFTOVERS:
                 for obj in self.store.list(resource, name)[0]:
@@ -309,6 +359,7 @@ def _parse_time(text: str | None) -> float | None:
     if not text:
         return None
     import calendar
+
     try:
         return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
     except ValueError:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import base64
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .quantity import parse_quantity
 
-Lookup = Callable[[str, str, str], "Mapping[str, Any] | None"]   # (resource, ns, name)
+Lookup = Callable[[str, str, str], "Mapping[str, Any] | None"]  # (resource, ns, name)
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -23,15 +24,18 @@ class ContainerConfigError(Exception):
 
 def expand(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes ``$(VAR)`` references: defined ones replaced, ``$$`` -> ``$``."""
-    def sub(match: re.Match) -> str:
+
+    def sub(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         return env.get(match.group(1), match.group(0))
+
     return _REF.sub(sub, text)
 
 
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any],
-                  lookup: Lookup) -> dict[str, str]:
+def container_env(
+    pod: Mapping[str, Any], container: Mapping[str, Any], lookup: Lookup
+) -> dict[str, str]:
     namespace = pod["metadata"]["namespace"]
     env: dict[str, str] = {}
     for source in container.get("envFrom") or []:
@@ -49,8 +53,10 @@ def container_env(pod: Mapping[str, Any], container: Mapping[str, Any],
 
 def _env_from(source: Mapping[str, Any], namespace: str, lookup: Lookup) -> dict[str, str]:
     prefix = source.get("prefix") or ""
-    for field, resource, kind in (("configMapRef", "configmaps", "configmap"),
-                                  ("secretRef", "secrets", "secret")):
+    for field, resource, kind in (
+        ("configMapRef", "configmaps", "configmap"),
+        ("secretRef", "secrets", "secret"),
+    ):
         ref = source.get(field)
         if ref:
             obj = lookup(resource, namespace, ref["name"])
@@ -62,15 +68,21 @@ def _env_from(source: Mapping[str, Any], namespace: str, lookup: Lookup) -> dict
     return {}
 
 
-def _value_from(source: Mapping[str, Any], pod, container, namespace: str,
-                lookup: Lookup) -> str | None:
+def _value_from(
+    source: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    namespace: str,
+    lookup: Lookup,
+) -> str | None:
     if "fieldRef" in source and source["fieldRef"]:
         return _field_ref(pod, source["fieldRef"]["fieldPath"])
     if "resourceFieldRef" in source and source["resourceFieldRef"]:
         return _resource_ref(container, source["resourceFieldRef"])
-    for field, resource, kind, title in (("secretKeyRef", "secrets", "secret", "Secret"),
-                                         ("configMapKeyRef", "configmaps", "configmap",
-                                          "ConfigMap")):
+    for field, resource, kind, title in (
+        ("secretKeyRef", "secrets", "secret", "Secret"),
+        ("configMapKeyRef", "configmaps", "configmap", "ConfigMap"),
+    ):
         ref = source.get(field)
         if not ref:
             continue
@@ -81,16 +93,19 @@ def _value_from(source: Mapping[str, Any], pod, container, namespace: str,
                 return None
             if data is None:
                 raise ContainerConfigError(f'{kind} "{ref["name"]}" not found')
-            raise ContainerConfigError(f'couldn\'t find key {ref["key"]} in {title} '
-                                       f'{namespace}/{ref["name"]}')
+            raise ContainerConfigError(
+                f"couldn't find key {ref['key']} in {title} {namespace}/{ref['name']}"
+            )
         return data[ref["key"]]
     return ""
 
 
 def _data(obj: Mapping[str, Any], resource: str) -> dict[str, str]:
     if resource == "secrets":
-        return {k: base64.b64decode(v).decode(errors="replace")
-                for k, v in (obj.get("data") or {}).items()}
+        return {
+            k: base64.b64decode(v).decode(errors="replace")
+            for k, v in (obj.get("data") or {}).items()
+        }
     return dict(obj.get("data") or {})
 
 
@@ -98,15 +113,22 @@ def _field_ref(pod: Mapping[str, Any], path: str) -> str:
     meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
     match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
     if match:
-        return (meta.get(match.group(1)) or {}).get(match.group(2), "")
-    values = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-              "metadata.uid": meta.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
-              "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-              "status.hostIP": status.get("hostIP", ""), "status.podIP": status.get("podIP", ""),
-              "status.podIPs": status.get("podIP", "")}
+        labelled: str = (meta.get(match.group(1)) or {}).get(match.group(2), "")  # pod JSON
+        return labelled
+    values = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta.get("uid", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName", ""),
+        "status.hostIP": status.get("hostIP", ""),
+        "status.podIP": status.get("podIP", ""),
+        "status.podIPs": status.get("podIP", ""),
+    }
     if path not in values:
         raise ContainerConfigError(f"unsupported fieldPath: {path}")
-    return values[path]
+    value: str = values[path]  # the pod's JSON
+    return value
 
 
 def _resource_ref(container: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
@@ -116,4 +138,4 @@ def _resource_ref(container: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
         return "0"
     divisor = parse_quantity(ref.get("divisor") or "1")
     number = parse_quantity(value) / divisor
-    return str(int(-(-number // 1)))        # rounded up, as the kubelet does
+    return str(int(-(-number // 1)))  # rounded up, as the kubelet does

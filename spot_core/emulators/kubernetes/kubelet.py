@@ -25,13 +25,13 @@ from .processes import ContainerProcess
 from .quantity import parse_quantity
 from .timefmt import rfc3339
 
-Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 _pod_ips = itertools.count(2)
-MAX_BACKOFF = 300.0        # the kubelet's back-off cap (image pulls, crash loops)
-IMAGE_BACKOFF = 10.0       # first image pull back-off
-CONFIG_RETRY = 2.0         # re-check of a missing secret / config map
+MAX_BACKOFF = 300.0  # the kubelet's back-off cap (image pulls, crash loops)
+IMAGE_BACKOFF = 10.0  # first image pull back-off
+CONFIG_RETRY = 2.0  # re-check of a missing secret / config map
 
 
 class PodGone(Exception):
@@ -60,16 +60,20 @@ class PodWorker:
         n = next(_pod_ips)
         self.pod_ip = f"10.244.{n // 250}.{n % 250 + 2}"
         self._started_at = time.time()
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name=f"kubelet-{self.name}")
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"kubelet-{self.name}")
 
     # -- requests from the cluster ---------------------------------------------------------
     def start(self) -> None:
         self.thread.start()
 
-    def request_termination(self, grace: float, *, delete: bool = True,
-                            final_phase: str | None = None,
-                            final_reason: tuple[str, str] | None = None) -> None:
+    def request_termination(
+        self,
+        grace: float,
+        *,
+        delete: bool = True,
+        final_phase: str | None = None,
+        final_reason: tuple[str, str] | None = None,
+    ) -> None:
         """Stop the pod's containers within ``grace`` seconds (a later, shorter grace
         wins, as with a second delete); remove the object afterwards if ``delete``.
         ``final_reason``: (reason, message) the kubelet writes with the final phase, once
@@ -124,7 +128,7 @@ class PodWorker:
         except PodGone:
             for process in list(self.processes.values()):
                 process.kill_now()
-        except Exception:   # noqa: BLE001 - a kubelet bug must not leave processes behind
+        except Exception:  # noqa: BLE001 - a kubelet bug must not leave processes behind
             logger.exception("kubelet worker for pod %s/%s failed", self.namespace, self.name)
             for process in list(self.processes.values()):
                 process.kill_now()
@@ -138,11 +142,13 @@ class PodWorker:
         """Sleep ``seconds`` (scaled); True if termination was requested meanwhile."""
         return self._terminate.wait(self.cluster.scaled(seconds))
 
-    def _prepare_and_start(self, container: dict[str, Any], restart_count: int = 0,
-                           last: dict[str, Any] | None = None) -> bool:
+    def _prepare_and_start(
+        self, container: dict[str, Any], restart_count: int = 0, last: dict[str, Any] | None = None
+    ) -> bool:
         name, image = container["name"], container["image"]
-        if not self._pull(name, image, container.get("imagePullPolicy", "IfNotPresent"),
-                          restart_count, last):
+        if not self._pull(
+            name, image, container.get("imagePullPolicy", "IfNotPresent"), restart_count, last
+        ):
             return False
         backoff = CONFIG_RETRY
         while True:
@@ -152,11 +158,16 @@ class PodWorker:
                 if not (container.get("command") or container.get("args")):
                     raise ContainerConfigError(
                         f"container {name} has no command: the emulator runs the pod's "
-                        "command and args; it has no image entrypoints")
+                        "command and args; it has no image entrypoints"
+                    )
                 break
             except ContainerConfigError as exc:
-                self._set(name, ps.waiting(name, image, "CreateContainerConfigError", str(exc),
-                                           restart_count, last))
+                self._set(
+                    name,
+                    ps.waiting(
+                        name, image, "CreateContainerConfigError", str(exc), restart_count, last
+                    ),
+                )
                 self.cluster.event(pod, "Warning", "Failed", f"Error: {exc}", self.node)
                 if self._wait(backoff):
                     return False
@@ -164,14 +175,20 @@ class PodWorker:
         self._spawn(pod, container, env, restart_count, last)
         return True
 
-    def _pull(self, name: str, image: str, policy: str, restart_count: int,
-              last: dict[str, Any] | None) -> bool:
+    def _pull(
+        self, name: str, image: str, policy: str, restart_count: int, last: dict[str, Any] | None
+    ) -> bool:
         """Pull the image (or find it on the node); False if the pod was stopped while the
         pull kept failing (ErrImagePull, then ImagePullBackOff with a growing back-off)."""
         pod = self._pod()
         if policy != "Always" and self.cluster.image_present(self.node, image):
-            self.cluster.event(pod, "Normal", "Pulled", f'Container image "{image}" already '
-                               "present on machine", self.node)
+            self.cluster.event(
+                pod,
+                "Normal",
+                "Pulled",
+                f'Container image "{image}" already present on machine',
+                self.node,
+            )
             return True
         backoff = IMAGE_BACKOFF
         while True:
@@ -187,29 +204,62 @@ class PodWorker:
             return False
         took = time.time() - started
         self.cluster.mark_pulled(self.node, image)
-        self.cluster.event(pod, "Normal", "Pulled", f'Successfully pulled image "{image}" in '
-                           f"{took:.3f}s ({took:.3f}s including waiting). Image size: "
-                           f"{len(image) * 1048576} bytes.", self.node)
+        self.cluster.event(
+            pod,
+            "Normal",
+            "Pulled",
+            f'Successfully pulled image "{image}" in '
+            f"{took:.3f}s ({took:.3f}s including waiting). Image size: "
+            f"{len(image) * 1048576} bytes.",
+            self.node,
+        )
         return True
 
-    def _pull_failed(self, pod, name, image, error, backoff, restart_count, last) -> bool:
+    def _pull_failed(
+        self,
+        pod: dict[str, Any],
+        name: str,
+        image: str,
+        error: str,
+        backoff: float,
+        restart_count: int,
+        last: dict[str, Any] | None,
+    ) -> bool:
         self._set(name, ps.waiting(name, image, "ErrImagePull", error, restart_count, last))
-        self.cluster.event(pod, "Warning", "Failed", f'Failed to pull image "{image}": {error}',
-                           self.node)
+        self.cluster.event(
+            pod, "Warning", "Failed", f'Failed to pull image "{image}": {error}', self.node
+        )
         self.cluster.event(pod, "Warning", "Failed", "Error: ErrImagePull", self.node)
-        if self._wait(1.0):                        # until the pod worker's next sync
+        if self._wait(1.0):  # until the pod worker's next sync
             return False
-        self._set(name, ps.waiting(name, image, "ImagePullBackOff", f'Back-off pulling image '
-                                   f'"{image}": ErrImagePull: {error}', restart_count, last))
-        self.cluster.event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"',
-                           self.node)
+        self._set(
+            name,
+            ps.waiting(
+                name,
+                image,
+                "ImagePullBackOff",
+                f'Back-off pulling image "{image}": ErrImagePull: {error}',
+                restart_count,
+                last,
+            ),
+        )
+        self.cluster.event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"', self.node)
         self.cluster.event(pod, "Warning", "Failed", "Error: ImagePullBackOff", self.node)
         return not self._wait(backoff)
 
-    def _spawn(self, pod, container, env, restart_count, last) -> None:
+    def _spawn(
+        self,
+        pod: dict[str, Any],
+        container: dict[str, Any],
+        env: dict[str, str],
+        restart_count: int,
+        last: dict[str, Any] | None,
+    ) -> None:
         name, image = container["name"], container["image"]
-        argv = [expand(str(a), env) for a in
-                (container.get("command") or []) + (container.get("args") or [])]
+        argv = [
+            expand(str(a), env)
+            for a in (container.get("command") or []) + (container.get("args") or [])
+        ]
         limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
         cwd = container.get("workingDir") or self.cluster.pod_dir(self.uid)
         os.makedirs(cwd, exist_ok=True)
@@ -219,25 +269,30 @@ class PodWorker:
         full_env = {**self.cluster.base_env(pod), **env}
         container_id = uuid.uuid4().hex + uuid.uuid4().hex
         try:
-            process = ContainerProcess(container_id, argv, full_env, cwd, log,
-                                       parse_quantity(limit) if limit else None)
+            process = ContainerProcess(
+                container_id, argv, full_env, cwd, log, parse_quantity(limit) if limit else None
+            )
         except OSError as exc:
-            message = (f'failed to create containerd task: failed to create shim task: OCI '
-                       f'runtime create failed: exec: "{argv[0]}": {exc.strerror}')
+            message = (
+                f"failed to create containerd task: failed to create shim task: OCI "
+                f'runtime create failed: exec: "{argv[0]}": {exc.strerror}'
+            )
             finished = time.time()
-            state = ps.terminated_state(container_id, 128, "StartError", finished, finished,
-                                        message=message)
+            state = ps.terminated_state(
+                container_id, 128, "StartError", finished, finished, message=message
+            )
             self._set(name, ps.terminated(name, image, container_id, state, restart_count, last))
             self.cluster.event(pod, "Warning", "Failed", f"Error: {message}", self.node)
             return
         self.processes[name] = process
         self.cluster.event(pod, "Normal", "Created", f"Created container: {name}", self.node)
         self.cluster.event(pod, "Normal", "Started", f"Started container {name}", self.node)
-        self._set(name, ps.running(name, image, container_id, process.started_at,
-                                   restart_count, last))
+        self._set(
+            name, ps.running(name, image, container_id, process.started_at, restart_count, last)
+        )
 
     def _supervise(self) -> None:
-        restarts: dict[str, float] = {}     # container -> when it restarts
+        restarts: dict[str, float] = {}  # container -> when it restarts
         backoffs: dict[str, float] = {}
         while not self._terminate.is_set():
             for container in self.spec["containers"]:
@@ -252,19 +307,29 @@ class PodWorker:
                     backoff = backoffs[name] = min(backoffs.get(name, 5.0) * 2, MAX_BACKOFF)
                     restarts[name] = time.time() + self.cluster.scaled(backoff)
                     status = self.statuses[name]
-                    self._set(name, ps.waiting(name, container["image"], "CrashLoopBackOff",
-                              f"back-off {int(backoff)}s restarting failed container={name} "
-                              f"pod={self.name}_{self.namespace}({self.uid})",
-                              status["restartCount"], status["state"]))
+                    self._set(
+                        name,
+                        ps.waiting(
+                            name,
+                            container["image"],
+                            "CrashLoopBackOff",
+                            f"back-off {int(backoff)}s restarting failed container={name} "
+                            f"pod={self.name}_{self.namespace}({self.uid})",
+                            status["restartCount"],
+                            status["state"],
+                        ),
+                    )
             for name, when in list(restarts.items()):
                 if time.time() >= when:
                     del restarts[name]
                     container = next(c for c in self.spec["containers"] if c["name"] == name)
                     status = self.statuses[name]
-                    self._prepare_and_start(container, status["restartCount"] + 1,
-                                            status["lastState"])
-            if not restarts and all(self._is_terminated(c["name"])
-                                    for c in self.spec["containers"]):
+                    self._prepare_and_start(
+                        container, status["restartCount"] + 1, status["lastState"]
+                    )
+            if not restarts and all(
+                self._is_terminated(c["name"]) for c in self.spec["containers"]
+            ):
                 return
             self._terminate.wait(0.05)
 
@@ -282,13 +347,27 @@ class PodWorker:
         message = None
         if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             message = process.log.read(tail=80)[-2048:].decode(errors="replace") or None
-        state = ps.terminated_state(process.container_id, code, reason, process.started_at,
-                                    process.finished_at or time.time(), process.signal,
-                                    message)
+        state = ps.terminated_state(
+            process.container_id,
+            code,
+            reason,
+            process.started_at,
+            process.finished_at or time.time(),
+            process.signal,
+            message,
+        )
         previous = self.statuses.get(name, {})
-        self._set(name, ps.terminated(name, container["image"], process.container_id, state,
-                                      previous.get("restartCount", 0),
-                                      previous.get("lastState")))
+        self._set(
+            name,
+            ps.terminated(
+                name,
+                container["image"],
+                process.container_id,
+                state,
+                previous.get("restartCount", 0),
+                previous.get("lastState"),
+            ),
+        )
 
     def _finish(self) -> None:
         if self._terminate.is_set():
@@ -300,9 +379,14 @@ class PodWorker:
                 self._record_exit(container, process)
             elif process is None and not self._is_terminated(name):
                 now = time.time()
-                state = ps.terminated_state(uuid.uuid4().hex, 137, "ContainerStatusUnknown",
-                                            now, now, message="The container could not be "
-                                            "located when the pod was terminated")
+                state = ps.terminated_state(
+                    uuid.uuid4().hex,
+                    137,
+                    "ContainerStatusUnknown",
+                    now,
+                    now,
+                    message="The container could not be located when the pod was terminated",
+                )
                 self._set(name, ps.terminated(name, container["image"], "", state))
         self._publish(final=True)
         if self._terminate.is_set() and self._delete_after and not self._silent:
@@ -313,8 +397,9 @@ class PodWorker:
         live = {n: p for n, p in self.processes.items() if not p.exited.is_set()}
         for name, process in live.items():
             if pod is not None:
-                self.cluster.event(pod, "Normal", "Killing", f"Stopping container {name}",
-                                   self.node)
+                self.cluster.event(
+                    pod, "Normal", "Killing", f"Stopping container {name}", self.node
+                )
             process.stop(signal.SIGTERM)
         deadline = time.monotonic() + self.cluster.scaled(self._grace)
         while live and time.monotonic() < deadline:
@@ -325,7 +410,7 @@ class PodWorker:
 
     # -- status ----------------------------------------------------------------------------
     def _pod(self) -> dict[str, Any]:
-        pod = self.cluster.store.find("pods", self.namespace, self.name)
+        pod: dict[str, Any] | None = self.cluster.store.find("pods", self.namespace, self.name)
         if pod is None or pod["metadata"]["uid"] != self.uid:
             raise PodGone()
         return pod
@@ -339,25 +424,30 @@ class PodWorker:
             return
         names = [c["name"] for c in self.spec["containers"]]
         for container in self.spec["containers"]:
-            self.statuses.setdefault(container["name"], ps.waiting(
-                container["name"], container["image"], "ContainerCreating"))
+            self.statuses.setdefault(
+                container["name"],
+                ps.waiting(container["name"], container["image"], "ContainerCreating"),
+            )
         statuses = [self.statuses[n] for n in names]
         now = time.time()
 
         def mutate(pod: dict[str, Any]) -> None:
             status = pod.setdefault("status", {})
-            status.update(hostIP=self.cluster.node_ip, podIP=self.pod_ip,
-                          hostIPs=[{"ip": self.cluster.node_ip}],
-                          podIPs=[{"ip": self.pod_ip}], startTime=rfc3339(self._started_at),
-                          containerStatuses=statuses)
+            status.update(
+                hostIP=self.cluster.node_ip,
+                podIP=self.pod_ip,
+                hostIPs=[{"ip": self.cluster.node_ip}],
+                podIPs=[{"ip": self.pod_ip}],
+                startTime=rfc3339(self._started_at),
+                containerStatuses=statuses,
+            )
             phase = self._phase(statuses, final, status.get("phase"))
             status["phase"] = phase
             if final and self._final_reason:
                 status["reason"], status["message"] = self._final_reason
             ready = all(s["ready"] for s in statuses)
             unready = [s["name"] for s in statuses if not s["ready"]]
-            ps.set_condition(status, "PodReadyToStartContainers",
-                             "False" if final else "True", now)
+            ps.set_condition(status, "PodReadyToStartContainers", "False" if final else "True", now)
             ps.set_condition(status, "Initialized", "True", now)
             if phase in ("Succeeded", "Failed"):
                 ps.set_condition(status, "Ready", "False", now, "PodCompleted")
@@ -368,8 +458,9 @@ class PodWorker:
             else:
                 message = f"containers with unready status: [{' '.join(unready)}]"
                 ps.set_condition(status, "Ready", "False", now, "ContainersNotReady", message)
-                ps.set_condition(status, "ContainersReady", "False", now,
-                                 "ContainersNotReady", message)
+                ps.set_condition(
+                    status, "ContainersReady", "False", now, "ContainersNotReady", message
+                )
             status["conditions"].sort(key=lambda c: _CONDITION_ORDER.get(c["type"], 9))
 
         try:
@@ -394,5 +485,11 @@ class PodWorker:
         return "Pending"
 
 
-_CONDITION_ORDER = {"DisruptionTarget": 0, "PodReadyToStartContainers": 1, "Initialized": 2,
-                    "Ready": 3, "ContainersReady": 4, "PodScheduled": 5}
+_CONDITION_ORDER = {
+    "DisruptionTarget": 0,
+    "PodReadyToStartContainers": 1,
+    "Initialized": 2,
+    "Ready": 3,
+    "ContainersReady": 4,
+    "PodScheduled": 5,
+}

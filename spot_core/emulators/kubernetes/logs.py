@@ -7,11 +7,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from .timefmt import rfc3339_nano
 
-MAX_LINES = 200_000       # the kubelet rotates logs too; older lines are dropped
+MAX_LINES = 200_000  # the kubelet rotates logs too; older lines are dropped
 
 
 class ContainerLog:
@@ -43,15 +43,29 @@ class ContainerLog:
         data = data if data.endswith(b"\n") else data + b"\n"
         return (rfc3339_nano(at).encode() + b" " + data) if timestamps else data
 
-    def read(self, *, timestamps: bool = False, since: float | None = None,
-             tail: int | None = None, limit_bytes: int | None = None) -> bytes:
+    def read(
+        self,
+        *,
+        timestamps: bool = False,
+        since: float | None = None,
+        tail: int | None = None,
+        limit_bytes: int | None = None,
+    ) -> bytes:
         lines, _ = self._snapshot()
-        return _limit(b"".join(self.render(line, timestamps)
-                               for line in _select(lines, since, tail)), limit_bytes)
+        return _limit(
+            b"".join(self.render(line, timestamps) for line in _select(lines, since, tail)),
+            limit_bytes,
+        )
 
-    def follow(self, stop: threading.Event, *, timestamps: bool = False,
-               since: float | None = None, tail: int | None = None,
-               max_seconds: float = 3600.0) -> Iterator[bytes]:
+    def follow(
+        self,
+        stop: threading.Event,
+        *,
+        timestamps: bool = False,
+        since: float | None = None,
+        tail: int | None = None,
+        max_seconds: float = 3600.0,
+    ) -> Iterator[bytes]:
         """Existing lines, then new ones as they come, until the container ends, ``stop``
         is set or ``max_seconds`` pass (every wait is bounded)."""
         lines, total = self._snapshot()
@@ -64,7 +78,7 @@ class ContainerLog:
                 if seen == total and not self.closed:
                     self._cond.wait(0.25)
                     continue
-                fresh = list(self._lines)[max(0, len(self._lines) - (seen - total)):]
+                fresh = list(self._lines)[max(0, len(self._lines) - (seen - total)) :]
                 closed = self.closed
             total = seen
             for line in fresh:
@@ -73,8 +87,9 @@ class ContainerLog:
                 return
 
 
-def _select(lines: list[tuple[float, bytes]], since: float | None,
-            tail: int | None) -> list[tuple[float, bytes]]:
+def _select(
+    lines: list[tuple[float, bytes]], since: float | None, tail: int | None
+) -> list[tuple[float, bytes]]:
     if since is not None:
         lines = [line for line in lines if line[0] >= since]
     if tail is not None:

@@ -9,11 +9,21 @@ from typing import Any
 from .errors import ApiError
 
 # List fields that merge by a key under strategic merge patch (from the Go types' tags).
-MERGE_KEYS = {"containers": "name", "initContainers": "name", "ephemeralContainers": "name",
-              "env": "name", "volumes": "name", "volumeMounts": "mountPath",
-              "ports": "containerPort", "conditions": "type", "containerStatuses": "name",
-              "initContainerStatuses": "name", "ownerReferences": "uid",
-              "imagePullSecrets": "name", "addresses": "type"}
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "ports": "containerPort",
+    "conditions": "type",
+    "containerStatuses": "name",
+    "initContainerStatuses": "name",
+    "ownerReferences": "uid",
+    "imagePullSecrets": "name",
+    "addresses": "type",
+}
 PRIMITIVE_SET_LISTS = {"finalizers"}
 
 MERGE = "application/merge-patch+json"
@@ -26,17 +36,23 @@ def apply_patch(target: dict[str, Any], patch: Any, content_type: str) -> dict[s
     kind = content_type.split(";")[0].strip().lower()
     if kind == JSON_PATCH:
         if not isinstance(patch, list):
-            raise ApiError(400, "json: cannot unmarshal object into Go value of type "
-                                "jsonpatch.Patch")
+            raise ApiError(
+                400, "json: cannot unmarshal object into Go value of type jsonpatch.Patch"
+            )
         return json_patch(target, patch)
     if not isinstance(patch, dict):
         raise ApiError(400, "the body of a merge patch must be a JSON object")
     if kind == MERGE:
-        return merge_patch(target, patch)
+        merged: dict[str, Any] = merge_patch(target, patch)  # an object: patch is one
+        return merged
     if kind == STRATEGIC:
-        return strategic_merge(target, patch)
-    raise ApiError(415, f'the media type "{kind}" is not supported by this emulator: use '
-                        f'{STRATEGIC}, {MERGE} or {JSON_PATCH}')
+        strategic: dict[str, Any] = strategic_merge(target, patch)  # likewise
+        return strategic
+    raise ApiError(
+        415,
+        f'the media type "{kind}" is not supported by this emulator: use '
+        f"{STRATEGIC}, {MERGE} or {JSON_PATCH}",
+    )
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -72,13 +88,19 @@ def strategic_merge(target: Any, patch: Any, field: str = "") -> Any:
     return copy.deepcopy(patch)
 
 
-def _merge_list(target: list, patch: list, key: str) -> list:
+def _merge_list(target: list[Any], patch: list[Any], key: str) -> list[Any]:
     result = copy.deepcopy(target)
     for item in patch:
         if not isinstance(item, dict) or key not in item:
             raise ApiError(400, f"map: {item} does not contain declared merge key: {key}")
-        index = next((i for i, old in enumerate(result)
-                      if isinstance(old, dict) and old.get(key) == item[key]), None)
+        index = next(
+            (
+                i
+                for i, old in enumerate(result)
+                if isinstance(old, dict) and old.get(key) == item[key]
+            ),
+            None,
+        )
         if item.get("$patch") == "delete":
             if index is not None:
                 result.pop(index)
@@ -136,7 +158,7 @@ def _step(current: Any, token: str, path: str) -> Any:
     try:
         return current[int(token)] if isinstance(current, list) else current[token]
     except (KeyError, IndexError, ValueError, TypeError):
-        raise ApiError(422, f"doc is missing path: \"{path}\"") from None
+        raise ApiError(422, f'doc is missing path: "{path}"') from None
 
 
 def _pointer_get(doc: Any, path: str) -> Any:
@@ -159,7 +181,7 @@ def _pointer_set(doc: Any, path: str, value: Any, insert: bool) -> Any:
     elif isinstance(parent, dict):
         parent[last] = value
     else:
-        raise ApiError(422, f"doc is missing path: \"{path}\"")
+        raise ApiError(422, f'doc is missing path: "{path}"')
     return doc
 
 

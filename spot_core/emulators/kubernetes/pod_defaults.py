@@ -28,22 +28,41 @@ def generated_name(prefix: str) -> str:
 
 def check_name(kind: str, name: str) -> None:
     if not name:
-        raise invalid(kind, name, [("metadata.name", "Required value: name or generateName "
-                                                     "is required")])
+        raise invalid(
+            kind, name, [("metadata.name", "Required value: name or generateName is required")]
+        )
     if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
-        raise invalid(kind, name, [("metadata.name", f'Invalid value: "{name}": a lowercase '
-                                    "RFC 1123 subdomain must consist of lower case alphanumeric "
-                                    "characters, '-' or '.', and must start and end with an "
-                                    "alphanumeric character")])
+        raise invalid(
+            kind,
+            name,
+            [
+                (
+                    "metadata.name",
+                    f'Invalid value: "{name}": a lowercase '
+                    "RFC 1123 subdomain must consist of lower case alphanumeric "
+                    "characters, '-' or '.', and must start and end with an "
+                    "alphanumeric character",
+                )
+            ],
+        )
 
 
 def check_labels(kind: str, name: str, labels: dict[str, Any] | None) -> None:
-    for key, value in (labels or {}).items():
+    for value in (labels or {}).values():
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
-            raise invalid(kind, name, [("metadata.labels", f'Invalid value: "{value}": a valid '
-                                        "label must be an empty string or consist of "
-                                        "alphanumeric characters, '-', '_' or '.', and must "
-                                        "start and end with an alphanumeric character")])
+            raise invalid(
+                kind,
+                name,
+                [
+                    (
+                        "metadata.labels",
+                        f'Invalid value: "{value}": a valid '
+                        "label must be an empty string or consist of "
+                        "alphanumeric characters, '-', '_' or '.', and must "
+                        "start and end with an alphanumeric character",
+                    )
+                ],
+            )
 
 
 def validate_pod(pod: dict[str, Any]) -> None:
@@ -59,9 +78,14 @@ def validate_pod(pod: dict[str, Any]) -> None:
         if not cname:
             causes.append((f"spec.containers[{index}].name", "Required value"))
         elif not _DNS_LABEL.match(cname):
-            causes.append((f"spec.containers[{index}].name", f'Invalid value: "{cname}": a '
-                           "lowercase RFC 1123 label must consist of lower case alphanumeric "
-                           "characters or '-'"))
+            causes.append(
+                (
+                    f"spec.containers[{index}].name",
+                    f'Invalid value: "{cname}": a '
+                    "lowercase RFC 1123 label must consist of lower case alphanumeric "
+                    "characters or '-'",
+                )
+            )
         elif cname in seen:
             causes.append((f"spec.containers[{index}].name", f'Duplicate value: "{cname}"'))
         seen.add(cname)
@@ -70,8 +94,12 @@ def validate_pod(pod: dict[str, Any]) -> None:
         causes += _resource_causes(index, container.get("resources") or {})
     policy = spec.get("restartPolicy", "Always")
     if policy not in RESTART_POLICIES:
-        causes.append(("spec.restartPolicy", f'Unsupported value: "{policy}": supported '
-                       'values: "Always", "OnFailure", "Never"'))
+        causes.append(
+            (
+                "spec.restartPolicy",
+                f'Unsupported value: "{policy}": supported values: "Always", "OnFailure", "Never"',
+            )
+        )
     if causes:
         raise invalid("Pod", name, causes)
 
@@ -83,8 +111,12 @@ def _resource_causes(index: int, resources: dict[str, Any]) -> list[tuple[str, s
             try:
                 parse_quantity(value)
             except ValueError as exc:
-                causes.append((f"spec.containers[{index}].resources.{kind}[{resource}]",
-                               f'Invalid value: "{value}": {exc}'))
+                causes.append(
+                    (
+                        f"spec.containers[{index}].resources.{kind}[{resource}]",
+                        f'Invalid value: "{value}": {exc}',
+                    )
+                )
     return causes
 
 
@@ -103,8 +135,9 @@ def default_pod(pod: dict[str, Any]) -> dict[str, Any]:
     tolerations = spec.setdefault("tolerations", [])
     for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
         if not any(t.get("key") == key for t in tolerations):
-            tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute",
-                                "tolerationSeconds": 300})
+            tolerations.append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            )
     for container in spec["containers"]:
         _default_container(container)
     pod["status"] = {"phase": "Pending", "qosClass": qos_class(spec["containers"])}
@@ -132,14 +165,19 @@ def qos_class(containers: list[dict[str, Any]]) -> str:
     if not any(requests) and not any(limits):
         return "BestEffort"
     guaranteed = all(
-        lim.get(r) is not None and req.get(r) is not None
+        lim.get(r) is not None
+        and req.get(r) is not None
         and parse_quantity(lim[r]) == parse_quantity(req[r])
-        for req, lim in zip(requests, limits) for r in ("cpu", "memory"))
+        for req, lim in zip(requests, limits, strict=True)
+        for r in ("cpu", "memory")
+    )
     return "Guaranteed" if guaranteed else "Burstable"
 
 
 def require_namespace_match(path_namespace: str, obj: dict[str, Any]) -> None:
     body_ns = (obj.get("metadata") or {}).get("namespace")
     if body_ns and body_ns != path_namespace:
-        raise ApiError(400, "the namespace of the provided object does not match the "
-                            "namespace sent on the request")
+        raise ApiError(
+            400,
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )

@@ -9,12 +9,22 @@ from typing import Any
 from .timefmt import rfc3339
 
 
-def set_condition(status: dict[str, Any], type_: str, value: str, now: float,
-                  reason: str | None = None, message: str | None = None) -> None:
+def set_condition(
+    status: dict[str, Any],
+    type_: str,
+    value: str,
+    now: float,
+    reason: str | None = None,
+    message: str | None = None,
+) -> None:
     conditions = status.setdefault("conditions", [])
     current = next((c for c in conditions if c["type"] == type_), None)
-    entry = {"type": type_, "status": value, "lastProbeTime": None,
-             "lastTransitionTime": rfc3339(now)}
+    entry = {
+        "type": type_,
+        "status": value,
+        "lastProbeTime": None,
+        "lastTransitionTime": rfc3339(now),
+    }
     if reason:
         entry["reason"] = reason
     if message:
@@ -23,15 +33,17 @@ def set_condition(status: dict[str, Any], type_: str, value: str, now: float,
         conditions.append(entry)
         return
     if current["status"] == value:
-        entry["lastTransitionTime"] = current.get("lastTransitionTime") or entry[
-            "lastTransitionTime"]
+        entry["lastTransitionTime"] = (
+            current.get("lastTransitionTime") or entry["lastTransitionTime"]
+        )
     current.clear()
     current.update(entry)
 
 
 def condition(pod: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in (pod.get("status") or {}).get("conditions") or []
-                 if c["type"] == type_), None)
+    return next(
+        (c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == type_), None
+    )
 
 
 def normalized_image(image: str) -> str:
@@ -55,30 +67,67 @@ def image_id(image: str) -> str:
     return f"{repo}@sha256:{hashlib.sha256(ref.encode()).hexdigest()}"
 
 
-def waiting(name: str, image: str, reason: str, message: str | None = None,
-            restart_count: int = 0, last: dict[str, Any] | None = None) -> dict[str, Any]:
+def waiting(
+    name: str,
+    image: str,
+    reason: str,
+    message: str | None = None,
+    restart_count: int = 0,
+    last: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     state = {"reason": reason}
     if message:
         state["message"] = message
-    status = {"name": name, "image": image, "imageID": "", "ready": False,
-              "restartCount": restart_count, "started": False, "state": {"waiting": state},
-              "lastState": last or {}}
+    status = {
+        "name": name,
+        "image": image,
+        "imageID": "",
+        "ready": False,
+        "restartCount": restart_count,
+        "started": False,
+        "state": {"waiting": state},
+        "lastState": last or {},
+    }
     return status
 
 
-def running(name: str, image: str, container_id: str, started: float,
-            restart_count: int = 0, last: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"name": name, "image": image, "imageID": image_id(image),
-            "containerID": f"containerd://{container_id}", "ready": True,
-            "restartCount": restart_count, "started": True,
-            "state": {"running": {"startedAt": rfc3339(started)}}, "lastState": last or {}}
+def running(
+    name: str,
+    image: str,
+    container_id: str,
+    started: float,
+    restart_count: int = 0,
+    last: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": image,
+        "imageID": image_id(image),
+        "containerID": f"containerd://{container_id}",
+        "ready": True,
+        "restartCount": restart_count,
+        "started": True,
+        "state": {"running": {"startedAt": rfc3339(started)}},
+        "lastState": last or {},
+    }
 
 
-def terminated_state(container_id: str, exit_code: int, reason: str, started: float,
-                     finished: float, signal: int | None = None,
-                     message: str | None = None) -> dict[str, Any]:
-    state = {"exitCode": exit_code, "reason": reason, "startedAt": rfc3339(started),
-             "finishedAt": rfc3339(finished), "containerID": f"containerd://{container_id}"}
+def terminated_state(
+    container_id: str,
+    exit_code: int,
+    reason: str,
+    started: float,
+    finished: float,
+    signal: int | None = None,
+    message: str | None = None,
+) -> dict[str, Any]:
+    state = {
+        "exitCode": exit_code,
+        "reason": reason,
+        "startedAt": rfc3339(started),
+        "finishedAt": rfc3339(finished),
+        "containerID": f"containerd://{container_id}",
+    }
     if signal:
         state["signal"] = signal
     if message:
@@ -86,9 +135,22 @@ def terminated_state(container_id: str, exit_code: int, reason: str, started: fl
     return {"terminated": state}
 
 
-def terminated(name: str, image: str, container_id: str, state: dict[str, Any],
-               restart_count: int = 0, last: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"name": name, "image": image, "imageID": image_id(image),
-            "containerID": f"containerd://{container_id}", "ready": False,
-            "restartCount": restart_count, "started": False, "state": state,
-            "lastState": last or {}}
+def terminated(
+    name: str,
+    image: str,
+    container_id: str,
+    state: dict[str, Any],
+    restart_count: int = 0,
+    last: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": image,
+        "imageID": image_id(image),
+        "containerID": f"containerd://{container_id}",
+        "ready": False,
+        "restartCount": restart_count,
+        "started": False,
+        "state": state,
+        "lastState": last or {},
+    }

@@ -10,7 +10,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import IO
 
 from ..lease_processes import marked_pids
 from .logs import ContainerLog
@@ -20,8 +21,15 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class ContainerProcess:
-    def __init__(self, container_id: str, argv: Sequence[str], env: Mapping[str, str],
-                 cwd: str, log: ContainerLog, memory_limit: float | None) -> None:
+    def __init__(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        log: ContainerLog,
+        memory_limit: float | None,
+    ) -> None:
         self.container_id = container_id
         self.log = log
         self.memory_limit = memory_limit
@@ -32,19 +40,30 @@ class ContainerProcess:
         self.signal: int | None = None
         self.exited = threading.Event()
         env = {**env, MARKER: container_id}
-        self._process = subprocess.Popen(list(argv), env=env, cwd=cwd,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        self._pumps = [threading.Thread(target=self._pump, args=(pipe,), daemon=True,
-                                        name=f"kube-log-{container_id[:8]}")
-                       for pipe in (self._process.stdout, self._process.stderr)]
+        self._process = subprocess.Popen(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._pumps = [
+            threading.Thread(
+                target=self._pump, args=(pipe,), daemon=True, name=f"kube-log-{container_id[:8]}"
+            )
+            for pipe in (self._process.stdout, self._process.stderr)
+        ]
         for pump in self._pumps:
             pump.start()
-        threading.Thread(target=self._reap, daemon=True,
-                         name=f"kube-reap-{container_id[:8]}").start()
+        threading.Thread(
+            target=self._reap, daemon=True, name=f"kube-reap-{container_id[:8]}"
+        ).start()
         if memory_limit:
-            threading.Thread(target=self._watch_memory, daemon=True,
-                             name=f"kube-oom-{container_id[:8]}").start()
+            threading.Thread(
+                target=self._watch_memory, daemon=True, name=f"kube-oom-{container_id[:8]}"
+            ).start()
 
     @property
     def pid(self) -> int:
@@ -100,7 +119,7 @@ class ContainerProcess:
                 self.send(signal.SIGKILL)
                 return
 
-    def _pump(self, pipe) -> None:
+    def _pump(self, pipe: IO[bytes]) -> None:
         for line in iter(pipe.readline, b""):
             self.log.append(line)
         pipe.close()

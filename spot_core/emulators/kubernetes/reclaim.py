@@ -44,15 +44,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import pod_status as ps
 from .errors import ApiError
 from .scheduler import TERMINAL, priority, tolerates
 from .timefmt import rfc3339
 
-Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
@@ -60,7 +61,7 @@ KARPENTER_TAINT = "karpenter.sh/disrupted"
 GKE_TAINT = "cloud.google.com/impending-node-termination"
 CORDON_TAINT = "node.kubernetes.io/unschedulable"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
-CRITICAL_PRIORITY = 2000000000          # system-cluster-critical and above
+CRITICAL_PRIORITY = 2000000000  # system-cluster-critical and above
 AUTOSCALER_TAINT = "ToBeDeletedByClusterAutoscaler"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
@@ -81,8 +82,13 @@ class Reclaim:
         return self.done.wait(timeout)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "flavour": self.flavour, "done": self.done.is_set(),
-                "steps": list(self.steps), "error": self.error}
+        return {
+            "node": self.node,
+            "flavour": self.flavour,
+            "done": self.done.is_set(),
+            "steps": list(self.steps),
+            "error": self.error,
+        }
 
 
 def start_reclaim(cluster: Cluster, node: str, flavour: str) -> Reclaim:
@@ -101,14 +107,21 @@ def start_reclaim(cluster: Cluster, node: str, flavour: str) -> Reclaim:
             reclaim.error = str(exc)
         finally:
             reclaim.done.set()
+
     reclaim.thread = threading.Thread(target=run, daemon=True, name=f"reclaim-{node}")
     reclaim.thread.start()
     return reclaim
 
 
 # -- steps shared by the scripts -------------------------------------------------------------
-def add_taint(cluster: Cluster, node: str, key: str, effect: str = "NoSchedule",
-              value: str | None = None, cordon: bool = False) -> None:
+def add_taint(
+    cluster: Cluster,
+    node: str,
+    key: str,
+    effect: str = "NoSchedule",
+    value: str | None = None,
+    cordon: bool = False,
+) -> None:
     now = rfc3339(cluster.clock())
 
     def mutate(obj: dict[str, Any]) -> None:
@@ -120,12 +133,16 @@ def add_taint(cluster: Cluster, node: str, key: str, effect: str = "NoSchedule",
             taints.append(taint)
         if cordon:
             obj["spec"]["unschedulable"] = True
+
     cluster.store.update("nodes", "", node, mutate)
 
 
 def _pods_on(cluster: Cluster, node: str) -> list[dict[str, Any]]:
-    return [p for p in cluster.store.all("pods") if p["spec"].get("nodeName") == node
-            and p["status"].get("phase") not in TERMINAL]
+    return [
+        p
+        for p in cluster.store.all("pods")
+        if p["spec"].get("nodeName") == node and p["status"].get("phase") not in TERMINAL
+    ]
 
 
 def _notice(cluster: Cluster, reclaim: Reclaim, rebalance: bool = False) -> None:
@@ -139,9 +156,12 @@ def _notice(cluster: Cluster, reclaim: Reclaim, rebalance: bool = False) -> None
     reclaim.steps.append("metadata notice served")
 
 
-def _drain(cluster: Cluster, reclaim: Reclaim,
-           skip: Callable[[dict[str, Any]], bool] = lambda pod: False,
-           before_each: Callable[[dict[str, Any]], None] = lambda pod: None) -> None:
+def _drain(
+    cluster: Cluster,
+    reclaim: Reclaim,
+    skip: Callable[[dict[str, Any]], bool] = lambda pod: False,
+    before_each: Callable[[dict[str, Any]], None] = lambda pod: None,
+) -> None:
     """Evict every pod of the node (retrying those a PDB protects) until none is left;
     pods ``skip`` names are left to go down with the machine; ``before_each`` records a
     controller's event for a pod before its first eviction."""
@@ -179,8 +199,9 @@ def _delete_node(cluster: Cluster, reclaim: Reclaim) -> None:
     cluster.wake()
 
 
-def _node_event(cluster: Cluster, node: str, reason: str, message: str,
-                component: str, type_: str = "Normal") -> None:
+def _node_event(
+    cluster: Cluster, node: str, reason: str, message: str, component: str, type_: str = "Normal"
+) -> None:
     obj = cluster.store.find("nodes", "", node)
     if obj is not None:
         cluster.event(obj, type_, reason, message, host=node, component=component)
@@ -194,20 +215,31 @@ def _annotated(pod: dict[str, Any], key: str, value: str) -> bool:
 def karpenter(cluster: Cluster, reclaim: Reclaim) -> None:
     _notice(cluster, reclaim)
     for type_, reason, message in (
-            ("Warning", "SpotInterrupted", "Spot interruption warning was triggered"),
-            ("Warning", "TerminatingOnInterruption",
-             "Interruption triggered termination for the Node")):
+        ("Warning", "SpotInterrupted", "Spot interruption warning was triggered"),
+        ("Warning", "TerminatingOnInterruption", "Interruption triggered termination for the Node"),
+    ):
         _node_event(cluster, reclaim.node, reason, message, "karpenter", type_)
     for pod in _pods_on(cluster, reclaim.node):
-        cluster.event(pod, "Warning", "SpotInterrupted", "Spot interruption warning was "
-                      "triggered", component="karpenter")
+        cluster.event(
+            pod,
+            "Warning",
+            "SpotInterrupted",
+            "Spot interruption warning was triggered",
+            component="karpenter",
+        )
     add_taint(cluster, reclaim.node, KARPENTER_TAINT)
     reclaim.steps.append(f"tainted {KARPENTER_TAINT}:NoSchedule")
     # Karpenter's termination controller leaves pods that tolerate its taint, and (v1)
     # those annotated do-not-disrupt, on the node: they go down with the instance.
     taint = {"key": KARPENTER_TAINT, "effect": "NoSchedule"}
-    _drain(cluster, reclaim, skip=lambda pod: tolerates(
-        pod["spec"].get("tolerations") or [], taint) or _annotated(pod, DO_NOT_DISRUPT, "true"))
+    _drain(
+        cluster,
+        reclaim,
+        skip=lambda pod: (
+            tolerates(pod["spec"].get("tolerations") or [], taint)
+            or _annotated(pod, DO_NOT_DISRUPT, "true")
+        ),
+    )
     _lose_machine(cluster, reclaim)
     _delete_node(cluster, reclaim)
 
@@ -217,17 +249,32 @@ def karpenter_consolidation(cluster: Cluster, reclaim: Reclaim) -> None:
     blocked = [p for p in _pods_on(cluster, reclaim.node) if _annotated(p, DO_NOT_DISRUPT, "true")]
     if blocked:
         meta = blocked[0]["metadata"]
-        _node_event(cluster, reclaim.node, "DisruptionBlocked", f'Cannot disrupt Node: Pod '
-                    f'"{meta["namespace"]}/{meta["name"]}" has "{DO_NOT_DISRUPT}" annotation',
-                    "karpenter")
+        _node_event(
+            cluster,
+            reclaim.node,
+            "DisruptionBlocked",
+            f"Cannot disrupt Node: Pod "
+            f'"{meta["namespace"]}/{meta["name"]}" has "{DO_NOT_DISRUPT}" annotation',
+            "karpenter",
+        )
         reclaim.steps.append(f"blocked by {meta['namespace']}/{meta['name']} ({DO_NOT_DISRUPT})")
         return
     add_taint(cluster, reclaim.node, KARPENTER_TAINT)
     reclaim.steps.append(f"tainted {KARPENTER_TAINT}:NoSchedule")
-    _node_event(cluster, reclaim.node, "DisruptionTerminating",
-                "Disrupting Node: Underutilized/Delete", "karpenter")
-    _drain(cluster, reclaim, before_each=lambda pod: cluster.event(
-        pod, "Normal", "Evicted", "Evicted pod: Underutilized", component="karpenter"))
+    _node_event(
+        cluster,
+        reclaim.node,
+        "DisruptionTerminating",
+        "Disrupting Node: Underutilized/Delete",
+        "karpenter",
+    )
+    _drain(
+        cluster,
+        reclaim,
+        before_each=lambda pod: cluster.event(
+            pod, "Normal", "Evicted", "Evicted pod: Underutilized", component="karpenter"
+        ),
+    )
     _delete_node(cluster, reclaim)
 
 
@@ -236,16 +283,30 @@ def autoscaler_scale_down(cluster: Cluster, reclaim: Reclaim) -> None:
     blocked = [p for p in _pods_on(cluster, reclaim.node) if _annotated(p, SAFE_TO_EVICT, "false")]
     if blocked:
         meta = blocked[0]["metadata"]
-        reclaim.steps.append(f"blocked by {meta['namespace']}/{meta['name']} "
-                             f"({SAFE_TO_EVICT}: false)")
+        reclaim.steps.append(
+            f"blocked by {meta['namespace']}/{meta['name']} ({SAFE_TO_EVICT}: false)"
+        )
         return
     add_taint(cluster, reclaim.node, AUTOSCALER_TAINT, value=str(int(cluster.clock())))
     reclaim.steps.append(f"tainted {AUTOSCALER_TAINT}:NoSchedule")
-    _node_event(cluster, reclaim.node, "ScaleDown", "marked the node as toBeDeleted/"
-                "unschedulable", "cluster-autoscaler")
-    _drain(cluster, reclaim, before_each=lambda pod: cluster.event(
-        pod, "Normal", "ScaleDown", "deleting pod for node scale down",
-        component="cluster-autoscaler"))
+    _node_event(
+        cluster,
+        reclaim.node,
+        "ScaleDown",
+        "marked the node as toBeDeleted/unschedulable",
+        "cluster-autoscaler",
+    )
+    _drain(
+        cluster,
+        reclaim,
+        before_each=lambda pod: cluster.event(
+            pod,
+            "Normal",
+            "ScaleDown",
+            "deleting pod for node scale down",
+            component="cluster-autoscaler",
+        ),
+    )
     _delete_node(cluster, reclaim)
 
 
@@ -253,8 +314,13 @@ def drain(cluster: Cluster, reclaim: Reclaim) -> None:
     """``kubectl drain`` before an upgrade: cordon, evict, the node replaced."""
     add_taint(cluster, reclaim.node, CORDON_TAINT, cordon=True)
     reclaim.steps.append("cordoned")
-    _node_event(cluster, reclaim.node, "NodeNotSchedulable", f"Node {reclaim.node} status "
-                "is now: NodeNotSchedulable", "kubelet")
+    _node_event(
+        cluster,
+        reclaim.node,
+        "NodeNotSchedulable",
+        f"Node {reclaim.node} status is now: NodeNotSchedulable",
+        "kubelet",
+    )
     _drain(cluster, reclaim)
     _delete_node(cluster, reclaim)
 
@@ -263,8 +329,13 @@ def eks(cluster: Cluster, reclaim: Reclaim) -> None:
     _notice(cluster, reclaim, rebalance=True)
     add_taint(cluster, reclaim.node, CORDON_TAINT, cordon=True)
     reclaim.steps.append("cordoned")
-    _node_event(cluster, reclaim.node, "NodeNotSchedulable", f"Node {reclaim.node} status "
-                "is now: NodeNotSchedulable", "kubelet")
+    _node_event(
+        cluster,
+        reclaim.node,
+        "NodeNotSchedulable",
+        f"Node {reclaim.node} status is now: NodeNotSchedulable",
+        "kubelet",
+    )
     _drain(cluster, reclaim)
     _delete_node(cluster, reclaim)
 
@@ -273,8 +344,9 @@ def gke(cluster: Cluster, reclaim: Reclaim) -> None:
     _notice(cluster, reclaim)
     add_taint(cluster, reclaim.node, GKE_TAINT)
     reclaim.steps.append(f"tainted {GKE_TAINT}:NoSchedule")
-    _node_event(cluster, reclaim.node, "Shutdown", "Shutdown manager detected shutdown "
-                "event", "kubelet")
+    _node_event(
+        cluster, reclaim.node, "Shutdown", "Shutdown manager detected shutdown event", "kubelet"
+    )
     _mark_node_not_ready(cluster, reclaim.node, "node is shutting down")
     timings = cluster.timings
     critical = timings.gke_shutdown_critical_seconds
@@ -282,14 +354,17 @@ def gke(cluster: Cluster, reclaim: Reclaim) -> None:
     pods = _pods_on(cluster, reclaim.node)
     # The kubelet's shutdown manager: regular pods first, then critical ones, each group
     # within its share of shutdownGracePeriod.
-    for group, budget in (([p for p in pods if priority(p) < CRITICAL_PRIORITY], regular),
-                          ([p for p in pods if priority(p) >= CRITICAL_PRIORITY], critical)):
+    for group, budget in (
+        ([p for p in pods if priority(p) < CRITICAL_PRIORITY], regular),
+        ([p for p in pods if priority(p) >= CRITICAL_PRIORITY], critical),
+    ):
         _shut_down(cluster, reclaim, group, budget)
     _delete_node(cluster, reclaim)
 
 
-def _shut_down(cluster: Cluster, reclaim: Reclaim, pods: list[dict[str, Any]],
-               budget: float) -> None:
+def _shut_down(
+    cluster: Cluster, reclaim: Reclaim, pods: list[dict[str, Any]], budget: float
+) -> None:
     """The kubelet's shutdown manager on one priority group: DisruptionTarget
     TerminationByKubelet at once, the containers stopped within ``budget``, then the phase
     with reason Terminated and its message; waits (bounded) until they have stopped."""
@@ -298,14 +373,16 @@ def _shut_down(cluster: Cluster, reclaim: Reclaim, pods: list[dict[str, Any]],
         meta = pod["metadata"]
         grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), budget)
         try:
-            cluster.mark_disruption(meta["namespace"], meta["name"], "TerminationByKubelet",
-                                    SHUTDOWN_MESSAGE)
+            cluster.mark_disruption(
+                meta["namespace"], meta["name"], "TerminationByKubelet", SHUTDOWN_MESSAGE
+            )
         except ApiError:
             continue
         worker = cluster.workers.get(meta["uid"])
         if worker is not None:
-            worker.request_termination(grace, delete=False,
-                                       final_reason=("Terminated", SHUTDOWN_MESSAGE))
+            worker.request_termination(
+                grace, delete=False, final_reason=("Terminated", SHUTDOWN_MESSAGE)
+            )
             workers.append(worker)
         reclaim.steps.append(f"shut down {meta['namespace']}/{meta['name']}")
     deadline = time.monotonic() + cluster.scaled(budget) + 10
@@ -319,8 +396,13 @@ def aks(cluster: Cluster, reclaim: Reclaim) -> None:
         cluster.stopping.wait(cluster.scaled(30.0))
     # The kubelet goes with the VM: the node stops reporting, and the node lifecycle
     # controller marks it (compressed here from its 40 s monitor grace period).
-    _mark_node_not_ready(cluster, reclaim.node, "Kubelet stopped posting node status.",
-                         "Unknown", "NodeStatusUnknown")
+    _mark_node_not_ready(
+        cluster,
+        reclaim.node,
+        "Kubelet stopped posting node status.",
+        "Unknown",
+        "NodeStatusUnknown",
+    )
     add_taint(cluster, reclaim.node, UNREACHABLE_TAINT, "NoSchedule")
     add_taint(cluster, reclaim.node, UNREACHABLE_TAINT, "NoExecute")
     reclaim.steps.append("node unreachable")
@@ -334,8 +416,11 @@ def _lose_machine(cluster: Cluster, reclaim: Reclaim) -> None:
     shutdown's SIGTERM, then SIGKILL; no pod status is reported any more."""
     grace = cluster.timings.vm_shutdown_seconds
     workers = [w for w in list(cluster.workers.values()) if w.node == reclaim.node]
-    threads = [threading.Thread(target=w.machine_lost, args=(grace,), daemon=True)
-               for w in workers if not w.done.is_set()]
+    threads = [
+        threading.Thread(target=w.machine_lost, args=(grace,), daemon=True)
+        for w in workers
+        if not w.done.is_set()
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -344,8 +429,13 @@ def _lose_machine(cluster: Cluster, reclaim: Reclaim) -> None:
         reclaim.steps.append(f"machine shut down under {len(threads)} pod(s)")
 
 
-def _mark_node_not_ready(cluster: Cluster, node: str, message: str, status: str = "False",
-                         reason: str = "KubeletNotReady") -> None:
+def _mark_node_not_ready(
+    cluster: Cluster,
+    node: str,
+    message: str,
+    status: str = "False",
+    reason: str = "KubeletNotReady",
+) -> None:
     now = cluster.clock()
 
     def mutate(obj: dict[str, Any]) -> None:
@@ -353,11 +443,17 @@ def _mark_node_not_ready(cluster: Cluster, node: str, message: str, status: str 
         for condition in obj["status"]["conditions"]:
             if "lastProbeTime" in condition:
                 condition["lastHeartbeatTime"] = condition.pop("lastProbeTime") or rfc3339(now)
+
     cluster.store.update("nodes", "", node, mutate)
 
 
 SCRIPTS: dict[str, Callable[[Cluster, Reclaim], None]] = {
-    "karpenter": karpenter, "eks": eks, "gke": gke, "aks": aks,
+    "karpenter": karpenter,
+    "eks": eks,
+    "gke": gke,
+    "aks": aks,
     "karpenter-consolidation": karpenter_consolidation,
-    "autoscaler-scale-down": autoscaler_scale_down, "drain": drain}
+    "autoscaler-scale-down": autoscaler_scale_down,
+    "drain": drain,
+}
 VOLUNTARY = ("karpenter-consolidation", "autoscaler-scale-down", "drain")

@@ -10,8 +10,9 @@ affinity/selector. preemption: ...". Among the nodes that fit, the least loaded 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .quantity import parse_quantity
 from .selectors import Requirement
@@ -42,10 +43,13 @@ def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     return operator == "Exists" or (toleration.get("value") or "") == (taint.get("value") or "")
 
 
-def untolerated_taint(pod: Mapping[str, Any], node: Mapping[str, Any],
-                      effects: tuple[str, ...] = ("NoSchedule", "NoExecute")
-                      ) -> Mapping[str, Any] | None:
+def untolerated_taint(
+    pod: Mapping[str, Any],
+    node: Mapping[str, Any],
+    effects: tuple[str, ...] = ("NoSchedule", "NoExecute"),
+) -> Mapping[str, Any] | None:
     tolerations = pod["spec"].get("tolerations") or []
+    taint: Mapping[str, Any]  # each of the node's JSON taints
     for taint in node["spec"].get("taints") or []:
         if taint.get("effect") in effects and not tolerates(tolerations, taint):
             return taint
@@ -57,8 +61,9 @@ def matches_node_affinity(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bo
     selector = pod["spec"].get("nodeSelector") or {}
     if any(labels.get(k) != v for k, v in selector.items()):
         return False
-    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    required = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms")
     if terms is None:
         return True
@@ -69,7 +74,7 @@ def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     expressions = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
     if not expressions and not fields:
-        return False                     # an empty term matches no objects
+        return False  # an empty term matches no objects
     labels = node["metadata"].get("labels") or {}
     if not all(_requirement(e).matches(labels) for e in expressions):
         return False
@@ -78,8 +83,11 @@ def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
 
 
 def _requirement(expression: Mapping[str, Any]) -> Requirement:
-    return Requirement(expression["key"], expression["operator"],
-                       tuple(str(v) for v in expression.get("values") or ()))
+    return Requirement(
+        expression["key"],
+        expression["operator"],
+        tuple(str(v) for v in expression.get("values") or ()),
+    )
 
 
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
@@ -92,10 +100,13 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
     return total
 
 
-def _filter(pod, node, bound: list[Mapping[str, Any]]) -> str | None:
+def _filter(
+    pod: Mapping[str, Any], node: Mapping[str, Any], bound: list[Mapping[str, Any]]
+) -> str | None:
     """The first failing filter's reason for this node, or None if the pod fits."""
     if node["spec"].get("unschedulable") and not tolerates(
-            pod["spec"].get("tolerations") or [], UNSCHEDULABLE_TAINT):
+        pod["spec"].get("tolerations") or [], UNSCHEDULABLE_TAINT
+    ):
         return "node(s) were unschedulable"
     taint = untolerated_taint(pod, node)
     if taint is not None:
@@ -109,15 +120,17 @@ def _filter(pod, node, bound: list[Mapping[str, Any]]) -> str | None:
     for resource in ("cpu", "memory"):
         used = sum(pod_requests(p)[resource] for p in bound)
         if wanted[resource] and used + wanted[resource] > parse_quantity(
-                allocatable.get(resource, "0")):
+            allocatable.get(resource, "0")
+        ):
             return f"Insufficient {resource}"
     return None
 
 
-def _bound(nodes: list[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
-           ) -> dict[str, list]:
+def _bound(
+    nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> dict[str, list[Mapping[str, Any]]]:
     """Node name -> the pods that occupy it (bound and not finished)."""
-    bound: dict[str, list] = {n["metadata"]["name"]: [] for n in nodes}
+    bound: dict[str, list[Mapping[str, Any]]] = {n["metadata"]["name"]: [] for n in nodes}
     for other in pods:
         node_name = other["spec"].get("nodeName")
         if node_name in bound and other.get("status", {}).get("phase") not in TERMINAL:
@@ -125,8 +138,9 @@ def _bound(nodes: list[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
     return bound
 
 
-def place(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
-          pods: Iterable[Mapping[str, Any]]) -> Placement:
+def place(
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> Placement:
     """The node for ``pod`` among ``nodes`` (``pods`` are every pod, to count what is bound)."""
     if not nodes:
         return Placement(None, "no nodes available to schedule pods")
@@ -143,9 +157,12 @@ def place(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
         return Placement(min(fits, key=lambda n: (len(bound[n]), n)))
     histogram = sorted(f"{count} {reason}" for reason, count in reasons.items())
     total = len(nodes)
-    return Placement(None, f"0/{total} nodes are available: {', '.join(histogram)}. "
-                           f"preemption: 0/{total} nodes are available: {total} Preemption "
-                           f"is not helpful for scheduling.")
+    return Placement(
+        None,
+        f"0/{total} nodes are available: {', '.join(histogram)}. "
+        f"preemption: 0/{total} nodes are available: {total} Preemption "
+        f"is not helpful for scheduling.",
+    )
 
 
 @dataclass(frozen=True)
@@ -158,14 +175,15 @@ def priority(pod: Mapping[str, Any]) -> int:
     return int(pod["spec"].get("priority") or 0)
 
 
-def preempt(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
-            pods: Iterable[Mapping[str, Any]]) -> Preemption | None:
+def preempt(
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> Preemption | None:
     """Where ``pod`` fits once lower-priority pods go (the fewest victims, lowest
     priorities first), or None: the default scheduler's PostFilter, simplified."""
     if pod["spec"].get("preemptionPolicy") == "Never":
         return None
     bound = _bound(nodes, pods)
-    best: tuple | None = None
+    best: tuple[tuple[int, int, str], Preemption] | None = None
     for node in nodes:
         victims = _victims(pod, node, bound[node["metadata"]["name"]])
         if victims:
@@ -175,11 +193,19 @@ def preempt(pod: Mapping[str, Any], nodes: list[Mapping[str, Any]],
     return best[1] if best else None
 
 
-def _victims(pod, node, occupants: list) -> list:
+def _victims(
+    pod: Mapping[str, Any], node: Mapping[str, Any], occupants: list[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
     if _filter(pod, node, []) is not None:
-        return []                       # it would not fit even on the empty node
-    candidates = sorted((p for p in occupants if priority(p) < priority(pod)
-                         and not p["metadata"].get("deletionTimestamp")), key=priority)
+        return []  # it would not fit even on the empty node
+    candidates = sorted(
+        (
+            p
+            for p in occupants
+            if priority(p) < priority(pod) and not p["metadata"].get("deletionTimestamp")
+        ),
+        key=priority,
+    )
     staying = [p for p in occupants if p not in candidates]
     victims = []
     for victim in candidates:

@@ -8,8 +8,9 @@ fields the real API server indexes for each resource (anything else is 400, as t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ApiError
 
@@ -17,14 +18,34 @@ _SET_OP = re.compile(r"^\s*(\S+)\s+(in|notin)\s*\((.*)\)\s*$")
 _EQ_OP = re.compile(r"^\s*([^!=\s]+)\s*(==|!=|=)\s*(\S*)\s*$")
 
 FIELDS = {
-    "pods": ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
-             "spec.schedulerName", "spec.serviceAccountName", "status.phase",
-             "status.podIP", "status.nominatedNodeName", "spec.hostNetwork"),
+    "pods": (
+        "metadata.name",
+        "metadata.namespace",
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+        "spec.hostNetwork",
+    ),
     "nodes": ("metadata.name", "spec.unschedulable"),
-    "events": ("metadata.name", "metadata.namespace", "involvedObject.kind",
-               "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-               "involvedObject.apiVersion", "involvedObject.resourceVersion",
-               "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"),
+    "events": (
+        "metadata.name",
+        "metadata.namespace",
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    ),
     "secrets": ("metadata.name", "metadata.namespace", "type"),
 }
 DEFAULT_FIELDS = ("metadata.name", "metadata.namespace")
@@ -33,7 +54,7 @@ DEFAULT_FIELDS = ("metadata.name", "metadata.namespace")
 @dataclass(frozen=True)
 class Requirement:
     key: str
-    operator: str          # In, NotIn, Exists, DoesNotExist, Equals, NotEquals, Gt, Lt
+    operator: str  # In, NotIn, Exists, DoesNotExist, Equals, NotEquals, Gt, Lt
     values: tuple[str, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -92,8 +113,9 @@ def _parse_term(term: str) -> Requirement:
         return Requirement(term[1:], "DoesNotExist")
     if re.fullmatch(r"[A-Za-z0-9./_-]+", term):
         return Requirement(term, "Exists")
-    raise ApiError(400, f"unable to parse requirement: found '{term}', expected: "
-                        f"'=', '!=', '==', 'in', notin'")
+    raise ApiError(
+        400, f"unable to parse requirement: found '{term}', expected: '=', '!=', '==', 'in', notin'"
+    )
 
 
 def matches_all(requirements: list[Requirement], labels: Mapping[str, str] | None) -> bool:
@@ -105,8 +127,11 @@ def label_selector_object(selector: Mapping[str, Any] | None) -> list[Requiremen
     selector = selector or {}
     found = [Requirement(k, "Equals", (v,)) for k, v in (selector.get("matchLabels") or {}).items()]
     for expression in selector.get("matchExpressions") or []:
-        found.append(Requirement(expression["key"], expression["operator"],
-                                 tuple(expression.get("values") or ())))
+        found.append(
+            Requirement(
+                expression["key"], expression["operator"], tuple(expression.get("values") or ())
+            )
+        )
     return found
 
 
@@ -120,7 +145,7 @@ def parse_field_selector(text: str | None, resource: str) -> list[tuple[str, boo
             raise ApiError(400, f"invalid selector: '{text}'; can't understand '{term}'")
         field = match.group(1)
         if field not in allowed:
-            raise ApiError(400, f'field label not supported: {field}')
+            raise ApiError(400, f"field label not supported: {field}")
         found.append((field, match.group(2) != "!=", match.group(3)))
     return found
 
@@ -129,7 +154,8 @@ def field_value(obj: Mapping[str, Any], field: str) -> str:
     """The string the API server compares for ``field`` (missing -> empty string)."""
     if field == "source":
         source = obj.get("source") or {}
-        return source.get("component", "")
+        component: str = source.get("component", "")  # the event's JSON
+        return component
     current: Any = obj
     for part in field.split("."):
         current = current.get(part) if isinstance(current, Mapping) else None

@@ -14,41 +14,62 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from .errors import ApiError
 from .pools import NodePool
 from .resources import GROUPS, RESOURCES, api_group, group_list, resource_list
 
-Cluster = Any   # a KubeCluster (cluster.py imports this module, so not imported here)
+if TYPE_CHECKING:
+    from .store import WatchEvent
+
+Cluster = Any  # a KubeCluster (cluster.py imports this module, so not imported here)
 
 logger = logging.getLogger(__name__)
 PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
-VERSION = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-spot-emulator",
-           "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
-           "goVersion": "go1.24.0", "compiler": "gc", "platform": "linux/amd64"}
+VERSION = {
+    "major": "1",
+    "minor": "33",
+    "gitVersion": "v1.33.0-spot-emulator",
+    "gitCommit": "0" * 40,
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.24.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
 MAX_WATCH_SECONDS = 3600.0
 BOOKMARK_EVERY = 5.0
 
 
+class _Server(ThreadingHTTPServer):
+    cluster: Cluster  # set by serve before it serves; read by each _Handler
+
+
 def serve(cluster: Cluster, port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+    server = _Server(("127.0.0.1", port), _Handler)
     server.daemon_threads = True
-    server.cluster = cluster  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                     daemon=True, name=f"kube-apiserver-{server.server_address[1]}").start()
+    server.cluster = cluster
+    threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": 0.1},
+        daemon=True,
+        name=f"kube-apiserver-{server.server_address[1]}",
+    ).start()
     return server
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "spot-kube-emulator"
+    server: _Server  # the server that made this handler: ours, with its cluster
 
     @property
     def cluster(self) -> Cluster:
-        return self.server.cluster  # type: ignore[attr-defined]
+        return self.server.cluster
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         logger.debug("%s %s", self.address_string(), format % args)
@@ -90,7 +111,8 @@ class _Handler(BaseHTTPRequestHandler):
         header = self.headers.get("Authorization") or ""
         scheme, _, token = header.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), self.cluster.token.encode())
+            token.strip().encode(), self.cluster.token.encode()
+        )
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> None:
         if path in ("/version",):
@@ -101,10 +123,16 @@ class _Handler(BaseHTTPRequestHandler):
         if parts[0] == "emulator":
             return self._admin(method, parts[1:], query, body)
         if parts == ["api"]:
-            return self._json(200, {"kind": "APIVersions", "versions": ["v1"],
-                                    "serverAddressByClientCIDRs": [{
-                                        "clientCIDR": "0.0.0.0/0",
-                                        "serverAddress": self.cluster.url[7:]}]})
+            return self._json(
+                200,
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": self.cluster.url[7:]}
+                    ],
+                },
+            )
         if parts == ["apis"]:
             return self._json(200, group_list())
         if len(parts) == 2 and parts[0] == "apis" and parts[1] in GROUPS:
@@ -120,25 +148,46 @@ class _Handler(BaseHTTPRequestHandler):
         resource, namespace, name, sub = _resolve(group, rest)
         self._resource(method, resource, namespace, name, sub, query, body)
 
-    def _resource(self, method: str, resource: str, namespace: str, name: str | None,
-                  sub: str | None, query: dict[str, str], body: Any) -> None:
+    def _resource(
+        self,
+        method: str,
+        resource: str,
+        namespace: str,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
+        body: Any,
+    ) -> None:
         api = self.cluster.api
         if name is None:
             if method == "GET" and _flag(query, "watch"):
                 return self._watch(resource, namespace, query)
             if method == "GET":
                 limit = query.get("limit", "")
-                return self._json(200, api.list(resource, namespace or None,
-                                                query.get("labelSelector"),
-                                                query.get("fieldSelector"),
-                                                int(limit) if limit.isdigit() else None,
-                                                query.get("continue")))
+                return self._json(
+                    200,
+                    api.list(
+                        resource,
+                        namespace or None,
+                        query.get("labelSelector"),
+                        query.get("fieldSelector"),
+                        int(limit) if limit.isdigit() else None,
+                        query.get("continue"),
+                    ),
+                )
             if method == "POST":
                 return self._json(201, api.create(resource, namespace, body))
             if method == "DELETE":
-                return self._json(200, api.delete_collection(
-                    resource, namespace or None, query.get("labelSelector"),
-                    query.get("fieldSelector"), _delete_options(query, body)))
+                return self._json(
+                    200,
+                    api.delete_collection(
+                        resource,
+                        namespace or None,
+                        query.get("labelSelector"),
+                        query.get("fieldSelector"),
+                        _delete_options(query, body),
+                    ),
+                )
             raise ApiError(405, f"{method} is not supported on a collection here")
         if sub == "log" and resource == "pods" and method == "GET":
             return self._log(namespace, name, query)
@@ -147,8 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
         if sub == "binding" and resource == "pods" and method == "POST":
             return self._json(201, api.bind(namespace, name, body))
         if sub not in (None, "status"):
-            raise ApiError(404, f"the server could not find the requested resource "
-                                f"({resource}/{sub})")
+            raise ApiError(
+                404, f"the server could not find the requested resource ({resource}/{sub})"
+            )
         if method == "GET":
             return self._json(200, api.get(resource, namespace, name))
         if method == "PUT":
@@ -157,23 +207,26 @@ class _Handler(BaseHTTPRequestHandler):
             content_type = self.headers.get("Content-Type") or ""
             return self._json(200, api.patch(resource, namespace, name, body, content_type, sub))
         if method == "DELETE":
-            return self._json(200, api.delete(resource, namespace, name,
-                                              _delete_options(query, body)))
+            return self._json(
+                200, api.delete(resource, namespace, name, _delete_options(query, body))
+            )
         raise ApiError(405, f"{method} is not supported here")
 
     # -- streams ---------------------------------------------------------------------------
     def _watch(self, resource: str, namespace: str, query: dict[str, str]) -> None:
         store, api = self.cluster.store, self.cluster.api
         keep = api.matcher(resource, query.get("labelSelector"), query.get("fieldSelector"))
-        timeout = min(_number(query, "timeoutSeconds") or MAX_WATCH_SECONDS,
-                      MAX_WATCH_SECONDS)
+        timeout = min(_number(query, "timeoutSeconds") or MAX_WATCH_SECONDS, MAX_WATCH_SECONDS)
         bookmarks = _flag(query, "allowWatchBookmarks")
         start = query.get("resourceVersion") or "0"
         if not start.isdigit():
             raise ApiError(400, f'invalid resource version: "{start}"')
         self._start_stream("application/json")
-        in_scope = (lambda o: o["metadata"].get("namespace") == namespace) if namespace \
+        in_scope = (
+            (lambda o: o["metadata"].get("namespace") == namespace)
+            if namespace
             else (lambda o: True)
+        )
         if start == "0":
             items, cursor = store.list(resource, namespace or None)
             for obj in items:
@@ -199,8 +252,14 @@ class _Handler(BaseHTTPRequestHandler):
                     self._event(kind, event.obj)
             if bookmarks and time.monotonic() - last_bookmark > BOOKMARK_EVERY:
                 res = RESOURCES[resource]
-                self._event("BOOKMARK", {"kind": res.kind, "apiVersion": res.api_version,
-                                         "metadata": {"resourceVersion": str(cursor)}})
+                self._event(
+                    "BOOKMARK",
+                    {
+                        "kind": res.kind,
+                        "apiVersion": res.api_version,
+                        "metadata": {"resourceVersion": str(cursor)},
+                    },
+                )
                 last_bookmark = time.monotonic()
             if not events:
                 store.wait(seen, min(0.5, max(0.0, deadline - time.monotonic())))
@@ -218,11 +277,13 @@ class _Handler(BaseHTTPRequestHandler):
         log = None if logs is None else logs.get(container)
         if log is None:
             if previous:
-                raise ApiError(400, f'previous terminated container "{container}" in pod '
-                                    f'"{name}" not found')
+                raise ApiError(
+                    400, f'previous terminated container "{container}" in pod "{name}" not found'
+                )
             reason = _waiting_reason(pod, container)
-            raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: '
-                                f"{reason}")
+            raise ApiError(
+                400, f'container "{container}" in pod "{name}" is waiting to start: {reason}'
+            )
         since = None
         if query.get("sinceSeconds"):
             since = time.time() - _number(query, "sinceSeconds")
@@ -232,23 +293,32 @@ class _Handler(BaseHTTPRequestHandler):
         timestamps = _flag(query, "timestamps")
         if _flag(query, "follow"):
             self._start_stream("text/plain")
-            for data in log.follow(self.cluster.stopping, timestamps=timestamps, since=since,
-                                   tail=tail):
+            for data in log.follow(
+                self.cluster.stopping, timestamps=timestamps, since=since, tail=tail
+            ):
                 self._chunk(data)
             self._end_stream()
             return
         limit = int(_number(query, "limitBytes")) if query.get("limitBytes") else None
-        self._send(200, log.read(timestamps=timestamps, since=since, tail=tail,
-                                 limit_bytes=limit), "text/plain")
+        self._send(
+            200,
+            log.read(timestamps=timestamps, since=since, tail=tail, limit_bytes=limit),
+            "text/plain",
+        )
 
     # -- the emulator's own endpoints ----------------------------------------------------------
     def _admin(self, method: str, parts: list[str], query: dict[str, str], body: Any) -> None:
         cluster = self.cluster
         if parts == ["v1", "cluster"] and method == "GET":
-            return self._json(200, {"url": cluster.url, "pools": [
-                vars(p) for p in cluster.pools.values()], "nodes": [
-                n["metadata"]["name"] for n in cluster.store.all("nodes")],
-                "reclaims": [r.as_dict() for r in cluster.reclaims]})
+            return self._json(
+                200,
+                {
+                    "url": cluster.url,
+                    "pools": [vars(p) for p in cluster.pools.values()],
+                    "nodes": [n["metadata"]["name"] for n in cluster.store.all("nodes")],
+                    "reclaims": [r.as_dict() for r in cluster.reclaims],
+                },
+            )
         if parts == ["v1", "pools"] and method == "POST":
             try:
                 nodes = cluster.add_pool(NodePool.from_dict(body or {}))
@@ -266,11 +336,17 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(202, reclaim.as_dict())
             if parts[3] == "taint":
                 from .reclaim import add_taint
+
                 body = body or {}
                 if not body.get("key"):
                     raise ApiError(400, "a taint needs a key (and effect, value)")
-                add_taint(cluster, parts[2], body["key"], body.get("effect") or "NoSchedule",
-                          body.get("value"))
+                add_taint(
+                    cluster,
+                    parts[2],
+                    body["key"],
+                    body.get("effect") or "NoSchedule",
+                    body.get("value"),
+                )
                 return self._json(200, cluster.store.get("nodes", "", parts[2]))
         raise ApiError(404, f"no emulator endpoint {method} /emulator/{'/'.join(parts)}")
 
@@ -364,7 +440,7 @@ def _resolve(group: str, rest: list[str]) -> tuple[str, str, str | None, str | N
     return resource.plural, namespace, name, sub
 
 
-def _watch_type(event, keep) -> str | None:
+def _watch_type(event: WatchEvent, keep: Callable[[Mapping[str, Any]], bool]) -> str | None:
     """What a filtered watch reports: an object leaving the selection is DELETED for it,
     one entering it is ADDED, as the API server's filtered watches do."""
     now, before = keep(event.obj), event.old is not None and keep(event.old)
@@ -389,27 +465,31 @@ def _delete_options(query: dict[str, str], body: Any) -> dict[str, Any]:
         options["dryRun"] = [query["dryRun"]]
     policy = options.get("propagationPolicy")
     if policy not in (None, "Orphan", "Background", "Foreground"):
-        raise ApiError(400, f'propagationPolicy must be Orphan, Background or Foreground, '
-                            f'got "{policy}"')
+        raise ApiError(
+            400, f'propagationPolicy must be Orphan, Background or Foreground, got "{policy}"'
+        )
     return options
 
 
 def _container_for_log(pod: dict[str, Any], container: str | None) -> str:
-    names = [c["name"] for c in pod["spec"]["containers"]]
+    names: list[str] = [c["name"] for c in pod["spec"]["containers"]]
     if not container:
         if len(names) == 1:
             return names[0]
-        raise ApiError(400, f"a container name must be specified for pod "
-                            f"{pod['metadata']['name']}, choose one of: [{' '.join(names)}]")
+        raise ApiError(
+            400,
+            f"a container name must be specified for pod "
+            f"{pod['metadata']['name']}, choose one of: [{' '.join(names)}]",
+        )
     if container not in names:
-        raise ApiError(400, f"container {container} is not valid for pod "
-                            f"{pod['metadata']['name']}")
+        raise ApiError(400, f"container {container} is not valid for pod {pod['metadata']['name']}")
     return container
 
 
 def _waiting_reason(pod: dict[str, Any], container: str) -> str:
     for status in pod.get("status", {}).get("containerStatuses") or []:
         if status["name"] == container:
-            return (status.get("state", {}).get("waiting") or {}).get("reason",
-                                                                       "ContainerCreating")
+            waiting = status.get("state", {}).get("waiting") or {}
+            reason: str = waiting.get("reason", "ContainerCreating")  # the pod's JSON
+            return reason
     return "ContainerCreating"

@@ -8,25 +8,27 @@ emulator's own controllers wake on.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .errors import ApiError, already_exists, conflict, not_found
 from .resources import RESOURCES
 from .timefmt import rfc3339
 
-HISTORY = 10_000       # watch events kept (older resource versions answer 410 Expired)
+HISTORY = 10_000  # watch events kept (older resource versions answer 410 Expired)
 
 
 @dataclass(frozen=True)
 class WatchEvent:
     rv: int
     resource: str
-    type: str              # ADDED, MODIFIED, DELETED
+    type: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
     old: dict[str, Any] | None
 
@@ -54,19 +56,22 @@ class Store:
             raise not_found(resource, name, RESOURCES[resource].group)
         return found
 
-    def list(self, resource: str, namespace: str | None = None
-             ) -> tuple[list[dict[str, Any]], int]:
+    def list(self, resource: str, namespace: str | None = None) -> tuple[list[dict[str, Any]], int]:
         with self.changed:
-            items = [obj for (res, ns, _), obj in self._objects.items()
-                     if res == resource and (namespace is None or ns == namespace)]
+            items = [
+                obj
+                for (res, ns, _), obj in self._objects.items()
+                if res == resource and (namespace is None or ns == namespace)
+            ]
             return items, self._rv
 
-    def events_after(self, rv: int, resource: str) -> list[WatchEvent]:
+    def events_after(self, rv: int, resource: str) -> builtins.list[WatchEvent]:
         """Watch events newer than ``rv``; 410 Expired when the history no longer has them."""
         with self.changed:
             if self._history and rv < self._history[0].rv - 1:
-                raise ApiError(410, f"too old resource version: {rv} "
-                                    f"({self._history[0].rv - 1})", "Expired")
+                raise ApiError(
+                    410, f"too old resource version: {rv} ({self._history[0].rv - 1})", "Expired"
+                )
             return [e for e in self._history if e.rv > rv and e.resource == resource]
 
     def wait(self, after_rv: int, timeout: float) -> None:
@@ -87,9 +92,14 @@ class Store:
             meta.setdefault("creationTimestamp", rfc3339(self.clock()))
             return self._put(key, obj, None, "ADDED")
 
-    def update(self, resource: str, namespace: str, name: str,
-               mutate: Callable[[dict[str, Any]], Any], expect_rv: str | None = None
-               ) -> dict[str, Any]:
+    def update(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        mutate: Callable[[dict[str, Any]], Any],
+        expect_rv: str | None = None,
+    ) -> dict[str, Any]:
         """Apply ``mutate`` to a copy of the object and store it (one MODIFIED event, none
         if nothing changed). ``expect_rv`` is optimistic concurrency: 409 if stale."""
         key = (resource, namespace if RESOURCES[resource].namespaced else "", name)
@@ -98,8 +108,12 @@ class Store:
             if old is None:
                 raise not_found(resource, name, RESOURCES[resource].group)
             if expect_rv and expect_rv != old["metadata"]["resourceVersion"]:
-                raise conflict(resource, name, "the object has been modified; please apply "
-                                               "your changes to the latest version and try again")
+                raise conflict(
+                    resource,
+                    name,
+                    "the object has been modified; please apply "
+                    "your changes to the latest version and try again",
+                )
             new = copy.deepcopy(old)
             mutate(new)
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
@@ -125,7 +139,13 @@ class Store:
             self.closed = True
             self.changed.notify_all()
 
-    def _put(self, key, obj, old, kind: str) -> dict[str, Any]:
+    def _put(
+        self,
+        key: tuple[str, str, str],
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        kind: str,
+    ) -> dict[str, Any]:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._objects[key] = obj

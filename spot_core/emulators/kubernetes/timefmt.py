@@ -12,12 +12,14 @@ def rfc3339(ts: float) -> str:
 
 def rfc3339_nano(ts: float) -> str:
     whole = int(ts)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + \
-        f".{int((ts - whole) * 1e9):09d}Z"
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((ts - whole) * 1e9):09d}Z"
+    )
 
 
 def micro_time(ts: float) -> str:
     """``MicroTime`` fields (eventTime, lease renewTime)."""
     whole = int(ts)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + \
-        f".{int((ts - whole) * 1e6):06d}Z"
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((ts - whole) * 1e6):06d}Z"
+    )

@@ -7,8 +7,9 @@ from datetime import datetime
 
 from airflow.sdk import DAG, task
 
-with DAG("spot_defer_hold_in_process", schedule=None, start_date=datetime(2026, 1, 1),
-         catchup=False):
+with DAG(
+    "spot_defer_hold_in_process", schedule=None, start_date=datetime(2026, 1, 1), catchup=False
+):
 
     @task
     def hold() -> float:

@@ -20,9 +20,15 @@ from airflow_spot.operators.spot import SpotJobOperator
 TEST_DIR = Path(os.environ.get("SPOT_TEST_DIR", "/tmp/spot-task-tests"))
 
 with DAG("spot_job_mark_failed", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
-    SpotJobOperator(task_id="long_step", command=[sys.executable, "-c",
-                                                  "import time; time.sleep(600)"],
-                    checkpoint_uri=(TEST_DIR / "ckpt-spot_job_mark_failed").as_uri(),
-                    provider="local", on_demand_fallback=True, capacity_wait=0.5,
-                    poll_interval=0.5, attempt_timeout=timedelta(minutes=15),
-                    deferrable=True, retries=0)
+    SpotJobOperator(
+        task_id="long_step",
+        command=[sys.executable, "-c", "import time; time.sleep(600)"],
+        checkpoint_uri=(TEST_DIR / "ckpt-spot_job_mark_failed").as_uri(),
+        provider="local",
+        on_demand_fallback=True,
+        capacity_wait=0.5,
+        poll_interval=0.5,
+        attempt_timeout=timedelta(minutes=15),
+        deferrable=True,
+        retries=0,
+    )

@@ -10,7 +10,7 @@ attempt started later could be reclaimed and still need one more restart on on-d
 
 That rule is all a job gets on markets without traces (EC2). On a trace market, a job
 that names a ``deadline_policy`` is run by that policy itself, planned on the same window
-the simulator would cut (``spot_core.policy.deadline_planner``).
+the simulator would cut (``spot_core.policy.deadline.planner``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ class DeadlineWork:
         values = (self.work_left_seconds, self.restart_overhead_seconds, self.tick_seconds)
         finite = all(math.isfinite(v) for v in values)
         if not finite or min(values) < 0 or not self.tick_seconds > 0:
-            raise ConfigError("DeadlineWork needs finite work_left_seconds >= 0, "
-                              "restart_overhead_seconds >= 0 and tick_seconds > 0")
+            raise ConfigError(
+                "DeadlineWork needs finite work_left_seconds >= 0, "
+                "restart_overhead_seconds >= 0 and tick_seconds > 0"
+            )
 
     def slack_seconds(self, deadline: float, now: float) -> float:
         """Idle time the job can still afford, keeping room for two restarts."""
@@ -42,8 +44,9 @@ class DeadlineWork:
 
     def forces_on_demand(self, deadline: float, now: float) -> bool:
         """True once a job not on spot must run on on-demand to finish by ``deadline``."""
-        return self._ticks_left(deadline, now) <= math.ceil(self._needed(2) / self.tick_seconds
-                                                            - 1e-9)
+        return self._ticks_left(deadline, now) <= math.ceil(
+            self._needed(2) / self.tick_seconds - 1e-9
+        )
 
     def _ticks_left(self, deadline: float, now: float) -> int:
         return math.floor((deadline - now) / self.tick_seconds + 1e-9)

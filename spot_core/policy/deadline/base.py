@@ -7,7 +7,7 @@ on-demand is dear and always there, and every new instance costs a restart overh
 overhead_left) -> action`` with the action ``IDLE``, ``ON_DEMAND`` or a zone index (spot
 there). At tick ``t`` a policy reads the window's arrays only up to column ``t``, plus
 the history before the window, so it can run unchanged on a live market; the simulator and
-the live planner enforce it (:mod:`spot_core.policy.causal`: a read past the current tick
+the live planner enforce it (:mod:`spot_core.policy.deadline.causal`: a read past the current tick
 raises).
 
 Policies here:
@@ -20,16 +20,17 @@ Policies here:
   otherwise idle while on or above the line ``C * t / D`` and on-demand below it; once on
   on-demand, stay until spot is available and progress is above where the line will be
   two overheads from now; plus both safety nets (:func:`safety_net`).
-- ``default``: the project's own, :class:`spot_core.policy.deadline_mdp.ForecastDP`.
-- ``optimal``: the offline oracle, in :mod:`spot_core.policy.deadline_optimal`.
+- ``default``: the project's own, :class:`spot_core.policy.deadline.mdp.ForecastDP`.
+- ``optimal``: the offline oracle, in :mod:`spot_core.policy.deadline.optimal`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -63,25 +64,32 @@ Decide = Callable[[int, float, int, float], int]
 
 @dataclass(frozen=True, eq=False)
 class Job:
-    """What must be done: work, deadline and restart overhead, all in seconds."""
+    """What must be done: work, deadline (from the window's start) and restart overhead,
+    all in capacity seconds (trace seconds: the window's clock)."""
 
-    task_seconds: float
-    deadline_seconds: float
-    overhead_seconds: float
+    work_capacity_seconds: float
+    deadline_capacity_seconds: float
+    restart_overhead_capacity_seconds: float
 
     @classmethod
     def from_hours(cls, task: float, deadline: float, overhead: float) -> Job:
-        for name, value in (("task hours", task), ("deadline hours", deadline),
-                            ("restart overhead hours", overhead)):
+        for name, value in (
+            ("task hours", task),
+            ("deadline hours", deadline),
+            ("restart overhead hours", overhead),
+        ):
             if not (isinstance(value, (int, float)) and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
         if not task > 0 or overhead < 0:
-            raise ConfigError(f"task hours must be > 0 and restart overhead >= 0 (got {task:g}, "
-                              f"{overhead:g})")
+            raise ConfigError(
+                f"task hours must be > 0 and restart overhead >= 0 (got {task:g}, {overhead:g})"
+            )
         if deadline < task:
-            raise ConfigError(f"the deadline ({deadline:g} h) is shorter than the work "
-                              f"({task:g} h); no policy can finish in time: raise "
-                              "--deadline-hours")
+            raise ConfigError(
+                f"the deadline ({deadline:g} h) is shorter than the work "
+                f"({task:g} h); no policy can finish in time: raise "
+                "--deadline-hours"
+            )
         return cls(task * 3600.0, deadline * 3600.0, overhead * 3600.0)
 
 
@@ -125,15 +133,17 @@ def planning_horizon(job: Job, tick: float, ticks: int, *, policy: str = "") -> 
     """The ticks a plan holds of a ``ticks``-long window: the work, two restarts and
     ``PLAN_SLACK_TICKS`` (fewer if the window is shorter); a one-line ``ConfigError`` past
     ``PLAN_MAX_TICKS``."""
-    need = whole_ticks(job.task_seconds + 2 * job.overhead_seconds, tick)
+    need = whole_ticks(job.work_capacity_seconds + 2 * job.restart_overhead_capacity_seconds, tick)
     horizon = min(ticks, need + PLAN_SLACK_TICKS)
     if horizon > PLAN_MAX_TICKS:
         most = (PLAN_MAX_TICKS - PLAN_SLACK_TICKS) * tick / 3600
-        raise ConfigError(f"deadline policy {policy or 'plans'}: the work and two restarts "
-                          f"need {need:,} ticks of {tick:g} s; a plan holds at most "
-                          f"{PLAN_MAX_TICKS:,} (work up to about {most:,.0f} h here); split "
-                          "the job, or use a policy without tables (greedy, "
-                          "uniform-progress), or none")
+        raise ConfigError(
+            f"deadline policy {policy or 'plans'}: the work and two restarts "
+            f"need {need:,} ticks of {tick:g} s; a plan holds at most "
+            f"{PLAN_MAX_TICKS:,} (work up to about {most:,.0f} h here); split "
+            "the job, or use a policy without tables (greedy, "
+            "uniform-progress), or none"
+        )
     return horizon
 
 
@@ -141,17 +151,26 @@ def truncated(window: Window, ticks: int) -> Window:
     """The window's first ``ticks`` ticks, its deadline moved to their end."""
     if ticks >= window.ticks:
         return window
-    job = Job(window.job.task_seconds, ticks * window.tick_seconds, window.job.overhead_seconds)
-    return dataclasses.replace(window, ticks=ticks, job=job,
-                               available=_first_ticks(window.available, ticks),
-                               price=_first_ticks(window.price, ticks))
+    job = Job(
+        window.job.work_capacity_seconds,
+        ticks * window.tick_seconds,
+        window.job.restart_overhead_capacity_seconds,
+    )
+    return dataclasses.replace(
+        window,
+        ticks=ticks,
+        job=job,
+        available=_first_ticks(window.available, ticks),
+        price=_first_ticks(window.price, ticks),
+    )
 
 
-def _first_ticks(array, ticks: int):
-    """``array[:, :ticks]``; a causal view (``spot_core.policy.causal``) cuts itself
+def _first_ticks(array: np.ndarray, ticks: int) -> np.ndarray:
+    """``array[:, :ticks]``; a causal view (``spot_core.policy.deadline.causal``) cuts itself
     without reading the ticks still to come."""
     head = getattr(type(array), "head", None)
-    return head(array, ticks) if head is not None else array[:, :ticks]
+    first: np.ndarray = head(array, ticks) if head is not None else array[:, :ticks]
+    return first
 
 
 def safety_net(window: Window, t: int, progress: float, current: int, left: float) -> int | None:
@@ -165,10 +184,13 @@ def safety_net(window: Window, t: int, progress: float, current: int, left: floa
     """
     job, tick = window.job, window.tick_seconds
     ticks_left = window.ticks - t
-    work_left = job.task_seconds - progress
-    if ticks_left <= whole_ticks(work_left + job.overhead_seconds, tick):
+    work_left = job.work_capacity_seconds - progress
+    if ticks_left <= whole_ticks(work_left + job.restart_overhead_capacity_seconds, tick):
         return current if current >= 0 and left <= 1e-9 else ON_DEMAND
-    if ticks_left <= whole_ticks(work_left + 2 * job.overhead_seconds, tick) and current < 0:
+    if (
+        ticks_left <= whole_ticks(work_left + 2 * job.restart_overhead_capacity_seconds, tick)
+        and current < 0
+    ):
         return ON_DEMAND
     return None
 
@@ -204,6 +226,7 @@ class Greedy:
                 return forced
             spot = cheapest_available(window, t, current)
             return IDLE if spot is None else spot
+
         return decide
 
 
@@ -213,7 +236,7 @@ class UniformProgress:
 
     def plan(self, window: Window) -> Decide:
         job, tick = window.job, window.tick_seconds
-        rate = job.task_seconds / job.deadline_seconds
+        rate = job.work_capacity_seconds / job.deadline_capacity_seconds
 
         def decide(t: int, progress: float, current: int, left: float) -> int:
             forced = safety_net(window, t, progress, current, left)
@@ -221,9 +244,10 @@ class UniformProgress:
                 return forced
             spot = cheapest_available(window, t, current)
             if current == ON_DEMAND:
-                ahead = progress > rate * (t * tick + 2 * job.overhead_seconds)
+                ahead = progress > rate * (t * tick + 2 * job.restart_overhead_capacity_seconds)
                 return spot if spot is not None and ahead else ON_DEMAND
             if spot is not None:
                 return spot
             return IDLE if progress >= rate * t * tick else ON_DEMAND
+
         return decide

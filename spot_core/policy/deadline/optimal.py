@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from spot_core.policy.deadline import Window
+from spot_core.policy.deadline.base import Window
 
 MAX_BAND = 20_000
 
@@ -29,15 +29,25 @@ MAX_BAND = 20_000
 def _units(window: Window) -> tuple[float, int, int, list[int]]:
     """(unit seconds, tick units, work units, gain units per phase since launch)."""
     job, tick = window.job, window.tick_seconds
-    millis = [round(tick * 1000), round(job.overhead_seconds * 1000)]
-    exact = all(abs(m - v * 1000) < 1e-6 for m, v in zip(millis, (tick, job.overhead_seconds)))
+    millis = [round(tick * 1000), round(job.restart_overhead_capacity_seconds * 1000)]
+    exact = all(
+        abs(m - v * 1000) < 1e-6
+        for m, v in zip(millis, (tick, job.restart_overhead_capacity_seconds), strict=True)
+    )
     unit = math.gcd(*millis) / 1000 if exact and millis[1] else (tick if exact else 1.0)
-    slack = window.ticks * tick - job.task_seconds
+    slack = window.ticks * tick - job.work_capacity_seconds
     unit = max(unit, slack / MAX_BAND) if slack > 0 else unit
-    phases = max(1, math.ceil(job.overhead_seconds / tick - 1e-9))
-    gains = [min(tick, max(0.0, (j + 1) * tick - job.overhead_seconds)) for j in range(phases + 1)]
-    return (unit, math.floor(tick / unit + 1e-9), math.ceil(job.task_seconds / unit - 1e-9),
-            [math.floor(g / unit + 1e-9) for g in gains])
+    phases = max(1, math.ceil(job.restart_overhead_capacity_seconds / tick - 1e-9))
+    gains = [
+        min(tick, max(0.0, (j + 1) * tick - job.restart_overhead_capacity_seconds))
+        for j in range(phases + 1)
+    ]
+    return (
+        unit,
+        math.floor(tick / unit + 1e-9),
+        math.ceil(job.work_capacity_seconds / unit - 1e-9),
+        [math.floor(g / unit + 1e-9) for g in gains],
+    )
 
 
 def optimal_cost(window: Window) -> float:
@@ -59,8 +69,10 @@ def optimal_cost(window: Window) -> float:
         price = np.empty((n_spot + 1, 1))
         price[:n_spot, 0] = np.where(window.available[:, t], window.price[:, t] * hours, np.inf)
         price[n_spot, 0] = od_cost
-        runs = [price + _after(cont[:, min(p + 1, phases) - 1], gains[p], step, remaining)
-                for p in range(phases + 1)]
+        runs = [
+            price + _after(cont[:, min(p + 1, phases) - 1], gains[p], step, remaining)
+            for p in range(phases + 1)
+        ]
         new_idle = np.minimum(_after(idle, 0, step, remaining), runs[0].min(axis=0))
         cont = np.minimum(np.stack(runs[1:], axis=1), new_idle)
         idle = new_idle
@@ -78,7 +90,7 @@ def _after(values: np.ndarray, gain: int, step: int, remaining: int) -> np.ndarr
     out = np.full(values.shape, np.inf)
     shift = step - gain
     if shift < width:
-        out[..., shift:] = values[..., :width - shift]
+        out[..., shift:] = values[..., : width - shift]
     done = max(0, remaining - gain)
     if done < width:
         out[..., done:] = 0.0

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from spot_core.interruption.kubernetes import NOTICE_TAINTS
 from spot_core.market.kubernetes import FLAVOURS
@@ -53,36 +54,61 @@ from spot_core.model import Outcome
 RUNNING, PENDING = "running", "pending"
 STEP_CONTAINER = "step"
 ANNOTATION_POOL = "spot-pipelines/pool"
-DEFAULT_GRACE_SECONDS = 30.0        # the API server's terminationGracePeriodSeconds default
+DEFAULT_GRACE_SECONDS = 30.0  # the API server's terminationGracePeriodSeconds default
 NOTICE_MARGIN_SECONDS = 30.0
 # KEP-3329: a DisruptionTarget not followed by a deletion is cleared after about 2 minutes.
 CONDITION_CLEARED_SECONDS = 120.0
-UNKNOWN = object()                  # the node was not given (as opposed to None: it is gone)
+UNKNOWN = object()  # the node was not given (as opposed to None: it is gone)
 
 SHUTDOWN_REASONS = frozenset({"Shutdown", "Terminated", "NodeShutdown"})
 SHUTDOWN_MESSAGES = re.compile(
-    r"node is shutting, evicting pods"                        # 1.20, 1.21 (reason Shutdown)
-    r"|node is in progress of shutting down"                  # 1.20 admission
-    r"|terminated in response to imminent node shutdown"      # 1.22+ (reason Terminated)
-    r"|rejected as the node is shutting down", re.I)          # 1.21+ admission (NodeShutdown)
+    r"node is shutting, evicting pods"  # 1.20, 1.21 (reason Shutdown)
+    r"|node is in progress of shutting down"  # 1.20 admission
+    r"|terminated in response to imminent node shutdown"  # 1.22+ (reason Terminated)
+    r"|rejected as the node is shutting down",
+    re.I,
+)  # 1.21+ admission (NodeShutdown)
 NODE_PRESSURE = re.compile(r"the node was low on resource|the node had condition", re.I)
-OWN_LIMIT = re.compile(r"exceeds the total limit of containers|exceeded its local ephemeral "
-                       r"storage limit|usage of emptydir volume .* exceeds the limit", re.I)
-KUBELET_CRITICAL_PREEMPTION = re.compile(r"preempted in order to admit critical pod"
-                                         r"|preempted by kubelet to accommodate a critical pod",
-                                         re.I)
+OWN_LIMIT = re.compile(
+    r"exceeds the total limit of containers|exceeded its local ephemeral "
+    r"storage limit|usage of emptydir volume .* exceeds the limit",
+    re.I,
+)
+KUBELET_CRITICAL_PREEMPTION = re.compile(
+    r"preempted in order to admit critical pod"
+    r"|preempted by kubelet to accommodate a critical pod",
+    re.I,
+)
 # Karpenter's event messages ("Evicted pod: Underutilized", "Disrupting Node: Drifted/Replace").
 KARPENTER_VOLUNTARY = re.compile(r"underutili[sz]ed|empty|drift|expir|consolidat", re.I)
 KARPENTER_INVOLUNTARY = re.compile(r"interrupt|spot|unhealthy|repair|stopping|terminating", re.I)
-INVOLUNTARY_EVENT_REASONS = frozenset({"SpotInterrupted", "TerminatingOnInterruption",
-                                       "InstanceSpotInterrupted", "InstanceStopping",
-                                       "InstanceTerminating", "Preempted"})
-UNREACHABLE_TAINTS = frozenset({"node.kubernetes.io/unreachable",
-                                "node.kubernetes.io/not-ready",
-                                "node.kubernetes.io/out-of-service"})
-CONFIG_WAITING_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName",
-                                    "CreateContainerConfigError", "CreateContainerError",
-                                    "ErrImageNeverPull"})
+INVOLUNTARY_EVENT_REASONS = frozenset(
+    {
+        "SpotInterrupted",
+        "TerminatingOnInterruption",
+        "InstanceSpotInterrupted",
+        "InstanceStopping",
+        "InstanceTerminating",
+        "Preempted",
+    }
+)
+UNREACHABLE_TAINTS = frozenset(
+    {
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/out-of-service",
+    }
+)
+CONFIG_WAITING_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "ErrImageNeverPull",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -114,10 +140,10 @@ class PodVerdict:
     notice_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None
-    deadline: float | None = None     # a running pod under notice must have ended by then
-    forced: bool = False              # ended by that deadline, not by Kubernetes
-    force_delete: bool = False        # its node is gone: delete it with grace 0
-    ours: bool = False                # spot-pipelines deleted it (a drain, a time limit, a stop)
+    deadline: float | None = None  # a running pod under notice must have ended by then
+    forced: bool = False  # ended by that deadline, not by Kubernetes
+    force_delete: bool = False  # its node is gone: delete it with grace 0
+    ours: bool = False  # spot-pipelines deleted it (a drain, a time limit, a stop)
     evidence: tuple[Disruption, ...] = ()  # everything that showed a disruption
 
     @property
@@ -126,14 +152,35 @@ class PodVerdict:
 
 
 # -- reading what the API (or a client) hands us ----------------------------------------------
-_CAMEL_EXCEPTIONS = {"pod_ip": "podIP", "pod_i_ps": "podIPs", "host_ip": "hostIP",
-                     "host_i_ps": "hostIPs", "container_id": "containerID",
-                     "image_id": "imageID", "provider_id": "providerID", "pod_cidr": "podCIDR",
-                     "pod_cid_rs": "podCIDRs", "machine_id": "machineID",
-                     "system_uuid": "systemUUID", "boot_id": "bootID"}
+_CAMEL_EXCEPTIONS = {
+    "pod_ip": "podIP",
+    "pod_i_ps": "podIPs",
+    "host_ip": "hostIP",
+    "host_i_ps": "hostIPs",
+    "container_id": "containerID",
+    "image_id": "imageID",
+    "provider_id": "providerID",
+    "pod_cidr": "podCIDR",
+    "pod_cid_rs": "podCIDRs",
+    "machine_id": "machineID",
+    "system_uuid": "systemUUID",
+    "boot_id": "bootID",
+}
 # Maps whose keys are data (label keys, resource names), never field names.
-_DATA_MAPS = frozenset({"labels", "annotations", "nodeSelector", "limits", "requests",
-                        "capacity", "allocatable", "data", "stringData", "matchLabels"})
+_DATA_MAPS = frozenset(
+    {
+        "labels",
+        "annotations",
+        "nodeSelector",
+        "limits",
+        "requests",
+        "capacity",
+        "allocatable",
+        "data",
+        "stringData",
+        "matchLabels",
+    }
+)
 
 
 def as_api(obj: Any) -> Any:
@@ -144,12 +191,19 @@ def as_api(obj: Any) -> Any:
     if isinstance(obj, (dt.datetime, dt.date)):
         return _rfc3339(obj)
     if hasattr(obj, "openapi_types") and hasattr(obj, "attribute_map"):
-        return {obj.attribute_map[name]: as_api(getattr(obj, name))
-                for name in obj.openapi_types if getattr(obj, name) is not None}
+        return {
+            obj.attribute_map[name]: as_api(getattr(obj, name))
+            for name in obj.openapi_types
+            if getattr(obj, name) is not None
+        }
     if isinstance(obj, Mapping):
-        return {_camel(k): (dict(v) if _camel(k) in _DATA_MAPS and isinstance(v, Mapping)
-                            else as_api(v))
-                for k, v in obj.items() if v is not None}
+        return {
+            _camel(k): (
+                dict(v) if _camel(k) in _DATA_MAPS and isinstance(v, Mapping) else as_api(v)
+            )
+            for k, v in obj.items()
+            if v is not None
+        }
     if isinstance(obj, (list, tuple)):
         return [as_api(v) for v in obj]
     return obj
@@ -168,8 +222,8 @@ def _rfc3339(when: dt.date) -> str:
     if not isinstance(when, dt.datetime):
         return when.isoformat()
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = when.replace(tzinfo=dt.UTC)
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: Any) -> float | None:
@@ -182,7 +236,7 @@ def parse_time(text: Any) -> float | None:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 # -- small readers ------------------------------------------------------------------------------
@@ -201,7 +255,7 @@ def conditions(obj: Mapping[str, Any], kind: str) -> list[Mapping[str, Any]]:
 def step_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The step's container status: the one named ``step``; else, for any other pod, the
     first that failed, else the first."""
-    statuses = _status(pod).get("containerStatuses") or []
+    statuses: list[Mapping[str, Any]] = _status(pod).get("containerStatuses") or []
     named = [s for s in statuses if s.get("name") == STEP_CONTAINER]
     if named:
         return named[0]
@@ -213,7 +267,7 @@ def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The container's last termination: ``state.terminated``, else ``lastState`` (a
     container the kubelet restarted, or a status reset after a node reboot)."""
     for key in ("state", "lastState"):
-        terminated = (status.get(key) or {}).get("terminated")
+        terminated: Mapping[str, Any] | None = (status.get(key) or {}).get("terminated")
         if terminated:
             return terminated
     return None
@@ -243,16 +297,19 @@ def waiting_problem(pod: Mapping[str, Any]) -> str | None:
 
 def grace_seconds(pod: Mapping[str, Any]) -> float:
     """The pod's grace period: the deletion's, else the spec's, else the API default."""
-    for value in (_meta(pod).get("deletionGracePeriodSeconds"),
-                  (pod.get("spec") or {}).get("terminationGracePeriodSeconds")):
+    for value in (
+        _meta(pod).get("deletionGracePeriodSeconds"),
+        (pod.get("spec") or {}).get("terminationGracePeriodSeconds"),
+    ):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
             return float(value)
     return DEFAULT_GRACE_SECONDS
 
 
 # -- evidence of a disruption -------------------------------------------------------------------
-def disruptions(pod: Mapping[str, Any], node: Any = UNKNOWN, *,
-                terminated_by_us: bool = False) -> list[Disruption]:
+def disruptions(
+    pod: Mapping[str, Any], node: Any = UNKNOWN, *, terminated_by_us: bool = False
+) -> list[Disruption]:
     """Every piece of evidence the pod and its node show, most decisive first."""
     found = [*_condition_evidence(pod), *_status_evidence(pod)]
     if not terminated_by_us and _meta(pod).get("deletionTimestamp") and not found:
@@ -260,8 +317,9 @@ def disruptions(pod: Mapping[str, Any], node: Any = UNKNOWN, *,
     if node is not UNKNOWN and node_of(pod):
         # A pod that has ended says how by itself; its node lost or gone afterwards is no
         # evidence (a node is often removed once its pods finished). A notice taint is.
-        found.extend(d for d in _node_evidence(pod, node)
-                     if not terminal(pod) or d.kind == "node-notice")
+        found.extend(
+            d for d in _node_evidence(pod, node) if not terminal(pod) or d.kind == "node-notice"
+        )
     return found
 
 
@@ -273,19 +331,33 @@ def _condition_evidence(pod: Mapping[str, Any]) -> list[Disruption]:
     for condition in conditions(pod, "PendingTermination"):
         if condition.get("status") == "True":
             message = condition.get("message") or ""
-            kind = ("own-limit" if OWN_LIMIT.search(message) else "preemption"
-                    if KUBELET_CRITICAL_PREEMPTION.search(message) else "node-pressure")
-            out.append(Disruption(kind, f"PendingTermination {condition.get('reason')}: "
-                                  f"{message}", at=parse_time(condition.get("lastTransitionTime")),
-                                  voluntary=None if kind == "own-limit" else False))
+            kind = (
+                "own-limit"
+                if OWN_LIMIT.search(message)
+                else "preemption"
+                if KUBELET_CRITICAL_PREEMPTION.search(message)
+                else "node-pressure"
+            )
+            out.append(
+                Disruption(
+                    kind,
+                    f"PendingTermination {condition.get('reason')}: {message}",
+                    at=parse_time(condition.get("lastTransitionTime")),
+                    voluntary=None if kind == "own-limit" else False,
+                )
+            )
     for condition in conditions(pod, "DisruptionTarget"):
         if condition.get("status") != "True":
             continue
         reason, message = condition.get("reason") or "", condition.get("message") or ""
         at = parse_time(condition.get("lastTransitionTime"))
-        out.append(replace(_by_reason(reason, message),
-                           why=f"DisruptionTarget {reason or '(no reason)'}: {message}".strip(),
-                           at=at))
+        out.append(
+            replace(
+                _by_reason(reason, message),
+                why=f"DisruptionTarget {reason or '(no reason)'}: {message}".strip(),
+                at=at,
+            )
+        )
     return out
 
 
@@ -315,21 +387,32 @@ def _status_evidence(pod: Mapping[str, Any]) -> list[Disruption]:
     reason, message = status.get("reason") or "", status.get("message") or ""
     said = f"status.reason {reason}: {message}".strip() if reason else f"status: {message}"
     if reason in SHUTDOWN_REASONS or SHUTDOWN_MESSAGES.search(message):
-        return [Disruption("node-shutdown", f"graceful node shutdown ({said})",
-                           voluntary=False, stopped=True)]
+        return [
+            Disruption(
+                "node-shutdown", f"graceful node shutdown ({said})", voluntary=False, stopped=True
+            )
+        ]
     if reason == "Evicted":
         if OWN_LIMIT.search(message):
             return [Disruption("own-limit", said, stopped=True)]
         if NODE_PRESSURE.search(message):
             return [Disruption("node-pressure", said, voluntary=False, stopped=True)]
-        return [Disruption("node-pressure", f"evicted by the kubelet ({said})",
-                           voluntary=False, stopped=True)]
+        return [
+            Disruption(
+                "node-pressure", f"evicted by the kubelet ({said})", voluntary=False, stopped=True
+            )
+        ]
     if reason == "Preempting" or KUBELET_CRITICAL_PREEMPTION.search(message):
-        return [Disruption("preemption", f"preempted by its kubelet for a critical pod ({said})",
-                           voluntary=False, stopped=True)]
+        return [
+            Disruption(
+                "preemption",
+                f"preempted by its kubelet for a critical pod ({said})",
+                voluntary=False,
+                stopped=True,
+            )
+        ]
     if reason == "NodeLost" or status.get("phase") == "Unknown":
-        return [Disruption("node-lost", f"its node stopped reporting ({said})",
-                           voluntary=False)]
+        return [Disruption("node-lost", f"its node stopped reporting ({said})", voluntary=False)]
     return []
 
 
@@ -337,34 +420,49 @@ def _deleted(pod: Mapping[str, Any]) -> Disruption:
     meta = _meta(pod)
     grace = grace_seconds(pod)
     deadline = parse_time(meta.get("deletionTimestamp"))
-    return Disruption("deleted", "deleted by someone else (deletionTimestamp "
-                      f"{meta.get('deletionTimestamp')}, no DisruptionTarget reason)",
-                      at=None if deadline is None else deadline - grace, grace_seconds=grace)
+    return Disruption(
+        "deleted",
+        "deleted by someone else (deletionTimestamp "
+        f"{meta.get('deletionTimestamp')}, no DisruptionTarget reason)",
+        at=None if deadline is None else deadline - grace,
+        grace_seconds=grace,
+    )
 
 
 def _node_evidence(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> list[Disruption]:
     name = node_of(pod)
     if node is None:
         return [Disruption("node-gone", f"its node {name} is gone", voluntary=False)]
-    out = [_taint_evidence(name, taint) for taint in (node.get("spec") or {}).get("taints") or []
-           if taint.get("key") in NOTICE_TAINTS]
+    out = [
+        _taint_evidence(name, taint)
+        for taint in (node.get("spec") or {}).get("taints") or []
+        if taint.get("key") in NOTICE_TAINTS
+    ]
     if (node.get("spec") or {}).get("unschedulable") and not any(
-            d.why.startswith(f"node {name}: taint node.kubernetes.io/unschedulable") for d in out):
+        d.why.startswith(f"node {name}: taint node.kubernetes.io/unschedulable") for d in out
+    ):
         out.append(Disruption("node-notice", f"node {name} is cordoned (spec.unschedulable)"))
     ready = next(iter(conditions(node, "Ready")), None)
     if ready is not None and ready.get("status") != "True":
-        out.append(Disruption("node-lost", f"node {name} is NotReady ({ready.get('reason')}: "
-                              f"{ready.get('message', '')})".strip(),
-                              at=parse_time(ready.get("lastTransitionTime")), voluntary=False))
+        out.append(
+            Disruption(
+                "node-lost",
+                f"node {name} is NotReady ({ready.get('reason')}: "
+                f"{ready.get('message', '')})".strip(),
+                at=parse_time(ready.get("lastTransitionTime")),
+                voluntary=False,
+            )
+        )
     return out
 
 
-def _taint_evidence(node: str, taint: Mapping[str, Any]) -> Disruption:
+def _taint_evidence(node: str | None, taint: Mapping[str, Any]) -> Disruption:
     key = taint.get("key", "")
     why = f"node {node}: taint {key}:{taint.get('effect', '')}"
     voluntary = {"autoscaler-scale-down": True, "gke-termination": False}.get(NOTICE_TAINTS[key])
-    return Disruption("node-notice", why, at=parse_time(taint.get("timeAdded")),
-                      voluntary=voluntary)
+    return Disruption(
+        "node-notice", why, at=parse_time(taint.get("timeAdded")), voluntary=voluntary
+    )
 
 
 def event_evidence(events: Iterable[Mapping[str, Any]]) -> list[Disruption]:
@@ -374,8 +472,11 @@ def event_evidence(events: Iterable[Mapping[str, Any]]) -> list[Disruption]:
     out = []
     for event in events:
         reason, message = event.get("reason") or "", event.get("message") or ""
-        source = " ".join(str(s) for s in ((event.get("source") or {}).get("component"),
-                                           event.get("reportingComponent")) if s)
+        source = " ".join(
+            str(s)
+            for s in ((event.get("source") or {}).get("component"), event.get("reportingComponent"))
+            if s
+        )
         said = f"event {reason} from {source or 'unknown'}: {message}"
         if reason == "Evicted" and "kubelet" in source:
             if OWN_LIMIT.search(message):
@@ -401,26 +502,42 @@ def spot_of(pod: Mapping[str, Any], node: Any = UNKNOWN) -> bool | None:
     if isinstance(node, Mapping):
         labels = _meta(node).get("labels") or {}
         return any(labels.get(f.label) == f.spot_value for f in FLAVOURS)
-    pool = (_meta(pod).get("annotations") or {}).get(ANNOTATION_POOL, "")
+    pool: str = (_meta(pod).get("annotations") or {}).get(ANNOTATION_POOL, "")
     if pool.endswith("/spot") or pool.endswith("/on-demand"):
         return pool.endswith("/spot")
     spec = pod.get("spec") or {}
     selector = spec.get("nodeSelector") or {}
     if any(selector.get(f.label) == f.spot_value for f in FLAVOURS):
         return True
-    terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
-              .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-             .get("nodeSelectorTerms") or [])
-    wanted = {(e.get("key"), v) for t in terms for e in t.get("matchExpressions") or []
-              if e.get("operator") == "In" for v in e.get("values") or []}
+    terms = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms") or []
+    wanted = {
+        (e.get("key"), v)
+        for t in terms
+        for e in t.get("matchExpressions") or []
+        if e.get("operator") == "In"
+        for v in e.get("values") or []
+    }
     return True if any((f.label, f.spot_value) in wanted for f in FLAVOURS) else None
 
 
 # -- the verdict --------------------------------------------------------------------------------
-def classify_pod(pod: Any, node: Any = UNKNOWN, *, events: Sequence[Any] = (),
-                 spot: bool | None = None, completed: bool | Callable[[], bool] = False,
-                 terminated_by_us: bool = False, earlier: Sequence[Disruption] = (),
-                 now: float, margin_seconds: float = NOTICE_MARGIN_SECONDS) -> PodVerdict:
+def classify_pod(
+    pod: Any,
+    node: Any = UNKNOWN,
+    *,
+    events: Sequence[Any] = (),
+    spot: bool | None = None,
+    completed: bool | Callable[[], bool] = False,
+    terminated_by_us: bool = False,
+    earlier: Sequence[Disruption] = (),
+    now: float,
+    margin_seconds: float = NOTICE_MARGIN_SECONDS,
+) -> PodVerdict:
     """What became of ``pod`` (None: it is gone, 404) on ``node`` (a Node; None: gone;
     ``UNKNOWN``: not given). ``events``: the pod's and its node's events, if read.
     ``spot``: the pod's market when the caller knows it. ``completed``: whether the step
@@ -431,13 +548,24 @@ def classify_pod(pod: Any, node: Any = UNKNOWN, *, events: Sequence[Any] = (),
     events = [as_api(e) for e in events]
     if pod is None:
         return _gone(node, earlier, events, spot, completed, terminated_by_us, now)
-    current = [*disruptions(pod, node, terminated_by_us=terminated_by_us),
-               *(d for d in event_evidence(events) if d.kind != "event")]
+    current = [
+        *disruptions(pod, node, terminated_by_us=terminated_by_us),
+        *(d for d in event_evidence(events) if d.kind != "event"),
+    ]
     if spot is None:
         spot = spot_of(pod, node)
     if not _stopped(pod, current):
-        return _still_running(pod, node, _stamped(current, earlier), events, spot, completed,
-                              terminated_by_us, now, margin_seconds)
+        return _still_running(
+            pod,
+            node,
+            _stamped(current, earlier),
+            events,
+            spot,
+            completed,
+            terminated_by_us,
+            now,
+            margin_seconds,
+        )
     if terminated_by_us and not earlier and not _from_kubernetes(pod):
         return _ours(pod, now)
     found = [*current, *earlier]
@@ -454,8 +582,17 @@ def _stamped(current: Sequence[Disruption], earlier: Sequence[Disruption]) -> li
     return [replace(d, at=first.get((d.kind, d.why), d.at)) for d in current]
 
 
-def _still_running(pod, node, found, events, spot, completed, terminated_by_us, now,
-                   margin) -> PodVerdict:
+def _still_running(
+    pod: Mapping[str, Any],
+    node: Any,
+    found: Sequence[Disruption],
+    events: Sequence[Mapping[str, Any]],
+    spot: bool | None,
+    completed: bool | Callable[[], bool],
+    terminated_by_us: bool,
+    now: float,
+    margin: float,
+) -> PodVerdict:
     """A pod not ended yet: running, under a notice, or past that notice's deadline."""
     if not found:
         verdict = _own_verdict(pod, now)
@@ -480,16 +617,21 @@ def _ours(pod: Mapping[str, Any], now: float) -> PodVerdict:
     own = _own_verdict(pod, now)
     if own.outcome == Outcome.SUCCEEDED.value:
         return own
-    return replace(own, outcome=Outcome.INFRASTRUCTURE_FAILED.value, ours=True,
-                   reason="deleted by spot-pipelines")
+    return replace(
+        own,
+        outcome=Outcome.INFRASTRUCTURE_FAILED.value,
+        ours=True,
+        reason="deleted by spot-pipelines",
+    )
 
 
 def _stopped(pod: Mapping[str, Any], found: Sequence[Disruption]) -> bool:
     return terminal(pod) or any(d.stopped for d in found)
 
 
-def _deadline(pod: Mapping[str, Any], found: Sequence[Disruption], notice_at: float,
-              margin: float) -> float:
+def _deadline(
+    pod: Mapping[str, Any], found: Sequence[Disruption], notice_at: float, margin: float
+) -> float:
     """When a pod under notice must have ended: the notice, the grace period, a margin. A
     ``DisruptionTarget`` with no deletion yet may still be withdrawn: allow for that."""
     deletion = parse_time(_meta(pod).get("deletionTimestamp"))
@@ -501,39 +643,81 @@ def _deadline(pod: Mapping[str, Any], found: Sequence[Disruption], notice_at: fl
     return notice_at + grace + margin
 
 
-def _notice(pod: Mapping[str, Any], found: Sequence[Disruption], notice_at: float,
-            deadline: float) -> PodVerdict:
+def _notice(
+    pod: Mapping[str, Any], found: Sequence[Disruption], notice_at: float, deadline: float
+) -> PodVerdict:
     lead = found[0]
-    return PodVerdict(RUNNING, f"under notice: {lead.why}", disruption=lead,
-                      notice_at=notice_at, deadline=deadline, evidence=tuple(found))
+    return PodVerdict(
+        RUNNING,
+        f"under notice: {lead.why}",
+        disruption=lead,
+        notice_at=notice_at,
+        deadline=deadline,
+        evidence=tuple(found),
+    )
 
 
-def _disrupted(pod, node, found, events, spot, completed, notice_at, now, *,
-               forced: bool = False) -> PodVerdict:
+def _disrupted(
+    pod: Mapping[str, Any],
+    node: Any,
+    found: Sequence[Disruption],
+    events: Sequence[Mapping[str, Any]],
+    spot: bool | None,
+    completed: bool | Callable[[], bool],
+    notice_at: float,
+    now: float,
+    *,
+    forced: bool = False,
+) -> PodVerdict:
     code, ended = _exit(pod, now)
     lead = _decisive(found)
     detail = "; ".join(dict.fromkeys(d.why for d in found))
     force_delete = forced and (node is None or any(d.kind == "node-gone" for d in found))
-    common = dict(disruption=lead, notice_at=notice_at, ended_at=ended if not forced else now,
-                  exit_code=code, forced=forced, force_delete=force_delete,
-                  evidence=tuple(found))
+
+    def verdict(outcome: str, reason: str) -> PodVerdict:
+        return PodVerdict(
+            outcome,
+            reason,
+            disruption=lead,
+            notice_at=notice_at,
+            ended_at=ended if not forced else now,
+            exit_code=code,
+            forced=forced,
+            force_delete=force_delete,
+            evidence=tuple(found),
+        )
+
     if forced:
         detail = f"still not ended past its notice's grace period: {detail}"
     if _completed(completed):
-        return PodVerdict(Outcome.SUCCEEDED.value, f"the step reported completion before it "
-                          f"was disrupted ({detail})", **common)
+        return verdict(
+            Outcome.SUCCEEDED.value,
+            f"the step reported completion before it was disrupted ({detail})",
+        )
     outcome, why = _disruption_outcome(found, event_evidence(events), spot)
-    return PodVerdict(outcome.value, f"{why}: {detail}"[:500], **common)
+    return verdict(outcome.value, f"{why}: {detail}"[:500])
 
 
 def _decisive(found: Sequence[Disruption]) -> Disruption:
-    order = ("node-pressure", "own-limit", "preemption", "node-shutdown", "node-gone",
-             "taint-eviction", "eviction", "node-lost", "node-notice", "disruption", "deleted")
+    order = (
+        "node-pressure",
+        "own-limit",
+        "preemption",
+        "node-shutdown",
+        "node-gone",
+        "taint-eviction",
+        "eviction",
+        "node-lost",
+        "node-notice",
+        "disruption",
+        "deleted",
+    )
     return min(found, key=lambda d: order.index(d.kind) if d.kind in order else len(order))
 
 
-def _disruption_outcome(found: Sequence[Disruption], events: Sequence[Disruption],
-                        spot: bool | None) -> tuple[Outcome, str]:
+def _disruption_outcome(
+    found: Sequence[Disruption], events: Sequence[Disruption], spot: bool | None
+) -> tuple[Outcome, str]:
     kinds = {d.kind for d in found}
     if "node-pressure" in kinds:
         return Outcome.INFRASTRUCTURE_FAILED, "node-pressure eviction (the node's, not the step's)"
@@ -544,7 +728,8 @@ def _disruption_outcome(found: Sequence[Disruption], events: Sequence[Disruption
         return Outcome.PREEMPTED, "involuntary disruption"
     if any(d.voluntary is True for d in evidence):
         return Outcome.DISRUPTED, "voluntary disruption (" + next(
-            d.why for d in evidence if d.voluntary is True) + ")"
+            d.why for d in evidence if d.voluntary is True
+        ) + ")"
     if kinds == {"deleted"}:
         return Outcome.INFRASTRUCTURE_FAILED, "deleted outside spot-pipelines, with no reason"
     if spot:
@@ -577,60 +762,101 @@ def _own_verdict(pod: Mapping[str, Any], now: float) -> PodVerdict:
     message = (terminated.get("message") or _status(pod).get("message") or "").strip()
     last = message.splitlines()[-1][:300] if message else ""
     if reason == "OOMKilled":
-        return PodVerdict(Outcome.USER_FAILED.value, "OOMKilled: the step ran out of memory "
-                          "(raise its memory limit)" + (f"; {last}" if last else ""),
-                          exit_code=code, ended_at=ended)
+        return PodVerdict(
+            Outcome.USER_FAILED.value,
+            "OOMKilled: the step ran out of memory "
+            "(raise its memory limit)" + (f"; {last}" if last else ""),
+            exit_code=code,
+            ended_at=ended,
+        )
     if _status(pod).get("reason") == "DeadlineExceeded":
-        return PodVerdict(Outcome.USER_FAILED.value, "DeadlineExceeded: the pod ran past its "
-                          f"own activeDeadlineSeconds; {_status(pod).get('message', '')}",
-                          exit_code=code, ended_at=ended)
+        return PodVerdict(
+            Outcome.USER_FAILED.value,
+            "DeadlineExceeded: the pod ran past its "
+            f"own activeDeadlineSeconds; {_status(pod).get('message', '')}",
+            exit_code=code,
+            ended_at=ended,
+        )
     if code == 0:
-        return PodVerdict(Outcome.SUCCEEDED.value, "the step exited 0", exit_code=0,
-                          ended_at=ended)
+        return PodVerdict(Outcome.SUCCEEDED.value, "the step exited 0", exit_code=0, ended_at=ended)
     if code is not None:
-        return PodVerdict(Outcome.USER_FAILED.value, f"the step exited {code}"
-                          + (f" ({reason})" if reason and reason != "Error" else "")
-                          + (f": {last}" if last else ""), exit_code=code, ended_at=ended)
-    said = " ".join(filter(None, (_status(pod).get("reason"), _status(pod).get("message"),
-                                  reason)))
-    return PodVerdict(Outcome.INFRASTRUCTURE_FAILED.value, "the pod failed without a verdict "
-                      f"of its step ({said or 'no reason given'})"[:500], ended_at=ended)
+        return PodVerdict(
+            Outcome.USER_FAILED.value,
+            f"the step exited {code}"
+            + (f" ({reason})" if reason and reason != "Error" else "")
+            + (f": {last}" if last else ""),
+            exit_code=code,
+            ended_at=ended,
+        )
+    said = " ".join(filter(None, (_status(pod).get("reason"), _status(pod).get("message"), reason)))
+    return PodVerdict(
+        Outcome.INFRASTRUCTURE_FAILED.value,
+        f"the pod failed without a verdict of its step ({said or 'no reason given'})"[:500],
+        ended_at=ended,
+    )
 
 
 def _progress(pod: Mapping[str, Any]) -> PodVerdict:
     scheduled = next(iter(conditions(pod, "PodScheduled")), {})
     if scheduled.get("status") == "False":
-        return PodVerdict(PENDING, f"not scheduled ({scheduled.get('reason', '')}: "
-                          f"{scheduled.get('message', '')})")
+        return PodVerdict(
+            PENDING,
+            f"not scheduled ({scheduled.get('reason', '')}: {scheduled.get('message', '')})",
+        )
     state = step_status(pod).get("state") or {}
     if _status(pod).get("phase") == "Pending" or "waiting" in state and not state.get("running"):
         waiting = state.get("waiting") or {}
-        return PodVerdict(PENDING, "waiting to start" + (
-            f" ({waiting.get('reason')}: {waiting.get('message', '')})".rstrip(": )") + ")"
-            if waiting.get("reason") else ""))
+        return PodVerdict(
+            PENDING,
+            "waiting to start"
+            + (
+                f" ({waiting.get('reason')}: {waiting.get('message', '')})".rstrip(": )") + ")"
+                if waiting.get("reason")
+                else ""
+            ),
+        )
     return PodVerdict(RUNNING, "running")
 
 
-def _gone(node: Any, earlier: Sequence[Disruption], events: Sequence[Any], spot: bool | None,
-          completed: bool | Callable[[], bool], terminated_by_us: bool,
-          now: float) -> PodVerdict:
+def _gone(
+    node: Any,
+    earlier: Sequence[Disruption],
+    events: Sequence[Any],
+    spot: bool | None,
+    completed: bool | Callable[[], bool],
+    terminated_by_us: bool,
+    now: float,
+) -> PodVerdict:
     """The pod object is gone (404): by a notice seen earlier or its node, else a loss."""
     if terminated_by_us and not earlier:
-        return PodVerdict(Outcome.INFRASTRUCTURE_FAILED.value, "deleted by spot-pipelines",
-                          ended_at=now, ours=True)
+        return PodVerdict(
+            Outcome.INFRASTRUCTURE_FAILED.value,
+            "deleted by spot-pipelines",
+            ended_at=now,
+            ours=True,
+        )
     found = list(earlier)
     if isinstance(node, Mapping):
-        found += [d for d in _node_evidence({"spec": {"nodeName": _meta(node).get("name")}},
-                                            node) if d.kind == "node-notice"]
+        found += [
+            d
+            for d in _node_evidence({"spec": {"nodeName": _meta(node).get("name")}}, node)
+            if d.kind == "node-notice"
+        ]
     if spot is None and isinstance(node, Mapping):
         spot = spot_of({}, node)
     if not found:
         if _completed(completed):
-            return PodVerdict(Outcome.SUCCEEDED.value, "the pod is gone, but the step "
-                              "reported completion", ended_at=now)
-        return PodVerdict(Outcome.INFRASTRUCTURE_FAILED.value, "the pod vanished (404) "
-                          "without a notice: an infrastructure loss, not the step's failure",
-                          ended_at=now)
+            return PodVerdict(
+                Outcome.SUCCEEDED.value,
+                "the pod is gone, but the step reported completion",
+                ended_at=now,
+            )
+        return PodVerdict(
+            Outcome.INFRASTRUCTURE_FAILED.value,
+            "the pod vanished (404) "
+            "without a notice: an infrastructure loss, not the step's failure",
+            ended_at=now,
+        )
     notice_at = min((d.at for d in found if d.at is not None), default=now)
     verdict = _disrupted({}, node, found, events, spot, completed, notice_at, now)
     return replace(verdict, reason=f"the pod is gone after a notice; {verdict.reason}"[:500])

@@ -1,6 +1,6 @@
 """Causal by construction: a deadline policy sees its window only up to the current tick.
 
-A policy ``plan``s a :class:`~spot_core.policy.deadline.Window` and answers
+A policy ``plan``s a :class:`~spot_core.policy.deadline.base.Window` and answers
 ``decide(t, ...)`` tick by tick. Replayed on a trace, the whole window is in memory, so
 "never read ahead" used to be a convention. Here it is enforced: :func:`causal_plan`
 hands the policy a window whose ``available`` and ``price`` are :class:`CausalArray`
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
-from spot_core.policy.deadline import Decide, DeadlinePolicy, Window
+from spot_core.policy.deadline.base import DeadlinePolicy, Decide, Window
 
 
 class FutureRead(RuntimeError):
@@ -85,8 +85,10 @@ class CausalArray:
         if len(key) == 1:
             return self[key[0]]
         if len(key) != 2 or any(k is Ellipsis or k is None for k in key):
-            raise FutureRead(f"index {key!r} is not (zones, ticks); a policy reads its window "
-                             "as window.available[zones, ticks]")
+            raise FutureRead(
+                f"index {key!r} is not (zones, ticks); a policy reads its window "
+                "as window.available[zones, ticks]"
+            )
         self._check(key[1])
         return self._data[key]
 
@@ -97,10 +99,12 @@ class CausalArray:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        raise FutureRead(f"window.available/price offer only indexing up to the current tick; "
-                         f"`.{name}` of the whole array would read ticks still to come")
+        raise FutureRead(
+            f"window.available/price offer only indexing up to the current tick; "
+            f"`.{name}` of the whole array would read ticks still to come"
+        )
 
-    def __iter__(self):
+    def __iter__(self) -> NoReturn:
         raise FutureRead("iterating a window array reads every tick; index it up to now")
 
     def _check(self, ticks: Any) -> None:
@@ -108,8 +112,10 @@ class CausalArray:
         n, now = self._data.shape[-1], self._clock.now
         last = _last_index(ticks, n)
         if last is not None and last > now:
-            raise FutureRead(f"a deadline policy read tick {last} of its window at tick {now}; "
-                             "a policy may read only up to the current tick")
+            raise FutureRead(
+                f"a deadline policy read tick {last} of its window at tick {now}; "
+                "a policy may read only up to the current tick"
+            )
 
 
 def _last_index(ticks: Any, n: int) -> int | None:
@@ -130,8 +136,12 @@ def _last_index(ticks: Any, n: int) -> int | None:
 
 def causal_window(window: Window, clock: Clock) -> Window:
     """``window`` with its ticks behind ``clock`` (the history stays readable)."""
-    return dataclasses.replace(window, available=CausalArray(window.available, clock),
-                               price=CausalArray(window.price, clock))
+    # A CausalArray stands in for the window's arrays: a policy indexes it as it would them.
+    return dataclasses.replace(
+        window,
+        available=cast(np.ndarray, CausalArray(window.available, clock)),
+        price=cast(np.ndarray, CausalArray(window.price, clock)),
+    )
 
 
 def causal_plan(policy: DeadlinePolicy, window: Window) -> Decide:
@@ -143,6 +153,7 @@ def causal_plan(policy: DeadlinePolicy, window: Window) -> Decide:
     def decide_now(t: int, progress: float, current: int, left: float) -> int:
         clock.now = t
         return decide(t, progress, current, left)
+
     return decide_now
 
 

@@ -6,7 +6,7 @@ starts at the trace tick in which the job was created (``record.created_at``), h
 whole ticks that end by the job's deadline, sees the history before its start, and the
 job's work and restart overhead are its capacity seconds (capacity time *is* trace time on
 the local cloud). The window is cut by the builder the simulator uses
-(:meth:`spot_core.policy.replay.Replay.window`), so the policy sees the same arrays
+(:meth:`spot_core.policy.deadline.replay.Replay.window`), so the policy sees the same arrays
 whether it is simulated or run for real.
 
 At each decision point (no attempt running) the plan asks the policy's
@@ -50,17 +50,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 
 from spot_core.errors import ConfigError
-from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
-from spot_core.policy.causal import causal_plan
-from spot_core.policy.deadline import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
+from spot_core.model import Attempt, JobRecord, Market, Offer, Outcome, Pool
+from spot_core.policy.deadline.base import HISTORY_HOURS, IDLE, ON_DEMAND, Decide, Job, Window
+from spot_core.policy.deadline.causal import causal_plan
 from spot_core.policy.ranking import rank_pools
 from spot_core.policy.retry import Decision, RetryPolicy, last_finished, on_demand_candidates
+
+if TYPE_CHECKING:
+    from spot_core.market.trace import ZoneTrace
+    from spot_core.market.trace_market import TraceMarket
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +76,18 @@ TICK_EPSILON_WALL_SECONDS = 1e-3
 def check_deadline_policy(name: str) -> str:
     """``name`` if registered, else a one-line ``ConfigError`` listing the valid names
     (``optimal`` is an offline bound, not a policy a live job can run)."""
-    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
+    from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 
     DEADLINE_POLICIES.get(name)
     return name
 
 
-def is_trace_market(market: object) -> bool:
-    """True for markets that replay traces on a tick clock (``TraceMarket``)."""
-    return all(hasattr(market, name) for name in ("traces", "tick_at", "wall_time",
-                                                  "tick_seconds", "trace"))
+def is_trace_market(market: object) -> TypeGuard[TraceMarket]:
+    """True for markets that replay traces on a tick clock (``TraceMarket``, the local
+    cloud's, and any market built on it)."""
+    from spot_core.market.trace_market import TraceMarket
+
+    return isinstance(market, TraceMarket)
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,7 +100,7 @@ class DeadlinePlan:
     decide_tick: Decide
     start_tick: int
     pools: tuple[Pool, ...]  # the spot pool of each window zone, in zone order
-    work_seconds: float
+    work_capacity_seconds: float
     total_steps: int | None
     tick_at: Callable[[float], int]
     wall_time: Callable[[int], float]
@@ -107,7 +114,9 @@ class DeadlinePlan:
         """Work done as the latest durable checkpoint proves it, in trace seconds."""
         if not self.total_steps or record.latest_checkpoint is None:
             return 0.0
-        return self.work_seconds * min(1.0, record.latest_checkpoint.step / self.total_steps)
+        return self.work_capacity_seconds * min(
+            1.0, record.latest_checkpoint.step / self.total_steps
+        )
 
     def action(self, record: JobRecord, now: float) -> int | None:
         """The policy's action at ``now`` for a job on no instance; None outside the window."""
@@ -117,8 +126,15 @@ class DeadlinePlan:
         return int(self.decide_tick(t, self.progress_seconds(record), IDLE, 0.0))
 
     # -- the decision -------------------------------------------------------------------
-    def decide(self, record: JobRecord, offers: Sequence[Offer], retry: RetryPolicy,
-               fallback: Decision, *, now: float) -> Decision:
+    def decide(
+        self,
+        record: JobRecord,
+        offers: Sequence[Offer],
+        retry: RetryPolicy,
+        fallback: Decision,
+        *,
+        now: float,
+    ) -> Decision:
         """What the job does next; ``fallback`` is the retry policy's own answer, used
         whenever the deadline policy has no say (see the module docstring)."""
         if fallback.action in ("done", "fail"):
@@ -132,22 +148,36 @@ class DeadlinePlan:
         if not 0 <= t < self.window.ticks:
             return fallback
         last = last_finished(record)
-        if (last is not None and last.outcome is Outcome.CAPACITY_UNAVAILABLE
-                and last.ended_at is not None and self.tick(last.ended_at) == t):
+        if (
+            last is not None
+            and last.outcome is Outcome.CAPACITY_UNAVAILABLE
+            and last.ended_at is not None
+            and self.tick(last.ended_at) == t
+        ):
             return self._wait(record, t, now, "the last launch found no capacity in this tick")
         progress = self.progress_seconds(record)
         action = int(self.decide_tick(t, progress, IDLE, 0.0))
-        where = (f"tick {t} of {self.window.ticks}, "
-                 f"{progress / self.window.job.task_seconds:.0%} of the work done")
+        where = (
+            f"tick {t} of {self.window.ticks}, "
+            f"{progress / self.window.job.work_capacity_seconds:.0%} of the work done"
+        )
         if action == IDLE:
             return self._wait(record, t, now, f"deadline policy {self.policy} waits ({where})")
         if action != ON_DEMAND and not 0 <= action < len(self.pools):
-            raise ValueError(f"deadline policy {self.policy} answered {action}, which is no "
-                             f"zone of its {len(self.pools)}-zone window")
+            raise ValueError(
+                f"deadline policy {self.policy} answered {action}, which is no "
+                f"zone of its {len(self.pools)}-zone window"
+            )
         return self._launch(action, offers, now, where) or fallback
 
-    def _while_running(self, record: JobRecord, running, offers: Sequence[Offer],
-                       retry: RetryPolicy, now: float) -> Decision:
+    def _while_running(
+        self,
+        record: JobRecord,
+        running: Attempt,
+        offers: Sequence[Offer],
+        retry: RetryPolicy,
+        now: float,
+    ) -> Decision:
         """A running attempt moves when the policy, asked as the simulator asks it (on the
         attempt's zone or on on-demand, with the restart overhead still left), answers
         otherwise: another spot zone with capacity, or (from on-demand) waiting. The
@@ -156,36 +186,48 @@ class DeadlinePlan:
         costs the restart the move did, so a place that beat staying put also beats the
         others and waiting (the live tests check it for ``default`` and
         ``uniform-progress``)."""
-        keep = Decision("wait", wait_seconds=retry.capacity_wait_seconds,
-                        reason=f"attempt {running.number} keeps running on "
-                               f"{running.pool.market} in {running.pool.zone}")
+        keep = Decision(
+            "wait",
+            wait_seconds=retry.capacity_wait_seconds,
+            reason=f"attempt {running.number} keeps running on "
+            f"{running.pool.market} in {running.pool.zone}",
+        )
         current = self._place(running.pool)
         t = self.tick(now)
-        if (current is None or not retry.return_to_spot
-                or record.preemptions >= retry.max_preemptions
-                or not 0 <= t < self.window.ticks):
+        if (
+            current is None
+            or not retry.return_to_spot
+            or record.preemptions >= retry.max_preemptions
+            or not 0 <= t < self.window.ticks
+        ):
             return keep
         ran = max(0, t - self.tick(running.started_at)) * self.window.tick_seconds
-        left = max(0.0, self.window.job.overhead_seconds - ran)
+        left = max(0.0, self.window.job.restart_overhead_capacity_seconds - ran)
         progress = self.progress_seconds(record)
         action = int(self.decide_tick(t, progress, current, left))
         source = "on-demand" if current == ON_DEMAND else f"spot in {running.pool.zone}"
-        where = (f"move from {source}, tick {t} of {self.window.ticks}, "
-                 f"{progress / self.window.job.task_seconds:.0%} of the work done")
+        where = (
+            f"move from {source}, tick {t} of {self.window.ticks}, "
+            f"{progress / self.window.job.work_capacity_seconds:.0%} of the work done"
+        )
         if action == current or action == ON_DEMAND:
             # (on-demand from spot: an answer to the proven progress's lag, see above)
             return keep
         if action == IDLE:
-            waiting = self._wait(record, t, now, f"deadline policy {self.policy}: stop and "
-                                                 f"wait ({where})")
+            waiting = self._wait(
+                record, t, now, f"deadline policy {self.policy}: stop and wait ({where})"
+            )
             return dataclasses.replace(waiting, move=True)
-        if not (0 <= action < len(self.pools) and any(
-                o.pool == self.pools[action] and o.available for o in offers)):
+        if not (
+            0 <= action < len(self.pools)
+            and any(o.pool == self.pools[action] and o.available for o in offers)
+        ):
             return keep  # no zone of the window, or one without capacity now
-        return dataclasses.replace(self._launch(action, offers, now, where), move=True)
+        return dataclasses.replace(self._launch_spot(action, offers, now, where), move=True)
 
-    def _launch(self, action: int, offers: Sequence[Offer], now: float,
-                where: str) -> Decision | None:
+    def _launch(
+        self, action: int, offers: Sequence[Offer], now: float, where: str
+    ) -> Decision | None:
         """The launch the policy's ``action`` (``ON_DEMAND`` or a window zone) names: the
         zone's spot pool first, the other spot pools with capacity after it (fallbacks
         should it go between the look and the launch), or the on-demand pools; None when
@@ -194,13 +236,24 @@ class DeadlinePlan:
             on_demand = on_demand_candidates(offers)
             if not on_demand:
                 return None
-            return Decision("launch", market=Market.ON_DEMAND, pools=on_demand,
-                            reason=f"deadline policy {self.policy}: on-demand in "
-                                   f"{on_demand[0].zone} ({where})")
-        chosen = self.pools[action]
+            return Decision(
+                "launch",
+                market=Market.ON_DEMAND,
+                pools=on_demand,
+                reason=f"deadline policy {self.policy}: on-demand in {on_demand[0].zone} ({where})",
+            )
+        return self._launch_spot(action, offers, now, where)
+
+    def _launch_spot(self, zone: int, offers: Sequence[Offer], now: float, where: str) -> Decision:
+        """Spot in window zone ``zone``'s pool first, the other spot pools after it."""
+        chosen = self.pools[zone]
         others = tuple(o.pool for o in rank_pools(offers, now=now) if o.pool != chosen)
-        return Decision("launch", market=Market.SPOT, pools=(chosen,) + others,
-                        reason=f"deadline policy {self.policy}: spot in {chosen.zone} ({where})")
+        return Decision(
+            "launch",
+            market=Market.SPOT,
+            pools=(chosen,) + others,
+            reason=f"deadline policy {self.policy}: spot in {chosen.zone} ({where})",
+        )
 
     def _place(self, pool: Pool) -> int | None:
         """The policy's code for where ``pool`` runs: its window zone, or ``ON_DEMAND``;
@@ -212,21 +265,32 @@ class DeadlinePlan:
     def _wait(self, record: JobRecord, t: int, now: float, reason: str) -> Decision:
         """Wait until the next tick boundary: bounded by one tick and by the deadline."""
         until = self.wall_time(self.start_tick + t + 1) + TICK_EPSILON_WALL_SECONDS
-        if record.deadline is not None:
-            until = min(until, record.deadline)
+        if record.deadline_at is not None:
+            until = min(until, record.deadline_at)
         seconds = max(until - now, TICK_EPSILON_WALL_SECONDS)
-        return Decision("wait", wait_seconds=seconds,
-                        reason=f"{reason}; waiting {seconds:.2f} s for the next tick")
+        return Decision(
+            "wait",
+            wait_seconds=seconds,
+            reason=f"{reason}; waiting {seconds:.2f} s for the next tick",
+        )
 
 
-def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: float,
-             deadline: float, work_seconds: float, restart_overhead_seconds: float,
-             total_steps: int | None) -> DeadlinePlan | None:
+def plan_job(
+    market: object,
+    *,
+    policy: str,
+    pools: Sequence[Pool],
+    created_at: float,
+    deadline_at: float,
+    work_capacity_seconds: float,
+    restart_overhead_capacity_seconds: float,
+    total_steps: int | None,
+) -> DeadlinePlan | None:
     """Plan a deadline-bound job's window on a trace market; None when the deadline policy
     cannot apply (not a trace market, no spot pool, or a deadline that leaves no window
     the work fits in: the retry policy's safety net then decides, as without a policy)."""
-    from spot_core.policy.deadline_policies import DEADLINE_POLICIES
-    from spot_core.policy.replay import Replay
+    from spot_core.policy.deadline.policies import DEADLINE_POLICIES
+    from spot_core.policy.deadline.replay import Replay
 
     chosen = DEADLINE_POLICIES.get(policy)
     spot = tuple(dict.fromkeys(p for p in pools if p.is_spot))
@@ -234,35 +298,54 @@ def plan_job(market: object, *, policy: str, pools: Sequence[Pool], created_at: 
         return None
     tick = float(market.tick_seconds)
     start = int(market.tick_at(created_at))
-    ticks = int(market.tick_at(deadline)) - start
-    job = Job(float(work_seconds), ticks * tick, float(restart_overhead_seconds))
-    if ticks < 1 or ticks * tick < job.task_seconds + job.overhead_seconds - 1e-6:
-        log.info("deadline policy %s: %d whole tick(s) before the deadline cannot hold the "
-                 "work plus one restart; leaving the job to the retry policy", policy, ticks)
+    ticks = int(market.tick_at(deadline_at)) - start
+    job = Job(float(work_capacity_seconds), ticks * tick, float(restart_overhead_capacity_seconds))
+    if (
+        ticks < 1
+        or ticks * tick < job.work_capacity_seconds + job.restart_overhead_capacity_seconds - 1e-6
+    ):
+        log.info(
+            "deadline policy %s: %d whole tick(s) before the deadline cannot hold the "
+            "work plus one restart; leaving the job to the retry policy",
+            policy,
+            ticks,
+        )
         return None
     past = max(0, start - int(HISTORY_HOURS * 3600 / tick))
-    traces = [_unrolled(market, market.trace(p.zone, p.instance_type), past, start + ticks)
-              for p in spot]
+    traces = [
+        _unrolled(market, market.trace(p.zone, p.instance_type), past, start + ticks) for p in spot
+    ]
     try:
         window = Replay.from_traces(traces).window(start - past, job)
     except ConfigError as exc:
-        log.info("deadline policy %s cannot plan this job (%s); leaving it to the retry "
-                 "policy", policy, exc)
+        log.info(
+            "deadline policy %s cannot plan this job (%s); leaving it to the retry policy",
+            policy,
+            exc,
+        )
         return None
-    return DeadlinePlan(policy=policy, window=window, decide_tick=causal_plan(chosen, window),
-                        start_tick=start, pools=spot, work_seconds=float(work_seconds),
-                        total_steps=total_steps, tick_at=market.tick_at,
-                        wall_time=market.wall_time)
+    return DeadlinePlan(
+        policy=policy,
+        window=window,
+        decide_tick=causal_plan(chosen, window),
+        start_tick=start,
+        pools=spot,
+        work_capacity_seconds=float(work_capacity_seconds),
+        total_steps=total_steps,
+        tick_at=market.tick_at,
+        wall_time=market.wall_time,
+    )
 
 
-def _unrolled(market, trace, first: int, end: int):
+def _unrolled(market: TraceMarket, trace: ZoneTrace, first: int, end: int) -> ZoneTrace:
     """Absolute market ticks ``[first, end)`` of ``trace`` as the market replays them
     (wrapping around, or holding the last tick, past the trace's end)."""
     ticks = np.arange(first, end)
     n = trace.n_ticks
-    index = ticks % n if getattr(market, "wrap", True) else np.minimum(ticks, n - 1)
-    return dataclasses.replace(trace, available=trace.available[index],
-                               spot_price=trace.spot_price[index])
+    index = ticks % n if market.wrap else np.minimum(ticks, n - 1)
+    return dataclasses.replace(
+        trace, available=trace.available[index], spot_price=trace.spot_price[index]
+    )
 
 
 __all__ = ["DeadlinePlan", "check_deadline_policy", "is_trace_market", "plan_job"]

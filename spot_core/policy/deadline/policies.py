@@ -10,12 +10,13 @@ planned on the same causal view of the window as these, in the simulator and liv
 
 from __future__ import annotations
 
-from spot_core.policy.deadline import AlwaysOnDemand, DeadlinePolicy, Greedy, UniformProgress
-from spot_core.policy.deadline_mdp import ForecastDP
+from spot_core.policy.deadline.base import AlwaysOnDemand, DeadlinePolicy, Greedy, UniformProgress
+from spot_core.policy.deadline.mdp import ForecastDP
 from spot_core.policy.registry import Registry
 
 DEADLINE_POLICIES: Registry[DeadlinePolicy] = Registry(
-    "deadline policy", entry_point_group="spot_pipelines.deadline_policies", method="plan")
+    "deadline policy", entry_point_group="spot_pipelines.deadline_policies", method="plan"
+)
 DEADLINE_POLICIES.register("on-demand", AlwaysOnDemand())
 DEADLINE_POLICIES.register("greedy", Greedy())
 DEADLINE_POLICIES.register("uniform-progress", UniformProgress())

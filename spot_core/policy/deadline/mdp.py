@@ -50,8 +50,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from spot_core.errors import ConfigError
-from spot_core.policy.deadline import (IDLE, ON_DEMAND, Decide, Window, planning_horizon,
-                                       safety_net, truncated)
+from spot_core.policy.deadline.base import (
+    IDLE,
+    ON_DEMAND,
+    Decide,
+    Window,
+    planning_horizon,
+    safety_net,
+    truncated,
+)
 
 _IDLE, _OD, _SPOT, _FALLBACK = 0, 1, 2, 3
 """Action codes in the decision table (``_FALLBACK``: spot in a fallback zone)."""
@@ -108,13 +115,15 @@ class MarketModel:
         cheap = np.arange(self.n_states) < self.n_up
         if self.fallback is None:
             return [(cheap, self.keep, self.spot_price)]
-        return [(np.repeat(cheap, 2), self.keep, self.spot_price),
-                (np.tile([True, False], self.n_states), self.fallback.keep, self.fallback.price)]
+        return [
+            (np.repeat(cheap, 2), self.keep, self.spot_price),
+            (np.tile([True, False], self.n_states), self.fallback.keep, self.fallback.price),
+        ]
 
     def states(self, available: np.ndarray) -> np.ndarray:
         """The capacity state at each tick of a (zones x ticks) availability array, from
         that tick and the ones before it only."""
-        return capacity_states(available.any(axis=0), self.up_edges, self.down_edges)
+        return capacity_states(np.asarray(available.any(axis=0)), self.up_edges, self.down_edges)
 
     def state(self, up: bool, age: int) -> int:
         """The capacity state of one tick: up or down, ``age`` ticks into its run."""
@@ -144,7 +153,7 @@ class _SeenStates:
 
     def __init__(self, model: MarketModel, window: Window) -> None:
         self.model, self.window = model, window
-        anywhere = window.past_available.any(axis=0)
+        anywhere = np.asarray(window.past_available.any(axis=0))
         self.up: bool | None = bool(anywhere[-1]) if anywhere.size else None
         self.age = _run_age(anywhere)
         self.seen: list[int] = []
@@ -167,8 +176,9 @@ def _run_age(anywhere: np.ndarray) -> int:
     return anywhere.size - 1 - begin
 
 
-def capacity_states(anywhere: np.ndarray, up_edges: tuple[float, ...],
-                    down_edges: tuple[float, ...]) -> np.ndarray:
+def capacity_states(
+    anywhere: np.ndarray, up_edges: tuple[float, ...], down_edges: tuple[float, ...]
+) -> np.ndarray:
     """State index per tick: the up/down bucket of the age of the run the tick is in.
 
     Edges are in ticks; age 0 is the first tick of a run (a run already going when the
@@ -235,8 +245,12 @@ class ForecastDP:
     fallback_history_hours: float = 24.0
 
     def __post_init__(self) -> None:
-        if not (self.prior_ticks > 0 and self.prior_run_hours > 0
-                and self.prior_outage_hours > 0 and self.max_band >= 10):
+        if not (
+            self.prior_ticks > 0
+            and self.prior_run_hours > 0
+            and self.prior_outage_hours > 0
+            and self.max_band >= 10
+        ):
             raise ConfigError("ForecastDP needs positive priors and max_band >= 10")
         if not self.history_half_life_hours >= 0:
             raise ConfigError("ForecastDP's history_half_life_hours must be >= 0 (0: off)")
@@ -246,8 +260,7 @@ class ForecastDP:
         are sized from the work, and a far deadline is planned as if it were that close;
         past the planned ticks (the job is then done or on on-demand) the safety net and
         on-demand decide."""
-        horizon = planning_horizon(window.job, window.tick_seconds, window.ticks,
-                                   policy="default")
+        horizon = planning_horizon(window.job, window.tick_seconds, window.ticks, policy="default")
         if horizon >= window.ticks:
             return self._plan(window)
         inner = self._plan(truncated(window, horizon))
@@ -257,14 +270,18 @@ class ForecastDP:
                 return inner(t, progress, current, left)
             forced = safety_net(window, t, progress, current, left)
             return forced if forced is not None else ON_DEMAND
+
         return decide
 
     def _plan(self, window: Window) -> Decide:
         zones = self.choose_zones(window)
         others = [z for z in range(window.n_zones) if z not in zones] if self.fallback_spot else []
         sub = restrict(window, zones)
-        every = (max(1, round(self.replan_hours * 3600 / window.tick_seconds))
-                 if self.replan_hours > 0 else window.ticks)
+        every = (
+            max(1, round(self.replan_hours * 3600 / window.tick_seconds))
+            if self.replan_hours > 0
+            else window.ticks
+        )
         tables: dict[str, _Table] = {}
         chooser = _ZoneChooser(sub, self.zone_weight)
         spare_chooser = _ZoneChooser(restrict(window, others), self.zone_weight) if others else None
@@ -272,15 +289,17 @@ class ForecastDP:
         states = _SeenStates(model0, sub)
 
         def state_at(t: int) -> int:
-            return model0.joint(states.at(t), bool(others) and
-                                bool(window.available[others, t].any()))
+            return model0.joint(
+                states.at(t), bool(others) and bool(window.available[others, t].any())
+            )
 
         def table_at(t: int) -> _Table:
             """Re-fit and re-solve every ``replan_hours`` with what has been seen by tick t."""
             if t % every == 0 or "now" not in tables:
                 model = model0 if t == 0 else self.fit(seen_by(window, t), zones, others)
-                tables["now"] = _Table.solve(sub, model, self.max_band, first=t,
-                                             state0=state_at(t))[0]
+                tables["now"] = _Table.solve(
+                    sub, model, self.max_band, first=t, state0=state_at(t)
+                )[0]
             return tables["now"]
 
         def decide(t: int, progress: float, current: int, left: float) -> int:
@@ -293,20 +312,35 @@ class ForecastDP:
             action = table.action(t, state_at(t), progress, instance, left)
             if action == _IDLE:
                 return IDLE
-            if action == _FALLBACK and spare_chooser is not None \
-                    and window.available[others, t].any():
+            if (
+                action == _FALLBACK
+                and spare_chooser is not None
+                and window.available[others, t].any()
+            ):
                 return current if spare else others[spare_chooser.best(t)]
             if action != _SPOT or not sub.available[:, t].any():
                 return ON_DEMAND
             if current < 0 or spare:
                 return zones[chooser.best(t)]
             job = window.job
-            slack = (window.ticks - t) * window.tick_seconds - (job.task_seconds - progress)
-            if left <= 1e-9 and slack > 3 * job.overhead_seconds + window.tick_seconds:
+            slack = (window.ticks - t) * window.tick_seconds - (
+                job.work_capacity_seconds - progress
+            )
+            if (
+                left <= 1e-9
+                and slack > 3 * job.restart_overhead_capacity_seconds + window.tick_seconds
+            ):
                 # room for this restart and two more: a voluntary move cannot cost the deadline
-                return zones[chooser.switch(t, zones.index(current), job.task_seconds - progress,
-                                            self.switch_margin)]
+                return zones[
+                    chooser.switch(
+                        t,
+                        zones.index(current),
+                        job.work_capacity_seconds - progress,
+                        self.switch_margin,
+                    )
+                ]
             return current
+
         return decide
 
     def fit(self, window: Window, zones: list[int], others: list[int]) -> MarketModel:
@@ -329,16 +363,19 @@ class ForecastDP:
         order = _price_order(window)
         if len(order) == 1:
             return order
-        if self.fallback_spot and (window.past_available.shape[1] * window.tick_seconds
-                                   >= self.fallback_history_hours * 3600):
-            return sorted(order[:_tier_sizes(window, order, self.tier_tolerance)[0]])
+        if self.fallback_spot and (
+            window.past_available.shape[1] * window.tick_seconds
+            >= self.fallback_history_hours * 3600
+        ):
+            return sorted(order[: _tier_sizes(window, order, self.tier_tolerance)[0]])
         best: tuple[float, list[int]] | None = None
         for size in reversed(_tier_sizes(window, order, self.tier_tolerance)):
             sub = restrict(window, order[:size])
             model = fit_model(sub, self)
             seen = np.concatenate([sub.past_available, sub.available[:, :1]], axis=1)
-            _, value = _Table.solve(sub, model, self.coarse_band,
-                                    state0=int(model.states(seen)[-1]))
+            _, value = _Table.solve(
+                sub, model, self.coarse_band, state0=int(model.states(seen)[-1])
+            )
             if best is None or value < best[0] * (1 - self.tier_margin):
                 best = (value, order[:size])
         return sorted(best[1]) if best is not None else order
@@ -349,17 +386,23 @@ def seen_by(window: Window, t: int) -> Window:
     if t == 0:
         return window
     return dataclasses.replace(
-        window, past_available=np.concatenate([window.past_available, window.available[:, :t]], 1),
-        past_price=np.concatenate([window.past_price, window.price[:, :t]], 1))
+        window,
+        past_available=np.concatenate([window.past_available, window.available[:, :t]], 1),
+        past_price=np.concatenate([window.past_price, window.price[:, :t]], 1),
+    )
 
 
 def restrict(window: Window, zones: list[int]) -> Window:
     """The window seen through a subset of its zones (the others never offer capacity)."""
     pick = list(zones)
-    return dataclasses.replace(window, available=window.available[pick], price=window.price[pick],
-                               past_available=window.past_available[pick],
-                               past_price=window.past_price[pick],
-                               zones=tuple(window.zones[z] for z in pick))
+    return dataclasses.replace(
+        window,
+        available=window.available[pick],
+        price=window.price[pick],
+        past_available=window.past_available[pick],
+        past_price=window.past_price[pick],
+        zones=tuple(window.zones[z] for z in pick),
+    )
 
 
 def _zone_prices(window: Window) -> list[float]:
@@ -397,17 +440,18 @@ def fit_model(window: Window, config: ForecastDP) -> MarketModel:
     ``prior_outage_hours``, ``prior_ticks`` pseudo-observations per state)."""
     tick_hours = window.tick_seconds / 3600
     keep_ticks = int(config.history_hours / tick_hours)
-    past = window.past_available[:, -keep_ticks:] if keep_ticks > 0 else \
-        window.past_available[:, :0]
-    prices = window.past_price[:, past.shape[1] and -past.shape[1]:]
+    past = (
+        window.past_available[:, -keep_ticks:] if keep_ticks > 0 else window.past_available[:, :0]
+    )
+    prices = window.past_price[:, past.shape[1] and -past.shape[1] :]
     up_edges = tuple(e / tick_hours for e in config.up_edges_hours)
     down_edges = tuple(e / tick_hours for e in config.down_edges_hours)
     n_up, n_down = len(up_edges) + 1, len(down_edges) + 1
     k = n_up + n_down
     counts = np.zeros((k, k))
     if past.shape[1] > 1:
-        states = capacity_states(past.any(axis=0), up_edges, down_edges)
-        weight = 1.0
+        states = capacity_states(np.asarray(past.any(axis=0)), up_edges, down_edges)
+        weight: float | np.ndarray = 1.0
         if config.history_half_life_hours > 0:  # the newest transition weighs 1
             age = np.arange(past.shape[1] - 2, -1, -1) * tick_hours
             weight = 0.5 ** (age / config.history_half_life_hours)
@@ -415,8 +459,10 @@ def fit_model(window: Window, config: ForecastDP) -> MarketModel:
     p_drop = min(1.0, tick_hours / config.prior_run_hours)
     p_up = min(1.0, tick_hours / config.prior_outage_hours)
     prior = np.zeros((k, k))
-    for edges, first, n, other, p_leave in ((up_edges, 0, n_up, n_up, p_drop),
-                                            (down_edges, n_up, n_down, 0, p_up)):
+    for edges, first, n, other, p_leave in (
+        (up_edges, 0, n_up, n_up, p_drop),
+        (down_edges, n_up, n_down, 0, p_up),
+    ):
         bounds = (0.0,) + edges
         for b in range(n):
             state = first + b
@@ -434,8 +480,15 @@ def fit_model(window: Window, config: ForecastDP) -> MarketModel:
         stay, hop = follow[4], follow[5]
         weight = config.prior_ticks
         keep = (stay + weight * (1 - p_drop)) / (stay + hop + weight * (1 - p_drop / 2))
-    return MarketModel(trans, n_up, _clip(keep), _planned_spot_price(window),
-                       window.on_demand_price, up_edges, down_edges)
+    return MarketModel(
+        trans,
+        n_up,
+        _clip(keep),
+        _planned_spot_price(window),
+        window.on_demand_price,
+        up_edges,
+        down_edges,
+    )
 
 
 def fit_fallback(spare: Window, config: ForecastDP) -> Fallback:
@@ -456,7 +509,7 @@ def _follow_counts(available: np.ndarray, price: np.ndarray) -> np.ndarray:
     Returns counts: down->up, down->down, up->up, up->down (capacity anywhere), and for
     the followed zone: kept its capacity, lost it while another zone had some (hop).
     """
-    anywhere = available.any(axis=0)
+    anywhere = np.asarray(available.any(axis=0))
     counts = np.zeros(6)
     zone = -1
     for t in range(available.shape[1] - 1):
@@ -499,8 +552,14 @@ class _Table:
     actions: np.ndarray  # (ticks, states, 1 + 2 * phases, width) uint8
 
     @classmethod
-    def solve(cls, window: Window, model: MarketModel, max_band: int,
-              first: int = 0, state0: int | None = None) -> tuple[_Table, float]:
+    def solve(
+        cls,
+        window: Window,
+        model: MarketModel,
+        max_band: int,
+        first: int = 0,
+        state0: int | None = None,
+    ) -> tuple[_Table, float]:
         """Backwards from the deadline down to tick ``first``; returns the table and the
         expected cost from tick ``first`` idle at the least progress band's top, in
         joint state ``state0`` (default: the youngest up or down state seen then, with
@@ -510,8 +569,9 @@ class _Table:
         width = max(0, window.ticks * step - work) + 1
         k = model.n_joint
         classes = model.classes()
-        actions = np.zeros((window.ticks, k, 1 + (1 + len(classes)) * phases, width),
-                           dtype=np.uint8)
+        actions = np.zeros(
+            (window.ticks, k, 1 + (1 + len(classes)) * phases, width), dtype=np.uint8
+        )
         idle = np.full((k, width), _LOST)
         od = np.full((k, phases, width), _LOST)
         spots = [np.full((k, phases, width), _LOST) for _ in classes]
@@ -525,7 +585,7 @@ class _Table:
             od_runs = shifts.runs(_expect(trans, od), od_price, remaining)
             options = [shifts.idle(e_idle, remaining), od_runs[:, 0]]
             spot_runs = []
-            for (up, keep, price), spot in zip(classes, spots):
+            for (up, keep, price), spot in zip(classes, spots, strict=True):
                 # next tick: still in the zone (the class up, the zone kept), else idle
                 stay = keep * up
                 after = stay[:, None, None] * spot + (1 - stay)[:, None, None] * idle[:, None]
@@ -539,23 +599,25 @@ class _Table:
             best = stacked.min(axis=0)
             out = actions[t]
             out[:, 0] = choice
-            od, out[:, 1:phases + 1] = _keep_if_better(best, choice, od_runs[:, 1:], _OD)
+            od, out[:, 1 : phases + 1] = _keep_if_better(best, choice, od_runs[:, 1:], _OD)
             for j, runs in enumerate(spot_runs):
                 first_col = (1 + j) * phases + 1
-                spots[j], out[:, first_col:first_col + phases] = _keep_if_better(
-                    best, choice, runs[:, 1:], _SPOT + j)
+                spots[j], out[:, first_col : first_col + phases] = _keep_if_better(
+                    best, choice, runs[:, 1:], _SPOT + j
+                )
             idle = best
         if state0 is None:
-            up = bool(window.available[:, first].any())
-            state0 = model.joint(0 if up else model.n_up, True)
+            up_now = bool(window.available[:, first].any())
+            state0 = model.joint(0 if up_now else model.n_up, True)
         start = float(idle[state0][-1])
         return cls(window, unit, step, work, phases, actions), start if start < 1e20 else math.inf
 
     def action(self, t: int, state: int, progress: float, instance: int, left: float) -> int:
         """The best action code; ``instance``: ``IDLE``, ``ON_DEMAND`` or a spot class
         (0: the planned zones, 1: the fallback zones)."""
-        offset = math.floor(progress / self.unit + 1e-9) - (self.work - (self.window.ticks - t)
-                                                             * self.step)
+        offset = math.floor(progress / self.unit + 1e-9) - (
+            self.work - (self.window.ticks - t) * self.step
+        )
         if offset < 0:
             return _OD
         offset = min(offset, self.actions.shape[-1] - 1)
@@ -565,7 +627,7 @@ class _Table:
         """0 idle; 1..P on-demand in phase p; then P per spot class (p ticks since launch)."""
         if instance == IDLE:
             return 0
-        overhead = self.window.job.overhead_seconds
+        overhead = self.window.job.restart_overhead_capacity_seconds
         ran = self.phases if left <= 1e-9 else round((overhead - left) / self.window.tick_seconds)
         phase = min(max(ran, 1), self.phases)
         return phase if instance == ON_DEMAND else (1 + instance) * self.phases + phase
@@ -577,13 +639,20 @@ def _grid(window: Window, max_band: int) -> tuple[float, int, int, list[int]]:
     Gains are rounded down, so the plan never thinks it is further along than it is.
     """
     job, tick = window.job, window.tick_seconds
-    band = max(window.ticks * tick - job.task_seconds, tick)
+    band = max(window.ticks * tick - job.work_capacity_seconds, tick)
     cells = max(1, min(round(tick), math.ceil(max_band * tick / band)))
     unit = tick / cells
-    phases = max(1, math.ceil(job.overhead_seconds / tick - 1e-9))
-    gains = [min(tick, max(0.0, (j + 1) * tick - job.overhead_seconds)) for j in range(phases + 1)]
-    return (unit, cells, math.ceil(job.task_seconds / unit - 1e-9),
-            [math.floor(g / unit + 1e-9) for g in gains])
+    phases = max(1, math.ceil(job.restart_overhead_capacity_seconds / tick - 1e-9))
+    gains = [
+        min(tick, max(0.0, (j + 1) * tick - job.restart_overhead_capacity_seconds))
+        for j in range(phases + 1)
+    ]
+    return (
+        unit,
+        cells,
+        math.ceil(job.work_capacity_seconds / unit - 1e-9),
+        [math.floor(g / unit + 1e-9) for g in gains],
+    )
 
 
 _LOST = 1e30
@@ -595,16 +664,18 @@ never below ~1e-6 a tick) outweighs every saving."""
 def _expect(trans: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``trans @ values`` over the first axis."""
     flat = values.reshape(values.shape[0], -1)
-    return (trans @ flat).reshape((trans.shape[0],) + values.shape[1:])
+    expected: np.ndarray = (trans @ flat).reshape((trans.shape[0],) + values.shape[1:])
+    return expected
 
 
-def _keep_if_better(best: np.ndarray, choice: np.ndarray, runs: np.ndarray, code: int):
+def _keep_if_better(
+    best: np.ndarray, choice: np.ndarray, runs: np.ndarray, code: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Continuing the running instance where that beats the best fresh choice.
 
     ``best``/``choice``: (states, width); ``runs``: (states, phases, width)."""
     wins = runs < best[:, None]
-    return (np.minimum(runs, best[:, None]),
-            np.where(wins, np.uint8(code), choice[:, None]))
+    return (np.minimum(runs, best[:, None]), np.where(wins, np.uint8(code), choice[:, None]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -631,11 +702,11 @@ class _Shifts:
         """(states, phases, width) next-tick values -> (states, phases + 1, width)."""
         width, step = self.width, self.step
         out = np.full((values.shape[0], len(self.gains), width), _LOST)
-        for p, (gain, row) in enumerate(zip(self.gains, self.rows)):
+        for p, (gain, row) in enumerate(zip(self.gains, self.rows, strict=True)):
             shift = step - gain  # cell o reads cell o - shift
             if shift < width:
-                out[:, p, shift:] = values[:, row, :width - shift]
-            out[:, p, max(0, remaining - gain):] = 0.0
+                out[:, p, shift:] = values[:, row, : width - shift]
+            out[:, p, max(0, remaining - gain) :] = 0.0
         out += price
         return out
 
@@ -643,7 +714,7 @@ class _Shifts:
         width = values.shape[-1]
         out = np.full(values.shape, _LOST)
         if self.step < width:
-            out[:, self.step:] = values[:, :width - self.step]
+            out[:, self.step :] = values[:, : width - self.step]
         out[:, remaining:] = 0.0
         return out
 
@@ -663,7 +734,7 @@ class _ZoneChooser:
     def __init__(self, window: Window, weight: float = 0.5) -> None:
         self.window, self.weight = window, weight
         past = window.past_available
-        self.offset = past.shape[1]
+        self.offset: int = past.shape[1]
         self.folded = -1  # the last window tick folded in
         n = window.n_zones
         self.value = past[:, -1].copy() if self.offset else np.zeros(n, dtype=bool)
@@ -680,14 +751,19 @@ class _ZoneChooser:
             self.begin[z] = begin[-1] if row.size else 0
             last = np.flatnonzero(row[:-1] & ~row[1:])  # last up column of each completed run
             complete = begin[last] > 0  # a run cut off by the start of the array is not
-            self.runs.append(([int(c) for c in last[complete] + 1],
-                              [int(c) for c in (last - begin[last] + 1)[complete]]))
+            self.runs.append(
+                (
+                    [int(c) for c in last[complete] + 1],
+                    [int(c) for c in (last - begin[last] + 1)[complete]],
+                )
+            )
 
     def _fold(self, t: int) -> None:
         """Fold window ticks up to ``t`` into the per-zone counts."""
         if t < self.folded:
-            raise ValueError(f"the zone chooser is at tick {self.folded}; it cannot go back "
-                             f"to tick {t}")
+            raise ValueError(
+                f"the zone chooser is at tick {self.folded}; it cannot go back to tick {t}"
+            )
         while self.folded < t:
             self.folded += 1
             col = self.offset + self.folded
@@ -708,7 +784,7 @@ class _ZoneChooser:
 
     def mean_run(self, zone: int, t: int) -> float:
         self._fold(t)
-        return float(self.up[zone]) * self.window.tick_seconds / (self.ends[zone] + 1)
+        return float(self.up[zone]) * self.window.tick_seconds / (int(self.ends[zone]) + 1)
 
     def rest(self, zone: int, t: int) -> float:
         """Expected seconds left of the zone's current run at tick t (seen by t only)."""
@@ -722,12 +798,14 @@ class _ZoneChooser:
         return max(age * tick, self.mean_run(zone, t))
 
     def score(self, zone: int, t: int) -> float:
-        overhead = self.window.job.overhead_seconds
+        overhead = self.window.job.restart_overhead_capacity_seconds
         return float(self.window.price[zone, t]) * (
-            1 + self.weight * overhead / max(self.rest(zone, t), 1.0))
+            1 + self.weight * overhead / max(self.rest(zone, t), 1.0)
+        )
 
     def best(self, t: int) -> int:
-        scores = [(self.score(z, t), z) for z in np.flatnonzero(self.window.available[:, t])]
+        zones = [int(z) for z in np.flatnonzero(self.window.available[:, t])]
+        scores = [(self.score(z, t), z) for z in zones]
         return int(min(scores)[1])
 
     def switch(self, t: int, zone: int, work_left: float, margin: float) -> int:
@@ -742,8 +820,8 @@ class _ZoneChooser:
         column = self.window.available[:, t]
         if margin == math.inf or column.sum() < 2:
             return zone
-        other = min((self.score(z, t), z) for z in np.flatnonzero(column) if z != zone)[1]
+        other = min((self.score(z, t), z) for z in map(int, np.flatnonzero(column)) if z != zone)[1]
         prices = self.window.price[:, t]
         gain = float(prices[zone] - prices[other]) * min(self.rest(other, t), work_left) / 3600
-        cost = float(prices[other]) * self.window.job.overhead_seconds / 3600
+        cost = float(prices[other]) * self.window.job.restart_overhead_capacity_seconds / 3600
         return int(other) if gain > margin * cost else zone
