@@ -454,7 +454,8 @@ def run_batch_seed(seed: int, tmp_path, moto_endpoint: str) -> None:
             victim = rng.randrange(len(workers))
             workers[victim].send_signal(rng.choice((signal.SIGTERM, signal.SIGKILL)))
             workers[victim].wait(timeout=30)
-            assert workers[victim].returncode in (0, 143, -9), (
+            # -15: SIGTERM came before the worker set its handler, so before any claim
+            assert workers[victim].returncode in (0, 143, -9, -15), (
                 f"seed {seed}: a worker failed: {workers[victim].stderr.read()[-2000:]!r}"
             )
             workers[victim] = spawn()
