@@ -59,6 +59,17 @@ def test_batch_demo_loses_and_repeats_nothing_through_reclaims(tmp_path):
     assert "(equal)" in proc.stdout and " preempted " in proc.stdout
 
 
+@pytest.mark.timeout(260)
+def test_sweep_demo_trials_survive_reclaims_with_the_same_best_value(tmp_path):
+    proc, report = demo("sweep", tmp_path)
+    assert SWEEP <= set(report)
+    assert report["trials_complete"] == report["trials_total"] > 0
+    assert report["preemptions"] >= 1
+    assert report["best_value"] == report["uninterrupted_best_value"]
+    assert report["storage"] == "sqlite"
+    assert "(equal)" in proc.stdout
+
+
 def test_a_workload_demo_refuses_an_engine_in_one_line():
     proc = subprocess.run(
         [
