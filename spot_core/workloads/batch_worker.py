@@ -55,13 +55,26 @@ class WorkerStats:
 
 
 class Stop:
-    """Set from a signal handler or a test: finish the current item, then stop."""
+    """Set from a signal handler or a test, or seen through ``notice`` (a spot task's
+    ``Checkpointer`` after SIGTERM): finish the current item, then stop."""
 
-    def __init__(self) -> None:
-        self.reason: str | None = None
+    def __init__(self, notice: Callable[[], bool] | None = None) -> None:
+        self._reason: str | None = None
+        self._notice = notice
 
     def set(self, reason: str) -> None:
-        self.reason = reason
+        self._reason = reason
+
+    @property
+    def reason(self) -> str | None:
+        if self._reason is None and self._notice is not None and self._notice():
+            self._reason = "interruption notice"
+        return self._reason
+
+    @classmethod
+    def on_notice_of(cls, checkpointer: Checkpointer) -> Stop:
+        """Stop when ``checkpointer`` was asked for an emergency save."""
+        return cls(lambda: checkpointer.emergency_requested)
 
 
 class _Held:
