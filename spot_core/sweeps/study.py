@@ -185,19 +185,22 @@ def optimize(
     run_job: TrialRunner,
     pruner: str | None = None,
 ) -> list[TrialState]:
-    """Run trials until ``n_trials`` of them have finished (complete, pruned or failed
-    for good) in this study, one at a time from this driver. Parameters are sampled here,
+    """Run trials until ``n_trials`` of them have finished or are running (complete,
+    pruned, failed for good, or another live driver's) in this study, one at a time
+    from this driver. Parameters are sampled here,
     from ``search_space``, so the study's sampler (and its seed) decides them, not the
     node's; the objective's ``trial.suggest_*`` calls read them back. ``pruner``: a
     ``package.module:factory`` returning the study's pruner, for the step's
     ``trial.should_prune()`` (Optuna keeps no pruner in the storage; default: Optuna's
     default ``MedianPruner``)."""
     states: list[TrialState] = []
-    while _finished(study) < n_trials:
+    while True:
         with warnings.catch_warnings():
             # experimental APIs; "heartbeat is supposed to be used with Study.optimize"
             warnings.simplefilter("ignore")
             fail_stale_trials(study)  # another driver died: its trials go back as WAITING
+            if _taken(study) >= n_trials:
+                return states
             trial = study.ask(dict(search_space))
         states.append(
             run_trial(
@@ -209,16 +212,16 @@ def optimize(
                 pruner=pruner,
             )
         )
-    return states
 
 
-def _finished(study: optuna.Study) -> int:
-    """Finished trials; a failed one only when no retry of it was enqueued (its retry
-    counts instead, once it finishes)."""
+def _taken(study: optuna.Study) -> int:
+    """Trials finished or running; a failed one only when no retry of it was enqueued
+    (its retry counts instead, once asked). Running ones count so that several drivers
+    of one study stop at ``n_trials`` between them."""
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     return sum(
-        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         or (t.state is TrialState.FAIL and t.number not in retried)
         for t in trials
     )

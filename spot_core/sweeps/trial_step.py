@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -62,11 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     trial = open_trial(args.storage, args.study, args.trial, pruner)
     try:
         checkpointer = Checkpointer.from_env()
-        with checkpointer.attach_signals():
-            try:
-                result = {"state": "complete", "value": float(objective(trial, checkpointer))}
-            except optuna.TrialPruned:
-                result = {"state": "pruned"}
+        # Attached until the process ends: a notice after the objective returned must not
+        # kill the step while it writes its result or exits (the trial is done).
+        checkpointer.attach_signals()
+        try:
+            result = {"state": "complete", "value": float(objective(trial, checkpointer))}
+        except optuna.TrialPruned:
+            result = {"state": "pruned"}
         checkpointer.store.put_object(RESULT_KEY, json.dumps(result).encode())
     except SpotError as exc:
         code = step_exit_code(exc)
@@ -79,5 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Exit with ``code``, ignoring a notice from here on: Python resets its handlers to
+    the default during finalization, and a SIGTERM then would turn a finished step into
+    a killed one (the work is done and recorded; there is nothing left to save)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -274,5 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Exit with ``code``, ignoring a notice from here on: Python resets its handlers to
+    the default during finalization, and a SIGTERM then would turn a finished step into
+    a killed one (the work is done and recorded; there is nothing left to save)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
