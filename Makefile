@@ -22,7 +22,7 @@ ENGINE ?= none
 PROVIDER ?= local
 PYTEST_ARGS ?=
 
-.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server envs clean lock
+.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server bench-batch envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
 DEMO_ENV_none := $(CORE)
@@ -117,6 +117,11 @@ bench-scale: $(AIRFLOW)/.synced $(PREFECT)/.synced
 # 200 clients at once against the local cloud server, its backlog and socketserver's 5 side by side.
 bench-cloud-server: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.cloud_server
+
+# Batch inference on the busiest trace: the work queue against plain mapped shards, side by
+# side in one run (about a minute; see bench/README.md).
+bench-batch: $(CORE)/.synced
+	$(CORE)/bin/python -m bench.batch
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 
