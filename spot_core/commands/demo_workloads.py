@@ -21,6 +21,8 @@ from spot_core.demo import LOCAL_CLOUD
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord
 
+TRAINING_STEPS = 2000  # `demo --steps`' default: the training demo's only
+
 
 def run_workload(args: argparse.Namespace) -> int:
     """Run the batch or sweep demo; 0 when its result equals the uninterrupted run's."""
@@ -29,6 +31,13 @@ def run_workload(args: argparse.Namespace) -> int:
             f"--workload {args.workload} runs on the local spot cloud without an engine; "
             "drop --engine and --provider (the engines' patterns are in dags/ and flows/)"
         )
+    if args.start_tick is not None or args.steps != TRAINING_STEPS:
+        raise ConfigError(
+            f"--steps and --start-tick are the training demo's; drop them with --workload "
+            f"{args.workload} (its size and trace stretch are fixed so it meets a reclaim)"
+        )
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        raise ConfigError(f"--workdir {args.workdir} is not a folder; give a folder (or none)")
     started = time.monotonic()
 
     def listener(kind: str, record: JobRecord, detail: str) -> None:

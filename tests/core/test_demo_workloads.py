@@ -70,7 +70,28 @@ def test_sweep_demo_trials_survive_reclaims_with_the_same_best_value(tmp_path):
     assert "(equal)" in proc.stdout
 
 
-def test_a_workload_demo_refuses_an_engine_in_one_line():
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--engine", "airflow"], "runs on the local spot cloud without an engine"),
+        (["--start-tick", "3"], "--steps and --start-tick are the training demo's"),
+        (["--steps", "500"], "--steps and --start-tick are the training demo's"),
+    ],
+)
+def test_a_workload_demo_refuses_the_training_demos_flags_in_one_line(extra, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--workload", "batch-inference", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_workload_demo_refuses_a_workdir_that_is_a_file(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("keep me")
     proc = subprocess.run(
         [
             sys.executable,
@@ -79,13 +100,12 @@ def test_a_workload_demo_refuses_an_engine_in_one_line():
             "demo",
             "--workload",
             "sweep",
-            "--engine",
-            "airflow",
+            "--workdir",
+            str(target),
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert proc.returncode != 0
-    assert "runs on the local spot cloud without an engine" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "is not a folder" in proc.stderr
+    assert target.read_text() == "keep me"
