@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
-from optuna.storages._heartbeat import get_heartbeat_thread
+from optuna.storages._heartbeat import BaseHeartbeat, get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
 from spot_core.checkpoint import open_store
@@ -184,23 +185,34 @@ def optimize(
     checkpoint_root: str,
     run_job: TrialRunner,
     pruner: str | None = None,
+    wait_for_others_seconds: float = 3600.0,
 ) -> list[TrialState]:
-    """Run trials until ``n_trials`` of them have finished or are running (complete,
-    pruned, failed for good, or another live driver's) in this study, one at a time
-    from this driver. Parameters are sampled here,
-    from ``search_space``, so the study's sampler (and its seed) decides them, not the
-    node's; the objective's ``trial.suggest_*`` calls read them back. ``pruner``: a
-    ``package.module:factory`` returning the study's pruner, for the step's
-    ``trial.should_prune()`` (Optuna keeps no pruner in the storage; default: Optuna's
-    default ``MedianPruner``)."""
+    """Run trials, one at a time from this driver, until ``n_trials`` of them have
+    finished in this study (complete, pruned, or failed for good).
+
+    Parameters are sampled here, from ``search_space``, so the study's sampler (and its
+    seed) decides them, not the node's; the objective's ``trial.suggest_*`` calls read
+    them back. ``pruner``: a ``package.module:factory`` returning the study's pruner,
+    for the step's ``trial.should_prune()`` (Optuna keeps no pruner in the storage;
+    default: Optuna's default ``MedianPruner``).
+
+    Other drivers' running trials count towards ``n_trials``; this driver then waits
+    for them (polling at the heartbeat interval, at most ``wait_for_others_seconds``),
+    so that one whose driver died, failed by the heartbeat once its grace period is
+    over, is retried here rather than left unfinished."""
     states: list[TrialState] = []
+    deadline = time.monotonic() + wait_for_others_seconds
     while True:
         with warnings.catch_warnings():
             # experimental APIs; "heartbeat is supposed to be used with Study.optimize"
             warnings.simplefilter("ignore")
             fail_stale_trials(study)  # another driver died: its trials go back as WAITING
-            if _taken(study) >= n_trials:
-                return states
+            taken, running = _taken(study)
+            if taken >= n_trials:
+                if not running or time.monotonic() >= deadline:
+                    return states
+                time.sleep(_poll_seconds(study))
+                continue
             trial = study.ask(dict(search_space))
         states.append(
             run_trial(
@@ -214,17 +226,24 @@ def optimize(
         )
 
 
-def _taken(study: optuna.Study) -> int:
-    """Trials finished or running; a failed one only when no retry of it was enqueued
-    (its retry counts instead, once asked). Running ones count so that several drivers
-    of one study stop at ``n_trials`` between them."""
+def _poll_seconds(study: optuna.Study) -> float:
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+    return float(interval) if interval else 5.0
+
+
+def _taken(study: optuna.Study) -> tuple[int, int]:
+    """(trials finished or running, running ones). A failed trial counts only when no
+    retry of it was enqueued (its retry counts instead, once asked); running ones count
+    so that several drivers of one study stop at ``n_trials`` between them."""
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
-    return sum(
+    taken = sum(
         t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         or (t.state is TrialState.FAIL and t.number not in retried)
         for t in trials
     )
+    return taken, sum(t.state is TrialState.RUNNING for t in trials)
 
 
 def _result(uri: str) -> dict[str, Any]:
