@@ -9,8 +9,21 @@ import pytest
 from test_example_batch_dag import pushed
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request):
+    """The study's storage: SQLite in the work folder (the DAG's default), or a database
+    of the deployment's PostgreSQL, as drivers on several workers would share it."""
+    if request.param == "sqlite":
+        yield ""
+        return
+    from postgres_helpers import fresh_database, with_driver
+
+    with fresh_database(request.getfixturevalue("postgres_url"), "sweep") as url:
+        yield with_driver(url, "postgresql+psycopg2")
+
+
 @pytest.mark.timeout(600)
-def test_sweep_dag_trials_survive_reclaims(tmp_path, airflow_home):
+def test_sweep_dag_trials_survive_reclaims(tmp_path, airflow_home, storage):
     import optuna
     from conftest import load_dag
 
@@ -25,7 +38,7 @@ def test_sweep_dag_trials_survive_reclaims(tmp_path, airflow_home):
         os.environ.update(environ)
         try:
             run = load_dag("spot_sweep").test(
-                run_conf={"workdir": str(tmp_path), "trials": 4, "seed": 3}
+                run_conf={"workdir": str(tmp_path), "trials": 4, "seed": 3, "storage": storage}
             )
         finally:
             for name, value in saved.items():
