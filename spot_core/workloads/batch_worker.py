@@ -34,7 +34,7 @@ from typing import Any
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.checkpoint import Checkpointer, open_store
-from spot_core.errors import ConfigError, Preempted, SpotError
+from spot_core.errors import ConfigError, FencedOut, Preempted, SpotError
 from spot_core.workloads.batch import Claim, Item, LostClaim, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,10 @@ def _work_unit(
     every: int | None,
 ) -> None:
     held = _Held(queue, claim)
-    checkpointer = _unit_checkpointer(queue, claim, every)
-    outputs: list[Any] = _restored(checkpointer, stats)
     with _heartbeat(held, queue.spec.claim_timeout_seconds / 3):
         try:
+            checkpointer = _unit_checkpointer(queue, claim, every)
+            outputs: list[Any] = _restored(checkpointer, stats)
             for item in claim.items[len(outputs) :]:
                 held.check()
                 if stop.reason is not None:
@@ -156,7 +156,9 @@ def _work_unit(
                 if checkpointer is not None and len(outputs) % (every or 1) == 0:
                     _save(checkpointer, outputs)
             held.check()
-        except LostClaim:
+        except (LostClaim, FencedOut):
+            # FencedOut: a newer claim of this unit fenced its progress store, so this
+            # claim lapsed and was taken over (this worker stalled); drop the unit.
             stats.units_lost += 1
             return
         except Exception as exc:  # noqa: BLE001 - the user's code: this unit's retry, not ours

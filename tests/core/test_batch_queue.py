@@ -208,3 +208,29 @@ def test_progress_counts_claimed_and_lapsed_units(tmp_path):
     assert (progress.done, progress.claimed, progress.pending, progress.lapsed) == (1, 1, 1, 1)
     assert not progress.complete
     assert {s.state for s in queue.states()} >= {DONE, CLAIMED}
+
+
+def test_a_stalled_worker_whose_unit_was_taken_over_drops_it_without_crashing(tmp_path):
+    """Found by the chaos seeds: the claim lapsed while the worker stalled, the new claim
+    fenced the unit's progress store, and the old worker then opened it."""
+    from spot_core.checkpoint import open_store
+    from spot_core.workloads.batch_worker import WorkerStats, _work_unit
+
+    clock = Clock()
+    queue = WorkQueue.create(
+        (tmp_path / "q").as_uri(),
+        ItemRange(0, 4),
+        unit_size=4,
+        claim_timeout_seconds=5,
+        clock=clock,
+    )
+    stalled = queue.claim("a")
+    clock.now += 6
+    taken = queue.claim("b")
+    assert taken is not None and taken.number == 2
+    open_store(queue.unit_store_uri(taken.unit)).fence(taken.number)  # b's checkpointer
+    stats = WorkerStats()
+    _work_unit(queue, stalled, infer, Stop(), stats, every=2)
+    assert stats.units_lost == 1 and stats.units_done == 0
+    assert [s.state for s in queue.states()] == [CLAIMED]  # still b's
+    assert queue.complete(taken, [infer(i) for i in taken.items])
