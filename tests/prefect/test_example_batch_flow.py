@@ -51,8 +51,9 @@ def test_batch_flow_finishes_every_unit_once_through_reclaims(prefect_api, tmp_p
                 flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])
             )
         )
-    kinds = {a.type: a for a in artifacts}
-    assert kinds["progress"].data == 100.0
-    rows = kinds["table"].data
-    rows = json.loads(rows) if isinstance(rows, str) else rows
+    # the queue's progress and table, beside the spot jobs' own progress and attempts
+    [progress] = [a for a in artifacts if a.description == "units of the batch done"]
+    assert progress.type == "progress" and progress.data == 100.0
+    [table] = [a for a in artifacts if a.type == "table" and a.description.startswith("work")]
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert rows[0]["done"] == 30
