@@ -34,6 +34,18 @@ def pushed(run, task_id: str, key: str):
         return value  # a plain string
 
 
+def forget_providers(url: str | None = None) -> None:
+    """Close the ``local`` providers this process's SpotHook cached (per process, keyed by
+    the provider's options): before the run, so the DAG reaches this test's cloud server
+    (named in the environment), not one an earlier test left cached; after it, so the
+    next DAG test does not reach this stopped one."""
+    from airflow_spot.hooks.spot import SpotHook
+
+    SpotHook("local").close()
+    if url is not None:
+        SpotHook("local", {"url": url}).close()
+
+
 def load_batch_dag():
     from airflow.dag_processing.dagbag import DagBag
 
@@ -64,6 +76,7 @@ def test_batch_dag_finishes_every_unit_once_through_reclaims(tmp_path, airflow_h
         environ = client_environ(url, tmp_path / "cloud")
         saved = {name: os.environ.get(name) for name in environ}
         os.environ.update(environ)
+        forget_providers()
         try:
             run = load_dag("spot_batch_inference").test(
                 run_conf={"workdir": str(tmp_path), "items": 300, "unit_size": 10}
@@ -74,6 +87,7 @@ def test_batch_dag_finishes_every_unit_once_through_reclaims(tmp_path, airflow_h
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+            forget_providers(url)
     tis = {(ti.task_id, ti.map_index): ti for ti in run.get_task_instances()}
     assert run.state == "success", {k: ti.state for k, ti in tis.items()}
     assert sorted(i for t, i in tis if t == "workers") == [0, 1, 2]
