@@ -13,10 +13,10 @@ interruptions, us-east-1c, 343 in 45 days), so they meet the same reclaims:
   its first item on every reclaim (``bench/batch_shard.py``).
 
 Each worker or shard is a spot job under the controller (the same retry policy: spot
-only, outages waited out, up to ``max_preemptions`` reclaims). Reported per variant: wall seconds until
-the batch is done, cost (spot and on-demand as billed) against the on-demand equivalent,
-preemptions, attempts, and whether every item's output is there once and equals a plain
-loop's. Numbers go in bench/README.md.
+only, outages waited out, up to ``max_preemptions`` reclaims). Reported per variant:
+wall seconds until the batch is done, cost (spot and on-demand as billed) against the
+on-demand equivalent, preemptions, attempts, and whether every item's output is there
+once and equals a plain loop's. Numbers go in bench/README.md.
 """
 
 from __future__ import annotations
