@@ -20,18 +20,20 @@ AIRFLOW := .venv-airflow
 PREFECT := .venv-prefect
 ENGINE ?= none
 PROVIDER ?= local
+WORKLOAD ?= training
 PYTEST_ARGS ?=
 
-.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server envs clean lock
+.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server bench-batch envs clean lock
 
-# `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine.
+# `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine;
+# `make demo WORKLOAD=batch-inference|sweep` the batch and sweep demos (docs/batch.md).
 DEMO_ENV_none := $(CORE)
 DEMO_ENV_airflow := $(AIRFLOW)
 DEMO_ENV_prefect := $(PREFECT)
 DEMO_ENV := $(DEMO_ENV_$(ENGINE))
 
 demo: $(DEMO_ENV)/.synced
-	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE) --provider $(PROVIDER)
+	$(DEMO_ENV)/bin/spot-pipelines demo --engine $(ENGINE) --provider $(PROVIDER) --workload $(WORKLOAD)
 
 # The step, Airflow and Prefect images (localhost/spot-pipelines-*:dev) with the engine this
 # machine has (docker, podman or buildah); stand-in bases where the official ones cannot
@@ -117,6 +119,11 @@ bench-scale: $(AIRFLOW)/.synced $(PREFECT)/.synced
 # 200 clients at once against the local cloud server, its backlog and socketserver's 5 side by side.
 bench-cloud-server: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.cloud_server
+
+# Batch inference on the busiest trace: the work queue against plain mapped shards, side by
+# side in one run (about a minute; see bench/README.md).
+bench-batch: $(CORE)/.synced
+	$(CORE)/bin/python -m bench.batch
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 

@@ -85,7 +85,7 @@ def spot_tab(
     dag_id: str, run_id: str, task_id: str, map_index: str, user: User, session: Session
 ) -> HTMLResponse:
     """The Spot tab of one task instance (Airflow's external view, in an iframe)."""
-    from airflow_spot.ui.jobs import Where, load_jobs
+    from airflow_spot.ui.jobs import Where, load_jobs, load_queue
     from airflow_spot.ui.pages import task_tab
 
     if not _may_read_task_instances(user, dag_id, session):
@@ -103,6 +103,7 @@ def spot_tab(
             task_id=task_id,
             map_index=index,
             now=time.time(),
+            queue=load_queue(session, dag_id, run_id),
         )
     )
 

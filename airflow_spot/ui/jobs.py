@@ -152,6 +152,25 @@ def _states(session: Session, where: Where, keys: Iterable[TaskKey]) -> dict[Tas
     }
 
 
+def load_queue(session: Session, dag_id: str, run_id: str) -> dict | None:
+    """The run's batch work queue, if a task published one: its progress, read live."""
+    from airflow_spot.queues import WORK_QUEUE_KEY, queue_progress
+
+    value = session.scalar(
+        select(XComModel.value)
+        .where(XComModel.key == WORK_QUEUE_KEY)
+        .where(XComModel.dag_id == dag_id, XComModel.run_id == run_id)
+        .limit(1)
+    )
+    uri = value  # the JSON column gives the string back; a JSON text of it on some backends
+    if isinstance(uri, (str, bytes)) and uri[:1] in ('"', b'"'):
+        try:
+            uri = json.loads(uri)
+        except ValueError:
+            return None
+    return queue_progress(uri) if isinstance(uri, str) else None
+
+
 def _record(value: Any) -> JobRecord | None:
     """The record a row holds (the state store keeps JSON text, XCom a JSON value)."""
     try:

@@ -86,15 +86,23 @@ def _num(cell: object) -> str:
 
 # -- the Spot tab of one task instance -------------------------------------------------------
 def task_tab(
-    job: SpotJob | None, *, dag_id: str, run_id: str, task_id: str, map_index: int, now: float
+    job: SpotJob | None,
+    *,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int,
+    now: float,
+    queue: dict | None = None,
 ) -> str:
     where = f"{dag_id} / {run_id} / {task_id}" + ("" if map_index < 0 else f" [{map_index}]")
     if job is None:
         return page(
             f"Spot: {where}",
             [
+                *queue_section(queue),
                 '<p class="empty">This task instance has no spot job '
-                "record: it is not a spot task, or it has not started.</p>"
+                "record: it is not a spot task, or it has not started.</p>",
             ],
         )
     record = job.record
@@ -103,6 +111,7 @@ def task_tab(
         [
             f'<p class="where">{escape(where)}: task {escape(job.state or "-")}, job '
             f"{escape(str(record.status))} (from the {escape(job.source)})</p>",
+            *queue_section(queue),
             ledger_table(record),
             "<h2>Attempts</h2>",
             attempts_table(record),
@@ -116,6 +125,17 @@ def task_tab(
             ),
         ],
     )
+
+
+def queue_section(queue: dict | None) -> list[str]:
+    """The run's batch work queue: units done, claimed, pending, failed (docs/batch.md)."""
+    if queue is None:
+        return []
+    head = f'<h2>Work queue</h2><p class="where">{escape(str(queue["uri"]))}</p>'
+    if "error" in queue:
+        return [head, f'<p class="empty">unreadable here: {escape(str(queue["error"]))}</p>']
+    names = ("total", "done", "claimed", "pending", "failed", "lapsed", "reclaims")
+    return [head, table(names, [tuple(str(queue[n]) for n in names)], "queue")]
 
 
 def ledger_table(record: JobRecord) -> str:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 ENGINES = ("none", "airflow", "prefect")
 RECORD_FILE = "record.json"  # the training job's JobRecord, in --workdir
+WORKLOADS = ("training", "batch-inference", "sweep")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="trace tick the pipeline starts at (default: the demo's)",
     )
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="training",
+        help="what the demo runs: the training pipeline (default), a batch inference "
+        "queue, or an Optuna sweep (docs/batch.md, docs/sweeps.md)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -71,6 +79,10 @@ MAX_DEMO_STEPS = 1_000_000
 def run(args: argparse.Namespace) -> int:
     from spot_core.demo.pipeline import DemoConfig
 
+    if args.workload != "training":
+        from spot_core.commands.demo_workloads import run_workload
+
+        return run_workload(args)
     _check_workdir(args.workdir)
     if args.steps > MAX_DEMO_STEPS:  # every engine's: 10^20 steps would train for ever
         raise ConfigError(

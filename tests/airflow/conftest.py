@@ -36,6 +36,8 @@ DAGS = _HOME / "dags"
 DAGS.mkdir()
 for _dag_file in [
     REPO / "dags" / "spot_ml_pipeline.py",
+    REPO / "dags" / "spot_batch_inference.py",
+    REPO / "dags" / "spot_sweep.py",
     *(Path(__file__).parent / "dags").glob("*.py"),
 ]:
     (DAGS / _dag_file.name).symlink_to(_dag_file)

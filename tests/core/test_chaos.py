@@ -385,3 +385,105 @@ def test_chaos_quick(seed, tmp_path, aws_env):
 @pytest.mark.parametrize("seed", SLOW_SEEDS, ids=lambda s: f"seed_{s}")
 def test_chaos_many(seed, tmp_path, aws_env):
     run_seed(seed, tmp_path, aws_env)
+
+
+# -- batch: units neither lost nor repeated under random reclaims ------------------------------
+# Real worker processes share one queue; each seed picks the batch's size and cut, the store
+# (file or S3 on moto), whether units checkpoint inside, and when which worker is reclaimed:
+# SIGTERM (a notice: progress saved, claim released) or SIGKILL (the lease vanished: the
+# claim lapses and is taken over). A reclaimed worker is replaced, as a spot job's next
+# attempt would be. The batch must end with every unit done once and the result equal to a
+# plain loop's.
+BATCH_QUICK_SEEDS = (1, 2, 5)  # 5: S3
+BATCH_SLOW_SEEDS = tuple(range(300, 330))
+
+
+def run_batch_seed(seed: int, tmp_path, moto_endpoint: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from spot_core.workloads.batch import ItemRange, WorkQueue, outputs_sha256
+    from spot_core.workloads.batch_inference import ITEM_SECONDS, infer
+
+    rng = random.Random(seed)
+    n_items, unit_size = rng.randint(40, 120), rng.randint(2, 9)
+    if seed % 5 == 0:
+        bucket = unique("chaos-batch")
+        client("s3", moto_endpoint).create_bucket(Bucket=bucket)
+        uri = f"s3://{bucket}/batch"
+    else:
+        uri = (tmp_path / "queue").as_uri()
+    every = rng.choice((None, 2))
+    queue = WorkQueue.create(
+        uri, ItemRange(0, n_items), unit_size=unit_size, claim_timeout_seconds=1.5
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "spot_core.workloads.batch_worker",
+        "--queue",
+        uri,
+        "--function",
+        "spot_core.workloads.batch_inference:infer",
+        "--idle-timeout-seconds",
+        "60",
+    ]
+    if every:
+        command += ["--checkpoint-every-items", str(every)]
+    env = {**os.environ, ITEM_SECONDS: "0.01"}
+    spawned = 0
+
+    def spawn() -> subprocess.Popen:
+        nonlocal spawned
+        spawned += 1
+        return subprocess.Popen(
+            [*command, "--worker-id", f"w{spawned}"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    workers = [spawn() for _ in range(3)]
+    reclaims = rng.randint(2, 5)
+    deadline = time.monotonic() + 150
+    try:
+        for _ in range(reclaims):
+            time.sleep(rng.uniform(0.3, 1.5))
+            victim = rng.randrange(len(workers))
+            workers[victim].send_signal(rng.choice((signal.SIGTERM, signal.SIGKILL)))
+            workers[victim].wait(timeout=30)
+            # -15: SIGTERM came before the worker set its handler, so before any claim
+            assert workers[victim].returncode in (0, 143, -9, -15), (
+                f"seed {seed}: a worker failed: {workers[victim].stderr.read()[-2000:]!r}"
+            )
+            workers[victim] = spawn()
+        for worker in workers:
+            worker.wait(timeout=max(1.0, deadline - time.monotonic()))
+            assert worker.returncode == 0, f"seed {seed}: {worker.stderr.read()[-2000:]!r}"
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    progress = queue.progress()
+    why = f"seed {seed}: {n_items} items in units of {unit_size}, every={every}, {uri}"
+    assert progress.complete and progress.done == progress.total and not progress.failed, why
+    items = sorted(o["item"] for _, outs in queue.outputs() for o in outs)
+    assert items == list(range(n_items)), f"lost or repeated items: {why}"
+    plain = [(u, [infer(i) for i in queue.spec.unit_items(u)]) for u in queue.spec.unit_ids()]
+    assert outputs_sha256(queue.outputs()) == outputs_sha256(plain), why
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("seed", BATCH_QUICK_SEEDS, ids=lambda s: f"seed_{s}")
+def test_batch_chaos_quick(seed, tmp_path, aws_env):
+    run_batch_seed(seed, tmp_path, aws_env)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("seed", BATCH_SLOW_SEEDS, ids=lambda s: f"seed_{s}")
+def test_batch_chaos_many(seed, tmp_path, aws_env):
+    run_batch_seed(seed, tmp_path, aws_env)

@@ -61,6 +61,7 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core.observer", "spot_core.batched"),  # batched watching
     ("spot_core.controller",),  # run() watches through an observer
     ("spot_core.jobs",),  # a job assembled once
+    ("spot_core.sweeps",),  # Optuna studies whose trials are spot jobs
     ("spot_core.sim", "spot_core.demo", "spot_core.report"),
     (("spot_core.cli", "spot_core.commands"),),  # cli loads commands by name
     ("airflow_spot", "prefect_spot"),  # never import each other
