@@ -32,6 +32,8 @@ from types import FrameType
 from typing import Any
 
 from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
+from spot_core.checkpoint.handover import Handover, await_handover
+from spot_core.checkpoint.resumed import ResumeReport, write_resumed
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
 from spot_core.errors import ConfigError, Preempted
 from spot_core.model import CheckpointRef
@@ -72,6 +74,10 @@ class Checkpointer:
         self.last_save_seconds = 0.0
         self.total_save_seconds = 0.0
         self.saves = 0
+        self.restore_seconds = 0.0
+        self.resumed_at: float | None = None  # wall time of the first step (resumed.py)
+        # Set by ``from_env`` for a replacement launched on a notice: what it prefetched.
+        self.handover: Handover | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Checkpointer:
@@ -89,25 +95,53 @@ class Checkpointer:
                 "or set it to file:///absolute/path"
             )
         store = open_store(env.checkpoint_uri)
+        handover = None
+        if env.handover_from is not None and env.handover_from < env.attempt:
+            # launched on its predecessor's notice: prefetch and wait for its emergency
+            # checkpoint before fencing it out (spot_core.checkpoint.handover)
+            handover = await_handover(
+                store, old_attempt=env.handover_from, deadline=env.handover_deadline
+            )
         store.fence(env.attempt)
         kwargs.setdefault("notice_file", env.notice_file)
         if env.checkpoint_interval is not None:
             # the controller's interval for this attempt's pool, unless the step chose one
             kwargs.setdefault("every_seconds", env.checkpoint_interval)
-        return cls(store, attempt=env.attempt, **kwargs)
+        checkpointer = cls(store, attempt=env.attempt, **kwargs)
+        checkpointer.handover = handover
+        return checkpointer
 
     # -- restore ---------------------------------------------------------------------
     def restore(self) -> tuple[int, dict[str, bytes]] | None:
         """(step, payload) of the newest valid checkpoint, or None on a fresh start."""
-        ref = self.store.latest()
-        if ref is None:
-            return None
-        payload = self.store.load(ref)
+        started = time.perf_counter()
+        found = self._prefetched()
+        if found is None:
+            ref = self.store.latest()
+            if ref is None:
+                return None
+            payload = self.store.load(ref)
+        else:
+            ref, payload = found
+        self.restore_seconds = time.perf_counter() - started
         self.restored = ref
         self._last_saved_step = ref.step
         self._last_save_time = self._clock()
         log.info("restored checkpoint %s at step %d", ref.checkpoint_id, ref.step)
         return ref.step, payload
+
+    def _prefetched(self) -> tuple[CheckpointRef, dict[str, bytes]] | None:
+        """A handover's prefetched checkpoint, if it is still the newest now that the store
+        is fenced (anything committed after the wait is read here, concurrently)."""
+        handover, self.handover = self.handover, None
+        if handover is None or handover.prefetched is None:
+            return None
+        refs = self.store.list()
+        newest = refs[-1] if refs else None
+        ready = handover.prefetched
+        if newest is not None and newest.checkpoint_id != ready.ref.checkpoint_id:
+            return newest, self.store.load_concurrently(newest)
+        return ready.ref, ready.payload
 
     @property
     def start_step(self) -> int:
@@ -119,6 +153,7 @@ class Checkpointer:
         self, step: int, make_payload: PayloadFactory, metadata: Mapping[str, Any] | None = None
     ) -> CheckpointRef | None:
         """Save if a schedule is due; on a pending notice save now and raise Preempted."""
+        self._report_resumed()
         reason = self._pending_notice()
         if reason is not None:
             self._emergency_save(step, make_payload, metadata, reason)
@@ -136,6 +171,7 @@ class Checkpointer:
         the total covers earlier saves plus this one's serialisation (its own write
         time cannot be known before its manifest is written).
         """
+        self._report_resumed()
         if self._last_saved_step is not None and step < self._last_saved_step:
             # before serialising: the store refuses it too (docs/checkpoints.md)
             raise step_went_back(step, self._last_saved_step, self.store.uri)
@@ -166,6 +202,24 @@ class Checkpointer:
                 f"preempted ({reason}); the emergency checkpoint at step {step} failed: {exc}"
             ) from exc
         raise Preempted(f"preempted ({reason}); state saved at step {step}")
+
+    def _report_resumed(self) -> None:
+        """Once per attempt, at its first step: tell the store when the work resumed (the
+        controller records it; the JobRecord derives what the reclaim cost in wall time).
+        Never fatal: a missed report costs a measurement, not progress."""
+        if self.resumed_at is not None:
+            return
+        self.resumed_at = time.time()
+        report = ResumeReport(
+            attempt=self.attempt,
+            resumed_at=self.resumed_at,
+            step=None if self.restored is None else self.restored.step,
+            restore_seconds=self.restore_seconds,
+        )
+        try:
+            write_resumed(self.store, report)
+        except Exception as exc:  # noqa: BLE001 - a measurement, never the step's progress
+            log.warning("could not report the resume to %s: %s", self.store.uri, exc)
 
     def _due(self, step: int) -> bool:
         last = 0 if self._last_saved_step is None else self._last_saved_step
