@@ -205,6 +205,7 @@ class Ec2Provider:
         | Capability.LEASE_TAGS
         | Capability.CLEANUP_ORPHANS
         | Capability.IMAGES
+        | Capability.PARALLEL_LAUNCH
     )
 
     def __init__(
