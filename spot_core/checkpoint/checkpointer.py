@@ -115,6 +115,8 @@ class Checkpointer:
     def restore(self) -> tuple[int, dict[str, bytes]] | None:
         """(step, payload) of the newest valid checkpoint, or None on a fresh start."""
         started = time.perf_counter()
+        # a handover's read of what was committed after its prefetch is part of the restore
+        fetched = 0.0 if self.handover is None else self.handover.fetched_after_wait_seconds
         found = self._prefetched()
         if found is None:
             ref = self.store.latest()
@@ -123,7 +125,7 @@ class Checkpointer:
             payload = self.store.load(ref)
         else:
             ref, payload = found
-        self.restore_seconds = time.perf_counter() - started
+        self.restore_seconds = time.perf_counter() - started + fetched
         self.restored = ref
         self._last_saved_step = ref.step
         self._last_save_time = self._clock()

@@ -143,3 +143,22 @@ def test_handover_defaults_to_what_the_provider_can_do(tmp_path):
     assert handover_mode(in_place, None) == "off"
     with pytest.raises(ConfigError, match="set handover=off"):
         handover_mode(in_place, "on_notice")
+
+
+def test_a_replacements_watcher_counts_the_old_attempts_beats_until_it_is_adopted():
+    """Until the driver adopts the replacement it renews the old attempt's heartbeat: the
+    replacement's node watcher counts those renewals (so a live driver keeps both leases)
+    and nothing else, so a killed driver lets both time out."""
+    from spot_core.checkpoint.heartbeat import Beat
+    from spot_core.interruption.driver import Freshness
+
+    fresh = Freshness(started_at=0.0, attempt=2, handover_from=1)
+    fresh.observe(Beat(1, 0.0, 1), 1.0)
+    fresh.observe(Beat(1, 0.0, 2), 5.0)  # the driver renewed the old attempt's beat
+    assert fresh.age(6.0) == 1.0
+    fresh.observe(Beat(3, 0.0, 3), 9.0)  # another attempt's beat proves nothing
+    assert fresh.age(10.0) == 5.0
+    plain = Freshness(started_at=0.0, attempt=2)
+    plain.observe(Beat(1, 0.0, 1), 1.0)
+    plain.observe(Beat(1, 0.0, 2), 5.0)
+    assert plain.age(6.0) == 6.0  # without a handover the old attempt's beats do not count
