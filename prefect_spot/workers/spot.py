@@ -352,6 +352,14 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             persist=lambda r: self._remember(flow_run, r),
             progress=JobProgress(flow_run_id=flow_run.id),
         )
+        # Each attempt runs as the flow run itself, which Prefect runs once at a time: no
+        # replacement can start beside the old attempt, so this worker does not hand over.
+        if config.settings().handover not in (None, "off"):
+            raise ConfigError(
+                "the spot worker runs each attempt as the flow run itself, so it cannot "
+                "run a replacement beside it: set handover=off (or leave it empty)"
+            )
+        controller.handover = "off"
         record = stored or controller.persist(controller.new_record(spec))
         return spec, controller, record
 
