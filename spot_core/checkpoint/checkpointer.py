@@ -22,6 +22,7 @@ its state durable.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -37,6 +38,7 @@ from spot_core.checkpoint.resumed import ResumeReport, write_resumed
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
 from spot_core.errors import ConfigError, Preempted
 from spot_core.model import CheckpointRef
+from spot_core.safe_files import read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ class Checkpointer:
         self.resumed_at: float | None = None  # wall time of the first step (resumed.py)
         # Set by ``from_env`` for a replacement launched on a notice: what it prefetched.
         self.handover: Handover | None = None
+        self._rebalance_seen: int | None = None  # the notice file's mtime last answered
+        self._notice_read: tuple[int, str | None] | None = None  # (mtime, event) last read
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Checkpointer:
@@ -154,11 +158,15 @@ class Checkpointer:
     def maybe_save(
         self, step: int, make_payload: PayloadFactory, metadata: Mapping[str, Any] | None = None
     ) -> CheckpointRef | None:
-        """Save if a schedule is due; on a pending notice save now and raise Preempted."""
+        """Save if a schedule is due; on a pending notice save now and raise Preempted; on a
+        rebalance recommendation save now (once) and go on: cheap insurance, since the
+        capacity is at risk but not yet going."""
         self._report_resumed()
         reason = self._pending_notice()
         if reason is not None:
             self._emergency_save(step, make_payload, metadata, reason)
+        if self._rebalance_due() and self._last_saved_step != step:
+            return self.save_now(step, make_payload, {**(metadata or {}), "rebalance": True})
         if not self._due(step):
             return None
         return self.save_now(step, make_payload, metadata)
@@ -256,8 +264,34 @@ class Checkpointer:
 
     def _pending_notice(self) -> str | None:
         if self._emergency_reason is None and self.notice_file and os.path.exists(self.notice_file):
+            if self._notice_event() == "rebalance":
+                return None  # at risk, not going: ``_rebalance_due`` saves once
             self._emergency_reason = f"notice file {self.notice_file}"
         return self._emergency_reason
+
+    def _rebalance_due(self) -> bool:
+        """A rebalance recommendation in the notice file not yet answered with a save."""
+        if self.notice_file is None:
+            return False
+        try:
+            changed = os.stat(self.notice_file).st_mtime_ns
+        except OSError:
+            return False
+        if changed == self._rebalance_seen:
+            return False
+        self._rebalance_seen = changed
+        return self._notice_event() == "rebalance"
+
+    def _notice_event(self) -> str | None:
+        """The notice file's event, read again only when the file changed."""
+        assert self.notice_file is not None
+        try:
+            changed = os.stat(self.notice_file).st_mtime_ns
+        except OSError:
+            return None
+        if self._notice_read is None or self._notice_read[0] != changed:
+            self._notice_read = (changed, _notice_event(self.notice_file))
+        return self._notice_read[1]
 
     def attach_signals(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> Checkpointer:
         """Turn ``signals`` into emergency-save requests until ``close()``; main thread only."""
@@ -284,6 +318,17 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _notice_event(path: str) -> str | None:
+    """The ``event`` of the notice file the watcher wrote (``interruption``, ``rebalance``);
+    None when it cannot be read as one (then it counts as an interruption, as before)."""
+    try:
+        doc = json.loads(read_bytes(path, limit=64 << 10, what="notice file"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    event = doc.get("event") if isinstance(doc, dict) else None
+    return event if isinstance(event, str) else None
 
 
 def _check_interval(name: str, value: float | None) -> None:

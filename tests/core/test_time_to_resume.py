@@ -214,3 +214,25 @@ def test_the_timeline_keeps_a_short_attempts_step_labels_apart():
     assert "from 330 \u2192 ckpt 640" in texts  # the short attempt: one joined label
     assert "from 640" in texts and "ckpt 1000" in texts  # a long one: one at each end
     assert "resumed 19.0 s after the interruption" in svg  # notice at 3055, first step 3074
+
+
+def test_a_rebalance_recommendation_saves_at_once_and_the_step_goes_on(tmp_path):
+    """The watcher writes a rebalance into the notice file: the next step saves (cheap
+    insurance) and the loop goes on; the interruption that follows saves and stops."""
+    from spot_core.errors import Preempted
+
+    notice = tmp_path / "notice.json"
+    store = open_store((tmp_path / "store").as_uri())
+    ckpt = Checkpointer(store, attempt=1, every_steps=100, notice_file=str(notice))
+    ckpt.maybe_save(1, lambda: {"w": b"1"})
+    assert store.latest() is None  # no schedule due yet
+    notice.write_text(json.dumps({"event": "rebalance", "detected_at": 1.0}))
+    ref = ckpt.maybe_save(2, lambda: {"w": b"2"})
+    assert ref is not None and ref.step == 2 and ref.metadata.get("rebalance") is True
+    assert ckpt.maybe_save(3, lambda: {"w": b"3"}) is None  # once per recommendation
+    assert not ckpt.emergency_requested
+    time.sleep(0.01)
+    notice.write_text(json.dumps({"event": "interruption", "detected_at": 2.0}))
+    with pytest.raises(Preempted):
+        ckpt.maybe_save(4, lambda: {"w": b"4"})
+    assert store.latest().step == 4 and "emergency" in store.latest().metadata
