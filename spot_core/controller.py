@@ -511,6 +511,10 @@ class Controller:
         store = self.stores(spec.checkpoint_uri)
         number = max(record.next_attempt_number, store.fence_level() + 1)
         deadline = status.reclaim_at or signal_at + DEFAULT_NOTICE_SECONDS
+        if watch.notice_at is None:  # a rebalance: no reclaim is announced yet, so the
+            # replacement waits for the old attempt's notice and save or its end, at most
+            # the attempt's time limit (the second lease is the insurance's price)
+            deadline = now + self.attempt_timeout_seconds
         launch = self._launch_spec(spec, number)
         handover_env = {HANDOVER_FROM: str(running.number), HANDOVER_DEADLINE: f"{deadline:.3f}"}
         launch = dataclasses.replace(launch, env={**launch.env, **handover_env})
