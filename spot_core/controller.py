@@ -1136,8 +1136,8 @@ class Controller:
             ),
             message=_message(outcome, status),
             notice_at=status.notice_at,
-            resumed_at=_resumed_at(store, running),
         )
+        finished = _with_resume_report(store, finished)
         if finished.replacement is not None:
             finished = self._close_handover(spec, store, finished, now)
         record = record.finish_attempt(finished)
@@ -1241,17 +1241,24 @@ def _end_ref(store: CheckpointStore, running: Attempt) -> CheckpointRef | None:
     return older[-1] if older else None
 
 
-def _resumed_at(store: CheckpointStore, running: Attempt) -> float | None:
-    """When the attempt's step reported its first step (``checkpoint.resumed``); never
-    fatal: an unread report costs a measurement, not the close."""
-    if running.resumed_at is not None:
-        return running.resumed_at
+def _with_resume_report(store: CheckpointStore, attempt: Attempt) -> Attempt:
+    """The attempt with what its step reported at its first step (``checkpoint.resumed``):
+    when it resumed, and the step it actually restored (a replacement adopted after a
+    handover restores the old attempt's emergency checkpoint, which may be pruned from the
+    store by the time the old attempt closes). Never fatal: an unread report costs a
+    measurement, not the close."""
     try:
-        report = read_resumed(store, running.number)
+        report = read_resumed(store, attempt.number)
     except Exception as exc:  # noqa: BLE001 - a measurement, never the lifecycle
-        log.warning("could not read the resume report of attempt %d: %s", running.number, exc)
-        return None
-    return None if report is None else report.resumed_at
+        log.warning("could not read the resume report of attempt %d: %s", attempt.number, exc)
+        return attempt
+    if report is None:
+        return attempt
+    return dataclasses.replace(
+        attempt,
+        resumed_at=attempt.resumed_at or report.resumed_at,
+        checkpoint_step_start=attempt.checkpoint_step_start if report.step is None else report.step,
+    )
 
 
 def _stopped(now: float, message: str) -> LeaseStatus:
