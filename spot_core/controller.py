@@ -496,6 +496,8 @@ class Controller:
             or running.replacement is not None
             or running.drain_requested_at is not None
             or self.market is None
+            or not spec.command  # a watch-only spec (a trigger's): the driver that launched
+            # the job hands over (it wakes on the notice)
         ):
             return watch
         try:

@@ -237,7 +237,7 @@ class SpotJobTrigger(BaseTrigger):
                         continue
                 if nxt.action != "watch":
                     return "ended"
-                if self.return_on_notice and nxt.notice_at is not None:
+                if self.return_on_notice and nxt.notice_at is not None and not _handing_over(nxt):
                     return "notice"
                 after = observed.at + self.poll_interval / 2  # the next poll's, not this one
         finally:
@@ -305,3 +305,10 @@ class SpotJobTrigger(BaseTrigger):
             else ti.task_id
         )
         return (states.get(ti.run_id) or {}).get(key)
+
+
+def _handing_over(nxt: Next) -> bool:
+    """The notice is already answered: the controller launched the replacement, which this
+    trigger adopts and watches once the old lease ends (no worker needed for that)."""
+    running = nxt.record.current_attempt
+    return running is not None and running.replacement is not None
