@@ -230,7 +230,8 @@ class SpotJobTrigger(BaseTrigger):
                     nxt = await batched.to_thread(controller.advance, spec, nxt.record)
                     self._current = nxt
                     if nxt.action == "watch" and nxt.lease is not None:
-                        observer.unwatch(lease.lease_id)
+                        if lease is not None:
+                            observer.unwatch(lease.lease_id)
                         lease = nxt.lease
                         observer.watch(lease, self.poll_interval)
                         after = time.time()
