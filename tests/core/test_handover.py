@@ -162,3 +162,56 @@ def test_a_replacements_watcher_counts_the_old_attempts_beats_until_it_is_adopte
     plain.observe(Beat(1, 0.0, 1), 1.0)
     plain.observe(Beat(1, 0.0, 2), 5.0)
     assert plain.age(6.0) == 6.0  # without a handover the old attempt's beats do not count
+
+
+class _Rebalancing:
+    """The local provider, reporting a rebalance recommendation on every running lease
+    once ``at`` has passed (as the EC2 provider does from EventBridge)."""
+
+    def __init__(self, provider, at: float) -> None:
+        self._provider, self._at = provider, at
+
+    def __getattr__(self, name):
+        return getattr(self._provider, name)
+
+    def observe(self, leases):
+        import dataclasses
+
+        statuses = self._provider.observe(leases)
+        if time.time() < self._at:
+            return statuses
+        return {
+            lease_id: status if status.ended else dataclasses.replace(status, rebalance_at=self._at)
+            for lease_id, status in statuses.items()
+        }
+
+
+def test_on_rebalance_the_old_attempt_is_not_cut_short_and_an_unused_replacement_ends(tmp_path):
+    """A rebalance recommendation with no reclaim after it: the replacement is launched on
+    it and waits; the old attempt finishes its work (never fenced out by the waiting
+    replacement), and the replacement is ended unused and billed to the attempt."""
+    result = tmp_path / "result.json"
+    zones = {"us-east-1a_v100_1": "1" * 400, "us-east-1b_v100_1": "1" * 400}
+    with LocalCloudServer.from_traces(
+        [trace(name, pattern) for name, pattern in zones.items()],
+        time_scale=60.0,
+        workdir=tmp_path / "cloud",
+    ) as server:
+        local = open_provider("local", url=server.url, workdir=server.cloud.workdir)
+        provider = _Rebalancing(local, time.time() + 1.5)
+        spec = _job(tmp_path, local, result)
+        controller = Controller(
+            provider,
+            local.market,
+            POLICY,
+            poll_interval_seconds=0.05,
+            heartbeat_timeout_seconds=None,
+            handover="on_rebalance",
+        )
+        record = controller.run(spec)
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
+    assert record.status is JobStatus.SUCCEEDED and len(record.attempts) == 1
+    only = record.attempts[0]
+    assert only.outcome is Outcome.SUCCEEDED and only.replacement["state"] == "terminated"
+    assert "ended unused" in only.message
+    assert json.loads(result.read_text())["total"] == sum(range(STEPS))
