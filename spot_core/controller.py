@@ -498,6 +498,10 @@ class Controller:
             or self.market is None
             or not spec.command  # a watch-only spec (a trigger's): the driver that launched
             # the job hands over (it wakes on the notice)
+            # A deadline policy's plan decides on the progress the emergency checkpoint is
+            # about to prove: asked before that save, it could choose another market than
+            # it will once the attempt closed, so such a job relaunches after the end.
+            or self._deadline_plan(spec, record) is not None
         ):
             return watch
         try:
