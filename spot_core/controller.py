@@ -1214,7 +1214,10 @@ def _fenced_above(store: CheckpointStore, attempt: int) -> int | None:
 def handover_mode(provider: Provider, handover: str | None) -> str:
     """The ``handover`` setting for ``provider``: its default (``on_notice`` where it can
     launch in parallel, else ``off``), or the one asked for if the provider can do it."""
-    parallel = Capability.PARALLEL_LAUNCH in provider.capabilities
+    # A provider object that declares nothing (a test double, an old plugin) can do nothing
+    # optional: no handover, rather than no controller.
+    declared = getattr(provider, "capabilities", Capability.NONE)
+    parallel = Capability.PARALLEL_LAUNCH in declared
     if handover is None:
         return "on_notice" if parallel else "off"
     if handover not in HANDOVER_MODES:
