@@ -23,7 +23,7 @@ PROVIDER ?= local
 WORKLOAD ?= training
 PYTEST_ARGS ?=
 
-.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server bench-batch envs clean lock
+.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server bench-batch bench-resume envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine;
 # `make demo WORKLOAD=batch-inference|sweep` the batch and sweep demos (docs/batch.md).
@@ -97,6 +97,11 @@ bench-policies: $(CORE)/.synced
 # Young/Daly interval per attempt vs fixed intervals on the traces; writes bench/tables/checkpoint_interval.md.
 bench-interval: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.checkpoint_interval
+
+# Time to resume after a reclaim, handover off vs on_notice: local cloud, EC2 (moto), the
+# Kubernetes emulator; restore time per GiB. Writes bench/tables/resume.md (bench/README.md).
+bench-resume: $(CORE)/.synced
+	$(CORE)/bin/python -m bench.resume
 
 # S3 checkpoint save vs plain upload, and EC2 API calls when watching 1,000 leases (moto server).
 bench-aws: $(CORE)/.synced

@@ -67,6 +67,7 @@ RESULT_KEYS = (
     "on_demand_cost",
     "savings_fraction",
     "lost_work_seconds",
+    "time_to_resume_seconds",
     "final_weights_sha256",
     "uninterrupted_weights_sha256",
     "accuracy",

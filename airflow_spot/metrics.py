@@ -13,6 +13,7 @@ StatsD drops tags unless ``statsd_influxdb_enabled`` (or DogStatsD / OTel) carri
 | ``spot.cost`` | gauge | the attempt's cost, USD |
 | ``spot.saved`` | gauge | its on-demand equivalent minus its cost, USD |
 | ``spot.lost_work_seconds`` | gauge | work the attempt lost (redone by the next one) |
+| ``spot.time_to_resume`` | gauge | s from the last attempt's notice to this one's first step |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ METRIC_NAMES = (
     "spot.cost",
     "spot.saved",
     "spot.lost_work_seconds",
+    "spot.time_to_resume",
 )
 
 
@@ -59,6 +61,9 @@ def emit_attempt_end(record: JobRecord, attempt: Attempt, *, dag_id: str, task_i
     Stats.gauge("spot.cost", attempt.cost, tags=tags)
     Stats.gauge("spot.saved", attempt.on_demand_cost - attempt.cost, tags=tags)
     Stats.gauge("spot.lost_work_seconds", attempt.lost_work_seconds, tags=tags)
+    resumed_in = record.time_to_resume(attempt)
+    if resumed_in is not None:
+        Stats.gauge("spot.time_to_resume", resumed_in, tags=tags)
 
 
 def _is_fallback(record: JobRecord, attempt: Attempt) -> bool:

@@ -178,6 +178,7 @@ with DAG(
             "on_demand_cost": train_summary["on_demand_cost"],
             "savings_fraction": train_summary["savings_fraction"],
             "lost_work_seconds": train_summary["lost_work_seconds"],
+            "time_to_resume_seconds": train_summary["time_to_resume_seconds"],
             **evaluation,
             "inference_shards": len(list(shards)),
             "inference_preemptions": sum(s["preemptions"] for s in shards),

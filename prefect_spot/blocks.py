@@ -99,6 +99,7 @@ class SpotConfiguration(Block):
     heartbeat_timeout: float = spot_field("heartbeat_timeout")
     heartbeat_uri: str | None = spot_field("heartbeat_uri")
     take_over: bool = spot_field("take_over")
+    handover: str | None = spot_field("handover")
     observe_failure_timeout: float = spot_field("observe_failure_timeout")
     alert_interruption_rate: float | None = spot_field("alert_interruption_rate")
     alert_spot_price: float | None = spot_field("alert_spot_price")

@@ -8,7 +8,8 @@ checkpoint), ``fallback`` (a launch on on-demand after spot), ``preempted``,
 ``infrastructure-failed``, ``succeeded``, ``failed``, ``waiting``, ``rescheduled`` (the
 spot worker put a flow run back in its queue). The payload carries ``metrics`` (the
 numbers Airflow's Stats get: preemptions, fallbacks, attempts, spot cost, on-demand
-equivalent, saved, lost work seconds, pool), the record's summary and the attempt.
+equivalent, saved, lost work seconds, time to resume seconds, pool), the record's summary
+and the attempt. ``handover``: a replacement launched on a notice, beside the old attempt.
 
 A pool past an alert threshold (``alert_interruption_rate``, ``alert_spot_price``)
 raises ``spot.pool.alert`` on ``spot.pool.<pool key>`` (role ``spot-pool``), the job
@@ -88,6 +89,8 @@ def job_metrics(record: JobRecord) -> dict[str, Any]:
         "pool": None if attempt is None else attempt.pool.key,
         "market": None if attempt is None else str(attempt.pool.market),
         "resumed_from_step": None if attempt is None else attempt.checkpoint_step_start,
+        # spot.time_to_resume: the previous attempt's notice to this one's first step
+        "time_to_resume_seconds": None if attempt is None else record.time_to_resume(attempt),
     }
 
 

@@ -28,6 +28,12 @@ HEARTBEAT_URI = "SPOT_HEARTBEAT_URI"
 # Wall seconds between the step's time-based checkpoints, chosen by the controller for the
 # attempt's pool; ``Checkpointer.from_env`` uses it unless the step asks for another.
 CHECKPOINT_INTERVAL = "SPOT_CHECKPOINT_INTERVAL"
+# A replacement launched on its predecessor's notice (the handover setting): the attempt it
+# replaces, and the POSIX time by which that attempt's capacity is gone. The replacement
+# prefetches, waits for that attempt's emergency checkpoint (or its end, or this time),
+# and only then fences the store and restores (``spot_core.checkpoint.handover``).
+HANDOVER_FROM = "SPOT_HANDOVER_FROM"
+HANDOVER_DEADLINE = "SPOT_HANDOVER_DEADLINE"
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ class AttemptEnv:
     heartbeat_timeout: float | None = None
     checkpoint_interval: float | None = None
     heartbeat_uri: str | None = None
+    handover_from: int | None = None
+    handover_deadline: float | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> AttemptEnv:
@@ -57,6 +65,10 @@ class AttemptEnv:
                 env.get(CHECKPOINT_INTERVAL), CHECKPOINT_INTERVAL, example="600"
             ),
             heartbeat_uri=env.get(HEARTBEAT_URI) or None,
+            handover_from=None
+            if not env.get(HANDOVER_FROM)
+            else attempt_number(env.get(HANDOVER_FROM)),
+            handover_deadline=posix_time(env.get(HANDOVER_DEADLINE), HANDOVER_DEADLINE),
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -74,6 +86,10 @@ class AttemptEnv:
             if self.checkpoint_interval is None
             else f"{self.checkpoint_interval:.6g}",
             HEARTBEAT_URI: self.heartbeat_uri,
+            HANDOVER_FROM: None if self.handover_from is None else str(self.handover_from),
+            HANDOVER_DEADLINE: None
+            if self.handover_deadline is None
+            else f"{self.handover_deadline:.3f}",
         }
         return {k: v for k, v in pairs.items() if v is not None}
 
@@ -144,5 +160,22 @@ def positive_seconds(text: str | None, variable: str, *, example: str) -> float 
             f"{variable}={str(text)[:40]!r} is not a number of seconds > 0 "
             f"and at most {MAX_WAIT_SECONDS:g} (1d); set it like "
             f"{variable}={example} or unset it"
+        )
+    return value
+
+
+def posix_time(text: str | None, variable: str) -> float | None:
+    """An environment variable holding a POSIX time (seconds, finite, >= 0); empty or unset
+    means None."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(
+            f"{variable}={str(text)[:40]!r} is not a POSIX time in seconds; spot-pipelines "
+            "sets it for a handover (unset it to run a step by hand)"
         )
     return value

@@ -33,12 +33,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from spot_core import stopping
-from spot_core.attempt_env import CHECKPOINT_INTERVAL, HEARTBEAT_URI, INFRASTRUCTURE_EXIT_CODE
+from spot_core.attempt_env import (
+    CHECKPOINT_INTERVAL,
+    HANDOVER_DEADLINE,
+    HANDOVER_FROM,
+    HEARTBEAT_URI,
+    INFRASTRUCTURE_EXIT_CODE,
+)
 from spot_core.checkpoint import CheckpointStore, open_store
+from spot_core.checkpoint.handover import DEFAULT_NOTICE_SECONDS, mark_ended
 from spot_core.checkpoint.heartbeat import DriverBeat, Heartbeat, driver_beat, live_holder
+from spot_core.checkpoint.resumed import read_resumed
 from spot_core.errors import ConfigError, DriverConflict, SpotError
 from spot_core.market.base import Market as PriceMarket
 from spot_core.model import (
+    INTERRUPTED,
     Attempt,
     CheckpointRef,
     JobRecord,
@@ -66,7 +75,7 @@ from spot_core.providers.base import (
     Observation,
     Provider,
 )
-from spot_core.settings import SpotSettings
+from spot_core.settings import HANDOVER_MODES, SpotSettings
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +276,7 @@ class Controller:
         checkpoint_interval_min_seconds: float = (SpotSettings.checkpoint_interval_min_seconds),
         checkpoint_interval_max_seconds: float = (SpotSettings.checkpoint_interval_max_seconds),
         take_over: bool = SpotSettings.take_over,
+        handover: str | None = SpotSettings.handover,
     ) -> None:
         self.checkpoint_bounds = CheckpointBounds(
             checkpoint_cost_seconds,
@@ -282,6 +292,7 @@ class Controller:
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
         self.heartbeat_uri = heartbeat_uri
         self.take_over = bool(take_over)
+        self.handover = handover_mode(provider, handover)
         self.observe_failure_timeout_seconds = observe_failure_timeout_seconds
         self._persist = persist or (lambda record: None)
         self._listener = listener or (lambda kind, record, detail: None)
@@ -391,6 +402,8 @@ class Controller:
         running = record.current_attempt
         if running is not None:
             return self._watch_running(spec, record, running, now)
+        if pending_replacement(record) is not None:
+            return self._adopt_replacement(spec, record, now)
         for _ in range(max(2, len(spec.candidate_pools()) + 1)):
             decision = self.decide(spec, record, now)
             settled = self._settle(record, decision, now)
@@ -474,9 +487,140 @@ class Controller:
         if notice_at is not None and watch.notice_at is None:
             self._listener("notice", record, f"interruption notice on {lease.pool.key}")
         watch = dataclasses.replace(watch, failing_since=None, notice_at=notice_at)
+        signal_at = (
+            notice_at if self.handover != "on_rebalance" else notice_at or status.rebalance_at
+        )
+        if signal_at is not None and self.handover != "off":
+            watch = self._hand_over(spec, watch, status, signal_at, now)
         if notice_at is None:
             return self._maybe_drain(spec, watch, lease, now)
         return watch
+
+    # -- handover: the replacement launched on the notice ----------------------------------------
+    def _hand_over(
+        self, spec: JobSpec, watch: Next, status: LeaseStatus, signal_at: float, now: float
+    ) -> Next:
+        """Launch the running attempt's replacement now, while it saves (``handover``).
+
+        The policy decides where, as it would once the attempt ended preempted (it is asked
+        with that record); its budgets are the same. The replacement is told which attempt
+        it replaces and by when that one's capacity is gone: it prefetches, waits for the
+        emergency checkpoint, then fences (``spot_core.checkpoint.handover``). The old
+        attempt is left to finish its save; the record names both leases before anything
+        else happens, and ``advance`` adopts the replacement once the old one is closed."""
+        record = watch.record
+        running = record.current_attempt
+        if (
+            running is None
+            or running.replacement is not None
+            or running.drain_requested_at is not None
+            or self.market is None
+            or not spec.command  # a watch-only spec (a trigger's): the driver that launched
+            # the job hands over (it wakes on the notice)
+            # A deadline policy's plan decides on the progress the emergency checkpoint is
+            # about to prove: asked before that save, it could choose another market than
+            # it will once the attempt closed, so such a job relaunches after the end.
+            or self._deadline_plan(spec, record) is not None
+        ):
+            return watch
+        try:
+            ended = dataclasses.replace(
+                running, ended_at=now, outcome=Outcome.PREEMPTED, notice_at=signal_at
+            )
+            decision = self.decide(spec, record.finish_attempt(ended), now)
+        except Exception as exc:  # noqa: BLE001 - the usual path launches after the end
+            log.warning("job %s: no handover (%s); relaunching after the end", spec.job_id, exc)
+            return watch
+        if decision.action != "launch":
+            return watch  # the policy waits or settles: asked again once the attempt ends
+        store = self.stores(spec.checkpoint_uri)
+        number = max(record.next_attempt_number, store.fence_level() + 1)
+        deadline = status.reclaim_at or signal_at + DEFAULT_NOTICE_SECONDS
+        if watch.notice_at is None:  # a rebalance: no reclaim is announced yet, so the
+            # replacement waits for the old attempt's notice and save or its end, at most
+            # the attempt's time limit (the second lease is the insurance's price)
+            deadline = now + self.attempt_timeout_seconds
+        launch = self._launch_spec(spec, number)
+        handover_env = {HANDOVER_FROM: str(running.number), HANDOVER_DEADLINE: f"{deadline:.3f}"}
+        launch = dataclasses.replace(launch, env={**launch.env, **handover_env})
+        start_ref = record.latest_checkpoint
+        intervals = {
+            pool.key: self._checkpoint_interval(pool, start_ref, now) for pool in decision.pools
+        }
+        lease, problems, _ = self._launch_first(decision.pools, launch, intervals)
+        if lease is None:
+            log.info("job %s: no capacity for a handover (%s)", spec.job_id, "; ".join(problems))
+            return watch
+        replacement = {
+            "attempt": number,
+            "lease": lease.to_dict(),
+            "launched_at": now,
+            "state": "launched",
+            "checkpoint_interval_seconds": intervals.get(lease.pool.key),
+            "reason": decision.reason,
+        }
+        try:
+            record = self._save(
+                record.with_running(replacement=replacement),
+                "handover",
+                f"attempt {number} launched on {lease.pool.key} on the notice to "
+                f"attempt {running.number}",
+            )
+        except BaseException:
+            self._terminate(lease)  # unrecorded: nobody else could end it
+            raise
+        return dataclasses.replace(watch, record=record)
+
+    def _adopt_replacement(self, spec: JobSpec, record: JobRecord, now: float) -> Next:
+        """The closed attempt's replacement becomes the running attempt: the store is
+        fenced at its number (the old attempt, closed, can no longer save: a zombie of it is
+        refused) and it is watched like any launched attempt."""
+        old = record.attempts[-1]
+        replacement = dict(old.replacement or {})
+        lease = Lease.from_dict(replacement["lease"])
+        number = int(replacement["attempt"])
+        store = self.stores(spec.checkpoint_uri)
+        store.fence(number)
+        if self.heartbeat_timeout_seconds is not None:
+            if self.heartbeat_uri is None:
+                self._heartbeat(spec, store).renew(number, now)
+                self._beats[spec.job_id] = now
+            else:
+                self._point(spec, number, now, store)
+        replacement["state"] = "adopted"
+        record = dataclasses.replace(
+            record,
+            attempts=record.attempts[:-1] + (dataclasses.replace(old, replacement=replacement),),
+        )
+        attempt = Attempt(
+            number=number,
+            pool=lease.pool,
+            started_at=lease.started_at,
+            lease_id=lease.lease_id,
+            checkpoint_step_start=old.checkpoint_step_end,
+            lease=lease.to_dict(),
+            checkpoint_interval_seconds=replacement.get("checkpoint_interval_seconds"),
+        )
+        reason = f"handover from attempt {old.number}: {replacement.get('reason', '')}"
+        record = self._save(record.start_attempt(attempt), "launched", reason)
+        return Next("watch", record, until=self._end_by(lease), lease=lease, reason=reason)
+
+    def _end_replacement(self, spec: JobSpec, attempt: Attempt, now: float) -> Attempt:
+        """An attempt that did not end in an interruption (it finished, or the driver was
+        stopped) needs no replacement: end its lease and bill it to the attempt."""
+        replacement = dict(attempt.replacement or {})
+        lease = Lease.from_dict(replacement["lease"])
+        self._terminate(lease)
+        bill = self.provider.bill(lease, now)
+        replacement["state"] = "terminated"
+        return dataclasses.replace(
+            attempt,
+            replacement=replacement,
+            cost=attempt.cost + bill.cost,
+            on_demand_cost=attempt.on_demand_cost + bill.on_demand_cost,
+            message=(attempt.message + "; " if attempt.message else "")
+            + f"its replacement (attempt {replacement['attempt']}) was ended unused",
+        )
 
     # -- voluntary drain: a move mid-run -------------------------------------------------------
     def _maybe_drain(self, spec: JobSpec, watch: Next, lease: Lease, now: float) -> Next:
@@ -550,9 +694,13 @@ class Controller:
     ) -> JobRecord:
         """The driver was told to stop (killed, cancelled, marked failed): terminate the
         running attempt's lease and close the attempt. A record with none is returned as is."""
-        if record.current_attempt is None:
-            return record
         now = self._clock() if now is None else now
+        if record.current_attempt is None:
+            if pending_replacement(record) is None:
+                return record
+            ended = self._end_replacement(spec, record.attempts[-1], now)
+            record = dataclasses.replace(record, attempts=record.attempts[:-1] + (ended,))
+            return self._save(record, "stopped", reason)
         return self.on_lease_end(spec, record, _stopped(now, reason), now)
 
     def cancel(
@@ -700,20 +848,7 @@ class Controller:
                 self._beats[spec.job_id] = now
             else:
                 self._point(spec, number, now, store)
-        env = (
-            spec.env
-            if self.heartbeat_uri is None or self.heartbeat_timeout_seconds is None
-            else {**spec.env, HEARTBEAT_URI: self.heartbeat_uri}
-        )
-        launch = LaunchSpec(
-            job_id=spec.job_id,
-            attempt=number,
-            command=spec.command,
-            checkpoint_uri=spec.checkpoint_uri,
-            env=env,
-            image=spec.image,
-            heartbeat_timeout_seconds=self.heartbeat_timeout_seconds,
-        )
+        launch = self._launch_spec(spec, number)
         intervals = {
             pool.key: self._checkpoint_interval(pool, start_ref, now) for pool in decision.pools
         }
@@ -778,6 +913,22 @@ class Controller:
                 "this driver stops (start again with --take-over (take_over=True) only "
                 "once that driver is gone)"
             )
+
+    def _launch_spec(self, spec: JobSpec, number: int) -> LaunchSpec:
+        env = (
+            spec.env
+            if self.heartbeat_uri is None or self.heartbeat_timeout_seconds is None
+            else {**spec.env, HEARTBEAT_URI: self.heartbeat_uri}
+        )
+        return LaunchSpec(
+            job_id=spec.job_id,
+            attempt=number,
+            command=spec.command,
+            checkpoint_uri=spec.checkpoint_uri,
+            env=env,
+            image=spec.image,
+            heartbeat_timeout_seconds=self.heartbeat_timeout_seconds,
+        )
 
     def _checkpoint_interval(
         self, pool: Pool, start_ref: CheckpointRef | None, now: float
@@ -1002,10 +1153,10 @@ class Controller:
     ) -> JobRecord:
         ended_at = status.ended_at or now
         store = self.stores(spec.checkpoint_uri)
-        end_ref = store.latest()
         running = record.current_attempt
         if running is None:
             raise ValueError(f"job {record.job_id} has no running attempt to close")
+        end_ref = _end_ref(store, running)
         outcome = classify(status)
         if running.drain_requested_at is not None and outcome is not Outcome.SUCCEEDED:
             outcome = Outcome.DRAINED  # the controller stopped it to move the job
@@ -1039,12 +1190,28 @@ class Controller:
             message=_message(outcome, status),
             notice_at=status.notice_at,
         )
+        finished = _with_resume_report(store, finished)
+        if finished.replacement is not None:
+            finished = self._close_handover(spec, store, finished, now)
         record = record.finish_attempt(finished)
         if end_ref is not None:
             record = record.with_checkpoint(end_ref)
         self._release(spec, running.number, now)
         self._forget_heartbeat(spec)
         return self._save(record, str(outcome), status.message)
+
+    def _close_handover(
+        self, spec: JobSpec, store: CheckpointStore, finished: Attempt, now: float
+    ) -> Attempt:
+        """The old attempt of a handover closed: tell its waiting replacement to go on
+        (``advance`` adopts it) or, when the attempt was not interrupted, end it."""
+        if finished.outcome not in INTERRUPTED:
+            return self._end_replacement(spec, finished, now)
+        try:
+            mark_ended(store, finished.number, finished.ended_at or now)
+        except Exception as exc:  # noqa: BLE001 - it still goes on at the notice's deadline
+            log.warning("job %s: could not tell the replacement to go on: %s", spec.job_id, exc)
+        return finished
 
     def _release(self, spec: JobSpec, attempt: int, now: float) -> None:
         """Tell a later driver that nobody holds the job now (never fatal: an unreleased
@@ -1091,6 +1258,65 @@ def _fenced_above(store: CheckpointStore, attempt: int) -> int | None:
         log.warning("could not read the fence of %s: %s", store.uri, exc)
         return None
     return level if level > attempt else None
+
+
+def handover_mode(provider: Provider, handover: str | None) -> str:
+    """The ``handover`` setting for ``provider``: its default (``on_notice`` where it can
+    launch in parallel, else ``off``), or the one asked for if the provider can do it."""
+    # A provider object that declares nothing (a test double, an old plugin) can do nothing
+    # optional: no handover, rather than no controller.
+    declared = getattr(provider, "capabilities", Capability.NONE)
+    parallel = Capability.PARALLEL_LAUNCH in declared
+    if handover is None:
+        return "on_notice" if parallel else "off"
+    if handover not in HANDOVER_MODES:
+        raise ConfigError(f"handover={handover!r} is not one of {', '.join(HANDOVER_MODES)}")
+    if handover != "off" and not parallel:
+        raise ConfigError(
+            f"handover={handover} needs a provider that can hold two leases of a job at "
+            f"once; {provider.name} cannot (set handover=off)"
+        )
+    return handover
+
+
+def pending_replacement(record: JobRecord) -> Mapping[str, Any] | None:
+    """The replacement the last (closed) attempt launched and nobody adopted yet."""
+    if not record.attempts or record.current_attempt is not None:
+        return None
+    replacement = record.attempts[-1].replacement
+    if replacement is None or replacement.get("state") != "launched":
+        return None
+    return replacement
+
+
+def _end_ref(store: CheckpointStore, running: Attempt) -> CheckpointRef | None:
+    """The newest checkpoint the attempt could have reached: with a handover, the
+    replacement may already have saved newer ones, which are not this attempt's."""
+    ref = store.latest()
+    if ref is None or ref.attempt <= running.number:
+        return ref
+    older = [r for r in store.list() if r.attempt <= running.number]
+    return older[-1] if older else None
+
+
+def _with_resume_report(store: CheckpointStore, attempt: Attempt) -> Attempt:
+    """The attempt with what its step reported at its first step (``checkpoint.resumed``):
+    when it resumed, and the step it actually restored (a replacement adopted after a
+    handover restores the old attempt's emergency checkpoint, which may be pruned from the
+    store by the time the old attempt closes). Never fatal: an unread report costs a
+    measurement, not the close."""
+    try:
+        report = read_resumed(store, attempt.number)
+    except Exception as exc:  # noqa: BLE001 - a measurement, never the lifecycle
+        log.warning("could not read the resume report of attempt %d: %s", attempt.number, exc)
+        return attempt
+    if report is None:
+        return attempt
+    return dataclasses.replace(
+        attempt,
+        resumed_at=attempt.resumed_at or report.resumed_at,
+        checkpoint_step_start=attempt.checkpoint_step_start if report.step is None else report.step,
+    )
 
 
 def _stopped(now: float, message: str) -> LeaseStatus:

@@ -223,6 +223,16 @@ class Attempt:
     drain_requested_at: float | None = None
     # When the first interruption notice was seen (POSIX time), if any: the UI's notice mark.
     notice_at: float | None = None
+    # When the attempt's step had restored and made its first step (POSIX time), as its
+    # Checkpointer reported through the store; None: not reported (an old record, a step
+    # without a Checkpointer, or one that never made a step).
+    resumed_at: float | None = None
+    # The next attempt, launched on this one's notice while it still ran (the handover
+    # setting): ``attempt`` (its number), ``lease`` (``Lease.to_dict()``), ``launched_at``,
+    # ``state`` (launched, adopted once this attempt closed and it became the running one,
+    # or terminated when this attempt did not end in an interruption). In the record so
+    # any driver, in any process, can adopt or end it: two leases are never untracked.
+    replacement: Mapping[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -248,11 +258,12 @@ class Attempt:
         data["pool"] = self.pool.to_dict()
         data["outcome"] = None if self.outcome is None else str(self.outcome)
         data["lease"] = None if self.lease is None else dict(self.lease)
+        data["replacement"] = None if self.replacement is None else dict(self.replacement)
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Attempt:
-        values = dict(data)
+        values = {k: v for k, v in data.items() if k not in _ATTEMPT_DERIVED}
         values["pool"] = Pool.from_dict(values["pool"])
         values["outcome"] = None if values.get("outcome") is None else Outcome(values["outcome"])
         for name in _ATTEMPT_REALS:
@@ -275,8 +286,20 @@ _ATTEMPT_REALS = (
     "checkpoint_interval_seconds",
     "drain_requested_at",
     "notice_at",
+    "resumed_at",
 )
-_ATTEMPT_OPTIONAL = ("ended_at", "notice_at", "checkpoint_interval_seconds", "drain_requested_at")
+_ATTEMPT_OPTIONAL = (
+    "ended_at",
+    "notice_at",
+    "checkpoint_interval_seconds",
+    "drain_requested_at",
+    "resumed_at",
+)
+# Derived views written beside an attempt's fields for readers of the JSON; not fields.
+_ATTEMPT_DERIVED = ("time_to_resume_seconds",)
+# Outcomes after which the next attempt resumes the job: the capacity went away (or the
+# controller moved the job), not the step's own end.
+INTERRUPTED = (Outcome.PREEMPTED, Outcome.DISRUPTED, Outcome.DRAINED)
 _ATTEMPT_WHOLES = ("number", "checkpoint_step_start", "checkpoint_step_end")
 
 
@@ -409,6 +432,37 @@ class JobRecord:
             if prev is Market.SPOT and cur is Market.ON_DEMAND
         )
 
+    def interrupted_before(self, attempt: Attempt) -> Attempt | None:
+        """The launched attempt before ``attempt`` when it was interrupted (preempted,
+        disrupted, drained), else None. Attempts that never got a lease (capacity misses)
+        in between are skipped: the job was still down."""
+        earlier = [a for a in self.attempts if a.number < attempt.number and a.lease_id]
+        if not earlier or earlier[-1].outcome not in INTERRUPTED:
+            return None
+        return earlier[-1]
+
+    def time_to_resume(self, attempt: Attempt) -> float | None:
+        """Wall seconds from the interruption of the attempt before ``attempt`` (its first
+        notice, else its end) to ``attempt``'s first step; None when ``attempt`` did not
+        follow an interruption or did not report its resume. Can be negative only with
+        clocks out of step; a handover that resumed before the old end is still >= 0
+        from the notice."""
+        if attempt.resumed_at is None:
+            return None
+        before = self.interrupted_before(attempt)
+        if before is None:
+            return None
+        since = before.notice_at if before.notice_at is not None else before.ended_at
+        if since is None:
+            return None
+        return attempt.resumed_at - since
+
+    @property
+    def time_to_resume_seconds(self) -> list[float]:
+        """One per resumed attempt (in order): what each reclaim cost in wall time."""
+        found = (self.time_to_resume(a) for a in self.attempts)
+        return [round(t, 3) for t in found if t is not None]
+
     # -- transitions (pure: each returns a new record) -----------------------------
     def start_attempt(self, attempt: Attempt) -> JobRecord:
         if self.current_attempt is not None:
@@ -468,7 +522,7 @@ class JobRecord:
             "job_id": self.job_id,
             "created_at": self.created_at,
             "status": str(self.status),
-            "attempts": [a.to_dict() for a in self.attempts],
+            "attempts": [self._attempt_dict(a) for a in self.attempts],
             "preemptions": self.preemptions,
             "user_failures": self.user_failures,
             "infrastructure_failures": self.infrastructure_failures,
@@ -482,6 +536,13 @@ class JobRecord:
             "deadline": self.deadline_at,
             "checkpoint_uri": self.checkpoint_uri,
         }
+
+    def _attempt_dict(self, attempt: Attempt) -> dict[str, Any]:
+        data = attempt.to_dict()
+        seconds = self.time_to_resume(attempt)
+        if seconds is not None:
+            data["time_to_resume_seconds"] = round(seconds, 3)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
@@ -576,6 +637,7 @@ class JobRecord:
             "lost_work_seconds": round(self.ledger.lost_work_seconds, 3),
             "checkpoint_overhead_seconds": round(self.ledger.checkpoint_overhead_seconds, 3),
             "data_transfer_cost": round(self.ledger.data_transfer_cost, 6),
+            "time_to_resume_seconds": self.time_to_resume_seconds,
             "latest_checkpoint_step": None
             if self.latest_checkpoint is None
             else self.latest_checkpoint.step,

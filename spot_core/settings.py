@@ -79,6 +79,9 @@ _ENGINE = frozenset({OPERATOR, POD_OPERATOR, BLOCK, WORKER})
 _JOB = frozenset({CLI}) | _ENGINE
 _IN_PLACE = frozenset({DECORATOR, SPOT_TASK, TASK_RUNNER})
 
+# When a reclaimed attempt's replacement is launched (the handover knob; the controller).
+HANDOVER_MODES = ("off", "on_notice", "on_rebalance")
+
 # Kinds of value a knob holds.
 INT, NUMBER, BOOL, DURATION, TEXT, NAMES, MAPPING = (
     "int",
@@ -617,6 +620,23 @@ class SpotSettings:
             controller=True,
         ),
     ] = False
+    handover: Annotated[
+        str | None,
+        Knob(
+            "handover",
+            TEXT,
+            "When the replacement of a reclaimed attempt is launched: `on_notice` at the "
+            "interruption notice (it boots and prefetches the newest checkpoint while the old "
+            "attempt saves, then restores from that attempt's emergency checkpoint), "
+            "`on_rebalance` at an earlier rebalance recommendation where the provider reports "
+            "one, `off` once the old lease has ended. Empty: `on_notice` where the provider "
+            "can launch in parallel, `off` elsewhere.",
+            _JOB,
+            optional=True,
+            choices=HANDOVER_MODES,
+            controller=True,
+        ),
+    ] = None
     observe_failure_timeout_seconds: Annotated[
         float,
         Knob(

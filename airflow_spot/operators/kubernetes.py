@@ -184,6 +184,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         heartbeat_timeout: Duration = default("heartbeat_timeout"),
         heartbeat_uri: str | None = default("heartbeat_uri"),
         take_over: bool = default("take_over"),
+        handover: str | None = default("handover"),
         observe_failure_timeout: Duration = default("observe_failure_timeout"),
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,

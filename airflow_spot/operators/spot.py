@@ -104,6 +104,10 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         it once, after that driver is gone.
     :param observe_failure_timeout: how long observing a lease may keep failing before the
         attempt ends as infrastructure_failed.
+    :param handover: when a reclaimed attempt's replacement is launched: ``on_notice``
+        (beside the old one, resuming from its emergency checkpoint), ``on_rebalance``,
+        ``off`` (after the old lease ended); empty: ``on_notice`` where the provider can
+        launch in parallel.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
         ``[operators] default_deferrable``).
     :param aws_conn_id: Airflow AWS connection for EC2, S3 and SQS (keys, profile or
@@ -164,6 +168,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         heartbeat_timeout: Duration = default("heartbeat_timeout"),
         heartbeat_uri: str | None = default("heartbeat_uri"),
         take_over: bool = default("take_over"),
+        handover: str | None = default("handover"),
         observe_failure_timeout: Duration = default("observe_failure_timeout"),
         alert_interruption_rate: float | None = default("alert_interruption_rate"),
         alert_spot_price: float | None = default("alert_spot_price"),

@@ -9,6 +9,8 @@ deferred job, not one per trigger) and hands it to ``Controller.check`` in a thr
 checks of one poll share a thread hop: ``spot_core.batched``): the controller renews the
 driver heartbeat in the job's store, absorbs failed observations until
 ``observe_failure_timeout``, and classifies, bills and closes the attempt when it ends.
+A handover (a replacement launched on the notice, ``handover``) is adopted here too, and
+its lease watched on, so no worker wakes for it.
 The trigger fires once: on ``ended`` (the closed record is in the event), on the first
 interruption notice (``return_on_notice``), or, with a ``sleep`` Next, when the sleep is
 over.
@@ -34,7 +36,7 @@ from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from spot_core import batched, jobs
 from spot_core.checkpoint.uri import parse_store_uri
-from spot_core.controller import Controller, JobSpec, Next
+from spot_core.controller import Controller, JobSpec, Next, pending_replacement
 from spot_core.errors import ConfigError
 from spot_core.observer import SharedObserver, shared_observer, wait_timeout
 from spot_core.settings import KNOBS, Knob, SpotSettings
@@ -224,9 +226,21 @@ class SpotJobTrigger(BaseTrigger):
                 )
                 nxt = await batched.to_thread(controller.check, spec, nxt, observed=observed)
                 self._current = nxt
+                if nxt.action == "ended" and pending_replacement(nxt.record) is not None:
+                    # a handover: adopt the replacement launched on the notice and watch
+                    # it here, without waking a worker
+                    nxt = await batched.to_thread(controller.advance, spec, nxt.record)
+                    self._current = nxt
+                    if nxt.action == "watch" and nxt.lease is not None:
+                        if lease is not None:
+                            observer.unwatch(lease.lease_id)
+                        lease = nxt.lease
+                        observer.watch(lease, self.poll_interval)
+                        after = time.time()
+                        continue
                 if nxt.action != "watch":
                     return "ended"
-                if self.return_on_notice and nxt.notice_at is not None:
+                if self.return_on_notice and nxt.notice_at is not None and not _handing_over(nxt):
                     return "notice"
                 after = observed.at + self.poll_interval / 2  # the next poll's, not this one
         finally:
@@ -294,3 +308,10 @@ class SpotJobTrigger(BaseTrigger):
             else ti.task_id
         )
         return (states.get(ti.run_id) or {}).get(key)
+
+
+def _handing_over(nxt: Next) -> bool:
+    """The notice is already answered: the controller launched the replacement, which this
+    trigger adopts and watches once the old lease ends (no worker needed for that)."""
+    running = nxt.record.current_attempt
+    return running is not None and running.replacement is not None

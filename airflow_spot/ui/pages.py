@@ -35,6 +35,7 @@ ATTEMPT_COLUMNS = (
     "ended (UTC)",
     "notice (UTC)",
     "resumed from step",
+    "time to resume s",
     "last checkpoint",
     "cost $",
     "on-demand $",
@@ -145,6 +146,10 @@ def ledger_table(record: JobRecord) -> str:
         ("preemptions", s["preemptions"]),
         ("fallbacks to on-demand", s["fallbacks"]),
         ("resumed from steps", ", ".join(map(str, s["resumed_from_steps"])) or "-"),
+        (
+            "time to resume",
+            ", ".join(f"{t:.1f} s" for t in s["time_to_resume_seconds"]) or "-",
+        ),
         ("spot cost", f"${ledger.spent:.4f}"),
         ("on-demand equivalent", f"${ledger.on_demand_equivalent:.4f}"),
         ("saved", f"${ledger.saved:.4f} ({ledger.savings_fraction:.0%})"),
@@ -162,11 +167,14 @@ def ledger_table(record: JobRecord) -> str:
 def attempts_table(record: JobRecord) -> str:
     """The attempt timeline as a table: one row per attempt."""
     return table(
-        ATTEMPT_COLUMNS, (_attempt_cells(a) for a in record.attempts), "attempts", "attempt-row"
+        ATTEMPT_COLUMNS,
+        (_attempt_cells(a, record.time_to_resume(a)) for a in record.attempts),
+        "attempts",
+        "attempt-row",
     )
 
 
-def _attempt_cells(a: Attempt) -> tuple[str, ...]:
+def _attempt_cells(a: Attempt, resumed_in: float | None = None) -> tuple[str, ...]:
     return (
         str(a.number),
         f"{a.pool.zone} {a.pool.instance_type}",
@@ -176,6 +184,7 @@ def _attempt_cells(a: Attempt) -> tuple[str, ...]:
         when(a.ended_at),
         when(a.notice_at),
         _dash(a.checkpoint_step_start),
+        "-" if resumed_in is None else f"{resumed_in:.1f}",
         _dash(a.checkpoint_step_end),
         f"{a.cost:.4f}",
         f"{a.on_demand_cost:.4f}",

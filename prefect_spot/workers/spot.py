@@ -128,6 +128,7 @@ class _SpotFields:
     heartbeat_timeout = spot_field("heartbeat_timeout")
     heartbeat_uri = spot_field("heartbeat_uri")
     take_over = spot_field("take_over")
+    handover = spot_field("handover")
     observe_failure_timeout = spot_field("observe_failure_timeout")
     alert_interruption_rate = spot_field("alert_interruption_rate")
     alert_spot_price = spot_field("alert_spot_price")
@@ -186,6 +187,7 @@ class _SpotValues(BaseModel):
     heartbeat_timeout: float = _SpotFields.heartbeat_timeout
     heartbeat_uri: str | None = _SpotFields.heartbeat_uri
     take_over: bool = _SpotFields.take_over
+    handover: str | None = _SpotFields.handover
     observe_failure_timeout: float = _SpotFields.observe_failure_timeout
     alert_interruption_rate: float | None = _SpotFields.alert_interruption_rate
     alert_spot_price: float | None = _SpotFields.alert_spot_price
@@ -351,6 +353,14 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             persist=lambda r: self._remember(flow_run, r),
             progress=JobProgress(flow_run_id=flow_run.id),
         )
+        # Each attempt runs as the flow run itself, which Prefect runs once at a time: no
+        # replacement can start beside the old attempt, so this worker does not hand over.
+        if config.settings().handover not in (None, "off"):
+            raise ConfigError(
+                "the spot worker runs each attempt as the flow run itself, so it cannot "
+                "run a replacement beside it: set handover=off (or leave it empty)"
+            )
+        controller.handover = "off"
         record = stored or controller.persist(controller.new_record(spec))
         return spec, controller, record
 

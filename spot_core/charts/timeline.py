@@ -1,8 +1,10 @@
 """The attempt timeline: one bar per attempt on a shared clock, coloured by outcome.
 
-Each bar is labelled with its pool and market; a preempted attempt ends in a notice
-mark (the capacity was reclaimed there); the checkpoint step an attempt resumed from and
-the last one it reached are marked at its ends.
+Each bar is labelled with its pool and market (and, for an attempt that resumed after an
+interruption, how long the job was down: notice to first step); a preempted attempt ends in
+a notice mark (the capacity was reclaimed there); the checkpoint step an attempt resumed
+from and the last one it reached are ticks at its ends, their steps written under the bar,
+where a short attempt's two labels are joined into one instead of printing over each other.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 from spot_core.charts.svg import OUTCOME_COLOURS, document, element, line, rect, text
 from spot_core.model import Attempt, JobRecord, Outcome
 
-WIDTH, LABEL_WIDTH, ROW, TOP, BOTTOM = 760, 250, 30, 34, 34
+WIDTH, LABEL_WIDTH, ROW, TOP, BOTTOM = 760, 250, 44, 34, 34
+BAR_TOP, BAR_HEIGHT, STEP_LINE = 4, 20, 37  # within a row: the bar, then its steps' line
+STEP_FONT = 10
+CHAR_WIDTH = 0.62 * STEP_FONT  # a generous average glyph width: labels never touch
 
 
 def attempt_timeline(record: JobRecord, *, now: float | None = None, width: int = WIDTH) -> str:
@@ -32,6 +37,8 @@ def attempt_timeline(record: JobRecord, *, now: float | None = None, width: int 
             TOP + row * ROW,
             LABEL_WIDTH + (attempt.started_at - start) * scale,
             max(2.0, (_end(attempt, now) - attempt.started_at) * scale),
+            record.time_to_resume(attempt),
+            width - 8,
         )
     body += _axis(start, end, TOP + ROW * len(attempts) + 6, scale, width)
     return document(
@@ -45,21 +52,32 @@ def _end(attempt: Attempt, now: float | None) -> float:
     return max(attempt.started_at, now if now is not None else attempt.started_at)
 
 
-def _row(attempt: Attempt, y: float, x: float, bar: float) -> list[str]:
+def _row(
+    attempt: Attempt,
+    y: float,
+    x: float,
+    bar: float,
+    resume_seconds: float | None = None,
+    right: float = WIDTH - 8,
+) -> list[str]:
     outcome = "running" if attempt.outcome is None else str(attempt.outcome)
     pool = attempt.pool
     label = f"#{attempt.number} {pool.zone} {pool.instance_type} {pool.market}"
+    resumed = (
+        "" if resume_seconds is None else f"resumed {resume_seconds:.1f} s after the interruption"
+    )
     tooltip = (
         f"attempt {attempt.number}: {outcome} on {pool.key}, cost ${attempt.cost:.4f} "
         f"(on-demand ${attempt.on_demand_cost:.4f}); {attempt.message}"
+        + (f"; {resumed}" if resumed else "")
     )
     parts = [
         text(8, y + 17, label),
         rect(
             x,
-            y + 4,
+            y + BAR_TOP,
             bar,
-            ROW - 10,
+            BAR_HEIGHT,
             tooltip,
             class_=f"attempt outcome-{outcome}",
             fill=OUTCOME_COLOURS.get(outcome, "#607d8b"),
@@ -70,8 +88,10 @@ def _row(attempt: Attempt, y: float, x: float, bar: float) -> list[str]:
             data_pool=pool.key,
         ),
     ]
-    if attempt.checkpoint_step_start is not None:
-        parts.append(_mark(x, y, f"from {attempt.checkpoint_step_start}", "start"))
+    if resumed:
+        parts.append(
+            text(20, y + STEP_LINE, resumed, fill="#555", font_size=STEP_FONT, class_="resumed")
+        )
     if attempt.outcome is Outcome.PREEMPTED:
         parts.append(
             element(
@@ -80,24 +100,58 @@ def _row(attempt: Attempt, y: float, x: float, bar: float) -> list[str]:
                 "<title>interruption notice: capacity reclaimed</title>",
             )
         )
-    if attempt.checkpoint_step_end is not None and attempt.outcome is not None:
-        parts.append(_mark(x + bar, y, f"ckpt {attempt.checkpoint_step_end}", "end"))
+    start = attempt.checkpoint_step_start
+    end = attempt.checkpoint_step_end if attempt.outcome is not None else None
+    if start is not None:
+        parts.append(_tick(x, y))
+    if end is not None:
+        parts.append(_tick(x + bar, y))
+    parts += _step_labels(
+        x,
+        bar,
+        y,
+        None if start is None else f"from {start}",
+        None if end is None else f"ckpt {end}",
+        right,
+    )
     return parts
 
 
-def _mark(x: float, y: float, label: str, anchor: str) -> str:
-    """A checkpoint mark: a tick at the bar's edge and its step, inside the bar."""
-    shift = 4 if anchor == "start" else -4
+def _tick(x: float, y: float) -> str:
+    """A checkpoint mark: a tick across the bar's edge."""
     return line(
-        x, y + 2, x, y + ROW - 4, stroke="#212121", stroke_width=2, class_="checkpoint"
-    ) + text(
-        x + shift,
-        y + 18,
-        label,
-        fill="#fff",
-        font_size=10,
-        text_anchor="start" if anchor == "start" else "end",
+        x,
+        y + 1,
+        x,
+        y + BAR_TOP + BAR_HEIGHT + 3,
+        stroke="#212121",
+        stroke_width=2,
+        class_="checkpoint",
     )
+
+
+def label_width(label: str) -> float:
+    """The width a step label takes, over-estimated so two never touch."""
+    return len(label) * CHAR_WIDTH
+
+
+def _step_labels(
+    x: float, bar: float, y: float, first: str | None, last: str | None, right: float
+) -> list[str]:
+    """The steps under the bar: ``first`` at its start, ``last`` at its end; when the bar
+    is too short for both side by side, one joined label from the start (kept inside the
+    chart), so a short attempt never prints "from 330" over "ckpt 640"."""
+    style = {"fill": "#212121", "font_size": STEP_FONT, "class_": "step"}
+    if first and last and label_width(first) + label_width(last) + 8 > bar:
+        first, last = f"{first} \u2192 {last}", None
+    parts = []
+    if first:
+        left = max(LABEL_WIDTH, min(x, right - label_width(first)))
+        parts.append(text(left, y + STEP_LINE, first, text_anchor="start", **style))
+    if last:
+        left = max(LABEL_WIDTH, x + bar - label_width(last))
+        parts.append(text(left, y + STEP_LINE, last, text_anchor="start", **style))
+    return parts
 
 
 def _axis(start: float, end: float, y: float, scale: float, width: int) -> list[str]:

@@ -22,6 +22,7 @@ its state durable.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -32,9 +33,12 @@ from types import FrameType
 from typing import Any
 
 from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
+from spot_core.checkpoint.handover import Handover, await_handover
+from spot_core.checkpoint.resumed import ResumeReport, write_resumed
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
 from spot_core.errors import ConfigError, Preempted
 from spot_core.model import CheckpointRef
+from spot_core.safe_files import read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,12 @@ class Checkpointer:
         self.last_save_seconds = 0.0
         self.total_save_seconds = 0.0
         self.saves = 0
+        self.restore_seconds = 0.0
+        self.resumed_at: float | None = None  # wall time of the first step (resumed.py)
+        # Set by ``from_env`` for a replacement launched on a notice: what it prefetched.
+        self.handover: Handover | None = None
+        self._rebalance_seen: int | None = None  # the notice file's mtime last answered
+        self._notice_read: tuple[int, str | None] | None = None  # (mtime, event) last read
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Checkpointer:
@@ -89,25 +99,55 @@ class Checkpointer:
                 "or set it to file:///absolute/path"
             )
         store = open_store(env.checkpoint_uri)
+        handover = None
+        if env.handover_from is not None and env.handover_from < env.attempt:
+            # launched on its predecessor's notice: prefetch and wait for its emergency
+            # checkpoint before fencing it out (spot_core.checkpoint.handover)
+            handover = await_handover(
+                store, old_attempt=env.handover_from, deadline=env.handover_deadline
+            )
         store.fence(env.attempt)
         kwargs.setdefault("notice_file", env.notice_file)
         if env.checkpoint_interval is not None:
             # the controller's interval for this attempt's pool, unless the step chose one
             kwargs.setdefault("every_seconds", env.checkpoint_interval)
-        return cls(store, attempt=env.attempt, **kwargs)
+        checkpointer = cls(store, attempt=env.attempt, **kwargs)
+        checkpointer.handover = handover
+        return checkpointer
 
     # -- restore ---------------------------------------------------------------------
     def restore(self) -> tuple[int, dict[str, bytes]] | None:
         """(step, payload) of the newest valid checkpoint, or None on a fresh start."""
-        ref = self.store.latest()
-        if ref is None:
-            return None
-        payload = self.store.load(ref)
+        started = time.perf_counter()
+        # a handover's read of what was committed after its prefetch is part of the restore
+        fetched = 0.0 if self.handover is None else self.handover.fetched_after_wait_seconds
+        found = self._prefetched()
+        if found is None:
+            ref = self.store.latest()
+            if ref is None:
+                return None
+            payload = self.store.load(ref)
+        else:
+            ref, payload = found
+        self.restore_seconds = time.perf_counter() - started + fetched
         self.restored = ref
         self._last_saved_step = ref.step
         self._last_save_time = self._clock()
         log.info("restored checkpoint %s at step %d", ref.checkpoint_id, ref.step)
         return ref.step, payload
+
+    def _prefetched(self) -> tuple[CheckpointRef, dict[str, bytes]] | None:
+        """A handover's prefetched checkpoint, if it is still the newest now that the store
+        is fenced (anything committed after the wait is read here, concurrently)."""
+        handover, self.handover = self.handover, None
+        if handover is None or handover.prefetched is None:
+            return None
+        refs = self.store.list()
+        newest = refs[-1] if refs else None
+        ready = handover.prefetched
+        if newest is not None and newest.checkpoint_id != ready.ref.checkpoint_id:
+            return newest, self.store.load_concurrently(newest)
+        return ready.ref, ready.payload
 
     @property
     def start_step(self) -> int:
@@ -118,10 +158,15 @@ class Checkpointer:
     def maybe_save(
         self, step: int, make_payload: PayloadFactory, metadata: Mapping[str, Any] | None = None
     ) -> CheckpointRef | None:
-        """Save if a schedule is due; on a pending notice save now and raise Preempted."""
+        """Save if a schedule is due; on a pending notice save now and raise Preempted; on a
+        rebalance recommendation save now (once) and go on: cheap insurance, since the
+        capacity is at risk but not yet going."""
+        self._report_resumed()
         reason = self._pending_notice()
         if reason is not None:
             self._emergency_save(step, make_payload, metadata, reason)
+        if self._rebalance_due() and self._last_saved_step != step:
+            return self.save_now(step, make_payload, {**(metadata or {}), "rebalance": True})
         if not self._due(step):
             return None
         return self.save_now(step, make_payload, metadata)
@@ -136,6 +181,7 @@ class Checkpointer:
         the total covers earlier saves plus this one's serialisation (its own write
         time cannot be known before its manifest is written).
         """
+        self._report_resumed()
         if self._last_saved_step is not None and step < self._last_saved_step:
             # before serialising: the store refuses it too (docs/checkpoints.md)
             raise step_went_back(step, self._last_saved_step, self.store.uri)
@@ -166,6 +212,24 @@ class Checkpointer:
                 f"preempted ({reason}); the emergency checkpoint at step {step} failed: {exc}"
             ) from exc
         raise Preempted(f"preempted ({reason}); state saved at step {step}")
+
+    def _report_resumed(self) -> None:
+        """Once per attempt, at its first step: tell the store when the work resumed (the
+        controller records it; the JobRecord derives what the reclaim cost in wall time).
+        Never fatal: a missed report costs a measurement, not progress."""
+        if self.resumed_at is not None:
+            return
+        self.resumed_at = time.time()
+        report = ResumeReport(
+            attempt=self.attempt,
+            resumed_at=self.resumed_at,
+            step=None if self.restored is None else self.restored.step,
+            restore_seconds=self.restore_seconds,
+        )
+        try:
+            write_resumed(self.store, report)
+        except Exception as exc:  # noqa: BLE001 - a measurement, never the step's progress
+            log.warning("could not report the resume to %s: %s", self.store.uri, exc)
 
     def _due(self, step: int) -> bool:
         last = 0 if self._last_saved_step is None else self._last_saved_step
@@ -200,8 +264,34 @@ class Checkpointer:
 
     def _pending_notice(self) -> str | None:
         if self._emergency_reason is None and self.notice_file and os.path.exists(self.notice_file):
+            if self._notice_event() == "rebalance":
+                return None  # at risk, not going: ``_rebalance_due`` saves once
             self._emergency_reason = f"notice file {self.notice_file}"
         return self._emergency_reason
+
+    def _rebalance_due(self) -> bool:
+        """A rebalance recommendation in the notice file not yet answered with a save."""
+        if self.notice_file is None:
+            return False
+        try:
+            changed = os.stat(self.notice_file).st_mtime_ns
+        except OSError:
+            return False
+        if changed == self._rebalance_seen:
+            return False
+        self._rebalance_seen = changed
+        return self._notice_event() == "rebalance"
+
+    def _notice_event(self) -> str | None:
+        """The notice file's event, read again only when the file changed."""
+        assert self.notice_file is not None
+        try:
+            changed = os.stat(self.notice_file).st_mtime_ns
+        except OSError:
+            return None
+        if self._notice_read is None or self._notice_read[0] != changed:
+            self._notice_read = (changed, _notice_event(self.notice_file))
+        return self._notice_read[1]
 
     def attach_signals(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> Checkpointer:
         """Turn ``signals`` into emergency-save requests until ``close()``; main thread only."""
@@ -228,6 +318,17 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _notice_event(path: str) -> str | None:
+    """The ``event`` of the notice file the watcher wrote (``interruption``, ``rebalance``);
+    None when it cannot be read as one (then it counts as an interruption, as before)."""
+    try:
+        doc = json.loads(read_bytes(path, limit=64 << 10, what="notice file"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    event = doc.get("event") if isinstance(doc, dict) else None
+    return event if isinstance(event, str) else None
 
 
 def _check_interval(name: str, value: float | None) -> None:

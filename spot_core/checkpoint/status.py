@@ -62,7 +62,7 @@ def write_report(
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, str | int | float | None]:
     """Write the attempt's status object to its store (``$SPOT_CHECKPOINT_URI``)."""
-    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.opening import open_store
 
     env = attempt_env.AttemptEnv.from_environ(environ)
     doc: dict[str, str | int | float | None] = {

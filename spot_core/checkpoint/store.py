@@ -18,6 +18,7 @@ import numbers
 import os
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from spot_core.bounds import MAX_ATTEMPT
@@ -360,6 +361,25 @@ class CheckpointStore:
             }
         except OSError as exc:
             raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
+
+    def load_concurrently(self, ref: CheckpointRef, *, workers: int = 8) -> dict[str, bytes]:
+        """``load``, with the payload files read at once on up to ``workers`` threads and
+        each file's digest checked as its chunks stream in (no second pass over it): how a
+        replacement prefetches while its predecessor still saves. Same errors as ``load``."""
+        manifest = self._manifest_for(ref)
+
+        def read(item: tuple[str, FileEntry]) -> tuple[str, bytes]:
+            name, entry = item
+            return name, b"".join(self._verified_chunks(manifest, name, entry))
+
+        threads = max(1, min(workers, len(manifest.files)))
+        try:
+            with ThreadPoolExecutor(threads, thread_name_prefix="spot-prefetch") as pool:
+                payload = dict(pool.map(read, manifest.files.items()))
+        except OSError as exc:
+            raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
+        self._verified.add(manifest.checkpoint_id)
+        return payload
 
     def load_to_dir(self, ref: CheckpointRef, directory: str | os.PathLike[str]) -> dict[str, str]:
         """Stream every file of ``ref`` into ``directory`` (verified), for payloads too big for RAM.

@@ -307,7 +307,10 @@ def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
     drivers = None if settings.heartbeat_uri is None else open_store(settings.heartbeat_uri)
     heartbeat = Heartbeat(open_store(settings.checkpoint_uri), drivers)
     return DriverMonitor(
-        heartbeat.read, settings.heartbeat_timeout, attempt=settings.attempt
+        heartbeat.read,
+        settings.heartbeat_timeout,
+        attempt=settings.attempt,
+        handover_from=attempt_env.AttemptEnv.from_environ().handover_from,
     ).start()
 
 

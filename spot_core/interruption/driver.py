@@ -46,10 +46,15 @@ class Freshness:
     attempt: int | None = None
     changed_at: float | None = None
     sequence: int | None = None
+    # A replacement launched on its predecessor's notice: the driver still renews that
+    # attempt's beat until it adopts the replacement, and those renewals count too.
+    handover_from: int | None = None
 
     def observe(self, beat: Any, now: float) -> None:
         """Record one read (``None`` for a failed or empty read: no change)."""
-        if beat is None or (self.attempt is not None and beat.attempt != self.attempt):
+        if beat is None or (
+            self.attempt is not None and beat.attempt not in (self.attempt, self.handover_from)
+        ):
             return
         if self.sequence is not None and beat.sequence != self.sequence:
             self.changed_at = now
@@ -69,6 +74,7 @@ class DriverMonitor:
         timeout: float,
         *,
         attempt: int | None = None,
+        handover_from: int | None = None,
         interval: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
@@ -79,7 +85,9 @@ class DriverMonitor:
         self._monotonic = monotonic
         self._clock = clock
         self._lock = threading.Lock()
-        self._freshness = Freshness(started_at=monotonic(), attempt=attempt)
+        self._freshness = Freshness(
+            started_at=monotonic(), attempt=attempt, handover_from=handover_from
+        )
         self._failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -75,6 +75,8 @@ class InstanceView:
     ended_at: float | None
     reclaimed: bool
     terminated: bool
+    # When the served notice's period ends and the capacity is taken (None: no notice).
+    reclaim_at: float | None = None
 
 
 class LocalCloud(Protocol):
@@ -129,6 +131,7 @@ class _Instance:
             self.ended_at,
             self.reclaimed,
             self.terminated,
+            self.reclaim_at,
         )
 
 

@@ -76,6 +76,10 @@ class Capability(Flag):
     # Its market replays traces on a tick clock (capacity time runs faster than the wall
     # clock): deadline policies plan on it, and a driver can say where in the trace it is.
     TRACE_CLOCK = auto()
+    # A job may hold two leases at once: a reclaimed attempt's replacement is launched on
+    # the notice while the old one saves (the ``handover`` setting's default is then
+    # ``on_notice``; ``off`` elsewhere).
+    PARALLEL_LAUNCH = auto()
 
 
 class SessionKind(StrEnum):
@@ -109,6 +113,12 @@ class LeaseStatus:
     # disruption before the exit code (a step that exits 0 on the kubelet's SIGTERM was cut
     # short, not done). None: the controller classifies from the state and exit code.
     outcome: str | None = None
+    # When a rebalance recommendation (an elevated risk of interruption, before any notice)
+    # was first seen, where the provider reports one; ``handover=on_rebalance`` starts on it.
+    rebalance_at: float | None = None
+    # When the capacity will be taken, where the notice says (AWS: two minutes after it);
+    # a replacement waits for the old attempt at most until then.
+    reclaim_at: float | None = None
 
     @property
     def ended(self) -> bool:

@@ -209,6 +209,7 @@ class Ec2Provider:
         | Capability.LEASE_TAGS
         | Capability.CLEANUP_ORPHANS
         | Capability.IMAGES
+        | Capability.PARALLEL_LAUNCH
     )
 
     def __init__(
@@ -267,6 +268,7 @@ class Ec2Provider:
         self._leases: dict[str, Lease] = {}
         self._terminated: set[str] = set()
         self._notices: dict[str, float] = {}
+        self._rebalances: dict[str, float] = {}  # instance id -> rebalance recommendation
 
     @classmethod
     def from_options(cls, *, session: aws.Access = None, **options: Any) -> Ec2Provider:
@@ -649,6 +651,8 @@ class Ec2Provider:
             for event in self._events.poll():
                 if event.kind == "interruption":
                     self._notices.setdefault(event.instance_id, event.at)
+                elif event.kind == "rebalance":  # handover=on_rebalance starts on it
+                    self._rebalances.setdefault(event.instance_id, event.at)
         except Exception as exc:  # noqa: BLE001 - the queue is a hint; describe_instances is the truth
             log.warning("could not read interruption events: %s", exc)
 
@@ -821,7 +825,11 @@ class Ec2Provider:
             self._notices.setdefault(lease.lease_id, self.clock())
         notice = self._notices.get(lease.lease_id)
         if lease.lease_id not in ended or self._not_visible_yet(lease, ended):
-            return LeaseStatus(LeaseState.RUNNING, notice_at=notice)
+            return LeaseStatus(
+                LeaseState.RUNNING,
+                notice_at=notice,
+                rebalance_at=self._rebalances.get(lease.lease_id),
+            )
         return self._ended_status(lease, ended[lease.lease_id] or {}, code, notice)
 
     def _not_visible_yet(self, lease: Lease, ended: Mapping[str, dict[str, Any] | None]) -> bool:

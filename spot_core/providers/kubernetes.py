@@ -173,6 +173,7 @@ class KubernetesProvider:
         | Capability.CLEANUP_ORPHANS
         | Capability.IMAGES
         | Capability.COMMAND_IN_IMAGE
+        | Capability.PARALLEL_LAUNCH
     )
 
     def __init__(

@@ -420,6 +420,7 @@ def lease_status(verdict: PodVerdict) -> LeaseStatus:
             LeaseState.RUNNING,
             notice_at=verdict.notice_at,
             message=message if verdict.notice_at is not None else "",
+            reclaim_at=verdict.deadline if verdict.notice_at is not None else None,
         )
     if verdict.ours:
         return LeaseStatus(

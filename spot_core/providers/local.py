@@ -66,6 +66,7 @@ class LocalProvider:
         | Capability.CLEANUP_ORPHANS
         | Capability.IMAGES
         | Capability.TRACE_CLOCK
+        | Capability.PARALLEL_LAUNCH
     )
 
     def __init__(
@@ -312,7 +313,11 @@ class LocalProvider:
 
 def _status(view: InstanceView, log_tail: str) -> LeaseStatus:
     if view.running:
-        return LeaseStatus(LeaseState.RUNNING, notice_at=view.notice_at)
+        return LeaseStatus(
+            LeaseState.RUNNING,
+            notice_at=view.notice_at,
+            reclaim_at=getattr(view, "reclaim_at", None),
+        )
     if view.exit_code == DRIVER_LOST_EXIT_CODE and not (view.reclaimed or view.terminated):
         # The watcher ended the lease itself: its driver stopped renewing the heartbeat.
         # Neither a reclaim nor the step's own failure; whoever reads this is a new driver.

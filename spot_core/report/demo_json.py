@@ -27,6 +27,7 @@ def demo_report(
         "on_demand_cost": summary["on_demand_cost"],
         "savings_fraction": summary["savings_fraction"],
         "lost_work_seconds": summary["lost_work_seconds"],
+        "time_to_resume_seconds": summary["time_to_resume_seconds"],
         "final_weights_sha256": final_weights_sha256,
         "uninterrupted_weights_sha256": uninterrupted_weights_sha256,
         "accuracy": accuracy,

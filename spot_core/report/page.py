@@ -50,7 +50,7 @@ def _attempts_table(record: JobRecord) -> str:
     for attempt in record.attempts:
         cells = "".join(
             f"<td{'' if left else NUMBER}>{escape(cell)}</td>"
-            for (_, left), cell in zip(COLUMNS, attempt_cells(attempt), strict=True)
+            for (_, left), cell in zip(COLUMNS, attempt_cells(attempt, record), strict=True)
         )
         rows.append(f'<tr class="attempt-row" data-attempt="{attempt.number}">{cells}</tr>')
     return (

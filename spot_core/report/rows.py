@@ -19,15 +19,18 @@ COLUMNS: tuple[tuple[str, bool], ...] = (
 )
 
 
-def attempt_cells(attempt: Attempt) -> tuple[str, ...]:
-    """One attempt's row, in ``COLUMNS`` order."""
+def attempt_cells(attempt: Attempt, record: JobRecord | None = None) -> tuple[str, ...]:
+    """One attempt's row, in ``COLUMNS`` order; with ``record``, "resumed from" also says
+    how long the job was down (the wall seconds from the previous attempt's notice to this
+    one's first step): ``400 in 12.5 s``."""
     a = attempt
+    resume = None if record is None else record.time_to_resume(a)
     return (
         str(a.number),
         f"{a.pool.zone} {a.pool.instance_type}",
         str(a.pool.market),
         "running" if a.outcome is None else str(a.outcome),
-        _dash(a.checkpoint_step_start),
+        _dash(a.checkpoint_step_start) + ("" if resume is None else f" in {resume:.1f} s"),
         _dash(a.checkpoint_step_end),
         f"{a.cost:.2f}",
         f"{a.on_demand_cost:.2f}",
@@ -53,11 +56,17 @@ def ledger_lines(record: JobRecord, time_scale: float = 1.0) -> str:
         if record.disruptions
         else ""
     )
+    resumes = record.time_to_resume_seconds
+    resumed = (
+        f"; time to resume {', '.join(f'{t:.1f}' for t in resumes)} s (notice to first step)"
+        if resumes
+        else ""
+    )
     return (
         f"preemptions {record.preemptions}, {voluntary}user failures "
         f"{record.user_failures}, fallbacks "
         f"to on-demand {record.fallbacks}, resumed from steps "
-        f"{record.summary()['resumed_from_steps']}\n"
+        f"{record.summary()['resumed_from_steps']}{resumed}\n"
         f"spot cost ${ledger.spent:.2f}{transfer} vs on-demand "
         f"${ledger.on_demand_equivalent:.2f}: saved ${ledger.saved:.2f} "
         f"({ledger.savings_fraction:.0%}); lost work {ledger.lost_work_seconds / 3600:.2f} h; "

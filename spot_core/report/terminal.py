@@ -20,7 +20,7 @@ def attempts_table(record: JobRecord) -> Table:
     for heading, left in COLUMNS:
         table.add_column(heading, justify="left" if left else "right")
     for attempt in record.attempts:
-        table.add_row(*attempt_cells(attempt))
+        table.add_row(*attempt_cells(attempt, record))
     return table
 
 

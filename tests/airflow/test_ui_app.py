@@ -73,6 +73,7 @@ def _record(job_id: str) -> JobRecord:
             outcome=Outcome.SUCCEEDED,
             cost=1.53,
             on_demand_cost=1.53,
+            resumed_at=1_700_003_742.5,  # its first step, 242.5 s after the notice
         )
     )
 
@@ -223,6 +224,7 @@ def test_the_tab_shows_each_attempt_its_costs_and_escapes_the_record(client):
     assert "preempted" in html and "succeeded" in html and "on-demand" in html
     assert "$2.4400" in html and "$4.5900" in html  # spot cost and on-demand equivalent
     assert "2023-11-14 23:11:40" in html  # the notice time (UTC)
+    assert re.search(r"<td[^>]*>242.5</td>", html) and "242.5 s" in html  # row, ledger
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "default-src 'none'" in html  # no script runs in Airflow's iframe
 

@@ -166,4 +166,6 @@ def test_spot_metrics_reach_statsd(standalone, finished, statsd):
     assert len(preempted) == record["preemptions"]
     for name in ("spot.cost", "spot.saved", "spot.lost_work_seconds"):
         assert any(name + "," in line and "|g" in line for line in train), name
+    if record["preemptions"]:  # each resumed attempt: its time to resume, in seconds
+        assert any("spot.time_to_resume," in line and "|g" in line for line in train)
     assert all("pool=" in line for line in train)

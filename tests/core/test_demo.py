@@ -25,6 +25,7 @@ CONTRACT = {
     "on_demand_cost",
     "savings_fraction",
     "lost_work_seconds",
+    "time_to_resume_seconds",
     "final_weights_sha256",
     "uninterrupted_weights_sha256",
     "accuracy",
@@ -58,6 +59,9 @@ def test_demo_pipeline_survives_real_trace_preemptions(demo):
     assert 0 < report["spot_cost"] < report["on_demand_cost"]
     assert 0 < report["savings_fraction"] < 1
     assert report["lost_work_seconds"] >= 0
+    # one per resumed attempt, each what a reclaim cost from its notice to the first step
+    resumes = report["time_to_resume_seconds"]
+    assert len(resumes) >= report["preemptions"] and all(t >= 0 for t in resumes)
     assert report["accuracy"] > 0.8
     assert "(equal)" in proc.stdout  # the human report shows the hashes side by side
 

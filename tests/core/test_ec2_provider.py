@@ -564,3 +564,43 @@ def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_pat
         assert [str(a.outcome) for a in record.attempts] == ["succeeded"], record.attempts[
             -1
         ].message
+
+
+def test_handover_launches_beside_the_reclaimed_instance_and_resumes_its_emergency_save(
+    aws_env, net, tmp_path
+):
+    """handover=on_notice (EC2's default): the replacement instance is launched on the
+    notice, while the old one still saves; it resumes from that instance's emergency
+    checkpoint in S3, and the old attempt can no longer save once it took over."""
+    from pathlib import Path
+
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.resumed import read_resumed
+    from spot_core.errors import FencedOut
+
+    step = Path(__file__).with_name("handover_step.py")
+    result = tmp_path / "result.json"
+    sqs = client("sqs", aws_env)
+    queue = sqs.create_queue(QueueName=unique("spot-events"))["QueueUrl"]
+    with (
+        _provider(aws_env, net, sqs_queue_url=queue) as provider,
+        _runtime(aws_env, tmp_path, sqs_queue_url=queue) as runtime,
+    ):
+        preempt_after_checkpoints(runtime, f"s3://{BUCKET}/run", attempts=(1,))
+        record = _run(
+            provider,
+            (sys.executable, str(step), "300", "0.02", "1.5", str(result)),
+            pools=provider.pools(),
+        )
+    assert record.status == "succeeded", record.summary()
+    old, new = record.attempts[0], record.attempts[1]
+    assert old.outcome == "preempted" and new.started_at < old.ended_at
+    assert old.replacement is not None and old.replacement["state"] == "adopted"
+    store = open_store(f"s3://{BUCKET}/run")
+    emergency = [r for r in store.list() if r.attempt == old.number and "emergency" in r.metadata]
+    assert len(emergency) == 1
+    resumed = read_resumed(store, new.number)
+    assert resumed is not None and resumed.step == emergency[0].step
+    assert json.loads(result.read_text())["total"] == sum(range(300))
+    with pytest.raises(FencedOut):
+        store.save(10**6, {"state.json": b"{}"}, attempt=old.number)

@@ -624,3 +624,70 @@ def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_
                     "get pod", provider.api.read_namespaced_pod, pod["metadata"]["name"], "default"
                 )
         provider.close()
+
+
+@pytest.mark.timeout(180)
+def test_handover_starts_the_replacement_pod_on_the_notice_and_resumes_its_emergency_save(
+    tmp_path,
+):
+    """handover=on_notice (the provider's default): Karpenter's reclaim taints the node;
+    the replacement pod is created on that notice while the old pod saves, resumes from
+    the old pod's emergency checkpoint, and the old attempt can no longer save."""
+    from spot_core.checkpoint.resumed import read_resumed
+    from spot_core.errors import FencedOut
+
+    step = Path(__file__).with_name("handover_step.py")
+    result = tmp_path / "result.json"
+    with cluster_of(
+        tmp_path,
+        NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None),
+        NodePool("karpenter-od", "karpenter", "on-demand", "us-east-1b"),
+        time_scale=0.5,  # the lost machine's TERM -> KILL: 2.5 s, room for the emergency save
+    ) as cluster:
+        provider = provider_for(cluster)
+        store_uri = (tmp_path / "ckpt").as_uri()
+        spec = JobSpec(
+            job_id="train-handover",
+            command=(sys.executable, str(step), "400", "0.02", "0.5", str(result)),
+            checkpoint_uri=store_uri,
+            pools=provider.pools(),
+        )
+        controller = Controller(
+            provider,
+            provider.market,
+            RetryPolicy(max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
+            poll_interval_seconds=0.2,
+            attempt_timeout_seconds=150,
+        )
+        thread, outcome = run_in_thread(controller, spec)
+        store = open_store(store_uri)
+        pod = wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in job_pods(provider, spec.job_id)
+                    if p["status"].get("phase") == "Running"
+                ),
+                None,
+            ),
+            30,
+            "the first attempt's pod to run",
+        )
+        wait_for(lambda: any(r.attempt == 1 for r in store.list()), 60, "a first checkpoint")
+        cluster.reclaim(pod["spec"]["nodeName"])
+        thread.join(150)
+        assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+        record = outcome["record"]
+        assert record.status is JobStatus.SUCCEEDED, [a.message for a in record.attempts]
+        old, new = record.attempts[0], record.attempts[1]
+        assert old.outcome is Outcome.PREEMPTED and new.started_at < old.ended_at
+        assert old.replacement is not None and old.replacement["state"] == "adopted"
+        emergency = [r for r in store.list() if r.attempt == 1 and "emergency" in r.metadata]
+        assert len(emergency) == 1
+        resumed = read_resumed(store, new.number)
+        assert resumed is not None and resumed.step == emergency[0].step
+        assert json.loads(result.read_text())["total"] == sum(range(400))
+        with pytest.raises(FencedOut):
+            store.save(10**6, {"state.json": b"{}"}, attempt=old.number)
+        wait_for(lambda: not job_pods(provider), 30, "every pod to be gone")
+        provider.close()

@@ -184,6 +184,7 @@ def test_builders_carry_every_knob_in_seconds():
         checkpoint_cost="45s",
         checkpoint_interval_min="2m",
         checkpoint_interval_max="30m",
+        handover="off",
     )
     assert settings.retry_policy() == RetryPolicy(
         max_preemptions=1,
@@ -207,6 +208,7 @@ def test_builders_carry_every_knob_in_seconds():
         "checkpoint_interval_min_seconds": 120.0,
         "checkpoint_interval_max_seconds": 1800.0,
         "take_over": False,
+        "handover": "off",
     }
 
 

@@ -75,4 +75,5 @@ def test_metrics_are_the_records_numbers():
         "pool": ON_DEMAND.key,
         "market": "on-demand",
         "resumed_from_step": 40,
+        "time_to_resume_seconds": None,
     }

@@ -140,6 +140,7 @@ def test_durations_in_any_form_reach_the_policy_and_the_controller_options():
         "checkpoint_interval_min_seconds": 60.0,
         "checkpoint_interval_max_seconds": 3600.0,
         "take_over": False,
+        "handover": None,
     }
     variables = SpotJobVariables(capacity_wait="90s", max_spot_price=0.5)
     configuration = SpotJobConfiguration(

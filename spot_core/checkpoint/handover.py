@@ -1,0 +1,140 @@
+"""The replacement's side of a handover: prefetch, wait for the old attempt, then go.
+
+With the ``handover`` setting the controller launches attempt N+1 on attempt N's
+interruption notice, while N still runs and saves. N+1 must not fence the store at once
+(N's emergency checkpoint would be refused), and must not restore what is newest now
+(N is about to save a newer one). So, before ``Checkpointer.from_env`` fences, it:
+
+1. prefetches the newest checkpoint (payload files read concurrently, each digest checked
+   as it streams), so the download overlaps N's save;
+2. waits, polling the store, until N's emergency checkpoint is committed, or N has ended
+   (the controller marks it when it closes N; the node's status report says so too), or the
+   notice's deadline passed (N's capacity is gone by then), whichever comes first;
+3. fetches again only if something newer than the prefetch was committed meanwhile.
+
+Then it fences N out (a zombie of N can no longer save) and restores. The fence, not this
+wait, is what guarantees one writer; the wait only decides *what* is restored, and N is
+never cut short by it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spot_core.bounds import MAX_WAIT_SECONDS
+from spot_core.checkpoint.status import parse_report, status_key
+from spot_core.checkpoint.store import CheckpointStore
+from spot_core.errors import CorruptCheckpoint
+from spot_core.model import CheckpointRef
+
+log = logging.getLogger(__name__)
+
+HANDOVER_PREFIX = "handover"
+DEFAULT_NOTICE_SECONDS = 120.0  # AWS's two minutes: the longest notice a cloud documents
+POLL_SECONDS = 0.1
+
+
+def ended_key(attempt: int) -> str:
+    return f"{HANDOVER_PREFIX}/attempt-{attempt:06d}-ended.json"
+
+
+def mark_ended(store: CheckpointStore, attempt: int, ended_at: float) -> None:
+    """Say that ``attempt`` has ended (the controller, when it closes it): a replacement
+    waiting for it goes on at once instead of at the notice's deadline."""
+    doc = {"attempt": attempt, "ended_at": ended_at}
+    store.put_object(ended_key(attempt), json.dumps(doc, allow_nan=False).encode())
+
+
+@dataclass(frozen=True)
+class Prefetched:
+    """A checkpoint read and verified ahead of the restore; ``seconds`` it took."""
+
+    ref: CheckpointRef
+    payload: dict[str, bytes]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What the wait ended with: the checkpoint to restore (None: nothing saved yet), why
+    the wait ended, how long it lasted, and the read after it (the restore's own share)."""
+
+    prefetched: Prefetched | None
+    reason: str
+    waited_seconds: float
+    fetched_after_wait_seconds: float
+
+
+def await_handover(
+    store: CheckpointStore,
+    *,
+    old_attempt: int,
+    deadline: float | None,
+    poll_seconds: float = POLL_SECONDS,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Handover:
+    """Prefetch, wait for ``old_attempt`` (its emergency checkpoint, its end, or
+    ``deadline``), and return the newest checkpoint, read. Bounded: without a deadline,
+    ``DEFAULT_NOTICE_SECONDS`` from now; never more than a day."""
+    started = clock()
+    limit = min(
+        started + DEFAULT_NOTICE_SECONDS if deadline is None else deadline,
+        started + MAX_WAIT_SECONDS,
+    )
+    prefetched = _fetch(store, _newest(store))
+    reason = _ready(store, old_attempt, limit, clock())
+    while reason is None:
+        sleep(poll_seconds)
+        reason = _ready(store, old_attempt, limit, clock())
+    waited = clock() - started
+    log.info("handover from attempt %d: %s after %.2f s", old_attempt, reason, waited)
+    before = clock()
+    newest = _newest(store)
+    if newest is not None and (
+        prefetched is None or newest.checkpoint_id != prefetched.ref.checkpoint_id
+    ):
+        prefetched = _fetch(store, newest)
+    return Handover(prefetched, reason, waited, clock() - before)
+
+
+def _ready(store: CheckpointStore, old: int, limit: float, now: float) -> str | None:
+    """Why the wait is over, or None while it is not."""
+    newest = _newest(store)
+    if newest is not None and newest.attempt == old and "emergency" in newest.metadata:
+        return f"the emergency checkpoint of attempt {old} (step {newest.step}) is committed"
+    if store.get_object(ended_key(old)) is not None:
+        return f"attempt {old} has ended"
+    if "ended_at" in parse_report(store.get_object(status_key(old))):
+        return f"attempt {old}'s node reported its end"
+    if now >= limit:
+        return f"the notice's deadline passed without a word from attempt {old}"
+    return None
+
+
+def _newest(store: CheckpointStore) -> CheckpointRef | None:
+    """The newest committed checkpoint by its manifest (cheap: no payload is hashed here;
+    every byte is verified when it is read)."""
+    refs = store.list()
+    return refs[-1] if refs else None
+
+
+def _fetch(store: CheckpointStore, ref: CheckpointRef | None) -> Prefetched | None:
+    """``ref`` read concurrently and verified; a corrupt one falls back to the newest
+    checkpoint that verifies (as ``restore`` would)."""
+    if ref is None:
+        return None
+    started = time.perf_counter()
+    try:
+        payload = store.load_concurrently(ref)
+    except CorruptCheckpoint as exc:
+        log.warning("prefetch of %s failed (%s); reading the newest valid one", ref, exc)
+        fallback = store.latest()
+        if fallback is None:
+            return None
+        ref, payload = fallback, store.load_concurrently(fallback)
+    return Prefetched(ref, payload, time.perf_counter() - started)

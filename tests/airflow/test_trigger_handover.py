@@ -1,0 +1,95 @@
+"""A trigger handed a job in the middle of a handover (the replacement launched on the
+notice by the worker that launched the job; the old lease still running) adopts the
+replacement once the old lease ends and watches it on: no worker wakes between the two
+attempts, and the event carries both closed."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from spot_helpers import marked_processes, trace, wait_until
+
+from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.triggers.spot import SpotJobTrigger
+from spot_core.checkpoint import open_store
+from spot_core.checkpoint.resumed import read_resumed
+from spot_core.controller import JobSpec, Next
+from spot_core.localcloud.cloud import LocalCloudConfig
+from spot_core.localcloud.server import LocalCloudServer, client_environ
+from spot_core.model import Outcome
+from spot_core.settings import SpotSettings
+
+pytestmark = pytest.mark.timeout(120)
+STEP = Path(__file__).parents[1] / "core" / "handover_step.py"
+ZONES = {"us-east-1a_v100_1": "111" + "0" * 400, "us-east-1b_v100_1": "00" + "1" * 400}
+OPTIONS = {
+    "poll_interval": 0.05,
+    "heartbeat_timeout": 60.0,
+    "observe_failure_timeout": 60.0,
+    "handover": "on_notice",
+}
+
+
+def _run(trigger: SpotJobTrigger, timeout: float = 90) -> dict:
+    async def first() -> dict:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger fired nothing")
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=timeout))
+
+
+def test_a_trigger_adopts_the_replacement_and_watches_it_on(tmp_path, monkeypatch):
+    result = tmp_path / "result.json"
+    with LocalCloudServer.from_traces(
+        [trace(name, pattern) for name, pattern in ZONES.items()],
+        time_scale=60.0,
+        workdir=tmp_path / "cloud",
+        config=LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=2.0),
+    ) as server:
+        for name, value in client_environ(server.url, tmp_path / "cloud").items():
+            monkeypatch.setenv(name, value)
+        hook = SpotHook("local", {"url": server.url})
+        provider = hook.get_provider()
+        spec = JobSpec(
+            job_id="trig-handover",
+            command=(sys.executable, str(STEP), "300", "0.02", "1.5", str(result)),
+            checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+            pools=provider.pools(),
+        )
+        controller = hook.controller(SpotSettings.build(**OPTIONS))
+        nxt = controller.advance(spec, controller.new_record(spec))
+        while nxt.action == "watch" and (
+            nxt.record.current_attempt is None or nxt.record.current_attempt.replacement is None
+        ):  # the worker watches the notice and launches the replacement on it
+            time.sleep(0.05)
+            nxt = controller.check(spec, nxt)
+        assert nxt.action == "watch" and nxt.record.current_attempt.replacement, nxt
+        trigger = SpotJobTrigger(
+            provider="local",
+            provider_options=hook.reopen_options,
+            next=nxt.to_dict(),
+            checkpoint_uri=spec.checkpoint_uri,
+            controller_options=OPTIONS,
+        )
+        path, kwargs = trigger.serialize()  # as the triggerer gets it
+        module, _, name = path.rpartition(".")
+        event = _run(getattr(importlib.import_module(module), name)(**kwargs))
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
+    assert event["status"] == "ended", event
+    record = Next.from_dict(event["next"]).record
+    old, new = record.attempts[0], record.attempts[1]
+    # one event for both attempts: the replacement was adopted and watched in the trigger
+    assert old.outcome is Outcome.PREEMPTED and new.outcome is Outcome.SUCCEEDED
+    assert new.started_at < old.ended_at and old.replacement["state"] == "adopted"
+    store = open_store(spec.checkpoint_uri)
+    emergency = [r for r in store.list() if r.attempt == old.number and "emergency" in r.metadata]
+    resumed = read_resumed(store, new.number)
+    assert emergency and resumed is not None and resumed.step == emergency[0].step
+    assert json.loads(result.read_text())["total"] == sum(range(300))
