@@ -47,7 +47,7 @@ test: lint test-core test-airflow test-prefect test-images
 # engines' packages each in its own environment (they import their engine).
 LINTED := spot_core airflow_spot prefect_spot tests bench dags flows docker
 
-lint: $(CORE)/.synced $(AIRFLOW)/.synced $(PREFECT)/.synced
+lint: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 	$(CORE)/bin/ruff check $(LINTED)
 	$(CORE)/bin/ruff format --check $(LINTED)
 	$(CORE)/bin/mypy spot_core
