@@ -277,7 +277,13 @@ def _fallback_traces():
     ]
 
 
+@pytest.mark.slow  # at the margin on a loaded machine: see the docstring
 def test_live_default_leaves_a_fallback_zone_like_the_simulator(tmp_path):
+    """Behind ``slow``: the live job's second attempt ends within about 0.1 tick (0.2 s
+    of wall time) of the moment the default policy's safety net would move it to
+    on-demand (deadline 24 ticks, work 12, plus each attempt's start-up in wall time), so
+    on a loaded 2-core machine a slower step flips it (seen in CI: the attempt finished
+    its 480 steps as the drain to on-demand arrived). Run it alone with ``-m slow``."""
     traces = _fallback_traces()
     record, market, (moved, _), events, simulated = _live_as_simulated(
         tmp_path,
