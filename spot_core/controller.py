@@ -122,6 +122,80 @@ class JobSpec:
         on_demand = tuple(p.on(Market.ON_DEMAND) for p in self.pools if p.is_spot)
         return tuple(dict.fromkeys(self.pools + on_demand))
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, so a driver that did not build the job can launch its next attempt
+        (a trigger handing over on the notice carries it in its kwargs)."""
+        return {
+            "job_id": self.job_id,
+            "command": list(self.command),
+            "checkpoint_uri": self.checkpoint_uri,
+            "pools": [pool.to_dict() for pool in self.pools],
+            "deadline_at": self.deadline_at,
+            "env": dict(self.env),
+            "work_capacity_seconds": self.work_capacity_seconds,
+            "total_steps": self.total_steps,
+            "restart_overhead_capacity_seconds": self.restart_overhead_capacity_seconds,
+            "image": self.image,
+            "deadline_policy": self.deadline_policy,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """``to_dict()``'s output back; anything else is one ConfigError (a trigger's kwargs
+        can be truncated or forged)."""
+        try:
+            command = data["command"]
+            env = data.get("env") or {}
+            if not isinstance(command, (list, tuple)) or not all(
+                isinstance(part, str) for part in command
+            ):
+                raise ValueError(f"command={command!r} is not a list of strings")
+            if not isinstance(env, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise ValueError("env is not a mapping of strings to strings")
+            numbers = {
+                name: data.get(name)
+                for name in (
+                    "deadline_at",
+                    "work_capacity_seconds",
+                    "total_steps",
+                    "restart_overhead_capacity_seconds",
+                )
+            }
+            for name, value in numbers.items():
+                if value is not None and (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                ):
+                    raise ValueError(f"{name}={value!r} is not a finite number")
+            overhead = numbers["restart_overhead_capacity_seconds"]
+            return cls(
+                job_id=str(data["job_id"]),
+                command=tuple(command),
+                checkpoint_uri=str(data["checkpoint_uri"]),
+                pools=tuple(Pool.from_dict(pool) for pool in data["pools"]),
+                deadline_at=numbers["deadline_at"],
+                env=dict(env),
+                work_capacity_seconds=numbers["work_capacity_seconds"],
+                total_steps=None if numbers["total_steps"] is None else int(numbers["total_steps"]),
+                restart_overhead_capacity_seconds=(
+                    SpotSettings.restart_overhead_capacity_seconds
+                    if overhead is None
+                    else float(overhead)
+                ),
+                image=data.get("image"),
+                deadline_policy=data.get("deadline_policy"),
+            )
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(
+                f"the job's spec is malformed ({type(exc).__name__}: "
+                f"{exc}); it was not written by spot-pipelines"
+            ) from None
+
 
 FINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEADLINE_MISSED)
 NextAction = Literal["finished", "sleep", "watch", "ended"]
@@ -515,8 +589,8 @@ class Controller:
             or running.replacement is not None
             or running.drain_requested_at is not None
             or self.market is None
-            or not spec.command  # a watch-only spec (a trigger's): the driver that launched
-            # the job hands over (it wakes on the notice)
+            or not spec.command  # a watch-only spec (a trigger without the job's launch
+            # spec, ``jobs.Relaunch``): the driver that launched the job hands over
             # A deadline policy's plan decides on the progress the emergency checkpoint is
             # about to prove: asked before that save, it could choose another market than
             # it will once the attempt closed, so such a job relaunches after the end.

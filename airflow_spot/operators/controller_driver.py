@@ -307,6 +307,14 @@ class ControllerDriverMixin(_Operator):
                 f"{attempt.checkpoint_step_end}"
             )
 
+    def _launch(self, spec: JobSpec) -> dict[str, Any] | None:
+        """What the trigger needs to launch the replacement on a notice itself, as this
+        worker's controller would (the job's spec and retry policy), so a handover does
+        not wake a worker; None when the step's env holds a credential (never in trigger
+        kwargs: the worker then hands over on the notice)."""
+        made = jobs.relaunch(self.settings, spec, max_user_retries=UNLIMITED_USER_RETRIES)
+        return None if made is None else made.to_dict()
+
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
         """The trigger that watches ``nxt`` in the triggerer."""
         return SpotJobTrigger(
@@ -316,6 +324,7 @@ class ControllerDriverMixin(_Operator):
             checkpoint_uri=spec.checkpoint_uri,
             controller_options=self.controller_options(),
             not_before=not_before,
+            launch=self._launch(spec),
         )
 
     def _defer(self, spec: JobSpec, nxt: Next) -> None:

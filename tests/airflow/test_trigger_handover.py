@@ -1,7 +1,11 @@
-"""A trigger handed a job in the middle of a handover (the replacement launched on the
-notice by the worker that launched the job; the old lease still running) adopts the
-replacement once the old lease ends and watches it on: no worker wakes between the two
-attempts, and the event carries both closed."""
+"""Handover in the triggerer: no worker wakes between the two attempts.
+
+A deferrable ``SpotJobOperator`` hands its trigger the job's launch spec and policy
+(``launch``): on the interruption notice the trigger's controller launches the
+replacement itself, while the task stays deferred, adopts it once the old lease ends and
+watches it on; the one event carries both attempts closed. A trigger handed a job in the
+middle of a handover (the replacement launched on the notice by a worker; the old lease
+still running) adopts it the same way."""
 
 from __future__ import annotations
 
@@ -10,19 +14,26 @@ import importlib
 import json
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import TaskDeferred
 from spot_helpers import marked_processes, trace, wait_until
+from task_context import TI, StateStore, first_event
 
 from airflow_spot.hooks.spot import SpotHook
+from airflow_spot.operators import controller_driver
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
 from airflow_spot.triggers.spot import SpotJobTrigger
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.resumed import read_resumed
 from spot_core.controller import JobSpec, Next
+from spot_core.errors import FencedOut
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer, client_environ
-from spot_core.model import Outcome
+from spot_core.model import JobRecord, Outcome
 from spot_core.settings import SpotSettings
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,3 +104,62 @@ def test_a_trigger_adopts_the_replacement_and_watches_it_on(tmp_path, monkeypatc
     resumed = read_resumed(store, new.number)
     assert emergency and resumed is not None and resumed.step == emergency[0].step
     assert json.loads(result.read_text())["total"] == sum(range(300))
+
+
+def test_a_deferred_task_hands_over_in_the_trigger_without_waking_a_worker(tmp_path, monkeypatch):
+    result = tmp_path / "result.json"
+    # the trigger's hold on its event (see MIN_DEFER_SECONDS): a second is enough here
+    monkeypatch.setattr(controller_driver, "MIN_DEFER_SECONDS", 1.0)
+    monkeypatch.delenv("SPOT_LOCAL_CLOUD_URL", raising=False)  # this test's own cloud
+    with LocalCloudServer.from_traces(
+        [trace(name, pattern) for name, pattern in ZONES.items()],
+        time_scale=60.0,
+        workdir=tmp_path / "cloud",
+        config=LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=2.0),
+    ) as server:
+        for name, value in client_environ(server.url, tmp_path / "cloud").items():
+            monkeypatch.setenv(name, value)
+        with DAG("trigger_handover", schedule=None, start_date=datetime(2026, 1, 1)):
+            op = SpotJobOperator(
+                task_id="train",
+                command=[sys.executable, str(STEP), "300", "0.02", "1.5", str(result)],
+                checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+                deferrable=True,
+                provider_options={"url": server.url},
+                **OPTIONS,
+            )
+        store, ti = StateStore(), TI()
+        context = {"task_state_store": store, "ti": ti}
+        with pytest.raises(TaskDeferred) as deferred:  # the worker launches, then defers
+            op.execute(context)
+        path, kwargs = deferred.value.trigger.serialize()  # the row the triggerer reads
+        first = Next.from_dict(kwargs["next"]).record
+        assert first.current_attempt is not None and first.current_attempt.replacement is None
+        assert kwargs["launch"]["spec"]["command"][1] == str(STEP)  # what it relaunches
+        module, _, name = path.rpartition(".")
+        trigger = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+        event = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=90))
+        woke_at = time.time()  # the worker resumes only now, with the trigger's one event
+        assert event["status"] == "ended", event
+        summary = op.execute_complete(context, event)
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
+    assert summary["status"] == "succeeded", summary
+    record = JobRecord.from_dict(store.data[RECORD_KEY])
+    old, new = record.attempts[0], record.attempts[1]
+    assert old.outcome is Outcome.PREEMPTED and new.outcome is Outcome.SUCCEEDED
+    # launched by the trigger's controller on the notice, before the old lease ended,
+    # and adopted there: both attempts closed before the worker woke once
+    assert old.replacement is not None and old.replacement["state"] == "adopted"
+    assert old.notice_at is not None and old.notice_at <= old.replacement["launched_at"]
+    assert old.replacement["launched_at"] < old.ended_at
+    assert new.started_at < old.ended_at and new.ended_at < woke_at
+    # resumed from the old attempt's emergency checkpoint, not an older one
+    ckpt = open_store(op.checkpoint_uri)
+    emergency = [r for r in ckpt.list() if r.attempt == old.number and "emergency" in r.metadata]
+    resumed = read_resumed(ckpt, new.number)
+    assert len(emergency) == 1 and resumed is not None and resumed.step == emergency[0].step
+    assert new.checkpoint_step_start == emergency[0].step
+    assert json.loads(result.read_text())["total"] == sum(range(300))
+    # a zombie of the old attempt cannot save after the handover
+    with pytest.raises(FencedOut):
+        ckpt.save(301, {"state.json": b"{}"}, attempt=old.number)
