@@ -41,7 +41,13 @@ from spot_core.attempt_env import (
     INFRASTRUCTURE_EXIT_CODE,
 )
 from spot_core.checkpoint import CheckpointStore, open_store
-from spot_core.checkpoint.handover import DEFAULT_NOTICE_SECONDS, mark_ended
+from spot_core.checkpoint.handover import (
+    DEFAULT_NOTICE_SECONDS,
+    forget_launched,
+    mark_ended,
+    mark_launched,
+    read_launched,
+)
 from spot_core.checkpoint.heartbeat import DriverBeat, Heartbeat, driver_beat, live_holder
 from spot_core.checkpoint.resumed import read_resumed
 from spot_core.errors import ConfigError, DriverConflict, SpotError
@@ -597,6 +603,10 @@ class Controller:
             or self._deadline_plan(spec, record) is not None
         ):
             return watch
+        store = self.stores(spec.checkpoint_uri)
+        launched = read_launched(store, running.number)
+        if launched is not None:  # launched by a driver that restarted before recording it
+            return self._record_replacement(watch, launched, running.number)
         try:
             ended = dataclasses.replace(
                 running, ended_at=now, outcome=Outcome.PREEMPTED, notice_at=signal_at
@@ -607,7 +617,6 @@ class Controller:
             return watch
         if decision.action != "launch":
             return watch  # the policy waits or settles: asked again once the attempt ends
-        store = self.stores(spec.checkpoint_uri)
         number = max(record.next_attempt_number, store.fence_level() + 1)
         deadline = status.reclaim_at or signal_at + DEFAULT_NOTICE_SECONDS
         if watch.notice_at is None:  # a rebalance: no reclaim is announced yet, so the
@@ -634,15 +643,22 @@ class Controller:
             "reason": decision.reason,
         }
         try:
-            record = self._save(
-                record.with_running(replacement=replacement),
-                "handover",
-                f"attempt {number} launched on {lease.pool.key} on the notice to "
-                f"attempt {running.number}",
-            )
+            mark_launched(store, running.number, replacement)
+            return self._record_replacement(watch, replacement, running.number)
         except BaseException:
             self._terminate(lease)  # unrecorded: nobody else could end it
+            forget_launched(store, running.number)
             raise
+
+    def _record_replacement(self, watch: Next, replacement: Mapping[str, Any], old: int) -> Next:
+        """The record names ``old``'s replacement before anything else happens."""
+        lease = Lease.from_dict(replacement["lease"])
+        record = self._save(
+            watch.record.with_running(replacement=dict(replacement)),
+            "handover",
+            f"attempt {replacement['attempt']} launched on {lease.pool.key} on the "
+            f"notice to attempt {old}",
+        )
         return dataclasses.replace(watch, record=record)
 
     def _adopt_replacement(self, spec: JobSpec, record: JobRecord, now: float) -> Next:

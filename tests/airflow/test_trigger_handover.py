@@ -10,10 +10,12 @@ still running) adopts it the same way."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -106,10 +108,10 @@ def test_a_trigger_adopts_the_replacement_and_watches_it_on(tmp_path, monkeypatc
     assert json.loads(result.read_text())["total"] == sum(range(300))
 
 
-def test_a_deferred_task_hands_over_in_the_trigger_without_waking_a_worker(tmp_path, monkeypatch):
-    result = tmp_path / "result.json"
-    # the trigger's hold on its event (see MIN_DEFER_SECONDS): a second is enough here
-    monkeypatch.setattr(controller_driver, "MIN_DEFER_SECONDS", 1.0)
+@contextlib.contextmanager
+def _cloud(tmp_path, monkeypatch) -> Iterator[LocalCloudServer]:
+    """The local cloud of these tests (zone a's spot reclaimed after 3 s with a 1 s
+    notice and 2 s of grace), its clients' environment set."""
     monkeypatch.delenv("SPOT_LOCAL_CLOUD_URL", raising=False)  # this test's own cloud
     with LocalCloudServer.from_traces(
         [trace(name, pattern) for name, pattern in ZONES.items()],
@@ -119,26 +121,50 @@ def test_a_deferred_task_hands_over_in_the_trigger_without_waking_a_worker(tmp_p
     ) as server:
         for name, value in client_environ(server.url, tmp_path / "cloud").items():
             monkeypatch.setenv(name, value)
-        with DAG("trigger_handover", schedule=None, start_date=datetime(2026, 1, 1)):
-            op = SpotJobOperator(
-                task_id="train",
-                command=[sys.executable, str(STEP), "300", "0.02", "1.5", str(result)],
-                checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-                deferrable=True,
-                provider_options={"url": server.url},
-                **OPTIONS,
-            )
-        store, ti = StateStore(), TI()
-        context = {"task_state_store": store, "ti": ti}
-        with pytest.raises(TaskDeferred) as deferred:  # the worker launches, then defers
-            op.execute(context)
-        path, kwargs = deferred.value.trigger.serialize()  # the row the triggerer reads
-        first = Next.from_dict(kwargs["next"]).record
+        yield server
+
+
+def _deferred(tmp_path, monkeypatch, url: str, context: dict) -> tuple[SpotJobOperator, dict]:
+    """A deferrable SpotJobOperator run until it defers: the operator and the trigger row
+    the triggerer reads (its class path and kwargs, through JSON as stored)."""
+    # the trigger's hold on its event (see MIN_DEFER_SECONDS): a second is enough here
+    monkeypatch.setattr(controller_driver, "MIN_DEFER_SECONDS", 1.0)
+    result = str(tmp_path / "result.json")
+    with DAG("trigger_handover", schedule=None, start_date=datetime(2026, 1, 1)):
+        op = SpotJobOperator(
+            task_id="train",
+            command=[sys.executable, str(STEP), "300", "0.02", "1.5", result],
+            checkpoint_uri=(tmp_path / "ckpt").as_uri(),
+            deferrable=True,
+            provider_options={"url": url},
+            **OPTIONS,
+        )
+    with pytest.raises(TaskDeferred) as deferred:  # the worker launches, then defers
+        op.execute(context)
+    path, kwargs = deferred.value.trigger.serialize()
+    return op, {"path": path, "kwargs": json.loads(json.dumps(kwargs))}
+
+
+def _trigger(row: dict) -> SpotJobTrigger:
+    module, _, name = row["path"].rpartition(".")
+    return getattr(importlib.import_module(module), name)(**row["kwargs"])
+
+
+def _replacement(nxt: Next | None) -> dict | None:
+    running = None if nxt is None else nxt.record.current_attempt
+    return None if running is None else running.replacement
+
+
+def test_a_deferred_task_hands_over_in_the_trigger_without_waking_a_worker(tmp_path, monkeypatch):
+    result = tmp_path / "result.json"
+    with _cloud(tmp_path, monkeypatch) as server:
+        store = StateStore()
+        context = {"task_state_store": store, "ti": TI()}
+        op, row = _deferred(tmp_path, monkeypatch, server.url, context)
+        first = Next.from_dict(row["kwargs"]["next"]).record
         assert first.current_attempt is not None and first.current_attempt.replacement is None
-        assert kwargs["launch"]["spec"]["command"][1] == str(STEP)  # what it relaunches
-        module, _, name = path.rpartition(".")
-        trigger = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
-        event = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=90))
+        assert row["kwargs"]["launch"]["spec"]["command"][1] == str(STEP)  # what it relaunches
+        event = asyncio.run(asyncio.wait_for(first_event(_trigger(row)), timeout=90))
         woke_at = time.time()  # the worker resumes only now, with the trigger's one event
         assert event["status"] == "ended", event
         summary = op.execute_complete(context, event)
@@ -163,3 +189,40 @@ def test_a_deferred_task_hands_over_in_the_trigger_without_waking_a_worker(tmp_p
     # a zombie of the old attempt cannot save after the handover
     with pytest.raises(FencedOut):
         ckpt.save(301, {"state.json": b"{}"}, attempt=old.number)
+
+
+def test_a_triggerer_restart_mid_handover_launches_no_second_replacement(tmp_path, monkeypatch):
+    """The trigger's record lives in its memory until its event; a triggerer that restarts
+    after the trigger launched the replacement resumes from the kwargs (the Next before the
+    notice). It finds the launched replacement in the job's store and records it, rather
+    than launching a second lease that would wait, fence and write beside the first."""
+    with _cloud(tmp_path, monkeypatch) as server:
+        store = StateStore()
+        context = {"task_state_store": store, "ti": TI()}
+        op, row = _deferred(tmp_path, monkeypatch, server.url, context)
+        first = _trigger(row)
+
+        async def until_launched() -> dict:
+            task = asyncio.create_task(first_event(first))
+            while _replacement(first._current) is None:
+                assert not task.done(), task.result()
+                await asyncio.sleep(0.05)
+            task.cancel()  # the triggerer restarts: this trigger is cancelled ...
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await first.cleanup()  # ... and cleans up (the task is still deferred)
+            launched = _replacement(first._current)
+            assert launched is not None
+            return launched
+
+        launched = asyncio.run(asyncio.wait_for(until_launched(), timeout=60))
+        # the next triggerer runs the same row
+        event = asyncio.run(asyncio.wait_for(first_event(_trigger(row)), timeout=90))
+        assert event["status"] == "ended", event
+        summary = op.execute_complete(context, event)
+        assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15)
+    assert summary["status"] == "succeeded", summary
+    record = JobRecord.from_dict(store.data[RECORD_KEY])
+    assert len(record.attempts) == 2 and record.attempts[1].outcome is Outcome.SUCCEEDED
+    assert record.attempts[1].lease_id == launched["lease"]["lease_id"]  # the first's, adopted
+    assert json.loads((tmp_path / "result.json").read_text())["total"] == sum(range(300))
