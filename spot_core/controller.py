@@ -41,7 +41,13 @@ from spot_core.attempt_env import (
     INFRASTRUCTURE_EXIT_CODE,
 )
 from spot_core.checkpoint import CheckpointStore, open_store
-from spot_core.checkpoint.handover import DEFAULT_NOTICE_SECONDS, mark_ended
+from spot_core.checkpoint.handover import (
+    DEFAULT_NOTICE_SECONDS,
+    forget_launched,
+    mark_ended,
+    mark_launched,
+    read_launched,
+)
 from spot_core.checkpoint.heartbeat import DriverBeat, Heartbeat, driver_beat, live_holder
 from spot_core.checkpoint.resumed import read_resumed
 from spot_core.errors import ConfigError, DriverConflict, SpotError
@@ -121,6 +127,80 @@ class JobSpec:
         """The spot pools and their on-demand counterparts, without duplicates."""
         on_demand = tuple(p.on(Market.ON_DEMAND) for p in self.pools if p.is_spot)
         return tuple(dict.fromkeys(self.pools + on_demand))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, so a driver that did not build the job can launch its next attempt
+        (a trigger handing over on the notice carries it in its kwargs)."""
+        return {
+            "job_id": self.job_id,
+            "command": list(self.command),
+            "checkpoint_uri": self.checkpoint_uri,
+            "pools": [pool.to_dict() for pool in self.pools],
+            "deadline_at": self.deadline_at,
+            "env": dict(self.env),
+            "work_capacity_seconds": self.work_capacity_seconds,
+            "total_steps": self.total_steps,
+            "restart_overhead_capacity_seconds": self.restart_overhead_capacity_seconds,
+            "image": self.image,
+            "deadline_policy": self.deadline_policy,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """``to_dict()``'s output back; anything else is one ConfigError (a trigger's kwargs
+        can be truncated or forged)."""
+        try:
+            command = data["command"]
+            env = data.get("env") or {}
+            if not isinstance(command, (list, tuple)) or not all(
+                isinstance(part, str) for part in command
+            ):
+                raise ValueError(f"command={command!r} is not a list of strings")
+            if not isinstance(env, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise ValueError("env is not a mapping of strings to strings")
+            numbers = {
+                name: data.get(name)
+                for name in (
+                    "deadline_at",
+                    "work_capacity_seconds",
+                    "total_steps",
+                    "restart_overhead_capacity_seconds",
+                )
+            }
+            for name, value in numbers.items():
+                if value is not None and (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                ):
+                    raise ValueError(f"{name}={value!r} is not a finite number")
+            overhead = numbers["restart_overhead_capacity_seconds"]
+            return cls(
+                job_id=str(data["job_id"]),
+                command=tuple(command),
+                checkpoint_uri=str(data["checkpoint_uri"]),
+                pools=tuple(Pool.from_dict(pool) for pool in data["pools"]),
+                deadline_at=numbers["deadline_at"],
+                env=dict(env),
+                work_capacity_seconds=numbers["work_capacity_seconds"],
+                total_steps=None if numbers["total_steps"] is None else int(numbers["total_steps"]),
+                restart_overhead_capacity_seconds=(
+                    SpotSettings.restart_overhead_capacity_seconds
+                    if overhead is None
+                    else float(overhead)
+                ),
+                image=data.get("image"),
+                deadline_policy=data.get("deadline_policy"),
+            )
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(
+                f"the job's spec is malformed ({type(exc).__name__}: "
+                f"{exc}); it was not written by spot-pipelines"
+            ) from None
 
 
 FINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEADLINE_MISSED)
@@ -515,14 +595,18 @@ class Controller:
             or running.replacement is not None
             or running.drain_requested_at is not None
             or self.market is None
-            or not spec.command  # a watch-only spec (a trigger's): the driver that launched
-            # the job hands over (it wakes on the notice)
+            or not spec.command  # a watch-only spec (a trigger without the job's launch
+            # spec, ``jobs.Relaunch``): the driver that launched the job hands over
             # A deadline policy's plan decides on the progress the emergency checkpoint is
             # about to prove: asked before that save, it could choose another market than
             # it will once the attempt closed, so such a job relaunches after the end.
             or self._deadline_plan(spec, record) is not None
         ):
             return watch
+        store = self.stores(spec.checkpoint_uri)
+        launched = read_launched(store, running.number)
+        if launched is not None:  # launched by a driver that restarted before recording it
+            return self._record_replacement(watch, launched, running.number)
         try:
             ended = dataclasses.replace(
                 running, ended_at=now, outcome=Outcome.PREEMPTED, notice_at=signal_at
@@ -533,7 +617,6 @@ class Controller:
             return watch
         if decision.action != "launch":
             return watch  # the policy waits or settles: asked again once the attempt ends
-        store = self.stores(spec.checkpoint_uri)
         number = max(record.next_attempt_number, store.fence_level() + 1)
         deadline = status.reclaim_at or signal_at + DEFAULT_NOTICE_SECONDS
         if watch.notice_at is None:  # a rebalance: no reclaim is announced yet, so the
@@ -560,15 +643,22 @@ class Controller:
             "reason": decision.reason,
         }
         try:
-            record = self._save(
-                record.with_running(replacement=replacement),
-                "handover",
-                f"attempt {number} launched on {lease.pool.key} on the notice to "
-                f"attempt {running.number}",
-            )
+            mark_launched(store, running.number, replacement)
+            return self._record_replacement(watch, replacement, running.number)
         except BaseException:
             self._terminate(lease)  # unrecorded: nobody else could end it
+            forget_launched(store, running.number)
             raise
+
+    def _record_replacement(self, watch: Next, replacement: Mapping[str, Any], old: int) -> Next:
+        """The record names ``old``'s replacement before anything else happens."""
+        lease = Lease.from_dict(replacement["lease"])
+        record = self._save(
+            watch.record.with_running(replacement=dict(replacement)),
+            "handover",
+            f"attempt {replacement['attempt']} launched on {lease.pool.key} on the "
+            f"notice to attempt {old}",
+        )
         return dataclasses.replace(watch, record=record)
 
     def _adopt_replacement(self, spec: JobSpec, record: JobRecord, now: float) -> Next:

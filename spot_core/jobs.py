@@ -31,6 +31,7 @@ from typing import Any
 
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.controller import Controller, JobSpec, Listener, Persist
+from spot_core.credentials import credential_findings
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, Lease, Pool
 from spot_core.providers.base import (
@@ -61,6 +62,7 @@ __all__ = [
     "LeaseStatus",
     "Observation",
     "ProviderPlugin",
+    "Relaunch",
     "SessionKind",
     "assemble",
     "check_provider",
@@ -73,6 +75,7 @@ __all__ = [
     "provider_names",
     "publish_from_lease",
     "refuse_credentials",
+    "relaunch",
     "reopen_provider",
     "select_pools",
     "trace_position",
@@ -283,6 +286,75 @@ def watch_spec(job_id: str, checkpoint_uri: str) -> JobSpec:
     """What ``check`` and ``stop`` read of a job: its id and its store (a trigger has no
     more of it, and needs no more)."""
     return JobSpec(job_id=job_id, command=(), checkpoint_uri=checkpoint_uri, pools=())
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """What a driver that did not build the job needs to launch its next attempt as the
+    one that built it would: the job's spec (command, pools, environment, deadline), the
+    retry policy's knobs (budgets, fallback, price cap) and the engine's user-failure
+    budget. A deferrable operator's trigger carries it (``to_dict``) so that, on an
+    interruption notice, its controller launches the replacement in the triggerer
+    (``handover``) instead of waking a worker. No credentials: the spec's environment is
+    checked by the provider as the operator's is, and the connections stay ids."""
+
+    spec: JobSpec
+    policy_options: Mapping[str, Any]
+    max_user_retries: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (a trigger's kwargs)."""
+        return {
+            "spec": self.spec.to_dict(),
+            "policy_options": dict(self.policy_options),
+            "max_user_retries": self.max_user_retries,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Relaunch:
+        """``to_dict()``'s output back, its policy knobs checked by the settings model;
+        anything else is one ConfigError."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("policy_options"), Mapping):
+            raise ConfigError(
+                "launch is not a mapping with spec and policy_options; "
+                "it was not written by spot-pipelines"
+            )
+        options = dict(data["policy_options"])
+        allowed = SpotSettings().policy_knob_values()
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"launch: unknown policy_options {unknown}; choose from {list(allowed)}"
+            )
+        retries = data.get("max_user_retries")
+        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)):
+            raise ConfigError(f"launch: max_user_retries={retries!r} must be an integer or None")
+        SpotSettings.build(check_options=False, **options)  # the model's checks
+        spec = JobSpec.from_dict(data.get("spec") or {})
+        found = credential_findings(spec.env)
+        if found:
+            raise ConfigError(
+                f"launch: env {', '.join(sorted(found))} looks like credentials, which "
+                "never ride in a trigger's kwargs; the operator leaves launch out for such "
+                "a job (its worker hands over on the notice)"
+            )
+        return cls(spec, options, retries)
+
+    def settings(self, controller_options: Mapping[str, Any]) -> SpotSettings:
+        """The settings the launching driver's controller ran with (its controller knobs
+        and these policy knobs)."""
+        return SpotSettings.build(check_options=False, **controller_options, **self.policy_options)
+
+
+def relaunch(
+    settings: SpotSettings, spec: JobSpec, *, max_user_retries: int | None = None
+) -> Relaunch | None:
+    """The job's ``Relaunch`` under ``settings``; None when its step's environment holds
+    what looks like a credential (by name or value): that never rides in a trigger's
+    kwargs, so such a job's trigger only watches and its worker hands over."""
+    if credential_findings(spec.env):
+        return None
+    return Relaunch(spec, settings.policy_knob_values(), max_user_retries)
 
 
 @dataclass(frozen=True)

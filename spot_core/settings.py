@@ -81,6 +81,18 @@ _IN_PLACE = frozenset({DECORATOR, SPOT_TASK, TASK_RUNNER})
 
 # When a reclaimed attempt's replacement is launched (the handover knob; the controller).
 HANDOVER_MODES = ("off", "on_notice", "on_rebalance")
+# The fields ``retry_policy`` reads (``max_user_retries`` aside: an engine passes its own).
+POLICY_FIELDS = (
+    "max_preemptions",
+    "max_infrastructure_retries",
+    "max_disruptions",
+    "on_demand_fallback",
+    "return_to_spot",
+    "capacity_wait_seconds",
+    "max_capacity_waits",
+    "min_on_demand_seconds",
+    "max_spot_price",
+)
 
 # Kinds of value a knob holds.
 INT, NUMBER, BOOL, DURATION, TEXT, NAMES, MAPPING = (
@@ -926,6 +938,12 @@ class SpotSettings:
         """Knob name -> value as the surfaces show it (``controller_only``: the bounds of
         the controller's lifecycle, which a trigger carries to the triggerer)."""
         return {k.name: k.read(self) for k in KNOBS if k.controller or not controller_only}
+
+    def policy_knob_values(self) -> dict[str, Any]:
+        """Knob name -> value of the retry policy's knobs (its budgets, fallback, waits,
+        price cap): what a driver that did not build the job needs for the policy to
+        decide its next attempt as the launching driver would (a trigger handing over)."""
+        return {k.name: k.read(self) for k in KNOBS if k.field in POLICY_FIELDS}
 
     def retry_policy(
         self, *, max_user_retries: int | None = None, deadline_safety_seconds: float = 0.0

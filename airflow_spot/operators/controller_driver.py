@@ -180,6 +180,9 @@ class ControllerDriverMixin(_Operator):
         assert event is not None  # _event_next refused anything but a known event
         controller = self._controller(context)
         controller.persist(nxt.record)  # what the trigger closed, before anything acts on it
+        latest = self._latest_lease(nxt.record)
+        if latest is not None:  # one the trigger adopted in a handover is linked too
+            self._persist_lease_link(context, latest)
         spec = self._spec(nxt.record.job_id, nxt.record.created_at)
         if event["status"] == "error":  # the next try reattaches to the recorded attempt
             raise AirflowException(
@@ -193,6 +196,12 @@ class ControllerDriverMixin(_Operator):
                 self._lease_of(nxt).attempt,
             )
         return self._drive(context, controller, spec, nxt)
+
+    @staticmethod
+    def _latest_lease(record: JobRecord) -> Lease | None:
+        """The newest attempt's lease (None before any attempt)."""
+        latest = record.attempts[-1] if record.attempts else None
+        return None if latest is None or not latest.lease else Lease.from_dict(latest.lease)
 
     def _event_next(self, event: Any) -> Next:
         """The Next a trigger event carries. An event that cannot be read is one line and
@@ -307,6 +316,14 @@ class ControllerDriverMixin(_Operator):
                 f"{attempt.checkpoint_step_end}"
             )
 
+    def _launch(self, spec: JobSpec) -> dict[str, Any] | None:
+        """What the trigger needs to launch the replacement on a notice itself, as this
+        worker's controller would (the job's spec and retry policy), so a handover does
+        not wake a worker; None when the step's env holds a credential (never in trigger
+        kwargs: the worker then hands over on the notice)."""
+        made = jobs.relaunch(self.settings, spec, max_user_retries=UNLIMITED_USER_RETRIES)
+        return None if made is None else made.to_dict()
+
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
         """The trigger that watches ``nxt`` in the triggerer."""
         return SpotJobTrigger(
@@ -316,6 +333,7 @@ class ControllerDriverMixin(_Operator):
             checkpoint_uri=spec.checkpoint_uri,
             controller_options=self.controller_options(),
             not_before=not_before,
+            launch=self._launch(spec),
         )
 
     def _defer(self, spec: JobSpec, nxt: Next) -> None:

@@ -404,6 +404,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
             checkpoint_uri=spec.checkpoint_uri,
             controller_options=self.controller_options(),
             not_before=not_before,
+            launch=self._launch(spec),
             kubernetes_conn_id=self.kubernetes_conn_id,
             cluster_context=self.cluster_context,
             config_file=self.config_file,

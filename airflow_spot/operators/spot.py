@@ -349,6 +349,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
             checkpoint_uri=spec.checkpoint_uri,
             controller_options=self.controller_options(),
             not_before=not_before,
+            launch=self._launch(spec),
             aws_conn_id=self.aws_conn_id,
             kubernetes_conn_id=self.kubernetes_conn_id,
         )

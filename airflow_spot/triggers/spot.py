@@ -9,10 +9,16 @@ deferred job, not one per trigger) and hands it to ``Controller.check`` in a thr
 checks of one poll share a thread hop: ``spot_core.batched``): the controller renews the
 driver heartbeat in the job's store, absorbs failed observations until
 ``observe_failure_timeout``, and classifies, bills and closes the attempt when it ends.
-A handover (a replacement launched on the notice, ``handover``) is adopted here too, and
-its lease watched on, so no worker wakes for it.
+Handover. With ``launch`` (the job's spec and retry policy, ``spot_core.jobs.Relaunch``:
+what the operator built, no credentials) the controller here hands over as a worker's
+would: on the interruption notice it launches the replacement (``handover``), records it
+in the Next, keeps watching the old lease and, once that one closes, adopts the
+replacement (it fences the store) and watches it on. The task stays deferred throughout;
+no worker wakes for the notice. Without ``launch`` (a trigger written by an older
+operator) a replacement already launched is still adopted here.
 The trigger fires once: on ``ended`` (the closed record is in the event), on the first
-interruption notice (``return_on_notice``), or, with a ``sleep`` Next, when the sleep is
+interruption notice nobody answered with a replacement (``return_on_notice``: the
+policy waited, no capacity, no ``launch``), or, with a ``sleep`` Next, when the sleep is
 over.
 
 Kill safety. A user who marks the deferred task failed or success, or clears it, makes
@@ -61,6 +67,8 @@ class SpotJobTrigger(BaseTrigger):
     :param not_before: POSIX time before which no event fires. Airflow 3.3 can resume a
         task whose trigger fires before the executor has reported the deferring process's
         exit, then retry it as a zombie; holding the event a few seconds avoids that race.
+    :param launch: ``spot_core.jobs.Relaunch.to_dict()`` of the job (its spec and retry
+        policy knobs): lets this trigger launch the replacement on a notice itself.
     :param aws_conn_id / kubernetes_conn_id: the connections the operator used, by id
         only: the triggerer resolves them itself (its secrets backend or
         ``AIRFLOW_CONN_<ID>``), so no credential is ever in these kwargs.
@@ -76,6 +84,7 @@ class SpotJobTrigger(BaseTrigger):
         controller_options: Mapping[str, Any] | None = None,
         return_on_notice: bool = True,
         not_before: float = 0.0,
+        launch: Mapping[str, Any] | None = None,
         aws_conn_id: str | None = None,
         kubernetes_conn_id: str | None = None,
     ) -> None:
@@ -88,6 +97,7 @@ class SpotJobTrigger(BaseTrigger):
             controller_options,
             return_on_notice,
             not_before,
+            launch,
         )
         check_conn_id(aws_conn_id, "aws_conn_id", "SpotJobTrigger")
         check_conn_id(kubernetes_conn_id, "kubernetes_conn_id", "SpotJobTrigger")
@@ -98,8 +108,15 @@ class SpotJobTrigger(BaseTrigger):
         self.next = dict(next)
         self.checkpoint_uri = checkpoint_uri
         self.controller_options = dict(controller_options or {})
-        # The controller's bounds: the settings model's, under the knobs the worker used.
-        self.settings = SpotSettings.build(check_options=False, **self.controller_options)
+        self.launch = None if launch is None else dict(launch)
+        self.relaunch = None if launch is None else jobs.Relaunch.from_dict(launch)
+        # The controller's bounds (and, with ``launch``, its retry policy): the settings
+        # model's, under the knobs the worker used.
+        self.settings = (
+            SpotSettings.build(check_options=False, **self.controller_options)
+            if self.relaunch is None
+            else self.relaunch.settings(self.controller_options)
+        )
         self.return_on_notice = return_on_notice
         self.not_before = float(not_before)
         self._current: Next | None = None  # the latest Next, for on_kill / cleanup
@@ -114,6 +131,7 @@ class SpotJobTrigger(BaseTrigger):
         controller_options,
         return_on_notice,
         not_before,
+        launch,
     ) -> None:
         """Kwargs as the operator writes them; anything else (a forged or truncated row in
         the trigger table) is one ValueError line here, before anything is watched."""
@@ -139,6 +157,14 @@ class SpotJobTrigger(BaseTrigger):
                 raise ConfigError(
                     f"next.action={parsed.action!r}: a trigger watches or sleeps only"
                 )
+            if launch is not None:
+                spec = jobs.Relaunch.from_dict(launch).spec
+                if (spec.job_id, spec.checkpoint_uri) != (parsed.record.job_id, checkpoint_uri):
+                    raise ConfigError(
+                        f"launch is job {spec.job_id!r} on {spec.checkpoint_uri}, not the "
+                        f"watched job {parsed.record.job_id!r} on {checkpoint_uri}"
+                    )
+                jobs.check_provider(provider, provider_options, env=spec.env)
         except ConfigError as exc:
             raise ValueError(f"SpotJobTrigger: {exc}") from None
 
@@ -153,6 +179,7 @@ class SpotJobTrigger(BaseTrigger):
                 "controller_options": self.controller_options,
                 "return_on_notice": self.return_on_notice,
                 "not_before": self.not_before,
+                "launch": self.launch,
                 "aws_conn_id": self.aws_conn_id,
                 "kubernetes_conn_id": self.kubernetes_conn_id,
             },
@@ -160,7 +187,10 @@ class SpotJobTrigger(BaseTrigger):
 
     # -- what the controller needs -----------------------------------------------------------
     def _spec(self, nxt: Next) -> JobSpec:
-        """``check`` and ``stop`` read only the job id and its store from the spec."""
+        """The job as the operator built it (``launch``: the controller can hand over),
+        else what ``check`` and ``stop`` read of it: its id and its store."""
+        if self.relaunch is not None:
+            return self.relaunch.spec
         return jobs.watch_spec(nxt.record.job_id, self.checkpoint_uri)
 
     def hook(self) -> SpotHook:
@@ -175,14 +205,19 @@ class SpotJobTrigger(BaseTrigger):
     def _controller(self) -> Controller:
         """Blocking (it resolves the connections and may open the provider): call it
         from a thread, never on the triggerer's event loop."""
-        return self.hook().controller(self.settings)
+        return self.hook().controller(self.settings, max_user_retries=self._user_retries)
+
+    @property
+    def _user_retries(self) -> int | None:
+        """The engine's user-failure budget the operator's controller ran with."""
+        return None if self.relaunch is None else self.relaunch.max_user_retries
 
     def _open(self) -> tuple[Controller, SharedObserver]:
         """The controller and the triggerer's one observer for its provider (keyed as the
         hook's provider cache: name, options, connection ids), shared by every trigger
         watching on it. Blocking, like ``_controller``."""
         hook = self.hook()
-        controller = hook.controller(self.settings)
+        controller = hook.controller(self.settings, max_user_retries=self._user_retries)
         return controller, shared_observer(hook.cache_key, controller.provider)
 
     @property

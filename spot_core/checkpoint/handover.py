@@ -22,14 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.checkpoint.status import parse_report, status_key
 from spot_core.checkpoint.store import CheckpointStore
 from spot_core.errors import CorruptCheckpoint
-from spot_core.model import CheckpointRef
+from spot_core.model import CheckpointRef, Lease
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,44 @@ def mark_ended(store: CheckpointStore, attempt: int, ended_at: float) -> None:
     waiting for it goes on at once instead of at the notice's deadline."""
     doc = {"attempt": attempt, "ended_at": ended_at}
     store.put_object(ended_key(attempt), json.dumps(doc, allow_nan=False).encode())
+
+
+def launched_key(attempt: int) -> str:
+    return f"{HANDOVER_PREFIX}/attempt-{attempt:06d}-replacement.json"
+
+
+def mark_launched(store: CheckpointStore, attempt: int, replacement: Mapping[str, Any]) -> None:
+    """Say, in the job's store, that ``attempt``'s replacement was launched (the record's
+    ``Attempt.replacement``): a driver whose record is not persisted as it goes (a
+    trigger: its kwargs hold the Next it was deferred with) finds it there after a
+    restart and records it, instead of launching a second one."""
+    store.put_object(launched_key(attempt), json.dumps(dict(replacement), allow_nan=False).encode())
+
+
+def forget_launched(store: CheckpointStore, attempt: int) -> None:
+    """Drop ``mark_launched``'s object (its lease was ended unrecorded); best effort: the
+    driver is already failing, and a stale one only names a lease that has ended."""
+    try:
+        store.delete_object(launched_key(attempt))
+    except Exception:  # noqa: BLE001 - the original error is the one to raise
+        log.warning("attempt %d: could not drop its replacement record", attempt, exc_info=True)
+
+
+def read_launched(store: CheckpointStore, attempt: int) -> dict[str, Any] | None:
+    """``mark_launched``'s replacement of ``attempt``, or None (none, or unreadable: a
+    torn or forged object is read as none, and the usual path relaunches after the end)."""
+    data = store.get_object(launched_key(attempt))
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        Lease.from_dict(doc["lease"])
+        if isinstance(doc["attempt"], bool) or int(doc["attempt"]) <= attempt:
+            raise ValueError(f"attempt {doc['attempt']!r} does not follow {attempt}")
+        return dict(doc)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("attempt %d: unreadable replacement record (%s); ignored", attempt, exc)
+        return None
 
 
 @dataclass(frozen=True)

@@ -327,7 +327,30 @@ GOOD_JOB_TRIGGER = dict(
     checkpoint_uri="file:///c",
     controller_options={"poll_interval": 0.5},
 )
+
+
+def _launch(spec=None, **changes) -> dict:
+    """A trigger's ``launch`` (``jobs.Relaunch.to_dict()``) for GOOD_JOB_TRIGGER's job."""
+    good = {
+        "job_id": "j",
+        "command": ["python", "train.py"],
+        "checkpoint_uri": "file:///c",
+        "pools": [Pool("local", "r", "r-a", "t").to_dict()],
+        "env": {"EPOCHS": "3"},
+    }
+    data = {"spec": {**good, **(spec or {})}, "policy_options": {}, "max_user_retries": 3}
+    return {**data, **changes}
+
+
 JOB_TRIGGER_CASES = [
+    ("launch", "x", "not a mapping"),
+    ("launch", _launch(spec={"job_id": "other"}), "not the watched job"),
+    ("launch", _launch(spec={"command": "rm -rf /"}), "command"),
+    ("launch", _launch(spec={"pools": [{"zone": "a"}]}), "malformed"),
+    ("launch", _launch(policy_options={"max_preemptions": -1}), "max_preemptions"),
+    ("launch", _launch(policy_options={"retries": 1}), "unknown policy_options"),
+    ("launch", _launch(max_user_retries="many"), "max_user_retries"),
+    ("launch", _launch(spec={"env": {"WANDB_API_KEY": "0123456789abcdef"}}), "credentials"),
     ("provider", "gcp", "not built"),
     ("provider_options", "x", "mapping"),
     ("provider_options", {"token": "x"}, "credential"),
@@ -358,6 +381,7 @@ JOB_TRIGGER_CASES = [
 )
 def test_spot_job_trigger_refuses_bad_kwargs_in_one_line(arg, value, words):
     SpotJobTrigger(**GOOD_JOB_TRIGGER)  # the good kwargs construct
+    SpotJobTrigger(**GOOD_JOB_TRIGGER, launch=_launch())
     with pytest.raises(ValueError) as info:
         SpotJobTrigger(**{**GOOD_JOB_TRIGGER, arg: value})
     message = str(info.value)

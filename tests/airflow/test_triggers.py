@@ -17,6 +17,7 @@ from spot_helpers import marked_processes, wait_until
 
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger, window_decision
 from airflow_spot.triggers.spot import SpotJobTrigger
+from spot_core import jobs
 from spot_core.controller import JobSpec, Next
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
 from spot_core.settings import SpotSettings
@@ -63,6 +64,24 @@ TRIGGERS = [
         not_before=1.0e9 + 3,
     ),
     SpotJobTrigger(provider="local", provider_options={}, next=SLEEP, checkpoint_uri="file:///c"),
+    SpotJobTrigger(  # with the job's launch spec: it hands over on a notice itself
+        provider="local",
+        provider_options={"url": "http://127.0.0.1:1"},
+        next=WATCH,
+        checkpoint_uri="file:///c",
+        controller_options={"poll_interval": 0.5, "handover": "on_notice"},
+        launch=jobs.relaunch(
+            SpotSettings.build(max_preemptions=2),
+            JobSpec(
+                job_id="dag.train.run",
+                command=("python", "train.py"),
+                checkpoint_uri="file:///c",
+                pools=(Pool("aws", "us-east-2", "us-east-2a", "p3.2xlarge"),),
+                env={"EPOCHS": "3"},
+            ),
+            max_user_retries=1_000_000,
+        ).to_dict(),
+    ),
     SpotPriceWindowTrigger(
         provider="local",
         provider_options={"url": "http://127.0.0.1:1"},
@@ -99,6 +118,23 @@ def test_the_controllers_next_rides_in_the_trigger_kwargs():
     _, kwargs = TRIGGERS[0].serialize()
     nxt = Next.from_dict(kwargs["next"])
     assert nxt.record.job_id == "dag.train.run" and nxt.lease.lease_id == "i-local-1"
+
+
+def test_the_launch_spec_rides_in_the_kwargs_without_credentials():
+    """A trigger's kwargs carry what relaunches the job (its spec, the policy's budgets),
+    but a step environment holding a credential never rides there: that job's trigger
+    only watches (its worker hands over)."""
+    again = _recreate(TRIGGERS[2])
+    assert again.relaunch.spec.command == ("python", "train.py")
+    assert again.settings.max_preemptions == 2 and again.settings.handover == "on_notice"
+    spec = JobSpec(
+        job_id="j",
+        command=("python", "train.py"),
+        checkpoint_uri="file:///c",
+        pools=(),
+        env={"WANDB_API_KEY": "0123456789abcdef0123"},
+    )
+    assert jobs.relaunch(SpotSettings(), spec) is None
 
 
 def _run(trigger, timeout: float = 60) -> dict:

@@ -18,6 +18,7 @@ import pytest
 from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.checkpoint import open_store
+from spot_core.checkpoint.handover import launched_key, mark_launched, read_launched
 from spot_core.checkpoint.resumed import read_resumed
 from spot_core.controller import Controller, JobSpec, handover_mode
 from spot_core.errors import ConfigError, FencedOut
@@ -215,3 +216,44 @@ def test_on_rebalance_the_old_attempt_is_not_cut_short_and_an_unused_replacement
     assert only.outcome is Outcome.SUCCEEDED and only.replacement["state"] == "terminated"
     assert "ended unused" in only.message
     assert json.loads(result.read_text())["total"] == sum(range(STEPS))
+
+
+LEASE = {
+    "lease_id": "i-local-2",
+    "pool": {
+        "cloud": "aws",
+        "region": "us-east-1",
+        "zone": "us-east-1a",
+        "instance_type": "p3.2xlarge",
+        "market": "spot",
+    },
+    "job_id": "j",
+    "attempt": 2,
+    "started_at": 1.0e9,
+    "price_per_hour": 0.9,
+    "details": {},
+}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"{not json",
+        b'{"attempt": 2}',  # no lease
+        json.dumps({"attempt": 1, "lease": LEASE}).encode(),  # not after the old attempt
+        json.dumps({"attempt": True, "lease": LEASE}).encode(),
+        json.dumps({"attempt": 2, "lease": {"lease_id": "i-1"}}).encode(),
+    ],
+    ids=["torn", "no-lease", "same-attempt", "bool-attempt", "bad-lease"],
+)
+def test_a_torn_or_forged_replacement_record_is_read_as_none(tmp_path, data):
+    """What a restarted driver reads to record a replacement it launched (a trigger's):
+    anything but a replacement of a later attempt with a lease is none (the job then
+    relaunches after the end as without a handover), never a crash or a stray lease."""
+    store = open_store((tmp_path / "ckpt").as_uri())
+    assert read_launched(store, 1) is None
+    store.put_object(launched_key(1), data)
+    assert read_launched(store, 1) is None
+    good = {"attempt": 2, "lease": LEASE, "state": "launched"}
+    mark_launched(store, 1, good)
+    assert read_launched(store, 1) == good
