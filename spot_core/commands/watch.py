@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import math
 import os
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -266,18 +267,21 @@ def _supervise(settings: WatchSettings, detectors: list[Detector]) -> int:
     notice_file, scratch = _notice_path(settings.notice_file)
     monitor = _driver_monitor(settings)  # its clock starts before the step does
     try:
-        child = _spawn(settings.command, notice_file)
-        forwarder = ChildForwarder(child, notice_file, settings.grace_seconds)
-        watcher = InterruptionWatcher(detectors, settings.poll_interval)
-        reporter = _Reporter(detectors) if settings.report else None
-        watcher.add_handler(_print_event)
-        if reporter is not None:  # before the step hears of it: the node may not wait
-            watcher.add_handler(reporter.on_notice)
-        watcher.add_handler(forwarder.on_notice)
-        wake = _Wake(child)
-        watcher.add_handler(lambda notice: wake.set())  # the kill deadline is armed now
-        with wake, watcher, _ForwardSigint(wake) as sigint:
-            returncode = _babysit(forwarder, sigint, wake, monitor)
+        # SIGINT is collected from before the child exists: a Ctrl-C that arrives while
+        # the watcher is still setting up is forwarded, never swallowed
+        with _ForwardSigint() as sigint:
+            child = _spawn(settings.command, notice_file)
+            forwarder = ChildForwarder(child, notice_file, settings.grace_seconds)
+            watcher = InterruptionWatcher(detectors, settings.poll_interval)
+            reporter = _Reporter(detectors) if settings.report else None
+            watcher.add_handler(_print_event)
+            if reporter is not None:  # before the step hears of it: the node may not wait
+                watcher.add_handler(reporter.on_notice)
+            watcher.add_handler(forwarder.on_notice)
+            wake = _Wake(child)
+            watcher.add_handler(lambda notice: wake.set())  # the kill deadline is armed now
+            with wake, watcher, sigint.waking(wake):
+                returncode = _babysit(forwarder, sigint, wake, monitor)
             code = (
                 attempt_env.DRIVER_LOST_EXIT_CODE
                 if monitor is not None and monitor.lost is not None
@@ -442,11 +446,23 @@ class _Wake:
 class _ForwardSigint:
     """Collects SIGINTs (the handler only appends and wakes: no locks in signal context)."""
 
-    def __init__(self, wake: _Wake) -> None:
+    def __init__(self) -> None:
         self._pending: collections.deque[int] = collections.deque()
         self._count = 0
         self._previous: Callable[[int, FrameType | None], Any] | int | None = None
+        self._wake: _Wake | None = None
+
+    @contextlib.contextmanager
+    def waking(self, wake: _Wake) -> Iterator[None]:
+        """Wake ``wake`` on every SIGINT while inside (at once for one already collected);
+        detached before ``wake`` closes its pipe."""
         self._wake = wake
+        if self._pending:
+            wake.set()
+        try:
+            yield
+        finally:
+            self._wake = None
 
     def __enter__(self) -> _ForwardSigint:
         self._previous = signal.signal(signal.SIGINT, self._collect)
@@ -454,7 +470,9 @@ class _ForwardSigint:
 
     def _collect(self, signum: int, frame: object) -> None:
         self._pending.append(signum)
-        self._wake.set()
+        wake = self._wake
+        if wake is not None:
+            wake.set()
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
