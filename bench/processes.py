@@ -208,13 +208,20 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0, *, session: bool
         send(signal.SIGKILL)  # whatever of its session outlived it
 
 
-def postgres_url() -> str | None:
-    """``$SPOT_TEST_POSTGRES_URL``, else .ci/.postgres-url, else None (SQLite)."""
+@contextmanager
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server whose role may create databases: ``$SPOT_TEST_POSTGRES_URL``,
+    else a private cluster for the run (initdb + pg_ctl, as the tests start one),
+    stopped and removed afterwards."""
     url = os.environ.get("SPOT_TEST_POSTGRES_URL")
-    path = REPO / ".ci" / ".postgres-url"
-    if not url and path.exists():
-        url = path.read_text().strip()
-    return url or None
+    if url:
+        yield url
+        return
+    sys.path.insert(0, str(REPO / "tests" / "core"))
+    from postgres_helpers import private_cluster
+
+    with private_cluster() as cluster:
+        yield cluster.url
 
 
 @contextmanager

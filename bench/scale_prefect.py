@@ -5,8 +5,8 @@ the Airflow part ``bench/scale.py``) starts, as separate real processes:
 
 - a moto server (EC2 and S3), recording every request it gets (``MOTO_RECORDER_FILEPATH``);
 - ``prefect server start`` on a fresh PostgreSQL database of ``$SPOT_TEST_POSTGRES_URL``
-  or .ci/.postgres-url (as in production; SQLite in a temp folder with ``--sqlite`` or
-  when neither is set: at 200 runs on a loaded machine it answered 503 "database is
+  or of a private cluster started for the run (as in production; SQLite in a temp
+  folder with ``--sqlite``: at 200 runs on a loaded machine it answered 503 "database is
   locked" and the worker failed to submit some runs);
 - a work pool of type ``spot`` whose deployment runs on provider ``ec2`` pointed at moto
   (checkpoints in a moto S3 bucket), and ``--runs`` (200) flow runs of it;
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (a timeout, CI) unwinds like Ctrl-C: the cleanup below still runs.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     report = {"commit": commit()}
-    admin_url = None if args.sqlite else postgres_url()
     with tempfile.TemporaryDirectory(prefix="bench-scale-prefect-") as tmp, ExitStack() as stack:
+        admin_url = None if args.sqlite else stack.enter_context(postgres_url())
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect-home")  # not ~/.prefect
         database = None
         if admin_url:

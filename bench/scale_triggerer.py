@@ -8,8 +8,8 @@ starts, as separate real processes:
   (``local``: a lease is a real watched process pair on this machine, so a few hundred
   fit, not 1,000; calls counted by the server);
 - Airflow 3.3's metadata database on a fresh PostgreSQL database of
-  ``$SPOT_TEST_POSTGRES_URL`` or .ci/.postgres-url (SQLite with ``--sqlite`` or when
-  neither is set), migrated by ``airflow db migrate``;
+  ``$SPOT_TEST_POSTGRES_URL`` or of a private cluster started for the run (SQLite
+  with ``--sqlite``), migrated by ``airflow db migrate``;
 - a DAG whose one deferrable ``SpotJobOperator`` task is mapped over ``--jobs`` (1,000)
   stores (S3 on the same moto, or folders here), on the backend's provider, serialized by
   ``airflow dags reserialize`` and triggered by ``airflow dags trigger`` (a mapped task, as
@@ -352,7 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     report = {"commit": commit()}
-    with tempfile.TemporaryDirectory(prefix="bench-scale-triggerer-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-scale-triggerer-") as tmp,
+        ExitStack() as stack,
+    ):
+        admin_url = None if args.sqlite else stack.enter_context(postgres_url())
         try:
             report[f"airflow_triggerer_{BACKENDS[args.backend].label}"] = bench(
                 args.backend,
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seconds,
                 args.poll_interval,
                 Path(tmp),
-                None if args.sqlite else postgres_url(),
+                admin_url,
                 args.profile,
                 args.idle_seconds,
                 args.driver_beat,

@@ -6,8 +6,11 @@ interruption watcher read them. Nothing the next attempt needs lives on the node
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -124,6 +127,27 @@ def step_exit_code(exc: BaseException) -> int | None:
     ):
         return INFRASTRUCTURE_EXIT_CODE
     return None
+
+
+def report_step_exit(exc: SpotError) -> int:
+    """The exit code for ``exc`` (``step_exit_code``), after one JSON line on stdout saying
+    why (``{"preempted": true, ...}`` or ``{"infrastructure_failed": true, ...}``), the
+    line the step's driver and logs show; re-raises ``exc`` when it is the step's own
+    error, so its traceback reaches the user."""
+    code = step_exit_code(exc)
+    if code is None:
+        raise exc
+    kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
+    print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
+    return code
+
+
+def exit_ignoring_notices(code: int) -> None:
+    """Exit with ``code``, ignoring a notice from here on: Python resets its handlers to
+    the default during finalization, and a SIGTERM then would turn a finished step into
+    a killed one (the work is done and recorded; there is nothing left to save)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def attempt_number(text: str | None) -> int:

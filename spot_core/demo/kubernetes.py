@@ -30,6 +30,7 @@ from spot_core.model import Market
 from spot_core.policy.pod_outcomes import ANNOTATION_POOL, node_of
 from spot_core.providers import kubernetes_pods as pods
 from spot_core.providers.kubernetes import KubernetesProvider
+from spot_core.workloads import softmax_regression
 
 if TYPE_CHECKING:
     from spot_core.emulators.kubernetes.cluster import KubeCluster
@@ -103,7 +104,12 @@ def run_demo(
     ):
         spec = JobSpec(
             job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
-            command=_train_command(cfg, demo.data),
+            command=softmax_regression.command(
+                demo.data,
+                steps=cfg.steps,
+                step_seconds=cfg.step_seconds,
+                checkpoint_every_seconds=cfg.checkpoint_every_seconds,
+            ),
             checkpoint_uri=store_uri,
             pools=provider.pools(),
         )
@@ -196,19 +202,3 @@ class Reclaimer:
             if latest.step >= step and pool is not None and pool.pool.market is market:
                 return node
         return None
-
-
-def _train_command(cfg: KubernetesDemoConfig, data: Path) -> tuple[str, ...]:
-    return (
-        sys.executable,
-        "-m",
-        "spot_core.workloads.softmax_regression",
-        "--data",
-        str(data),
-        "--steps",
-        str(cfg.steps),
-        "--step-seconds",
-        str(cfg.step_seconds),
-        "--checkpoint-every-seconds",
-        f"{cfg.checkpoint_every_seconds:g}",
-    )

@@ -10,7 +10,6 @@ final weights are compared with an uninterrupted run of the same training.
 
 from __future__ import annotations
 
-import sys
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +21,13 @@ from spot_core.model import JobRecord
 from spot_core.policy.checkpoint_interval import checkpoint_interval
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
-from spot_core.workloads.softmax_regression import TrainConfig, evaluate, prepare_dataset, train
+from spot_core.workloads.softmax_regression import (
+    TrainConfig,
+    command,
+    evaluate,
+    prepare_dataset,
+    train,
+)
 
 REFERENCE_TIMEOUT = 300.0  # seconds the report waits for the uninterrupted run
 
@@ -110,7 +115,12 @@ def run_demo(
         every = _checkpoint_every(provider, cfg)
         spec = JobSpec(
             job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
-            command=_train_command(cfg, demo.data, every),
+            command=command(
+                demo.data,
+                steps=cfg.steps,
+                step_seconds=cfg.step_seconds,
+                checkpoint_every_seconds=every,
+            ),
             checkpoint_uri=demo.store_uri,
             pools=provider.pools(),
         )
@@ -134,19 +144,3 @@ def _checkpoint_every(provider: LocalProvider, cfg: DemoConfig) -> float:
         cfg.checkpoint_cost_seconds, rate, min_seconds=300, max_seconds=3600
     )
     return capacity_interval / cfg.time_scale
-
-
-def _train_command(cfg: DemoConfig, data: Path, every_seconds: float) -> tuple[str, ...]:
-    return (
-        sys.executable,
-        "-m",
-        "spot_core.workloads.softmax_regression",
-        "--data",
-        str(data),
-        "--steps",
-        str(cfg.steps),
-        "--step-seconds",
-        str(cfg.step_seconds),
-        "--checkpoint-every-seconds",
-        f"{every_seconds:.4f}",
-    )

@@ -80,6 +80,14 @@ class Bootstrap:
         if unknown:
             raise ConfigError(f"unknown bootstrap key(s) {unknown}; choose from {list(KEYS)}")
         _refuse_credentials(value)
+        nulls = [
+            key for key in ("pip", "wheel", "venv", "python") if key in value and value[key] is None
+        ]
+        if nulls:
+            raise ConfigError(
+                f"bootstrap {nulls[0]} is null: give it a value or leave the key out, "
+                f"e.g. {EXAMPLE}"
+            )
         if ("pip" in value) == ("wheel" in value):
             raise ConfigError(f"bootstrap needs exactly one of 'pip' or 'wheel', e.g. {EXAMPLE}")
         if "venv" in value and "python" in value:
@@ -143,7 +151,7 @@ class Bootstrap:
         """Where the installed ``spot-pipelines`` and the environment's ``python3`` live."""
         if self.python is not None:
             return str(PurePosixPath(self.python).parent)
-        if self.venv is None:  # from_plain lets `"venv": null` through: as PurePosixPath did
+        if self.venv is None:  # built directly with neither (from_plain refuses a null)
             raise TypeError("bootstrap has neither venv nor python (expected a path, not None)")
         return str(PurePosixPath(self.venv) / "bin")
 
@@ -163,7 +171,7 @@ class Bootstrap:
         if self.pip is not None:
             lines.append(f"{pip} {shlex.quote(self.pip.strip())}")
         else:
-            if self.wheel is None:  # from_plain lets `"wheel": null` through: as before
+            if self.wheel is None:  # built directly with neither (from_plain refuses a null)
                 raise TypeError("bootstrap has neither pip nor wheel (expected a path, not None)")
             wheel = '"$dir"/' + shlex.quote(PurePosixPath(self.wheel).name)
             lines += [

@@ -73,7 +73,7 @@ def random_starts(n_ticks: int, window_ticks: int, count: int, seed: int) -> lis
 
 # -- one replay ---------------------------------------------------------------------------------
 def run_window(window: Window, decide: Decide) -> WindowResult:
-    """Replay one policy in one window under the README's billing and preemption rules."""
+    """Replay one policy in one window under the billing and preemption rules above."""
     job, tick = window.job, window.tick_seconds
     avail, price, od = window.available, window.price, window.on_demand_price
     dt_hours = tick / 3600.0

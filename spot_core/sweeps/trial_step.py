@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import optuna
 
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
+from spot_core.attempt_env import exit_ignoring_notices, report_step_exit
 from spot_core.checkpoint import Checkpointer
 from spot_core.errors import ConfigError, SpotError
 from spot_core.sweeps.study import RESULT_KEY
@@ -72,23 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             result = {"state": "pruned"}
         checkpointer.store.put_object(RESULT_KEY, json.dumps(result).encode())
     except SpotError as exc:
-        code = step_exit_code(exc)
-        if code is None:
-            raise
-        kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
-        print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
-        return code
+        return report_step_exit(exc)
     print(json.dumps({"trial": args.trial, **result}), flush=True)
     return 0
 
 
-def _exit(code: int) -> None:
-    """Exit with ``code``, ignoring a notice from here on: Python resets its handlers to
-    the default during finalization, and a SIGTERM then would turn a finished step into
-    a killed one (the work is done and recorded; there is nothing left to save)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    exit_ignoring_notices(main())

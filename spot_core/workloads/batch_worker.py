@@ -22,7 +22,6 @@ import importlib
 import json
 import logging
 import signal
-import sys
 import threading
 import time
 import zlib
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
+from spot_core.attempt_env import exit_ignoring_notices, report_step_exit, step_exit_code
 from spot_core.checkpoint import Checkpointer, open_store
 from spot_core.errors import ConfigError, FencedOut, Preempted, SpotError
 from spot_core.workloads.batch import Claim, Item, LostClaim, WorkQueue
@@ -266,23 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             idle_timeout_seconds=args.idle_timeout_seconds,
         )
     except SpotError as exc:
-        code = step_exit_code(exc)
-        if code is None:
-            raise
-        kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
-        print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
-        return code
+        return report_step_exit(exc)
     print(json.dumps({"worker": worker_id, **stats.__dict__}), flush=True)
     return 0
 
 
-def _exit(code: int) -> None:
-    """Exit with ``code``, ignoring a notice from here on: Python resets its handlers to
-    the default during finalization, and a SIGTERM then would turn a finished step into
-    a killed one (the work is done and recorded; there is nothing left to save)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    exit_ignoring_notices(main())

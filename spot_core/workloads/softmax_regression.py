@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE, step_exit_code
+from spot_core.attempt_env import report_step_exit
 from spot_core.errors import SpotError
 from spot_core.safe_files import read_bytes, write_bytes
 
@@ -204,6 +204,25 @@ def evaluate(store: CheckpointStore, data: Path) -> tuple[str, float]:
     return weights_sha256(state), accuracy(state, x_test, y_test)
 
 
+def command(
+    data: Path, *, steps: int, step_seconds: float, checkpoint_every_seconds: float
+) -> tuple[str, ...]:
+    """This step's command line in this interpreter (the demos launch it on their leases)."""
+    return (
+        sys.executable,
+        "-m",
+        __name__,
+        "--data",
+        str(data),
+        "--steps",
+        str(steps),
+        "--step-seconds",
+        str(step_seconds),
+        "--checkpoint-every-seconds",
+        f"{checkpoint_every_seconds:.4f}",
+    )
+
+
 def _parse(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
@@ -240,12 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         with checkpointer.attach_signals():
             result = train(cfg, checkpointer, args.data)
     except SpotError as exc:  # a preemption or an unreachable store: not this step's fault
-        code = step_exit_code(exc)
-        if code is None:
-            raise
-        kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
-        print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
-        return code
+        return report_step_exit(exc)
     text = json.dumps(result.__dict__, allow_nan=False)
     if args.result is not None:
         write_bytes(args.result, text, inputs=[args.data] if args.data else [], what="--result")

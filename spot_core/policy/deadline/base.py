@@ -174,7 +174,7 @@ def _first_ticks(array: np.ndarray, ticks: int) -> np.ndarray:
 
 
 def safety_net(window: Window, t: int, progress: float, current: int, left: float) -> int | None:
-    """The README's two safety nets, or None when neither applies.
+    """The deadline policies' two safety nets, or None when neither applies.
 
     With ``n`` whole ticks left and ``w`` work left: if ``n <= ceil((w + 2R) / tick)`` and
     the job is not on spot, on-demand; if ``n <= ceil((w + R) / tick)``, only a spot

@@ -17,7 +17,7 @@ market itself, so it never peeks at the future it is replayed on:
    restart overhead it takes short runs whose restart is never repaid, or leaves
    on-demand for spot too eagerly.
 2. It solves the model exactly: expected cost to finish by the deadline, backwards over
-   (tick, progress, instance, capacity state), with the README's billing, restarts and
+   (tick, progress, instance, capacity state), with the simulator's billing, restarts and
    preemption rules, and with any risk of missing the deadline priced prohibitively, so
    the plan never gambles the deadline (the safety nets still run first, belt and
    braces).

@@ -6,7 +6,7 @@ overhead is over). It is the lower bound the benchmark reports against, never a 
 live job can run.
 
 Progress is counted in units of ``gcd(tick, overhead)`` seconds, in which every gain a
-tick can make is a whole number, so the optimum is exact for the README's model
+tick can make is a whole number, so the optimum is exact for the simulator's model
 whenever both are whole seconds (the shipped traces' 195 s / 600 s ticks with 0.05 h or
 0.2 h overheads are). Only progress within the slack band matters: at tick ``t`` a job
 still able to finish has done at least ``C - (T - t) * tick``, and at most ``t * tick``,
