@@ -77,6 +77,18 @@ MAX_DEMO_STEPS = 1_000_000
 
 
 def run(args: argparse.Namespace) -> int:
+    """The demo, stopped cleanly by SIGINT, SIGTERM or SIGHUP (as ``run`` is): its leases
+    are terminated and its clouds closed, rather than its steps left to the heartbeat.
+    An engine's demo keeps the engine's own signal handling."""
+    from spot_core.stopping import stop_on_signals
+
+    if args.engine != "none":
+        return _run_demo(args)
+    with stop_on_signals():
+        return _run_demo(args)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     from spot_core.demo.pipeline import DemoConfig
 
     if args.workload != "training":

@@ -250,3 +250,28 @@ def test_demo_on_kubernetes_spot_node_pools(tmp_path):
     assert record["attempts"][drained]["pool"]["market"] == "on-demand"
     assert record["attempts"][drained + 1]["outcome"] == "succeeded"
     assert record["attempts"][drained + 1]["checkpoint_step_start"] > 0  # resumed
+
+
+@pytest.mark.timeout(120)
+def test_a_sigterm_stops_the_demo_and_ends_its_leases(tmp_path):
+    """A demo stopped by SIGTERM (a CI timeout, systemd, `kill`) ends its leases' steps
+    at once and says so, instead of leaving them to run until their heartbeat lapses."""
+    from spot_helpers import marked_processes, wait_until
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--workdir", str(tmp_path / "w")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stdout:  # bounded by the test's timeout
+        if "launched" in line:
+            break
+    assert wait_until(lambda: marked_processes(str(tmp_path)), timeout=30), "no lease ran"
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=15), (
+        "a lease's step outlived the stopped demo"
+    )
