@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -165,6 +166,10 @@ class Ec2Options:
         )
         for key in ("extra_tags", "on_demand_prices"):
             if key in rest:
+                if not isinstance(rest[key], Mapping):
+                    raise ConfigError(
+                        f"ec2 provider option {key} must be a mapping, e.g. {_EXAMPLES[key]}"
+                    )
                 rest[key] = dict(rest[key])
         if isinstance(rest.get("bootstrap"), Mapping):  # anything else: Bootstrap says why
             rest["bootstrap"] = dict(rest["bootstrap"])
@@ -1048,6 +1053,7 @@ def _validate(options: Ec2Options) -> None:
             "one with Python 3.11+ and the bootstrap option)"
         )
     Bootstrap.from_plain(options.bootstrap)
+    _check_on_demand_prices(options.on_demand_prices)
     if options.launch_mode not in ("instance", "fleet"):
         raise ConfigError(f"launch_mode {options.launch_mode!r} is not 'instance' or 'fleet'")
     if options.allocation_strategy not in (
@@ -1060,6 +1066,36 @@ def _validate(options: Ec2Options) -> None:
             f"allocation_strategy {options.allocation_strategy!r} is not one of "
             "price-capacity-optimized, capacity-optimized, lowest-price, diversified"
         )
+
+
+_EXAMPLES = {
+    "extra_tags": "{'team': 'ml'}",
+    "on_demand_prices": "{'g5.xlarge': 1.006} or {'eu-west-1': {'g5.xlarge': 1.123}}",
+}
+
+
+def _check_on_demand_prices(prices: Any) -> None:
+    """A mapping whose every price is a finite number of $/h >= 0, by instance type or by
+    region then type: a bad one would otherwise surface as a wrong cost, or a crash in the
+    middle of a job."""
+    if not isinstance(prices, Mapping):
+        raise ConfigError(
+            f"ec2 provider option on_demand_prices must be a mapping, e.g. "
+            f"{_EXAMPLES['on_demand_prices']}"
+        )
+    for key, value in prices.items():
+        table = value if isinstance(value, Mapping) else {key: value}
+        for instance_type, price in table.items():
+            if (
+                isinstance(price, bool)
+                or not isinstance(price, (int, float))
+                or not math.isfinite(price)
+                or price < 0
+            ):
+                raise ConfigError(
+                    f"on_demand_prices: {instance_type} -> {price!r} is not a price; give "
+                    f"a finite number of $/h >= 0, e.g. {_EXAMPLES['on_demand_prices']}"
+                )
 
 
 def _per_region(
@@ -1107,6 +1143,7 @@ class Ec2Plugin(ProviderPlugin):
         is not required here."""
         check_option_names(options)
         Bootstrap.from_plain(options.get("bootstrap"))
+        _check_on_demand_prices(options.get("on_demand_prices", {}))
         missing = [name for name in REQUIRED if not options.get(name)]
         if not options.get("instance_types") and not instance_types:
             missing.append("instance_types")

@@ -224,6 +224,28 @@ def test_the_provider_registry_refuses_what_is_not_built():
     check_provider("local", {"time_scale": 60.0, "start_tick": 3, "watch_poll_interval": 1})
 
 
+@pytest.mark.parametrize(
+    "prices",
+    [
+        3.0,
+        {"g5.xlarge": "cheap"},
+        {"g5.xlarge": -1.0},
+        {"g5.xlarge": float("nan")},
+        {"g5.xlarge": True},
+        {"eu-west-1": {"g5.xlarge": float("inf")}},
+    ],
+)
+def test_ec2_on_demand_prices_that_are_no_prices_are_one_line(prices):
+    good = {"subnets": ["subnet-1"], "image_id": "ami-1"}
+    with pytest.raises(ConfigError, match="on_demand_prices") as caught:
+        check_provider("ec2", {**good, "on_demand_prices": prices}, ["g5.xlarge"])
+    assert "\n" not in str(caught.value) and "g5.xlarge" in str(caught.value)
+    check_provider("ec2", {**good, "on_demand_prices": {"g5.xlarge": 1.006}}, ["g5.xlarge"])
+    check_provider(
+        "ec2", {**good, "on_demand_prices": {"eu-west-1": {"g5.xlarge": 1}}}, ["g5.xlarge"]
+    )
+
+
 # -- the command line, a surface of the model -------------------------------------------------
 def _cli_args(*flags: str):
     return build_parser().parse_args(["run", *flags, "--", "true"])
