@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import re
 import sys
 import threading
 import time
@@ -53,11 +54,13 @@ NAMESPACE = "default"
 # whose node is reclaimed and never replaced; the policy picks the next one for the
 # replacement.
 POOLS = (
-    NodePool("karp-spot", "karpenter", "spot", "us-east-1a", "m5.xlarge", replace_after_seconds=None),
+    NodePool(
+        "karp-spot", "karpenter", "spot", "us-east-1a", "m5.xlarge", replace_after_seconds=None
+    ),
     NodePool("gke-spot", "gke", "spot", "us-east-1b", "m5.xlarge", replace_after_seconds=None),
     NodePool("eks-od", "eks", "on-demand", "us-east-1c", "m5.xlarge"),
 )
-PRICES = {"karp-spot": {"spot": 0.2}, "gke-spot": {"spot": 0.3}, "eks-od": {"on_demand": 1.0}}
+PRICES = {"karp-spot": {"spot": 0.07}, "gke-spot": {"spot": 0.09}, "eks-od": {"on_demand": 0.192}}
 
 
 @pytest.fixture
@@ -138,8 +141,7 @@ class PodLog:
                         "node": p.spec.node_name,
                         "deleting": p.metadata.deletion_timestamp is not None,
                         "running": any(
-                            s.state.running is not None
-                            for s in (p.status.container_statuses or [])
+                            s.state.running is not None for s in (p.status.container_statuses or [])
                         ),
                     }
                     for p in pods
@@ -196,7 +198,9 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
         trigger = _recreate(deferred.value.trigger)
         assert trigger.launch is not None  # the trigger can launch the replacement itself
         reclaimer = _reclaim_once_checkpointed(cluster, api, uri, reclaimed)
-        event = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=180))
+        event, deferred_tab = asyncio.run(
+            asyncio.wait_for(_run_watching_the_tab(trigger, uri, store), timeout=180)
+        )
         woke_at = time.time()  # the task resumes on a worker only now, with the one event
         reclaimer.join(timeout=5)
         assert event["status"] == "ended", event
@@ -213,6 +217,12 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     assert summary["status"] == "succeeded", summary
     record = JobRecord.from_dict(store.data[RECORD_KEY])
     old, new = record.attempts
+    print(
+        "DEBUG",
+        json.dumps([a.to_dict() for a in record.attempts], indent=1, default=str),
+        pods.seen[::5],
+        file=sys.stderr,
+    )
     assert old.outcome is Outcome.PREEMPTED and new.outcome is Outcome.SUCCEEDED
     # the replacement was launched by the trigger on the notice, before the old pod ended,
     # on the pool the policy chose (not the reclaimed one), and adopted there: both
@@ -246,18 +256,41 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     assert summary["attempts"] == 2 and summary["preemptions"] == 1
     (resume_seconds,) = summary["time_to_resume_seconds"]
     assert 0 <= resume_seconds < 60
-    _assert_spot_tab(pushed, resume_seconds)
+    html = _spot_tab(pushed, "success")
+    assert html.count('class="attempt-row"') == 2 and 'class="handover-row"' not in html
+    assert f"{resume_seconds:.1f} s" in html
+    # while the task was deferred, its tab showed the replacement the trigger launched
+    assert deferred_tab is not None, "the replacement never reached the job's store"
+    assert deferred_tab.count('class="attempt-row"') == 1
+    (row,) = re.findall(r'<tr class="handover-row">(.*?)</tr>', deferred_tab)
+    assert ">2<" in row and "us-east-1b m5.xlarge" in row and "handing over" in row
 
 
-def _assert_spot_tab(record: JobRecord, resume_seconds: float) -> None:
-    from airflow_spot.ui.jobs import SpotJob
+async def _run_watching_the_tab(trigger, uri: str, store: StateStore) -> tuple[dict, str | None]:
+    """The trigger to its event; meanwhile, once its replacement is in the job's store,
+    the Spot tab as a user opening it then sees it (the task deferred)."""
+    from spot_core.checkpoint.handover import read_launched
+
+    running = asyncio.ensure_future(first_event(trigger))
+    tab = None
+    while not running.done():
+        if tab is None and await asyncio.to_thread(read_launched, open_store(uri), 1):
+            tab = _spot_tab(JobRecord.from_dict(store.data[RECORD_KEY]), "deferred")
+        await asyncio.sleep(0.1)
+    return running.result(), tab
+
+
+def _spot_tab(record: JobRecord, state: str) -> str:
+    """The Spot tab of the task instance, from the record the operator keeps."""
+    from airflow_spot.ui.jobs import SpotJob, with_handover
     from airflow_spot.ui.pages import task_tab
 
-    job = SpotJob(
-        TI.dag_id, TI.run_id, TI.task_id, -1, record, "xcom", "success", datetime.now(UTC)
+    job = SpotJob(TI.dag_id, TI.run_id, TI.task_id, -1, record, "xcom", state, datetime.now(UTC))
+    return task_tab(
+        with_handover(job),
+        dag_id=TI.dag_id,
+        run_id=TI.run_id,
+        task_id=TI.task_id,
+        map_index=-1,
+        now=time.time(),
     )
-    html = task_tab(
-        job, dag_id=TI.dag_id, run_id=TI.run_id, task_id=TI.task_id, map_index=-1, now=time.time()
-    )
-    assert html.count('class="attempt-row"') == 2
-    assert f"{resume_seconds:.1f} s" in html
