@@ -217,12 +217,6 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     assert summary["status"] == "succeeded", summary
     record = JobRecord.from_dict(store.data[RECORD_KEY])
     old, new = record.attempts
-    print(
-        "DEBUG",
-        json.dumps([a.to_dict() for a in record.attempts], indent=1, default=str),
-        pods.seen[::5],
-        file=sys.stderr,
-    )
     assert old.outcome is Outcome.PREEMPTED and new.outcome is Outcome.SUCCEEDED
     # the replacement was launched by the trigger on the notice, before the old pod ended,
     # on the pool the policy chose (not the reclaimed one), and adopted there: both
@@ -254,6 +248,7 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     pushed = JobRecord.from_dict(context["ti"].xcom[RECORD_KEY])
     assert [a.number for a in pushed.attempts] == [1, 2]
     assert summary["attempts"] == 2 and summary["preemptions"] == 1
+    assert summary["spot_cost"] < summary["on_demand_cost"]  # both pods billed, still cheaper
     (resume_seconds,) = summary["time_to_resume_seconds"]
     assert 0 <= resume_seconds < 60
     html = _spot_tab(pushed, "success")
