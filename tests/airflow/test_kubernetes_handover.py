@@ -1,16 +1,17 @@
 """A deferred SpotKubernetesPodOperator hands over in the triggerer, end to end.
 
-The operator (deferrable) launches its pod on a Karpenter spot pool of the Kubernetes
-API emulator and defers; the real trigger, recreated from its kwargs as a triggerer
-does, watches the pod. Karpenter then reclaims the node as its documentation says (the
-``karpenter.sh/disrupted`` taint, the machine shut down under the pod: SIGTERM, then
-SIGKILL). On that notice the trigger's controller launches the replacement pod on the
+The operator (deferrable) launches its pod on the cheaper of two spot pools of the
+Kubernetes API emulator and defers; the real trigger, recreated from its kwargs as a
+triggerer does, watches the pod. The node is then reclaimed as each flavour's
+documentation says: Karpenter (the ``karpenter.sh/disrupted`` taint, the machine shut
+down under the pod: SIGTERM, then SIGKILL) or GKE (the impending-node-termination taint,
+the node NotReady, the pod's ``DisruptionTarget`` condition and the kubelet's graceful
+shutdown). On that notice the trigger's controller launches the replacement pod on the
 pool the policy chooses, while the old pod writes its emergency checkpoint and the task
 stays deferred; it adopts the replacement once the old pod has ended and watches it to
 its end. Only then does a worker wake (``execute_complete`` of a fresh operator). What a
 user sees is asserted: the pods as the cluster's API served them, the step's result, the
-store's fence, the record in XCom and the Spot tab, and no pod left behind.
-"""
+store's fence, the record in XCom and the Spot tab (while deferred too), and no pod left."""
 
 from __future__ import annotations
 
@@ -60,7 +61,13 @@ POOLS = (
     NodePool("gke-spot", "gke", "spot", "us-east-1b", "m5.xlarge", replace_after_seconds=None),
     NodePool("eks-od", "eks", "on-demand", "us-east-1c", "m5.xlarge"),
 )
-PRICES = {"karp-spot": {"spot": 0.07}, "gke-spot": {"spot": 0.09}, "eks-od": {"on_demand": 0.192}}
+# Per reclaiming flavour: the spot pool the job starts on (the cheaper) and the one the
+# policy moves it to on the notice.
+PRICES = {
+    "karpenter": {"karp-spot": {"spot": 0.07}, "gke-spot": {"spot": 0.09}},
+    "gke": {"karp-spot": {"spot": 0.09}, "gke-spot": {"spot": 0.07}},
+}
+NEXT_POOL = {"karpenter": ("gke-spot", "us-east-1b"), "gke": ("karp-spot", "us-east-1a")}
 
 
 @pytest.fixture
@@ -90,7 +97,7 @@ class TI:
         self.xcom[key] = value
 
 
-def _operator(uri: str, result: Path) -> SpotKubernetesPodOperator:
+def _operator(uri: str, result: Path, flavour: str) -> SpotKubernetesPodOperator:
     folder = uri.removeprefix("file://")
     with DAG("k8s_handover", schedule=None, start_date=datetime(2026, 1, 1)):
         return SpotKubernetesPodOperator(
@@ -108,7 +115,7 @@ def _operator(uri: str, result: Path) -> SpotKubernetesPodOperator:
                 "watch_command": [sys.executable, "-m", "spot_core.cli"],
                 "watch_poll_interval": 0.2,
                 "node_refresh_seconds": 0.3,
-                "prices": PRICES,
+                "prices": {**PRICES[flavour], "eks-od": {"on_demand": 0.192}},
             },
             deferrable=True,
             handover="on_notice",
@@ -153,8 +160,10 @@ class PodLog:
         self.thread.join(timeout=5)
 
 
-def _reclaim_once_checkpointed(cluster, api, uri: str, reclaimed: dict) -> threading.Thread:
-    """Once attempt 1 has saved a checkpoint, Karpenter reclaims its node."""
+def _reclaim_once_checkpointed(
+    cluster, api, uri: str, flavour: str, reclaimed: dict
+) -> threading.Thread:
+    """Once attempt 1 has saved a checkpoint, ``flavour`` reclaims its node."""
 
     def run():
         def checkpointed():
@@ -168,7 +177,7 @@ def _reclaim_once_checkpointed(cluster, api, uri: str, reclaimed: dict) -> threa
         ).items
         if pods and pods[0].spec.node_name:
             reclaimed["node"] = pods[0].spec.node_name
-            reclaimed["reclaim"] = cluster.reclaim(pods[0].spec.node_name, "karpenter")
+            reclaimed["reclaim"] = cluster.reclaim(pods[0].spec.node_name, flavour)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -182,8 +191,9 @@ def _recreate(trigger) -> SpotKubernetesPodTrigger:
     return getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
 
 
+@pytest.mark.parametrize("flavour", ["karpenter", "gke"])
 def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
-    cluster, tmp_path, monkeypatch
+    cluster, tmp_path, monkeypatch, flavour
 ):
     monkeypatch.setattr(controller_driver, "MIN_DEFER_SECONDS", 1.0)  # the event's hold
     uri, result = (tmp_path / "ckpt").as_uri(), tmp_path / "result.json"
@@ -194,10 +204,10 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     reclaimed: dict = {}
     try:
         with pytest.raises(TaskDeferred) as deferred:  # the worker launches, then defers
-            _operator(uri, result).execute(context)
+            _operator(uri, result, flavour).execute(context)
         trigger = _recreate(deferred.value.trigger)
         assert trigger.launch is not None  # the trigger can launch the replacement itself
-        reclaimer = _reclaim_once_checkpointed(cluster, api, uri, reclaimed)
+        reclaimer = _reclaim_once_checkpointed(cluster, api, uri, flavour, reclaimed)
         event, deferred_tab = asyncio.run(
             asyncio.wait_for(_run_watching_the_tab(trigger, uri, store), timeout=180)
         )
@@ -205,7 +215,7 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
         reclaimer.join(timeout=5)
         assert event["status"] == "ended", event
         # Airflow resumes the task on a fresh operator
-        summary = _operator(uri, result).execute_complete(context, event)
+        summary = _operator(uri, result, flavour).execute_complete(context, event)
         assert wait_until(
             lambda: not api.list_namespaced_pod(NAMESPACE, label_selector=MANAGED).items,
             timeout=30,
@@ -224,7 +234,8 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     assert old.replacement is not None and old.replacement["state"] == "adopted"
     assert old.notice_at is not None and old.notice_at <= old.replacement["launched_at"]
     assert new.started_at < old.ended_at and new.ended_at < woke_at
-    assert new.pool.key != old.pool.key and new.pool.zone == "us-east-1b"  # gke-spot
+    next_pool, next_zone = NEXT_POOL[flavour]
+    assert new.pool.key != old.pool.key and new.pool.zone == next_zone
     # ... as the cluster's API showed it: the new pod existed while the old one still ran
     overlap = [s for s in pods.seen if "2" in s and s.get("1", {}).get("running")]
     assert overlap, "the replacement pod was not created before the old pod ended"
@@ -232,7 +243,7 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     new_nodes = {s["2"]["node"] for s in pods.seen if "2" in s and s["2"]["node"]}
     assert new_nodes and {
         cluster.pool_of(cluster.store.get("nodes", "", n)).name for n in new_nodes
-    } == {"gke-spot"}
+    } == {next_pool}
     # resumed from the old attempt's emergency checkpoint, not an older one
     ckpt = open_store(uri)
     emergency = [r for r in ckpt.list() if r.attempt == old.number and "emergency" in r.metadata]
@@ -258,7 +269,7 @@ def test_a_deferred_pod_operator_hands_over_to_a_new_pod_on_the_reclaim_notice(
     assert deferred_tab is not None, "the replacement never reached the job's store"
     assert deferred_tab.count('class="attempt-row"') == 1
     (row,) = re.findall(r'<tr class="handover-row">(.*?)</tr>', deferred_tab)
-    assert ">2<" in row and "us-east-1b m5.xlarge" in row and "handing over" in row
+    assert ">2<" in row and f"{next_zone} m5.xlarge" in row and "handing over" in row
 
 
 async def _run_watching_the_tab(trigger, uri: str, store: StateStore) -> tuple[dict, str | None]:
