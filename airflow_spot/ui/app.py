@@ -85,7 +85,7 @@ def spot_tab(
     dag_id: str, run_id: str, task_id: str, map_index: str, user: User, session: Session
 ) -> HTMLResponse:
     """The Spot tab of one task instance (Airflow's external view, in an iframe)."""
-    from airflow_spot.ui.jobs import Where, load_jobs, load_queue
+    from airflow_spot.ui.jobs import Where, load_jobs, load_queue, with_handover
     from airflow_spot.ui.pages import task_tab
 
     if not _may_read_task_instances(user, dag_id, session):
@@ -97,7 +97,7 @@ def spot_tab(
     )
     return HTMLResponse(
         task_tab(
-            jobs[0] if jobs else None,
+            with_handover(jobs[0]) if jobs else None,
             dag_id=dag_id,
             run_id=run_id,
             task_id=task_id,

@@ -6,11 +6,20 @@ written before anything acts on it, so it is the newest; ``SpotJobOperator`` als
 the whole record to XCom at the end, which is read when the state store row is gone
 (expired by ``[state_store] default_retention_days``). No side database. Callers pass
 the DAG ids the user may read; nothing outside them is ever selected.
+
+One thing is newer in the job's checkpoint store than in the task state store: a
+deferred task's trigger keeps its record in memory until its one event, so the
+replacement it launched on an interruption notice (a handover) is written only to the
+store (``handover/attempt-N-replacement.json``, what a restarted trigger reads back).
+``with_handover`` reads that one object for the Spot tab of a deferred task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,8 +32,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from airflow_spot.records import JOB_RECORD_KEY, RECORD_KEYS
+from spot_core.checkpoint import open_store
+from spot_core.checkpoint.handover import read_launched
+from spot_core.checkpoint.uri import parse_store_uri
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord
+
+log = logging.getLogger(__name__)
 
 MAX_JOBS = 500  # newest first; the page says when it shows only these
 ACTIVE_STATES = (
@@ -150,6 +164,32 @@ def _states(session: Session, where: Where, keys: Iterable[TaskKey]) -> dict[Tas
         for d, r, t, m, s in session.execute(statement)
         if (d, r, t, m) in keys
     }
+
+
+def with_handover(job: SpotJob) -> SpotJob:
+    """``job`` with the replacement its trigger launched on a notice, read from the job's
+    store while the task is deferred (its record in the task state store is the one it
+    deferred with). Unchanged when there is none, or when the store cannot be read here
+    (a file store not on this machine is never created; an unreachable one is logged)."""
+    running = job.record.current_attempt
+    uri = job.record.checkpoint_uri
+    if job.state != "deferred" or running is None or running.replacement is not None or not uri:
+        return job
+    try:
+        location = parse_store_uri(uri)
+        if location.scheme == "file" and not os.path.isdir(location.path):
+            return job
+        launched = read_launched(open_store(uri), running.number)
+    except Exception as exc:  # noqa: BLE001 - the tab shows the stored record anyway
+        log.warning("job %s: cannot read its handover from %s: %s", job.record.job_id, uri, exc)
+        return job
+    if launched is None:
+        return job
+    return dataclasses.replace(
+        job,
+        record=job.record.with_running(replacement=launched),
+        source=f"{job.source}, the handover from the job's store",
+    )
 
 
 def load_queue(session: Session, dag_id: str, run_id: str) -> dict | None:

@@ -10,8 +10,9 @@ from html import escape
 
 from airflow_spot.ui.jobs import SpotJob
 from spot_core.charts import attempt_timeline, cost_chart, lost_work_chart, savings_over_time
+from spot_core.errors import ConfigError
 from spot_core.fleet import day_of, pool_figures, savings_by
-from spot_core.model import Attempt, JobRecord
+from spot_core.model import Attempt, JobRecord, Lease
 
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:16px;color:#212121}
@@ -66,14 +67,19 @@ def when(timestamp: float | None) -> str:
 
 
 def table(
-    headings: Sequence[str], rows: Iterable[Sequence[object]], css: str, row_class: str = ""
+    headings: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    css: str,
+    row_class: str | Sequence[str] = "",
 ) -> str:
-    """A table; cells that look like numbers are right-aligned. Cells are escaped here."""
+    """A table; cells that look like numbers are right-aligned. Cells are escaped here.
+    ``row_class``: every row's class, or one per row."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headings)
     body = []
-    for row in rows:
+    for i, row in enumerate(rows):
         cells = "".join(f"<td{_num(c)}>{escape(str(c))}</td>" for c in row)
-        body.append(f'<tr class="{escape(row_class)}">{cells}</tr>')
+        css_class = row_class if isinstance(row_class, str) else row_class[i]
+        body.append(f'<tr class="{escape(css_class)}">{cells}</tr>')
     return (
         f'<table class="{escape(css)}"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table>"
@@ -165,13 +171,17 @@ def ledger_table(record: JobRecord) -> str:
 
 
 def attempts_table(record: JobRecord) -> str:
-    """The attempt timeline as a table: one row per attempt."""
-    return table(
-        ATTEMPT_COLUMNS,
-        (_attempt_cells(a, record.time_to_resume(a)) for a in record.attempts),
-        "attempts",
-        "attempt-row",
+    """The attempt timeline as a table: one row per attempt, and one for the replacement
+    launched on the running attempt's notice while it hands over (not an attempt yet)."""
+    rows = [_attempt_cells(a, record.time_to_resume(a)) for a in record.attempts]
+    classes = ["attempt-row"] * len(rows)
+    handing_over = (
+        None if record.current_attempt is None else _replacement_cells(record.current_attempt)
     )
+    if handing_over is not None:
+        rows.append(handing_over)
+        classes.append("handover-row")
+    return table(ATTEMPT_COLUMNS, rows, "attempts", classes)
 
 
 def _attempt_cells(a: Attempt, resumed_in: float | None = None) -> tuple[str, ...]:
@@ -192,6 +202,33 @@ def _attempt_cells(a: Attempt, resumed_in: float | None = None) -> tuple[str, ..
         f"{a.checkpoint_overhead_seconds:.1f}",
         f"{a.data_transfer_cost:.4f}",
         _shorten(a.message),
+    )
+
+
+def _replacement_cells(running: Attempt) -> tuple[str, ...] | None:
+    """The replacement ``running`` launched on its notice and not yet adopted: where, since
+    when, and that it takes over once ``running`` has saved its emergency checkpoint or
+    ended. None without one (or one that cannot be read: the tab still renders)."""
+    replacement = running.replacement or {}
+    if replacement.get("state") != "launched":
+        return None
+    try:
+        pool = Lease.from_dict(replacement["lease"]).pool
+    except (ConfigError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    launched_at = replacement.get("launched_at")
+    return (
+        str(replacement.get("attempt", "-")),
+        f"{pool.zone} {pool.instance_type}",
+        str(pool.market),
+        "handing over",
+        when(launched_at if isinstance(launched_at, (int, float)) else None),
+        *("-" for _ in ATTEMPT_COLUMNS[5:-1]),
+        _shorten(
+            f"launched on attempt {running.number}'s interruption notice; it resumes from "
+            f"attempt {running.number}'s emergency checkpoint once that is saved or "
+            f"attempt {running.number} has ended. {replacement.get('reason', '')}".strip()
+        ),
     )
 
 

@@ -14,6 +14,7 @@ import json
 import re
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -78,7 +79,7 @@ def _record(job_id: str) -> JobRecord:
     )
 
 
-def _running(job_id: str) -> JobRecord:
+def _running(job_id: str, checkpoint_uri: str | None = None) -> JobRecord:
     """One attempt on a spot lease, still running."""
     lease = {
         "lease_id": "l-live",
@@ -89,13 +90,44 @@ def _running(job_id: str) -> JobRecord:
         "price_per_hour": 0.88,
         "details": {},
     }
-    return JobRecord(job_id=job_id, created_at=1_700_000_000.0).start_attempt(
-        Attempt(1, SPOT, 1_700_000_000.0, lease_id="l-live", lease=lease)
+    return JobRecord(
+        job_id=job_id, created_at=1_700_000_000.0, checkpoint_uri=checkpoint_uri
+    ).start_attempt(Attempt(1, SPOT, 1_700_000_000.0, lease_id="l-live", lease=lease))
+
+
+def _handing_over(folder) -> str:
+    """A job's store in which its trigger recorded the replacement it launched on attempt
+    1's notice (as ``Controller._hand_over`` writes it): the store's URI."""
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.handover import mark_launched
+
+    uri = folder.as_uri()
+    pool = Pool("local", "us-east-1", "us-east-1b", "p3.2xlarge", Market.SPOT)
+    lease = {
+        "lease_id": "l-next",
+        "pool": pool.to_dict(),
+        "job_id": "ui_open.swap",
+        "attempt": 2,
+        "started_at": 1_700_000_400.0,
+        "price_per_hour": 0.95,
+        "details": {},
+    }
+    mark_launched(
+        open_store(uri),
+        1,
+        {
+            "attempt": 2,
+            "lease": lease,
+            "launched_at": 1_700_000_400.0,
+            "state": "launched",
+            "reason": "resuming on spot in us-east-1b p3.2xlarge after preemption 1",
+        },
     )
+    return uri
 
 
 @pytest.fixture(scope="module")
-def client(airflow_home):
+def client(airflow_home, tmp_path_factory):
     from airflow.api_fastapi.app import create_app, purge_cached_app
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
@@ -162,6 +194,37 @@ def client(airflow_home):
                 value=json.dumps(_running("ui_open.serve").to_dict()),
             )
         )
+        # Deferred tasks whose triggers handed over (the replacement only in the job's
+        # store), one store readable here, one on another machine's disk.
+        stores = {
+            "swap": _handing_over(tmp_path_factory.mktemp("swap-ckpt")),
+            "far": "file:///nonexistent/spot-ui-far/ckpt",
+        }
+        for task_id, uri in stores.items():
+            session.execute(
+                insert(TaskInstance.__table__).values(
+                    id=uuid.uuid4(),
+                    dag_id="ui_open",
+                    task_id=task_id,
+                    run_id=RUN_ID,
+                    map_index=-1,
+                    state="deferred",
+                    pool="default_pool",
+                    pool_slots=1,
+                    try_number=1,
+                )
+            )
+            session.add(
+                TaskStateStoreModel(
+                    dag_run_id=run_id,
+                    task_id=task_id,
+                    map_index=-1,
+                    key="spot_job_record",
+                    dag_id="ui_open",
+                    run_id=RUN_ID,
+                    value=json.dumps(_running(f"ui_open.{task_id}", uri).to_dict()),
+                )
+            )
     app = create_app(apps="core")
     with TestClient(app) as test_client:
         yield test_client
@@ -237,7 +300,7 @@ def test_the_jobs_page_sums_savings_and_pool_interruptions(client):
     # two preemptions in two spot hours in us-east-1a/p3.2xlarge; newest lease price 0.91
     assert "us-east-1a/p3.2xlarge" in pools and ">1.00<" in pools and "$0.9100/h" in pools
     running = html.split('class="running"')[1].split("</table>")[0]
-    assert running.count('class="running-row"') == 1  # finished jobs are not running
+    assert running.count('class="running-row"') == 3  # finished jobs are not running
     assert "serve" in running and "deferred" in running and "l-live" in running
     assert "$0.8800/h" in running
 
@@ -245,3 +308,18 @@ def test_the_jobs_page_sums_savings_and_pool_interruptions(client):
 def test_a_task_without_a_spot_record_says_so(client):
     html = client.get(f"/spot/ti/ui_open/{RUN_ID}/prepare/-1", headers=_as(_token("admin")))
     assert html.status_code == 200 and "no spot job record" in html.text
+
+
+def test_a_deferred_tasks_tab_shows_the_replacement_its_trigger_launched(client):
+    """The record in the task state store is the one the task deferred with; the
+    replacement its trigger launched on the notice is read from the job's store."""
+    html = client.get(f"/spot/ti/ui_open/{RUN_ID}/swap/-1", headers=_as(_token("viewer"))).text
+    assert html.count('class="attempt-row"') == 1
+    (row,) = re.findall(r'<tr class="handover-row">(.*?)</tr>', html)
+    assert ">2<" in row and "us-east-1b p3.2xlarge" in row and "handing over" in row
+    assert "2023-11-14 22:20:00" in row  # launched at (UTC)
+    assert "the handover from the job&#x27;s store" in html
+    # a store on another machine's disk: the stored record as it is, nothing created here
+    far = client.get(f"/spot/ti/ui_open/{RUN_ID}/far/-1", headers=_as(_token("viewer")))
+    assert far.status_code == 200 and "handover-row" not in far.text
+    assert not Path("/nonexistent/spot-ui-far").exists()
