@@ -1316,11 +1316,17 @@ class Controller:
     def _lost_work(
         self, outcome: Outcome, running: Attempt, end_ref: CheckpointRef | None, ended_at: float
     ) -> float:
-        """Work done after the last durable checkpoint, which the next attempt must redo."""
+        """Work done after the last durable checkpoint, which the next attempt must redo.
+
+        None after the attempt's own emergency checkpoint: the step stops at that save, so
+        the time until its lease ended (the process exiting, the node being reclaimed at
+        the notice's end) was teardown, not work to redo."""
         if outcome is Outcome.SUCCEEDED:
             return 0.0
         saved_at = running.started_at
         if end_ref is not None and end_ref.attempt == running.number:
+            if end_ref.metadata.get("emergency"):
+                return 0.0
             saved_at = max(saved_at, end_ref.created_at)
         return self.provider.capacity_seconds(max(0.0, ended_at - saved_at))
 

@@ -93,6 +93,7 @@ def test_on_notice_the_replacement_starts_beside_the_old_attempt_and_resumes_its
     resumed = read_resumed(store, new.number)
     assert resumed is not None and resumed.step == emergency[0].step
     assert new.checkpoint_step_start == emergency[0].step
+    assert old.lost_work_seconds == 0.0  # it stopped at its emergency save: nothing to redo
     assert result["total"] == sum(range(STEPS))  # no step lost or done twice
     # a zombie of the old attempt cannot save after the handover
     with pytest.raises(FencedOut):
