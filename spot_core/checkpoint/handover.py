@@ -15,6 +15,11 @@ interruption notice, while N still runs and saves. N+1 must not fence the store 
 Then it fences N out (a zombie of N can no longer save) and restores. The fence, not this
 wait, is what guarantees one writer; the wait only decides *what* is restored, and N is
 never cut short by it.
+
+Launched on a rebalance recommendation, the wait can also end with N's node reporting that
+N ended with no notice at all (it finished the work, or its step failed): nothing is to be
+taken over, so the replacement stands down (``Handover.needed`` is False) without fencing
+or restoring, and the controller ends its lease.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 HANDOVER_PREFIX = "handover"
 DEFAULT_NOTICE_SECONDS = 120.0  # AWS's two minutes: the longest notice a cloud documents
 POLL_SECONDS = 0.1
+UNINTERRUPTED = "with no notice: no handover needed"
 
 
 def ended_key(attempt: int) -> str:
@@ -106,6 +112,7 @@ class Handover:
     reason: str
     waited_seconds: float
     fetched_after_wait_seconds: float
+    needed: bool = True  # False: the old attempt ended uninterrupted; do not take over
 
 
 def await_handover(
@@ -132,6 +139,8 @@ def await_handover(
         reason = _ready(store, old_attempt, limit, clock())
     waited = clock() - started
     log.info("handover from attempt %d: %s after %.2f s", old_attempt, reason, waited)
+    if reason.endswith(UNINTERRUPTED):
+        return Handover(None, reason, waited, 0.0, needed=False)
     before = clock()
     newest = _newest(store)
     if newest is not None and (
@@ -148,7 +157,10 @@ def _ready(store: CheckpointStore, old: int, limit: float, now: float) -> str | 
         return f"the emergency checkpoint of attempt {old} (step {newest.step}) is committed"
     if store.get_object(ended_key(old)) is not None:
         return f"attempt {old} has ended"
-    if "ended_at" in parse_report(store.get_object(status_key(old))):
+    report = parse_report(store.get_object(status_key(old)))
+    if "ended_at" in report and "notice_at" not in report:
+        return f"attempt {old}'s node reported its end {UNINTERRUPTED}"
+    if "ended_at" in report:
         return f"attempt {old}'s node reported its end"
     if now >= limit:
         return f"the notice's deadline passed without a word from attempt {old}"
@@ -156,10 +168,9 @@ def _ready(store: CheckpointStore, old: int, limit: float, now: float) -> str | 
 
 
 def _newest(store: CheckpointStore) -> CheckpointRef | None:
-    """The newest committed checkpoint by its manifest (cheap: no payload is hashed here;
-    every byte is verified when it is read)."""
-    refs = store.list()
-    return refs[-1] if refs else None
+    """The newest committed checkpoint by its manifest (cheap: one listing, one manifest;
+    no payload is hashed here, every byte is verified when it is read)."""
+    return store.newest()
 
 
 def _fetch(store: CheckpointStore, ref: CheckpointRef | None) -> Prefetched | None:

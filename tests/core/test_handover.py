@@ -257,3 +257,44 @@ def test_a_torn_or_forged_replacement_record_is_read_as_none(tmp_path, data):
     good = {"attempt": 2, "lease": LEASE, "state": "launched"}
     mark_launched(store, 1, good)
     assert read_launched(store, 1) == good
+
+
+@pytest.mark.parametrize(
+    ("report", "needed"),
+    [
+        ({"exit_code": 0, "notice_at": None}, False),  # it finished the work
+        ({"exit_code": 1, "notice_at": None}, False),  # its step failed: no reclaim to cover
+        ({"exit_code": 143, "notice_at": 1.0e9}, True),  # reclaimed after a notice
+    ],
+    ids=["finished", "step-failed", "reclaimed"],
+)
+def test_a_replacement_launched_on_a_rebalance_stands_down_when_no_reclaim_came(
+    tmp_path, report, needed
+):
+    """The old attempt's node reports its end: with no notice before it, nothing is to be
+    taken over, so the waiting replacement neither fences the store nor restores (it would
+    run the job a second time after the attempt that finished it); after a notice it goes on."""
+    from spot_core.attempt_env import ATTEMPT, CHECKPOINT_URI, HANDOVER_DEADLINE, HANDOVER_FROM
+    from spot_core.checkpoint import Checkpointer
+    from spot_core.checkpoint.status import write_report
+    from spot_core.errors import ReplacementNotNeeded
+
+    uri = (tmp_path / "ckpt").as_uri()
+    store = open_store(uri)
+    store.fence(1)
+    store.save(10, {"state.json": b"{}"}, {"rebalance": True}, attempt=1)
+    write_report(ended_at=time.time(), **report, environ={CHECKPOINT_URI: uri, ATTEMPT: "1"})
+    env = {
+        CHECKPOINT_URI: uri,
+        ATTEMPT: "2",
+        HANDOVER_FROM: "1",
+        HANDOVER_DEADLINE: f"{time.time() + 60:.3f}",
+    }
+    if needed:
+        ckpt = Checkpointer.from_env(env)
+        assert ckpt.restore()[0] == 10 and store.fence_level() == 2
+        return
+    with pytest.raises(ReplacementNotNeeded, match="no handover needed"):
+        Checkpointer.from_env(env)
+    assert store.fence_level() == 1
+    store.save(20, {"state.json": b"{}"}, attempt=1)  # the old attempt may still save
