@@ -147,8 +147,7 @@ class Checkpointer:
         handover, self.handover = self.handover, None
         if handover is None or handover.prefetched is None:
             return None
-        refs = self.store.list()
-        newest = refs[-1] if refs else None
+        newest = self.store.newest()
         ready = handover.prefetched
         if newest is not None and newest.checkpoint_id != ready.ref.checkpoint_id:
             return newest, self.store.load_concurrently(newest)

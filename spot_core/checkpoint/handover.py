@@ -132,17 +132,20 @@ def await_handover(
         started + DEFAULT_NOTICE_SECONDS if deadline is None else deadline,
         started + MAX_WAIT_SECONDS,
     )
-    prefetched = _fetch(store, _newest(store))
-    reason = _ready(store, old_attempt, limit, clock())
+    newest = _newest(store)
+    prefetched = _fetch(store, newest)
+    reason = _ready(store, old_attempt, newest, limit, clock())
     while reason is None:
         sleep(poll_seconds)
-        reason = _ready(store, old_attempt, limit, clock())
+        newest = _newest(store)
+        reason = _ready(store, old_attempt, newest, limit, clock())
     waited = clock() - started
     log.info("handover from attempt %d: %s after %.2f s", old_attempt, reason, waited)
     if reason.endswith(UNINTERRUPTED):
         return Handover(None, reason, waited, 0.0, needed=False)
     before = clock()
-    newest = _newest(store)
+    # ``newest`` is the last poll's: anything a zombie commits after it is found by the
+    # restore, which looks again once the store is fenced (``Checkpointer._prefetched``)
     if newest is not None and (
         prefetched is None or newest.checkpoint_id != prefetched.ref.checkpoint_id
     ):
@@ -150,9 +153,10 @@ def await_handover(
     return Handover(prefetched, reason, waited, clock() - before)
 
 
-def _ready(store: CheckpointStore, old: int, limit: float, now: float) -> str | None:
-    """Why the wait is over, or None while it is not."""
-    newest = _newest(store)
+def _ready(
+    store: CheckpointStore, old: int, newest: CheckpointRef | None, limit: float, now: float
+) -> str | None:
+    """Why the wait is over, or None while it is not (``newest``: the store's newest)."""
     if newest is not None and newest.attempt == old and "emergency" in newest.metadata:
         return f"the emergency checkpoint of attempt {old} (step {newest.step}) is committed"
     if store.get_object(ended_key(old)) is not None:

@@ -763,3 +763,23 @@ def test_on_rebalance_without_a_reclaim_the_old_attempt_finishes_and_the_replace
     assert any(r.metadata.get("rebalance") for r in store.list())
     assert store.fence_level() == only.number  # the unused replacement never fenced
     _instances_ended_and_tagged(aws_env, record)
+
+
+@pytest.mark.parametrize(
+    ("seen_at", "node_at", "expected"),
+    [
+        (100.0, 100.37, 100.37),  # EventBridge's whole second, the node's sight inside it
+        (100.0, 101.2, 100.0),  # the node saw it a poll later than that second: keep it
+        (100.0, 99.8, 100.0),  # a node clock behind: never earlier than the event
+        (100.0, None, 100.0),
+        (None, 100.37, 100.37),
+        (None, None, None),
+    ],
+)
+def test_the_notice_time_is_the_nodes_within_the_events_whole_second(seen_at, node_at, expected):
+    """EventBridge stamps events in whole seconds; a time to resume measured from the
+    truncated time reads up to a second long, so the node's millisecond sight is used when
+    it falls inside that second."""
+    from spot_core.providers.ec2 import _precise_notice
+
+    assert _precise_notice(seen_at, node_at) == expected
