@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 HANDOVER_PREFIX = "handover"
 DEFAULT_NOTICE_SECONDS = 120.0  # AWS's two minutes: the longest notice a cloud documents
 POLL_SECONDS = 0.1
+# After this long a wait is a rebalance's (a notice's save is done well within it): each
+# poll is a listing and three reads, 40 requests a second at POLL_SECONDS, about $0.2 an
+# hour of S3 requests for a wait that may last hours, so it slows to SLOW_POLL_SECONDS.
+FAST_POLL_WINDOW_SECONDS = 30.0
+SLOW_POLL_SECONDS = 0.5
 UNINTERRUPTED = "with no notice: no handover needed"
 
 
@@ -126,7 +131,9 @@ def await_handover(
 ) -> Handover:
     """Prefetch, wait for ``old_attempt`` (its emergency checkpoint, its end, or
     ``deadline``), and return the newest checkpoint, read. Bounded: without a deadline,
-    ``DEFAULT_NOTICE_SECONDS`` from now; never more than a day."""
+    ``DEFAULT_NOTICE_SECONDS`` from now; never more than a day. Polls every
+    ``poll_seconds``, and every ``SLOW_POLL_SECONDS`` once it has waited
+    ``FAST_POLL_WINDOW_SECONDS``."""
     started = clock()
     limit = min(
         started + DEFAULT_NOTICE_SECONDS if deadline is None else deadline,
@@ -136,7 +143,8 @@ def await_handover(
     prefetched = _fetch(store, newest)
     reason = _ready(store, old_attempt, newest, limit, clock())
     while reason is None:
-        sleep(poll_seconds)
+        slow = clock() - started >= FAST_POLL_WINDOW_SECONDS
+        sleep(max(poll_seconds, SLOW_POLL_SECONDS) if slow else poll_seconds)
         newest = _newest(store)
         reason = _ready(store, old_attempt, newest, limit, clock())
     waited = clock() - started

@@ -298,3 +298,33 @@ def test_a_replacement_launched_on_a_rebalance_stands_down_when_no_reclaim_came(
         Checkpointer.from_env(env)
     assert store.fence_level() == 1
     store.save(20, {"state.json": b"{}"}, attempt=1)  # the old attempt may still save
+
+
+def test_a_long_wait_polls_the_store_less_often(tmp_path):
+    """A replacement launched on a rebalance may wait hours for a notice that never comes:
+    after the first half minute (a notice's save is done well within it) it polls every
+    half second instead of ten times a second, and still ends at the deadline."""
+    from spot_core.checkpoint.handover import (
+        FAST_POLL_WINDOW_SECONDS,
+        POLL_SECONDS,
+        SLOW_POLL_SECONDS,
+        await_handover,
+    )
+
+    store = open_store((tmp_path / "ckpt").as_uri())
+    now = [1000.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    handover = await_handover(
+        store, old_attempt=1, deadline=1060.0, clock=lambda: now[0], sleep=sleep
+    )
+    assert "deadline passed" in handover.reason and handover.needed
+    fast = [s for s in sleeps if s == POLL_SECONDS]
+    slow = [s for s in sleeps if s == SLOW_POLL_SECONDS]
+    assert len(fast) + len(slow) == len(sleeps)
+    assert abs(len(fast) * POLL_SECONDS - FAST_POLL_WINDOW_SECONDS) <= POLL_SECONDS
+    assert abs(len(slow) * SLOW_POLL_SECONDS - (60.0 - FAST_POLL_WINDOW_SECONDS)) <= 1.0
