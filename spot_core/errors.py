@@ -58,9 +58,9 @@ class DriverConflict(SpotError):
 
 class ReplacementNotNeeded(SpotError):
     """A replacement launched on a rebalance recommendation learnt that the attempt it
-    was to take over ended without an interruption (it finished, or its step failed): it
-    must not fence the store or run the step; the controller ends its lease. Not
-    retryable."""
+    was to take over finished the work with no interruption (its step exited 0, no
+    notice): it must not fence the store or run the step again; the controller ends its
+    lease. Not retryable."""
 
 
 class Preempted(SpotError):

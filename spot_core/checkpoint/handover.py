@@ -17,9 +17,9 @@ wait, is what guarantees one writer; the wait only decides *what* is restored, a
 never cut short by it.
 
 Launched on a rebalance recommendation, the wait can also end with N's node reporting that
-N ended with no notice at all (it finished the work, or its step failed): nothing is to be
-taken over, so the replacement stands down (``Handover.needed`` is False) without fencing
-or restoring, and the controller ends its lease.
+N's step exited 0 with no notice at all: it finished the work, nothing is to be taken over,
+so the replacement stands down (``Handover.needed`` is False) without fencing or
+restoring, and the controller ends its lease.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ POLL_SECONDS = 0.1
 # hour of S3 requests for a wait that may last hours, so it slows to SLOW_POLL_SECONDS.
 FAST_POLL_WINDOW_SECONDS = 30.0
 SLOW_POLL_SECONDS = 0.5
-UNINTERRUPTED = "with no notice: no handover needed"
+UNINTERRUPTED = "(exit 0, no notice): no handover needed"
 
 
 def ended_key(attempt: int) -> str:
@@ -170,7 +170,9 @@ def _ready(
     if store.get_object(ended_key(old)) is not None:
         return f"attempt {old} has ended"
     report = parse_report(store.get_object(status_key(old)))
-    if "ended_at" in report and "notice_at" not in report:
+    if "ended_at" in report and report.get("exit_code") == 0 and "notice_at" not in report:
+        # it finished the work. Any other end goes on: a node whose watcher missed the
+        # notice still reports a reclaim as a failed exit, and the controller judges it
         return f"attempt {old}'s node reported its end {UNINTERRUPTED}"
     if "ended_at" in report:
         return f"attempt {old}'s node reported its end"

@@ -263,17 +263,21 @@ def test_a_torn_or_forged_replacement_record_is_read_as_none(tmp_path, data):
     ("report", "needed"),
     [
         ({"exit_code": 0, "notice_at": None}, False),  # it finished the work
-        ({"exit_code": 1, "notice_at": None}, False),  # its step failed: no reclaim to cover
         ({"exit_code": 143, "notice_at": 1.0e9}, True),  # reclaimed after a notice
+        # reclaimed, its watcher missed the notice: the controller judges, the replacement
+        # must be ready to be adopted
+        ({"exit_code": 143, "notice_at": None}, True),
+        ({"exit_code": 0, "notice_at": 1.0e9}, True),  # done on the notice: judged too
     ],
-    ids=["finished", "step-failed", "reclaimed"],
+    ids=["finished", "reclaimed", "reclaimed-unseen", "done-on-the-notice"],
 )
 def test_a_replacement_launched_on_a_rebalance_stands_down_when_no_reclaim_came(
     tmp_path, report, needed
 ):
-    """The old attempt's node reports its end: with no notice before it, nothing is to be
-    taken over, so the waiting replacement neither fences the store nor restores (it would
-    run the job a second time after the attempt that finished it); after a notice it goes on."""
+    """The old attempt's node reports its end: its step exited 0 with no notice, so nothing
+    is to be taken over and the waiting replacement neither fences the store nor restores
+    (it would run the job again after the attempt that finished it); any other end, it
+    goes on (the controller judges the old attempt, and may adopt it)."""
     from spot_core.attempt_env import ATTEMPT, CHECKPOINT_URI, HANDOVER_DEADLINE, HANDOVER_FROM
     from spot_core.checkpoint import Checkpointer
     from spot_core.checkpoint.status import write_report
