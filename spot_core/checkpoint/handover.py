@@ -117,7 +117,7 @@ class Handover:
     reason: str
     waited_seconds: float
     fetched_after_wait_seconds: float
-    needed: bool = True  # False: the old attempt ended uninterrupted; do not take over
+    needed: bool = True  # False: the old attempt finished the work unnoticed; stand down
 
 
 def await_handover(
