@@ -624,7 +624,8 @@ def _rebalance_then_reclaim(runtime, store_uri: str, *, reclaim: bool, timeout: 
     """Background thread, as EC2 often behaves: once attempt 1 has made progress (a
     checkpoint), a rebalance recommendation for its instance (IMDS and EventBridge); with
     ``reclaim``, the interruption notice a second after the replacement instance booted
-    (so the replacement is provably launched on the rebalance, not on the notice)."""
+    and the old step's rebalance checkpoint was committed (so the replacement is provably
+    launched on the rebalance, not on the notice, however loaded the machine)."""
     import threading
 
     from spot_core.checkpoint import open_store
@@ -643,12 +644,15 @@ def _rebalance_then_reclaim(runtime, store_uri: str, *, reclaim: bool, timeout: 
             time.sleep(0.05)
         return False
 
+    def rebalance_saved() -> bool:
+        return any(r.metadata.get("rebalance") for r in store.list())
+
     def run():
         if not wait(lambda: first_instance() is not None and store.list()):
             return
         old = first_instance().instance_id
         runtime.recommend_rebalance(old)
-        if reclaim and wait(lambda: len(runtime.instances) >= 2):
+        if reclaim and wait(lambda: len(runtime.instances) >= 2 and rebalance_saved()):
             time.sleep(1.0)
             runtime.preempt(old)
 
