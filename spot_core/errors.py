@@ -56,6 +56,13 @@ class DriverConflict(SpotError):
     stop the other driver, wait for its heartbeat timeout, or take the job over."""
 
 
+class ReplacementNotNeeded(SpotError):
+    """A replacement launched on a rebalance recommendation learnt that the attempt it
+    was to take over finished the work with no interruption (its step exited 0, no
+    notice): it must not fence the store or run the step again; the controller ends its
+    lease. Not retryable."""
+
+
 class Preempted(SpotError):
     """The capacity this attempt ran on was reclaimed (or a notice says it will be)."""
 

@@ -36,7 +36,7 @@ from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
 from spot_core.checkpoint.handover import Handover, await_handover
 from spot_core.checkpoint.resumed import ResumeReport, write_resumed
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
-from spot_core.errors import ConfigError, Preempted
+from spot_core.errors import ConfigError, Preempted, ReplacementNotNeeded
 from spot_core.model import CheckpointRef
 from spot_core.safe_files import read_bytes
 
@@ -106,6 +106,11 @@ class Checkpointer:
             handover = await_handover(
                 store, old_attempt=env.handover_from, deadline=env.handover_deadline
             )
+            if not handover.needed:  # launched on a rebalance that no reclaim followed
+                raise ReplacementNotNeeded(
+                    f"attempt {env.attempt} stands down: {handover.reason} (the controller "
+                    "ends this replacement's capacity)"
+                )
         store.fence(env.attempt)
         kwargs.setdefault("notice_file", env.notice_file)
         if env.checkpoint_interval is not None:
@@ -142,8 +147,7 @@ class Checkpointer:
         handover, self.handover = self.handover, None
         if handover is None or handover.prefetched is None:
             return None
-        refs = self.store.list()
-        newest = refs[-1] if refs else None
+        newest = self.store.newest()
         ready = handover.prefetched
         if newest is not None and newest.checkpoint_id != ready.ref.checkpoint_id:
             return newest, self.store.load_concurrently(newest)

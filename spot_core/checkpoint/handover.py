@@ -15,6 +15,11 @@ interruption notice, while N still runs and saves. N+1 must not fence the store 
 Then it fences N out (a zombie of N can no longer save) and restores. The fence, not this
 wait, is what guarantees one writer; the wait only decides *what* is restored, and N is
 never cut short by it.
+
+Launched on a rebalance recommendation, the wait can also end with N's node reporting that
+N's step exited 0 with no notice at all: it finished the work, nothing is to be taken over,
+so the replacement stands down (``Handover.needed`` is False) without fencing or
+restoring, and the controller ends its lease.
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ log = logging.getLogger(__name__)
 HANDOVER_PREFIX = "handover"
 DEFAULT_NOTICE_SECONDS = 120.0  # AWS's two minutes: the longest notice a cloud documents
 POLL_SECONDS = 0.1
+# After this long a wait is a rebalance's (a notice's save is done well within it): each
+# poll is a listing and three reads, 40 requests a second at POLL_SECONDS, about $0.2 an
+# hour of S3 requests for a wait that may last hours, so it slows to SLOW_POLL_SECONDS.
+FAST_POLL_WINDOW_SECONDS = 30.0
+SLOW_POLL_SECONDS = 0.5
+UNINTERRUPTED = "(exit 0, no notice): no handover needed"
 
 
 def ended_key(attempt: int) -> str:
@@ -106,6 +117,7 @@ class Handover:
     reason: str
     waited_seconds: float
     fetched_after_wait_seconds: float
+    needed: bool = True  # False: the old attempt finished the work unnoticed; stand down
 
 
 def await_handover(
@@ -119,21 +131,29 @@ def await_handover(
 ) -> Handover:
     """Prefetch, wait for ``old_attempt`` (its emergency checkpoint, its end, or
     ``deadline``), and return the newest checkpoint, read. Bounded: without a deadline,
-    ``DEFAULT_NOTICE_SECONDS`` from now; never more than a day."""
+    ``DEFAULT_NOTICE_SECONDS`` from now; never more than a day. Polls every
+    ``poll_seconds``, and every ``SLOW_POLL_SECONDS`` once it has waited
+    ``FAST_POLL_WINDOW_SECONDS``."""
     started = clock()
     limit = min(
         started + DEFAULT_NOTICE_SECONDS if deadline is None else deadline,
         started + MAX_WAIT_SECONDS,
     )
-    prefetched = _fetch(store, _newest(store))
-    reason = _ready(store, old_attempt, limit, clock())
+    newest = _newest(store)
+    prefetched = _fetch(store, newest)
+    reason = _ready(store, old_attempt, newest, limit, clock())
     while reason is None:
-        sleep(poll_seconds)
-        reason = _ready(store, old_attempt, limit, clock())
+        slow = clock() - started >= FAST_POLL_WINDOW_SECONDS
+        sleep(max(poll_seconds, SLOW_POLL_SECONDS) if slow else poll_seconds)
+        newest = _newest(store)
+        reason = _ready(store, old_attempt, newest, limit, clock())
     waited = clock() - started
     log.info("handover from attempt %d: %s after %.2f s", old_attempt, reason, waited)
+    if reason.endswith(UNINTERRUPTED):
+        return Handover(None, reason, waited, 0.0, needed=False)
     before = clock()
-    newest = _newest(store)
+    # ``newest`` is the last poll's: anything a zombie commits after it is found by the
+    # restore, which looks again once the store is fenced (``Checkpointer._prefetched``)
     if newest is not None and (
         prefetched is None or newest.checkpoint_id != prefetched.ref.checkpoint_id
     ):
@@ -141,14 +161,20 @@ def await_handover(
     return Handover(prefetched, reason, waited, clock() - before)
 
 
-def _ready(store: CheckpointStore, old: int, limit: float, now: float) -> str | None:
-    """Why the wait is over, or None while it is not."""
-    newest = _newest(store)
+def _ready(
+    store: CheckpointStore, old: int, newest: CheckpointRef | None, limit: float, now: float
+) -> str | None:
+    """Why the wait is over, or None while it is not (``newest``: the store's newest)."""
     if newest is not None and newest.attempt == old and "emergency" in newest.metadata:
         return f"the emergency checkpoint of attempt {old} (step {newest.step}) is committed"
     if store.get_object(ended_key(old)) is not None:
         return f"attempt {old} has ended"
-    if "ended_at" in parse_report(store.get_object(status_key(old))):
+    report = parse_report(store.get_object(status_key(old)))
+    if "ended_at" in report and report.get("exit_code") == 0 and "notice_at" not in report:
+        # it finished the work. Any other end goes on: a node whose watcher missed the
+        # notice still reports a reclaim as a failed exit, and the controller judges it
+        return f"attempt {old}'s node reported its end {UNINTERRUPTED}"
+    if "ended_at" in report:
         return f"attempt {old}'s node reported its end"
     if now >= limit:
         return f"the notice's deadline passed without a word from attempt {old}"
@@ -156,10 +182,9 @@ def _ready(store: CheckpointStore, old: int, limit: float, now: float) -> str | 
 
 
 def _newest(store: CheckpointStore) -> CheckpointRef | None:
-    """The newest committed checkpoint by its manifest (cheap: no payload is hashed here;
-    every byte is verified when it is read)."""
-    refs = store.list()
-    return refs[-1] if refs else None
+    """The newest committed checkpoint by its manifest (cheap: one listing, one manifest;
+    no payload is hashed here, every byte is verified when it is read)."""
+    return store.newest()
 
 
 def _fetch(store: CheckpointStore, ref: CheckpointRef | None) -> Prefetched | None:

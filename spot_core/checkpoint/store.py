@@ -338,6 +338,22 @@ class CheckpointStore:
         """
         return [m.to_ref(self.uri) for m in self._committed()]
 
+    def newest(self) -> CheckpointRef | None:
+        """``list()[-1]`` for one listing and, usually, one manifest read instead of one per
+        checkpoint: ids sort by (step, attempt), so manifests are read newest first until
+        one is committed. What a waiting replacement polls (``checkpoint.handover``)."""
+        groups: dict[tuple[int, int], builtins.list[str]] = {}
+        for checkpoint_id in self._checkpoint_ids():
+            key = parse_checkpoint_id(checkpoint_id)
+            assert key is not None  # _checkpoint_ids keeps only parseable ids
+            groups.setdefault(key, []).append(checkpoint_id)
+        for key in sorted(groups, reverse=True):
+            found = [self._manifest_or_none(c) for c in groups[key]]
+            committed = [m for m in found if m is not None]
+            if committed:
+                return max(committed, key=lambda m: m.order_key).to_ref(self.uri)
+        return None
+
     def latest(self) -> CheckpointRef | None:
         """The newest checkpoint that fully verifies (manifest and every file hashed), or None."""
         for manifest in reversed(self._committed()):
@@ -475,20 +491,23 @@ class CheckpointStore:
     # -- verification helpers ----------------------------------------------------------
     def _committed(self) -> builtins.list[Manifest]:
         """Self-verified manifests, oldest to newest; torn saves (no manifest) are skipped."""
-        manifests: builtins.list[Manifest] = []
-        for checkpoint_id in self._checkpoint_ids():
-            try:
-                data = self.backend.get_bytes(
-                    checkpoint_key(checkpoint_id, MANIFEST_NAME), max_bytes=MAX_MANIFEST_BYTES
-                )
-                manifests.append(Manifest.decode(data, checkpoint_id))
-            except IsADirectoryError:
-                self._warn_once(checkpoint_id, CorruptCheckpoint(f"{MANIFEST_NAME} is a folder"))
-            except FileNotFoundError:
-                log.debug("checkpoint %s has no manifest (torn or in progress)", checkpoint_id)
-            except CorruptCheckpoint as exc:
-                self._warn_once(checkpoint_id, exc)
-        return sorted(manifests, key=lambda m: m.order_key)
+        manifests = [self._manifest_or_none(c) for c in self._checkpoint_ids()]
+        return sorted((m for m in manifests if m is not None), key=lambda m: m.order_key)
+
+    def _manifest_or_none(self, checkpoint_id: str) -> Manifest | None:
+        """The checkpoint's self-verified manifest; None for a torn save or a bad manifest."""
+        try:
+            data = self.backend.get_bytes(
+                checkpoint_key(checkpoint_id, MANIFEST_NAME), max_bytes=MAX_MANIFEST_BYTES
+            )
+            return Manifest.decode(data, checkpoint_id)
+        except IsADirectoryError:
+            self._warn_once(checkpoint_id, CorruptCheckpoint(f"{MANIFEST_NAME} is a folder"))
+        except FileNotFoundError:
+            log.debug("checkpoint %s has no manifest (torn or in progress)", checkpoint_id)
+        except CorruptCheckpoint as exc:
+            self._warn_once(checkpoint_id, exc)
+        return None
 
     def _checkpoint_ids(self) -> builtins.list[str]:
         return [

@@ -305,17 +305,33 @@ def _driver_monitor(settings: WatchSettings) -> DriverMonitor | None:
         raise ConfigError(
             f"--heartbeat-timeout needs the job's store in ${attempt_env.CHECKPOINT_URI}"
         )
-    from spot_core.checkpoint import open_store
-    from spot_core.checkpoint.heartbeat import Heartbeat
+    from spot_core.checkpoint.uri import parse_store_uri
 
-    drivers = None if settings.heartbeat_uri is None else open_store(settings.heartbeat_uri)
-    heartbeat = Heartbeat(open_store(settings.checkpoint_uri), drivers)
+    parse_store_uri(settings.checkpoint_uri)  # a bad one fails here, before the step starts
     return DriverMonitor(
-        heartbeat.read,
+        _heartbeat_reader(settings.checkpoint_uri, settings.heartbeat_uri),
         settings.heartbeat_timeout,
         attempt=settings.attempt,
         handover_from=attempt_env.AttemptEnv.from_environ().handover_from,
     ).start()
+
+
+def _heartbeat_reader(checkpoint_uri: str, heartbeat_uri: str | None) -> Callable[[], Any]:
+    """``Heartbeat.read`` with the stores opened at the first read, on the monitor's thread:
+    opening an S3 store imports boto3 and builds a client (about 0.4 s on a small machine),
+    which would otherwise delay the step's start, and with it a handover's resume."""
+    opened: list[Any] = []
+
+    def read() -> Any:
+        if not opened:
+            from spot_core.checkpoint import open_store
+            from spot_core.checkpoint.heartbeat import Heartbeat
+
+            drivers = None if heartbeat_uri is None else open_store(heartbeat_uri)
+            opened.append(Heartbeat(open_store(checkpoint_uri), drivers))
+        return opened[0].read()
+
+    return read
 
 
 def _notice_path(configured: str | None) -> tuple[str, str | None]:

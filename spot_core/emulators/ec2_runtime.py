@@ -16,7 +16,11 @@ It then keeps the two worlds consistent:
   (and, if a queue is configured, the EventBridge "EC2 Spot Instance Interruption Warning"
   goes to SQS), and after ``notice_seconds`` the instance is terminated in moto and its
   processes killed. ``preempt_spot_after`` does that automatically to the first
-  ``max_auto_preemptions`` spot instances once they have run that long.
+  ``max_auto_preemptions`` spot instances once they have run that long;
+- ``recommend_rebalance(instance_id)`` is EC2 seeing the instance at elevated risk: the
+  emulator serves ``events/recommendations/rebalance`` and the EventBridge "EC2 Instance
+  Rebalance Recommendation" goes to SQS. Nothing is reclaimed by it: AWS may send the
+  notice later (``preempt``), with it, or never.
 
 Run it beside ``spot-pipelines run --provider ec2 --endpoint-url URL``::
 
@@ -62,6 +66,7 @@ class RuntimeInstance:
     log_path: Path
     started_at: float
     notice_at: float | None = None
+    rebalance_at: float | None = None
     reclaim_at: float | None = None
     kill_at: float | None = None
     exit_code: int | None = None
@@ -142,8 +147,22 @@ class Ec2InstanceRuntime:
             instance.emulator.schedule_interruption(at=now, notice_seconds=wait)
             instance.notice_at, instance.reclaim_at = now, now + wait
             self.preempted.append(instance_id)
-        self._send_event(instance, now)
+        self._send_event(instance, now, "interruption")
         log.info("preempting %s: notice served, reclaim in %.1fs", instance_id, wait)
+
+    def recommend_rebalance(self, instance_id: str) -> None:
+        """An EC2 rebalance recommendation for a running instance: IMDS serves its
+        ``noticeTime`` from now on and, with a queue, the EventBridge event is sent. Once
+        per instance, as EC2 does; no reclaim follows unless ``preempt`` is called."""
+        with self._lock:
+            instance = self.instances[instance_id]
+            if instance.rebalance_at is not None or instance.done:
+                return
+            now = time.time()
+            instance.emulator.schedule_rebalance(at=now)
+            instance.rebalance_at = now
+        self._send_event(instance, now, "rebalance")
+        log.info("rebalance recommendation for %s", instance_id)
 
     def wait_for(
         self, predicate: Callable[[Ec2InstanceRuntime], object], timeout: float = 30.0
@@ -292,18 +311,17 @@ class Ec2InstanceRuntime:
         own = (instance.process.pid,) if instance.process.poll() is None else ()
         signal_lease(instance.instance_id, signum, extra_pids=own)
 
-    def _send_event(self, instance: RuntimeInstance, at: float) -> None:
+    def _send_event(self, instance: RuntimeInstance, at: float, kind: str) -> None:
+        """The EventBridge event of ``kind`` (``interruption``, ``rebalance``) to the queue."""
         if self._sqs is None:
             return
         from spot_core.interruption.eventbridge import interruption_event
 
-        body = json.dumps(interruption_event(instance.instance_id, at, instance.region))
+        body = json.dumps(interruption_event(instance.instance_id, at, instance.region, kind))
         try:
             self._sqs.send_message(QueueUrl=self.sqs_queue_url, MessageBody=body)
         except Exception as exc:  # noqa: BLE001 - logged; the emulator goes on
-            log.warning(
-                "could not send the interruption event of %s: %s", instance.instance_id, exc
-            )
+            log.warning("could not send the %s event of %s: %s", kind, instance.instance_id, exc)
 
 
 def default_instance_env(endpoint_url: str, region: str) -> dict[str, str]:

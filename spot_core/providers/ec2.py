@@ -850,7 +850,7 @@ class Ec2Provider:
         agent = self._agent_report(lease)
         ended = float(agent.get("ended_at") or self.clock())
         exit_code = agent.get("exit_code")
-        notice = notice or agent.get("notice_at")
+        notice = _precise_notice(notice, agent.get("notice_at"))
         by_aws = reason == SPOT_RECLAIM_REASON or code in RECLAIM_CODES
         if exit_code == 0:
             return LeaseStatus(LeaseState.EXITED, 0, notice, ended)
@@ -1271,3 +1271,15 @@ class Ec2Plugin(ProviderPlugin):
 
 def _words(text: str) -> list[str]:
     return [w.strip() for w in text.split(",") if w.strip()]
+
+
+def _precise_notice(seen_at: float | None, node_at: float | None) -> float | None:
+    """When the notice came: EventBridge stamps its events in whole seconds, so one seen
+    there came within ``[seen_at, seen_at + 1)``; the node's watcher stamps its first sight
+    to the millisecond, a poll after the notice. Within that second the node's is the
+    truer time (a time to resume measured from the truncated one reads up to 1 s long)."""
+    if seen_at is None:
+        return node_at
+    if node_at is not None and seen_at <= node_at < seen_at + 1.0:
+        return node_at
+    return seen_at

@@ -364,3 +364,29 @@ def test_a_version_1_checkpoint_with_damaged_bytes_is_skipped(tmp_path: Path) ->
         b"from 0.X"
     )
     assert store.latest().step == 1
+
+
+def test_newest_is_the_last_listed_checkpoint_for_few_reads(store: CheckpointStore) -> None:
+    """What a waiting replacement polls: the same answer as ``list()[-1]`` (torn saves
+    newer than it skipped, a later attempt at the same step newer), reading only the
+    newest manifests, not every one."""
+    assert store.newest() is None
+    for step in (5, 10, 15):
+        store.save(step, {"a": str(step).encode()}, attempt=1)
+    store.fence(2)
+    store.save(15, {"a": b"15 again"}, attempt=2)
+    torn = Path(store.backend.root) / "checkpoints" / "step-000000000020-attempt-0002-0badc0de"
+    torn.mkdir(parents=True)
+    (torn / "a").write_bytes(b"half")
+    listed = store.list()
+    reads: list[str] = []
+    get_bytes = store.backend.get_bytes
+
+    def counting(key: str, *args, **kwargs):
+        reads.append(key)
+        return get_bytes(key, *args, **kwargs)
+
+    store.backend.get_bytes = counting  # type: ignore[method-assign]
+    newest = store.newest()
+    assert newest == listed[-1] and (newest.step, newest.attempt) == (15, 2)
+    assert len(reads) == 2 and len(listed) == 4  # the torn one and the newest: not all five

@@ -467,7 +467,15 @@ def test_cross_region_attempt_counts_the_checkpoint_transfer(aws_env, net):
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _runtime(endpoint, tmp_path, *, preempt_after=None, max_preemptions=0, sqs_queue_url=None):
+def _runtime(
+    endpoint,
+    tmp_path,
+    *,
+    preempt_after=None,
+    max_preemptions=0,
+    sqs_queue_url=None,
+    notice_seconds=2.0,
+):
     return Ec2InstanceRuntime(
         endpoint,
         tmp_path / "runtime",
@@ -475,12 +483,12 @@ def _runtime(endpoint, tmp_path, *, preempt_after=None, max_preemptions=0, sqs_q
         default_instance_env(endpoint, "us-east-1"),
         preempt_spot_after=preempt_after,
         max_auto_preemptions=max_preemptions,
-        notice_seconds=2.0,
+        notice_seconds=notice_seconds,
         sqs_queue_url=sqs_queue_url,
     )
 
 
-def _run(provider, command, *, pools, max_preemptions=3):
+def _run(provider, command, *, pools, max_preemptions=3, **controller):
     policy = RetryPolicy(
         max_preemptions=max_preemptions, capacity_wait_seconds=1.0, max_capacity_waits=5
     )
@@ -490,7 +498,9 @@ def _run(provider, command, *, pools, max_preemptions=3):
         checkpoint_uri=f"s3://{BUCKET}/run",
         pools=tuple(pools),
     )
-    return Controller(provider, provider.market, policy, poll_interval_seconds=0.2).run(spec)
+    return Controller(
+        provider, provider.market, policy, poll_interval_seconds=0.2, **controller
+    ).run(spec)
 
 
 def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path):
@@ -604,3 +614,176 @@ def test_handover_launches_beside_the_reclaimed_instance_and_resumes_its_emergen
     assert json.loads(result.read_text())["total"] == sum(range(300))
     with pytest.raises(FencedOut):
         store.save(10**6, {"state.json": b"{}"}, attempt=old.number)
+
+
+# -- handover=on_rebalance ---------------------------------------------------------------------
+REBALANCE_STEPS = 300  # 6 s of steps plus 30 saves to S3: the signals land well inside it
+
+
+def _rebalance_then_reclaim(runtime, store_uri: str, *, reclaim: bool, timeout: float = 90.0):
+    """Background thread, as EC2 often behaves: once attempt 1 has made progress (a
+    checkpoint), a rebalance recommendation for its instance (IMDS and EventBridge); with
+    ``reclaim``, the interruption notice a second after the replacement instance booted
+    and the old step's rebalance checkpoint was committed (so the replacement is provably
+    launched on the rebalance, not on the notice, however loaded the machine)."""
+    import threading
+
+    from spot_core.checkpoint import open_store
+
+    store = open_store(store_uri)
+    give_up = time.monotonic() + timeout
+
+    def first_instance():
+        with runtime._lock:
+            return next(iter(runtime.instances.values()), None)
+
+    def wait(predicate) -> bool:
+        while time.monotonic() < give_up:
+            if predicate():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def rebalance_saved() -> bool:
+        return any(r.metadata.get("rebalance") for r in store.list())
+
+    def run():
+        if not wait(lambda: first_instance() is not None and store.list()):
+            return
+        old = first_instance().instance_id
+        runtime.recommend_rebalance(old)
+        if reclaim and wait(lambda: len(runtime.instances) >= 2 and rebalance_saved()):
+            time.sleep(1.0)
+            runtime.preempt(old)
+
+    thread = threading.Thread(target=run, daemon=True, name="rebalancer")
+    thread.start()
+    return thread
+
+
+def _instances_ended_and_tagged(endpoint: str, record) -> None:
+    """Every instance the job launched is terminated in EC2 and tagged with its attempt."""
+    ec2 = client("ec2", endpoint)
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "tag:spot-pipelines:job", "Values": [record.job_id]}]
+    )
+    found = {i["InstanceId"]: i for p in pages for r in p["Reservations"] for i in r["Instances"]}
+    launched = {a.lease_id: a.number for a in record.attempts if a.lease_id}
+    for attempt in record.attempts:
+        if attempt.replacement is not None:
+            launched[attempt.replacement["lease"]["lease_id"]] = attempt.replacement["attempt"]
+    assert set(found) == set(launched), (sorted(found), launched)
+    for instance_id, number in launched.items():
+        described = found[instance_id]
+        tags = {t["Key"]: t["Value"] for t in described.get("Tags", [])}
+        assert described["State"]["Name"] == "terminated", (instance_id, described["State"])
+        assert tags["spot-pipelines:managed"] == "true"
+        assert tags["spot-pipelines:attempt"] == str(number)
+
+
+def _rebalance_run(aws_env, net, tmp_path, *, reclaim: bool):
+    from pathlib import Path
+
+    step = Path(__file__).with_name("handover_step.py")
+    result = tmp_path / "result.json"
+    sqs = client("sqs", aws_env)
+    queue = sqs.create_queue(QueueName=unique("spot-events"))["QueueUrl"]
+    with (
+        _provider(aws_env, net, sqs_queue_url=queue) as provider,
+        # a 4 s notice (AWS gives 120 s): the 1.5 s emergency save fits on a loaded machine
+        _runtime(aws_env, tmp_path, sqs_queue_url=queue, notice_seconds=4.0) as runtime,
+    ):
+        thread = _rebalance_then_reclaim(runtime, f"s3://{BUCKET}/run", reclaim=reclaim)
+        record = _run(
+            provider,
+            (sys.executable, str(step), str(REBALANCE_STEPS), "0.02", "1.5", str(result)),
+            pools=provider.pools(),
+            handover="on_rebalance",
+        )
+        thread.join(10)
+        signals = {i.instance_id: (i.rebalance_at, i.notice_at) for i in runtime.instances.values()}
+    return record, signals, json.loads(result.read_text())
+
+
+def test_on_rebalance_the_replacement_waits_for_the_notice_and_resumes_its_emergency_save(
+    aws_env, net, tmp_path
+):
+    """handover=on_rebalance on EC2: a rebalance recommendation (IMDS + EventBridge), then
+    the interruption notice. The replacement instance is launched on the recommendation,
+    before any notice; the old step saves at once on the recommendation and works on (not
+    cut short by the waiting replacement); on the notice it saves again, and the
+    replacement resumes from that emergency checkpoint, not the rebalance one. A zombie of
+    the old attempt cannot save after; every instance ends terminated and tagged."""
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.resumed import read_resumed
+    from spot_core.errors import FencedOut
+
+    record, signals, result = _rebalance_run(aws_env, net, tmp_path, reclaim=True)
+    assert record.status == "succeeded", record.summary()
+    old, new = record.attempts[0], record.attempts[1]
+    rebalance_at, notice_at = signals[old.lease_id]
+    assert rebalance_at is not None and notice_at is not None and rebalance_at < notice_at
+    assert old.outcome == "preempted" and old.replacement["state"] == "adopted"
+    # launched on the recommendation: before the notice, not after it
+    assert rebalance_at < new.started_at < notice_at
+    store = open_store(f"s3://{BUCKET}/run")
+    mine = [r for r in store.list() if r.attempt == old.number]
+    on_rebalance = [r for r in mine if r.metadata.get("rebalance")]
+    emergency = [r for r in mine if "emergency" in r.metadata]
+    assert len(on_rebalance) == 1 and len(emergency) == 1
+    # the rebalance checkpoint was taken at once (not at the next scheduled save), and the
+    # old step worked on past it until the notice
+    assert rebalance_at <= on_rebalance[0].created_at < min(rebalance_at + 5.0, notice_at)
+    assert on_rebalance[0].step < emergency[0].step and emergency[0].created_at >= notice_at
+    resumed = read_resumed(store, new.number)
+    assert resumed is not None and resumed.step == emergency[0].step
+    assert new.checkpoint_step_start == emergency[0].step
+    assert result["total"] == sum(range(REBALANCE_STEPS))  # no step lost or done twice
+    with pytest.raises(FencedOut):
+        store.save(10**6, {"state.json": b"{}"}, attempt=old.number)
+    _instances_ended_and_tagged(aws_env, record)
+
+
+def test_on_rebalance_without_a_reclaim_the_old_attempt_finishes_and_the_replacement_ends(
+    aws_env, net, tmp_path
+):
+    """A rebalance recommendation that no notice follows: the old attempt saves once and
+    runs to success; the replacement launched on the recommendation never fences or
+    restores (it would take the job over from the attempt that finished it) and its
+    instance is terminated unused, billed to the attempt."""
+    from spot_core.checkpoint import open_store
+
+    record, signals, result = _rebalance_run(aws_env, net, tmp_path, reclaim=False)
+    assert record.status == "succeeded", record.summary()
+    assert len(record.attempts) == 1
+    only = record.attempts[0]
+    rebalance_at, notice_at = signals[only.lease_id]
+    assert rebalance_at is not None and notice_at is None
+    assert only.outcome == "succeeded" and only.replacement["state"] == "terminated"
+    assert "ended unused" in only.message
+    assert result["total"] == sum(range(REBALANCE_STEPS))
+    store = open_store(f"s3://{BUCKET}/run")
+    assert [r.attempt for r in store.list()] == [only.number] * len(store.list())
+    assert any(r.metadata.get("rebalance") for r in store.list())
+    assert store.fence_level() == only.number  # the unused replacement never fenced
+    _instances_ended_and_tagged(aws_env, record)
+
+
+@pytest.mark.parametrize(
+    ("seen_at", "node_at", "expected"),
+    [
+        (100.0, 100.37, 100.37),  # EventBridge's whole second, the node's sight inside it
+        (100.0, 101.2, 100.0),  # the node saw it a poll later than that second: keep it
+        (100.0, 99.8, 100.0),  # a node clock behind: never earlier than the event
+        (100.0, None, 100.0),
+        (None, 100.37, 100.37),
+        (None, None, None),
+    ],
+)
+def test_the_notice_time_is_the_nodes_within_the_events_whole_second(seen_at, node_at, expected):
+    """EventBridge stamps events in whole seconds; a time to resume measured from the
+    truncated time reads up to a second long, so the node's millisecond sight is used when
+    it falls inside that second."""
+    from spot_core.providers.ec2 import _precise_notice
+
+    assert _precise_notice(seen_at, node_at) == expected

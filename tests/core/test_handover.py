@@ -258,3 +258,78 @@ def test_a_torn_or_forged_replacement_record_is_read_as_none(tmp_path, data):
     good = {"attempt": 2, "lease": LEASE, "state": "launched"}
     mark_launched(store, 1, good)
     assert read_launched(store, 1) == good
+
+
+@pytest.mark.parametrize(
+    ("report", "needed"),
+    [
+        ({"exit_code": 0, "notice_at": None}, False),  # it finished the work
+        ({"exit_code": 143, "notice_at": 1.0e9}, True),  # reclaimed after a notice
+        # reclaimed, its watcher missed the notice: the controller judges, the replacement
+        # must be ready to be adopted
+        ({"exit_code": 143, "notice_at": None}, True),
+        ({"exit_code": 0, "notice_at": 1.0e9}, True),  # done on the notice: judged too
+    ],
+    ids=["finished", "reclaimed", "reclaimed-unseen", "done-on-the-notice"],
+)
+def test_a_replacement_launched_on_a_rebalance_stands_down_when_no_reclaim_came(
+    tmp_path, report, needed
+):
+    """The old attempt's node reports its end: its step exited 0 with no notice, so nothing
+    is to be taken over and the waiting replacement neither fences the store nor restores
+    (it would run the job again after the attempt that finished it); any other end, it
+    goes on (the controller judges the old attempt, and may adopt it)."""
+    from spot_core.attempt_env import ATTEMPT, CHECKPOINT_URI, HANDOVER_DEADLINE, HANDOVER_FROM
+    from spot_core.checkpoint import Checkpointer
+    from spot_core.checkpoint.status import write_report
+    from spot_core.errors import ReplacementNotNeeded
+
+    uri = (tmp_path / "ckpt").as_uri()
+    store = open_store(uri)
+    store.fence(1)
+    store.save(10, {"state.json": b"{}"}, {"rebalance": True}, attempt=1)
+    write_report(ended_at=time.time(), **report, environ={CHECKPOINT_URI: uri, ATTEMPT: "1"})
+    env = {
+        CHECKPOINT_URI: uri,
+        ATTEMPT: "2",
+        HANDOVER_FROM: "1",
+        HANDOVER_DEADLINE: f"{time.time() + 60:.3f}",
+    }
+    if needed:
+        ckpt = Checkpointer.from_env(env)
+        assert ckpt.restore()[0] == 10 and store.fence_level() == 2
+        return
+    with pytest.raises(ReplacementNotNeeded, match="no handover needed"):
+        Checkpointer.from_env(env)
+    assert store.fence_level() == 1
+    store.save(20, {"state.json": b"{}"}, attempt=1)  # the old attempt may still save
+
+
+def test_a_long_wait_polls_the_store_less_often(tmp_path):
+    """A replacement launched on a rebalance may wait hours for a notice that never comes:
+    after the first half minute (a notice's save is done well within it) it polls every
+    half second instead of ten times a second, and still ends at the deadline."""
+    from spot_core.checkpoint.handover import (
+        FAST_POLL_WINDOW_SECONDS,
+        POLL_SECONDS,
+        SLOW_POLL_SECONDS,
+        await_handover,
+    )
+
+    store = open_store((tmp_path / "ckpt").as_uri())
+    now = [1000.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    handover = await_handover(
+        store, old_attempt=1, deadline=1060.0, clock=lambda: now[0], sleep=sleep
+    )
+    assert "deadline passed" in handover.reason and handover.needed
+    fast = [s for s in sleeps if s == POLL_SECONDS]
+    slow = [s for s in sleeps if s == SLOW_POLL_SECONDS]
+    assert len(fast) + len(slow) == len(sleeps)
+    assert abs(len(fast) * POLL_SECONDS - FAST_POLL_WINDOW_SECONDS) <= POLL_SECONDS
+    assert abs(len(slow) * SLOW_POLL_SECONDS - (60.0 - FAST_POLL_WINDOW_SECONDS)) <= 1.0
