@@ -23,14 +23,30 @@ plain ``kill``) still ends the run as Prefect would.
 
 from __future__ import annotations
 
+import os
 import runpy
 import signal
 import sys
+import time
 from typing import NoReturn
 
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE
+from spot_core.attempt_env import (
+    INFRASTRUCTURE_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    AttemptEnv,
+    positive_seconds,
+)
+from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.interruption.base import INTERRUPTION
 from spot_core.interruption.notice_file import read_notice
+
+GO_MARGIN = "SPOT_HANDOVER_GO_MARGIN"
+"""Seconds past the notice's deadline a replacement waits for the worker's go (the
+worker sets it from its poll interval)."""
+DEFAULT_GO_MARGIN_SECONDS = 60.0
+GO_POLL_SECONDS = 0.2
+STATE_CHECK_SECONDS = 2.0  # how often the wait reads the flow run's state (a cancel)
+NOT_STARTED_EXIT_CODE = 1
 
 _running = False  # this process's entry point is main() below
 _relinquished = False
@@ -87,9 +103,95 @@ def _bridge_sigterm_through_relinquish() -> None:
         engine_utils._prefect_sigterm_handler = _hand_back_on_reclaim
 
 
+def _flow_run_id() -> str:
+    return sys.argv[1] if len(sys.argv) > 1 else os.environ.get("PREFECT__FLOW_RUN_ID", "")
+
+
+def _flow_run_state(flow_run_id: str):
+    """The flow run's state now, or None when the API did not answer (tried again)."""
+    from prefect import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(flow_run_id).state
+    except Exception as exc:  # noqa: BLE001 - a blip: the next check reads it again
+        print(f"handover: could not read flow run {flow_run_id}: {exc}", file=sys.stderr)
+        return None
+
+
+def _stopped_meanwhile(state) -> bool:
+    return state is not None and (state.is_cancelling() or state.is_final())
+
+
+def await_go(
+    env: AttemptEnv, flow_run_id: str, *, clock=time.time, sleep=time.sleep
+) -> int | None:
+    """Wait for the worker's go to start the flow run's engine as ``env.attempt``, the
+    replacement of ``env.handover_from``; None to start, else the exit code (one line on
+    stderr says why the engine was not started)."""
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.handover import DEFAULT_NOTICE_SECONDS, read_go
+
+    old, attempt = env.handover_from, env.attempt
+    if old is None or env.checkpoint_uri is None:
+        return None
+    started = clock()
+    margin = positive_seconds(os.environ.get(GO_MARGIN), GO_MARGIN, example="60")
+    deadline = env.handover_deadline or started + DEFAULT_NOTICE_SECONDS
+    limit = min(deadline + (margin or DEFAULT_GO_MARGIN_SECONDS), started + MAX_WAIT_SECONDS)
+    import prefect.flow_engine  # noqa: F401 - the slow part of a start, done while waiting
+
+    store = open_store(env.checkpoint_uri)
+    next_check = started
+    while True:
+        go = read_go(store, old, attempt)
+        now = clock()
+        if go is not None or now >= next_check:
+            state = _flow_run_state(flow_run_id)
+            next_check = now + STATE_CHECK_SECONDS
+            if _stopped_meanwhile(state):
+                print(
+                    f"error: flow run {flow_run_id} is {state.name} (it was stopped while "
+                    f"attempt {attempt} waited to take over from attempt {old}); its engine "
+                    "was not started",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return NOT_STARTED_EXIT_CODE
+            if go is not None and state is not None:
+                if state.is_pending():
+                    return None
+                print(
+                    f"error: flow run {flow_run_id} is {state.name}, not Pending, at the "
+                    f"worker's go to attempt {attempt}; its engine was not started",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return NOT_STARTED_EXIT_CODE
+        if now >= limit:
+            print(
+                f"error: attempt {attempt} waited {now - started:.0f} s for the spot "
+                f"worker's go to take over flow run {flow_run_id} from attempt {old} and got "
+                f"none (is the worker running?); the flow run's engine was not started",
+                file=sys.stderr,
+                flush=True,
+            )
+            return INFRASTRUCTURE_EXIT_CODE
+        sleep(GO_POLL_SECONDS)
+
+
 def main() -> int:
-    """Run Prefect's engine module as ``__main__``; its exit code, or the preemption's."""
+    """Run Prefect's engine module as ``__main__``; its exit code, or the preemption's.
+
+    A handover's replacement first waits for the spot worker's go (:func:`await_go`)."""
     global _running
+    try:
+        waited = await_go(AttemptEnv.from_environ(), _flow_run_id())
+    except Exception as exc:  # noqa: BLE001 - one line, and no engine started
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return INFRASTRUCTURE_EXIT_CODE
+    if waited is not None:
+        return waited
     _running = True
     _bridge_sigterm_through_relinquish()
     try:  # alter_sys: sys.argv[0] is prefect.engine's own path, as under -m
