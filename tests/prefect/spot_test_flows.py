@@ -49,15 +49,15 @@ def naps_through_its_first_attempt(marks: str) -> str:
     return f"done in attempt {attempt}"
 
 
-@spot_task(checkpoint_every_steps=10)
-def sums_steps(
-    total_steps: int, step_seconds: float, save_seconds: float, marks: str, checkpointer=None
+def sum_steps(
+    checkpointer, total_steps: int, step_seconds: float, save_seconds: float, marks: str
 ) -> int:
-    """Adds up every step's number, resumably (handover_step.py's loop, as a spot_task):
-    the sum equals an uninterrupted run's only if the job resumed exactly where its
-    newest checkpoint left it. Its emergency save takes ``save_seconds`` (a big model's),
-    so the old lease outlives the notice and the replacement starts beside it; it leaves
-    ``emergency-<attempt>.json`` in ``marks`` with the step it saved (the store prunes)."""
+    """Adds up every step's number, resumably (handover_step.py's loop, for a restored
+    Checkpointer): the sum equals an uninterrupted run's only if the job resumed exactly
+    where its newest checkpoint left it. Its emergency save takes ``save_seconds`` (a big
+    model's), so the old lease outlives the notice and the replacement starts beside it;
+    it leaves ``emergency-<attempt>.json`` in ``marks`` with the step it saved (the store
+    prunes old checkpoints)."""
     total, step = 0, checkpointer.start_step
     if checkpointer.restored is not None:
         total = json.loads(checkpointer.store.load(checkpointer.restored)["state.json"])["total"]
@@ -74,6 +74,14 @@ def sums_steps(
         time.sleep(step_seconds)
         checkpointer.maybe_save(step + 1, payload)
     return total
+
+
+@spot_task(checkpoint_every_steps=10)
+def sums_steps(
+    total_steps: int, step_seconds: float, save_seconds: float, marks: str, checkpointer=None
+) -> int:
+    """``sum_steps`` in place, under the spot worker."""
+    return sum_steps(checkpointer, total_steps, step_seconds, save_seconds, marks)
 
 
 @flow(retries=1, retry_delay_seconds=0)
