@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 from typing import NoReturn
+from uuid import UUID
 
 from spot_core.attempt_env import (
     INFRASTRUCTURE_EXIT_CODE,
@@ -107,7 +108,7 @@ def _flow_run_id() -> str:
     return sys.argv[1] if len(sys.argv) > 1 else os.environ.get("PREFECT__FLOW_RUN_ID", "")
 
 
-def _flow_run_state(flow_run_id: str):
+def _flow_run_state(flow_run_id: UUID):
     """The flow run's state now, or None when the API did not answer (tried again)."""
     from prefect import get_client
 
@@ -119,64 +120,67 @@ def _flow_run_state(flow_run_id: str):
         return None
 
 
-def _stopped_meanwhile(state) -> bool:
-    return state is not None and (state.is_cancelling() or state.is_final())
+def _verdict(state, go: bool) -> str | None:
+    """Why the engine must not start (the flow run's state says so); "" to start it now;
+    None to wait on."""
+    if state is not None and (state.is_cancelling() or state.is_final()):
+        return f"is {state.name}: it was stopped while its replacement waited"
+    if not go or state is None:
+        return None
+    return "" if state.is_pending() else f"is {state.name}, not Pending, at the worker's go"
 
 
-def await_go(
-    env: AttemptEnv, flow_run_id: str, *, clock=time.time, sleep=time.sleep
-) -> int | None:
+def _not_started(reason: str, code: int) -> int:
+    print(f"error: {reason}; the flow run's engine was not started", file=sys.stderr, flush=True)
+    return code
+
+
+def _go_limit(env: AttemptEnv, started: float) -> float:
+    """When the wait for the go ends: the notice's deadline plus the worker's margin, at
+    most a day from ``started``."""
+    from spot_core.checkpoint.handover import DEFAULT_NOTICE_SECONDS
+
+    margin = positive_seconds(os.environ.get(GO_MARGIN), GO_MARGIN, example="60")
+    deadline = env.handover_deadline or started + DEFAULT_NOTICE_SECONDS
+    return min(deadline + (margin or DEFAULT_GO_MARGIN_SECONDS), started + MAX_WAIT_SECONDS)
+
+
+def await_go(env: AttemptEnv, flow_run_id: str, *, clock=time.time, sleep=time.sleep) -> int | None:
     """Wait for the worker's go to start the flow run's engine as ``env.attempt``, the
     replacement of ``env.handover_from``; None to start, else the exit code (one line on
     stderr says why the engine was not started)."""
     from spot_core.checkpoint import open_store
-    from spot_core.checkpoint.handover import DEFAULT_NOTICE_SECONDS, read_go
+    from spot_core.checkpoint.handover import read_go
 
     old, attempt = env.handover_from, env.attempt
     if old is None or env.checkpoint_uri is None:
         return None
+    try:
+        run_id = UUID(flow_run_id)
+    except ValueError:
+        raise ValueError(f"flow run id {flow_run_id[:40]!r} is not a UUID") from None
     started = clock()
-    margin = positive_seconds(os.environ.get(GO_MARGIN), GO_MARGIN, example="60")
-    deadline = env.handover_deadline or started + DEFAULT_NOTICE_SECONDS
-    limit = min(deadline + (margin or DEFAULT_GO_MARGIN_SECONDS), started + MAX_WAIT_SECONDS)
+    limit = _go_limit(env, started)
     import prefect.flow_engine  # noqa: F401 - the slow part of a start, done while waiting
 
-    store = open_store(env.checkpoint_uri)
-    next_check = started
+    store, next_check = open_store(env.checkpoint_uri), started
     while True:
-        go = read_go(store, old, attempt)
+        go = read_go(store, old, attempt) is not None
         now = clock()
-        if go is not None or now >= next_check:
-            state = _flow_run_state(flow_run_id)
+        if go or now >= next_check:  # the state on the go, and every few seconds (a cancel)
             next_check = now + STATE_CHECK_SECONDS
-            if _stopped_meanwhile(state):
-                print(
-                    f"error: flow run {flow_run_id} is {state.name} (it was stopped while "
-                    f"attempt {attempt} waited to take over from attempt {old}); its engine "
-                    "was not started",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return NOT_STARTED_EXIT_CODE
-            if go is not None and state is not None:
-                if state.is_pending():
-                    return None
-                print(
-                    f"error: flow run {flow_run_id} is {state.name}, not Pending, at the "
-                    f"worker's go to attempt {attempt}; its engine was not started",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return NOT_STARTED_EXIT_CODE
+            verdict = _verdict(_flow_run_state(run_id), go)
+            if verdict == "":
+                return None
+            if verdict:
+                return _not_started(f"flow run {flow_run_id} {verdict}", NOT_STARTED_EXIT_CODE)
         if now >= limit:
-            print(
-                f"error: attempt {attempt} waited {now - started:.0f} s for the spot "
-                f"worker's go to take over flow run {flow_run_id} from attempt {old} and got "
-                f"none (is the worker running?); the flow run's engine was not started",
-                file=sys.stderr,
-                flush=True,
+            return _not_started(
+                f"attempt {attempt} waited {now - started:.0f} s for the spot worker's go to "
+                f"take over flow run {flow_run_id} from attempt {old} and got none (is the "
+                "worker running?)",
+                INFRASTRUCTURE_EXIT_CODE,
             )
-            return INFRASTRUCTURE_EXIT_CODE
         sleep(GO_POLL_SECONDS)
 
 

@@ -42,9 +42,7 @@ def sums_steps_on_spot(
     return {"total": total, "attempt": int(os.environ["SPOT_ATTEMPT"])}
 
 
-def test_a_task_hands_over_on_the_notice_and_resumes_from_the_emergency_save(
-    prefect_api, tmp_path
-):
+def test_a_task_hands_over_on_the_notice_and_resumes_from_the_emergency_save(prefect_api, tmp_path):
     from prefect import get_client
 
     with LocalCloudServer.from_traces(

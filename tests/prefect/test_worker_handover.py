@@ -109,9 +109,7 @@ def _replacement_launched(flow_run_id, timeout: float) -> JobRecord:
     raise AssertionError(f"no replacement was launched in {timeout} s: {_record(flow_run_id)}")
 
 
-def test_the_worker_hands_over_on_the_notice_and_the_same_flow_run_completes(
-    prefect_api, tmp_path
-):
+def test_the_worker_hands_over_on_the_notice_and_the_same_flow_run_completes(prefect_api, tmp_path):
     from prefect import get_client
 
     with _cloud(tmp_path) as cloud:
