@@ -394,12 +394,6 @@ class Controller:
         self._persist(record)
         return record
 
-    def unsettled(self, job_id: str) -> JobRecord | None:
-        """The record this controller last persisted for ``job_id`` while the job is
-        unsettled: what a driver interrupted mid-call stops (it may name a lease, a
-        handover's replacement, that the driver's own Next does not yet)."""
-        return self._last_saved.get(job_id)
-
     def _remember(self, record: JobRecord) -> None:
         if record.status in FINAL_STATUSES:
             self._last_saved.pop(record.job_id, None)
@@ -438,7 +432,7 @@ class Controller:
             while nxt.action != "finished":
                 nxt = self._drive(spec, nxt, observer)
         except BaseException:
-            latest = self.unsettled(spec.job_id) or (record if nxt is None else nxt.record)
+            latest = self._last_saved.get(spec.job_id) or (record if nxt is None else nxt.record)
             if latest is not None and latest.current_attempt is not None:
                 self.stop(spec, latest, "stopped: the driver was interrupted")
             raise

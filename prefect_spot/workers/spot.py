@@ -66,7 +66,7 @@ from prefect_spot.workers.cancelling import CancellingRuns
 from spot_core import batched, jobs
 from spot_core.checkpoint import parse_store_uri
 from spot_core.checkpoint.handover import mark_go
-from spot_core.controller import pending_replacement, provider_stores
+from spot_core.controller import FINAL_STATUSES, pending_replacement, provider_stores
 from spot_core.errors import ConfigError
 from spot_core.jobs import LeaseStatus, Observation
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
@@ -429,8 +429,12 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         expecting this worker to reschedule it) would stay so, with its attempt closed
         and so never adopted by another worker: it ends ``Crashed``, as a run whose
         infrastructure was lost does."""
-        latest = controller.unsettled(spec.job_id) or record
-        if latest.current_attempt is None and pending_replacement(latest) is None:
+        # The record last persisted (it may name a lease, a handover's replacement, that
+        # the Next this worker holds does not yet)
+        latest = self._records.get(str(flow_run.id)) or record
+        if latest.status in FINAL_STATUSES or (
+            latest.current_attempt is None and pending_replacement(latest) is None
+        ):
             return
         await anyio.to_thread.run_sync(
             controller.stop, spec, latest, "stopped: the worker shut down"
