@@ -149,6 +149,8 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
         {
             "provider": "ec2",
             "max_preemptions": 1,
+            # the reschedule path (the default hands over: test_worker_handover.py)
+            "handover": "off",
             "capacity_wait": 0.5,
             "checkpoint_root": f"s3://{bucket}/flows",
             "provider_options": {
