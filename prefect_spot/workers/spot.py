@@ -64,6 +64,7 @@ from prefect_spot.credentials import check_cluster_config, fingerprint
 from prefect_spot.workers import orphans
 from prefect_spot.workers.cancelling import CancellingRuns
 from spot_core import batched, jobs
+from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.checkpoint import parse_store_uri
 from spot_core.checkpoint.handover import mark_go
 from spot_core.controller import FINAL_STATUSES, pending_replacement, provider_stores
@@ -349,7 +350,9 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         stored = self._load_record(flow_run)
         # A handover's replacement waits for this worker's go past the notice's deadline:
         # two polls to see the old lease end and close it, and the API calls before the go.
-        go_margin = 2 * config.settings().poll_interval_seconds + GO_API_SECONDS
+        go_margin = min(
+            2 * config.settings().poll_interval_seconds + GO_API_SECONDS, MAX_WAIT_SECONDS
+        )
         env = {k: v for k, v in configuration.env.items() if v is not None}
         spec = _jobs.job_spec(
             config,
