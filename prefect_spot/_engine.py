@@ -23,14 +23,31 @@ plain ``kill``) still ends the run as Prefect would.
 
 from __future__ import annotations
 
+import os
 import runpy
 import signal
 import sys
+import time
 from typing import NoReturn
+from uuid import UUID
 
-from spot_core.attempt_env import PREEMPTED_EXIT_CODE
+from spot_core.attempt_env import (
+    INFRASTRUCTURE_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    AttemptEnv,
+    positive_seconds,
+)
+from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.interruption.base import INTERRUPTION
 from spot_core.interruption.notice_file import read_notice
+
+GO_MARGIN = "SPOT_HANDOVER_GO_MARGIN"
+"""Seconds past the notice's deadline a replacement waits for the worker's go (the
+worker sets it from its poll interval)."""
+DEFAULT_GO_MARGIN_SECONDS = 60.0
+GO_POLL_SECONDS = 0.2
+STATE_CHECK_SECONDS = 2.0  # how often the wait reads the flow run's state (a cancel)
+NOT_STARTED_EXIT_CODE = 1
 
 _running = False  # this process's entry point is main() below
 _relinquished = False
@@ -87,9 +104,98 @@ def _bridge_sigterm_through_relinquish() -> None:
         engine_utils._prefect_sigterm_handler = _hand_back_on_reclaim
 
 
+def _flow_run_id() -> str:
+    return sys.argv[1] if len(sys.argv) > 1 else os.environ.get("PREFECT__FLOW_RUN_ID", "")
+
+
+def _flow_run_state(flow_run_id: UUID):
+    """The flow run's state now, or None when the API did not answer (tried again)."""
+    from prefect import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(flow_run_id).state
+    except Exception as exc:  # noqa: BLE001 - a blip: the next check reads it again
+        print(f"handover: could not read flow run {flow_run_id}: {exc}", file=sys.stderr)
+        return None
+
+
+def _verdict(state, go: bool) -> str | None:
+    """Why the engine must not start (the flow run's state says so); "" to start it now;
+    None to wait on."""
+    if state is not None and (state.is_cancelling() or state.is_final()):
+        return f"is {state.name}: it was stopped while its replacement waited"
+    if not go or state is None:
+        return None
+    return "" if state.is_pending() else f"is {state.name}, not Pending, at the worker's go"
+
+
+def _not_started(reason: str, code: int) -> int:
+    print(f"error: {reason}; the flow run's engine was not started", file=sys.stderr, flush=True)
+    return code
+
+
+def _go_limit(env: AttemptEnv, started: float) -> float:
+    """When the wait for the go ends: the notice's deadline plus the worker's margin, at
+    most a day from ``started``."""
+    from spot_core.checkpoint.handover import DEFAULT_NOTICE_SECONDS
+
+    margin = positive_seconds(os.environ.get(GO_MARGIN), GO_MARGIN, example="60")
+    deadline = env.handover_deadline or started + DEFAULT_NOTICE_SECONDS
+    return min(deadline + (margin or DEFAULT_GO_MARGIN_SECONDS), started + MAX_WAIT_SECONDS)
+
+
+def await_go(env: AttemptEnv, flow_run_id: str, *, clock=time.time, sleep=time.sleep) -> int | None:
+    """Wait for the worker's go to start the flow run's engine as ``env.attempt``, the
+    replacement of ``env.handover_from``; None to start, else the exit code (one line on
+    stderr says why the engine was not started)."""
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.handover import read_go
+
+    old, attempt = env.handover_from, env.attempt
+    if old is None or env.checkpoint_uri is None:
+        return None
+    try:
+        run_id = UUID(flow_run_id)
+    except ValueError:
+        raise ValueError(f"flow run id {flow_run_id[:40]!r} is not a UUID") from None
+    started = clock()
+    limit = _go_limit(env, started)
+    import prefect.flow_engine  # noqa: F401 - the slow part of a start, done while waiting
+
+    store, next_check = open_store(env.checkpoint_uri), started
+    while True:
+        go = read_go(store, old, attempt) is not None
+        now = clock()
+        if go or now >= next_check:  # the state on the go, and every few seconds (a cancel)
+            next_check = now + STATE_CHECK_SECONDS
+            verdict = _verdict(_flow_run_state(run_id), go)
+            if verdict == "":
+                return None
+            if verdict:
+                return _not_started(f"flow run {flow_run_id} {verdict}", NOT_STARTED_EXIT_CODE)
+        if now >= limit:
+            return _not_started(
+                f"attempt {attempt} waited {now - started:.0f} s for the spot worker's go to "
+                f"take over flow run {flow_run_id} from attempt {old} and got none (is the "
+                "worker running?)",
+                INFRASTRUCTURE_EXIT_CODE,
+            )
+        sleep(GO_POLL_SECONDS)
+
+
 def main() -> int:
-    """Run Prefect's engine module as ``__main__``; its exit code, or the preemption's."""
+    """Run Prefect's engine module as ``__main__``; its exit code, or the preemption's.
+
+    A handover's replacement first waits for the spot worker's go (:func:`await_go`)."""
     global _running
+    try:
+        waited = await_go(AttemptEnv.from_environ(), _flow_run_id())
+    except Exception as exc:  # noqa: BLE001 - one line, and no engine started
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return INFRASTRUCTURE_EXIT_CODE
+    if waited is not None:
+        return waited
     _running = True
     _bridge_sigterm_through_relinquish()
     try:  # alter_sys: sys.argv[0] is prefect.engine's own path, as under -m

@@ -11,6 +11,15 @@ attempt resumes from the run's checkpoint store (``SPOT_CHECKPOINT_URI``:
 ``checkpoint_root``/<flow run id>) and ``@flow(retries=...)`` stays for the flow's own
 errors.
 
+With the ``handover`` setting (``on_notice`` by default where the provider can hold two
+leases) the controller launches the replacement on the notice instead: it boots beside
+the old attempt but does not start the flow run's engine (``prefect_spot._engine``) until
+this worker says so. Once the old attempt is closed the worker keeps driving the same flow
+run (no ``AwaitingRetry``, no second submission): it gives back the flow retries the old
+attempt used, puts the run back to ``Pending`` (the state a fresh engine starts from, as
+before any infrastructure starts), names the new lease as the run's infrastructure id and
+writes the replacement's go in the job's store (``spot_core.checkpoint.handover``).
+
 Kills: a cancelled flow run's lease is terminated (``kill_infrastructure``, and the
 watching worker stops the attempt); a worker that is shut down stops the attempts it
 watches; a worker that is killed outright stops renewing the job's heartbeat, and the
@@ -47,6 +56,7 @@ from prefect_kubernetes.credentials import KubernetesClusterConfig
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from prefect_spot import _jobs
+from prefect_spot._engine import GO_MARGIN
 from prefect_spot._settings import ProviderName, normalise, settings_of, spot_field
 from prefect_spot.artifacts import JobProgress, load_record, publish, record_key, save_record
 from prefect_spot.blocks import AWS_FIELD_HELP, BLOCK_FIELDS, CLUSTER_FIELD_HELP, SpotConfiguration
@@ -54,8 +64,10 @@ from prefect_spot.credentials import check_cluster_config, fingerprint
 from prefect_spot.workers import orphans
 from prefect_spot.workers.cancelling import CancellingRuns
 from spot_core import batched, jobs
+from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.checkpoint import parse_store_uri
-from spot_core.controller import provider_stores
+from spot_core.checkpoint.handover import mark_go
+from spot_core.controller import FINAL_STATUSES, pending_replacement, provider_stores
 from spot_core.errors import ConfigError
 from spot_core.jobs import LeaseStatus, Observation
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
@@ -70,6 +82,9 @@ RESCHEDULE_AFTER = (
 )
 ORPHAN_PAGE = 200
 """Running flow runs read per API call when looking for orphans."""
+GO_API_SECONDS = 60.0
+"""What a handover's replacement allows, past the notice's deadline and the worker's
+polls, for the worker's API calls before its go (``prefect_spot._engine``)."""
 
 
 def _check_store_uri(value: str | None) -> str | None:
@@ -333,6 +348,12 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         exit code read with the flow run's state) and its record. Blocking."""
         config = configuration.spot_configuration()
         stored = self._load_record(flow_run)
+        # A handover's replacement waits for this worker's go past the notice's deadline:
+        # two polls to see the old lease end and close it, and the API calls before the go.
+        go_margin = min(
+            2 * config.settings().poll_interval_seconds + GO_API_SECONDS, MAX_WAIT_SECONDS
+        )
+        env = {k: v for k, v in configuration.env.items() if v is not None}
         spec = _jobs.job_spec(
             config,
             provider,
@@ -341,7 +362,7 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             checkpoint_uri=self._checkpoint_uri(configuration, flow_run),
             env=_jobs.lease_env(
                 config.provider,
-                {k: v for k, v in configuration.env.items() if v is not None},
+                {**env, GO_MARGIN: f"{go_margin:g}"},
                 self.get_flow_run_logger(flow_run),
             ),
             created_at=None if stored is None else stored.created_at,
@@ -353,14 +374,6 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
             persist=lambda r: self._remember(flow_run, r),
             progress=JobProgress(flow_run_id=flow_run.id),
         )
-        # Each attempt runs as the flow run itself, which Prefect runs once at a time: no
-        # replacement can start beside the old attempt, so this worker does not hand over.
-        if config.settings().handover not in (None, "off"):
-            raise ConfigError(
-                "the spot worker runs each attempt as the flow run itself, so it cannot "
-                "run a replacement beside it: set handover=off (or leave it empty)"
-            )
-        controller.handover = "off"
         record = stored or controller.persist(controller.new_record(spec))
         return spec, controller, record
 
@@ -395,16 +408,58 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                     if handed_back is not None:
                         started(handed_back.identifier)
                         return handed_back
+                handing_over = pending_replacement(nxt.record) is not None
                 nxt = await anyio.to_thread.run_sync(controller.advance, spec, nxt.record)
-        except BaseException:
-            if nxt.action == "watch":  # the worker is stopping: end the attempt it runs
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(
-                        controller.stop, spec, nxt.record, "stopped: the worker shut down"
+                if handing_over and nxt.action == "watch":  # the replacement was adopted
+                    started(nxt.lease.lease_id)
+                    taken, runs_before = await self._take_over(
+                        controller, spec, nxt, flow_run, runs_before
                     )
+                    if taken is not None:
+                        return taken
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._stop_on_exit(controller, spec, nxt.record, flow_run)
             raise
         started("")
         return await self._finish(flow_run, nxt.record)
+
+    async def _stop_on_exit(self, controller, spec, record: JobRecord, flow_run: FlowRun) -> None:
+        """The worker is stopping (shut down, or an error): end every lease the job holds
+        (the running attempt's, and in a handover its replacement's) and close them. A
+        flow run the ended leases leave ``Pending`` (a handover's, whose new engine never
+        started) or ``Running`` (an engine that handed the run back on a reclaim notice,
+        expecting this worker to reschedule it) would stay so, with its attempt closed
+        and so never adopted by another worker: it ends ``Crashed``, as a run whose
+        infrastructure was lost does."""
+        # The record last persisted (it may name a lease, a handover's replacement, that
+        # the Next this worker holds does not yet)
+        latest = self._records.get(str(flow_run.id)) or record
+        if latest.status in FINAL_STATUSES or (
+            latest.current_attempt is None and pending_replacement(latest) is None
+        ):
+            return
+        await anyio.to_thread.run_sync(
+            controller.stop, spec, latest, "stopped: the worker shut down"
+        )
+        from prefect.states import Crashed
+
+        try:
+            current = await self.client.read_flow_run(flow_run.id)
+            state = current.state
+            if state is not None and (state.is_pending() or state.is_running()):
+                await self.client.set_flow_run_state(
+                    flow_run.id,
+                    Crashed(
+                        message="the spot worker stopped while it drove the flow run; "
+                        "its spot leases were ended"
+                    ),
+                    force=True,
+                )
+        except Exception:  # noqa: BLE001 - the original error is the one to raise
+            self.get_flow_run_logger(flow_run).warning(
+                "could not mark the flow run Crashed", exc_info=True
+            )
 
     async def _watch(self, controller, observer: SharedObserver, spec, nxt, flow_run: FlowRun):
         """Check the lease every poll until the attempt ends, with its status from the
@@ -460,10 +515,16 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                 "the flow run completed before attempt %d's lease ended; not rescheduled",
                 last.number,
             )
+            if pending_replacement(record) is not None:  # nor handed over: end that lease
+                record = await anyio.to_thread.run_sync(
+                    controller.stop, spec, record, "the flow run completed; no handover"
+                )
             await self._publish(flow_run, record)
             return SpotWorkerResult(
                 identifier=last.lease_id or "", status_code=0, record=record.summary()
             )
+        if pending_replacement(record) is not None:
+            return None  # advance adopts the replacement launched on the notice
         following = await anyio.to_thread.run_sync(controller.decide, spec, record)
         if following.action not in ("launch", "wait"):
             return None  # advance settles the job (budget spent)
@@ -500,8 +561,9 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
                 since_pending += 1
         return max(0, current.run_count - since_pending)
 
-    async def _refund_flow_retries(self, flow_run: FlowRun, runs_before: int) -> None:
-        """Give back the flow's ``retries`` that the preempted attempt's runs used up.
+    async def _refund_flow_retries(self, flow_run: FlowRun, runs_before: int) -> int:
+        """Give back the flow's ``retries`` that the preempted attempt's runs used up; the
+        run's ``run_count`` now (the next attempt's ``runs_before``).
 
         Every start of a flow run raises its ``run_count``, and Prefect retries a failed
         flow run while ``run_count`` <= ``empirical_policy.retries`` (its
@@ -512,9 +574,52 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         spent = max(0, current.run_count - runs_before)
         policy = current.empirical_policy
         if spent == 0 or policy.retries is None:
-            return
+            return current.run_count
         policy = policy.model_copy(update={"retries": policy.retries + spent})
         await self.client.update_flow_run(flow_run.id, empirical_policy=policy)
+        return current.run_count
+
+    async def _take_over(
+        self, controller, spec, nxt, flow_run: FlowRun, runs_before: int
+    ) -> tuple[SpotWorkerResult | None, int]:
+        """The controller adopted the replacement launched on the old attempt's notice (the
+        store is fenced at its number): let it start the flow run's engine. (A result if
+        the run was cancelled meanwhile; the new attempt's ``runs_before``.)
+
+        In order: the flow retries the old attempt's runs used are given back; the run goes
+        back to ``Pending`` (forced: Prefect refuses Running -> Pending to a worker, as a
+        guard against a second submission, which is exactly what this is not: the old
+        engine has exited and the record has closed its attempt); a cancel that came in
+        meanwhile wins (both leases end); the new lease becomes the run's infrastructure
+        id (a cancel from the UI terminates it); then the go, written once, after which
+        the replacement's ``prefect_spot._engine`` proposes ``Running`` from ``Pending``."""
+        from prefect.states import Pending
+
+        record = nxt.record
+        old, new = record.attempts[-2], record.attempts[-1]
+        runs_before = await self._refund_flow_retries(flow_run, runs_before)
+        step = old.checkpoint_step_end
+        message = (
+            f"handed over to attempt {new.number} on {new.pool.zone} {new.pool.instance_type} "
+            f"(launched on attempt {old.number}'s interruption notice, which ended "
+            f"{old.outcome}); resumes from checkpoint step {step if step is not None else '-'}"
+        )
+        await self.client.set_flow_run_state(flow_run.id, Pending(message=message), force=True)
+        if await self._cancelled(flow_run, since=old.started_at):
+            record = await anyio.to_thread.run_sync(
+                controller.cancel, spec, record, "stopped: the flow run was cancelled"
+            )
+            await self._publish(flow_run, record)
+            result = SpotWorkerResult(
+                identifier=new.lease_id or "", status_code=0, record=record.summary()
+            )
+            return result, runs_before
+        await self.client.update_flow_run(flow_run.id, infrastructure_pid=new.lease_id)
+        store = controller.stores(spec.checkpoint_uri)
+        await anyio.to_thread.run_sync(mark_go, store, old.number, new.number, time.time())
+        self.get_flow_run_logger(flow_run).info("%s", message)
+        await self._publish(flow_run, record)
+        return None, runs_before
 
     def _checkpoint_uri(self, configuration: SpotJobConfiguration, flow_run: FlowRun) -> str:
         root = configuration.checkpoint_root or (self._scratch_dir() / "checkpoints").as_uri()

@@ -99,6 +99,39 @@ def read_launched(store: CheckpointStore, attempt: int) -> dict[str, Any] | None
         return None
 
 
+def go_key(attempt: int) -> str:
+    return f"{HANDOVER_PREFIX}/attempt-{attempt:06d}-go.json"
+
+
+def mark_go(store: CheckpointStore, old_attempt: int, attempt: int, at: float) -> bool:
+    """Tell ``attempt``, ``old_attempt``'s replacement, that it may start now (a driver
+    whose replacement must not start its step before the driver says so: the Prefect
+    worker's, whose step is the flow run's engine, which may start only once the old
+    engine is gone and the flow run is back in a state a fresh engine starts from).
+
+    Written once (a compare-and-swap from nothing): a restarted driver's second go
+    changes nothing. True if this call wrote it."""
+    doc = {"attempt": attempt, "from": old_attempt, "go_at": at}
+    data = json.dumps(doc, allow_nan=False).encode()
+    return store.swap_object(go_key(old_attempt), None, data)
+
+
+def read_go(store: CheckpointStore, old_attempt: int, attempt: int) -> dict[str, Any] | None:
+    """``mark_go``'s go for ``attempt``, or None: none yet, or one addressed to another
+    attempt, torn or forged (read as none: the replacement waits on, bounded)."""
+    data = store.get_object(go_key(old_attempt))
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        if isinstance(doc["attempt"], bool) or int(doc["attempt"]) != attempt:
+            raise ValueError(f"a go for attempt {doc['attempt']!r}, not {attempt}")
+        return dict(doc)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("attempt %d: unreadable go from the driver (%s); ignored", attempt, exc)
+        return None
+
+
 @dataclass(frozen=True)
 class Prefetched:
     """A checkpoint read and verified ahead of the restore; ``seconds`` it took."""

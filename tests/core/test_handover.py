@@ -333,3 +333,21 @@ def test_a_long_wait_polls_the_store_less_often(tmp_path):
     assert len(fast) + len(slow) == len(sleeps)
     assert abs(len(fast) * POLL_SECONDS - FAST_POLL_WINDOW_SECONDS) <= POLL_SECONDS
     assert abs(len(slow) * SLOW_POLL_SECONDS - (60.0 - FAST_POLL_WINDOW_SECONDS)) <= 1.0
+
+
+def test_the_go_is_written_once_and_a_torn_or_foreign_one_is_no_go(tmp_path):
+    """The go a driver gives a waiting replacement (the Prefect worker's): a second go (a
+    restarted worker's) changes nothing; a torn one, or one for another attempt, is no go
+    (the replacement waits on, bounded), never a crash."""
+    from spot_core.checkpoint.handover import go_key, mark_go, read_go
+
+    store = open_store((tmp_path / "ckpt").as_uri())
+    assert read_go(store, 1, 2) is None
+    store.put_object(go_key(1), b"{torn")
+    assert read_go(store, 1, 2) is None
+    store.delete_object(go_key(1))
+    assert mark_go(store, 1, 3, 100.0) and read_go(store, 1, 2) is None  # another attempt's
+    store.delete_object(go_key(1))
+    assert mark_go(store, 1, 2, 100.0)
+    assert not mark_go(store, 1, 2, 200.0)  # written once
+    assert read_go(store, 1, 2) == {"attempt": 2, "from": 1, "go_at": 100.0}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
 from prefect import flow
+
+from prefect_spot import spot_task
 
 
 @flow(retries=1, retry_delay_seconds=0)
@@ -44,3 +47,51 @@ def naps_through_its_first_attempt(marks: str) -> str:
     if attempt <= 1:
         time.sleep(300)
     return f"done in attempt {attempt}"
+
+
+def sum_steps(
+    checkpointer, total_steps: int, step_seconds: float, save_seconds: float, marks: str
+) -> int:
+    """Adds up every step's number, resumably (handover_step.py's loop, for a restored
+    Checkpointer): the sum equals an uninterrupted run's only if the job resumed exactly
+    where its newest checkpoint left it. Its emergency save takes ``save_seconds`` (a big
+    model's), so the old lease outlives the notice and the replacement starts beside it;
+    it leaves ``emergency-<attempt>.json`` in ``marks`` with the step it saved (the store
+    prunes old checkpoints)."""
+    total, step = 0, checkpointer.start_step
+    if checkpointer.restored is not None:
+        total = json.loads(checkpointer.store.load(checkpointer.restored)["state.json"])["total"]
+
+    def payload() -> dict[str, bytes]:
+        if checkpointer.emergency_requested:
+            time.sleep(save_seconds)
+            attempt = os.environ.get("SPOT_ATTEMPT", "0")
+            Path(marks, f"emergency-{attempt}.json").write_text(json.dumps({"step": step + 1}))
+        return {"state.json": json.dumps({"total": total}).encode()}
+
+    for step in range(checkpointer.start_step, total_steps):
+        total += step
+        time.sleep(step_seconds)
+        checkpointer.maybe_save(step + 1, payload)
+    return total
+
+
+@spot_task(checkpoint_every_steps=10)
+def sums_steps(
+    total_steps: int, step_seconds: float, save_seconds: float, marks: str, checkpointer=None
+) -> int:
+    """``sum_steps`` in place, under the spot worker."""
+    return sum_steps(checkpointer, total_steps, step_seconds, save_seconds, marks)
+
+
+@flow(retries=1, retry_delay_seconds=0)
+def sums_through_a_handover(
+    total_steps: int, step_seconds: float, save_seconds: float, result: str
+) -> int:
+    """``sums_steps`` as a flow with one retry for its own errors; writes the sum and the
+    attempt that finished to ``result`` (its emergency marks go beside it)."""
+    total = sums_steps(total_steps, step_seconds, save_seconds, str(Path(result).parent))
+    Path(result).write_text(
+        json.dumps({"total": total, "attempt": int(os.environ.get("SPOT_ATTEMPT", "0"))})
+    )
+    return total

@@ -145,6 +145,8 @@ def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(pre
             "provider_options": {"start_tick": 479, "time_scale": 1800.0},
             "checkpoint_root": (tmp_path / "ckpt").as_uri(),
             "capacity_wait": 0.5,
+            # the reschedule path; the default hands over (test_worker_handover.py)
+            "handover": "off",
         },
     )
     with running_worker(pool, tmp_path / "worker.log"):

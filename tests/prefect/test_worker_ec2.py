@@ -149,6 +149,8 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
         {
             "provider": "ec2",
             "max_preemptions": 1,
+            # the reschedule path (the default hands over: test_worker_handover.py)
+            "handover": "off",
             "capacity_wait": 0.5,
             "checkpoint_root": f"s3://{bucket}/flows",
             "provider_options": {
@@ -201,3 +203,93 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
     for script in (tmp_path / "runtime").glob("*.user-data.sh"):
         text = script.read_text()
         assert "AWS_SECRET_ACCESS_KEY" not in text and "PREFECT_API_KEY" not in text
+
+
+@pytest.mark.timeout(300)
+def test_worker_hands_over_on_ec2_on_the_notice_and_the_same_flow_run_completes(
+    prefect_api, aws_env, bucket, tmp_path
+):
+    """handover=on_notice (EC2's default, the notice from EventBridge through SQS): the
+    replacement instance boots while the old one saves; its engine starts on the worker's
+    go, the same flow run resumes from the emergency checkpoint in S3 and completes."""
+    import json
+    from pathlib import Path
+
+    from aws_helpers import client, preempt_after_checkpoints, unique
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
+
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.resumed import read_resumed
+    from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+    from spot_core.errors import FencedOut
+    from spot_core.model import Outcome
+
+    net = make_network(aws_env)
+    queue = client("sqs", aws_env).create_queue(QueueName=unique("spot-events"))["QueueUrl"]
+    pool, steps = "spot-ec2-handover", 1000
+    deployment_id = deploy_example_flow(
+        pool,
+        "ec2-handover",
+        {
+            "provider": "ec2",
+            "max_preemptions": 1,
+            "capacity_wait": 0.5,
+            "poll_interval": 0.5,
+            "checkpoint_root": f"s3://{bucket}/flows",
+            "provider_options": {
+                "endpoint_url": aws_env,
+                "region": REGION,
+                "subnets": net["subnets"],
+                "instance_types": ["g4dn.xlarge"],
+                "image_id": net["image_id"],
+                "instance_profile": net["instance_profile"],
+                "agent_python": sys.executable,
+                "watch_poll_interval": 0.1,
+                "sqs_queue_url": queue,
+            },
+        },
+        source=Path(__file__).resolve().parent,
+        entrypoint="spot_test_flows.py:sums_through_a_handover",
+    )
+    runtime = Ec2InstanceRuntime(
+        aws_env,
+        tmp_path / "runtime",
+        (REGION,),
+        default_instance_env(aws_env, REGION),
+        notice_seconds=20.0,
+        grace_seconds=5.0,
+        sqs_queue_url=queue,
+    )
+    with runtime, running_worker(pool, tmp_path / "worker.log"):
+        run = run_deployment(
+            deployment_id,
+            timeout=0,
+            parameters={
+                "total_steps": steps,
+                "step_seconds": 0.02,
+                "save_seconds": 1.5,
+                "result": str(tmp_path / "result.json"),
+            },
+        )
+        store_uri = f"s3://{bucket}/flows/{run.id}"
+        preempt_after_checkpoints(runtime, store_uri, attempts=(1,), timeout=150)
+        with get_client(sync_client=True) as prefect:
+            run = wait_completed(prefect, run.id, timeout=240)
+            names = [s.name for s in prefect.read_flow_run_states(run.id)]
+        record = final_record(run.id)
+    logs = (tmp_path / "worker.log").read_text(errors="replace")
+    assert run.state.is_completed(), f"{run.state!r} {names}\n{logs[-3000:]}"
+    old, new = record.attempts
+    assert (old.outcome, new.outcome) == (Outcome.PREEMPTED, Outcome.SUCCEEDED), record.attempts
+    assert new.started_at < old.ended_at and old.replacement["state"] == "adopted"
+    assert "AwaitingRetry" not in names and not {"Failed", "Crashed"} & set(names), names
+    store = open_store(store_uri)
+    emergency = json.loads((tmp_path / f"emergency-{old.number}.json").read_text())["step"]
+    resumed = read_resumed(store, new.number)
+    assert resumed is not None and resumed.step == emergency == new.checkpoint_step_start
+    assert json.loads((tmp_path / "result.json").read_text())["total"] == sum(range(steps))
+    with pytest.raises(FencedOut):
+        store.save(steps + 1, {"state.json": b"{}"}, attempt=old.number)
+    assert managed_live_instances(aws_env) == []

@@ -108,6 +108,8 @@ def test_worker_reschedules_a_flow_run_preempted_on_kubernetes_and_it_completes(
             {
                 "provider": "kubernetes",
                 "max_preemptions": 1,
+                # the reschedule path (the default hands over: test_worker_handover.py)
+                "handover": "off",
                 "capacity_wait": 0.5,
                 "checkpoint_root": root.as_uri(),
                 # the flow run's engine in the pod: this environment's Python (the image's)
