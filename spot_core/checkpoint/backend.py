@@ -23,6 +23,12 @@ class ObjectBackend(Protocol):
     object or the complete one, never a prefix of it.
     """
 
+    concurrent_reads: bool
+    """Whether reading several objects at once is faster than one after another: a
+    remote store's request latencies overlap; a local disk's reads only contend for the
+    same cores (``make bench-resume``: S3 on moto 1.43x faster at once, a file store
+    0.57x)."""
+
     def put_bytes(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` atomically and durably."""
 

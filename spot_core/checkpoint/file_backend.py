@@ -39,6 +39,8 @@ LOCK_NAME = ".spot-lock"
 class FileBackend:
     """Objects as files under ``root``; keys are relative POSIX paths."""
 
+    concurrent_reads = False  # a local disk: reading files at once only adds contention
+
     def __init__(self, root: str, *, lock_timeout: float = 120.0) -> None:
         self.root = os.path.abspath(root)
         self.lock_timeout = lock_timeout

@@ -56,6 +56,8 @@ LOCK_TTL_ENV = "SPOT_S3_LOCK_TTL"
 class S3Backend:
     """Objects under ``s3://bucket/prefix``; keys are relative POSIX paths."""
 
+    concurrent_reads = True  # each GET waits on the network: overlapping them pays
+
     def __init__(
         self,
         bucket: str,

@@ -381,7 +381,11 @@ class CheckpointStore:
     def load_concurrently(self, ref: CheckpointRef, *, workers: int = 8) -> dict[str, bytes]:
         """``load``, with the payload files read at once on up to ``workers`` threads and
         each file's digest checked as its chunks stream in (no second pass over it): how a
-        replacement prefetches while its predecessor still saves. Same errors as ``load``."""
+        replacement prefetches while its predecessor still saves. Same errors as ``load``.
+        A backend where reading at once is no faster (a local disk) is read as ``load``
+        reads it."""
+        if not self.backend.concurrent_reads:
+            return self.load(ref)
         manifest = self._manifest_for(ref)
 
         def read(item: tuple[str, FileEntry]) -> tuple[str, bytes]:

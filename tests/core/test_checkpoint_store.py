@@ -13,7 +13,7 @@ import pytest
 from spot_helpers import ZOMBIE_WRITER
 
 from spot_core.checkpoint import CheckpointRef, CheckpointStore, open_store
-from spot_core.errors import CheckpointNotFound, ConfigError, FencedOut
+from spot_core.errors import CheckpointNotFound, ConfigError, CorruptCheckpoint, FencedOut
 
 
 @pytest.fixture
@@ -390,3 +390,15 @@ def test_newest_is_the_last_listed_checkpoint_for_few_reads(store: CheckpointSto
     newest = store.newest()
     assert newest == listed[-1] and (newest.step, newest.attempt) == (15, 2)
     assert len(reads) == 2 and len(listed) == 4  # the torn one and the newest: not all five
+
+
+def test_a_local_store_loads_concurrently_as_it_loads(store: CheckpointStore) -> None:
+    """A file store gains nothing from reading files at once (make bench-resume: 0.57x on
+    2 cores), so a replacement's prefetch reads it as ``load`` does: the same verified
+    bytes, and a damaged file named the same way."""
+    ref = store.save(1, {"model.bin": b"m" * 4096, "opt/state.bin": b"o"}, {})
+    assert store.load_concurrently(ref) == store.load(ref)
+    damaged = Path(store.uri.removeprefix("file://")) / "checkpoints" / ref.checkpoint_id
+    (damaged / "model.bin").write_bytes(b"x" * 4096)
+    with pytest.raises(CorruptCheckpoint, match="model.bin"):
+        open_store(store.uri).load_concurrently(ref)

@@ -113,7 +113,11 @@ def test_flipped_payload_byte_fails_load_and_latest_falls_back(two, s3):
     s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
     with pytest.raises(CorruptCheckpoint, match="'model.bin'"):
         two.load(newest)
+    with pytest.raises(CorruptCheckpoint, match="'model.bin'"):  # as its chunks stream in
+        open_store(two.uri).load_concurrently(newest)
     assert two.latest().step == 1
+    older = two.latest()
+    assert two.load_concurrently(older) == two.load(older)  # files at once, the same bytes
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete"])
