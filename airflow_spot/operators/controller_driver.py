@@ -324,16 +324,22 @@ class ControllerDriverMixin(_Operator):
         made = jobs.relaunch(self.settings, spec, max_user_retries=UNLIMITED_USER_RETRIES)
         return None if made is None else made.to_dict()
 
+    def _watch_kwargs(self, spec: JobSpec, nxt: Next, not_before: float) -> dict[str, Any]:
+        """What every spot trigger is given to watch ``nxt`` (and hand over on a notice);
+        each operator's ``_trigger`` adds how the triggerer reaches its cloud."""
+        return {
+            "provider_options": self.spot_hook.reopen_options,
+            "next": nxt.to_dict(),
+            "checkpoint_uri": spec.checkpoint_uri,
+            "controller_options": self.controller_options(),
+            "not_before": not_before,
+            "launch": self._launch(spec),
+        }
+
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotJobTrigger:
         """The trigger that watches ``nxt`` in the triggerer."""
         return SpotJobTrigger(
-            provider=self.settings.provider,
-            provider_options=self.spot_hook.reopen_options,
-            next=nxt.to_dict(),
-            checkpoint_uri=spec.checkpoint_uri,
-            controller_options=self.controller_options(),
-            not_before=not_before,
-            launch=self._launch(spec),
+            provider=self.settings.provider, **self._watch_kwargs(spec, nxt, not_before)
         )
 
     def _defer(self, spec: JobSpec, nxt: Next) -> None:

@@ -399,12 +399,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
 
     def _trigger(self, spec: JobSpec, nxt: Next, not_before: float) -> SpotKubernetesPodTrigger:
         return SpotKubernetesPodTrigger(
-            provider_options=self.spot_hook.reopen_options,
-            next=nxt.to_dict(),
-            checkpoint_uri=spec.checkpoint_uri,
-            controller_options=self.controller_options(),
-            not_before=not_before,
-            launch=self._launch(spec),
+            **self._watch_kwargs(spec, nxt, not_before),
             kubernetes_conn_id=self.kubernetes_conn_id,
             cluster_context=self.cluster_context,
             config_file=self.config_file,

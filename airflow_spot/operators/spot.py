@@ -344,12 +344,7 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
         """The mixin's trigger, with the connections the triggerer resolves again by id."""
         return SpotJobTrigger(
             provider=self.settings.provider,
-            provider_options=self.spot_hook.reopen_options,
-            next=nxt.to_dict(),
-            checkpoint_uri=spec.checkpoint_uri,
-            controller_options=self.controller_options(),
-            not_before=not_before,
-            launch=self._launch(spec),
+            **self._watch_kwargs(spec, nxt, not_before),
             aws_conn_id=self.aws_conn_id,
             kubernetes_conn_id=self.kubernetes_conn_id,
         )
