@@ -30,7 +30,7 @@ from spot_core.model import Market
 from spot_core.policy.pod_outcomes import ANNOTATION_POOL, node_of
 from spot_core.providers import kubernetes_pods as pods
 from spot_core.providers.kubernetes import KubernetesProvider
-from spot_core.workloads import softmax_regression
+from spot_core.workloads.example_pipeline import train_command
 
 if TYPE_CHECKING:
     from spot_core.emulators.kubernetes.cluster import KubeCluster
@@ -104,11 +104,10 @@ def run_demo(
     ):
         spec = JobSpec(
             job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
-            command=softmax_regression.command(
-                demo.data,
-                steps=cfg.steps,
-                step_seconds=cfg.step_seconds,
-                checkpoint_every_seconds=cfg.checkpoint_every_seconds,
+            command=tuple(
+                train_command(
+                    str(demo.data), cfg.steps, cfg.step_seconds, cfg.checkpoint_every_seconds
+                )
             ),
             checkpoint_uri=store_uri,
             pools=provider.pools(),

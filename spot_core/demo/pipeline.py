@@ -21,9 +21,9 @@ from spot_core.model import JobRecord
 from spot_core.policy.checkpoint_interval import checkpoint_interval
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
+from spot_core.workloads.example_pipeline import train_command
 from spot_core.workloads.softmax_regression import (
     TrainConfig,
-    command,
     evaluate,
     prepare_dataset,
     train,
@@ -115,11 +115,8 @@ def run_demo(
         every = _checkpoint_every(provider, cfg)
         spec = JobSpec(
             job_id=f"demo-train-{uuid.uuid4().hex[:6]}",
-            command=command(
-                demo.data,
-                steps=cfg.steps,
-                step_seconds=cfg.step_seconds,
-                checkpoint_every_seconds=every,
+            command=tuple(
+                train_command(str(demo.data), cfg.steps, cfg.step_seconds, f"{every:.4f}")
             ),
             checkpoint_uri=demo.store_uri,
             pools=provider.pools(),

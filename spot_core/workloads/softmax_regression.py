@@ -204,25 +204,6 @@ def evaluate(store: CheckpointStore, data: Path) -> tuple[str, float]:
     return weights_sha256(state), accuracy(state, x_test, y_test)
 
 
-def command(
-    data: Path, *, steps: int, step_seconds: float, checkpoint_every_seconds: float
-) -> tuple[str, ...]:
-    """This step's command line in this interpreter (the demos launch it on their leases)."""
-    return (
-        sys.executable,
-        "-m",
-        __name__,
-        "--data",
-        str(data),
-        "--steps",
-        str(steps),
-        "--step-seconds",
-        str(step_seconds),
-        "--checkpoint-every-seconds",
-        f"{checkpoint_every_seconds:.4f}",
-    )
-
-
 def _parse(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
