@@ -127,6 +127,21 @@ def test_worker_opens_ec2_and_terminates_an_instance_by_id(prefect_api, aws_env,
     assert managed_live_instances(aws_env) == []
 
 
+def _options(aws_env: str, net: dict) -> dict:
+    """The ec2 provider options of the end-to-end runs: moto's network, the agent in this
+    interpreter, the node's watcher polling fast."""
+    return {
+        "endpoint_url": aws_env,
+        "region": REGION,
+        "subnets": net["subnets"],
+        "instance_types": ["g4dn.xlarge"],
+        "image_id": net["image_id"],
+        "instance_profile": net["instance_profile"],
+        "agent_python": sys.executable,
+        "watch_poll_interval": 0.1,
+    }
+
+
 @pytest.mark.timeout(420)
 def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_completes(
     prefect_api, aws_env, bucket, tmp_path
@@ -153,16 +168,7 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
             "handover": "off",
             "capacity_wait": 0.5,
             "checkpoint_root": f"s3://{bucket}/flows",
-            "provider_options": {
-                "endpoint_url": aws_env,
-                "region": REGION,
-                "subnets": net["subnets"],
-                "instance_types": ["g4dn.xlarge"],
-                "image_id": net["image_id"],
-                "instance_profile": net["instance_profile"],
-                "agent_python": sys.executable,
-                "watch_poll_interval": 0.1,
-            },
+            "provider_options": _options(aws_env, net),
         },
     )
     # A notice long enough for the flow run's engine to save, report its state and exit,
@@ -238,17 +244,7 @@ def test_worker_hands_over_on_ec2_on_the_notice_and_the_same_flow_run_completes(
             "capacity_wait": 0.5,
             "poll_interval": 0.5,
             "checkpoint_root": f"s3://{bucket}/flows",
-            "provider_options": {
-                "endpoint_url": aws_env,
-                "region": REGION,
-                "subnets": net["subnets"],
-                "instance_types": ["g4dn.xlarge"],
-                "image_id": net["image_id"],
-                "instance_profile": net["instance_profile"],
-                "agent_python": sys.executable,
-                "watch_poll_interval": 0.1,
-                "sqs_queue_url": queue,
-            },
+            "provider_options": {**_options(aws_env, net), "sqs_queue_url": queue},
         },
         source=Path(__file__).resolve().parent,
         entrypoint="spot_test_flows.py:sums_through_a_handover",
