@@ -213,7 +213,9 @@ def test_a_forged_unit_object_is_one_line_and_the_queue_completes(uri, functions
     assert stored(uri, key) == FORGED[forged]  # untouched
     assert [unit for unit, _ in queue.outputs()] == ["unit-000000", "unit-000001", "unit-000003"]
 
-    open_store(uri).delete_object(key)  # what the line says: the unit runs again
+    if forged != "garbage":
+        return  # the rest once: removing the object, as the line says, runs the unit again
+    open_store(uri).delete_object(key)
     assert worker(uri, "same", functions).returncode == 0
     assert dict(queue.outputs())["unit-000002"] == [2] and queue.progress().corrupt == 0
 
