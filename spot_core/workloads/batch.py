@@ -22,6 +22,11 @@ unit to ``done`` naming that claim. A worker whose claim lapsed while it still r
 stall, a partition) loses the swap, so its output is never the unit's: the final output is
 exactly the set of units, each once, whatever the reclaims did.
 
+What could not be read back is refused when written (a spec over ``MAX_SPEC_BYTES``, an
+output over ``MAX_OUTPUT_BYTES`` or not JSON: the unit's failure, one of its retries), and
+every object is checked when read: a unit object no writer made is CORRUPT (warned once,
+counted as failed, never claimed or written over), a spec no create made is one error.
+
     queue = WorkQueue.create("s3://bucket/batch-17", ItemRange(0, 10_000), unit_size=50)
     queue = WorkQueue.open("s3://bucket/batch-17")   # on every worker
     run_worker(queue, infer_one, worker_id="w3")     # spot_core.workloads.batch_worker
