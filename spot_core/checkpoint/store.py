@@ -198,6 +198,44 @@ class CheckpointStore:
         except OSError as exc:
             raise _unreadable(self.uri, key, exc) from exc
 
+    def read_object(self, key: str, *, max_bytes: int = MAX_OBJECT_BYTES) -> bytes | None:
+        """The object's bytes, or None only when there is none; CorruptCheckpoint naming
+        the problem when something is there that cannot be read (more than ``max_bytes``,
+        not an object). For objects whose absence means something to the reader (a work
+        queue's spec: absent means "create it first"), so "too big" never reads as absent.
+        """
+        key = _object_key(key)
+        try:
+            return self.backend.get_bytes(key, max_bytes=max_bytes)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        except OSError as exc:
+            raise _unreadable(self.uri, key, exc) from exc
+
+    def put_object_if_absent(self, key: str, data: bytes) -> bool:
+        """Write ``data`` only if nothing is stored under ``key``; False, and nothing
+        written, if something is, even something no reader can read (too big, not an
+        object). Why: what one writer made once (a work queue's spec) is never replaced by
+        another, whatever the second could read of it."""
+        key = _object_key(key)
+        try:
+            with self.backend.lock():
+                if self._present(key):
+                    return False
+                self.backend.put_bytes(key, data)
+                return True
+        except OSError as exc:
+            raise _unwritable(self.uri, f"write {key}", exc) from exc
+
+    def _present(self, key: str) -> bool:
+        try:
+            self.backend.size(key)
+        except FileNotFoundError:
+            return False
+        except CorruptCheckpoint:
+            return True  # something no writer made: still not nothing
+        return True
+
     def delete_object(self, key: str) -> None:
         """Remove the object; a missing one is not an error."""
         key = _object_key(key)

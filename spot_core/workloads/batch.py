@@ -22,6 +22,11 @@ unit to ``done`` naming that claim. A worker whose claim lapsed while it still r
 stall, a partition) loses the swap, so its output is never the unit's: the final output is
 exactly the set of units, each once, whatever the reclaims did.
 
+What could not be read back is refused when written (a spec over ``MAX_SPEC_BYTES``, an
+output over ``MAX_OUTPUT_BYTES`` or not JSON: the unit's failure, one of its retries), and
+every object is checked when read: a unit object no writer made is CORRUPT (warned once,
+counted as failed, never claimed or written over), a spec no create made is one error.
+
     queue = WorkQueue.create("s3://bucket/batch-17", ItemRange(0, 10_000), unit_size=50)
     queue = WorkQueue.open("s3://bucket/batch-17")   # on every worker
     run_worker(queue, infer_one, worker_id="w3")     # spot_core.workloads.batch_worker
@@ -29,8 +34,11 @@ exactly the set of units, each once, whatever the reclaims did.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,7 +46,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from spot_core.checkpoint import CheckpointStore, open_store
-from spot_core.errors import ConfigError
+from spot_core.errors import ConfigError, CorruptCheckpoint
+
+log = logging.getLogger(__name__)
 
 SPEC_KEY = "queue/spec.json"
 STATE_PREFIX = "queue/units"
@@ -47,11 +57,20 @@ PROGRESS_PREFIX = "progress"  # each unit's own checkpoint store, below the queu
 FORMAT = 1
 MAX_UNITS = 1_000_000
 MAX_UNIT_SIZE = 1_000_000
-MAX_OUTPUT_BYTES = 64 << 20
+MAX_OUTPUT_BYTES = 64 << 20  # one unit's output, as JSON: refused when written, not read
+MAX_SPEC_BYTES = 16 << 20  # the spec (a manifest's URIs included): refused at create
+MAX_UNIT_BYTES = 1 << 20  # one unit's object: a few hundred bytes
+MAX_OWNER_CHARS = 256  # a worker id, kept in the unit's object
+MAX_COUNT = 10**9  # claims and failures of one unit: far beyond any real queue
 
 PENDING, CLAIMED, DONE, FAILED = "pending", "claimed", "done", "failed"
 STATES = (PENDING, CLAIMED, DONE, FAILED)
 TERMINAL = (DONE, FAILED)
+# Never written: a unit whose object no writer of the queue made (garbage, an unknown
+# field or state, a wrong type, a time that is not a finite number). It is never claimed
+# or overwritten, counts as failed (so the queue completes) and is warned once; removing
+# the object makes the unit pending again.
+CORRUPT = "corrupt"
 
 Item = str | int
 
@@ -93,11 +112,19 @@ class Manifest:
 Items = ItemRange | Manifest
 
 
-def items_from_json(doc: dict[str, Any]) -> Items:
-    if "range" in doc:
-        start, stop = (int(x) for x in doc["range"])
-        return ItemRange(start, stop)
-    return Manifest(tuple(str(u) for u in doc["manifest"]))
+def items_from_json(doc: object) -> Items:
+    """The items as ``to_json`` wrote them; ValueError naming what is wrong otherwise."""
+    if isinstance(doc, dict) and set(doc) == {"range"}:
+        pair = doc["range"]
+        if not (isinstance(pair, list) and len(pair) == 2 and all(map(_is_int, pair))):
+            raise CorruptObject("items.range is not two integers")
+        return ItemRange(pair[0], pair[1])
+    if isinstance(doc, dict) and set(doc) == {"manifest"}:
+        uris = doc["manifest"]
+        if not (isinstance(uris, list) and all(isinstance(u, str) for u in uris)):
+            raise CorruptObject("items.manifest is not a list of strings")
+        return Manifest(tuple(uris))
+    raise CorruptObject('items is neither {"range": [start, stop]} nor {"manifest": [...]}')
 
 
 @dataclass(frozen=True)
@@ -132,13 +159,25 @@ class QueueSpec:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> QueueSpec:
-        doc = json.loads(data)
-        return cls(
+        """The spec ``to_bytes`` wrote; ValueError naming what is wrong with anything else
+        (garbage, an unknown field or format, a wrong type, a value out of range)."""
+        doc = _json_object(data)
+        known = {"format", "items", "unit_size", "claim_timeout_seconds", "max_unit_retries"}
+        if set(doc) != known:
+            raise CorruptObject(f"fields {sorted(doc)}, expected {sorted(known)}")
+        if doc["format"] != FORMAT:
+            raise CorruptObject(f"format {doc['format']!r}; this version reads format {FORMAT}")
+        counts = [doc["unit_size"], doc["max_unit_retries"]]
+        if not all(map(_is_int, counts)) or not _is_number(doc["claim_timeout_seconds"]):
+            raise CorruptObject("unit_size, max_unit_retries or claim_timeout_seconds is no number")
+        spec = cls(
             items_from_json(doc["items"]),
-            int(doc["unit_size"]),
+            doc["unit_size"],
             float(doc["claim_timeout_seconds"]),
-            int(doc["max_unit_retries"]),
+            doc["max_unit_retries"],
         )
+        _check_spec(spec)
+        return spec
 
 
 def unit_id(index: int) -> str:
@@ -169,9 +208,35 @@ class UnitState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnitState:
-        doc = json.loads(data)
-        doc["errors"] = tuple(doc.get("errors", ()))
-        return cls(**doc)
+        """The object ``to_bytes`` wrote; CorruptObject naming what is wrong with anything
+        else: garbage, an unknown field, a wrong type, a count out of range, a time that
+        is not a finite number, an unknown state. A field it lacks takes its default (an
+        object written before the field existed)."""
+        doc = _json_object(data)
+        values: dict[str, Any] = {}
+        for spec in dataclasses.fields(cls):
+            if spec.name in doc:
+                values[spec.name] = _field_value(spec, doc.pop(spec.name))
+        if doc:
+            raise CorruptObject(f"unknown field {sorted(doc)[0]!r}")
+        if "unit" not in values:
+            raise CorruptObject("no unit field")
+        state = cls(**values)
+        state.check()
+        return state
+
+    def check(self) -> None:
+        """What every writer keeps true of a unit's object; CorruptObject otherwise."""
+        if self.state not in STATES:
+            raise CorruptObject(f"unknown state {self.state!r}")
+        if self.failures > self.claim:
+            raise CorruptObject(f"{self.failures} failures in {self.claim} claims")
+        if self.state == CLAIMED and not (self.token and self.claim >= 1):
+            raise CorruptObject("claimed without a claim token")
+        if self.state == DONE and self.output_key != output_key(self.unit, self.claim):
+            raise CorruptObject(f"done, naming the output {self.output_key!r} of no claim")
+        if self.state == DONE and not _is_sha256(self.output_sha256):
+            raise CorruptObject("done, without its output's SHA-256")
 
     def lapsed(self, now: float, timeout_seconds: float) -> bool:
         return self.state == CLAIMED and now - self.heartbeat_at > timeout_seconds
@@ -197,9 +262,10 @@ class Progress:
     pending: int
     claimed: int
     done: int
-    failed: int
+    failed: int  # the corrupt ones included: the queue cannot run them
     lapsed: int  # claimed, but its heartbeat is older than the claim timeout
     reclaims: int  # claims beyond each unit's first: takeovers and retries
+    corrupt: int = 0  # of failed: units whose object no writer made (warned; remove it)
 
     @property
     def complete(self) -> bool:
@@ -213,6 +279,15 @@ class LostClaim(Exception):
     """This worker's claim was taken over (its heartbeat lapsed): drop the unit."""
 
 
+class CorruptObject(ValueError):
+    """A queue object that no writer of the queue made; the message names what is wrong."""
+
+
+class UnstorableOutput(ValueError):
+    """The user's outputs of a unit cannot be stored (not JSON, or over the limit): the
+    unit's failure, which spends one of its retries like an exception of the function."""
+
+
 # -- the queue -----------------------------------------------------------------------------------
 class WorkQueue:
     """A queue of units in one store; every state change is a compare-and-swap."""
@@ -222,6 +297,7 @@ class WorkQueue:
     ) -> None:
         self.store, self.spec, self.clock = store, spec, clock
         self._terminal: set[str] = set()  # units seen done or failed: never change again
+        self._warned: set[str] = set()  # corrupt units already named in the log
 
     @property
     def uri(self) -> str:
@@ -243,10 +319,10 @@ class WorkQueue:
         queue (a re-run of the DAG that made it), another spec is one ConfigError line."""
         spec = QueueSpec(items, unit_size, claim_timeout_seconds, max_unit_retries)
         _check_spec(spec)
+        data = _spec_bytes(spec)
         store = open_store(uri, session=session)
-        if not store.swap_object(SPEC_KEY, None, spec.to_bytes()):
-            existing = store.get_object(SPEC_KEY)
-            if existing != spec.to_bytes():
+        if not store.put_object_if_absent(SPEC_KEY, data):  # never over an existing spec
+            if _read_spec(store) != spec:
                 raise ConfigError(
                     f"{uri} already holds another queue (other items or unit size); "
                     "give this batch its own queue URI"
@@ -258,25 +334,49 @@ class WorkQueue:
         cls, uri: str, *, clock: Callable[[], float] = time.time, session: Any = None
     ) -> WorkQueue:
         store = open_store(uri, session=session)
-        data = store.get_object(SPEC_KEY)
-        if data is None:
+        spec = _read_spec(store)
+        if spec is None:
             raise ConfigError(
                 f"no work queue at {uri}; create it first (WorkQueue.create, or the "
                 "DAG's/flow's queue task)"
             )
-        return cls(store, QueueSpec.from_bytes(data), clock=clock)
+        return cls(store, spec, clock=clock)
 
     # -- reading -------------------------------------------------------------------------
     def state(self, unit: str) -> tuple[UnitState, bytes | None]:
-        raw = self.store.get_object(f"{STATE_PREFIX}/{unit}.json")
-        return (UnitState(unit) if raw is None else UnitState.from_bytes(raw)), raw
+        """The unit's state and its object's bytes; a corrupt object reads as a CORRUPT
+        state (warned once), which nothing claims or writes over."""
+        key = f"{STATE_PREFIX}/{unit}.json"
+        try:
+            raw = self.store.read_object(key, max_bytes=MAX_UNIT_BYTES)
+            if raw is None:
+                return UnitState(unit), None
+            state = UnitState.from_bytes(raw)
+            if state.unit != unit:
+                raise CorruptObject(f"it names unit {state.unit!r}")
+        except (CorruptCheckpoint, CorruptObject) as exc:
+            return self._corrupt(unit, key, exc), None
+        return state, raw
+
+    def _corrupt(self, unit: str, key: str, problem: Exception) -> UnitState:
+        if unit not in self._warned:
+            self._warned.add(unit)
+            log.warning(
+                "%s of the work queue at %s is corrupt (%s: %s); counted as failed and never "
+                "run: remove that object to run the unit again",
+                unit,
+                self.uri,
+                key,
+                problem,
+            )
+        return UnitState(unit, state=CORRUPT, errors=(str(problem)[:500],))
 
     def states(self) -> Iterator[UnitState]:
         for unit in self.spec.unit_ids():
             yield self.state(unit)[0]
 
     def progress(self) -> Progress:
-        counts = dict.fromkeys(STATES, 0)
+        counts = dict.fromkeys((*STATES, CORRUPT), 0)
         lapsed = reclaims = 0
         now = self.clock()
         for state in self.states():
@@ -288,9 +388,10 @@ class WorkQueue:
             counts[PENDING],
             counts[CLAIMED],
             counts[DONE],
-            counts[FAILED],
+            counts[FAILED] + counts[CORRUPT],
             lapsed,
             reclaims,
+            counts[CORRUPT],
         )
 
     def outputs(self) -> Iterator[tuple[str, list[Any]]]:
@@ -299,19 +400,38 @@ class WorkQueue:
         for state in self.states():
             if state.state != DONE:
                 continue
-            data = self.store.get_object(state.output_key, max_bytes=MAX_OUTPUT_BYTES)
-            if data is None or hashlib.sha256(data).hexdigest() != state.output_sha256:
-                raise ConfigError(
-                    f"the output of {state.unit} in {self.uri} is missing or altered "
-                    f"({state.output_key}); it was written by claim {state.claim}"
-                )
-            yield state.unit, json.loads(data)["outputs"]
+            yield state.unit, self._output(state)
+
+    def _output(self, state: UnitState) -> list[Any]:
+        where = f"the output of {state.unit} in {self.uri} ({state.output_key})"
+        try:
+            data = self.store.read_object(state.output_key, max_bytes=MAX_OUTPUT_BYTES)
+        except CorruptCheckpoint as exc:  # over the limit, or no object: never "missing"
+            raise ConfigError(
+                f"{where} cannot be read ({exc}); a unit's output holds at most "
+                f"{_mib(MAX_OUTPUT_BYTES)}"
+            ) from None
+        if data is None or hashlib.sha256(data).hexdigest() != state.output_sha256:
+            raise ConfigError(
+                f"{where} is missing or altered; it was written by claim {state.claim}"
+            )
+        try:
+            outputs = _json_object(data)["outputs"]
+        except (CorruptObject, KeyError) as exc:
+            raise ConfigError(f"{where} is no unit output ({exc})") from None
+        if not isinstance(outputs, list):
+            raise ConfigError(f"{where} is no unit output (its outputs are no list)")
+        return outputs
 
     # -- claiming ------------------------------------------------------------------------
     def claim(self, owner: str, *, start: int = 0) -> Claim | None:
         """Take one unit: a pending one, or one whose claim's heartbeat lapsed; None when
         there is nothing to take now. ``start``: where this worker begins looking (spread
         workers over the units so they rarely race for the same one)."""
+        if len(owner) > MAX_OWNER_CHARS:
+            raise ConfigError(
+                f"a worker id may hold {MAX_OWNER_CHARS} characters, not {len(owner)}"
+            )
         units = self.spec.unit_ids()
         for unit in units[start % max(1, len(units)) :] + units[: start % max(1, len(units))]:
             if unit in self._terminal:
@@ -320,6 +440,8 @@ class WorkQueue:
             if state.state in TERMINAL:
                 self._terminal.add(unit)
                 continue
+            if state.state == CORRUPT:
+                continue  # never written over: the log names it, its owner removes it
             if state.state == CLAIMED and not state.lapsed(
                 self.clock(), self.spec.claim_timeout_seconds
             ):
@@ -353,10 +475,11 @@ class WorkQueue:
 
     def complete(self, claim: Claim, outputs: Sequence[Any]) -> bool:
         """Write the unit's output (atomic, under the claim's own key), then swap the unit
-        to done naming it. False, and the unit untouched, if the claim was lost."""
+        to done naming it. False, and the unit untouched, if the claim was lost;
+        UnstorableOutput, and nothing written, for outputs that could not be read back
+        (not JSON, or over MAX_OUTPUT_BYTES)."""
         key = output_key(claim.unit, claim.number)
-        doc = {"unit": claim.unit, "items": list(claim.items), "outputs": list(outputs)}
-        data = json.dumps(doc, sort_keys=True, allow_nan=False).encode()
+        data = self._encode_output(claim, outputs)
         self.store.put_object(key, data)
         try:
             state = self._held(claim)
@@ -402,6 +525,18 @@ class WorkQueue:
         return f"{self.uri.rstrip('/')}/{PROGRESS_PREFIX}/{unit}"
 
     # -- helpers -------------------------------------------------------------------------
+    def _encode_output(self, claim: Claim, outputs: Sequence[Any]) -> bytes:
+        doc = {"unit": claim.unit, "items": list(claim.items), "outputs": list(outputs)}
+        data = outputs_json(claim.unit, doc)
+        if len(data) > MAX_OUTPUT_BYTES:
+            raise UnstorableOutput(
+                f"the outputs of {claim.unit} are {_mib(len(data))} as JSON, over the "
+                f"{_mib(MAX_OUTPUT_BYTES)} one unit's output may hold; write large outputs "
+                "under your own keys and return their URIs, or lower unit_size "
+                f"(now {self.spec.unit_size})"
+            )
+        return data
+
     def _held(self, claim: Claim) -> UnitState:
         state = UnitState.from_bytes(claim.raw)
         if state.token != claim.token:
@@ -416,6 +551,18 @@ def output_key(unit: str, claim: int) -> str:
     return f"{OUTPUT_PREFIX}/{unit}/claim-{claim:06d}.json"
 
 
+def outputs_json(unit: str, value: Any) -> bytes:
+    """A unit's outputs (or a document holding them) as canonical JSON; UnstorableOutput
+    naming the problem when the user's function returned what JSON cannot hold."""
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise UnstorableOutput(
+            f"the outputs of {unit} cannot be stored as JSON ({exc}); return JSON values "
+            "from your function (no NaN or infinity, sets, bytes or other objects)"
+        ) from None
+
+
 def outputs_sha256(
     outputs: Iterator[tuple[str, list[Any]]] | Sequence[tuple[str, list[Any]]],
 ) -> str:
@@ -428,6 +575,85 @@ def outputs_sha256(
     return digest.hexdigest()
 
 
+def _read_spec(store: CheckpointStore) -> QueueSpec | None:
+    """The queue's spec, None when there is none; one ConfigError line for one that
+    cannot be read (too big, garbage, out of range): never "no queue here"."""
+    try:
+        data = store.read_object(SPEC_KEY, max_bytes=MAX_SPEC_BYTES)
+        return None if data is None else QueueSpec.from_bytes(data)
+    except (CorruptCheckpoint, ValueError) as exc:
+        raise ConfigError(
+            f"the work queue spec at {store.uri} ({SPEC_KEY}) cannot be read ({exc}); "
+            f"WorkQueue.create writes only valid specs of at most {_mib(MAX_SPEC_BYTES)}: "
+            "give the batch another queue URI (or remove that object and create the queue "
+            "again)"
+        ) from None
+
+
+def _spec_bytes(spec: QueueSpec) -> bytes:
+    """The spec as stored; ConfigError, before anything is written, when it is more
+    than a reader of the queue reads back."""
+    data = spec.to_bytes()
+    if len(data) > MAX_SPEC_BYTES:
+        raise ConfigError(
+            f"the batch's spec is {_mib(len(data))} ({len(spec.items):,} items), over the "
+            f"{_mib(MAX_SPEC_BYTES)} a work queue's spec may hold; nothing was written: split "
+            "the batch into several queues, or keep the URIs in a file of your own and "
+            f"queue ItemRange(0, {len(spec.items)}) of their line numbers"
+        )
+    return data
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptObject(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CorruptObject(f"a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _field_value(spec: dataclasses.Field[Any], value: Any) -> Any:
+    """``value`` for a field whose default says its kind; CorruptObject otherwise."""
+    kind = type(spec.default) if spec.default is not dataclasses.MISSING else str
+    if kind is str and isinstance(value, str):
+        return value
+    if kind is int and _is_int(value) and 0 <= value <= MAX_COUNT:
+        return value
+    if kind is float and _is_number(value) and 0 <= value:  # a time: finite, not before 1970
+        return float(value)
+    if kind is tuple and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    if kind not in (str, int, float, tuple):
+        return value  # a kind this check does not know: its field's reader checks it
+    raise CorruptObject(f"{spec.name} is {value!r:.60}, not a {_KINDS[kind]}")
+
+
+_KINDS = {
+    str: "string",
+    int: f"whole number 0..{MAX_COUNT}",
+    float: "finite time",
+    tuple: "list of strings",
+}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
 def _check_spec(spec: QueueSpec) -> None:
     if not 1 <= spec.unit_size <= MAX_UNIT_SIZE:
         raise ConfigError(f"unit_size must be 1..{MAX_UNIT_SIZE} items (got {spec.unit_size})")
@@ -438,10 +664,12 @@ def _check_spec(spec: QueueSpec) -> None:
             f"{spec.units} units is more than {MAX_UNITS:,}; raise unit_size "
             f"(now {spec.unit_size}) so units hold more items"
         )
-    if not spec.claim_timeout_seconds > 0:
+    if isinstance(spec.items, Manifest) and not all(isinstance(u, str) for u in spec.items.uris):
+        raise ConfigError("a Manifest holds strings (input URIs); give each item as a string")
+    if not (spec.claim_timeout_seconds > 0 and math.isfinite(spec.claim_timeout_seconds)):
         raise ConfigError(
-            f"claim_timeout_seconds must be > 0 (got {spec.claim_timeout_seconds}); "
-            "a claim whose heartbeat is older is taken over"
+            "claim_timeout_seconds must be a finite number > 0 "
+            f"(got {spec.claim_timeout_seconds}); a claim whose heartbeat is older is taken over"
         )
     if spec.max_unit_retries < 0:
         raise ConfigError(f"max_unit_retries must be >= 0 (got {spec.max_unit_retries})")

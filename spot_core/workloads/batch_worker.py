@@ -22,6 +22,7 @@ import importlib
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 import zlib
@@ -34,7 +35,14 @@ from typing import Any
 from spot_core.attempt_env import exit_ignoring_notices, report_step_exit, step_exit_code
 from spot_core.checkpoint import Checkpointer, open_store
 from spot_core.errors import ConfigError, FencedOut, Preempted, SpotError
-from spot_core.workloads.batch import Claim, Item, LostClaim, WorkQueue
+from spot_core.workloads.batch import (
+    Claim,
+    Item,
+    LostClaim,
+    UnstorableOutput,
+    WorkQueue,
+    outputs_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +154,14 @@ def _work_unit(
             for item in claim.items[len(outputs) :]:
                 held.check()
                 if stop.reason is not None:
-                    _save(checkpointer, outputs)
+                    _save(checkpointer, claim.unit, outputs)
                     with held.lock:
                         queue.release(held.claim)
                     return
                 outputs.append(process(item))
                 stats.items_processed += 1
                 if checkpointer is not None and len(outputs) % (every or 1) == 0:
-                    _save(checkpointer, outputs)
+                    _save(checkpointer, claim.unit, outputs)
             held.check()
         except (LostClaim, FencedOut):
             # FencedOut: a newer claim of this unit fenced its progress store, so this
@@ -163,17 +171,26 @@ def _work_unit(
         except Exception as exc:  # noqa: BLE001 - the user's code: this unit's retry, not ours
             if isinstance(exc, SpotError) and step_exit_code(exc) is not None:
                 raise  # a store outage or a preemption is not the unit's fault
-            with held.lock:
-                after = queue.fail(held.claim, f"{type(exc).__name__}: {exc}")
-            stats.units_failed += after is not None
-            log.warning("unit %s failed (%s): %s", claim.unit, type(exc).__name__, exc)
+            _fail(queue, held, exc, stats)
             return
-        with held.lock:
-            done = queue.complete(held.claim, outputs)
+        try:
+            with held.lock:
+                done = queue.complete(held.claim, outputs)
+        except UnstorableOutput as exc:  # what the function returned: this unit's retry
+            _fail(queue, held, exc, stats)
+            return
     if done:
         stats.units_done += 1
     else:
         stats.units_lost += 1
+
+
+def _fail(queue: WorkQueue, held: _Held, exc: Exception, stats: WorkerStats) -> None:
+    """The user's code (or what it returned) failed the unit: one of its retries spent."""
+    with held.lock:
+        after = queue.fail(held.claim, f"{type(exc).__name__}: {exc}")
+    stats.units_failed += after is not None
+    log.warning("unit %s failed (%s): %s", held.claim.unit, type(exc).__name__, exc)
 
 
 def _unit_checkpointer(queue: WorkQueue, claim: Claim, every: int | None) -> Checkpointer | None:
@@ -195,14 +212,15 @@ def _restored(checkpointer: Checkpointer | None, stats: WorkerStats) -> list[Any
     return outputs
 
 
-def _save(checkpointer: Checkpointer | None, outputs: list[Any]) -> None:
-    """Checkpoint the unit's outputs so far, unless nothing is new since the last save."""
+def _save(checkpointer: Checkpointer | None, unit: str, outputs: list[Any]) -> None:
+    """Checkpoint the unit's outputs so far, unless nothing is new since the last save;
+    UnstorableOutput for outputs its ``done`` could never store (NaN, a set)."""
     if checkpointer is None or not outputs:
         return
     last = checkpointer.last_ref or checkpointer.restored
     if last is not None and last.step >= len(outputs):
         return
-    checkpointer.save_now(len(outputs), lambda: {PARTIAL: json.dumps(outputs).encode()})
+    checkpointer.save_now(len(outputs), lambda: {PARTIAL: outputs_json(unit, outputs)})
 
 
 @contextmanager
@@ -264,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_every_items=args.checkpoint_every_items,
             idle_timeout_seconds=args.idle_timeout_seconds,
         )
+    except ConfigError as exc:  # a queue or function that cannot be used: one line
+        print(f"batch_worker: {exc}", file=sys.stderr, flush=True)
+        return 2
     except SpotError as exc:
         return report_step_exit(exc)
     print(json.dumps({"worker": worker_id, **stats.__dict__}), flush=True)
