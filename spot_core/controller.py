@@ -333,7 +333,7 @@ class Controller:
     ``checkpoint_*_seconds``, what shapes each attempt's checkpoint interval.
     ``stores``: opens a job's checkpoint store by URI; by default the provider's
     ``open_store`` (it reaches the store with the provider's own credentials) if it
-    declares ``Capability.OPENS_STORES``, else ``open_store`` with boto3's default chain.
+    declares ``Capability.OWN_STORES``, else ``open_store`` with boto3's default chain.
     """
 
     def __init__(
@@ -425,6 +425,12 @@ class Controller:
         mapped tasks), instead of by a describe of its own. Any exception (Ctrl-C,
         SIGTERM turned into one by the caller) stops the running attempt: its lease is
         terminated and the attempt closed before it propagates.
+
+        Raises:
+            DriverConflict: another live driver holds the job (``take_over`` is off).
+            CheckpointError: the job's store cannot be reached or written (retryable
+                when ``.retryable``), including ``FencedOut`` for a superseded driver.
+            ConfigError: the provider refused the launch spec as given.
         """
         nxt = None
         try:
@@ -475,6 +481,11 @@ class Controller:
 
         A record with a running attempt (left by a driver that died or handed over) is
         watched again, not relaunched.
+
+        Raises:
+            DriverConflict: another live driver holds the job (``take_over`` is off).
+            CheckpointError: the store could not be fenced or read before a launch.
+            ConfigError: the provider refused the launch spec as given.
         """
         now = self._clock() if now is None else now
         if record.status in FINAL_STATUSES:
@@ -519,7 +530,13 @@ class Controller:
 
         ``observed``: the lease as a shared observer (``spot_core.observer``) already saw
         it in a batched describe; read exactly as this call's own observation would be
-        (a describe error counts toward ``observe_failure_timeout``)."""
+        (a describe error counts toward ``observe_failure_timeout``).
+
+        Raises:
+            ValueError: ``watch`` watches no lease, or ``observed`` is another lease's.
+            Observation errors are not raised: they are data (``failing_since``) until
+            ``observe_failure_timeout`` ends the attempt as ``infrastructure_failed``.
+        """
         now = self._clock() if now is None else now
         lease, record = watch.lease, watch.record
         if watch.action != "watch" or lease is None:
@@ -774,7 +791,11 @@ class Controller:
     def on_lease_end(
         self, spec: JobSpec, record: JobRecord, status: LeaseStatus, now: float | None = None
     ) -> JobRecord:
-        """Close the running attempt whose lease ended as ``status`` (observed elsewhere)."""
+        """Close the running attempt whose lease ended as ``status`` (observed elsewhere).
+
+        Raises:
+            ValueError: ``record`` has no running attempt to close.
+        """
         now = self._clock() if now is None else now
         lease = self._running_lease(record)
         return self._ended(spec, record, lease, status, now).record
@@ -783,7 +804,12 @@ class Controller:
         self, spec: JobSpec, record: JobRecord, reason: str, now: float | None = None
     ) -> JobRecord:
         """The driver was told to stop (killed, cancelled, marked failed): terminate the
-        running attempt's lease and close the attempt. A record with none is returned as is."""
+        running attempt's lease and close the attempt. A record with none is returned as is.
+
+        Raises only what the ``persist`` callback raises: a lease that cannot be terminated
+        is logged and the attempt closed all the same (the node's watcher ends it when the
+        heartbeat lapses).
+        """
         now = self._clock() if now is None else now
         if record.current_attempt is None:
             if pending_replacement(record) is None:
@@ -817,7 +843,11 @@ class Controller:
         ``attempt``: the number the capacity already runs as, when whoever launched it
         fenced the store for it (a spot worker's lease, ``SPOT_ATTEMPT``): the attempt
         takes that number (or the record's next, if higher) instead of one above the
-        fence, so the launcher's next attempt is not pushed up."""
+        fence, so the launcher's next attempt is not pushed up.
+
+        Raises:
+            CheckpointError: the store could not be fenced or read.
+        """
         now = self._clock() if now is None else now
         if record.current_attempt is not None:  # the earlier worker vanished mid-call
             record = self.on_lease_end(
@@ -851,7 +881,12 @@ class Controller:
 
     # -- deciding ----------------------------------------------------------------------------
     def decide(self, spec: JobSpec, record: JobRecord, now: float | None = None) -> Decision:
-        """Observe the market and ask the policy what the job does next (no side effect)."""
+        """Observe the market and ask the policy what the job does next (no side effect).
+
+        Raises:
+            SpotError: the market could not be read (``retryable`` says whether to ask
+                again).
+        """
         now = self._clock() if now is None else now
         offers = self._priced().offers(spec.candidate_pools(), now)
         decision = decide_next(

@@ -62,7 +62,7 @@ from spot_core.bounds import (
 from spot_core.durations import format_duration, parse_duration, parse_time
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
-from spot_core.providers.registry import DEFAULT_PROVIDER
+from spot_core.providers.registry import DEFAULT_PROVIDER, NO_PROVIDER_INSTALLED
 
 # Surfaces: where a knob can be set.
 CLI = "cli"  # spot-pipelines run
@@ -158,6 +158,9 @@ class Knob:
     choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
     aliases: tuple[str, ...] = ()
     refusal: str = "is not one of"  # what an unknown choice is called in the error
+    # What the refusal says when there is no choice at all (no provider installed): the
+    # fix, where "choose one of" would list nothing.
+    no_choices: str = ""
     # A check of the parsed value that its kind cannot express (an image reference):
     # raises a one-line ConfigError; run on every value but None.
     check: Callable[[Any], None] | None = None
@@ -287,6 +290,8 @@ class Knob:
     def _parse_text(self, value: Any) -> str:
         allowed = self.allowed
         if allowed is not None and value not in allowed:
+            if not allowed and self.no_choices:
+                raise self._fail(value, self.no_choices)
             raise self._fail(value, f"{self.refusal} {', '.join(allowed)}")
         if not isinstance(value, str) or not value.strip():
             raise self._fail(value, "must be a non-empty string")
@@ -357,7 +362,8 @@ class SpotSettings:
             "`spot-pipelines providers` lists every one installed.",
             _JOB - {POD_OPERATOR},
             choices=_provider_choices,
-            refusal="is not built; choose one of",
+            refusal="is not installed; choose one of",
+            no_choices=NO_PROVIDER_INSTALLED,
         ),
     ] = DEFAULT_PROVIDER
     provider_options: Annotated[

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -342,7 +342,8 @@ class ControllerDriverMixin(_Operator):
             provider=self.settings.provider, **self._watch_kwargs(spec, nxt, not_before)
         )
 
-    def _defer(self, spec: JobSpec, nxt: Next) -> None:
+    def _defer(self, spec: JobSpec, nxt: Next) -> NoReturn:
+        """Hand ``nxt`` to the triggerer: raises ``TaskDeferred``, never returns."""
         trigger = self._trigger(spec, nxt, not_before=time.time() + defer_hold_seconds())
         # Airflow's own bound sits past the controller's (attempt limit, observe failures).
         end_by = (

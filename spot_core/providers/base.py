@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Flag, StrEnum, auto
 from typing import Any, Protocol
 
@@ -101,9 +101,11 @@ class LeaseState(StrEnum):
 
 @dataclass(frozen=True)
 class LeaseStatus:
-    """What a provider observed of one lease at one moment."""
+    """What a provider observed of one lease at one moment. Only ``state`` is positional:
+    four optional numbers in a row (exit code, three times) are too easy to swap."""
 
     state: LeaseState
+    _: KW_ONLY
     exit_code: int | None = None
     notice_at: float | None = None  # when an interruption notice was first served, if ever
     ended_at: float | None = None

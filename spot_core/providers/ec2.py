@@ -853,21 +853,20 @@ class Ec2Provider:
         notice = _precise_notice(notice, agent.get("notice_at"))
         by_aws = reason == SPOT_RECLAIM_REASON or code in RECLAIM_CODES
         if exit_code == 0:
-            return LeaseStatus(LeaseState.EXITED, 0, notice, ended)
+            return LeaseStatus(LeaseState.EXITED, exit_code=0, notice_at=notice, ended_at=ended)
         if by_aws:
             return LeaseStatus(
                 LeaseState.RECLAIMED,
-                exit_code,
-                notice or ended,
-                ended,
+                exit_code=exit_code,
+                notice_at=notice or ended,
+                ended_at=ended,
                 message=f"spot capacity reclaimed ({reason or code})",
             )
         if exit_code == attempt_env.DRIVER_LOST_EXIT_CODE and notice is None:
             return LeaseStatus(
                 LeaseState.TERMINATED,
-                int(exit_code),
-                None,
-                ended,
+                exit_code=int(exit_code),
+                ended_at=ended,
                 message=f"{lease.lease_id} ended itself: its driver stopped "
                 "renewing the heartbeat for longer than the timeout",
             )
@@ -875,28 +874,28 @@ class Ec2Provider:
             why = "after an interruption notice" if notice is not None else "on its own"
             return LeaseStatus(
                 LeaseState.EXITED,
-                int(exit_code),
-                notice,
-                ended,
+                exit_code=int(exit_code),
+                notice_at=notice,
+                ended_at=ended,
                 message=f"the step exited with code {exit_code} {why} on {lease.lease_id}",
             )
         if lease.lease_id in self._terminated:
             return LeaseStatus(
-                LeaseState.TERMINATED, None, notice, ended, "terminated by the controller"
+                LeaseState.TERMINATED,
+                notice_at=notice,
+                ended_at=ended,
+                message="terminated by the controller",
             )
         if notice is not None:
             return LeaseStatus(
                 LeaseState.RECLAIMED,
-                None,
-                notice,
-                ended,
+                notice_at=notice,
+                ended_at=ended,
                 message="reclaimed after an interruption notice",
             )
         return LeaseStatus(
             LeaseState.TERMINATED,
-            None,
-            None,
-            ended,
+            ended_at=ended,
             message=f"{lease.lease_id} ended ({reason or 'no reason given'}) "
             "without a status report from its agent",
         )

@@ -33,7 +33,7 @@ DEFAULT_PROVIDER = "local"
 
 def _unknown(name: str, names: tuple[str, ...]) -> str:
     return (
-        f"provider {name!r} is not built; choose one of "
+        f"provider {name!r} is not installed; choose one of "
         f"{', '.join(_default_first(names)) or _NONE_INSTALLED}"
     )
 
@@ -69,6 +69,12 @@ def provider_plugin(name: str) -> ProviderPlugin:
 _NONE_INSTALLED = (
     "none: no package declares a provider here (install spot-pipelines, "
     "e.g. `pip install -e .` in a checkout, so its entry points exist)"
+)
+# The refusal of a provider name when nothing is installed at all (the settings say it).
+NO_PROVIDER_INSTALLED = (
+    "is not installed, and no provider is: install spot-pipelines "
+    "(`pip install spot-pipelines`, or `pip install -e .` in a checkout) so that its "
+    f"`{GROUP}` entry points exist"
 )
 
 

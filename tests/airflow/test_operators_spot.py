@@ -15,7 +15,7 @@ GOOD = {"command": ["python", "-c", "print(1)"], "checkpoint_uri": "file:///tmp/
 BAD_CASES = [
     (
         {"provider": "gce"},
-        "train: provider='gce' is not built; choose one of local, ec2, kubernetes",
+        "train: provider='gce' is not installed; choose one of local, ec2, kubernetes",
     ),
     (
         {"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
@@ -63,7 +63,7 @@ SENSOR_BAD = [
     ({"max_price": 1.0, "job_hours": 0}, "wait: job_hours=0 must be > 0 h"),
     ({"max_price": 1.0, "window_end": timedelta(hours=1), "job_hours": 2}, "cannot finish within"),
     ({"max_price": -1.0}, "wait: max_price=-1.0 must be > 0 USD/h"),
-    ({"max_price": 1.0, "provider": "nope"}, "wait: provider 'nope' is not built; choose one of"),
+    ({"max_price": 1.0, "provider": "nope"}, "wait: provider 'nope' is not installed"),
 ]
 
 

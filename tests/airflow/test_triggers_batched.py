@@ -44,9 +44,12 @@ class Leases:
         if self.ended_at is None:
             return LeaseStatus(LeaseState.RUNNING)
         if int(lease.job_id.split("-")[1]) % 2 == 0:
-            return LeaseStatus(LeaseState.EXITED, 0, None, self.ended_at)
+            return LeaseStatus(LeaseState.EXITED, exit_code=0, ended_at=self.ended_at)
         return LeaseStatus(
-            LeaseState.RECLAIMED, None, self.ended_at, self.ended_at, message="reclaimed"
+            LeaseState.RECLAIMED,
+            notice_at=self.ended_at,
+            ended_at=self.ended_at,
+            message="reclaimed",
         )
 
     def terminate(self, lease: Lease) -> None:

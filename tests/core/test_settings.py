@@ -109,7 +109,8 @@ def test_defaults_are_the_documented_ones():
         ({"zones": "us-east-2a"}, "train: zones='us-east-2a' must be a list of names"),
         (
             {"provider": "gke-autopilot"},
-            "train: provider='gke-autopilot' is not built; choose one of local, ec2, kubernetes",
+            "train: provider='gke-autopilot' is not installed; "
+            "choose one of local, ec2, kubernetes",
         ),
         (
             {"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},
@@ -215,7 +216,7 @@ def test_builders_carry_every_knob_in_seconds():
 def test_the_provider_registry_refuses_what_is_not_built():
     assert provider_names() == ("local", "ec2", "kubernetes")
     with pytest.raises(
-        ConfigError, match="provider 'nomad' is not built; choose one of local, ec2, kubernetes"
+        ConfigError, match="provider 'nomad' is not installed; choose one of local, ec2, kubernetes"
     ):
         open_provider("nomad")
     with pytest.raises(ConfigError, match=r"unknown ec2 provider option\(s\) \['colour'\]"):
@@ -311,3 +312,21 @@ def test_cli_values_reach_the_model():
     assert settings.on_demand_fallback is False and settings.return_to_spot is False
     assert settings.max_preemptions == 5
     assert knob("heartbeat_timeout").default == 300.0
+
+
+def test_a_provider_refused_where_none_is_installed_names_what_to_install(monkeypatch):
+    # An environment whose metadata declares no provider (a copied tree, no `pip install`):
+    # the refusal says what to install rather than "choose one of" and nothing.
+    import spot_core.plugins as plugins
+
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [])
+    plugins.named.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as refused:
+            SpotSettings.build(where="train", provider="local")
+        assert "pip install spot-pipelines" in str(refused.value)
+        assert "choose one of" not in str(refused.value)
+        assert "\n" not in str(refused.value)
+    finally:
+        monkeypatch.undo()
+        plugins.named.cache_clear()

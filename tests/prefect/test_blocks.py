@@ -43,7 +43,7 @@ def test_checkpoint_storage_round_trips_and_opens(prefect_api, tmp_path):
         ({"max_spot_price": 0}, "SpotConfiguration: max_spot_price=0 must be > 0 USD/h"),
         (
             {"provider": "gcp-tpu"},
-            "provider='gcp-tpu' is not built; choose one of local, ec2, kubernetes",
+            "provider='gcp-tpu' is not installed; choose one of local, ec2, kubernetes",
         ),
         (
             {"provider": "kubernetes", "provider_options": {"namepsace": "ml"}},

@@ -62,7 +62,7 @@ def test_base_job_template_describes_every_variable():
         ({"max_preemptions": -1}, "spot worker: max_preemptions=-1 must be >= 0"),
         ({"max_spot_price": 0}, "spot worker: max_spot_price=0 must be > 0 USD/h"),
         ({"checkpoint_root": "ftp://host/ckpt"}, "pass file:///absolute/path or s3://"),
-        ({"provider": "azure-batch"}, "provider='azure-batch' is not built; choose one of local"),
+        ({"provider": "azure-batch"}, "provider='azure-batch' is not installed; choose one of"),
         ({"max_capacity_waits": 0}, "max_capacity_waits=0 must be >= 1"),
         ({"heartbeat_timeout": "soon"}, "heartbeat_timeout='soon' is not a duration"),
     ],
