@@ -193,9 +193,14 @@ def make_client(
         read_timeout=read_timeout_seconds,
         **extra,
     )
-    client = access_of(session).client(
-        service, region=region, endpoint_url=endpoint_url, config=config
+    return honour_deadlines(
+        access_of(session).client(service, region=region, endpoint_url=endpoint_url, config=config)
     )
+
+
+def honour_deadlines(client: Any) -> Any:
+    """``client`` (any boto3 client, also one a caller made), retrying nothing past the
+    deadline of a ``within`` block; registered once however often this is called."""
     client.meta.events.register_first(
         "needs-retry", _no_retry_past_deadline, unique_id="spot-pipelines-deadline"
     )

@@ -129,6 +129,7 @@ class S3Backend:
             connect_timeout_seconds=min(CONNECT_TIMEOUT_SECONDS, self.call_deadline_seconds),
             read_timeout_seconds=min(READ_TIMEOUT_SECONDS, self.call_deadline_seconds),
         )
+        aws.honour_deadlines(self.client)  # also a client the caller made
 
     def __repr__(self) -> str:
         return f"S3Backend('s3://{self.bucket}/{self.prefix}')"
@@ -213,6 +214,7 @@ class S3Backend:
             key,
             ExtraArgs=self._sse(),
             Config=config,
+            bounded=False,  # minutes for a large payload; each part's request is bounded
         )
         return reader.consumed
 
@@ -416,10 +418,10 @@ class S3Backend:
             raise ValueError(f"invalid object key {key!r}")
         return "/".join([self.prefix, *parts] if self.prefix else parts)
 
-    def _sse(self) -> dict[str, str]:
+    def _sse(self) -> dict[str, Any]:  # Any: spread beside _call's own keywords
         if self.sse is None:
             return {}
-        extra = {"ServerSideEncryption": self.sse}
+        extra: dict[str, Any] = {"ServerSideEncryption": self.sse}
         if self.sse == "aws:kms" and self.sse_kms_key_id:
             extra["SSEKMSKeyId"] = self.sse_kms_key_id
         return extra
@@ -430,17 +432,18 @@ class S3Backend:
         fn: Callable[..., T],
         *args: Any,
         missing: str | None = None,
+        bounded: bool = True,
         **kwargs: Any,
     ) -> T:
         """One S3 call: throttling backed off; 404 -> FileNotFoundError; 412 -> _Conflict;
         anything else -> CheckpointError (an OSError subclass is not used: the store's
         save path would mislabel it as a disk problem). No retry starts after the call
-        deadline (a multipart upload, whose parts retry on threads of their own, is bounded
-        per request only)."""
+        deadline, unless not ``bounded`` (a multipart upload: its parts retry on threads of
+        their own, each request bounded by the client's timeouts)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            with aws.within(self.call_deadline_seconds):
+            with aws.within(self.call_deadline_seconds if bounded else float("inf")):
                 return aws.call_raw(fn, *args, **kwargs)
         except aws.DeadlinePassed as exc:
             raise CheckpointError(
