@@ -42,6 +42,13 @@ class CheckpointNotFound(CheckpointError):
     """The checkpoint a reference names is not (or no longer) in the store."""
 
 
+class IncompleteRead(CheckpointError):
+    """A read from the store ended short of the length (or digest) the store declared:
+    the connection was cut, not the object. Never taken as the object; retryable."""
+
+    retryable = True
+
+
 class FencedOut(CheckpointError):
     """A save from an attempt older than the newest committed attempt.
 

@@ -15,8 +15,10 @@ import functools
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Generic, TypeVar
@@ -95,6 +97,8 @@ def error_code(exc: BaseException) -> str:
 
 
 RETRY_ATTEMPTS = 5  # botocore "standard" mode: 4 retries, jittered backoff capped at 20 s
+CONNECT_TIMEOUT_SECONDS = 10.0  # per connection attempt
+READ_TIMEOUT_SECONDS = 60.0  # per socket read: silence this long ends one attempt
 
 
 @dataclass(frozen=True)
@@ -170,25 +174,84 @@ def make_client(
     session: Access = None,
     max_pool_connections: int = 10,
     retry_attempts: int = RETRY_ATTEMPTS,
+    connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS,
+    read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
     **extra: Any,
 ) -> Any:
     """A boto3 client with botocore's bounded ``standard`` retries: transient errors (5xx,
     reset or refused connections, timeouts) and throttling are retried with backoff
     before anything reaches the controller, which then tolerates the rest for its
     ``observe_failure_timeout``. ``session``: where credentials come from (see
-    ``AwsAccess``; None: boto3's default chain)."""
+    ``AwsAccess``; None: boto3's default chain). Inside a ``within`` block no retry starts
+    past the block's deadline."""
     from botocore.config import Config
 
     config = Config(
         retries={"max_attempts": retry_attempts, "mode": "standard"},
         max_pool_connections=max_pool_connections,
-        connect_timeout=10,
-        read_timeout=60,
+        connect_timeout=connect_timeout_seconds,
+        read_timeout=read_timeout_seconds,
         **extra,
     )
-    return access_of(session).client(
-        service, region=region, endpoint_url=endpoint_url, config=config
+    return honour_deadlines(
+        access_of(session).client(service, region=region, endpoint_url=endpoint_url, config=config)
     )
+
+
+def honour_deadlines(client: Any) -> Any:
+    """``client`` (any boto3 client, also one a caller made), retrying nothing past the
+    deadline of a ``within`` block; registered once however often this is called."""
+    client.meta.events.register_first(
+        "needs-retry", _no_retry_past_deadline, unique_id="spot-pipelines-deadline"
+    )
+    return client
+
+
+class DeadlinePassed(Exception):
+    """An AWS call failed after the deadline of the ``within`` block around it, so it was
+    not retried again (``seconds``: that deadline)."""
+
+    def __init__(self, seconds: float, cause: str) -> None:
+        super().__init__(f"no answer within {seconds:g}s ({cause})")
+        self.seconds = seconds
+
+
+_deadline = threading.local()  # (monotonic time, seconds) of this thread's innermost block
+
+
+@contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Calls made on this thread inside the block start no retry once ``seconds`` have
+    passed (an outer block's earlier deadline wins). Why: botocore's own bound is per
+    attempt (connect and read timeouts) times its attempts, minutes for a store that
+    stopped answering; a caller such as ``load()`` or ``fence()`` needs one bound."""
+    outer = getattr(_deadline, "value", None)
+    mine = (time.monotonic() + seconds, seconds)
+    _deadline.value = mine if outer is None or mine[0] < outer[0] else outer
+    try:
+        yield
+    finally:
+        _deadline.value = outer
+
+
+def past_deadline() -> float | None:
+    """The deadline's seconds if this thread's ``within`` deadline has passed, else None."""
+    value = getattr(_deadline, "value", None)
+    return value[1] if value is not None and time.monotonic() >= value[0] else None
+
+
+def _no_retry_past_deadline(
+    caught_exception: BaseException | None = None, response: Any = None, **_: Any
+) -> None:
+    """botocore's ``needs-retry`` hook: a failed attempt past the deadline ends the call."""
+    seconds = past_deadline()
+    if seconds is None:
+        return
+    status = getattr(response[0], "status_code", None) if response else None
+    if caught_exception is not None:
+        raise DeadlinePassed(seconds, f"{type(caught_exception).__name__}: {caught_exception}")
+    if status is not None and (status >= 500 or status == 429):
+        raise DeadlinePassed(seconds, f"HTTP {status}")
 
 
 class Kept(Generic[K, V]):
@@ -226,6 +289,8 @@ def shared_client(
     session: Access = None,
     max_pool_connections: int = 10,
     retry_attempts: int = RETRY_ATTEMPTS,
+    connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS,
+    read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
 ) -> Any:
     """``make_client``'s client, made once per process for the same credentials, region,
     endpoint and settings, and shared (boto3 clients are thread-safe).
@@ -250,6 +315,8 @@ def shared_client(
         access.verify,
         max_pool_connections,
         retry_attempts,
+        connect_timeout_seconds,
+        read_timeout_seconds,
     )
 
     def build() -> tuple[Any, Any]:  # the session pinned with its client: its id stays unique
@@ -260,6 +327,8 @@ def shared_client(
             session=access,
             max_pool_connections=max_pool_connections,
             retry_attempts=retry_attempts,
+            connect_timeout_seconds=connect_timeout_seconds,
+            read_timeout_seconds=read_timeout_seconds,
         )
 
     return _clients.get(key, build)[1]
@@ -333,13 +402,15 @@ def call_raw(
     max_wait: float = THROTTLE_MAX_WAIT,
     **kwargs: Any,
 ) -> T:
-    """Call ``fn``, retrying throttling errors with bounded, jittered exponential backoff."""
+    """Call ``fn``, retrying throttling errors with bounded, jittered exponential backoff
+    (never past the deadline of a ``within`` block around it)."""
     import tenacity
 
+    by_attempts = tenacity.stop_after_attempt(attempts)
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_throttle),
         wait=tenacity.wait_random_exponential(multiplier=0.2, max=max_wait),
-        stop=tenacity.stop_after_attempt(attempts),
+        stop=lambda state: by_attempts(state) or past_deadline() is not None,
         reraise=True,
     )
     return retrying(fn, *args, **kwargs)

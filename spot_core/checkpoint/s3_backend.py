@@ -17,6 +17,12 @@ overwrite another one; the damage the window allows is a stale attempt's manifes
 landing after a newer attempt's fence, which ``latest()`` then still ranks below every
 newer attempt's checkpoint (order is step, then attempt).
 
+Reads are whole or an error: every GET is checked against the length S3 declared (and
+botocore's checksum where the object has one); a connection cut half-way is an
+``IncompleteRead`` (retryable), never a shorter object. Every call is bounded: connect
+and read timeouts per attempt, and no retry starts after ``call_deadline_seconds``, so a
+store that stops answering fails a call in about that time instead of minutes.
+
 Large payloads go up as multipart uploads through boto3's transfer manager (parts in
 parallel); an upload that fails half-way, also because the payload source failed, is
 aborted, so nothing becomes visible. Every PUT asks for server-side
@@ -36,7 +42,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from spot_core.adaptors import aws
-from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
+from spot_core.checkpoint.uri import s3_prefix
+from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint, IncompleteRead
 
 if TYPE_CHECKING:  # collections.abc.Buffer from 3.12; typing_extensions is a typing-only need
     from typing_extensions import Buffer
@@ -51,6 +58,14 @@ MIN_PART_SIZE = 5 << 20
 SSE_CHOICES = ("AES256", "aws:kms", None)
 DEFAULT_LOCK_TTL = 60.0
 LOCK_TTL_ENV = "SPOT_S3_LOCK_TTL"
+# Bounds of one call. Per attempt: connect and read (silence between bytes) timeouts; over
+# all of botocore's attempts: no retry starts after the deadline (so a call ends within
+# about the deadline plus one attempt's timeouts). A short read is read again this often.
+CONNECT_TIMEOUT_SECONDS = 5.0
+READ_TIMEOUT_SECONDS = 20.0
+CALL_DEADLINE_SECONDS = 60.0
+READ_TRIES = 3
+WRITE_TOKEN = "spot-write"  # metadata of a conditional PUT: which call wrote the object
 
 
 class S3Backend:
@@ -71,6 +86,7 @@ class S3Backend:
         max_concurrency: int = 8,
         lock_ttl: float | None = None,
         lock_timeout: float = 120.0,
+        call_deadline_seconds: float = CALL_DEADLINE_SECONDS,
         client: Any = None,
         session: aws.Access = None,
     ) -> None:
@@ -81,7 +97,15 @@ class S3Backend:
             )
         if part_size < MIN_PART_SIZE:
             raise ConfigError(f"part_size {part_size} is below S3's 5 MiB minimum part size")
-        self.bucket, self.prefix = bucket, prefix.strip("/")
+        if isinstance(call_deadline_seconds, bool) or not (
+            isinstance(call_deadline_seconds, (int, float)) and 0 < call_deadline_seconds < 1e6
+        ):
+            raise ConfigError(
+                f"call_deadline_seconds={call_deadline_seconds!r} must be a number of seconds "
+                f"above 0 (default {CALL_DEADLINE_SECONDS:g})"
+            )
+        self.bucket, self.prefix = bucket, s3_prefix(prefix)
+        self.call_deadline_seconds = float(call_deadline_seconds)
         access = aws.access_of(session)  # the engine's credentials, or boto3's chain
         self.endpoint_url = access.endpoint("s3", endpoint_url) or aws.s3_endpoint()
         self.region = (
@@ -102,7 +126,10 @@ class S3Backend:
             session=access,
             max_pool_connections=max(10, self.max_concurrency + 2),
             retry_attempts=5,
+            connect_timeout_seconds=min(CONNECT_TIMEOUT_SECONDS, self.call_deadline_seconds),
+            read_timeout_seconds=min(READ_TIMEOUT_SECONDS, self.call_deadline_seconds),
         )
+        aws.honour_deadlines(self.client)  # also a client the caller made
 
     def __repr__(self) -> str:
         return f"S3Backend('s3://{self.bucket}/{self.prefix}')"
@@ -119,7 +146,12 @@ class S3Backend:
         )
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        """PUT only if nothing is stored under ``key``; False if something was."""
+        """PUT only if nothing is stored under ``key``; False if something was.
+
+        A retried PUT whose first answer was lost finds its own write (412): the token in
+        the object's metadata tells it apart from another writer's, so it is True, not a
+        conflict (a lock taker would otherwise wait out its own lock's lifetime)."""
+        token = secrets.token_hex(16)
         try:
             self._call(
                 "put",
@@ -128,11 +160,22 @@ class S3Backend:
                 Key=self._key(key),
                 Body=bytes(data),
                 IfNoneMatch="*",
+                Metadata={WRITE_TOKEN: token},
                 **self._sse(),
             )
             return True
-        except _Conflict:
+        except _Conflict as conflict:
+            return conflict.retried and self._written_with(key, token)
+
+    def _written_with(self, key: str, token: str) -> bool:
+        try:
+            metadata = self._head(key).get("Metadata") or {}
+        except FileNotFoundError:
             return False
+        mine = bool(metadata.get(WRITE_TOKEN) == token)
+        if mine:
+            log.info("a retried conditional PUT of %s found its own first write", key)
+        return mine
 
     def put_stream(self, key: str, chunks: Iterable[bytes | memoryview]) -> int:
         full, buffer = self._key(key), bytearray()
@@ -171,6 +214,7 @@ class S3Backend:
             key,
             ExtraArgs=self._sse(),
             Config=config,
+            bounded=False,  # minutes for a large payload; each part's request is bounded
         )
         return reader.consumed
 
@@ -203,30 +247,66 @@ class S3Backend:
 
     # -- reads -------------------------------------------------------------------
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
+        """The whole object or an error: a read cut short is read again (``READ_TRIES``,
+        within the call deadline), then ``IncompleteRead``; never a prefix of it."""
+        with aws.within(self.call_deadline_seconds):
+            tries = 1
+            while True:
+                try:
+                    return self._get_whole(key, max_bytes)
+                except IncompleteRead as exc:
+                    if tries >= READ_TRIES or aws.past_deadline() is not None:
+                        raise
+                    log.debug("reading %s again: %s", key, exc)
+                    tries += 1
+
+    def _get_whole(self, key: str, max_bytes: int | None) -> bytes:
         response = self._get(key)
-        body = response["Body"]
-        if max_bytes is None:
-            whole: bytes = body.read()  # boto3's StreamingBody
-            return whole
-        try:  # judged by its length before any byte is read, and read no further anyway
-            length = int(response.get("ContentLength") or 0)
-            data = body.read(max_bytes + 1) if length <= max_bytes else b""
-        finally:
-            body.close()
-        if length > max_bytes or len(data) > max_bytes:
+        length = int(response.get("ContentLength") or 0)
+        if max_bytes is not None and length > max_bytes:
+            response["Body"].close()  # judged by its length before any byte is read
             raise CorruptCheckpoint(
                 f"object {key} holds more than {max_bytes} bytes "
-                f"({max(length, len(data))}); no writer of this store "
-                "made it (remove it)"
+                f"({length}); no writer of this store made it (remove it)"
             )
-        return data
+        return b"".join(self._body(key, response, length + 1))  # one read, one copy
 
     def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
-        body = self._get(key)["Body"]
+        yield from self._body(key, self._get(key), chunk_size)
+
+    def _body(self, key: str, response: dict[str, Any], chunk_size: int) -> Iterator[bytes]:
+        """The body's chunks, then ``IncompleteRead`` unless exactly the declared length
+        came. Why here: botocore checks the length (and the checksum S3 stored, if any)
+        only when a read reaches the end, and a connection cut early ends it quietly."""
+        body, declared, got = response["Body"], int(response.get("ContentLength") or 0), 0
         try:
-            yield from body.iter_chunks(chunk_size)
+            while chunk := self._read(key, body, chunk_size, got, declared):
+                got += len(chunk)
+                if got > declared:
+                    break
+                yield chunk
         finally:
             body.close()
+        if got != declared:
+            raise self._incomplete(key, got, declared, "the stream ended early")
+
+    def _read(self, key: str, body: Any, size: int, got: int, declared: int) -> bytes:
+        import http.client
+
+        from botocore.exceptions import BotoCoreError
+        from urllib3.exceptions import HTTPError
+
+        try:
+            chunk: bytes = body.read(size)  # b"" at the end: botocore checks length there
+            return chunk
+        except (BotoCoreError, HTTPError, http.client.HTTPException, OSError) as exc:
+            raise self._incomplete(key, got, declared, f"{type(exc).__name__}: {exc}") from exc
+
+    def _incomplete(self, key: str, got: int, declared: int, why: str) -> IncompleteRead:
+        return IncompleteRead(
+            f"S3 read of s3://{self.bucket}/{self._key(key)} stopped after {got} of "
+            f"{declared} bytes ({why}); the connection was cut, not the object: retry"
+        )
 
     def size(self, key: str) -> int:
         return int(self._head(key)["ContentLength"])
@@ -338,10 +418,10 @@ class S3Backend:
             raise ValueError(f"invalid object key {key!r}")
         return "/".join([self.prefix, *parts] if self.prefix else parts)
 
-    def _sse(self) -> dict[str, str]:
+    def _sse(self) -> dict[str, Any]:  # Any: spread beside _call's own keywords
         if self.sse is None:
             return {}
-        extra = {"ServerSideEncryption": self.sse}
+        extra: dict[str, Any] = {"ServerSideEncryption": self.sse}
         if self.sse == "aws:kms" and self.sse_kms_key_id:
             extra["SSEKMSKeyId"] = self.sse_kms_key_id
         return extra
@@ -352,15 +432,25 @@ class S3Backend:
         fn: Callable[..., T],
         *args: Any,
         missing: str | None = None,
+        bounded: bool = True,
         **kwargs: Any,
     ) -> T:
         """One S3 call: throttling backed off; 404 -> FileNotFoundError; 412 -> _Conflict;
         anything else -> CheckpointError (an OSError subclass is not used: the store's
-        save path would mislabel it as a disk problem)."""
+        save path would mislabel it as a disk problem). No retry starts after the call
+        deadline, unless not ``bounded`` (a multipart upload: its parts retry on threads of
+        their own, each request bounded by the client's timeouts)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return aws.call_raw(fn, *args, **kwargs)
+            with aws.within(self.call_deadline_seconds if bounded else float("inf")):
+                return aws.call_raw(fn, *args, **kwargs)
+        except aws.DeadlinePassed as exc:
+            raise CheckpointError(
+                f"S3 {what} on s3://{self.bucket}/{self.prefix} gave up: {exc}; the store "
+                "is unreachable or stalled (check the endpoint and network), retry later",
+                retryable=True,
+            ) from exc
         except ClientError as exc:
             code = aws.error_code(exc)
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -369,7 +459,8 @@ class S3Backend:
             ):
                 raise FileNotFoundError(2, "no such object", missing or what) from None
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                raise _Conflict(code) from None
+                retries = exc.response.get("ResponseMetadata", {}).get("RetryAttempts") or 0
+                raise _Conflict(code, retried=retries > 0) from None
             error = aws.translate(exc, f"S3 {what} on s3://{self.bucket}/{self.prefix}")
             raise CheckpointError(str(error), retryable=error.retryable) from exc
         except BotoCoreError as exc:
@@ -425,4 +516,9 @@ class _ChunkReader(io.RawIOBase):
 
 
 class _Conflict(Exception):
-    """A conditional S3 write found the key already there (412) or raced another (409)."""
+    """A conditional S3 write found the key already there (412) or raced another (409);
+    ``retried``: botocore sent the request more than once (an earlier try may have written)."""
+
+    def __init__(self, code: str, *, retried: bool = False) -> None:
+        super().__init__(code)
+        self.retried = retried

@@ -42,6 +42,7 @@ from spot_core.errors import (
     ConfigError,
     CorruptCheckpoint,
     FencedOut,
+    IncompleteRead,
 )
 from spot_core.model import CheckpointRef
 from spot_core.safe_files import WriteFailed, write_bytes
@@ -346,7 +347,9 @@ class CheckpointStore:
         """The attempt in FENCE.json; 0 when absent or unreadable.
 
         An unreadable fence is skipped as corrupt (warned once) rather than blocking every
-        resume: committed attempts still fence, and the next ``fence()`` rewrites it.
+        resume: committed attempts still fence, and the next ``fence()`` rewrites it. A
+        fence that could not be read whole is no such thing: its IncompleteRead is raised
+        (the save fails, retryable), so a cut connection never unfences a stale writer.
         """
         try:
             data = self.backend.get_bytes(FENCE_KEY, max_bytes=MAX_FENCE_BYTES)
@@ -393,11 +396,14 @@ class CheckpointStore:
         return None
 
     def latest(self) -> CheckpointRef | None:
-        """The newest checkpoint that fully verifies (manifest and every file hashed), or None."""
-        for manifest in reversed(self._committed()):
+        """The newest checkpoint that fully verifies (manifest and every file hashed), or None.
+
+        One that cannot be read whole (the connection cut every try) is skipped with a
+        warning like a corrupt one: an older checkpoint beats a failed resume."""
+        for manifest in reversed(self._committed(skip_incomplete=True)):
             try:
                 self._check_files(manifest, hash_files=True)
-            except CorruptCheckpoint as exc:
+            except (CorruptCheckpoint, IncompleteRead) as exc:
                 self._warn_once(manifest.checkpoint_id, exc)
                 continue
             self._verified.add(manifest.checkpoint_id)
@@ -531,12 +537,16 @@ class CheckpointStore:
             raise _corrupt(manifest, name, "is missing (or not a file)") from None
 
     # -- verification helpers ----------------------------------------------------------
-    def _committed(self) -> builtins.list[Manifest]:
-        """Self-verified manifests, oldest to newest; torn saves (no manifest) are skipped."""
-        manifests = [self._manifest_or_none(c) for c in self._checkpoint_ids()]
+    def _committed(self, *, skip_incomplete: bool = False) -> builtins.list[Manifest]:
+        """Self-verified manifests, oldest to newest; torn saves (no manifest) are skipped,
+        and with ``skip_incomplete`` manifests that could not be read whole (else that
+        IncompleteRead is raised: a save or prune must not act on a partial listing)."""
+        manifests = [self._manifest_or_none(c, skip_incomplete) for c in self._checkpoint_ids()]
         return sorted((m for m in manifests if m is not None), key=lambda m: m.order_key)
 
-    def _manifest_or_none(self, checkpoint_id: str) -> Manifest | None:
+    def _manifest_or_none(
+        self, checkpoint_id: str, skip_incomplete: bool = False
+    ) -> Manifest | None:
         """The checkpoint's self-verified manifest; None for a torn save or a bad manifest."""
         try:
             data = self.backend.get_bytes(
@@ -548,6 +558,10 @@ class CheckpointStore:
         except FileNotFoundError:
             log.debug("checkpoint %s has no manifest (torn or in progress)", checkpoint_id)
         except CorruptCheckpoint as exc:
+            self._warn_once(checkpoint_id, exc)
+        except IncompleteRead as exc:
+            if not skip_incomplete:
+                raise
             self._warn_once(checkpoint_id, exc)
         return None
 

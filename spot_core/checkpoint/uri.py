@@ -75,6 +75,20 @@ def _parse_file(text: str, host: str, raw_path: str) -> StoreLocation:
 def _parse_s3(text: str, bucket: str, raw_path: str) -> StoreLocation:
     if not bucket:
         raise ConfigError(f"S3 URI {text!r} has no bucket; use s3://bucket/prefix")
-    prefix = raw_path.strip("/")
+    prefix = s3_prefix(raw_path, text)
     uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
     return StoreLocation(uri=uri, scheme="s3", bucket=bucket, prefix=prefix)
+
+
+def s3_prefix(raw: str, uri: str = "") -> str:
+    """``raw`` with empty segments and outer slashes dropped, as ``file://`` paths are
+    normalised: ``jobs//train/`` is ``jobs/train``, the same store. A ``.`` or ``..``
+    segment is refused: S3 keeps it literally, a path resolves it, and guessing which one
+    was meant could open another job's store."""
+    segments = [s for s in raw.split("/") if s]
+    if any(s in (".", "..") for s in segments) or "\x00" in raw:
+        raise ConfigError(
+            f"S3 prefix {raw!r}{f' in {uri!r}' if uri else ''} has a '.' or '..' segment "
+            "(or a NUL); spell the prefix out, e.g. s3://bucket/jobs/train"
+        )
+    return "/".join(segments)

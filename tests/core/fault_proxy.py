@@ -2,8 +2,11 @@
 
 It stands between a client library and a real server (the local cloud server, moto), so
 the client meets the same transient failures a cloud API gives: the code under test is
-unmodified, and so is the server. It also counts what it forwards (``forwarded``: per EC2
-query ``Action``, else per method and path), i.e. the requests the server answered.
+unmodified, and so is the server. For S3 it also breaks answers the way a network does
+after the server did its part: a body cut short under its full Content-Length, an answer
+that never comes, a request carried out whose answer is lost. It also counts what it
+forwards (``forwarded``: per EC2 query ``Action``, else per method and path), i.e. the
+requests the server answered.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+AFTER_FORWARDING = ("cut", "stall", "drop")
+
 
 class FaultProxy:
     """Forwards to ``upstream``; requests whose request line or body contains ``match``
@@ -24,7 +29,12 @@ class FaultProxy:
     query API), and whose method is in ``methods`` (all when None), fail while ``mode`` is
     ``"503"`` (Service Unavailable), ``"reset"`` (TCP reset, no answer) or ``"capacity"``
     (the local cloud server's own 409 no-capacity answer), or are held ``delay`` seconds
-    before they are forwarded while ``mode`` is ``"slow"``."""
+    before they are forwarded while ``mode`` is ``"slow"``. After forwarding: ``"cut"``
+    sends the headers (the true Content-Length) and half the body, then closes;
+    ``"stall"`` holds the answer ``delay`` seconds, then closes without it; ``"drop"``
+    resets the connection instead of answering (the server has acted on the request).
+    ``times``: how many requests fail before the proxy forwards faithfully again (None:
+    every matching one)."""
 
     def __init__(
         self,
@@ -32,11 +42,13 @@ class FaultProxy:
         match: str = "",
         methods: tuple[str, ...] | None = None,
         delay: float = 0.5,
+        times: int | None = None,
     ) -> None:
         self.upstream = urlsplit(upstream)
         self.match = match
         self.methods = methods
         self.delay = delay
+        self.times = times
         self.mode: str | None = None
         self.failed = 0
         self.forwarded: collections.Counter[str] = collections.Counter()
@@ -58,11 +70,14 @@ class FaultProxy:
                     proxy.match in self.requestline or proxy.match.encode() in body
                 ):
                     mode = None
-                if mode:
-                    proxy.failed += 1
+                with proxy._lock:
+                    if mode and proxy.times is not None and proxy.failed >= proxy.times:
+                        mode = None
+                    if mode:
+                        proxy.failed += 1
                 if mode == "slow":
                     time.sleep(proxy.delay)
-                elif mode:
+                elif mode and mode not in AFTER_FORWARDING:
                     if mode == "reset":
                         self.connection.setsockopt(
                             socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
@@ -93,6 +108,10 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 answer = conn.getresponse()
                 data = answer.read()
+                conn.close()
+                if mode in AFTER_FORWARDING:
+                    self._break_answer(mode, answer, data)
+                    return
                 self.send_response(answer.status)
                 # A HEAD answer has no body but tells the length of the object (S3's size check).
                 length = (
@@ -107,7 +126,25 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                conn.close()
+
+            def _break_answer(self, mode: str, answer, data: bytes) -> None:
+                self.close_connection = True
+                if mode == "stall":
+                    time.sleep(proxy.delay)
+                    return
+                if mode == "drop":
+                    self.connection.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                    return
+                self.send_response(answer.status)  # "cut": the whole length declared
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
 
