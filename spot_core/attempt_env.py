@@ -116,14 +116,14 @@ INFRASTRUCTURE_EXIT_CODE = 74
 
 def step_exit_code(exc: BaseException) -> int | None:
     """The exit code a step ends with for ``exc``, when it is not the step's own fault:
-    143 for a preemption, 74 for a retryable failure of the infrastructure (a checkpoint
-    store that stayed unreachable); None for anything else (the step's own error)."""
+    143 for a preemption, 74 for a failure of the infrastructure (an error whose outcome
+    is ``infrastructure_failed``: a full, read-only or unreachable store, retryable or
+    not; or any retryable store error); None for anything else (the step's own error)."""
     if isinstance(exc, Preempted):
         return PREEMPTED_EXIT_CODE
-    if (
-        isinstance(exc, SpotError)
-        and exc.retryable
-        and (isinstance(exc, CheckpointError) or exc.outcome == "infrastructure_failed")
+    if isinstance(exc, SpotError) and (
+        exc.outcome == "infrastructure_failed"
+        or (exc.retryable and isinstance(exc, CheckpointError))
     ):
         return INFRASTRUCTURE_EXIT_CODE
     return None
@@ -132,13 +132,21 @@ def step_exit_code(exc: BaseException) -> int | None:
 def report_step_exit(exc: SpotError) -> int:
     """The exit code for ``exc`` (``step_exit_code``), after one JSON line on stdout saying
     why (``{"preempted": true, ...}`` or ``{"infrastructure_failed": true, ...}``), the
-    line the step's driver and logs show; re-raises ``exc`` when it is the step's own
-    error, so its traceback reaches the user."""
+    line the step's driver and logs show, and for an infrastructure failure one line on
+    stderr too (``error: ...``: where a user looks first, never a traceback); re-raises
+    ``exc`` when it is the step's own error, so its traceback reaches the user."""
     code = step_exit_code(exc)
     if code is None:
         raise exc
     kind = "preempted" if code == PREEMPTED_EXIT_CODE else "infrastructure_failed"
     print(json.dumps({kind: True, "reason": str(exc)}), flush=True)
+    if code == INFRASTRUCTURE_EXIT_CODE:
+        reason = " ".join(str(exc).split())
+        print(
+            f"error: infrastructure failure, not the step's (exit {code}): {reason}",
+            file=sys.stderr,
+            flush=True,
+        )
     return code
 
 

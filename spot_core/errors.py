@@ -49,6 +49,16 @@ class IncompleteRead(CheckpointError):
     retryable = True
 
 
+class StoreUnavailable(CheckpointError):
+    """The store could not be written or read: full, read-only, unreachable, refusing
+    access. The infrastructure's fault, never the step's: a step ends with the
+    infrastructure exit code and its attempt is ``infrastructure_failed``, spending no
+    user retry. ``retryable`` says whether the same call may succeed later (a full disk
+    may drain; a read-only mount does not come back by itself)."""
+
+    outcome = "infrastructure_failed"
+
+
 class FencedOut(CheckpointError):
     """A save from an attempt older than the newest committed attempt.
 

@@ -54,15 +54,21 @@ class UnsafeFile(ConfigError):
 
 # -- reading --------------------------------------------------------------------------------
 def read_bytes(
-    path: PathLike, *, limit: int, what: str = "file", follow_symlinks: bool = True
+    path: PathLike,
+    *,
+    limit: int,
+    what: str = "file",
+    follow_symlinks: bool = True,
+    dir_fd: int | None = None,
 ) -> bytes:
     """The whole regular file at ``path``, at most ``limit`` bytes.
 
     FileNotFoundError and IsADirectoryError pass through (callers name those in their
     own words); anything else that is not a regular file, or is larger than ``limit``,
-    is UnsafeFile. ``follow_symlinks=False`` refuses a symlink too (a store's objects).
+    is UnsafeFile. ``follow_symlinks=False`` refuses a symlink too (a store's objects);
+    ``dir_fd``: ``path`` is relative to that open folder (a store walks to it itself).
     """
-    with open_regular(path, what=what, follow_symlinks=follow_symlinks) as handle:
+    with open_regular(path, what=what, follow_symlinks=follow_symlinks, dir_fd=dir_fd) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > limit:
             raise too_large(path, size, limit, what)
@@ -83,17 +89,24 @@ def read_stream(stream: BinaryIO, *, limit: int, what: str = "standard input") -
     return data
 
 
-def open_regular(path: PathLike, *, what: str = "file", follow_symlinks: bool = True) -> BinaryIO:
+def open_regular(
+    path: PathLike,
+    *,
+    what: str = "file",
+    follow_symlinks: bool = True,
+    dir_fd: int | None = None,
+) -> BinaryIO:
     """An unbuffered binary handle on the regular file at ``path``, opened without blocking.
 
     Checked before opening (a tape drive rewinds, a FIFO blocks, on open) and again on the
-    open descriptor (the path may have been swapped in between)."""
+    open descriptor (the path may have been swapped in between). ``dir_fd``: ``path`` is
+    relative to that open folder."""
     _check_no_nul(path, what)
-    before = os.stat(path, follow_symlinks=follow_symlinks)
+    before = os.stat(path, follow_symlinks=follow_symlinks, dir_fd=dir_fd)
     _check_readable(path, before, what)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow_symlinks:
             raise not_regular(path, stat.S_IFLNK, what) from None

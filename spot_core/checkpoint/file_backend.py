@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 from spot_core.safe_files import (
     UnsafeFile,
-    is_regular,
     kind_of,
     not_regular,
     open_regular,
@@ -44,6 +43,7 @@ class FileBackend:
     def __init__(self, root: str, *, lock_timeout: float = 120.0) -> None:
         self.root = os.path.abspath(root)
         self.lock_timeout = lock_timeout
+        self._warned_links: set[str] = set()  # prefixes listed as empty for a symlink
         try:
             os.makedirs(self.root, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as exc:
@@ -65,81 +65,111 @@ class FileBackend:
         self.put_stream(key, (data,))
 
     def put_stream(self, key: str, chunks: Iterable[bytes | memoryview]) -> int:
-        path = self._path(key)
-        directory = os.path.dirname(path)
-        self._makedirs_durable(directory)
-        tmp = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(6)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            written = _write_all(fd, chunks)
-            os.fsync(fd)
-        except BaseException:
+        folders, name = self._leaf(key)
+        with self._folder(folders, key, create=True, write=True) as folder:
+            tmp = f"{TEMP_PREFIX}{secrets.token_hex(6)}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(tmp, flags, 0o644, dir_fd=folder)
+            try:
+                written = _write_all(fd, chunks)
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(tmp, folder)
+                raise
             os.close(fd)
-            _unlink_quietly(tmp)
-            raise
-        os.close(fd)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        _fsync_dir(directory)
+            try:  # replaces a symlink itself, never what it points to
+                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            except BaseException:
+                _unlink_quietly(tmp, folder)
+                raise
+            os.fsync(folder)
         return written
 
     def delete(self, key: str) -> None:
         """A missing object is not an error; a store that refuses the unlink (read-only,
         no permission) is, so the caller can say so."""
+        folders, name = self._leaf(key)
         try:
-            os.unlink(self._path(key))
-        except FileNotFoundError:
+            with self._folder(folders, key, write=True) as folder:
+                os.unlink(name, dir_fd=folder)  # a symlink itself, never its target
+        except (FileNotFoundError, NotADirectoryError):
             pass
         except IsADirectoryError:  # no object of ours; leave someone's folder alone
             log.warning("not removing %s: it is a folder, not an object", self._path(key))
 
     def delete_prefix(self, prefix: str) -> None:
-        path = self._path(prefix)
-        shutil.rmtree(path, ignore_errors=True)
-        if os.path.lexists(path) and not os.path.isdir(path):
-            _unlink_quietly(path)
-        if os.path.isdir(os.path.dirname(path)):
-            _fsync_dir(os.path.dirname(path))
+        parts = self._parts(prefix)
+        if not parts:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        *folders, name = parts
+        try:
+            with self._folder(folders, prefix, write=True) as folder:
+                # rmtree with a dir_fd opens every level without following symlinks
+                shutil.rmtree(name, ignore_errors=True, dir_fd=folder)
+                _unlink_non_folder(name, folder)
+                os.fsync(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
 
     # -- reads -------------------------------------------------------------------
     # Only regular files are objects: each is opened with O_NOFOLLOW | O_NONBLOCK after an
     # lstat (``spot_core.safe_files``), so a FIFO, a device, a socket or a symlink put in
     # the store by someone else is a corrupt object, never a read that blocks or never ends.
+    # The folders above it are opened the same way one by one from the root (``_folder``),
+    # so a folder replaced by a symlink leads no read or write outside the root.
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         limit = sys.maxsize if max_bytes is None else max_bytes
-        try:
-            return read_bytes(self._path(key), limit=limit, what="object", follow_symlinks=False)
-        except UnsafeFile as exc:
-            raise _not_an_object(key, exc) from None
+        folders, name = self._leaf(key)
+        with self._folder(folders, key) as folder:
+            try:
+                return read_bytes(
+                    name, limit=limit, what="object", follow_symlinks=False, dir_fd=folder
+                )
+            except UnsafeFile as exc:
+                raise _not_an_object(key, exc) from None
 
     def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
-        try:
-            handle = open_regular(self._path(key), what="object", follow_symlinks=False)
-        except UnsafeFile as exc:
-            raise _not_an_object(key, exc) from None
+        folders, name = self._leaf(key)
+        with self._folder(folders, key) as folder:
+            try:
+                handle = open_regular(name, what="object", follow_symlinks=False, dir_fd=folder)
+            except UnsafeFile as exc:
+                raise _not_an_object(key, exc) from None
         with handle:
             while chunk := handle.read(chunk_size):
                 yield chunk
 
     def size(self, key: str) -> int:
-        path = self._path(key)
-        info = os.lstat(path)
+        folders, name = self._leaf(key)
+        with self._folder(folders, key) as folder:
+            info = os.lstat(name, dir_fd=folder)
         if stat.S_ISDIR(info.st_mode):
-            raise FileNotFoundError(errno.ENOENT, "is a directory, not an object", path)
+            raise FileNotFoundError(errno.ENOENT, "is a directory, not an object", key)
         if not stat.S_ISREG(info.st_mode):
+            path = self._path(key)
             raise _not_an_object(key, not_regular(path, info.st_mode, "object"))
         return info.st_size
 
     def exists(self, key: str) -> bool:
-        return is_regular(self._path(key))
+        folders, name = self._leaf(key)
+        try:
+            with self._folder(folders, key) as folder:
+                return stat.S_ISREG(os.lstat(name, dir_fd=folder).st_mode)
+        except (OSError, CorruptCheckpoint):
+            return False
 
     def children(self, prefix: str) -> list[str]:
         try:
-            names = os.listdir(self._path(prefix) if prefix else self.root)
+            with self._folder(self._parts(prefix), prefix) as folder:
+                names = os.listdir(folder)
         except (FileNotFoundError, NotADirectoryError):
+            return []
+        except CorruptCheckpoint as exc:  # a planted symlink: lists as empty, warned once
+            if prefix not in self._warned_links:
+                self._warned_links.add(prefix)
+                log.warning("%s: listing %r as empty: %s", self.root, prefix, exc)
             return []
         return sorted(n for n in names if not n.startswith((TEMP_PREFIX, LOCK_NAME)))
 
@@ -178,24 +208,87 @@ class FileBackend:
                     ) from None
                 time.sleep(0.005)
 
-    # -- helpers -----------------------------------------------------------------
-    def _path(self, key: str) -> str:
+    # -- paths -------------------------------------------------------------------
+    def _parts(self, key: str) -> list[str]:
         parts = key.strip("/").split("/") if key else []
         if any(p in ("", ".", "..") or "\x00" in p for p in parts):
             raise ValueError(f"invalid object key {key!r}")
-        return os.path.join(self.root, *parts)
+        return parts
 
-    def _makedirs_durable(self, directory: str) -> None:
-        """Create missing directories and fsync each parent so the new entry survives a crash."""
-        if os.path.isdir(directory):
-            return
-        parent = os.path.dirname(directory)
-        self._makedirs_durable(parent)
+    def _leaf(self, key: str) -> tuple[list[str], str]:
+        """An object key as its folders and its name (the root holds no nameless object)."""
+        *folders, name = self._parts(key) or [""]
+        if not name:
+            raise ValueError(f"invalid object key {key!r}")
+        return folders, name
+
+    def _path(self, key: str) -> str:
+        """The key's path, for messages (every access goes through ``_folder``)."""
+        return os.path.join(self.root, *self._parts(key))
+
+    @contextmanager
+    def _folder(
+        self, parts: list[str], key: str, *, create: bool = False, write: bool = False
+    ) -> Iterator[int]:
+        """A descriptor of the folder ``root/parts...``, walked one level at a time from
+        the root with O_NOFOLLOW (``openat``), so no folder under the root can be a
+        symlink: someone who can write the store (a step) cannot make the driver read or
+        write elsewhere. The root itself is the user's choice and may be a link.
+
+        ``create``: make missing folders (each fsynced into its parent). A symlink on the
+        way is a CorruptCheckpoint for a read (the store's rules skip it, with a warning)
+        and a CheckpointError for a ``write``; FileNotFoundError when a folder is missing."""
+        fd = os.open(self.root, _FOLDER_FLAGS)
         try:
-            os.mkdir(directory)
-        except FileExistsError:
-            return
-        _fsync_dir(parent)
+            for depth, part in enumerate(parts):
+                below = self._open_below(fd, part, create)
+                if below is None:
+                    raise self._planted(parts[: depth + 1], key, fd, part, write=write)
+                os.close(fd)
+                fd = below
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _open_below(self, fd: int, part: str, create: bool) -> int | None:
+        """The folder ``part`` in ``fd`` opened without following a link; None if a link."""
+        for _ in range(2):
+            try:
+                return os.open(part, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                    os.fsync(fd)  # the new entry survives a crash
+                except FileExistsError:
+                    pass
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                if not stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                    raise  # a file where a folder should be: as before, no object here
+                return None
+        return os.open(part, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+
+    def _planted(
+        self, parts: list[str], key: str, fd: int, part: str, *, write: bool
+    ) -> CheckpointError:
+        folder = os.path.join(self.root, *parts)
+        try:
+            target = os.readlink(part, dir_fd=fd)
+        except OSError:
+            target = "?"
+        link = (
+            f"{folder} is a symbolic link (to {target}); no writer of this store made it, "
+            "and nothing is read or written through it (remove the link)"
+        )
+        if write:
+            return CheckpointError(f"refusing to write {key} in {self.root}: {link}")
+        return CorruptCheckpoint(f"object {key} is not read: {link}")
+
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def _not_an_object(key: str, exc: UnsafeFile) -> CorruptCheckpoint:
@@ -215,18 +308,19 @@ def _write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
     return written
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _unlink_non_folder(name: str, folder: int) -> None:
+    """What rmtree left of ``name``: a file or a symlink (the link, never its target)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        if not stat.S_ISDIR(os.lstat(name, dir_fd=folder).st_mode):
+            os.unlink(name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(name: str, folder: int) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=folder)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        log.warning("could not remove %s: %s", path, exc)
+        log.warning("could not remove %s: %s", name, exc)

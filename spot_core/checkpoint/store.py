@@ -43,6 +43,7 @@ from spot_core.errors import (
     CorruptCheckpoint,
     FencedOut,
     IncompleteRead,
+    StoreUnavailable,
 )
 from spot_core.model import CheckpointRef
 from spot_core.safe_files import WriteFailed, write_bytes
@@ -134,9 +135,9 @@ class CheckpointStore:
             committed = self._commit(manifest)
             return manifest
         except OSError as exc:
-            raise CheckpointError(
+            raise StoreUnavailable(
                 f"could not save checkpoint {checkpoint_id} to {self.uri}: "
-                f"{exc}; check free space and permissions",
+                f"{exc.strerror or exc}; check free space and permissions",
                 retryable=True,
             ) from exc
         finally:
@@ -722,9 +723,9 @@ def step_went_back(step: int, newest: int, uri: str) -> ConfigError:
     )
 
 
-def _unreadable(uri: str, key: str, exc: OSError) -> CheckpointError:
+def _unreadable(uri: str, key: str, exc: OSError) -> StoreUnavailable:
     """A store that cannot be read (permissions, an I/O error) as one line naming the fix."""
-    return CheckpointError(
+    return StoreUnavailable(
         f"could not read {key} in {uri}: {exc.strerror or exc}; check the "
         "store's permissions and disk (nothing was changed)",
         retryable=exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT),
@@ -735,11 +736,11 @@ def _is_full(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def _unwritable(uri: str, what: str, exc: OSError) -> CheckpointError:
+def _unwritable(uri: str, what: str, exc: OSError) -> StoreUnavailable:
     """A full, read-only or unreachable store as one line that names the fix."""
     full = _is_full(exc)
     fix = "free space on it" if full else "make it writable or point the store URI elsewhere"
-    return CheckpointError(
+    return StoreUnavailable(
         f"could not {what} in {uri}: {exc.strerror or exc}; {fix} (existing "
         "checkpoints are untouched)",
         retryable=full,
