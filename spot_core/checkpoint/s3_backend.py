@@ -496,8 +496,10 @@ def server_age(response: dict[str, Any]) -> float:
     date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
     if not isinstance(modified, datetime.datetime) or not isinstance(date, str):
         return math.nan
-    try:
+    try:  # HTTP dates are GMT; a naive parse (no zone, or two joined by a proxy) is too
         served = email.utils.parsedate_to_datetime(date)
+        if served.tzinfo is None:
+            served = served.replace(tzinfo=datetime.UTC)
         return (served - modified).total_seconds()
     except (TypeError, ValueError, OverflowError):
         return math.nan
