@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".spot-tmp-"
 LOCK_NAME = ".spot-lock"
-CLOCK_NAME = LOCK_NAME + "-clock"  # the store's clock probe (hidden like the lock)
+CLOCK_NAME = LOCK_NAME  # the clock probe: the lock file, whose content nothing reads
 
 
 class FileBackend:
