@@ -68,6 +68,30 @@ def written_ago(store, key: str, seconds: float) -> None:
     os.utime(path, (when, when))
 
 
+AGES = """
+import sys
+from spot_core.checkpoint import open_store
+
+store = open_store(sys.argv[1])
+print(store.fence_age(), store.object_age("status/x.json"), store.object_age("status/none"))
+"""
+
+
+def test_ages_read_from_machines_an_hour_off_are_the_stores(tmp_path, root):
+    """The primitive: a fence and an object written just now read as seconds old from a
+    machine an hour ahead and one an hour behind; an absent object has no age."""
+    uri = f"{root}/jobs/ages"
+    store = open_store(uri)
+    store.fence(3)
+    store.put_object("status/x.json", b"{}")
+    script = tmp_path / "ages.py"
+    script.write_text(AGES)
+    for offset in (3600, -3600):
+        out, err = skewed(offset, str(script), uri).communicate(timeout=SLACK)
+        fence, obj, none = out.split()
+        assert float(fence) < 30 and float(obj) < 30 and none == "None", (out, err[-2000:])
+
+
 # -- one live driver per job -----------------------------------------------------------------
 def calm_trace(tmp_path: Path) -> Path:
     path = tmp_path / "us-east-1a_calm.json"
