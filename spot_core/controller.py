@@ -41,6 +41,7 @@ from spot_core.attempt_env import (
     INFRASTRUCTURE_EXIT_CODE,
 )
 from spot_core.checkpoint import CheckpointStore, open_store
+from spot_core.checkpoint.backend import UnknownAge
 from spot_core.checkpoint.handover import (
     DEFAULT_NOTICE_SECONDS,
     forget_launched,
@@ -1029,12 +1030,18 @@ class Controller:
                 "old, or start with --take-over (take_over=True) once it is gone"
             )
         last = record.attempts[-1].number if record.attempts else None
-        fenced_at = store.fenced_at() if last is not None and fence_level > last else None
-        age = None if fenced_at is None else time.time() - fenced_at  # the fencer's clock
+        if last is None or fence_level <= last:
+            return
+        try:  # on the store's clock, as the heartbeat's: never this clock against the fencer's
+            age = store.fence_age()
+        except UnknownAge:  # the safe side: refuse, the line names the way out
+            age, when = 0.0, "at a time the store's clock cannot tell"
+        else:
+            when = "" if age is None else f"{age:.0f}s ago"
         if age is not None and age < self.heartbeat_timeout_seconds:
             raise DriverConflict(
                 f"job {spec.job_id} was taken over: another driver started attempt "
-                f"{fence_level} {max(0.0, age):.0f}s ago, after this driver's attempt {last}; "
+                f"{fence_level} {when}, after this driver's attempt {last}; "
                 "this driver stops (start again with --take-over (take_over=True) only "
                 "once that driver is gone)"
             )

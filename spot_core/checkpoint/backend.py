@@ -10,9 +10,20 @@ reader's bound) as ``CorruptCheckpoint``, so readers skip it like any corrupt ob
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
+
+from spot_core.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+_warned: set[str] = set()
+AGE_SLACK_SECONDS = 2.0
+"""How far an object may seem to come from the store's future and still count as written
+just now: S3's dates are whole seconds, and its servers' clocks differ by a little."""
 
 
 @runtime_checkable
@@ -52,6 +63,13 @@ class ObjectBackend(Protocol):
     def exists(self, key: str) -> bool:
         """Whether an object is stored under ``key``."""
 
+    def age_seconds(self, key: str) -> float:
+        """Seconds since ``key`` was last written, both ends read on the STORE's clock
+        (FileNotFoundError if absent): never this machine's clock against a time another
+        machine wrote, since the two may be minutes or hours apart. Unjudged: negative
+        (written in the store's future) or NaN (the store did not say); ``judged_age``
+        turns it into an age or None."""
+
     def children(self, prefix: str) -> list[str]:
         """Names directly below ``prefix`` (like S3 LIST with delimiter '/'), sorted."""
 
@@ -63,3 +81,28 @@ class ObjectBackend(Protocol):
 
     def lock(self) -> AbstractContextManager[None]:
         """Exclusive section across processes for check-then-commit steps."""
+
+
+class UnknownAge(CheckpointError):
+    """The store's clock cannot tell an object's age (``judged_age`` gave None)."""
+
+
+def judged_age(seconds: float, what: str) -> float | None:
+    """An age the store's clock gives, or None when it cannot be one: not finite, or in
+    the store's future by more than ``AGE_SLACK_SECONDS`` (a clock stepped back, a hand
+    that set a date). None is "unknown", warned here; each caller picks its safe side
+    for it (a second driver is refused, a lock or a claim is timed by the reader's own
+    monotonic clock instead), so an unknown age never keeps a holder alive for ever and
+    never ends one silently."""
+    if math.isfinite(seconds) and seconds >= -AGE_SLACK_SECONDS:
+        return max(0.0, seconds)
+    if what in _warned or len(_warned) >= 1000:  # once per object: readers poll
+        return None
+    _warned.add(what)
+    log.warning(
+        "the store's clock gives %s an age of %s s; not an age (a time in the store's "
+        "future, or none), so it is judged without it",
+        what,
+        seconds,
+    )
+    return None

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".spot-tmp-"
 LOCK_NAME = ".spot-lock"
+CLOCK_NAME = LOCK_NAME  # the clock probe: the lock file, whose content nothing reads
 
 
 class FileBackend:
@@ -44,6 +45,7 @@ class FileBackend:
         self.root = os.path.abspath(root)
         self.lock_timeout = lock_timeout
         self._warned_links: set[str] = set()  # prefixes listed as empty for a symlink
+        self._clock_warned = False
         try:
             os.makedirs(self.root, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as exc:
@@ -159,6 +161,47 @@ class FileBackend:
                 return stat.S_ISREG(os.lstat(name, dir_fd=folder).st_mode)
         except (OSError, CorruptCheckpoint):
             return False
+
+    def age_seconds(self, key: str) -> float:
+        """The object's mtime against the mtime the same filesystem gives a probe written
+        now: both are the clock of whatever sets mtimes (the local kernel, or an NFS
+        server), never this process's clock against another machine's."""
+        path = self._path(key)  # for messages: the object is reached from the root
+        folders, name = self._leaf(key)
+        with self._folder(folders, key) as folder:
+            info = os.lstat(name, dir_fd=folder)
+        if stat.S_ISDIR(info.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "is a directory, not an object", path)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_an_object(key, not_regular(path, info.st_mode, "object"))
+        return self._now() - info.st_mtime
+
+    def _now(self) -> float:
+        """The store's time now: the mtime of a one-byte write to the probe file. A store
+        this process cannot write (read-only) falls back to this machine's clock, which is
+        the same clock on a local disk (warned once: on a network filesystem it is not)."""
+        path = os.path.join(self.root, CLOCK_NAME)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags, 0o644)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file", path)
+                os.pwrite(fd, b"\n", 0)
+                return os.fstat(fd).st_mtime
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self._clock_warned:
+                self._clock_warned = True
+                log.warning(
+                    "cannot write the clock probe %s (%s); judging ages in %s by this "
+                    "machine's clock",
+                    path,
+                    exc.strerror or exc,
+                    self.root,
+                )
+            return time.time()
 
     def children(self, prefix: str) -> list[str]:
         try:

@@ -7,9 +7,10 @@ timeout, the driver is gone (SIGKILL, a lost worker), and the watcher stops the 
 after an emergency save and ends the lease, so a dead driver never leaves billed,
 unwatched capacity behind.
 
-The node judges staleness by its own clock (how long since it last saw the object
-change), not by the driver's timestamp, so clock skew between the two cannot end a lease
-early or keep one alive.
+The node judges staleness by its own monotonic clock (how long since it last saw the
+object change), not by the driver's timestamp, so clock skew between the two cannot end a
+lease early or keep one alive. A second driver judges a beat's age on the store's clock
+(``live_holder``), for the same reason.
 
 With a ``heartbeat_uri`` (a store every node can read), a driver process renews one
 object there for all the leases it watches instead of one per job: a triggerer watching
@@ -43,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spot_core.checkpoint.backend import UnknownAge
 from spot_core.errors import FencedOut
 
 if TYPE_CHECKING:
@@ -341,18 +343,24 @@ class DriverBeat:
 @dataclass(frozen=True)
 class Holder:
     """Another driver process that holds a job: it renewed the job's heartbeat
-    ``age_seconds`` ago, within its ``timeout_seconds``, while watching ``attempt``."""
+    ``age_seconds`` ago by the store's clock (None: the store's clock cannot tell), within
+    its ``timeout_seconds``, while watching ``attempt``."""
 
     host: str
     pid: int | None
     attempt: int
-    age_seconds: float
+    age_seconds: float | None
     timeout_seconds: float
 
     def describe(self) -> str:
         pid = "" if self.pid is None else f" pid {self.pid}"
+        when = (
+            "at a time the store's clock cannot tell (written in its future)"
+            if self.age_seconds is None
+            else f"{self.age_seconds:.0f}s ago"
+        )
         return (
-            f"{self.host}{pid} renewed its heartbeat {self.age_seconds:.0f}s ago "
+            f"{self.host}{pid} renewed its heartbeat {when} "
             f"(attempt {self.attempt}, timeout {self.timeout_seconds:g}s)"
         )
 
@@ -368,24 +376,32 @@ def live_holder(
     """The driver process other than ``me`` that holds the job whose store is ``store``,
     or None: its beat is renewed within its timeout (``timeout`` for a beat that names
     none), not released, and not written by ``me``. A pointer's renewals are read from
-    ``drivers`` (the ``heartbeat_uri`` store) when given, else its own time counts.
-    Ages compare the writer's clock with ``now`` (seconds of skew matter little against
-    timeouts of minutes)."""
+    ``drivers`` (the ``heartbeat_uri`` store) when given, else its own write counts.
+
+    The age is the beat object's on the store's own clock (``CheckpointStore.object_age``),
+    never ``now`` against the time its writer wrote: a second driver whose clock was an
+    hour ahead took every live job's beat for a dead one and ran the job twice. An age the
+    store's clock cannot tell counts as held (the safe side: a second driver is refused,
+    and the line names ``--take-over``). ``now`` is not used (kept for callers)."""
+    del now
     me = me or this_driver()
     beat = Heartbeat(store).read_own()
     if beat is None or beat.released or (beat.owner is not None and beat.owner == me.owner):
         return None
-    renewed_at = beat.renewed_at
+    where, key = store, HEARTBEAT_KEY
     if beat.driver is not None and drivers is not None:
-        followed = Heartbeat(store, drivers)._follow(beat)
-        if followed is None:  # its driver no longer lists the job: it let it go
+        if Heartbeat(store, drivers)._follow(beat) is None:  # its driver let the job go
             return None
-        renewed_at = followed.renewed_at
+        where, key = drivers, DRIVER_KEY.format(beat.driver)
     limit = beat.timeout or timeout
-    age = now - renewed_at
-    if age >= limit:
-        return None
-    return Holder(beat.host or "an unknown host", beat.pid, beat.attempt, max(0.0, age), limit)
+    try:
+        age = where.object_age(key)
+    except UnknownAge:
+        age = None
+    else:
+        if age is None or age >= limit:  # gone meanwhile, or stale
+            return None
+    return Holder(beat.host or "an unknown host", beat.pid, beat.attempt, age, limit)
 
 
 _driver_beats: dict[str, DriverBeat] = {}

@@ -5,7 +5,11 @@ DELETE, which S3 has natively: a PUT (or a completed multipart upload) is visibl
 at once or not at all. What S3 lacks is a lock; ``lock()`` builds one from a
 conditional write (``PUT ... If-None-Match: *`` on ``.spot-lock``, which S3 has honoured
 since August 2024 and answers with 412 when the key exists), with an expiry so that a
-holder that died does not block the store for ever.
+holder that died does not block the store for ever. The expiry is judged on the S3
+server's clock (the lock's LastModified against the same response's Date), never by a
+time the holder wrote against the breaker's clock (a breaker an hour ahead broke every
+live lock), and a lock is broken only by compare-and-swap: a PUT with ``If-Match`` on the
+ETag judged expired takes it over, a DELETE with ``If-Match`` releases it.
 
 The window, stated plainly: a lock holder that stalls for longer than ``lock_ttl``
 between taking the lock and writing its manifest can have the lock taken over, and then
@@ -31,17 +35,23 @@ encryption (SSE-S3 by default, SSE-KMS with a key id, or off with ``sse=None``).
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import email.utils
 import io
 import json
 import logging
+import math
 import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from spot_core.adaptors import aws
+from spot_core.checkpoint.backend import judged_age
 from spot_core.checkpoint.uri import s3_prefix
 from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint, IncompleteRead
 
@@ -66,6 +76,7 @@ READ_TIMEOUT_SECONDS = 20.0
 CALL_DEADLINE_SECONDS = 60.0
 READ_TRIES = 3
 WRITE_TOKEN = "spot-write"  # metadata of a conditional PUT: which call wrote the object
+MAX_LOCK_BYTES = 4 << 10  # a lock is ~100 bytes
 
 
 class S3Backend:
@@ -311,6 +322,11 @@ class S3Backend:
     def size(self, key: str) -> int:
         return int(self._head(key)["ContentLength"])
 
+    def age_seconds(self, key: str) -> float:
+        """One HEAD: the object's LastModified against the same response's Date, both
+        the S3 server's clock (whole seconds)."""
+        return server_age(self._head(key))
+
     def exists(self, key: str) -> bool:
         try:
             self._head(key)
@@ -374,9 +390,13 @@ class S3Backend:
 
     def _acquire(self, token: str) -> None:
         deadline, wait = time.monotonic() + self.lock_timeout, 0.005
+        # expires_at (this machine's clock) only for older versions, which break by it
         body = json.dumps({"owner": token, "expires_at": time.time() + self.lock_ttl}).encode()
+        seen: _Seen | None = None
         while not self.put_if_absent(LOCK_NAME, body):
-            self._break_if_expired()
+            taken, seen = self._take_if_expired(body, seen)
+            if taken:
+                return
             if time.monotonic() >= deadline:
                 raise CheckpointError(
                     f"timed out after {self.lock_timeout:.0f}s waiting for the lock on "
@@ -387,26 +407,71 @@ class S3Backend:
             time.sleep(wait)
             wait = min(wait * 2, 0.1)
 
-    def _break_if_expired(self) -> None:
+    def _take_if_expired(self, body: bytes, seen: _Seen | None) -> tuple[bool, _Seen | None]:
+        """Take the lock over if it expired: older than ``lock_ttl`` on the S3 server's own
+        clock (its LastModified against the same response's Date), or, when the server's
+        clock cannot tell, unchanged (one ETag) for ``lock_ttl`` on this process's
+        monotonic clock. Never this machine's wall clock against a time its holder wrote:
+        a breaker whose clock is ahead would break live locks. The takeover is a PUT with
+        ``If-Match`` on the ETag judged expired, so of two breakers exactly one wins and a
+        lock renewed or replaced meanwhile is never overwritten. (True, None) when taken."""
         try:
-            doc = json.loads(self.get_bytes(LOCK_NAME))
-            expired = float(doc["expires_at"]) < time.time()
+            response = self._head(LOCK_NAME)
         except FileNotFoundError:
-            return
-        except (ValueError, KeyError, TypeError):
-            expired = True  # unreadable: a torn lock from a foreign writer
-        if expired:
-            log.warning("breaking an expired lock on s3://%s/%s", self.bucket, self.prefix)
-            self.delete(LOCK_NAME)
+            return False, None  # released meanwhile: try to put it again
+        etag, now = str(response.get("ETag") or ""), time.monotonic()
+        if seen is None or seen.etag != etag:
+            seen = _Seen(etag, now)
+        age = judged_age(server_age(response), f"s3://{self.bucket}/{self._key(LOCK_NAME)}")
+        if not etag or not (
+            (age is not None and age > self.lock_ttl) or now - seen.since > self.lock_ttl
+        ):
+            return False, seen
+        try:
+            self._call(
+                "put",
+                self.client.put_object,
+                Bucket=self.bucket,
+                Key=self._key(LOCK_NAME),
+                Body=body,
+                IfMatch=etag,
+                **self._sse(),
+            )
+        except (_Conflict, FileNotFoundError):
+            return False, None  # another breaker, or its holder, changed it first
+        log.warning(
+            "took over an expired lock on s3://%s/%s (unchanged for %s)",
+            self.bucket,
+            self.prefix,
+            f"{age:.0f}s by the store's clock" if age is not None else f"{now - seen.since:.0f}s",
+        )
+        return True, None
 
     def _release(self, token: str) -> None:
+        """Delete the lock if it is still ours: a DELETE with ``If-Match`` on the ETag of
+        the object read, so a lock another writer took over meanwhile is never deleted."""
         try:
-            doc = json.loads(self.get_bytes(LOCK_NAME))
-            if doc.get("owner") == token:
-                self.delete(LOCK_NAME)
-        except FileNotFoundError:
+            response = self._get(LOCK_NAME)
+            with contextlib.closing(response["Body"]) as stream:
+                data = stream.read(MAX_LOCK_BYTES + 1)
+            owner = json.loads(data).get("owner") if len(data) <= MAX_LOCK_BYTES else None
+            if owner != token:
+                log.warning(
+                    "the lock on s3://%s/%s expired while held and was taken over",
+                    self.bucket,
+                    self.prefix,
+                )
+                return
+            self._call(
+                "delete",
+                self.client.delete_object,
+                Bucket=self.bucket,
+                Key=self._key(LOCK_NAME),
+                IfMatch=str(response["ETag"]),
+            )
+        except (FileNotFoundError, _Conflict):
             log.warning("the lock on s3://%s/%s expired while held", self.bucket, self.prefix)
-        except (ValueError, CheckpointError) as exc:
+        except (ValueError, AttributeError, KeyError, CheckpointError) as exc:
             log.warning(
                 "could not release the lock on s3://%s/%s: %s", self.bucket, self.prefix, exc
             )
@@ -513,6 +578,30 @@ class _ChunkReader(io.RawIOBase):
         out = b"".join(pieces)  # the one copy
         self.consumed += len(out)
         return out
+
+
+def server_age(response: dict[str, Any]) -> float:
+    """Seconds from an S3 response's ``LastModified`` to its ``Date`` header: the
+    object's age on the server's clock; NaN when either is missing or unreadable."""
+    modified = response.get("LastModified")
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if not isinstance(modified, datetime.datetime) or not isinstance(date, str):
+        return math.nan
+    try:  # HTTP dates are GMT; a naive parse (no zone, or two joined by a proxy) is too
+        served = email.utils.parsedate_to_datetime(date)
+        if served.tzinfo is None:
+            served = served.replace(tzinfo=datetime.UTC)
+        return (served - modified).total_seconds()
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """The lock object as a waiter first saw it: its ETag, and when (monotonic seconds)."""
+
+    etag: str
+    since: float
 
 
 class _Conflict(Exception):

@@ -13,7 +13,6 @@ import builtins
 import errno
 import json
 import logging
-import math
 import numbers
 import os
 import time
@@ -22,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from spot_core.bounds import MAX_ATTEMPT
-from spot_core.checkpoint.backend import ObjectBackend
+from spot_core.checkpoint.backend import ObjectBackend, UnknownAge, judged_age
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.manifest import (
     CHECKPOINTS_PREFIX,
@@ -246,6 +245,39 @@ class CheckpointStore:
         except OSError as exc:
             raise _unwritable(self.uri, f"delete {key}", exc) from exc
 
+    def object_age(self, key: str) -> float | None:
+        """Seconds since the object was last written, on the store's own clock
+        (``ObjectBackend.age_seconds``); None when there is none. UnknownAge (warned once)
+        when the store's clock cannot tell: the caller picks its safe side. Read the
+        object first and its age after: the age is then that of the version read or of a
+        newer one, never more than the version read's, so nothing read counts as older
+        than it is."""
+        return self._age(_object_key(key))
+
+    def fence_age(self) -> float | None:
+        """Seconds since the fence was last raised, on the store's clock; None without a
+        fence; UnknownAge as ``object_age``. A driver tells by it a fence another driver
+        raised a moment ago from one left by a driver long gone."""
+        return self._age(FENCE_KEY)
+
+    def _age(self, key: str) -> float | None:
+        try:
+            seconds = self.backend.age_seconds(key)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        except CorruptCheckpoint as exc:
+            self._warn_once(key, exc)
+            return None
+        except OSError as exc:
+            raise _unreadable(self.uri, key, exc) from exc
+        age = judged_age(seconds, f"{self.uri}/{key}")
+        if age is None:
+            raise UnknownAge(
+                f"the age of {key} in {self.uri} cannot be told by the store's clock "
+                f"({seconds} s: written in its future, or it gave no time)"
+            )
+        return age
+
     def swap_object(self, key: str, expected: bytes | None, data: bytes) -> bool:
         """Write ``data`` only if the object still holds ``expected`` (None: absent).
 
@@ -294,19 +326,6 @@ class CheckpointStore:
         """The lowest attempt still allowed to save: max of the fence and committed attempts."""
         committed = [m.attempt for m in self._committed()]
         return max([self._fence_object(), *committed])
-
-    def fenced_at(self) -> float | None:
-        """When (the fencing process's POSIX time) the fence object was last raised; None
-        when there is none or it says no time. A driver reads it to tell a fence another
-        driver raised a moment ago from one left by a driver long gone."""
-        try:
-            doc = json.loads(self.backend.get_bytes(FENCE_KEY), parse_constant=float)
-            when = doc["fenced_at"]
-        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
-            return None
-        if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
-            return None
-        return float(when)
 
     def _check_fence(self, attempt: int, committed: list[Manifest] | None = None) -> None:
         committed = self._committed() if committed is None else committed

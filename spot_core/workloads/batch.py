@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from spot_core.checkpoint import CheckpointStore, open_store
+from spot_core.checkpoint.backend import UnknownAge
 from spot_core.errors import ConfigError, CorruptCheckpoint
 
 log = logging.getLogger(__name__)
@@ -238,9 +239,6 @@ class UnitState:
         if self.state == DONE and not _is_sha256(self.output_sha256):
             raise CorruptObject("done, without its output's SHA-256")
 
-    def lapsed(self, now: float, timeout_seconds: float) -> bool:
-        return self.state == CLAIMED and now - self.heartbeat_at > timeout_seconds
-
 
 @dataclass(frozen=True)
 class Claim:
@@ -293,11 +291,18 @@ class WorkQueue:
     """A queue of units in one store; every state change is a compare-and-swap."""
 
     def __init__(
-        self, store: CheckpointStore, spec: QueueSpec, *, clock: Callable[[], float] = time.time
+        self,
+        store: CheckpointStore,
+        spec: QueueSpec,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store, self.spec, self.clock = store, spec, clock
+        self.store, self.spec, self.clock, self.monotonic = store, spec, clock, monotonic
         self._terminal: set[str] = set()  # units seen done or failed: never change again
         self._warned: set[str] = set()  # corrupt units already named in the log
+        # claimed unit -> (its object, since when this worker has seen it unchanged)
+        self._seen: dict[str, tuple[bytes, float]] = {}
 
     @property
     def uri(self) -> str:
@@ -313,6 +318,7 @@ class WorkQueue:
         claim_timeout_seconds: float = 60.0,
         max_unit_retries: int = 2,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         session: Any = None,
     ) -> WorkQueue:
         """The queue at ``uri``, made if it is not there; the same spec again is the same
@@ -327,11 +333,16 @@ class WorkQueue:
                     f"{uri} already holds another queue (other items or unit size); "
                     "give this batch its own queue URI"
                 )
-        return cls(store, spec, clock=clock)
+        return cls(store, spec, clock=clock, monotonic=monotonic)
 
     @classmethod
     def open(
-        cls, uri: str, *, clock: Callable[[], float] = time.time, session: Any = None
+        cls,
+        uri: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        session: Any = None,
     ) -> WorkQueue:
         store = open_store(uri, session=session)
         spec = _read_spec(store)
@@ -340,7 +351,7 @@ class WorkQueue:
                 f"no work queue at {uri}; create it first (WorkQueue.create, or the "
                 "DAG's/flow's queue task)"
             )
-        return cls(store, spec, clock=clock)
+        return cls(store, spec, clock=clock, monotonic=monotonic)
 
     # -- reading -------------------------------------------------------------------------
     def state(self, unit: str) -> tuple[UnitState, bytes | None]:
@@ -378,10 +389,10 @@ class WorkQueue:
     def progress(self) -> Progress:
         counts = dict.fromkeys((*STATES, CORRUPT), 0)
         lapsed = reclaims = 0
-        now = self.clock()
-        for state in self.states():
+        for unit in self.spec.unit_ids():
+            state, raw = self.state(unit)
             counts[state.state] += 1
-            lapsed += state.lapsed(now, self.spec.claim_timeout_seconds)
+            lapsed += self._lapsed(unit, state, raw)
             reclaims += max(0, state.claim - 1)
         return Progress(
             self.spec.units,
@@ -442,9 +453,7 @@ class WorkQueue:
                 continue
             if state.state == CORRUPT:
                 continue  # never written over: the log names it, its owner removes it
-            if state.state == CLAIMED and not state.lapsed(
-                self.clock(), self.spec.claim_timeout_seconds
-            ):
+            if state.state == CLAIMED and not self._lapsed(unit, state, raw):
                 continue
             taken = replace(
                 state,
@@ -544,7 +553,44 @@ class WorkQueue:
         return state
 
     def _swap(self, unit: str, expected: bytes | None, state: UnitState) -> bool:
-        return self.store.swap_object(f"{STATE_PREFIX}/{unit}.json", expected, state.to_bytes())
+        data = state.to_bytes()
+        if not self.store.swap_object(f"{STATE_PREFIX}/{unit}.json", expected, data):
+            return False
+        self._observe(unit, state, data, written=True)
+        return True
+
+    def _lapsed(self, unit: str, state: UnitState, raw: bytes | None) -> bool:
+        """Whether a claim's heartbeat lapsed, judged on one clock at a time, never this
+        worker's clock against the ``heartbeat_at`` another worker wrote (a worker 60 s
+        ahead took over every live claim and ran its items twice; a claim stamped NaN or
+        far ahead never lapsed and the queue never completed). Lapsed when the object is
+        older than the claim timeout on the store's clock (``object_age``), or when this
+        worker has seen it unchanged for that long on its own monotonic clock: each a
+        lower bound of the time since its holder last renewed. An age the store's clock
+        cannot tell is the monotonic clock's alone: such a claim still lapses once this
+        worker has seen it unchanged for a timeout."""
+        if state.state != CLAIMED or raw is None:
+            self._seen.pop(unit, None)
+            return False
+        timeout = self.spec.claim_timeout_seconds
+        if self.monotonic() - self._observe(unit, state, raw) > timeout:
+            return True
+        try:  # read after the object, so never older than the object read
+            age = self.store.object_age(f"{STATE_PREFIX}/{unit}.json")
+        except UnknownAge:
+            return False
+        return age is not None and age > timeout
+
+    def _observe(self, unit: str, state: UnitState, raw: bytes, written: bool = False) -> float:
+        """Since when (this worker's monotonic clock) the unit's object has read as ``raw``
+        (``written``: this worker wrote it just now)."""
+        if state.state != CLAIMED:
+            self._seen.pop(unit, None)
+            return self.monotonic()
+        seen = self._seen.get(unit)
+        if written or seen is None or seen[0] != raw:
+            seen = self._seen[unit] = (raw, self.monotonic())
+        return seen[1]
 
 
 def output_key(unit: str, claim: int) -> str:

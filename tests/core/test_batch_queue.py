@@ -88,10 +88,11 @@ def test_a_vanished_workers_unit_is_taken_over_after_its_heartbeat_lapses(tmp_pa
         unit_size=1,
         claim_timeout_seconds=30,
         clock=clock,
+        monotonic=clock,
     )
     dead = queue.claim("dead")  # its lease vanished: it never renews
     assert dead is not None and dead.number == 1
-    other = WorkQueue.open(uri, clock=clock)
+    other = WorkQueue.open(uri, clock=clock, monotonic=clock)
     second = other.claim("w2", start=0)
     assert second is not None and second.unit != dead.unit  # the live claim is respected
     assert other.claim("w2") is None
@@ -115,6 +116,7 @@ def test_renewing_keeps_a_claim_and_a_lost_claim_cannot_be_renewed(tmp_path):
         unit_size=1,
         claim_timeout_seconds=10,
         clock=clock,
+        monotonic=clock,
     )
     claim = queue.claim("a")
     for _ in range(5):
@@ -199,6 +201,7 @@ def test_progress_counts_claimed_and_lapsed_units(tmp_path):
         unit_size=2,
         claim_timeout_seconds=5,
         clock=clock,
+        monotonic=clock,
     )
     claim = queue.claim("a")
     assert queue.complete(claim, [1, 2])
@@ -223,6 +226,7 @@ def test_a_stalled_worker_whose_unit_was_taken_over_drops_it_without_crashing(tm
         unit_size=4,
         claim_timeout_seconds=5,
         clock=clock,
+        monotonic=clock,
     )
     stalled = queue.claim("a")
     clock.now += 6

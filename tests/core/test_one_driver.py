@@ -10,6 +10,7 @@ driver process would write it."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -22,7 +23,7 @@ import pytest
 from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.checkpoint import open_store
-from spot_core.checkpoint.heartbeat import DriverIdentity, Heartbeat
+from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY, DriverIdentity, Heartbeat
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import DriverConflict
 from spot_core.localcloud.cloud import LocalCloudConfig
@@ -189,6 +190,14 @@ def test_a_resumed_driver_that_was_taken_over_stops_without_a_user_failure(tmp_p
 
 
 # -- the controller itself ------------------------------------------------------------------
+def written_ago(store, key: str, seconds: float) -> None:
+    """Make a file store's object read as written ``seconds`` ago on the store's clock (its
+    mtime: what ages are judged by, never the time written inside it)."""
+    path = Path(store.backend.root) / key
+    when = path.stat().st_mtime - seconds
+    os.utime(path, (when, when))
+
+
 def _controller(tmp_path, **options) -> tuple[Controller, JobSpec, LocalProvider]:
     provider = LocalProvider.from_traces(
         [trace("us-east-1a_calm", "1" * 4000, tick_seconds=600.0)],
@@ -265,6 +274,7 @@ def test_a_launch_reads_who_holds_the_job(tmp_path, beat, refused):
         writer.release(1, now - 1)
     else:
         writer.renew(1, now - (10.0 if beat == "stale" else 1.0))
+        written_ago(store, HEARTBEAT_KEY, 10.0 if beat == "stale" else 1.0)
     store.fence(1)
     with provider:
         if refused:
