@@ -20,6 +20,13 @@ image id) in the label ``io.spot-pipelines.inputs-sha256``, so a second run cost
 and the engine's storage is the cache between runs. A machine behind a TLS-inspecting
 proxy passes its CA bundle to the builds as the secret ``ca-bundle`` (taken from
 ``$PIP_CERT``, ``$SSL_CERT_FILE`` or ``$REQUESTS_CA_BUNDLE``); no layer keeps it.
+
+podman and buildah build with a ``containers.conf`` of their own (``CONTAINERS_CONF``, for
+the run; the machine's ``/etc/containers`` is left alone): ulimits within the machine's
+hard limits, cgroupfs without systemd, and an OCI runtime that runs a container here. The
+engine's default is tried first, then runc: crun, podman's default, refuses machines
+whose cgroups v1 and v2 are mounted together ("cgroups in hybrid mode not supported").
+A ``CONTAINERS_CONF`` in the environment is used as given.
 """
 
 from __future__ import annotations
@@ -29,12 +36,14 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +64,14 @@ DEBIAN_MIRRORS = (
 DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
 CA_ENV = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 IMAGE_FORMAT = "docker"  # podman/buildah: OCI image configs have no HEALTHCHECK
+# The OCI runtimes tried, in order: the engine's default (None), then runc.
+RUNTIMES: tuple[str | None, ...] = (None, "runc")
+PROBE_TIMEOUT_SECONDS = 60
+# What a probe container mounts from the host to run its `true` (read-only).
+PROBE_MOUNTS = ("/usr", "/bin", "/lib", "/lib64")
+NOFILE_CAP = 1048576
+# runc refused nproc 65536 under a hard limit of 96367 on CI's machines, and took 32768.
+NPROC_CAP = 32768
 PULL_TIMEOUT_SECONDS = 600
 BUILD_TIMEOUT_SECONDS = 1800
 ENGINE_TIMEOUT_SECONDS = 60
@@ -205,6 +222,22 @@ class Engine:
     """docker, podman or buildah, through its command line."""
 
     program: str
+    environ: dict[str, str] = field(default_factory=dict)  # CONTAINERS_CONF (podman, buildah)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.environ}
+
+    def configure(self, workdir: Path) -> str | None:
+        """Point podman or buildah at a containers.conf of ours in ``workdir`` (not for
+        docker, nor when the environment names one); a line when the runtime is not the
+        engine's default."""
+        if self.program == "docker" or os.environ.get("CONTAINERS_CONF"):
+            return None
+        workdir.mkdir(parents=True, exist_ok=True)
+        conf = workdir / "containers.conf"
+        note = containers_conf(self.program, conf)
+        self.environ["CONTAINERS_CONF"] = str(conf)
+        return note
 
     def run(
         self,
@@ -214,7 +247,11 @@ class Engine:
         quiet: bool = True,
     ) -> subprocess.CompletedProcess:
         done = subprocess.run(
-            [self.program, *args], text=True, timeout=timeout, capture_output=quiet
+            [self.program, *args],
+            text=True,
+            timeout=timeout,
+            capture_output=quiet,
+            env=self.env(),
         )
         if check and done.returncode != 0:
             tail = (done.stderr or done.stdout or "").strip().splitlines() if quiet else []
@@ -268,7 +305,7 @@ class Engine:
         if ca is not None:
             argv += ["--secret", f"id=ca-bundle,src={ca}"]
         argv.append(str(context))
-        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+        env = {**self.env(), "DOCKER_BUILDKIT": "1"}
         done = subprocess.run(
             [self.program, *argv],
             text=True,
@@ -279,11 +316,13 @@ class Engine:
         )
         if done.returncode != 0:
             sys.stderr.write(done.stdout[-6000:])
-            raise BuildError(
-                f"building {ref} from {dockerfile.relative_to(REPO)} failed (the output above)"
-            )
+            raise BuildError(f"building {ref} from {_shown(dockerfile)} failed (the output above)")
         if replaced is not None and replaced["id"] and replaced["id"] != self.inspect(ref)["id"]:
             self.run("rmi", replaced["id"], check=False)  # refused while in use or tagged
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def detect_engine(wanted: str | None) -> Engine:
@@ -314,6 +353,87 @@ def _docker_daemon() -> bool:
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0 and "podman" not in done.stdout.lower()
+
+
+# -- the OCI runtime ---------------------------------------------------------------------------
+
+
+def containers_conf(program: str, path: Path) -> str | None:
+    """Write a containers.conf at ``path`` with the first runtime of ``RUNTIMES`` under
+    which ``program`` runs a container; a line saying why when it is not the default. One
+    line naming the fix (BuildError) when none runs."""
+    tried = []
+    for runtime in RUNTIMES:
+        write_containers_conf(path, runtime)
+        reason = container_fails(program, path)
+        if reason is None:
+            return f"{program} runs containers with {runtime} ({tried[0]})" if tried else None
+        tried.append(f"{runtime or 'its default runtime'}: {reason}")
+    raise BuildError(
+        f"{program} cannot run a container here ({'; '.join(tried)}): install runc "
+        "(Debian/Ubuntu: apt-get install runc), or name a containers.conf whose runtime "
+        "works in CONTAINERS_CONF"
+    )
+
+
+def write_containers_conf(path: Path, runtime: str | None) -> Path:
+    """ulimits within the hard limits (as root podman asks for nofile=1048576, and the
+    runtime fails "error setting rlimits" where the machine allows less); cgroupfs and
+    events in a file where systemd is not PID 1; ``runtime`` unless it is the default."""
+    nofile = _limit(resource.getrlimit(resource.RLIMIT_NOFILE)[1], NOFILE_CAP)
+    nproc = _limit(resource.getrlimit(resource.RLIMIT_NPROC)[1], NPROC_CAP)
+    limits = [f"nofile={nofile}:{nofile}", f"nproc={nproc}:{nproc}"]
+    engine = ['events_logger = "file"']
+    if not Path("/run/systemd/system").is_dir():
+        engine.append('cgroup_manager = "cgroupfs"')
+    if runtime is not None:
+        engine.append(f"runtime = {json.dumps(runtime)}")
+    path.write_text(
+        f"[containers]\ndefault_ulimits = {json.dumps(limits)}\n\n[engine]\n"
+        + "\n".join(engine)
+        + "\n"
+    )
+    return path
+
+
+def _limit(value: int, cap: int) -> int:
+    return cap if value == resource.RLIM_INFINITY else min(value, cap)
+
+
+def container_fails(program: str, conf: Path) -> str | None:
+    """None when ``program`` runs a container under ``conf`` (the host's ``true`` in an
+    empty root with the host's /usr mounted read-only: no image needed); else the
+    engine's reason, one line."""
+    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+    true = os.path.realpath(shutil.which("true") or "/bin/true")
+    mounts = [a for p in PROBE_MOUNTS if os.path.exists(p) for a in ("-v", f"{p}:{p}:ro")]
+    if program == "podman":
+        with tempfile.TemporaryDirectory(prefix="spot-runtime-probe-") as root:
+            argv = ["podman", "run", "--rm", "--network", "none", *mounts, "--rootfs", root, true]
+            return _failure(argv, env)
+    name = f"spot-runtime-probe-{uuid.uuid4().hex[:12]}"
+    try:
+        return _failure(["buildah", "from", "--name", name, "scratch"], env) or _failure(
+            ["buildah", "run", "--network", "none", *mounts, name, true], env
+        )
+    finally:
+        _failure(["buildah", "rm", name], env)
+
+
+def _failure(argv: list[str], env: dict[str, str]) -> str | None:
+    """None when ``argv`` exits 0, else why: its first error line (the runtime's own)."""
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_SECONDS, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return f"{' '.join(argv[:2])} did not end in {PROBE_TIMEOUT_SECONDS} s"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() and "level=warn" not in line]
+    line = (errors or lines or [f"{' '.join(argv[:2])} exited {done.returncode}"])[0]
+    return line.removeprefix("Error: ")
 
 
 def ca_bundle() -> str | None:
@@ -519,10 +639,14 @@ def build(
     defaults = official_defaults()
     bases = Bases(engine, uv or str(REPO / ".venv-tools" / "bin" / "uv"))
     wanted = [i for i in IMAGES if not only or i.name in only]
-    lines = [build_image(engine, bases, image, defaults) for image in wanted]
-    if not only:
-        for name in COMPOSE_BASES:
-            bases.resolve(name, defaults[name])
+    with tempfile.TemporaryDirectory(prefix="spot-engine-") as workdir:
+        note = engine.configure(Path(workdir))
+        lines = [build_image(engine, bases, image, defaults) for image in wanted]
+        if not only:
+            for name in COMPOSE_BASES:
+                bases.resolve(name, defaults[name])
+    if note is not None:
+        lines.insert(0, note)
     if bases.standins:
         lines.insert(
             0,

@@ -2,7 +2,8 @@
 
 Each command module offers ``register(subparsers)`` and a ``run(args) -> int``. Errors the
 project raises on purpose (``SpotError``) end the process with one line on stderr and
-exit code 2, never a traceback: they already say what to fix.
+exit code 2, never a traceback: they already say what to fix. So does an optional
+dependency the command needs and this install lacks: the line names its extra.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from spot_core import __version__
+from spot_core.adaptors import extras
 from spot_core.errors import SpotError
 
 COMMANDS = ("classify-pod", "demo", "providers", "report", "run", "simulate", "watch")
@@ -75,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except SpotError as exc:
         print(f"spot-pipelines {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        missing = extras.explain(exc)  # an optional dependency this command reached
+        if missing is None:
+            raise
+        print(f"spot-pipelines {args.command}: error: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"spot-pipelines {args.command}: interrupted", file=sys.stderr)

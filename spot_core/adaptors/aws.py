@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
+from spot_core.adaptors import extras
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError, SpotError
 
 T = TypeVar("T")
@@ -73,15 +74,7 @@ CONFIG_CODES = {
 
 def boto3() -> ModuleType:
     """Import boto3 on first use, with a message that names the extra."""
-    try:
-        import boto3 as module
-    except ImportError as exc:
-        raise ConfigError(
-            "the ec2 provider and s3:// checkpoint stores need boto3: "
-            "pip install 'spot-pipelines[aws]'"
-        ) from exc
-    loaded: ModuleType = module  # boto3 ships no types: Any here
-    return loaded
+    return extras.require("boto3")
 
 
 def client_error_class() -> type[Exception]:
@@ -184,9 +177,7 @@ def make_client(
     ``observe_failure_timeout``. ``session``: where credentials come from (see
     ``AwsAccess``; None: boto3's default chain). Inside a ``within`` block no retry starts
     past the block's deadline."""
-    from botocore.config import Config
-
-    config = Config(
+    config = extras.require("botocore.config").Config(
         retries={"max_attempts": retry_attempts, "mode": "standard"},
         max_pool_connections=max_pool_connections,
         connect_timeout=connect_timeout_seconds,

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from spot_core import stopping
+from spot_core.adaptors import extras
 from spot_core.errors import ConfigError, InfrastructureError, SpotError
 
 T = TypeVar("T")
@@ -32,14 +33,7 @@ class NotFound(SpotError):
 
 def kubernetes() -> ModuleType:
     """Import the official client on first use, with a message that names the extra."""
-    try:
-        import kubernetes as module
-    except ImportError as exc:
-        raise ConfigError(
-            "the kubernetes provider and detector need the kubernetes client: "
-            "pip install 'spot-pipelines[kubernetes]'"
-        ) from exc
-    return module
+    return extras.require("kubernetes")
 
 
 def in_cluster_available() -> bool:

@@ -46,8 +46,13 @@ def engine(tmp_path_factory) -> EngineEnv:
             "no Docker daemon answers and podman is missing: apt-get install podman "
             "buildah (make test does it when run as root on Debian/Ubuntu)"
         )
-    with podman_service(tmp_path_factory.mktemp("engine")) as found:
-        yield found
+    import build_images
+
+    try:
+        with podman_service(tmp_path_factory.mktemp("engine")) as found:
+            yield found
+    except build_images.BuildError as exc:
+        pytest.fail(f"make test-images: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,10 @@
 """A real container engine for the tests: a Docker daemon if one answers, else podman's
 Docker-compatible API (``podman system service``) for the real ``docker`` CLI.
 
-podman needs three settings on machines like CI's, written to a ``containers.conf`` of the
-test session (``CONTAINERS_CONF``; the machine's own files are left alone):
-- ``default_ulimits`` within the machine's hard limits: as root podman asks for
-  ``nofile=1048576`` and a large ``nproc``, and runc fails ("error setting rlimits") where
-  the machine allows less (on CI's machines runc also refused nproc 65536 under a hard
-  limit of 96367, and took 32768: the cap below);
-- ``cgroup_manager = "cgroupfs"`` where systemd is not PID 1 (podman's default is systemd);
-- ``events_logger = "file"`` for the same reason (the journal is systemd's).
+podman runs with the ``containers.conf`` that ``make images`` writes (``CONTAINERS_CONF``,
+docker/build_images.py; the machine's own files are left alone): ulimits within the
+machine's hard limits, cgroupfs and events in a file without systemd, and an OCI runtime
+that runs a container here (the default, else runc: crun refuses hybrid cgroups).
 
 podman runs healthchecks from systemd timers, and without systemd nothing runs them
 (``podman run`` says "unable to get systemd connection to add healthchecks"): a
@@ -20,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import threading
@@ -30,8 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from build_images import containers_conf  # docker/, on sys.path (conftest.py)
+
 START_TIMEOUT_SECONDS = 60.0
-NPROC_CAP = 32768
 STOP_TIMEOUT_SECONDS = 20.0
 
 
@@ -72,33 +68,13 @@ def docker_daemon() -> bool:
     return done.returncode == 0 and "podman" not in done.stdout.lower()
 
 
-def containers_conf(path: Path) -> Path:
-    """A containers.conf that lets podman run containers on this machine."""
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    nproc = min(_limit(nproc), NPROC_CAP)
-    limits = [f"nofile={_limit(nofile)}:{_limit(nofile)}", f"nproc={nproc}:{nproc}"]
-    engine = ['events_logger = "file"']
-    if not Path("/run/systemd/system").is_dir():
-        engine.append('cgroup_manager = "cgroupfs"')
-    path.write_text(
-        "[containers]\ndefault_ulimits = "
-        + json.dumps(limits)
-        + "\n\n[engine]\n"
-        + "\n".join(engine)
-        + "\n"
-    )
-    return path
-
-
-def _limit(value: int) -> int:
-    return 1048576 if value == resource.RLIM_INFINITY else min(value, 1048576)
-
-
 @contextmanager
 def podman_service(workdir: Path) -> Iterator[EngineEnv]:
     """``podman system service`` on a socket in ``workdir``, stopped on exit."""
-    conf = containers_conf(workdir / "containers.conf")
+    conf = workdir / "containers.conf"
+    note = containers_conf("podman", conf)
+    if note is not None:
+        print(f"\n{note}")
     socket = workdir / "podman.sock"
     env = {"CONTAINERS_CONF": str(conf), "DOCKER_HOST": f"unix://{socket}"}
     log = open(workdir / "podman-service.log", "wb")
