@@ -43,14 +43,14 @@ images: $(UV)
 
 test: lint test-core test-airflow test-prefect test-images
 
-# ruff (lint and format) over the tree; mypy strict on spot_core (core environment), the
-# engines' packages each in its own environment (they import their engine).
-LINTED := spot_core airflow_spot prefect_spot tests bench dags flows docker
+# ruff (lint and format) over the tree; mypy strict on spot_core and the emulators (core
+# environment), the engines' packages each in its own environment (they import their engine).
+LINTED := spot_core airflow_spot prefect_spot emulators tests bench dags flows docker
 
 lint: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 	$(CORE)/bin/ruff check $(LINTED)
 	$(CORE)/bin/ruff format --check $(LINTED)
-	$(CORE)/bin/mypy spot_core
+	$(CORE)/bin/mypy spot_core emulators/spot_emulators
 	$(AIRFLOW)/bin/mypy airflow_spot
 	$(PREFECT)/bin/mypy prefect_spot
 

@@ -228,9 +228,14 @@ def _run(workdir: Path, steps: int) -> dict[str, Any]:
 def _run_kubernetes(workdir: Path, steps: int) -> dict[str, Any]:
     """The DAG on the emulator's Karpenter, EKS spot and EKS on-demand node pools, the
     running spot node reclaimed by its flavour twice while the step trains."""
-    from spot_core.demo.kubernetes import KubernetesDemoConfig, cluster_config, cluster_watcher
-    from spot_core.emulators.kubernetes.cluster import KubeCluster
+    from spot_core.demo.kubernetes import (
+        KubernetesDemoConfig,
+        cluster_watcher,
+        emulated_cluster,
+        require_emulator,
+    )
 
+    require_emulator()  # one line naming the extra, before Airflow's database is set up
     workdir.mkdir(parents=True, exist_ok=True)
     env = airflow_env(workdir / "airflow_home")
     os.environ.update(env)
@@ -245,7 +250,7 @@ def _run_kubernetes(workdir: Path, steps: int) -> dict[str, Any]:
     started = time.monotonic()
     migrate()
     with (
-        KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster,
+        emulated_cluster(workdir / "cluster", cfg) as cluster,
         cluster_watcher(cluster) as watcher,
     ):
         os.environ.update(kubernetes_env(cluster.kubeconfig_path))

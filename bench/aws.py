@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from spot_core.emulators.moto_server import running_moto
+from spot_emulators.moto_server import running_moto
 
 MiB = 1 << 20
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.digests import DEFAULT_DIGEST
-from spot_core.emulators.notice_latency import measure_detection_latency
+from spot_emulators.notice_latency import measure_detection_latency
 
 MIB = 1024 * 1024
 

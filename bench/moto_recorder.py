@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from bench.processes import measure_window
-from spot_core.emulators.moto_server import running_moto
+from spot_emulators.moto_server import running_moto
 
 REGION, ZONE, INSTANCE_TYPE = "us-east-1", "us-east-1a", "g5.xlarge"
 HEARTBEAT_KEY = "/heartbeat/driver.json"  # spot_core.checkpoint.heartbeat's object

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.processes import stop_process
-from spot_core.emulators.moto_server import free_port
+from spot_emulators.moto_server import free_port
 
 FLOWS = Path(__file__).resolve().parents[1] / "flows"
 PREFECT = Path(sys.executable).with_name("prefect")

@@ -123,8 +123,8 @@ def run_local(workdir: Path, mode: str) -> dict:
 def run_ec2(workdir: Path, mode: str, endpoint: str, network: dict) -> dict:
     import boto3
 
-    from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
     from spot_core.providers.ec2 import Ec2Provider
+    from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
     sqs = boto3.client("sqs", region_name="us-east-1", endpoint_url=endpoint)
     queue = sqs.create_queue(QueueName=f"bench-resume-{mode}-{os.getpid()}")["QueueUrl"]
@@ -207,10 +207,10 @@ def _ec2_victim(runtime: Any, rebalance_lead: float | None) -> Callable[[], None
 
 # -- Kubernetes (the emulator) ----------------------------------------------------------------
 def run_kubernetes(workdir: Path, mode: str) -> dict:
-    from spot_core.emulators.kubernetes.cluster import KubeCluster
-    from spot_core.emulators.kubernetes.config import ClusterConfig
-    from spot_core.emulators.kubernetes.pools import NodePool
     from spot_core.providers.kubernetes import KubernetesProvider
+    from spot_emulators.kubernetes.cluster import KubeCluster
+    from spot_emulators.kubernetes.config import ClusterConfig
+    from spot_emulators.kubernetes.pools import NodePool
 
     pools = [
         NodePool("karpenter-spot", "karpenter", "spot", "us-east-1b", replace_after_seconds=None),
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
 def _moto(stack: contextlib.ExitStack) -> str:
     import boto3
 
-    from spot_core.emulators.moto_server import running_moto
+    from spot_emulators.moto_server import running_moto
 
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",

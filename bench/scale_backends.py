@@ -37,7 +37,7 @@ from bench.moto_recorder import (
     terminate_leftovers,
 )
 from bench.processes import measure_window, stop_process
-from spot_core.emulators.moto_server import die_with_parent
+from spot_emulators.moto_server import die_with_parent
 
 BUCKET = "bench-scale"
 DESCRIBE_ROUTE = "POST /instances/describe"
@@ -223,7 +223,7 @@ class LocalCloud:
         """After the watching process stopped: how many leases it left running (all: a
         restart must leave them), then each terminated through the API, and how many
         still have a live process."""
-        from spot_core.emulators.lease_processes import lease_pids
+        from spot_core.localcloud.lease_processes import lease_pids
 
         views = self.cloud.describe(self._lease_ids)
         left = [i for i, view in views.items() if view.running]

@@ -71,7 +71,7 @@ from bench.processes import (
 )
 from bench.scale import trigger_rows
 from bench.scale_backends import BACKENDS, controller_options, launch_leases
-from spot_core.emulators.moto_server import free_port
+from spot_emulators.moto_server import free_port
 
 DAG_ID, TASK_ID, RUN_ID = "spot_scale", "job", "bench_scale"
 BIN = Path(sys.executable).parent

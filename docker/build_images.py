@@ -560,13 +560,15 @@ class Bases:
         return ref
 
     def _constraints(self, options: tuple[str, ...]) -> str:
+        """uv.lock's pins for ``options``, without this workspace's own packages: the test
+        group names the emulators (emulators/), an editable line pip refuses as a constraint."""
         done = subprocess.run(
             [
                 self.uv,
                 "export",
                 "--frozen",
                 "--no-hashes",
-                "--no-emit-project",
+                "--no-emit-workspace",
                 "--no-header",
                 *options,
             ],

@@ -137,8 +137,9 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _run_kubernetes_demo(args: argparse.Namespace) -> int:
     """The same pipeline with its training step as pods on the emulator's spot node pools."""
-    from spot_core.demo.kubernetes import KubernetesDemoConfig, run_demo
+    from spot_core.demo.kubernetes import KubernetesDemoConfig, require_emulator, run_demo
 
+    require_emulator()  # a separate distribution: one line naming its extra
     if args.start_tick is not None:
         raise ConfigError(
             "--start-tick picks a trace tick of the local cloud; drop it with "

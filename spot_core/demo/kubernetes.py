@@ -12,6 +12,10 @@ saves an emergency checkpoint, and the controller resumes it on the next pool; a
 preemptions the rest runs on the on-demand node group, whose node is then drained for an
 upgrade: a voluntary disruption, resumed on the other on-demand node without spending a
 preemption. The final weights are compared with an uninterrupted run of the same training.
+
+The emulator is the separate distribution spot-pipelines-emulators (not in this package's
+wheel, which every Airflow worker installs): it is imported lazily, and when it is missing
+the demo names the extra to install in one line (``require_emulator``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec, Listener
 from spot_core.demo.pipeline import DemoData, DemoReport, demo_policy
+from spot_core.errors import ConfigError
 from spot_core.model import Market
 from spot_core.policy.pod_outcomes import ANNOTATION_POOL, node_of
 from spot_core.providers import kubernetes_pods as pods
@@ -33,8 +38,11 @@ from spot_core.providers.kubernetes import KubernetesProvider
 from spot_core.workloads.example_pipeline import train_command
 
 if TYPE_CHECKING:
-    from spot_core.emulators.kubernetes.cluster import KubeCluster
-    from spot_core.emulators.kubernetes.config import ClusterConfig
+    from spot_emulators.kubernetes.cluster import KubeCluster
+    from spot_emulators.kubernetes.config import ClusterConfig
+
+# `pip install "spot-pipelines[emulators]"` installs the Kubernetes emulator.
+EMULATORS_EXTRA = "emulators"
 
 # $/h of m5.xlarge (us-east-1): spot as configured per node pool; on-demand the list price.
 PRICES = {
@@ -58,9 +66,38 @@ class KubernetesDemoConfig:
     timeout_seconds: float = 240.0
 
 
+def require_emulator() -> None:
+    """Check, before anything starts, that the Kubernetes emulator can be imported.
+
+    Raises:
+        ConfigError: it is not installed; the one line names the extra that installs it.
+    """
+    try:
+        import spot_emulators.kubernetes  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "spot_emulators":
+            raise  # the emulator is there but something it imports is not
+        raise ConfigError(
+            "--provider kubernetes runs on the Kubernetes emulator, which is not "
+            f'installed: pip install "spot-pipelines[{EMULATORS_EXTRA}]"'
+        ) from None
+
+
+def emulated_cluster(workdir: Path, cfg: KubernetesDemoConfig) -> KubeCluster:
+    """The demo's cluster in ``workdir`` (a context manager: it runs inside the block).
+
+    Raises:
+        ConfigError: the emulator is not installed (``require_emulator``).
+    """
+    require_emulator()
+    from spot_emulators.kubernetes.cluster import KubeCluster
+
+    return KubeCluster(workdir, cluster_config(cfg))
+
+
 def cluster_config(cfg: KubernetesDemoConfig) -> ClusterConfig:
-    from spot_core.emulators.kubernetes.config import ClusterConfig
-    from spot_core.emulators.kubernetes.pools import NodePool
+    from spot_emulators.kubernetes.config import ClusterConfig
+    from spot_emulators.kubernetes.pools import NodePool
 
     return ClusterConfig(
         pools=[
@@ -87,12 +124,11 @@ def run_demo(
     cfg: KubernetesDemoConfig = KubernetesDemoConfig(),
     listener: Listener | None = None,
 ) -> DemoReport:
-    from spot_core.emulators.kubernetes.cluster import KubeCluster
-
+    require_emulator()
     demo = DemoData.prepare(workdir, cfg.steps)
     store_uri = demo.store_uri
     with (
-        KubeCluster(workdir / "cluster", cluster_config(cfg)) as cluster,
+        emulated_cluster(workdir / "cluster", cfg) as cluster,
         KubernetesProvider.from_options(
             kubeconfig=str(cluster.kubeconfig_path),
             image="spot-pipelines-step:demo",

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from spot_core.emulators.lease_processes import LEASE_MARKER, signal_lease
-from spot_core.emulators.metadata import MetadataEmulator
 from spot_core.errors import CapacityUnavailable, ConfigError
+from spot_core.localcloud.lease_processes import LEASE_MARKER, signal_lease
+from spot_core.localcloud.metadata import MetadataEmulator
 from spot_core.market.fixtures import default_traces
 from spot_core.market.trace import ZoneTrace
 from spot_core.market.trace_market import TraceMarket

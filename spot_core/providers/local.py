@@ -22,7 +22,6 @@ from typing import Any
 from spot_core import container
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
 from spot_core.bounds import MAX_TIME_SCALE, MAX_WAIT_SECONDS
-from spot_core.emulators.lease_processes import lease_pids, live_leases, signal_lease
 from spot_core.errors import ConfigError
 from spot_core.localcloud.cloud import (
     DEFAULT_TIME_SCALE,
@@ -34,6 +33,7 @@ from spot_core.localcloud.cloud import (
     LocalCloudConfig,
     LocalSpotCloud,
 )
+from spot_core.localcloud.lease_processes import lease_pids, live_leases, signal_lease
 from spot_core.market.trace import ZoneTrace
 from spot_core.model import MAX_PRICE_PER_HOUR, Lease, Pool
 from spot_core.providers.base import (

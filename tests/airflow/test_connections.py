@@ -36,8 +36,8 @@ from task_context import TI, StateStore
 
 from airflow_spot.hooks.connections import ConnectionMissing, aws_access
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.model import JobRecord
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 
 from spot_core.checkpoint import open_store
-from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.localcloud.metadata import MetadataEmulator
 
 
 def _wait_for(predicate, timeout: float, what: str):

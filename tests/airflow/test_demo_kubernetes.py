@@ -38,6 +38,34 @@ def test_the_dag_trains_through_the_pod_operator_on_kubernetes(airflow_home, mon
     assert shards.partial_kwargs["provider"] == "kubernetes"
 
 
+def test_the_airflow_demo_on_kubernetes_without_the_emulators_names_the_extra(tmp_path):
+    """The emulator is the separate distribution spot-pipelines-emulators: without it the
+    Airflow demo says which extra to install in one line (exit 2), before it sets up
+    Airflow's database."""
+    from no_emulators import env_without_emulators
+
+    env = {
+        k: v
+        for k, v in env_without_emulators(tmp_path / "site").items()
+        if not k.startswith("AIRFLOW")
+    }
+    cli = Path(sys.executable).parent / "spot-pipelines"
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        [str(cli), "demo", "--engine", "airflow", "--provider", "kubernetes"]
+        + ["--workdir", str(workdir)],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert 'pip install "spot-pipelines[emulators]"' in lines[0]
+    assert not (workdir / "airflow_home").exists()
+
+
 @pytest.mark.slow
 def test_make_demo_engine_airflow_provider_kubernetes_holds_the_contract(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}

@@ -40,9 +40,9 @@ from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
 from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.resumed import read_resumed
-from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
 from spot_core.errors import FencedOut
 from spot_core.model import JobRecord, Outcome
+from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
 
 pytestmark = pytest.mark.timeout(240)
 

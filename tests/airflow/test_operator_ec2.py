@@ -26,8 +26,8 @@ from spot_helpers import train_command
 from task_context import TI, StateStore, drive_deferrals
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.model import JobRecord
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
 

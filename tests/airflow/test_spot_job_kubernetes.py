@@ -17,8 +17,8 @@ from task_context import TI, StateStore, drive_deferrals
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
 from spot_core.checkpoint import open_store
-from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
 from spot_core.model import JobRecord
+from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
 
 pytestmark = pytest.mark.timeout(240)
 

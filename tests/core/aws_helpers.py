@@ -1,7 +1,7 @@
 """moto in server mode for the AWS tests: one real HTTP endpoint per test session.
 
 ``moto_server`` starts one ``moto_server`` per test session
-(``spot_core.emulators.moto_server.running_moto``, which the benchmarks use too);
+(``spot_emulators.moto_server.running_moto``, which the benchmarks use too);
 ``aws_env`` points boto3 and every subprocess at it with throwaway credentials (moto
 accepts any). moto's state is not reset between tests (that costs seconds each): tests
 use fresh buckets and job ids, and each leaves no live instance behind.
@@ -15,7 +15,7 @@ import time
 import pytest
 from process_helpers import free_port  # noqa: F401  (also imported from here)
 
-from spot_core.emulators.moto_server import running_moto  # noqa: F401  (also imported from here)
+from spot_emulators.moto_server import running_moto  # noqa: F401  (also imported from here)
 
 REGION = "us-east-1"
 

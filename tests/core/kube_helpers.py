@@ -1,6 +1,6 @@
 """The Kubernetes API emulator for tests: one cluster per session, a namespace per test.
 
-``kube_cluster`` starts ``KubeCluster`` (spot_core/emulators/kubernetes) once per test
+``kube_cluster`` starts ``KubeCluster`` (emulators/spot_emulators/kubernetes) once per test
 session with a short time scale; tests that need nodes of their own add a pool with a
 unique name (``add_test_pool``) and pin their pods to it with a nodeSelector, so reclaims
 in one test never touch another's pods. ``kube_namespace`` gives each test a fresh
@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 
-from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool, Timings
-from spot_core.emulators.kubernetes.processes import MARKER
-from spot_core.emulators.lease_processes import _PROC
+from spot_core.localcloud.lease_processes import _PROC
+from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool, Timings
+from spot_emulators.kubernetes.processes import MARKER
 
 TIME_SCALE = 0.1
 _pools = itertools.count(1)

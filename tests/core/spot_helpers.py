@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spot_core.emulators.lease_processes import LEASE_MARKER
+from spot_core.localcloud.lease_processes import LEASE_MARKER
 from spot_core.market.trace import ZoneTrace
 
 REPO = Path(__file__).resolve().parents[2]

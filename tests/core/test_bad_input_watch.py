@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.localcloud.metadata import MetadataEmulator
 
 pytestmark = pytest.mark.timeout(60)
 BOUND = 30  # seconds: every process wait here is bounded by this

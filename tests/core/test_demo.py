@@ -252,6 +252,31 @@ def test_demo_on_kubernetes_spot_node_pools(tmp_path):
     assert record["attempts"][drained + 1]["checkpoint_step_start"] > 0  # resumed
 
 
+def test_demo_on_kubernetes_without_the_emulators_names_the_extra_in_one_line(tmp_path):
+    """The Kubernetes emulator is a separate distribution (not in the wheel every Airflow
+    worker installs): without it the demo says which extra to install, before anything
+    starts, and exits 2 with no traceback."""
+    from no_emulators import env_without_emulators
+
+    env = env_without_emulators(tmp_path / "site")
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import spot_emulators"], env=env, capture_output=True, timeout=60
+    )
+    assert blocked.returncode == 1, "the child could still import spot_emulators"
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--provider", "kubernetes", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert 'pip install "spot-pipelines[emulators]"' in lines[0]
+    assert "pipeline" not in proc.stdout  # refused before the demo started
+
+
 @pytest.mark.timeout(120)
 def test_a_sigterm_stops_the_demo_and_ends_its_leases(tmp_path):
     """A demo stopped by SIGTERM (a CI timeout, systemd, `kill`) ends its leases' steps

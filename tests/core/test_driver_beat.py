@@ -16,8 +16,8 @@ from test_driver_heartbeat import TIMEOUT, finish, saved_on_stop, start_watch
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import DRIVER_KEY, HEARTBEAT_KEY, DriverBeat, Heartbeat
-from spot_core.emulators.metadata import MetadataEmulator
 from spot_core.errors import CheckpointError
+from spot_core.localcloud.metadata import MetadataEmulator
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -18,8 +18,8 @@ import pytest
 from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, PREEMPTED_EXIT_CODE
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
-from spot_core.emulators.metadata import MetadataEmulator
 from spot_core.interruption.driver import Freshness, read_interval
+from spot_core.localcloud.metadata import MetadataEmulator
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -18,13 +18,13 @@ from aws_helpers import client, make_network, managed_live_instances, unique
 from dist_helpers import clean_venv, locked_requirements, uv_install
 
 from spot_core.controller import Controller, JobSpec, classify
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import ConfigError
 from spot_core.model import Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import check_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.ec2 import Ec2Provider
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(180)
 WHEEL_URI = "s3://artifacts/dist/spot_pipelines-0.1.0-py3-none-any.whl"

@@ -30,12 +30,12 @@ from aws_helpers import (
 from spot_helpers import train_command
 
 from spot_core.controller import Controller, JobSpec
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
 from spot_core.model import Lease, Market, Pool
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.ec2 import Ec2Provider
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(120)
 BUCKET = "ckpt"  # plus a per-test suffix: see the net fixture

@@ -19,7 +19,7 @@ from aws_helpers import (
 )
 from spot_helpers import train_command
 
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(150)
 

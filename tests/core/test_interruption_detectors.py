@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from spot_core.emulators.metadata import MetadataEmulator
 from spot_core.interruption import AwsDetector, AzureDetector, GceDetector, InterruptionWatcher
 from spot_core.interruption.base import parse_rfc1123, parse_rfc3339
+from spot_core.localcloud.metadata import MetadataEmulator
 
 POLL = 0.05
 TIMEOUT = 0.3

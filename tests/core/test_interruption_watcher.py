@@ -15,8 +15,6 @@ import time
 
 import pytest
 
-from spot_core.emulators.metadata import MetadataEmulator
-from spot_core.emulators.notice_latency import measure_detection_latency
 from spot_core.errors import ConfigError
 from spot_core.interruption import (
     AwsDetector,
@@ -29,6 +27,8 @@ from spot_core.interruption import (
     probe_cloud,
 )
 from spot_core.interruption.notice_file import read_notice, write_notice
+from spot_core.localcloud.metadata import MetadataEmulator
+from spot_emulators.notice_latency import measure_detection_latency
 
 POLL = 0.05
 # What a loaded 2-core machine may add to a thread's wake-up or a socket timeout. The hangs

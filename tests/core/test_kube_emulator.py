@@ -28,7 +28,7 @@ from kubernetes import client as k8s  # noqa: E402
 from kubernetes import watch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from spot_core.emulators.kubernetes import (  # noqa: E402
+from spot_emulators.kubernetes import (  # noqa: E402
     ClusterConfig,
     KubeCluster,
     NodePool,
@@ -829,7 +829,7 @@ def test_the_command_line_emulator_serves_and_stops_cleanly(tmp_path):
         [
             sys.executable,
             "-m",
-            "spot_core.emulators.kubernetes",
+            "spot_emulators.kubernetes",
             "--workdir",
             str(tmp_path / "w"),
             "--cluster",
@@ -858,7 +858,7 @@ def test_a_bad_cluster_file_is_one_clear_line(tmp_path):
         [
             sys.executable,
             "-m",
-            "spot_core.emulators.kubernetes",
+            "spot_emulators.kubernetes",
             "--workdir",
             str(tmp_path),
             "--cluster",

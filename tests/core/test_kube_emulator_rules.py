@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from spot_core.emulators.kubernetes import store as store_module
-from spot_core.emulators.kubernetes.errors import ApiError
-from spot_core.emulators.kubernetes.patch import MERGE, STRATEGIC, apply_patch
-from spot_core.emulators.kubernetes.pools import NodePool
-from spot_core.emulators.kubernetes.quantity import parse_quantity
-from spot_core.emulators.kubernetes.scheduler import place, preempt
-from spot_core.emulators.kubernetes.selectors import matches_all, parse_label_selector
-from spot_core.emulators.kubernetes.store import Store
+from spot_emulators.kubernetes import store as store_module
+from spot_emulators.kubernetes.errors import ApiError
+from spot_emulators.kubernetes.patch import MERGE, STRATEGIC, apply_patch
+from spot_emulators.kubernetes.pools import NodePool
+from spot_emulators.kubernetes.quantity import parse_quantity
+from spot_emulators.kubernetes.scheduler import place, preempt
+from spot_emulators.kubernetes.selectors import matches_all, parse_label_selector
+from spot_emulators.kubernetes.store import Store
 
 LABELS = {"app": "train", "tier": "gold", "gpu": "1"}
 

@@ -21,15 +21,15 @@ import pytest
 from spot_core.adaptors import kubernetes as k8s
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec
-from spot_core.emulators.kubernetes.cluster import KubeCluster
-from spot_core.emulators.kubernetes.config import ClusterConfig
-from spot_core.emulators.kubernetes.pools import NodePool
 from spot_core.errors import ConfigError
 from spot_core.model import JobStatus, Market, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import kubernetes_pods as pods
 from spot_core.providers.kubernetes import KubernetesProvider
 from spot_core.workloads.softmax_regression import TrainConfig, prepare_dataset, train
+from spot_emulators.kubernetes.cluster import KubeCluster
+from spot_emulators.kubernetes.config import ClusterConfig
+from spot_emulators.kubernetes.pools import NodePool
 
 STEPS = 600
 WATCH = [sys.executable, "-m", "spot_core.cli"]
@@ -557,8 +557,8 @@ def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_
     NotReady, or its Node object deleted with no pod GC to follow). The attempt ends at the
     notice plus the pod's grace period plus the margin, not at attempt_timeout; a pod whose
     node is gone is deleted with grace 0; the replacement runs on another pool."""
-    from spot_core.emulators.kubernetes import Timings
-    from spot_core.emulators.kubernetes import reclaim as reclaims
+    from spot_emulators.kubernetes import Timings
+    from spot_emulators.kubernetes import reclaim as reclaims
 
     config = ClusterConfig(
         pools=[

@@ -2,8 +2,9 @@
 no module imports itself back through a cycle, and no arrow runs up the floors.
 
 The import graph is read statically with ``ast`` from every module of spot_core,
-airflow_spot and prefect_spot, imports inside functions included (a lazy import is still
-a dependency; only the moment it is paid changes).
+airflow_spot, prefect_spot and spot_emulators (emulators/, the second distribution),
+imports inside functions included (a lazy import is still a dependency; only the moment it
+is paid changes).
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("spot_core", "airflow_spot", "prefect_spot")
+# Each package's folder: spot_emulators is the distribution built from emulators/.
+PACKAGES = {
+    "spot_core": REPO,
+    "airflow_spot": REPO,
+    "prefect_spot": REPO,
+    "spot_emulators": REPO / "emulators",
+}
 
 FORBIDDEN = {
     "airflow",
@@ -51,12 +58,12 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
         "spot_core.policy",
         "spot_core.container",
         "spot_core.workloads",
-        "spot_core.emulators",
         "spot_core.charts",
         "spot_core.fleet",
     ),  # charts: model -> SVG; fleet: records -> figures
-    ("spot_core.localcloud",),  # nodes are emulators
-    ("spot_core.providers",),  # local one uses localcloud
+    ("spot_core.localcloud",),  # nodes are processes with a metadata emulator
+    # the local one uses localcloud; the emulators (not in the wheel) run nodes the same way
+    ("spot_core.providers", "spot_emulators"),
     ("spot_core.settings",),  # checks provider/policy names
     ("spot_core.observer", "spot_core.batched"),  # batched watching
     ("spot_core.controller",),  # run() watches through an observer
@@ -76,9 +83,9 @@ CYCLE_EXCEPTIONS: set[tuple[str, str]] = set()
 def _modules() -> dict[str, tuple[Path, bool]]:
     """Dotted module name -> (file, is a package __init__)."""
     found = {}
-    for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+    for package, root in PACKAGES.items():
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return found
@@ -193,6 +200,9 @@ def test_the_graph_sees_lazy_and_relative_imports():
     # the SDK edge goes through the adaptors floor
     assert "spot_core.adaptors.aws" in graph["spot_core.checkpoint.s3_backend"]
     assert "spot_core.controller" in graph["spot_core.demo.pipeline"]
+    # the second distribution's modules, and the demo's lazy import of them
+    assert "spot_core.localcloud.metadata" in graph["spot_emulators.kubernetes.cluster"]
+    assert "spot_emulators.kubernetes" in graph["spot_core.demo.kubernetes"]
 
 
 def test_no_import_cycle():
@@ -242,3 +252,50 @@ def test_every_exception_is_still_needed():
     graph = import_graph()
     stale = [edge for edge in CYCLE_EXCEPTIONS if edge[1] not in graph.get(edge[0], ())]
     assert not stale, f"remove these from CYCLE_EXCEPTIONS, the imports are gone: {stale}"
+
+
+# spot_emulators is a separate distribution (the extra [emulators]), not installed with the
+# product: only the demos may use it, and only inside the function that runs the emulated
+# cluster (or for type checking), so that importing a demo module never needs it.
+USES_THE_EMULATORS = ("spot_core.demo", "airflow_spot.demo")
+
+
+def _run_at_import(tree: ast.Module) -> list[ast.AST]:
+    """The statements a module runs when imported: not function bodies, not the
+    ``if TYPE_CHECKING:`` blocks; class bodies and other blocks included."""
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            todo.extend(node.orelse)
+            continue
+        found.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_the_product_imports_the_emulators_only_lazily_and_only_in_its_demos():
+    modules = _modules()
+    bad = []
+    for module, (path, is_package) in sorted(modules.items()):
+        if _under(module, ("spot_emulators",)):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        eager = set(map(id, _run_at_import(tree)))
+        for node in ast.walk(tree):
+            targets = _imported(node, module, is_package, modules)
+            if not any(_under(t, ("spot_emulators",)) for t in targets):
+                continue
+            if not _under(module, USES_THE_EMULATORS):
+                bad.append(f"{module}:{node.lineno} (only {USES_THE_EMULATORS} may)")
+            elif id(node) in eager:
+                bad.append(f"{module}:{node.lineno} (at import time: import it in the function)")
+    assert not bad, (
+        "spot_emulators is the separate distribution spot-pipelines-emulators; these "
+        "imports need it:\n" + "\n".join(bad)
+    )

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.localcloud.metadata import MetadataEmulator
 
 TTL = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN = "X-aws-ec2-metadata-token"
@@ -234,7 +234,7 @@ def test_runs_as_a_subprocess_and_prints_its_url_first():
         [
             sys.executable,
             "-m",
-            "spot_core.emulators.metadata",
+            "spot_core.localcloud.metadata",
             "--port",
             "0",
             "--interrupt-after",

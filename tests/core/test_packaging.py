@@ -81,6 +81,9 @@ def test_the_sdist_carries_the_traces_the_licence_and_the_examples(built_dist):
         "README.md",
         "dags/spot_ml_pipeline.py",
         "flows/spot_ml_pipeline.py",
+        # the workspace's second member (uv.lock names it): the tests need it
+        "emulators/pyproject.toml",
+        "emulators/spot_emulators/kubernetes/__init__.py",
     } <= names
     assert "Apache License" in licence and "END OF TERMS AND CONDITIONS" in licence
 
@@ -101,12 +104,33 @@ def test_the_wheel_declares_open_engine_bounds_and_carries_its_data(built_dist):
         "prefect_spot/example_flows/spot_ml_pipeline.py",
         "spot_core/market/data/aws-v100-2023-02-excerpt/spot_prices.json",
         "spot_core/market/data/NOTICE",
+        # the local cloud's own parts, product code
+        "spot_core/localcloud/metadata.py",
+        "spot_core/localcloud/lease_processes.py",
     } <= names
+    # The emulators are the separate distribution spot-pipelines-emulators, an extra:
+    # never in the wheel every Airflow worker installs.
+    assert not [n for n in names if "emulators" in n.split("/")[0] or "/emulators/" in n]
+    assert "Requires-Dist: spot-pipelines-emulators; extra == 'emulators'" in requires
 
 
 def test_the_demo_runs_from_the_installed_wheel_alone(built_dist, tmp_path):
-    """The main job with nothing but the wheel: its trace excerpt is package data."""
+    """The main job with nothing but the wheel: its trace excerpt is package data. The
+    Kubernetes demo needs the [emulators] extra, and says so in one line."""
     python = _installed(tmp_path, built_dist[1], "aws")
+    refused = subprocess.run(
+        [str(python.parent / "spot-pipelines"), "demo", "--provider", "kubernetes"],
+        cwd=tmp_path,
+        env=_isolated_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "spot-pipelines demo: error: --provider kubernetes runs on the Kubernetes emulator, "
+        'which is not installed: pip install "spot-pipelines[emulators]"'
+    ]
     out = run(
         python.parent / "spot-pipelines",
         "demo",

@@ -82,10 +82,12 @@ def _installed(tmp_path: Path, spot_wheel: Path, acme: Path, extra: str) -> Path
 
 def _helpers(tmp_path: Path) -> Path:
     """A path entry holding the tests' own helpers (the Airflow task context, the Prefect
-    process stack), never the checkout's packages: spot-pipelines comes from its wheel."""
+    process stack and the emulators it uses), never the checkout's packages:
+    spot-pipelines comes from its wheel."""
     helpers = tmp_path / "helpers"
     helpers.mkdir()
     (helpers / "bench").symlink_to(REPO / "bench")
+    (helpers / "spot_emulators").symlink_to(REPO / "emulators" / "spot_emulators")
     (helpers / "task_context.py").symlink_to(REPO / "tests" / "airflow" / "task_context.py")
     return helpers
 

@@ -28,7 +28,7 @@ from spot_helpers import ZOMBIE_WRITER, marked_processes, train_command, wait_un
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.localcloud.metadata import MetadataEmulator
 
 POLL = "0.05"
 BOUND = 20  # seconds: every process wait in this file is bounded by this

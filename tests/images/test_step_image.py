@@ -26,8 +26,8 @@ from aws_helpers import (
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.state import arrays_from_bytes
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(600)
 

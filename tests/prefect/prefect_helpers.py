@@ -17,7 +17,7 @@ from bench.prefect_stack import (
     running_worker,  # noqa: F401 - a fixture / shared name
     wait_healthy,  # noqa: F401 - a fixture / shared name
 )
-from spot_core.emulators.lease_processes import LEASE_MARKER
+from spot_core.localcloud.lease_processes import LEASE_MARKER
 from spot_core.model import JobRecord
 
 

@@ -31,8 +31,8 @@ from prefect import flow
 from prefect_helpers import count_to
 
 from prefect_spot import CheckpointStorage, SpotConfiguration, SpotTaskRunner, spot_record
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.model import Outcome
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"

@@ -33,9 +33,9 @@ from prefect_spot._remote import (
     UntrustedObject,
     result_key,
 )
-from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"

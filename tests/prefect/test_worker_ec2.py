@@ -153,8 +153,8 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
     from prefect.deployments import run_deployment
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 
-    from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
     from spot_core.model import Outcome
+    from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"
@@ -228,9 +228,9 @@ def test_worker_hands_over_on_ec2_on_the_notice_and_the_same_flow_run_completes(
 
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.resumed import read_resumed
-    from spot_core.emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
     from spot_core.errors import FencedOut
     from spot_core.model import Outcome
+    from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
     net = make_network(aws_env)
     queue = client("sqs", aws_env).create_queue(QueueName=unique("spot-events"))["QueueUrl"]

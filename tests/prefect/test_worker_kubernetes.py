@@ -93,8 +93,8 @@ def test_worker_reschedules_a_flow_run_preempted_on_kubernetes_and_it_completes(
     from prefect.deployments import run_deployment
     from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 
-    from spot_core.emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
     from spot_core.model import Market, Outcome
+    from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
 
     root = tmp_path / "flows"
     pools = [

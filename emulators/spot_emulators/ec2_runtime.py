@@ -24,7 +24,7 @@ It then keeps the two worlds consistent:
 
 Run it beside ``spot-pipelines run --provider ec2 --endpoint-url URL``::
 
-    python -m spot_core.emulators.ec2_runtime --endpoint-url URL --preempt-spot-after 5 \\
+    python -m spot_emulators.ec2_runtime --endpoint-url URL --preempt-spot-after 5 \\
         --max-preemptions 2
 """
 
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from spot_core.attempt_env import METADATA_ENDPOINT
-from spot_core.emulators.lease_processes import LEASE_MARKER, lease_pids, signal_lease
-from spot_core.emulators.metadata import MetadataEmulator
+from spot_core.localcloud.lease_processes import LEASE_MARKER, lease_pids, signal_lease
+from spot_core.localcloud.metadata import MetadataEmulator
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def default_instance_env(endpoint_url: str, region: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m spot_core.emulators.ec2_runtime", description=__doc__.split("\n\n")[0]
+        prog="python -m spot_emulators.ec2_runtime", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--endpoint-url", required=True)
     parser.add_argument("--region", action="append", default=None)

@@ -1,4 +1,4 @@
-"""``python -m spot_core.emulators.kubernetes --workdir DIR [--port 0] [--cluster F]``
+"""``python -m spot_emulators.kubernetes --workdir DIR [--port 0] [--cluster F]``
 
 Serves until SIGTERM / Ctrl-C, then kills every pod process. Prints one JSON line with
 the URL and the kubeconfig path (also written to DIR/emulator.json), e.g. for
@@ -19,7 +19,7 @@ from .config import ClusterConfig
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m spot_core.emulators.kubernetes",
+        prog="python -m spot_emulators.kubernetes",
         description="A Kubernetes API emulator whose pods run as local processes; serves "
         "until SIGTERM and prints its URL and kubeconfig path as JSON.",
     )

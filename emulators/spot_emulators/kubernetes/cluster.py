@@ -23,8 +23,9 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from ...attempt_env import METADATA_ENDPOINT
-from ..metadata import MetadataEmulator
+from spot_core.attempt_env import METADATA_ENDPOINT
+from spot_core.localcloud.metadata import MetadataEmulator
+
 from . import pod_status as ps
 from .apiserver import ApiServer, deletion_fields
 from .config import ClusterConfig

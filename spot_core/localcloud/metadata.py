@@ -6,7 +6,7 @@ metadata services, including the ways they are unpleasant: IMDSv2's session toke
 garbage answers and hangs. Everything is driven from Python (thread-safe) or, as a
 subprocess, from the command line:
 
-    python -m spot_core.emulators.metadata --port 0 --interrupt-after 5
+    python -m spot_core.localcloud.metadata --port 0 --interrupt-after 5
 
 prints its URL on the first line of stdout and serves until SIGTERM / Ctrl-C.
 """
@@ -492,7 +492,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m spot_core.emulators.metadata",
+        prog="python -m spot_core.localcloud.metadata",
         description="Serve AWS IMDSv2 / GCE / Azure metadata shapes on 127.0.0.1.",
     )
     parser.add_argument("--host", default="127.0.0.1")

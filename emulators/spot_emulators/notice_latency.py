@@ -13,10 +13,10 @@ import random
 import threading
 import time
 
-from spot_core.emulators.metadata import MetadataEmulator
 from spot_core.errors import SpotError
 from spot_core.interruption.aws import AwsDetector
 from spot_core.interruption.watcher import InterruptionWatcher
+from spot_core.localcloud.metadata import MetadataEmulator
 
 
 def measure_detection_latency(

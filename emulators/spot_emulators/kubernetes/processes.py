@@ -13,7 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-from ..lease_processes import marked_pids
+from spot_core.localcloud.lease_processes import marked_pids
+
 from .logs import ContainerLog
 
 MARKER = "SPOT_KUBE_EMULATOR_CONTAINER_ID"
