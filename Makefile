@@ -43,6 +43,13 @@ images: $(UV)
 
 test: lint test-core test-airflow test-prefect test-images
 
+# Every suite writes a JUnit report, .ci/reports/<target>.xml (gitignored), and prints its
+# 30 slowest tests; `.ci/run` prints the 20 slowest of the whole run from those files
+# (.ci/slowest.py). Through pytest's environment so that each target's command stays as is.
+REPORTS := $(CURDIR)/.ci/reports
+test-core test-chaos test-airflow test-prefect test-images test-stack: \
+	export PYTEST_ADDOPTS += --junitxml=$(REPORTS)/$@.xml --durations=30
+
 # ruff (lint and format) over the tree; mypy strict on spot_core and the emulators (core
 # environment), the engines' packages each in its own environment (they import their engine).
 LINTED := spot_core airflow_spot prefect_spot emulators tests bench dags flows docker

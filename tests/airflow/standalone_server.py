@@ -1,10 +1,13 @@
 """One ``airflow standalone`` for the whole test session (api-server, scheduler,
-dag-processor, triggerer), shared by test_standalone.py and the Spot UI's browser and
-metrics tests: its own AIRFLOW_HOME on PostgreSQL, bound to 127.0.0.1 on free ports, its own
-local cloud server, and StatsD metrics sent to a UDP listener of the test
-(``statsd``). Tests trigger DAG runs with the CLI and read the outcome from the metadata
-database in a subprocess (the test process's own Airflow points at the session's other
-AIRFLOW_HOME). The fixtures are registered in conftest.py.
+dag-processor, triggerer), shared by test_standalone.py, test_standalone_kubernetes.py and
+the Spot UI's browser and metrics tests: its own AIRFLOW_HOME on PostgreSQL, bound to
+127.0.0.1 on free ports, its own local cloud server, the session's Kubernetes emulator as
+the connection ``spot_k8s_standalone`` (node pools and a namespace of its own), and StatsD
+metrics sent to a UDP listener of the test (``statsd``). Each test triggers its own DAG
+(its own run ids), so they share the server without sharing state. Tests trigger DAG runs
+with the CLI and read the outcome from the metadata database in a subprocess (the test
+process's own Airflow points at the session's other AIRFLOW_HOME). The fixtures are
+registered in conftest.py.
 """
 
 from __future__ import annotations
@@ -153,10 +156,48 @@ class Standalone:
         return found
 
 
+def kubernetes_env(kube_cluster, work: Path) -> dict[str, str]:
+    """What tests/airflow/dags/spot_k8s_dags.py reads at parse time: the emulator as the
+    connection ``spot_k8s_standalone``, two node pools of its own (Karpenter spot, EKS
+    on-demand) with their prices, a namespace of its own, and ``work`` for checkpoints."""
+    from kube_helpers import add_test_pool
+
+    made = {}
+    for flavour, capacity, zone in (
+        ("karpenter", "spot", "us-east-1a"),
+        ("eks", "on-demand", "us-east-1c"),
+    ):
+        made[flavour], _ = add_test_pool(
+            kube_cluster,
+            flavour,
+            capacity_type=capacity,
+            zone=zone,
+            instance_type="c6i.2xlarge",
+            pods=4,
+        )
+    namespace = f"sa-{time.time_ns() % 10**8}"
+    kube_cluster.api.create("namespaces", "", {"metadata": {"name": namespace}})
+    return {
+        "AIRFLOW_CONN_SPOT_K8S_STANDALONE": json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"kube_config_path": str(kube_cluster.kubeconfig_path)},
+            }
+        ),
+        "SPOT_K8S_WORK": str(work),
+        "SPOT_K8S_NAMESPACE": namespace,
+        "SPOT_K8S_NODE_POOLS": ",".join(made.values()),
+        "SPOT_K8S_PRICES": json.dumps(
+            {made["karpenter"]: {"spot": 0.2}, made["eks"]: {"on_demand": 0.34}}
+        ),
+    }
+
+
 @pytest.fixture(scope="session")
-def standalone(tmp_path_factory, postgres_url, statsd):
+def standalone(tmp_path_factory, postgres_url, statsd, kube_cluster):
     """`airflow standalone` on PostgreSQL as in production (a fresh database on the
-    session's server: tests/core/postgres_helpers.py)."""
+    session's server: tests/core/postgres_helpers.py). One per session: each start (a
+    fresh database migrated, four processes healthy) took one to two minutes."""
     from conftest import DAGS, TEST_DIR
     from postgres_helpers import fresh_database, with_driver
 
@@ -184,6 +225,7 @@ def standalone(tmp_path_factory, postgres_url, statsd):
             "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
         }
     )
+    env.update(kubernetes_env(kube_cluster, tmp_path_factory.mktemp("k8s-standalone-work")))
     (home / "passwords.json").write_text(json.dumps({u: p for u, _, p in USERS}))
     # The trace's clock starts at the first launch (the train task's), as in `make demo`, so
     # training meets the demo's preemptions however long Airflow took to start.
@@ -193,8 +235,11 @@ def standalone(tmp_path_factory, postgres_url, statsd):
     ):
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
         env.update(client_environ(url, work / "cloud"))
-        with running_standalone(home, env, port) as airflow:
-            yield airflow
+        try:
+            with running_standalone(home, env, port) as airflow:
+                yield airflow
+        finally:
+            kube_cluster.delete_namespace(env["SPOT_K8S_NAMESPACE"])
 
 
 @contextmanager

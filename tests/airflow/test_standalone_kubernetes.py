@@ -13,13 +13,12 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from kube_helpers import add_test_pool
 from kubernetes import client as k8s
-from process_helpers import free_port
 from spot_helpers import wait_until
-from standalone_server import BIN, running_standalone, standalone_env
+from standalone_server import BIN
 
 from spot_core.checkpoint import open_store
 
@@ -29,56 +28,11 @@ MANAGED = "spot-pipelines/managed=true"
 
 
 @pytest.fixture(scope="module")
-def k8s_standalone(tmp_path_factory, airflow_home, kube_cluster, postgres_url):
-    """Its own `airflow standalone`, on PostgreSQL as in production (on SQLite a loaded
-    machine once timed the execution API out before the task even started)."""
-    from postgres_helpers import fresh_database, with_driver
-
-    dags = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]  # the session's, set by conftest.py
-    made = {}
-    for flavour, capacity, zone in (
-        ("karpenter", "spot", "us-east-1a"),
-        ("eks", "on-demand", "us-east-1c"),
-    ):
-        made[flavour], _ = add_test_pool(
-            kube_cluster,
-            flavour,
-            capacity_type=capacity,
-            zone=zone,
-            instance_type="c6i.2xlarge",
-            pods=4,
-        )
-    namespace = f"sa-{time.time_ns() % 10**8}"
-    kube_cluster.api.create("namespaces", "", {"metadata": {"name": namespace}})
-    home = tmp_path_factory.mktemp("k8s-standalone-home")
-    work = tmp_path_factory.mktemp("k8s-standalone-work")
-    port = free_port()
-    env = standalone_env(home, port, dags)
-    env.update(
-        {
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW_CONN_SPOT_K8S_STANDALONE": json.dumps(
-                {
-                    "conn_type": "kubernetes",
-                    "extra": {"kube_config_path": str(kube_cluster.kubeconfig_path)},
-                }
-            ),
-            "SPOT_K8S_WORK": str(work),
-            "SPOT_K8S_NAMESPACE": namespace,
-            "SPOT_K8S_NODE_POOLS": ",".join(made.values()),
-            "SPOT_K8S_PRICES": json.dumps(
-                {made["karpenter"]: {"spot": 0.2}, made["eks"]: {"on_demand": 0.34}}
-            ),
-        }
-    )
-    # `airflow standalone` migrates its own (fresh) database on start.
-    with fresh_database(postgres_url, "spot_airflow_k8s_standalone") as database:
-        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = with_driver(database, "postgresql+psycopg2")
-        try:
-            with running_standalone(home, env, port) as airflow:
-                yield airflow, work, namespace
-        finally:
-            kube_cluster.delete_namespace(namespace)
+def k8s_standalone(standalone):
+    """The session's `airflow standalone` (standalone_server.py), on PostgreSQL as in
+    production (on SQLite a loaded machine once timed the execution API out before the
+    task even started), with the emulator as its connection: (it, work folder, namespace)."""
+    return standalone, Path(standalone.env["SPOT_K8S_WORK"]), standalone.env["SPOT_K8S_NAMESPACE"]
 
 
 def test_a_killed_triggerer_and_a_reclaim_cost_no_try_and_leave_no_pod(

@@ -89,3 +89,33 @@ def clean_venv(path: Path, *, seed: bool = False) -> Path:
 def uv_install(python: Path, *requirements: str, constraints: Path | None = None) -> None:
     extra = ["--constraint", str(constraints)] if constraints else []
     run(find_uv(), "pip", "install", "--quiet", "--python", python, *extra, *requirements)
+
+
+class CleanInstalls:
+    """The built wheel installed into one clean environment per extra (``wheel[extra]``
+    with aws and kubernetes, every dependency at uv.lock's version), each made once, when
+    a test first asks for it, and shared by the tests that check the installed package
+    (test_packaging, test_provider_plugins: three builds instead of six). A test that adds
+    a package (``add``) removes it again (``remove``), so the others see the wheel alone."""
+
+    def __init__(self, root: Path, wheel: Path) -> None:
+        self.root, self.wheel = root, wheel
+        self._pythons: dict[str, Path] = {}
+
+    def python(self, extra: str) -> Path:
+        """The python of ``extra``'s environment (its folder is ``venv-<extra>``)."""
+        if extra not in self._pythons:
+            python = clean_venv(self.root / f"venv-{extra}")
+            extras = sorted({extra, "aws", "kubernetes"})
+            uv_install(python, f"{self.wheel}[{extra}]", constraints=self.constraints(*extras))
+            self._pythons[extra] = python
+        return self._pythons[extra]
+
+    def constraints(self, *extras: str) -> Path:
+        return locked_requirements(self.root, *extras)
+
+    def add(self, python: Path, package: Path, *extras: str) -> None:
+        uv_install(python, str(package), constraints=self.constraints(*extras))
+
+    def remove(self, python: Path, name: str) -> None:
+        run(find_uv(), "pip", "uninstall", "--python", python, name)

@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from dist_helpers import REPO, clean_venv, locked_requirements, run, uv_install
+from dist_helpers import REPO, run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,14 +52,6 @@ def _python_json(python: Path, code: str, home: Path) -> dict:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _installed(tmp_path: Path, wheel: Path, extra: str) -> Path:
-    """A clean venv with ``wheel[extra]``, every dependency at uv.lock's version."""
-    python = clean_venv(tmp_path / f"venv-{extra}")
-    extras = sorted({extra, "aws", "kubernetes"})
-    uv_install(python, f"{wheel}[{extra}]", constraints=locked_requirements(tmp_path, *extras))
-    return python
 
 
 def test_the_sdist_carries_the_traces_the_licence_and_the_examples(built_dist):
@@ -114,10 +106,10 @@ def test_the_wheel_declares_open_engine_bounds_and_carries_its_data(built_dist):
     assert "Requires-Dist: spot-pipelines-emulators; extra == 'emulators'" in requires
 
 
-def test_the_demo_runs_from_the_installed_wheel_alone(built_dist, tmp_path):
+def test_the_demo_runs_from_the_installed_wheel_alone(clean_installs, tmp_path):
     """The main job with nothing but the wheel: its trace excerpt is package data. The
     Kubernetes demo needs the [emulators] extra, and says so in one line."""
-    python = _installed(tmp_path, built_dist[1], "aws")
+    python = clean_installs.python("aws")
     refused = subprocess.run(
         [str(python.parent / "spot-pipelines"), "demo", "--provider", "kubernetes"],
         cwd=tmp_path,
@@ -145,9 +137,9 @@ def test_the_demo_runs_from_the_installed_wheel_alone(built_dist, tmp_path):
 
 
 def test_the_airflow_extra_installs_clean_lists_the_provider_and_parses_the_dag(
-    built_dist, tmp_path
+    clean_installs, tmp_path
 ):
-    python = _installed(tmp_path, built_dist[1], "airflow")
+    python = clean_installs.python("airflow")
     listed = run(
         python.parent / "airflow",
         "providers",
@@ -172,11 +164,11 @@ def test_the_airflow_extra_installs_clean_lists_the_provider_and_parses_the_dag(
     )
     assert parsed["errors"] == {}
     assert "spot_ml_pipeline" in parsed["dags"]
-    assert parsed["folder"].startswith(str(tmp_path / "venv-airflow")), "the wheel's copy"
+    assert parsed["folder"].startswith(str(python.parent.parent)), "the wheel's copy"
 
 
-def test_the_prefect_extra_installs_clean_and_knows_the_spot_worker_type(built_dist, tmp_path):
-    python = _installed(tmp_path, built_dist[1], "prefect")
+def test_the_prefect_extra_installs_clean_and_knows_the_spot_worker_type(clean_installs, tmp_path):
+    python = clean_installs.python("prefect")
     found = _python_json(
         python,
         (
@@ -192,7 +184,7 @@ def test_the_prefect_extra_installs_clean_and_knows_the_spot_worker_type(built_d
     )
     assert found["worker"] == "prefect_spot.workers.spot.SpotWorker", found
     assert "spot" in found["types"]
-    assert found["flow_file"].startswith(str(tmp_path / "venv-prefect")), "the wheel's copy"
+    assert found["flow_file"].startswith(str(python.parent.parent)), "the wheel's copy"
     help_text = run(
         python.parent / "prefect",
         "worker",

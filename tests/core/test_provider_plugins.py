@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from dist_helpers import REPO, clean_venv, find_uv, locked_requirements, run, uv_install
+from dist_helpers import REPO, find_uv, run
 
 pytestmark = pytest.mark.timeout(600)
 CHECKS = Path(__file__).parent / "plugin_checks"
@@ -68,16 +68,22 @@ def _isolated_env(home: Path) -> dict[str, str]:
     }
 
 
-def _installed(tmp_path: Path, spot_wheel: Path, acme: Path, extra: str) -> Path:
-    python = clean_venv(tmp_path / f"venv-{extra}")
-    extras = sorted({extra, "aws", "kubernetes"})
-    uv_install(
-        python,
-        f"{spot_wheel}[{extra}]",
-        str(acme),
-        constraints=locked_requirements(tmp_path, *extras),
-    )
-    return python
+@pytest.fixture
+def with_acme(clean_installs, acme_wheel):
+    """The session's clean environment of an extra (the built spot-pipelines wheel) with
+    the acme wheel added; acme is removed after the test, so the packaging tests that
+    share the environment see the spot-pipelines wheel alone."""
+    added: list[Path] = []
+
+    def install(extra: str) -> Path:
+        python = clean_installs.python(extra)
+        clean_installs.add(python, acme_wheel, *sorted({extra, "aws", "kubernetes"}))
+        added.append(python)
+        return python
+
+    yield install
+    for python in added:
+        clean_installs.remove(python, "acme-spot")
 
 
 def _helpers(tmp_path: Path) -> Path:
@@ -107,8 +113,8 @@ def _last_json(python: Path, script: Path, workdir: Path, timeout: float = 420) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_new_name_for_a_provider_works_in_the_cli(built_dist, acme_wheel, tmp_path):
-    python = _installed(tmp_path, built_dist[1], acme_wheel, "aws")
+def test_a_new_name_for_a_provider_works_in_the_cli(with_acme, tmp_path):
+    python = with_acme("aws")
     cli = python.parent / "spot-pipelines"
     listed = json.loads(run(cli, "providers", "--json", cwd=tmp_path, env=_isolated_env(tmp_path)))
     by_name = {p["name"]: p for p in listed["providers"]}
@@ -144,15 +150,15 @@ def test_a_new_name_for_a_provider_works_in_the_cli(built_dist, acme_wheel, tmp_
     )
 
 
-def test_a_new_name_for_a_provider_works_in_the_airflow_operator(built_dist, acme_wheel, tmp_path):
-    python = _installed(tmp_path, built_dist[1], acme_wheel, "airflow")
+def test_a_new_name_for_a_provider_works_in_the_airflow_operator(with_acme, tmp_path):
+    python = with_acme("airflow")
     found = _last_json(python, CHECKS / "airflow_operator.py", tmp_path / "work")
     assert found["summary"]["status"] == "succeeded", found
     assert found["trigger_providers"] and set(found["trigger_providers"]) == {"acme"}, found
 
 
-def test_a_new_name_for_a_provider_works_in_the_prefect_worker(built_dist, acme_wheel, tmp_path):
-    python = _installed(tmp_path, built_dist[1], acme_wheel, "prefect")
+def test_a_new_name_for_a_provider_works_in_the_prefect_worker(with_acme, tmp_path):
+    python = with_acme("prefect")
     found = _last_json(python, CHECKS / "prefect_worker.py", tmp_path / "work")
     assert "acme" in found["enum"], found  # the work-pool form offers it
     assert found["state"] == "COMPLETED" and found["attempts"] == ["succeeded"], found

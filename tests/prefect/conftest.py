@@ -1,7 +1,11 @@
 """One real Prefect server (SQLite, in a temp folder) for the whole session, and one on
-PostgreSQL as in production for the worker's end-to-end tests (test_worker.py); moto in
-server mode and the AWS and PostgreSQL helpers of tests/core, and the Prefect processes
-of bench/prefect_stack.py (shared, not copied)."""
+PostgreSQL as in production for the worker's end-to-end tests (test_worker.py,
+test_worker_handover.py), also one for the whole session; moto in server mode and the AWS
+and PostgreSQL helpers of tests/core, and the Prefect processes of bench/prefect_stack.py
+(shared, not copied).
+
+The tests that share a server keep apart by name: each makes its own work pool
+("spot-e2e", "spot-handover-cancel", ...), and the worker looks only at its pool's runs."""
 
 from __future__ import annotations
 
@@ -36,12 +40,12 @@ def prefect_api(prefect_server):
     yield
 
 
-@pytest.fixture(scope="module")
-def prefect_server_on_postgres(postgres_url, tmp_path_factory):
-    """`prefect server start` on a fresh PostgreSQL database (asyncpg), on a free port;
-    the module's client settings point at it, and it is stopped (bounded) at the end."""
+@pytest.fixture(scope="session")
+def prefect_postgres_server(postgres_url, tmp_path_factory):
+    """`prefect server start` on a fresh PostgreSQL database (asyncpg), on a free port,
+    started once for the session (it took about a minute per start on a loaded machine)
+    and stopped (bounded) at the end; its API URL."""
     from postgres_helpers import fresh_database, psql, with_driver
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from bench.prefect_stack import prefect_server
 
@@ -53,5 +57,14 @@ def prefect_server_on_postgres(postgres_url, tmp_path_factory):
         ) as api,
     ):
         assert "flow_run" in psql(database, "-c", "SELECT to_regclass('flow_run')")
-        with temporary_settings(updates={PREFECT_API_URL: api}):
-            yield api
+        yield api
+
+
+@pytest.fixture(scope="module")
+def prefect_server_on_postgres(prefect_postgres_server):
+    """The module's client settings point at the session's server on PostgreSQL (the
+    settings only for the module: the other modules talk to the SQLite one)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_postgres_server}):
+        yield prefect_postgres_server
