@@ -80,7 +80,16 @@ def report(folder: Path, top: int) -> str:
     for item in sorted(everything, reverse=True)[:top]:
         mark = f" [{item.outcome}]" if item.outcome else ""
         lines.append(f"{item.seconds:>8.1f} s  {item.suite:<14} {item.test}{mark}")
+    lines.append(_totals(everything))
     return "\n".join(lines)
+
+
+def _totals(timed: list[Timed]) -> str:
+    """The whole run's count in the plain form any reader of CI logs takes as the closing
+    line ('N passed, N failed, N skipped'): this report comes after the suites' own."""
+    failed = sum(1 for t in timed if t.outcome == "FAILED")
+    skipped = sum(1 for t in timed if t.outcome == "skipped")
+    return f"all: {len(timed) - failed - skipped} passed, {failed} failed, {skipped} skipped"
 
 
 def main(argv: list[str] | None = None) -> int:
