@@ -280,7 +280,6 @@ class Ec2Provider:
         self._leases: dict[str, Lease] = {}
         self._terminated: set[str] = set()
         self._notices: dict[str, float] = {}
-        self._reclaims: dict[str, float] = {}  # instance id -> when its notice said it goes
         self._report_read: dict[str, float] = {}  # instance id -> last read (monotonic)
         self._rebalances: dict[str, float] = {}  # instance id -> rebalance recommendation
 
@@ -698,8 +697,6 @@ class Ec2Provider:
         for lease, report in zip(due, reports, strict=True):
             if "notice_at" in report:
                 self._notices.setdefault(lease.lease_id, report["notice_at"])
-                if "reclaim_at" in report:
-                    self._reclaims.setdefault(lease.lease_id, report["reclaim_at"])
 
     def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         """The watched instances that are no longer pending or running: id -> description
@@ -874,7 +871,6 @@ class Ec2Provider:
                 LeaseState.RUNNING,
                 notice_at=notice,
                 rebalance_at=self._rebalances.get(lease.lease_id),
-                reclaim_at=self._reclaims.get(lease.lease_id),
             )
         return self._ended_status(lease, ended[lease.lease_id] or {}, code, notice)
 
