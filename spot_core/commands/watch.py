@@ -392,12 +392,13 @@ class _Reporter:
 
     def __init__(self, detectors: list[Detector]) -> None:
         self.notice_at: float | None = None
+        self.reclaim_at: float | None = None
         self._signals = [d for d in detectors if isinstance(d, SignalDetector)]
 
     def on_notice(self, notice: Notice) -> None:
         if not notice.is_interruption or self.notice_at is not None:
             return
-        self.notice_at = notice.detected_at
+        self.notice_at, self.reclaim_at = notice.detected_at, notice.deadline
         self._write(None, None)
 
     def finish(self, code: int) -> None:
@@ -414,7 +415,12 @@ class _Reporter:
         from spot_core.checkpoint.status import write_report
 
         try:
-            write_report(exit_code=code, notice_at=self.notice_at, ended_at=ended_at)
+            write_report(
+                exit_code=code,
+                notice_at=self.notice_at,
+                ended_at=ended_at,
+                reclaim_at=self.reclaim_at,
+            )
         except Exception as exc:  # noqa: BLE001 - the report only sharpens the outcome
             logger.warning("could not write the attempt's status report: %s", exc)
 

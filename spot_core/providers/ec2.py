@@ -29,9 +29,12 @@ an ``instance-state-name`` filter: EC2 checks the ids before it filters, so an u
 is still an error, and an instance absent from the answer is alive). The answer is almost
 always empty, where describing every watched instance cost a 3 MB answer per 1,000 and
 most of a watcher's CPU. Then one ``describe_spot_instance_requests`` for the spot
-requests (ids from the launch), an optional drain of an EventBridge SQS queue, and, only
-for instances that have ended, a read of the status object the on-instance agent wrote
-next to the checkpoints. When a region watches more spot requests than one call by id
+requests (ids from the launch), an optional drain of an EventBridge SQS queue, and a read
+of the status object the instance's watcher writes next to the checkpoints: for a running
+spot instance whose notice is not yet known (at most every ``NODE_REPORT_SECONDS``; the
+watcher writes it the moment it sees the notice, so ``handover=on_notice`` needs no event
+queue: EC2's own API says nothing of a notice until the instance is gone), and for every
+instance that has ended. When a region watches more spot requests than one call by id
 answers (``DESCRIBE_BATCH``), it lists the open or active ones instead, when that takes
 fewer calls (``LIST_PAGE`` per page, following ``NextToken``); a request the listing lacks
 is asked by id. Answers are cut to the fields ``observe`` reads before botocore parses
@@ -107,6 +110,10 @@ RECLAIM_CODES = frozenset(
 )
 SPOT_RECLAIM_REASON = "Server.SpotInstanceTermination"
 GB = 1 << 30
+# A running spot instance's status report (where its watcher writes a notice at once) is
+# read at most this often per lease: one GET, answered "absent" until a notice comes.
+NODE_REPORT_SECONDS = 1.0
+NODE_REPORT_THREADS = 16  # parallel reads of many leases' reports
 
 
 @dataclass(frozen=True)
@@ -273,6 +280,7 @@ class Ec2Provider:
         self._leases: dict[str, Lease] = {}
         self._terminated: set[str] = set()
         self._notices: dict[str, float] = {}
+        self._report_read: dict[str, float] = {}  # instance id -> last read (monotonic)
         self._rebalances: dict[str, float] = {}  # instance id -> rebalance recommendation
 
     @classmethod
@@ -645,6 +653,9 @@ class Ec2Provider:
         for region, group in by_region.items():
             ended = self._ended(region, [lease.lease_id for lease in group])
             spot_codes = self._spot_codes(region, self._spot_request_ids(region, group, ended))
+            for lease_id in ended:
+                self._report_read.pop(lease_id, None)
+            self._read_node_notices([each for each in group if each.lease_id not in ended])
             for lease in group:
                 out[lease.lease_id] = self._status(lease, ended, spot_codes)
         return out
@@ -660,6 +671,32 @@ class Ec2Provider:
                     self._rebalances.setdefault(event.instance_id, event.at)
         except Exception as exc:  # noqa: BLE001 - the queue is a hint; describe_instances is the truth
             log.warning("could not read interruption events: %s", exc)
+
+    def _read_node_notices(self, running: Sequence[Lease]) -> None:
+        """Notices the running spot instances' watchers wrote to their jobs' stores
+        (``watch --report``), for those whose notice is not known yet; each lease's report
+        at most every ``NODE_REPORT_SECONDS``, several at once."""
+        now = time.monotonic()
+        due = [
+            lease
+            for lease in running
+            if lease.pool.is_spot
+            and lease.details.get("checkpoint_uri")
+            and lease.lease_id not in self._notices
+            and now - self._report_read.get(lease.lease_id, -math.inf) >= NODE_REPORT_SECONDS
+        ]
+        for lease in due:
+            self._report_read[lease.lease_id] = now
+        if len(due) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(NODE_REPORT_THREADS, len(due))) as pool:
+                reports = list(pool.map(self._agent_report, due))
+        else:
+            reports = [self._agent_report(lease) for lease in due]
+        for lease, report in zip(due, reports, strict=True):
+            if "notice_at" in report:
+                self._notices.setdefault(lease.lease_id, report["notice_at"])
 
     def _ended(self, region: str, instance_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         """The watched instances that are no longer pending or running: id -> description

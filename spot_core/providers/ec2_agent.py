@@ -1,21 +1,24 @@
 """The on-instance half of the EC2 provider: user-data, and the attempt's status object.
 
 User-data (``user_data``) exports the attempt's variables, runs the step under
-``spot-pipelines watch -- CMD`` (which forwards the interruption notice from IMDSv2 to
-the step), then reports how the step ended (``python -m spot_core.providers.ec2_agent
-report``), and powers the instance off (``InstanceInitiatedShutdownBehavior=terminate``
-makes that a termination, so a finished attempt stops costing money even if the
-controller is gone).
+``spot-pipelines watch --report -- CMD`` (which forwards the interruption notice from
+IMDSv2 to the step, and writes it to the job's store the moment it sees it), then reports
+how the step ended (``python -m spot_core.providers.ec2_agent report``), and powers the
+instance off (``InstanceInitiatedShutdownBehavior=terminate`` makes that a termination, so
+a finished attempt stops costing money even if the controller is gone).
 
 The report is a small JSON object written next to the checkpoints, at
-``status/attempt-NNNNNN.json``: exit code, when the watcher saw a notice, when the step
-ended. The kubernetes provider's pods write the same object from ``spot-pipelines watch
---report`` (``write_report``), at the first notice and again when the step ends, since a
-reclaimed node may not live to run anything after its step (``spot_core.checkpoint.status``).
-The controller reads it once the instance is gone; it is how the provider tells
-"the step exited 0" from "the node was reclaimed" when EC2's own state reason is
-ambiguous. It needs ``s3:PutObject`` on the checkpoint prefix, which the instance profile
-has anyway; no credential ever appears in user-data.
+``status/attempt-NNNNNN.json``: exit code, when the watcher saw a notice and the deadline
+it gave, when the step ended (``spot_core.checkpoint.status``). The watcher writes it at
+the first notice and again when the step ends, as the kubernetes provider's pods do, since
+a reclaimed node may not live to run anything after its step; the agent writes it once
+more after the step (a watcher that never started reports nothing). The provider reads it
+while a spot instance runs, which is how ``handover=on_notice`` learns of the notice
+without an EventBridge queue (EC2's own API says nothing of it before the instance is
+gone), and once the instance is gone, to tell "the step exited 0" from "the node was
+reclaimed" when EC2's own state reason is ambiguous. It needs ``s3:PutObject`` on the
+checkpoint prefix, which the instance profile has anyway; no credential ever appears in
+user-data.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ set -u
 trap 'true' TERM
 {exports}
 {bootstrap.shell(SHUTDOWN) if bootstrap else ""}LOG="${{SPOT_WATCH_LOG:-{WATCH_LOG}}}"
-{watch_command} watch --cloud aws --poll-interval {poll_interval:g} -- {step} 2>&1 | tee -a "$LOG"
+{watch_command} watch --cloud aws --report --poll-interval {poll_interval:g} -- {step} 2>&1 \\
+    | tee -a "$LOG"
 rc=${{PIPESTATUS[0]}}
 {shlex.quote(agent_python)} -m spot_core.providers.ec2_agent report \\
     --exit-code "$rc" --watch-log "$LOG" || true
@@ -75,8 +79,9 @@ rc=${{PIPESTATUS[0]}}
 """
 
 
-def first_notice(log_path: str) -> float | None:
-    """When the watcher printed its first interruption event, from its JSON lines."""
+def first_notice(log_path: str) -> tuple[float, float | None] | None:
+    """(when, deadline) of the first interruption event the watcher printed, from its JSON
+    lines; None when it printed none."""
     try:
         with open(log_path, errors="replace") as fh:
             for line in fh:
@@ -86,8 +91,12 @@ def first_notice(log_path: str) -> float | None:
                     event = json.loads(line)
                 except ValueError:
                     continue
-                if event.get("event") == "interruption":
-                    return _seconds(event.get("detected_at"))
+                if isinstance(event, dict) and event.get("event") == "interruption":
+                    deadline = event.get("deadline")
+                    return (
+                        _seconds(event.get("detected_at")),
+                        None if deadline is None else _seconds(deadline),
+                    )
     except OSError:
         return None
     return None
@@ -108,9 +117,11 @@ def _seconds(value: object) -> float:
 def report(
     exit_code: int, watch_log: str | None, environ: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
+    notice = first_notice(watch_log) if watch_log else None
     return write_report(
         exit_code=exit_code,
-        notice_at=first_notice(watch_log) if watch_log else None,
+        notice_at=None if notice is None else notice[0],
+        reclaim_at=None if notice is None else notice[1],
         ended_at=time.time(),
         environ=environ,
     )

@@ -141,7 +141,7 @@ def test_an_image_job_runs_under_docker_from_user_data(aws_env, net):
             f"{sys.executable} -m spot_core.container --image ghcr.io/acme/train:1.4 "
             "--env WANDB_MODE -- python train.py"
         )
-        assert f"spot-pipelines watch --cloud aws --poll-interval 0.1 -- {step}" in script
+        assert f"spot-pipelines watch --cloud aws --report --poll-interval 0.1 -- {step}" in script
         for secret in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "testing"):
             assert secret not in script
 
@@ -614,6 +614,49 @@ def test_handover_launches_beside_the_reclaimed_instance_and_resumes_its_emergen
     assert json.loads(result.read_text())["total"] == sum(range(300))
     with pytest.raises(FencedOut):
         store.save(10**6, {"state.json": b"{}"}, attempt=old.number)
+
+
+@pytest.mark.timeout(240)
+def test_on_notice_hands_over_without_an_event_queue(aws_env, net, tmp_path):
+    """handover=on_notice with no EventBridge queue: EC2's API says nothing of a notice
+    until the instance is gone, so the node's watcher writes it to the job's store the
+    moment it sees it and the provider reads it there. With a 20 s notice the replacement
+    is launched before the old instance ends and resumes from its emergency checkpoint
+    well inside the notice; every instance ends terminated and tagged. (Before, the
+    notice was learned at the end: time to resume 22.9 s, after the notice window.)"""
+    from pathlib import Path
+
+    from spot_core.checkpoint import open_store
+    from spot_core.checkpoint.resumed import read_resumed
+
+    notice_seconds = 20.0
+    step = Path(__file__).with_name("handover_step.py")
+    result = tmp_path / "result.json"
+    with (
+        _provider(aws_env, net) as provider,
+        _runtime(aws_env, tmp_path, notice_seconds=notice_seconds) as runtime,
+    ):
+        preempt_after_checkpoints(runtime, f"s3://{BUCKET}/run", attempts=(1,))
+        record = _run(
+            provider,
+            (sys.executable, str(step), "300", "0.02", "1.5", str(result)),
+            pools=provider.pools(),
+            handover="on_notice",
+        )
+    assert record.status == "succeeded", record.summary()
+    old, new = record.attempts[0], record.attempts[1]
+    assert old.outcome == "preempted", old.message
+    assert new.started_at < old.ended_at, (new.started_at, old.ended_at)
+    assert old.replacement is not None and old.replacement["state"] == "adopted"
+    store = open_store(f"s3://{BUCKET}/run")
+    emergency = [r for r in store.list() if r.attempt == old.number and "emergency" in r.metadata]
+    assert len(emergency) == 1
+    resumed = read_resumed(store, new.number)
+    assert resumed is not None and resumed.step == emergency[0].step
+    waits = record.time_to_resume_seconds
+    assert waits and waits[0] < notice_seconds, waits
+    assert json.loads(result.read_text())["total"] == sum(range(300))
+    _instances_ended_and_tagged(aws_env, record)
 
 
 # -- handover=on_rebalance ---------------------------------------------------------------------
