@@ -7,12 +7,14 @@ interruption watcher read them. Nothing the next attempt needs lives on the node
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import TracebackType
 
 from spot_core.bounds import MAX_ATTEMPT, MAX_WAIT_SECONDS
 from spot_core.errors import CheckpointError, ConfigError, Preempted, SpotError
@@ -148,6 +150,32 @@ def report_step_exit(exc: SpotError) -> int:
             flush=True,
         )
     return code
+
+
+def install_step_excepthook() -> None:
+    """Make an uncaught preemption or infrastructure failure end this step as
+    ``report_step_exit`` would: its exit code (143, 74) and its one line, never a
+    traceback and exit 1 (which the controller reads as the step's own failure, spending
+    a user retry). For a user's own loop around the ``Checkpointer``, which need not catch
+    ``Preempted`` or a store gone read-only itself; ``Checkpointer.from_env`` installs it.
+    Anything else goes to the hook that was there. Installed once per process."""
+    previous = sys.excepthook
+    if getattr(previous, "spot_step_hook", False):
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if not isinstance(exc, SpotError) or step_exit_code(exc) is None:
+            previous(kind, exc, tb)
+            return
+        code = report_step_exit(exc)
+        logging.shutdown()  # os._exit skips atexit: flush the step's own log handlers
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # sys.exit is ignored inside an excepthook (Python prints it and exits 1)
+        os._exit(code)
+
+    hook.spot_step_hook = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def exit_ignoring_notices(code: int) -> None:

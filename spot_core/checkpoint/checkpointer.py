@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv
+from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv, install_step_excepthook
 from spot_core.checkpoint.handover import Handover, await_handover
 from spot_core.checkpoint.resumed import ResumeReport, write_resumed
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
@@ -92,6 +92,9 @@ class Checkpointer:
         and the job's measured save cost), the safety net for a notice that never comes."""
         from spot_core.checkpoint.opening import open_store
 
+        # An uncaught Preempted or store failure ends the step with its own exit code and
+        # one line (143, 74), not as the step's failure (exit 1 and a traceback).
+        install_step_excepthook()
         env = AttemptEnv.from_environ(environ)
         if not env.checkpoint_uri:
             raise ConfigError(

@@ -53,3 +53,15 @@ def objective(trial, checkpointer) -> float:  # noqa: ANN001 - optuna's and ours
     break_the_store()
     checkpointer.save_now(2, lambda: {"x": b"2"})
     return 1.0
+
+
+def user_training_loop() -> None:
+    """A user's own step, as docs/cli.md shows it but with no exception handling at all:
+    ``Checkpointer.from_env``, a save, the store breaks, the next save."""
+    from spot_core.checkpoint import Checkpointer
+
+    checkpointer = Checkpointer.from_env(every_steps=1)
+    checkpointer.restore()
+    checkpointer.maybe_save(2, lambda: {"x": b"2"})
+    break_the_store()
+    checkpointer.maybe_save(3, lambda: {"x": b"3" * 200_000})

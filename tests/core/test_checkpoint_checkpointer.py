@@ -238,3 +238,29 @@ def test_sigterm_emergency_checkpoint_and_identical_resume(tmp_path: Path) -> No
     code, out = _run_loop(uri, 2, total, None)
     assert code == 0 and out.startswith(f"ready {ref.step}")
     assert out.split("final ")[1].strip() == clean_final
+
+
+def test_a_users_loop_that_lets_preempted_escape_ends_as_preempted(tmp_path):
+    """A user's loop with no ``except Preempted``: the step still ends as preempted (143,
+    one JSON line, no traceback), its emergency checkpoint saved, not as its own failure
+    (exit 1), which would spend a user retry."""
+    uri = (tmp_path / "store").as_uri()
+    loop = (
+        "from spot_core.checkpoint import Checkpointer\n"
+        "ckpt = Checkpointer.from_env(every_steps=100)\n"
+        "for step in range(1, 50):\n"
+        "    if step == 7:\n"
+        "        ckpt.request_emergency_save('spot interruption notice')\n"
+        "    ckpt.maybe_save(step, lambda: {'state': str(step).encode()})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", loop],
+        env={**os.environ, "SPOT_CHECKPOINT_URI": uri, "SPOT_ATTEMPT": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 143, done.stderr
+    assert "Traceback" not in done.stderr
+    assert '"preempted": true' in done.stdout.strip().splitlines()[-1]
+    assert open_store(uri).latest().step == 7

@@ -62,10 +62,13 @@ IN_A_NAMESPACE = textwrap.dedent("""
             command = [py, "-m", "spot_core.sweeps.trial_step", "--storage", storage,
                        "--study", "s", "--trial", str(study.ask().number),
                        "--objective", "faulty_store_steps:objective"]
+        elif kind == "user":  # breaks the store itself, after its first save
+            command = [py, "-c", "import faulty_store_steps as f; f.user_training_loop()"]
         else:
             command = [py, "-m", "spot_core.workloads.softmax_regression", "--steps", "40",
                        "--checkpoint-every-steps", "10"]
-        break_the_store()
+        if kind != "user":
+            break_the_store()
     done = subprocess.run(command, capture_output=True, text=True, timeout=200)
     print(json.dumps({"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}))
 """)
@@ -111,6 +114,13 @@ def test_a_sweep_trial_or_training_step_on_a_broken_store_exits_74_in_one_line(
     tmp_path, kind, fault
 ) -> None:
     assert_one_line_exit_74(in_a_namespace(tmp_path, fault, kind))
+
+
+@pytest.mark.parametrize("fault", ["read-only", "full"])
+def test_a_users_own_loop_whose_store_breaks_exits_74_in_one_line(tmp_path, fault) -> None:
+    # No try/except in the user's loop: Checkpointer.from_env's hook ends it as the
+    # project's own steps end (it used to exit 1 with a traceback: a user failure).
+    assert_one_line_exit_74(in_a_namespace(tmp_path, fault, "user"))
 
 
 def test_under_the_controller_a_store_gone_read_only_is_no_user_failure(tmp_path) -> None:
