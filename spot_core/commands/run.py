@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spot_core import jobs
+from spot_core.commands.flags import add_cli_arguments, in_flags, settings_from_cli
 from spot_core.errors import ConfigError
-from spot_core.settings import SpotSettings, add_cli_arguments, in_flags, settings_from_cli
+from spot_core.settings import SpotSettings
 
 if TYPE_CHECKING:
     from spot_core.model import JobRecord

@@ -21,7 +21,7 @@ botocore = pytest.importorskip("botocore.session")
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROLLER_MODULES = [
-    "spot_core/providers/ec2.py",
+    *sorted(str(f.relative_to(REPO)) for f in (REPO / "spot_core/providers/ec2").glob("*.py")),
     "spot_core/adaptors/aws.py",
     "spot_core/providers/ec2_agent.py",
     "spot_core/market/ec2.py",

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from spot_core.cli import build_parser, main
+from spot_core.commands.flags import cli_flag, settings_from_cli
 from spot_core.errors import ConfigError
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import check_provider, open_provider, provider_names
@@ -18,12 +19,10 @@ from spot_core.settings import (
     KNOBS,
     SURFACES,
     SpotSettings,
-    cli_flag,
     format_duration,
     knob,
     knobs_for,
     parse_duration,
-    settings_from_cli,
 )
 
 

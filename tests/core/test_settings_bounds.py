@@ -10,7 +10,8 @@ import sys
 import pytest
 from bounds_cases import bounded, model_line, over
 
-from spot_core.settings import CLI, KNOBS, cli_flag
+from spot_core.commands.flags import cli_flag
+from spot_core.settings import CLI, KNOBS
 
 pytestmark = pytest.mark.timeout(120)
 CLI_KNOBS = bounded(CLI)
