@@ -1,6 +1,6 @@
 """Checkpoint interval benchmark: lost work plus checkpoint overhead, per pool, on real traces.
 
-What the controller does (``Controller._checkpoint_interval``): each attempt gets the
+What the controller does (``Moves.checkpoint_interval``): each attempt gets the
 Young/Daly interval for its pool from the pool's interruption rate as the market reports
 it at launch (the trace market: preemptions per hour over the last 24 h) and the save cost.
 Here that is compared with fixed intervals, on each zone of the evaluation set

@@ -97,7 +97,7 @@ def _running(job_id: str, checkpoint_uri: str | None = None) -> JobRecord:
 
 def _handing_over(folder) -> str:
     """A job's store in which its trigger recorded the replacement it launched on attempt
-    1's notice (as ``Controller._hand_over`` writes it): the store's URI."""
+    1's notice (as ``Handover.hand_over`` writes it): the store's URI."""
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.handover import mark_launched
 

@@ -20,7 +20,13 @@ from spot_helpers import marked_processes, trace, wait_until
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.handover import launched_key, mark_launched, read_launched
 from spot_core.checkpoint.resumed import read_resumed
-from spot_core.controller import Controller, JobSpec, handover_mode
+from spot_core.controller import (
+    Controller,
+    JobSpec,
+    Replacement,
+    ReplacementState,
+    handover_mode,
+)
 from spot_core.errors import ConfigError, FencedOut
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
@@ -351,3 +357,35 @@ def test_the_go_is_written_once_and_a_torn_or_foreign_one_is_no_go(tmp_path):
     assert mark_go(store, 1, 2, 100.0)
     assert not mark_go(store, 1, 2, 200.0)  # written once
     assert read_go(store, 1, 2) == {"attempt": 2, "from": 1, "go_at": 100.0}
+
+
+def test_a_stored_replacement_reads_back_in_the_same_json_form():
+    """A JobRecord stored before the replacement was typed (``Attempt.replacement`` as the
+    record's JSON mapping) reads as a ``Replacement`` and writes back key for key."""
+    stored = {
+        "attempt": 2,
+        "lease": {
+            "lease_id": "i-0abc",
+            "pool": {
+                "cloud": "local",
+                "region": "r",
+                "zone": "z",
+                "instance_type": "t",
+                "market": "spot",
+            },
+            "job_id": "job",
+            "attempt": 2,
+            "started_at": 1700000000.5,
+            "price_per_hour": 0.25,
+            "details": {"node": "n1"},
+        },
+        "launched_at": 1700000000.0,
+        "state": "launched",
+        "checkpoint_interval_seconds": 120.0,
+        "reason": "cheapest spot pool",
+    }
+    replacement = Replacement.from_dict(json.loads(json.dumps(stored)))
+    assert replacement.state is ReplacementState.LAUNCHED and replacement.attempt == 2
+    assert json.dumps(replacement.to_dict()) == json.dumps(stored)
+    adopted = replacement.with_state(ReplacementState.ADOPTED).to_dict()
+    assert adopted == {**stored, "state": "adopted"}

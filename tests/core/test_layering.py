@@ -66,7 +66,8 @@ FLOORS: tuple[tuple[str | tuple[str, ...], ...], ...] = (
     ("spot_core.providers", "spot_emulators"),
     ("spot_core.settings",),  # checks provider/policy names
     ("spot_core.observer", "spot_core.batched"),  # batched watching
-    ("spot_core.controller",),  # run() watches through an observer
+    # run() watches through an observer; controller re-exports the lifecycle package
+    (("spot_core.controller", "spot_core.lifecycle"),),
     ("spot_core.jobs",),  # a job assembled once
     ("spot_core.sweeps",),  # Optuna studies whose trials are spot jobs
     ("spot_core.sim", "spot_core.demo", "spot_core.report"),
