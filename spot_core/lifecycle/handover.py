@@ -91,6 +91,19 @@ class Replacement:
         return dataclasses.replace(self, state=state)
 
 
+def _readable(launched: Mapping[str, Any] | None, attempt: int) -> Replacement | None:
+    """The store's replacement object typed; None (warned) for one no writer of ours made
+    (an unknown state): as ``read_launched`` reads a torn or forged one, the usual path
+    relaunches after the end, never an exception in the driver."""
+    if launched is None:
+        return None
+    try:
+        return Replacement.from_dict(launched)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("attempt %d: unreadable replacement record (%s); ignored", attempt, exc)
+        return None
+
+
 def handover_mode(provider: Provider, handover: str | None) -> str:
     """The ``handover`` setting for ``provider``: its default (``on_notice`` where it can
     launch in parallel, else ``off``), or the one asked for if the provider can do it."""
@@ -182,9 +195,9 @@ class Handover:
         ):
             return watch
         store = self.host.stores(spec.checkpoint_uri)
-        launched = read_launched(store, running.number)
+        launched = _readable(read_launched(store, running.number), running.number)
         if launched is not None:  # launched by a driver that restarted before recording it
-            return self.record_replacement(watch, Replacement.from_dict(launched), running.number)
+            return self.record_replacement(watch, launched, running.number)
         try:
             ended = dataclasses.replace(
                 running, ended_at=now, outcome=Outcome.PREEMPTED, notice_at=signal_at

@@ -389,3 +389,15 @@ def test_a_stored_replacement_reads_back_in_the_same_json_form():
     assert json.dumps(replacement.to_dict()) == json.dumps(stored)
     adopted = replacement.with_state(ReplacementState.ADOPTED).to_dict()
     assert adopted == {**stored, "state": "adopted"}
+
+
+def test_a_stored_replacement_of_an_unknown_state_is_read_as_none(caplog):
+    """The typed Replacement refuses a state no writer of ours makes; a driver that reads
+    such an object from the store (its own launch, before it was recorded) warns and
+    relaunches after the end as without a handover, never raises."""
+    from spot_core.lifecycle.handover import _readable
+
+    assert _readable({"attempt": 2, "lease": LEASE, "state": "launched"}, 1) is not None
+    assert _readable({"attempt": 2, "lease": LEASE, "state": "exploded"}, 1) is None
+    assert _readable(None, 1) is None
+    assert "unreadable replacement record" in caplog.text
