@@ -61,6 +61,7 @@ __all__ = [
     "LeaseState",
     "LeaseStatus",
     "Observation",
+    "Provider",
     "ProviderPlugin",
     "Relaunch",
     "SessionKind",

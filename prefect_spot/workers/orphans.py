@@ -35,22 +35,36 @@ used are given back as for any preemption (the adopter counts them from the run'
 
 from __future__ import annotations
 
+import copy
 import json
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
+import anyio.to_thread
+from prefect.client.schemas.objects import FlowRun
+
+from prefect_spot.artifacts import load_record, record_key
 from spot_core.checkpoint.heartbeat import Heartbeat
+from spot_core.controller import provider_stores
 from spot_core.interruption.driver import Freshness
 from spot_core.jobs import LeaseStatus
 from spot_core.model import JobRecord
+
+if TYPE_CHECKING:
+    from prefect_spot.workers.configuration import SpotJobConfiguration
 
 ORPHAN_CHECK_SECONDS = 30.0
 """How often a worker looks for orphaned runs (a read of its pool's Running runs)."""
 
 CLAIM_KEY = "adoption/attempt-{:06d}.json"
 """The object in the job's store that names the one worker adopting its open attempt."""
+
+ORPHAN_PAGE = 200
+"""Running flow runs read per API call when looking for orphans."""
 
 
 @dataclass(frozen=True)
@@ -164,3 +178,165 @@ class Looks:
         mine = json.dumps({"owner": owner, "attempt": attempt}, allow_nan=False).encode()
         self.claims.pop(run_id, None)
         return store.swap_object(key, current, mine)
+
+
+class SpotWorker(Protocol):
+    """What adoption uses of the spot worker (``prefect_spot.workers.spot.SpotWorker``,
+    which imports this module)."""
+
+    _driving: set[Any]  # ids of the flow runs the worker drives now
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def backend_id(self) -> Any: ...
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def work_pool(self) -> Any: ...
+
+    @property
+    def job_configuration(self) -> Any: ...
+
+    @property
+    def _work_pool_name(self) -> str: ...
+
+    @property
+    def _runs_task_group(self) -> Any: ...
+
+    @property
+    def _logger(self) -> Any: ...
+
+    def _provider(self, configuration: Any) -> Any: ...
+
+    def _checkpoint_uri(self, configuration: Any, flow_run: FlowRun) -> str: ...
+
+    def get_flow_run_logger(self, flow_run: FlowRun) -> Any: ...
+
+    async def run(self, flow_run: FlowRun, configuration: Any) -> Any: ...
+
+
+class Adoption:
+    """A spot worker's looks for orphans of its work pool, and its adoption of them: what
+    it has seen of the runs others drive, and whose claim on an orphan is its own."""
+
+    def __init__(self, worker_name: str) -> None:
+        self.looks = Looks()  # Running runs other workers may drive
+        self.owner = f"{worker_name}/{uuid.uuid4().hex[:12]}"  # whose claim on an orphan
+        self._next_check_at = 0.0
+
+    def due(self) -> bool:
+        """Whether a look is due (every ``ORPHAN_CHECK_SECONDS``); the next is then set."""
+        if time.monotonic() < self._next_check_at:
+            return False
+        self._next_check_at = time.monotonic() + ORPHAN_CHECK_SECONDS
+        return True
+
+    async def look(self, worker: SpotWorker) -> None:
+        """Look at every Running run of ``worker``'s pool it does not drive, adopting the
+        orphans (one unreadable run is logged and does not hide the others)."""
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterId,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            WorkPoolFilter,
+            WorkPoolFilterName,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        # The runs this worker drives are left out by the server: a worker watching 200
+        # running flows would otherwise read and parse all 200 at every look.
+        driving = worker._driving
+        not_driven = FlowRunFilterId(not_any_=list(driving)) if driving else None
+        running: list[FlowRun] = []
+        while True:  # every Running run of the pool that others drive, a page at a time
+            page = await worker.client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    id=not_driven,
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])),
+                ),
+                work_pool_filter=WorkPoolFilter(
+                    name=WorkPoolFilterName(any_=[worker._work_pool_name])
+                ),
+                limit=ORPHAN_PAGE,
+                offset=len(running),
+            )
+            running += page
+            if len(page) < ORPHAN_PAGE:
+                break
+        self.looks.keep_only(run.id for run in running)
+        for flow_run in running:
+            freshness = None if flow_run.id in driving else self.looks.due(flow_run.id)
+            if freshness is None:
+                continue
+            try:
+                await self._look_at(worker, flow_run, freshness)
+            except Exception:  # noqa: BLE001 - one unreadable run does not hide the others
+                worker._logger.warning(
+                    "could not check flow run %s for adoption", flow_run.id, exc_info=True
+                )
+
+    async def _look_at(self, worker: SpotWorker, flow_run: FlowRun, freshness: Freshness) -> None:
+        """Adopt ``flow_run`` if it is an orphan; remember when it is next worth a look."""
+        configuration = await worker.job_configuration.resolve_for_flow_run(
+            flow_run,
+            client=worker.client,
+            work_pool=copy.deepcopy(worker.work_pool),
+            worker_name=worker.name,
+            worker_id=worker.backend_id,
+        )
+        spot = configuration.spot_configuration()
+        timeout = spot.heartbeat_timeout
+        if not configuration.checkpoint_root or timeout is None:
+            # its heartbeat was in its own worker's scratch dir, or it has none
+            self.looks.never(flow_run.id)
+            return
+        provider = await anyio.to_thread.run_sync(worker._provider, configuration)
+        uri, stores = worker._checkpoint_uri(configuration, flow_run), provider_stores(provider)
+        evidence = await anyio.to_thread.run_sync(
+            gather,
+            freshness,
+            uri,
+            stores,
+            timeout,
+            self.looks.monotonic(),
+            lambda: load_record(record_key(flow_run.id)),
+            provider,
+            spot.heartbeat_uri,
+        )
+        self.looks.looked(flow_run.id, evidence, timeout)
+        reason = orphaned(evidence, timeout)
+        running = None if evidence.record is None else evidence.record.current_attempt
+        if reason is None or running is None or flow_run.id in worker._driving:
+            return  # (an orphan always has its record's open attempt)
+        attempt = running.number
+        if not await anyio.to_thread.run_sync(
+            self.looks.claim, flow_run.id, stores(uri), attempt, self.owner, timeout
+        ):
+            worker._logger.info(
+                "flow run %s is an orphan another worker adopts (it claimed attempt %d first)",
+                flow_run.id,
+                attempt,
+            )
+            return
+        worker.get_flow_run_logger(flow_run).warning("adopting the flow run: %s", reason)
+        if worker._runs_task_group is None:  # made when the worker starts
+            raise RuntimeError("Worker not properly initialized")
+        worker._driving.add(flow_run.id)  # the next check must not adopt it again
+        worker._runs_task_group.start_soon(_adopt, worker, flow_run, configuration)
+
+
+async def _adopt(
+    worker: SpotWorker, flow_run: FlowRun, configuration: SpotJobConfiguration
+) -> None:
+    """Drive the adopted run from its record, as a worker restarted with it would."""
+    try:
+        await worker.run(flow_run, configuration)
+    except Exception:  # noqa: BLE001 - logged on the run; the next check may try again
+        worker.get_flow_run_logger(flow_run).exception("driving the adopted flow run failed")
+    finally:
+        worker._driving.discard(flow_run.id)
