@@ -180,7 +180,7 @@ class Looks:
         return store.swap_object(key, current, mine)
 
 
-class SpotWorker(Protocol):
+class AdoptingWorker(Protocol):
     """What adoption uses of the spot worker (``prefect_spot.workers.spot.SpotWorker``,
     which imports this module)."""
 
@@ -235,7 +235,7 @@ class Adoption:
         self._next_check_at = time.monotonic() + ORPHAN_CHECK_SECONDS
         return True
 
-    async def look(self, worker: SpotWorker) -> None:
+    async def look(self, worker: AdoptingWorker) -> None:
         """Look at every Running run of ``worker``'s pool it does not drive, adopting the
         orphans (one unreadable run is logged and does not hide the others)."""
         from prefect.client.schemas.filters import (
@@ -280,7 +280,9 @@ class Adoption:
                     "could not check flow run %s for adoption", flow_run.id, exc_info=True
                 )
 
-    async def _look_at(self, worker: SpotWorker, flow_run: FlowRun, freshness: Freshness) -> None:
+    async def _look_at(
+        self, worker: AdoptingWorker, flow_run: FlowRun, freshness: Freshness
+    ) -> None:
         """Adopt ``flow_run`` if it is an orphan; remember when it is next worth a look."""
         configuration = await worker.job_configuration.resolve_for_flow_run(
             flow_run,
@@ -331,7 +333,7 @@ class Adoption:
 
 
 async def _adopt(
-    worker: SpotWorker, flow_run: FlowRun, configuration: SpotJobConfiguration
+    worker: AdoptingWorker, flow_run: FlowRun, configuration: SpotJobConfiguration
 ) -> None:
     """Drive the adopted run from its record, as a worker restarted with it would."""
     try:
