@@ -80,9 +80,13 @@ def _run(
 
 
 def _containers_of(engine, image: str) -> list[str]:
-    done = engine.docker("ps", "-a", "--filter", f"ancestor={image}", "--format", "{{.ID}}")
+    """The containers created from ``image`` itself. Not ``--filter ancestor=``, which also
+    lists containers of related images: in one full run of the suite it counted the same
+    container, created before these tests ran, as left behind by each of them."""
+    done = engine.docker("ps", "-a", "--format", "{{.ID}} {{.Image}}")
     assert done.returncode == 0, done.stderr
-    return done.stdout.split()
+    rows = (line.split(maxsplit=1) for line in done.stdout.splitlines() if line.strip())
+    return [row[0] for row in rows if len(row) == 2 and row[1].strip() == image]
 
 
 def test_a_reclaimed_step_resumes_in_its_next_container(engine, images, tmp_path):
