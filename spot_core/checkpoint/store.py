@@ -16,7 +16,7 @@ import logging
 import numbers
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -188,16 +188,11 @@ class CheckpointStore:
         What no writer of an object could have made (a FIFO, a device or a symlink in a
         file store, more than ``max_bytes``) is warned once and read as none, like a
         corrupt heartbeat: never a read that blocks, never an exception in a watcher."""
-        key = _object_key(key)
         try:
-            return self.backend.get_bytes(key, max_bytes=max_bytes)
-        except (FileNotFoundError, IsADirectoryError):
-            return None
+            return self.read_object(key, max_bytes=max_bytes)
         except CorruptCheckpoint as exc:
-            self._warn_once(key, exc)
+            self._warn_once(_object_key(key), exc)
             return None
-        except OSError as exc:
-            raise _unreadable(self.uri, key, exc) from exc
 
     def read_object(self, key: str, *, max_bytes: int = MAX_OBJECT_BYTES) -> bytes | None:
         """The object's bytes, or None only when there is none; CorruptCheckpoint naming
@@ -219,14 +214,18 @@ class CheckpointStore:
         object). Why: what one writer made once (a work queue's spec) is never replaced by
         another, whatever the second could read of it."""
         key = _object_key(key)
+        return self._write_if(key, data, lambda: not self._present(key), f"write {key}")
+
+    def _write_if(self, key: str, data: bytes, may_write: Callable[[], bool], what: str) -> bool:
+        """Write ``data`` under the backend's lock if ``may_write()`` still holds there."""
         try:
             with self.backend.lock():
-                if self._present(key):
+                if not may_write():
                     return False
                 self.backend.put_bytes(key, data)
                 return True
         except OSError as exc:
-            raise _unwritable(self.uri, f"write {key}", exc) from exc
+            raise _unwritable(self.uri, what, exc) from exc
 
     def _present(self, key: str) -> bool:
         try:
@@ -288,14 +287,7 @@ class CheckpointStore:
         agree on one.
         """
         key = _object_key(key)
-        try:
-            with self.backend.lock():
-                if self.get_object(key) != expected:
-                    return False
-                self.backend.put_bytes(key, data)
-                return True
-        except OSError as exc:
-            raise _unwritable(self.uri, f"swap {key}", exc) from exc
+        return self._write_if(key, data, lambda: self.get_object(key) == expected, f"swap {key}")
 
     def size_of(self, ref: CheckpointRef) -> int:
         """Payload bytes of checkpoint ``ref`` (what a resume reads), from its manifest."""
