@@ -8,6 +8,10 @@ uses::
     while nxt.action == "watch":
         nxt = controller.check(spec, nxt)            # one observation; "ended" once it closed
     record = nxt.record
+
+and ``Transition`` (``spot_core.lifecycle.transition``) is what every driver does between
+those answers: finished, wait N seconds, or watch; an ended attempt's waiting handover
+replacement adopted.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from spot_core.lifecycle.handover import (
 )
 from spot_core.lifecycle.liveness import DriverLiveness
 from spot_core.lifecycle.moves import Moves
+from spot_core.lifecycle.transition import Step, Transition, adopts
 from spot_core.lifecycle.types import (
     FINAL_STATUSES,
     NEXT_ACTIONS,
@@ -46,6 +51,9 @@ __all__ = [
     "Persist",
     "Replacement",
     "ReplacementState",
+    "Step",
+    "Transition",
+    "adopts",
     "classify",
     "handover_mode",
     "pending_replacement",

@@ -2,15 +2,15 @@
 
 ``SpotJobOperator`` and ``SpotKubernetesPodOperator`` differ in what they run (a command
 on a provider's capacity; a pod built from KubernetesPodOperator's own parameters) but
-drive it the same way, so the driving lives here once: ``advance`` says finished /
-sleep until T / watch lease L; a sleep defers to a timer (deferrable) or sleeps; a watch
-defers to the operator's trigger (deferrable) or calls ``check`` here every poll
-interval; an ended attempt goes back to ``advance``. The controller alone classifies,
-bills, closes and terminates. Preemptions are absorbed inside the try (the controller
-relaunches), so they never spend Airflow ``retries``; an attempt that ended
-``user_failed`` raises, so Airflow's retries apply (the only place they are spent), and
-the next try resumes from the latest checkpoint with the JobRecord read back from the
-task state store (a running attempt is reattached, not relaunched).
+drive it the same way, so the driving lives here once: the controller's ``Transition``
+says finished / wait N seconds / watch lease L; a wait defers to a timer (deferrable) or
+sleeps; a watch defers to the operator's trigger (deferrable) or calls ``check`` here
+every poll interval; an ended attempt is logged, then followed (``advance``). The
+controller alone classifies, bills, closes and terminates. Preemptions are absorbed
+inside the try (the controller relaunches), so they never spend Airflow ``retries``; an
+attempt that ended ``user_failed`` raises, so Airflow's retries apply (the only place
+they are spent), and the next try resumes from the latest checkpoint with the JobRecord
+read back from the task state store (a running attempt is reattached, not relaunched).
 
 An operator using ``ControllerDriverMixin`` provides ``settings`` (``SpotSettings``),
 ``deferrable``, ``checkpoint_uri``, ``spot_hook`` (a ``SpotHook``), and
@@ -34,7 +34,7 @@ from airflow_spot.links.spot import SpotCheckpointLink
 from airflow_spot.records import persister, stored_record
 from airflow_spot.triggers.spot import EVENT_STATUSES, SpotJobTrigger
 from spot_core import jobs
-from spot_core.controller import Controller, JobSpec, Next
+from spot_core.controller import Controller, JobSpec, Next, Step, Transition
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.policy.retry import RetryPolicy
@@ -172,7 +172,8 @@ class ControllerDriverMixin(_Operator):
                 record.current_attempt.number,
                 record.current_attempt.lease_id,
             )
-        return self._drive(context, controller, spec, controller.advance(spec, record))
+        transition = Transition(controller, spec)
+        return self._drive(context, controller, transition, transition.start(record))
 
     def execute_complete(self, context, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Back from the trigger: keep its record, then go on driving from its Next."""
@@ -188,14 +189,15 @@ class ControllerDriverMixin(_Operator):
             raise AirflowException(
                 f"job {nxt.record.job_id}: the trigger failed: {event.get('message')}"
             )
+        transition = Transition(controller, spec)
         if event["status"] == "wake":
-            nxt = controller.advance(spec, nxt.record)
-        elif event["status"] == "notice":
+            return self._drive(context, controller, transition, transition.woke(nxt))
+        if event["status"] == "notice":
             self.log.warning(
                 "attempt %d got an interruption notice; the step saves an emergency checkpoint",
                 self._lease_of(nxt).attempt,
             )
-        return self._drive(context, controller, spec, nxt)
+        return self._drive(context, controller, transition, self._follow(transition, nxt))
 
     @staticmethod
     def _latest_lease(record: JobRecord) -> Lease | None:
@@ -221,39 +223,48 @@ class ControllerDriverMixin(_Operator):
                 "the next try resumes from the task state store"
             ) from None
 
-    def _drive(self, context, controller: Controller, spec: JobSpec, nxt: Next) -> dict[str, Any]:
+    def _drive(
+        self, context, controller: Controller, transition: Transition, step: Step
+    ) -> dict[str, Any]:
         """Follow the controller's answers until the job finishes or the task defers."""
+        spec = transition.spec
         for _ in range(MAX_ROUNDS):
             if self._killed:
                 raise AirflowException(f"job {spec.job_id}: the task was killed")
-            if nxt.action == "finished":
-                return self._finish(context, nxt.record, nxt.reason)
-            if nxt.action == "ended":
-                self._after_attempt(nxt.record)
-                nxt = controller.advance(spec, nxt.record)
-            elif nxt.action == "sleep":
-                self.log.info("waiting until %s: %s", time.ctime(nxt.until), nxt.reason)
-                if self.deferrable and nxt.until - time.time() >= defer_hold_seconds():
-                    self._defer(spec, nxt)
+            if step.action == "finished":
+                return self._finish(context, step.record, step.reason)
+            if step.action == "wait":
+                self.log.info("waiting until %s: %s", time.ctime(step.next.until), step.reason)
+                if self.deferrable and step.wait_seconds >= defer_hold_seconds():
+                    self._defer(spec, step.next)
                 # Shorter than a trigger's hold, a deferral would wake late (a deadline
                 # policy's wait for the next tick of a compressed trace): wait here.
-                time.sleep(max(0.0, nxt.until - time.time()))
-                nxt = controller.advance(spec, nxt.record)
-            else:  # watch
-                self._persist_lease_link(context, nxt.lease)
-                if self.deferrable and not self._notice_pending(nxt):
-                    lease = self._lease_of(nxt)
-                    self.log.info(
-                        "watching attempt %d on %s (lease %s)%s from the triggerer: %s",
-                        lease.attempt,
-                        lease.pool.key,
-                        lease.lease_id,
-                        self._trace_position(),
-                        nxt.reason,
-                    )
-                    self._defer(spec, nxt)
-                nxt = self._watch_here(controller, spec, nxt)
+                time.sleep(max(0.0, step.next.until - time.time()))
+                step = transition.woke(step.next)
+                continue
+            nxt = step.next  # watch
+            self._persist_lease_link(context, nxt.lease)
+            if self.deferrable and not self._notice_pending(nxt):
+                lease = self._lease_of(nxt)
+                self.log.info(
+                    "watching attempt %d on %s (lease %s)%s from the triggerer: %s",
+                    lease.attempt,
+                    lease.pool.key,
+                    lease.lease_id,
+                    self._trace_position(),
+                    nxt.reason,
+                )
+                self._defer(spec, nxt)
+            step = self._follow(transition, self._watch_here(controller, spec, nxt))
         raise SpotJobFailed(f"job {spec.job_id} did not settle in {MAX_ROUNDS} rounds")
+
+    def _follow(self, transition: Transition, nxt: Next) -> Step:
+        """The step after ``nxt``. An attempt that ended is logged first, and a failure of
+        the step's own code raises here, before the controller is asked again: it spends
+        an Airflow try, never a relaunch inside this one."""
+        if nxt.action == "ended":
+            self._after_attempt(nxt.record)
+        return transition.follow(nxt)
 
     @staticmethod
     def _lease_of(nxt: Next) -> Lease:

@@ -42,7 +42,7 @@ from airflow_spot.hooks.connections import check_conn_id
 from airflow_spot.hooks.spot import SpotHook
 from spot_core import batched, jobs
 from spot_core.checkpoint.uri import parse_store_uri
-from spot_core.controller import Controller, JobSpec, Next, pending_replacement
+from spot_core.controller import Controller, JobSpec, Next, Transition, adopts
 from spot_core.errors import ConfigError
 from spot_core.observer import SharedObserver, shared_observer, wait_timeout
 from spot_core.settings import KNOBS, Knob, SpotSettings
@@ -252,6 +252,7 @@ class SpotJobTrigger(BaseTrigger):
         spec, lease = self._spec(nxt), nxt.lease
         if lease is None:  # a "watch" step always carries its lease
             raise ValueError(f"job {nxt.record.job_id}: a watch step without a lease")
+        transition = Transition(controller, spec)
         observer.watch(lease, self.poll_interval)
         try:
             after = time.time()
@@ -261,15 +262,14 @@ class SpotJobTrigger(BaseTrigger):
                 )
                 nxt = await batched.to_thread(controller.check, spec, nxt, observed=observed)
                 self._current = nxt
-                if nxt.action == "ended" and pending_replacement(nxt.record) is not None:
+                if adopts(nxt):
                     # a handover: adopt the replacement launched on the notice and watch
                     # it here, without waking a worker
-                    nxt = await batched.to_thread(controller.advance, spec, nxt.record)
-                    self._current = nxt
-                    if nxt.action == "watch" and nxt.lease is not None:
-                        if lease is not None:
-                            observer.unwatch(lease.lease_id)
-                        lease = nxt.lease
+                    step = await batched.to_thread(transition.follow, nxt)
+                    nxt = self._current = step.next
+                    if step.adopted:
+                        observer.unwatch(lease.lease_id)
+                        lease = step.lease
                         observer.watch(lease, self.poll_interval)
                         after = time.time()
                         continue

@@ -73,7 +73,7 @@ from prefect_spot.workers.orphans import ORPHAN_PAGE
 from spot_core import batched, jobs
 from spot_core.bounds import MAX_WAIT_SECONDS
 from spot_core.checkpoint.handover import mark_go
-from spot_core.controller import FINAL_STATUSES, pending_replacement
+from spot_core.controller import FINAL_STATUSES, Transition, pending_replacement
 from spot_core.jobs import LeaseStatus, Provider
 from spot_core.model import JobRecord, JobStatus, Lease, Outcome
 from spot_core.observer import SharedObserver, observer_key, shared_observer, wait_timeout
@@ -238,40 +238,41 @@ class SpotWorker(BaseWorker[SpotJobConfiguration, SpotJobVariables, SpotWorkerRe
         )
         runs_before = await states.runs_before(self.client, flow_run, record)
         started = _Started(task_status)
-        nxt = await anyio.to_thread.run_sync(controller.advance, spec, record)
+        transition = Transition(controller, spec)
+        step = await anyio.to_thread.run_sync(transition.start, record)
+        nxt = step.next  # the latest Next: what a stop on the way out reads
         try:
-            while nxt.action != "finished":
-                if nxt.action == "sleep":
-                    self.get_flow_run_logger(flow_run).info("waiting: %s", nxt.reason)
-                    await anyio.sleep(max(0.0, nxt.until - time.time()))
-                elif nxt.action == "watch":
-                    started(nxt.lease.lease_id)
-                    nxt = await self._watch(
-                        controller, self._observer(configuration, provider), spec, nxt, flow_run
-                    )
+            while step.action != "finished":
+                if step.action == "wait":
+                    self.get_flow_run_logger(flow_run).info("waiting: %s", step.reason)
+                    await anyio.sleep(step.wait_seconds)
+                    step = await anyio.to_thread.run_sync(transition.woke, step.next)
+                    nxt = step.next
                     continue
-                else:  # ended
-                    handed_back = await self._after_attempt(
-                        controller, spec, nxt.record, flow_run, runs_before
-                    )
-                    if handed_back is not None:
-                        started(handed_back.identifier)
-                        return handed_back
-                handing_over = pending_replacement(nxt.record) is not None
-                nxt = await anyio.to_thread.run_sync(controller.advance, spec, nxt.record)
-                if handing_over and nxt.action == "watch":  # the replacement was adopted
-                    started(nxt.lease.lease_id)
+                started(step.lease.lease_id)
+                if step.adopted:  # the replacement launched on the notice takes the run over
                     taken, runs_before = await self._take_over(
-                        controller, spec, nxt, flow_run, runs_before
+                        controller, spec, step.next, flow_run, runs_before
                     )
                     if taken is not None:
                         return taken
+                nxt = await self._watch(
+                    controller, self._observer(configuration, provider), spec, step.next, flow_run
+                )
+                handed_back = await self._after_attempt(
+                    controller, spec, nxt.record, flow_run, runs_before
+                )
+                if handed_back is not None:
+                    started(handed_back.identifier)
+                    return handed_back
+                step = await anyio.to_thread.run_sync(transition.follow, nxt)
+                nxt = step.next
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._stop_on_exit(controller, spec, nxt.record, flow_run)
             raise
         started("")
-        return await self._finish(flow_run, nxt.record)
+        return await self._finish(flow_run, step.record)
 
     async def _stop_on_exit(self, controller, spec, record: JobRecord, flow_run: FlowRun) -> None:
         """The worker is stopping (shut down, or an error): end every lease the job holds

@@ -10,6 +10,9 @@
 - ``moves``: mid-run moves (drains), deadline plans and checkpoint intervals;
 - ``launching``: the ranked pools tried in order;
 - ``closing``: how an attempt's end reads (its outcome, message and lost work).
+- ``transition``: what every driver does after each answer (finished, wait N seconds,
+  watch; an ended attempt's waiting handover replacement adopted), so drivers keep only
+  their own way of waiting.
 
 ``spot_core.controller`` re-exports the public names, the import path drivers use.
 """

@@ -47,6 +47,7 @@ from spot_core.lifecycle.handover import Handover, handover_mode, pending_replac
 from spot_core.lifecycle.launching import closed_without_lease, launch_first
 from spot_core.lifecycle.liveness import DriverLiveness
 from spot_core.lifecycle.moves import Moves
+from spot_core.lifecycle.transition import Transition
 from spot_core.lifecycle.types import (
     FINAL_STATUSES,
     JobSpec,
@@ -198,30 +199,33 @@ class Controller:
                 when ``.retryable``), including ``FencedOut`` for a superseded driver.
             ConfigError: the provider refused the launch spec as given.
         """
-        nxt = None
+        transition = Transition(self, spec, clock=self._clock)
+        step = None
         try:
-            nxt = self.advance(spec, record or self.persist(self.new_record(spec)))
-            while nxt.action != "finished":
-                nxt = self._drive(spec, nxt, observer)
+            step = transition.start(record or self.persist(self.new_record(spec)))
+            while step.action != "finished":
+                if step.action == "wait":
+                    self._sleep(step.wait_seconds)
+                    step = transition.woke(step.next)
+                else:
+                    step = transition.follow(self._watch(spec, step.next, observer))
         except BaseException:
-            latest = self._last_saved.get(spec.job_id) or (record if nxt is None else nxt.record)
+            latest = self._last_saved.get(spec.job_id) or (record if step is None else step.record)
             if latest is not None and latest.current_attempt is not None:
                 self.stop(spec, latest, "stopped: the driver was interrupted")
             raise
         finally:
             self._last_saved.pop(spec.job_id, None)
-        return nxt.record
+        return step.record
 
-    def _drive(self, spec: JobSpec, nxt: Next, observer: SharedObserver | None = None) -> Next:
-        if nxt.action == "sleep":
-            self._sleep(max(0.0, nxt.until - self._clock()))
-            return self.advance(spec, nxt.record)
-        if nxt.action == "watch":
-            if observer is not None:
-                return self._watch_shared(spec, nxt, observer)
+    def _watch(self, spec: JobSpec, nxt: Next, observer: SharedObserver | None) -> Next:
+        """Check the watched lease every poll interval until its attempt ends."""
+        if observer is not None:
+            return self._watch_shared(spec, nxt, observer)
+        while nxt.action == "watch":
             self._sleep(self.poll_interval_seconds)
-            return self.check(spec, nxt)
-        return self.advance(spec, nxt.record)  # ended
+            nxt = self.check(spec, nxt)
+        return nxt
 
     def _watch_shared(self, spec: JobSpec, nxt: Next, observer: SharedObserver) -> Next:
         """Check the watched lease on each of the shared observer's polls until its
