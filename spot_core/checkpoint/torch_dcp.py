@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import os
 import pickle
 from collections.abc import Iterator, Mapping
@@ -57,6 +58,8 @@ from spot_core.checkpoint.store import CheckpointStore
 from spot_core.checkpoint.store_base import _check_count
 from spot_core.errors import CheckpointNotFound, ConfigError
 from spot_core.model import CheckpointRef
+
+log = logging.getLogger(__name__)
 
 METADATA_PART = ".metadata"  # DCP's own name for it
 DCP_LAYOUT = "torch-dcp"  # the manifest metadata's "layout": how the parts are read back
@@ -165,11 +168,15 @@ class StoreWriter(StorageWriter):
             else:
                 storage[result.index] = result.storage_data
         metadata.storage_data = storage
-        parts[METADATA_PART] = self.store.write_part(
-            self._version, METADATA_PART, pickle.dumps(metadata)
-        )
         manifest_metadata = {**self.metadata, "layout": DCP_LAYOUT, "world_size": len(results)}
-        self.ref = self.store.commit_version(self._version, parts, manifest_metadata)
+        try:
+            parts[METADATA_PART] = self.store.write_part(
+                self._version, METADATA_PART, pickle.dumps(metadata)
+            )
+            self.ref = self.store.commit_version(self._version, parts, manifest_metadata)
+        except BaseException:
+            _abandon(self.store, self._version)  # a fenced or failed save leaves no parts
+            raise
         if self.keep is not None:
             self.store.prune(self.keep)
 
@@ -322,6 +329,13 @@ def _load_item(planner: LoadPlanner, request: Any, data: memoryview) -> None:
         )
     target.copy_(tensor)
     planner.commit_tensor(request, target)
+
+
+def _abandon(store: CheckpointStore, version: str) -> None:
+    try:
+        store.abandon_version(version)
+    except Exception as exc:  # noqa: BLE001 - the save's own error is the one to raise
+        log.warning("could not remove the parts of uncommitted version %s: %s", version, exc)
 
 
 def _no_checkpoint_id(checkpoint_id: object, instead: str) -> None:

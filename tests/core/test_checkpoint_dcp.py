@@ -141,6 +141,8 @@ def test_a_zombie_fenced_during_its_save_commits_nothing(tmp_path):
         assert "FencedOut" in report["error"] or "attempt 2" in report["error"]
     assert store.latest() == previous
     assert store.fence_level() == 2
+    folders = [p.name for p in (tmp_path / "store" / "checkpoints").iterdir()]
+    assert folders == [previous.checkpoint_id]  # the refused version's parts are gone
 
     results = run_ranks(2, "save", uri, 20, tmp_path / "unused", attempt=1)  # after handover
     assert not any(report["ok"] for report, _ in results)
