@@ -13,17 +13,18 @@ from spot_core.checkpoint.manifest import Manifest
 from spot_core.checkpoint.store_base import StoreBase, _check_count, _unwritable
 from spot_core.errors import CorruptCheckpoint, FencedOut
 
-log = logging.getLogger("spot_core.checkpoint.store")
+log = logging.getLogger("spot_core.checkpoint.store")  # one logger for the store's parts
 
 FENCE_KEY = "FENCE.json"
 MAX_FENCE_BYTES = 64 << 10  # a fence is ~50 bytes
 
 
 class Fencing(StoreBase):
+    """The fence half of ``CheckpointStore`` (which it is always part of)."""
+
     def _committed(self, *, skip_incomplete: bool = False) -> list[Manifest]:
         raise NotImplementedError  # CheckpointStore's: the self-verified manifests
 
-    # -- fencing ---------------------------------------------------------------------
     def fence(self, attempt: int) -> None:
         """Refuse saves from attempts below ``attempt`` from now on.
 

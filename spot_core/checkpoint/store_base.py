@@ -12,7 +12,7 @@ from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.manifest import Manifest
 from spot_core.errors import ConfigError, CorruptCheckpoint, StoreUnavailable
 
-log = logging.getLogger("spot_core.checkpoint.store")
+log = logging.getLogger("spot_core.checkpoint.store")  # one logger for the store's parts
 
 
 class StoreBase:
