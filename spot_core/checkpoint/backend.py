@@ -43,6 +43,12 @@ class ObjectBackend(Protocol):
     def put_bytes(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` atomically and durably."""
 
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key`` only if nothing is stored there; False, and nothing
+        written, if something is. Atomic without ``lock()``: of two writers exactly one
+        wins (S3: ``PUT If-None-Match: *``; a file store: a hard link). How a checkpoint's
+        manifest is written, so no commit ever replaces another."""
+
     def put_stream(self, key: str, chunks: Iterable[bytes | memoryview]) -> int:
         """Store the concatenated ``chunks`` under ``key``; return bytes written.
 

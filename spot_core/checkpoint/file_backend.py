@@ -69,17 +69,7 @@ class FileBackend:
     def put_stream(self, key: str, chunks: Iterable[bytes | memoryview]) -> int:
         folders, name = self._leaf(key)
         with self._folder(folders, key, create=True, write=True) as folder:
-            tmp = f"{TEMP_PREFIX}{secrets.token_hex(6)}"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-            fd = os.open(tmp, flags, 0o644, dir_fd=folder)
-            try:
-                written = _write_all(fd, chunks)
-                os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                _unlink_quietly(tmp, folder)
-                raise
-            os.close(fd)
+            tmp, written = _write_temp(folder, chunks)
             try:  # replaces a symlink itself, never what it points to
                 os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
             except BaseException:
@@ -87,6 +77,23 @@ class FileBackend:
                 raise
             os.fsync(folder)
         return written
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key`` only if nothing (of any kind) is there; False, and
+        nothing written, if something is. Written beside the name and hard-linked to it:
+        ``link`` fails when the name exists, so of two writers exactly one wins, atomically,
+        without the store's lock (what S3's ``If-None-Match: *`` does)."""
+        folders, name = self._leaf(key)
+        with self._folder(folders, key, create=True, write=True) as folder:
+            tmp, _ = _write_temp(folder, (data,))
+            try:
+                os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            finally:
+                _unlink_quietly(tmp, folder)
+            os.fsync(folder)
+        return True
 
     def delete(self, key: str) -> None:
         """A missing object is not an error; a store that refuses the unlink (read-only,
@@ -338,6 +345,23 @@ def _not_an_object(key: str, exc: UnsafeFile) -> CorruptCheckpoint:
     return CorruptCheckpoint(
         f"object {key} {exc.problem}; no writer of this store made it (remove it)"
     )
+
+
+def _write_temp(folder: int, chunks: Iterable[bytes | memoryview]) -> tuple[str, int]:
+    """A fresh temporary file in ``folder`` holding ``chunks``, fsynced: (its name, bytes);
+    removed again if writing fails."""
+    tmp = f"{TEMP_PREFIX}{secrets.token_hex(6)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(tmp, flags, 0o644, dir_fd=folder)
+    try:
+        written = _write_all(fd, chunks)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp, folder)
+        raise
+    os.close(fd)
+    return tmp, written
 
 
 def _write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:

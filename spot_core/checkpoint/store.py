@@ -3,26 +3,31 @@
 A save writes every payload object first and the manifest LAST; the manifest's
 presence is the commit. Readers trust nothing they have not verified: ``latest``
 hashes every file of the checkpoint it returns, ``load`` re-hashes what it reads.
-Fencing stops a zombie writer on a reclaimed node from committing over the
-progress of the attempt that resumed the job elsewhere.
+Fencing (``fencing.py``) stops a zombie writer on a reclaimed node from committing over
+the progress of the attempt that resumed the job elsewhere.
+
+A checkpoint may be written by many processes (the ranks of a distributed job): one
+of them opens a version (``begin_version``), each writes its parts (``write_part``,
+which returns the part's size and digest), and one commits them all
+(``commit_version``) with a manifest naming every part, written once and only if
+absent. ``save`` is the same three steps in one process.
 """
 
 from __future__ import annotations
 
 import builtins
-import errno
-import json
 import logging
-import numbers
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from spot_core.bounds import MAX_ATTEMPT
-from spot_core.checkpoint.backend import ObjectBackend, UnknownAge, judged_age
+from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
+from spot_core.checkpoint.fencing import FENCE_KEY, MAX_FENCE_BYTES, Fencing
 from spot_core.checkpoint.manifest import (
     CHECKPOINTS_PREFIX,
     MAX_MANIFEST_BYTES,
@@ -34,13 +39,28 @@ from spot_core.checkpoint.manifest import (
     parse_checkpoint_id,
 )
 from spot_core.checkpoint.names import MANIFEST_NAME
-from spot_core.checkpoint.payload import CHUNK_SIZE, HashingStream, PayloadItem, prepare_payload
+from spot_core.checkpoint.payload import (
+    CHUNK_SIZE,
+    HashingStream,
+    PayloadItem,
+    _check_no_nesting,
+    prepare_payload,
+    validate_name,
+)
+from spot_core.checkpoint.store_base import (
+    _check_count,
+    _corrupt,
+    _is_full,
+    _unreadable,
+    _unwritable,
+    step_went_back,
+)
+from spot_core.checkpoint.store_objects import MAX_OBJECT_BYTES, JobObjects
 from spot_core.errors import (
     CheckpointError,
     CheckpointNotFound,
     ConfigError,
     CorruptCheckpoint,
-    FencedOut,
     IncompleteRead,
     StoreUnavailable,
 )
@@ -49,12 +69,16 @@ from spot_core.safe_files import WriteFailed, write_bytes
 
 log = logging.getLogger(__name__)
 
-FENCE_KEY = "FENCE.json"
-MAX_FENCE_BYTES = 64 << 10  # a fence is ~50 bytes
-MAX_OBJECT_BYTES = 16 << 20  # heartbeats, driver beats, status reports: kilobytes
+__all__ = [
+    "FENCE_KEY",
+    "MAX_FENCE_BYTES",
+    "MAX_OBJECT_BYTES",
+    "CheckpointStore",
+    "step_went_back",
+]
 
 
-class CheckpointStore:
+class CheckpointStore(JobObjects, Fencing):
     """Durable, atomic, versioned checkpoints of one job in one backend."""
 
     def __init__(
@@ -98,50 +122,103 @@ class CheckpointStore:
         attempt = _check_count("attempt", attempt, minimum=0, maximum=MAX_ATTEMPT)
         items = prepare_payload(payload)
         meta = encode_metadata(metadata)
-        self._check_save(step, attempt)
-        checkpoint_id = new_checkpoint_id(step, attempt)
-        manifest = self._write_and_commit(checkpoint_id, step, attempt, meta, items)
-        self._verified.add(checkpoint_id)
+        checkpoint_id = self.begin_version(step, attempt=attempt)
+        committed = False
+        try:
+            with self._saving(checkpoint_id):
+                parts = {item.name: self._write_file(checkpoint_id, item) for item in items}
+            ref = self.commit_version(checkpoint_id, parts, meta)
+            committed = True
+        finally:
+            if not committed:
+                self._discard(checkpoint_id)
+        self._verified.add(checkpoint_id)  # this process hashed every byte it wrote
         log.info(
             "saved checkpoint %s (%d files, %d bytes) to %s",
             checkpoint_id,
-            len(manifest.files),
-            sum(e.size for e in manifest.files.values()),
+            len(parts),
+            sum(e.size for e in parts.values()),
             self.uri,
         )
-        return manifest.to_ref(self.uri)
+        return ref
 
-    def _write_and_commit(
+    # -- a version written by many processes ----------------------------------------
+    def begin_version(self, step: int, *, attempt: int = 1) -> str:
+        """Open a checkpoint version of ``step``: its id, which every writer of a part
+        passes to ``write_part`` and the committer to ``commit_version``.
+
+        Refuses at once what the commit would refuse, before any part is uploaded:
+        FencedOut for a stale attempt, ConfigError for a step below the store's newest
+        valid checkpoint (or a bad ``step``/``attempt``). Writes nothing: a version that
+        never commits leaves only parts, which no reader sees and ``prune`` removes once
+        a newer version commits."""
+        step = _check_count("step", step, minimum=0)
+        attempt = _check_count("attempt", attempt, minimum=0, maximum=MAX_ATTEMPT)
+        self._check_save(step, attempt)
+        return new_checkpoint_id(step, attempt)
+
+    def write_part(self, checkpoint_id: str, name: str, data: Any) -> FileEntry:
+        """Write one part of the open version ``checkpoint_id``, from any process (a rank):
+        streamed, hashed on the way, durable when this returns. Returns the part's size
+        and digest, which the committer names in the manifest. ``data`` and ``name`` as a
+        ``save`` payload's entry; each part has one writer. Readers see nothing of it
+        until ``commit_version``."""
+        _version_of(checkpoint_id)
+        [item] = prepare_payload({name: data})
+        with self._saving(checkpoint_id):
+            return self._write_file(checkpoint_id, item)
+
+    def commit_version(
         self,
         checkpoint_id: str,
-        step: int,
-        attempt: int,
-        meta: dict[str, Any],
-        items: list[PayloadItem],
-    ) -> Manifest:
-        """Payload first, manifest last; on any failure remove what this save wrote."""
-        committed = False
+        parts: Mapping[str, FileEntry],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointRef:
+        """Commit the version: one manifest naming every part and its digest, written once,
+        after every part is durable.
+
+        Under the store's lock, the fence and the step rule are checked again (FencedOut
+        when a newer attempt started or committed meanwhile: a zombie rank never commits),
+        every part must be in the store with the size its writer reported
+        (CheckpointError, retryable, when one is missing or short: a writer did not
+        finish), and the manifest is written only if none exists (a conditional write:
+        ``If-None-Match: *`` on S3, a hard link in a file store), so a version commits
+        once. Before that, nothing of the version is visible: ``latest()`` never returns
+        a version with a part missing, and a crash at any moment leaves the previous
+        version as it was."""
+        step, attempt = _version_of(checkpoint_id)
+        files = _part_entries(parts)
+        manifest = Manifest(
+            checkpoint_id=checkpoint_id,
+            step=step,
+            attempt=attempt,
+            created_at=time.time(),
+            metadata=encode_metadata(metadata),
+            files=files,
+        )
+        with self._saving(checkpoint_id):
+            self._commit(manifest)
+        return manifest.to_ref(self.uri)
+
+    def abandon_version(self, checkpoint_id: str) -> None:
+        """Remove the parts of a version that will not commit (a save that failed on some
+        rank). A committed version is left alone: abandoning never deletes a checkpoint."""
+        _version_of(checkpoint_id)
+        with self._saving(checkpoint_id), self.backend.lock():
+            if not self.backend.exists(checkpoint_key(checkpoint_id, MANIFEST_NAME)):
+                self._discard(checkpoint_id)
+
+    @contextmanager
+    def _saving(self, checkpoint_id: str) -> Iterator[None]:
+        """A failing store as one line naming the fix, never a raw OSError."""
         try:
-            files = {item.name: self._write_file(checkpoint_id, item) for item in items}
-            manifest = Manifest(
-                checkpoint_id=checkpoint_id,
-                step=step,
-                attempt=attempt,
-                created_at=time.time(),
-                metadata=meta,
-                files=files,
-            )
-            committed = self._commit(manifest)
-            return manifest
+            yield
         except OSError as exc:
             raise StoreUnavailable(
                 f"could not save checkpoint {checkpoint_id} to {self.uri}: "
                 f"{exc.strerror or exc}; check free space and permissions",
                 retryable=True,
             ) from exc
-        finally:
-            if not committed:
-                self._discard(checkpoint_id)
 
     def _write_file(self, checkpoint_id: str, item: PayloadItem) -> FileEntry:
         stream = HashingStream(item, self.chunk_size, self.digest)
@@ -153,14 +230,18 @@ class CheckpointStore:
         stream.finish()
         return FileEntry(size=stream.size, digest=stream.hexdigest, algorithm=stream.algorithm)
 
-    def _commit(self, manifest: Manifest) -> bool:
-        """Under the store lock: re-check the fence, check the files, write the manifest."""
+    def _commit(self, manifest: Manifest) -> None:
+        """Under the store lock: re-check the fence, check the parts, write the manifest
+        once (conditionally: never over another commit, whatever the lock allowed)."""
         with self.backend.lock():
             self._check_save(manifest.step, manifest.attempt)
             self._check_sizes(manifest)
             key = checkpoint_key(manifest.checkpoint_id, MANIFEST_NAME)
-            self.backend.put_bytes(key, manifest.encode())
-        return True
+            if not self.backend.put_if_absent(key, manifest.encode()):
+                raise CheckpointError(
+                    f"checkpoint {manifest.checkpoint_id} is already committed in "
+                    f"{self.uri}; a version commits once: begin_version() a new one"
+                )
 
     def _discard(self, checkpoint_id: str) -> None:
         try:
@@ -168,166 +249,9 @@ class CheckpointStore:
         except Exception as exc:  # noqa: BLE001 - cleanup must not hide the original error
             log.warning("could not remove partial checkpoint %s: %s", checkpoint_id, exc)
 
-    # -- the job's other objects -------------------------------------------------------
-    # Status reports, the call exchange and the driver's heartbeat live beside the
-    # checkpoints (one place the instance profile already grants), but outside the commit
-    # protocol: each is one small object, written whole. Keys are relative to the store
-    # and must not fall under the checkpoints' own prefix.
-    def put_object(self, key: str, data: bytes) -> None:
-        """Write one whole object (atomic on every backend: a reader sees old or new).
-        A full or read-only store is one CheckpointError naming the fix."""
-        key = _object_key(key)
-        try:
-            self.backend.put_bytes(key, data)
-        except OSError as exc:
-            raise _unwritable(self.uri, f"write {key}", exc) from exc
-
-    def get_object(self, key: str, *, max_bytes: int = MAX_OBJECT_BYTES) -> bytes | None:
-        """The object's bytes, or None when there is none.
-
-        What no writer of an object could have made (a FIFO, a device or a symlink in a
-        file store, more than ``max_bytes``) is warned once and read as none, like a
-        corrupt heartbeat: never a read that blocks, never an exception in a watcher."""
-        try:
-            return self.read_object(key, max_bytes=max_bytes)
-        except CorruptCheckpoint as exc:
-            self._warn_once(_object_key(key), exc)
-            return None
-
-    def read_object(self, key: str, *, max_bytes: int = MAX_OBJECT_BYTES) -> bytes | None:
-        """The object's bytes, or None only when there is none; CorruptCheckpoint naming
-        the problem when something is there that cannot be read (more than ``max_bytes``,
-        not an object). For objects whose absence means something to the reader (a work
-        queue's spec: absent means "create it first"), so "too big" never reads as absent.
-        """
-        key = _object_key(key)
-        try:
-            return self.backend.get_bytes(key, max_bytes=max_bytes)
-        except (FileNotFoundError, IsADirectoryError):
-            return None
-        except OSError as exc:
-            raise _unreadable(self.uri, key, exc) from exc
-
-    def put_object_if_absent(self, key: str, data: bytes) -> bool:
-        """Write ``data`` only if nothing is stored under ``key``; False, and nothing
-        written, if something is, even something no reader can read (too big, not an
-        object). Why: what one writer made once (a work queue's spec) is never replaced by
-        another, whatever the second could read of it."""
-        key = _object_key(key)
-        return self._write_if(key, data, lambda: not self._present(key), f"write {key}")
-
-    def _write_if(self, key: str, data: bytes, may_write: Callable[[], bool], what: str) -> bool:
-        """Write ``data`` under the backend's lock if ``may_write()`` still holds there."""
-        try:
-            with self.backend.lock():
-                if not may_write():
-                    return False
-                self.backend.put_bytes(key, data)
-                return True
-        except OSError as exc:
-            raise _unwritable(self.uri, what, exc) from exc
-
-    def _present(self, key: str) -> bool:
-        try:
-            self.backend.size(key)
-        except FileNotFoundError:
-            return False
-        except CorruptCheckpoint:
-            return True  # something no writer made: still not nothing
-        return True
-
-    def delete_object(self, key: str) -> None:
-        """Remove the object; a missing one is not an error."""
-        key = _object_key(key)
-        try:
-            self.backend.delete(key)
-        except OSError as exc:
-            raise _unwritable(self.uri, f"delete {key}", exc) from exc
-
-    def object_age(self, key: str) -> float | None:
-        """Seconds since the object was last written, on the store's own clock
-        (``ObjectBackend.age_seconds``); None when there is none. UnknownAge (warned once)
-        when the store's clock cannot tell: the caller picks its safe side. Read the
-        object first and its age after: the age is then that of the version read or of a
-        newer one, never more than the version read's, so nothing read counts as older
-        than it is."""
-        return self._age(_object_key(key))
-
-    def fence_age(self) -> float | None:
-        """Seconds since the fence was last raised, on the store's clock; None without a
-        fence; UnknownAge as ``object_age``. A driver tells by it a fence another driver
-        raised a moment ago from one left by a driver long gone."""
-        return self._age(FENCE_KEY)
-
-    def _age(self, key: str) -> float | None:
-        try:
-            seconds = self.backend.age_seconds(key)
-        except (FileNotFoundError, IsADirectoryError):
-            return None
-        except CorruptCheckpoint as exc:
-            self._warn_once(key, exc)
-            return None
-        except OSError as exc:
-            raise _unreadable(self.uri, key, exc) from exc
-        age = judged_age(seconds, f"{self.uri}/{key}")
-        if age is None:
-            raise UnknownAge(
-                f"the age of {key} in {self.uri} cannot be told by the store's clock "
-                f"({seconds} s: written in its future, or it gave no time)"
-            )
-        return age
-
-    def swap_object(self, key: str, expected: bytes | None, data: bytes) -> bool:
-        """Write ``data`` only if the object still holds ``expected`` (None: absent).
-
-        Compare-and-swap under the backend's lock (``flock`` on a file root, a
-        conditional PUT on S3), so of several processes or machines swapping from the same
-        content exactly one wins; False, and nothing written, for the others. Why: two
-        drivers that both decide to take over the same job (an orphaned flow run) must
-        agree on one.
-        """
-        key = _object_key(key)
-        return self._write_if(key, data, lambda: self.get_object(key) == expected, f"swap {key}")
-
     def size_of(self, ref: CheckpointRef) -> int:
         """Payload bytes of checkpoint ``ref`` (what a resume reads), from its manifest."""
         return sum(entry.size for entry in self._manifest_for(ref).files.values())
-
-    # -- fencing ---------------------------------------------------------------------
-    def fence(self, attempt: int) -> None:
-        """Refuse saves from attempts below ``attempt`` from now on.
-
-        The controller (or ``Checkpointer.from_env``) calls this when attempt N
-        starts, before N has saved anything. Raises FencedOut if ``attempt`` is itself
-        already stale, and CheckpointError (not a raw OSError) when the store cannot be
-        written: the fence object is replaced whole, so a full or read-only store keeps
-        its old fence and every checkpoint as they were.
-        """
-        attempt = _check_count("attempt", attempt, minimum=0, maximum=MAX_ATTEMPT)
-        try:
-            with self.backend.lock():
-                self._check_fence(attempt)
-                if attempt > self._fence_object():
-                    doc = {"attempt": attempt, "fenced_at": time.time()}
-                    self.backend.put_bytes(FENCE_KEY, json.dumps(doc, allow_nan=False).encode())
-                    log.info("fenced %s: attempts below %d can no longer save", self.uri, attempt)
-        except OSError as exc:
-            raise _unwritable(self.uri, f"fence attempt {attempt}", exc) from exc
-
-    def fence_level(self) -> int:
-        """The lowest attempt still allowed to save: max of the fence and committed attempts."""
-        committed = [m.attempt for m in self._committed()]
-        return max([self._fence_object(), *committed])
-
-    def _check_fence(self, attempt: int, committed: list[Manifest] | None = None) -> None:
-        committed = self._committed() if committed is None else committed
-        level = max([self._fence_object(), *(m.attempt for m in committed)])
-        if attempt < level:
-            raise FencedOut(
-                f"attempt {attempt} may not write to {self.uri}: attempt {level} "
-                "has started or committed there, so this writer is stale (its "
-                "capacity was reclaimed); stop it instead of retrying"
-            )
 
     def _check_save(self, step: int, attempt: int) -> None:
         """The fence, then the step rule, from one listing of the manifests."""
@@ -354,32 +278,6 @@ class CheckpointStore:
                 continue
             self._verified.add(manifest.checkpoint_id)
             raise step_went_back(step, manifest.step, self.uri)
-
-    def _fence_object(self) -> int:
-        """The attempt in FENCE.json; 0 when absent or unreadable.
-
-        An unreadable fence is skipped as corrupt (warned once) rather than blocking every
-        resume: committed attempts still fence, and the next ``fence()`` rewrites it. A
-        fence that could not be read whole is no such thing: its IncompleteRead is raised
-        (the save fails, retryable), so a cut connection never unfences a stale writer.
-        """
-        try:
-            data = self.backend.get_bytes(FENCE_KEY, max_bytes=MAX_FENCE_BYTES)
-        except (FileNotFoundError, IsADirectoryError):
-            return 0
-        except CorruptCheckpoint as exc:  # a FIFO, a device, a huge file: never blocks
-            self._warn_once(FENCE_KEY, exc)
-            return 0
-        attempt = _fence_attempt(data)
-        if attempt is None:
-            self._warn_once(
-                FENCE_KEY,
-                CorruptCheckpoint(
-                    f"{FENCE_KEY} is not a fence object; the next fence() replaces it"
-                ),
-            )
-            return 0
-        return attempt
 
     # -- read ------------------------------------------------------------------------
     def list(self) -> list[CheckpointRef]:
@@ -431,6 +329,21 @@ class CheckpointStore:
                 name: self._read_verified(manifest, name, entry)
                 for name, entry in manifest.files.items()
             }
+        except OSError as exc:
+            raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
+
+    def read_part(self, ref: CheckpointRef, name: str) -> bytes:
+        """One payload file (part) of ``ref``, read whole and verified against its size and
+        digest: what a rank restoring a sharded version reads of it. CheckpointNotFound
+        when the version names no such part; otherwise the errors of ``load``."""
+        manifest = self._manifest_for(ref)
+        entry = manifest.files.get(name)
+        if entry is None:
+            raise CheckpointNotFound(
+                f"checkpoint {manifest.checkpoint_id} in {self.uri} has no part {name!r}"
+            )
+        try:
+            return self._read_verified(manifest, name, entry)
         except OSError as exc:
             raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
 
@@ -603,8 +516,8 @@ class CheckpointStore:
             self._check_files(manifest, hash_files=False)
         except CorruptCheckpoint as exc:
             raise CheckpointError(
-                f"{exc} before its manifest was written (removed by a "
-                "concurrent prune?); save again",
+                f"{exc} before its manifest was written (a writer did not finish "
+                "it, or a concurrent prune removed it); save again",
                 retryable=True,
             ) from exc
 
@@ -615,11 +528,6 @@ class CheckpointStore:
             raise _corrupt(manifest, name, "is missing") from None
         if size != entry.size:
             raise _corrupt(manifest, name, f"has {size} bytes, manifest says {entry.size}")
-
-    def _warn_once(self, checkpoint_id: str, exc: Exception) -> None:
-        if checkpoint_id not in self._warned:
-            self._warned.add(checkpoint_id)
-            log.warning("skipping checkpoint %s in %s: %s", checkpoint_id, self.uri, exc)
 
     # -- prune -----------------------------------------------------------------------
     def prune(self, keep: int = 3) -> builtins.list[str]:
@@ -680,33 +588,6 @@ class CheckpointStore:
         return None
 
 
-def _object_key(key: str) -> str:
-    parts = key.split("/")
-    if (
-        not key
-        or key.startswith("/")
-        or any(p in ("", ".", "..") for p in parts)
-        or parts[0] in (CHECKPOINTS_PREFIX, FENCE_KEY)
-    ):
-        raise ConfigError(
-            f"object key {key!r} is not a plain relative key outside "
-            f"{CHECKPOINTS_PREFIX}/; use one like 'status/attempt-000001.json'"
-        )
-    return key
-
-
-def _fence_attempt(data: bytes) -> int | None:
-    """The attempt a fence object holds, or None if it is not one (any JSON, any depth)."""
-    try:
-        doc = json.loads(data, parse_constant=float)
-        attempt = doc["attempt"]
-    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
-        return None
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt <= MAX_ATTEMPT:
-        return None  # past MAX_ATTEMPT (an older version took any number): corrupt, replaced
-    return attempt
-
-
 def _targets_inside(manifest: Manifest, directory: str) -> dict[str, str]:
     """Each payload file's path under ``directory``; refuses any that would land outside.
 
@@ -722,57 +603,28 @@ def _targets_inside(manifest: Manifest, directory: str) -> dict[str, str]:
     return targets
 
 
-def step_went_back(step: int, newest: int, uri: str) -> ConfigError:
-    """The one line for a save whose step is below a checkpoint's the store holds."""
-    return ConfigError(
-        f"checkpoint step {step} is below step {newest}, which {uri} already "
-        "holds: steps must never go back (the new checkpoint would rank below "
-        "the old ones, so latest() would skip it and pruning would delete "
-        "it); pass a step that keeps growing across epochs and restarts, "
-        "e.g. epoch * steps_per_epoch + step, or continue from the restored "
-        "step (nothing was written)"
-    )
+def _version_of(checkpoint_id: object) -> tuple[int, int]:
+    """(step, attempt) of a version id ``begin_version`` made; ConfigError for anything else."""
+    parsed = parse_checkpoint_id(checkpoint_id) if isinstance(checkpoint_id, str) else None
+    if parsed is None:
+        raise ConfigError(
+            f"{str(checkpoint_id)[:80]!r} is not a checkpoint version id; pass the one "
+            "begin_version() returned"
+        )
+    return parsed
 
 
-def _unreadable(uri: str, key: str, exc: OSError) -> StoreUnavailable:
-    """A store that cannot be read (permissions, an I/O error) as one line naming the fix."""
-    return StoreUnavailable(
-        f"could not read {key} in {uri}: {exc.strerror or exc}; check the "
-        "store's permissions and disk (nothing was changed)",
-        retryable=exc.errno in (errno.EIO, errno.EAGAIN, errno.ETIMEDOUT),
-    )
-
-
-def _is_full(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-def _unwritable(uri: str, what: str, exc: OSError) -> StoreUnavailable:
-    """A full, read-only or unreachable store as one line that names the fix."""
-    full = _is_full(exc)
-    fix = "free space on it" if full else "make it writable or point the store URI elsewhere"
-    return StoreUnavailable(
-        f"could not {what} in {uri}: {exc.strerror or exc}; {fix} (existing "
-        "checkpoints are untouched)",
-        retryable=full,
-    )
-
-
-def _corrupt(manifest: Manifest, name: str, problem: str) -> CorruptCheckpoint:
-    return CorruptCheckpoint(
-        f"checkpoint {manifest.checkpoint_id} (step {manifest.step}): "
-        f"payload file {name!r} {problem}"
-    )
-
-
-def _check_count(what: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
-    """Accept any integral (also numpy ints), never bools or floats; return a plain int."""
-    if (
-        not isinstance(value, numbers.Integral)
-        or isinstance(value, bool)
-        or int(value) < minimum
-        or (maximum is not None and int(value) > maximum)
-    ):
-        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
-        raise ConfigError(f"{what} must be an int {bound}, got {repr(value)[:40]}")
-    return int(value)
+def _part_entries(parts: Mapping[str, FileEntry]) -> dict[str, FileEntry]:
+    """Every part's name checked as a payload name, each entry a ``write_part`` result."""
+    if not isinstance(parts, Mapping) or not parts:
+        raise ConfigError(
+            "commit_version needs the parts: a non-empty dict of name -> the FileEntry "
+            "write_part() returned for it"
+        )
+    _check_no_nesting([validate_name(name) for name in parts])
+    bad = [name for name, entry in parts.items() if not isinstance(entry, FileEntry)]
+    if bad:
+        raise ConfigError(
+            f"part {bad[0]!r} is not a FileEntry; pass what write_part() returned for it"
+        )
+    return dict(parts)
