@@ -20,10 +20,12 @@ a provider's name. The path, the same in every engine::
     record = stored or controller.persist(controller.new_record(spec))
     nxt = controller.advance(spec, record)
 
-A driver in another process (an Airflow trigger) reopens the same provider by name from
-the first one's resolved options, ``jobs.open_provider(name, session=own, **provider.options)``,
-and assembles its controller with ``jobs.assemble`` too; it has the spec already
-(``Relaunch``) or needs only its id and store (``watch_spec``).
+An engine that keeps the provider's options itself and opens it in several processes
+(Airflow's ``SpotHook``: the operator's worker, then the triggerer with the first one's
+resolved ``provider.options``) opens it by name instead,
+``jobs.open_provider(name, session=own, **options)`` (``spot_core.providers.open_provider``),
+and assembles its controller with ``jobs.assemble`` all the same; a trigger has the spec
+already (``Relaunch``) or needs only the job's id and store (``watch_spec``).
 
 ``InPlaceAttempt`` is the same for the in-place decorators (``@task.spot``, ``spot_task``):
 one call of a function on the worker that runs it, opened, checkpointed, watched for
