@@ -27,12 +27,14 @@ def open_configured_provider(config: SpotConfiguration, *, workdir: str | None =
     API client), resolved here, in the process that opens it; without one, the SDK's
     default chain. ``workdir``: a scratch folder for a provider that keeps files of its
     own on this machine (the local cloud in this process)."""
-    return jobs.open_provider(config.settings(), session=session_for(config), scratch_dir=workdir)
+    return jobs.open_provider_for(
+        config.settings(), session=session_for(config), scratch_dir=workdir
+    )
 
 
 def session_for(config: SpotConfiguration) -> Any:
     """The configuration's credentials of the kind its provider takes (None: none)."""
-    kind = jobs.plugin(config.provider).session
+    kind = jobs.provider_plugin(config.provider).session
     if kind is jobs.SessionKind.KUBERNETES:
         return config.kubernetes_client()
     if kind is jobs.SessionKind.AWS:
@@ -45,7 +47,7 @@ def check_store_for(
 ) -> None:
     """A store the provider's leases can reach (its plugin says which); ConfigError naming
     ``what`` (the surface's field) and the fix."""
-    problem = jobs.plugin(provider).store_problem(store_uri, options or {}, what=what)
+    problem = jobs.provider_plugin(provider).store_problem(store_uri, options or {}, what=what)
     if problem is not None:
         raise ConfigError(problem)
 
@@ -54,7 +56,7 @@ def lease_env(provider: str, env: dict[str, str], logger: Any = None) -> dict[st
     """``env`` as it may go to a lease of ``provider`` (off this machine, without names
     that look like credentials: a remote instance gets its access from its instance
     profile or image, and the EC2 provider writes the environment into user-data)."""
-    kept, dropped = jobs.plugin(provider).lease_environment(env)
+    kept, dropped = jobs.provider_plugin(provider).lease_environment(env)
     if dropped and logger is not None:
         logger.warning(
             "not passing %s to the %s lease: credentials never go into its "
@@ -76,7 +78,7 @@ def controller_for(
     progress: Listener | None = None,
     stores: Callable[[str], Any] | None = None,
 ) -> Controller:
-    """``spot_core.jobs.controller`` under ``config``'s settings, each transition becoming
+    """``spot_core.jobs.assemble`` under ``config``'s settings, each transition becoming
     a ``spot.job.*`` event, a pool alert check and an update of ``progress`` (the job's
     progress artifact). ``stores`` opens the job's store (a CheckpointStorage block's;
     default: the provider's, with its credentials)."""
@@ -89,7 +91,7 @@ def controller_for(
         if progress is not None:
             progress(kind, record, detail)
 
-    return jobs.controller(
+    return jobs.assemble(
         settings,
         provider,
         max_user_retries=max_user_retries,

@@ -81,11 +81,11 @@ def check_cluster_config(
     beside kubeconfig options."""
     if cluster_config is None:
         return
-    if jobs.plugin(provider).session is not jobs.SessionKind.KUBERNETES:
+    if jobs.provider_plugin(provider).session is not jobs.SessionKind.KUBERNETES:
         takers = [
             n
             for n in jobs.provider_names()
-            if jobs.plugin(n).session is jobs.SessionKind.KUBERNETES
+            if jobs.provider_plugin(n).session is jobs.SessionKind.KUBERNETES
         ]
         choice = " or ".join(f"provider={n!r}" for n in takers) or "a Kubernetes provider"
         raise ValueError(

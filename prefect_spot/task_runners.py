@@ -263,7 +263,7 @@ class SpotTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             raise RuntimeError("a spot task runs inside a Prefect task run")
         task_run = context.task_run
         config, storage = self._resolve()
-        plugin = jobs.plugin(config.provider)
+        plugin = jobs.provider_plugin(config.provider)
         check_key_channel(config.provider)
         _jobs.check_store_for(
             config.provider,
@@ -417,7 +417,7 @@ def check_key_channel(provider: str) -> None:
     needs no secret (Ed25519: public keys in its environment, and on its own capacity: a
     tag on its instance, an annotation on its pod, ``LEASE_TAGS``). A provider with
     neither has no channel until it declares one."""
-    plugin = jobs.plugin(provider)
+    plugin = jobs.provider_plugin(provider)
     if _remote_lease(plugin) and jobs.Capability.LEASE_TAGS not in plugin.capabilities:
         raise ConfigError(
             f"SpotTaskRunner cannot run tasks on provider {provider!r}: its leases are "

@@ -3,18 +3,29 @@ and ``JobSpec`` out.
 
 Every driver of the controller (``spot-pipelines run``, ``SpotJobOperator``,
 ``SpotKubernetesPodOperator``, ``SpotJobTrigger``, ``@task.spot``, Prefect's
-``SpotTaskRunner``, ``spot`` worker and ``spot_task``) builds its job here and keeps only
-its engine's concerns: where the record lives, how credentials are resolved, how it
-waits. What an engine needs of a provider (its ``ProviderPlugin``: capabilities, the kind
-of session it takes, which stores its leases reach, the environment and Python a lease
-gets, its console link) also comes through here, so no engine imports
-``spot_core.providers`` and none branches on a provider's name.
+``SpotTaskRunner``, ``spot`` worker and ``spot_task``, the sweeps' trial runner) builds
+its job here and keeps only its engine's concerns: where the record lives, how credentials
+are resolved, how it waits. What an engine needs of a provider (its ``ProviderPlugin``:
+capabilities, the kind of session it takes, which stores its leases reach, the
+environment and Python a lease gets, its console link) also comes through here
+(``provider_plugin``), so no engine imports ``spot_core.providers`` and none branches on
+a provider's name. The path, the same in every engine::
 
     settings = SpotSettings.build(where="train", provider="ec2", ...)
-    provider = jobs.open_provider(settings, session=access)      # the engine's credentials
-    job = jobs.assemble(settings, provider, job_id=jobs.job_id(dag, task, run),
-                        command=["python", "train.py"], checkpoint_uri=uri, persist=save)
-    nxt = job.controller.advance(job.spec, job.record(stored))
+    provider = jobs.open_provider_for(settings, session=access)  # the engine's credentials
+    controller = jobs.assemble(settings, provider, persist=save, listener=on_event)
+    spec = jobs.job_spec(settings, provider, job_id=jobs.job_id(dag, task, run),
+                         command=["python", "train.py"], checkpoint_uri=uri,
+                         created_at=None if stored is None else stored.created_at)
+    record = stored or controller.persist(controller.new_record(spec))
+    nxt = controller.advance(spec, record)
+
+An engine that keeps the provider's options itself and opens it in several processes
+(Airflow's ``SpotHook``: the operator's worker, then the triggerer with the first one's
+resolved ``provider.options``) opens it by name instead,
+``jobs.open_provider(name, session=own, **options)`` (``spot_core.providers.open_provider``),
+and assembles its controller with ``jobs.assemble`` all the same; a trigger has the spec
+already (``Relaunch``) or needs only the job's id and store (``watch_spec``).
 
 ``InPlaceAttempt`` is the same for the in-place decorators (``@task.spot``, ``spot_task``):
 one call of a function on the worker that runs it, opened, checkpointed, watched for
@@ -46,6 +57,7 @@ from spot_core.providers.base import (
 from spot_core.providers.in_place import InPlaceProvider
 from spot_core.providers.registry import (
     check_provider,
+    open_provider,
     provider_names,
     provider_plugin,
     refuse_credentials,
@@ -57,7 +69,6 @@ Stores = Callable[[str], CheckpointStore]
 __all__ = [
     "Capability",
     "InPlaceAttempt",
-    "Job",
     "LeaseState",
     "LeaseStatus",
     "Observation",
@@ -67,29 +78,22 @@ __all__ = [
     "SessionKind",
     "assemble",
     "check_provider",
-    "controller",
     "detectors",
     "job_id",
     "job_spec",
     "open_provider",
-    "plugin",
+    "open_provider_for",
     "provider_names",
+    "provider_plugin",
     "publish_from_lease",
     "refuse_credentials",
     "relaunch",
-    "reopen_provider",
     "select_pools",
     "trace_position",
     "watch_spec",
 ]
 
 MAX_JOB_ID = 200
-
-
-def plugin(name: str) -> ProviderPlugin:
-    """What provider ``name`` declares about itself (one-line ConfigError if it is not
-    installed)."""
-    return provider_plugin(name)
 
 
 def detectors() -> list[dict[str, Any]]:
@@ -117,13 +121,15 @@ def job_id(*parts: str | int | None) -> str:
 
 
 # -- the provider -------------------------------------------------------------------------------
-def open_provider(
+def open_provider_for(
     settings: SpotSettings, *, session: Any = None, scratch_dir: str | None = None
 ) -> Provider:
-    """The provider the settings name, its options checked and completed by its plugin
-    (the session's region, the settings' instance types, the engine's ``scratch_dir`` for
-    a cloud in this process). ``session``: the engine's credentials of the kind the plugin
-    takes (``plugin(name).session``), resolved in this process; None: the SDK's chain."""
+    """The provider the settings name, for a new job: its options checked and completed
+    by its plugin (the session's region, the settings' instance types, the engine's
+    ``scratch_dir`` for a cloud in this process). ``session``: the engine's credentials of
+    the kind the plugin takes (``provider_plugin(name).session``), resolved in this
+    process; None: the SDK's chain. Its ``options`` then reopen it in another process
+    (``open_provider``)."""
     found = provider_plugin(settings.provider)
     check_provider(settings.provider, settings.provider_options, settings.instance_types)
     session = session if found.session is not None else None
@@ -134,13 +140,6 @@ def open_provider(
         scratch_dir=scratch_dir,
     )
     return found.open(options, session)
-
-
-def reopen_provider(name: str, options: Mapping[str, Any], *, session: Any = None) -> Provider:
-    """Provider ``name`` as another process opened it: ``options`` are its ``options``
-    attribute there (resolved, JSON-able), ``session`` this process's own credentials."""
-    found = provider_plugin(name)
-    return found.open(options, session if found.session is not None else None)
 
 
 def select_pools(
@@ -219,7 +218,7 @@ def publish_from_lease(key: str, value: str, environ: Mapping[str, str]) -> str:
 
 
 # -- the job -------------------------------------------------------------------------------------
-def controller(
+def assemble(
     settings: SpotSettings,
     provider: Provider,
     *,
@@ -229,12 +228,15 @@ def controller(
     stores: Stores | None = None,
     engine_stores: Stores | None = None,
 ) -> Controller:
-    """The job's controller under ``settings``: its retry policy (an engine passes its own
-    user-failure budget as ``max_user_retries``) and its lifecycle's bounds. The job's
-    stores are opened with ``stores`` when given (a store with credentials of its own, a
-    Prefect CheckpointStorage block), else with the provider's credentials when it
-    declares ``OWN_STORES``, else with ``engine_stores`` (an Airflow connection's), else
-    with boto3's default chain."""
+    """The job's controller under ``settings``, the one every driver drives: its retry
+    policy (an engine passes its own user-failure budget as ``max_user_retries``) and its
+    lifecycle's bounds, over ``provider`` (opened by ``open_provider_for`` for a new job,
+    by ``open_provider`` from another process's options). ``persist`` keeps the record
+    where the engine keeps it, ``listener`` hears each transition. The job's stores are
+    opened with ``stores`` when given (a store with credentials of its own, a Prefect
+    CheckpointStorage block), else with the provider's credentials when it declares
+    ``OWN_STORES``, else with ``engine_stores`` (an Airflow connection's), else with
+    boto3's default chain."""
     if stores is None and Capability.OWN_STORES not in provider.capabilities:
         stores = engine_stores
     return Controller(
@@ -356,63 +358,6 @@ def relaunch(
     if credential_findings(spec.env):
         return None
     return Relaunch(spec, settings.policy_knob_values(), max_user_retries)
-
-
-@dataclass(frozen=True)
-class Job:
-    """A job ready to drive: its provider, its spec and its controller."""
-
-    provider: Provider
-    spec: JobSpec
-    controller: Controller
-
-    def record(self, stored: JobRecord | None = None) -> JobRecord:
-        """``stored`` (an earlier try's or process's record), or a new one, persisted
-        before anything acts on it."""
-        if stored is not None:
-            return stored
-        return self.controller.persist(self.controller.new_record(self.spec))
-
-
-def assemble(
-    settings: SpotSettings,
-    provider: Provider,
-    *,
-    job_id: str,
-    checkpoint_uri: str | Callable[[], str],
-    command: Sequence[str] = (),
-    pools: Sequence[Pool] | None = None,
-    env: Mapping[str, str] | None = None,
-    image: str | None = None,
-    created_at: float | None = None,
-    max_user_retries: int | None = None,
-    persist: Persist | None = None,
-    listener: Listener | None = None,
-    stores: Stores | None = None,
-    engine_stores: Stores | None = None,
-) -> Job:
-    """``job_spec`` and ``controller`` together (see each for its arguments)."""
-    made = controller(
-        settings,
-        provider,
-        max_user_retries=max_user_retries,
-        persist=persist,
-        listener=listener,
-        stores=stores,
-        engine_stores=engine_stores,
-    )
-    spec = job_spec(
-        settings,
-        provider,
-        job_id=job_id,
-        checkpoint_uri=checkpoint_uri,
-        command=command,
-        pools=pools,
-        env=env,
-        image=image,
-        created_at=created_at,
-    )
-    return Job(provider, spec, made)
 
 
 # -- in place --------------------------------------------------------------------------------

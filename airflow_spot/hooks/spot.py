@@ -52,7 +52,7 @@ class SpotHook(BaseHook):
     ) -> None:
         super().__init__(**kwargs)
         try:  # read when used, so a provider installed after this module loaded counts
-            jobs.plugin(provider)
+            jobs.provider_plugin(provider)
         except ConfigError as exc:
             raise ValueError(f"unknown capacity provider {provider!r}: {exc}") from None
         self.provider_name = provider
@@ -76,7 +76,7 @@ class SpotHook(BaseHook):
     def _session(self) -> Any:
         """What the provider reaches its cloud with: the connection of the kind its plugin
         says it takes, resolved in this process (None: its SDK's default chain)."""
-        kind = jobs.plugin(self.provider_name).session
+        kind = jobs.provider_plugin(self.provider_name).session
         if kind is jobs.SessionKind.AWS:
             return self.aws
         if kind is jobs.SessionKind.KUBERNETES and self.kubernetes_conn_id is not None:
@@ -88,8 +88,8 @@ class SpotHook(BaseHook):
         with _OPEN_LOCK:
             provider = _OPEN.get(self.cache_key)
             if provider is None:
-                provider = jobs.reopen_provider(
-                    self.provider_name, self.provider_options, session=self._session()
+                provider = jobs.open_provider(
+                    self.provider_name, session=self._session(), **self.provider_options
                 )
                 _OPEN[self.cache_key] = provider
                 # A trigger running in this process (dag.test) reopens it by its options.
@@ -122,7 +122,7 @@ class SpotHook(BaseHook):
         """The controller over this provider under ``settings``, the same in the worker
         that launches and the triggerer that watches; stores are reached with the
         provider's own credentials when it has them, else with the AWS connection."""
-        return jobs.controller(
+        return jobs.assemble(
             settings,
             self.get_provider(),
             max_user_retries=max_user_retries,

@@ -330,7 +330,9 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
         pod = self.build_pod_request_obj(context)
         self.pod_request_obj = pod
         template = ApiClient().sanitize_for_serialization(pod)  # the API's JSON shape
-        if not jobs.plugin(PROVIDER).reaches_store(self.checkpoint_uri, {"pod_template": template}):
+        if not jobs.provider_plugin(PROVIDER).reaches_store(
+            self.checkpoint_uri, {"pod_template": template}
+        ):
             raise AirflowFailException(
                 f"{self.task_id}: checkpoint_uri={self.checkpoint_uri!r} is on this machine's "
                 "disk, which the pods cannot see: use s3://bucket/prefix, or a file:// path "
@@ -427,7 +429,7 @@ class SpotKubernetesPodOperator(ControllerDriverMixin, KubernetesPodOperator):
 
         def follow() -> None:
             try:
-                container = jobs.plugin(PROVIDER).step_container
+                container = jobs.provider_plugin(PROVIDER).step_container
                 if container is None:  # never: the kubernetes plugin names its step's
                     raise ConfigError(f"provider {PROVIDER!r} names no step container")
                 self.pod_manager.fetch_container_logs(

@@ -371,6 +371,6 @@ class SpotJobOperator(ControllerDriverMixin, BaseOperator):
     def _persist_lease_link(self, context, lease: Lease | None) -> None:
         """The console page of the capacity the attempt runs on, if its provider has one
         (the EC2 console for an EC2 instance); "" before any attempt."""
-        link = None if lease is None else jobs.plugin(self.provider).console_link(lease)
+        link = None if lease is None else jobs.provider_plugin(self.provider).console_link(lease)
         if lease is None or link is not None:
             SpotEc2InstanceLink.persist(context, link or "")

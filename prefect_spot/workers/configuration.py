@@ -173,7 +173,7 @@ class SpotJobConfiguration(_SpotValues, BaseJobConfiguration):
         # notice's SIGTERM into an emergency checkpoint, and end a preempted run without
         # a final state (prefect_spot._engine).
         # On a remote lease (ec2) the instance's own Python runs it (`agent_python`).
-        python = jobs.plugin(self.provider).lease_python(self.provider_options)
+        python = jobs.provider_plugin(self.provider).lease_python(self.provider_options)
         self.command = self.command or f"{shlex.quote(python)} -m prefect_spot._engine"
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id)
 

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    providers = [jobs.plugin(name).describe() for name in jobs.provider_names()]
+    providers = [jobs.provider_plugin(name).describe() for name in jobs.provider_names()]
     detectors = jobs.detectors()
     if args.json:
         print(json.dumps({"providers": providers, "detectors": detectors}, sort_keys=True))

@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     # by its plugin: one group per plugin class, whatever names it is registered under.
     added: set[type] = set()
     for name in jobs.provider_names():
-        found = jobs.plugin(name)
+        found = jobs.provider_plugin(name)
         if type(found) not in added:
             added.add(type(found))
             found.add_cli_arguments(parser)
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from spot_core.stopping import stop_on_signals
 
     settings = _settings(args)
-    plugin = jobs.plugin(settings.provider)
+    plugin = jobs.provider_plugin(settings.provider)
     # A provider whose leases run the command in an image (kubernetes) need not find it here.
     command = _command(
         args.cmd,
@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         try:  # the settings' time convention: --deadline, --work and --restart-overhead
             # count in the provider's capacity time; the checkpoint folder is made last,
             # after every check, so a bad flag leaves none
-            job = jobs.assemble(
+            controller = jobs.assemble(settings, provider, listener=_print_event)
+            spec = jobs.job_spec(
                 settings,
                 provider,
                 job_id=job_id,
@@ -103,11 +104,10 @@ def run(args: argparse.Namespace) -> int:
                 checkpoint_uri=lambda: _checkpoint_uri(args.checkpoint_uri, job_id),
                 pools=pools,
                 image=settings.image,
-                listener=_print_event,
             )
         except ConfigError as exc:
             raise ConfigError(in_flags(str(exc))) from None
-        record = job.controller.run(job.spec, observer=observer_of(provider))
+        record = controller.run(spec, observer=observer_of(provider))
     print_record(record, provider.market.time_scale)
     if args.json:
         print(record.to_json(), flush=True)

@@ -10,7 +10,8 @@ provider's own module::
 The names are read once per process without importing anything; a plugin is imported
 the first time its name is used. ``open_provider(name, **options)`` builds one from plain,
 JSON-able options (a provider's ``options`` attribute reopens it in another process: an
-Airflow trigger, a Prefect worker), and ``check_provider(name, options, instance_types)``
+Airflow trigger, a Prefect worker; the engines reach it as ``spot_core.jobs.open_provider``,
+the same function), and ``check_provider(name, options, instance_types)``
 refuses a bad name or option set before anything opens, so a DAG fails when it is parsed
 and a block when it is built, not when capacity is launched.
 """

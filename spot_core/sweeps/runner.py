@@ -33,19 +33,19 @@ def spot_trials(
 ) -> Iterator[TrialRunner]:
     """A runner of trials as spot jobs on the settings' provider (opened here, closed on
     every exit path); ``env`` goes to every trial's step."""
-    provider = jobs.open_provider(settings, session=session, scratch_dir=scratch_dir)
+    provider = jobs.open_provider_for(settings, session=session, scratch_dir=scratch_dir)
 
     def run_job(job: TrialJob) -> JobRecord:
-        made = jobs.assemble(
+        controller = jobs.assemble(settings, provider, listener=listener)
+        spec = jobs.job_spec(
             settings,
             provider,
             job_id=job.job_id,
             checkpoint_uri=job.checkpoint_uri,
             command=job.command,
             env={**(env or {}), **job.env},
-            listener=listener,
         )
-        return made.controller.run(made.spec)
+        return controller.run(spec)
 
     try:
         yield run_job

@@ -267,12 +267,12 @@ def test_default_waits_out_flickers_a_restart_cannot_repay():
 
 
 def test_zone_chooser_expects_old_runs_to_last_and_moves_for_a_real_saving():
-    from spot_core.policy.deadline.mdp import _ZoneChooser
+    from spot_core.policy.deadline.zones import ZoneChooser
 
     job = Job.from_hours(10, 30, 0.5)
     history = [FLICKERS, [1] * len(FLICKERS), [1] * len(FLICKERS)]
     window = _with_history([[1] * 30] * 3, history, [2.0, 1.0, 1.02], job)
-    chooser = _ZoneChooser(window)
+    chooser = ZoneChooser(window)
     # zone 0's run starts at the window: of its past runs, only the 12-tick ones lasted
     # past one tick, so 11 more ticks are expected, not the mean run (flickers included)
     assert chooser.rest(0, 0) == pytest.approx(11 * HOUR)
@@ -288,12 +288,12 @@ def test_zone_chooser_never_moves_between_zones_of_one_price():
     # expected. Zone 1, at the same price, has never gone down. A move costs a restart now
     # for sure; staying costs one only if zone 0 ends first, and then the job moves
     # anyway. So a move pays only through a lower price, never through a longer run.
-    from spot_core.policy.deadline.mdp import _ZoneChooser
+    from spot_core.policy.deadline.zones import ZoneChooser
 
     job = Job.from_hours(10, 30, 0.5)
     ending = ([1] * 7 + [0]) * 10 + [1] * 5
     window = _with_history([[1] * 30] * 2, [ending, [1] * len(ending)], [1.0, 1.0], job)
-    chooser = _ZoneChooser(window)
+    chooser = ZoneChooser(window)
     assert chooser.rest(0, 0) == pytest.approx(1 * HOUR)
     assert chooser.best(0) == 1  # a fresh launch goes where the run is expected to last
     assert chooser.switch(0, 0, 10 * HOUR, margin=1.0) == 0
