@@ -41,14 +41,25 @@ demo: $(DEMO_ENV)/.synced
 images: $(UV)
 	$(PYTHON) docker/build_images.py --uv $(UV)
 
-test: lint test-core test-airflow test-prefect test-images
+# The suites run side by side, SUITES_AT_ONCE at a time (make's own jobs; each suite's
+# output printed whole when it ends), in this order: the longest lane (Prefect) starts
+# with lint, then core (itself spread over CORE_WORKERS processes: tests/run_suite.py),
+# Airflow and the images take the free slots. `make test SUITES_AT_ONCE=1 CORE_WORKERS=1`
+# runs everything one test at a time, as before. docs/testing.md, "Test times".
+SUITES_AT_ONCE ?= 2
+CORE_WORKERS ?= 3
+test:
+	$(MAKE) -j$(SUITES_AT_ONCE) --output-sync=target lint test-prefect test-core test-airflow test-images
 
-# Every suite writes a JUnit report, .ci/reports/<target>.xml (gitignored), and prints its
-# 30 slowest tests; `.ci/run` prints the 20 slowest of the whole run from those files
-# (.ci/slowest.py). Through pytest's environment so that each target's command stays as is.
+# Every suite writes a JUnit report, .ci/reports/<target>.xml (gitignored; a spread suite
+# also <target>-serial.xml), and prints its 30 slowest tests; `.ci/run` prints the 20
+# slowest of the whole run from those files (.ci/slowest.py). The suites of `make test` run
+# through tests/run_suite.py NAME WORKERS PATH -- PYTEST_ARGS (WORKERS 1: one plain pytest
+# run); the other targets pass the report through pytest's environment.
 REPORTS := $(CURDIR)/.ci/reports
-test-core test-chaos test-airflow test-prefect test-images test-stack: \
+test-chaos test-stack: \
 	export PYTEST_ADDOPTS += --junitxml=$(REPORTS)/$@.xml --durations=30
+SUITE = bin/python tests/run_suite.py
 
 # ruff (lint and format) over the tree; mypy strict on spot_core and the emulators (core
 # environment), the engines' packages each in its own environment (they import their engine).
@@ -72,7 +83,7 @@ machine:
 	@tests/system-packages
 
 test-core: machine $(CORE)/.torch
-	$(CORE)/bin/python -m pytest tests/core $(PYTEST_ARGS)
+	$(CORE)/$(SUITE) $@ $(CORE_WORKERS) tests/core -- $(PYTEST_ARGS)
 
 # Chaos across many seeds (the `slow` marker; `make test` runs only a few). A failure names
 # its seed: rerun one with PYTEST_ARGS='-k seed_117'.
@@ -80,16 +91,16 @@ test-chaos: machine $(CORE)/.torch
 	$(CORE)/bin/python -m pytest tests/core/test_chaos.py -m slow $(PYTEST_ARGS)
 
 test-airflow: machine $(AIRFLOW)/.synced
-	$(AIRFLOW)/bin/python -m pytest tests/airflow $(PYTEST_ARGS)
+	$(AIRFLOW)/$(SUITE) $@ 1 tests/airflow -- $(PYTEST_ARGS)
 
 test-prefect: machine $(PREFECT)/.synced
-	$(PREFECT)/bin/python -m pytest tests/prefect $(PYTEST_ARGS)
+	$(PREFECT)/$(SUITE) $@ 1 tests/prefect -- $(PYTEST_ARGS)
 
 # The images under a real engine (podman's Docker API for the docker CLI, or Docker): a
 # step container reclaimed and resumed, the Airflow and Prefect images, and
 # docker/compose.yaml as real containers (test-stack runs only that).
 test-images: machine $(CORE)/.synced images
-	$(CORE)/bin/python -m pytest tests/images $(PYTEST_ARGS)
+	$(CORE)/$(SUITE) $@ 1 tests/images -- $(PYTEST_ARGS)
 
 test-stack: machine $(CORE)/.synced images
 	$(CORE)/bin/python -m pytest tests/images/test_compose_stack.py $(PYTEST_ARGS)

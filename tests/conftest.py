@@ -58,3 +58,25 @@ def pytest_make_collect_report(collector):
             report.outcome = "failed"
             report.longrepr = message
     return report
+
+
+# Test files run after the rest of their suite, one test at a time, when `make test`
+# spreads a suite over processes (tests/run_suite.py): each times real processes against
+# a window of a few wall seconds, or starts many (moto's EC2, an instance runtime per
+# lease), and failed or timed out beside three other workers on this 2-core machine.
+SERIAL_FILES: dict[str, str] = {
+    "test_ec2_provider.py": "instance runtimes on moto against 120 s timeouts",
+    "test_ec2_bootstrap.py": "installs the package at an instance's boot",
+    "test_clock_skew.py": "clocks offset per process, judged within a few seconds",
+    "test_one_driver.py": "a take-over measured in heartbeats of 1-2 s",
+    "test_run_kill.py": "a killed driver's leases ended within its timeout",
+    "test_controller.py": "the preemption budget spent on a 1 s trace tick",
+    "test_worker_notice.py": "an emergency save inside a notice of 1 wall second",
+    "test_standalone_kubernetes.py": "a killed triggerer restarted within its lease",
+}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark the tests of SERIAL_FILES ``serial`` (before ``-m`` selects)."""
+    if item.path.name in SERIAL_FILES:
+        item.add_marker(pytest.mark.serial)
