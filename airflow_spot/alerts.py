@@ -41,11 +41,29 @@ def announce(alerts: list[PoolAlert], context, callback: AlertCallback | None) -
     }
     hook = _listener_hook()
     for alert in alerts:
-        log.warning("spot pool alert: %s", alert.message)
+        if _first_in_a_while(alert):
+            log.warning("spot pool alert: %s", alert.message)
         if hook is not None:
             hook.on_spot_alert(alert=alert.to_dict(), **where)
         if callback is not None:
             callback(alert.to_dict(), context)
+
+
+LOG_EVERY_SECONDS = 3600.0
+_logged_at: dict[tuple[str, str], float] = {}
+
+
+def _first_in_a_while(alert: PoolAlert) -> bool:
+    """Whether to log ``alert``: once per pool and kind per ``LOG_EVERY_SECONDS`` in this
+    process. Every attempt end of every task checks the pools, so three mapped shards
+    ending together logged each alert three times; the listeners and the callback still
+    get every one (they may count or page)."""
+    key = (alert.pool.key, alert.kind)
+    last = _logged_at.get(key)
+    if last is not None and alert.observed_at - last < LOG_EVERY_SECONDS:
+        return False
+    _logged_at[key] = alert.observed_at
+    return True
 
 
 def on_attempt_end(

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -195,10 +196,23 @@ def run_demo(
             "enough to be preempted"
         )
     run = _run_kubernetes if provider == EMULATED_KUBERNETES else _run
+    quiet_engine_warnings()
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="spot-airflow-demo-") as tmp:
             return run(Path(tmp), steps)
     return run(Path(workdir).resolve(), steps)
+
+
+# Warnings about the engine's own dependencies, not about the user's DAG or this project:
+# dag.test() talks to Airflow's API through starlette's TestClient, which warns that it
+# would rather have httpx2 (a note for Airflow's maintainers, printed to every demo user).
+ENGINE_WARNINGS = (r"Using `httpx` with `starlette\.testclient` is deprecated",)
+
+
+def quiet_engine_warnings() -> None:
+    """Ignore ``ENGINE_WARNINGS`` in this process (the demo's; a deployment is untouched)."""
+    for message in ENGINE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
 
 
 def _run(workdir: Path, steps: int) -> dict[str, Any]:

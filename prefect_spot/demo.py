@@ -8,10 +8,13 @@ evaluate), prints the report, and returns the DESIGN.md demo JSON with
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -73,7 +76,7 @@ def _run(workdir: Path, steps: int) -> dict:
     reference = train(TrainConfig(steps=steps))
     started = time.monotonic()
     print("starting a temporary Prefect server (SQLite) ...", flush=True)
-    with prefect_test_harness(server_startup_timeout=120):
+    with quiet_server(), prefect_test_harness(server_startup_timeout=120):
         result = flows.spot_ml_pipeline(workdir=str(workdir), steps=steps)
     record = JobRecord.from_dict(result["record"])
     print(f"flow finished in {time.monotonic() - started:.1f} s", flush=True)
@@ -87,6 +90,31 @@ def _run(workdir: Path, steps: int) -> dict:
         flush=True,
     )
     return report
+
+
+@contextlib.contextmanager
+def quiet_server() -> Iterator[None]:
+    """The demo's throwaway server without Prefect's telemetry: its heartbeat to Prefect
+    (``PREFECT_SERVER_ANALYTICS_ENABLED``) wrote to the same SQLite file as the flow run and
+    printed an 80-line "database is locked" traceback, or a "Failed to send telemetry"
+    error offline; the client's own events (``DO_NOT_TRACK``) likewise. The settings go
+    to the harness's server process through the environment, and come back after."""
+    from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+
+    saved = {name: os.environ.get(name) for name in QUIET_ENV}
+    os.environ.update(QUIET_ENV)
+    try:
+        with temporary_settings(updates={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+QUIET_ENV = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
 
 
 def demo_json(record, result: dict, uninterrupted_sha: str) -> dict:

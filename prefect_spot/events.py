@@ -34,6 +34,7 @@ EVENT_NAMES: dict[str, str | None] = {
     "capacity_unavailable": "spot.job.capacity-unavailable",
     "user_failed": "spot.job.user-failed",
     "infrastructure_failed": "spot.job.infrastructure-failed",
+    "deadline_missed": "spot.job.deadline-missed",
     "succeeded": "spot.job.succeeded",  # the attempt that succeeded ends the job
     "done": None,  # the same news again, when the controller settles
     "failed": "spot.job.failed",

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -239,3 +240,73 @@ def posix_time(text: str | None, variable: str) -> float | None:
             "sets it for a handover (unset it to run a step by hand)"
         )
     return value
+
+
+# -- why an attempt ended, in words ---------------------------------------------------------
+# A lease's log tail is what a provider has to say why an attempt ended, but its lines are
+# written for machines (the watcher's JSON events, the step's ``{"preempted": true, ...}``
+# line) or are forwarded log records. An attempt's reason is read by a person (the run's
+# table, the Airflow and Prefect pages), so it is put in words here, once for every
+# provider.
+_LOG_RECORD = re.compile(
+    r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?\s+"
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+[\w.]+:\s*(?P<message>.*)$"
+)
+_EVENT_WORDS = {
+    "interruption": "the {cloud} spot interruption notice ({action}, capacity gone at {deadline})",
+    "rebalance": "the {cloud} rebalance recommendation (capacity at risk)",
+    "driver_lost": "the driver's heartbeat went stale, so the node's watcher stopped the step",
+}
+REASON_MAX_CHARS = 300
+
+
+def readable_reason(text: str) -> str:
+    """Why an attempt ended, as a sentence, from a provider's message or a log's tail.
+
+    In order of preference: the ``reason`` of the step's own JSON line; the watcher's
+    newest event in words; the newest plain line (a traceback's last line); the message
+    of a forwarded log record, without its time, level and logger. Text that is none of
+    these is returned whole, on one line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = [_said(line) for line in reversed(lines)]
+    for kind in ("reason", "event", "plain", "log"):
+        found = next((words for how, words in said if how == kind and words), None)
+        if found:
+            return clip(found)
+    return clip(" ".join(text.split()))
+
+
+def _said(line: str) -> tuple[str, str]:
+    """(what kind of line, its words) for one line of a log tail."""
+    if line.startswith("{"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return "plain", line
+        if isinstance(obj, dict):
+            return _said_json(obj)
+    record = _LOG_RECORD.match(line)
+    if record:
+        return "log", record["message"]
+    return "plain", line
+
+
+def _said_json(obj: dict[str, object]) -> tuple[str, str]:
+    if isinstance(obj.get("reason"), str) and obj["reason"]:
+        return "reason", " ".join(str(obj["reason"]).split())
+    template = _EVENT_WORDS.get(str(obj.get("event")))
+    if template is not None:
+        values = {k: obj.get(k) or "unknown" for k in ("cloud", "action", "deadline")}
+        return "event", template.format(**values)
+    return "log", ""  # some other JSON: not words for a person
+
+
+def clip(text: str, limit: int = REASON_MAX_CHARS) -> str:
+    """``text`` on one line, cut at ``limit`` characters with an ellipsis that says so
+    (never silently, never mid-word where a space is near)."""
+    one = " ".join(text.split())
+    if len(one) <= limit:
+        return one
+    cut = one[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit * 0.8 else cut).rstrip() + "…"

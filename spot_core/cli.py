@@ -9,11 +9,13 @@ dependency the command needs and this install lacks: the line names its extra.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from spot_core import __version__
 from spot_core.adaptors import extras
@@ -23,11 +25,54 @@ COMMANDS = ("classify-pod", "demo", "providers", "report", "run", "simulate", "w
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the flag (exit 2), not a usage block;
-    subcommand parsers inherit it (``add_subparsers`` builds them with this class)."""
+    """argparse, but a usage error is one line naming the flag (exit 2), not a usage block,
+    with a "did you mean" for a mistyped flag or command; no abbreviations (a typo such as
+    ``--max-preemption 2`` is an error, never silently another flag). Subcommand parsers
+    inherit it (``add_subparsers`` builds them with this class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        hint = did_you_mean(message, _option_strings(self))
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every flag of ``parser`` and of its subcommands: argparse reports a subcommand's
+    unknown flag from the top parser, which does not know the subcommand's own."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '?([^'\s]*)'? \(choose from (.*)\)")
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+def did_you_mean(message: str, flags: set[str]) -> str:
+    """``; did you mean ...?`` for argparse's error ``message``, or "" when nothing is close:
+    the closest command or choice to an invalid one, the closest flag to each unknown."""
+    choice = _INVALID_CHOICE.search(message)
+    if choice is not None:
+        options = [c.strip().strip("'") for c in choice[2].split(",")]
+        close = difflib.get_close_matches(choice[1], options, n=1)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    if _UNRECOGNIZED not in message:
+        return ""
+    words = message.split(_UNRECOGNIZED, 1)[1].split()
+    typed = [w.split("=", 1)[0] for w in words if w.startswith("--")]
+    guesses = {t: difflib.get_close_matches(t, sorted(flags), n=1) for t in typed}
+    found = {t: close[0] for t, close in guesses.items() if close}
+    if len(found) == 1 and len(typed) == 1:
+        return f"; did you mean {next(iter(found.values()))}?"
+    shown = ", ".join(f"{flag} (for {t})" for t, flag in found.items())
+    return f"; did you mean {shown}?" if found else ""
 
 
 def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:

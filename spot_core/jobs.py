@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spot_core.attempt_env import clip
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.controller import Controller, JobSpec, Listener, Persist
 from spot_core.credentials import credential_findings
@@ -484,7 +485,7 @@ class InPlaceAttempt:
         if self.record is None:
             raise ValueError("InPlaceAttempt.open() first")
         now = time.time()
-        message = "" if exc is None else f"{type(exc).__name__}: {exc}"[:300]
+        message = "" if exc is None else clip(f"{type(exc).__name__}: {exc}", 300)
         self.record = self.controller.on_lease_end(
             self.spec,
             self.record,

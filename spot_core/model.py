@@ -48,6 +48,10 @@ class Outcome(StrEnum):
     # Resumed from the checkpoint like a preemption, on its own budget (max_disruptions),
     # and never a reason by itself to move the job to on-demand.
     DISRUPTED = "disrupted"
+    # The job's deadline passed while the attempt ran: the controller stopped it. Not the
+    # infrastructure's failure nor the step's, so it spends no budget; the job ends
+    # ``deadline_missed`` too.
+    DEADLINE_MISSED = "deadline_missed"
 
     @property
     def consumes_user_retry(self) -> bool:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spot_core.commands.text import event_line
 from spot_core.demo import DEMO_PROVIDERS, EMULATED_KUBERNETES, LOCAL_CLOUD
 from spot_core.errors import ConfigError
 from spot_core.safe_files import check_target, write_bytes
@@ -284,7 +285,7 @@ def _event_line(elapsed: float, kind: str, record: JobRecord, detail: str) -> st
     attempt = record.attempts[-1] if record.attempts else None
     where = attempt.pool.key if attempt is not None else "-"
     number = attempt.number if attempt is not None else 0
-    return f"  [{elapsed:5.1f}s] attempt {number} {kind:<20} {where}  {detail[:90]}"
+    return event_line(f"  [{elapsed:5.1f}s] attempt {number} {kind:<20} {where}", detail)
 
 
 def demo_json(report: DemoReport) -> dict[str, Any]:

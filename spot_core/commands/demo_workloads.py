@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spot_core.commands.text import event_line
 from spot_core.demo import LOCAL_CLOUD
 from spot_core.errors import ConfigError
 from spot_core.model import JobRecord
@@ -43,11 +44,11 @@ def run_workload(args: argparse.Namespace) -> int:
     def listener(kind: str, record: JobRecord, detail: str) -> None:
         attempt = record.attempts[-1] if record.attempts else None
         where = attempt.pool.key if attempt is not None else "-"
-        print(
+        heading = (
             f"  [{time.monotonic() - started:5.1f}s] {record.job_id.rsplit('-', 1)[-1]} "
-            f"{kind:<12} {where}  {detail[:80]}",
-            flush=True,
+            f"{kind:<12} {where}"
         )
+        print(event_line(heading, detail), flush=True)
 
     run = _batch if args.workload == "batch-inference" else _sweep
     if args.workdir is not None:

@@ -6,6 +6,7 @@ the flag when a value is bad."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -46,6 +47,8 @@ def cli_value(knob_: Knob, text: Any) -> Any:
             value = float(text)
         elif knob_.kind == NAMES:
             value = tuple(w.strip() for w in text.split(",") if w.strip())
+        elif knob_.kind == DURATION and knob_.field.endswith("_capacity_seconds"):
+            value = _with_unit(knob_, text)
         else:
             value = text
         return knob_.parse(value)
@@ -56,6 +59,23 @@ def cli_value(knob_: Knob, text: Any) -> Any:
             else f"{text!r} is not a {'whole number' if knob_.kind == INT else 'number'}"
         )
         raise ConfigError(f"{cli_flag(knob_)}: {detail}") from None
+
+
+def _with_unit(knob_: Knob, text: str) -> str:
+    """A capacity-time flag's text (``--deadline``, ``--work``, ``--restart-overhead``),
+    refused when it is a bare non-zero number: ``--deadline 12`` could mean seconds, hours
+    or (on a trace cloud, where 1 h of capacity time is 1 wall second) wall seconds. The
+    wall-time flags (``--capacity-wait 0.5``) and the Python API keep bare seconds."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if number == 0 or not math.isfinite(number):  # the model says what is wrong with these
+        return text
+    raise ConfigError(
+        f"{text!r} has no unit; write it with one, e.g. {cli_flag(knob_)} {text}s, "
+        f"{text}m, {text}h or {text}d"
+    )
 
 
 def cli_help(knob_: Knob) -> str:

@@ -10,22 +10,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from spot_core import jobs
 from spot_core.commands.flags import add_cli_arguments, in_flags, settings_from_cli
+from spot_core.commands.text import event_line
 from spot_core.errors import ConfigError
 from spot_core.settings import SpotSettings
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from spot_core.model import JobRecord
 
 
@@ -87,15 +93,21 @@ def run(args: argparse.Namespace) -> int:
     problem = plugin.store_problem(args.checkpoint_uri, options, what="--checkpoint-uri")
     if problem is not None:
         raise ConfigError(problem)
+    # With --json, stdout carries the record alone (`run --json > record.json`): the
+    # events and the table go to stderr.
+    human = sys.stderr if args.json else sys.stdout
     # SIGINT, SIGTERM and SIGHUP stop the job at the driver's next wait, never inside a
     # client call (spot_core.stopping); a second one stops it at once.
     # closing(): every provider's context exit is its close() (the Provider protocol's)
     with stop_on_signals(), contextlib.closing(plugin.open_for_cli(args, options)) as provider:
+        _warn_short_deadline(args.deadline, settings, provider.market.time_scale)
         pools = jobs.select_pools(provider, names=wanted, aliases=plugin.pool_aliases(provider))
         try:  # the settings' time convention: --deadline, --work and --restart-overhead
             # count in the provider's capacity time; the checkpoint folder is made last,
             # after every check, so a bad flag leaves none
-            controller = jobs.assemble(settings, provider, listener=_print_event)
+            controller = jobs.assemble(
+                settings, provider, listener=functools.partial(_print_event, human)
+            )
             spec = jobs.job_spec(
                 settings,
                 provider,
@@ -108,10 +120,73 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise ConfigError(in_flags(str(exc))) from None
         record = controller.run(spec, observer=observer_of(provider))
-    print_record(record, provider.market.time_scale)
+        # before the provider closes: a local lease's log goes with the cloud's temp folder
+        record, kept = keep_step_output(record, Path.cwd() / ".spot-runs" / job_id / "logs")
+    print_record(record, provider.market.time_scale, console=_console(human))
+    if kept is not None:
+        print(f"step output: {kept}/ (one log per attempt)", file=human, flush=True)
     if args.json:
         print(record.to_json(), flush=True)
     return 0 if str(record.status) == "succeeded" else 1
+
+
+def _console(stream: TextIO) -> Console:
+    from rich.console import Console
+
+    return Console(file=stream, highlight=False, width=120)
+
+
+WALL_SECONDS_WARNED = 60.0
+
+
+def _warn_short_deadline(text: str | None, settings: SpotSettings, time_scale: float) -> None:
+    """One line on stderr when a --deadline duration gives the step under a minute of wall
+    time: on the local cloud (1 trace hour per wall second) `--deadline 12h` is 12 s, which
+    ends any real step as deadline_missed. A warning, not a refusal: a test or a demo
+    replaying a trace fast means it."""
+    capacity = settings.deadline_capacity_seconds
+    if capacity is None or settings.deadline_at is not None or time_scale <= 1:
+        return
+    wall = capacity / time_scale
+    if wall >= WALL_SECONDS_WARNED:
+        return
+    slower = max(1.0, time_scale * wall / (15 * 60))  # the same deadline as ~15 wall minutes
+    print(
+        f"spot-pipelines run: warning: --deadline {text} is {wall:.3g} s of wall time here "
+        f"(this provider replays {time_scale:g} s of capacity time per wall second); for a "
+        f"real step pass --time-scale {_round_scale(time_scale / slower)} or a longer --deadline",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _round_scale(scale: float) -> str:
+    """A time scale a person would type (60, not 57.6)."""
+    for nice in (3600, 600, 60, 10, 1):
+        if scale >= nice:
+            return str(nice)
+    return "1"
+
+
+def keep_step_output(record: JobRecord, folder: Path) -> tuple[JobRecord, Path | None]:
+    """The record with each attempt's step log copied to ``folder/attempt-N.log`` and
+    pointed at there, and the folder (None when no attempt had a local log): a provider's
+    lease log may live in a folder it removes when it closes (the local cloud's), and a
+    record that points at a deleted file keeps nothing of the step's own output."""
+    attempts, kept = [], None
+    for attempt in record.attempts:
+        details = dict((attempt.lease or {}).get("details") or {})
+        source = Path(str(details.get("log", "")))
+        if not details.get("log") or not source.is_file():
+            attempts.append(attempt)
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"attempt-{attempt.number}.log"
+        shutil.copyfile(source, target)
+        lease = {**(attempt.lease or {}), "details": {**details, "log": str(target)}}
+        attempts.append(dataclasses.replace(attempt, lease=lease))
+        kept = folder
+    return dataclasses.replace(record, attempts=tuple(attempts)), kept
 
 
 def _settings(args: argparse.Namespace) -> SpotSettings:
@@ -126,10 +201,11 @@ def _settings(args: argparse.Namespace) -> SpotSettings:
     return settings
 
 
-def _print_event(kind: str, record: JobRecord, detail: str) -> None:
+def _print_event(stream: TextIO, kind: str, record: JobRecord, detail: str) -> None:
     attempt = record.attempts[-1] if record.attempts else None
     where = "" if attempt is None else f"attempt {attempt.number} {attempt.pool.key}"
-    print(f"{dt.datetime.now():%H:%M:%S} {kind:<20} {where}  {detail[:100]}", flush=True)
+    heading = f"{dt.datetime.now():%H:%M:%S} {kind:<20} {where}"
+    print(event_line(heading, detail), file=stream, flush=True)
 
 
 def _command(words: list[str], in_image: bool = False) -> tuple[str, ...]:

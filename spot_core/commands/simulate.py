@@ -2,9 +2,10 @@
 
 Several --trace files are several zones on one clock; a policy may move between them
 (each move costs a restart). Windows are drawn at random (--windows N --seed S) or
-given (--start-tick T, repeatable; ticks count from the traces' first row). Prints one
-JSON object: policy, mean_cost, costs (per window, by ascending start tick),
-deadline_misses, mean_cost_vs_on_demand (and start_ticks).
+given (--start-tick T, repeatable; ticks count from the traces' first row). Prints a
+table (each window's cost, the mean, the misses); with --json one JSON object instead:
+policy, mean_cost, costs (per window, by ascending start tick), deadline_misses,
+mean_cost_vs_on_demand (and start_ticks).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from spot_core.errors import ConfigError
 from spot_core.market.trace import load_traces
 from spot_core.policy.deadline.base import Job
 from spot_core.policy.deadline.replay import Replay
-from spot_core.sim.simulator import policy_names, random_starts, simulate
+from spot_core.sim.simulator import SimulationReport, policy_names, random_starts, simulate
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,7 +62,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="on-demand $/h (default: the traces', else 3.06 for V100)",
     )
     parser.add_argument(
-        "--json", action="store_true", help="print the JSON object only (it is always printed)"
+        "--json",
+        action="store_true",
+        help="print one JSON object (policy, mean_cost, costs, deadline_misses, "
+        "mean_cost_vs_on_demand, start_ticks) instead of the table",
     )
     parser.set_defaults(handler=run)
 
@@ -114,5 +118,28 @@ def run(args: argparse.Namespace) -> int:
         replay.n_ticks, replay.deadline_ticks(job), args.windows, args.seed
     )
     report = simulate(replay, job, args.policy, starts)
-    print(json.dumps(report.to_dict(), allow_nan=False))
+    if args.json:
+        print(json.dumps(report.to_dict(), allow_nan=False))
+    else:
+        print(_table(report, args))
     return 0
+
+
+def _table(report: SimulationReport, args: argparse.Namespace) -> str:
+    """The report for a person: one row per window, costs in dollars to the cent."""
+    job = (
+        f"policy {report.policy}: {args.task_hours:g} h of work, deadline "
+        f"{args.deadline_hours:g} h, restart overhead {args.restart_overhead_hours:g} h "
+        "(trace hours)"
+    )
+    rows = [f"{'start tick':>10}  {'cost $':>10}  {'on-demand $':>11}"]
+    for start, cost, on_demand in zip(
+        report.starts, report.costs, report.on_demand_costs, strict=True
+    ):
+        rows.append(f"{start:>10}  {cost:>10.2f}  {on_demand:>11.2f}")
+    summary = (
+        f"mean cost ${report.mean_cost:.2f} over {len(report.costs)} window(s), "
+        f"{report.mean_cost_vs_on_demand:.1%} of on-demand; deadlines missed "
+        f"{report.deadline_misses} of {len(report.costs)}"
+    )
+    return "\n".join([job, *rows, summary])

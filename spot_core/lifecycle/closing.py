@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE
+from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE, readable_reason
 from spot_core.checkpoint import CheckpointStore
 from spot_core.checkpoint.resumed import read_resumed
 from spot_core.model import Attempt, CheckpointRef, Outcome
@@ -38,9 +38,10 @@ def _message(outcome: Outcome, status: LeaseStatus) -> str:
     """The provider's message; for the step's own failure, led by its exit code."""
     if outcome is Outcome.DRAINED:
         return "drained: stopped with a checkpoint to move the job where the policy said"
+    message = readable_reason(status.message) if status.message else ""
     if outcome is Outcome.USER_FAILED and status.exit_code is not None:
-        return f"exit code {status.exit_code}" + (f": {status.message}" if status.message else "")
-    return status.message
+        return f"exit code {status.exit_code}" + (f": {message}" if message else "")
+    return message
 
 
 def _fenced_above(store: CheckpointStore, attempt: int) -> int | None:

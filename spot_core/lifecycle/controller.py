@@ -347,9 +347,9 @@ class Controller:
                 now,
             )
         if record.deadline_at is not None and now >= record.deadline_at:
-            return self._ended(
-                spec, record, lease, _stopped(now, "stopped: the job's deadline passed"), now
-            )
+            stopped = _stopped(now, "stopped: the job's deadline passed before it finished")
+            missed = dataclasses.replace(stopped, outcome=Outcome.DEADLINE_MISSED.value)
+            return self._ended(spec, record, lease, missed, now)
         notice_at = watch.notice_at if watch.notice_at is not None else status.notice_at
         if notice_at is not None and watch.notice_at is None:
             self._listener("notice", record, f"interruption notice on {lease.pool.key}")
@@ -685,7 +685,7 @@ class Controller:
             record = record.with_checkpoint(end_ref)
         self.liveness.release(spec, running.number, now)
         self.liveness.forget(spec)
-        return self._save(record, str(outcome), status.message)
+        return self._save(record, str(outcome), finished.message)
 
     def _save(self, record: JobRecord, kind: str, detail: str) -> JobRecord:
         self._remember(record)

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from spot_core.attempt_env import clip
 from spot_core.interruption.kubernetes import NOTICE_TAINTS
 from spot_core.market.kubernetes import FLAVOURS
 from spot_core.model import Outcome
@@ -760,7 +761,7 @@ def _own_verdict(pod: Mapping[str, Any], now: float) -> PodVerdict:
     code, ended = _exit(pod, now)
     reason = terminated.get("reason") or ""
     message = (terminated.get("message") or _status(pod).get("message") or "").strip()
-    last = message.splitlines()[-1][:300] if message else ""
+    last = clip(message.splitlines()[-1], 300) if message else ""
     if reason == "OOMKilled":
         return PodVerdict(
             Outcome.USER_FAILED.value,

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from spot_core.attempt_env import AttemptEnv
+from spot_core.attempt_env import AttemptEnv, clip
 from spot_core.interruption.kubernetes import NODE_NAME_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV
 from spot_core.market.kubernetes import (
     ANY,
@@ -414,7 +414,7 @@ def lease_status(verdict: PodVerdict) -> LeaseStatus:
     """The verdict as the controller reads a lease: its state, exit code, notice and the
     outcome itself (``LeaseStatus.outcome``), except for a pod spot-pipelines deleted,
     whose end the controller names (drained, stopped at a limit)."""
-    message = verdict.reason[:300]
+    message = clip(verdict.reason, 300)
     if not verdict.ended:
         return LeaseStatus(
             LeaseState.RUNNING,

@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from spot_core import container
-from spot_core.attempt_env import DRIVER_LOST_EXIT_CODE, METADATA_ENDPOINT, AttemptEnv
+from spot_core.attempt_env import (
+    DRIVER_LOST_EXIT_CODE,
+    METADATA_ENDPOINT,
+    AttemptEnv,
+    readable_reason,
+)
 from spot_core.bounds import MAX_TIME_SCALE, MAX_WAIT_SECONDS
 from spot_core.errors import ConfigError
 from spot_core.localcloud.cloud import (
@@ -335,13 +340,13 @@ def _status(view: InstanceView, log_tail: str) -> LeaseStatus:
         if view.reclaimed
         else LeaseState.EXITED
     )
-    message = "" if view.exit_code == 0 else log_tail.splitlines()[-1] if log_tail else ""
+    message = "" if view.exit_code == 0 else readable_reason(log_tail)
     return LeaseStatus(
         state,
         exit_code=view.exit_code,
         notice_at=view.notice_at,
         ended_at=view.ended_at,
-        message=message[:300],
+        message=message,
     )
 
 

@@ -88,3 +88,28 @@ def test_a_bad_callback_or_threshold_is_refused_at_parse_time(cloud_url, tmp_pat
         _operator(cloud_url, tmp_path, on_spot_alert="page me")
     with pytest.raises(ValueError, match="alert_spot_price"):
         _operator(cloud_url, tmp_path, alert_spot_price=-1)
+
+
+def test_each_pool_alert_is_logged_once_while_every_task_still_hears_it(
+    cloud_url, tmp_path, listener, caplog, monkeypatch
+):
+    """Three tasks ending together (the demo's mapped shards) logged each pool's alert
+    three times; the log says it once, the callbacks hear it every time."""
+    from airflow_spot import alerts
+
+    monkeypatch.setattr(alerts, "_logged_at", {}, raising=False)  # a fresh process
+    seen = []
+    for n in range(3):
+        op = _operator(
+            cloud_url,
+            tmp_path / str(n),
+            alert_spot_price=0.01,
+            alert_interruption_rate=None,
+            on_spot_alert=lambda alert, context: seen.append(alert),
+        )
+        with caplog.at_level("WARNING", logger="airflow_spot.alerts"):
+            op.execute({"task_state_store": StateStore(), "ti": TI()})
+    logged = [r.getMessage() for r in caplog.records if "spot pool alert" in r.getMessage()]
+    pools = {p.key for p in op.hook.pools() if p.is_spot}
+    assert sorted(m.split(": ")[1] for m in logged) == sorted(pools), logged
+    assert len(seen) >= 3 * len(pools)

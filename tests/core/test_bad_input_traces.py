@@ -215,6 +215,7 @@ def cli(command: str, trace_path, prices_path, cwd):
             "0",
             "--windows",
             "1",
+            "--json",
         ],
         "run": ["--", "true"],
     }[command]
@@ -361,6 +362,7 @@ def test_a_csv_trace_without_an_on_demand_price_names_a_flag_run_has(tmp_path):
             "0",
             "--windows",
             "1",
+            "--json",
         ],
         capture_output=True,
         text=True,

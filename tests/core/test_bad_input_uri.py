@@ -97,9 +97,12 @@ def test_a_run_writes_where_the_uri_says_and_leaves_no_temp_folder(dirs, uri, fo
         ]
     proc = _run(*args, "--", sys.executable, "-c", "pass", cwd=work, tmpdir=tmp)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in work.iterdir()) == [folder], "no stray ./localhost or %20"
-    if uri is None:
-        assert (work / ".spot-runs" / "job-ok" / "checkpoints").is_dir()
+    # the store where the URI says, and the step's output under .spot-runs/JOB_ID/logs
+    assert sorted(p.name for p in work.iterdir()) == sorted({folder, ".spot-runs"}), (
+        "no stray ./localhost or %20"
+    )
+    kept = {p.name for p in (work / ".spot-runs" / "job-ok").iterdir()}
+    assert kept == ({"checkpoints", "logs"} if uri is None else {"logs"})
     assert list(tmp.iterdir()) == [], "the local cloud's temp folder is removed"
 
 

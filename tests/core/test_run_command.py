@@ -40,7 +40,7 @@ def test_run_finishes_a_preempted_job_and_prints_its_record(tmp_path):
     assert record["status"] == "succeeded"
     assert record["preemptions"] == 1
     assert record["attempts"][-1]["pool"]["market"] == "on-demand"
-    assert "preempted" in proc.stdout and "job-" in proc.stdout
+    assert "preempted" in proc.stderr and "job-" in proc.stderr  # stdout: the JSON alone
     assert (tmp_path / ".spot-runs" / record["job_id"] / "checkpoints").is_dir()
 
 
