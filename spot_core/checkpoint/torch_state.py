@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,50 @@ def torch_payload(
     if extra is not None:
         payload[EXTRA] = _dumps(extra)
     return payload
+
+
+def staged_torch_payload(
+    model: Any, optimizer: Any = None, scheduler: Any = None, extra: Any = None
+) -> dict[str, Any]:
+    """``torch_payload`` for ``Checkpointer(background=True)``: each value is staged by
+    cloning its tensors to CPU memory on the loop's thread (a copy, no serialisation) and
+    serialised with ``torch.save`` on the saving thread, so the loop stalls only for the
+    copy. The bytes are ``torch_payload``'s: ``restore_torch`` reads either. Given to a
+    foreground save, each value is staged and serialised at once."""
+    payload = {MODEL: StagedState(model.state_dict()), RNG: StagedState(capture_rng())}
+    if optimizer is not None:
+        payload[OPTIMIZER] = StagedState(optimizer.state_dict())
+    if scheduler is not None:
+        payload[SCHEDULER] = StagedState(scheduler.state_dict())
+    if extra is not None:
+        payload[EXTRA] = StagedState(extra)
+    return payload
+
+
+class StagedState:
+    """A state (tensors, plain values, nested) that ``stage()`` copies to CPU memory and
+    whose copy serialises to ``torch.save`` bytes (``spot_core.checkpoint.background``)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def stage(self) -> Callable[[], bytes]:
+        copy = _cpu_copy(self.state)
+        return lambda: _dumps(copy)
+
+
+def _cpu_copy(value: Any) -> Any:
+    """Every tensor in ``value`` cloned to CPU (detached); containers rebuilt; the rest as
+    is (plain values the loop replaces rather than changes)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return type(value)((k, _cpu_copy(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copy(v) for v in value)
+    return value
 
 
 def restore_torch(
