@@ -13,9 +13,13 @@ newest state), never queued.
 
 Staging: ``bytes`` are immutable and handed over as they are; ``bytearray`` and
 ``memoryview`` values are copied (the loop may write into them next step); a ``Staged``
-value (``torch_state.staged_torch_payload``: tensors cloned to CPU) is copied on the loop's
-thread and serialised on the background one. Paths and file objects cannot be staged (the
-loop could change the file while it is read) and are refused in one line.
+value (``torch_state.staged_torch_payload``: tensors copied to CPU) is copied on the loop's
+thread and serialised on the background one. Its copy goes into the staging buffers the
+previous save used (kept by the Checkpointer, one set): filling memory already mapped is
+several times faster than new memory (100 MB: 0.05 s against 0.35 s on this machine, where
+the page faults of fresh memory dominate), and the staged copy stays one copy. Paths and
+file objects cannot be staged (the loop could change the file while it is read) and are
+refused in one line.
 """
 
 from __future__ import annotations
@@ -38,24 +42,27 @@ Serialise = Callable[[], bytes]
 class Staged(Protocol):
     """A payload value that copies itself now and serialises the copy later."""
 
-    def stage(self) -> Serialise:
-        """Copy what the loop will change (on the loop's thread); return the serialiser
-        of that copy (called once, on the saving thread)."""
+    def stage(self, buffers: dict[str, Any]) -> Serialise:
+        """Copy what the loop will change (on the loop's thread) into ``buffers`` where it
+        fits (what this name's previous staging left there: no save reads them any more),
+        keeping new ones there; return the serialiser of that copy (called once, on the
+        saving thread)."""
 
 
-def stage(payload: Mapping[str, Any]) -> dict[str, bytes | Serialise]:
+def stage(payload: Mapping[str, Any], buffers: dict[str, Any]) -> dict[str, bytes | Serialise]:
     """The payload with every value safe to read from another thread while the loop goes
-    on: bytes as they are, buffers copied, ``Staged`` values copied (serialised later)."""
-    return {name: _staged(name, value) for name, value in payload.items()}
+    on: bytes as they are, buffers copied, ``Staged`` values copied (serialised later).
+    ``buffers``: the staging memory the previous save left, reused (one staged copy)."""
+    return {name: _staged(name, value, buffers) for name, value in payload.items()}
 
 
-def _staged(name: str, value: Any) -> bytes | Serialise:
+def _staged(name: str, value: Any, buffers: dict[str, Any]) -> bytes | Serialise:
     if isinstance(value, bytes):
         return value
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)  # the one staged copy
     if isinstance(value, Staged):
-        return value.stage()
+        return value.stage(buffers.setdefault(name, {}))
     raise ConfigError(
         f"payload {name!r} is a {type(value).__name__}, which a background save cannot "
         "stage (the loop could change it while it uploads); pass bytes, or tensors through "

@@ -78,6 +78,7 @@ class Checkpointer:
         self.notice_file = notice_file
         self.background = background
         self._inflight: BackgroundSave | None = None
+        self._staging: dict[str, Any] = {}  # staging buffers, reused save after save
         self.skipped_saves = 0  # due while one was in flight (background only)
         self.last_stall_seconds = 0.0  # what the last save cost the loop
         self.last_upload_seconds = 0.0  # the last background save, hand-over to commit
@@ -231,7 +232,7 @@ class Checkpointer:
             # before serialising: the store refuses it too (docs/checkpoints.md)
             raise step_went_back(step, self._last_saved_step, self.store.uri)
         started = time.perf_counter()
-        staged = stage(make_payload())
+        staged = stage(make_payload(), self._staging)
         if background:
             self._hand_over(step, staged, metadata, started)
             return None

@@ -4,12 +4,12 @@ checked as its bytes arrive.
 ``CheckpointStore.load`` (the restore) and ``load_concurrently`` (the handover's prefetch)
 both read through ``fetch_payload``. On a backend where reads overlap (S3:
 ``concurrent_reads``), every file is a task on one pool of ``workers`` threads, and a file
-of at least ``RANGE_THRESHOLD_BYTES`` is split into ``RANGE_BYTES`` ranges (S3 ``GET`` with
-``Range``: one connection delivers a few hundred MB/s at most, several deliver more), so one
-large file no longer reads at one connection's speed. A file's digest is fed its ranges in
-order as each lands (no second pass over it), while later ranges still download. On a
-local disk the files are read one after another (reading them at once only adds
-contention there: ``ObjectBackend.concurrent_reads``).
+of at least ``RANGE_THRESHOLD_BYTES`` is split into ranges of at least ``RANGE_BYTES``
+(``range_bytes``; S3 ``GET`` with ``Range``: one connection delivers a few hundred MB/s at
+most, several deliver more), so one large file no longer reads at one connection's speed.
+A file's digest is fed its ranges in order as each lands (no second pass over it), while
+later ranges still download. On a local disk the files are read one after another
+(reading them at once only adds contention there: ``ObjectBackend.concurrent_reads``).
 
 Every read is whole or an error (``S3Backend.get_bytes`` / ``get_range``: a read cut short
 is read again within the call deadline, then ``IncompleteRead``), and no file is trusted
@@ -44,7 +44,7 @@ def fetch_payload(
         }
     with ThreadPoolExecutor(workers, thread_name_prefix="spot-fetch") as pool:
         pending = {
-            name: _submit(pool, backend, manifest, name, entry)
+            name: _submit(pool, backend, manifest, name, entry, workers)
             for name, entry in manifest.files.items()
         }
         try:
@@ -64,16 +64,26 @@ def _submit(
     manifest: Manifest,
     name: str,
     entry: FileEntry,
+    workers: int,
 ) -> list[Future[bytes]]:
     """The file's reads, queued: one whole read, or one per range of a large S3 object."""
     key = checkpoint_key(manifest.checkpoint_id, name)
     get_range: Callable[[str, int, int], bytes] | None = getattr(backend, "get_range", None)
     if get_range is None or entry.size < RANGE_THRESHOLD_BYTES:
         return [pool.submit(_whole, backend, manifest, name, entry)]
+    step = range_bytes(entry.size, workers)
     return [
-        pool.submit(get_range, key, start, min(RANGE_BYTES, entry.size - start))
-        for start in range(0, entry.size, RANGE_BYTES)
+        pool.submit(get_range, key, start, min(step, entry.size - start))
+        for start in range(0, entry.size, step)
     ]
+
+
+def range_bytes(size: int, workers: int) -> int:
+    """``RANGE_BYTES``, or larger for a file that would be more than two ranges per thread:
+    ranges are for reading at once, and each is a request (moto, unlike S3, reads the whole
+    object to serve one, bench/README.md), so a 4 GiB file is 16 ranges, not 256."""
+    per_thread = -(-size // (2 * max(1, workers)))
+    return max(RANGE_BYTES, -(-per_thread // (1 << 20)) * (1 << 20))
 
 
 def _whole(backend: ObjectBackend, manifest: Manifest, name: str, entry: FileEntry) -> bytes:

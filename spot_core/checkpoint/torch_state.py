@@ -44,7 +44,7 @@ def staged_torch_payload(
     model: Any, optimizer: Any = None, scheduler: Any = None, extra: Any = None
 ) -> dict[str, Any]:
     """``torch_payload`` for ``Checkpointer(background=True)``: each value is staged by
-    cloning its tensors to CPU memory on the loop's thread (a copy, no serialisation) and
+    copying its tensors to CPU memory on the loop's thread (a copy, no serialisation) and
     serialised with ``torch.save`` on the saving thread, so the loop stalls only for the
     copy. The bytes are ``torch_payload``'s: ``restore_torch`` reads either. Given to a
     foreground save, each value is staged and serialised at once."""
@@ -65,22 +65,27 @@ class StagedState:
     def __init__(self, state: Any) -> None:
         self.state = state
 
-    def stage(self) -> Callable[[], bytes]:
-        copy = _cpu_copy(self.state)
+    def stage(self, buffers: dict[str, Any]) -> Callable[[], bytes]:
+        copy = _cpu_copy(self.state, buffers, "")
         return lambda: _dumps(copy)
 
 
-def _cpu_copy(value: Any) -> Any:
-    """Every tensor in ``value`` cloned to CPU (detached); containers rebuilt; the rest as
-    is (plain values the loop replaces rather than changes)."""
+def _cpu_copy(value: Any, buffers: dict[str, Any], path: str) -> Any:
+    """Every tensor in ``value`` copied to CPU (detached) into ``buffers[path]`` when one of
+    its shape and dtype is there, else into a new one kept there; containers rebuilt; the
+    rest as is (plain values the loop replaces rather than changes)."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        kept = buffers.get(path)
+        if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
+            kept = buffers[path] = torch.empty_like(value, device="cpu")
+        kept.copy_(value.detach())
+        return kept
     if isinstance(value, dict):
-        return type(value)((k, _cpu_copy(v)) for k, v in value.items())
+        return type(value)((k, _cpu_copy(v, buffers, f"{path}/{k}")) for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copy(v) for v in value)
+        return type(value)(_cpu_copy(v, buffers, f"{path}/{i}") for i, v in enumerate(value))
     return value
 
 
