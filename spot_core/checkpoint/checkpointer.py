@@ -236,8 +236,8 @@ class Checkpointer:
         if background:
             self._hand_over(step, staged, metadata, started)
             return None
-        ledger = self._ledger(time.perf_counter() - started)
         payload = serialised(staged)
+        ledger = self._ledger(time.perf_counter() - started)  # with the serialisation
         ref = self.store.save(step, payload, {**(metadata or {}), **ledger}, attempt=self.attempt)
         self.last_stall_seconds = time.perf_counter() - started
         self._record(ref, self.last_stall_seconds)
