@@ -23,7 +23,7 @@ PROVIDER ?= local
 WORKLOAD ?= training
 PYTEST_ARGS ?=
 
-.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server bench-batch bench-resume envs clean lock
+.PHONY: demo images machine lint format test test-core test-airflow test-prefect test-images test-stack test-chaos bench bench-policies bench-aws bench-interval bench-scale bench-cloud-server bench-batch bench-resume bench-checkpoint envs clean lock
 
 # `make demo ENGINE=airflow|prefect` runs the same pipeline through that engine;
 # `make demo WORKLOAD=batch-inference|sweep` the batch and sweep demos (docs/batch.md).
@@ -147,6 +147,12 @@ bench-cloud-server: $(CORE)/.synced
 # side in one run (about a minute; see bench/README.md).
 bench-batch: $(CORE)/.synced
 	$(CORE)/bin/python -m bench.batch
+
+# Large checkpoints (issue 47): the loop's stall per save, sync vs async, save and restore
+# throughput against the raw transfer, 1 and 4 GiB on a file store and S3 (moto). Smaller:
+# BENCH_CHECKPOINT_GIB=0.25 make bench-checkpoint. Writes bench/tables/checkpoint.md.
+bench-checkpoint: $(CORE)/.torch
+	$(CORE)/bin/python -m bench.checkpoint
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 

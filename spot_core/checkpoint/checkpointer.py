@@ -18,6 +18,11 @@ A notice (SIGTERM forwarded by ``spot-pipelines watch``, the notice file, or a
 watcher thread calling ``request_emergency_save``) makes the next ``maybe_save``
 save at once and raise ``Preempted``, so the loop stops at a step boundary with
 its state durable.
+
+With ``background=True`` a scheduled save stalls the loop only while the state is staged
+(``spot_core.checkpoint.background``): one save in flight at most, a save due meanwhile is
+skipped, an emergency save waits for the one in flight and then saves the newest state,
+and a background save that failed is raised at the next ``maybe_save``.
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ from types import FrameType
 from typing import Any
 
 from spot_core.attempt_env import CHECKPOINT_URI, AttemptEnv, install_step_excepthook
+from spot_core.bounds import MAX_WAIT_SECONDS
+from spot_core.checkpoint.background import BackgroundSave, failed, serialised, stage
 from spot_core.checkpoint.handover import Handover, await_handover
 from spot_core.checkpoint.resumed import ResumeReport, write_resumed
 from spot_core.checkpoint.store import CheckpointStore, step_went_back
-from spot_core.errors import ConfigError, Preempted, ReplacementNotNeeded
+from spot_core.errors import CheckpointError, ConfigError, Preempted, ReplacementNotNeeded
 from spot_core.model import CheckpointRef
 from spot_core.safe_files import read_bytes
 
@@ -58,14 +65,23 @@ class Checkpointer:
         keep: int = 3,
         clock: Callable[[], float] = time.monotonic,
         notice_file: str | None = None,
+        background: bool = False,
     ) -> None:
         _check_interval("every_seconds", every_seconds)
+        if not isinstance(background, bool):
+            raise ConfigError(f"background must be True or False, got {background!r}")
         _check_interval("every_steps", every_steps)
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep must be an int >= 1, got {keep!r}")
         self.store, self.attempt, self.keep = store, attempt, keep
         self.every_seconds, self.every_steps = every_seconds, every_steps
         self.notice_file = notice_file
+        self.background = background
+        self._inflight: BackgroundSave | None = None
+        self._staging: dict[str, Any] = {}  # staging buffers, reused save after save
+        self.skipped_saves = 0  # due while one was in flight (background only)
+        self.last_stall_seconds = 0.0  # what the last save cost the loop
+        self.last_upload_seconds = 0.0  # the last background save, hand-over to commit
         self._clock = clock
         self._last_save_time = clock()
         self._last_saved_step: int | None = None
@@ -167,16 +183,25 @@ class Checkpointer:
     ) -> CheckpointRef | None:
         """Save if a schedule is due; on a pending notice save now and raise Preempted; on a
         rebalance recommendation save now (once) and go on: cheap insurance, since the
-        capacity is at risk but not yet going."""
+        capacity is at risk but not yet going.
+
+        With ``background``: a save returns None at once (``last_ref`` is set when it has
+        committed); a due save while one is in flight is skipped (``skipped_saves``); a
+        background save that failed is raised here, once, as the store's error class."""
         self._report_resumed()
         reason = self._pending_notice()
         if reason is not None:
             self._emergency_save(step, make_payload, metadata, reason)
+        self._collect()
         if self._rebalance_due() and self._last_saved_step != step:
-            return self.save_now(step, make_payload, {**(metadata or {}), "rebalance": True})
+            meta = {**(metadata or {}), "rebalance": True}  # answered once: never skipped
+            return self._save(step, make_payload, meta, background=self.background)
         if not self._due(step):
             return None
-        return self.save_now(step, make_payload, metadata)
+        if self._inflight is not None:
+            self.skipped_saves += 1
+            return None
+        return self._save(step, make_payload, metadata, background=self.background)
 
     def save_now(
         self, step: int, make_payload: PayloadFactory, metadata: Mapping[str, Any] | None = None
@@ -188,20 +213,93 @@ class Checkpointer:
         the total covers earlier saves plus this one's serialisation (its own write
         time cannot be known before its manifest is written).
         """
+        ref = self._save(step, make_payload, metadata, background=False)
+        assert ref is not None  # saved in the foreground
+        return ref
+
+    def _save(
+        self,
+        step: int,
+        make_payload: PayloadFactory,
+        metadata: Mapping[str, Any] | None,
+        *,
+        background: bool,
+    ) -> CheckpointRef | None:
+        """Stage and save (None: handed to the background, not yet committed)."""
         self._report_resumed()
+        self.wait_for_save()  # one in flight at most; its failure is raised here
         if self._last_saved_step is not None and step < self._last_saved_step:
             # before serialising: the store refuses it too (docs/checkpoints.md)
             raise step_went_back(step, self._last_saved_step, self.store.uri)
         started = time.perf_counter()
-        payload = make_payload()
-        ledger = {
-            "checkpoint_seconds_total": self.total_save_seconds + (time.perf_counter() - started),
-            "checkpoint_saves": self.saves + 1,
-        }
+        staged = stage(make_payload(), self._staging)
+        if background:
+            self._hand_over(step, staged, metadata, started)
+            return None
+        payload = serialised(staged)
+        ledger = self._ledger(time.perf_counter() - started)  # with the serialisation
         ref = self.store.save(step, payload, {**(metadata or {}), **ledger}, attempt=self.attempt)
-        self._record(ref, time.perf_counter() - started)
+        self.last_stall_seconds = time.perf_counter() - started
+        self._record(ref, self.last_stall_seconds)
         self._prune()
         return ref
+
+    def _ledger(self, seconds: float) -> dict[str, Any]:
+        return {
+            "checkpoint_seconds_total": self.total_save_seconds + seconds,
+            "checkpoint_saves": self.saves + 1,
+        }
+
+    def _hand_over(
+        self,
+        step: int,
+        staged: Mapping[str, Any],
+        metadata: Mapping[str, Any] | None,
+        started: float,
+    ) -> None:
+        """Start the upload of ``staged`` on its own thread; the loop's stall ends here.
+        The overhead charged to the attempt is this stall, not the upload beside it."""
+        stall = time.perf_counter() - started
+        meta = {**(metadata or {}), **self._ledger(stall)}
+
+        def save() -> CheckpointRef:
+            ref = self.store.save(step, serialised(staged), meta, attempt=self.attempt)
+            self._prune()
+            return ref
+
+        self._inflight = BackgroundSave(step, save)
+        self.last_stall_seconds = stall
+        self._last_save_time = self._clock()  # the schedule runs from the hand-over
+        self.total_save_seconds += stall
+
+    def wait_for_save(self, timeout_seconds: float = MAX_WAIT_SECONDS) -> CheckpointRef | None:
+        """Wait for the background save in flight, if any (bounded: the store's own calls
+        are; ``timeout_seconds`` besides). Its ref once committed; its failure is raised
+        (once) as ``maybe_save`` would raise it. None when none was in flight."""
+        save = self._inflight
+        if save is None:
+            return None
+        if not save.join(timeout_seconds):
+            raise CheckpointError(
+                f"the background checkpoint save of step {save.step} to {self.store.uri} "
+                f"is still running after {timeout_seconds:g} s; the store is stalled "
+                "(check its endpoint and disk)",
+                retryable=True,
+            )
+        return self._collect()
+
+    def _collect(self) -> CheckpointRef | None:
+        """Record the background save if it has ended: its ref, or raise its failure."""
+        save = self._inflight
+        if save is None or not save.done:
+            return None
+        self._inflight = None
+        if save.error is not None:
+            raise failed(save, self.store.uri, self._last_saved_step) from save.error
+        assert save.ref is not None
+        self._record(save.ref, self.last_stall_seconds, counted=True)
+        self.last_upload_seconds = save.seconds
+        return save.ref
 
     def _emergency_save(
         self,
@@ -211,6 +309,7 @@ class Checkpointer:
         reason: str,
     ) -> None:
         log.warning("emergency checkpoint at step %d: %s", step, reason)
+        self._settle_inflight()
         try:
             if self._last_saved_step != step:
                 self.save_now(step, make_payload, {**(metadata or {}), "emergency": reason})
@@ -219,6 +318,15 @@ class Checkpointer:
                 f"preempted ({reason}); the emergency checkpoint at step {step} failed: {exc}"
             ) from exc
         raise Preempted(f"preempted ({reason}); state saved at step {step}")
+
+    def _settle_inflight(self) -> None:
+        """Before an emergency save: let the save in flight end (it may commit an older
+        step; the emergency save then commits the newest). Its failure is logged, not
+        raised: the newest state is what must land now."""
+        try:
+            self.wait_for_save()
+        except Exception as exc:  # noqa: BLE001 - superseded by the emergency save
+            log.warning("the background save before the notice failed: %s", exc)
 
     def _report_resumed(self) -> None:
         """Once per attempt, at its first step: tell the store when the work resumed (the
@@ -246,12 +354,15 @@ class Checkpointer:
             return self._clock() - self._last_save_time >= self.every_seconds
         return False
 
-    def _record(self, ref: CheckpointRef, seconds: float) -> None:
+    def _record(self, ref: CheckpointRef, seconds: float, *, counted: bool = False) -> None:
+        """A committed save; ``counted``: its seconds are already in the total (a
+        background save's stall, charged at the hand-over)."""
         self.last_ref = ref
         self._last_saved_step = ref.step
-        self._last_save_time = self._clock()
+        if not counted:
+            self._last_save_time = self._clock()
+            self.total_save_seconds += seconds
         self.last_save_seconds = seconds
-        self.total_save_seconds += seconds
         self.saves += 1
 
     def _prune(self) -> None:
@@ -315,16 +426,26 @@ class Checkpointer:
         self.request_emergency_save(f"received {signal.Signals(signum).name}")
 
     def close(self) -> None:
-        """Restore the signal handlers that ``attach_signals`` replaced."""
-        for signum, handler in self._old_handlers.items():
-            signal.signal(signum, handler)
-        self._old_handlers.clear()
+        """Restore the signal handlers that ``attach_signals`` replaced, after the
+        background save in flight (if any) has ended: its failure is raised here."""
+        try:
+            self.wait_for_save()
+        finally:
+            for signum, handler in self._old_handlers.items():
+                signal.signal(signum, handler)
+            self._old_handlers.clear()
 
     def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if exc[0] is None:
+            self.close()
+            return
+        try:  # the loop's own error is the one to raise
+            self.close()
+        except Exception as error:  # noqa: BLE001 - logged; the original propagates
+            log.warning("while closing the checkpointer: %s", error)
 
 
 def _notice_event(path: str) -> str | None:

@@ -285,6 +285,31 @@ class S3Backend:
     def iter_chunks(self, key: str, chunk_size: int) -> Iterator[bytes]:
         yield from self._body(key, self._get(key), chunk_size)
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes ``start`` to ``start + length`` of the object (a GET with ``Range``), whole
+        or an error as ``get_bytes``: a read cut short is read again within the call
+        deadline, then ``IncompleteRead``; an object shorter than the range is one too
+        (the caller's digest check says what it is)."""
+        end = start + length - 1
+        with aws.within(self.call_deadline_seconds):
+            tries = 1
+            while True:
+                try:
+                    response = self._call(
+                        "get",
+                        self.client.get_object,
+                        Bucket=self.bucket,
+                        Key=self._key(key),
+                        Range=f"bytes={start}-{end}",
+                        missing=key,
+                    )
+                    return b"".join(self._body(key, response, length + 1))
+                except IncompleteRead as exc:
+                    if tries >= READ_TRIES or aws.past_deadline() is not None:
+                        raise
+                    log.debug("reading %s [%d, %d] again: %s", key, start, end, exc)
+                    tries += 1
+
     def _body(self, key: str, response: dict[str, Any], chunk_size: int) -> Iterator[bytes]:
         """The body's chunks, then ``IncompleteRead`` unless exactly the declared length
         came. Why here: botocore checks the length (and the checksum S3 stored, if any)

@@ -20,7 +20,6 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,6 +27,7 @@ from spot_core.bounds import MAX_ATTEMPT
 from spot_core.checkpoint.backend import ObjectBackend
 from spot_core.checkpoint.digests import DEFAULT_DIGEST, hex_of, new_digest
 from spot_core.checkpoint.fencing import FENCE_KEY, MAX_FENCE_BYTES, Fencing
+from spot_core.checkpoint.fetch import fetch_payload
 from spot_core.checkpoint.manifest import (
     CHECKPOINTS_PREFIX,
     MAX_MANIFEST_BYTES,
@@ -320,15 +320,12 @@ class CheckpointStore(JobObjects, Fencing):
             return manifest.to_ref(self.uri)
         return None
 
-    def load(self, ref: CheckpointRef) -> dict[str, bytes]:
+    def load(self, ref: CheckpointRef, *, workers: int = 8) -> dict[str, bytes]:
         """Every payload file of ``ref``, re-verified; CorruptCheckpoint names the bad file,
         CheckpointError (never a raw OSError) says why the store could not be read."""
         manifest = self._manifest_for(ref)
-        try:
-            return {
-                name: self._read_verified(manifest, name, entry)
-                for name, entry in manifest.files.items()
-            }
+        try:  # issue 47 fast restore: files at once, large S3 ones in ranges (fetch.py)
+            return fetch_payload(self.backend, manifest, workers=workers)
         except OSError as exc:
             raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
 
@@ -353,21 +350,8 @@ class CheckpointStore(JobObjects, Fencing):
         replacement prefetches while its predecessor still saves. Same errors as ``load``.
         A backend where reading at once is no faster (a local disk) is read as ``load``
         reads it."""
-        if not self.backend.concurrent_reads:
-            return self.load(ref)
-        manifest = self._manifest_for(ref)
-
-        def read(item: tuple[str, FileEntry]) -> tuple[str, bytes]:
-            name, entry = item
-            return name, b"".join(self._verified_chunks(manifest, name, entry))
-
-        threads = max(1, min(workers, len(manifest.files)))
-        try:
-            with ThreadPoolExecutor(threads, thread_name_prefix="spot-prefetch") as pool:
-                payload = dict(pool.map(read, manifest.files.items()))
-        except OSError as exc:
-            raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
-        self._verified.add(manifest.checkpoint_id)
+        payload = self.load(ref, workers=workers)  # issue 47: one read path (fetch.py)
+        self._verified.add(ref.checkpoint_id)
         return payload
 
     def load_to_dir(self, ref: CheckpointRef, directory: str | os.PathLike[str]) -> dict[str, str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,55 @@ def torch_payload(
     if extra is not None:
         payload[EXTRA] = _dumps(extra)
     return payload
+
+
+def staged_torch_payload(
+    model: Any, optimizer: Any = None, scheduler: Any = None, extra: Any = None
+) -> dict[str, Any]:
+    """``torch_payload`` for ``Checkpointer(background=True)``: each value is staged by
+    copying its tensors to CPU memory on the loop's thread (a copy, no serialisation) and
+    serialised with ``torch.save`` on the saving thread, so the loop stalls only for the
+    copy. The bytes are ``torch_payload``'s: ``restore_torch`` reads either. Given to a
+    foreground save, each value is staged and serialised at once."""
+    payload = {MODEL: StagedState(model.state_dict()), RNG: StagedState(capture_rng())}
+    if optimizer is not None:
+        payload[OPTIMIZER] = StagedState(optimizer.state_dict())
+    if scheduler is not None:
+        payload[SCHEDULER] = StagedState(scheduler.state_dict())
+    if extra is not None:
+        payload[EXTRA] = StagedState(extra)
+    return payload
+
+
+class StagedState:
+    """A state (tensors, plain values, nested) that ``stage()`` copies to CPU memory and
+    whose copy serialises to ``torch.save`` bytes (``spot_core.checkpoint.background``)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def stage(self, buffers: dict[str, Any]) -> Callable[[], bytes]:
+        copy = _cpu_copy(self.state, buffers, "")
+        return lambda: _dumps(copy)
+
+
+def _cpu_copy(value: Any, buffers: dict[str, Any], path: str) -> Any:
+    """Every tensor in ``value`` copied to CPU (detached) into ``buffers[path]`` when one of
+    its shape and dtype is there, else into a new one kept there; containers rebuilt; the
+    rest as is (plain values the loop replaces rather than changes)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        kept = buffers.get(path)
+        if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
+            kept = buffers[path] = torch.empty_like(value, device="cpu")
+        kept.copy_(value.detach())
+        return kept
+    if isinstance(value, dict):
+        return type(value)((k, _cpu_copy(v, buffers, f"{path}/{k}")) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copy(v, buffers, f"{path}/{i}") for i, v in enumerate(value))
+    return value
 
 
 def restore_torch(
