@@ -9,7 +9,6 @@ import textwrap
 import time
 
 import pytest
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec
@@ -21,6 +20,7 @@ from spot_core.model import JobStatus, Market, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
 from spot_core.workloads.softmax_regression import TrainConfig, train
+from tests.support.spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)

@@ -30,6 +30,7 @@ from spot_core.workloads.softmax_regression import TrainConfig, prepare_dataset,
 from spot_emulators.kubernetes.cluster import KubeCluster
 from spot_emulators.kubernetes.config import ClusterConfig
 from spot_emulators.kubernetes.pools import NodePool
+from tests.support import SUPPORT
 
 STEPS = 600
 WATCH = [sys.executable, "-m", "spot_core.cli"]
@@ -636,7 +637,7 @@ def test_handover_starts_the_replacement_pod_on_the_notice_and_resumes_its_emerg
     from spot_core.checkpoint.resumed import read_resumed
     from spot_core.errors import FencedOut
 
-    step = Path(__file__).with_name("handover_step.py")
+    step = SUPPORT / "handover_step.py"
     result = tmp_path / "result.json"
     with cluster_of(
         tmp_path,
