@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spot_core.settings import default
+from tests.support.process_helpers import stop_process as stop_process  # the tests' own
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -186,28 +186,6 @@ def add_window_arguments(
     )
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 30.0, *, session: bool = False) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``. ``session``: signal the whole session of a
-    process started with ``start_new_session`` (the server's uvicorn and services too),
-    else the process alone (a worker's lease processes must outlive it, as in production)."""
-
-    def send(sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig) if session else proc.send_signal(sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    if proc.poll() is None:
-        send(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        send(signal.SIGKILL)
-        proc.wait(timeout=10)
-    if session:
-        send(signal.SIGKILL)  # whatever of its session outlived it
-
-
 @contextmanager
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL server whose role may create databases: ``$SPOT_TEST_POSTGRES_URL``,
@@ -217,8 +195,7 @@ def postgres_url() -> Iterator[str]:
     if url:
         yield url
         return
-    sys.path.insert(0, str(REPO / "tests" / "core"))
-    from postgres_helpers import private_cluster
+    from tests.support.postgres_helpers import private_cluster
 
     with private_cluster() as cluster:
         yield cluster.url
@@ -228,9 +205,8 @@ def postgres_url() -> Iterator[str]:
 def fresh_database(admin_url: str, prefix: str, driver: str) -> Iterator[str]:
     """A new PostgreSQL database on the server of ``admin_url`` as a SQLAlchemy URL with
     ``driver`` (``postgresql+asyncpg``, ``postgresql+psycopg2``), dropped afterwards."""
-    sys.path.insert(0, str(REPO / "tests" / "core"))
-    from postgres_helpers import fresh_database as fresh
-    from postgres_helpers import with_driver
+    from tests.support.postgres_helpers import fresh_database as fresh
+    from tests.support.postgres_helpers import with_driver
 
     with fresh(admin_url, prefix) as url:
         yield with_driver(url, driver)

@@ -51,7 +51,6 @@ from bench.moto_recorder import (
     start_recording,
     terminate_leftovers,
 )
-from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
 from bench.processes import (
     above_idle,
     add_window_arguments,
@@ -63,6 +62,7 @@ from bench.processes import (
     postgres_url,
     py_spy,
 )
+from tests.support.prefect_stack import deploy_example_flow, prefect_server, running_worker
 
 POOL = "spot-scale"
 WORKER_STOP_TIMEOUT = 180.0  # the worker's shutdown stops every attempt it watches

@@ -1,5 +1,5 @@
 """Real Airflow 3.3 on SQLite in a throw-away AIRFLOW_HOME (the standalone end-to-end
-test runs on PostgreSQL: tests/core/postgres_helpers.py), and one local spot cloud server.
+test runs on PostgreSQL: tests/support/postgres_helpers.py), and one local spot cloud server.
 
 AIRFLOW_HOME must be set before anything imports ``airflow`` (its configuration is read
 at import), so it is set when this conftest is imported; the session fixtures migrate
@@ -18,17 +18,14 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-# The engine-agnostic tests' helpers (moto server, instance runtime, train command).
-sys.path.insert(0, str(REPO / "tests" / "core"))
-from aws_helpers import aws_env, moto_server  # noqa: E402,F401  (pytest fixtures)
-from postgres_helpers import postgres_url  # noqa: E402,F401  (pytest fixture)
+# The helpers shared with the other suites: moto, PostgreSQL, one Kubernetes emulator and
+# one `airflow standalone` for the whole session (test_standalone and the Spot UI tests).
+from tests.support.aws_helpers import aws_env, moto_server  # noqa: F401  (pytest fixtures)
+from tests.support.kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: F401
+from tests.support.postgres_helpers import postgres_url  # noqa: F401  (pytest fixture)
+from tests.support.standalone_server import runs, standalone, statsd  # noqa: F401
 
-sys.path.insert(0, str(Path(__file__).parent))
-# One `airflow standalone` per session, shared by test_standalone and the Spot UI tests.
-# One Kubernetes emulator for the whole session (fixtures imported here, not per module).
-from kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: E402,F401
-from standalone_server import runs, standalone, statsd  # noqa: E402,F401  (pytest fixtures)
+REPO = Path(__file__).resolve().parents[2]
 
 _HOME = Path(tempfile.mkdtemp(prefix="spot-airflow-home-"))
 # The dags folder Airflow syncs from: the example DAG plus the tests' own DAGs.

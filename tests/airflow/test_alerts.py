@@ -11,9 +11,9 @@ from datetime import datetime
 import pytest
 from airflow.listeners import hookimpl
 from airflow.sdk import DAG
-from task_context import TI, StateStore
 
 from airflow_spot.operators.spot import SpotJobOperator
+from tests.support.task_context import TI, StateStore
 
 
 class Listener:

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from task_context import TI, StateStore
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger
 from airflow_spot.triggers.spot import SpotJobTrigger
 from spot_core.model import JobRecord, Pool
+from tests.support.task_context import TI, StateStore
 
 GITHUB = "ghp_" + "a" * 36
 NAN, INF = float("nan"), float("inf")

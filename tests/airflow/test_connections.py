@@ -23,7 +23,12 @@ from datetime import datetime
 import pytest
 from airflow.sdk import DAG, Connection
 from airflow.sdk.exceptions import TaskDeferred
-from aws_helpers import (
+
+from airflow_spot.hooks.connections import ConnectionMissing, aws_access
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
+from spot_core.model import JobRecord
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import (
     AWS_ENV,
     bucket,  # noqa: F401 - a fixture / shared name
     client,
@@ -31,13 +36,8 @@ from aws_helpers import (
     managed_live_instances,  # noqa: F401
     unique,
 )
-from spot_helpers import train_command
-from task_context import TI, StateStore
-
-from airflow_spot.hooks.connections import ConnectionMissing, aws_access
-from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
-from spot_core.model import JobRecord
-from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.spot_helpers import train_command
+from tests.support.task_context import TI, StateStore
 
 pytestmark = pytest.mark.timeout(300)
 

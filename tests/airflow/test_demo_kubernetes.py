@@ -42,7 +42,7 @@ def test_the_airflow_demo_on_kubernetes_without_the_emulators_names_the_extra(tm
     """The emulator is the separate distribution spot-pipelines-emulators: without it the
     Airflow demo says which extra to install in one line (exit 2), before it sets up
     Airflow's database."""
-    from no_emulators import env_without_emulators
+    from tests.support.no_emulators import env_without_emulators
 
     env = {
         k: v

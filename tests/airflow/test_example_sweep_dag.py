@@ -16,7 +16,7 @@ def storage(request):
     if request.param == "sqlite":
         yield ""
         return
-    from postgres_helpers import fresh_database, with_driver
+    from tests.support.postgres_helpers import fresh_database, with_driver
 
     with fresh_database(request.getfixturevalue("postgres_url"), "sweep") as url:
         yield with_driver(url, "postgresql+psycopg2")

@@ -9,7 +9,8 @@ import asyncio
 import sys
 
 import pytest
-from kube_helpers import wait_for
+
+from tests.support.kube_helpers import wait_for
 
 kubernetes_asyncio = pytest.importorskip("kubernetes_asyncio")
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook  # noqa: E402

@@ -28,11 +28,8 @@ from pathlib import Path
 import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
-from kube_helpers import emulator_processes
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from spot_helpers import wait_until
-from task_context import StateStore, first_event
 
 from airflow_spot.operators import controller_driver
 from airflow_spot.operators.controller_driver import RECORD_KEY
@@ -43,10 +40,14 @@ from spot_core.checkpoint.resumed import read_resumed
 from spot_core.errors import FencedOut
 from spot_core.model import JobRecord, Outcome
 from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
+from tests.support import SUPPORT
+from tests.support.kube_helpers import emulator_processes
+from tests.support.spot_helpers import wait_until
+from tests.support.task_context import StateStore, first_event
 
 pytestmark = pytest.mark.timeout(240)
 
-STEP = Path(__file__).parents[1] / "core" / "handover_step.py"
+STEP = SUPPORT / "handover_step.py"
 # The emergency save takes 2 s (a big model's): the old pod outlives the notice long
 # enough for the trigger to see it and create the new pod, however busy the machine.
 STEPS, STEP_SECONDS, SAVE_SECONDS = 300, 0.03, 2.0

@@ -16,7 +16,12 @@ from datetime import datetime
 
 import pytest
 from airflow.sdk import DAG
-from spot_helpers import (
+
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
+from spot_core.localcloud.server import LocalCloudServer
+from spot_core.market.trace import load_traces
+from spot_core.model import JobRecord
+from tests.support.spot_helpers import (
     DEADLINE_KNOBS,
     DEADLINE_SCALE,
     check_greedy_record,
@@ -24,12 +29,7 @@ from spot_helpers import (
     marked_processes,
     train_command,
 )
-from task_context import TI, StateStore, drive_deferrals
-
-from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
-from spot_core.localcloud.server import LocalCloudServer
-from spot_core.market.trace import load_traces
-from spot_core.model import JobRecord
+from tests.support.task_context import TI, StateStore, drive_deferrals
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -154,10 +154,10 @@ def test_a_wait_shorter_than_a_triggers_hold_is_waited_in_the_worker(
     deadline policy's wait for the next tick of a compressed trace) deferred would wake
     late: the worker waits it out; a long wait defers."""
     from airflow.sdk.exceptions import TaskDeferred
-    from spot_helpers import write_trace
 
     from airflow_spot.operators.spot import SpotJobFailed
     from spot_core.controller import Next
+    from tests.support.spot_helpers import write_trace
 
     monkeypatch.delenv("SPOT_LOCAL_CLOUD_URL", raising=False)
     trace = write_trace(tmp_path / "traces", "us-east-1a_v100_1", "0" * 40)  # no spot

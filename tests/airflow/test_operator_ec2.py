@@ -14,7 +14,11 @@ from datetime import datetime
 
 import pytest
 from airflow.sdk import DAG
-from aws_helpers import (
+
+from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
+from spot_core.model import JobRecord
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import (
     bucket,  # noqa: F401 - a fixture / shared name
     client,
     make_network,
@@ -22,12 +26,8 @@ from aws_helpers import (
     preempt_after_checkpoints,
     unique,
 )
-from spot_helpers import train_command
-from task_context import TI, StateStore, drive_deferrals
-
-from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
-from spot_core.model import JobRecord
-from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.spot_helpers import train_command
+from tests.support.task_context import TI, StateStore, drive_deferrals
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,10 +11,10 @@ from datetime import datetime
 
 import pytest
 from airflow.sdk import DAG
-from task_context import TI, StateStore
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator, SpotUserStepFailed
 from spot_core.model import JobRecord
+from tests.support.task_context import TI, StateStore
 
 
 def _operator(cloud_url, tmp_path, script: str) -> SpotJobOperator:

@@ -24,10 +24,7 @@ from datetime import datetime
 import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
-from kube_helpers import add_test_pool
 from kubernetes import client as k8s
-from spot_helpers import train_command, wait_until
-from task_context import StateStore, first_event
 
 from airflow_spot.operators.controller_driver import RECORD_KEY, SpotUserStepFailed
 from airflow_spot.operators.kubernetes import SpotKubernetesPodOperator
@@ -35,6 +32,9 @@ from airflow_spot.triggers.kubernetes import SpotKubernetesPodTrigger
 from spot_core.checkpoint import open_store
 from spot_core.model import JobRecord, Outcome
 from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
+from tests.support.kube_helpers import add_test_pool
+from tests.support.spot_helpers import train_command, wait_until
+from tests.support.task_context import StateStore, first_event
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -137,8 +137,8 @@ def test_operator_takes_the_deadline_knobs_in_any_form():
     assert _operator(deadline=datetime(2026, 12, 1, 8)).settings.deadline_at == when
 
 
-# -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------
-from bounds_cases import bounded, model_line, over  # noqa: E402
+# -- bounds: past a knob's maximum, the model's own line (tests/support/bounds_cases.py) ----------
+from tests.support.bounds_cases import bounded, model_line, over  # noqa: E402
 
 OPERATOR_BOUNDED, DECORATOR_BOUNDED = bounded(OPERATOR), bounded(DECORATOR)
 

@@ -12,13 +12,13 @@ from datetime import datetime
 
 import pytest
 from airflow.sdk import DAG
-from spot_helpers import train_command
-from task_context import TI, StateStore, drive_deferrals
 
 from airflow_spot.operators.spot import RECORD_KEY, SpotJobOperator
 from spot_core.checkpoint import open_store
 from spot_core.model import JobRecord
 from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
+from tests.support.spot_helpers import train_command
+from tests.support.task_context import TI, StateStore, drive_deferrals
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -18,7 +18,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from standalone_server import BIN, Standalone
+
+from tests.support.standalone_server import BIN, Standalone
 
 # Standalone start-up, parsing and two DAG runs take minutes on a busy machine.
 pytestmark = pytest.mark.timeout(900)
@@ -116,7 +117,8 @@ def _api(standalone: Standalone, method: str, path: str, body: dict | None = Non
 def test_a_deferred_spot_task_marked_failed_leaves_no_lease(standalone):
     """Marking the deferred task failed cancels its trigger; the trigger stops the lease."""
     from conftest import TEST_DIR
-    from spot_helpers import marked_processes, wait_until
+
+    from tests.support.spot_helpers import marked_processes, wait_until
 
     dag_id, task_id = "spot_job_mark_failed", "long_step"
     mine = str(TEST_DIR / f"ckpt-{dag_id}")

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
-from spot_helpers import wait_until
-from standalone_server import BIN
 
 from spot_core.checkpoint import open_store
+from tests.support.spot_helpers import wait_until
+from tests.support.standalone_server import BIN
 
 pytestmark = pytest.mark.timeout(900)
 DAG_ID = "spot_k8s_triggerer_restart"

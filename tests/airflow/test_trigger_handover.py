@@ -17,13 +17,10 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
-from spot_helpers import marked_processes, trace, wait_until
-from task_context import TI, StateStore, first_event
 
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.operators import controller_driver
@@ -37,9 +34,12 @@ from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer, client_environ
 from spot_core.model import JobRecord, Outcome
 from spot_core.settings import SpotSettings
+from tests.support import SUPPORT
+from tests.support.spot_helpers import marked_processes, trace, wait_until
+from tests.support.task_context import TI, StateStore, first_event
 
 pytestmark = pytest.mark.timeout(120)
-STEP = Path(__file__).parents[1] / "core" / "handover_step.py"
+STEP = SUPPORT / "handover_step.py"
 ZONES = {"us-east-1a_v100_1": "111" + "0" * 400, "us-east-1b_v100_1": "00" + "1" * 400}
 OPTIONS = {
     "poll_interval": 0.05,

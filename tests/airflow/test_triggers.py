@@ -12,8 +12,6 @@ import time
 
 import pytest
 from airflow.triggers.base import BaseTrigger
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, wait_until
 
 from airflow_spot.triggers.price_window import SpotPriceWindowTrigger, window_decision
 from airflow_spot.triggers.spot import SpotJobTrigger
@@ -21,6 +19,8 @@ from spot_core import jobs
 from spot_core.controller import JobSpec, Next
 from spot_core.model import JobRecord, Market, Offer, Outcome, Pool
 from spot_core.settings import SpotSettings
+from tests.support.fault_proxy import FaultProxy
+from tests.support.spot_helpers import marked_processes, wait_until
 
 
 def _recreate(trigger: BaseTrigger) -> BaseTrigger:

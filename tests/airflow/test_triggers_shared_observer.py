@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-from spot_helpers import marked_processes, trace, wait_until
 
 from airflow_spot.hooks.spot import SpotHook
 from airflow_spot.triggers.spot import SpotJobTrigger
@@ -21,6 +20,7 @@ from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import Outcome
 from spot_core.observer import shared_observer
 from spot_core.settings import SpotSettings
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 POLL = 0.5

@@ -56,7 +56,8 @@ def finished(standalone, runs) -> dict:
 def browser(standalone):
     """Chromium with a fresh profile, logged in to the UI as the admin through its form."""
     from playwright.sync_api import sync_playwright
-    from standalone_server import USERS
+
+    from tests.support.standalone_server import USERS
 
     with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         context = playwright.chromium.launch_persistent_context(

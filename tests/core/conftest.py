@@ -1,9 +1,10 @@
 """Shared fixtures for tests/core."""
 
 import pytest
-from aws_helpers import aws_env, moto_server  # noqa: F401  (pytest fixtures)
-from dist_helpers import CleanInstalls, build_dist
-from kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: F401,E402
+
+from tests.support.aws_helpers import aws_env, moto_server  # noqa: F401  (pytest fixtures)
+from tests.support.dist_helpers import CleanInstalls, build_dist
+from tests.support.kube_helpers import kube_client, kube_cluster, kube_namespace  # noqa: F401,E402
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-from spot_helpers import trace, train_command
 
 from spot_core.attempt_env import CHECKPOINT_INTERVAL, AttemptEnv
 from spot_core.checkpoint import Checkpointer, open_store
@@ -24,6 +23,7 @@ from spot_core.policy.checkpoint_interval import (
 )
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
+from tests.support.spot_helpers import trace, train_command
 
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
 BOUNDS = CheckpointBounds(cost=60.0, min_seconds=60.0, max_seconds=3600.0)

@@ -13,13 +13,13 @@ import json
 
 import boto3
 import pytest
-from aws_helpers import AWS_ENV, REGION, bucket, client, make_network, unique  # noqa: F401
 
 from spot_core.adaptors.aws import AwsAccess, access_of
 from spot_core.checkpoint import open_store
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError, InfrastructureError
 from spot_core.providers import open_provider
+from tests.support.aws_helpers import AWS_ENV, REGION, bucket, client, make_network, unique  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 KEY, SECRET = "AKIASESSIONTEST00001", "session-secret-5e2a9c"

@@ -138,7 +138,7 @@ def test_a_far_deadline_is_planned_in_bounded_memory(tmp_path, command):
     deadline a year away (hundreds of GiB before), or 14 days in `simulate` (3 GB and
     minutes before), plans within 1.5 GiB of address space (memory and time:
     bench/README.md)."""
-    from spot_helpers import TRACES
+    from tests.support.spot_helpers import TRACES
 
     trace = TRACES / "aws-v100-2023-02" / "us-east-1a_v100_1.csv"
     words = [str(trace) if w == "TRACE" else w for w in command]
@@ -154,11 +154,10 @@ def test_a_far_deadline_is_planned_in_bounded_memory(tmp_path, command):
 
 
 def test_work_past_what_a_plan_holds_is_refused_in_one_line():
-    from spot_helpers import trace
-
     from spot_core.policy.deadline.base import PLAN_MAX_TICKS, Job
     from spot_core.policy.deadline.mdp import ForecastDP
     from spot_core.policy.deadline.replay import Replay
+    from tests.support.spot_helpers import trace
 
     replay = Replay.from_traces(
         [trace("us-east-1a_v100_1", "1" * (PLAN_MAX_TICKS + 700), tick_seconds=600.0)]

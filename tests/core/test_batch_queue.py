@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from aws_helpers import client, unique
 
 from spot_core.errors import ConfigError, Preempted
 from spot_core.workloads.batch import (
@@ -27,6 +26,7 @@ from spot_core.workloads.batch import (
 )
 from spot_core.workloads.batch_inference import infer
 from spot_core.workloads.batch_worker import Stop, run_worker
+from tests.support.aws_helpers import client, unique
 
 pytestmark = pytest.mark.timeout(180)
 

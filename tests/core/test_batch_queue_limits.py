@@ -19,7 +19,6 @@ import sys
 import textwrap
 
 import pytest
-from aws_helpers import client, unique
 
 from spot_core.checkpoint import open_store
 from spot_core.errors import ConfigError
@@ -32,6 +31,7 @@ from spot_core.workloads.batch import (
     WorkQueue,
     output_key,
 )
+from tests.support.aws_helpers import client, unique
 
 pytestmark = pytest.mark.timeout(300)
 

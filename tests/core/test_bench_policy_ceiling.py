@@ -5,9 +5,9 @@ run of the same DP, bounded below by the optimum and never missing the deadline.
 from __future__ import annotations
 
 import numpy as np
-from spot_helpers import TRACES
 
 from bench.policy_ceiling import ceiling_case, perfect_statistics, table
+from tests.support.spot_helpers import TRACES
 
 
 def test_the_ceiling_is_a_real_run_no_cheaper_than_the_optimum(tmp_path):

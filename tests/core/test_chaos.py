@@ -23,9 +23,6 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from aws_helpers import client, unique
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE, PREEMPTED_EXIT_CODE, step_exit_code
 from spot_core.checkpoint import open_store
@@ -39,6 +36,9 @@ from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LeaseState, LeaseStatus
 from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
+from tests.support.aws_helpers import client, unique
+from tests.support.fault_proxy import FaultProxy
+from tests.support.spot_helpers import marked_processes, trace, train_command, wait_until
 
 STEPS, STEP_SECONDS, EVERY = 300, 0.01, 60
 QUICK_SEEDS = (3, 4, 20, 12)  # file store; failing puts; s3; a sustained outage

@@ -14,8 +14,9 @@ import pytest
 
 from spot_core.checkpoint import Checkpointer, CheckpointStore, open_store
 from spot_core.errors import ConfigError, FencedOut, Preempted
+from tests.support import SUPPORT
 
-TRAIN_LOOP = Path(__file__).with_name("checkpoint_train_loop.py")
+TRAIN_LOOP = SUPPORT / "checkpoint_train_loop.py"
 
 
 class FakeClock:

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from spot_core.checkpoint import open_store
+from tests.support import SUPPORT
 
-WRITER = Path(__file__).with_name("checkpoint_writer.py")
+WRITER = SUPPORT / "checkpoint_writer.py"
 
 
 def _writer_module():  # the payload recipe lives in the child script; import it by path

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from spot_helpers import ZOMBIE_WRITER
 
 from spot_core.checkpoint import CheckpointRef, CheckpointStore, open_store
 from spot_core.errors import CheckpointNotFound, ConfigError, CorruptCheckpoint, FencedOut
+from tests.support.spot_helpers import ZOMBIE_WRITER
 
 
 @pytest.fixture

@@ -20,18 +20,19 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aws_helpers import client, unique
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, train_command, wait_until
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY, DriverIdentity, Heartbeat, live_holder
 from spot_core.checkpoint.s3_backend import LOCK_NAME, S3Backend
 from spot_core.workloads.batch import STATE_PREFIX, ItemRange, WorkQueue
+from tests.support import SUPPORT
+from tests.support.aws_helpers import client, unique
+from tests.support.fault_proxy import FaultProxy
+from tests.support.spot_helpers import marked_processes, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-HOOK = str(Path(__file__).with_name("skewed_clock.py"))
+HOOK = str(SUPPORT / "skewed_clock.py")
 HEARTBEAT = 60.0  # seconds: no honest beat in these tests goes stale by itself
 SLACK = 60.0  # seconds: what a loaded machine may add to a wait
 OTHER = DriverIdentity("f" * 32, "other-host", 4242)

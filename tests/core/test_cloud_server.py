@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
@@ -17,6 +16,7 @@ from spot_core.model import JobStatus
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
+from tests.support.spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)

@@ -9,33 +9,23 @@ import textwrap
 import time
 
 import pytest
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.checkpoint import open_store
-from spot_core.controller import Controller, JobSpec
-from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.market.fixtures import default_traces, fixture_json_trace_path
 from spot_core.market.trace import load_trace
 from spot_core.market.trace_market import TraceMarket
 from spot_core.model import JobStatus, Market, Outcome
 from spot_core.policy.retry import RetryPolicy
-from spot_core.providers.local import LocalProvider
 from spot_core.workloads.softmax_regression import TrainConfig, train
+from tests.support.builders import controller_for, job_spec, local_cloud, store_uri
+from tests.support.spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)
 
 
 def _run(tmp_path, provider, command, policy, pools=None, market=None, persist=None):
-    spec = JobSpec(
-        job_id="job-test",
-        command=command,
-        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-        pools=pools or provider.pools(),
-    )
-    controller = Controller(
-        provider, market or provider.market, policy, persist=persist, poll_interval_seconds=0.05
-    )
+    spec = job_spec(tmp_path, provider, command, pools=pools or provider.pools())
+    controller = controller_for(provider, policy, market=market, persist=persist)
     with provider:
         return controller.run(spec)
 
@@ -44,7 +34,7 @@ def _final_sha(tmp_path) -> str:
     from spot_core.checkpoint.state import arrays_from_bytes
     from spot_core.workloads.softmax_regression import STATE_FILE, weights_sha256
 
-    store = open_store((tmp_path / "ckpt").as_uri())
+    store = open_store(store_uri(tmp_path))
     ref = store.latest()
     assert ref.metadata.get("final")
     return weights_sha256(arrays_from_bytes(store.load(ref)[STATE_FILE]))
@@ -61,13 +51,7 @@ def test_preempted_job_resumes_and_matches_uninterrupted_run(
     tmp_path, seed, traces, start_tick, time_scale
 ):
     loaded = default_traces() if traces == "aws-csv" else [load_trace(fixture_json_trace_path())]
-    provider = LocalProvider.from_traces(
-        loaded,
-        time_scale=time_scale,
-        start_tick=start_tick,
-        workdir=tmp_path / "cloud",
-        config=FAST,
-    )
+    provider = local_cloud(tmp_path, loaded, time_scale=time_scale, start_tick=start_tick)
     saved = []
     record = _run(
         tmp_path,
@@ -89,12 +73,7 @@ def test_preempted_job_resumes_and_matches_uninterrupted_run(
 
 def test_falls_back_to_on_demand_after_the_preemption_budget(tmp_path):
     # Spot for 2 s out of every 4 s: a 6 s job cannot finish on spot alone.
-    provider = LocalProvider.from_traces(
-        [trace("us-east-1a_v100_1", "1100" * 40)],
-        time_scale=60.0,
-        workdir=tmp_path / "cloud",
-        config=FAST,
-    )
+    provider = local_cloud(tmp_path, [trace("us-east-1a_v100_1", "1100" * 40)])
     record = _run(
         tmp_path,
         provider,
@@ -111,9 +90,7 @@ def test_no_spot_capacity_in_any_pool_goes_to_on_demand(tmp_path):
     """The controller's market view says spot is there; every launch finds none."""
     dead = [trace(f"us-east-1{z}_v100_1", "0" * 200) for z in "ab"]
     live = [trace(f"us-east-1{z}_v100_1", "1" * 200) for z in "ab"]
-    provider = LocalProvider.from_traces(
-        dead, time_scale=60.0, workdir=tmp_path / "cloud", config=FAST
-    )
+    provider = local_cloud(tmp_path, dead)
     stale_view = TraceMarket(live, tick_origin=time.time(), time_scale=60.0)
     record = _run(
         tmp_path,
@@ -148,12 +125,7 @@ def _flaky_step(tmp_path) -> tuple[str, ...]:
 
 
 def test_user_failure_spends_a_user_retry_and_preemptions_do_not(tmp_path):
-    provider = LocalProvider.from_traces(
-        [trace("us-east-1a_v100_1", "1110" * 60)],
-        time_scale=60.0,
-        workdir=tmp_path / "cloud",
-        config=FAST,
-    )
+    provider = local_cloud(tmp_path, [trace("us-east-1a_v100_1", "1110" * 60)])
     record = _run(
         tmp_path,
         provider,
@@ -172,12 +144,7 @@ def test_user_failure_spends_a_user_retry_and_preemptions_do_not(tmp_path):
 
 
 def test_user_failure_without_retries_fails_the_job(tmp_path):
-    provider = LocalProvider.from_traces(
-        [trace("us-east-1a_v100_1", "1" * 100)],
-        time_scale=60.0,
-        workdir=tmp_path / "cloud",
-        config=FAST,
-    )
+    provider = local_cloud(tmp_path, [trace("us-east-1a_v100_1", "1" * 100)])
     record = _run(
         tmp_path,
         provider,
@@ -218,77 +185,49 @@ def test_ctrl_c_on_run_leaves_no_process_behind(tmp_path):
 
 def test_a_deadline_too_close_for_spot_goes_straight_to_on_demand(tmp_path):
     """Spot is available, but work left plus two restarts no longer fits on spot."""
-    provider = LocalProvider.from_traces(
-        [trace("us-east-1a_v100_1", "1" * 400)],
-        time_scale=60.0,
-        workdir=tmp_path / "cloud",
-        config=FAST,
-    )
+    provider = local_cloud(tmp_path, [trace("us-east-1a_v100_1", "1" * 400)])
     work, overhead = 120.0, 60.0  # capacity seconds: 2 s and 1 s of wall time at 60x
-    spec = JobSpec(
+    spec = job_spec(
+        tmp_path,
+        provider,
+        train_command(steps=100, step_seconds=0.0),
         job_id="job-deadline",
-        command=train_command(steps=100, step_seconds=0.0),
-        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-        pools=provider.pools(),
         deadline_at=time.time() + (work + 1.5 * overhead) / 60.0,
         work_capacity_seconds=work,
         total_steps=100,
         restart_overhead_capacity_seconds=overhead,
     )
     with provider:
-        record = Controller(
-            provider, provider.market, RetryPolicy(), poll_interval_seconds=0.05
-        ).run(spec)
+        record = controller_for(provider).run(spec)
     assert record.attempts[0].pool.market is Market.ON_DEMAND
     assert record.status is JobStatus.SUCCEEDED
 
 
 def test_a_roomy_deadline_still_takes_spot(tmp_path):
-    provider = LocalProvider.from_traces(
-        [trace("us-east-1a_v100_1", "1" * 400)],
-        time_scale=60.0,
-        workdir=tmp_path / "cloud",
-        config=FAST,
-    )
-    spec = JobSpec(
+    provider = local_cloud(tmp_path, [trace("us-east-1a_v100_1", "1" * 400)])
+    spec = job_spec(
+        tmp_path,
+        provider,
+        train_command(steps=100, step_seconds=0.0),
         job_id="job-roomy",
-        command=train_command(steps=100, step_seconds=0.0),
-        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-        pools=provider.pools(),
         deadline_at=time.time() + 60.0,
         work_capacity_seconds=120.0,
         total_steps=100,
         restart_overhead_capacity_seconds=60.0,
     )
     with provider:
-        record = Controller(
-            provider, provider.market, RetryPolicy(), poll_interval_seconds=0.05
-        ).run(spec)
+        record = controller_for(provider).run(spec)
     assert record.attempts[0].pool.market is Market.SPOT
     assert record.status is JobStatus.SUCCEEDED
 
 
 def test_a_price_cap_waits_for_a_cheaper_window_then_falls_back(tmp_path):
     events = []
-    provider = LocalProvider.from_traces(
-        [trace("us-east-1a_v100_1", "1" * 200, price=0.9)],
-        time_scale=60.0,
-        workdir=tmp_path / "cloud",
-        config=FAST,
-    )
-    spec = JobSpec(
-        job_id="job-cap",
-        command=(sys.executable, "-c", "print('done')"),
-        checkpoint_uri=(tmp_path / "ckpt").as_uri(),
-        pools=provider.pools(),
-    )
+    provider = local_cloud(tmp_path, [trace("us-east-1a_v100_1", "1" * 200, price=0.9)])
+    spec = job_spec(tmp_path, provider, (sys.executable, "-c", "print('done')"), job_id="job-cap")
     policy = RetryPolicy(max_spot_price=0.5, capacity_wait_seconds=0.4, max_capacity_waits=2)
-    controller = Controller(
-        provider,
-        provider.market,
-        policy,
-        poll_interval_seconds=0.05,
-        listener=lambda kind, record, detail: events.append((kind, detail)),
+    controller = controller_for(
+        provider, policy, listener=lambda kind, record, detail: events.append((kind, detail))
     )
     started = time.monotonic()
     with provider:

@@ -14,7 +14,6 @@ import sys
 import textwrap
 
 import pytest
-from spot_helpers import marked_processes, trace, train_command
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError
@@ -26,6 +25,7 @@ from spot_core.policy.deadline.replay import Replay
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
 from spot_core.sim.simulator import run_window
+from tests.support.spot_helpers import marked_processes, trace, train_command
 
 pytestmark = pytest.mark.timeout(300)
 

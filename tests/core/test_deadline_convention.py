@@ -12,7 +12,11 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from spot_helpers import (
+
+from spot_core.errors import ConfigError
+from spot_core.model import JobRecord
+from spot_core.settings import SpotSettings, wall_deadline
+from tests.support.spot_helpers import (
     DEADLINE_KNOBS,
     DEADLINE_SCALE,
     check_greedy_record,
@@ -20,10 +24,6 @@ from spot_helpers import (
     marked_processes,
     train_command,
 )
-
-from spot_core.errors import ConfigError
-from spot_core.model import JobRecord
-from spot_core.settings import SpotSettings, wall_deadline
 
 
 def test_durations_count_in_capacity_time_and_absolute_times_in_wall_time():

@@ -256,7 +256,7 @@ def test_demo_on_kubernetes_without_the_emulators_names_the_extra_in_one_line(tm
     """The Kubernetes emulator is a separate distribution (not in the wheel every Airflow
     worker installs): without it the demo says which extra to install, before anything
     starts, and exits 2 with no traceback."""
-    from no_emulators import env_without_emulators
+    from tests.support.no_emulators import env_without_emulators
 
     env = env_without_emulators(tmp_path / "site")
     blocked = subprocess.run(
@@ -281,7 +281,7 @@ def test_demo_on_kubernetes_without_the_emulators_names_the_extra_in_one_line(tm
 def test_a_sigterm_stops_the_demo_and_ends_its_leases(tmp_path):
     """A demo stopped by SIGTERM (a CI timeout, systemd, `kill`) ends its leases' steps
     at once and says so, instead of leaving them to run until their heartbeat lapses."""
-    from spot_helpers import marked_processes, wait_until
+    from tests.support.spot_helpers import marked_processes, wait_until
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "spot_core.cli", "demo", "--workdir", str(tmp_path / "w")],

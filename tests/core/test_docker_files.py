@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from compose_helpers import COMPOSE_FILE, DOCKER, REPO, resolved_model, run_config, services
+
+from tests.support.compose_helpers import (
+    COMPOSE_FILE,
+    DOCKER,
+    REPO,
+    resolved_model,
+    run_config,
+    services,
+)
 
 DOCKERFILES = sorted(DOCKER.glob("*/Dockerfile"))
 STACK = {

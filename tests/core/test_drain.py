@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from spot_helpers import marked_processes, trace, train_command
 from test_controller_deadline_policy import (
     FAST,
     SCALE,
@@ -27,6 +26,7 @@ from spot_core.policy.deadline.live import DeadlineWork
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
 from spot_core.providers.local import LocalProvider
 from spot_core.workloads.softmax_regression import TrainConfig, train
+from tests.support.spot_helpers import marked_processes, trace, train_command
 
 pytestmark = pytest.mark.timeout(300)
 

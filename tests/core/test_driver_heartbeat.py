@@ -1,5 +1,5 @@
 """`spot-pipelines watch --heartbeat-timeout`: a real watcher process, a real training step
-(tests/core/checkpoint_train_loop.py) and a real file:// store holding the driver's
+(tests/support/checkpoint_train_loop.py) and a real file:// store holding the driver's
 heartbeat. Renewed beats keep the step alive; once they stop, the step saves an emergency
 checkpoint and the watcher exits with the driver-lost code, ending the lease."""
 
@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,10 +19,11 @@ from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import Heartbeat
 from spot_core.interruption.driver import Freshness, read_interval
 from spot_core.localcloud.metadata import MetadataEmulator
+from tests.support import SUPPORT
 
 pytestmark = pytest.mark.timeout(90)
 
-TRAIN_LOOP = Path(__file__).with_name("checkpoint_train_loop.py")
+TRAIN_LOOP = SUPPORT / "checkpoint_train_loop.py"
 TIMEOUT = 2.0  # the heartbeat timeout under test, seconds
 BOUND = 30  # seconds: every process wait in this file is bounded by this
 

@@ -14,8 +14,6 @@ import base64
 import subprocess
 
 import pytest
-from aws_helpers import client, make_network, managed_live_instances, unique
-from dist_helpers import clean_venv, locked_requirements, uv_install
 
 from spot_core.controller import Controller, JobSpec, classify
 from spot_core.errors import ConfigError
@@ -25,6 +23,8 @@ from spot_core.providers import check_provider
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.ec2 import Ec2Provider
 from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import client, make_network, managed_live_instances, unique
+from tests.support.dist_helpers import clean_venv, locked_requirements, uv_install
 
 pytestmark = pytest.mark.timeout(180)
 WHEEL_URI = "s3://artifacts/dist/spot_pipelines-0.1.0-py3-none-any.whl"

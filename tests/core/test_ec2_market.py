@@ -9,7 +9,6 @@ import logging
 import time
 
 import pytest
-from aws_helpers import client, count_calls
 
 from spot_core.errors import ConfigError
 from spot_core.interruption.eventbridge import EventQueue, interruption_event, parse_event
@@ -18,6 +17,7 @@ from spot_core.market.ec2 import ON_DEMAND_PRICES, Ec2Market
 from spot_core.market.trace import load_spot_price_history
 from spot_core.model import JobRecord, Market, Pool
 from spot_core.policy.retry import RetryPolicy, decide_next
+from tests.support.aws_helpers import client, count_calls
 
 ZONES = ("us-east-1a", "us-east-1b")
 TYPES = ("g4dn.xlarge", "g5.xlarge")

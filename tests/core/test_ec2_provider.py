@@ -17,7 +17,16 @@ import sys
 import time
 
 import pytest
-from aws_helpers import (
+
+from spot_core.controller import Controller, JobSpec
+from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
+from spot_core.model import Lease, Market, Pool
+from spot_core.policy.retry import RetryPolicy
+from spot_core.providers.base import LaunchSpec, LeaseState
+from spot_core.providers.ec2 import Ec2Provider
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support import SUPPORT
+from tests.support.aws_helpers import (
     client,
     count_calls,
     inject_errors,
@@ -27,15 +36,7 @@ from aws_helpers import (
     running_moto,
     unique,
 )
-from spot_helpers import train_command
-
-from spot_core.controller import Controller, JobSpec
-from spot_core.errors import CapacityUnavailable, ConfigError, InfrastructureError
-from spot_core.model import Lease, Market, Pool
-from spot_core.policy.retry import RetryPolicy
-from spot_core.providers.base import LaunchSpec, LeaseState
-from spot_core.providers.ec2 import Ec2Provider
-from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.spot_helpers import train_command
 
 pytestmark = pytest.mark.timeout(120)
 BUCKET = "ckpt"  # plus a per-test suffix: see the net fixture
@@ -357,7 +358,7 @@ def test_observe_asks_few_requests_for_many_leases(aws_env, tmp_path):
 
 
 def _observe_many(endpoint: str, net: dict) -> None:
-    from fault_proxy import FaultProxy
+    from tests.support.fault_proxy import FaultProxy
 
     leases = _spot_leases(endpoint, net, 600)
     ec2 = client("ec2", endpoint)
@@ -541,7 +542,7 @@ def test_an_instance_whose_driver_goes_silent_ends_itself(aws_env, net, tmp_path
 def test_transient_describe_failures_do_not_end_an_attempt(aws_env, net, tmp_path, mode):
     """EC2 answering 503 (or dropping connections) to DescribeInstances for a while: botocore's
     standard retries and the controller's observe tolerance keep the attempt alive."""
-    from fault_proxy import FaultProxy
+    from tests.support.fault_proxy import FaultProxy
 
     with (
         FaultProxy(aws_env, match="Action=DescribeInstances") as proxy,
@@ -582,13 +583,12 @@ def test_handover_launches_beside_the_reclaimed_instance_and_resumes_its_emergen
     """handover=on_notice (EC2's default): the replacement instance is launched on the
     notice, while the old one still saves; it resumes from that instance's emergency
     checkpoint in S3, and the old attempt can no longer save once it took over."""
-    from pathlib import Path
 
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.resumed import read_resumed
     from spot_core.errors import FencedOut
 
-    step = Path(__file__).with_name("handover_step.py")
+    step = SUPPORT / "handover_step.py"
     result = tmp_path / "result.json"
     sqs = client("sqs", aws_env)
     queue = sqs.create_queue(QueueName=unique("spot-events"))["QueueUrl"]
@@ -624,13 +624,12 @@ def test_on_notice_hands_over_without_an_event_queue(aws_env, net, tmp_path):
     is launched before the old instance ends and resumes from its emergency checkpoint
     well inside the notice; every instance ends terminated and tagged. (Before, the
     notice was learned at the end: time to resume 22.9 s, after the notice window.)"""
-    from pathlib import Path
 
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.resumed import read_resumed
 
     notice_seconds = 20.0
-    step = Path(__file__).with_name("handover_step.py")
+    step = SUPPORT / "handover_step.py"
     result = tmp_path / "result.json"
     with (
         _provider(aws_env, net) as provider,
@@ -725,9 +724,8 @@ def _instances_ended_and_tagged(endpoint: str, record) -> None:
 
 
 def _rebalance_run(aws_env, net, tmp_path, *, reclaim: bool):
-    from pathlib import Path
 
-    step = Path(__file__).with_name("handover_step.py")
+    step = SUPPORT / "handover_step.py"
     result = tmp_path / "result.json"
     sqs = client("sqs", aws_env)
     queue = sqs.create_queue(QueueName=unique("spot-events"))["QueueUrl"]

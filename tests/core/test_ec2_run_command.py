@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from aws_helpers import (
+
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import (
     bucket,  # noqa: F401 - a fixture / shared name
     client,
     make_network,
@@ -17,9 +19,7 @@ from aws_helpers import (
     preempt_after_checkpoints,
     unique,
 )
-from spot_helpers import train_command
-
-from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.spot_helpers import train_command
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.handover import launched_key, mark_launched, read_launched
@@ -34,9 +33,11 @@ from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.providers.in_place import InPlaceProvider
+from tests.support import SUPPORT
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-STEP = Path(__file__).with_name("handover_step.py")
+STEP = SUPPORT / "handover_step.py"
 STEPS, STEP_SECONDS, SAVE_SECONDS = 300, 0.02, 1.5
 # Zone a is reclaimed at tick 3 (3 s at 60x) with a 2 s notice; zone b comes up at tick 2.
 ZONES = {"us-east-1a_v100_1": "111" + "0" * 400, "us-east-1b_v100_1": "00" + "1" * 400}

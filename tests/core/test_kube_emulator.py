@@ -21,7 +21,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from kube_helpers import add_test_pool, emulator_processes, wait_for
+
+from tests.support.kube_helpers import add_test_pool, emulator_processes, wait_for
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client as k8s  # noqa: E402

@@ -16,7 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kube_helpers import add_test_pool, wait_for
+
+from tests.support.kube_helpers import add_test_pool, wait_for
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client as k8s  # noqa: E402

@@ -6,13 +6,11 @@ no pod is left behind on any exit path, a crashed controller's included."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,79 +18,27 @@ import pytest
 
 from spot_core.adaptors import kubernetes as k8s
 from spot_core.checkpoint import open_store
-from spot_core.controller import Controller, JobSpec
 from spot_core.errors import ConfigError
 from spot_core.model import JobStatus, Market, Outcome
 from spot_core.policy.retry import RetryPolicy
-from spot_core.providers import kubernetes_pods as pods
-from spot_core.providers.kubernetes import KubernetesProvider
 from spot_core.workloads.softmax_regression import TrainConfig, prepare_dataset, train
 from spot_emulators.kubernetes.cluster import KubeCluster
 from spot_emulators.kubernetes.config import ClusterConfig
 from spot_emulators.kubernetes.pools import NodePool
+from tests.support import SUPPORT
+from tests.support.builders import finished_record, job_spec, run_in_thread, store_uri
+from tests.support.kube_builders import (
+    cluster_of,
+    job_pods,
+    kube_controller,
+    launch_on_first_pool,
+    provider_for,
+    run_argv,
+    running_pod,
+)
+from tests.support.kube_helpers import wait_for
 
 STEPS = 600
-WATCH = [sys.executable, "-m", "spot_core.cli"]
-WATCH_OPTION = "watch_command=" + json.dumps(WATCH)
-
-
-def mounted(path: Path) -> str:
-    """--k8s-option: the checkpoint folder on a volume every step pod mounts."""
-    return "pod_template=" + json.dumps(
-        {
-            "spec": {
-                "volumes": [{"name": "ckpt", "hostPath": {"path": str(path)}}],
-                "containers": [
-                    {"name": "step", "volumeMounts": [{"name": "ckpt", "mountPath": str(path)}]}
-                ],
-            }
-        }
-    )
-
-
-PRICES = {"m5.xlarge": {"spot": 0.07, "on_demand": 0.192}}
-
-
-@contextlib.contextmanager
-def cluster_of(workdir: Path, *pools: NodePool, time_scale: float = 0.1):
-    with KubeCluster(
-        workdir / "cluster", ClusterConfig(pools=list(pools), time_scale=time_scale)
-    ) as cluster:
-        yield cluster
-
-
-def provider_for(cluster, **options) -> KubernetesProvider:
-    return KubernetesProvider.from_options(
-        **{
-            "kubeconfig": str(cluster.kubeconfig_path),
-            "image": "step:1",
-            "watch_command": WATCH,
-            "watch_poll_interval": 0.2,
-            "node_refresh_seconds": 0.2,
-            "prices": PRICES,
-            **options,
-        }
-    )
-
-
-def job_pods(provider: KubernetesProvider, job_id: str | None = None) -> list[dict]:
-    listed = k8s.raw(
-        "list pods",
-        provider.api.list_namespaced_pod,
-        "default",
-        label_selector=pods.job_selector(job_id),
-    )
-    return listed.get("items") or []
-
-
-def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -117,20 +63,6 @@ def train_command(data: Path, step_seconds: float = 0.01) -> tuple[str, ...]:
     )
 
 
-def run_in_thread(controller: Controller, spec: JobSpec):
-    result: dict = {}
-
-    def target():
-        try:
-            result["record"] = controller.run(spec)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, result
-
-
 # -- each flavour's reclaim -------------------------------------------------------------------
 FLAVOUR_ZONES = {
     "eks": "us-east-1a",
@@ -151,33 +83,16 @@ def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dat
         NodePool(f"{flavour}-od", flavour, "on-demand", zone),
     ) as cluster:
         provider = provider_for(cluster)
-        store_uri = (tmp_path / "ckpt").as_uri()
-        spec = JobSpec(
-            job_id=f"train-{flavour}",
-            command=train_command(data),
-            checkpoint_uri=store_uri,
-            pools=provider.pools(),
-        )
-        controller = Controller(
+        spec = job_spec(tmp_path, provider, train_command(data), job_id=f"train-{flavour}")
+        controller = kube_controller(
             provider,
-            provider.market,
             RetryPolicy(max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
-            poll_interval_seconds=0.2,
             attempt_timeout_seconds=150,
         )
         thread, result = run_in_thread(controller, spec)
-        store = open_store(store_uri)
+        store = open_store(store_uri(tmp_path))
         pod = wait_for(
-            lambda: next(
-                (
-                    p
-                    for p in job_pods(provider, spec.job_id)
-                    if p["status"].get("phase") == "Running"
-                ),
-                None,
-            ),
-            30,
-            "the first attempt's pod to run",
+            lambda: running_pod(provider, spec.job_id), 30, "the first attempt's pod to run"
         )
         wait_for(
             lambda: (store.latest() or 0) and store.latest().step >= STEPS // 4,
@@ -185,9 +100,7 @@ def test_each_flavours_reclaim_is_a_preemption_and_the_job_resumes(tmp_path, dat
             "a checkpoint a quarter in",
         )
         cluster.reclaim(pod["spec"]["nodeName"])
-        thread.join(150)
-        assert not thread.is_alive() and "error" not in result, result.get("error")
-        record = result["record"]
+        record = finished_record(thread, result, 150)
         assert record.status is JobStatus.SUCCEEDED
         first, last = record.attempts[0], record.attempts[-1]
         assert first.outcome is Outcome.PREEMPTED and first.pool.market is Market.SPOT
@@ -219,18 +132,11 @@ def test_oom_kill_is_the_users_failure_and_is_not_retried(tmp_path):
             "import time; b = bytearray(400 * 2**20); "
             "b[::4096] = b'x' * len(b[::4096]); time.sleep(30)",
         )
-        spec = JobSpec(
-            job_id="oom",
-            command=hog,
-            checkpoint_uri=(tmp_path / "c").as_uri(),
-            pools=provider.pools(),
+        spec = job_spec(
+            tmp_path, provider, hog, job_id="oom", checkpoint_uri=(tmp_path / "c").as_uri()
         )
-        record = Controller(
-            provider,
-            provider.market,
-            RetryPolicy(max_user_retries=0),
-            poll_interval_seconds=0.2,
-            attempt_timeout_seconds=60,
+        record = kube_controller(
+            provider, RetryPolicy(max_user_retries=0), attempt_timeout_seconds=60
         ).run(spec)
         assert record.status is JobStatus.FAILED and len(record.attempts) == 1
         (attempt,) = record.attempts
@@ -255,19 +161,14 @@ def test_an_unschedulable_pod_is_deleted_and_the_next_pool_tried(tmp_path):
                 "spec": {"containers": [{"name": "step", "resources": {"requests": {"cpu": "2"}}}]}
             },
         )
-        spec = JobSpec(
-            job_id="fit",
-            command=(sys.executable, "-c", "print('ok')"),
-            checkpoint_uri=(tmp_path / "c").as_uri(),
-            pools=provider.pools(),
-        )
-        record = Controller(
+        spec = job_spec(
+            tmp_path,
             provider,
-            provider.market,
-            RetryPolicy(),
-            poll_interval_seconds=0.2,
-            attempt_timeout_seconds=60,
-        ).run(spec)
+            (sys.executable, "-c", "print('ok')"),
+            job_id="fit",
+            checkpoint_uri=(tmp_path / "c").as_uri(),
+        )
+        record = kube_controller(provider, RetryPolicy(), attempt_timeout_seconds=60).run(spec)
         assert record.status is JobStatus.SUCCEEDED
         assert record.attempts[-1].pool.zone == "us-east-1b"  # the small pool had no room
         assert not provider.market.offers(
@@ -280,30 +181,14 @@ def test_an_unschedulable_pod_is_deleted_and_the_next_pool_tried(tmp_path):
 def test_a_bad_image_is_one_clear_configuration_failure(tmp_path):
     with cluster_of(tmp_path, NodePool("spot", "gke", "spot", "us-central1-a")) as cluster:
         proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "spot_core.cli",
-                "run",
-                "--provider",
-                "kubernetes",
-                "--kubeconfig",
-                str(cluster.kubeconfig_path),
-                "--job-id",
+            run_argv(
+                cluster,
                 "bad-image",
-                "--checkpoint-uri",
                 (tmp_path / "c").as_uri(),
-                "--k8s-option",
-                'image="registry.example/doesnotexist:1"',
-                "--k8s-option",
-                WATCH_OPTION,
-                "--k8s-option",
-                mounted(tmp_path),
-                "--",
-                "python",
-                "-c",
-                "print(1)",
-            ],
+                tmp_path,
+                *("python", "-c", "print(1)"),
+                image="registry.example/doesnotexist:1",
+            ),
             capture_output=True,
             text=True,
             timeout=100,
@@ -346,63 +231,29 @@ def test_bad_options_fail_in_one_line_before_any_api_call():
 def test_no_pod_outlives_a_crashed_or_stopped_controller(tmp_path):
     with cluster_of(tmp_path, NodePool("spot", "eks", "spot", "us-east-1a", pods=4)) as cluster:
         provider = provider_for(cluster)
-        run = [
-            sys.executable,
-            "-m",
-            "spot_core.cli",
-            "run",
-            "--provider",
-            "kubernetes",
-            "--kubeconfig",
-            str(cluster.kubeconfig_path),
-            "--k8s-option",
-            'image="step:1"',
-            "--k8s-option",
-            WATCH_OPTION,
-            "--k8s-option",
-            mounted(tmp_path),
-            "--",
-            "sleep",
-            "120",
-        ]
 
-        def started(job_id):
-            return lambda: any(
-                p["status"].get("phase") == "Running" for p in job_pods(provider, job_id)
-            )
+        def run(job_id: str, folder: str) -> list[str]:
+            uri = (tmp_path / folder).as_uri()
+            return run_argv(cluster, job_id, uri, tmp_path, "sleep", "120")
 
         # SIGTERM (as Ctrl-C): the run deletes its pod before it exits.
         stopped = subprocess.Popen(
-            [
-                *run[:4],
-                "--job-id",
-                "stopped",
-                "--checkpoint-uri",
-                (tmp_path / "s").as_uri(),
-                *run[4:],
-            ],
+            run("stopped", "s"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_for(started("stopped"), 60, "the stopped run's pod")
+        wait_for(lambda: running_pod(provider, "stopped"), 60, "the stopped run's pod")
         stopped.send_signal(signal.SIGTERM)
         stopped.wait(60)
         wait_for(lambda: not job_pods(provider, "stopped"), 90, "the stopped run's pod to go")
 
         # SIGKILL: nobody deletes the pod; cleanup_orphans does.
         killed = subprocess.Popen(
-            [
-                *run[:4],
-                "--job-id",
-                "killed",
-                "--checkpoint-uri",
-                (tmp_path / "k").as_uri(),
-                *run[4:],
-            ],
+            run("killed", "k"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_for(started("killed"), 60, "the killed run's pod")
+        wait_for(lambda: running_pod(provider, "killed"), 60, "the killed run's pod")
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(10)
         assert job_pods(provider, "killed"), "a SIGKILLed controller leaves its pod"
@@ -427,16 +278,11 @@ class StoppedAfterCreate:
 
 
 def test_a_stop_landing_in_the_create_call_deletes_the_pod(tmp_path):
-    from spot_core.providers.base import LaunchSpec
-
     with cluster_of(tmp_path, NodePool("spot", "eks", "spot", "us-east-1a", pods=4)) as cluster:
         provider = provider_for(cluster)
         provider.api = StoppedAfterCreate(provider.api)
         with pytest.raises(KeyboardInterrupt):
-            provider.launch(
-                LaunchSpec("cut", 1, ("sleep", "30"), (tmp_path / "c").as_uri()),
-                provider.pools()[0],
-            )
+            launch_on_first_pool(provider, "cut", (tmp_path / "c").as_uri(), ("sleep", "30"))
         wait_for(lambda: not job_pods(provider, "cut"), 30, "the interrupted launch's pod to go")
         provider.close()
 
@@ -486,7 +332,7 @@ class CountingApi:
 
 @pytest.mark.timeout(120)
 def test_observe_answers_many_leases_with_one_pod_list_and_one_node_list(tmp_path):
-    from spot_core.providers.base import LaunchSpec, LeaseState
+    from spot_core.providers.base import LeaseState
 
     with cluster_of(
         tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b", pods=8)
@@ -495,10 +341,7 @@ def test_observe_answers_many_leases_with_one_pod_list_and_one_node_list(tmp_pat
         store = open_store((tmp_path / "c").as_uri())
         store.fence(1)
         leases = [
-            provider.launch(
-                LaunchSpec(f"job-{i}", 1, ("sleep", "30"), store.uri), provider.pools()[0]
-            )
-            for i in range(5)
+            launch_on_first_pool(provider, f"job-{i}", store.uri, ("sleep", "30")) for i in range(5)
         ]
         provider.api = counting = CountingApi(provider.api)
         statuses = provider.observe(leases)
@@ -513,8 +356,6 @@ def test_observe_answers_many_leases_with_one_pod_list_and_one_node_list(tmp_pat
 def test_step_pods_carry_the_do_not_disrupt_annotations_unless_turned_off(tmp_path):
     """What the API receives: Karpenter's and cluster-autoscaler's annotations that keep a
     node under a running step from being consolidated or scaled down; off on request."""
-    from spot_core.providers.base import LaunchSpec
-
     with cluster_of(tmp_path, NodePool("spot", "karpenter", "spot", "us-east-1b")) as cluster:
         for option, expected in (
             (
@@ -527,13 +368,9 @@ def test_step_pods_carry_the_do_not_disrupt_annotations_unless_turned_off(tmp_pa
             (False, {}),
         ):
             provider = provider_for(cluster, do_not_disrupt=option)
-            spec = LaunchSpec(
-                job_id=f"annotated-{option}",
-                attempt=1,
-                command=("sleep", "30"),
-                checkpoint_uri=(tmp_path / str(option)).as_uri(),
+            lease = launch_on_first_pool(
+                provider, f"annotated-{option}", (tmp_path / str(option)).as_uri(), ("sleep", "30")
             )
-            lease = provider.launch(spec, provider.pools()[0])
             received = provider.api.read_namespaced_pod(lease.lease_id, "default")
             annotations = received.metadata.annotations or {}
             assert {k: annotations[k] for k in expected} == expected
@@ -574,31 +411,19 @@ def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_
             notice_margin_seconds=1.0,
             pod_template={"spec": {"terminationGracePeriodSeconds": 2}},
         )
-        spec = JobSpec(
+        spec = job_spec(
+            tmp_path,
+            provider,
+            (sys.executable, "-c", SECOND_ATTEMPT_FINISHES),
             job_id=f"lost-{node_fate}",
             checkpoint_uri=(tmp_path / "c").as_uri(),
-            command=(sys.executable, "-c", SECOND_ATTEMPT_FINISHES),
-            pools=provider.pools(),
         )
-        controller = Controller(
-            provider,
-            provider.market,
-            RetryPolicy(capacity_wait_seconds=0.5),
-            poll_interval_seconds=0.2,
-            attempt_timeout_seconds=3600,
+        controller = kube_controller(
+            provider, RetryPolicy(capacity_wait_seconds=0.5), attempt_timeout_seconds=3600
         )
         thread, result = run_in_thread(controller, spec)
         pod = wait_for(
-            lambda: next(
-                (
-                    p
-                    for p in job_pods(provider, spec.job_id)
-                    if p["status"].get("phase") == "Running"
-                ),
-                None,
-            ),
-            30,
-            "the first attempt's pod to run",
+            lambda: running_pod(provider, spec.job_id), 30, "the first attempt's pod to run"
         )
         node = pod["spec"]["nodeName"]
         lost_at = time.time()
@@ -609,9 +434,7 @@ def test_a_pod_on_a_lost_node_ends_within_its_grace_and_a_margin(tmp_path, node_
             worker.machine_lost(0.0)
         if node_fate == "gone":
             provider.api.delete_node(node)
-        thread.join(120)
-        assert not thread.is_alive() and "error" not in result, result.get("error")
-        record = result["record"]
+        record = finished_record(thread, result, 120)
         first, last = record.attempts[0], record.attempts[-1]
         assert record.status is JobStatus.SUCCEEDED and len(record.attempts) == 2
         assert first.outcome is Outcome.PREEMPTED and last.pool != first.pool
@@ -636,7 +459,7 @@ def test_handover_starts_the_replacement_pod_on_the_notice_and_resumes_its_emerg
     from spot_core.checkpoint.resumed import read_resumed
     from spot_core.errors import FencedOut
 
-    step = Path(__file__).with_name("handover_step.py")
+    step = SUPPORT / "handover_step.py"
     result = tmp_path / "result.json"
     with cluster_of(
         tmp_path,
@@ -645,39 +468,25 @@ def test_handover_starts_the_replacement_pod_on_the_notice_and_resumes_its_emerg
         time_scale=0.5,  # the lost machine's TERM -> KILL: 2.5 s, room for the emergency save
     ) as cluster:
         provider = provider_for(cluster)
-        store_uri = (tmp_path / "ckpt").as_uri()
-        spec = JobSpec(
-            job_id="train-handover",
-            command=(sys.executable, str(step), "400", "0.02", "0.5", str(result)),
-            checkpoint_uri=store_uri,
-            pools=provider.pools(),
-        )
-        controller = Controller(
+        spec = job_spec(
+            tmp_path,
             provider,
-            provider.market,
+            (sys.executable, str(step), "400", "0.02", "0.5", str(result)),
+            job_id="train-handover",
+        )
+        controller = kube_controller(
+            provider,
             RetryPolicy(max_preemptions=1, capacity_wait_seconds=0.5, min_on_demand_seconds=1e9),
-            poll_interval_seconds=0.2,
             attempt_timeout_seconds=150,
         )
         thread, outcome = run_in_thread(controller, spec)
-        store = open_store(store_uri)
+        store = open_store(store_uri(tmp_path))
         pod = wait_for(
-            lambda: next(
-                (
-                    p
-                    for p in job_pods(provider, spec.job_id)
-                    if p["status"].get("phase") == "Running"
-                ),
-                None,
-            ),
-            30,
-            "the first attempt's pod to run",
+            lambda: running_pod(provider, spec.job_id), 30, "the first attempt's pod to run"
         )
         wait_for(lambda: any(r.attempt == 1 for r in store.list()), 60, "a first checkpoint")
         cluster.reclaim(pod["spec"]["nodeName"])
-        thread.join(150)
-        assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
-        record = outcome["record"]
+        record = finished_record(thread, outcome, 150)
         assert record.status is JobStatus.SUCCEEDED, [a.message for a in record.attempts]
         old, new = record.attempts[0], record.attempts[1]
         assert old.outcome is Outcome.PREEMPTED and new.started_at < old.ended_at

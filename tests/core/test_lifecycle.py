@@ -11,8 +11,6 @@ import sys
 import time
 
 import pytest
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.localcloud.cloud import LocalCloudConfig
@@ -20,6 +18,8 @@ from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
+from tests.support.fault_proxy import FaultProxy
+from tests.support.spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.errors import CapacityUnavailable
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.model import Market
 from spot_core.providers.base import LaunchSpec, LeaseState
 from spot_core.providers.local import LocalProvider
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from spot_helpers import TRACES
 
 from spot_core.errors import ConfigError
 from spot_core.market.advisor import Band, band_for_label, band_from_range, load_advisor
+from tests.support.spot_helpers import TRACES
 
 FEED = TRACES / "aws-spot-advisor" / "spot-advisor-data.json"
 

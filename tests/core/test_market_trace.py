@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from spot_helpers import TRACES
 
 from spot_core.errors import ConfigError
 from spot_core.market import (
@@ -27,6 +26,7 @@ from spot_core.market import (
     load_traces,
 )
 from spot_core.market.trace import ZoneTrace, zone_region
+from tests.support.spot_helpers import TRACES
 
 README_AVAILABILITY = {  # traces/README.md, "Observed availability of the AWS V100 zones"
     "us-east-1a": 0.167,

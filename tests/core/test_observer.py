@@ -10,8 +10,6 @@ import threading
 import time
 
 import pytest
-from fault_proxy import FaultProxy
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.controller import Controller, JobSpec, Next
 from spot_core.errors import InfrastructureError
@@ -21,6 +19,8 @@ from spot_core.model import Market, Outcome
 from spot_core.observer import SharedObserver, observer_key, shared_observer
 from spot_core.providers import open_provider
 from spot_core.providers.base import LaunchSpec, LeaseState, Observation
+from tests.support.fault_proxy import FaultProxy
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY, DriverIdentity, Heartbeat
@@ -30,6 +29,7 @@ from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.model import Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers.local import LocalProvider
+from tests.support.spot_helpers import marked_processes, trace, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

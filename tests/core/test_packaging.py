@@ -18,7 +18,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from dist_helpers import REPO, run
+
+from tests.support.dist_helpers import REPO, run
 
 pytestmark = pytest.mark.timeout(300)
 

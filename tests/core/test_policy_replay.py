@@ -13,11 +13,11 @@ import itertools
 from dataclasses import dataclass, field
 
 import pytest
-from spot_helpers import TRACES
 
 from spot_core.market import TraceMarket, ZoneTrace, default_json_trace, default_traces, load_traces
 from spot_core.model import Attempt, JobRecord, Market, Outcome
 from spot_core.policy.retry import Decision, RetryPolicy, decide_next
+from tests.support.spot_helpers import TRACES
 
 ORIGIN = 1_700_000_000.0
 

@@ -173,6 +173,6 @@ def test_plan_on_real_trace_never_reads_the_future(traces_dir):
 
 @pytest.fixture
 def traces_dir():
-    from spot_helpers import TRACES
+    from tests.support.spot_helpers import TRACES
 
     return TRACES

@@ -19,7 +19,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from dist_helpers import REPO, find_uv, run
+
+from tests.support.dist_helpers import REPO, find_uv, run
 
 pytestmark = pytest.mark.timeout(600)
 CHECKS = Path(__file__).parent / "plugin_checks"
@@ -87,14 +88,14 @@ def with_acme(clean_installs, acme_wheel):
 
 
 def _helpers(tmp_path: Path) -> Path:
-    """A path entry holding the tests' own helpers (the Airflow task context, the Prefect
-    process stack and the emulators it uses), never the checkout's packages:
+    """A path entry holding the tests' own helpers (``tests.support``: the Airflow task
+    context, the Prefect process stack; the emulators it uses), never the checkout's packages:
     spot-pipelines comes from its wheel."""
     helpers = tmp_path / "helpers"
-    helpers.mkdir()
-    (helpers / "bench").symlink_to(REPO / "bench")
+    (helpers / "tests").mkdir(parents=True)
+    (helpers / "tests" / "__init__.py").write_text("")
+    (helpers / "tests" / "support").symlink_to(REPO / "tests" / "support")
     (helpers / "spot_emulators").symlink_to(REPO / "emulators" / "spot_emulators")
-    (helpers / "task_context.py").symlink_to(REPO / "tests" / "airflow" / "task_context.py")
     return helpers
 
 
@@ -167,6 +168,8 @@ def test_a_new_name_for_a_provider_works_in_the_prefect_worker(with_acme, tmp_pa
 def test_the_checks_import_no_package_of_the_checkout(tmp_path):
     """What runs in the clean environments imports spot-pipelines from its wheel: the
     helpers' path entry holds test helpers only."""
-    names = {p.name for p in _helpers(tmp_path).iterdir()}
-    assert names == {"bench", "spot_emulators", "task_context.py"}  # test code, no product
+    helpers = _helpers(tmp_path)
+    names = {p.name for p in helpers.iterdir()}
+    assert names == {"tests", "spot_emulators"}  # test code, no product
+    assert {p.name for p in (helpers / "tests").iterdir()} == {"__init__.py", "support"}
     assert not names & {"spot_core", "airflow_spot", "prefect_spot"}

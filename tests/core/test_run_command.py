@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from spot_helpers import marked_processes, train_command
+
+from tests.support.spot_helpers import marked_processes, train_command
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,17 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
-from aws_helpers import (
+
+from spot_core.checkpoint import open_store
+from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import (
     bucket,  # noqa: F401 - a fixture / shared name
     make_network,
     managed_live_instances,  # noqa: F401
     unique,
 )
-from spot_helpers import ZOMBIE_WRITER, marked_processes, train_command, wait_until
-
-from spot_core.checkpoint import open_store
-from spot_core.checkpoint.heartbeat import HEARTBEAT_KEY
-from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.spot_helpers import ZOMBIE_WRITER, marked_processes, train_command, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -9,7 +9,6 @@ import sys
 import threading
 
 import pytest
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.controller import Controller, JobSpec
 from spot_core.localcloud.cloud import LocalCloudConfig
@@ -17,6 +16,7 @@ from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import JobStatus, Market
 from spot_core.observer import observer_of
 from spot_core.providers import open_provider
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)

@@ -14,11 +14,11 @@ import logging
 import time
 
 import pytest
-from aws_helpers import client, unique
-from fault_proxy import FaultProxy
 
 from spot_core.checkpoint import open_store
 from spot_core.errors import CheckpointError, ConfigError, CorruptCheckpoint
+from tests.support.aws_helpers import client, unique
+from tests.support.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(180)
 

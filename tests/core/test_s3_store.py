@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
-from aws_helpers import client, unique
-from spot_helpers import ZOMBIE_WRITER
 
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.s3_backend import LOCK_NAME
 from spot_core.errors import CorruptCheckpoint, FencedOut
+from tests.support import SUPPORT
+from tests.support.aws_helpers import client, unique
+from tests.support.spot_helpers import ZOMBIE_WRITER
 
 pytestmark = pytest.mark.timeout(120)
-HERE = Path(__file__).parent
 BUCKET = "ckpt"  # plus a per-test suffix: see the s3 fixture
 
 
@@ -183,7 +183,7 @@ def test_zombie_writer_process_is_fenced_by_the_new_attempt(store):
 
 def _writer_module():
     spec = importlib.util.spec_from_file_location(
-        "checkpoint_writer", HERE / "checkpoint_writer.py"
+        "checkpoint_writer", SUPPORT / "checkpoint_writer.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -209,7 +209,7 @@ def _kill_trials(store, monkeypatch, trials: int) -> None:
     newest_seen, progressed, committing = 0, 0, 0
     for _ in range(trials):
         proc = subprocess.Popen(
-            [sys.executable, str(HERE / "checkpoint_writer.py"), store.uri],
+            [sys.executable, str(SUPPORT / "checkpoint_writer.py"), store.uri],
             stdout=subprocess.PIPE,
             text=True,
         )

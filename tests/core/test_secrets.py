@@ -14,13 +14,13 @@ import subprocess
 import sys
 
 import pytest
-from aws_helpers import client, make_network, managed_live_instances, unique
 
 from spot_core import container
 from spot_core.credentials import credential_findings
 from spot_core.errors import ConfigError
 from spot_core.providers.base import LaunchSpec
 from spot_core.providers.ec2 import Ec2Provider
+from tests.support.aws_helpers import client, make_network, managed_live_instances, unique
 
 pytestmark = pytest.mark.timeout(120)
 

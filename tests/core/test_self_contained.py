@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spot_helpers import REPO, TRACES
-
 from spot_core.market.trace import load_trace
+from tests.support.spot_helpers import REPO, TRACES
 
 # Spelled in parts so that this file passes its own check.
 OUTSIDE = ("../" + "shared", "parents[2]" + ".parent", "parents[1]" + ".parent")

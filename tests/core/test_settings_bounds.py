@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from bounds_cases import bounded, model_line, over
 
 from spot_core.commands.flags import cli_flag
 from spot_core.settings import CLI, KNOBS
+from tests.support.bounds_cases import bounded, model_line, over
 
 pytestmark = pytest.mark.timeout(120)
 CLI_KNOBS = bounded(CLI)

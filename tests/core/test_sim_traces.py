@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from spot_helpers import TRACES
 
 from spot_core.market.trace import load_traces
 from spot_core.market.trace_market import TraceMarket
@@ -16,6 +15,7 @@ from spot_core.policy.deadline.base import Job
 from spot_core.policy.deadline.policies import DEADLINE_POLICIES
 from spot_core.policy.deadline.replay import Replay
 from spot_core.sim.simulator import random_starts, run_window, simulate
+from tests.support.spot_helpers import TRACES
 
 
 @pytest.fixture(scope="module")

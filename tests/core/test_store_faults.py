@@ -22,13 +22,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from aws_helpers import client, free_port, unique
 
 from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE
 from spot_core.workloads.batch import ItemRange, WorkQueue
+from tests.support.aws_helpers import client, free_port, unique
 
 pytestmark = pytest.mark.timeout(300)
-HERE = Path(__file__).parent
 
 # Runs in its own user and mount namespace: mounts a tmpfs at MOUNT, puts the step's store
 # there, runs the step (which breaks the store midway, or finds it broken), and prints
@@ -45,13 +44,13 @@ IN_A_NAMESPACE = textwrap.dedent("""
         from spot_core.workloads.batch import ItemRange, WorkQueue
         WorkQueue.create(store, ItemRange(0, 8), unit_size=2)
         command = [py, "-m", "spot_core.workloads.batch_worker", "--queue", store,
-                   "--function", "faulty_store_steps:process"]
+                   "--function", "tests.support.faulty_store_steps:process"]
         if kind == "batch-under-run":
             command = [py, "-m", "spot_core.cli", "run", "--json", "--job-id", "faulty",
                        "--max-user-retries", "1", "--max-infrastructure-retries", "0",
                        "--checkpoint-uri", f"file://{work}/job", "--", *command]
     else:  # the step starts on a store an earlier attempt wrote, broken since
-        from faulty_store_steps import break_the_store
+        from tests.support.faulty_store_steps import break_the_store
         from spot_core.checkpoint import open_store
         open_store(store).save(1, {"x": b"0"}, attempt=1)
         os.environ.update(SPOT_CHECKPOINT_URI=store, SPOT_ATTEMPT="2")
@@ -61,9 +60,10 @@ IN_A_NAMESPACE = textwrap.dedent("""
             study = optuna.create_study(study_name="s", storage=storage)
             command = [py, "-m", "spot_core.sweeps.trial_step", "--storage", storage,
                        "--study", "s", "--trial", str(study.ask().number),
-                       "--objective", "faulty_store_steps:objective"]
+                       "--objective", "tests.support.faulty_store_steps:objective"]
         elif kind == "user":  # breaks the store itself, after its first save
-            command = [py, "-c", "import faulty_store_steps as f; f.user_training_loop()"]
+            command = [py, "-c",
+                       "import tests.support.faulty_store_steps as f; f.user_training_loop()"]
         else:
             command = [py, "-m", "spot_core.workloads.softmax_regression", "--steps", "40",
                        "--checkpoint-every-steps", "10"]
@@ -87,7 +87,7 @@ def in_a_namespace(tmp_path: Path, fault: str, kind: str) -> dict:
         capture_output=True,
         text=True,
         timeout=280,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         cwd=work,
     )
     assert done.returncode == 0, done.stderr
@@ -171,7 +171,7 @@ def test_a_batch_worker_whose_s3_store_stops_answering_exits_74_in_one_line(
             "SPOT_S3_ENDPOINT_URL": endpoint,
             "FAULT": "unreachable",
             "FAULT_MOTO_PID": str(moto.pid),
-            "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path]),
+            "PYTHONPATH": os.pathsep.join(sys.path),
         }.items():
             monkeypatch.setenv(name, value)
         bucket = unique("faults")
@@ -180,7 +180,7 @@ def test_a_batch_worker_whose_s3_store_stops_answering_exits_74_in_one_line(
         WorkQueue.create(uri, ItemRange(0, 8), unit_size=2)
         done = subprocess.run(
             [sys.executable, "-m", "spot_core.workloads.batch_worker", "--queue", uri]
-            + ["--function", "faulty_store_steps:process"],
+            + ["--function", "tests.support.faulty_store_steps:process"],
             capture_output=True,
             text=True,
             timeout=280,

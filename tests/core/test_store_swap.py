@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from aws_helpers import client, unique
 
 from spot_core.checkpoint import open_store
+from tests.support.aws_helpers import client, unique
 
 pytestmark = pytest.mark.timeout(120)
 WRITERS = 8

@@ -19,7 +19,6 @@ import time
 import optuna
 import pytest
 from optuna.trial import TrialState
-from postgres_helpers import fresh_database, postgres_url, with_driver  # noqa: F401
 
 from spot_core.attempt_env import PREEMPTED_EXIT_CODE, AttemptEnv
 from spot_core.checkpoint import open_store
@@ -31,6 +30,7 @@ from spot_core.sweeps.objectives import (
     softmax_objective,
 )
 from spot_core.sweeps.study import TrialJob, open_storage, optimize
+from tests.support.postgres_helpers import fresh_database, postgres_url, with_driver  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 OBJECTIVE = "spot_core.sweeps.objectives:softmax_objective"

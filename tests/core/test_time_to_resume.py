@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-from spot_helpers import marked_processes, trace, train_command, wait_until
 
 from spot_core.checkpoint import Checkpointer, open_store
 from spot_core.checkpoint.resumed import read_resumed, resumed_key
@@ -19,6 +18,7 @@ from spot_core.model import Attempt, JobRecord, Outcome, Pool
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
 from spot_core.report.rows import attempt_cells, ledger_lines
+from tests.support.spot_helpers import marked_processes, trace, train_command, wait_until
 
 SPOT = Pool("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
 

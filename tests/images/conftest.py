@@ -8,18 +8,12 @@ nothing when the images are current with this checkout."""
 from __future__ import annotations
 
 import shutil
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-for folder in (REPO / "tests" / "core", REPO / "docker", Path(__file__).parent):
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
-
-from engine import EngineEnv, docker_daemon, podman_service  # noqa: E402
+from tests.support.container_engine import EngineEnv, docker_daemon, podman_service
+from tests.support.docker_build import build_images
 
 
 @dataclass(frozen=True)
@@ -46,8 +40,6 @@ def engine(tmp_path_factory) -> EngineEnv:
             "no Docker daemon answers and podman is missing: apt-get install podman "
             "buildah (make test does it when run as root on Debian/Ubuntu)"
         )
-    import build_images
-
     try:
         with podman_service(tmp_path_factory.mktemp("engine")) as found:
             yield found
@@ -58,8 +50,6 @@ def engine(tmp_path_factory) -> EngineEnv:
 @pytest.fixture(scope="session")
 def images(engine) -> Images:
     """The three images, current with this checkout (built now if they are not)."""
-    import build_images
-
     with pytest.MonkeyPatch.context() as patch:
         for name, value in engine.environ.items():
             patch.setenv(name, value)

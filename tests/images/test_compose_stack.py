@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from compose_helpers import COMPOSE_FILE, REPO
-from engine import HealthcheckRunner
-from process_helpers import free_port
+
+from tests.support.compose_helpers import COMPOSE_FILE, REPO
+from tests.support.container_engine import HealthcheckRunner
+from tests.support.process_helpers import free_port
 
 pytestmark = pytest.mark.timeout(1200)
 

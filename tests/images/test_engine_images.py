@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO
+
+from tests.support import REPO
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import build_images
 import pytest
+
+from tests.support.docker_build import build_images
 
 pytestmark = pytest.mark.timeout(600)
 

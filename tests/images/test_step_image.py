@@ -16,18 +16,18 @@ import subprocess
 import sys
 
 import pytest
-from aws_helpers import (
+
+from spot_core.checkpoint import open_store
+from spot_core.checkpoint.state import arrays_from_bytes
+from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import (
     aws_env,  # noqa: F401 - a fixture / shared name
     bucket,  # noqa: F401 - a fixture / shared name
     make_network,
     managed_live_instances,  # noqa: F401
     moto_server,  # noqa: F401 - a fixture / shared name
 )
-
-from spot_core.checkpoint import open_store
-from spot_core.checkpoint.state import arrays_from_bytes
-from spot_core.workloads.softmax_regression import STATE_FILE, TrainConfig, train, weights_sha256
-from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
 
 pytestmark = pytest.mark.timeout(600)
 

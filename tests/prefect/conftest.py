@@ -1,7 +1,7 @@
 """One real Prefect server (SQLite, in a temp folder) for the whole session, and one on
 PostgreSQL as in production for the worker's end-to-end tests (test_worker.py,
 test_worker_handover.py), also one for the whole session; moto in server mode and the AWS
-and PostgreSQL helpers of tests/core, and the Prefect processes of bench/prefect_stack.py
+and PostgreSQL helpers and the Prefect processes of tests/support
 (shared, not copied).
 
 The tests that share a server keep apart by name: each makes its own work pool
@@ -9,19 +9,10 @@ The tests that share a server keep apart by name: each makes its own work pool
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = str(Path(__file__).resolve().parents[2])  # bench/ (bench/prefect_stack.py)
-CORE_TESTS = str(Path(__file__).resolve().parents[1] / "core")
-for _path in (REPO, CORE_TESTS):
-    if _path not in sys.path:
-        sys.path.append(_path)
-
-from aws_helpers import aws_env, bucket, moto_server  # noqa: E402,F401  (pytest fixtures)
-from postgres_helpers import postgres_url  # noqa: E402,F401  (pytest fixture)
+from tests.support.aws_helpers import aws_env, bucket, moto_server  # noqa: F401  (fixtures)
+from tests.support.postgres_helpers import postgres_url  # noqa: F401  (pytest fixture)
 
 SERVER_START_TIMEOUT = 120
 
@@ -45,9 +36,8 @@ def prefect_postgres_server(postgres_url, tmp_path_factory):
     """`prefect server start` on a fresh PostgreSQL database (asyncpg), on a free port,
     started once for the session (it took about a minute per start on a loaded machine)
     and stopped (bounded) at the end; its API URL."""
-    from postgres_helpers import fresh_database, psql, with_driver
-
-    from bench.prefect_stack import prefect_server
+    from tests.support.postgres_helpers import fresh_database, psql, with_driver
+    from tests.support.prefect_stack import prefect_server
 
     home = tmp_path_factory.mktemp("prefect-postgres-home")
     with (

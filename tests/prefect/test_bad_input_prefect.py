@@ -15,7 +15,6 @@ import uuid
 import pytest
 from prefect import flow, task
 from prefect.settings import PREFECT_API_URL, temporary_settings
-from spot_helpers import marked_processes, wait_until  # tests/core
 
 from prefect_spot import CheckpointStorage, SpotConfiguration, SpotTaskRunner, _jobs, spot_task
 from prefect_spot.artifacts import (
@@ -29,6 +28,7 @@ from prefect_spot.artifacts import (
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 from spot_core.errors import ConfigError
 from spot_core.model import Attempt, JobRecord, Market, Outcome, Pool
+from tests.support.spot_helpers import marked_processes, wait_until  # tests/core
 
 EC2 = {"subnets": ["subnet-1"], "image_id": "ami-1", "instance_types": ["g5.xlarge"]}
 DEAD_API = "http://127.0.0.1:9/api"  # nothing listens on the discard port

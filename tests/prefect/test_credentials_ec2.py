@@ -20,19 +20,19 @@ import sys
 import uuid
 
 import pytest
-from aws_helpers import (
+from prefect import flow
+
+from prefect_spot import CheckpointStorage, SpotConfiguration, SpotTaskRunner, spot_record
+from spot_core.model import Outcome
+from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import (
     AWS_ENV,
     bucket,  # noqa: F401 - a fixture / shared name
     make_network,
     managed_live_instances,  # noqa: F401
     unique,
 )
-from prefect import flow
-from prefect_helpers import count_to
-
-from prefect_spot import CheckpointStorage, SpotConfiguration, SpotTaskRunner, spot_record
-from spot_core.model import Outcome
-from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.prefect_helpers import count_to
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"
@@ -146,10 +146,10 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_ec2_with_it(b
     from prefect import get_client
     from prefect.client.schemas.objects import FlowRun
     from prefect_aws import AwsCredentials
-    from prefect_helpers import deploy_example_flow
 
     from prefect_spot.workers import SpotJobConfiguration, SpotWorker
     from spot_core.providers.base import LaunchSpec
+    from tests.support.prefect_helpers import deploy_example_flow
 
     endpoint, net, bucket, name = block_only
     reference = {"$ref": {"block_document_id": str(AwsCredentials.load(name)._block_document_id)}}
@@ -209,9 +209,14 @@ def test_the_spot_worker_runs_a_flow_run_on_ec2_with_the_block_only(block_only, 
     from prefect import get_client
     from prefect.deployments import run_deployment
     from prefect_aws import AwsCredentials
-    from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 
     from prefect_spot.workers import SpotWorker
+    from tests.support.prefect_helpers import (
+        deploy_example_flow,
+        final_record,
+        running_worker,
+        wait_completed,
+    )
 
     endpoint, net, bucket, name = block_only
     reference = {"$ref": {"block_document_id": str(AwsCredentials.load(name)._block_document_id)}}

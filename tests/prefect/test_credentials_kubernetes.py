@@ -23,16 +23,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from aws_helpers import unique
-from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 from prefect import flow
-from prefect_helpers import count_to
 from pydantic import ValidationError
 
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
+from tests.support.aws_helpers import unique
+from tests.support.kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
+from tests.support.prefect_helpers import count_to
 
 pytestmark = pytest.mark.timeout(240)
 TESTS = str(Path(__file__).resolve().parent)
@@ -158,11 +158,11 @@ def test_the_work_pool_references_the_block_and_the_worker_reaches_the_cluster_w
     import anyio
     from prefect import get_client
     from prefect.client.schemas.objects import FlowRun
-    from prefect_helpers import deploy_example_flow
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
     from prefect_spot.workers import SpotWorker
     from spot_core.providers.base import LaunchSpec
+    from tests.support.prefect_helpers import deploy_example_flow
 
     root = tmp_path / "flows"
     root.mkdir()

@@ -13,15 +13,19 @@ from pathlib import Path
 
 import pytest
 from prefect import flow
-from prefect_helpers import (
+from pydantic import ValidationError
+
+from prefect_spot import SpotConfiguration, SpotTaskRunner, _jobs, spot_record
+from prefect_spot.task_runners import SpotJobFailed
+from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
+from tests.support.prefect_helpers import (
     count_to,
     deploy_example_flow,
     final_record,
     running_worker,
     wait_completed,
 )
-from pydantic import ValidationError
-from spot_helpers import (
+from tests.support.spot_helpers import (
     DEADLINE_KNOBS,
     DEADLINE_SCALE,
     DEADLINE_TICK,
@@ -29,10 +33,6 @@ from spot_helpers import (
     deadline_traces,
     marked_processes,
 )
-
-from prefect_spot import SpotConfiguration, SpotTaskRunner, _jobs, spot_record
-from prefect_spot.task_runners import SpotJobFailed
-from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -180,8 +180,8 @@ def test_the_deadline_knobs_take_any_form_on_the_block_and_the_worker():
     assert configuration.spot_configuration().settings().deadline_at == when
 
 
-# -- bounds: past a knob's maximum, the model's own line (tests/core/bounds_cases.py) ----------
-from bounds_cases import bounded, model_line, over  # noqa: E402
+# -- bounds: past a knob's maximum, the model's own line (tests/support/bounds_cases.py) ----------
+from tests.support.bounds_cases import bounded, model_line, over  # noqa: E402
 
 BOUND_CASES = [("block", k) for k in bounded(BLOCK)] + [
     (name, k) for name in ("variables", "job_configuration") for k in bounded(WORKER)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from prefect import flow, task
-from prefect_helpers import count_to
 
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.model import Market, Outcome
+from tests.support.prefect_helpers import count_to
 
 # In the shipped trace, us-east-2a loses its capacity 74 ticks (14,430 trace seconds)
 # after tick 450: 12 s of wall time at 1,200 trace seconds per second, a bound a loaded

@@ -20,9 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aws_helpers import client, make_network, managed_live_instances, preempt_after_checkpoints
 from prefect import flow, task
-from prefect_helpers import count_to
 
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot._remote import (
@@ -36,6 +34,13 @@ from prefect_spot._remote import (
 from spot_core.errors import ConfigError
 from spot_core.model import Market, Outcome
 from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+from tests.support.aws_helpers import (
+    client,
+    make_network,
+    managed_live_instances,
+    preempt_after_checkpoints,
+)
+from tests.support.prefect_helpers import count_to
 
 pytestmark = pytest.mark.timeout(240)
 REGION = "us-east-1"

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from prefect import flow, task
-from spot_helpers import marked_processes, trace, wait_until
 
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from spot_core.checkpoint import open_store
@@ -21,6 +20,7 @@ from spot_core.errors import FencedOut
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import Outcome
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 STEPS, STEP_SECONDS, SAVE_SECONDS = 1000, 0.02, 1.5  # 20 s of work

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 from prefect import flow, task
-from prefect_helpers import count_to
 
 from prefect_spot import SpotConfiguration, SpotTaskRunner, spot_record
 from prefect_spot._remote import CALL_PUBKEY_ENV, PUBKEY_TAG, UntrustedObject
 from spot_core.checkpoint import open_store
 from spot_core.model import Market, Outcome
 from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
+from tests.support.prefect_helpers import count_to
 
 pytestmark = pytest.mark.timeout(240)
 TESTS = str(Path(__file__).resolve().parent)

@@ -10,17 +10,17 @@ import sys
 import time
 
 import pytest
-from prefect_helpers import (
+from pydantic import ValidationError
+
+from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
+from spot_core.model import JobRecord, Outcome
+from tests.support.prefect_helpers import (
     PREFECT,
     deploy_example_flow,
     final_record,
     running_worker,
     wait_completed,
 )
-from pydantic import ValidationError
-
-from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
-from spot_core.model import JobRecord, Outcome
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import sys
 import uuid
 
 import pytest
-from aws_helpers import make_network, managed_live_instances
 from pydantic import ValidationError
 
 from prefect_spot import _jobs
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables, SpotWorker
+from tests.support.aws_helpers import make_network, managed_live_instances
 
 pytestmark = pytest.mark.timeout(180)
 REGION = "us-east-1"
@@ -148,13 +148,18 @@ def test_worker_runs_a_flow_run_on_ec2_reschedules_it_when_preempted_and_it_comp
 ):
     """End to end: the flow run itself on an (emulated) EC2 instance; reclaimed after its
     first S3 checkpoint, rescheduled, resumed from S3 on a new instance, completed."""
-    from aws_helpers import preempt_after_checkpoints
     from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 
     from spot_core.model import Outcome
     from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+    from tests.support.aws_helpers import preempt_after_checkpoints
+    from tests.support.prefect_helpers import (
+        deploy_example_flow,
+        final_record,
+        running_worker,
+        wait_completed,
+    )
 
     net = make_network(aws_env)
     pool = "spot-ec2-e2e"
@@ -221,16 +226,21 @@ def test_worker_hands_over_on_ec2_on_the_notice_and_the_same_flow_run_completes(
     import json
     from pathlib import Path
 
-    from aws_helpers import client, preempt_after_checkpoints, unique
     from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 
     from spot_core.checkpoint import open_store
     from spot_core.checkpoint.resumed import read_resumed
     from spot_core.errors import FencedOut
     from spot_core.model import Outcome
     from spot_emulators.ec2_runtime import Ec2InstanceRuntime, default_instance_env
+    from tests.support.aws_helpers import client, preempt_after_checkpoints, unique
+    from tests.support.prefect_helpers import (
+        deploy_example_flow,
+        final_record,
+        running_worker,
+        wait_completed,
+    )
 
     net = make_network(aws_env)
     queue = client("sqs", aws_env).create_queue(QueueName=unique("spot-events"))["QueueUrl"]

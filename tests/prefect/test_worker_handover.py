@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.attempt_env import INFRASTRUCTURE_EXIT_CODE
 from spot_core.checkpoint import open_store
@@ -31,6 +29,13 @@ from spot_core.errors import FencedOut
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import JobRecord, Outcome
+from tests.support.prefect_helpers import (
+    deploy_example_flow,
+    final_record,
+    running_worker,
+    wait_completed,
+)
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.timeout(420)

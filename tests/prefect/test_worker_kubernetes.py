@@ -10,10 +10,10 @@ import threading
 import time
 
 import pytest
-from kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 from pydantic import ValidationError
 
 from prefect_spot.workers import SpotJobConfiguration, SpotJobVariables
+from tests.support.kube_helpers import add_test_pool, kube_cluster, kube_namespace, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,10 +91,15 @@ def test_worker_reschedules_a_flow_run_preempted_on_kubernetes_and_it_completes(
 ):
     from prefect import get_client
     from prefect.deployments import run_deployment
-    from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
 
     from spot_core.model import Market, Outcome
     from spot_emulators.kubernetes import ClusterConfig, KubeCluster, NodePool
+    from tests.support.prefect_helpers import (
+        deploy_example_flow,
+        final_record,
+        running_worker,
+        wait_completed,
+    )
 
     root = tmp_path / "flows"
     pools = [

@@ -10,14 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.checkpoint import open_store
 from spot_core.checkpoint.resumed import read_resumed
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import Outcome
+from tests.support.prefect_helpers import (
+    deploy_example_flow,
+    final_record,
+    running_worker,
+    wait_completed,
+)
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(600)
 STEPS, STEP_SECONDS = 12000, 0.01  # 120 s of training, 0.25 s between checkpoints

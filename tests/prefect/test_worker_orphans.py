@@ -8,12 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prefect_helpers import deploy_example_flow, final_record, running_worker, wait_completed
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.localcloud.cloud import LocalCloudConfig
 from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import Outcome
+from tests.support.prefect_helpers import (
+    deploy_example_flow,
+    final_record,
+    running_worker,
+    wait_completed,
+)
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 HERE = Path(__file__).resolve().parent
 FAST = LocalCloudConfig(min_notice_wall_seconds=1.0, grace_wall_seconds=1.0)

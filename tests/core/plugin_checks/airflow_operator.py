@@ -12,9 +12,9 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import TaskDeferred
-from task_context import TI, StateStore, first_event
 
 from airflow_spot.operators.spot import SpotJobOperator
+from tests.support.task_context import TI, StateStore, first_event
 
 
 def main(workdir: Path) -> None:

@@ -1,16 +1,16 @@
 """A flow run on a ``spot`` work pool whose job variables name provider ``acme`` (a
 package's new name for a built-in provider), run by ``prefect worker start --type spot``
-against a real Prefect server (bench/prefect_stack.py, as the Prefect tests start it);
+against a real Prefect server (tests/support/prefect_stack.py, as the Prefect tests start it);
 prints the pool form's provider choices, the flow run's final state and the record's
 attempts as one JSON line. Run by tests/core/test_provider_plugins.py in a clean
-environment holding only the wheels (and the benchmarks' process helpers on its path)."""
+environment holding only the wheels (and the tests' helpers, tests.support, on its path)."""
 
 import json
 import sys
 import time
 from pathlib import Path
 
-from bench.prefect_stack import deploy_example_flow, prefect_server, running_worker
+from tests.support.prefect_stack import deploy_example_flow, prefect_server, running_worker
 
 FLOW = """
 from prefect import flow

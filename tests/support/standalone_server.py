@@ -26,7 +26,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from process_helpers import free_port, stop_tree
+
+from tests.support.process_helpers import free_port, stop_tree
 
 BIN = Path(sys.executable).parent
 READY_TIMEOUT = 180.0
@@ -160,7 +161,7 @@ def kubernetes_env(kube_cluster, work: Path) -> dict[str, str]:
     """What tests/airflow/dags/spot_k8s_dags.py reads at parse time: the emulator as the
     connection ``spot_k8s_standalone``, two node pools of its own (Karpenter spot, EKS
     on-demand) with their prices, a namespace of its own, and ``work`` for checkpoints."""
-    from kube_helpers import add_test_pool
+    from tests.support.kube_helpers import add_test_pool
 
     made = {}
     for flavour, capacity, zone in (
@@ -196,18 +197,16 @@ def kubernetes_env(kube_cluster, work: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def standalone(tmp_path_factory, postgres_url, statsd, kube_cluster):
     """`airflow standalone` on PostgreSQL as in production (a fresh database on the
-    session's server: tests/core/postgres_helpers.py). One per session: each start (a
+    session's server: tests/support/postgres_helpers.py). One per session: each start (a
     fresh database migrated, four processes healthy) took one to two minutes."""
-    from conftest import DAGS, TEST_DIR
-    from postgres_helpers import fresh_database, with_driver
-
     from airflow_spot.demo import cloud_server
     from spot_core.localcloud.server import client_environ
+    from tests.support.postgres_helpers import fresh_database, with_driver
 
     home = tmp_path_factory.mktemp("standalone-home")
     work = tmp_path_factory.mktemp("standalone-work")
     port = free_port()
-    env = standalone_env(home, port, str(DAGS))
+    env = standalone_env(home, port, os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     env.update(
         {
             # Real logins (the Spot UI test logs in; no token is a 401): the simple auth
@@ -215,7 +214,7 @@ def standalone(tmp_path_factory, postgres_url, statsd, kube_cluster):
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r, _ in USERS),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-            "SPOT_TEST_DIR": str(TEST_DIR),
+            "SPOT_TEST_DIR": os.environ["SPOT_TEST_DIR"],  # tests/airflow/conftest.py's
             "SPOT_PIPELINE_WORKDIR": str(work),
             # Airflow's metrics (and the provider's spot.* metrics) to the test's UDP listener;
             # the InfluxDB line format carries the tags (dag_id, task_id, pool).

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.processes import stop_process
 from spot_emulators.moto_server import free_port
+from tests.support.process_helpers import stop_process
 
-FLOWS = Path(__file__).resolve().parents[1] / "flows"
+FLOWS = Path(__file__).resolve().parents[2] / "flows"
 PREFECT = Path(sys.executable).with_name("prefect")
 SERVER_START_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0

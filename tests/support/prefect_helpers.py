@@ -1,6 +1,6 @@
 """What several Prefect test files share: a resumable task, and the worker end to end
 (a work pool of type ``spot``, the example flow deployed to it, ``prefect worker start``
-as a subprocess: bench/prefect_stack.py, which the scale bench uses too; waiting for the
+as a subprocess: tests/support/prefect_stack.py, which the scale bench uses too; waiting for the
 flow run and reading the record the worker kept)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import time
 
 from prefect import task
 
-from bench.prefect_stack import (
+from spot_core.localcloud.lease_processes import LEASE_MARKER
+from spot_core.model import JobRecord
+from tests.support.prefect_stack import (
     FLOWS,  # noqa: F401 - a fixture / shared name
     PREFECT,  # noqa: F401 - a fixture / shared name
     deploy_example_flow,  # noqa: F401  (shared)
     running_worker,  # noqa: F401 - a fixture / shared name
     wait_healthy,  # noqa: F401 - a fixture / shared name
 )
-from spot_core.localcloud.lease_processes import LEASE_MARKER
-from spot_core.model import JobRecord
 
 
 @task

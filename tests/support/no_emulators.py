@@ -17,7 +17,7 @@ import sys
 
 
 class _NoEmulators:
-    """spot_emulators is not installed (tests/core/no_emulators.py)."""
+    """spot_emulators is not installed (tests/support/no_emulators.py)."""
 
     def find_spec(self, name, path=None, target=None):
         if name == "spot_emulators" or name.startswith("spot_emulators."):

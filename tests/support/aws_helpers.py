@@ -13,9 +13,9 @@ import os
 import time
 
 import pytest
-from process_helpers import free_port  # noqa: F401  (also imported from here)
 
 from spot_emulators.moto_server import running_moto  # noqa: F401  (also imported from here)
+from tests.support.process_helpers import free_port  # noqa: F401  (also imported from here)
 
 REGION = "us-east-1"
 

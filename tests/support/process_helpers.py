@@ -1,7 +1,8 @@
-"""Processes the tests start: a free local port, and stopping a whole process tree.
+"""Processes the tests start: a free local port, and stopping a process or a whole tree.
 
 Shared by every suite that starts servers (moto, PostgreSQL, `airflow standalone`, the
-compose stack's services), so that each stops its processes the same, bounded way.
+compose stack's services, the Prefect stack) and by the benchmarks (bench/processes.py),
+so that each stops its processes the same, bounded way.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 
 
 def free_port() -> int:
@@ -49,3 +51,25 @@ def stop_tree(pid: int, timeout: float = 20.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=10)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0, *, session: bool = False) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``. ``session``: signal the whole session of a
+    process started with ``start_new_session`` (the server's uvicorn and services too),
+    else the process alone (a worker's lease processes must outlive it, as in production)."""
+
+    def send(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig) if session else proc.send_signal(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    if proc.poll() is None:
+        send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait(timeout=10)
+    if session:
+        send(signal.SIGKILL)  # whatever of its session outlived it

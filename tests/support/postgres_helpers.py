@@ -29,7 +29,8 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
-from process_helpers import free_port  # noqa: F401  (also imported from here)
+
+from tests.support.process_helpers import free_port  # noqa: F401  (also imported from here)
 
 URL_ENV = "SPOT_TEST_POSTGRES_URL"
 START_TIMEOUT = 60

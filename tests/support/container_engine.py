@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from build_images import containers_conf  # docker/, on sys.path (conftest.py)
+from tests.support.docker_build import build_images
 
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 20.0
@@ -72,7 +72,7 @@ def docker_daemon() -> bool:
 def podman_service(workdir: Path) -> Iterator[EngineEnv]:
     """``podman system service`` on a socket in ``workdir``, stopped on exit."""
     conf = workdir / "containers.conf"
-    note = containers_conf("podman", conf)
+    note = build_images.containers_conf("podman", conf)
     if note is not None:
         print(f"\n{note}")
     socket = workdir / "podman.sock"
