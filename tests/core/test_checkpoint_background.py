@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from aws_helpers import client, unique
-from fault_proxy import FaultProxy
 
 from spot_core.checkpoint import Checkpointer, open_store
 from spot_core.checkpoint.fetch import RANGE_BYTES, RANGE_THRESHOLD_BYTES
@@ -30,6 +28,8 @@ from spot_core.errors import (
     CorruptCheckpoint,
     Preempted,
 )
+from tests.support.aws_helpers import client, unique
+from tests.support.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(240)
 MiB = 1 << 20

@@ -1,6 +1,6 @@
 """PyTorch Distributed Checkpoint through the store, with real torch.distributed (gloo, CPU).
 
-Each rank is its own process (tests/core/dcp_rank.py), as on a multi-node job. What a
+Each rank is its own process (tests/support/dcp_rank.py), as on a multi-node job. What a
 user relies on: a version saved at 4 ranks loads at 2 and at 1 with equal tensors (on a
 file and an S3 store); a rank killed mid-save leaves the previous version restorable and
 the torn one is never returned; a zombie attempt fenced during its save commits nothing;
@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from aws_helpers import client, unique
+
+from tests.support.aws_helpers import client, unique
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -25,9 +26,8 @@ from spot_core.checkpoint import open_store  # noqa: E402
 from spot_core.checkpoint.torch_dcp import StoreReader, StoreWriter  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from dcp_rank import full_state  # noqa: E402
+from tests.support import SUPPORT  # noqa: E402
+from tests.support.dcp_rank import full_state  # noqa: E402
 
 RANK_SECONDS = 120
 
@@ -38,7 +38,7 @@ def run_phases(*phases):
     phase, each rank's (report, or None if it died; exit code)."""
     argv = [json.dumps([w, m, u, s, a[0] if a else 1, str(o)]) for w, m, u, s, o, *a in phases]
     done = subprocess.run(
-        [sys.executable, str(HERE / "dcp_rank.py"), *argv],
+        [sys.executable, str(SUPPORT / "dcp_rank.py"), *argv],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,

@@ -16,13 +16,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from aws_helpers import client, unique
 
 from spot_core.checkpoint import CheckpointStore, open_store
 from spot_core.checkpoint.digests import hex_of
 from spot_core.checkpoint.manifest import checkpoint_key
 from spot_core.checkpoint.names import MANIFEST_NAME
 from spot_core.errors import CheckpointError, ConfigError, FencedOut
+from tests.support.aws_helpers import client, unique
 
 pytestmark = pytest.mark.timeout(180)
 

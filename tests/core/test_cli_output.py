@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from spot_helpers import train_command
+
+from tests.support.spot_helpers import train_command
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from spot_helpers import marked_processes, trace, wait_until
 
 from spot_core.controller import Controller, JobSpec, Step, Transition
 from spot_core.localcloud.cloud import LocalCloudConfig
@@ -23,6 +22,7 @@ from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
+from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 STEP = Path(__file__).with_name("handover_step.py")
