@@ -53,19 +53,9 @@ class EngineEnv:
 
 
 def docker_daemon() -> bool:
-    """A Docker daemon (not podman's API) answers the docker CLI as configured."""
-    if shutil.which("docker") is None:
-        return False
-    try:
-        done = subprocess.run(
-            ["docker", "version", "--format", "{{json .Server}}"],
-            capture_output=True,
-            text=True,
-            timeout=15,
-        )
-    except subprocess.TimeoutExpired:
-        return False
-    return done.returncode == 0 and "podman" not in done.stdout.lower()
+    """A Docker daemon (not podman's API) answers the docker CLI as configured: the same
+    question ``make images`` asks before it picks its builder."""
+    return shutil.which("docker") is not None and build_images._docker_daemon()
 
 
 @contextmanager

@@ -171,3 +171,23 @@ ZOMBIE_WRITER = textwrap.dedent("""
         step += 1
         time.sleep(0.002)
 """)
+
+
+def run_engine_demo(engine: str, cwd: Path, env: dict[str, str]) -> tuple[str, str]:
+    """``spot-pipelines demo --engine ENGINE --json`` as a user runs it, in ``cwd`` with
+    ``env``: (stdout, stdout and stderr together), after checking it succeeded and that its
+    final JSON line counts at least one preemption."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "spot_core.cli", "demo", "--engine", engine, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=560,
+        cwd=cwd,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["preemptions"] >= 1
+    return proc.stdout, out
