@@ -30,12 +30,13 @@ def attempt_line(record: JobRecord, now: float) -> str:
 def saving_line(record: JobRecord) -> str:
     """What the closed attempts survived, spent and saved."""
     ledger = record.ledger
-    so_far = " so far" if record.status in (JobStatus.PENDING, JobStatus.RUNNING) else ""
     clock = "" if record.time_scale == 1.0 else f" (capacity time, {record.time_scale:g}x)"
+    running = record.status in (JobStatus.PENDING, JobStatus.RUNNING)
+    saved = f"saved so far {saving(record, verb=False)}" if running else saving(record)
     return (
         f"preemptions {record.preemptions}, fallbacks {record.fallbacks}; spent "
         f"{money(ledger.spent)} vs on-demand {money(ledger.on_demand_equivalent)}{clock}: "
-        f"{saving(record)}{so_far}"
+        f"{saved}"
     )
 
 
