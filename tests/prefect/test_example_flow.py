@@ -148,7 +148,10 @@ def test_progress_and_chart_artifacts_follow_the_job(pipeline_run):
     assert float(progress[0].data) == 100.0
     assert progress[0].updated > progress[0].created
     assert f"ended succeeded; preemptions {record.preemptions}" in progress[0].description
-    assert "saved so far" in progress[0].description
+    # the job ended: its whole saving, in the record's clock (the trace's capacity time)
+    assert re.search(
+        r"capacity time, [\d.]+x\): saved \$[\d.,]+ \(\d+%\)$", progress[0].description
+    )
     assert progress[0].task_run_id is not None
     assert len(charts) == 1 and charts[0].type == "markdown"
     images = re.findall(
