@@ -15,51 +15,69 @@ from typing import Any
 
 from prefect_spot._jobs import slug
 from spot_core.charts import attempt_timeline, cost_chart
+from spot_core.charts.clock import clock_of, money, saving
 from spot_core.errors import SpotError
 from spot_core.model import JobRecord
 from spot_core.report import attempt_line, progress_percent, saving_line
+from spot_core.report.rows import resume_words, resumes
 
 log = logging.getLogger(__name__)
 
 
 def attempts_table(record: JobRecord) -> list[dict[str, Any]]:
-    """One row per attempt: pool, market, outcome, cost, resumed-from step."""
-    return [
-        {
-            "attempt": a.number,
-            "pool": f"{a.pool.cloud}/{a.pool.zone}/{a.pool.instance_type}",
-            "market": str(a.pool.market),
-            "outcome": "running" if a.outcome is None else str(a.outcome),
-            "resumed_from_step": a.checkpoint_step_start,
-            "time_to_resume_seconds": record.time_to_resume(a),
-            "last_checkpoint_step": a.checkpoint_step_end,
-            "cost_usd": round(a.cost, 4),
-            "on_demand_usd": round(a.on_demand_cost, 4),
-            "lost_work_seconds": round(a.lost_work_seconds, 1),
-            "message": a.message[:120],
-        }
-        for a in record.attempts
-    ]
+    """One row per attempt, headed in words, every number rounded as the Spot tab shows
+    it and every duration in the record's clock and one unit (named in the heading)."""
+    clock = clock_of([record])
+    unit = clock.unit
+    rows = []
+    for a in record.attempts:
+        resumed_in = record.time_to_resume(a)
+        rows.append(
+            {
+                "attempt": a.number,
+                "pool": f"{a.pool.cloud}/{a.pool.zone}/{a.pool.instance_type}",
+                "market": str(a.pool.market),
+                "outcome": "running" if a.outcome is None else str(a.outcome),
+                "resumed from step": _dash(a.checkpoint_step_start),
+                f"time to resume ({unit})": "-"
+                if resumed_in is None
+                else clock.number(clock.capacity(resumed_in, record.time_scale)),
+                "last checkpoint step": _dash(a.checkpoint_step_end),
+                "cost": money(a.cost),
+                "on-demand cost": money(a.on_demand_cost),
+                f"lost work ({unit})": clock.number(a.lost_work_seconds),
+                "message": a.message if len(a.message) <= 160 else a.message[:159] + "\u2026",
+            }
+        )
+    return rows
+
+
+def _dash(step: int | None) -> int | str:
+    return "-" if step is None else step
 
 
 def summary_markdown(record: JobRecord) -> str:
-    s = record.summary()
+    """The job's counts and money as a two-column table headed in words; the resumes
+    and their times are one list (their counts agree); the last line names the clock."""
+    s, ledger, clock = record.summary(), record.ledger, clock_of([record])
     return "\n".join(
         [
             f"### Spot job `{record.job_id}`: {s['status']}",
             "",
-            "| | |",
+            "| figure | value |",
             "|---|---|",
             f"| attempts | {s['attempts']} |",
             f"| preemptions | {s['preemptions']} |",
+            *([f"| voluntary disruptions | {record.disruptions} |"] if record.disruptions else []),
             f"| fallbacks to on-demand | {s['fallbacks']} |",
-            f"| resumed from steps | {s['resumed_from_steps']} |",
-            f"| time to resume (s) | {s['time_to_resume_seconds']} |",
-            f"| spot cost | ${s['spot_cost']:.4f} |",
-            f"| on-demand equivalent | ${s['on_demand_cost']:.4f} |",
-            f"| saved | ${s['saved']:.4f} ({s['savings_fraction']:.0%}) |",
-            f"| lost work | {s['lost_work_seconds'] / 3600:.3f} h |",
-            f"| checkpoint overhead | {s['checkpoint_overhead_seconds'] / 3600:.3f} h |",
+            f"| resumed ({len(resumes(record))}) | {resume_words(record, clock)} |",
+            f"| spot cost | {money(ledger.spent)} |",
+            f"| on-demand equivalent | {money(ledger.on_demand_equivalent)} |",
+            f"| saved | {saving(record, verb=False)} |",
+            f"| lost work | {clock.duration(ledger.lost_work_seconds)} |",
+            f"| checkpoint overhead | {clock.duration(ledger.checkpoint_overhead_seconds)} |",
+            "",
+            clock.sentence(),
         ]
     )
 
@@ -73,6 +91,8 @@ def chart_markdown(record: JobRecord) -> str:
     return "\n".join(
         [
             f"### Spot job `{record.job_id}`",
+            "",
+            clock_of([record]).sentence(),
             "",
             f"![Attempt timeline]({svg_data_uri(attempt_timeline(record))})",
             "",

@@ -3,8 +3,10 @@
 Pure: records in, frozen rows out, no clock and no I/O, so every engine's UI (the Airflow
 Spot jobs page, a Prefect dashboard, a report) shows the same numbers for the same
 records. Only what the records hold is counted: interruptions are attempts that ended
-``preempted``, hours on spot are the wall-clock spans of finished spot attempts, a pool's
-price is the price of the newest lease launched in it.
+``preempted``, hours on spot are the spans of finished spot attempts in each record's
+capacity time (the clock its costs are in: trace hours on the local cloud), a pool's
+price is the price of the newest lease launched in it. Only jobs that can claim a saving
+(not failed, not past their deadline) add to a group's saving.
 """
 
 from __future__ import annotations
@@ -29,14 +31,19 @@ class Savings:
     on_demand_equivalent: float
     lost_work_seconds: float
     preemptions: int
+    # The saving of the group's jobs that may claim one, and their on-demand equivalent:
+    # a failed or deadline-missed job spent money but saved nothing.
+    claimed_saving: float = 0.0
+    claimed_on_demand: float = 0.0
+    unclaimed_jobs: int = 0
 
     @property
     def saved(self) -> float:
-        return self.on_demand_equivalent - self.spent
+        return self.claimed_saving
 
     @property
     def savings_fraction(self) -> float:
-        return self.saved / self.on_demand_equivalent if self.on_demand_equivalent > 0 else 0.0
+        return self.claimed_saving / self.claimed_on_demand if self.claimed_on_demand > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class PoolFigures:
 
     @property
     def interruptions_per_hour(self) -> float | None:
-        """Interruptions per hour on spot in this pool; None before any finished hour."""
+        """Interruptions per capacity hour on spot in this pool (the clock of the pool
+        alerts' "interruptions per spot hour"); None before any finished span."""
         return self.interruptions / self.spot_hours if self.spot_hours > 0 else None
 
 
@@ -73,6 +81,7 @@ def savings_by(keyed: Iterable[tuple[tuple[str, ...], JobRecord]]) -> list[Savin
     for key, record in keyed:
         group = tuple(key)
         row = sums.get(group) or Savings(group, 0, 0.0, 0.0, 0.0, 0)
+        claimed = record.saving_claimed
         sums[group] = Savings(
             group,
             row.jobs + 1,
@@ -80,6 +89,10 @@ def savings_by(keyed: Iterable[tuple[tuple[str, ...], JobRecord]]) -> list[Savin
             row.on_demand_equivalent + record.ledger.on_demand_equivalent,
             row.lost_work_seconds + record.ledger.lost_work_seconds,
             row.preemptions + record.preemptions,
+            row.claimed_saving + (claimed or 0.0),
+            row.claimed_on_demand
+            + (0.0 if claimed is None else record.ledger.on_demand_equivalent),
+            row.unclaimed_jobs + (claimed is None),
         )
     return [sums[group] for group in sorted(sums)]
 
@@ -94,7 +107,8 @@ class _PoolRow(TypedDict):
 
 
 def pool_figures(records: Iterable[JobRecord]) -> list[PoolFigures]:
-    """Per spot pool: attempts, interruptions, hours on spot and the newest lease price."""
+    """Per spot pool: attempts, interruptions, hours on spot (capacity hours, the clock
+    of the costs beside them) and the newest lease price."""
     rows: dict[str, _PoolRow] = {}
     for record in records:
         for attempt in record.attempts:
@@ -116,7 +130,8 @@ def pool_figures(records: Iterable[JobRecord]) -> list[PoolFigures]:
             row["interruptions"] += attempt.outcome is Outcome.PREEMPTED
             row["lost"] += attempt.lost_work_seconds
             if attempt.ended_at is not None:
-                row["hours"] += max(0.0, attempt.ended_at - attempt.started_at) / SECONDS_PER_HOUR
+                wall = max(0.0, attempt.ended_at - attempt.started_at)
+                row["hours"] += wall * record.time_scale / SECONDS_PER_HOUR
             price = (attempt.lease or {}).get("price_per_hour")
             if price is not None and (
                 row["price_at"] is None or attempt.started_at >= row["price_at"]

@@ -354,6 +354,14 @@ def _whole(value: Any, name: str, *, optional: bool = False) -> int | None:
     return value
 
 
+def _scale(value: Any) -> float:
+    """A record's ``time_scale``: a finite number above 0."""
+    scale = _real(value, "time_scale")
+    if scale <= 0:
+        raise ValueError(f"time_scale={value!r} is not above 0")
+    return scale
+
+
 @dataclass(frozen=True)
 class CostLedger:
     """Money and time accounting for one job, summed over its attempts."""
@@ -414,6 +422,11 @@ class JobRecord:
     # The job's deadline, a wall-clock POSIX time (``SpotSettings.deadline_spec``).
     deadline_at: float | None = None
     checkpoint_uri: str | None = None
+    # The clock of the record's costs and durations: capacity seconds per wall second of
+    # the provider that ran it (its ``capacity_seconds(1.0)``). 1 is wall time (EC2,
+    # Kubernetes); a trace market replays faster (the local cloud's ``time_scale``, 3600 by
+    # default: a wall second is billed as an hour). Clock times (``*_at``) are always wall.
+    time_scale: float = 1.0
 
     # -- derived views -------------------------------------------------------------
     @property
@@ -460,6 +473,16 @@ class JobRecord:
         if since is None:
             return None
         return attempt.resumed_at - since
+
+    @property
+    def saving_claimed(self) -> float | None:
+        """What spot saved, when the job can claim it: None for a job that failed or
+        missed its deadline (its spend bought nothing an on-demand run would have
+        delivered, so there is no saving to show), else ``ledger.saved`` (so far, while
+        it runs)."""
+        if self.status in (JobStatus.FAILED, JobStatus.DEADLINE_MISSED):
+            return None
+        return self.ledger.saved
 
     @property
     def time_to_resume_seconds(self) -> list[float]:
@@ -539,6 +562,7 @@ class JobRecord:
             # Persisted under its first name, so records read alike before and after.
             "deadline": self.deadline_at,
             "checkpoint_uri": self.checkpoint_uri,
+            "time_scale": self.time_scale,
         }
 
     def _attempt_dict(self, attempt: Attempt) -> dict[str, Any]:
@@ -587,6 +611,8 @@ class JobRecord:
                     data.get("deadline", data.get("deadline_at")), "deadline", optional=True
                 ),
                 checkpoint_uri=data.get("checkpoint_uri"),
+                # absent from records written before the record named its clock: wall
+                time_scale=_scale(data.get("time_scale", 1.0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(

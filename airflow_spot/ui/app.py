@@ -18,7 +18,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, status
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 URL_PREFIX = "/spot"
@@ -82,8 +82,13 @@ def _map_index(text: str) -> int:
 
 @app.get("/ti/{dag_id}/{run_id}/{task_id}/{map_index}", response_class=HTMLResponse)
 def spot_tab(
-    dag_id: str, run_id: str, task_id: str, map_index: str, user: User, session: Session
-) -> HTMLResponse:
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: str,
+    user: User,
+    session: Session,
+) -> Response:
     """The Spot tab of one task instance (Airflow's external view, in an iframe)."""
     from airflow_spot.ui.jobs import Where, load_jobs, load_queue, with_handover
     from airflow_spot.ui.pages import task_tab
@@ -91,6 +96,10 @@ def spot_tab(
     if not _may_read_task_instances(user, dag_id, session):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read DAG {dag_id!r}")
     index = _map_index(map_index)
+    if str(index) != map_index:
+        # Airflow leaves "{MAP_INDEX}" in the iframe's URL for an unmapped task: send the
+        # frame to the filled URL (relative: the last segment becomes "-1").
+        return RedirectResponse(f"./{index}", status.HTTP_307_TEMPORARY_REDIRECT)
     jobs, _ = load_jobs(
         session,
         Where(frozenset({dag_id}), dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=index),

@@ -7,7 +7,17 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from html import escape
 
-from spot_core.charts.svg import SERIES_COLOURS, document, element, line, money, rect, text
+from spot_core.charts.clock import saving
+from spot_core.charts.svg import (
+    SERIES_COLOURS,
+    document,
+    element,
+    heading,
+    line,
+    money,
+    rect,
+    text,
+)
 from spot_core.model import JobRecord
 
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 760, 320, 70, 44, 40, 60
@@ -25,16 +35,18 @@ def savings_over_time(
     series: dict[str, list[tuple[float, JobRecord]]] = {}
     for label, record in jobs:
         series.setdefault(str(label), []).append((_ended(record), record))
-    total = sum(r.ledger.saved for points in series.values() for _, r in points)
-    heading = f"{title}: {money(total)} over {sum(map(len, series.values()))} jobs"
-    body = [text(8, 18, heading, font_weight="600")]
+    total = sum(_saved(r) for points in series.values() for _, r in points)
+    caption = f"{title}: {money(total)} over {sum(map(len, series.values()))} jobs"
+    body, _ = heading(caption, width)
     if not series:
         body.append(text(LEFT, TOP + 30, "no finished spot job yet", fill="#666"))
-        return document(width, height, heading, body, class_="spot-chart spot-savings")
+        return document(width, height, caption, body, class_="spot-chart spot-savings")
     curves = {label: _cumulative(points) for label, points in sorted(series.items())}
     times = [t for curve in curves.values() for t, _, _ in curve]
     values = [v for curve in curves.values() for _, v, _ in curve] + [0.0]
-    t0, t1 = min(times), max(max(times), min(times) + 1.0)
+    # At least 1 s between the axis' 4 stamps: jobs that ended together still get 4
+    # distinct labels (in seconds then), never four "12-07 15:49".
+    t0, t1 = min(times), max(max(times), min(times) + 3 * MIN_TICK_SECONDS)
     v0, v1 = min(values), max(max(values), min(values) + 1e-9)
     plot_w, plot_h = width - LEFT - RIGHT, height - TOP - BOTTOM
 
@@ -78,11 +90,29 @@ def savings_over_time(
     return document(
         width,
         height + 18 * ((len(curves) + 2) // 3),
-        heading,
+        caption,
         body,
         class_="spot-chart spot-savings",
         data_series=len(curves),
     )
+
+
+MIN_TICK_SECONDS = 1.0
+
+
+def _saved(record: JobRecord) -> float:
+    """What a job adds to the curve: its claimable saving (nothing for a job that failed
+    or missed its deadline)."""
+    return record.saving_claimed or 0.0
+
+
+def stamp_format(tick_seconds: float) -> str:
+    """The coarsest stamp that still tells ticks ``tick_seconds`` apart."""
+    if tick_seconds >= 86400:
+        return "%Y-%m-%d"
+    if tick_seconds >= 60:
+        return "%m-%d %H:%M"
+    return "%H:%M:%S"
 
 
 def _ended(record: JobRecord) -> float:
@@ -93,16 +123,13 @@ def _ended(record: JobRecord) -> float:
 def _cumulative(points: list[tuple[float, JobRecord]]) -> list[tuple[float, float, JobRecord]]:
     total, out = 0.0, []
     for t, record in sorted(points, key=lambda p: p[0]):
-        total += record.ledger.saved
+        total += _saved(record)
         out.append((t, total, record))
     return out
 
 
 def _escaped(label: str, record: JobRecord) -> str:
-    return escape(
-        f"{label}: {record.job_id} saved {money(record.ledger.saved)} "
-        f"({record.ledger.savings_fraction:.0%})"
-    )
+    return escape(f"{label}: {record.job_id} {saving(record)}")
 
 
 def _axes(
@@ -121,10 +148,11 @@ def _axes(
             line(LEFT, y, LEFT + plot_w, y, stroke="#eeeeee"),
             text(LEFT - 6, y + 4, money(v), text_anchor="end", fill="#555", font_size=10),
         ]
+    form = stamp_format((t1 - t0) / 3)
     for i in range(4):
         t = t0 + (t1 - t0) * i / 3
         x, y = xy(t, v0)
-        stamp = datetime.fromtimestamp(t, UTC).strftime("%m-%d %H:%M")
+        stamp = datetime.fromtimestamp(t, UTC).strftime(form)
         parts.append(text(x, y + 16, stamp, text_anchor="middle", fill="#555", font_size=10))
     return parts
 
@@ -132,4 +160,10 @@ def _axes(
 def _legend(i: int, label: str, colour: str, width: int, height: int) -> list[str]:
     col, row = i % 3, i // 3
     x, y = LEFT + col * (width - LEFT) / 3, height - 22 + row * 18
-    return [rect(x, y, 10, 10, fill=colour), text(x + 14, y + 9, label[:40])]
+    return [rect(x, y, 10, 10, fill=colour), text(x + 14, y + 9, _short(label, 32))]
+
+
+def _short(label: str, chars: int) -> str:
+    """A legend label cut to its column, with an ellipsis when cut (the dots' tooltips
+    carry the whole label)."""
+    return label if len(label) <= chars else label[: chars - 1] + "\u2026"

@@ -6,8 +6,11 @@ label read from a record (which a user or a cloud API wrote) can never open a ta
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from html import escape
+
+from spot_core.charts.clock import money as money
 
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:12px"
 
@@ -95,13 +98,20 @@ def document(width: int, height: int, title: object, body: list[str], **values: 
     )
 
 
-def money(value: float) -> str:
-    """Dollars with as many decimals as small amounts need."""
-    return f"${value:,.2f}" if abs(value) >= 1 or value == 0 else f"${value:.4f}"
+TITLE_CHAR_WIDTH = 7.4  # a 12 px semibold glyph, over-estimated: a title never runs out
+TITLE_LINE = 16
 
 
-def hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h" if seconds >= 36 else f"{seconds:.0f} s"
+def heading(title: str, width: int, *, y: float = 18) -> tuple[list[str], int]:
+    """``title`` as bold lines wrapped to the chart's ``width`` (never clipped at its
+    edge) and how far down they reach: the next line's baseline offset."""
+    columns = max(20, int((width - 16) / TITLE_CHAR_WIDTH))
+    lines = textwrap.wrap(title, columns) or [""]
+    parts = [
+        text(8, y + i * TITLE_LINE, part, font_weight="600", class_="title")
+        for i, part in enumerate(lines)
+    ]
+    return parts, (len(lines) - 1) * TITLE_LINE
 
 
 def _text(value: object) -> str:

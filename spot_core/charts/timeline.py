@@ -9,7 +9,17 @@ where a short attempt's two labels are joined into one instead of printing over 
 
 from __future__ import annotations
 
-from spot_core.charts.svg import OUTCOME_COLOURS, document, element, line, rect, text
+from spot_core.charts.clock import Clock, clock_of
+from spot_core.charts.svg import (
+    OUTCOME_COLOURS,
+    document,
+    element,
+    heading,
+    line,
+    money,
+    rect,
+    text,
+)
 from spot_core.model import Attempt, JobRecord, Outcome
 
 WIDTH, LABEL_WIDTH, ROW, TOP, BOTTOM = 760, 250, 44, 34, 34
@@ -18,15 +28,20 @@ STEP_FONT = 10
 CHAR_WIDTH = 0.62 * STEP_FONT  # a generous average glyph width: labels never touch
 
 
-def attempt_timeline(record: JobRecord, *, now: float | None = None, width: int = WIDTH) -> str:
+def attempt_timeline(
+    record: JobRecord, *, now: float | None = None, width: int = WIDTH, clock: Clock | None = None
+) -> str:
     """The record's attempts as an SVG timeline. ``now`` closes a running attempt's bar
-    (default: its start plus nothing, so the chart stays a pure function of the record)."""
+    (default: its start plus nothing, so the chart stays a pure function of the record).
+    Its axis and resume times are in ``clock`` (the page's; by default the record's)."""
+    clock = clock or clock_of([record])
     attempts = record.attempts
-    height = TOP + ROW * max(len(attempts), 1) + BOTTOM
-    title = f"Attempts of spot job {record.job_id}"
-    body = [text(8, 18, title, font_weight="600")]
+    title = f"Attempts of spot job {record.job_id} ({clock.note()})"
+    body, down = heading(title, width)
+    top = TOP + down
+    height = top + ROW * max(len(attempts), 1) + BOTTOM
     if not attempts:
-        body.append(text(LABEL_WIDTH, TOP + 18, "no attempt yet", fill="#666"))
+        body.append(text(LABEL_WIDTH, top + 18, "no attempt yet", fill="#666"))
         return document(width, height, title, body, class_="spot-chart spot-timeline")
     start = min(a.started_at for a in attempts)
     end = max([_end(a, now) for a in attempts] + [start + 1.0])
@@ -34,16 +49,23 @@ def attempt_timeline(record: JobRecord, *, now: float | None = None, width: int 
     for row, attempt in enumerate(attempts):
         body += _row(
             attempt,
-            TOP + row * ROW,
+            top + row * ROW,
             LABEL_WIDTH + (attempt.started_at - start) * scale,
             max(2.0, (_end(attempt, now) - attempt.started_at) * scale),
-            record.time_to_resume(attempt),
+            _in(clock, record, record.time_to_resume(attempt)),
             width - 8,
         )
-    body += _axis(start, end, TOP + ROW * len(attempts) + 6, scale, width)
+    body += _axis(start, end, top + ROW * len(attempts) + 6, scale, width, clock, record)
     return document(
         width, height, title, body, class_="spot-chart spot-timeline", data_attempts=len(attempts)
     )
+
+
+def _in(clock: Clock, record: JobRecord, wall_seconds: float | None) -> str | None:
+    """A wall duration of ``record`` in the page's clock and unit, or None."""
+    if wall_seconds is None:
+        return None
+    return clock.duration(clock.capacity(wall_seconds, record.time_scale))
 
 
 def _end(attempt: Attempt, now: float | None) -> float:
@@ -57,18 +79,16 @@ def _row(
     y: float,
     x: float,
     bar: float,
-    resume_seconds: float | None = None,
+    resumed_in: str | None = None,
     right: float = WIDTH - 8,
 ) -> list[str]:
     outcome = "running" if attempt.outcome is None else str(attempt.outcome)
     pool = attempt.pool
     label = f"#{attempt.number} {pool.zone} {pool.instance_type} {pool.market}"
-    resumed = (
-        "" if resume_seconds is None else f"resumed {resume_seconds:.1f} s after the interruption"
-    )
+    resumed = "" if resumed_in is None else f"resumed {resumed_in} after the interruption"
     tooltip = (
-        f"attempt {attempt.number}: {outcome} on {pool.key}, cost ${attempt.cost:.4f} "
-        f"(on-demand ${attempt.on_demand_cost:.4f}); {attempt.message}"
+        f"attempt {attempt.number}: {outcome} on {pool.key}, cost {money(attempt.cost)} "
+        f"(on-demand {money(attempt.on_demand_cost)}); {attempt.message}"
         + (f"; {resumed}" if resumed else "")
     )
     parts = [
@@ -154,10 +174,12 @@ def _step_labels(
     return parts
 
 
-def _axis(start: float, end: float, y: float, scale: float, width: int) -> list[str]:
-    """Elapsed time below the bars, in the unit that suits the span."""
+def _axis(
+    start: float, end: float, y: float, scale: float, width: int, clock: Clock, record: JobRecord
+) -> list[str]:
+    """Elapsed time below the bars, in the page's clock and unit."""
     span = end - start
-    unit, name = (3600.0, "h") if span >= 3 * 3600 else (60.0, "min") if span >= 180 else (1.0, "s")
+    unit, name = clock.unit_seconds, clock.unit
     parts = [line(LABEL_WIDTH, y, width - 36, y, stroke="#9e9e9e")]
     for i in range(5):
         offset = span * i / 4
@@ -167,7 +189,7 @@ def _axis(start: float, end: float, y: float, scale: float, width: int) -> list[
             text(
                 x,
                 y + 16,
-                f"+{offset / unit:.3g} {name}",
+                f"+{clock.capacity(offset, record.time_scale) / unit:.3g} {name}",
                 text_anchor="middle",
                 fill="#555",
                 font_size=10,

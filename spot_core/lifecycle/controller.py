@@ -173,6 +173,7 @@ class Controller:
             created_at=self._clock(),
             deadline_at=spec.deadline_at,
             checkpoint_uri=spec.checkpoint_uri,
+            time_scale=self.provider.capacity_seconds(1.0),
         )
 
     # -- the synchronous driver -------------------------------------------------------------

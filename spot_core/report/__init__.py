@@ -9,7 +9,7 @@ from spot_core.report.demo_json import demo_report
 from spot_core.report.live import LiveProgress
 from spot_core.report.page import html_page
 from spot_core.report.progress import attempt_line, progress_percent, saving_line
-from spot_core.report.rows import COLUMNS, attempt_cells, ledger_lines
+from spot_core.report.rows import COLUMNS, attempt_cells, columns, ledger_lines, record_clock
 from spot_core.report.terminal import attempts_table, print_record
 
 __all__ = [
@@ -18,10 +18,12 @@ __all__ = [
     "attempt_cells",
     "attempt_line",
     "attempts_table",
+    "columns",
     "demo_report",
     "html_page",
     "ledger_lines",
     "print_record",
     "progress_percent",
+    "record_clock",
     "saving_line",
 ]

@@ -3,6 +3,7 @@ Prefect progress artifact say the same thing."""
 
 from __future__ import annotations
 
+from spot_core.charts.clock import clock_of, money, saving
 from spot_core.model import JobRecord, JobStatus
 
 
@@ -15,10 +16,10 @@ def attempt_line(record: JobRecord, now: float) -> str:
     if attempt.outcome is None:
         price = (attempt.lease or {}).get("price_per_hour")
         rate = f" at ${price:.3f}/h" if isinstance(price, (int, float)) else ""
-        running = max(0.0, now - attempt.started_at)
+        running = max(0.0, now - attempt.started_at) * record.time_scale
         return (
             f"attempt {attempt.number} running on {pool.zone} {pool.instance_type} "
-            f"({pool.market}){rate} for {running:.0f} s"
+            f"({pool.market}){rate} for {clock_of([record]).duration(running)}"
         )
     return (
         f"attempt {attempt.number} on {pool.zone} {pool.instance_type} ({pool.market}) "
@@ -29,10 +30,13 @@ def attempt_line(record: JobRecord, now: float) -> str:
 def saving_line(record: JobRecord) -> str:
     """What the closed attempts survived, spent and saved."""
     ledger = record.ledger
+    clock = "" if record.time_scale == 1.0 else f" (capacity time, {record.time_scale:g}x)"
+    running = record.status in (JobStatus.PENDING, JobStatus.RUNNING)
+    saved = f"saved so far {saving(record, verb=False)}" if running else saving(record)
     return (
         f"preemptions {record.preemptions}, fallbacks {record.fallbacks}; spent "
-        f"${ledger.spent:.2f} vs on-demand ${ledger.on_demand_equivalent:.2f}: saved so "
-        f"far ${ledger.saved:.2f} ({ledger.savings_fraction:.0%})"
+        f"{money(ledger.spent)} vs on-demand {money(ledger.on_demand_equivalent)}{clock}: "
+        f"{saved}"
     )
 
 

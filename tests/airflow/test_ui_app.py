@@ -276,18 +276,34 @@ def test_the_ui_cookie_authenticates_the_iframe(client):
         client.cookies.clear()
 
 
-def test_the_tab_shows_each_attempt_its_costs_and_escapes_the_record(client):
+def test_an_unfilled_map_index_is_sent_to_the_filled_url(client):
+    """Airflow fills {MAP_INDEX} only for a mapped task: the frame goes to the -1 URL."""
     tab = client.get(
+        f"/spot/ti/ui_open/{RUN_ID}/train/{{MAP_INDEX}}",
+        headers=_as(_token("viewer")),
+        follow_redirects=False,
+    )
+    assert tab.status_code == 307 and tab.headers["location"] == "./-1"
+    followed = client.get(
         f"/spot/ti/ui_open/{RUN_ID}/train/{{MAP_INDEX}}", headers=_as(_token("viewer"))
     )
+    assert followed.status_code == 200 and str(followed.url).endswith("/train/-1")
+
+
+def test_the_tab_shows_each_attempt_its_costs_and_escapes_the_record(client):
+    tab = client.get(f"/spot/ti/ui_open/{RUN_ID}/train/-1", headers=_as(_token("viewer")))
     assert tab.status_code == 200, tab.text
     html = tab.text
     assert len(re.findall(r'<tr class="attempt-row">', html)) == 2
     assert len(re.findall(r'<rect[^>]*class="attempt ', html)) == 2  # one bar per attempt
     assert "preempted" in html and "succeeded" in html and "on-demand" in html
-    assert "$2.4400" in html and "$4.5900" in html  # spot cost and on-demand equivalent
-    assert "2023-11-14 23:11:40" in html  # the notice time (UTC)
-    assert re.search(r"<td[^>]*>242.5</td>", html) and "242.5 s" in html  # row, ledger
+    assert "$2.44" in html and "$4.59" in html  # spot cost and on-demand equivalent
+    assert "notice 23:11:40" in html  # the notice time (UTC), in the attempt's row
+    # the job ran 91 minutes of wall time: every duration in minutes, said once
+    assert "wall time, durations in minutes" in html
+    assert re.search(r"<td[^>]*>4.0</td>", html) and "from step 300 in 4.0 min" in html
+    headings = re.findall(r"<th>(.*?)</th>", html)
+    assert all(h and "_" not in h for h in headings), headings  # words, no empty header
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "default-src 'none'" in html  # no script runs in Airflow's iframe
 
@@ -295,14 +311,14 @@ def test_the_tab_shows_each_attempt_its_costs_and_escapes_the_record(client):
 def test_the_jobs_page_sums_savings_and_pool_interruptions(client):
     html = client.get("/spot/jobs", headers=_as(_token("admin"))).text
     savings = html.split('class="savings"')[1].split("</table>")[0]
-    assert "ui_open" in savings and "$2.1500" in savings  # 4.59 on-demand - 2.44 paid
+    assert "ui_open" in savings and "$2.15" in savings  # 4.59 on-demand - 2.44 paid
     pools = html.split('class="pools"')[1].split("</table>")[0]
     # two preemptions in two spot hours in us-east-1a/p3.2xlarge; newest lease price 0.91
-    assert "us-east-1a/p3.2xlarge" in pools and ">1.00<" in pools and "$0.9100/h" in pools
+    assert "us-east-1a/p3.2xlarge" in pools and ">1.00<" in pools and "$0.91/h" in pools
     running = html.split('class="running"')[1].split("</table>")[0]
     assert running.count('class="running-row"') == 3  # finished jobs are not running
     assert "serve" in running and "deferred" in running and "l-live" in running
-    assert "$0.8800/h" in running
+    assert "$0.88/h" in running
 
 
 def test_a_task_without_a_spot_record_says_so(client):
@@ -323,3 +339,38 @@ def test_a_deferred_tasks_tab_shows_the_replacement_its_trigger_launched(client)
     far = client.get(f"/spot/ti/ui_open/{RUN_ID}/far/-1", headers=_as(_token("viewer")))
     assert far.status_code == 200 and "handover-row" not in far.text
     assert not Path("/nonexistent/spot-ui-far").exists()
+
+
+def test_the_jobs_page_gives_rates_in_the_clock_of_its_costs():
+    """On a trace market (1 wall second billed as an hour) the pool table printed 2251.56
+    interruptions per hour and 0.001 hours on spot: wall hours beside trace-hour costs."""
+    import dataclasses
+
+    from airflow_spot.ui.jobs import SpotJob
+    from airflow_spot.ui.pages import jobs_page
+
+    trace = dataclasses.replace(_record("ui_trace.train"), time_scale=3600.0)
+    # shrink the wall spans to seconds, as the local cloud runs them
+    attempts = tuple(
+        dataclasses.replace(
+            a,
+            started_at=1_700_000_000.0 + i * 2,
+            ended_at=1_700_000_001.6 + i * 2,
+            notice_at=None,
+            resumed_at=None,
+        )
+        for i, a in enumerate(trace.attempts)
+    )
+    trace = dataclasses.replace(trace, attempts=attempts)
+    failed = dataclasses.replace(trace, job_id="ui_trace.late").with_status("failed")
+    jobs = [
+        SpotJob("ui_trace", RUN_ID, task, -1, record, "xcom", "success", None)
+        for task, record in (("train", trace), ("late", failed))
+    ]
+    html = jobs_page(jobs, unreadable=0, limit=500, now=1_700_000_010.0)
+    assert "1 wall second as 1 h of capacity (time scale 3600)" in html
+    pools = html.split('class="pools"')[1].split("</table>")[0]
+    # two jobs, each 1 preemption in 1.6 trace hours on spot: 2 in 3.2 h
+    assert "capacity hours on spot" in pools and ">3.20<" in pools and ">0.63<" in pools
+    jobs_rows = html.split('class="jobs"')[1].split("</table>")[0]
+    assert "no saving (the job failed)" in jobs_rows

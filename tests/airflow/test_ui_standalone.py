@@ -3,7 +3,8 @@ after it ran the example DAG with preemptions (``standalone_server.py``).
 
 Headless Chromium (Debian's ``chromium``, driven by Playwright) logs in to the Airflow UI
 (the simple auth manager's form), then opens the train task's Spot tab and the Spot
-jobs page, each the plugin's page in Airflow's iframe; screenshots go to
+jobs page, each the plugin's page in Airflow's iframe, in a 1,280 px wide window, and checks
+that nothing in the frame scrolls sideways; screenshots go to
 ``$SPOT_TEST_ARTIFACTS`` (default ``tests/artifacts/``, git-ignored). The StatsD lines
 Airflow's processes sent to the test's UDP listener carry the provider's metrics.
 """
@@ -21,6 +22,8 @@ from urllib.parse import quote
 
 import pytest
 
+from spot_core.charts.clock import money
+
 pytestmark = pytest.mark.timeout(900)
 
 CHROMIUM = "/usr/bin/chromium"
@@ -37,6 +40,14 @@ ARTIFACTS = Path(
     os.environ.get("SPOT_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "artifacts")
 )
 PAGE_TIMEOUT_MS = 60_000
+VIEWPORT = {"width": 1280, "height": 900}  # a laptop's window: the frame must fit in it
+OVERFLOW = """() => {
+  const root = document.documentElement;
+  const wide = [...document.querySelectorAll('table, figure, svg, h1, p')]
+    .filter(e => e.getBoundingClientRect().right > root.clientWidth + 1)
+    .map(e => e.tagName + '.' + e.className.baseVal + e.className);
+  return {scroll: root.scrollWidth, client: root.clientWidth, wide};
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +76,7 @@ def browser(standalone):
             executable_path=CHROMIUM,
             headless=True,
             args=CHROMIUM_ARGS,
-            viewport={"width": 1500, "height": 1100},
+            viewport=VIEWPORT,
         )
         try:
             page = context.new_page()
@@ -90,6 +101,21 @@ def _plugin_frame(page, url_path: str):
     frame = page.frame_locator(f'iframe[src*="{url_path}"]')
     frame.locator("h1").wait_for(timeout=PAGE_TIMEOUT_MS)
     return frame
+
+
+def _frame_of(page, url_path: str):
+    """The plugin page's Frame (to measure inside it), once it has loaded."""
+    for frame in page.frames:
+        if url_path in frame.url:
+            return frame
+    raise AssertionError(f"no frame at {url_path}: {[f.url for f in page.frames]}")
+
+
+def _fits(frame) -> None:
+    """Nothing in the frame is wider than the frame: no sideways scroll, no cut column."""
+    measured = frame.evaluate(OVERFLOW)
+    assert measured["scroll"] <= measured["client"], measured
+    assert not measured["wide"], measured
 
 
 def _shot(page, name: str) -> None:
@@ -121,12 +147,18 @@ def test_the_spot_tab_of_the_train_task_in_chromium(standalone, finished, browse
         rows = frame.locator("table.attempts tr.attempt-row")
         assert rows.count() == len(attempts)
         for row, attempt in zip(rows.all_inner_texts(), attempts, strict=True):
-            assert attempt["outcome"] in row and f"{attempt['cost']:.4f}" in row
+            assert attempt["outcome"] in row and money(attempt["cost"]) in row
         assert frame.locator("svg.spot-timeline rect.attempt").count() == len(attempts)
         ledger = frame.locator("table.ledger").inner_text()
-        assert f"${record['ledger']['spent']:.4f}" in ledger
-        assert f"${record['ledger']['on_demand_equivalent']:.4f}" in ledger
+        assert money(record["ledger"]["spent"]) in ledger
+        assert money(record["ledger"]["on_demand_equivalent"]) in ledger
         assert re.search(rf"preemptions\s+{record['preemptions']:d}", ledger)
+        # the local cloud's trace market: the tab says its costs are capacity time
+        assert "capacity time" in frame.locator("p.clock").inner_text()
+        tab_frame = _frame_of(page, "/spot/ti/")
+        assert "{MAP_INDEX}" not in tab_frame.url and "%7BMAP_INDEX%7D" not in tab_frame.url
+        assert tab_frame.url.endswith("/train/-1"), tab_frame.url
+        _fits(tab_frame)
     finally:
         _shot(page, "spot-tab.png")
     tab = browser.new_page()  # the tab's own page, whole (the iframe scrolls inside Airflow)
@@ -150,6 +182,7 @@ def test_the_spot_jobs_page_in_chromium(standalone, finished, browser):
         pools = frame.locator("table.pools tr.pool-row")
         assert pools.count() >= 1
         assert frame.locator("svg.spot-savings").count() == 1
+        _fits(_frame_of(page, "/spot/jobs"))
     finally:
         _shot(page, "spot-jobs.png")
 

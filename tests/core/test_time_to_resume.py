@@ -91,10 +91,11 @@ def test_a_record_written_before_resumed_at_existed_still_loads():
 
 def test_the_report_rows_and_ledger_show_the_time_to_resume():
     record = _history()
-    assert attempt_cells(record.attempts[2], record)[4] == "40 in 30.0 s"
+    # one unit per view: the job ran minutes, so its time to resume is in minutes too
+    assert attempt_cells(record.attempts[2], record)[4] == "40 in 0.5 min"
     assert attempt_cells(record.attempts[2])[4] == "40"
     assert attempt_cells(record.attempts[0], record)[4] == "-"
-    assert "time to resume 30.0 s" in ledger_lines(record)
+    assert "resumed 1 time: from step 40 in 0.5 min" in ledger_lines(record)
 
 
 def test_the_checkpointer_reports_its_first_step_once_through_the_store(tmp_path):
@@ -213,7 +214,8 @@ def test_the_timeline_keeps_a_short_attempts_step_labels_apart():
     texts = [e.text for e in steps]
     assert "from 330 \u2192 ckpt 640" in texts  # the short attempt: one joined label
     assert "from 640" in texts and "ckpt 1000" in texts  # a long one: one at each end
-    assert "resumed 19.0 s after the interruption" in svg  # notice at 3055, first step 3074
+    # notice at 3055, first step 3074: 19 s, in the chart's one unit (the job ran 100 min)
+    assert "resumed 0.3 min after the interruption" in svg
 
 
 def test_a_rebalance_recommendation_saves_at_once_and_the_step_goes_on(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from prefect_spot.artifacts import artifact_key
 from prefect_spot.demo import demo_json, load_example_flows
+from spot_core.charts.clock import money
 from spot_core.model import JobRecord, Market, Outcome
 from spot_core.workloads.softmax_regression import TrainConfig, train
 
@@ -58,16 +59,16 @@ def test_artifacts_show_the_attempts_and_the_ledger(pipeline_run):
     assert [r["attempt"] for r in rows] == [a.number for a in record.attempts]
     assert [r["outcome"] for r in rows] == [str(a.outcome) for a in record.attempts]
     assert [r["market"] for r in rows] == [str(a.pool.market) for a in record.attempts]
-    assert [r["resumed_from_step"] for r in rows] == [
-        a.checkpoint_step_start for a in record.attempts
+    assert [r["resumed from step"] for r in rows] == [
+        "-" if a.checkpoint_step_start is None else a.checkpoint_step_start for a in record.attempts
     ]
-    assert sum(r["cost_usd"] for r in rows) == pytest.approx(record.ledger.spent, abs=1e-3)
+    assert [r["cost"] for r in rows] == [money(a.cost) for a in record.attempts]
     assert rows[-1]["market"] == str(Market.ON_DEMAND) or record.fallbacks == 0
     markdown = notes[0].data
     summary = record.summary()
     assert f"| preemptions | {summary['preemptions']} |" in markdown
-    assert f"${summary['spot_cost']:.4f}" in markdown
-    assert f"${summary['on_demand_cost']:.4f}" in markdown
+    assert f"| spot cost | {money(record.ledger.spent)} |" in markdown
+    assert f"| on-demand equivalent | {money(record.ledger.on_demand_equivalent)} |" in markdown
     assert f"({summary['savings_fraction']:.0%})" in markdown
 
 
@@ -147,7 +148,10 @@ def test_progress_and_chart_artifacts_follow_the_job(pipeline_run):
     assert float(progress[0].data) == 100.0
     assert progress[0].updated > progress[0].created
     assert f"ended succeeded; preemptions {record.preemptions}" in progress[0].description
-    assert "saved so far" in progress[0].description
+    # the job ended: its whole saving, in the record's clock (the trace's capacity time)
+    assert re.search(
+        r"capacity time, [\d.]+x\): saved \$[\d.,]+ \(\d+%\)$", progress[0].description
+    )
     assert progress[0].task_run_id is not None
     assert len(charts) == 1 and charts[0].type == "markdown"
     images = re.findall(

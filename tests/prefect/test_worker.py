@@ -174,7 +174,7 @@ def test_worker_reschedules_a_preempted_flow_run_which_resumes_and_completes(pre
     rows = _rows(_final_table(found, record))
     assert any(a.type == "markdown" and "preemptions" in a.data for a in found)
     assert [row["outcome"] for row in rows] == [str(a.outcome) for a in record.attempts]
-    assert rows[-1]["resumed_from_step"] == resumed[-1]
+    assert rows[-1]["resumed from step"] == resumed[-1]
 
 
 def test_a_flow_run_whose_worker_is_killed_ends_failed_rather_than_running(prefect_api, tmp_path):
