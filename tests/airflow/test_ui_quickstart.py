@@ -18,7 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from process_helpers import free_port
+
+from tests.support.process_helpers import free_port
 
 pytestmark = pytest.mark.timeout(3000)
 
