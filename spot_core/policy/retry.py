@@ -252,6 +252,14 @@ def on_demand_candidates(offers: Sequence[Offer]) -> tuple[Pool, ...]:
     return tuple(dict.fromkeys(pool for _, _, pool in derived))
 
 
+def _budget_used(record: JobRecord, policy: RetryPolicy) -> str:
+    """ "2 of 2 preemptions"; past the budget (a replacement launched on spot before the
+    budget was spent was preempted too) never "3 of 2", which reads as a miscount."""
+    if record.preemptions <= policy.max_preemptions:
+        return f"{record.preemptions} of {policy.max_preemptions} preemptions"
+    return f"{record.preemptions} preemptions, past the budget of {policy.max_preemptions}"
+
+
 # -- choosing a market --------------------------------------------------------------------------
 def _why_on_demand(
     record: JobRecord,
@@ -263,10 +271,7 @@ def _why_on_demand(
     """(kind, reason) for not using spot now, or None when spot is fine."""
     last = last_finished(record)
     if record.preemptions >= policy.max_preemptions:
-        return "budget", (
-            f"the spot preemption budget is spent ({record.preemptions} of "
-            f"{policy.max_preemptions} preemptions)"
-        )
+        return "budget", f"the spot preemption budget is spent ({_budget_used(record, policy)})"
     if policy.on_demand_fallback and _near_deadline(record, policy, now):
         return "deadline", (
             f"the deadline ({_when(record.deadline_at)}) is less than "

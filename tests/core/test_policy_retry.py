@@ -156,6 +156,19 @@ CASES = [
         "budget is spent (3 of 3",
     ),
     (
+        # a replacement launched on spot on a notice before the budget was spent, then
+        # preempted too: the count is past the budget, and said so (issue 50: "3 of 2")
+        "preemptions past the budget -> on-demand, said as such",
+        record((B, P), (A, P), (B, P)),
+        offers(),
+        RetryPolicy(max_preemptions=2),
+        0,
+        "launch",
+        Market.ON_DEMAND,
+        OD_A,
+        "budget is spent (3 preemptions, past the budget of 2)",
+    ),
+    (
         "voluntary disruptions spend no preemption and stay on spot",
         record((B, D), (B, D), (B, D), (B, D)),
         offers(),
