@@ -177,13 +177,15 @@ def test_a_resumed_driver_that_was_taken_over_stops_without_a_user_failure(tmp_p
     out, err = first.communicate(timeout=SLACK)
     assert first.returncode == 2, err[-2000:]
     assert re.search(r"(driven by another driver|was taken over)", err), err[-2000:]
+    # with --json the events go to stderr, each an event line and its wrapped reason
+    events = re.split(r"\n(?=\S)", err)
     closed = [
-        line
-        for line in out.splitlines()
-        if "attempt 1 " in line and line.split()[1:2] != ["launched"]
+        " ".join(event.split())
+        for event in events
+        if "attempt 1 " in event and event.split()[1:2] != ["launched"]
     ]
-    assert closed and "infrastructure_failed" in closed[0] and "fenced out" in closed[0], out
-    assert "user_failed" not in out
+    assert closed and "infrastructure_failed" in closed[0] and "fenced out" in closed[0], err
+    assert "user_failed" not in out + err
     record = final_record(second)
     assert record["status"] == "succeeded" and record["user_failures"] == 0
     assert wait_until(lambda: not marked_processes(str(tmp_path)), timeout=SLACK)

@@ -22,10 +22,11 @@ from spot_core.localcloud.server import LocalCloudServer
 from spot_core.model import JobStatus, Outcome
 from spot_core.policy.retry import RetryPolicy
 from spot_core.providers import open_provider
+from tests.support import SUPPORT
 from tests.support.spot_helpers import marked_processes, trace, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-STEP = Path(__file__).with_name("handover_step.py")
+STEP = SUPPORT / "handover_step.py"
 STEPS, STEP_SECONDS, SAVE_SECONDS = 300, 0.02, 1.5
 # Zone a is reclaimed at tick 3 (3 s at 60x) with a 2 s notice; zone b comes up at tick 2.
 ZONES = {"us-east-1a_v100_1": "111" + "0" * 400, "us-east-1b_v100_1": "00" + "1" * 400}
