@@ -46,12 +46,15 @@ def test_user_failure_raises_and_the_next_try_resumes_the_same_record(cloud_url,
     store, ti = StateStore(), TI()
     flag = tmp_path / "fail-once"
     flag.write_text("x")
+    # The step fails once, a second after it starts: an attempt launched into a notice (the
+    # shared cloud replays a real trace from the session's start) is reclaimed before it
+    # fails, so the failure is on the next attempt; it never exits 3 inside a notice,
+    # which is read as the reclaim's doing (preempted), and the failure would be lost.
     script = (
-        f"import os, sys; p = {str(flag)!r}\nif os.path.exists(p):\n    os.remove(p); sys.exit(3)\n"
+        f"import os, sys, time; p = {str(flag)!r}; time.sleep(1.0)\n"
+        "if os.path.exists(p):\n    os.remove(p); sys.exit(3)\n"
     )
     op = _operator(cloud_url, tmp_path, script)
-    # the shared cloud replays a real trace from the session's start, so a preemption may
-    # come first (then the failure is on attempt 2): the failure is what this checks
     with pytest.raises(SpotUserStepFailed, match=r"own code failed on attempt \d+ \(exit code 3\)"):
         op.execute({"task_state_store": store, "ti": ti})
     first = JobRecord.from_dict(store.data[RECORD_KEY])
