@@ -153,6 +153,7 @@ bench-batch: $(CORE)/.synced
 # BENCH_CHECKPOINT_GIB=0.25 make bench-checkpoint. Writes bench/tables/checkpoint.md.
 bench-checkpoint: $(CORE)/.torch
 	$(CORE)/bin/python -m bench.checkpoint
+	$(CORE)/bin/python -m bench.checkpoint_dcp
 
 envs: $(CORE)/.torch $(AIRFLOW)/.synced $(PREFECT)/.synced
 

@@ -23,8 +23,8 @@ mode on this machine), one row each:
   read in 16 MiB ranges on 8 threads, digest fed as they land) and with ``workers=1`` (one
   whole read, the previous path), against the raw read (the file read whole, or one boto3
   ``get_object``).
-- DCP sharded saves at 1, 2 and 4 ranks: a placeholder row, filled by the DCP work of
-  issue 47 items 1-2.
+- DCP sharded saves at 1, 2 and 4 ranks: ``bench/checkpoint_dcp.py`` (its own table, run
+  after this one by ``make bench-checkpoint``).
 
 Each figure is one run (sizes in GiB take tens of seconds each here); the machine is shared
 (2 cores, other engineers' suites beside it), so read the ratios, not the absolutes. Writes
@@ -51,10 +51,6 @@ BUCKET = "bench-checkpoint"
 TENSORS = 8
 SIZE_ENV = "BENCH_CHECKPOINT_GIB"
 MOTO_READ_TIMEOUT_SECONDS = 600.0
-DCP_PLACEHOLDER = (
-    "| DCP sharded save, 1 / 2 / 4 ranks (gloo, CPU) | - | - | - | - | - | - | - | - | - |"
-    " - | - | (issue 47 items 1-2: filled by the DCP StorageWriter's bench) |"
-)
 
 
 def state_of(size_bytes: int) -> dict[str, Any]:
@@ -233,7 +229,6 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_mib(r['restore_gib_s'])} | {_mib(r['restore_1_thread_gib_s'])} | "
             f"{_mib(r['raw_read_gib_s'])} | {aims} |"
         )
-    lines.append(DCP_PLACEHOLDER)
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,9 @@
 """Fast restore: a checkpoint's files read at once, large ones in byte ranges, each digest
 checked as its bytes arrive.
 
-``CheckpointStore.load`` (the restore) and ``load_concurrently`` (the handover's prefetch)
-both read through ``fetch_payload``. On a backend where reads overlap (S3:
+``CheckpointStore.load`` (the restore), ``load_concurrently`` (the handover's prefetch) and
+``read_parts`` (a DCP rank's restore, ``torch_dcp.StoreReader``) all read through
+``fetch_payload``. On a backend where reads overlap (S3:
 ``concurrent_reads``), every file is a task on one pool of ``workers`` threads, and a file
 of at least ``RANGE_THRESHOLD_BYTES`` is split into ranges of at least ``RANGE_BYTES``
 (``range_bytes``; S3 ``GET`` with ``Range``: one connection delivers a few hundred MB/s at
@@ -18,7 +19,7 @@ until its size and digest are the manifest's (``CorruptCheckpoint`` names the fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from spot_core.checkpoint.backend import ObjectBackend
@@ -36,21 +37,24 @@ def fetch_payload(
     manifest: Manifest,
     *,
     workers: int = DEFAULT_WORKERS,
+    names: Collection[str] | None = None,
 ) -> dict[str, bytes]:
-    """Every payload file of ``manifest``, verified; in the manifest's order."""
+    """Every payload file of ``manifest`` (or only ``names``: the parts a DCP rank needs),
+    verified; in the manifest's order."""
+    files = {
+        name: entry for name, entry in manifest.files.items() if names is None or name in names
+    }
     if not backend.concurrent_reads or workers <= 1:
-        return {
-            name: _local(backend, manifest, name, entry) for name, entry in manifest.files.items()
-        }
+        return {name: _local(backend, manifest, name, entry) for name, entry in files.items()}
     with ThreadPoolExecutor(workers, thread_name_prefix="spot-fetch") as pool:
         pending = {
             name: _submit(pool, backend, manifest, name, entry, workers)
-            for name, entry in manifest.files.items()
+            for name, entry in files.items()
         }
         try:
             return {
                 name: _verified(manifest, name, entry, pending[name])
-                for name, entry in manifest.files.items()
+                for name, entry in files.items()
             }
         finally:
             for futures in pending.values():

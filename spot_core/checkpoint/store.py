@@ -19,7 +19,7 @@ import builtins
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -341,6 +341,23 @@ class CheckpointStore(JobObjects, Fencing):
             )
         try:
             return self._read_verified(manifest, name, entry)
+        except OSError as exc:
+            raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
+
+    def read_parts(
+        self, ref: CheckpointRef, names: Collection[str], *, workers: int = 8
+    ) -> dict[str, bytes]:
+        """The parts ``names`` of ``ref``, verified, read as ``load`` reads (at once, large
+        S3 parts in ranges, digests checked as they stream): what a DCP rank restores.
+        CheckpointNotFound when the version names no such part; otherwise ``load``'s errors."""
+        manifest = self._manifest_for(ref)
+        missing = sorted(set(names) - set(manifest.files))
+        if missing:
+            raise CheckpointNotFound(
+                f"checkpoint {manifest.checkpoint_id} in {self.uri} has no part {missing[0]!r}"
+            )
+        try:
+            return fetch_payload(self.backend, manifest, workers=workers, names=set(names))
         except OSError as exc:
             raise _unreadable(self.uri, manifest.checkpoint_id, exc) from exc
 

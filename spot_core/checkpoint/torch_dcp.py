@@ -191,8 +191,9 @@ class StoreReader(StorageReader):
 
     Every rank must load the same version: with no ``ref`` each rank resolves
     ``latest()`` itself, which agrees while nothing saves (a resume, before the new
-    attempt's first save); otherwise pass the ref rank 0 chose. Each part is read whole
-    and verified against its digest before any tensor is taken from it."""
+    attempt's first save); otherwise pass the ref rank 0 chose. A rank's parts are read
+    at once (large S3 parts in byte ranges, as ``store.load``) and each is verified
+    against its digest before any tensor is taken from it."""
 
     def __init__(self, store: CheckpointStore, ref: CheckpointRef | None = None) -> None:
         super().__init__()
@@ -238,14 +239,16 @@ class StoreReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """The parts this rank's plan needs, each read and verified once, then sliced."""
+        """The parts this rank's plan needs, read at once (large S3 parts in byte ranges)
+        and each verified as it streams (``store.read_parts``, fetch.py), then sliced."""
         assert self.ref is not None  # read_metadata set it
         per_part: dict[str, list[Any]] = {}
         for request in plan.items:
             info = self.storage_data[request.storage_index]
             per_part.setdefault(info.relative_path, []).append(request)
+        payload = self.store.read_parts(self.ref, per_part)
         for part, requests in per_part.items():
-            data = memoryview(self.store.read_part(self.ref, part))
+            data = memoryview(payload.pop(part))  # each part freed once sliced
             for request in requests:
                 info = self.storage_data[request.storage_index]
                 _load_item(planner, request, data[info.offset : info.offset + info.length])
