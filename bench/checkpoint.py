@@ -41,7 +41,6 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -236,24 +235,10 @@ def _mib(gib_per_s: float) -> str:
     return f"{gib_per_s * 1024:.0f}"
 
 
-@contextlib.contextmanager
-def moto() -> Iterator[str]:
-    import boto3
+def moto() -> contextlib.AbstractContextManager[str]:
+    from spot_emulators.moto_server import moto_s3_bucket
 
-    from spot_emulators.moto_server import running_moto
-
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-        "AWS_CONFIG_FILE": "/dev/null",
-    }.items():
-        os.environ[name] = value
-    with running_moto() as endpoint:
-        os.environ["SPOT_S3_ENDPOINT_URL"] = endpoint
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-        yield endpoint
+    return moto_s3_bucket(BUCKET)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -424,22 +424,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _moto(stack: contextlib.ExitStack) -> str:
-    import boto3
+    from spot_emulators.moto_server import moto_s3_bucket
 
-    from spot_emulators.moto_server import running_moto
-
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-        "AWS_CONFIG_FILE": "/dev/null",
-    }.items():
-        os.environ[name] = value
-    endpoint = stack.enter_context(running_moto())
-    os.environ["SPOT_S3_ENDPOINT_URL"] = endpoint
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench-resume")
-    return endpoint
+    return stack.enter_context(moto_s3_bucket("bench-resume"))
 
 
 def _network(endpoint: str) -> dict:

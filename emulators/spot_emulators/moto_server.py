@@ -59,6 +59,34 @@ def running_moto(log: Path | None = None) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
+# What a process needs to talk to a moto server as if it were AWS: throwaway credentials
+# (moto accepts any), a region, and no user's own AWS files.
+FAKE_AWS_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    "AWS_CONFIG_FILE": "/dev/null",
+}
+
+
+@contextmanager
+def moto_s3_bucket(bucket: str) -> Iterator[str]:
+    """A moto server of its own with ``bucket`` made, for a benchmark's S3 store; its URL.
+
+    This process's environment is pointed at it for good (the fake credentials above and
+    ``SPOT_S3_ENDPOINT_URL``), so the stores and the steps it starts reach it."""
+    import os
+
+    import boto3
+
+    os.environ.update(FAKE_AWS_ENVIRONMENT)
+    with running_moto() as endpoint:
+        os.environ["SPOT_S3_ENDPOINT_URL"] = endpoint
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        yield endpoint
+
+
 def _wait_until_it_answers(proc: subprocess.Popen[bytes], url: str, log: Path | None) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while True:
