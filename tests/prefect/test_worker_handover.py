@@ -51,7 +51,9 @@ def prefect_api(prefect_server_on_postgres):
     yield
 
 
-def _cloud(tmp_path: Path, grace_wall_seconds: float = 2.0) -> LocalCloudServer:
+def _cloud(
+    tmp_path: Path, grace_wall_seconds: float = 2.0, notice_wall_seconds: float = 2.0
+) -> LocalCloudServer:
     return LocalCloudServer.from_traces(
         [
             trace(ZONE_A, "1" * 25 + "0" * 2000, price=0.5),
@@ -59,7 +61,9 @@ def _cloud(tmp_path: Path, grace_wall_seconds: float = 2.0) -> LocalCloudServer:
         ],
         time_scale=60.0,
         workdir=tmp_path / "cloud",
-        config=LocalCloudConfig(min_notice_wall_seconds=2.0, grace_wall_seconds=grace_wall_seconds),
+        config=LocalCloudConfig(
+            min_notice_wall_seconds=notice_wall_seconds, grace_wall_seconds=grace_wall_seconds
+        ),
         start_on_first_client=True,
     )
 
@@ -190,10 +194,12 @@ def test_cancelling_the_flow_run_mid_handover_ends_both_leases(prefect_api, tmp_
 def test_stopping_the_worker_mid_handover_ends_both_leases(prefect_api, tmp_path):
     from prefect import get_client
 
-    # The old lease outlives its notice by a minute (a 60 s emergency save, a 60 s grace):
-    # the worker is stopped mid-handover however slow its SIGTERM is on a busy machine,
-    # never after the old attempt ended and the replacement was adopted.
-    with _cloud(tmp_path, grace_wall_seconds=60.0) as cloud:
+    # The handover lasts half a minute (a 30 s notice, whose end the step's watcher
+    # enforces with SIGKILL; a 60 s emergency save; a 60 s grace): the worker is stopped
+    # mid-handover however slow its SIGTERM is on a busy machine, never after the old
+    # attempt ended and the replacement was adopted (with a 2 s notice it was, twice, in
+    # full runs beside another suite).
+    with _cloud(tmp_path, grace_wall_seconds=60.0, notice_wall_seconds=30.0) as cloud:
         deployment_id = _deploy("spot-handover-stop", cloud, tmp_path)
         with running_worker("spot-handover-stop", tmp_path / "worker.log") as worker:
             run = _start(deployment_id, tmp_path, save_seconds=60.0)
