@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from prefect_spot._jobs import slug
+from spot_core.attempt_env import clip
 from spot_core.charts import attempt_timeline, cost_chart
 from spot_core.charts.clock import clock_of, money, saving
 from spot_core.errors import SpotError
@@ -281,7 +282,7 @@ def parse_record(key: str, data: Any) -> JobRecord:
             raise ValueError(f"a {type(data).__name__}, not an object")
         return JobRecord.from_dict(data)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        reason = str(exc).split(";")[0][:160]
+        reason = clip(str(exc).split(";")[0], 160)
         raise CorruptRecord(
             f"the JobRecord in Prefect artifact {key!r} is damaged ({reason}); the job does "
             f"not restart its budgets from nothing: run `prefect artifact delete {key}` to "

@@ -60,5 +60,6 @@ class LiveProgress:
             lines.append(
                 ProgressBar(total=self.total_steps, completed=min(step, self.total_steps), width=60)
             )
-        lines.append(Text(f"last: {self.last}"[:160], style="dim"))
+        # one line, cut with an ellipsis at the panel's width, never silently
+        lines.append(Text(f"last: {self.last}", style="dim", no_wrap=True, overflow="ellipsis"))
         return Panel(Group(*lines), title=Text(f"{self.title} {record.job_id}"))
