@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from unittest import mock
 
 from spot_core.errors import ConfigError
 
@@ -101,17 +102,11 @@ def quiet_server() -> Iterator[None]:
     to the harness's server process through the environment, and come back after."""
     from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 
-    saved = {name: os.environ.get(name) for name in QUIET_ENV}
-    os.environ.update(QUIET_ENV)
-    try:
-        with temporary_settings(updates={PREFECT_SERVER_ANALYTICS_ENABLED: False}):
-            yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with (
+        mock.patch.dict(os.environ, QUIET_ENV),
+        temporary_settings(updates={PREFECT_SERVER_ANALYTICS_ENABLED: False}),
+    ):
+        yield
 
 
 QUIET_ENV = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
